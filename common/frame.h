@@ -1,0 +1,61 @@
+/* Peer data-plane framing. Every frame starts with this fixed 40-byte
+ * little-endian header; the payload (length bytes) follows. Kinds are never
+ * renumbered; a retired kind's number is never reused.
+ *
+ *   0  u32 magic "DSTD" (0x44545344)   4  u16 version   6  u16 kind
+ *   8  u64 op_id                      16  u32 src_rank  20  u32 tag
+ *  24  u64 length                     32  u64 aux (kind-specific)          */
+#ifndef DIST_FRAME_H
+#define DIST_FRAME_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "errbuf.h"
+
+#define DIST_FRAME_MAGIC 0x44545344u
+#define DIST_FRAME_VERSION 1
+#define DIST_FRAME_HEADER_SIZE 40
+
+typedef enum {
+  DIST_FRAME_HELLO = 1,     /* payload: dist_hello */
+  DIST_FRAME_HELLO_ACK = 2, /* no payload */
+  DIST_FRAME_HELLO_REJECT = 3, /* payload: reason text */
+  DIST_FRAME_DATA = 4,      /* payload: bytes for (op_id, src_rank, tag) */
+  DIST_FRAME_ABORT = 5,     /* payload: reason text; fails op_id */
+  DIST_FRAME_PING = 6,      /* aux: sender's timestamp */
+  DIST_FRAME_PONG = 7       /* aux: echoed timestamp */
+} dist_frame_kind;
+
+typedef struct dist_frame_header {
+  uint32_t magic;
+  uint16_t version;
+  uint16_t kind;
+  uint64_t op_id;
+  uint32_t src_rank;
+  uint32_t tag;
+  uint64_t length;
+  uint64_t aux;
+} dist_frame_header;
+
+/* HELLO payload: fixed 80 bytes. */
+#define DIST_HELLO_SIZE 80
+typedef struct dist_hello {
+  uint32_t rank;
+  uint32_t world_size;
+  char cluster_id[64]; /* NUL-padded */
+  uint64_t boot_id;    /* random per daemon start: tells a restart apart */
+} dist_hello;
+
+void dist_frame_encode(const dist_frame_header *h,
+                       uint8_t out[DIST_FRAME_HEADER_SIZE]);
+/* Decodes and checks magic, version and kind; the message says which field
+ * is wrong ("bad magic 0x..., not a distd peer", "protocol version 7, this
+ * daemon speaks 1"). max_length bounds control-frame payloads (not DATA). */
+int dist_frame_decode(const uint8_t in[DIST_FRAME_HEADER_SIZE],
+                      dist_frame_header *h, dist_errbuf *eb);
+void dist_hello_encode(const dist_hello *h, uint8_t out[DIST_HELLO_SIZE]);
+int dist_hello_decode(const uint8_t in[DIST_HELLO_SIZE], dist_hello *h,
+                      dist_errbuf *eb);
+
+#endif

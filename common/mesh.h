@@ -1,0 +1,71 @@
+/* ProcessMesh and placements: which piece of a global tensor each rank holds.
+ * Uneven dims follow the ceil(N/k) rule: 10 over 4 -> 3,3,3,1; 13 over 6 ->
+ * 3,3,3,3,1,0. Several mesh dims may shard the same tensor dim: they split it
+ * in mesh-dim order (nested). */
+#ifndef DIST_MESH_H
+#define DIST_MESH_H
+
+#include <stdint.h>
+
+#include "dist/types.h"
+#include "errbuf.h"
+#include "tensor.h"
+
+typedef struct dist_mesh_desc {
+  int ndim;
+  int shape[DIST_MAX_MESH_DIMS];
+  int nranks; /* product of shape */
+  int ranks[DIST_MAX_MESH_RANKS];
+  char dim_names[DIST_MAX_MESH_DIMS][32];
+} dist_mesh_desc;
+
+/* Builds a mesh; dim_names may be NULL (names "d0", "d1", ...). Fails with a
+ * message for a bad shape, a repeated rank or too many ranks. */
+int dist_mesh_init(dist_mesh_desc *m, int ndim, const int *shape,
+                   const int *ranks, const char *const *dim_names,
+                   dist_errbuf *eb);
+/* Parses "[0,1]" or "[[0,1],[2,3]]" (nested lists give the shape), and
+ * "dp,mp" style names (NULL for defaults). */
+int dist_mesh_parse(dist_mesh_desc *m, const char *text, const char *names,
+                    dist_errbuf *eb);
+/* "[[0, 1], [2, 3]]" */
+void dist_mesh_format(const dist_mesh_desc *m, char *buf, size_t len);
+int dist_mesh_equal(const dist_mesh_desc *a, const dist_mesh_desc *b);
+int dist_mesh_same_shape(const dist_mesh_desc *a, const dist_mesh_desc *b);
+/* Index of rank in m->ranks, or -1. */
+int dist_mesh_index_of(const dist_mesh_desc *m, int rank);
+/* Coordinates of the rank at flat index idx. */
+void dist_mesh_coords(const dist_mesh_desc *m, int idx, int *coords);
+/* The ranks sharing every coordinate of `rank` except along mesh dim `dim`,
+ * in order: the group a collective over that mesh dim runs on. Returns the
+ * group size, or -1 when rank is not in the mesh. */
+int dist_mesh_group(const dist_mesh_desc *m, int rank, int dim, int *group);
+/* Sub-mesh by dim name and index (Paddle get_mesh_with_dim): the mesh with
+ * dimension `name` fixed at `index`, which drops that dim. */
+int dist_mesh_submesh(const dist_mesh_desc *m, const char *name, int index,
+                      dist_mesh_desc *out, dist_errbuf *eb);
+
+/* ceil(N/k) split: size and start of chunk i of n over k. */
+int64_t dist_split_size(int64_t n, int k, int i);
+int64_t dist_split_start(int64_t n, int k, int i);
+
+/* Checks placements against a mesh and tensor rank: count equals mesh ndim,
+ * shard dims in range. The message names what is wrong. */
+int dist_placements_check(const dist_mesh_desc *m, const dist_placement *p,
+                          int np, int tensor_ndim, dist_errbuf *eb);
+/* Parses "Shard(0),Replicate(),Partial(sum)" (also "Partial()" = sum). */
+int dist_placements_parse(const char *text, dist_placement *p, int max,
+                          int *np, dist_errbuf *eb);
+/* "[Shard(0), Replicate()]" */
+void dist_placements_format(const dist_placement *p, int np, char *buf,
+                            size_t len);
+const char *dist_reduce_name(dist_reduce r);
+int dist_reduce_parse(const char *name, dist_reduce *out);
+
+/* The box of the global tensor that the rank at mesh coords holds: local
+ * shape and offset (nested shards applied in mesh-dim order). */
+void dist_local_box(const dist_mesh_desc *m, const dist_placement *p,
+                    const dist_shape *global, const int *coords,
+                    dist_shape *local, int64_t *offset);
+
+#endif

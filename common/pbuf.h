@@ -1,0 +1,15 @@
+/* protobuf-c messages <-> gRPC byte buffers. */
+#ifndef DIST_PBUF_H
+#define DIST_PBUF_H
+
+#include <grpc/byte_buffer.h>
+#include <protobuf-c/protobuf-c.h>
+
+/* Packs msg into a new byte buffer (one copy); the caller destroys it. */
+grpc_byte_buffer *dist_pb_to_bb(const ProtobufCMessage *msg);
+/* Unpacks a received buffer; NULL when bb is NULL or not a valid message.
+ * Free with protobuf_c_message_free_unpacked. */
+ProtobufCMessage *dist_bb_to_pb(grpc_byte_buffer *bb,
+                                const ProtobufCMessageDescriptor *desc);
+
+#endif

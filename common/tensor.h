@@ -1,0 +1,75 @@
+/* Tensors as both sides see them: dtypes, shapes, row-major contiguous
+ * buffers, elementwise reductions and the .npy exchange format. */
+#ifndef DIST_TENSOR_H
+#define DIST_TENSOR_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dist/types.h"
+#include "errbuf.h"
+
+typedef struct dist_shape {
+  int ndim;
+  int64_t dims[DIST_MAX_DIMS];
+} dist_shape;
+
+/* Bytes per element; 0 for DIST_DTYPE_INVALID or an out-of-range value. */
+size_t dist_dtype_size(dist_dtype dt);
+/* "float32", "int64", "bool", "bfloat16" ...; "invalid" otherwise. */
+const char *dist_dtype_name(dist_dtype dt);
+/* The dtype named as dist_dtype_name prints it, or DIST_DTYPE_INVALID. */
+dist_dtype dist_dtype_parse(const char *name);
+int dist_dtype_is_float(dist_dtype dt);
+
+/* Number of elements (1 for ndim 0). */
+int64_t dist_shape_numel(const dist_shape *s);
+int dist_shape_equal(const dist_shape *a, const dist_shape *b);
+/* Writes "[2, 3]" into buf. */
+void dist_shape_format(const dist_shape *s, char *buf, size_t len);
+
+/* half/bfloat16 <-> float conversions (round to nearest even). */
+float dist_half_to_float(uint16_t h);
+uint16_t dist_float_to_half(float f);
+float dist_bf16_to_float(uint16_t b);
+uint16_t dist_float_to_bf16(float f);
+
+/* Element i of buf as a double, and the reverse (with rounding/saturation as
+ * a C cast gives for ints; bool is 0/1). For tests and slow paths only. */
+double dist_elem_get(const void *buf, dist_dtype dt, size_t i);
+void dist_elem_set(void *buf, dist_dtype dt, size_t i, double v);
+
+/* acc[i] = acc[i] (op) in[i] for n elements. AVG accumulates like SUM (the
+ * caller divides once with dist_reduce_finish). ANY/ALL treat non-zero as
+ * true and store 0/1. Every dtype is supported. */
+void dist_reduce_into(void *acc, const void *in, size_t n, dist_dtype dt,
+                      dist_reduce op);
+/* For AVG divides acc by k; no-op for the other reductions. */
+void dist_reduce_finish(void *acc, size_t n, dist_dtype dt, dist_reduce op,
+                        int k);
+/* Fills n elements with the identity of op (0 for sum, 1 for prod, the
+ * lowest value for max, ...). */
+void dist_reduce_identity(void *buf, size_t n, dist_dtype dt, dist_reduce op);
+
+/* Copies the box [offset, offset+box) of a row-major tensor of shape src_shape
+ * into dst, which is contiguous of shape box; and the reverse. */
+void dist_copy_box_out(void *dst, const void *src, const dist_shape *src_shape,
+                       const int64_t *offset, const dist_shape *box,
+                       size_t elem);
+void dist_copy_box_in(void *dst, const dist_shape *dst_shape,
+                      const int64_t *offset, const void *src,
+                      const dist_shape *box, size_t elem);
+
+/* .npy (format 1.0/2.0, C order, little-endian; '|b1' '|i1' '|u1' '<i4' '<i8'
+ * '<f2' '<f4' '<f8', and bfloat16 written as '<V2' with a "bfloat16" note
+ * nowhere: bfloat16 is stored as '<u2' by dist_npy_write and read back as
+ * uint16 data only when the caller asks for DIST_BFLOAT16). */
+int dist_npy_read(const char *path, dist_dtype *dt, dist_shape *shape,
+                  void **data, size_t *nbytes, dist_errbuf *eb);
+int dist_npy_parse(const void *bytes, size_t len, dist_dtype *dt,
+                   dist_shape *shape, const void **data, size_t *nbytes,
+                   dist_errbuf *eb);
+int dist_npy_write(const char *path, dist_dtype dt, const dist_shape *shape,
+                   const void *data, dist_errbuf *eb);
+
+#endif

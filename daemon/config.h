@@ -1,0 +1,39 @@
+/* distd's configuration: the struct and the one table that fills it. */
+#ifndef DISTD_CONFIG_H
+#define DISTD_CONFIG_H
+
+#include <stdint.h>
+
+#include "cluster.h"
+#include "config.h"
+
+#define DISTD_DEFAULT_PORT 7470 /* gRPC; the data plane takes +1, HTTP +2 */
+
+typedef struct distd_config {
+  char *listen;        /* gRPC address, default 127.0.0.1:7470 */
+  char *peer_listen;   /* data-plane address; "" = from the cluster entry */
+  char *http_listen;   /* metrics/health address; "" = grpc port + 2, "off" */
+  char *cluster_file;  /* daemons in rank order */
+  char *peers;         /* or: comma-separated list, in rank order */
+  int64_t rank;
+  char *cluster_id;
+  uint64_t memory_limit;   /* tensor bytes; 0 = unlimited */
+  uint64_t max_message_size;
+  int64_t peer_timeout_ms;
+  int64_t connect_backoff_min_ms;
+  int64_t connect_backoff_max_ms;
+  int64_t rpc_threads;
+  int log_level;   /* index into {"error","warn","info","debug"} */
+  int log_format;  /* index into {"plain","json"} */
+} distd_config;
+
+extern const dist_cfg_table distd_config_table;
+
+/* Reads the membership from cfg->cluster_file or cfg->peers (comma
+ * separated, same syntax as a cluster file line). With neither set the world
+ * is one rank at cfg->listen. Checks cfg->rank < world size. *members is
+ * malloc'd. */
+int distd_members_load(const distd_config *cfg, dist_member **members,
+                       int *world_size, dist_errbuf *eb);
+
+#endif

@@ -1,0 +1,94 @@
+/* The peer data plane: persistent TCP connections between daemons, driven by
+ * a libevent loop, carrying framed payloads that are read straight into
+ * their destination buffers.
+ *
+ * Every ordered pair (i, j) has its own connection: i dials j and sends on
+ * it; j reads from it. The dialer greets with HELLO (magic, version, cluster
+ * id, rank); the acceptor checks it and answers HELLO_ACK or HELLO_REJECT
+ * with the reason. A lost outbound connection is redialled with exponential
+ * backoff. A peer is "connected" when both directions are greeted.
+ *
+ * Transfers are grouped by operation. A worker thread creates a distd_xfer
+ * for an op id, posts sends and receives, then waits. Receives are matched by
+ * (op_id, src_rank, tag). Data that arrives before its receive is posted is
+ * kept aside (bounded; past the bound the connection stops being read, which
+ * pushes back on the sender) and copied when the receive is posted. */
+#ifndef DISTD_PEER_H
+#define DISTD_PEER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cluster.h"
+#include "errbuf.h"
+
+struct event_base;
+typedef struct distd_peers distd_peers;
+typedef struct distd_xfer distd_xfer;
+
+typedef struct distd_peers_opts {
+  int rank;
+  int world_size;
+  const dist_member *members; /* world_size entries; peer_addr is used */
+  const char *cluster_id;
+  int64_t backoff_min_ms;
+  int64_t backoff_max_ms;
+  size_t unexpected_limit; /* bytes kept for not-yet-posted receives */
+} distd_peers_opts;
+
+typedef struct distd_peer_stats {
+  int connected;       /* both directions up and greeted */
+  int out_up, in_up;
+  uint64_t bytes_sent, bytes_received;
+  double rtt_seconds;  /* last PING round trip; 0 when unknown */
+  uint32_t reconnects;
+  char last_error[160];
+} distd_peer_stats;
+
+/* Binds the listener at members[rank].peer_addr (fails with a clear message
+ * when the port is taken) and starts dialling every other rank. All I/O runs
+ * on base, which the caller runs in its own thread; base must have been
+ * created after evthread_use_pthreads(). */
+int distd_peers_start(distd_peers **out, struct event_base *base,
+                      const distd_peers_opts *opts, dist_errbuf *eb);
+/* Closes every connection and fails every pending transfer with
+ * DIST_ECANCELED. Call from any thread after the loop has stopped, or from
+ * the loop thread. NULL is a no-op. */
+void distd_peers_free(distd_peers *p);
+void distd_peers_get_stats(distd_peers *p, int rank, distd_peer_stats *out);
+int distd_peers_rank(const distd_peers *p);
+int distd_peers_world_size(const distd_peers *p);
+/* Number of peers (not counting self) with both directions greeted. */
+int distd_peers_connected_count(distd_peers *p);
+
+/* A set of transfers belonging to one operation. Thread-safe with respect to
+ * the loop; one xfer is used by one thread. */
+distd_xfer *distd_xfer_new(distd_peers *p, uint64_t op_id);
+/* Queues len bytes of buf to dst under tag. buf stays owned by the caller
+ * and must stay valid until distd_xfer_wait returns. dst may be this rank
+ * (a local copy into the matching receive of the same xfer). */
+void distd_xfer_send(distd_xfer *x, int dst, uint32_t tag, const void *buf,
+                     size_t len);
+/* Posts a receive of exactly len bytes from src under tag into buf. A frame
+ * of another length fails the xfer with DIST_EPROTO naming both ranks. */
+void distd_xfer_recv(distd_xfer *x, int src, uint32_t tag, void *buf,
+                     size_t len);
+/* Posts a receive of whatever length src sends; after a successful wait
+ * *buf is a malloc'd copy (caller frees) and *len its length. */
+void distd_xfer_recv_any(distd_xfer *x, int src, uint32_t tag, void **buf,
+                         size_t *len);
+/* Waits until every posted transfer completed, the deadline (CLOCK_MONOTONIC
+ * milliseconds, see distd_now_ms) passed, a needed peer was lost, or a peer
+ * aborted the op. On failure the message names the peer(s) involved and the
+ * remaining transfers are cancelled. Returns 0 or a dist_err. */
+int distd_xfer_wait(distd_xfer *x, int64_t deadline_ms, dist_errbuf *eb);
+/* Tells every rank in ranks[] (except self) that this op failed, so their
+ * waits fail at once with reason instead of timing out. */
+void distd_xfer_abort(distd_xfer *x, const int *ranks, int n,
+                      const char *reason);
+void distd_xfer_free(distd_xfer *x);
+
+/* CLOCK_MONOTONIC in milliseconds. */
+int64_t distd_now_ms(void);
+
+#endif
