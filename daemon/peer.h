@@ -55,9 +55,16 @@ int distd_peers_start(distd_peers **out, struct event_base *base,
  * DIST_ECANCELED. Call from any thread after the loop has stopped, or from
  * the loop thread. NULL is a no-op. */
 void distd_peers_free(distd_peers *p);
+/* Fails every pending transfer with DIST_ECANCELED ("daemon shutting
+ * down") and makes later waits fail at once; used at shutdown so workers
+ * blocked in collectives return before distd_peers_free. Any thread. */
+void distd_peers_cancel_all(distd_peers *p);
 void distd_peers_get_stats(distd_peers *p, int rank, distd_peer_stats *out);
 int distd_peers_rank(const distd_peers *p);
 int distd_peers_world_size(const distd_peers *p);
+/* The port the listener is bound to: members[rank].peer_addr may name port
+ * 0, and the kernel's choice is read back here. */
+int distd_peers_listen_port(const distd_peers *p);
 /* Number of peers (not counting self) with both directions greeted. */
 int distd_peers_connected_count(distd_peers *p);
 

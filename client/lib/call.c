@@ -1,0 +1,125 @@
+/* Unary calls to many daemons at once on one completion queue. */
+#include <grpc/byte_buffer_reader.h>
+#include <grpc/support/alloc.h>
+#include <grpc/support/time.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "client_internal.h"
+#include "pbuf.h"
+#include "status.h"
+
+typedef struct call_state {
+  grpc_call *call;
+  grpc_byte_buffer *send, *recv;
+  grpc_metadata_array initial_md, trailing_md;
+  grpc_status_code status;
+  grpc_slice details;
+} call_state;
+
+static int start(dist_client *c, grpc_completion_queue *cq, const char *method,
+                 dist_call *dc, call_state *st, gpr_timespec deadline) {
+  grpc_slice m = grpc_slice_from_static_string(method);
+  st->call = grpc_channel_create_call(c->channels[dc->target], NULL,
+                                      GRPC_PROPAGATE_DEFAULTS, cq, m, NULL,
+                                      deadline, NULL);
+  st->send = dist_pb_to_bb(dc->request);
+  grpc_metadata_array_init(&st->initial_md);
+  grpc_metadata_array_init(&st->trailing_md);
+  grpc_op ops[6];
+  memset(ops, 0, sizeof ops);
+  ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+  ops[1].op = GRPC_OP_SEND_MESSAGE;
+  ops[1].data.send_message.send_message = st->send;
+  ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+  ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
+  ops[3].data.recv_initial_metadata.recv_initial_metadata = &st->initial_md;
+  ops[4].op = GRPC_OP_RECV_MESSAGE;
+  ops[4].data.recv_message.recv_message = &st->recv;
+  ops[5].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+  ops[5].data.recv_status_on_client.trailing_metadata = &st->trailing_md;
+  ops[5].data.recv_status_on_client.status = &st->status;
+  ops[5].data.recv_status_on_client.status_details = &st->details;
+  return grpc_call_start_batch(st->call, ops, 6, st, NULL) == GRPC_CALL_OK ? 0 : -1;
+}
+
+static void finish(dist_client *c, dist_call *dc, call_state *st,
+                   const ProtobufCMessageDescriptor *reply_desc) {
+  char *details = grpc_slice_to_c_string(st->details);
+  if (st->status != GRPC_STATUS_OK) {
+    dist_status_parse(st->status, details, &dc->err);
+    if (st->status == GRPC_STATUS_UNAVAILABLE && dc->err.code == DIST_EUNAVAIL)
+      dist_fail(&dc->err, DIST_EUNAVAIL, "cannot reach distd at %s: %s",
+                c->endpoints[dc->target], details);
+    else if (st->status == GRPC_STATUS_DEADLINE_EXCEEDED && dc->err.code == DIST_ETIMEDOUT &&
+             strncmp(details, "ETIMEDOUT", 9) != 0)
+      dist_fail(&dc->err, DIST_ETIMEDOUT,
+                "no answer from distd at %s within %lld ms", c->endpoints[dc->target],
+                (long long)c->timeout_ms);
+  } else {
+    dc->reply = dist_bb_to_pb(st->recv, reply_desc);
+    if (!dc->reply)
+      dist_fail(&dc->err, DIST_EPROTO, "malformed reply from %s",
+                c->endpoints[dc->target]);
+  }
+  gpr_free(details);
+  grpc_slice_unref(st->details);
+  grpc_byte_buffer_destroy(st->send);
+  if (st->recv) grpc_byte_buffer_destroy(st->recv);
+  grpc_metadata_array_destroy(&st->initial_md);
+  grpc_metadata_array_destroy(&st->trailing_md);
+  grpc_call_unref(st->call);
+}
+
+int dist_call_many(dist_client *c, const char *method,
+                   const ProtobufCMessageDescriptor *reply_desc,
+                   dist_call *calls, int n) {
+  grpc_completion_queue *cq = grpc_completion_queue_create_for_next(NULL);
+  call_state *st = calloc((size_t)n + 1, sizeof *st);
+  gpr_timespec deadline = gpr_time_add(
+      gpr_now(GPR_CLOCK_REALTIME), gpr_time_from_millis(c->timeout_ms, GPR_TIMESPAN));
+  int started = 0;
+  for (int i = 0; i < n; i++) {
+    calls[i].reply = NULL;
+    calls[i].err = (dist_errbuf)DIST_ERRBUF_INIT;
+    if (start(c, cq, method, &calls[i], &st[i], deadline) == 0) started++;
+    else dist_fail(&calls[i].err, DIST_EINTERNAL, "cannot start call");
+  }
+  /* The call deadline bounds every completion; core always completes. */
+  for (int done = 0; done < started; done++) {
+    grpc_event ev = grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+    call_state *s = ev.tag;
+    finish(c, &calls[s - st], s, reply_desc);
+  }
+  grpc_completion_queue_shutdown(cq);
+  while (grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type !=
+         GRPC_QUEUE_SHUTDOWN) {
+  }
+  grpc_completion_queue_destroy(cq);
+  free(st);
+  for (int i = 0; i < n; i++)
+    if (calls[i].err.code != 0) {
+      const char *msg = dist_errbuf_msg(&calls[i].err);
+      if (strstr(msg, c->endpoints[calls[i].target]))
+        return dist_client_fail(c, calls[i].err.code, "%s", msg);
+      return dist_client_fail(c, calls[i].err.code, "rank %d (%s): %s",
+                              calls[i].target, c->endpoints[calls[i].target], msg);
+    }
+  return 0;
+}
+
+void dist_calls_free(dist_call *calls, int n) {
+  for (int i = 0; i < n; i++)
+    if (calls[i].reply) protobuf_c_message_free_unpacked(calls[i].reply, NULL);
+}
+
+int dist_call_one(dist_client *c, int target, const char *method,
+                  const ProtobufCMessage *request,
+                  const ProtobufCMessageDescriptor *reply_desc,
+                  ProtobufCMessage **reply) {
+  dist_call dc = {.target = target, .request = request};
+  int rc = dist_call_many(c, method, reply_desc, &dc, 1);
+  *reply = dc.reply;
+  return rc;
+}

@@ -1,0 +1,168 @@
+/* Connecting, errors, op ids. */
+#include <grpc/grpc.h>
+#include <grpc/grpc_security.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "client_internal.h"
+#include "cluster.h"
+
+static __thread char connect_error[512];
+
+const char *dist_last_connect_error(void) { return connect_error; }
+
+static int connect_fail(int code, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static int connect_fail(int code, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(connect_error, sizeof connect_error, fmt, ap);
+  va_end(ap);
+  return code;
+}
+
+int dist_client_fail(dist_client *c, int code, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  c->err.code = code;
+  vsnprintf(c->err.msg, sizeof c->err.msg, fmt, ap);
+  va_end(ap);
+  return code;
+}
+
+static grpc_channel *open_channel(const char *endpoint) {
+  grpc_arg args[3];
+  args[0].type = GRPC_ARG_INTEGER;
+  args[0].key = (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
+  args[0].value.integer = -1; /* tensors can be large: the daemon limits */
+  args[1].type = GRPC_ARG_INTEGER;
+  args[1].key = (char *)GRPC_ARG_MAX_SEND_MESSAGE_LENGTH;
+  args[1].value.integer = -1;
+  /* One channel per daemon, not shared with other clients in the process. */
+  args[2].type = GRPC_ARG_INTEGER;
+  args[2].key = (char *)GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL;
+  args[2].value.integer = 1;
+  grpc_channel_args ca = {3, args};
+  grpc_channel_credentials *creds = grpc_insecure_credentials_create();
+  grpc_channel *ch = grpc_channel_create(endpoint, creds, &ca);
+  grpc_channel_credentials_release(creds);
+  return ch;
+}
+
+static int open_client(const dist_member *members, int n, const dist_opts *opts,
+                       dist_client **out) {
+  dist_opts defaults = DIST_OPTS_INIT;
+  if (!opts) opts = &defaults;
+  grpc_init();
+  dist_client *c = calloc(1, sizeof *c);
+  c->n = n;
+  c->endpoints = calloc((size_t)n, sizeof *c->endpoints);
+  c->channels = calloc((size_t)n, sizeof *c->channels);
+  for (int i = 0; i < n; i++) {
+    snprintf(c->endpoints[i], sizeof c->endpoints[i], "%s", members[i].grpc_addr);
+    c->channels[i] = open_channel(members[i].grpc_addr);
+  }
+  c->spmd_rank = -1;
+  c->timeout_ms = opts->timeout_ms > 0 ? opts->timeout_ms : 30000;
+  c->op_base = opts->op_id_base;
+  if (!c->op_base) { /* single client: ids nobody else will pick */
+    FILE *f = fopen("/dev/urandom", "rb");
+    if (!f || fread(&c->op_base, sizeof c->op_base, 1, f) != 1) c->op_base = (uint64_t)(uintptr_t)c;
+    if (f) fclose(f);
+  }
+  *out = c;
+  return 0;
+}
+
+int dist_connect(const char *endpoint, const dist_opts *opts, dist_client **out) {
+  dist_member m;
+  *out = NULL;
+  if (!endpoint) endpoint = DIST_DEFAULT_ENDPOINT;
+  if (!endpoint[0] || strlen(endpoint) >= sizeof m.grpc_addr)
+    return connect_fail(DIST_EINVAL, "bad endpoint '%s'", endpoint);
+  snprintf(m.grpc_addr, sizeof m.grpc_addr, "%s", endpoint);
+  m.peer_addr[0] = 0;
+  return open_client(&m, 1, opts, out);
+}
+
+int dist_connect_cluster(const char *path, const dist_opts *opts,
+                         dist_client **out) {
+  *out = NULL;
+  if (!path) path = getenv("DIST_CLUSTER");
+  if (!path || !path[0])
+    return connect_fail(DIST_EINVAL, "no cluster file: pass one or set DIST_CLUSTER");
+  dist_member *members = NULL;
+  int n = 0;
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  if (dist_cluster_load(path, &members, &n, &eb) != 0)
+    return connect_fail(eb.code, "%s", dist_errbuf_msg(&eb));
+  int rc = open_client(members, n, opts, out);
+  free(members);
+  return rc;
+}
+
+/* SPMD trainers of one launch share DIST_JOB_ID, so their op ids agree. */
+static uint64_t job_op_base(void) {
+  const char *job = getenv("DIST_JOB_ID");
+  uint64_t h = 1469598103934665603ull;
+  for (const char *p = job ? job : "default"; *p; p++) h = (h ^ (unsigned char)*p) * 1099511628211ull;
+  return h;
+}
+
+int dist_init_from_env(dist_client **out) {
+  *out = NULL;
+  const char *rank = getenv("DIST_RANK"), *world = getenv("DIST_WORLD_SIZE");
+  if (!rank || !world)
+    return connect_fail(DIST_EINVAL, "DIST_RANK and DIST_WORLD_SIZE must be set "
+                        "(start trainers with `distctl launch`)");
+  char *end;
+  long r = strtol(rank, &end, 10), w = strtol(world, &end, 10);
+  dist_opts o = DIST_OPTS_INIT;
+  o.op_id_base = job_op_base();
+  int rc = dist_connect_cluster(NULL, &o, out);
+  if (rc != 0) return rc;
+  if (r < 0 || w != (*out)->n || r >= w) {
+    rc = connect_fail(DIST_EINVAL, "DIST_RANK=%ld / DIST_WORLD_SIZE=%ld do not fit "
+                      "a cluster of %d daemons", r, w, (*out)->n);
+    dist_close(*out);
+    *out = NULL;
+    return rc;
+  }
+  (*out)->spmd_rank = (int)r;
+  return 0;
+}
+
+void dist_close(dist_client *c) {
+  if (!c) return;
+  for (int i = 0; i < c->n; i++) grpc_channel_destroy(c->channels[i]);
+  free(c->channels);
+  free(c->endpoints);
+  free(c);
+  grpc_shutdown();
+}
+
+const char *dist_errmsg(const dist_client *c) { return c->err.code ? c->err.msg : ""; }
+int dist_errcode(const dist_client *c) { return c->err.code; }
+int dist_world_size(const dist_client *c) { return c->n; }
+int dist_rank(const dist_client *c) { return c->spmd_rank; }
+const char *dist_endpoint(const dist_client *c, int rank) {
+  return rank >= 0 && rank < c->n ? c->endpoints[rank] : NULL;
+}
+
+uint64_t dist_next_op_id(dist_client *c) { return c->op_base + ++c->op_seq; }
+
+int dist_targets(dist_client *c, const dist_mesh_desc *m, int *targets) {
+  for (int i = 0; i < m->nranks; i++)
+    if (m->ranks[i] >= c->n)
+      return dist_client_fail(c, DIST_EINVAL, "mesh names rank %d, but the cluster "
+                              "has %d daemon%s", m->ranks[i], c->n, c->n == 1 ? "" : "s");
+  if (c->spmd_rank >= 0) {
+    if (dist_mesh_index_of(m, c->spmd_rank) < 0) return 0;
+    targets[0] = c->spmd_rank;
+    return 1;
+  }
+  for (int i = 0; i < m->nranks; i++) targets[i] = m->ranks[i];
+  return m->nranks;
+}

@@ -1,0 +1,72 @@
+/* Bodies of libdist's opaque types and the call machinery shared by its
+ * files. Not installed. */
+#ifndef DIST_CLIENT_INTERNAL_H
+#define DIST_CLIENT_INTERNAL_H
+
+#include <grpc/grpc.h>
+#include <protobuf-c/protobuf-c.h>
+
+#include "dist.pb-c.h"
+#include "dist/dist.h"
+#include "errbuf.h"
+#include "mesh.h"
+#include "tensor.h"
+
+struct dist_client {
+  int n;                     /* daemons */
+  char (*endpoints)[256];
+  grpc_channel **channels;
+  int spmd_rank;             /* -1: single client */
+  int64_t timeout_ms;
+  uint64_t op_base;          /* op ids are op_base + sequence */
+  uint64_t op_seq;
+  dist_errbuf err;
+};
+
+struct dist_mesh {
+  dist_mesh_desc d;
+};
+
+struct dist_tensor {
+  char name[256];
+  dist_dtype dtype;
+  dist_shape shape;
+  dist_mesh mesh;
+  dist_placement placements[DIST_MAX_MESH_DIMS];
+};
+
+/* One request of a fan-out: sent to daemon `target`; on return reply is the
+ * unpacked reply (free with protobuf_c_message_free_unpacked) or NULL, and
+ * err says why. */
+typedef struct dist_call {
+  int target;
+  const ProtobufCMessage *request;
+  ProtobufCMessage *reply;
+  dist_errbuf err;
+} dist_call;
+
+/* Sends every call concurrently and waits for all of them, within the
+ * client's deadline. Returns 0 when all succeeded; otherwise the first
+ * failure's code, with c->err naming the daemon ("rank 1 (127.0.0.1:7473):
+ * ..."). Replies of successful calls are set either way. */
+int dist_call_many(dist_client *c, const char *method,
+                   const ProtobufCMessageDescriptor *reply_desc,
+                   dist_call *calls, int n);
+void dist_calls_free(dist_call *calls, int n);
+/* One call to one daemon. */
+int dist_call_one(dist_client *c, int target, const char *method,
+                  const ProtobufCMessage *request,
+                  const ProtobufCMessageDescriptor *reply_desc,
+                  ProtobufCMessage **reply);
+
+/* The next op id: identical across SPMD trainers that issue the same
+ * sequence of collective operations. */
+uint64_t dist_next_op_id(dist_client *c);
+/* Records an error on c and returns code. */
+int dist_client_fail(dist_client *c, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* The daemons an operation on mesh m goes to: every rank of the mesh in a
+ * single client, this trainer's own daemon in SPMD. */
+int dist_targets(dist_client *c, const dist_mesh_desc *m, int *targets);
+
+#endif

@@ -1,0 +1,81 @@
+/* Raw collectives for SPMD trainers: each trainer asks its own daemon,
+ * which runs the collective with its peers. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "client_internal.h"
+
+static int own_daemon(dist_client *c, const char *what) {
+  if (c->spmd_rank < 0)
+    return dist_client_fail(c, DIST_EINVAL, "%s needs an SPMD client "
+                            "(dist_init_from_env)", what);
+  return c->spmd_rank;
+}
+
+static int collective(dist_client *c, Dist__V1__CollectiveRequest *rq,
+                      const int *group, int group_size, void *out,
+                      size_t out_len) {
+  uint32_t g[DIST_MAX_MESH_RANKS];
+  if (group_size > DIST_MAX_MESH_RANKS)
+    return dist_client_fail(c, DIST_EINVAL, "group of %d ranks is too large", group_size);
+  for (int i = 0; group && i < group_size; i++) g[i] = (uint32_t)group[i];
+  rq->n_group = group ? (size_t)group_size : 0;
+  rq->group = g;
+  rq->op_id = dist_next_op_id(c);
+  ProtobufCMessage *rp = NULL;
+  int rc = dist_call_one(c, c->spmd_rank, "/dist.v1.Dist/Collective", &rq->base,
+                         &dist__v1__collective_reply__descriptor, &rp);
+  if (rc == 0 && out) {
+    const Dist__V1__CollectiveReply *r = (const void *)rp;
+    if (r->data.len != out_len)
+      rc = dist_client_fail(c, DIST_EPROTO, "collective returned %zu bytes, "
+                            "expected %zu", r->data.len, out_len);
+    else
+      memcpy(out, r->data.data, out_len);
+  }
+  if (rp) protobuf_c_message_free_unpacked(rp, NULL);
+  return rc;
+}
+
+int dist_all_reduce(dist_client *c, void *buf, size_t count, dist_dtype dt,
+                    dist_reduce op, const int *group, int group_size) {
+  if (own_daemon(c, "all_reduce") < 0) return c->err.code;
+  Dist__V1__CollectiveRequest rq = DIST__V1__COLLECTIVE_REQUEST__INIT;
+  rq.kind = DIST__V1__COLLECTIVE_REQUEST__KIND__ALL_REDUCE;
+  rq.dtype = (Dist__V1__DType)dt;
+  rq.reduce = (Dist__V1__ReduceOp)op;
+  rq.data.data = buf;
+  rq.data.len = count * dist_dtype_size(dt);
+  return collective(c, &rq, group, group_size, buf, rq.data.len);
+}
+
+int dist_all_gather(dist_client *c, const void *in, size_t count, void *out,
+                    dist_dtype dt, const int *group, int group_size) {
+  if (own_daemon(c, "all_gather") < 0) return c->err.code;
+  Dist__V1__CollectiveRequest rq = DIST__V1__COLLECTIVE_REQUEST__INIT;
+  rq.kind = DIST__V1__COLLECTIVE_REQUEST__KIND__ALL_GATHER;
+  rq.dtype = (Dist__V1__DType)dt;
+  rq.data.data = (uint8_t *)in;
+  rq.data.len = count * dist_dtype_size(dt);
+  int members = group ? group_size : c->n;
+  return collective(c, &rq, group, group_size, out, rq.data.len * (size_t)members);
+}
+
+int dist_broadcast(dist_client *c, void *buf, size_t count, dist_dtype dt,
+                   int root, const int *group, int group_size) {
+  if (own_daemon(c, "broadcast") < 0) return c->err.code;
+  Dist__V1__CollectiveRequest rq = DIST__V1__COLLECTIVE_REQUEST__INIT;
+  rq.kind = DIST__V1__COLLECTIVE_REQUEST__KIND__BROADCAST;
+  rq.dtype = (Dist__V1__DType)dt;
+  rq.root = (uint32_t)root;
+  rq.data.data = buf;
+  rq.data.len = count * dist_dtype_size(dt);
+  return collective(c, &rq, group, group_size, buf, rq.data.len);
+}
+
+int dist_barrier(dist_client *c) {
+  if (own_daemon(c, "barrier") < 0) return c->err.code;
+  Dist__V1__CollectiveRequest rq = DIST__V1__COLLECTIVE_REQUEST__INIT;
+  rq.kind = DIST__V1__COLLECTIVE_REQUEST__KIND__BARRIER;
+  return collective(c, &rq, NULL, 0, NULL, 0);
+}

@@ -1,0 +1,66 @@
+/* Info and health. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "client_internal.h"
+#include "health.pb-c.h"
+
+static void copy_info(const Dist__V1__InfoReply *rp, dist_daemon_info *out) {
+  memset(out, 0, sizeof *out);
+  snprintf(out->version, sizeof out->version, "%s", rp->version);
+  snprintf(out->cluster_id, sizeof out->cluster_id, "%s", rp->cluster_id);
+  snprintf(out->grpc_address, sizeof out->grpc_address, "%s", rp->grpc_address);
+  snprintf(out->http_address, sizeof out->http_address, "%s", rp->http_address);
+  out->rank = (int)rp->rank;
+  out->world_size = (int)rp->world_size;
+  out->uptime_seconds = rp->uptime_seconds;
+  out->tensor_bytes = rp->tensor_bytes;
+  out->tensor_bytes_limit = rp->tensor_bytes_limit;
+  out->tensor_count = rp->tensor_count;
+  out->ops_in_flight = rp->ops_in_flight;
+  out->npeers = (int)rp->n_peers;
+  out->peers = calloc(rp->n_peers + 1, sizeof *out->peers);
+  for (size_t i = 0; i < rp->n_peers; i++) {
+    const Dist__V1__PeerInfo *p = rp->peers[i];
+    dist_peer_info *q = &out->peers[i];
+    q->rank = (int)p->rank;
+    snprintf(q->address, sizeof q->address, "%s", p->address);
+    q->connected = p->connected;
+    q->bytes_sent = p->bytes_sent;
+    q->bytes_received = p->bytes_received;
+    q->rtt_seconds = p->rtt_seconds;
+    q->reconnects = p->reconnects;
+  }
+}
+
+int dist_info(dist_client *c, int rank, dist_daemon_info *out) {
+  memset(out, 0, sizeof *out);
+  if (rank < 0 || rank >= c->n)
+    return dist_client_fail(c, DIST_EINVAL, "no daemon of rank %d (cluster of %d)", rank, c->n);
+  Dist__V1__InfoRequest rq = DIST__V1__INFO_REQUEST__INIT;
+  ProtobufCMessage *rp = NULL;
+  int rc = dist_call_one(c, rank, "/dist.v1.Dist/Info", &rq.base,
+                         &dist__v1__info_reply__descriptor, &rp);
+  if (rc == 0) copy_info((const Dist__V1__InfoReply *)rp, out);
+  if (rp) protobuf_c_message_free_unpacked(rp, NULL);
+  return rc;
+}
+
+void dist_info_free(dist_daemon_info *info) {
+  if (!info) return;
+  free(info->peers);
+  info->peers = NULL;
+}
+
+int dist_health(dist_client *c, int rank) {
+  Grpc__Health__V1__HealthCheckRequest rq = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
+  ProtobufCMessage *rp = NULL;
+  int rc = dist_call_one(c, rank, "/grpc.health.v1.Health/Check", &rq.base,
+                         &grpc__health__v1__health_check_response__descriptor, &rp);
+  if (rc == 0 && ((Grpc__Health__V1__HealthCheckResponse *)rp)->status !=
+                     GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING)
+    rc = dist_client_fail(c, DIST_EUNAVAIL, "rank %d is not serving", rank);
+  if (rp) protobuf_c_message_free_unpacked(rp, NULL);
+  return rc;
+}

@@ -1,0 +1,299 @@
+/* shard_tensor, dtensor_from_local, dtensor_to_local, full_tensor, reshard,
+ * delete: each a fan-out of one request per daemon with one op id. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "client_internal.h"
+#include "wire.h"
+
+static dist_tensor *tensor_from_meta(const Dist__V1__TensorMeta *m) {
+  dist_tensor *t = calloc(1, sizeof *t);
+  snprintf(t->name, sizeof t->name, "%s", m->name);
+  t->dtype = (dist_dtype)m->dtype;
+  dist_shape_from_pb(m->global_shape, m->n_global_shape, &t->shape, NULL);
+  if (m->mesh) dist_mesh_from_pb(m->mesh, &t->mesh.d, NULL);
+  dist_placements_from_pb(m->placements, m->n_placements, t->placements, NULL);
+  return t;
+}
+
+static int check_placements(dist_client *c, const dist_mesh *mesh,
+                            const dist_placement *p, int ndim) {
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  if (dist_placements_check(&mesh->d, p, mesh->d.ndim, ndim, &eb) != 0)
+    return dist_client_fail(c, eb.code, "%s", dist_errbuf_msg(&eb));
+  return 0;
+}
+
+/* The put requests of one tensor; w[i] owns the metadata of request i. */
+typedef struct put_batch {
+  int n;
+  int targets[DIST_MAX_MESH_RANKS];
+  Dist__V1__TensorPutRequest *reqs;
+  dist_wire_meta *w;
+  dist_call *calls;
+  void **pieces; /* slices this batch allocated */
+} put_batch;
+
+static void batch_init(put_batch *b, int n) {
+  b->n = n;
+  b->reqs = calloc((size_t)n + 1, sizeof *b->reqs);
+  b->w = calloc((size_t)n + 1, sizeof *b->w);
+  b->calls = calloc((size_t)n + 1, sizeof *b->calls);
+  b->pieces = calloc((size_t)n + 1, sizeof *b->pieces);
+}
+
+static void batch_free(put_batch *b) {
+  dist_calls_free(b->calls, b->n);
+  for (int i = 0; i < b->n; i++) free(b->pieces[i]);
+  free(b->reqs);
+  free(b->w);
+  free(b->calls);
+  free(b->pieces);
+}
+
+/* Sends the batch; on a partial failure removes what was created, so a
+ * failed put leaves nothing behind. */
+static int batch_send(dist_client *c, put_batch *b, dist_tensor **out) {
+  for (int i = 0; i < b->n; i++) {
+    b->calls[i].target = b->targets[i];
+    b->calls[i].request = &b->reqs[i].base;
+  }
+  int rc = dist_call_many(c, "/dist.v1.Dist/TensorPut",
+                          &dist__v1__tensor_put_reply__descriptor, b->calls, b->n);
+  if (rc != 0) {
+    dist_errbuf keep = c->err;
+    for (int i = 0; i < b->n; i++)
+      if (b->calls[i].reply && !b->reqs[i].replace) {
+        Dist__V1__TensorDeleteRequest d = DIST__V1__TENSOR_DELETE_REQUEST__INIT;
+        ProtobufCMessage *r = NULL;
+        d.name = b->reqs[i].meta->name;
+        dist_call_one(c, b->targets[i], "/dist.v1.Dist/TensorDelete", &d.base,
+                      &dist__v1__tensor_delete_reply__descriptor, &r);
+        if (r) protobuf_c_message_free_unpacked(r, NULL);
+      }
+    c->err = keep;
+    return rc;
+  }
+  *out = tensor_from_meta(((Dist__V1__TensorPutReply *)b->calls[0].reply)->meta);
+  return 0;
+}
+
+int dist_shard_tensor(dist_client *c, const char *name, const void *data,
+                      dist_dtype dt, int ndim, const int64_t *shape,
+                      const dist_mesh *mesh, const dist_placement *placements,
+                      dist_tensor **out) {
+  *out = NULL;
+  dist_shape global = {ndim, {0}};
+  if (ndim < 0 || ndim > DIST_MAX_DIMS)
+    return dist_client_fail(c, DIST_EINVAL, "%d dims (0 to %d allowed)", ndim, DIST_MAX_DIMS);
+  memcpy(global.dims, shape, sizeof *shape * (size_t)ndim);
+  if (check_placements(c, mesh, placements, ndim) != 0) return c->err.code;
+  put_batch b;
+  int targets[DIST_MAX_MESH_RANKS];
+  int n = dist_targets(c, &mesh->d, targets);
+  if (n < 0) return n;
+  batch_init(&b, n);
+  size_t elem = dist_dtype_size(dt);
+  for (int i = 0; i < n; i++) {
+    int idx = dist_mesh_index_of(&mesh->d, targets[i]), coords[DIST_MAX_MESH_DIMS];
+    dist_shape local;
+    int64_t offset[DIST_MAX_DIMS];
+    dist_mesh_coords(&mesh->d, idx, coords);
+    dist_local_box(&mesh->d, placements, &global, coords, &local, offset);
+    size_t bytes = (size_t)dist_shape_numel(&local) * elem;
+    b.pieces[i] = malloc(bytes + 1);
+    dist_copy_box_out(b.pieces[i], data, &global, offset, &local, elem);
+    b.targets[i] = targets[i];
+    dist__v1__tensor_put_request__init(&b.reqs[i]);
+    dist_meta_to_pb(name, dt, &global, &mesh->d, placements, &b.w[i]);
+    b.reqs[i].meta = &b.w[i].meta;
+    b.reqs[i].data.data = b.pieces[i];
+    b.reqs[i].data.len = bytes;
+  }
+  int rc = batch_send(c, &b, out);
+  batch_free(&b);
+  return rc;
+}
+
+int dist_dtensor_from_local(dist_client *c, const char *name,
+                            const void *const *pieces, dist_dtype dt, int ndim,
+                            const int64_t *const *shapes, const dist_mesh *mesh,
+                            const dist_placement *placements, dist_tensor **out) {
+  *out = NULL;
+  if (ndim < 0 || ndim > DIST_MAX_DIMS)
+    return dist_client_fail(c, DIST_EINVAL, "%d dims (0 to %d allowed)", ndim, DIST_MAX_DIMS);
+  if (check_placements(c, mesh, placements, ndim) != 0) return c->err.code;
+  int targets[DIST_MAX_MESH_RANKS];
+  int n = dist_targets(c, &mesh->d, targets);
+  if (n < 0) return n;
+  if (n == 0)
+    return dist_client_fail(c, DIST_EINVAL, "rank %d is not in the mesh", c->spmd_rank);
+  put_batch b;
+  batch_init(&b, n);
+  uint64_t op = dist_next_op_id(c);
+  dist_shape global = {ndim, {0}};
+  for (int i = 0; i < n; i++) {
+    int k = c->spmd_rank >= 0 ? 0 : i; /* SPMD: our one piece */
+    dist_shape local = {ndim, {0}};
+    memcpy(local.dims, shapes[k], sizeof(int64_t) * (size_t)ndim);
+    b.targets[i] = targets[i];
+    dist__v1__tensor_put_request__init(&b.reqs[i]);
+    dist_meta_to_pb(name, dt, &global, &mesh->d, placements, &b.w[i]);
+    for (int d = 0; d < ndim; d++) b.w[i].local_shape[d] = (uint64_t)local.dims[d];
+    b.w[i].meta.n_local_shape = (size_t)ndim;
+    b.w[i].meta.local_shape = b.w[i].local_shape;
+    b.reqs[i].meta = &b.w[i].meta;
+    b.reqs[i].derive_global_shape = 1;
+    b.reqs[i].op_id = op;
+    b.reqs[i].data.data = (uint8_t *)pieces[k];
+    b.reqs[i].data.len = (size_t)dist_shape_numel(&local) * dist_dtype_size(dt);
+  }
+  int rc = batch_send(c, &b, out);
+  batch_free(&b);
+  return rc;
+}
+
+/* TensorGet to the given daemons with one op id; replies in calls. */
+static int get_from(dist_client *c, const dist_tensor *t, int full, int *targets,
+                    int n, dist_call *calls, Dist__V1__TensorGetRequest *rq) {
+  dist__v1__tensor_get_request__init(rq);
+  rq->name = (char *)t->name;
+  rq->full = full;
+  rq->op_id = full ? dist_next_op_id(c) : 0;
+  for (int i = 0; i < n; i++) {
+    calls[i].target = targets[i];
+    calls[i].request = &rq->base;
+  }
+  return dist_call_many(c, "/dist.v1.Dist/TensorGet",
+                        &dist__v1__tensor_get_reply__descriptor, calls, n);
+}
+
+static void take_data(const Dist__V1__TensorGetReply *rp, void **data,
+                      size_t *nbytes, int64_t *shape) {
+  *data = malloc(rp->data.len + 1);
+  memcpy(*data, rp->data.data, rp->data.len);
+  *nbytes = rp->data.len;
+  for (size_t d = 0; shape && d < rp->n_shape; d++) shape[d] = (int64_t)rp->shape[d];
+}
+
+int dist_dtensor_to_local(dist_client *c, const dist_tensor *t, int rank,
+                          void **data, size_t *nbytes, int64_t *shape) {
+  *data = NULL;
+  if (rank < 0) rank = c->spmd_rank;
+  if (rank < 0 || rank >= c->n)
+    return dist_client_fail(c, DIST_EINVAL, "no daemon of rank %d", rank);
+  dist_call call;
+  Dist__V1__TensorGetRequest rq;
+  int rc = get_from(c, t, 0, &rank, 1, &call, &rq);
+  if (rc == 0) take_data((Dist__V1__TensorGetReply *)call.reply, data, nbytes, shape);
+  dist_calls_free(&call, 1);
+  return rc;
+}
+
+int dist_full_tensor(dist_client *c, const dist_tensor *t, void **data,
+                     size_t *nbytes) {
+  *data = NULL;
+  int targets[DIST_MAX_MESH_RANKS];
+  int n = dist_targets(c, &t->mesh.d, targets);
+  if (n <= 0) return n < 0 ? n : dist_client_fail(c, DIST_EINVAL, "not in the mesh");
+  dist_call *calls = calloc((size_t)n, sizeof *calls);
+  Dist__V1__TensorGetRequest rq;
+  int rc = get_from(c, t, 1, targets, n, calls, &rq);
+  if (rc == 0) take_data((Dist__V1__TensorGetReply *)calls[0].reply, data, nbytes, NULL);
+  dist_calls_free(calls, n);
+  free(calls);
+  return rc;
+}
+
+/* Reshard goes to every rank of both meshes. */
+static int union_targets(dist_client *c, const dist_mesh_desc *a,
+                         const dist_mesh_desc *b, int *targets) {
+  if (c->spmd_rank >= 0) {
+    targets[0] = c->spmd_rank;
+    return 1;
+  }
+  int n = 0;
+  for (int i = 0; i < a->nranks; i++) targets[n++] = a->ranks[i];
+  for (int i = 0; i < b->nranks; i++)
+    if (dist_mesh_index_of(a, b->ranks[i]) < 0) targets[n++] = b->ranks[i];
+  return n;
+}
+
+int dist_reshard(dist_client *c, dist_tensor *t, const dist_mesh *mesh,
+                 const dist_placement *placements) {
+  const dist_mesh_desc *dst = mesh ? &mesh->d : &t->mesh.d;
+  if (check_placements(c, mesh ? mesh : &t->mesh, placements, t->shape.ndim) != 0)
+    return c->err.code;
+  int *targets = calloc(2 * DIST_MAX_MESH_RANKS, sizeof *targets);
+  int n = union_targets(c, &t->mesh.d, dst, targets);
+  dist_wire_meta *w = calloc(2, sizeof *w);
+  Dist__V1__ReshardRequest rq = DIST__V1__RESHARD_REQUEST__INIT;
+  rq.name = t->name;
+  rq.op_id = dist_next_op_id(c);
+  dist_mesh_to_pb(dst, &w[0]);
+  dist_placements_to_pb(placements, dst->ndim, &w[0]);
+  rq.mesh = &w[0].mesh;
+  rq.n_placements = (size_t)dst->ndim;
+  rq.placements = w[0].placement_ptrs;
+  dist_mesh_to_pb(&t->mesh.d, &w[1]);
+  rq.src_mesh = &w[1].mesh;
+  dist_call *calls = calloc((size_t)n, sizeof *calls);
+  for (int i = 0; i < n; i++) {
+    calls[i].target = targets[i];
+    calls[i].request = &rq.base;
+  }
+  int rc = dist_call_many(c, "/dist.v1.Dist/Reshard",
+                          &dist__v1__reshard_reply__descriptor, calls, n);
+  if (rc == 0) {
+    t->mesh.d = *dst;
+    memcpy(t->placements, placements, sizeof *placements * (size_t)dst->ndim);
+  }
+  dist_calls_free(calls, n);
+  free(calls);
+  free(w);
+  free(targets);
+  return rc;
+}
+
+int dist_tensor_open(dist_client *c, const char *name, dist_tensor **out) {
+  *out = NULL;
+  Dist__V1__TensorShowRequest rq = DIST__V1__TENSOR_SHOW_REQUEST__INIT;
+  rq.name = (char *)name;
+  ProtobufCMessage *rp = NULL;
+  int target = c->spmd_rank >= 0 ? c->spmd_rank : 0;
+  int rc = dist_call_one(c, target, "/dist.v1.Dist/TensorShow", &rq.base,
+                         &dist__v1__tensor_show_reply__descriptor, &rp);
+  if (rc == 0) *out = tensor_from_meta(((Dist__V1__TensorShowReply *)rp)->meta);
+  if (rp) protobuf_c_message_free_unpacked(rp, NULL);
+  return rc;
+}
+
+int dist_tensor_delete(dist_client *c, const char *name) {
+  dist_tensor *t = NULL;
+  int rc = dist_tensor_open(c, name, &t);
+  if (rc != 0) return rc;
+  int targets[DIST_MAX_MESH_RANKS];
+  int n = dist_targets(c, &t->mesh.d, targets);
+  Dist__V1__TensorDeleteRequest rq = DIST__V1__TENSOR_DELETE_REQUEST__INIT;
+  rq.name = (char *)name;
+  dist_call *calls = calloc((size_t)n + 1, sizeof *calls);
+  for (int i = 0; i < n; i++) {
+    calls[i].target = targets[i];
+    calls[i].request = &rq.base;
+  }
+  rc = dist_call_many(c, "/dist.v1.Dist/TensorDelete",
+                      &dist__v1__tensor_delete_reply__descriptor, calls, n);
+  dist_calls_free(calls, n);
+  free(calls);
+  dist_tensor_free(t);
+  return rc;
+}
+
+void dist_tensor_free(dist_tensor *t) { free(t); }
+const char *dist_tensor_name(const dist_tensor *t) { return t->name; }
+dist_dtype dist_tensor_dtype(const dist_tensor *t) { return t->dtype; }
+int dist_tensor_ndim(const dist_tensor *t) { return t->shape.ndim; }
+const int64_t *dist_tensor_shape(const dist_tensor *t) { return t->shape.dims; }
+const dist_mesh *dist_tensor_mesh(const dist_tensor *t) { return &t->mesh; }
+const dist_placement *dist_tensor_placements(const dist_tensor *t) { return t->placements; }

@@ -1,0 +1,137 @@
+#include "daemon.h"
+
+#include <event2/buffer.h>
+#include <event2/event.h>
+#include <event2/thread.h>
+#include <grpc/grpc.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "http.h"
+#include "log.h"
+#include "methods.h"
+#include "metrics.h"
+#include "notify.h"
+#include "peer.h"
+#include "rpc.h"
+#include "store.h"
+
+#define SHUTDOWN_GRACE_MS 5000
+
+static struct event *watchdog_ev;
+
+double distd_mono_seconds(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void *loop_main(void *arg) {
+  distd_server *s = arg;
+  event_base_loop(s->base, EVLOOP_NO_EXIT_ON_EMPTY);
+  return NULL;
+}
+
+/* "host:port" of the configured address with another port. */
+static int derive_address(const char *addr, int port_delta, char *out,
+                          size_t len, dist_errbuf *eb) {
+  char host[256];
+  int port = 0;
+  if (dist_split_hostport(addr, host, sizeof host, &port, eb) != 0) return -1;
+  snprintf(out, len, strchr(host, ':') ? "[%s]:%d" : "%s:%d", host,
+           port ? port + port_delta : 0);
+  return 0;
+}
+
+static void on_watchdog(evutil_socket_t fd, short what, void *arg) {
+  (void)fd, (void)what;
+  distd_server *s = arg;
+  char state[160];
+  snprintf(state, sizeof state,
+           "WATCHDOG=1\nSTATUS=rank %d of %d, %d/%d peers connected", s->rank,
+           s->world_size, distd_peers_connected_count(s->peers),
+           s->world_size - 1);
+  distd_notify(state);
+}
+
+static void start_watchdog(distd_server *s) {
+  int64_t ms = distd_notify_watchdog_ms();
+  if (ms <= 0) return;
+  struct timeval tv = {(time_t)(ms / 2000), (suseconds_t)((ms / 2) % 1000) * 1000};
+  watchdog_ev = event_new(s->base, -1, EV_PERSIST, on_watchdog, s);
+  event_add(watchdog_ev, &tv);
+}
+
+static int start_peers(distd_server *s, dist_errbuf *eb) {
+  distd_peers_opts po = {
+      .rank = s->rank,
+      .world_size = s->world_size,
+      .members = s->members,
+      .cluster_id = s->cfg.cluster_id,
+      .backoff_min_ms = s->cfg.connect_backoff_min_ms,
+      .backoff_max_ms = s->cfg.connect_backoff_max_ms,
+      .unexpected_limit = 256u << 20,
+  };
+  if (s->cfg.peer_listen[0])
+    snprintf(s->members[s->rank].peer_addr,
+             sizeof s->members[s->rank].peer_addr, "%s", s->cfg.peer_listen);
+  int rc = distd_peers_start(&s->peers, s->base, &po, eb);
+  if (rc != 0) dist_errbuf_prefix(eb, "data plane: ");
+  return rc;
+}
+
+static int start_http(distd_server *s, dist_errbuf *eb) {
+  char addr[300];
+  const char *http = s->cfg.http_listen;
+  if (strcmp(http, "off") == 0) return 0;
+  if (!http[0]) {
+    if (derive_address(s->cfg.listen, 2, addr, sizeof addr, eb) != 0) return -1;
+    http = addr;
+  }
+  distd_http_hooks hooks = {s, distd_write_metrics, distd_readiness};
+  return distd_http_start(&s->http, s->base, http, &hooks, eb);
+}
+
+int distd_start(distd_server *s, dist_errbuf *eb) {
+  s->start_time = distd_mono_seconds();
+  evthread_use_pthreads();
+  s->base = event_base_new();
+  s->metrics = distd_metrics_new(DIST_VERSION);
+  s->store = distd_store_new(s->cfg.memory_limit);
+  if (start_peers(s, eb) != 0 || start_http(s, eb) != 0) return -1;
+  grpc_init();
+  s->grpc_initialized = 1;
+  if (distd_rpc_start(s, distd_methods, distd_method_count, eb) != 0) return -1;
+  snprintf(s->grpc_address, sizeof s->grpc_address, "%s", s->cfg.listen);
+  pthread_create(&s->loop_thread, NULL, loop_main, s);
+  start_watchdog(s);
+  log_info("rank %d of %d serving gRPC on %s (port %d), data plane on %s%s%s",
+           s->rank, s->world_size, s->cfg.listen, distd_rpc_port(s->rpc),
+           s->members[s->rank].peer_addr, s->http ? ", HTTP on " : "",
+           s->http ? distd_http_address(s->http) : "");
+  distd_notify("READY=1\nSTATUS=serving");
+  return 0;
+}
+
+void distd_stop(distd_server *s) {
+  distd_notify("STOPPING=1");
+  if (s->rpc) distd_rpc_shutdown(s->rpc, SHUTDOWN_GRACE_MS);
+  if (s->peers) distd_peers_cancel_all(s->peers);
+  distd_rpc_free(s->rpc);
+  if (s->loop_thread) {
+    event_base_loopbreak(s->base);
+    pthread_join(s->loop_thread, NULL);
+  }
+  if (watchdog_ev) event_free(watchdog_ev);
+  distd_http_free(s->http);
+  distd_peers_free(s->peers);
+  if (s->grpc_initialized) grpc_shutdown();
+  distd_store_free(s->store);
+  distd_metrics_free(s->metrics);
+  if (s->base) event_base_free(s->base);
+  free(s->members);
+  dist_cfg_free(&distd_config_table, &s->cfg);
+  log_info("stopped");
+}

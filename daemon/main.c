@@ -1,0 +1,74 @@
+/* distd: one daemon of a distd cluster. Startup order matters: signals are
+ * blocked before gRPC starts its threads so that only the main thread takes
+ * them (sigwait); the data plane binds before the gRPC port so a cluster
+ * whose peer ports are taken fails fast. */
+#include <event2/event.h>
+#include <event2/thread.h>
+#include <grpc/grpc.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "daemon.h"
+#include "log.h"
+
+extern char **environ;
+
+static int load_config(distd_server *s, int argc, char **argv) {
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  dist_cfg_action action = DIST_CFG_RUN;
+  if (dist_cfg_load(&distd_config_table, &s->cfg, argc, argv, environ, &action,
+                    stdout, &eb) != 0) {
+    fprintf(stderr, "distd: %s\n", dist_errbuf_msg(&eb));
+    return 2;
+  }
+  if (action == DIST_CFG_EXIT_OK) return 0;
+  if (distd_members_load(&s->cfg, &s->members, &s->world_size, &eb) != 0) {
+    fprintf(stderr, "distd: %s\n", dist_errbuf_msg(&eb));
+    return 2;
+  }
+  s->rank = (int)s->cfg.rank;
+  return -1;
+}
+
+static void setup_logging(const distd_config *cfg) {
+  static const dist_log_level levels[] = {DIST_LOG_ERROR, DIST_LOG_WARN,
+                                          DIST_LOG_INFO, DIST_LOG_DEBUG};
+  dist_log_setup("distd", levels[cfg->log_level],
+                 cfg->log_format ? DIST_LOG_JSON : DIST_LOG_PLAIN);
+}
+
+static void block_signals(sigset_t *set) {
+  sigemptyset(set);
+  sigaddset(set, SIGTERM);
+  sigaddset(set, SIGINT);
+  pthread_sigmask(SIG_BLOCK, set, NULL);
+  signal(SIGPIPE, SIG_IGN);
+}
+
+int main(int argc, char **argv) {
+  distd_server srv;
+  memset(&srv, 0, sizeof srv);
+  int rc = load_config(&srv, argc, argv);
+  if (rc >= 0) {
+    dist_cfg_free(&distd_config_table, &srv.cfg);
+    return rc;
+  }
+  setup_logging(&srv.cfg);
+  sigset_t signals;
+  block_signals(&signals);
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  rc = 0;
+  if (distd_start(&srv, &eb) != 0) {
+    log_error("%s", dist_errbuf_msg(&eb));
+    rc = 1;
+  } else {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    log_info("received %s: shutting down", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+  }
+  distd_stop(&srv);
+  return rc;
+}

@@ -1,0 +1,193 @@
+#include "reshard.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "coll.h"
+#include "peer.h"
+#include "redistribute.h"
+
+uint64_t distd_subop(uint64_t op_id, unsigned step) {
+  return op_id + (uint64_t)step * 0x9E3779B97F4A7C15ull;
+}
+
+enum { STEP_MOVE = 1, STEP_REDUCE = 2, STEP_LAYOUT = 12 };
+
+/* A tensor's description as the cross-mesh move sends it ahead of the data,
+ * so a rank that held nothing learns what it receives. */
+enum { META_WORDS = 3 + DIST_MAX_DIMS + 3 * DIST_MAX_MESH_DIMS };
+
+static void pack_meta(int64_t *w, const distd_tensor *t) {
+  memset(w, 0, sizeof(int64_t) * META_WORDS);
+  w[0] = t->dtype;
+  w[1] = t->global.ndim;
+  w[2] = t->mesh.ndim;
+  for (int i = 0; i < t->global.ndim; i++) w[3 + i] = t->global.dims[i];
+  for (int i = 0; i < t->mesh.ndim; i++) {
+    int64_t *p = &w[3 + DIST_MAX_DIMS + 3 * i];
+    p[0] = t->placements[i].kind;
+    p[1] = t->placements[i].dim;
+    p[2] = t->placements[i].reduce;
+  }
+}
+
+static int unpack_meta(const int64_t *w, dist_dtype *dt, dist_shape *global,
+                       dist_placement *p, dist_errbuf *eb) {
+  if (w[1] < 0 || w[1] > DIST_MAX_DIMS || w[2] < 0 || w[2] > DIST_MAX_MESH_DIMS)
+    return dist_fail(eb, DIST_EPROTO, "reshard: bad tensor description");
+  *dt = (dist_dtype)w[0];
+  global->ndim = (int)w[1];
+  for (int i = 0; i < global->ndim; i++) global->dims[i] = w[3 + i];
+  for (int i = 0; i < w[2]; i++) {
+    const int64_t *q = &w[3 + DIST_MAX_DIMS + 3 * i];
+    p[i] = (dist_placement){(dist_placement_kind)q[0], (int)q[1],
+                            (dist_reduce)q[2]};
+  }
+  return 0;
+}
+
+/* Step 1: rank k of the source mesh hands its piece to rank k of the
+ * destination mesh; the placements stay. *moved is NULL on ranks outside
+ * the destination mesh. */
+static int move_across_meshes(distd_server *s, distd_tensor *src,
+                              const dist_mesh_desc *src_mesh,
+                              const dist_mesh_desc *dst_mesh, uint64_t op,
+                              int64_t deadline, distd_tensor **moved,
+                              dist_errbuf *eb) {
+  int from = src ? dist_mesh_index_of(&src->mesh, s->rank) : -1;
+  int to = dist_mesh_index_of(dst_mesh, s->rank);
+  int64_t meta_out[META_WORDS], meta_in[META_WORDS];
+  distd_xfer *x = distd_xfer_new(s->peers, op);
+  if (from >= 0) {
+    pack_meta(meta_out, src);
+    distd_xfer_send(x, dst_mesh->ranks[from], 0, meta_out, sizeof meta_out);
+    distd_xfer_send(x, dst_mesh->ranks[from], 1, src->data, src->nbytes);
+  }
+  int rc = 0;
+  void *data = NULL;
+  size_t len = 0;
+  if (to >= 0) {
+    int sender = src_mesh->ranks[to];
+    distd_xfer_recv(x, sender, 0, meta_in, sizeof meta_in);
+    distd_xfer_recv_any(x, sender, 1, &data, &len);
+  }
+  rc = distd_xfer_wait(x, deadline, eb);
+  distd_xfer_free(x);
+  *moved = NULL;
+  if (rc != 0 || to < 0) goto out;
+  dist_dtype dt;
+  dist_shape global;
+  dist_placement p[DIST_MAX_MESH_DIMS];
+  rc = unpack_meta(meta_in, &dt, &global, p, eb);
+  if (rc == 0)
+    rc = distd_tensor_new(s->store, "reshard", dt, &global, dst_mesh, p,
+                          s->rank, moved, eb);
+  if (rc == 0 && (*moved)->nbytes != len)
+    rc = dist_fail(eb, DIST_EPROTO, "reshard: received %zu bytes, expected %zu",
+                   len, (*moved)->nbytes);
+  if (rc == 0) memcpy((*moved)->data, data, len);
+out:
+  free(data);
+  return rc;
+}
+
+/* Step 2: a partial mesh dim whose target is not the same partial is
+ * reduced along its group, in place in a private copy. */
+static int reduce_partials(distd_server *s, distd_tensor *t,
+                           const dist_placement *dst_p, uint64_t op,
+                           int64_t deadline, dist_errbuf *eb) {
+  int idx = dist_mesh_index_of(&t->mesh, s->rank);
+  for (int d = 0; d < t->mesh.ndim; d++) {
+    dist_placement *p = &t->placements[d];
+    if (p->kind != DIST_PARTIAL) continue;
+    if (dst_p[d].kind == DIST_PARTIAL && dst_p[d].reduce == p->reduce) continue;
+    int group[DIST_MAX_MESH_RANKS];
+    int n = dist_mesh_group(&t->mesh, t->mesh.ranks[idx], d, group);
+    distd_coll c;
+    int rc = distd_coll_init(&c, s->peers, distd_subop(op, STEP_REDUCE + (unsigned)d),
+                             group, n, deadline, eb);
+    if (rc == 0)
+      rc = distd_allreduce(&c, t->data, t->nbytes / dist_dtype_size(t->dtype),
+                           t->dtype, p->reduce, eb);
+    if (rc != 0) return rc;
+    *p = DIST_REPLICATED;
+  }
+  return 0;
+}
+
+/* Step 4: Replicate -> Partial keeps the value at coordinate 0 of the mesh
+ * dim and puts the reduction's identity elsewhere (avg keeps it everywhere,
+ * so the average is the value). */
+static void make_partials(distd_server *s, distd_tensor *t,
+                          const dist_placement *dst_p) {
+  int idx = dist_mesh_index_of(&t->mesh, s->rank);
+  int coords[DIST_MAX_MESH_DIMS];
+  dist_mesh_coords(&t->mesh, idx, coords);
+  for (int d = 0; d < t->mesh.ndim; d++) {
+    if (dst_p[d].kind != DIST_PARTIAL || t->placements[d].kind == DIST_PARTIAL)
+      continue;
+    if (coords[d] != 0 && dst_p[d].reduce != DIST_REDUCE_AVG)
+      dist_reduce_identity(t->data, t->nbytes / dist_dtype_size(t->dtype),
+                           t->dtype, dst_p[d].reduce);
+  }
+}
+
+/* A private, writable copy of t under another name. */
+static int copy_tensor(distd_server *s, const distd_tensor *t, const char *name,
+                       distd_tensor **out, dist_errbuf *eb) {
+  int rc = distd_tensor_new(s->store, name, t->dtype, &t->global, &t->mesh,
+                            t->placements, s->rank, out, eb);
+  if (rc == 0) memcpy((*out)->data, t->data, t->nbytes);
+  return rc;
+}
+
+static int check_target(const distd_tensor *src, const dist_mesh_desc *dst_mesh,
+                        const dist_placement *dst_p, dist_errbuf *eb) {
+  if (!dist_mesh_same_shape(&src->mesh, dst_mesh)) {
+    char a[256], b[256];
+    dist_mesh_format(&src->mesh, a, sizeof a);
+    dist_mesh_format(dst_mesh, b, sizeof b);
+    return dist_fail(eb, DIST_EINVAL,
+                     "reshard from mesh %s to mesh %s: meshes must have the "
+                     "same shape", a, b);
+  }
+  return dist_placements_check(dst_mesh, dst_p, dst_mesh->ndim,
+                               src->global.ndim, eb);
+}
+
+int distd_reshard(distd_server *s, distd_tensor *src,
+                  const dist_mesh_desc *src_mesh,
+                  const dist_mesh_desc *dst_mesh, const dist_placement *dst_p,
+                  const char *dst_name, uint64_t op_id, int64_t deadline_ms,
+                  distd_tensor **out, dist_errbuf *eb) {
+  distd_tensor *cur = NULL, *next = NULL;
+  *out = NULL;
+  if (!src_mesh || (!src && dist_mesh_equal(src_mesh, dst_mesh)))
+    return dist_fail(eb, DIST_ENOTFOUND, "tensor '%s' not found", dst_name);
+  int rc = src ? check_target(src, dst_mesh, dst_p, eb) : 0;
+  if (rc != 0) return rc;
+  if (!dist_mesh_equal(src_mesh, dst_mesh)) {
+    rc = move_across_meshes(s, src, src_mesh, dst_mesh,
+                            distd_subop(op_id, STEP_MOVE), deadline_ms, &cur, eb);
+    if (rc != 0 || !cur) return rc; /* not in the destination mesh: done */
+    rc = check_target(cur, dst_mesh, dst_p, eb);
+    if (rc != 0) goto fail;
+  } else {
+    rc = copy_tensor(s, src, dst_name, &cur, eb);
+    if (rc != 0) return rc;
+  }
+  snprintf(cur->name, sizeof cur->name, "%s", dst_name);
+  rc = reduce_partials(s, cur, dst_p, op_id, deadline_ms, eb);
+  if (rc == 0)
+    rc = distd_redistribute(s, cur, dst_p, distd_subop(op_id, STEP_LAYOUT),
+                            deadline_ms, &next, eb);
+  if (rc != 0) goto fail;
+  distd_tensor_unref(cur);
+  make_partials(s, next, dst_p);
+  memcpy(next->placements, dst_p, sizeof *dst_p * (size_t)dst_mesh->ndim);
+  *out = next;
+  return 0;
+fail:
+  distd_tensor_unref(cur);
+  return rc;
+}

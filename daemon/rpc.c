@@ -1,0 +1,375 @@
+/* gRPC control plane: one completion-queue thread receives calls and hands
+ * them to a pool of workers, which run the handler and send the reply. The
+ * queue thread never blocks on a handler, so a collective waiting on its
+ * peers does not stall other calls. */
+#include "rpc.h"
+
+#include <grpc/support/alloc.h>
+#include <grpc/support/time.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+#include "metrics.h"
+#include "pbuf.h"
+#include "peer.h"
+#include "status.h"
+
+#define PREARMED_PER_METHOD 8
+
+typedef enum { TAG_NEW, TAG_DONE } tag_kind;
+
+struct call_ctx;
+typedef struct call_tag {
+  struct call_ctx *ctx;
+  tag_kind kind;
+} call_tag;
+
+typedef struct call_ctx {
+  distd_rpc *rpc;
+  int method; /* index into rpc->methods, -1 for an unregistered method */
+  grpc_call *call;
+  gpr_timespec deadline;
+  grpc_metadata_array md;
+  grpc_call_details details; /* unregistered calls only */
+  grpc_byte_buffer *request;
+  grpc_byte_buffer *reply;
+  int cancelled; /* RECV_CLOSE_ON_SERVER result */
+  char status_details[600];
+  grpc_slice details_slice;
+  double started;
+  call_tag t_new, t_done;
+  struct call_ctx *next; /* work queue link */
+} call_ctx;
+
+struct distd_rpc {
+  distd_server *srv;
+  grpc_server *server;
+  grpc_completion_queue *cq;
+  const distd_method *methods;
+  int nmethods;
+  void **handles;
+  int port;
+  pthread_t cq_thread;
+  pthread_t *workers;
+  int nworkers;
+  pthread_mutex_t mu;
+  pthread_cond_t work_cv; /* work queued or stopping */
+  pthread_cond_t idle_cv; /* a live call finished */
+  call_ctx *queue_head, *queue_tail;
+  int live_calls; /* received and not yet done */
+  int accepting;
+  int stopping;
+  int shutdown_notified;
+  call_tag shutdown_tag;
+};
+
+static void arm(distd_rpc *r, int method);
+
+static call_ctx *ctx_new(distd_rpc *r, int method) {
+  call_ctx *c = calloc(1, sizeof *c);
+  c->rpc = r;
+  c->method = method;
+  grpc_metadata_array_init(&c->md);
+  grpc_call_details_init(&c->details);
+  c->t_new = (call_tag){c, TAG_NEW};
+  c->t_done = (call_tag){c, TAG_DONE};
+  return c;
+}
+
+static void ctx_free(call_ctx *c) {
+  if (c->request) grpc_byte_buffer_destroy(c->request);
+  if (c->reply) grpc_byte_buffer_destroy(c->reply);
+  grpc_metadata_array_destroy(&c->md);
+  grpc_call_details_destroy(&c->details);
+  if (c->call) grpc_call_unref(c->call);
+  free(c);
+}
+
+static void arm(distd_rpc *r, int method) {
+  call_ctx *c = ctx_new(r, method);
+  grpc_call_error e;
+  if (method >= 0)
+    e = grpc_server_request_registered_call(
+        r->server, r->handles[method], &c->call, &c->deadline, &c->md,
+        &c->request, r->cq, r->cq, &c->t_new);
+  else
+    e = grpc_server_request_call(r->server, &c->call, &c->details, &c->md,
+                                 r->cq, r->cq, &c->t_new);
+  if (e != GRPC_CALL_OK) {
+    log_error("rpc: cannot request calls: %s", grpc_call_error_to_string(e));
+    ctx_free(c);
+  }
+}
+
+/* Sends the reply (if any) and the status in one batch; TAG_DONE frees c. */
+static void finish(call_ctx *c, grpc_status_code code, const char *details) {
+  grpc_op ops[4];
+  memset(ops, 0, sizeof ops);
+  size_t n = 0;
+  ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
+  if (c->reply && code == GRPC_STATUS_OK) {
+    ops[n].op = GRPC_OP_SEND_MESSAGE;
+    ops[n++].data.send_message.send_message = c->reply;
+  }
+  ops[n].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+  ops[n++].data.recv_close_on_server.cancelled = &c->cancelled;
+  snprintf(c->status_details, sizeof c->status_details, "%s",
+           details ? details : "");
+  c->details_slice = grpc_slice_from_static_string(c->status_details);
+  ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+  ops[n].data.send_status_from_server.status = code;
+  ops[n++].data.send_status_from_server.status_details =
+      details ? &c->details_slice : NULL;
+  grpc_call_error e = grpc_call_start_batch(c->call, ops, n, &c->t_done, NULL);
+  if (e != GRPC_CALL_OK) {
+    log_error("rpc: cannot send reply: %s", grpc_call_error_to_string(e));
+  }
+  if (c->method >= 0 && c->rpc->srv->metrics)
+    distd_metrics_rpc(c->rpc->srv->metrics, c->rpc->methods[c->method].name,
+                      code, distd_mono_seconds() - c->started);
+}
+
+/* Converts the call deadline to CLOCK_MONOTONIC milliseconds. */
+static int64_t deadline_ms(gpr_timespec deadline) {
+  gpr_timespec rt = gpr_convert_clock_type(deadline, GPR_CLOCK_REALTIME);
+  if (gpr_time_cmp(rt, gpr_inf_future(GPR_CLOCK_REALTIME)) == 0)
+    return INT64_MAX;
+  gpr_timespec left = gpr_time_sub(rt, gpr_now(GPR_CLOCK_REALTIME));
+  return distd_now_ms() + gpr_time_to_millis(left);
+}
+
+static void handle(call_ctx *c) {
+  const distd_method *m = &c->rpc->methods[c->method];
+  distd_call_info ci = {deadline_ms(c->deadline), m->name};
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  char details[600];
+  if (ci.deadline_ms <= distd_now_ms()) {
+    finish(c, GRPC_STATUS_DEADLINE_EXCEEDED, "ETIMEDOUT: deadline passed "
+                                             "before the call was handled");
+    return;
+  }
+  ProtobufCMessage *req = dist_bb_to_pb(c->request, m->request);
+  if (!req) {
+    dist_fail(&eb, DIST_EINVAL, "malformed %s request: not a valid %s message",
+              m->name, m->request->name);
+  } else {
+    __atomic_add_fetch(&c->rpc->srv->ops_in_flight, 1, __ATOMIC_SEQ_CST);
+    int rc = m->handler(c->rpc->srv, &ci, req, &c->reply, &eb);
+    __atomic_sub_fetch(&c->rpc->srv->ops_in_flight, 1, __ATOMIC_SEQ_CST);
+    if (rc != 0 && eb.code == 0) eb.code = rc;
+    protobuf_c_message_free_unpacked(req, NULL);
+  }
+  if (eb.code == 0) {
+    finish(c, GRPC_STATUS_OK, NULL);
+    return;
+  }
+  log_debug("rpc %s failed: %s", m->name, dist_errbuf_msg(&eb));
+  dist_status_details(&eb, details, sizeof details);
+  finish(c, dist_err_to_grpc(eb.code), details);
+}
+
+static void answer_unimplemented(call_ctx *c) {
+  char *method = grpc_slice_to_c_string(c->details.method);
+  char details[600];
+  snprintf(details, sizeof details, "ENOTSUP: unknown method %s", method);
+  log_debug("rpc: %s", details);
+  gpr_free(method);
+  finish(c, GRPC_STATUS_UNIMPLEMENTED, details);
+}
+
+static void *worker_main(void *arg) {
+  distd_rpc *r = arg;
+  for (;;) {
+    pthread_mutex_lock(&r->mu);
+    while (!r->queue_head && !r->stopping) pthread_cond_wait(&r->work_cv, &r->mu);
+    call_ctx *c = r->queue_head;
+    if (c) {
+      r->queue_head = c->next;
+      if (!r->queue_head) r->queue_tail = NULL;
+    }
+    pthread_mutex_unlock(&r->mu);
+    if (!c) return NULL; /* stopping and drained */
+    handle(c);
+  }
+}
+
+static void enqueue(distd_rpc *r, call_ctx *c) {
+  pthread_mutex_lock(&r->mu);
+  c->next = NULL;
+  if (r->queue_tail)
+    r->queue_tail->next = c;
+  else
+    r->queue_head = c;
+  r->queue_tail = c;
+  pthread_cond_signal(&r->work_cv);
+  pthread_mutex_unlock(&r->mu);
+}
+
+static void on_new_call(distd_rpc *r, call_ctx *c, int ok) {
+  if (!ok) { /* the server is shutting down: this request was never matched */
+    ctx_free(c);
+    return;
+  }
+  pthread_mutex_lock(&r->mu);
+  r->live_calls++;
+  int rearm = r->accepting;
+  pthread_mutex_unlock(&r->mu);
+  if (rearm) arm(r, c->method);
+  c->started = distd_mono_seconds();
+  if (c->method < 0)
+    answer_unimplemented(c);
+  else
+    enqueue(r, c);
+}
+
+static void on_call_done(distd_rpc *r, call_ctx *c) {
+  ctx_free(c);
+  pthread_mutex_lock(&r->mu);
+  r->live_calls--;
+  pthread_cond_broadcast(&r->idle_cv);
+  pthread_mutex_unlock(&r->mu);
+}
+
+static void *cq_main(void *arg) {
+  distd_rpc *r = arg;
+  for (;;) {
+    grpc_event ev = grpc_completion_queue_next(
+        r->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+    if (ev.type == GRPC_QUEUE_SHUTDOWN) return NULL;
+    if (ev.type != GRPC_OP_COMPLETE) continue;
+    call_tag *t = ev.tag;
+    if (t == &r->shutdown_tag) {
+      pthread_mutex_lock(&r->mu);
+      r->shutdown_notified = 1;
+      pthread_cond_broadcast(&r->idle_cv);
+      pthread_mutex_unlock(&r->mu);
+    } else if (t->kind == TAG_NEW) {
+      on_new_call(r, t->ctx, ev.success);
+    } else {
+      on_call_done(r, t->ctx);
+    }
+  }
+}
+
+static grpc_server *create_server(const distd_config *cfg) {
+  grpc_arg args[3];
+  args[0].type = GRPC_ARG_INTEGER;
+  args[0].key = (char *)GRPC_ARG_ALLOW_REUSEPORT;
+  args[0].value.integer = 0;
+  int max = cfg->max_message_size > INT32_MAX ? INT32_MAX
+                                              : (int)cfg->max_message_size;
+  args[1].type = GRPC_ARG_INTEGER;
+  args[1].key = (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
+  args[1].value.integer = max;
+  args[2].type = GRPC_ARG_INTEGER;
+  args[2].key = (char *)GRPC_ARG_MAX_SEND_MESSAGE_LENGTH;
+  args[2].value.integer = max;
+  grpc_channel_args ca = {3, args};
+  return grpc_server_create(&ca, NULL);
+}
+
+static int bind_port(distd_rpc *r, const char *addr, dist_errbuf *eb) {
+  grpc_server_credentials *creds = grpc_insecure_server_credentials_create();
+  r->port = grpc_server_add_http2_port(r->server, addr, creds);
+  grpc_server_credentials_release(creds);
+  if (r->port <= 0)
+    return dist_fail(eb, DIST_EUNAVAIL,
+                     "cannot listen on %s for gRPC: the address is in use "
+                     "or not local (is another distd running there?)",
+                     addr);
+  return 0;
+}
+
+int distd_rpc_start(distd_server *s, const distd_method *methods, int n,
+                    dist_errbuf *eb) {
+  distd_rpc *r = calloc(1, sizeof *r);
+  r->srv = s;
+  r->methods = methods;
+  r->nmethods = n;
+  r->handles = calloc((size_t)n, sizeof *r->handles);
+  pthread_mutex_init(&r->mu, NULL);
+  pthread_cond_init(&r->work_cv, NULL);
+  pthread_cond_init(&r->idle_cv, NULL);
+  r->server = create_server(&s->cfg);
+  r->cq = grpc_completion_queue_create_for_next(NULL);
+  grpc_server_register_completion_queue(r->server, r->cq, NULL);
+  for (int i = 0; i < n; i++)
+    r->handles[i] = grpc_server_register_method(
+        r->server, methods[i].path, NULL,
+        GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER, 0);
+  int rc = bind_port(r, s->cfg.listen, eb);
+  if (rc != 0) {
+    grpc_server_destroy(r->server);
+    grpc_completion_queue_shutdown(r->cq);
+    while (grpc_completion_queue_next(r->cq, gpr_inf_future(GPR_CLOCK_REALTIME),
+                                      NULL).type != GRPC_QUEUE_SHUTDOWN) {
+    }
+    grpc_completion_queue_destroy(r->cq);
+    free(r->handles);
+    free(r);
+    return rc;
+  }
+  grpc_server_start(r->server);
+  r->accepting = 1;
+  s->rpc = r;
+  for (int i = 0; i < n; i++)
+    for (int k = 0; k < PREARMED_PER_METHOD; k++) arm(r, i);
+  arm(r, -1);
+  pthread_create(&r->cq_thread, NULL, cq_main, r);
+  r->nworkers = (int)s->cfg.rpc_threads;
+  r->workers = calloc((size_t)r->nworkers, sizeof *r->workers);
+  for (int i = 0; i < r->nworkers; i++)
+    pthread_create(&r->workers[i], NULL, worker_main, r);
+  return 0;
+}
+
+int distd_rpc_port(const distd_rpc *r) { return r->port; }
+
+/* Waits on idle_cv until pred holds or the monotonic deadline passes. */
+static void wait_until(distd_rpc *r, int (*pred)(distd_rpc *), int64_t until) {
+  pthread_mutex_lock(&r->mu);
+  while (!pred(r) && distd_now_ms() < until) {
+    pthread_mutex_unlock(&r->mu);
+    struct timespec ts = {0, 10 * 1000 * 1000};
+    nanosleep(&ts, NULL); /* idle_cv uses CLOCK_REALTIME: poll instead */
+    pthread_mutex_lock(&r->mu);
+  }
+  pthread_mutex_unlock(&r->mu);
+}
+
+static int no_live_calls(distd_rpc *r) { return r->live_calls == 0; }
+static int shutdown_seen(distd_rpc *r) { return r->shutdown_notified; }
+
+void distd_rpc_shutdown(distd_rpc *r, int64_t grace_ms) {
+  if (!r) return;
+  pthread_mutex_lock(&r->mu);
+  r->accepting = 0;
+  pthread_mutex_unlock(&r->mu);
+  grpc_server_shutdown_and_notify(r->server, r->cq, &r->shutdown_tag);
+  wait_until(r, no_live_calls, distd_now_ms() + grace_ms);
+  /* Whatever is still running now fails with UNAVAILABLE/CANCELLED. */
+  grpc_server_cancel_all_calls(r->server);
+}
+
+void distd_rpc_free(distd_rpc *r) {
+  if (!r) return;
+  pthread_mutex_lock(&r->mu);
+  r->stopping = 1;
+  pthread_cond_broadcast(&r->work_cv);
+  pthread_mutex_unlock(&r->mu);
+  for (int i = 0; i < r->nworkers; i++) pthread_join(r->workers[i], NULL);
+  wait_until(r, no_live_calls, distd_now_ms() + 10000);
+  wait_until(r, shutdown_seen, distd_now_ms() + 10000);
+  grpc_server_destroy(r->server);
+  grpc_completion_queue_shutdown(r->cq);
+  pthread_join(r->cq_thread, NULL);
+  grpc_completion_queue_destroy(r->cq);
+  pthread_cond_destroy(&r->work_cv);
+  pthread_cond_destroy(&r->idle_cv);
+  pthread_mutex_destroy(&r->mu);
+  free(r->workers);
+  free(r->handles);
+  free(r);
+}

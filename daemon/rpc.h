@@ -1,0 +1,48 @@
+/* The gRPC control plane on the C core API. A method table maps full method
+ * paths to handlers; handlers run on a pool of worker threads so a call that
+ * waits on peers (a collective) never blocks the completion queue. Unknown
+ * methods are answered UNIMPLEMENTED at once. */
+#ifndef DISTD_RPC_H
+#define DISTD_RPC_H
+
+#include <grpc/grpc.h>
+#include <protobuf-c/protobuf-c.h>
+#include <stdint.h>
+
+#include "errbuf.h"
+#include "server.h"
+
+/* What a handler gets besides its request. */
+typedef struct distd_call_info {
+  int64_t deadline_ms; /* CLOCK_MONOTONIC ms (distd_now_ms); INT64_MAX: none */
+  const char *method;  /* short name, e.g. "TensorPut" */
+} distd_call_info;
+
+/* Handles one unpacked request. On success it returns 0 and sets *reply to a
+ * packed reply (dist_pb_to_bb); on failure it returns a dist_err with eb
+ * filled, and the call ends with the mapped gRPC status. */
+typedef int (*distd_handler_fn)(distd_server *s, const distd_call_info *ci,
+                                const ProtobufCMessage *req,
+                                grpc_byte_buffer **reply, dist_errbuf *eb);
+
+typedef struct distd_method {
+  const char *path;  /* "/dist.v1.Dist/Info" */
+  const char *name;  /* "Info" (metrics label) */
+  const ProtobufCMessageDescriptor *request;
+  distd_handler_fn handler;
+} distd_method;
+
+/* Binds s->cfg.listen (SO_REUSEPORT off: a taken port is an error naming
+ * it), registers methods and starts the pollers and workers. */
+int distd_rpc_start(distd_server *s, const distd_method *methods, int n,
+                    dist_errbuf *eb);
+/* Stops accepting calls, waits up to grace_ms for in-flight calls and
+ * cancels the rest (their clients see UNAVAILABLE or CANCELLED). Handlers
+ * still running go on until they return. NULL is a no-op. */
+void distd_rpc_shutdown(distd_rpc *r, int64_t grace_ms);
+/* After distd_rpc_shutdown: joins the workers and frees everything. */
+void distd_rpc_free(distd_rpc *r);
+/* The port the server bound. */
+int distd_rpc_port(const distd_rpc *r);
+
+#endif

@@ -1,0 +1,41 @@
+/* The state of one running daemon, passed to every module (no globals). */
+#ifndef DISTD_SERVER_H
+#define DISTD_SERVER_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "cluster.h"
+#include "config.h"
+
+struct event_base;
+struct event;
+typedef struct distd_peers distd_peers;
+typedef struct distd_http distd_http;
+typedef struct distd_metrics distd_metrics;
+typedef struct distd_store distd_store;
+typedef struct distd_rpc distd_rpc;
+
+typedef struct distd_server {
+  distd_config cfg;
+  dist_member *members; /* world_size entries, rank order */
+  int world_size;
+  int rank;
+  double start_time;    /* CLOCK_MONOTONIC seconds at start */
+  char grpc_address[256];
+
+  struct event_base *base; /* the loop: peers, HTTP, timers */
+  pthread_t loop_thread;
+  distd_peers *peers;
+  distd_http *http;
+  distd_metrics *metrics;
+  distd_store *store;
+  distd_rpc *rpc;
+  int ops_in_flight; /* RPCs being handled (atomic) */
+  int grpc_initialized;
+} distd_server;
+
+/* Seconds on CLOCK_MONOTONIC. */
+double distd_mono_seconds(void);
+
+#endif

@@ -1,0 +1,219 @@
+#include "store.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define BUCKETS 1024
+
+typedef struct entry {
+  distd_tensor *t;
+  struct entry *next;
+} entry;
+
+struct distd_store {
+  pthread_mutex_t mu;
+  uint64_t limit; /* 0 = none */
+  uint64_t used;
+  int count;
+  entry *buckets[BUCKETS];
+};
+
+static unsigned hash_name(const char *s) {
+  unsigned h = 2166136261u; /* FNV-1a */
+  for (; *s; s++) h = (h ^ (unsigned char)*s) * 16777619u;
+  return h % BUCKETS;
+}
+
+distd_store *distd_store_new(uint64_t limit_bytes) {
+  distd_store *s = calloc(1, sizeof *s);
+  pthread_mutex_init(&s->mu, NULL);
+  s->limit = limit_bytes;
+  return s;
+}
+
+void distd_store_free(distd_store *s) {
+  if (!s) return;
+  for (int b = 0; b < BUCKETS; b++) {
+    entry *e = s->buckets[b];
+    while (e) {
+      entry *next = e->next;
+      e->t->owner = NULL; /* the store is going: nothing to return memory to */
+      distd_tensor_unref(e->t);
+      free(e);
+      e = next;
+    }
+  }
+  pthread_mutex_destroy(&s->mu);
+  free(s);
+}
+
+static void format_bytes(uint64_t n, char *buf, size_t len) {
+  static const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = (double)n;
+  int u = 0;
+  while (v >= 1024 && u < 4) v /= 1024, u++;
+  snprintf(buf, len, u ? "%.1f %s" : "%.0f %s", v, units[u]);
+}
+
+int distd_store_reserve(distd_store *s, size_t bytes, dist_errbuf *eb) {
+  pthread_mutex_lock(&s->mu);
+  int over = s->limit && s->used + bytes > s->limit;
+  if (!over) s->used += bytes;
+  uint64_t used = s->used, limit = s->limit;
+  pthread_mutex_unlock(&s->mu);
+  if (!over) return 0;
+  char need[32], in_use[32], lim[32];
+  format_bytes(bytes, need, sizeof need);
+  format_bytes(used, in_use, sizeof in_use);
+  format_bytes(limit, lim, sizeof lim);
+  return dist_fail(eb, DIST_ENOMEM,
+                   "memory limit: %s more needed, %s of %s already in use",
+                   need, in_use, lim);
+}
+
+void distd_store_release(distd_store *s, size_t bytes) {
+  if (!s) return;
+  pthread_mutex_lock(&s->mu);
+  s->used -= bytes;
+  pthread_mutex_unlock(&s->mu);
+}
+
+int distd_tensor_new(distd_store *s, const char *name, dist_dtype dt,
+                     const dist_shape *global, const dist_mesh_desc *mesh,
+                     const dist_placement *p, int rank, distd_tensor **out,
+                     dist_errbuf *eb) {
+  if (strlen(name) >= DISTD_NAME_MAX)
+    return dist_fail(eb, DIST_EINVAL, "tensor name longer than %d bytes",
+                     DISTD_NAME_MAX - 1);
+  distd_tensor *t = calloc(1, sizeof *t);
+  snprintf(t->name, sizeof t->name, "%s", name);
+  t->dtype = dt;
+  t->global = *global;
+  t->mesh = *mesh;
+  t->nplacements = mesh->ndim;
+  memcpy(t->placements, p, sizeof *p * (size_t)mesh->ndim);
+  int idx = dist_mesh_index_of(mesh, rank);
+  if (idx >= 0) {
+    int coords[DIST_MAX_MESH_DIMS];
+    dist_mesh_coords(mesh, idx, coords);
+    dist_local_box(mesh, p, global, coords, &t->local, t->offset);
+  } else { /* not on this mesh: an empty piece */
+    t->local = *global;
+    if (t->local.ndim > 0) t->local.dims[0] = 0;
+  }
+  t->nbytes = (size_t)dist_shape_numel(&t->local) * dist_dtype_size(dt);
+  if (idx < 0) t->nbytes = 0;
+  int rc = distd_store_reserve(s, t->nbytes, eb);
+  if (rc != 0) {
+    free(t);
+    return rc;
+  }
+  t->data = calloc(1, t->nbytes ? t->nbytes : 1);
+  t->refs = 1;
+  t->owner = s;
+  *out = t;
+  return 0;
+}
+
+void distd_tensor_ref(distd_tensor *t) {
+  __atomic_add_fetch(&t->refs, 1, __ATOMIC_SEQ_CST);
+}
+
+void distd_tensor_unref(distd_tensor *t) {
+  if (!t || __atomic_sub_fetch(&t->refs, 1, __ATOMIC_SEQ_CST) > 0) return;
+  distd_store_release(t->owner, t->nbytes);
+  free(t->data);
+  free(t);
+}
+
+static entry **find(distd_store *s, const char *name) {
+  entry **e = &s->buckets[hash_name(name)];
+  while (*e && strcmp((*e)->t->name, name) != 0) e = &(*e)->next;
+  return e;
+}
+
+int distd_store_put(distd_store *s, distd_tensor *t, int replace,
+                    dist_errbuf *eb) {
+  pthread_mutex_lock(&s->mu);
+  entry **e = find(s, t->name);
+  distd_tensor *old = NULL;
+  if (*e && !replace) {
+    pthread_mutex_unlock(&s->mu);
+    return dist_fail(eb, DIST_EEXIST, "tensor '%s' already exists", t->name);
+  }
+  distd_tensor_ref(t);
+  if (*e) {
+    old = (*e)->t;
+    t->version = old->version + 1;
+    (*e)->t = t;
+  } else {
+    entry *n = calloc(1, sizeof *n);
+    n->t = t;
+    *e = n;
+    s->count++;
+    if (t->version == 0) t->version = 1;
+  }
+  pthread_mutex_unlock(&s->mu);
+  distd_tensor_unref(old); /* outside the lock: it may release memory */
+  return 0;
+}
+
+int distd_store_get(distd_store *s, const char *name, distd_tensor **out,
+                    dist_errbuf *eb) {
+  pthread_mutex_lock(&s->mu);
+  entry **e = find(s, name);
+  if (*e) {
+    *out = (*e)->t;
+    distd_tensor_ref(*out);
+  }
+  pthread_mutex_unlock(&s->mu);
+  if (!*e) return dist_fail(eb, DIST_ENOTFOUND, "tensor '%s' not found", name);
+  return 0;
+}
+
+int distd_store_delete(distd_store *s, const char *name, dist_errbuf *eb) {
+  pthread_mutex_lock(&s->mu);
+  entry **e = find(s, name);
+  entry *gone = *e;
+  if (gone) {
+    *e = gone->next;
+    s->count--;
+  }
+  pthread_mutex_unlock(&s->mu);
+  if (!gone) return dist_fail(eb, DIST_ENOTFOUND, "tensor '%s' not found", name);
+  distd_tensor_unref(gone->t);
+  free(gone);
+  return 0;
+}
+
+static int by_name(const void *a, const void *b) {
+  return strcmp((*(distd_tensor *const *)a)->name,
+                (*(distd_tensor *const *)b)->name);
+}
+
+int distd_store_list(distd_store *s, distd_tensor ***out, int *count) {
+  pthread_mutex_lock(&s->mu);
+  distd_tensor **all = calloc((size_t)s->count + 1, sizeof *all);
+  int n = 0;
+  for (int b = 0; b < BUCKETS; b++)
+    for (entry *e = s->buckets[b]; e; e = e->next) {
+      distd_tensor_ref(e->t);
+      all[n++] = e->t;
+    }
+  pthread_mutex_unlock(&s->mu);
+  qsort(all, (size_t)n, sizeof *all, by_name);
+  *out = all;
+  *count = n;
+  return 0;
+}
+
+void distd_store_usage(distd_store *s, uint64_t *used, uint64_t *limit,
+                       int *count) {
+  pthread_mutex_lock(&s->mu);
+  *used = s->used;
+  *limit = s->limit;
+  *count = s->count;
+  pthread_mutex_unlock(&s->mu);
+}

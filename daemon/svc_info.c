@@ -1,0 +1,134 @@
+/* Health, Info and the state-derived parts of /metrics and /readyz. */
+#include <event2/buffer.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dist.pb-c.h"
+#include "health.pb-c.h"
+#include "methods.h"
+#include "metrics.h"
+#include "pbuf.h"
+#include "peer.h"
+#include "store.h"
+
+/* SERVING for the whole server ("") and for dist.v1.Dist; NOT_FOUND for any
+ * other service name, as grpc.health.v1 specifies. */
+DISTD_HANDLER(health_check) {
+  (void)s, (void)ci;
+  const Grpc__Health__V1__HealthCheckRequest *rq = (const void *)req;
+  if (rq->service[0] && strcmp(rq->service, "dist.v1.Dist") != 0)
+    return dist_fail(eb, DIST_ENOTFOUND, "unknown service '%s'", rq->service);
+  Grpc__Health__V1__HealthCheckResponse rp =
+      GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
+  rp.status = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING;
+  *reply = dist_pb_to_bb(&rp.base);
+  return 0;
+}
+
+static void fill_peer(distd_server *s, int r, Dist__V1__PeerInfo *pi) {
+  distd_peer_stats st;
+  distd_peers_get_stats(s->peers, r, &st);
+  pi->rank = (uint32_t)r;
+  pi->address = s->members[r].peer_addr;
+  pi->connected = st.connected;
+  pi->bytes_sent = st.bytes_sent;
+  pi->bytes_received = st.bytes_received;
+  pi->rtt_seconds = st.rtt_seconds;
+  pi->reconnects = st.reconnects;
+}
+
+DISTD_HANDLER(info) {
+  (void)ci, (void)req, (void)eb;
+  Dist__V1__InfoReply rp = DIST__V1__INFO_REPLY__INIT;
+  rp.version = (char *)DIST_VERSION;
+  rp.rank = (uint32_t)s->rank;
+  rp.world_size = (uint32_t)s->world_size;
+  rp.uptime_seconds = distd_mono_seconds() - s->start_time;
+  rp.cluster_id = s->cfg.cluster_id;
+  rp.grpc_address = s->grpc_address;
+  rp.http_address = s->http ? (char *)distd_http_address(s->http) : (char *)"";
+  int count = 0;
+  distd_store_usage(s->store, &rp.tensor_bytes, &rp.tensor_bytes_limit, &count);
+  rp.tensor_count = (uint32_t)count;
+  rp.ops_in_flight = (uint32_t)__atomic_load_n(&s->ops_in_flight, __ATOMIC_SEQ_CST);
+  Dist__V1__PeerInfo *peers = calloc((size_t)s->world_size, sizeof *peers);
+  Dist__V1__PeerInfo **ptrs = calloc((size_t)s->world_size, sizeof *ptrs);
+  for (int r = 0; r < s->world_size; r++) {
+    if (r == s->rank) continue;
+    dist__v1__peer_info__init(&peers[rp.n_peers]);
+    fill_peer(s, r, &peers[rp.n_peers]);
+    ptrs[rp.n_peers] = &peers[rp.n_peers];
+    rp.n_peers++;
+  }
+  rp.peers = ptrs;
+  *reply = dist_pb_to_bb(&rp.base);
+  free(ptrs);
+  free(peers);
+  return 0;
+}
+
+static void write_peer_gauges(distd_server *s, struct evbuffer *out) {
+  distd_metrics_gauge_header(out, "distd_peer_connected", "gauge",
+                             "1 when both directions to the peer are up");
+  for (int r = 0; r < s->world_size; r++) {
+    if (r == s->rank) continue;
+    distd_peer_stats st;
+    distd_peers_get_stats(s->peers, r, &st);
+    evbuffer_add_printf(out, "distd_peer_connected{peer=\"%d\"} %d\n", r,
+                        st.connected);
+  }
+  static const char *dirs[2] = {"sent", "received"};
+  for (int d = 0; d < 2; d++) {
+    char name[64];
+    snprintf(name, sizeof name, "distd_peer_bytes_%s_total", dirs[d]);
+    distd_metrics_gauge_header(out, name, "counter",
+                               d ? "Bytes received from the peer on the data plane"
+                                 : "Bytes sent to the peer on the data plane");
+    for (int r = 0; r < s->world_size; r++) {
+      if (r == s->rank) continue;
+      distd_peer_stats st;
+      distd_peers_get_stats(s->peers, r, &st);
+      evbuffer_add_printf(out, "%s{peer=\"%d\"} %llu\n", name, r,
+                          (unsigned long long)(d ? st.bytes_received
+                                                 : st.bytes_sent));
+    }
+  }
+}
+
+void distd_write_metrics(void *server, struct evbuffer *out) {
+  distd_server *s = server;
+  distd_metrics_write(s->metrics, out);
+  uint64_t used = 0, limit = 0;
+  int count = 0;
+  distd_store_usage(s->store, &used, &limit, &count);
+  distd_metrics_gauge_header(out, "distd_tensor_bytes", "gauge",
+                             "Bytes of tensor memory held");
+  evbuffer_add_printf(out, "distd_tensor_bytes %llu\n", (unsigned long long)used);
+  distd_metrics_gauge_header(out, "distd_tensors", "gauge", "Tensors held");
+  evbuffer_add_printf(out, "distd_tensors %d\n", count);
+  distd_metrics_gauge_header(out, "distd_peers_connected", "gauge",
+                             "Peers with both directions connected");
+  evbuffer_add_printf(out, "distd_peers_connected %d\n",
+                      distd_peers_connected_count(s->peers));
+  distd_metrics_gauge_header(out, "distd_uptime_seconds", "gauge",
+                             "Seconds since the daemon started");
+  evbuffer_add_printf(out, "distd_uptime_seconds %.3f\n",
+                      distd_mono_seconds() - s->start_time);
+  write_peer_gauges(s, out);
+}
+
+int distd_readiness(void *server, char *why, size_t len) {
+  distd_server *s = server;
+  size_t used = 0;
+  why[0] = 0;
+  for (int r = 0; r < s->world_size; r++) {
+    distd_peer_stats st;
+    if (r == s->rank) continue;
+    distd_peers_get_stats(s->peers, r, &st);
+    if (!st.connected && used < len)
+      used += (size_t)snprintf(why + used, len - used, "%speer %d not connected",
+                               used ? ", " : "", r);
+  }
+  return why[0] == 0;
+}

@@ -1,0 +1,273 @@
+/* TensorPut / TensorGet / TensorList / TensorShow / TensorDelete. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "coll.h"
+#include "methods.h"
+#include "pbuf.h"
+#include "reshard.h"
+#include "store.h"
+#include "tensor_meta.h"
+
+/* What each rank contributes to dtensor_from_local's shape exchange: its
+ * own verdict (0 or a dist_err) and its local shape. */
+enum { EXCHANGE_WORDS = 2 + DIST_MAX_DIMS };
+
+static void pack_exchange(int64_t *w, int status, const dist_shape *local) {
+  memset(w, 0, sizeof(int64_t) * EXCHANGE_WORDS);
+  w[0] = status;
+  w[1] = local->ndim;
+  for (int i = 0; i < local->ndim; i++) w[2 + i] = local->dims[i];
+}
+
+static void unpack_shape(const int64_t *w, dist_shape *s) {
+  s->ndim = (int)w[1];
+  for (int i = 0; i < s->ndim && i < DIST_MAX_DIMS; i++) s->dims[i] = w[2 + i];
+}
+
+/* The global extent of every tensor dim: the sum of the pieces along the
+ * mesh dims that shard it (ranks at coordinate 0 on every other mesh dim),
+ * or any piece's extent when no mesh dim shards it. */
+static void derive_global(const distd_meta *m, const int64_t *all,
+                          dist_shape *global) {
+  unpack_shape(&all[0], global);
+  for (int d = 0; d < global->ndim; d++) {
+    int64_t sum = 0;
+    int sharded = 0;
+    for (int i = 0; i < m->mesh.nranks; i++) {
+      int coords[DIST_MAX_MESH_DIMS], on_axis = 1;
+      dist_mesh_coords(&m->mesh, i, coords);
+      for (int md = 0; md < m->mesh.ndim; md++) {
+        int shards_d = m->placements[md].kind == DIST_SHARD &&
+                       m->placements[md].dim == d;
+        sharded |= shards_d;
+        if (!shards_d && coords[md] != 0) on_axis = 0;
+      }
+      dist_shape piece;
+      unpack_shape(&all[i * EXCHANGE_WORDS], &piece);
+      if (on_axis) sum += piece.dims[d];
+    }
+    if (sharded) global->dims[d] = sum;
+  }
+}
+
+/* Every piece must be exactly what the split rule gives its rank. */
+static int check_pieces_fit(const distd_meta *m, const int64_t *all,
+                            const dist_shape *global, dist_errbuf *eb) {
+  for (int i = 0; i < m->mesh.nranks; i++) {
+    int coords[DIST_MAX_MESH_DIMS];
+    int64_t offset[DIST_MAX_DIMS];
+    dist_shape want, got;
+    dist_mesh_coords(&m->mesh, i, coords);
+    dist_local_box(&m->mesh, m->placements, global, coords, &want, offset);
+    unpack_shape(&all[i * EXCHANGE_WORDS], &got);
+    if (!dist_shape_equal(&want, &got)) {
+      char gs[96], ws[96], hs[96], ps[160];
+      dist_shape_format(&got, hs, sizeof hs);
+      dist_shape_format(&want, ws, sizeof ws);
+      dist_shape_format(global, gs, sizeof gs);
+      dist_placements_format(m->placements, m->mesh.ndim, ps, sizeof ps);
+      return dist_fail(eb, DIST_EMISMATCH,
+                       "local pieces do not fit the placements %s: rank %d "
+                       "holds %s, but global shape %s gives it %s",
+                       ps, m->mesh.ranks[i], hs, gs, ws);
+    }
+  }
+  return 0;
+}
+
+/* dtensor_from_local: the mesh's daemons exchange their local shapes and
+ * verdicts, so they all accept or all refuse the same tensor. */
+static int exchange_local_shapes(distd_server *s, uint64_t op_id,
+                                 int64_t deadline, distd_meta *m, int verdict,
+                                 dist_errbuf *eb) {
+  int n = m->mesh.nranks;
+  int64_t mine[EXCHANGE_WORDS];
+  int64_t *all = calloc((size_t)n * EXCHANGE_WORDS, sizeof *all);
+  size_t *counts = calloc((size_t)n, sizeof *counts);
+  for (int i = 0; i < n; i++) counts[i] = EXCHANGE_WORDS;
+  pack_exchange(mine, verdict, &m->local);
+  distd_coll c;
+  int rc = distd_coll_init(&c, s->peers, op_id, m->mesh.ranks, n, deadline, eb);
+  if (rc == 0) rc = distd_allgather(&c, mine, all, counts, DIST_INT64, eb);
+  if (rc != 0) goto out;
+  for (int i = 0; i < n; i++)
+    if (all[i * EXCHANGE_WORDS] != 0 && m->mesh.ranks[i] != s->rank) {
+      rc = dist_fail(eb, (int)all[i * EXCHANGE_WORDS],
+                     "rank %d refused its piece of '%s' (%s)", m->mesh.ranks[i],
+                     m->name, dist_err_name((int)all[i * EXCHANGE_WORDS]));
+      goto out;
+    }
+  if (verdict != 0) {
+    rc = verdict;
+    goto out;
+  }
+  derive_global(m, all, &m->global);
+  rc = check_pieces_fit(m, all, &m->global, eb);
+out:
+  free(all);
+  free(counts);
+  return rc;
+}
+
+/* This rank's own checks before anything is allocated. */
+static int local_verdict(distd_server *s, const Dist__V1__TensorPutRequest *rq,
+                         distd_meta *m, const dist_shape *shape,
+                         dist_errbuf *eb) {
+  distd_tensor *old = NULL;
+  if (!rq->replace && distd_store_get(s->store, m->name, &old, NULL) == 0) {
+    distd_tensor_unref(old);
+    return dist_fail(eb, DIST_EEXIST, "tensor '%s' already exists", m->name);
+  }
+  if (dist_placements_check(&m->mesh, m->placements, m->mesh.ndim, shape->ndim,
+                            eb) != 0)
+    return eb->code;
+  size_t bytes = (size_t)dist_shape_numel(&m->local) * dist_dtype_size(m->dtype);
+  if (rq->derive_global_shape && rq->data.len != bytes)
+    return dist_fail(eb, DIST_EMISMATCH,
+                     "local piece has %zu bytes, but local shape of %lld "
+                     "%s elements needs %zu",
+                     rq->data.len, (long long)dist_shape_numel(&m->local),
+                     dist_dtype_name(m->dtype), bytes);
+  /* Check the limit now so every rank refuses together (a concurrent put
+   * may still take the memory before the allocation; that one fails alone). */
+  if (distd_store_reserve(s->store, bytes, eb) != 0) return eb->code;
+  distd_store_release(s->store, bytes);
+  return 0;
+}
+
+static int reply_meta(distd_server *s, const distd_tensor *t,
+                      grpc_byte_buffer **reply) {
+  dist_wire_meta *w = calloc(1, sizeof *w);
+  distd_meta_describe(t, s->rank, w);
+  Dist__V1__TensorPutReply rp = DIST__V1__TENSOR_PUT_REPLY__INIT;
+  rp.meta = &w->meta;
+  *reply = dist_pb_to_bb(&rp.base);
+  free(w);
+  return 0;
+}
+
+static int store_piece(distd_server *s, const distd_meta *m,
+                       const ProtobufCBinaryData *data, int replace,
+                       distd_tensor **out, dist_errbuf *eb) {
+  distd_tensor *t = NULL;
+  int rc = distd_tensor_new(s->store, m->name, m->dtype, &m->global, &m->mesh,
+                            m->placements, s->rank, &t, eb);
+  if (rc != 0) return rc;
+  if (data->len != t->nbytes) {
+    char ls[96], gs[96];
+    dist_shape_format(&t->local, ls, sizeof ls);
+    dist_shape_format(&m->global, gs, sizeof gs);
+    distd_tensor_unref(t);
+    return dist_fail(eb, DIST_EMISMATCH,
+                     "rank %d's piece of '%s' (global %s) is %s %s = %zu "
+                     "bytes, but %zu bytes were sent",
+                     s->rank, m->name, gs, ls, dist_dtype_name(m->dtype),
+                     t->nbytes, data->len);
+  }
+  memcpy(t->data, data->data, data->len);
+  rc = distd_store_put(s->store, t, replace, eb);
+  if (rc == 0) *out = t;
+  else distd_tensor_unref(t);
+  return rc;
+}
+
+DISTD_HANDLER(tensor_put) {
+  const Dist__V1__TensorPutRequest *rq = (const void *)req;
+  distd_meta m;
+  memset(&m, 0, sizeof m);
+  if (distd_meta_parse(s, rq->meta, &m, eb) != 0) return eb->code;
+  if (dist_mesh_index_of(&m.mesh, s->rank) < 0)
+    return dist_fail(eb, DIST_EINVAL, "rank %d is not in the mesh of '%s'",
+                     s->rank, m.name);
+  const dist_shape *shape = rq->derive_global_shape ? &m.local : &m.global;
+  int verdict = local_verdict(s, rq, &m, shape, eb);
+  if (rq->derive_global_shape) {
+    dist_errbuf peer_eb = DIST_ERRBUF_INIT;
+    int rc = exchange_local_shapes(s, rq->op_id, ci->deadline_ms, &m, verdict,
+                                   verdict ? &peer_eb : eb);
+    if (rc != 0) return verdict ? verdict : rc;
+  } else if (verdict != 0) {
+    return verdict;
+  }
+  distd_tensor *t = NULL;
+  int rc = store_piece(s, &m, &rq->data, rq->replace, &t, eb);
+  if (rc != 0) return rc;
+  reply_meta(s, t, reply);
+  distd_tensor_unref(t);
+  return 0;
+}
+
+DISTD_HANDLER(tensor_get) {
+  const Dist__V1__TensorGetRequest *rq = (const void *)req;
+  distd_tensor *t = NULL, *full = NULL;
+  if (distd_store_get(s->store, rq->name, &t, eb) != 0) return eb->code;
+  const distd_tensor *value = t;
+  if (rq->full) {
+    dist_placement rep[DIST_MAX_MESH_DIMS];
+    for (int i = 0; i < t->mesh.ndim; i++) rep[i] = DIST_REPLICATED;
+    int rc = distd_reshard(s, t, &t->mesh, &t->mesh, rep, t->name, rq->op_id,
+                           ci->deadline_ms, &full, eb);
+    if (rc != 0) {
+      distd_tensor_unref(t);
+      return rc;
+    }
+    value = full;
+  }
+  dist_wire_meta *w = calloc(1, sizeof *w);
+  distd_meta_describe(t, s->rank, w);
+  Dist__V1__TensorGetReply rp = DIST__V1__TENSOR_GET_REPLY__INIT;
+  rp.meta = &w->meta;
+  rp.data.data = value->data;
+  rp.data.len = value->nbytes;
+  uint64_t shape[DIST_MAX_DIMS];
+  for (int i = 0; i < value->local.ndim; i++) shape[i] = (uint64_t)value->local.dims[i];
+  rp.n_shape = (size_t)value->local.ndim;
+  rp.shape = shape;
+  *reply = dist_pb_to_bb(&rp.base);
+  free(w);
+  distd_tensor_unref(full);
+  distd_tensor_unref(t);
+  return 0;
+}
+
+DISTD_HANDLER(tensor_list) {
+  (void)ci, (void)req, (void)eb;
+  distd_tensor **all = NULL;
+  int n = 0;
+  distd_store_list(s->store, &all, &n);
+  dist_wire_meta *w = calloc((size_t)n + 1, sizeof *w);
+  Dist__V1__TensorMeta **metas = calloc((size_t)n + 1, sizeof *metas);
+  for (int i = 0; i < n; i++) {
+    distd_meta_describe(all[i], s->rank, &w[i]);
+    metas[i] = &w[i].meta;
+  }
+  Dist__V1__TensorListReply rp = DIST__V1__TENSOR_LIST_REPLY__INIT;
+  rp.n_tensors = (size_t)n;
+  rp.tensors = metas;
+  *reply = dist_pb_to_bb(&rp.base);
+  for (int i = 0; i < n; i++) distd_tensor_unref(all[i]);
+  free(all);
+  free(metas);
+  free(w);
+  return 0;
+}
+
+DISTD_HANDLER(tensor_show) {
+  (void)ci;
+  const Dist__V1__TensorShowRequest *rq = (const void *)req;
+  distd_tensor *t = NULL;
+  if (distd_store_get(s->store, rq->name, &t, eb) != 0) return eb->code;
+  reply_meta(s, t, reply); /* TensorShowReply has TensorPutReply's layout */
+  distd_tensor_unref(t);
+  return 0;
+}
+
+DISTD_HANDLER(tensor_delete) {
+  (void)ci;
+  const Dist__V1__TensorDeleteRequest *rq = (const void *)req;
+  if (distd_store_delete(s->store, rq->name, eb) != 0) return eb->code;
+  Dist__V1__TensorDeleteReply rp = DIST__V1__TENSOR_DELETE_REPLY__INIT;
+  *reply = dist_pb_to_bb(&rp.base);
+  return 0;
+}
