@@ -4,6 +4,8 @@
 #ifndef DISTD_HTTP_H
 #define DISTD_HTTP_H
 
+#include <stddef.h>
+
 #include "errbuf.h"
 
 struct event_base;
