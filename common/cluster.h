@@ -6,6 +6,8 @@
 #ifndef DIST_CLUSTER_H
 #define DIST_CLUSTER_H
 
+#include <stddef.h>
+
 #include "errbuf.h"
 
 typedef struct dist_member {

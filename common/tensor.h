@@ -60,10 +60,18 @@ void dist_copy_box_in(void *dst, const dist_shape *dst_shape,
                       const int64_t *offset, const void *src,
                       const dist_shape *box, size_t elem);
 
-/* .npy (format 1.0/2.0, C order, little-endian; '|b1' '|i1' '|u1' '<i4' '<i8'
- * '<f2' '<f4' '<f8', and bfloat16 written as '<V2' with a "bfloat16" note
- * nowhere: bfloat16 is stored as '<u2' by dist_npy_write and read back as
- * uint16 data only when the caller asks for DIST_BFLOAT16). */
+/* .npy (format 1.0/2.0, C order, little-endian; descrs '|b1' '|i1' '|u1'
+ * '<i4' '<i8' '<f2' '<f4' '<f8'). numpy has no bfloat16: dist_npy_write
+ * stores it as '<u2', and the readers return '<u2' data as DIST_BFLOAT16 only
+ * when *dt is DIST_BFLOAT16 on entry (otherwise '<u2' is unsupported). *dt is
+ * therefore read on entry (set it to DIST_DTYPE_INVALID when not asking for
+ * bfloat16) and set to the file's dtype on success.
+ * Errors: DIST_EINVAL for bad magic, a malformed header or truncated
+ * header/data; DIST_ENOTSUP for other versions, fortran_order True,
+ * big-endian or unknown descrs and more than DIST_MAX_DIMS dims;
+ * DIST_EMISMATCH when there are more data bytes than the shape needs.
+ * dist_npy_parse points *data into bytes (no copy); dist_npy_read returns a
+ * malloc'd *data (free()) and also fails with DIST_ENOTFOUND / DIST_EIO. */
 int dist_npy_read(const char *path, dist_dtype *dt, dist_shape *shape,
                   void **data, size_t *nbytes, dist_errbuf *eb);
 int dist_npy_parse(const void *bytes, size_t len, dist_dtype *dt,
