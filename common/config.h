@@ -8,7 +8,16 @@
  *                        <->  env  "DISTD_PEER_TIMEOUT=30s"
  *
  * Every error names its origin ("distd.conf:12", "--rank", "DISTD_RANK") and
- * the offending key or value; callers exit with status 2 on it. */
+ * the offending key or value; callers exit with status 2 on it.
+ *
+ * File syntax: one "key = value" per line; blank lines are skipped; '#'
+ * starts a comment (outside a quoted value); whitespace around key and value
+ * is trimmed; a value may be double-quoted ("", "a # b", with \" and \\
+ * inside). A later line for the same key wins.
+ * Environment: every variable starting with the prefix must name an option,
+ * except <PREFIX>CONFIG, which names the config file.
+ * Flags: "--name=value" or "--name value" (a value starting with "--" must
+ * use the '=' form); a bare boolean flag means true. Names use dashes. */
 #ifndef DIST_CONFIG_H
 #define DIST_CONFIG_H
 
@@ -59,7 +68,19 @@ int dist_cfg_load(const dist_cfg_table *t, void *target, int argc,
                   char **argv, char **envp, dist_cfg_action *action, FILE *out,
                   dist_errbuf *eb);
 
-/* The individual steps dist_cfg_load is made of, for tests and tools. */
+/* Notes on dist_cfg_load: envp is a NULL-terminated "NAME=value" array
+ * (main's third argument or environ); NULL means an empty environment. out
+ * receives --help and --check-config (stdout in distd). --help (or -h)
+ * anywhere prints help and nothing else is checked. target need not be
+ * initialised. After a return of 0 (either action) target's strings belong
+ * to the caller, to be released with dist_cfg_free; after an error they are
+ * already freed (dist_cfg_free on it is still harmless). */
+
+/* The individual steps dist_cfg_load is made of, for tests and tools.
+ * dist_cfg_defaults writes every field without reading it (strings held
+ * before are not freed). dist_cfg_set sets one option by its key name,
+ * replacing (and freeing) an earlier string; origin prefixes its messages
+ * ("--rank: value 70000 out of range [0, 65535]"; NULL = the key name). */
 int dist_cfg_defaults(const dist_cfg_table *t, void *target, dist_errbuf *eb);
 int dist_cfg_set(const dist_cfg_table *t, void *target, const char *name,
                  const char *value, const char *origin, dist_errbuf *eb);

@@ -2,10 +2,12 @@
 #ifndef DISTD_CONFIG_H
 #define DISTD_CONFIG_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "cluster.h"
-#include "config.h"
+/* By path: a plain "config.h" here would find this very file again. */
+#include "../common/config.h"
 
 #define DISTD_DEFAULT_PORT 7470 /* gRPC; the data plane takes +1, HTTP +2 */
 
