@@ -1,0 +1,337 @@
+/* The peer data plane's lifetime: the listener, dialling with backoff, the
+ * PING timer, statistics, and shutdown. Frame I/O is in peer_conn.c,
+ * transfers in peer_xfer.c. */
+#include <errno.h>
+#include <stdarg.h>
+#include <event2/event.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cluster.h"
+#include "log.h"
+#include "peer_internal.h"
+
+int64_t distd_now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static uint64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+void distd_peer_set_error(peer *pe, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(pe->stats.last_error, sizeof pe->stats.last_error, fmt, ap);
+  va_end(ap);
+}
+
+const char *distd_peer_addr(const distd_peers *p, int rank) {
+  return p->members[rank].peer_addr;
+}
+
+/* No Nagle (frames are small or already large), and socket buffers large
+ * enough that one writev moves megabytes. */
+int distd_peer_sock_setup(int fd) {
+  int one = 1, buf = SOCKET_BUFFER;
+  if (setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) < 0) return -1;
+  if (buf > 0) {
+    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
+  }
+  return 0;
+}
+
+static int resolve(const char *addr, struct addrinfo **out, int passive,
+                   dist_errbuf *eb) {
+  char host[256], port_s[16];
+  int port = 0;
+  if (dist_split_hostport(addr, host, sizeof host, &port, eb) < 0) return DIST_EINVAL;
+  snprintf(port_s, sizeof port_s, "%d", port);
+  struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+                           .ai_flags = passive ? AI_PASSIVE : 0};
+  int rc = getaddrinfo(host[0] ? host : NULL, port_s, &hints, out);
+  if (rc != 0)
+    return dist_fail(eb, DIST_EINVAL, "cannot resolve '%s': %s", addr,
+                     gai_strerror(rc));
+  return 0;
+}
+
+void distd_peer_schedule_redial(peer *pe, distd_peers *p) {
+  if (p->closing) return;
+  struct timeval tv = {(time_t)(pe->backoff_ms / 1000),
+                       (suseconds_t)(pe->backoff_ms % 1000) * 1000};
+  evtimer_add(pe->redial_ev, &tv);
+  pe->backoff_ms *= 2;
+  if (pe->backoff_ms > p->backoff_max) pe->backoff_ms = p->backoff_max;
+}
+
+static void queue_hello(distd_peers *p, conn *c) {
+  dist_hello hello = {.rank = (uint32_t)p->rank, .world_size = (uint32_t)p->world,
+                      .boot_id = p->boot_id};
+  snprintf(hello.cluster_id, sizeof hello.cluster_id, "%s", p->cluster_id);
+  uint8_t payload[DIST_HELLO_SIZE];
+  dist_hello_encode(&hello, payload);
+  dist_frame_header h = {DIST_FRAME_MAGIC, DIST_FRAME_VERSION, DIST_FRAME_HELLO,
+                         0, (uint32_t)p->rank, 0, DIST_HELLO_SIZE, 0};
+  distd_conn_queue_ctl(c, &h, payload, sizeof payload);
+}
+
+/* Starts a non-blocking connect to pe; the write event tells when it is
+ * done (distd_conn_write_cb). Failures schedule the next try. */
+static void dial(peer *pe) {
+  distd_peers *p = pe->p;
+  const char *addr = distd_peer_addr(p, pe->rank);
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  struct addrinfo *ai = NULL;
+  int fd = -1;
+  if (resolve(addr, &ai, 0, &eb) < 0) {
+    distd_peer_set_error(pe, "%s", eb.msg);
+    goto fail;
+  }
+  fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0 || distd_peer_sock_setup(fd) < 0 ||
+      (connect(fd, ai->ai_addr, ai->ai_addrlen) < 0 && errno != EINPROGRESS)) {
+    distd_peer_set_error(pe, "connect to %s: %s", addr, distd_peer_errno_reason(errno));
+    goto fail;
+  }
+  freeaddrinfo(ai);
+  conn *c = distd_conn_new(p, fd, 1, pe->rank);
+  c->connecting = 1;
+  queue_hello(p, c);
+  pe->out = c;
+  distd_conn_want_write(c);
+  return;
+fail:
+  if (ai) freeaddrinfo(ai);
+  if (fd >= 0) close(fd);
+  distd_peer_schedule_redial(pe, p);
+}
+
+static void redial_cb(int fd, short what, void *arg) {
+  (void)fd, (void)what;
+  peer *pe = arg;
+  pthread_mutex_lock(&pe->p->mu);
+  if (!pe->out && !pe->p->closing) dial(pe);
+  pthread_mutex_unlock(&pe->p->mu);
+}
+
+static void accept_cb(int lfd, short what, void *arg) {
+  (void)what;
+  distd_peers *p = arg;
+  pthread_mutex_lock(&p->mu);
+  for (;;) {
+    int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+        log_warn("peer listener: accept: %s", strerror(errno));
+      break;
+    }
+    distd_peer_sock_setup(fd);
+    conn *c = distd_conn_new(p, fd, 0, -1);
+    dlist_push(&p->pending_in, &c->link);
+    event_add(c->rev, NULL);
+  }
+  pthread_mutex_unlock(&p->mu);
+}
+
+/* Measures RTT on idle outbound connections; the answer comes back on the
+ * same socket. */
+static void ping_cb(int fd, short what, void *arg) {
+  (void)fd, (void)what;
+  distd_peers *p = arg;
+  pthread_mutex_lock(&p->mu);
+  for (int r = 0; r < p->world; r++) {
+    peer *pe = &p->peers[r];
+    if (!pe->out || !pe->out->greeted || !dlist_empty(&pe->outq)) continue;
+    send_item *it = calloc(1, sizeof *it);
+    if (!it) break;
+    dlist_init(&it->xlink);
+    dist_frame_header h = {DIST_FRAME_MAGIC, DIST_FRAME_VERSION, DIST_FRAME_PING,
+                           0, (uint32_t)p->rank, 0, 0, now_ns()};
+    dist_frame_encode(&h, it->hdr);
+    it->dst = r;
+    distd_peer_queue_frame(p, r, it);
+    distd_conn_flush(pe->out, 1);
+  }
+  pthread_mutex_unlock(&p->mu);
+}
+
+void distd_peer_pong(distd_peers *p, int rank, uint64_t sent_ns) {
+  uint64_t now = now_ns();
+  if (sent_ns <= now) p->peers[rank].stats.rtt_seconds = (double)(now - sent_ns) / 1e9;
+}
+
+static int start_listener(distd_peers *p, dist_errbuf *eb) {
+  const char *addr = distd_peer_addr(p, p->rank);
+  struct addrinfo *ai = NULL;
+  int rc = resolve(addr, &ai, 1, eb);
+  if (rc < 0) goto out;
+  p->listen_fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  int one = 1;
+  if (p->listen_fd < 0 ||
+      setsockopt(p->listen_fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) < 0 ||
+      bind(p->listen_fd, ai->ai_addr, ai->ai_addrlen) < 0 ||
+      listen(p->listen_fd, 128) < 0) {
+    rc = dist_fail(eb, DIST_EUNAVAIL, "cannot listen for peers on %s: %s",
+                   addr, strerror(errno));
+    goto out;
+  }
+  struct sockaddr_storage ss;
+  socklen_t sl = sizeof ss;
+  getsockname(p->listen_fd, (struct sockaddr *)&ss, &sl);
+  p->listen_port = ntohs(ss.ss_family == AF_INET6
+                             ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                             : ((struct sockaddr_in *)&ss)->sin_port);
+  p->listen_ev = event_new(p->base, p->listen_fd, EV_READ | EV_PERSIST, accept_cb, p);
+  event_add(p->listen_ev, NULL);
+out:
+  if (ai) freeaddrinfo(ai);
+  return rc;
+}
+
+static int check_opts(const distd_peers_opts *o, dist_errbuf *eb) {
+  if (o->world_size < 1 || !o->members)
+    return dist_fail(eb, DIST_EINVAL, "peer world of %d ranks", o->world_size);
+  if (o->rank < 0 || o->rank >= o->world_size)
+    return dist_fail(eb, DIST_EINVAL, "rank %d is out of range for a world of %d",
+                     o->rank, o->world_size);
+  if (o->cluster_id && strlen(o->cluster_id) >= 64)
+    return dist_fail(eb, DIST_EINVAL, "cluster id '%s' is longer than 63 bytes",
+                     o->cluster_id);
+  return 0;
+}
+
+static void init_peer(distd_peers *p, int r) {
+  peer *pe = &p->peers[r];
+  pe->p = p;
+  pe->rank = r;
+  dlist_init(&pe->outq);
+  pe->backoff_ms = p->backoff_min;
+  pe->redial_ev = evtimer_new(p->base, redial_cb, pe);
+}
+
+int distd_peers_start(distd_peers **out, struct event_base *base,
+                      const distd_peers_opts *opts, dist_errbuf *eb) {
+  *out = NULL;
+  int rc = check_opts(opts, eb);
+  if (rc < 0) return rc;
+  distd_peers *p = calloc(1, sizeof *p);
+  if (!p) return dist_fail(eb, DIST_ENOMEM, "out of memory");
+  pthread_mutex_init(&p->mu, NULL);
+  pthread_cond_init(&p->idle, NULL);
+  p->base = base;
+  p->rank = opts->rank;
+  p->world = opts->world_size;
+  p->listen_fd = -1;
+  snprintf(p->cluster_id, sizeof p->cluster_id, "%s", opts->cluster_id ? opts->cluster_id : "");
+  if (getrandom(&p->boot_id, sizeof p->boot_id, 0) != sizeof p->boot_id)
+    p->boot_id = now_ns() ^ (uint64_t)getpid();
+  p->backoff_min = opts->backoff_min_ms > 0 ? opts->backoff_min_ms : 50;
+  p->backoff_max = opts->backoff_max_ms >= p->backoff_min ? opts->backoff_max_ms : 2000;
+  if (p->backoff_max < p->backoff_min) p->backoff_max = p->backoff_min;
+  p->unexpected_limit = opts->unexpected_limit ? opts->unexpected_limit : DEFAULT_UNEXPECTED_LIMIT;
+  dlist_init(&p->pending_in);
+  dlist_init(&p->xfers);
+  dlist_init(&p->unexpected);
+  p->members = malloc(sizeof *p->members * (size_t)p->world);
+  p->peers = calloc((size_t)p->world, sizeof *p->peers);
+  if (!p->members || !p->peers) {
+    rc = dist_fail(eb, DIST_ENOMEM, "out of memory");
+    goto out;
+  }
+  memcpy(p->members, opts->members, sizeof *p->members * (size_t)p->world);
+  for (int r = 0; r < p->world; r++) init_peer(p, r);
+  if ((rc = start_listener(p, eb)) < 0) goto out;
+  p->ping_ev = event_new(base, -1, EV_PERSIST, ping_cb, p);
+  struct timeval tv = {PING_MS / 1000, (PING_MS % 1000) * 1000};
+  event_add(p->ping_ev, &tv);
+  pthread_mutex_lock(&p->mu);
+  for (int r = 0; r < p->world; r++)
+    if (r != p->rank) dial(&p->peers[r]);
+  pthread_mutex_unlock(&p->mu);
+out:
+  if (rc < 0) {
+    distd_peers_free(p);
+    return rc;
+  }
+  *out = p;
+  return 0;
+}
+
+static void free_outq(peer *pe) {
+  dlist *pos, *tmp;
+  dlist_each_safe(pos, tmp, &pe->outq) {
+    send_item *it = dlist_entry(pos, send_item, link);
+    dlist_remove(&it->xlink);
+    free(it->owned);
+    free(it);
+  }
+  dlist_init(&pe->outq);
+}
+
+/* Closes every connection, fails every transfer still alive, and waits for
+ * the threads inside distd_xfer_wait to leave before the mutex goes away. */
+void distd_peers_free(distd_peers *p) {
+  if (!p) return;
+  pthread_mutex_lock(&p->mu);
+  p->closing = 1;
+  distd_xfer_orphan_all(p);
+  for (int r = 0; p->peers && r < p->world; r++) {
+    peer *pe = &p->peers[r];
+    distd_conn_free(pe->out);
+    distd_conn_free(pe->in);
+    pe->out = pe->in = NULL;
+    free_outq(pe);
+    if (pe->redial_ev) event_free(pe->redial_ev);
+  }
+  dlist *pos, *tmp;
+  dlist_each_safe(pos, tmp, &p->pending_in)
+    distd_conn_free(dlist_entry(pos, conn, link));
+  dlist_each_safe(pos, tmp, &p->unexpected)
+    distd_unexpected_free(p, dlist_entry(pos, unexpected, link));
+  while (p->waiters > 0) pthread_cond_wait(&p->idle, &p->mu);
+  pthread_mutex_unlock(&p->mu);
+  if (p->listen_ev) event_free(p->listen_ev);
+  if (p->ping_ev) event_free(p->ping_ev);
+  if (p->listen_fd >= 0) close(p->listen_fd);
+  pthread_cond_destroy(&p->idle);
+  pthread_mutex_destroy(&p->mu);
+  free(p->members);
+  free(p->peers);
+  free(p);
+}
+
+void distd_peers_get_stats(distd_peers *p, int rank, distd_peer_stats *out) {
+  memset(out, 0, sizeof *out);
+  if (rank < 0 || rank >= p->world) return;
+  pthread_mutex_lock(&p->mu);
+  *out = p->peers[rank].stats;
+  pthread_mutex_unlock(&p->mu);
+}
+
+int distd_peers_rank(const distd_peers *p) { return p->rank; }
+
+int distd_peers_world_size(const distd_peers *p) { return p->world; }
+
+int distd_peers_listen_port(const distd_peers *p) { return p->listen_port; }
+
+int distd_peers_connected_count(distd_peers *p) {
+  int n = 0;
+  pthread_mutex_lock(&p->mu);
+  for (int r = 0; r < p->world; r++) n += p->peers[r].stats.connected != 0;
+  pthread_mutex_unlock(&p->mu);
+  return n;
+}

@@ -1,0 +1,231 @@
+/* The peer data plane's insides, shared by peer.c (lifetime, listener,
+ * dialling, timers), peer_conn.c (reading and writing frames on one socket)
+ * and peer_xfer.c (transfers, matching, kept-aside data, aborts).
+ *
+ * Locking: one mutex (distd_peers.mu) guards everything below, including the
+ * read() and writev() calls that move bytes into or out of callers' buffers:
+ * a buffer can then never be touched after distd_xfer_wait has detached it.
+ * The loop thread takes the mutex in every callback. Worker threads take it
+ * in distd_xfer_*; they may write to a socket and call event_add or
+ * event_active, but never event_del/event_free or close(): those belong to
+ * the loop thread (event_del from another thread can wait on a callback
+ * that is itself waiting for our mutex). */
+#ifndef DISTD_PEER_INTERNAL_H
+#define DISTD_PEER_INTERNAL_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "frame.h"
+#include "peer.h"
+
+#define STAGE_SIZE (64 * 1024)    /* per-socket buffer for headers, small frames */
+#define DIRECT_READ_MIN (16 * 1024) /* smaller payload rests go through stage */
+#define CTL_MAX 1024              /* largest control payload (reasons, hello) */
+#define READ_BUDGET (8u << 20)    /* bytes per callback, for fairness */
+#define IOV_BATCH 64
+#define REMEMBERED_OPS 256        /* aborted/failed op ids kept */
+#define REMEMBER_MS 60000
+#define PING_MS 1000
+#define DEFAULT_UNEXPECTED_LIMIT (32u << 20)
+#define SOCKET_BUFFER (16 << 20)
+
+/* Intrusive circular doubly linked list. */
+typedef struct dlist {
+  struct dlist *prev, *next;
+} dlist;
+
+static inline void dlist_init(dlist *l) { l->prev = l->next = l; }
+static inline int dlist_empty(const dlist *l) { return l->next == l; }
+static inline void dlist_push(dlist *l, dlist *n) {
+  n->prev = l->prev;
+  n->next = l;
+  l->prev->next = n;
+  l->prev = n;
+}
+static inline void dlist_remove(dlist *n) {
+  n->prev->next = n->next;
+  n->next->prev = n->prev;
+  n->prev = n->next = n;
+}
+#define dlist_entry(ptr, type, member) \
+  ((type *)((char *)(ptr) - offsetof(type, member)))
+#define dlist_each_safe(pos, tmp, head) \
+  for (pos = (head)->next, tmp = pos->next; pos != (head); pos = tmp, tmp = pos->next)
+
+typedef struct conn conn;
+
+/* One frame queued for a peer's outbound connection. */
+typedef struct send_item {
+  dlist link;  /* peer.outq, or xfer.self_sends for sends to self */
+  dlist xlink; /* xfer.sends while queued for a peer */
+  uint8_t hdr[DIST_FRAME_HEADER_SIZE];
+  const uint8_t *payload;
+  size_t len;
+  size_t done;      /* bytes of header + payload written */
+  distd_xfer *x;    /* NULL for control frames and orphaned rests */
+  uint8_t *owned;   /* payload we free (control frames, copied rests) */
+  int dst;
+  uint32_t tag;
+} send_item;
+
+/* A posted receive. */
+typedef struct recv_slot {
+  dlist link; /* xfer.recvs */
+  distd_xfer *x;
+  int src;
+  uint32_t tag;
+  uint8_t *buf; /* fixed-size receive */
+  size_t len;
+  void **any_buf; /* receive of any length */
+  size_t *any_len;
+  uint8_t *any_tmp; /* malloc'd while an any-receive is being filled */
+  conn *reader;     /* connection currently reading into this slot */
+  struct unexpected *claimed; /* kept-aside frame still arriving */
+  int done;
+} recv_slot;
+
+/* A DATA frame that arrived before its receive was posted. */
+typedef struct unexpected {
+  dlist link; /* distd_peers.unexpected, in arrival order */
+  uint64_t op_id;
+  int src;
+  uint32_t tag;
+  uint8_t *data;
+  size_t len;
+  int complete;
+  recv_slot *claim; /* posted while the frame was still arriving */
+} unexpected;
+
+enum { R_HEADER, R_PAYLOAD };
+enum { M_RECV, M_UNEXP, M_CTL, M_DISCARD };
+
+struct conn {
+  distd_peers *p;
+  int fd;
+  struct event *rev, *wev;
+  int outbound;
+  int rank;       /* peer rank; -1 until an inbound HELLO was accepted */
+  int greeted;
+  int connecting; /* outbound connect() in progress */
+  int close_after_flush;
+  int read_blocked; /* backpressure: a frame waits for a receive */
+  int closed;
+  dlist link; /* distd_peers.pending_in while an inbound is not greeted */
+  /* reading */
+  uint8_t *stage;
+  size_t st_off, st_end;
+  int rstate;
+  dist_frame_header cur;
+  int rmode;
+  uint8_t *dst;
+  size_t remaining;
+  recv_slot *slot;
+  unexpected *unexp;
+  uint8_t ctl[CTL_MAX + 1];
+  size_t ctl_len;
+  /* writing: handshake and PONG bytes, sent before any queued item */
+  uint8_t *wbuf;
+  size_t wlen, woff, wcap;
+};
+
+typedef struct peer {
+  distd_peers *p;
+  int rank;
+  conn *out, *in;
+  dlist outq; /* send_items for this peer, in order */
+  struct event *redial_ev;
+  int64_t backoff_ms;
+  int ever_greeted;
+  distd_peer_stats stats;
+} peer;
+
+typedef struct remembered_op {
+  uint64_t op_id;
+  int64_t at_ms;
+  int aborted_by; /* rank that sent ABORT, or -1 for an op that failed here */
+  int code;
+  char reason[200];
+} remembered_op;
+
+struct distd_xfer {
+  distd_peers *p; /* NULL once distd_peers_free orphaned it */
+  uint64_t op_id;
+  dlist link; /* distd_peers.xfers */
+  dlist recvs;
+  dlist sends;
+  dlist self_sends;
+  pthread_cond_t cond;
+  int pending;
+  dist_errbuf err; /* err.code != 0 once failed */
+};
+
+struct distd_peers {
+  struct event_base *base;
+  pthread_mutex_t mu;
+  pthread_cond_t idle;
+  int rank, world;
+  char cluster_id[64];
+  uint64_t boot_id;
+  int64_t backoff_min, backoff_max;
+  size_t unexpected_limit, unexpected_bytes;
+  dist_member *members;
+  peer *peers;
+  int listen_fd, listen_port;
+  struct event *listen_ev, *ping_ev;
+  dlist pending_in;
+  dlist xfers;
+  dlist unexpected;
+  remembered_op remembered[REMEMBERED_OPS];
+  int remembered_next;
+  int waiters;
+  int closing;
+};
+
+/* peer.c */
+void distd_peer_schedule_redial(peer *pe, distd_peers *p);
+int distd_peer_sock_setup(int fd);
+const char *distd_peer_addr(const distd_peers *p, int rank);
+void distd_peer_pong(distd_peers *p, int rank, uint64_t sent_ns);
+/* Records why the peer is not (fully) connected, for stats and Status. */
+void distd_peer_set_error(peer *pe, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* peer_conn.c (all with mu held) */
+/* "connection reset", "connection refused", ... or strerror. */
+const char *distd_peer_errno_reason(int e);
+conn *distd_conn_new(distd_peers *p, int fd, int outbound, int rank);
+void distd_conn_free(conn *c);
+/* The connection failed: logs, records, fails what needed it, closes it,
+ * schedules a redial for outbound ones. Loop thread only. */
+void distd_conn_lost(conn *c, const char *reason);
+void distd_conn_queue_ctl(conn *c, const dist_frame_header *h,
+                          const void *payload, size_t len);
+/* Writes what it can. in_loop = 0 from worker threads: then errors are left
+ * for the loop thread to find. Returns -1 when the connection was closed. */
+int distd_conn_flush(conn *c, int in_loop);
+void distd_conn_want_write(conn *c);
+void distd_conn_read_cb(int fd, short what, void *arg);
+void distd_conn_write_cb(int fd, short what, void *arg);
+void distd_peer_queue_frame(distd_peers *p, int dst, send_item *it);
+void distd_peers_unblock_readers(distd_peers *p);
+
+/* peer_xfer.c (all with mu held) */
+void distd_xfer_fail(distd_xfer *x, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+void distd_xfer_send_done(send_item *it);
+recv_slot *distd_find_posted_recv(distd_peers *p, uint64_t op_id, int src,
+                                  uint32_t tag);
+void distd_recv_finished(recv_slot *s);
+void distd_unexpected_finished(distd_peers *p, unexpected *u);
+void distd_unexpected_free(distd_peers *p, unexpected *u);
+const remembered_op *distd_remembered_find(distd_peers *p, uint64_t op_id);
+void distd_remember_op(distd_peers *p, uint64_t op_id, int aborted_by,
+                       int code, const char *reason);
+void distd_handle_abort(distd_peers *p, int from, uint64_t op_id, int code,
+                        const char *reason);
+void distd_fail_xfers_of_peer(distd_peers *p, int rank, const char *msg);
+void distd_xfer_orphan_all(distd_peers *p);
+
+#endif

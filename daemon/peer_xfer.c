@@ -1,0 +1,512 @@
+/* Transfers: posting sends and receives for one op id, matching arriving
+ * frames to receives, data kept aside for receives not yet posted, aborts,
+ * and waiting with a deadline. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "peer_internal.h"
+
+#define HDR DIST_FRAME_HEADER_SIZE
+
+/* ---- remembered ops: aborted by a peer, or failed here ---- */
+
+const remembered_op *distd_remembered_find(distd_peers *p, uint64_t op_id) {
+  int64_t now = distd_now_ms();
+  for (int i = 0; i < REMEMBERED_OPS; i++) {
+    const remembered_op *r = &p->remembered[i];
+    if (r->at_ms && r->op_id == op_id && now - r->at_ms < REMEMBER_MS) return r;
+  }
+  return NULL;
+}
+
+void distd_remember_op(distd_peers *p, uint64_t op_id, int aborted_by, int code,
+                       const char *reason) {
+  remembered_op *r = (remembered_op *)distd_remembered_find(p, op_id);
+  if (r && r->aborted_by >= 0 && aborted_by < 0) return; /* keep the peer's reason */
+  if (!r) {
+    r = &p->remembered[p->remembered_next];
+    p->remembered_next = (p->remembered_next + 1) % REMEMBERED_OPS;
+  }
+  *r = (remembered_op){.op_id = op_id, .at_ms = distd_now_ms(),
+                       .aborted_by = aborted_by, .code = code};
+  snprintf(r->reason, sizeof r->reason, "%s", reason);
+}
+
+static void forget_op(distd_peers *p, uint64_t op_id) {
+  remembered_op *r = (remembered_op *)distd_remembered_find(p, op_id);
+  if (r) r->at_ms = 0;
+}
+
+/* Data kept aside for an op that failed is of no use to anyone. */
+static void drop_unexpected_of(distd_peers *p, uint64_t op_id) {
+  dlist *pos, *tmp;
+  dlist_each_safe(pos, tmp, &p->unexpected) {
+    unexpected *u = dlist_entry(pos, unexpected, link);
+    if (u->op_id == op_id && u->complete) distd_unexpected_free(p, u);
+  }
+}
+
+/* ---- completion and failure ---- */
+
+static void one_done(distd_xfer *x) {
+  if (--x->pending == 0) pthread_cond_signal(&x->cond);
+}
+
+void distd_xfer_fail(distd_xfer *x, int code, const char *fmt, ...) {
+  if (x->err.code) return; /* the first failure is the one reported */
+  va_list ap;
+  va_start(ap, fmt);
+  x->err.code = code;
+  vsnprintf(x->err.msg, sizeof x->err.msg, fmt, ap);
+  va_end(ap);
+  if (x->p) {
+    distd_remember_op(x->p, x->op_id, -1, code, x->err.msg);
+    drop_unexpected_of(x->p, x->op_id);
+  }
+  pthread_cond_signal(&x->cond);
+}
+
+void distd_xfer_send_done(send_item *it) {
+  distd_xfer *x = it->x;
+  dlist_remove(&it->xlink);
+  free(it);
+  one_done(x);
+}
+
+void distd_recv_finished(recv_slot *s) {
+  s->done = 1;
+  if (s->any_buf) {
+    *s->any_buf = s->any_tmp;
+    *s->any_len = s->len;
+    s->any_tmp = NULL;
+  }
+  one_done(s->x);
+}
+
+static void deliver_unexpected(recv_slot *s, unexpected *u) {
+  if (s->any_buf) {
+    *s->any_buf = u->data; /* hand the buffer over: no copy */
+    *s->any_len = u->len;
+    u->data = NULL;
+  } else if (u->len) {
+    memcpy(s->buf, u->data, u->len);
+  }
+  s->done = 1;
+}
+
+void distd_unexpected_free(distd_peers *p, unexpected *u) {
+  if (u->claim) u->claim->claimed = NULL;
+  dlist_remove(&u->link);
+  p->unexpected_bytes -= u->len;
+  free(u->data);
+  free(u);
+  distd_peers_unblock_readers(p);
+}
+
+void distd_unexpected_finished(distd_peers *p, unexpected *u) {
+  recv_slot *s = u->claim;
+  if (!s) return;
+  u->claim = NULL;
+  s->claimed = NULL;
+  deliver_unexpected(s, u);
+  one_done(s->x);
+  distd_unexpected_free(p, u);
+}
+
+recv_slot *distd_find_posted_recv(distd_peers *p, uint64_t op_id, int src,
+                                  uint32_t tag) {
+  dlist *xp, *sp;
+  for (xp = p->xfers.next; xp != &p->xfers; xp = xp->next) {
+    distd_xfer *x = dlist_entry(xp, distd_xfer, link);
+    if (x->op_id != op_id || x->err.code) continue;
+    for (sp = x->recvs.next; sp != &x->recvs; sp = sp->next) {
+      recv_slot *s = dlist_entry(sp, recv_slot, link);
+      if (!s->done && !s->reader && !s->claimed && s->src == src && s->tag == tag)
+        return s;
+    }
+  }
+  return NULL;
+}
+
+static int needs_rank(distd_xfer *x, int rank) {
+  dlist *pos;
+  for (pos = x->sends.next; pos != &x->sends; pos = pos->next)
+    if (dlist_entry(pos, send_item, xlink)->dst == rank) return 1;
+  for (pos = x->recvs.next; pos != &x->recvs; pos = pos->next) {
+    recv_slot *s = dlist_entry(pos, recv_slot, link);
+    if (!s->done && s->src == rank) return 1;
+  }
+  return 0;
+}
+
+void distd_fail_xfers_of_peer(distd_peers *p, int rank, const char *msg) {
+  for (dlist *pos = p->xfers.next; pos != &p->xfers; pos = pos->next) {
+    distd_xfer *x = dlist_entry(pos, distd_xfer, link);
+    if (!x->err.code && needs_rank(x, rank)) distd_xfer_fail(x, DIST_EPEER, "%s", msg);
+  }
+}
+
+void distd_handle_abort(distd_peers *p, int from, uint64_t op_id, int code,
+                        const char *reason) {
+  distd_remember_op(p, op_id, from, code, reason);
+  for (dlist *pos = p->xfers.next; pos != &p->xfers; pos = pos->next) {
+    distd_xfer *x = dlist_entry(pos, distd_xfer, link);
+    if (x->op_id == op_id)
+      distd_xfer_fail(x, code, "rank %d aborted op %llu: %s", from,
+                      (unsigned long long)op_id, reason);
+  }
+  drop_unexpected_of(p, op_id);
+}
+
+/* Takes every reference to the caller's buffers out of the data plane. A
+ * frame already partly on the wire is finished from a copy, since the
+ * stream cannot skip bytes; a receive being filled is read into nothing. */
+static void detach(distd_xfer *x, int keep_partial) {
+  dlist *pos, *tmp;
+  dlist_each_safe(pos, tmp, &x->sends) {
+    send_item *it = dlist_entry(pos, send_item, xlink);
+    dlist_remove(&it->xlink);
+    it->x = NULL;
+    if (keep_partial && it->done > 0 && (it->owned = malloc(it->len ? it->len : 1))) {
+      memcpy(it->owned, it->payload, it->len);
+      it->payload = it->owned;
+      continue;
+    }
+    dlist_remove(&it->link);
+    free(it);
+  }
+  dlist_each_safe(pos, tmp, &x->self_sends) {
+    dlist_remove(pos);
+    free(dlist_entry(pos, send_item, link));
+  }
+  dlist_each_safe(pos, tmp, &x->recvs) {
+    recv_slot *s = dlist_entry(pos, recv_slot, link);
+    if (s->reader) {
+      s->reader->rmode = M_DISCARD;
+      s->reader->slot = NULL;
+    }
+    if (s->claimed) s->claimed->claim = NULL;
+    free(s->any_tmp);
+    dlist_remove(&s->link);
+    free(s);
+  }
+  x->pending = 0;
+}
+
+void distd_xfer_orphan_all(distd_peers *p) {
+  dlist *pos, *tmp;
+  dlist_each_safe(pos, tmp, &p->xfers) {
+    distd_xfer *x = dlist_entry(pos, distd_xfer, link);
+    distd_xfer_fail(x, DIST_ECANCELED, "the peer data plane of rank %d shut down", p->rank);
+    detach(x, 0);
+    dlist_remove(&x->link);
+    x->p = NULL;
+    pthread_cond_broadcast(&x->cond);
+  }
+}
+
+/* ---- the API ---- */
+
+distd_xfer *distd_xfer_new(distd_peers *p, uint64_t op_id) {
+  distd_xfer *x = calloc(1, sizeof *x);
+  if (!x) return NULL;
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&x->cond, &ca);
+  pthread_condattr_destroy(&ca);
+  x->p = p;
+  x->op_id = op_id;
+  dlist_init(&x->recvs);
+  dlist_init(&x->sends);
+  dlist_init(&x->self_sends);
+  pthread_mutex_lock(&p->mu);
+  const remembered_op *r = distd_remembered_find(p, op_id);
+  if (r && r->aborted_by >= 0)
+    distd_xfer_fail(x, r->code, "rank %d aborted op %llu: %s", r->aborted_by,
+                    (unsigned long long)op_id, r->reason);
+  else if (r)
+    forget_op(p, op_id); /* an op id that failed here before, used again */
+  if (p->closing) distd_xfer_fail(x, DIST_ECANCELED, "the peer data plane is shutting down");
+  dlist_push(&p->xfers, &x->link);
+  pthread_mutex_unlock(&p->mu);
+  return x;
+}
+
+static int check_rank(distd_xfer *x, int rank, const char *what) {
+  if (rank >= 0 && rank < x->p->world) return 0;
+  distd_xfer_fail(x, DIST_EINVAL, "%s rank %d, outside the world of %d", what, rank,
+                  x->p->world);
+  return -1;
+}
+
+static int self_len_ok(distd_xfer *x, size_t sent, size_t expected, uint32_t tag) {
+  if (sent == expected) return 1;
+  distd_xfer_fail(x, DIST_EPROTO,
+                  "rank %d sent %zu bytes to itself for op %llu tag %u, but expects %zu",
+                  x->p->rank, sent, (unsigned long long)x->op_id, tag, expected);
+  return 0;
+}
+
+static void send_to_self(distd_xfer *x, uint32_t tag, const void *buf, size_t len) {
+  dlist *pos;
+  for (pos = x->recvs.next; pos != &x->recvs; pos = pos->next) {
+    recv_slot *s = dlist_entry(pos, recv_slot, link);
+    if (s->done || s->src != x->p->rank || s->tag != tag) continue;
+    if (s->any_buf) {
+      s->any_tmp = malloc(len ? len : 1);
+      if (len) memcpy(s->any_tmp, buf, len);
+      s->len = len;
+    } else if (!self_len_ok(x, len, s->len, tag)) {
+      return;
+    } else if (len) {
+      memcpy(s->buf, buf, len);
+    }
+    distd_recv_finished(s);
+    return;
+  }
+  send_item *it = calloc(1, sizeof *it);
+  *it = (send_item){.payload = buf, .len = len, .x = x, .dst = x->p->rank, .tag = tag};
+  dlist_init(&it->xlink);
+  dlist_push(&x->self_sends, &it->link);
+  x->pending++;
+}
+
+void distd_xfer_send(distd_xfer *x, int dst, uint32_t tag, const void *buf, size_t len) {
+  distd_peers *p = x->p;
+  if (!p) return;
+  pthread_mutex_lock(&p->mu);
+  if (x->err.code || check_rank(x, dst, "send to") < 0) goto out;
+  if (dst == p->rank) {
+    send_to_self(x, tag, buf, len);
+    goto out;
+  }
+  send_item *it = calloc(1, sizeof *it);
+  dist_frame_header h = {DIST_FRAME_MAGIC, DIST_FRAME_VERSION, DIST_FRAME_DATA,
+                         x->op_id, (uint32_t)p->rank, tag, len, 0};
+  dist_frame_encode(&h, it->hdr);
+  it->payload = buf;
+  it->len = len;
+  it->x = x;
+  it->dst = dst;
+  it->tag = tag;
+  dlist_push(&x->sends, &it->xlink);
+  distd_peer_queue_frame(p, dst, it);
+  x->pending++;
+  conn *c = p->peers[dst].out;
+  /* Write from this thread when the socket is idle: no loop wake-up. */
+  if (c && c->greeted) distd_conn_flush(c, 0);
+out:
+  pthread_mutex_unlock(&p->mu);
+}
+
+static unexpected *find_unexpected(distd_peers *p, uint64_t op_id, int src, uint32_t tag) {
+  for (dlist *pos = p->unexpected.next; pos != &p->unexpected; pos = pos->next) {
+    unexpected *u = dlist_entry(pos, unexpected, link);
+    if (u->op_id == op_id && u->src == src && u->tag == tag && !u->claim) return u;
+  }
+  return NULL;
+}
+
+static void recv_from_self(distd_xfer *x, recv_slot *s) {
+  dlist *pos;
+  for (pos = x->self_sends.next; pos != &x->self_sends; pos = pos->next) {
+    send_item *it = dlist_entry(pos, send_item, link);
+    if (it->tag != s->tag) continue;
+    dlist_remove(&it->link);
+    if (s->any_buf) {
+      *s->any_buf = malloc(it->len ? it->len : 1);
+      if (it->len) memcpy(*s->any_buf, it->payload, it->len);
+      *s->any_len = it->len;
+    } else if (self_len_ok(x, it->len, s->len, s->tag) && it->len) {
+      memcpy(s->buf, it->payload, it->len);
+    }
+    free(it);
+    free(s);
+    x->pending--;
+    return;
+  }
+  dlist_push(&x->recvs, &s->link);
+  x->pending++;
+}
+
+/* Matches against data kept aside first (oldest first), else waits. */
+static void post_recv(distd_xfer *x, recv_slot *s) {
+  distd_peers *p = x->p;
+  unexpected *u = find_unexpected(p, x->op_id, s->src, s->tag);
+  if (u && !s->any_buf && u->len != s->len) {
+    distd_xfer_fail(x, DIST_EPROTO,
+                    "rank %d sent %zu bytes for op %llu tag %u, but rank %d expects %zu",
+                    s->src, u->len, (unsigned long long)x->op_id, s->tag, p->rank, s->len);
+    free(s);
+    return;
+  }
+  if (u && u->complete) {
+    deliver_unexpected(s, u);
+    distd_unexpected_free(p, u);
+    free(s);
+    return;
+  }
+  if (u) {
+    u->claim = s;
+    s->claimed = u;
+  }
+  dlist_push(&x->recvs, &s->link);
+  x->pending++;
+  distd_peers_unblock_readers(p);
+}
+
+static void recv_common(distd_xfer *x, int src, uint32_t tag, void *buf, size_t len,
+                        void **any_buf, size_t *any_len) {
+  distd_peers *p = x->p;
+  if (!p) return;
+  pthread_mutex_lock(&p->mu);
+  if (x->err.code || check_rank(x, src, "receive from") < 0) goto out;
+  recv_slot *s = calloc(1, sizeof *s);
+  *s = (recv_slot){.x = x, .src = src, .tag = tag, .buf = buf, .len = len,
+                   .any_buf = any_buf, .any_len = any_len};
+  dlist_init(&s->link);
+  if (src == p->rank) recv_from_self(x, s);
+  else post_recv(x, s);
+out:
+  pthread_mutex_unlock(&p->mu);
+}
+
+void distd_xfer_recv(distd_xfer *x, int src, uint32_t tag, void *buf, size_t len) {
+  recv_common(x, src, tag, buf, len, NULL, NULL);
+}
+
+void distd_xfer_recv_any(distd_xfer *x, int src, uint32_t tag, void **buf, size_t *len) {
+  *buf = NULL;
+  *len = 0;
+  recv_common(x, src, tag, NULL, 0, buf, len);
+}
+
+/* "timed out waiting for ranks 1, 3 (rank 1 at 127.0.0.1:7471 is down)". */
+static void fail_timeout(distd_xfer *x) {
+  distd_peers *p = x->p;
+  char list[200] = "", down[240] = "";
+  size_t ln = 0, dn = 0;
+  int count = 0;
+  for (int r = 0; r < p->world; r++) {
+    if (!needs_rank(x, r)) continue;
+    count++;
+    ln += (size_t)snprintf(list + ln, ln < sizeof list ? sizeof list - ln : 0, "%s%d",
+                           count > 1 ? ", " : "", r);
+    if (ln >= sizeof list) ln = sizeof list - 1;
+    if (r != p->rank && !p->peers[r].stats.connected && dn < sizeof down)
+      dn += (size_t)snprintf(down + dn, sizeof down - dn, "%srank %d at %s is not connected",
+                             dn ? "; " : " (", r, distd_peer_addr(p, r));
+  }
+  if (dn) snprintf(down + (dn < sizeof down - 2 ? dn : sizeof down - 2), 2, ")");
+  distd_xfer_fail(x, DIST_ETIMEDOUT, "timed out waiting for rank%s %s%s",
+                  count > 1 ? "s" : "", list, down);
+}
+
+static int check_self_matched(distd_xfer *x) {
+  if (!dlist_empty(&x->self_sends)) {
+    send_item *it = dlist_entry(x->self_sends.next, send_item, link);
+    distd_xfer_fail(x, DIST_EINVAL, "op %llu: send to self (rank %d) under tag %u has no "
+                    "matching receive", (unsigned long long)x->op_id, x->p->rank, it->tag);
+    return -1;
+  }
+  for (dlist *pos = x->recvs.next; pos != &x->recvs; pos = pos->next) {
+    recv_slot *s = dlist_entry(pos, recv_slot, link);
+    if (!s->done && s->src == x->p->rank) {
+      distd_xfer_fail(x, DIST_EINVAL, "op %llu: receive from self (rank %d) under tag %u "
+                      "has no matching send", (unsigned long long)x->op_id, s->src, s->tag);
+      return -1;
+    }
+  }
+  return 0;
+}
+
+static void free_done_recvs(distd_xfer *x) {
+  dlist *pos, *tmp;
+  dlist_each_safe(pos, tmp, &x->recvs) {
+    dlist_remove(pos);
+    free(dlist_entry(pos, recv_slot, link));
+  }
+}
+
+int distd_xfer_wait(distd_xfer *x, int64_t deadline_ms, dist_errbuf *eb) {
+  distd_peers *p = x->p;
+  if (!p) return dist_fail(eb, x->err.code, "%s", x->err.msg);
+  pthread_mutex_lock(&p->mu);
+  p->waiters++;
+  if (!x->err.code) check_self_matched(x);
+  while (!x->err.code && x->pending > 0) {
+    if (distd_now_ms() >= deadline_ms) {
+      fail_timeout(x);
+      break;
+    }
+    struct timespec ts = {(time_t)(deadline_ms / 1000), (long)(deadline_ms % 1000) * 1000000};
+    pthread_cond_timedwait(&x->cond, &p->mu, &ts);
+  }
+  int rc = x->err.code;
+  if (rc) {
+    if (x->p) detach(x, 1);
+    dist_fail(eb, rc, "%s", x->err.msg);
+  } else {
+    free_done_recvs(x);
+  }
+  if (--p->waiters == 0 && p->closing) pthread_cond_broadcast(&p->idle);
+  pthread_mutex_unlock(&p->mu);
+  return rc;
+}
+
+void distd_xfer_abort(distd_xfer *x, const int *ranks, int n, const char *reason) {
+  distd_peers *p = x->p;
+  if (!p) return;
+  pthread_mutex_lock(&p->mu);
+  int code = x->err.code ? x->err.code : DIST_ECANCELED;
+  size_t len = strnlen(reason, CTL_MAX);
+  for (int i = 0; i < n; i++) {
+    int r = ranks[i];
+    if (r < 0 || r >= p->world || r == p->rank) continue;
+    send_item *it = calloc(1, sizeof *it);
+    it->owned = malloc(len ? len : 1);
+    if (len) memcpy(it->owned, reason, len);
+    dist_frame_header h = {DIST_FRAME_MAGIC, DIST_FRAME_VERSION, DIST_FRAME_ABORT,
+                           x->op_id, (uint32_t)p->rank, 0, len, (uint64_t)(-(int64_t)code)};
+    dist_frame_encode(&h, it->hdr);
+    it->payload = it->owned;
+    it->len = len;
+    it->dst = r;
+    dlist_init(&it->xlink);
+    distd_peer_queue_frame(p, r, it);
+    conn *c = p->peers[r].out;
+    if (c && c->greeted) distd_conn_flush(c, 0);
+  }
+  pthread_mutex_unlock(&p->mu);
+}
+
+void distd_xfer_free(distd_xfer *x) {
+  if (!x) return;
+  distd_peers *p = x->p;
+  if (p) {
+    pthread_mutex_lock(&p->mu);
+    if (x->pending > 0 && !x->err.code)
+      distd_remember_op(p, x->op_id, -1, DIST_ECANCELED, "abandoned");
+    detach(x, 1);
+    dlist_remove(&x->link);
+    pthread_mutex_unlock(&p->mu);
+  }
+  pthread_cond_destroy(&x->cond);
+  free(x);
+}
+
+void distd_peers_cancel_all(distd_peers *p) {
+  if (!p) return;
+  pthread_mutex_lock(&p->mu);
+  p->closing = 1; /* later xfers fail at once (distd_xfer_new) */
+  dlist *pos, *tmp;
+  dlist_each_safe(pos, tmp, &p->xfers) {
+    distd_xfer *x = dlist_entry(pos, distd_xfer, link);
+    distd_xfer_fail(x, DIST_ECANCELED, "rank %d is shutting down", p->rank);
+  }
+  pthread_mutex_unlock(&p->mu);
+}

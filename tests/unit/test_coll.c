@@ -1,0 +1,393 @@
+/* Collectives over 2, 3 and 4 ranks in one process, each rank's call made
+ * from its own thread, checked against references computed here. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "coll.h"
+#include "peer_fixture.h"
+#include "tensor.h"
+
+typedef struct rank_ctx rank_ctx;
+typedef int (*rank_body)(rank_ctx *);
+struct rank_ctx {
+  peer_fixture *f;
+  int rank, n;
+  rank_body body;
+  int failed;
+  int rc;
+  int64_t elapsed_ms;
+  char msg[700];
+};
+
+static void *rank_main(void *arg) {
+  rank_ctx *c = arg;
+  int64_t t0 = distd_now_ms();
+  c->failed = c->body(c);
+  c->elapsed_ms = distd_now_ms() - t0;
+  return NULL;
+}
+
+/* Runs body on every rank at once; returns after all finished. */
+static void run_ranks(peer_fixture *f, rank_body body, rank_ctx *ctx) {
+  pthread_t t[FIX_MAX];
+  for (int r = 0; r < f->n; r++) {
+    ctx[r] = (rank_ctx){.f = f, .rank = r, .n = f->n, .body = body};
+    pthread_create(&t[r], NULL, rank_main, &ctx[r]);
+  }
+  for (int r = 0; r < f->n; r++) pthread_join(t[r], NULL);
+}
+
+static void expect_all_ok(peer_fixture *f, rank_body body) {
+  rank_ctx ctx[FIX_MAX];
+  run_ranks(f, body, ctx);
+  for (int r = 0; r < f->n; r++)
+    cr_expect_eq(ctx[r].failed, 0, "rank %d of %d: %s", r, f->n, ctx[r].msg);
+}
+
+static int init_world(rank_ctx *c, distd_coll *coll, uint64_t op, int *group) {
+  for (int i = 0; i < c->n; i++) group[i] = i;
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  int rc = distd_coll_init(coll, c->f->r[c->rank].peers, op, group, c->n,
+                           distd_now_ms() + 30000, &eb);
+  if (rc) snprintf(c->msg, sizeof c->msg, "init: %s", eb.msg);
+  return rc;
+}
+
+/* ---- all-reduce ---- */
+
+static const dist_dtype all_dtypes[] = {DIST_BOOL, DIST_INT8, DIST_UINT8, DIST_INT32,
+                                        DIST_INT64, DIST_FLOAT16, DIST_BFLOAT16,
+                                        DIST_FLOAT32, DIST_FLOAT64};
+static const dist_reduce all_ops[] = {DIST_REDUCE_SUM, DIST_REDUCE_MAX, DIST_REDUCE_MIN,
+                                      DIST_REDUCE_PROD, DIST_REDUCE_AVG, DIST_REDUCE_ANY,
+                                      DIST_REDUCE_ALL};
+/* Small, direct exchange; over the threshold, reduce-scatter + all-gather. */
+static const size_t counts[] = {0, 1, 37, 150001};
+
+static double value(int rank, size_t i) { return (double)((rank + i) % 4); }
+
+static double reference(dist_dtype dt, dist_reduce op, int n, size_t i) {
+  if (dt == DIST_BOOL) {
+    int any = 0, all = 1;
+    for (int r = 0; r < n; r++) {
+      any |= value(r, i) != 0;
+      all &= value(r, i) != 0;
+    }
+    int use_or = op == DIST_REDUCE_SUM || op == DIST_REDUCE_AVG || op == DIST_REDUCE_MAX ||
+                 op == DIST_REDUCE_ANY;
+    return use_or ? any : all;
+  }
+  double acc = value(0, i);
+  for (int r = 1; r < n; r++) {
+    double v = value(r, i);
+    switch (op) {
+    case DIST_REDUCE_SUM: case DIST_REDUCE_AVG: acc += v; break;
+    case DIST_REDUCE_MAX: acc = v > acc ? v : acc; break;
+    case DIST_REDUCE_MIN: acc = v < acc ? v : acc; break;
+    case DIST_REDUCE_PROD: acc *= v; break;
+    case DIST_REDUCE_ANY: acc = (acc != 0) || (v != 0); break;
+    case DIST_REDUCE_ALL: acc = (acc != 0) && (v != 0); break;
+    }
+  }
+  if (n == 1 && (op == DIST_REDUCE_ANY || op == DIST_REDUCE_ALL)) acc = acc != 0;
+  if (op == DIST_REDUCE_AVG) acc = dist_dtype_is_float(dt) ? acc / n : trunc(acc / n);
+  return acc;
+}
+
+static int check_elems(rank_ctx *c, const void *buf, size_t count, dist_dtype dt,
+                       dist_reduce op, const char *what) {
+  for (size_t i = 0; i < count; i++) {
+    double want = reference(dt, op, c->n, i), got = dist_elem_get(buf, dt, i);
+    if (fabs(got - want) > 1e-2 * fabs(want) + 1e-6) {
+      snprintf(c->msg, sizeof c->msg, "%s %s op %d count %zu: element %zu is %g, want %g", what,
+               dist_dtype_name(dt), (int)op, count, i, got, want);
+      return -1;
+    }
+  }
+  return 0;
+}
+
+static int allreduce_body(rank_ctx *c) {
+  int group[FIX_MAX];
+  uint64_t op_id = 1;
+  for (size_t d = 0; d < sizeof all_dtypes / sizeof *all_dtypes; d++)
+    for (size_t o = 0; o < sizeof all_ops / sizeof *all_ops; o++)
+      for (size_t k = 0; k < sizeof counts / sizeof *counts; k++, op_id++) {
+        dist_dtype dt = all_dtypes[d];
+        size_t n = counts[k];
+        distd_coll coll;
+        if (init_world(c, &coll, op_id, group)) return -1;
+        void *buf = malloc(n * dist_dtype_size(dt) + 1);
+        for (size_t i = 0; i < n; i++) dist_elem_set(buf, dt, i, value(c->rank, i));
+        dist_errbuf eb = DIST_ERRBUF_INIT;
+        int rc = distd_allreduce(&coll, buf, n, dt, all_ops[o], &eb);
+        if (rc) snprintf(c->msg, sizeof c->msg, "allreduce %s: %s", dist_dtype_name(dt), eb.msg);
+        else rc = check_elems(c, buf, n, dt, all_ops[o], "allreduce");
+        free(buf);
+        if (rc) return rc;
+      }
+  return 0;
+}
+
+Test(coll, allreduce_every_op_and_dtype_on_2_ranks, .timeout = 120) {
+  peer_fixture f;
+  fix_setup(&f, 2);
+  expect_all_ok(&f, allreduce_body);
+  fix_teardown(&f);
+}
+
+Test(coll, allreduce_every_op_and_dtype_on_3_ranks, .timeout = 120) {
+  peer_fixture f;
+  fix_setup(&f, 3);
+  expect_all_ok(&f, allreduce_body);
+  fix_teardown(&f);
+}
+
+Test(coll, allreduce_every_op_and_dtype_on_4_ranks, .timeout = 120) {
+  peer_fixture f;
+  fix_setup(&f, 4);
+  expect_all_ok(&f, allreduce_body);
+  fix_teardown(&f);
+}
+
+/* ---- uneven all-gather, reduce-scatter, all-to-all ---- */
+
+/* Elements member r contributes: uneven, with zeros. */
+static size_t uneven(int r, int salt) { return (size_t)((r * 5 + salt) % 4) * 1000 + (r == 1 ? 0 : 3); }
+
+static int allgather_body(rank_ctx *c) {
+  int group[FIX_MAX];
+  distd_coll coll;
+  if (init_world(c, &coll, 10, group)) return -1;
+  size_t cnt[FIX_MAX], total = 0;
+  for (int r = 0; r < c->n; r++) total += cnt[r] = uneven(r, 1);
+  int32_t *in = malloc(cnt[c->rank] * 4 + 1), *out = malloc(total * 4 + 1);
+  for (size_t i = 0; i < cnt[c->rank]; i++) in[i] = c->rank * 100000 + (int32_t)i;
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  int rc = distd_allgather(&coll, in, out, cnt, DIST_INT32, &eb);
+  if (rc) snprintf(c->msg, sizeof c->msg, "allgather: %s", eb.msg);
+  size_t k = 0;
+  for (int r = 0; !rc && r < c->n; r++)
+    for (size_t i = 0; i < cnt[r]; i++, k++)
+      if (out[k] != r * 100000 + (int32_t)i) {
+        snprintf(c->msg, sizeof c->msg, "allgather: element %zu is %d", k, out[k]);
+        rc = -1;
+        break;
+      }
+  free(in), free(out);
+  return rc;
+}
+
+static float rs_value(int rank, int block, size_t i) {
+  return (float)(rank * 3 + block * 7) + (float)(i % 13);
+}
+
+static int reduce_scatter_body(rank_ctx *c) {
+  int group[FIX_MAX];
+  distd_coll coll;
+  if (init_world(c, &coll, 11, group)) return -1;
+  size_t cnt[FIX_MAX], total = 0;
+  for (int r = 0; r < c->n; r++) total += cnt[r] = uneven(r, 2);
+  float *in = malloc(total * 4 + 1), *out = malloc(cnt[c->rank] * 4 + 1);
+  size_t k = 0;
+  for (int b = 0; b < c->n; b++)
+    for (size_t i = 0; i < cnt[b]; i++) in[k++] = rs_value(c->rank, b, i);
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  int rc = distd_reduce_scatter(&coll, in, out, cnt, DIST_FLOAT32, DIST_REDUCE_SUM, &eb);
+  if (rc) snprintf(c->msg, sizeof c->msg, "reduce_scatter: %s", eb.msg);
+  for (size_t i = 0; !rc && i < cnt[c->rank]; i++) {
+    float want = 0;
+    for (int r = 0; r < c->n; r++) want += rs_value(r, c->rank, i);
+    if (out[i] != want) {
+      snprintf(c->msg, sizeof c->msg, "reduce_scatter: element %zu is %g, want %g", i,
+               out[i], want);
+      rc = -1;
+    }
+  }
+  free(in), free(out);
+  return rc;
+}
+
+static size_t a2a_count(int src, int dst) { return (size_t)((src + 2 * dst) % 4) * 777; }
+
+static int64_t a2a_value(int src, int dst, size_t i) {
+  return ((int64_t)src << 40) | ((int64_t)dst << 32) | (int64_t)i;
+}
+
+static int alltoallv_body(rank_ctx *c) {
+  int group[FIX_MAX];
+  distd_coll coll;
+  if (init_world(c, &coll, 12, group)) return -1;
+  size_t sc[FIX_MAX], rcnt[FIX_MAX], st = 0, rt = 0;
+  for (int j = 0; j < c->n; j++) {
+    st += sc[j] = a2a_count(c->rank, j);
+    rt += rcnt[j] = a2a_count(j, c->rank);
+  }
+  int64_t *send = malloc(st * 8 + 1), *recv = malloc(rt * 8 + 1);
+  size_t k = 0;
+  for (int j = 0; j < c->n; j++)
+    for (size_t i = 0; i < sc[j]; i++) send[k++] = a2a_value(c->rank, j, i);
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  int rc = distd_alltoallv(&coll, send, sc, recv, rcnt, DIST_INT64, &eb);
+  if (rc) snprintf(c->msg, sizeof c->msg, "alltoallv: %s", eb.msg);
+  k = 0;
+  for (int j = 0; !rc && j < c->n; j++)
+    for (size_t i = 0; i < rcnt[j]; i++, k++)
+      if (recv[k] != a2a_value(j, c->rank, i)) {
+        snprintf(c->msg, sizeof c->msg, "alltoallv: block from %d element %zu wrong", j, i);
+        rc = -1;
+        break;
+      }
+  free(send), free(recv);
+  return rc;
+}
+
+static int broadcast_barrier_p2p_body(rank_ctx *c) {
+  int group[FIX_MAX];
+  distd_coll coll;
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  if (init_world(c, &coll, 13, group)) return -1;
+  double buf[1000];
+  for (int i = 0; i < 1000; i++) buf[i] = c->rank == c->n - 1 ? i * 0.5 : -1;
+  int rc = distd_broadcast(&coll, buf, 1000, DIST_FLOAT64, c->n - 1, &eb);
+  for (int i = 0; !rc && i < 1000; i++)
+    if (buf[i] != i * 0.5) rc = dist_fail(&eb, -1, "broadcast: element %d is %g", i, buf[i]);
+  if (!rc && !(rc = init_world(c, &coll, 14, group))) rc = distd_barrier(&coll, &eb);
+  /* Point to point around the ring. */
+  int next = (c->rank + 1) % c->n, prev = (c->rank + c->n - 1) % c->n;
+  int64_t dl = distd_now_ms() + 30000;
+  int token = c->rank * 11, got = -1;
+  distd_peers *p = c->f->r[c->rank].peers;
+  if (!rc && c->rank % 2 == 0) {
+    rc = distd_send_to(p, 15, next, &token, sizeof token, dl, &eb);
+    if (!rc) rc = distd_recv_from(p, 15, prev, &got, sizeof got, dl, &eb);
+  } else if (!rc) {
+    rc = distd_recv_from(p, 15, prev, &got, sizeof got, dl, &eb);
+    if (!rc) rc = distd_send_to(p, 15, next, &token, sizeof token, dl, &eb);
+  }
+  if (!rc && got != prev * 11) rc = dist_fail(&eb, -1, "p2p: got %d from rank %d", got, prev);
+  if (rc) snprintf(c->msg, sizeof c->msg, "%s", eb.msg);
+  return rc;
+}
+
+static void uneven_suite(int n) {
+  peer_fixture f;
+  fix_setup(&f, n);
+  expect_all_ok(&f, allgather_body);
+  expect_all_ok(&f, reduce_scatter_body);
+  expect_all_ok(&f, alltoallv_body);
+  expect_all_ok(&f, broadcast_barrier_p2p_body);
+  fix_teardown(&f);
+}
+
+Test(coll, uneven_allgather_reduce_scatter_alltoallv_broadcast_on_2_ranks) { uneven_suite(2); }
+Test(coll, uneven_allgather_reduce_scatter_alltoallv_broadcast_on_3_ranks) { uneven_suite(3); }
+Test(coll, uneven_allgather_reduce_scatter_alltoallv_broadcast_on_4_ranks) { uneven_suite(4); }
+
+/* ---- a sub-group, in its own order ---- */
+
+static int subgroup_body(rank_ctx *c) {
+  if (c->rank == 1) return 0; /* not a member */
+  int group[2] = {2, 0};
+  distd_coll coll;
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  int rc = distd_coll_init(&coll, c->f->r[c->rank].peers, 20, group, 2,
+                           distd_now_ms() + 30000, &eb);
+  int64_t v[3] = {c->rank, c->rank * 10, 1};
+  if (!rc) rc = distd_allreduce(&coll, v, 3, DIST_INT64, DIST_REDUCE_SUM, &eb);
+  if (!rc && (v[0] != 2 || v[1] != 20 || v[2] != 2))
+    rc = dist_fail(&eb, -1, "sum over {2, 0} is %lld %lld %lld", (long long)v[0],
+                   (long long)v[1], (long long)v[2]);
+  if (rc) snprintf(c->msg, sizeof c->msg, "%s", eb.msg);
+  return rc;
+}
+
+Test(coll, allreduce_over_a_subgroup_of_the_world) {
+  peer_fixture f;
+  fix_setup(&f, 3);
+  expect_all_ok(&f, subgroup_body);
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  distd_coll coll;
+  int not_me[2] = {0, 2};
+  cr_assert_eq(distd_coll_init(&coll, f.r[1].peers, 21, not_me, 2, 0, &eb), DIST_EINVAL);
+  cr_assert_str_eq(eb.msg, "rank 1 is not in the collective's group");
+  int outside[2] = {1, 7};
+  cr_assert_eq(distd_coll_init(&coll, f.r[1].peers, 21, outside, 2, 0, &eb), DIST_EINVAL);
+  fix_teardown(&f);
+}
+
+/* ---- one rank gets it wrong: everybody fails, fast ---- */
+
+static int wrong_count_body(rank_ctx *c) {
+  int group[FIX_MAX];
+  distd_coll coll;
+  for (int i = 0; i < c->n; i++) group[i] = i;
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  distd_coll_init(&coll, c->f->r[c->rank].peers, 30, group, c->n, distd_now_ms() + 20000, &eb);
+  size_t n = c->rank == 1 ? 100001 : 100000; /* rank 1 is off by one */
+  float *buf = calloc(n, sizeof *buf);
+  c->rc = distd_allreduce(&coll, buf, n, DIST_FLOAT32, DIST_REDUCE_SUM, &eb);
+  snprintf(c->msg, sizeof c->msg, "%s", eb.msg);
+  free(buf);
+  return 0;
+}
+
+static int wrong_algorithm_body(rank_ctx *c) {
+  int group[FIX_MAX];
+  distd_coll coll;
+  for (int i = 0; i < c->n; i++) group[i] = i;
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  distd_coll_init(&coll, c->f->r[c->rank].peers, 31, group, c->n, distd_now_ms() + 20000, &eb);
+  size_t n = c->rank == 2 ? 10 : 1000000; /* direct on rank 2, two rounds elsewhere */
+  float *buf = calloc(n, sizeof *buf);
+  c->rc = distd_allreduce(&coll, buf, n, DIST_FLOAT32, DIST_REDUCE_SUM, &eb);
+  snprintf(c->msg, sizeof c->msg, "%s", eb.msg);
+  free(buf);
+  return 0;
+}
+
+static void expect_all_fail_fast(int n, rank_body body) {
+  peer_fixture f;
+  fix_setup(&f, n);
+  rank_ctx ctx[FIX_MAX];
+  run_ranks(&f, body, ctx);
+  for (int r = 0; r < n; r++) {
+    cr_expect_neq(ctx[r].rc, 0, "rank %d succeeded", r);
+    cr_expect_lt(ctx[r].elapsed_ms, 10000, "rank %d waited %lld ms: %s", r,
+                 (long long)ctx[r].elapsed_ms, ctx[r].msg);
+    cr_expect(strstr(ctx[r].msg, "rank "), "rank %d: message names no rank: %s", r, ctx[r].msg);
+    cr_log_info("rank %d: %s (%s)", r, ctx[r].msg, dist_err_name(ctx[r].rc));
+  }
+  fix_teardown(&f);
+}
+
+Test(coll, a_wrong_count_on_one_rank_fails_every_rank) {
+  expect_all_fail_fast(3, wrong_count_body);
+}
+
+Test(coll, a_count_that_picks_another_algorithm_fails_every_rank) {
+  expect_all_fail_fast(4, wrong_algorithm_body);
+}
+
+Test(coll, a_lost_member_fails_the_others_naming_it) {
+  peer_fixture f;
+  fix_setup(&f, 3);
+  /* Ranks 0 and 1 start an all-gather that rank 2 never joins; rank 2 goes. */
+  rank_ctx ctx[FIX_MAX];
+  pthread_t t[2];
+  for (int r = 0; r < 2; r++) {
+    ctx[r] = (rank_ctx){.f = &f, .rank = r, .n = 3, .body = allgather_body};
+    pthread_create(&t[r], NULL, rank_main, &ctx[r]);
+  }
+  usleep(100 * 1000);
+  fix_stop_rank(&f, 2);
+  for (int r = 0; r < 2; r++) {
+    pthread_join(t[r], NULL);
+    cr_expect_neq(ctx[r].failed, 0);
+    cr_expect(strstr(ctx[r].msg, "rank 2"), "rank %d: %s", r, ctx[r].msg);
+    cr_expect_lt(ctx[r].elapsed_ms, 10000, "rank %d: %s", r, ctx[r].msg);
+  }
+  fix_teardown(&f);
+}

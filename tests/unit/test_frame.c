@@ -1,0 +1,104 @@
+/* Peer frame header and HELLO: byte layout, round trips, and each rejection
+ * with a message naming the field. */
+#include <criterion/criterion.h>
+#include <string.h>
+
+#include "frame.h"
+
+static dist_frame_header sample(void) {
+  return (dist_frame_header){DIST_FRAME_MAGIC, DIST_FRAME_VERSION, DIST_FRAME_DATA,
+                             0x0102030405060708ull, 7, 0xa0b0c0d0u, 1ull << 40, 99};
+}
+
+Test(frame, header_round_trip) {
+  dist_frame_header h = sample(), back;
+  uint8_t buf[DIST_FRAME_HEADER_SIZE];
+  dist_frame_encode(&h, buf);
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  cr_assert_eq(dist_frame_decode(buf, &back, &eb), 0, "%s", eb.msg);
+  cr_assert_eq(memcmp(&h, &back, sizeof h), 0);
+}
+
+Test(frame, header_is_little_endian_at_documented_offsets) {
+  dist_frame_header h = sample();
+  uint8_t buf[DIST_FRAME_HEADER_SIZE];
+  dist_frame_encode(&h, buf);
+  cr_assert_eq(memcmp(buf, "DSTD", 4), 0, "magic reads DSTD on the wire");
+  cr_assert_eq(buf[4], 1);
+  cr_assert_eq(buf[5], 0);
+  cr_assert_eq(buf[6], DIST_FRAME_DATA);
+  cr_assert_eq(buf[8], 0x08);
+  cr_assert_eq(buf[15], 0x01);
+  cr_assert_eq(buf[16], 7);
+  cr_assert_eq(buf[20], 0xd0);
+  cr_assert_eq(buf[24 + 5], 1, "length 2^40 has its bit in byte 5");
+  cr_assert_eq(buf[32], 99);
+}
+
+Test(frame, bad_magic_names_the_magic) {
+  dist_frame_header h = sample(), back;
+  h.magic = 0x50545448; /* "HTTP" */
+  uint8_t buf[DIST_FRAME_HEADER_SIZE];
+  dist_frame_encode(&h, buf);
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  cr_assert_eq(dist_frame_decode(buf, &back, &eb), DIST_EPROTO);
+  cr_assert_str_eq(eb.msg, "bad magic 0x50545448, not a distd peer");
+}
+
+Test(frame, other_version_names_both_versions) {
+  dist_frame_header h = sample(), back;
+  h.version = 7;
+  uint8_t buf[DIST_FRAME_HEADER_SIZE];
+  dist_frame_encode(&h, buf);
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  cr_assert_eq(dist_frame_decode(buf, &back, &eb), DIST_EPROTO);
+  cr_assert_str_eq(eb.msg, "peer speaks protocol version 7, this daemon speaks 1");
+}
+
+Test(frame, unknown_kind_is_rejected) {
+  dist_frame_header h = sample(), back;
+  uint8_t buf[DIST_FRAME_HEADER_SIZE];
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  h.kind = 0;
+  dist_frame_encode(&h, buf);
+  cr_assert_eq(dist_frame_decode(buf, &back, &eb), DIST_EPROTO);
+  cr_assert_str_eq(eb.msg, "unknown frame kind 0");
+  h.kind = 8;
+  dist_frame_encode(&h, buf);
+  cr_assert_eq(dist_frame_decode(buf, &back, &eb), DIST_EPROTO);
+  cr_assert_str_eq(eb.msg, "unknown frame kind 8");
+}
+
+Test(frame, hello_round_trip) {
+  dist_hello h = {.rank = 3, .world_size = 4, .boot_id = 0xdeadbeefcafef00dull}, back;
+  strcpy(h.cluster_id, "prod-eu");
+  uint8_t buf[DIST_HELLO_SIZE];
+  dist_hello_encode(&h, buf);
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  cr_assert_eq(dist_hello_decode(buf, &back, &eb), 0, "%s", eb.msg);
+  cr_assert_eq(back.rank, 3);
+  cr_assert_eq(back.world_size, 4);
+  cr_assert_str_eq(back.cluster_id, "prod-eu");
+  cr_assert_eq(back.boot_id, 0xdeadbeefcafef00dull);
+  cr_assert_eq(buf[0], 3);
+  cr_assert_eq(buf[4], 4);
+  cr_assert_eq(memcmp(buf + 8, "prod-eu", 8), 0);
+}
+
+Test(frame, hello_cluster_id_must_be_terminated) {
+  uint8_t buf[DIST_HELLO_SIZE];
+  memset(buf, 'x', sizeof buf);
+  dist_hello back;
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  cr_assert_eq(dist_hello_decode(buf, &back, &eb), DIST_EPROTO);
+  cr_assert(strstr(eb.msg, "cluster id"), "%s", eb.msg);
+}
+
+Test(frame, hello_world_size_zero_is_rejected) {
+  dist_hello h = {.rank = 0, .world_size = 0}, back;
+  uint8_t buf[DIST_HELLO_SIZE];
+  dist_hello_encode(&h, buf);
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  cr_assert_eq(dist_hello_decode(buf, &back, &eb), DIST_EPROTO);
+  cr_assert(strstr(eb.msg, "world size"), "%s", eb.msg);
+}

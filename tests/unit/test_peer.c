@@ -1,0 +1,486 @@
+/* The peer data plane with real sockets on loopback: several distd_peers
+ * instances in this process, each with its own event loop thread. */
+#include <criterion/criterion.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "peer_fixture.h"
+
+static uint8_t *pattern(size_t n, unsigned seed) {
+  uint8_t *b = malloc(n ? n : 1);
+  uint32_t s = seed * 2654435761u + 1;
+  for (size_t i = 0; i < n; i++) {
+    s = s * 1103515245u + 12345u;
+    b[i] = (uint8_t)(s >> 16);
+  }
+  return b;
+}
+
+static int64_t in_ms(int64_t ms) { return distd_now_ms() + ms; }
+
+/* Rank a sends n bytes to rank b and b to a, under one op id. */
+static void exchange(peer_fixture *f, uint64_t op, size_t n) {
+  uint8_t *s0 = pattern(n, 1), *s1 = pattern(n, 2);
+  uint8_t *r0 = calloc(1, n ? n : 1), *r1 = calloc(1, n ? n : 1);
+  distd_xfer *x0 = distd_xfer_new(f->r[0].peers, op);
+  distd_xfer *x1 = distd_xfer_new(f->r[1].peers, op);
+  distd_xfer_recv(x0, 1, 5, r0, n);
+  distd_xfer_recv(x1, 0, 5, r1, n);
+  distd_xfer_send(x0, 1, 5, s0, n);
+  distd_xfer_send(x1, 0, 5, s1, n);
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  cr_assert_eq(distd_xfer_wait(x0, in_ms(30000), &eb), 0, "%zu bytes: %s", n, eb.msg);
+  cr_assert_eq(distd_xfer_wait(x1, in_ms(30000), &eb), 0, "%zu bytes: %s", n, eb.msg);
+  cr_assert_eq(memcmp(r0, s1, n), 0, "rank 0 got rank 1's %zu bytes", n);
+  cr_assert_eq(memcmp(r1, s0, n), 0, "rank 1 got rank 0's %zu bytes", n);
+  distd_xfer_free(x0);
+  distd_xfer_free(x1);
+  free(s0), free(s1), free(r0), free(r1);
+}
+
+/* Throughput for the log only (tests never assert a time): one way, rank 0
+ * to rank 1, buffers prepared outside the timed part. */
+static void fix_timed_exchange(peer_fixture *f, size_t n, int reps) {
+  uint8_t *src = pattern(n, 9), *dst = malloc(n);
+  int64_t t0 = distd_now_ms();
+  for (int i = 0; i < reps; i++) {
+    uint64_t op = 5000 + (uint64_t)i;
+    distd_xfer *s = distd_xfer_new(f->r[0].peers, op), *r = distd_xfer_new(f->r[1].peers, op);
+    distd_xfer_recv(r, 0, 0, dst, n);
+    distd_xfer_send(s, 1, 0, src, n);
+    dist_errbuf eb = DIST_ERRBUF_INIT;
+    cr_assert_eq(distd_xfer_wait(s, in_ms(30000), &eb), 0, "%s", eb.msg);
+    cr_assert_eq(distd_xfer_wait(r, in_ms(30000), &eb), 0, "%s", eb.msg);
+    distd_xfer_free(s), distd_xfer_free(r);
+  }
+  double sec = (double)(distd_now_ms() - t0) / 1000.0;
+  cr_assert_eq(memcmp(src, dst, n), 0);
+  cr_log_info("%zu bytes x %d one way: %.3f s, %.2f GiB/s", n, reps, sec,
+              (double)n * reps / (1 << 30) / (sec > 0 ? sec : 1e-9));
+  free(src), free(dst);
+}
+
+Test(peer, two_ranks_connect_both_ways) {
+  peer_fixture f;
+  fix_setup(&f, 2);
+  distd_peer_stats st;
+  distd_peers_get_stats(f.r[0].peers, 1, &st);
+  cr_assert(st.connected && st.out_up && st.in_up);
+  cr_assert_eq(distd_peers_rank(f.r[1].peers), 1);
+  cr_assert_eq(distd_peers_world_size(f.r[1].peers), 2);
+  fix_teardown(&f);
+}
+
+Test(peer, four_ranks_connect_and_report_rtt) {
+  peer_fixture f;
+  fix_setup(&f, 4);
+  usleep(1300 * 1000); /* one PING period */
+  distd_peer_stats st;
+  distd_peers_get_stats(f.r[2].peers, 3, &st);
+  cr_assert(st.rtt_seconds > 0 && st.rtt_seconds < 1.0, "rtt %g", st.rtt_seconds);
+  fix_teardown(&f);
+}
+
+Test(peer, exchanges_0_1_1MiB_and_64MiB_intact) {
+  peer_fixture f;
+  fix_setup(&f, 2);
+  size_t sizes[] = {0, 1, 1000, 1 << 20, 64 << 20};
+  for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) exchange(&f, 100 + i, sizes[i]);
+  fix_timed_exchange(&f, 64 << 20, 4);
+  fix_timed_exchange(&f, 1 << 20, 64);
+  distd_peer_stats st;
+  distd_peers_get_stats(f.r[0].peers, 1, &st);
+  cr_assert_geq(st.bytes_sent, 5ull * (64 << 20));
+  cr_assert_geq(st.bytes_received, 1ull * (64 << 20));
+  fix_teardown(&f);
+}
+
+Test(peer, send_to_self_is_a_copy) {
+  peer_fixture f;
+  fix_setup(&f, 2);
+  uint8_t *src = pattern(4096, 3), dst[4096];
+  distd_xfer *x = distd_xfer_new(f.r[1].peers, 9);
+  distd_xfer_send(x, 1, 0, src, 4096);
+  distd_xfer_recv(x, 1, 0, dst, 4096);
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  cr_assert_eq(distd_xfer_wait(x, in_ms(5000), &eb), 0, "%s", eb.msg);
+  cr_assert_eq(memcmp(src, dst, 4096), 0);
+  distd_xfer_free(x);
+  x = distd_xfer_new(f.r[1].peers, 10);
+  distd_xfer_send(x, 1, 0, src, 16);
+  eb = (dist_errbuf)DIST_ERRBUF_INIT;
+  cr_assert_eq(distd_xfer_wait(x, in_ms(5000), &eb), DIST_EINVAL);
+  cr_assert(strstr(eb.msg, "no matching receive"), "%s", eb.msg);
+  distd_xfer_free(x);
+  free(src);
+  fix_teardown(&f);
+}
+
+Test(peer, recv_any_returns_a_malloced_copy) {
+  peer_fixture f;
+  fix_setup(&f, 2);
+  uint8_t *src = pattern(777, 4);
+  void *got = NULL, *early = NULL;
+  size_t got_len = 0, early_len = 0;
+  distd_xfer *s = distd_xfer_new(f.r[0].peers, 11), *r = distd_xfer_new(f.r[1].peers, 11);
+  distd_xfer_send(s, 1, 1, src, 777);
+  distd_xfer_send(s, 1, 2, src, 5);
+  distd_xfer_recv_any(r, 0, 1, &got, &got_len);
+  usleep(100 * 1000); /* tag 2 arrives before its receive */
+  distd_xfer_recv_any(r, 0, 2, &early, &early_len);
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  cr_assert_eq(distd_xfer_wait(s, in_ms(5000), &eb), 0, "%s", eb.msg);
+  cr_assert_eq(distd_xfer_wait(r, in_ms(5000), &eb), 0, "%s", eb.msg);
+  cr_assert_eq(got_len, 777);
+  cr_assert_eq(memcmp(got, src, 777), 0);
+  cr_assert_eq(early_len, 5);
+  cr_assert_eq(memcmp(early, src, 5), 0);
+  free(got), free(early), free(src);
+  distd_xfer_free(s), distd_xfer_free(r);
+  fix_teardown(&f);
+}
+
+/* ---- many transfers at once ---- */
+
+typedef struct worker {
+  peer_fixture *f;
+  int rank, thread, ops;
+  int failures;
+  char msg[512];
+} worker;
+
+/* Each op: every rank sends a distinct 64 KiB + op-dependent block to every
+ * other rank and checks what it gets back. */
+static void *worker_main(void *arg) {
+  worker *w = arg;
+  peer_fixture *f = w->f;
+  int n = f->n;
+  for (int k = 0; k < w->ops; k++) {
+    uint64_t op = 1000000u * (uint64_t)(w->thread + 1) + (uint64_t)k;
+    size_t len = 65536 + (size_t)k * 13;
+    uint8_t *out[FIX_MAX], *in[FIX_MAX];
+    distd_xfer *x = distd_xfer_new(f->r[w->rank].peers, op);
+    for (int j = 0; j < n; j++) {
+      out[j] = pattern(len, (unsigned)(op * 31 + (uint64_t)w->rank * 7 + (uint64_t)j));
+      in[j] = malloc(len);
+      if (j == w->rank) continue;
+      distd_xfer_recv(x, j, 3, in[j], len);
+      distd_xfer_send(x, j, 3, out[j], len);
+    }
+    dist_errbuf eb = DIST_ERRBUF_INIT;
+    if (distd_xfer_wait(x, in_ms(60000), &eb) != 0) {
+      w->failures++;
+      snprintf(w->msg, sizeof w->msg, "%s", eb.msg);
+    }
+    for (int j = 0; j < n; j++) {
+      if (j != w->rank && !w->failures) {
+        uint8_t *want = pattern(len, (unsigned)(op * 31 + (uint64_t)j * 7 + (uint64_t)w->rank));
+        if (memcmp(want, in[j], len) != 0) {
+          w->failures++;
+          snprintf(w->msg, sizeof w->msg, "op %llu: bytes from rank %d differ",
+                   (unsigned long long)op, j);
+        }
+        free(want);
+      }
+      free(out[j]), free(in[j]);
+    }
+    distd_xfer_free(x);
+  }
+  return NULL;
+}
+
+Test(peer, many_concurrent_xfers_from_several_threads) {
+  peer_fixture f;
+  fix_setup(&f, 4);
+  enum { THREADS = 3, OPS = 20 };
+  worker w[4][THREADS];
+  pthread_t t[4][THREADS];
+  for (int r = 0; r < 4; r++)
+    for (int k = 0; k < THREADS; k++) {
+      w[r][k] = (worker){.f = &f, .rank = r, .thread = k, .ops = OPS};
+      pthread_create(&t[r][k], NULL, worker_main, &w[r][k]);
+    }
+  for (int r = 0; r < 4; r++)
+    for (int k = 0; k < THREADS; k++) {
+      pthread_join(t[r][k], NULL);
+      cr_assert_eq(w[r][k].failures, 0, "rank %d thread %d: %s", r, k, w[r][k].msg);
+    }
+  fix_teardown(&f);
+}
+
+/* ---- data before its receive, and backpressure ---- */
+
+Test(peer, data_sent_before_recv_is_kept_and_copied) {
+  peer_fixture f;
+  fix_setup(&f, 2);
+  uint8_t *src = pattern(300000, 5), *dst = malloc(300000);
+  distd_xfer *s = distd_xfer_new(f.r[0].peers, 20);
+  distd_xfer_send(s, 1, 0, src, 300000);
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  cr_assert_eq(distd_xfer_wait(s, in_ms(5000), &eb), 0, "%s", eb.msg);
+  usleep(50 * 1000);
+  distd_xfer *r = distd_xfer_new(f.r[1].peers, 20);
+  distd_xfer_recv(r, 0, 0, dst, 300000);
+  cr_assert_eq(distd_xfer_wait(r, in_ms(5000), &eb), 0, "%s", eb.msg);
+  cr_assert_eq(memcmp(src, dst, 300000), 0);
+  distd_xfer_free(s), distd_xfer_free(r);
+  free(src), free(dst);
+  fix_teardown(&f);
+}
+
+typedef struct sender_args {
+  distd_peers *p;
+  int count;
+  size_t len;
+  uint8_t *buf;
+  int rc;
+} sender_args;
+
+static void *sender_main(void *arg) {
+  sender_args *a = arg;
+  for (int k = 0; k < a->count; k++) {
+    distd_xfer *x = distd_xfer_new(a->p, 300 + (uint64_t)k);
+    distd_xfer_send(x, 1, 0, a->buf + (size_t)k * a->len, a->len);
+    dist_errbuf eb = DIST_ERRBUF_INIT;
+    if (distd_xfer_wait(x, in_ms(20000), &eb) != 0) a->rc = -1;
+    distd_xfer_free(x);
+  }
+  return NULL;
+}
+
+Test(peer, past_the_unexpected_limit_the_sender_is_held_back) {
+  peer_fixture f;
+  fix_prepare(&f, 2);
+  f.unexpected_limit = 256 * 1024;
+  fix_start_all(&f);
+  cr_assert(fix_wait_connected(&f, 10000));
+  enum { COUNT = 16 };
+  size_t len = 200 * 1024; /* only one fits aside at a time */
+  sender_args a = {.p = f.r[0].peers, .count = COUNT, .len = len,
+                   .buf = pattern(COUNT * len, 6)};
+  pthread_t t;
+  pthread_create(&t, NULL, sender_main, &a);
+  usleep(300 * 1000);
+  distd_peer_stats st;
+  distd_peers_get_stats(f.r[1].peers, 0, &st);
+  cr_assert_lt(st.bytes_received, (uint64_t)COUNT * len, "receiver read everything");
+  uint8_t *dst = malloc(COUNT * len);
+  for (int k = 0; k < COUNT; k++) {
+    distd_xfer *x = distd_xfer_new(f.r[1].peers, 300 + (uint64_t)k);
+    distd_xfer_recv(x, 0, 0, dst + (size_t)k * len, len);
+    dist_errbuf eb = DIST_ERRBUF_INIT;
+    cr_assert_eq(distd_xfer_wait(x, in_ms(20000), &eb), 0, "op %d: %s", k, eb.msg);
+    distd_xfer_free(x);
+  }
+  pthread_join(t, NULL);
+  cr_assert_eq(a.rc, 0);
+  cr_assert_eq(memcmp(dst, a.buf, COUNT * len), 0);
+  free(dst), free(a.buf);
+  fix_teardown(&f);
+}
+
+Test(peer, kept_aside_data_is_freed_with_the_peers) {
+  peer_fixture f;
+  fix_setup(&f, 2);
+  uint8_t *src = pattern(100000, 7);
+  distd_xfer *s = distd_xfer_new(f.r[0].peers, 30);
+  distd_xfer_send(s, 1, 0, src, 100000);
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  cr_assert_eq(distd_xfer_wait(s, in_ms(5000), &eb), 0, "%s", eb.msg);
+  distd_xfer_free(s);
+  usleep(100 * 1000);
+  free(src);
+  fix_teardown(&f); /* ASan checks nothing leaked */
+}
+
+/* ---- errors ---- */
+
+Test(peer, wrong_length_fails_with_eproto_naming_both_ranks) {
+  peer_fixture f;
+  fix_setup(&f, 2);
+  uint8_t src[100] = {0}, dst[200];
+  /* Receive posted first. */
+  distd_xfer *r = distd_xfer_new(f.r[1].peers, 40);
+  distd_xfer_recv(r, 0, 0, dst, 200);
+  distd_xfer *s = distd_xfer_new(f.r[0].peers, 40);
+  distd_xfer_send(s, 1, 0, src, 100);
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  cr_assert_eq(distd_xfer_wait(r, in_ms(5000), &eb), DIST_EPROTO);
+  cr_assert(strstr(eb.msg, "rank 0 sent 100 bytes") && strstr(eb.msg, "rank 1 expects 200"),
+            "%s", eb.msg);
+  distd_xfer_free(r), distd_xfer_free(s);
+  /* Data kept aside first. */
+  s = distd_xfer_new(f.r[0].peers, 41);
+  distd_xfer_send(s, 1, 0, src, 100);
+  usleep(100 * 1000);
+  r = distd_xfer_new(f.r[1].peers, 41);
+  distd_xfer_recv(r, 0, 0, dst, 50);
+  eb = (dist_errbuf)DIST_ERRBUF_INIT;
+  cr_assert_eq(distd_xfer_wait(r, in_ms(5000), &eb), DIST_EPROTO);
+  cr_assert(strstr(eb.msg, "rank 0 sent 100 bytes") && strstr(eb.msg, "rank 1 expects 50"),
+            "%s", eb.msg);
+  distd_xfer_free(r), distd_xfer_free(s);
+  fix_teardown(&f);
+}
+
+Test(peer, timeout_names_the_rank_waited_on) {
+  peer_fixture f;
+  fix_setup(&f, 3);
+  uint8_t dst[10];
+  distd_xfer *r = distd_xfer_new(f.r[1].peers, 50);
+  distd_xfer_recv(r, 2, 0, dst, 10);
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  int64_t t0 = distd_now_ms();
+  cr_assert_eq(distd_xfer_wait(r, in_ms(300), &eb), DIST_ETIMEDOUT);
+  cr_assert_geq(distd_now_ms() - t0, 290);
+  cr_assert_str_eq(eb.msg, "timed out waiting for rank 2");
+  distd_xfer_free(r);
+  fix_teardown(&f);
+}
+
+Test(peer, send_to_a_peer_that_is_down_times_out_naming_it) {
+  peer_fixture f;
+  fix_prepare(&f, 2);
+  fix_start_rank(&f, 0);
+  uint8_t src[10] = {0};
+  distd_xfer *s = distd_xfer_new(f.r[0].peers, 51);
+  distd_xfer_send(s, 1, 0, src, 10);
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  cr_assert_eq(distd_xfer_wait(s, in_ms(300), &eb), DIST_ETIMEDOUT);
+  cr_assert(strstr(eb.msg, "timed out waiting for rank 1 (rank 1 at 127.0.0.1:"), "%s", eb.msg);
+  cr_assert(strstr(eb.msg, "not connected"), "%s", eb.msg);
+  distd_xfer_free(s);
+  distd_peer_stats st;
+  distd_peers_get_stats(f.r[0].peers, 1, &st);
+  cr_assert(strstr(st.last_error, "connection refused"), "%s", st.last_error);
+  fix_teardown(&f);
+}
+
+Test(peer, send_waits_for_a_peer_that_comes_up) {
+  peer_fixture f;
+  fix_prepare(&f, 2);
+  fix_start_rank(&f, 0);
+  uint8_t *src = pattern(5000, 8), dst[5000];
+  distd_xfer *s = distd_xfer_new(f.r[0].peers, 52);
+  distd_xfer_send(s, 1, 0, src, 5000);
+  usleep(150 * 1000);
+  fix_start_rank(&f, 1);
+  distd_xfer *r = distd_xfer_new(f.r[1].peers, 52);
+  distd_xfer_recv(r, 0, 0, dst, 5000);
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  cr_assert_eq(distd_xfer_wait(s, in_ms(10000), &eb), 0, "%s", eb.msg);
+  cr_assert_eq(distd_xfer_wait(r, in_ms(10000), &eb), 0, "%s", eb.msg);
+  cr_assert_eq(memcmp(src, dst, 5000), 0);
+  distd_xfer_free(s), distd_xfer_free(r);
+  free(src);
+  fix_teardown(&f);
+}
+
+Test(peer, hello_from_another_cluster_is_rejected_with_the_reason) {
+  peer_fixture f;
+  fix_prepare(&f, 2);
+  snprintf(f.cluster_id[1], sizeof f.cluster_id[1], "other");
+  fix_start_all(&f);
+  usleep(300 * 1000);
+  distd_peer_stats st;
+  distd_peers_get_stats(f.r[0].peers, 1, &st);
+  cr_assert_not(st.connected);
+  /* Rank 0 both dials rank 1 (and is rejected) and rejects rank 1's dial:
+   * either way the reason names both cluster ids. */
+  cr_assert(strstr(st.last_error, "cluster id 'test' differs from this daemon's 'other'") ||
+                strstr(st.last_error, "cluster id 'other' differs from this daemon's 'test'"),
+            "%s", st.last_error);
+  distd_peers_get_stats(f.r[1].peers, 0, &st);
+  cr_assert(strstr(st.last_error, "cluster id"), "acceptor side: %s", st.last_error);
+  cr_assert_eq(distd_peers_connected_count(f.r[0].peers), 0);
+  fix_teardown(&f);
+}
+
+Test(peer, abort_fails_the_op_on_the_receiver_posted_before_or_after) {
+  peer_fixture f;
+  fix_setup(&f, 3);
+  uint8_t dst[8];
+  distd_xfer *r = distd_xfer_new(f.r[1].peers, 60);
+  distd_xfer_recv(r, 2, 0, dst, 8);
+  distd_xfer *a = distd_xfer_new(f.r[0].peers, 60);
+  int ranks[] = {0, 1, 2};
+  distd_xfer_abort(a, ranks, 3, "count differs");
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  int64_t t0 = distd_now_ms();
+  cr_assert_eq(distd_xfer_wait(r, in_ms(10000), &eb), DIST_ECANCELED);
+  cr_assert_lt(distd_now_ms() - t0, 5000);
+  cr_assert_str_eq(eb.msg, "rank 0 aborted op 60: count differs");
+  usleep(100 * 1000);
+  distd_xfer *late = distd_xfer_new(f.r[2].peers, 60);
+  distd_xfer_recv(late, 1, 0, dst, 8);
+  eb = (dist_errbuf)DIST_ERRBUF_INIT;
+  cr_assert_eq(distd_xfer_wait(late, in_ms(10000), &eb), DIST_ECANCELED);
+  cr_assert_str_eq(eb.msg, "rank 0 aborted op 60: count differs");
+  distd_xfer_free(r), distd_xfer_free(a), distd_xfer_free(late);
+  fix_teardown(&f);
+}
+
+Test(peer, freed_peer_fails_waits_with_epeer_then_reconnects) {
+  peer_fixture f;
+  fix_setup(&f, 3);
+  uint8_t *dst = malloc(64 << 20);
+  distd_xfer *r = distd_xfer_new(f.r[1].peers, 70);
+  distd_xfer_recv(r, 0, 0, dst, 64 << 20);
+  distd_xfer *other = distd_xfer_new(f.r[1].peers, 71);
+  uint8_t small[4] = {1, 2, 3, 4}, got[4];
+  distd_xfer_recv(other, 2, 0, got, 4); /* rank 2 is fine: must not fail */
+  usleep(50 * 1000);
+  int64_t t0 = distd_now_ms();
+  fix_stop_rank(&f, 0);
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  cr_assert_eq(distd_xfer_wait(r, in_ms(20000), &eb), DIST_EPEER);
+  cr_assert_lt(distd_now_ms() - t0, 5000, "failure came after the loss, not the deadline");
+  cr_assert(strstr(eb.msg, "peer rank 0 (127.0.0.1:") && strstr(eb.msg, ") lost: "), "%s", eb.msg);
+  distd_xfer *s = distd_xfer_new(f.r[2].peers, 71);
+  distd_xfer_send(s, 1, 0, small, 4);
+  cr_assert_eq(distd_xfer_wait(other, in_ms(5000), &eb), 0, "%s", eb.msg);
+  cr_assert_eq(distd_xfer_wait(s, in_ms(5000), &eb), 0, "%s", eb.msg);
+  distd_xfer_free(r), distd_xfer_free(other), distd_xfer_free(s);
+  distd_peer_stats st;
+  distd_peers_get_stats(f.r[1].peers, 0, &st);
+  cr_assert_not(st.connected);
+  /* The peer comes back on the same address. */
+  fix_start_rank(&f, 0);
+  cr_assert(fix_wait_connected(&f, 10000), "rank 0 was not reconnected");
+  distd_peers_get_stats(f.r[1].peers, 0, &st);
+  cr_assert_geq(st.reconnects, 1);
+  free(dst);
+  exchange(&f, 72, 4096);
+  fix_teardown(&f);
+}
+
+Test(peer, sender_mid_transfer_fails_when_the_receiver_goes) {
+  peer_fixture f;
+  fix_setup(&f, 2);
+  size_t len = 256u << 20; /* larger than the socket buffers: still in flight */
+  uint8_t *src = calloc(1, len);
+  distd_xfer *s = distd_xfer_new(f.r[0].peers, 80);
+  distd_xfer_send(s, 1, 0, src, len);
+  usleep(50 * 1000);
+  fix_stop_rank(&f, 1);
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  cr_assert_eq(distd_xfer_wait(s, in_ms(20000), &eb), DIST_EPEER);
+  cr_assert(strstr(eb.msg, "peer rank 1"), "%s", eb.msg);
+  distd_xfer_free(s);
+  free(src);
+  fix_teardown(&f);
+}
+
+Test(peer, wait_after_the_peers_are_freed_is_cancelled) {
+  peer_fixture f;
+  fix_setup(&f, 2);
+  uint8_t dst[4];
+  distd_xfer *r = distd_xfer_new(f.r[0].peers, 90);
+  distd_xfer_recv(r, 1, 0, dst, 4);
+  fix_stop_rank(&f, 0);
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  cr_assert_eq(distd_xfer_wait(r, in_ms(1000), &eb), DIST_ECANCELED);
+  distd_xfer_free(r);
+  fix_teardown(&f);
+}
