@@ -19,7 +19,7 @@ static const char *const log_formats[] = {"plain", "json", NULL};
   {name, type, offsetof(distd_config, field), def, min, max, NULL, help}
 
 static const dist_cfg_option options[] = {
-    OPT(listen, DIST_CFG_STRING, "127.0.0.1:7470", 0, 0, NULL,
+    OPT(listen, DIST_CFG_STRING, DISTD_DEFAULT_LISTEN, 0, 0, NULL,
         "Address (HOST:PORT) of the gRPC service for clients and distctl."),
     OPT(peer_listen, DIST_CFG_STRING, "", 0, 0, NULL,
         "Address of the data plane, where the other daemons connect; empty "

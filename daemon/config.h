@@ -10,6 +10,7 @@
 #include "../common/config.h"
 
 #define DISTD_DEFAULT_PORT 7470 /* gRPC; the data plane takes +1, HTTP +2 */
+#define DISTD_DEFAULT_LISTEN "127.0.0.1:7470"
 
 typedef struct distd_config {
   char *listen;        /* gRPC address, default 127.0.0.1:7470 */

@@ -5,6 +5,7 @@
 #include <event2/event.h>
 #include <event2/thread.h>
 #include <grpc/grpc.h>
+#include <grpc/support/log.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,10 +31,24 @@ static int load_config(distd_server *s, int argc, char **argv) {
     return 2;
   }
   s->rank = (int)s->cfg.rank;
+  /* In a cluster this daemon serves at its own entry unless told otherwise. */
+  if ((s->cfg.cluster_file[0] || s->cfg.peers[0]) &&
+      strcmp(s->cfg.listen, DISTD_DEFAULT_LISTEN) == 0) {
+    free(s->cfg.listen);
+    s->cfg.listen = strdup(s->members[s->rank].grpc_addr);
+  }
   return -1;
 }
 
+/* gRPC core's own log lines go through ours at debug level, so stderr
+ * stays one format; what matters to users (a port in use) we report
+ * ourselves in plain words. */
+static void grpc_log(gpr_log_func_args *args) {
+  log_debug("grpc: %s:%d: %s", args->file, args->line, args->message);
+}
+
 static void setup_logging(const distd_config *cfg) {
+  gpr_set_log_function(grpc_log);
   static const dist_log_level levels[] = {DIST_LOG_ERROR, DIST_LOG_WARN,
                                           DIST_LOG_INFO, DIST_LOG_DEBUG};
   dist_log_setup("distd", levels[cfg->log_level],

@@ -4,6 +4,7 @@
  * peers does not stall other calls. */
 #include "rpc.h"
 
+#include <grpc/grpc_security.h>
 #include <grpc/support/alloc.h>
 #include <grpc/support/time.h>
 #include <stdio.h>
@@ -122,13 +123,14 @@ static void finish(call_ctx *c, grpc_status_code code, const char *details) {
   ops[n].data.send_status_from_server.status = code;
   ops[n++].data.send_status_from_server.status_details =
       details ? &c->details_slice : NULL;
+  /* Record before starting the batch: its completion frees c. */
+  if (c->method >= 0 && c->rpc->srv->metrics)
+    distd_metrics_rpc(c->rpc->srv->metrics, c->rpc->methods[c->method].name,
+                      code, distd_mono_seconds() - c->started);
   grpc_call_error e = grpc_call_start_batch(c->call, ops, n, &c->t_done, NULL);
   if (e != GRPC_CALL_OK) {
     log_error("rpc: cannot send reply: %s", grpc_call_error_to_string(e));
   }
-  if (c->method >= 0 && c->rpc->srv->metrics)
-    distd_metrics_rpc(c->rpc->srv->metrics, c->rpc->methods[c->method].name,
-                      code, distd_mono_seconds() - c->started);
 }
 
 /* Converts the call deadline to CLOCK_MONOTONIC milliseconds. */

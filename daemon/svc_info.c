@@ -6,6 +6,7 @@
 
 #include "dist.pb-c.h"
 #include "health.pb-c.h"
+#include "http.h"
 #include "methods.h"
 #include "metrics.h"
 #include "pbuf.h"

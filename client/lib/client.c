@@ -33,7 +33,7 @@ int dist_client_fail(dist_client *c, int code, const char *fmt, ...) {
 }
 
 static grpc_channel *open_channel(const char *endpoint) {
-  grpc_arg args[3];
+  grpc_arg args[5];
   args[0].type = GRPC_ARG_INTEGER;
   args[0].key = (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
   args[0].value.integer = -1; /* tensors can be large: the daemon limits */
@@ -44,7 +44,15 @@ static grpc_channel *open_channel(const char *endpoint) {
   args[2].type = GRPC_ARG_INTEGER;
   args[2].key = (char *)GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL;
   args[2].value.integer = 1;
-  grpc_channel_args ca = {3, args};
+  /* A daemon that is still starting should be found within a second, not
+   * after gRPC's default reconnect backoff of up to two minutes. */
+  args[3].type = GRPC_ARG_INTEGER;
+  args[3].key = (char *)GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS;
+  args[3].value.integer = 100;
+  args[4].type = GRPC_ARG_INTEGER;
+  args[4].key = (char *)GRPC_ARG_MAX_RECONNECT_BACKOFF_MS;
+  args[4].value.integer = 1000;
+  grpc_channel_args ca = {5, args};
   grpc_channel_credentials *creds = grpc_insecure_credentials_create();
   grpc_channel *ch = grpc_channel_create(endpoint, creds, &ca);
   grpc_channel_credentials_release(creds);

@@ -1,0 +1,177 @@
+/* distctl launch: like paddle.distributed.launch or torchrun. Starts N
+ * trainers with DIST_RANK, DIST_WORLD_SIZE, DIST_CLUSTER and DIST_JOB_ID;
+ * every rank's output goes to LOGDIR/workerlog.<rank>, rank 0's also to
+ * the console. Without a cluster it runs one of N local daemons for the
+ * job. If a rank fails, the others are stopped and the status is non-zero. */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "distctl.h"
+#include "local_cluster.h"
+
+#define MAX_RANKS 64
+
+typedef struct job {
+  int n;
+  pid_t pids[MAX_RANKS];   /* 0 once reaped */
+  pid_t groups[MAX_RANKS]; /* each rank's process group, kept after it exits */
+  int console_fd; /* read end of rank 0's output pipe, -1 when closed */
+  int log0_fd;
+} job;
+
+static pid_t start_rank(int rank, int n, const char *cluster, const char *job_id,
+                        const char *log_dir, int pipe_w, char **argv) {
+  char log[4096], v[32];
+  snprintf(log, sizeof log, "%s/workerlog.%d", log_dir, rank);
+  pid_t pid = fork();
+  if (pid != 0) return pid;
+  setpgid(0, 0); /* a group per rank: stopping it stops what the rank started */
+  int fd = pipe_w >= 0 ? pipe_w : open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  dup2(fd, 1);
+  dup2(fd, 2);
+  snprintf(v, sizeof v, "%d", rank);
+  setenv("DIST_RANK", v, 1);
+  snprintf(v, sizeof v, "%d", n);
+  setenv("DIST_WORLD_SIZE", v, 1);
+  setenv("DIST_CLUSTER", cluster, 1);
+  setenv("DIST_JOB_ID", job_id, 1);
+  execvp(argv[0], argv);
+  fprintf(stderr, "distctl launch: cannot run %s: %s\n", argv[0], strerror(errno));
+  _exit(127);
+}
+
+/* Copies what rank 0 wrote to the console and its log. */
+static void pump_console(job *j, int timeout_ms) {
+  if (j->console_fd < 0) return;
+  struct pollfd p = {j->console_fd, POLLIN, 0};
+  if (poll(&p, 1, timeout_ms) <= 0) return;
+  char buf[65536];
+  ssize_t n = read(j->console_fd, buf, sizeof buf);
+  if (n <= 0) {
+    close(j->console_fd);
+    j->console_fd = -1;
+    return;
+  }
+  fwrite(buf, 1, (size_t)n, stdout);
+  fflush(stdout);
+  if (write(j->log0_fd, buf, (size_t)n) != n) { /* the console copy still went out */ }
+}
+
+static void signal_ranks(job *j, int sig) {
+  for (int r = 0; r < j->n; r++)
+    if (j->groups[r] > 0) kill(-j->groups[r], sig);
+}
+
+#define STOP_GRACE_MS 5000
+
+/* Waits for every rank; returns the first failing rank's exit status. A
+ * failure stops the other ranks' process groups: SIGTERM, then SIGKILL
+ * after STOP_GRACE_MS. */
+static int supervise(job *j) {
+  int running = j->n, result = 0;
+  struct timespec stop_at = {0, 0}, now;
+  while (running > 0) {
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    if (stop_at.tv_sec && (now.tv_sec > stop_at.tv_sec ||
+                           (now.tv_sec == stop_at.tv_sec && now.tv_nsec > stop_at.tv_nsec))) {
+      signal_ranks(j, SIGKILL);
+      stop_at.tv_sec = 0;
+    }
+    pump_console(j, 50);
+    int status;
+    pid_t pid = waitpid(-1, &status, WNOHANG);
+    if (pid <= 0) {
+      if (j->console_fd < 0) { struct timespec ts = {0, 20000000}; nanosleep(&ts, NULL); }
+      continue;
+    }
+    for (int r = 0; r < j->n; r++) {
+      if (j->pids[r] != pid) continue;
+      j->pids[r] = 0;
+      running--;
+      int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      if (code != 0 && result == 0) {
+        fprintf(stderr, "distctl launch: rank %d failed with status %d; stopping "
+                "the other ranks\n", r, code);
+        result = code;
+        signal_ranks(j, SIGTERM);
+        clock_gettime(CLOCK_MONOTONIC, &stop_at);
+        stop_at.tv_sec += STOP_GRACE_MS / 1000;
+      }
+    }
+  }
+  /* Whatever rank 0 started may still hold the console pipe: drain what is
+   * there, but do not wait for it. */
+  for (int i = 0; i < 20 && j->console_fd >= 0; i++) pump_console(j, 50);
+  if (j->console_fd >= 0) close(j->console_fd);
+  if (result) signal_ranks(j, SIGKILL); /* strays of failed jobs */
+  return result;
+}
+
+static int run_job(int n, const char *cluster, const char *log_dir, char **argv) {
+  job j = {.n = n, .console_fd = -1};
+  char job_id[64], log0[4096];
+  snprintf(job_id, sizeof job_id, "%ld-%d", (long)time(NULL), (int)getpid());
+  snprintf(log0, sizeof log0, "%s/workerlog.0", log_dir);
+  j.log0_fd = open(log0, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  int fds[2];
+  if (j.log0_fd < 0 || pipe(fds) != 0)
+    return distctl_fail("cannot write %s: %s", log0, strerror(errno));
+  j.console_fd = fds[0];
+  for (int r = 0; r < n; r++) {
+    j.pids[r] = start_rank(r, n, cluster, job_id, log_dir, r == 0 ? fds[1] : -1, argv);
+    setpgid(j.pids[r], j.pids[r]); /* also here: no race with the child's own */
+    j.groups[r] = j.pids[r];
+  }
+  close(fds[1]);
+  int rc = supervise(&j);
+  close(j.log0_fd);
+  return rc;
+}
+
+static int run_launch(const distctl_global *g, int argc, char **argv) {
+  const char *log_dir = "./log", *v;
+  int n = 0, prog = -1;
+  for (int i = 0; i < argc; i++) {
+    if (strcmp(argv[i], "--") == 0) {
+      prog = i + 1;
+      break;
+    }
+    if ((v = distctl_opt(argc, argv, &i, "-n"))) n = atoi(v);
+    else if ((v = distctl_opt(argc, argv, &i, "--log-dir"))) log_dir = v;
+    else return distctl_usage(&distctl_cmd_launch, "unknown argument '%s'", argv[i]);
+  }
+  if (n <= 0 || n > MAX_RANKS)
+    return distctl_usage(&distctl_cmd_launch, "-n N (1 to %d) is required", MAX_RANKS);
+  if (prog < 0 || prog >= argc)
+    return distctl_usage(&distctl_cmd_launch, "the program to run follows '--'");
+  if (mkdir(log_dir, 0755) != 0 && errno != EEXIST)
+    return distctl_fail("cannot create %s: %s", log_dir, strerror(errno));
+  const char *cluster = g->cluster;
+  char local_dir[4096] = "", local_conf[4200];
+  if (!cluster || !cluster[0]) { /* a local cluster just for this job */
+    snprintf(local_dir, sizeof local_dir, "%s/cluster", log_dir);
+    if (distctl_cluster_up(local_dir, n, 30000, 1, NULL, 0) != 0) return 1;
+    snprintf(local_conf, sizeof local_conf, "%s/cluster.conf", local_dir);
+    cluster = local_conf;
+  }
+  char abs_cluster[4300];
+  if (!realpath(cluster, abs_cluster)) snprintf(abs_cluster, sizeof abs_cluster, "%s", cluster);
+  signal(SIGPIPE, SIG_IGN);
+  int rc = run_job(n, abs_cluster, log_dir, argv + prog);
+  if (local_dir[0]) distctl_cluster_down(local_dir, 1);
+  return rc;
+}
+
+const distctl_command distctl_cmd_launch = {
+    "launch", "-n N [--log-dir DIR] -- PROGRAM [ARGS...]",
+    "run N trainer processes (a local cluster of N daemons unless --cluster)",
+    run_launch};

@@ -1,0 +1,151 @@
+/* distctl status / distctl peers: one Info call per daemon, concurrently
+ * bounded by the client deadline. A daemon that does not answer is shown as
+ * down and makes the exit status 1. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "distctl.h"
+
+typedef struct daemon_state {
+  int ok;
+  char error[512];
+  dist_daemon_info info;
+} daemon_state;
+
+static daemon_state *ask_all(dist_client *c, int *down) {
+  int n = dist_world_size(c);
+  daemon_state *st = calloc((size_t)n, sizeof *st);
+  *down = 0;
+  for (int r = 0; r < n; r++) {
+    st[r].ok = dist_info(c, r, &st[r].info) == 0;
+    if (!st[r].ok) {
+      snprintf(st[r].error, sizeof st[r].error, "%s", dist_errmsg(c));
+      ++*down;
+    }
+  }
+  return st;
+}
+
+static void free_all(daemon_state *st, int n) {
+  for (int r = 0; r < n; r++) dist_info_free(&st[r].info);
+  free(st);
+}
+
+static json_t *peer_json(const dist_peer_info *p) {
+  return json_pack("{s:i,s:s,s:b,s:f,s:I,s:I,s:i}", "rank", p->rank, "address",
+                   p->address, "connected", p->connected, "rtt_seconds",
+                   p->rtt_seconds, "bytes_sent", (json_int_t)p->bytes_sent,
+                   "bytes_received", (json_int_t)p->bytes_received, "reconnects",
+                   (int)p->reconnects);
+}
+
+static json_t *daemon_json(dist_client *c, int r, const daemon_state *s) {
+  if (!s->ok)
+    return json_pack("{s:i,s:s,s:b,s:s}", "rank", r, "endpoint",
+                     dist_endpoint(c, r), "healthy", 0, "error", s->error);
+  const dist_daemon_info *i = &s->info;
+  json_t *peers = json_array();
+  int up = 0;
+  for (int p = 0; p < i->npeers; p++) {
+    json_array_append_new(peers, peer_json(&i->peers[p]));
+    up += i->peers[p].connected;
+  }
+  return json_pack("{s:i,s:s,s:b,s:s,s:s,s:i,s:f,s:I,s:I,s:i,s:i,s:i,s:s,s:o}",
+                   "rank", i->rank, "endpoint", dist_endpoint(c, r), "healthy",
+                   up == i->npeers, "version", i->version, "cluster_id",
+                   i->cluster_id, "world_size", i->world_size, "uptime_seconds",
+                   i->uptime_seconds, "tensor_bytes", (json_int_t)i->tensor_bytes,
+                   "tensor_bytes_limit", (json_int_t)i->tensor_bytes_limit,
+                   "tensors", (int)i->tensor_count, "ops_in_flight",
+                   (int)i->ops_in_flight, "peers_connected", up, "http_address",
+                   i->http_address, "peers", peers);
+}
+
+static void print_table(dist_client *c, const daemon_state *st, int n) {
+  printf("%-5s %-22s %-8s %-10s %8s %12s %-7s %s\n", "RANK", "ENDPOINT", "STATE",
+         "VERSION", "UPTIME", "MEMORY", "TENSORS", "PEERS");
+  for (int r = 0; r < n; r++) {
+    if (!st[r].ok) {
+      printf("%-5d %-22s %-8s %s\n", r, dist_endpoint(c, r), "down", st[r].error);
+      continue;
+    }
+    const dist_daemon_info *i = &st[r].info;
+    int up = 0;
+    for (int p = 0; p < i->npeers; p++) up += i->peers[p].connected;
+    char mem[32];
+    distctl_format_bytes(i->tensor_bytes, mem, sizeof mem);
+    printf("%-5d %-22s %-8s %-10s %7.0fs %12s %-7u %d/%d connected\n", r,
+           dist_endpoint(c, r), up == i->npeers ? "healthy" : "degraded",
+           i->version, i->uptime_seconds, mem, i->tensor_count, up, i->npeers);
+  }
+}
+
+static int report_down(dist_client *c, const daemon_state *st, int n) {
+  for (int r = 0; r < n; r++)
+    if (!st[r].ok) distctl_fail("%s", st[r].error);
+  (void)c;
+  return 1;
+}
+
+static int run_status(const distctl_global *g, int argc, char **argv) {
+  if (argc > 0) return distctl_usage(&distctl_cmd_status, "unexpected argument '%s'", argv[0]);
+  dist_client *c = distctl_connect(g);
+  if (!c) return 1;
+  int n = dist_world_size(c), down = 0;
+  daemon_state *st = ask_all(c, &down);
+  if (g->json) {
+    json_t *ranks = json_array();
+    for (int r = 0; r < n; r++) json_array_append_new(ranks, daemon_json(c, r, &st[r]));
+    distctl_print_json(json_pack("{s:i,s:i,s:o}", "world_size", n, "down", down,
+                                 "ranks", ranks));
+  } else {
+    print_table(c, st, n);
+  }
+  int rc = down ? report_down(c, st, n) : 0;
+  free_all(st, n);
+  dist_close(c);
+  return rc;
+}
+
+static int run_peers(const distctl_global *g, int argc, char **argv) {
+  if (argc > 0) return distctl_usage(&distctl_cmd_peers, "unexpected argument '%s'", argv[0]);
+  dist_client *c = distctl_connect(g);
+  if (!c) return 1;
+  int n = dist_world_size(c), down = 0;
+  daemon_state *st = ask_all(c, &down);
+  json_t *pairs = json_array();
+  if (!g->json)
+    printf("%-5s %-5s %-10s %10s %12s %12s %s\n", "FROM", "TO", "STATE", "RTT",
+           "SENT", "RECEIVED", "RECONNECTS");
+  for (int r = 0; r < n; r++) {
+    for (int p = 0; st[r].ok && p < st[r].info.npeers; p++) {
+      const dist_peer_info *q = &st[r].info.peers[p];
+      json_t *j = peer_json(q);
+      json_object_set_new(j, "from", json_integer(r));
+      json_array_append_new(pairs, j);
+      if (g->json) continue;
+      char sent[32], recv[32];
+      distctl_format_bytes(q->bytes_sent, sent, sizeof sent);
+      distctl_format_bytes(q->bytes_received, recv, sizeof recv);
+      printf("%-5d %-5d %-10s %8.0fus %12s %12s %u\n", r, q->rank,
+             q->connected ? "connected" : "down", q->rtt_seconds * 1e6, sent, recv,
+             q->reconnects);
+    }
+    if (!st[r].ok && !g->json) printf("%-5d %-5s %-10s %s\n", r, "*", "unreachable", st[r].error);
+  }
+  if (g->json)
+    distctl_print_json(json_pack("{s:i,s:o}", "world_size", n, "pairs", pairs));
+  else
+    json_decref(pairs);
+  int rc = down ? report_down(c, st, n) : 0;
+  free_all(st, n);
+  dist_close(c);
+  return rc;
+}
+
+const distctl_command distctl_cmd_status = {
+    "status", "", "version, uptime, memory, tensors and peers of every daemon",
+    run_status};
+const distctl_command distctl_cmd_peers = {
+    "peers", "", "the peer connection matrix with round-trip times and bytes",
+    run_peers};

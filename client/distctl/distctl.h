@@ -1,0 +1,51 @@
+/* distctl: one file per command, each exporting one distctl_command, in the
+ * manner of tmux's cmd_entry tables. */
+#ifndef DISTCTL_H
+#define DISTCTL_H
+
+#include <jansson.h>
+#include <stdio.h>
+
+#include "dist/dist.h"
+
+/* Options every command understands. */
+typedef struct distctl_global {
+  const char *cluster;  /* --cluster FILE, or $DIST_CLUSTER */
+  const char *endpoint; /* --endpoint HOST:PORT */
+  int json;             /* --json */
+  long timeout_ms;      /* --timeout MS */
+} distctl_global;
+
+typedef struct distctl_command {
+  const char *name;  /* "status", "tensor put" */
+  const char *usage; /* arguments after the name */
+  const char *help;  /* one line */
+  /* argv[0] is the first argument after the command name. Returns the
+   * process exit status: 0, 1 (operation failed), 2 (bad usage). */
+  int (*run)(const distctl_global *g, int argc, char **argv);
+} distctl_command;
+
+/* Connects as the global options say: --endpoint, else --cluster or
+ * $DIST_CLUSTER, else the embedded default endpoint. Prints the error and
+ * returns NULL on failure. */
+dist_client *distctl_connect(const distctl_global *g);
+/* Prints "distctl: <message>" to stderr; returns 1. */
+int distctl_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Prints "distctl <cmd>: <message>" and the usage line; returns 2. */
+int distctl_usage(const distctl_command *cmd, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+/* Prints j (compact = 0: indented) to stdout and drops the reference. */
+void distctl_print_json(json_t *j);
+/* Formats bytes as "1.5 MiB". */
+void distctl_format_bytes(uint64_t n, char *buf, size_t len);
+
+/* Takes "--name value" or "--name=value" at argv[*i]; returns the value or
+ * NULL when argv[*i] is not that option. Advances *i past a separate value. */
+const char *distctl_opt(int argc, char **argv, int *i, const char *name);
+
+extern const distctl_command distctl_cmd_status, distctl_cmd_peers,
+    distctl_cmd_cluster_up, distctl_cmd_cluster_down, distctl_cmd_launch,
+    distctl_cmd_tensor_put, distctl_cmd_tensor_get, distctl_cmd_tensor_show,
+    distctl_cmd_tensor_rm, distctl_cmd_tensor_reshard, distctl_cmd_tensors;
+
+#endif

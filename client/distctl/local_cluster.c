@@ -1,0 +1,231 @@
+#include "local_cluster.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <limits.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "dist/dist.h"
+#include "distctl.h"
+
+#define MAX_DAEMONS 64
+
+static void sleep_ms(int ms) {
+  struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+  nanosleep(&ts, NULL);
+}
+
+/* Binds all sockets first and closes them after, so the ports differ. */
+static void pick_ports(int *ports, int count) {
+  int fds[3 * MAX_DAEMONS];
+  for (int i = 0; i < count; i++) {
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    fds[i] = socket(AF_INET, SOCK_STREAM, 0);
+    bind(fds[i], (struct sockaddr *)&a, sizeof a);
+    getsockname(fds[i], (struct sockaddr *)&a, &len);
+    ports[i] = ntohs(a.sin_port);
+  }
+  for (int i = 0; i < count; i++) close(fds[i]);
+}
+
+/* $DIST_DISTD_BIN, else distd beside distctl (installed), else the build tree's
+ * daemon/distd, else distd on $PATH. */
+static void find_distd(char *out, size_t len) {
+  const char *env = getenv("DIST_DISTD_BIN");
+  if (env && env[0]) {
+    snprintf(out, len, "%s", env);
+    return;
+  }
+  char self[PATH_MAX];
+  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n > 0) {
+    self[n] = 0;
+    char *dir = dirname(self);
+    snprintf(out, len, "%s/distd", dir);
+    if (access(out, X_OK) == 0) return;
+    snprintf(out, len, "%s/../../daemon/distd", dir);
+    if (access(out, X_OK) == 0) return;
+  }
+  snprintf(out, len, "distd");
+}
+
+static pid_t spawn_daemon(const char *distd, const char *dir, int rank,
+                          int http_port, char **extra, int nextra) {
+  char cluster[PATH_MAX], rank_s[16], http[64], log[PATH_MAX];
+  snprintf(cluster, sizeof cluster, "%s/cluster.conf", dir);
+  snprintf(rank_s, sizeof rank_s, "%d", rank);
+  snprintf(http, sizeof http, "127.0.0.1:%d", http_port);
+  snprintf(log, sizeof log, "%s/distd.%d.log", dir, rank);
+  pid_t pid = fork();
+  if (pid != 0) return pid;
+  setsid(); /* outlive distctl; cluster down stops it by pid */
+  int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+  int null = open("/dev/null", O_RDWR);
+  dup2(null, 0);
+  dup2(null, 1);
+  dup2(fd, 2);
+  char *argv[80] = {(char *)distd, "--cluster-file", cluster, "--rank", rank_s,
+                    "--http-listen", http};
+  int argc = 7;
+  for (int i = 0; i < nextra && argc < 78; i++) argv[argc++] = extra[i];
+  argv[argc] = NULL;
+  execvp(distd, argv);
+  fprintf(stderr, "distctl: cannot run %s: %s\n", distd, strerror(errno));
+  _exit(127);
+}
+
+static int write_text(const char *path, const char *text) {
+  char tmp[PATH_MAX];
+  snprintf(tmp, sizeof tmp, "%s.tmp", path);
+  FILE *f = fopen(tmp, "w");
+  if (!f) return -1;
+  fputs(text, f);
+  if (fclose(f) != 0) return -1;
+  return rename(tmp, path);
+}
+
+static int all_connected(dist_client *c, int n) {
+  for (int r = 0; r < n; r++) {
+    dist_daemon_info info;
+    if (dist_info(c, r, &info) != 0) return 0;
+    int up = 0;
+    for (int p = 0; p < info.npeers; p++) up += info.peers[p].connected;
+    dist_info_free(&info);
+    if (up != n - 1) return 0;
+  }
+  return 1;
+}
+
+/* A daemon that exited during start-up: its status, or -1 while all run. */
+static int find_dead(const pid_t *pids, int n, int *rank) {
+  for (int r = 0; r < n; r++) {
+    int status;
+    if (waitpid(pids[r], &status, WNOHANG) == pids[r]) {
+      *rank = r;
+      return status;
+    }
+  }
+  return -1;
+}
+
+/* Polls with a fresh client each time: a channel that tried too early
+ * would sit in gRPC's reconnect backoff for seconds. */
+static int poll_ready(const char *cluster, int n) {
+  dist_opts o = DIST_OPTS_INIT;
+  o.timeout_ms = 1000;
+  dist_client *c = NULL;
+  if (dist_connect_cluster(cluster, &o, &c) != 0) return 0;
+  int ready = all_connected(c, n);
+  dist_close(c);
+  return ready;
+}
+
+static int wait_ready(const char *dir, const pid_t *pids, int n, int timeout_ms,
+                      int quiet) {
+  char cluster[PATH_MAX];
+  snprintf(cluster, sizeof cluster, "%s/cluster.conf", dir);
+  int ready = 0, dead_rank = -1;
+  for (int waited = 0; waited < timeout_ms && !ready; waited += 100) {
+    if (find_dead(pids, n, &dead_rank) >= 0) break;
+    ready = poll_ready(cluster, n);
+    if (!ready) sleep_ms(100);
+    if (!quiet && !ready && waited % 3000 == 2900)
+      fprintf(stderr, "distctl: still waiting for %d daemons to connect...\n", n);
+  }
+  if (ready) return 0;
+  if (dead_rank >= 0)
+    return distctl_fail("distd rank %d exited during start-up; see %s/distd.%d.log",
+                        dead_rank, dir, dead_rank);
+  return distctl_fail("the daemons did not all connect within %d ms; see %s/distd.*.log",
+                      timeout_ms, dir);
+}
+
+int distctl_cluster_up(const char *dir, int n, int timeout_ms, int quiet,
+                       char **extra_args, int nextra) {
+  if (n < 1 || n > MAX_DAEMONS)
+    return distctl_fail("-n %d: between 1 and %d daemons", n, MAX_DAEMONS);
+  if (mkdir(dir, 0755) != 0 && errno != EEXIST)
+    return distctl_fail("cannot create %s: %s", dir, strerror(errno));
+  int ports[3 * MAX_DAEMONS];
+  pick_ports(ports, 3 * n);
+  char text[64 * MAX_DAEMONS + 64], path[PATH_MAX], distd[PATH_MAX];
+  size_t used = (size_t)snprintf(text, sizeof text, "# distctl cluster up -n %d\n", n);
+  for (int r = 0; r < n; r++)
+    used += (size_t)snprintf(text + used, sizeof text - used,
+                             "127.0.0.1:%d 127.0.0.1:%d\n", ports[3 * r], ports[3 * r + 1]);
+  snprintf(path, sizeof path, "%s/cluster.conf", dir);
+  if (write_text(path, text) != 0)
+    return distctl_fail("cannot write %s: %s", path, strerror(errno));
+  find_distd(distd, sizeof distd);
+  pid_t pids[MAX_DAEMONS];
+  for (int r = 0; r < n; r++) {
+    pids[r] = spawn_daemon(distd, dir, r, ports[3 * r + 2], extra_args, nextra);
+    char pidtext[32];
+    snprintf(pidtext, sizeof pidtext, "%d\n", (int)pids[r]);
+    snprintf(path, sizeof path, "%s/distd.%d.pid", dir, r);
+    write_text(path, pidtext);
+  }
+  if (!quiet) fprintf(stderr, "distctl: started %d daemons, waiting until they are connected\n", n);
+  if (wait_ready(dir, pids, n, timeout_ms, quiet) != 0) {
+    distctl_cluster_down(dir, 1);
+    return 1;
+  }
+  if (!quiet) fprintf(stderr, "distctl: cluster of %d ready; DIST_CLUSTER=%s/cluster.conf\n", n, dir);
+  return 0;
+}
+
+/* Only signal a pid that is still a distd: the pid may have been reused. */
+static int is_distd(pid_t pid) {
+  char path[64], cmd[PATH_MAX] = {0};
+  snprintf(path, sizeof path, "/proc/%d/cmdline", (int)pid);
+  FILE *f = fopen(path, "r");
+  if (!f) return 0;
+  size_t n = fread(cmd, 1, sizeof cmd - 1, f);
+  fclose(f);
+  cmd[n] = 0;
+  const char *base = strrchr(cmd, '/');
+  return strcmp(base ? base + 1 : cmd, "distd") == 0;
+}
+
+static void stop_pid(pid_t pid) {
+  kill(pid, SIGTERM);
+  for (int waited = 0; waited < 10000; waited += 50) {
+    if (waitpid(pid, NULL, WNOHANG) == pid || kill(pid, 0) != 0) return;
+    sleep_ms(50);
+  }
+  kill(pid, SIGKILL);
+  waitpid(pid, NULL, 0);
+}
+
+int distctl_cluster_down(const char *dir, int quiet) {
+  int stopped = 0;
+  for (int r = 0; r < MAX_DAEMONS; r++) {
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/distd.%d.pid", dir, r);
+    FILE *f = fopen(path, "r");
+    if (!f) continue;
+    int pid = 0;
+    if (fscanf(f, "%d", &pid) == 1 && pid > 0 && is_distd(pid)) {
+      stop_pid(pid);
+      stopped++;
+    }
+    fclose(f);
+    unlink(path);
+  }
+  if (!quiet) fprintf(stderr, "distctl: stopped %d daemon%s in %s\n", stopped,
+                      stopped == 1 ? "" : "s", dir);
+  return 0;
+}

@@ -1,0 +1,85 @@
+/* distctl: inspect and drive a distd cluster. */
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "distctl.h"
+
+static const distctl_command *const commands[] = {
+    &distctl_cmd_status,        &distctl_cmd_peers,
+    &distctl_cmd_tensors,       &distctl_cmd_tensor_put,
+    &distctl_cmd_tensor_get,    &distctl_cmd_tensor_show,
+    &distctl_cmd_tensor_reshard, &distctl_cmd_tensor_rm,
+    &distctl_cmd_cluster_up,    &distctl_cmd_cluster_down,
+    &distctl_cmd_launch,
+};
+enum { NCOMMANDS = sizeof commands / sizeof commands[0] };
+
+static void usage(FILE *out) {
+  fprintf(out, "usage: distctl [--cluster FILE | --endpoint HOST:PORT] [--json] "
+               "[--timeout MS] COMMAND [ARGS]\n\ncommands:\n");
+  for (int i = 0; i < NCOMMANDS; i++)
+    fprintf(out, "  %-16s %s\n      %s\n", commands[i]->name, commands[i]->usage,
+            commands[i]->help);
+  fprintf(out, "\nWithout --cluster or --endpoint, $DIST_CLUSTER names the "
+               "cluster file, else %s is used.\n", DIST_DEFAULT_ENDPOINT);
+}
+
+/* Global options may come before or after the command words. */
+static int take_global(distctl_global *g, int argc, char **argv, int *i) {
+  const char *v;
+  if (strcmp(argv[*i], "--json") == 0) return g->json = 1;
+  if ((v = distctl_opt(argc, argv, i, "--cluster"))) return g->cluster = v, 1;
+  if ((v = distctl_opt(argc, argv, i, "--endpoint"))) return g->endpoint = v, 1;
+  if ((v = distctl_opt(argc, argv, i, "--timeout"))) {
+    g->timeout_ms = strtol(v, NULL, 10);
+    return 1;
+  }
+  return 0;
+}
+
+/* Finds the command whose words start argv[first..]; sets *words. */
+static const distctl_command *find(int argc, char **argv, int first, int *words) {
+  for (int i = 0; i < NCOMMANDS; i++) {
+    const char *name = commands[i]->name, *space = strchr(name, ' ');
+    size_t len = space ? (size_t)(space - name) : strlen(name);
+    if (strncmp(argv[first], name, len) != 0 || argv[first][len]) continue;
+    if (!space) return *words = 1, commands[i];
+    if (first + 1 < argc && strcmp(argv[first + 1], space + 1) == 0)
+      return *words = 2, commands[i];
+  }
+  return NULL;
+}
+
+int main(int argc, char **argv) {
+  distctl_global g = {NULL, NULL, 0, 0};
+  g.cluster = getenv("DIST_CLUSTER");
+  char **rest = calloc((size_t)argc + 1, sizeof *rest);
+  int nrest = 0, rc = 2;
+  for (int i = 1; i < argc; i++) {
+    if (strcmp(argv[i], "--") == 0) { /* the rest belongs to the command */
+      while (i < argc) rest[nrest++] = argv[i++];
+      break;
+    }
+    if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
+      usage(stdout);
+      rc = 0;
+      goto out;
+    }
+    if (!take_global(&g, argc, argv, &i)) rest[nrest++] = argv[i];
+  }
+  if (nrest == 0) {
+    usage(stderr);
+    goto out;
+  }
+  int words = 0;
+  const distctl_command *cmd = find(nrest, rest, 0, &words);
+  if (!cmd) {
+    fprintf(stderr, "distctl: unknown command '%s' (see distctl --help)\n", rest[0]);
+    goto out;
+  }
+  rc = cmd->run(&g, nrest - words, rest + words);
+out:
+  free(rest);
+  return rc;
+}

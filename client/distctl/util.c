@@ -1,0 +1,65 @@
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "distctl.h"
+
+int distctl_fail(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "distctl: ");
+  vfprintf(stderr, fmt, ap);
+  fprintf(stderr, "\n");
+  va_end(ap);
+  return 1;
+}
+
+int distctl_usage(const distctl_command *cmd, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "distctl %s: ", cmd->name);
+  vfprintf(stderr, fmt, ap);
+  fprintf(stderr, "\nusage: distctl %s %s\n", cmd->name, cmd->usage);
+  va_end(ap);
+  return 2;
+}
+
+dist_client *distctl_connect(const distctl_global *g) {
+  dist_client *c = NULL;
+  dist_opts o = DIST_OPTS_INIT;
+  if (g->timeout_ms > 0) o.timeout_ms = g->timeout_ms;
+  int rc;
+  if (g->endpoint || !g->cluster || !g->cluster[0])
+    rc = dist_connect(g->endpoint, &o, &c);
+  else
+    rc = dist_connect_cluster(g->cluster, &o, &c);
+  if (rc != 0) {
+    distctl_fail("%s", dist_last_connect_error());
+    return NULL;
+  }
+  return c;
+}
+
+void distctl_print_json(json_t *j) {
+  char *s = json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+  if (s) printf("%s\n", s);
+  free(s);
+  json_decref(j);
+}
+
+void distctl_format_bytes(uint64_t n, char *buf, size_t len) {
+  static const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = (double)n;
+  int u = 0;
+  while (v >= 1024 && u < 4) v /= 1024, u++;
+  snprintf(buf, len, u ? "%.1f %s" : "%.0f %s", v, units[u]);
+}
+
+const char *distctl_opt(int argc, char **argv, int *i, const char *name) {
+  size_t n = strlen(name);
+  if (strncmp(argv[*i], name, n) != 0) return NULL;
+  if (argv[*i][n] == '=') return argv[*i] + n + 1;
+  if (argv[*i][n] != 0) return NULL;
+  if (*i + 1 >= argc) return NULL;
+  return argv[++*i];
+}

@@ -1,0 +1,206 @@
+#include "harness.h"
+
+#include <arpa/inet.h>
+#include <criterion/criterion.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+extern char **environ;
+
+const char *harness_distd(void) {
+  const char *p = getenv("DIST_DISTD_BIN");
+  return p ? p : "build/daemon/distd";
+}
+
+const char *harness_distctl(void) {
+  const char *p = getenv("DIST_DISTCTL_BIN");
+  return p ? p : "build/client/distctl/distctl";
+}
+
+int harness_free_port(void) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET};
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  bind(fd, (struct sockaddr *)&a, sizeof a);
+  getsockname(fd, (struct sockaddr *)&a, &len);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+static void sleep_ms(int ms) {
+  struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+  nanosleep(&ts, NULL);
+}
+
+static void write_cluster_file(harness *h) {
+  FILE *f = fopen(h->cluster_file, "w");
+  cr_assert(f, "cannot write %s", h->cluster_file);
+  fprintf(f, "# test cluster\n");
+  for (int r = 0; r < h->n; r++)
+    fprintf(f, "127.0.0.1:%d 127.0.0.1:%d\n", h->grpc_port[r], h->peer_port[r]);
+  fclose(f);
+}
+
+void harness_start_rank(harness *h, int r, const char *const *extra_args) {
+  char rank[16], http[64], log[320];
+  snprintf(rank, sizeof rank, "%d", r);
+  snprintf(http, sizeof http, "127.0.0.1:%d", h->http_port[r]);
+  snprintf(log, sizeof log, "%s/distd.%d.log", h->dir, r);
+  const char *argv[64] = {harness_distd(), "--cluster-file", h->cluster_file,
+                          "--rank", rank, "--http-listen", http,
+                          "--peer-timeout", "5s", "--connect-backoff-max", "500ms"};
+  int argc = 11;
+  for (int i = 0; extra_args && extra_args[i] && argc < 62; i++)
+    argv[argc++] = extra_args[i];
+  argv[argc] = NULL;
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 2, log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+  posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+  int rc = posix_spawn(&h->pids[r], argv[0], &fa, NULL, (char **)argv, environ);
+  posix_spawn_file_actions_destroy(&fa);
+  cr_assert_eq(rc, 0, "cannot start %s: %s", argv[0], strerror(rc));
+}
+
+dist_client *harness_client_rank(harness *h, int r, long timeout_ms) {
+  char ep[64];
+  snprintf(ep, sizeof ep, "127.0.0.1:%d", h->grpc_port[r]);
+  dist_opts o = DIST_OPTS_INIT;
+  o.timeout_ms = timeout_ms;
+  dist_client *c = NULL;
+  cr_assert_eq(dist_connect(ep, &o, &c), 0);
+  return c;
+}
+
+/* A fresh client per poll: a channel that tried before the daemon listened
+ * would wait out gRPC's reconnect backoff. */
+static int connected_now(harness *h, int r, int connected) {
+  dist_client *c = harness_client_rank(h, r, 1000);
+  dist_daemon_info info;
+  int ok = 0;
+  if (dist_info(c, 0, &info) == 0) {
+    int up = 0;
+    for (int i = 0; i < info.npeers; i++) up += info.peers[i].connected;
+    ok = up == connected;
+    dist_info_free(&info);
+  }
+  dist_close(c);
+  return ok;
+}
+
+int harness_wait_connected(harness *h, int r, int connected, int timeout_ms) {
+  for (int waited = 0; waited < timeout_ms; waited += 50) {
+    if (connected_now(h, r, connected)) return 1;
+    sleep_ms(50);
+  }
+  return 0;
+}
+
+void harness_start(harness *h, int n, const char *const *extra_args) {
+  memset(h, 0, sizeof *h);
+  cr_assert(n > 0 && n <= HARNESS_MAX);
+  h->n = n;
+  snprintf(h->dir, sizeof h->dir, "/tmp/distd-test-XXXXXX");
+  cr_assert(mkdtemp(h->dir), "mkdtemp failed");
+  snprintf(h->cluster_file, sizeof h->cluster_file, "%s/cluster.conf", h->dir);
+  for (int r = 0; r < n; r++) {
+    h->grpc_port[r] = harness_free_port();
+    h->peer_port[r] = harness_free_port();
+    h->http_port[r] = harness_free_port();
+  }
+  write_cluster_file(h);
+  for (int r = 0; r < n; r++) harness_start_rank(h, r, extra_args);
+  for (int r = 0; r < n; r++)
+    cr_assert(harness_wait_connected(h, r, n - 1, 20000),
+              "rank %d did not connect to its %d peers within 20 s (log in %s)",
+              r, n - 1, h->dir);
+}
+
+int harness_kill(harness *h, int r, int sig) {
+  int status = -1;
+  if (h->pids[r] <= 0) return -1;
+  kill(h->pids[r], sig);
+  for (int waited = 0; waited < 10000; waited += 10) {
+    if (waitpid(h->pids[r], &status, WNOHANG) == h->pids[r]) {
+      h->pids[r] = 0;
+      return status;
+    }
+    sleep_ms(10);
+  }
+  kill(h->pids[r], SIGKILL);
+  waitpid(h->pids[r], &status, 0);
+  h->pids[r] = 0;
+  return status;
+}
+
+dist_client *harness_client(harness *h) {
+  dist_client *c = NULL;
+  cr_assert_eq(dist_connect_cluster(h->cluster_file, NULL, &c), 0, "%s",
+               dist_last_connect_error());
+  return c;
+}
+
+/* Prints the last lines of rank r's log, to explain a failure. */
+static void show_log(const harness *h, int r) {
+  char cmd[400];
+  snprintf(cmd, sizeof cmd, "tail -n 30 '%s/distd.%d.log' >&2", h->dir, r);
+  if (system(cmd) != 0) fprintf(stderr, "(no log for rank %d)\n", r);
+}
+
+/* A daemon must exit 0 on SIGTERM: under AddressSanitizer a leak makes it
+ * exit non-zero, so every integration test also checks the daemons for
+ * leaks and crashes. */
+void harness_stop(harness *h) {
+  for (int r = 0; r < h->n; r++)
+    if (h->pids[r] > 0) kill(h->pids[r], SIGTERM);
+  for (int r = 0; r < h->n; r++) {
+    if (h->pids[r] <= 0) continue;
+    int status = harness_kill(h, r, SIGTERM);
+    int clean = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    if (!clean) show_log(h, r);
+    cr_expect(clean, "distd rank %d did not exit cleanly on SIGTERM (%s %d)", r,
+              WIFEXITED(status) ? "exit status" : "signal",
+              WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
+  }
+  char cmd[400];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", h->dir);
+  if (system(cmd) != 0) fprintf(stderr, "cannot remove %s\n", h->dir);
+}
+
+static char *slurp(const char *path) {
+  FILE *f = fopen(path, "r");
+  if (!f) return NULL;
+  fseek(f, 0, SEEK_END);
+  long n = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  char *s = calloc(1, (size_t)n + 1);
+  if (fread(s, 1, (size_t)n, f) != (size_t)n) s[0] = 0;
+  fclose(f);
+  return s;
+}
+
+int harness_run(const char *cmd, char **out, char **err, int timeout_s) {
+  char dir[] = "/tmp/distd-run-XXXXXX", full[8192], o[64], e[64];
+  if (!mkdtemp(dir)) return -1;
+  snprintf(o, sizeof o, "%s/out", dir);
+  snprintf(e, sizeof e, "%s/err", dir);
+  snprintf(full, sizeof full, "timeout -k 5 %d sh -c '%s' >%s 2>%s", timeout_s, cmd, o, e);
+  int status = system(full);
+  if (out) *out = slurp(o);
+  if (err) *err = slurp(e);
+  unlink(o);
+  unlink(e);
+  rmdir(dir);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}

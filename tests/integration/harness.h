@@ -1,0 +1,47 @@
+/* Real distd clusters for integration tests: daemons on free loopback
+ * ports, in their own temp directory, killed by PID at the end. */
+#ifndef DIST_TEST_HARNESS_H
+#define DIST_TEST_HARNESS_H
+
+#include <sys/types.h>
+
+#include "dist/dist.h"
+
+#define HARNESS_MAX 8
+
+typedef struct harness {
+  int n;
+  char dir[256];
+  char cluster_file[300];
+  pid_t pids[HARNESS_MAX];
+  int grpc_port[HARNESS_MAX], peer_port[HARNESS_MAX], http_port[HARNESS_MAX];
+} harness;
+
+/* Picks free ports, writes DIR/cluster.conf and starts n daemons with
+ * extra_args (NULL-terminated, may be NULL) appended; waits (bounded, 20 s)
+ * until every daemon reports all peers connected. Fails the test on error. */
+void harness_start(harness *h, int n, const char *const *extra_args);
+/* Starts (again) the daemon of rank r only; does not wait. */
+void harness_start_rank(harness *h, int r, const char *const *extra_args);
+/* SIGKILL / SIGTERM one daemon and reap it; returns its exit status as
+ * waitpid gives it. */
+int harness_kill(harness *h, int r, int sig);
+/* Waits, bounded by timeout_ms, until rank r sees `connected` peers. */
+int harness_wait_connected(harness *h, int r, int connected, int timeout_ms);
+/* A single client connected to the whole cluster. */
+dist_client *harness_client(harness *h);
+/* A client for one daemon, with the given deadline. */
+dist_client *harness_client_rank(harness *h, int r, long timeout_ms);
+/* Stops every daemon still running (SIGTERM, then SIGKILL after 5 s) and
+ * removes the directory. */
+void harness_stop(harness *h);
+/* Picks a free loopback TCP port. */
+int harness_free_port(void);
+/* Runs a command line through /bin/sh, capturing stdout and stderr
+ * (malloc'd, may be NULL) with a timeout; returns the exit status, or -1. */
+int harness_run(const char *cmd, char **out, char **err, int timeout_s);
+/* Paths of the built binaries ($DIST_DISTD_BIN, $DIST_DISTCTL_BIN). */
+const char *harness_distd(void);
+const char *harness_distctl(void);
+
+#endif

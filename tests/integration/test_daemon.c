@@ -1,0 +1,222 @@
+/* The foundation, end to end: real daemons, libdist and distctl. */
+#include <criterion/criterion.h>
+#include <jansson.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "client_internal.h"
+#include "harness.h"
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+Test(daemon, health_and_info_on_a_three_rank_cluster, .timeout = 60) {
+  harness h;
+  harness_start(&h, 3, NULL);
+  dist_client *c = harness_client(&h);
+  for (int r = 0; r < 3; r++) {
+    cr_assert_eq(dist_health(c, r), 0, "%s", dist_errmsg(c));
+    dist_daemon_info info;
+    cr_assert_eq(dist_info(c, r, &info), 0, "%s", dist_errmsg(c));
+    cr_assert_eq(info.rank, r);
+    cr_assert_eq(info.world_size, 3);
+    cr_assert_str_eq(info.version, "0.1.0");
+    cr_assert_eq(info.npeers, 2);
+    for (int p = 0; p < 2; p++) cr_assert(info.peers[p].connected);
+    cr_assert(info.uptime_seconds > 0);
+    dist_info_free(&info);
+  }
+  dist_close(c);
+  harness_stop(&h);
+}
+
+Test(daemon, unknown_method_is_unimplemented_at_once, .timeout = 60) {
+  harness h;
+  harness_start(&h, 1, NULL);
+  dist_client *c = harness_client_rank(&h, 0, 10000);
+  Dist__V1__InfoRequest rq = DIST__V1__INFO_REQUEST__INIT;
+  ProtobufCMessage *rp = NULL;
+  double t0 = now_s();
+  int rc = dist_call_one(c, 0, "/dist.v1.Dist/NoSuchMethod", &rq.base,
+                         &dist__v1__info_reply__descriptor, &rp);
+  cr_assert_eq(rc, DIST_ENOTSUP, "got %s: %s", dist_err_name(rc), dist_errmsg(c));
+  cr_assert(strstr(dist_errmsg(c), "NoSuchMethod"), "%s", dist_errmsg(c));
+  cr_assert(now_s() - t0 < 2.0, "UNIMPLEMENTED took %.1f s", now_s() - t0);
+  dist_close(c);
+  harness_stop(&h);
+}
+
+Test(daemon, second_daemon_on_a_taken_port_fails_clearly, .timeout = 60) {
+  harness h;
+  harness_start(&h, 1, NULL);
+  char cmd[1024], *out = NULL, *err = NULL;
+  snprintf(cmd, sizeof cmd, "%s --listen 127.0.0.1:%d --http-listen off --peers 127.0.0.1:%d",
+           harness_distd(), h.grpc_port[0], harness_free_port());
+  int rc = harness_run(cmd, &out, &err, 20);
+  cr_assert_neq(rc, 0);
+  cr_assert(strstr(err, "cannot listen on 127.0.0.1:"), "stderr: %s", err);
+  free(out);
+  free(err);
+  harness_stop(&h);
+}
+
+Test(daemon, killed_peer_is_shown_down_and_reconnects, .timeout = 90) {
+  harness h;
+  harness_start(&h, 2, NULL);
+  harness_kill(&h, 1, SIGKILL);
+  cr_assert(harness_wait_connected(&h, 0, 0, 15000), "rank 1 never shown down");
+  dist_client *c = harness_client_rank(&h, 0, 5000);
+  dist_daemon_info info;
+  cr_assert_eq(dist_info(c, 0, &info), 0, "rank 0 stopped serving: %s", dist_errmsg(c));
+  cr_assert_eq(info.npeers, 1);
+  cr_assert_not(info.peers[0].connected);
+  dist_info_free(&info);
+  dist_close(c);
+  harness_start_rank(&h, 1, NULL);
+  cr_assert(harness_wait_connected(&h, 0, 1, 20000), "rank 1 did not reconnect");
+  cr_assert(harness_wait_connected(&h, 1, 1, 20000));
+  harness_stop(&h);
+}
+
+Test(daemon, sigterm_gives_a_clean_exit, .timeout = 60) {
+  harness h;
+  harness_start(&h, 2, NULL);
+  int status = harness_kill(&h, 0, SIGTERM);
+  cr_assert(WIFEXITED(status), "distd did not exit on SIGTERM");
+  cr_assert_eq(WEXITSTATUS(status), 0);
+  harness_stop(&h);
+}
+
+Test(daemon, bad_config_exits_2_naming_file_and_line, .timeout = 30) {
+  char path[] = "/tmp/distd-badconf-XXXXXX";
+  int fd = mkstemp(path);
+  const char *text = "listen = 127.0.0.1:0\nrnak = 3\n";
+  cr_assert_eq(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+  close(fd);
+  char cmd[1024], *err = NULL;
+  snprintf(cmd, sizeof cmd, "%s --config %s", harness_distd(), path);
+  int rc = harness_run(cmd, NULL, &err, 10);
+  cr_assert_eq(rc, 2);
+  char want[128];
+  snprintf(want, sizeof want, "%s:2", path);
+  cr_assert(strstr(err, want) && strstr(err, "rnak"), "stderr: %s", err);
+  free(err);
+  snprintf(cmd, sizeof cmd, "%s --no-such-flag", harness_distd());
+  rc = harness_run(cmd, NULL, &err, 10);
+  cr_assert_eq(rc, 2);
+  cr_assert(strstr(err, "no-such-flag"), "stderr: %s", err);
+  free(err);
+  unlink(path);
+}
+
+Test(distctl, dead_endpoint_gives_one_line_error_and_status_1, .timeout = 30) {
+  char cmd[256], *out = NULL, *err = NULL;
+  int port = harness_free_port();
+  snprintf(cmd, sizeof cmd, "%s --endpoint 127.0.0.1:%d --timeout 2000 status",
+           harness_distctl(), port);
+  double t0 = now_s();
+  int rc = harness_run(cmd, &out, &err, 20);
+  cr_assert_eq(rc, 1);
+  char want[64];
+  snprintf(want, sizeof want, "127.0.0.1:%d", port);
+  cr_assert(strstr(err, want), "stderr: %s", err);
+  cr_assert(now_s() - t0 < 10, "took %.1f s", now_s() - t0);
+  free(out);
+  free(err);
+}
+
+Test(distctl, cluster_up_status_json_and_down, .timeout = 120) {
+  char dir[] = "/tmp/distctl-up-XXXXXX", cmd[512], *out = NULL, *err = NULL;
+  cr_assert(mkdtemp(dir));
+  snprintf(cmd, sizeof cmd, "%s cluster up -n 3 --dir %s/c", harness_distctl(), dir);
+  cr_assert_eq(harness_run(cmd, NULL, &err, 60), 0, "cluster up: %s", err);
+  free(err);
+  snprintf(cmd, sizeof cmd, "DIST_CLUSTER=%s/c/cluster.conf %s status --json", dir,
+           harness_distctl());
+  cr_assert_eq(harness_run(cmd, &out, &err, 30), 0, "status: %s", err);
+  json_error_t je;
+  json_t *j = json_loads(out, 0, &je);
+  cr_assert(j, "status --json is not JSON: %s\n%s", je.text, out);
+  json_t *ranks = json_object_get(j, "ranks");
+  cr_assert_eq(json_array_size(ranks), 3);
+  for (size_t i = 0; i < 3; i++) {
+    json_t *r = json_array_get(ranks, i);
+    cr_assert(json_is_true(json_object_get(r, "healthy")), "rank %zu: %s", i, out);
+    cr_assert_eq(json_integer_value(json_object_get(r, "peers_connected")), 2);
+  }
+  json_decref(j);
+  free(out);
+  free(err);
+  snprintf(cmd, sizeof cmd, "%s cluster down --dir %s/c", harness_distctl(), dir);
+  cr_assert_eq(harness_run(cmd, NULL, &err, 30), 0, "cluster down: %s", err);
+  cr_assert(strstr(err, "stopped 3 daemons"), "%s", err);
+  free(err);
+  snprintf(cmd, sizeof cmd, "DIST_CLUSTER=%s/c/cluster.conf %s --timeout 1000 status",
+           dir, harness_distctl());
+  cr_assert_eq(harness_run(cmd, NULL, NULL, 30), 1, "daemons still answer after down");
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  cr_assert_eq(system(cmd), 0);
+}
+
+Test(distctl, launch_stops_everything_when_a_rank_fails, .timeout = 120) {
+  char dir[] = "/tmp/distctl-launch-XXXXXX", cmd[512], *out = NULL, *err = NULL;
+  cr_assert(mkdtemp(dir));
+  /* Rank 1 fails at once; rank 0 would sleep for a minute if not stopped. */
+  snprintf(cmd, sizeof cmd,
+           "%s launch -n 2 --log-dir %s/log -- sh -c "
+           "\"echo rank \\$DIST_RANK of \\$DIST_WORLD_SIZE; "
+           "if [ \\$DIST_RANK = 1 ]; then exit 3; fi; sleep 60\"",
+           harness_distctl(), dir);
+  double t0 = now_s();
+  int rc = harness_run(cmd, &out, &err, 90);
+  cr_assert_neq(rc, 0, "launch succeeded although rank 1 failed");
+  cr_assert(now_s() - t0 < 45, "the other rank was not stopped (%.0f s)", now_s() - t0);
+  cr_assert(strstr(out, "rank 0 of 2"), "rank 0's output is not on the console: %s", out);
+  cr_assert(strstr(err, "rank 1 failed with status 3"), "%s", err);
+  char path[600];
+  snprintf(path, sizeof path, "%s/log/workerlog.1", dir);
+  FILE *f = fopen(path, "r");
+  cr_assert(f, "no %s", path);
+  char line[128] = {0};
+  cr_assert(fgets(line, sizeof line, f));
+  cr_assert_str_eq(line, "rank 1 of 2\n");
+  fclose(f);
+  free(out);
+  free(err);
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  cr_assert_eq(system(cmd), 0);
+}
+
+Test(daemon, metrics_endpoint_is_valid_prometheus_text, .timeout = 60) {
+  harness h;
+  harness_start(&h, 2, NULL);
+  dist_client *c = harness_client(&h);
+  dist_daemon_info info;
+  cr_assert_eq(dist_info(c, 0, &info), 0);
+  dist_info_free(&info);
+  dist_close(c);
+  char cmd[1024], *out = NULL, *err = NULL;
+  snprintf(cmd, sizeof cmd,
+           "curl -sf http://127.0.0.1:%d/metrics > %s/m.txt && "
+           "promtool check metrics < %s/m.txt && cat %s/m.txt",
+           h.http_port[0], h.dir, h.dir, h.dir);
+  int rc = harness_run(cmd, &out, &err, 30);
+  cr_assert_eq(rc, 0, "promtool: %s", err);
+  cr_assert(strstr(out, "distd_rpc_requests_total{method=\"Info\",code=\"OK\"}"), "%s", out);
+  cr_assert(strstr(out, "distd_peers_connected 1"), "%s", out);
+  free(out);
+  free(err);
+  /* Both peers are connected, so the daemon is ready (curl -f: 2xx). */
+  snprintf(cmd, sizeof cmd, "curl -sf http://127.0.0.1:%d/readyz", h.http_port[0]);
+  cr_assert_eq(harness_run(cmd, &out, NULL, 10), 0, "readyz not 200: %s", out);
+  free(out);
+  harness_stop(&h);
+}
