@@ -28,6 +28,10 @@ int dist_split_hostport(const char *addr, char *host, size_t hostlen,
   size_t n = (size_t)(he - hs);
   if (n == 0) return dist_fail(eb, DIST_EINVAL, "address '%s': missing host", addr);
   if (n >= hostlen) return dist_fail(eb, DIST_EINVAL, "address '%s': host too long", addr);
+  /* Brackets only enclose an IPv6 host: "[[]:1" would give host "[", and
+   * the peer address derived from it ("[:2") could not be split again. */
+  if (memchr(hs, '[', n) || memchr(hs, ']', n))
+    return dist_fail(eb, DIST_EINVAL, "address '%s': stray bracket in the host", addr);
   const char *ps = colon + 1;
   long v = 0;
   if (!*ps) return dist_fail(eb, DIST_EINVAL, "address '%s': missing port", addr);

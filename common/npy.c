@@ -251,10 +251,21 @@ int dist_npy_parse(const void *bytes, size_t len, dist_dtype *dt,
   if (rc) return rc;
   if (h.fortran)
     return dist_fail(eb, DIST_ENOTSUP, "npy: fortran_order True is not supported (C order only)");
+  /* The size of the non-empty dims must fit an int64_t even when another dim
+   * is 0: callers multiply every dim in order ((2^62, 2, 0) holds 0 bytes,
+   * yet 2^62 * 2 overflows on the way). */
   uint64_t need = dist_dtype_size(got);
-  for (int d = 0; d < h.shape.ndim; d++)
-    if (__builtin_mul_overflow(need, (uint64_t)h.shape.dims[d], &need))
+  int empty = 0;
+  for (int d = 0; d < h.shape.ndim; d++) {
+    if (h.shape.dims[d] == 0) {
+      empty = 1;
+      continue;
+    }
+    if (__builtin_mul_overflow(need, (uint64_t)h.shape.dims[d], &need) ||
+        need > INT64_MAX)
       return dist_fail(eb, DIST_EINVAL, "npy: shape overflows the addressable size");
+  }
+  if (empty) need = 0;
   char sbuf[160];
   dist_shape_format(&h.shape, sbuf, sizeof sbuf);
   if (need > len - off)
