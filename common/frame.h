@@ -22,7 +22,8 @@ typedef enum {
   DIST_FRAME_HELLO_ACK = 2, /* no payload */
   DIST_FRAME_HELLO_REJECT = 3, /* payload: reason text */
   DIST_FRAME_DATA = 4,      /* payload: bytes for (op_id, src_rank, tag) */
-  DIST_FRAME_ABORT = 5,     /* payload: reason text; fails op_id */
+  DIST_FRAME_ABORT = 5,     /* payload: reason text; aux: -(dist_err code);
+                               fails op_id on the receiver */
   DIST_FRAME_PING = 6,      /* aux: sender's timestamp */
   DIST_FRAME_PONG = 7       /* aux: echoed timestamp */
 } dist_frame_kind;
@@ -51,7 +52,7 @@ void dist_frame_encode(const dist_frame_header *h,
                        uint8_t out[DIST_FRAME_HEADER_SIZE]);
 /* Decodes and checks magic, version and kind; the message says which field
  * is wrong ("bad magic 0x..., not a distd peer", "protocol version 7, this
- * daemon speaks 1"). max_length bounds control-frame payloads (not DATA). */
+ * daemon speaks 1"). Payload lengths are bounded by the reader, per kind. */
 int dist_frame_decode(const uint8_t in[DIST_FRAME_HEADER_SIZE],
                       dist_frame_header *h, dist_errbuf *eb);
 void dist_hello_encode(const dist_hello *h, uint8_t out[DIST_HELLO_SIZE]);
