@@ -1,6 +1,7 @@
 /* Cluster files: one daemon per line in rank order, "HOST:PORT
  * [PEER_HOST:PEER_PORT]", '#' comments and blank lines ignored. */
 #include "cluster.h"
+#include "fileio.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -147,33 +148,14 @@ out:
 
 int dist_cluster_load(const char *path, dist_member **members, int *count,
                       dist_errbuf *eb) {
-  int rc = 0;
   char *text = NULL;
-  size_t len = 0;
-  FILE *f = fopen(path, "r");
-  if (!f)
-    return dist_fail(eb, errno == ENOENT ? DIST_ENOTFOUND : DIST_EIO, "%s: %s", path, strerror(errno));
-  FILE *mem = open_memstream(&text, &len);
-  if (!mem) {
-    rc = dist_fail(eb, DIST_ENOMEM, "%s: out of memory", path);
-    goto out;
-  }
-  char chunk[4096];
-  size_t got;
-  while ((got = fread(chunk, 1, sizeof chunk, f)) > 0) fwrite(chunk, 1, got, mem);
-  int failed = ferror(f);
-  fclose(mem);
-  if (failed || !text) {
-    rc = dist_fail(eb, DIST_EIO, "%s: read failed", path);
-    goto out;
-  }
-  if (strlen(text) != len) {
+  dist_errbuf why = DIST_ERRBUF_INIT;
+  int rc = dist_read_text_file(path, &text, &why);
+  if (rc == DIST_EIO && strstr(why.msg, "not a text file"))
     rc = dist_fail(eb, DIST_ECONFIG, "%s: contains a NUL byte", path);
-    goto out;
-  }
-  rc = dist_cluster_parse(text, path, members, count, eb);
-out:
+  else if (rc != 0)
+    dist_fail(eb, rc, "%s", why.msg);
+  if (rc == 0) rc = dist_cluster_parse(text, path, members, count, eb);
   free(text);
-  fclose(f);
   return rc;
 }

@@ -4,6 +4,7 @@
  * every error is worded the same way, prefixed with where the value came from.
  * Every error is DIST_ECONFIG. */
 #include "config.h"
+#include "fileio.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -469,35 +470,12 @@ int dist_cfg_parse_file_text(const dist_cfg_table *t, void *target,
 
 /* The whole file as a NUL-terminated string, or NULL with eb filled. */
 static char *read_whole_file(const char *path, dist_errbuf *eb) {
-  const char *why = NULL;
-  size_t cap = 4096, len = 0, n;
-  char *text = malloc(cap);
-  FILE *f = fopen(path, "rb");
-  if (!f || !text) {
-    why = f ? "out of memory" : strerror(errno);
-    goto out;
-  }
-  while ((n = fread(text + len, 1, cap - 1 - len, f)) > 0) {
-    len += n;
-    if (len + 1 < cap) continue;
-    char *bigger = realloc(text, cap * 2);
-    if (!bigger) {
-      why = "out of memory";
-      goto out;
-    }
-    text = bigger;
-    cap *= 2;
-  }
-  if (ferror(f))
-    why = strerror(errno);
-  else if (memchr(text, 0, len))
-    why = "not a text file"; /* nothing we would parse sensibly */
-  text[len] = 0;
-out:
-  if (f) fclose(f);
-  if (!why) return text;
-  dist_fail(eb, DIST_ECONFIG, "cannot read config file '%s': %s", path, why);
-  free(text);
+  char *text = NULL;
+  dist_errbuf why = DIST_ERRBUF_INIT;
+  if (dist_read_text_file(path, &text, &why) == 0) return text;
+  /* why says "PATH: reason"; the config message names the file once. */
+  const char *reason = why.msg + strlen(path) + 2;
+  dist_fail(eb, DIST_ECONFIG, "cannot read config file '%s': %s", path, reason);
   return NULL;
 }
 

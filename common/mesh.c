@@ -1,6 +1,7 @@
 /* ProcessMesh: an n-d array of ranks with one name per dim. Building,
  * parsing and printing meshes, and the groups and sub-meshes collectives run
  * on. Placements and local boxes are in placement.c. */
+#include "fileio.h"
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -172,26 +173,15 @@ int dist_mesh_parse(dist_mesh_desc *m, const char *text, const char *names,
 
 /* ---- printing and comparing -------------------------------------------- */
 
-static size_t appendf(char *buf, size_t len, size_t pos, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static size_t appendf(char *buf, size_t len, size_t pos, const char *fmt, ...) {
-  if (pos >= len) return pos;
-  va_list ap;
-  va_start(ap, fmt);
-  int n = vsnprintf(buf + pos, len - pos, fmt, ap);
-  va_end(ap);
-  return n < 0 ? pos : pos + (size_t)n;
-}
-
 static size_t format_level(const dist_mesh_desc *m, int depth, int *next,
                            char *buf, size_t len, size_t pos) {
-  if (depth == m->ndim) return appendf(buf, len, pos, "%d", m->ranks[(*next)++]);
-  pos = appendf(buf, len, pos, "[");
+  if (depth == m->ndim) return dist_appendf(buf, len, pos, "%d", m->ranks[(*next)++]);
+  pos = dist_appendf(buf, len, pos, "[");
   for (int i = 0; i < m->shape[depth]; i++) {
-    if (i) pos = appendf(buf, len, pos, ", ");
+    if (i) pos = dist_appendf(buf, len, pos, ", ");
     pos = format_level(m, depth + 1, next, buf, len, pos);
   }
-  return appendf(buf, len, pos, "]");
+  return dist_appendf(buf, len, pos, "]");
 }
 
 void dist_mesh_format(const dist_mesh_desc *m, char *buf, size_t len) {

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "fileio.h"
 #include "tensor.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -283,42 +284,12 @@ int dist_npy_parse(const void *bytes, size_t len, dist_dtype *dt,
 
 /* ---- files ------------------------------------------------------------- */
 
-static int read_whole(const char *path, char **out, size_t *len, dist_errbuf *eb) {
-  int rc = 0;
-  char *buf = NULL;
-  FILE *f = fopen(path, "rb");
-  if (!f)
-    return dist_fail(eb, errno == ENOENT ? DIST_ENOTFOUND : DIST_EIO, "%s: %s", path, strerror(errno));
-  struct stat st;
-  if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
-    rc = dist_fail(eb, DIST_EIO, "%s: not a regular file", path);
-    goto out;
-  }
-  size_t size = (size_t)st.st_size;
-  buf = malloc(size ? size : 1);
-  if (!buf) {
-    rc = dist_fail(eb, DIST_ENOMEM, "%s: cannot allocate %zu bytes", path, size);
-    goto out;
-  }
-  if (fread(buf, 1, size, f) != size) {
-    rc = dist_fail(eb, DIST_EIO, "%s: short read", path);
-    goto out;
-  }
-  *out = buf;
-  *len = size;
-  buf = NULL;
-out:
-  free(buf);
-  fclose(f);
-  return rc;
-}
-
 int dist_npy_read(const char *path, dist_dtype *dt, dist_shape *shape,
                   void **data, size_t *nbytes, dist_errbuf *eb) {
   char *buf = NULL;
   size_t len = 0;
   const void *payload;
-  int rc = read_whole(path, &buf, &len, eb);
+  int rc = dist_read_file(path, &buf, &len, eb);
   if (rc) return rc;
   rc = dist_npy_parse(buf, len, dt, shape, &payload, nbytes, eb);
   if (rc) {

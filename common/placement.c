@@ -1,5 +1,6 @@
 /* Placements (Shard / Replicate / Partial), the ceil(N/k) split rule and the
  * box of the global tensor each rank holds. */
+#include "fileio.h"
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -190,28 +191,17 @@ int dist_placements_parse(const char *text, dist_placement *p, int max,
 
 /* ---- printing ---------------------------------------------------------- */
 
-static size_t appendf(char *buf, size_t len, size_t pos, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static size_t appendf(char *buf, size_t len, size_t pos, const char *fmt, ...) {
-  if (pos >= len) return pos;
-  va_list ap;
-  va_start(ap, fmt);
-  int n = vsnprintf(buf + pos, len - pos, fmt, ap);
-  va_end(ap);
-  return n < 0 ? pos : pos + (size_t)n;
-}
-
 void dist_placements_format(const dist_placement *p, int np, char *buf,
                             size_t len) {
   if (len == 0) return;
-  size_t pos = appendf(buf, len, 0, "[");
+  size_t pos = dist_appendf(buf, len, 0, "[");
   for (int i = 0; i < np; i++) {
     const char *sep = i ? ", " : "";
-    if (p[i].kind == DIST_SHARD) pos = appendf(buf, len, pos, "%sShard(%d)", sep, p[i].dim);
-    else if (p[i].kind == DIST_REPLICATE) pos = appendf(buf, len, pos, "%sReplicate()", sep);
+    if (p[i].kind == DIST_SHARD) pos = dist_appendf(buf, len, pos, "%sShard(%d)", sep, p[i].dim);
+    else if (p[i].kind == DIST_REPLICATE) pos = dist_appendf(buf, len, pos, "%sReplicate()", sep);
     else if (p[i].kind == DIST_PARTIAL)
-      pos = appendf(buf, len, pos, "%sPartial(%s)", sep, dist_reduce_name(p[i].reduce));
-    else pos = appendf(buf, len, pos, "%sInvalid(%d)", sep, (int)p[i].kind);
+      pos = dist_appendf(buf, len, pos, "%sPartial(%s)", sep, dist_reduce_name(p[i].reduce));
+    else pos = dist_appendf(buf, len, pos, "%sInvalid(%d)", sep, (int)p[i].kind);
   }
-  appendf(buf, len, pos, "]");
+  dist_appendf(buf, len, pos, "]");
 }

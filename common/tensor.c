@@ -1,5 +1,6 @@
 /* Dtypes, shapes, 16-bit float conversions, element access and box copies.
  * Reductions live in reduce.c and the .npy format in npy.c. */
+#include "fileio.h"
 #include "tensor.h"
 
 #include <math.h>
@@ -62,24 +63,12 @@ int dist_shape_equal(const dist_shape *a, const dist_shape *b) {
   return 1;
 }
 
-/* snprintf at buf+pos that keeps pos meaningful once the buffer is full. */
-static size_t appendf(char *buf, size_t len, size_t pos, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static size_t appendf(char *buf, size_t len, size_t pos, const char *fmt, ...) {
-  if (pos >= len) return pos;
-  va_list ap;
-  va_start(ap, fmt);
-  int n = vsnprintf(buf + pos, len - pos, fmt, ap);
-  va_end(ap);
-  return n < 0 ? pos : pos + (size_t)n;
-}
-
 void dist_shape_format(const dist_shape *s, char *buf, size_t len) {
   if (len == 0) return;
-  size_t pos = appendf(buf, len, 0, "[");
+  size_t pos = dist_appendf(buf, len, 0, "[");
   for (int d = 0; d < s->ndim; d++)
-    pos = appendf(buf, len, pos, "%s%lld", d ? ", " : "", (long long)s->dims[d]);
-  appendf(buf, len, pos, "]");
+    pos = dist_appendf(buf, len, pos, "%s%lld", d ? ", " : "", (long long)s->dims[d]);
+  dist_appendf(buf, len, pos, "]");
 }
 
 /* ---- 16-bit floats ---------------------------------------------------- */

@@ -1,0 +1,25 @@
+/* Small file and string helpers every part uses: reading a whole file, and
+ * appending formatted text to a fixed buffer. */
+#ifndef DIST_FILEIO_H
+#define DIST_FILEIO_H
+
+#include <stddef.h>
+
+#include "errbuf.h"
+
+/* Reads the whole regular file. *data is malloc'd with a NUL after the last
+ * byte (so text can be parsed in place); *len excludes it. Errors:
+ * DIST_ENOTFOUND, DIST_EIO, DIST_ENOMEM, with "PATH: reason" in eb. */
+int dist_read_file(const char *path, char **data, size_t *len,
+                   dist_errbuf *eb);
+
+/* dist_read_file for text: a NUL byte in the file is an error (DIST_EIO,
+ * "PATH: not a text file"). */
+int dist_read_text_file(const char *path, char **text, dist_errbuf *eb);
+
+/* snprintf at buf + pos that keeps pos meaningful once the buffer is full:
+ * returns the position after the text (which may exceed len). */
+size_t dist_appendf(char *buf, size_t len, size_t pos, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+#endif
