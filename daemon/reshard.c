@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "coll.h"
+#include "ops.h"
 #include "peer.h"
 #include "redistribute.h"
 
@@ -33,7 +34,8 @@ static void pack_meta(int64_t *w, const distd_tensor *t) {
 
 static int unpack_meta(const int64_t *w, dist_dtype *dt, dist_shape *global,
                        dist_placement *p, dist_errbuf *eb) {
-  if (w[1] < 0 || w[1] > DIST_MAX_DIMS || w[2] < 0 || w[2] > DIST_MAX_MESH_DIMS)
+  if (w[1] < 0 || w[1] > DIST_MAX_DIMS || w[2] < 0 || w[2] > DIST_MAX_MESH_DIMS ||
+      w[0] < 0 || w[0] > DIST_FLOAT64 || dist_dtype_size((dist_dtype)w[0]) == 0)
     return dist_fail(eb, DIST_EPROTO, "reshard: bad tensor description");
   *dt = (dist_dtype)w[0];
   global->ndim = (int)w[1];
@@ -75,8 +77,8 @@ static int move_across_meshes(distd_server *s, distd_tensor *src,
   distd_xfer_free(x);
   *moved = NULL;
   if (rc != 0 || to < 0) goto out;
-  dist_dtype dt;
-  dist_shape global;
+  dist_dtype dt = DIST_DTYPE_INVALID;
+  dist_shape global = {0, {0}};
   dist_placement p[DIST_MAX_MESH_DIMS];
   rc = unpack_meta(meta_in, &dt, &global, p, eb);
   if (rc == 0)
@@ -86,6 +88,10 @@ static int move_across_meshes(distd_server *s, distd_tensor *src,
     rc = dist_fail(eb, DIST_EPROTO, "reshard: received %zu bytes, expected %zu",
                    len, (*moved)->nbytes);
   if (rc == 0) memcpy((*moved)->data, data, len);
+  if (rc != 0) { /* a half-made piece must not reach the caller */
+    distd_tensor_unref(*moved);
+    *moved = NULL;
+  }
 out:
   free(data);
   return rc;
@@ -141,30 +147,39 @@ static int copy_tensor(distd_server *s, const distd_tensor *t, const char *name,
   return rc;
 }
 
+static int check_mesh_shapes(const dist_mesh_desc *src_mesh,
+                             const dist_mesh_desc *dst_mesh, dist_errbuf *eb) {
+  if (dist_mesh_same_shape(src_mesh, dst_mesh)) return 0;
+  char a[256], b[256];
+  dist_mesh_format(src_mesh, a, sizeof a);
+  dist_mesh_format(dst_mesh, b, sizeof b);
+  return dist_fail(eb, DIST_EINVAL,
+                   "reshard from mesh %s to mesh %s: meshes must have the "
+                   "same shape", a, b);
+}
+
 static int check_target(const distd_tensor *src, const dist_mesh_desc *dst_mesh,
                         const dist_placement *dst_p, dist_errbuf *eb) {
-  if (!dist_mesh_same_shape(&src->mesh, dst_mesh)) {
-    char a[256], b[256];
-    dist_mesh_format(&src->mesh, a, sizeof a);
-    dist_mesh_format(dst_mesh, b, sizeof b);
-    return dist_fail(eb, DIST_EINVAL,
-                     "reshard from mesh %s to mesh %s: meshes must have the "
-                     "same shape", a, b);
-  }
+  int rc = check_mesh_shapes(&src->mesh, dst_mesh, eb);
+  if (rc != 0) return rc;
   return dist_placements_check(dst_mesh, dst_p, dst_mesh->ndim,
                                src->global.ndim, eb);
 }
 
-int distd_reshard(distd_server *s, distd_tensor *src,
-                  const dist_mesh_desc *src_mesh,
-                  const dist_mesh_desc *dst_mesh, const dist_placement *dst_p,
-                  const char *dst_name, uint64_t op_id, int64_t deadline_ms,
-                  distd_tensor **out, dist_errbuf *eb) {
+static int reshard_run(distd_server *s, distd_tensor *src,
+                       const dist_mesh_desc *src_mesh,
+                       const dist_mesh_desc *dst_mesh, const dist_placement *dst_p,
+                       const char *dst_name, uint64_t op_id, int64_t deadline_ms,
+                       distd_tensor **out, dist_errbuf *eb) {
   distd_tensor *cur = NULL, *next = NULL;
   *out = NULL;
   if (!src_mesh || (!src && dist_mesh_equal(src_mesh, dst_mesh)))
     return dist_fail(eb, DIST_ENOTFOUND, "tensor '%s' not found", dst_name);
-  int rc = src ? check_target(src, dst_mesh, dst_p, eb) : 0;
+  /* A rank only in the destination mesh cannot see the tensor yet, but it
+   * can refuse a mesh of another shape at once, as the source ranks do,
+   * instead of waiting for data that will never come. */
+  int rc = src ? check_target(src, dst_mesh, dst_p, eb)
+               : check_mesh_shapes(src_mesh, dst_mesh, eb);
   if (rc != 0) return rc;
   if (!dist_mesh_equal(src_mesh, dst_mesh)) {
     rc = move_across_meshes(s, src, src_mesh, dst_mesh,
@@ -189,5 +204,42 @@ int distd_reshard(distd_server *s, distd_tensor *src,
   return 0;
 fail:
   distd_tensor_unref(cur);
+  return rc;
+}
+
+/* Registers the reshard in the daemon's operations registry (ops.h) for
+ * `distctl ops`, watching the op ids of each of its steps. The group shown
+ * is the destination mesh, then source ranks not in it. */
+static uint64_t track_reshard(distd_ops *ops, const dist_mesh_desc *src_mesh,
+                              const dist_mesh_desc *dst_mesh, uint64_t op_id,
+                              uint64_t bytes) {
+  int group[DISTD_OPS_GROUP_MAX], n = 0;
+  const dist_mesh_desc *meshes[2] = {dst_mesh, src_mesh};
+  for (int m = 0; m < 2; m++)
+    for (int i = 0; meshes[m] && i < meshes[m]->nranks && n < DISTD_OPS_GROUP_MAX; i++) {
+      int r = meshes[m]->ranks[i], seen = 0;
+      for (int k = 0; k < n && !seen; k++) seen = group[k] == r;
+      if (!seen) group[n++] = r;
+    }
+  uint64_t serial = distd_ops_begin(ops, "reshard", op_id, group, n, bytes);
+  distd_ops_watch(ops, serial, distd_subop(op_id, STEP_MOVE));
+  distd_ops_watch(ops, serial, distd_subop(op_id, STEP_LAYOUT));
+  for (int d = 0; src_mesh && d < src_mesh->ndim; d++)
+    distd_ops_watch(ops, serial, distd_subop(op_id, STEP_REDUCE + (unsigned)d));
+  return serial;
+}
+
+int distd_reshard(distd_server *s, distd_tensor *src,
+                  const dist_mesh_desc *src_mesh,
+                  const dist_mesh_desc *dst_mesh, const dist_placement *dst_p,
+                  const char *dst_name, uint64_t op_id, int64_t deadline_ms,
+                  distd_tensor **out, dist_errbuf *eb) {
+  distd_ops *ops = distd_peers_ops(s->peers);
+  dist_errbuf why = DIST_ERRBUF_INIT;
+  uint64_t serial = track_reshard(ops, src_mesh, dst_mesh, op_id, src ? src->nbytes : 0);
+  int rc = reshard_run(s, src, src_mesh, dst_mesh, dst_p, dst_name, op_id, deadline_ms,
+                       out, &why);
+  distd_ops_end(ops, serial, rc, why.msg);
+  if (rc && eb) *eb = why;
   return rc;
 }

@@ -10,14 +10,58 @@
 #include "tensor_meta.h"
 
 /* What each rank contributes to dtensor_from_local's shape exchange: its
- * own verdict (0 or a dist_err) and its local shape. */
-enum { EXCHANGE_WORDS = 2 + DIST_MAX_DIMS };
+ * own verdict (0 or a dist_err), its local shape, its dtype and a
+ * fingerprint of its mesh and placements (SPMD trainers describe the tensor
+ * each on their own, and must agree). */
+enum { EXCHANGE_WORDS = 4 + DIST_MAX_DIMS, EX_DTYPE = 2 + DIST_MAX_DIMS,
+       EX_LAYOUT = 3 + DIST_MAX_DIMS };
 
-static void pack_exchange(int64_t *w, int status, const dist_shape *local) {
+/* FNV-1a over the mesh and placements, field by field (no padding bytes). */
+static int64_t layout_fingerprint(const distd_meta *m) {
+  uint64_t h = 1469598103934665603ull;
+  int64_t words[3 + DIST_MAX_MESH_DIMS * 4 + DIST_MAX_MESH_RANKS];
+  int n = 0;
+  words[n++] = m->mesh.ndim;
+  words[n++] = m->mesh.nranks;
+  for (int i = 0; i < m->mesh.ndim; i++) {
+    words[n++] = m->mesh.shape[i];
+    words[n++] = m->placements[i].kind;
+    words[n++] = m->placements[i].kind == DIST_SHARD ? m->placements[i].dim : 0;
+    words[n++] = m->placements[i].kind == DIST_PARTIAL ? m->placements[i].reduce : 0;
+  }
+  for (int i = 0; i < m->mesh.nranks; i++) words[n++] = m->mesh.ranks[i];
+  const unsigned char *b = (const unsigned char *)words;
+  for (size_t i = 0; i < sizeof(int64_t) * (size_t)n; i++) h = (h ^ b[i]) * 1099511628211ull;
+  return (int64_t)(h >> 1);
+}
+
+static void pack_exchange(int64_t *w, int status, const distd_meta *m) {
   memset(w, 0, sizeof(int64_t) * EXCHANGE_WORDS);
   w[0] = status;
-  w[1] = local->ndim;
-  for (int i = 0; i < local->ndim; i++) w[2 + i] = local->dims[i];
+  w[1] = m->local.ndim;
+  for (int i = 0; i < m->local.ndim; i++) w[2 + i] = m->local.dims[i];
+  w[EX_DTYPE] = m->dtype;
+  w[EX_LAYOUT] = layout_fingerprint(m);
+}
+
+/* Every rank must give the same dtype, mesh and placements; all ranks
+ * compare against the mesh's first rank, so they report the same error. */
+static int check_agreement(const distd_meta *m, const int64_t *all,
+                           dist_errbuf *eb) {
+  for (int i = 1; i < m->mesh.nranks; i++) {
+    const int64_t *w = &all[i * EXCHANGE_WORDS];
+    if (w[EX_DTYPE] != all[EX_DTYPE])
+      return dist_fail(eb, DIST_EMISMATCH,
+                       "dtype mismatch in '%s': rank %d gives a %s piece, rank "
+                       "%d a %s piece", m->name, m->mesh.ranks[0],
+                       dist_dtype_name((dist_dtype)all[EX_DTYPE]), m->mesh.ranks[i],
+                       dist_dtype_name((dist_dtype)w[EX_DTYPE]));
+    if (w[EX_LAYOUT] != all[EX_LAYOUT])
+      return dist_fail(eb, DIST_EMISMATCH,
+                       "ranks %d and %d describe '%s' with different meshes or "
+                       "placements", m->mesh.ranks[0], m->mesh.ranks[i], m->name);
+  }
+  return 0;
 }
 
 static void unpack_shape(const int64_t *w, dist_shape *s) {
@@ -86,7 +130,7 @@ static int exchange_local_shapes(distd_server *s, uint64_t op_id,
   int64_t *all = calloc((size_t)n * EXCHANGE_WORDS, sizeof *all);
   size_t *counts = calloc((size_t)n, sizeof *counts);
   for (int i = 0; i < n; i++) counts[i] = EXCHANGE_WORDS;
-  pack_exchange(mine, verdict, &m->local);
+  pack_exchange(mine, verdict, m);
   distd_coll c;
   int rc = distd_coll_init(&c, s->peers, op_id, m->mesh.ranks, n, deadline, eb);
   if (rc == 0) rc = distd_allgather(&c, mine, all, counts, DIST_INT64, eb);
@@ -102,6 +146,8 @@ static int exchange_local_shapes(distd_server *s, uint64_t op_id,
     rc = verdict;
     goto out;
   }
+  rc = check_agreement(m, all, eb);
+  if (rc != 0) goto out;
   derive_global(m, all, &m->global);
   rc = check_pieces_fit(m, all, &m->global, eb);
 out:
@@ -156,6 +202,7 @@ static int store_piece(distd_server *s, const distd_meta *m,
   if (rc != 0) return rc;
   if (data->len != t->nbytes) {
     char ls[96], gs[96];
+    size_t want = t->nbytes; /* read before the unref frees t */
     dist_shape_format(&t->local, ls, sizeof ls);
     dist_shape_format(&m->global, gs, sizeof gs);
     distd_tensor_unref(t);
@@ -163,7 +210,7 @@ static int store_piece(distd_server *s, const distd_meta *m,
                      "rank %d's piece of '%s' (global %s) is %s %s = %zu "
                      "bytes, but %zu bytes were sent",
                      s->rank, m->name, gs, ls, dist_dtype_name(m->dtype),
-                     t->nbytes, data->len);
+                     want, data->len);
   }
   memcpy(t->data, data->data, data->len);
   rc = distd_store_put(s->store, t, replace, eb);

@@ -37,6 +37,9 @@ int dist_mesh_size(const dist_mesh *m) { return m->d.nranks; }
 int dist_mesh_rank_at(const dist_mesh *m, int index) {
   return index >= 0 && index < m->d.nranks ? m->d.ranks[index] : -1;
 }
+const char *dist_mesh_dim_name(const dist_mesh *m, int dim) {
+  return dim >= 0 && dim < m->d.ndim ? m->d.dim_names[dim] : NULL;
+}
 
 int dist_mesh_get_submesh(const dist_mesh *m, const char *dim_name, int index,
                           dist_mesh **out) {

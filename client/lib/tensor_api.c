@@ -79,6 +79,24 @@ static int batch_send(dist_client *c, put_batch *b, dist_tensor **out) {
   return 0;
 }
 
+static size_t local_numel(const dist_shape *s) { return (size_t)dist_shape_numel(s); }
+
+/* The logical value of shard_tensor is the tensor given, so along a Partial
+ * mesh dim coordinate 0 keeps the value and the other ranks hold the
+ * reduction's identity (Paddle's Replicate -> Partial rule; avg keeps it
+ * everywhere). Without this every rank would hold the whole value and a
+ * Partial(sum) over k ranks would read back as k times it. */
+static void as_partial_piece(const dist_mesh_desc *m, const dist_placement *p,
+                             const int *coords, void *piece, size_t n,
+                             dist_dtype dt) {
+  for (int md = 0; md < m->ndim; md++)
+    if (p[md].kind == DIST_PARTIAL && coords[md] != 0 &&
+        p[md].reduce != DIST_REDUCE_AVG) {
+      dist_reduce_identity(piece, n, dt, p[md].reduce);
+      return;
+    }
+}
+
 int dist_shard_tensor(dist_client *c, const char *name, const void *data,
                       dist_dtype dt, int ndim, const int64_t *shape,
                       const dist_mesh *mesh, const dist_placement *placements,
@@ -104,6 +122,7 @@ int dist_shard_tensor(dist_client *c, const char *name, const void *data,
     size_t bytes = (size_t)dist_shape_numel(&local) * elem;
     b.pieces[i] = malloc(bytes + 1);
     dist_copy_box_out(b.pieces[i], data, &global, offset, &local, elem);
+    as_partial_piece(&mesh->d, placements, coords, b.pieces[i], local_numel(&local), dt);
     b.targets[i] = targets[i];
     dist__v1__tensor_put_request__init(&b.reqs[i]);
     dist_meta_to_pb(name, dt, &global, &mesh->d, placements, &b.w[i]);
@@ -172,7 +191,7 @@ static int get_from(dist_client *c, const dist_tensor *t, int full, int *targets
 static void take_data(const Dist__V1__TensorGetReply *rp, void **data,
                       size_t *nbytes, int64_t *shape) {
   *data = malloc(rp->data.len + 1);
-  memcpy(*data, rp->data.data, rp->data.len);
+  if (rp->data.len) memcpy(*data, rp->data.data, rp->data.len); /* empty pieces: NULL */
   *nbytes = rp->data.len;
   for (size_t d = 0; shape && d < rp->n_shape; d++) shape[d] = (int64_t)rp->shape[d];
 }
@@ -226,6 +245,11 @@ int dist_reshard(dist_client *c, dist_tensor *t, const dist_mesh *mesh,
   if (check_placements(c, mesh ? mesh : &t->mesh, placements, t->shape.ndim) != 0)
     return c->err.code;
   int *targets = calloc(2 * DIST_MAX_MESH_RANKS, sizeof *targets);
+  /* Every rank of the destination must be a daemon the client knows. */
+  if (dist_targets(c, dst, targets) < 0) {
+    free(targets);
+    return c->err.code;
+  }
   int n = union_targets(c, &t->mesh.d, dst, targets);
   dist_wire_meta *w = calloc(2, sizeof *w);
   Dist__V1__ReshardRequest rq = DIST__V1__RESHARD_REQUEST__INIT;
@@ -256,16 +280,42 @@ int dist_reshard(dist_client *c, dist_tensor *t, const dist_mesh *mesh,
   return rc;
 }
 
+/* A single client asks every daemon, since a tensor need not live on rank 0
+ * (a mesh of [2, 3], or one resharded there); the first that holds it
+ * answers. SPMD trainers ask their own daemon. */
 int dist_tensor_open(dist_client *c, const char *name, dist_tensor **out) {
   *out = NULL;
   Dist__V1__TensorShowRequest rq = DIST__V1__TENSOR_SHOW_REQUEST__INIT;
   rq.name = (char *)name;
-  ProtobufCMessage *rp = NULL;
-  int target = c->spmd_rank >= 0 ? c->spmd_rank : 0;
-  int rc = dist_call_one(c, target, "/dist.v1.Dist/TensorShow", &rq.base,
-                         &dist__v1__tensor_show_reply__descriptor, &rp);
-  if (rc == 0) *out = tensor_from_meta(((Dist__V1__TensorShowReply *)rp)->meta);
-  if (rp) protobuf_c_message_free_unpacked(rp, NULL);
+  int n = c->spmd_rank >= 0 ? 1 : c->n;
+  dist_call *calls = calloc((size_t)n + 1, sizeof *calls);
+  for (int i = 0; i < n; i++) {
+    calls[i].target = c->spmd_rank >= 0 ? c->spmd_rank : i;
+    calls[i].request = &rq.base;
+  }
+  int rc = dist_call_many(c, "/dist.v1.Dist/TensorShow",
+                          &dist__v1__tensor_show_reply__descriptor, calls, n);
+  for (int i = 0; i < n && !*out; i++)
+    if (calls[i].reply && ((Dist__V1__TensorShowReply *)calls[i].reply)->meta)
+      *out = tensor_from_meta(((Dist__V1__TensorShowReply *)calls[i].reply)->meta);
+  if (*out) {
+    rc = 0;
+    c->err = (dist_errbuf)DIST_ERRBUF_INIT;
+  } else if (rc == 0) {
+    rc = dist_client_fail(c, DIST_EPROTO, "TensorShow of '%s' answered without a "
+                          "description", name);
+  } else {
+    /* "Not found" only when every daemon said so: one that could not be
+     * reached may hold the tensor, and is the error worth reporting. */
+    for (int i = 0; i < n; i++)
+      if (calls[i].err.code && calls[i].err.code != DIST_ENOTFOUND) {
+        rc = dist_client_fail(c, calls[i].err.code, "rank %d (%s): %s", calls[i].target,
+                              c->endpoints[calls[i].target], dist_errbuf_msg(&calls[i].err));
+        break;
+      }
+  }
+  dist_calls_free(calls, n);
+  free(calls);
   return rc;
 }
 
@@ -297,3 +347,89 @@ int dist_tensor_ndim(const dist_tensor *t) { return t->shape.ndim; }
 const int64_t *dist_tensor_shape(const dist_tensor *t) { return t->shape.dims; }
 const dist_mesh *dist_tensor_mesh(const dist_tensor *t) { return &t->mesh; }
 const dist_placement *dist_tensor_placements(const dist_tensor *t) { return t->placements; }
+
+/* TensorShow to every rank of t's mesh, even in SPMD mode: describing a
+ * tensor is not a collective. */
+int dist_tensor_pieces(dist_client *c, const dist_tensor *t,
+                       dist_tensor_piece **out, int *n) {
+  *out = NULL;
+  *n = 0;
+  const dist_mesh_desc *m = &t->mesh.d;
+  for (int i = 0; i < m->nranks; i++)
+    if (m->ranks[i] >= c->n)
+      return dist_client_fail(c, DIST_EINVAL, "mesh names rank %d, but the client "
+                              "knows %d daemon%s", m->ranks[i], c->n, c->n == 1 ? "" : "s");
+  Dist__V1__TensorShowRequest rq = DIST__V1__TENSOR_SHOW_REQUEST__INIT;
+  rq.name = (char *)t->name;
+  dist_call *calls = calloc((size_t)m->nranks + 1, sizeof *calls);
+  for (int i = 0; i < m->nranks; i++) {
+    calls[i].target = m->ranks[i];
+    calls[i].request = &rq.base;
+  }
+  int rc = dist_call_many(c, "/dist.v1.Dist/TensorShow",
+                          &dist__v1__tensor_show_reply__descriptor, calls, m->nranks);
+  if (rc != 0) goto out;
+  dist_tensor_piece *p = calloc((size_t)m->nranks + 1, sizeof *p);
+  for (int i = 0; i < m->nranks; i++) {
+    const Dist__V1__TensorMeta *pm = ((Dist__V1__TensorShowReply *)calls[i].reply)->meta;
+    p[i].rank = m->ranks[i];
+    p[i].ndim = pm ? (int)pm->n_local_shape : 0;
+    if (p[i].ndim > DIST_MAX_DIMS) p[i].ndim = DIST_MAX_DIMS;
+    for (int d = 0; d < p[i].ndim; d++) {
+      p[i].shape[d] = (int64_t)pm->local_shape[d];
+      p[i].offset[d] = d < (int)pm->n_local_offset ? (int64_t)pm->local_offset[d] : 0;
+    }
+    p[i].nbytes = pm ? pm->local_bytes : 0;
+    p[i].version = pm ? pm->version : 0;
+  }
+  *out = p;
+  *n = m->nranks;
+out:
+  dist_calls_free(calls, m->nranks);
+  free(calls);
+  return rc;
+}
+
+static int by_name(const void *a, const void *b) {
+  return strcmp((*(dist_tensor *const *)a)->name, (*(dist_tensor *const *)b)->name);
+}
+
+int dist_tensor_list(dist_client *c, dist_tensor ***out, int *n) {
+  *out = NULL;
+  *n = 0;
+  Dist__V1__TensorListRequest rq = DIST__V1__TENSOR_LIST_REQUEST__INIT;
+  dist_call *calls = calloc((size_t)c->n + 1, sizeof *calls);
+  for (int i = 0; i < c->n; i++) {
+    calls[i].target = i;
+    calls[i].request = &rq.base;
+  }
+  int rc = dist_call_many(c, "/dist.v1.Dist/TensorList",
+                          &dist__v1__tensor_list_reply__descriptor, calls, c->n);
+  if (rc != 0) goto out;
+  size_t total = 0;
+  for (int i = 0; i < c->n; i++)
+    total += ((Dist__V1__TensorListReply *)calls[i].reply)->n_tensors;
+  dist_tensor **list = calloc(total + 1, sizeof *list);
+  int count = 0;
+  for (int i = 0; i < c->n; i++) {
+    const Dist__V1__TensorListReply *rp = (const void *)calls[i].reply;
+    for (size_t k = 0; k < rp->n_tensors; k++) {
+      int seen = 0;
+      for (int j = 0; j < count && !seen; j++)
+        seen = strcmp(list[j]->name, rp->tensors[k]->name) == 0;
+      if (!seen) list[count++] = tensor_from_meta(rp->tensors[k]);
+    }
+  }
+  qsort(list, (size_t)count, sizeof *list, by_name);
+  *out = list;
+  *n = count;
+out:
+  dist_calls_free(calls, c->n);
+  free(calls);
+  return rc;
+}
+
+void dist_tensor_list_free(dist_tensor **list, int n) {
+  for (int i = 0; list && i < n; i++) dist_tensor_free(list[i]);
+  free(list);
+}

@@ -1,0 +1,606 @@
+/* distctl tensor put|get|show|reshard|rm and distctl tensors: distributed
+ * tensors from the command line, exchanged as .npy files.
+ *
+ * Exit status: 2 for a bad command line (including a mesh or placements
+ * that cannot fit the tensor), 1 when reading a file or the operation in
+ * the cluster failed. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "distctl.h"
+#include "mesh.h"
+#include "tensor.h"
+
+enum { BIG_TRANSFER = 64 << 20 }; /* report progress above this */
+
+/* The options the tensor commands share, as given on the command line. */
+typedef struct tensor_args {
+  const char *name, *file;
+  const char *mesh, *dim_names, *placements, *local, *output, *rank, *dtype;
+  int local_flag; /* get: --local without a value */
+} tensor_args;
+
+/* Where option `name` is stored in a tensor_args (NULL for flags). */
+static const char **slot(tensor_args *a, const char *name) {
+  if (!strcmp(name, "--mesh")) return &a->mesh;
+  if (!strcmp(name, "--dim-names")) return &a->dim_names;
+  if (!strcmp(name, "--placements")) return &a->placements;
+  if (!strcmp(name, "--local")) return &a->local;
+  if (!strcmp(name, "-o") || !strcmp(name, "--output")) return &a->output;
+  if (!strcmp(name, "--rank")) return &a->rank;
+  if (!strcmp(name, "--dtype")) return &a->dtype;
+  return NULL;
+}
+
+/* Takes argv[*i] when it is one of the options (NULL-terminated list).
+ * Returns 1 when taken, 0 when not an option of ours, 2 after a usage
+ * error. */
+static int take_option(const distctl_command *cmd, int argc, char **argv,
+                       int *i, const char *const *options, tensor_args *a) {
+  for (int k = 0; options[k]; k++) {
+    size_t len = strlen(options[k]);
+    if (strncmp(argv[*i], options[k], len) != 0 ||
+        (argv[*i][len] && argv[*i][len] != '='))
+      continue;
+    const char *v = distctl_opt(argc, argv, i, options[k]);
+    if (!v) return distctl_usage(cmd, "option %s needs a value", options[k]);
+    *slot(a, options[k]) = v;
+    return 1;
+  }
+  return 0;
+}
+
+/* Splits argv into NAME (and FILE when max_positional is 2) and the options
+ * this command accepts. With local_is_flag, "--local" takes no value (get);
+ * otherwise it names files (put). Returns 0, or 2 after a usage error. */
+static int parse_args(const distctl_command *cmd, int argc, char **argv,
+                      const char *const *options, int local_is_flag,
+                      int max_positional, tensor_args *a) {
+  memset(a, 0, sizeof *a);
+  int npos = 0;
+  for (int i = 0; i < argc; i++) {
+    if (local_is_flag && !strcmp(argv[i], "--local")) {
+      a->local_flag = 1;
+      continue;
+    }
+    int taken = take_option(cmd, argc, argv, &i, options, a);
+    if (taken == 2) return 2;
+    if (taken) continue;
+    if (argv[i][0] == '-' && argv[i][1])
+      return distctl_usage(cmd, "unknown option '%s'", argv[i]);
+    if (npos >= max_positional)
+      return distctl_usage(cmd, "unexpected argument '%s'", argv[i]);
+    if (npos++ == 0) a->name = argv[i];
+    else a->file = argv[i];
+  }
+  if (!a->name || !a->name[0]) return distctl_usage(cmd, "missing tensor NAME");
+  return 0;
+}
+
+/* --mesh, --dim-names and --placements, checked against each other. */
+static int parse_layout(const distctl_command *cmd, const tensor_args *a,
+                        dist_mesh **mesh, dist_placement *p) {
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  int np = 0;
+  *mesh = NULL;
+  if (a->dim_names && !a->mesh) return distctl_usage(cmd, "--dim-names needs --mesh");
+  if (a->mesh) {
+    dist_mesh_desc d;
+    if (dist_mesh_parse(&d, a->mesh, a->dim_names, &eb) != 0)
+      return distctl_usage(cmd, "bad --mesh '%s': %s", a->mesh, dist_errbuf_msg(&eb));
+    const char *names[DIST_MAX_MESH_DIMS];
+    for (int i = 0; i < d.ndim; i++) names[i] = d.dim_names[i];
+    if (dist_mesh_new(d.ndim, d.shape, d.ranks, names, mesh) != 0)
+      return distctl_usage(cmd, "bad --mesh '%s'", a->mesh);
+  }
+  if (dist_placements_parse(a->placements, p, DIST_MAX_MESH_DIMS, &np, &eb) != 0) {
+    dist_mesh_free(*mesh);
+    *mesh = NULL;
+    return distctl_usage(cmd, "bad --placements '%s': %s", a->placements,
+                         dist_errbuf_msg(&eb));
+  }
+  if (*mesh && np != dist_mesh_ndim(*mesh)) {
+    int nd = dist_mesh_ndim(*mesh);
+    dist_mesh_free(*mesh);
+    *mesh = NULL;
+    return distctl_usage(cmd, "--placements gives %d placement%s, but the mesh "
+                         "has %d dim%s", np, np == 1 ? "" : "s", nd, nd == 1 ? "" : "s");
+  }
+  return 0;
+}
+
+/* Every Shard(d) must name a dim of the tensor. */
+static int check_shard_dims(const distctl_command *cmd, const dist_placement *p,
+                            int np, int tensor_ndim) {
+  for (int i = 0; i < np; i++)
+    if (p[i].kind == DIST_SHARD && (p[i].dim < 0 || p[i].dim >= tensor_ndim))
+      return distctl_usage(cmd, "--placements: Shard(%d) on mesh dim %d is out of "
+                           "range for a tensor of %d dim%s", p[i].dim, i,
+                           tensor_ndim, tensor_ndim == 1 ? "" : "s");
+  return 0;
+}
+
+/* The dtype the user asked for with --dtype (bfloat16 is stored as '<u2'
+ * in .npy), or DIST_DTYPE_INVALID to take the file's. */
+static int parse_dtype(const distctl_command *cmd, const char *text,
+                       dist_dtype *dt) {
+  *dt = DIST_DTYPE_INVALID;
+  if (!text) return 0;
+  *dt = dist_dtype_parse(text);
+  if (*dt == DIST_DTYPE_INVALID)
+    return distctl_usage(cmd, "unknown --dtype '%s' (bool, int8, uint8, int32, "
+                         "int64, float16, bfloat16, float32, float64)", text);
+  return 0;
+}
+
+/* Reads a .npy; with a wanted dtype the file must hold it. */
+static int read_npy(const char *path, dist_dtype want, dist_dtype *dt,
+                    dist_shape *shape, void **data, size_t *nbytes) {
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  *dt = want == DIST_BFLOAT16 ? DIST_BFLOAT16 : DIST_DTYPE_INVALID;
+  if (dist_npy_read(path, dt, shape, data, nbytes, &eb) != 0)
+    return distctl_fail("cannot read %s: %s", path, dist_errbuf_msg(&eb));
+  if (want != DIST_DTYPE_INVALID && *dt != want) {
+    free(*data);
+    *data = NULL;
+    return distctl_fail("%s holds %s, not the --dtype %s", path,
+                        dist_dtype_name(*dt), dist_dtype_name(want));
+  }
+  if (*nbytes > BIG_TRANSFER)
+    fprintf(stderr, "distctl: read %s (%zu MiB)\n", path, *nbytes >> 20);
+  return 0;
+}
+
+/* ---------------------------------------------------------------- put */
+
+/* shard_tensor: the whole tensor from one file. */
+static int put_whole(dist_client *c, const tensor_args *a, dist_dtype want) {
+  const distctl_command *cmd = &distctl_cmd_tensor_put;
+  dist_dtype dt;
+  dist_shape shape;
+  void *data = NULL;
+  size_t nbytes = 0;
+  dist_mesh *mesh = NULL;
+  dist_tensor *t = NULL;
+  dist_placement p[DIST_MAX_MESH_DIMS];
+  int rc = parse_layout(cmd, a, &mesh, p);
+  if (rc == 0) rc = read_npy(a->file, want, &dt, &shape, &data, &nbytes);
+  if (rc == 0) rc = check_shard_dims(cmd, p, dist_mesh_ndim(mesh), shape.ndim);
+  if (rc != 0) goto out;
+  if (dist_shard_tensor(c, a->name, data, dt, shape.ndim, shape.dims, mesh, p, &t) != 0)
+    rc = distctl_fail("tensor put %s: %s", a->name, dist_errmsg(c));
+out:
+  dist_tensor_free(t);
+  dist_mesh_free(mesh);
+  free(data);
+  return rc;
+}
+
+/* Splits "a.npy,b.npy" in place; returns the count. */
+static int split_files(char *list, char **files, int max) {
+  int n = 0;
+  for (char *save = NULL, *f = strtok_r(list, ",", &save); f;
+       f = strtok_r(NULL, ",", &save))
+    if (n < max + 1) files[n++] = f;
+  return n;
+}
+
+/* The pieces of dtensor_from_local, one file per mesh rank in mesh order;
+ * they must agree on dtype and rank. */
+typedef struct local_pieces {
+  int n;
+  void *data[DIST_MAX_MESH_RANKS];
+  int64_t shape[DIST_MAX_MESH_RANKS][DIST_MAX_DIMS];
+  const int64_t *shapes[DIST_MAX_MESH_RANKS];
+  dist_dtype dt;
+  int ndim;
+} local_pieces;
+
+static int read_pieces(char **files, int n, dist_dtype want, local_pieces *lp) {
+  lp->n = 0;
+  for (int i = 0; i < n; i++) {
+    dist_dtype dt;
+    dist_shape s;
+    size_t nbytes;
+    if (read_npy(files[i], want, &dt, &s, &lp->data[i], &nbytes) != 0) return 1;
+    lp->n = i + 1;
+    if (i == 0) lp->dt = dt, lp->ndim = s.ndim;
+    if (dt != lp->dt)
+      return distctl_fail("%s holds %s, but %s holds %s: pieces must share a dtype",
+                          files[i], dist_dtype_name(dt), files[0], dist_dtype_name(lp->dt));
+    if (s.ndim != lp->ndim)
+      return distctl_fail("%s has %d dims, but %s has %d: pieces must share a rank",
+                          files[i], s.ndim, files[0], lp->ndim);
+    memcpy(lp->shape[i], s.dims, sizeof s.dims);
+    lp->shapes[i] = lp->shape[i];
+  }
+  return 0;
+}
+
+/* dtensor_from_local: one file per rank of the mesh. */
+static int put_local(dist_client *c, const tensor_args *a, dist_dtype want) {
+  const distctl_command *cmd = &distctl_cmd_tensor_put;
+  dist_mesh *mesh = NULL;
+  dist_tensor *t = NULL;
+  dist_placement p[DIST_MAX_MESH_DIMS];
+  local_pieces *lp = calloc(1, sizeof *lp);
+  char *list = strdup(a->local);
+  char **files = calloc(DIST_MAX_MESH_RANKS + 2, sizeof *files);
+  int rc = parse_layout(cmd, a, &mesh, p);
+  if (rc != 0) goto out;
+  int n = split_files(list, files, DIST_MAX_MESH_RANKS);
+  if (n != dist_mesh_size(mesh)) {
+    rc = distctl_usage(cmd, "--local names %d file%s, but the mesh has %d rank%s "
+                       "(one file per rank, in mesh order)", n, n == 1 ? "" : "s",
+                       dist_mesh_size(mesh), dist_mesh_size(mesh) == 1 ? "" : "s");
+    goto out;
+  }
+  rc = read_pieces(files, n, want, lp);
+  if (rc == 0) rc = check_shard_dims(cmd, p, dist_mesh_ndim(mesh), lp->ndim);
+  if (rc != 0) goto out;
+  if (dist_dtensor_from_local(c, a->name, (const void *const *)lp->data, lp->dt,
+                              lp->ndim, lp->shapes, mesh, p, &t) != 0)
+    rc = distctl_fail("tensor put %s: %s", a->name, dist_errmsg(c));
+out:
+  for (int i = 0; i < lp->n; i++) free(lp->data[i]);
+  free(lp);
+  free(files);
+  free(list);
+  dist_tensor_free(t);
+  dist_mesh_free(mesh);
+  return rc;
+}
+
+static int run_put(const distctl_global *g, int argc, char **argv) {
+  static const char *const options[] = {"--mesh", "--dim-names", "--placements",
+                                        "--local", "--dtype", NULL};
+  const distctl_command *cmd = &distctl_cmd_tensor_put;
+  tensor_args a;
+  dist_dtype want;
+  int rc = parse_args(cmd, argc, argv, options, 0, 2, &a);
+  if (rc != 0) return rc;
+  if (!a.mesh) return distctl_usage(cmd, "missing --mesh");
+  if (!a.placements) return distctl_usage(cmd, "missing --placements");
+  if (!a.file == !a.local)
+    return distctl_usage(cmd, a.file ? "give FILE.npy or --local, not both"
+                                     : "missing FILE.npy (or --local r0.npy,r1.npy,...)");
+  if (parse_dtype(cmd, a.dtype, &want) != 0) return 2;
+  dist_client *c = distctl_connect(g);
+  if (!c) return 1;
+  rc = a.file ? put_whole(c, &a, want) : put_local(c, &a, want);
+  dist_close(c);
+  return rc;
+}
+
+const distctl_command distctl_cmd_tensor_put = {
+    "tensor put",
+    "NAME (FILE.npy | --local R0.npy,R1.npy,...) --mesh MESH [--dim-names A,B] "
+    "--placements P [--dtype bfloat16]",
+    "store a tensor: shard_tensor from one file, or dtensor_from_local from "
+    "one file per mesh rank",
+    run_put};
+
+/* ---------------------------------------------------------------- get */
+
+static int write_npy(const char *path, dist_dtype dt, int ndim,
+                     const int64_t *dims, const void *data) {
+  dist_shape s = {ndim, {0}};
+  memcpy(s.dims, dims, sizeof *dims * (size_t)ndim);
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  if (dist_npy_write(path, dt, &s, data, &eb) != 0)
+    return distctl_fail("cannot write %s: %s", path, dist_errbuf_msg(&eb));
+  return 0;
+}
+
+/* Parses --rank as a non-negative integer. */
+static int parse_rank(const char *text, int *rank) {
+  char *end;
+  long v = strtol(text, &end, 10);
+  if (!text[0] || *end || v < 0 || v >= DIST_MAX_MESH_RANKS) return -1;
+  *rank = (int)v;
+  return 0;
+}
+
+static int get_value(dist_client *c, const tensor_args *a, int rank) {
+  dist_tensor *t = NULL;
+  void *data = NULL;
+  size_t nbytes = 0;
+  int64_t shape[DIST_MAX_DIMS];
+  int rc = 0;
+  if (dist_tensor_open(c, a->name, &t) != 0) {
+    rc = distctl_fail("tensor get %s: %s", a->name, dist_errmsg(c));
+    goto out;
+  }
+  int ndim = dist_tensor_ndim(t);
+  if (rank >= 0 ? dist_dtensor_to_local(c, t, rank, &data, &nbytes, shape) != 0
+                : dist_full_tensor(c, t, &data, &nbytes) != 0) {
+    rc = distctl_fail("tensor get %s: %s", a->name, dist_errmsg(c));
+    goto out;
+  }
+  if (rank < 0) memcpy(shape, dist_tensor_shape(t), sizeof *shape * (size_t)ndim);
+  if (nbytes > BIG_TRANSFER)
+    fprintf(stderr, "distctl: writing %s (%zu MiB)\n", a->output, nbytes >> 20);
+  rc = write_npy(a->output, dist_tensor_dtype(t), ndim, shape, data);
+out:
+  free(data);
+  dist_tensor_free(t);
+  return rc;
+}
+
+static int run_get(const distctl_global *g, int argc, char **argv) {
+  static const char *const options[] = {"-o", "--output", "--rank", NULL};
+  const distctl_command *cmd = &distctl_cmd_tensor_get;
+  tensor_args a;
+  int rank = -1;
+  int rc = parse_args(cmd, argc, argv, options, 1, 1, &a);
+  if (rc != 0) return rc;
+  if (!a.output) return distctl_usage(cmd, "missing -o OUT.npy");
+  if (a.rank && !a.local_flag)
+    return distctl_usage(cmd, "--rank R reads a rank's piece: add --local");
+  if (a.local_flag && !a.rank)
+    return distctl_usage(cmd, "--local needs --rank R (whose piece to read)");
+  if (a.rank && parse_rank(a.rank, &rank) != 0)
+    return distctl_usage(cmd, "bad --rank '%s': a rank is an integer >= 0", a.rank);
+  dist_client *c = distctl_connect(g);
+  if (!c) return 1;
+  if (rank >= dist_world_size(c)) {
+    rc = distctl_usage(cmd, "--rank %d: the cluster has ranks 0 to %d", rank,
+                       dist_world_size(c) - 1);
+  } else {
+    rc = get_value(c, &a, rank);
+  }
+  dist_close(c);
+  return rc;
+}
+
+const distctl_command distctl_cmd_tensor_get = {
+    "tensor get", "NAME -o OUT.npy [--rank R --local]",
+    "write a tensor's logical value (or rank R's local piece) to a .npy file",
+    run_get};
+
+/* ---------------------------------------------------------------- reshard */
+
+static int run_reshard(const distctl_global *g, int argc, char **argv) {
+  static const char *const options[] = {"--mesh", "--dim-names", "--placements", NULL};
+  const distctl_command *cmd = &distctl_cmd_tensor_reshard;
+  tensor_args a;
+  dist_mesh *mesh = NULL;
+  dist_tensor *t = NULL;
+  dist_placement p[DIST_MAX_MESH_DIMS];
+  int rc = parse_args(cmd, argc, argv, options, 0, 1, &a);
+  if (rc != 0) return rc;
+  if (!a.placements) return distctl_usage(cmd, "missing --placements");
+  rc = parse_layout(cmd, &a, &mesh, p);
+  if (rc != 0) return rc;
+  dist_client *c = distctl_connect(g);
+  if (!c) {
+    rc = 1;
+    goto out;
+  }
+  if (dist_tensor_open(c, a.name, &t) != 0 || dist_reshard(c, t, mesh, p) != 0)
+    rc = distctl_fail("tensor reshard %s: %s", a.name, dist_errmsg(c));
+  dist_close(c);
+out:
+  dist_tensor_free(t);
+  dist_mesh_free(mesh);
+  return rc;
+}
+
+const distctl_command distctl_cmd_tensor_reshard = {
+    "tensor reshard", "NAME --placements P [--mesh MESH [--dim-names A,B]]",
+    "convert a tensor to other placements (and another mesh of the same shape)",
+    run_reshard};
+
+/* ---------------------------------------------------------------- rm */
+
+static int run_rm(const distctl_global *g, int argc, char **argv) {
+  static const char *const options[] = {NULL};
+  const distctl_command *cmd = &distctl_cmd_tensor_rm;
+  tensor_args a;
+  int rc = parse_args(cmd, argc, argv, options, 0, 1, &a);
+  if (rc != 0) return rc;
+  dist_client *c = distctl_connect(g);
+  if (!c) return 1;
+  if (dist_tensor_delete(c, a.name) != 0)
+    rc = distctl_fail("tensor rm %s: %s", a.name, dist_errmsg(c));
+  dist_close(c);
+  return rc;
+}
+
+const distctl_command distctl_cmd_tensor_rm = {
+    "tensor rm", "NAME", "delete a tensor on every daemon of its mesh", run_rm};
+
+/* ---------------------------------------------------------------- show */
+
+static json_t *json_dims(const int64_t *dims, int n) {
+  json_t *a = json_array();
+  for (int i = 0; i < n; i++) json_array_append_new(a, json_integer(dims[i]));
+  return a;
+}
+
+static json_t *json_mesh(const dist_mesh *m) {
+  json_t *shape = json_array(), *ranks = json_array(), *names = json_array();
+  for (int i = 0; i < dist_mesh_ndim(m); i++) {
+    json_array_append_new(shape, json_integer(dist_mesh_dim_size(m, i)));
+    json_array_append_new(names, json_string(dist_mesh_dim_name(m, i)));
+  }
+  for (int i = 0; i < dist_mesh_size(m); i++)
+    json_array_append_new(ranks, json_integer(dist_mesh_rank_at(m, i)));
+  return json_pack("{s:o, s:o, s:o}", "shape", shape, "ranks", ranks, "dim_names", names);
+}
+
+/* One placement as distctl accepts it: "Shard(0)". */
+static void placement_text(const dist_placement *p, char *buf, size_t len) {
+  char tmp[64];
+  dist_placements_format(p, 1, tmp, sizeof tmp);
+  size_t n = strlen(tmp);
+  snprintf(buf, len, "%.*s", n >= 2 ? (int)n - 2 : 0, tmp + 1);
+}
+
+static json_t *json_placements(const dist_tensor *t) {
+  json_t *a = json_array();
+  const dist_placement *p = dist_tensor_placements(t);
+  for (int i = 0; i < dist_mesh_ndim(dist_tensor_mesh(t)); i++) {
+    char buf[64];
+    placement_text(&p[i], buf, sizeof buf);
+    json_array_append_new(a, json_string(buf));
+  }
+  return a;
+}
+
+static json_t *json_tensor(const dist_tensor *t) {
+  return json_pack("{s:s, s:s, s:o, s:o, s:o}", "name", dist_tensor_name(t),
+                   "dtype", dist_dtype_name(dist_tensor_dtype(t)), "shape",
+                   json_dims(dist_tensor_shape(t), dist_tensor_ndim(t)), "mesh",
+                   json_mesh(dist_tensor_mesh(t)), "placements", json_placements(t));
+}
+
+/* "[0:3, 0:4]": the index ranges of a piece (empty ranges show as 3:3). */
+static void ranges_text(const dist_tensor_piece *p, char *buf, size_t len) {
+  size_t pos = (size_t)snprintf(buf, len, "[");
+  for (int d = 0; d < p->ndim && pos < len; d++)
+    pos += (size_t)snprintf(buf + pos, len - pos, "%s%lld:%lld", d ? ", " : "",
+                            (long long)p->offset[d],
+                            (long long)(p->offset[d] + p->shape[d]));
+  if (pos < len) snprintf(buf + pos, len - pos, "]");
+}
+
+static json_t *json_pieces(const dist_tensor_piece *p, int n, uint64_t *total) {
+  json_t *a = json_array();
+  *total = 0;
+  for (int i = 0; i < n; i++) {
+    json_t *ranges = json_array();
+    for (int d = 0; d < p[i].ndim; d++)
+      json_array_append_new(ranges, json_pack("[I, I]", (json_int_t)p[i].offset[d],
+                                              (json_int_t)(p[i].offset[d] + p[i].shape[d])));
+    json_array_append_new(
+        a, json_pack("{s:i, s:o, s:o, s:o, s:I, s:I}", "rank", p[i].rank, "shape",
+                     json_dims(p[i].shape, p[i].ndim), "offset",
+                     json_dims(p[i].offset, p[i].ndim), "ranges", ranges, "bytes",
+                     (json_int_t)p[i].nbytes, "version", (json_int_t)p[i].version));
+    *total += p[i].nbytes;
+  }
+  return a;
+}
+
+static void print_show(const dist_tensor *t, const dist_tensor_piece *p, int n) {
+  char shape[160], mesh[512], pl[256];
+  dist_shape s = {dist_tensor_ndim(t), {0}};
+  memcpy(s.dims, dist_tensor_shape(t), sizeof(int64_t) * (size_t)s.ndim);
+  dist_shape_format(&s, shape, sizeof shape);
+  dist_mesh_to_string(dist_tensor_mesh(t), mesh, sizeof mesh);
+  dist_placements_format(dist_tensor_placements(t), dist_mesh_ndim(dist_tensor_mesh(t)),
+                         pl, sizeof pl);
+  const dist_mesh *m = dist_tensor_mesh(t);
+  printf("name:       %s\ndtype:      %s\nshape:      %s\nmesh:       %s (",
+         dist_tensor_name(t), dist_dtype_name(dist_tensor_dtype(t)), shape, mesh);
+  for (int i = 0; i < dist_mesh_ndim(m); i++)
+    printf("%s%s", i ? ", " : "", dist_mesh_dim_name(m, i));
+  printf(")\nplacements: %s\n\n%-6s %-32s %s\n", pl, "RANK", "INDEX RANGES", "BYTES");
+  uint64_t total = 0;
+  for (int i = 0; i < n; i++) {
+    char ranges[256], bytes[32];
+    ranges_text(&p[i], ranges, sizeof ranges);
+    distctl_format_bytes(p[i].nbytes, bytes, sizeof bytes);
+    printf("%-6d %-32s %s\n", p[i].rank, ranges, bytes);
+    total += p[i].nbytes;
+  }
+  char tb[32];
+  distctl_format_bytes(total, tb, sizeof tb);
+  printf("total: %s on %d rank%s\n", tb, n, n == 1 ? "" : "s");
+}
+
+static int run_show(const distctl_global *g, int argc, char **argv) {
+  static const char *const options[] = {NULL};
+  const distctl_command *cmd = &distctl_cmd_tensor_show;
+  tensor_args a;
+  dist_tensor *t = NULL;
+  dist_tensor_piece *pieces = NULL;
+  int n = 0;
+  int rc = parse_args(cmd, argc, argv, options, 0, 1, &a);
+  if (rc != 0) return rc;
+  dist_client *c = distctl_connect(g);
+  if (!c) return 1;
+  if (dist_tensor_open(c, a.name, &t) != 0 || dist_tensor_pieces(c, t, &pieces, &n) != 0) {
+    rc = distctl_fail("tensor show %s: %s", a.name, dist_errmsg(c));
+    goto out;
+  }
+  if (g->json) {
+    uint64_t total;
+    json_t *j = json_tensor(t);
+    json_object_set_new(j, "pieces", json_pieces(pieces, n, &total));
+    json_object_set_new(j, "total_bytes", json_integer((json_int_t)total));
+    distctl_print_json(j);
+  } else {
+    print_show(t, pieces, n);
+  }
+out:
+  free(pieces);
+  dist_tensor_free(t);
+  dist_close(c);
+  return rc;
+}
+
+const distctl_command distctl_cmd_tensor_show = {
+    "tensor show", "NAME [--json]",
+    "a tensor's shape, dtype, mesh, placements and every rank's piece", run_show};
+
+/* ---------------------------------------------------------------- tensors */
+
+/* Total bytes over the tensor's ranks; -1 when a daemon cannot say. */
+static int64_t tensor_bytes(dist_client *c, const dist_tensor *t) {
+  dist_tensor_piece *p = NULL;
+  int n = 0;
+  if (dist_tensor_pieces(c, t, &p, &n) != 0) return -1;
+  int64_t total = 0;
+  for (int i = 0; i < n; i++) total += (int64_t)p[i].nbytes;
+  free(p);
+  return total;
+}
+
+static void print_list(dist_client *c, dist_tensor **list, int n) {
+  printf("%-24s %-9s %-16s %-20s %-28s %s\n", "NAME", "DTYPE", "SHAPE", "MESH",
+         "PLACEMENTS", "BYTES");
+  for (int i = 0; i < n; i++) {
+    char shape[160], mesh[256], pl[256], bytes[32] = "?";
+    dist_shape s = {dist_tensor_ndim(list[i]), {0}};
+    memcpy(s.dims, dist_tensor_shape(list[i]), sizeof(int64_t) * (size_t)s.ndim);
+    dist_shape_format(&s, shape, sizeof shape);
+    dist_mesh_to_string(dist_tensor_mesh(list[i]), mesh, sizeof mesh);
+    dist_placements_format(dist_tensor_placements(list[i]),
+                           dist_mesh_ndim(dist_tensor_mesh(list[i])), pl, sizeof pl);
+    int64_t b = tensor_bytes(c, list[i]);
+    if (b >= 0) distctl_format_bytes((uint64_t)b, bytes, sizeof bytes);
+    printf("%-24s %-9s %-16s %-20s %-28s %s\n", dist_tensor_name(list[i]),
+           dist_dtype_name(dist_tensor_dtype(list[i])), shape, mesh, pl, bytes);
+  }
+}
+
+static int run_tensors(const distctl_global *g, int argc, char **argv) {
+  const distctl_command *cmd = &distctl_cmd_tensors;
+  if (argc > 0) return distctl_usage(cmd, "unexpected argument '%s'", argv[0]);
+  dist_client *c = distctl_connect(g);
+  if (!c) return 1;
+  dist_tensor **list = NULL;
+  int n = 0, rc = 0;
+  if (dist_tensor_list(c, &list, &n) != 0) {
+    rc = distctl_fail("tensors: %s", dist_errmsg(c));
+  } else if (g->json) {
+    json_t *a = json_array();
+    for (int i = 0; i < n; i++) {
+      json_t *j = json_tensor(list[i]);
+      int64_t b = tensor_bytes(c, list[i]);
+      json_object_set_new(j, "bytes", b >= 0 ? json_integer(b) : json_null());
+      json_array_append_new(a, j);
+    }
+    distctl_print_json(a);
+  } else {
+    print_list(c, list, n);
+  }
+  dist_tensor_list_free(list, n);
+  dist_close(c);
+  return rc;
+}
+
+const distctl_command distctl_cmd_tensors = {
+    "tensors", "[--json]", "list the tensors held across the cluster", run_tensors};

@@ -1,0 +1,231 @@
+/* MoE exchanges: global_scatter / global_gather and the count exchange.
+ * The client only hands each daemon its rank's rows and counts; the rows
+ * travel between the daemons. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "client_internal.h"
+#include "moe.pb-c.h"
+
+typedef enum { SCATTER, GATHER } direction;
+
+/* The group as global ranks (every rank when group is NULL). */
+static int resolve_group(dist_client *c, const int *group, int group_size,
+                         uint32_t *ranks, int *size) {
+  int n = group ? group_size : c->n;
+  if (n < 1 || n > DIST_MAX_MESH_RANKS)
+    return dist_client_fail(c, DIST_EINVAL, "group of %d ranks", n);
+  for (int i = 0; i < n; i++) {
+    int r = group ? group[i] : i;
+    if (r < 0 || r >= c->n)
+      return dist_client_fail(c, DIST_EINVAL, "group names rank %d, but the "
+                              "cluster has %d daemons", r, c->n);
+    ranks[i] = (uint32_t)r;
+  }
+  *size = n;
+  return 0;
+}
+
+/* Positions in the group this client speaks for: its own (SPMD) or all. */
+static int participants(dist_client *c, const uint32_t *ranks, int size,
+                        int *pos) {
+  if (c->spmd_rank < 0) {
+    for (int i = 0; i < size; i++) pos[i] = i;
+    return size;
+  }
+  for (int i = 0; i < size; i++)
+    if ((int)ranks[i] == c->spmd_rank) {
+      pos[0] = i;
+      return 1;
+    }
+  return dist_client_fail(c, DIST_EINVAL, "this trainer (rank %d) is not in "
+                          "the group", c->spmd_rank);
+}
+
+static int64_t sum(const int64_t *v, size_t n) {
+  int64_t t = 0;
+  for (size_t i = 0; i < n; i++) t += v[i];
+  return t;
+}
+
+/* What every exchange call shares. */
+typedef struct exchange_args {
+  direction dir;
+  const void *const *x;
+  const int64_t *x_rows;
+  dist_dtype dt;
+  int64_t d_model;
+  const int64_t *const *local_count, *const *global_count;
+  int experts;
+  const dist_moe_opts *opts;
+} exchange_args;
+
+static void fill_request(Dist__V1__GlobalExchangeRequest *rq,
+                         const exchange_args *a, int k, uint64_t op_id,
+                         uint32_t *ranks, int size) {
+  size_t n = (size_t)size * (size_t)a->experts;
+  const dist_moe_opts *o = a->opts;
+  rq->op_id = op_id;
+  rq->n_group = (size_t)size;
+  rq->group = ranks;
+  rq->row_width = (uint64_t)a->d_model;
+  rq->n_local_count = rq->n_global_count = n;
+  rq->local_count = (int64_t *)a->local_count[k];
+  rq->global_count = (int64_t *)a->global_count[k];
+  rq->dtype = (Dist__V1__DType)a->dt;
+  if (o && o->x_name) {
+    rq->x_name = (char *)o->x_name;
+  } else {
+    int64_t rows = a->x_rows ? a->x_rows[k]
+                   : sum(a->dir == SCATTER ? a->local_count[k] : a->global_count[k], n);
+    rq->x.data = (uint8_t *)a->x[k];
+    rq->x.len = (size_t)rows * (size_t)a->d_model * dist_dtype_size(a->dt);
+  }
+  if (o && o->out_name) rq->out_name = (char *)o->out_name;
+  rq->replace = o && o->replace;
+}
+
+static int take_results(dist_client *c, const exchange_args *a, dist_call *calls,
+                        int n, void **out, int64_t *out_rows) {
+  for (int k = 0; k < n; k++) {
+    const Dist__V1__GlobalExchangeReply *rp = (const void *)calls[k].reply;
+    if (out_rows) out_rows[k] = (int64_t)rp->rows;
+    if (!out) continue;
+    out[k] = malloc(rp->data.len ? rp->data.len : 1);
+    if (!out[k]) {
+      for (int j = 0; j < k; j++) free(out[j]), out[j] = NULL;
+      return dist_client_fail(c, DIST_ENOMEM, "cannot allocate the result");
+    }
+    if (rp->data.len) memcpy(out[k], rp->data.data, rp->data.len);
+  }
+  (void)a;
+  return 0;
+}
+
+static int exchange(dist_client *c, const exchange_args *a, const int *group,
+                    int group_size, void **out, int64_t *out_rows) {
+  uint32_t *ranks = calloc(DIST_MAX_MESH_RANKS, sizeof *ranks);
+  int *pos = calloc(DIST_MAX_MESH_RANKS, sizeof *pos);
+  Dist__V1__GlobalExchangeRequest *rqs = NULL;
+  dist_call *calls = NULL;
+  int size = 0, n = 0, rc;
+  if (!ranks || !pos) {
+    rc = dist_client_fail(c, DIST_ENOMEM, "out of memory");
+    goto out;
+  }
+  if ((rc = resolve_group(c, group, group_size, ranks, &size)) != 0) goto out;
+  if ((n = participants(c, ranks, size, pos)) < 0) { rc = n; goto out; }
+  if (a->experts < 1 || !a->local_count || !a->global_count ||
+      (!a->x && !(a->opts && a->opts->x_name)) || a->d_model < 0 ||
+      (a->d_model == 0 && !(a->opts && a->opts->x_name))) {
+    rc = dist_client_fail(c, DIST_EINVAL, "%s needs x (or opts->x_name), d_model "
+                          "> 0, both counts and n_experts >= 1",
+                          a->dir == SCATTER ? "global_scatter" : "global_gather");
+    goto out;
+  }
+  rqs = calloc((size_t)n, sizeof *rqs);
+  calls = calloc((size_t)n, sizeof *calls);
+  uint64_t op_id = dist_next_op_id(c);
+  for (int k = 0; k < n; k++) {
+    dist__v1__global_exchange_request__init(&rqs[k]);
+    fill_request(&rqs[k], a, k, op_id, ranks, size);
+    calls[k].target = (int)ranks[pos[k]];
+    calls[k].request = &rqs[k].base;
+  }
+  rc = dist_call_many(c, a->dir == SCATTER ? "/dist.v1.Moe/GlobalScatter"
+                                           : "/dist.v1.Moe/GlobalGather",
+                      &dist__v1__global_exchange_reply__descriptor, calls, n);
+  if (rc == 0) rc = take_results(c, a, calls, n, out, out_rows);
+  dist_calls_free(calls, n);
+out:
+  free(calls);
+  free(rqs);
+  free(pos);
+  free(ranks);
+  return rc;
+}
+
+int dist_global_scatter(dist_client *c, const void *const *x,
+                        const int64_t *x_rows, dist_dtype dt, int64_t d_model,
+                        const int64_t *const *local_count,
+                        const int64_t *const *global_count, int n_experts,
+                        const int *group, int group_size,
+                        const dist_moe_opts *opts, void **out,
+                        int64_t *out_rows) {
+  exchange_args a = {SCATTER, x, x_rows, dt, d_model, local_count,
+                     global_count, n_experts, opts};
+  return exchange(c, &a, group, group_size, out, out_rows);
+}
+
+int dist_global_gather(dist_client *c, const void *const *x,
+                       const int64_t *x_rows, dist_dtype dt, int64_t d_model,
+                       const int64_t *const *local_count,
+                       const int64_t *const *global_count, int n_experts,
+                       const int *group, int group_size,
+                       const dist_moe_opts *opts, void **out,
+                       int64_t *out_rows) {
+  exchange_args a = {GATHER, x, x_rows, dt, d_model, local_count,
+                     global_count, n_experts, opts};
+  return exchange(c, &a, group, group_size, out, out_rows);
+}
+
+/* SPMD: member j's block j*E..j*E+E-1 of local_count goes to member j; what
+ * arrives from member s is exactly global_count[s*E .. s*E+E-1]. */
+static int count_all_to_all(dist_client *c, const int64_t *local, int experts,
+                            uint32_t *ranks, int size, int64_t *global) {
+  uint64_t *counts = calloc((size_t)size, sizeof *counts);
+  if (!counts) return dist_client_fail(c, DIST_ENOMEM, "out of memory");
+  for (int j = 0; j < size; j++) counts[j] = (uint64_t)experts;
+  size_t bytes = (size_t)size * (size_t)experts * sizeof(int64_t);
+  Dist__V1__CollectiveRequest rq = DIST__V1__COLLECTIVE_REQUEST__INIT;
+  rq.kind = DIST__V1__COLLECTIVE_REQUEST__KIND__ALL_TO_ALL;
+  rq.op_id = dist_next_op_id(c);
+  rq.n_group = (size_t)size;
+  rq.group = ranks;
+  rq.dtype = DIST__V1__DTYPE__INT64;
+  rq.data.data = (uint8_t *)local;
+  rq.data.len = bytes;
+  rq.n_send_counts = rq.n_recv_counts = (size_t)size;
+  rq.send_counts = rq.recv_counts = counts;
+  ProtobufCMessage *rp = NULL;
+  int rc = dist_call_one(c, c->spmd_rank, "/dist.v1.Dist/Collective", &rq.base,
+                         &dist__v1__collective_reply__descriptor, &rp);
+  if (rc == 0) {
+    const Dist__V1__CollectiveReply *r = (const void *)rp;
+    if (r->data.len != bytes)
+      rc = dist_client_fail(c, DIST_EPROTO, "count exchange returned %zu bytes, "
+                            "expected %zu", r->data.len, bytes);
+    else
+      memcpy(global, r->data.data, bytes);
+  }
+  if (rp) protobuf_c_message_free_unpacked(rp, NULL);
+  free(counts);
+  return rc;
+}
+
+int dist_count_global(dist_client *c, const int64_t *const *local_count,
+                      int n_experts, const int *group, int group_size,
+                      int64_t *const *global_count) {
+  uint32_t *ranks = calloc(DIST_MAX_MESH_RANKS, sizeof *ranks);
+  int pos[1], size = 0, rc, E = n_experts;
+  if (!ranks) return dist_client_fail(c, DIST_ENOMEM, "out of memory");
+  if ((rc = resolve_group(c, group, group_size, ranks, &size)) != 0) goto out;
+  if (E < 1 || !local_count || !global_count) {
+    rc = dist_client_fail(c, DIST_EINVAL, "count_global needs n_experts >= 1 "
+                          "and both count arrays");
+    goto out;
+  }
+  if (c->spmd_rank >= 0) {
+    if ((rc = participants(c, ranks, size, pos)) < 0) goto out;
+    rc = count_all_to_all(c, local_count[0], E, ranks, size, global_count[0]);
+    goto out;
+  }
+  for (int r = 0; r < size; r++)
+    for (int s = 0; s < size; s++)
+      for (int e = 0; e < E; e++)
+        global_count[r][s * E + e] = local_count[s][r * E + e];
+  rc = 0;
+out:
+  free(ranks);
+  return rc;
+}

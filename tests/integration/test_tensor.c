@@ -1,0 +1,1213 @@
+/* Distributed tensors end to end: real daemons, libdist and distctl.
+ *
+ * Every check compares against a whole-tensor reference computed here, and
+ * slices it with this file's own index arithmetic (split_range, box_of), not
+ * with the library's dist_local_box. */
+#include <criterion/criterion.h>
+#include <jansson.h>
+#include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "client_internal.h"
+#include "harness.h"
+#include "wire.h"
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* The cluster of the running test. It is file-static so that the test's
+ * .fini stops it even when an assertion ended the test early: no daemon
+ * outlives its test. */
+static harness cluster;
+
+static void stop_cluster(void) {
+  if (cluster.n > 0) harness_stop(&cluster);
+  cluster.n = 0;
+}
+
+/* Every cluster gets its own id, so daemons left over from other runs on
+ * recycled ports can never join it. */
+static void start_cluster(harness *h, int n) {
+  char id[64];
+  snprintf(id, sizeof id, "tensor-test-%d-%ld", (int)getpid(), (long)(now_s() * 1000));
+  const char *args[] = {"--cluster-id", id, NULL};
+  harness_start(h, n, args);
+}
+
+/* ------------------------------------------------------------ layout model */
+
+/* A mesh and placements as the test understands them. */
+typedef struct layout {
+  int ndim, shape[DIST_MAX_MESH_DIMS], nranks, ranks[64];
+  dist_placement p[DIST_MAX_MESH_DIMS];
+} layout;
+
+static void layout_of(const char *mesh, const char *placements, layout *l) {
+  dist_mesh *m = NULL;
+  cr_assert_eq(dist_mesh_from_string(mesh, NULL, &m), 0, "mesh %s", mesh);
+  l->ndim = dist_mesh_ndim(m);
+  l->nranks = dist_mesh_size(m);
+  for (int d = 0; d < l->ndim; d++) l->shape[d] = dist_mesh_dim_size(m, d);
+  for (int i = 0; i < l->nranks; i++) l->ranks[i] = dist_mesh_rank_at(m, i);
+  cr_assert_eq(dist_parse_placements(placements, l->p, DIST_MAX_MESH_DIMS), l->ndim,
+               "placements %s on mesh %s", placements, mesh);
+  dist_mesh_free(m);
+}
+
+/* The ceil(N/k) rule: chunk i of n over k is [start, start + size). */
+static void split_range(int64_t n, int k, int i, int64_t *start, int64_t *size) {
+  int64_t chunk = (n + k - 1) / k;
+  int64_t lo = chunk * i < n ? chunk * i : n;
+  int64_t hi = lo + chunk < n ? lo + chunk : n;
+  *start = lo;
+  *size = hi - lo;
+}
+
+static void coords_of(const layout *l, int idx, int *coords) {
+  for (int d = l->ndim - 1; d >= 0; d--) {
+    coords[d] = idx % l->shape[d];
+    idx /= l->shape[d];
+  }
+}
+
+/* The box rank index idx holds: mesh dims in order, each Shard(d) splitting
+ * what earlier mesh dims left of tensor dim d. Partial holds whole values. */
+static void box_of(const layout *l, int idx, int ndim, const int64_t *global,
+                   int64_t *shape, int64_t *off) {
+  int coords[DIST_MAX_MESH_DIMS];
+  coords_of(l, idx, coords);
+  for (int d = 0; d < ndim; d++) shape[d] = global[d], off[d] = 0;
+  for (int md = 0; md < l->ndim; md++) {
+    if (l->p[md].kind != DIST_SHARD) continue;
+    int d = l->p[md].dim;
+    int64_t start, size;
+    split_range(shape[d], l->shape[md], coords[md], &start, &size);
+    off[d] += start;
+    shape[d] = size;
+  }
+}
+
+static int64_t numel(int ndim, const int64_t *shape) {
+  int64_t n = 1;
+  for (int d = 0; d < ndim; d++) n *= shape[d];
+  return n;
+}
+
+/* Flat index in the global tensor of element i of a box. */
+static int64_t global_index(int ndim, const int64_t *global, const int64_t *shape,
+                            const int64_t *off, int64_t i) {
+  int64_t g = 0, stride = 1;
+  for (int d = ndim - 1; d >= 0; d--) {
+    int64_t local = i % shape[d];
+    i /= shape[d];
+    g += (local + off[d]) * stride;
+    stride *= global[d];
+  }
+  return g;
+}
+
+/* ------------------------------------------------------------ values */
+
+/* The logical value of a non-partial source: small integers, exact in every
+ * dtype used here (bfloat16 holds integers up to 256 exactly). */
+static double value_at(int64_t g) { return (double)(g % 97) - 40; }
+
+/* Partial(any) and Partial(all) hold truth values: a logical value meant to
+ * become one of them is 0/1 (any(-40, 0, 0, 0) reads back as 1). */
+static double truth_at(int64_t g) { return (g % 3) != 0; }
+
+static int holds_truths(const layout *l) {
+  for (int d = 0; d < l->ndim; d++)
+    if (l->p[d].kind == DIST_PARTIAL &&
+        (l->p[d].reduce == DIST_REDUCE_ANY || l->p[d].reduce == DIST_REDUCE_ALL))
+      return 1;
+  return 0;
+}
+
+/* Rank-dependent partial values, chosen so every reduction is exact: p is
+ * the rank's position among the partial ranks, k their number. */
+static double partial_at(int64_t g, int p, int k, dist_reduce op) {
+  switch (op) {
+    case DIST_REDUCE_SUM: return (double)(g % 11) - 5 + 3 * p;
+    case DIST_REDUCE_AVG: return (double)k * (double)((g + p) % 5 - 2);
+    case DIST_REDUCE_MAX:
+    case DIST_REDUCE_MIN: return (double)((g * 7 + p * 13) % 23) - 11;
+    case DIST_REDUCE_PROD: return ((g + p) % 3) == 0 ? 1 : ((g + p) % 3) == 1 ? 2 : -1;
+    case DIST_REDUCE_ANY: return (g * 3 + p) % 5 == 0;
+    case DIST_REDUCE_ALL: return (g + p) % 3 != 0 || g % 4 == 0;
+  }
+  return 0;
+}
+
+static double combine(double acc, double v, dist_reduce op) {
+  switch (op) {
+    case DIST_REDUCE_SUM:
+    case DIST_REDUCE_AVG: return acc + v;
+    case DIST_REDUCE_MAX: return v > acc ? v : acc;
+    case DIST_REDUCE_MIN: return v < acc ? v : acc;
+    case DIST_REDUCE_PROD: return acc * v;
+    case DIST_REDUCE_ANY: return (acc != 0) || (v != 0);
+    case DIST_REDUCE_ALL: return (acc != 0) && (v != 0);
+  }
+  return 0;
+}
+
+static double identity_of(dist_reduce op) {
+  switch (op) {
+    case DIST_REDUCE_PROD:
+    case DIST_REDUCE_ALL: return 1;
+    case DIST_REDUCE_MAX: return -INFINITY;
+    case DIST_REDUCE_MIN: return INFINITY;
+    default: return 0;
+  }
+}
+
+/* ------------------------------------------------------------ one case */
+
+typedef struct tcase {
+  const char *mesh, *from, *to;
+  dist_dtype dt;
+  int ndim;
+  int64_t shape[4];
+  const char *to_mesh; /* cross-mesh reshard when set */
+} tcase;
+
+static int first_partial(const layout *l, dist_reduce *op) {
+  for (int d = 0; d < l->ndim; d++)
+    if (l->p[d].kind == DIST_PARTIAL) return *op = l->p[d].reduce, 1;
+  return 0;
+}
+
+/* Position of a rank among the ranks that differ from it only along the
+ * partial mesh dims, and their number. */
+static void partial_position(const layout *l, int idx, int *pos, int *k) {
+  int coords[DIST_MAX_MESH_DIMS];
+  coords_of(l, idx, coords);
+  *pos = 0;
+  *k = 1;
+  for (int d = 0; d < l->ndim; d++)
+    if (l->p[d].kind == DIST_PARTIAL) {
+      *pos = *pos * l->shape[d] + coords[d];
+      *k *= l->shape[d];
+    }
+}
+
+/* The source's pieces (partial sources) and the logical value. pieces[i] is
+ * malloc'd for each mesh rank; V has numel elements of tc->dt. */
+typedef struct source {
+  void *pieces[64];
+  int64_t piece_shape[64][DIST_MAX_DIMS];
+  const int64_t *shapes[64];
+  void *value;
+  size_t value_bytes;
+} source;
+
+static void make_source(const tcase *tc, const layout *l, dist_reduce op, int partial,
+                        int truths, source *s) {
+  size_t elem = dist_dtype_size(tc->dt);
+  int64_t n = numel(tc->ndim, tc->shape);
+  double *v = calloc((size_t)n + 1, sizeof *v);
+  char *seen = calloc((size_t)n + 1, 1);
+  int k = 1;
+  for (int i = 0; partial && i < l->nranks; i++) {
+    int64_t off[DIST_MAX_DIMS];
+    box_of(l, i, tc->ndim, tc->shape, s->piece_shape[i], off);
+    s->shapes[i] = s->piece_shape[i];
+    int pos, coords[DIST_MAX_MESH_DIMS], replica = 0;
+    partial_position(l, i, &pos, &k);
+    coords_of(l, i, coords);
+    for (int d = 0; d < l->ndim; d++) replica |= l->p[d].kind == DIST_REPLICATE && coords[d];
+    int64_t m = numel(tc->ndim, s->piece_shape[i]);
+    s->pieces[i] = malloc((size_t)m * elem + 1);
+    for (int64_t e = 0; e < m; e++) {
+      int64_t g = global_index(tc->ndim, tc->shape, s->piece_shape[i], off, e);
+      /* Replicas along Replicate dims hold the same partial value. */
+      double pv = partial_at(g, pos, k, op);
+      dist_elem_set(s->pieces[i], tc->dt, (size_t)e, pv);
+      if (replica) continue;
+      v[g] = seen[g] ? combine(v[g], pv, op) : pv;
+      seen[g] = 1;
+    }
+  }
+  s->value_bytes = (size_t)n * elem;
+  s->value = malloc(s->value_bytes + 1);
+  for (int64_t g = 0; g < n; g++) {
+    double x = partial ? v[g] : truths ? truth_at(g) : value_at(g);
+    if (partial && op == DIST_REDUCE_AVG) x /= k;
+    dist_elem_set(s->value, tc->dt, (size_t)g, x);
+  }
+  free(v);
+  free(seen);
+}
+
+static void source_free(source *s, int n) {
+  for (int i = 0; i < n; i++) free(s->pieces[i]);
+  free(s->value);
+}
+
+/* Element-exact comparison with a readable failure. */
+static void expect_bytes(const void *got, size_t got_len, const void *want,
+                         size_t want_len, dist_dtype dt, const char *what) {
+  cr_assert_eq(got_len, want_len, "%s: %zu bytes, want %zu", what, got_len, want_len);
+  if (memcmp(got, want, want_len) == 0) return;
+  size_t elem = dist_dtype_size(dt);
+  for (size_t i = 0; i < want_len / elem; i++)
+    if (memcmp((const char *)got + i * elem, (const char *)want + i * elem, elem))
+      cr_assert_fail("%s: element %zu is %g, want %g", what, i,
+                     dist_elem_get(got, dt, i), dist_elem_get(want, dt, i));
+}
+
+static void check_full(dist_client *c, const dist_tensor *t, const source *s,
+                       dist_dtype dt, const char *what) {
+  void *data = NULL;
+  size_t nbytes = 0;
+  cr_assert_eq(dist_full_tensor(c, t, &data, &nbytes), 0, "%s: full_tensor: %s",
+               what, dist_errmsg(c));
+  expect_bytes(data, nbytes, s->value, s->value_bytes, dt, what);
+  free(data);
+}
+
+/* Every rank of the target layout holds its box of V; mesh dims that became
+ * Partial hold V at coordinate 0 and the identity elsewhere (avg: V). */
+static void check_pieces(dist_client *c, const dist_tensor *t, const tcase *tc,
+                         const layout *from, const layout *to, const source *s,
+                         const char *what) {
+  size_t elem = dist_dtype_size(tc->dt);
+  for (int i = 0; i < to->nranks; i++) {
+    int64_t shape[DIST_MAX_DIMS], off[DIST_MAX_DIMS], got_shape[DIST_MAX_DIMS];
+    int coords[DIST_MAX_MESH_DIMS], identity = 0;
+    dist_reduce op = DIST_REDUCE_SUM;
+    box_of(to, i, tc->ndim, tc->shape, shape, off);
+    coords_of(to, i, coords);
+    for (int d = 0; d < to->ndim; d++)
+      if (to->p[d].kind == DIST_PARTIAL && from->p[d].kind != DIST_PARTIAL &&
+          coords[d] != 0 && to->p[d].reduce != DIST_REDUCE_AVG)
+        identity = 1, op = to->p[d].reduce;
+    int64_t m = numel(tc->ndim, shape);
+    char *want = malloc((size_t)m * elem + 1);
+    for (int64_t e = 0; e < m; e++) {
+      int64_t g = global_index(tc->ndim, tc->shape, shape, off, e);
+      if (identity) dist_elem_set(want, tc->dt, (size_t)e, identity_of(op));
+      else memcpy(want + e * (int64_t)elem, (char *)s->value + g * (int64_t)elem, elem);
+    }
+    void *data = NULL;
+    size_t nbytes = 0;
+    char label[256];
+    snprintf(label, sizeof label, "%s, rank %d's piece", what, to->ranks[i]);
+    cr_assert_eq(dist_dtensor_to_local(c, t, to->ranks[i], &data, &nbytes, got_shape), 0,
+                 "%s: %s", label, dist_errmsg(c));
+    for (int d = 0; d < tc->ndim; d++)
+      cr_assert_eq(got_shape[d], shape[d], "%s: dim %d is %lld, want %lld", label, d,
+                   (long long)got_shape[d], (long long)shape[d]);
+    expect_bytes(data, nbytes, want, (size_t)m * elem, tc->dt, label);
+    free(data);
+    free(want);
+  }
+}
+
+/* Creates the source (dtensor_from_local for partial sources, shard_tensor
+ * otherwise), checks it, reshards and checks the result. */
+static void run_case(dist_client *c, const tcase *tc, int id) {
+  layout from, to;
+  layout_of(tc->mesh, tc->from, &from);
+  layout_of(tc->to_mesh ? tc->to_mesh : tc->mesh, tc->to, &to);
+  dist_reduce op = DIST_REDUCE_SUM;
+  int partial = first_partial(&from, &op);
+  source s;
+  memset(&s, 0, sizeof s);
+  make_source(tc, &from, op, partial, holds_truths(&to), &s);
+  char name[32], what[400];
+  snprintf(name, sizeof name, "case%d", id);
+  snprintf(what, sizeof what, "case %d: %s %s %s -> %s %s (%s)", id, tc->mesh, tc->from,
+           dist_dtype_name(tc->dt), tc->to_mesh ? tc->to_mesh : "", tc->to,
+           dist_dtype_name(tc->dt));
+  dist_mesh *mesh = NULL, *to_mesh = NULL;
+  dist_mesh_from_string(tc->mesh, NULL, &mesh);
+  if (tc->to_mesh) dist_mesh_from_string(tc->to_mesh, NULL, &to_mesh);
+  dist_tensor *t = NULL;
+  int rc = partial ? dist_dtensor_from_local(c, name, (const void *const *)s.pieces, tc->dt,
+                                             tc->ndim, s.shapes, mesh, from.p, &t)
+                   : dist_shard_tensor(c, name, s.value, tc->dt, tc->ndim, tc->shape,
+                                       mesh, from.p, &t);
+  cr_assert_eq(rc, 0, "%s: create: %s", what, dist_errmsg(c));
+  if (!partial) check_pieces(c, t, tc, &from, &from, &s, what);
+  check_full(c, t, &s, tc->dt, what);
+  cr_assert_eq(dist_reshard(c, t, to_mesh, to.p), 0, "%s: reshard: %s", what,
+               dist_errmsg(c));
+  check_full(c, t, &s, tc->dt, what);
+  check_pieces(c, t, tc, &from, &to, &s, what);
+  cr_assert_eq(dist_tensor_delete(c, name), 0, "%s: delete: %s", what, dist_errmsg(c));
+  dist_tensor_free(t);
+  dist_mesh_free(mesh);
+  dist_mesh_free(to_mesh);
+  source_free(&s, from.nranks);
+}
+
+static void run_cases(int daemons, const tcase *cases, int n) {
+  start_cluster(&cluster, daemons);
+  dist_client *c = harness_client(&cluster);
+  for (int i = 0; i < n; i++) run_case(c, &cases[i], i);
+  dist_close(c);
+  stop_cluster();
+}
+
+#define NCASES(a) ((int)(sizeof(a) / sizeof((a)[0])))
+
+/* ------------------------------------------------------------ transitions */
+
+static const char *const M4 = "[0,1,2,3]", *const M22 = "[[0,1],[2,3]]";
+
+Test(reshard, every_transition_on_a_1d_mesh_of_4, .timeout = 240, .fini = stop_cluster) {
+  static const tcase cases[] = {
+      {M4, "Shard(0)", "Replicate()", DIST_FLOAT32, 2, {10, 3}, NULL},
+      {M4, "Shard(1)", "Replicate()", DIST_INT64, 2, {3, 10}, NULL},
+      {M4, "Partial(sum)", "Replicate()", DIST_FLOAT32, 2, {10, 3}, NULL},
+      {M4, "Partial(max)", "Replicate()", DIST_INT32, 1, {10}, NULL},
+      {M4, "Partial(min)", "Replicate()", DIST_FLOAT64, 2, {10, 3}, NULL},
+      {M4, "Partial(prod)", "Replicate()", DIST_INT64, 2, {10, 3}, NULL},
+      {M4, "Partial(avg)", "Replicate()", DIST_FLOAT32, 2, {10, 3}, NULL},
+      {M4, "Partial(avg)", "Replicate()", DIST_INT32, 1, {10}, NULL},
+      {M4, "Partial(any)", "Replicate()", DIST_INT32, 2, {10, 3}, NULL},
+      {M4, "Partial(all)", "Replicate()", DIST_FLOAT16, 2, {10, 3}, NULL},
+      {M4, "Partial(sum)", "Replicate()", DIST_BFLOAT16, 2, {10, 3}, NULL},
+      {M4, "Partial(sum)", "Shard(0)", DIST_FLOAT64, 2, {10, 3}, NULL},
+      {M4, "Partial(max)", "Shard(1)", DIST_BFLOAT16, 2, {3, 10}, NULL},
+      {M4, "Partial(avg)", "Shard(0)", DIST_INT64, 1, {10}, NULL},
+      {M4, "Partial(prod)", "Shard(0)", DIST_FLOAT32, 2, {10, 3}, NULL},
+      {M4, "Replicate()", "Shard(0)", DIST_INT32, 2, {10, 3}, NULL},
+      {M4, "Replicate()", "Shard(1)", DIST_FLOAT16, 2, {3, 10}, NULL},
+      {M4, "Replicate()", "Partial(sum)", DIST_FLOAT32, 2, {10, 3}, NULL},
+      {M4, "Replicate()", "Partial(avg)", DIST_FLOAT64, 2, {10, 3}, NULL},
+      {M4, "Replicate()", "Partial(max)", DIST_INT32, 1, {10}, NULL},
+      {M4, "Replicate()", "Partial(min)", DIST_BFLOAT16, 1, {10}, NULL},
+      {M4, "Replicate()", "Partial(prod)", DIST_INT64, 1, {10}, NULL},
+      {M4, "Replicate()", "Partial(any)", DIST_FLOAT32, 1, {10}, NULL},
+      {M4, "Replicate()", "Partial(all)", DIST_INT32, 1, {10}, NULL},
+      {M4, "Shard(0)", "Partial(sum)", DIST_INT64, 2, {10, 3}, NULL},
+      {M4, "Shard(1)", "Partial(max)", DIST_FLOAT32, 2, {3, 10}, NULL},
+      {M4, "Shard(0)", "Shard(1)", DIST_FLOAT32, 2, {10, 7}, NULL},
+      {M4, "Shard(1)", "Shard(0)", DIST_INT64, 2, {5, 10}, NULL},
+      {M4, "Shard(0)", "Shard(2)", DIST_BFLOAT16, 3, {10, 2, 6}, NULL},
+      /* A dim smaller than the mesh: 3 over 4 is 1,1,1,0. */
+      {M4, "Shard(0)", "Replicate()", DIST_FLOAT32, 2, {3, 5}, NULL},
+      {M4, "Replicate()", "Shard(0)", DIST_INT32, 2, {3, 5}, NULL},
+      {M4, "Shard(0)", "Shard(1)", DIST_FLOAT64, 2, {3, 2}, NULL},
+      {M4, "Partial(sum)", "Shard(0)", DIST_FLOAT32, 1, {3}, NULL},
+  };
+  run_cases(4, cases, NCASES(cases));
+}
+
+Test(reshard, every_transition_on_a_2x2_mesh, .timeout = 240, .fini = stop_cluster) {
+  static const tcase cases[] = {
+      {M22, "Shard(0),Shard(1)", "Replicate(),Replicate()", DIST_FLOAT32, 2, {10, 5}, NULL},
+      {M22, "Shard(0),Replicate()", "Replicate(),Shard(0)", DIST_INT32, 2, {10, 3}, NULL},
+      {M22, "Replicate(),Replicate()", "Shard(0),Shard(1)", DIST_FLOAT64, 2, {10, 5}, NULL},
+      {M22, "Partial(sum),Shard(1)", "Shard(0),Replicate()", DIST_FLOAT32, 2, {10, 5}, NULL},
+      {M22, "Partial(max),Replicate()", "Replicate(),Shard(1)", DIST_BFLOAT16, 2, {4, 10}, NULL},
+      {M22, "Replicate(),Partial(avg)", "Replicate(),Replicate()", DIST_FLOAT64, 2, {10, 3}, NULL},
+      {M22, "Partial(sum),Partial(sum)", "Replicate(),Replicate()", DIST_INT64, 2, {10, 3}, NULL},
+      {M22, "Partial(min),Shard(0)", "Shard(0),Shard(1)", DIST_INT32, 2, {10, 3}, NULL},
+      {M22, "Replicate(),Replicate()", "Partial(sum),Shard(0)", DIST_INT32, 2, {10, 3}, NULL},
+      {M22, "Shard(0),Replicate()", "Replicate(),Partial(min)", DIST_FLOAT32, 2, {10, 3}, NULL},
+      {M22, "Shard(0),Shard(1)", "Shard(1),Shard(0)", DIST_INT64, 2, {10, 7}, NULL},
+      {M22, "Shard(1),Replicate()", "Shard(0),Partial(all)", DIST_FLOAT16, 2, {10, 3}, NULL},
+      {M22, "Replicate(),Shard(0)", "Partial(avg),Partial(avg)", DIST_FLOAT32, 2, {10, 3}, NULL},
+  };
+  run_cases(4, cases, NCASES(cases));
+}
+
+Test(reshard, nested_shards_of_one_tensor_dim, .timeout = 240, .fini = stop_cluster) {
+  static const tcase cases[] = {
+      {M22, "Shard(0),Shard(0)", "Replicate(),Replicate()", DIST_FLOAT32, 2, {13, 3}, NULL},
+      {M22, "Replicate(),Replicate()", "Shard(0),Shard(0)", DIST_INT32, 2, {10, 2}, NULL},
+      {M22, "Shard(0),Shard(0)", "Shard(1),Shard(1)", DIST_FLOAT64, 2, {7, 9}, NULL},
+      {M22, "Shard(0),Shard(0)", "Shard(0),Replicate()", DIST_INT64, 1, {10}, NULL},
+      {M22, "Shard(1),Shard(0)", "Shard(0),Shard(0)", DIST_BFLOAT16, 2, {3, 5}, NULL},
+      {M22, "Partial(sum),Shard(0)", "Shard(0),Shard(0)", DIST_FLOAT32, 2, {10, 2}, NULL},
+  };
+  run_cases(4, cases, NCASES(cases));
+}
+
+Test(reshard, uneven_13_over_6, .timeout = 240, .fini = stop_cluster) {
+  static const char *const M6 = "[0,1,2,3,4,5]", *const M23 = "[[0,1,2],[3,4,5]]";
+  static const tcase cases[] = {
+      {M6, "Shard(0)", "Replicate()", DIST_FLOAT32, 2, {13, 2}, NULL},
+      {M6, "Replicate()", "Shard(0)", DIST_INT64, 2, {13, 2}, NULL},
+      {M6, "Shard(0)", "Shard(1)", DIST_FLOAT64, 2, {13, 8}, NULL},
+      {M6, "Partial(sum)", "Shard(0)", DIST_INT32, 1, {13}, NULL},
+      {M6, "Partial(max)", "Replicate()", DIST_BFLOAT16, 1, {13}, NULL},
+      {M6, "Shard(0)", "Partial(sum)", DIST_FLOAT32, 1, {13}, NULL},
+      {M23, "Shard(0),Shard(1)", "Shard(1),Shard(0)", DIST_FLOAT32, 2, {13, 13}, NULL},
+      {M23, "Shard(0),Shard(0)", "Replicate(),Shard(0)", DIST_INT32, 1, {13}, NULL},
+  };
+  run_cases(6, cases, NCASES(cases));
+}
+
+Test(reshard, across_meshes_of_the_same_shape, .timeout = 240, .fini = stop_cluster) {
+  static const tcase cases[] = {
+      {"[0,1]", "Shard(0)", "Shard(0)", DIST_FLOAT32, 2, {10, 3}, "[2,3]"},
+      {"[0,1]", "Shard(0)", "Replicate()", DIST_INT64, 2, {7, 3}, "[2,3]"},
+      {"[0,1]", "Partial(sum)", "Replicate()", DIST_FLOAT64, 1, {9}, "[2,3]"},
+      {"[0,1]", "Replicate()", "Shard(1)", DIST_INT32, 2, {3, 3}, "[3,2]"},
+      {"[1,2]", "Shard(0)", "Shard(0)", DIST_FLOAT32, 1, {5}, "[2,3]"},
+      {M22, "Shard(0),Replicate()", "Replicate(),Shard(1)", DIST_FLOAT32, 2, {10, 5},
+       "[[2,3],[0,1]]"},
+  };
+  run_cases(4, cases, NCASES(cases));
+}
+
+/* shard_tensor with Partial placements follows Paddle: the logical value is
+ * the tensor given, so coordinate 0 keeps it and the others hold the
+ * identity (avg: every rank keeps it). */
+Test(shard_tensor, partial_placements_keep_the_logical_value, .timeout = 120, .fini = stop_cluster) {
+  static const tcase cases[] = {
+      {M4, "Replicate()", "Partial(sum)", DIST_FLOAT32, 2, {10, 3}, NULL},
+      {M22, "Replicate(),Shard(0)", "Partial(max),Shard(0)", DIST_INT32, 2, {10, 3}, NULL},
+      {M4, "Replicate()", "Partial(avg)", DIST_FLOAT64, 1, {10}, NULL},
+  };
+  start_cluster(&cluster, 4);
+  dist_client *c = harness_client(&cluster);
+  for (int i = 0; i < NCASES(cases); i++) {
+    const tcase *tc = &cases[i];
+    layout rep, part;
+    layout_of(tc->mesh, tc->from, &rep);
+    layout_of(tc->mesh, tc->to, &part);
+    source s;
+    memset(&s, 0, sizeof s);
+    make_source(tc, &rep, DIST_REDUCE_SUM, 0, holds_truths(&part), &s);
+    dist_mesh *mesh = NULL;
+    dist_mesh_from_string(tc->mesh, NULL, &mesh);
+    dist_tensor *t = NULL;
+    cr_assert_eq(dist_shard_tensor(c, "p", s.value, tc->dt, tc->ndim, tc->shape, mesh,
+                                   part.p, &t), 0, "%s", dist_errmsg(c));
+    check_full(c, t, &s, tc->dt, tc->to);
+    check_pieces(c, t, tc, &rep, &part, &s, tc->to);
+    cr_assert_eq(dist_tensor_delete(c, "p"), 0, "%s", dist_errmsg(c));
+    dist_tensor_free(t);
+    dist_mesh_free(mesh);
+    source_free(&s, 0);
+  }
+  dist_close(c);
+  stop_cluster();
+}
+
+/* ------------------------------------------------------------ dtensor_from_local */
+
+/* Names of the tensors daemon r holds, comma-joined. */
+static void names_on_rank(harness *h, int r, char *buf, size_t len) {
+  dist_client *c = harness_client_rank(h, r, 10000);
+  dist_tensor **list = NULL;
+  int n = 0;
+  cr_assert_eq(dist_tensor_list(c, &list, &n), 0, "rank %d: %s", r, dist_errmsg(c));
+  size_t pos = 0;
+  buf[0] = 0;
+  for (int i = 0; i < n && pos < len; i++)
+    pos += (size_t)snprintf(buf + pos, len - pos, "%s%s", i ? "," : "",
+                            dist_tensor_name(list[i]));
+  dist_tensor_list_free(list, n);
+  dist_close(c);
+}
+
+static void expect_store(harness *h, const char *want, const char *after) {
+  for (int r = 0; r < h->n; r++) {
+    char names[512];
+    names_on_rank(h, r, names, sizeof names);
+    cr_assert_str_eq(names, want, "after %s, rank %d holds [%s], want [%s]", after, r,
+                     names, want);
+  }
+}
+
+/* Pieces 3,3,3,1 of a [10, 2] float32 tensor over [0,1,2,3]: piece r holds
+ * rows of the reference. */
+static void uneven_pieces(float *ref, float pieces[4][6], int64_t shapes[4][2]) {
+  for (int i = 0; i < 20; i++) ref[i] = (float)(i * 3 - 7);
+  for (int r = 0; r < 4; r++) {
+    int64_t start, size;
+    split_range(10, 4, r, &start, &size);
+    shapes[r][0] = size;
+    shapes[r][1] = 2;
+    memcpy(pieces[r], ref + start * 2, sizeof(float) * (size_t)(size * 2));
+  }
+}
+
+Test(from_local, single_client_uneven_pieces_follow_the_split_rule, .timeout = 120, .fini = stop_cluster) {
+  start_cluster(&cluster, 4);
+  dist_client *c = harness_client(&cluster);
+  float ref[20], pieces[4][6];
+  int64_t shapes[4][2];
+  uneven_pieces(ref, pieces, shapes);
+  const void *ptrs[4] = {pieces[0], pieces[1], pieces[2], pieces[3]};
+  const int64_t *sp[4] = {shapes[0], shapes[1], shapes[2], shapes[3]};
+  dist_mesh *mesh = NULL;
+  dist_mesh_from_string(M4, NULL, &mesh);
+  dist_placement p = DIST_SHARD_DIM(0);
+  dist_tensor *t = NULL;
+  cr_assert_eq(dist_dtensor_from_local(c, "u", ptrs, DIST_FLOAT32, 2, sp, mesh, &p, &t), 0,
+               "%s", dist_errmsg(c));
+  cr_assert_eq(dist_tensor_shape(t)[0], 10);
+  cr_assert_eq(dist_tensor_shape(t)[1], 2);
+  void *data = NULL;
+  size_t n = 0;
+  cr_assert_eq(dist_full_tensor(c, t, &data, &n), 0, "%s", dist_errmsg(c));
+  expect_bytes(data, n, ref, sizeof ref, DIST_FLOAT32, "full tensor");
+  free(data);
+  for (int r = 0; r < 4; r++) {
+    int64_t shape[2];
+    cr_assert_eq(dist_dtensor_to_local(c, t, r, &data, &n, shape), 0, "%s", dist_errmsg(c));
+    cr_assert_eq(shape[0], shapes[r][0]);
+    expect_bytes(data, n, pieces[r], (size_t)shapes[r][0] * 2 * sizeof(float),
+                 DIST_FLOAT32, "piece");
+    free(data);
+  }
+  dist_tensor_free(t);
+  dist_mesh_free(mesh);
+  dist_close(c);
+  stop_cluster();
+}
+
+Test(from_local, pieces_that_do_not_fit_leave_every_store_unchanged, .timeout = 120, .fini = stop_cluster) {
+  start_cluster(&cluster, 4);
+  dist_client *c = harness_client(&cluster);
+  float ref[20], pieces[4][6];
+  int64_t shapes[4][2];
+  uneven_pieces(ref, pieces, shapes);
+  const void *ptrs[4] = {pieces[0], pieces[1], pieces[2], pieces[3]};
+  const int64_t *sp[4] = {shapes[0], shapes[1], shapes[2], shapes[3]};
+  dist_mesh *mesh = NULL;
+  dist_mesh_from_string(M4, NULL, &mesh);
+  dist_placement p = DIST_SHARD_DIM(0);
+  dist_tensor *t = NULL;
+  cr_assert_eq(dist_dtensor_from_local(c, "keep", ptrs, DIST_FLOAT32, 2, sp, mesh, &p, &t),
+               0, "%s", dist_errmsg(c));
+  dist_tensor_free(t);
+  /* 3,3,2,2 sums to 10 but is not the ceil rule's 3,3,3,1. */
+  shapes[2][0] = 2, shapes[3][0] = 2;
+  int rc = dist_dtensor_from_local(c, "bad", ptrs, DIST_FLOAT32, 2, sp, mesh, &p, &t);
+  cr_assert_eq(rc, DIST_EMISMATCH, "got %s: %s", dist_err_name(rc), dist_errmsg(c));
+  cr_assert(strstr(dist_errmsg(c), "do not fit"), "%s", dist_errmsg(c));
+  cr_assert_null(t);
+  expect_store(&cluster, "keep", "pieces 3,3,2,2");
+  /* Replicate needs equal pieces: [2] on one rank and [3] on the others. */
+  shapes[0][0] = 3, shapes[1][0] = 3, shapes[2][0] = 2, shapes[3][0] = 3;
+  dist_placement rep = DIST_REPLICATED;
+  rc = dist_dtensor_from_local(c, "bad", ptrs, DIST_FLOAT32, 2, sp, mesh, &rep, &t);
+  cr_assert_eq(rc, DIST_EMISMATCH, "got %s: %s", dist_err_name(rc), dist_errmsg(c));
+  cr_assert(strstr(dist_errmsg(c), "rank 2"), "%s", dist_errmsg(c));
+  expect_store(&cluster, "keep", "unequal replicated pieces");
+  dist_mesh_free(mesh);
+  dist_close(c);
+  stop_cluster();
+}
+
+/* ------------------------------------------------------------ SPMD */
+
+/* SPMD trainers are threads, each with its own client made by
+ * dist_init_from_env (the environment is set before each one is made). */
+static dist_client *spmd_client(harness *h, int rank, const char *job) {
+  char r[16], w[16];
+  snprintf(r, sizeof r, "%d", rank);
+  snprintf(w, sizeof w, "%d", h->n);
+  setenv("DIST_RANK", r, 1);
+  setenv("DIST_WORLD_SIZE", w, 1);
+  setenv("DIST_CLUSTER", h->cluster_file, 1);
+  setenv("DIST_JOB_ID", job, 1);
+  dist_client *c = NULL;
+  cr_assert_eq(dist_init_from_env(&c), 0, "%s", dist_last_connect_error());
+  cr_assert_eq(dist_rank(c), rank);
+  return c;
+}
+
+typedef struct trainer {
+  dist_client *c;
+  int rank;
+  dist_dtype dt[4]; /* per rank, for the dtype-mismatch case */
+  int ok;
+  char msg[512];
+  double failed_at;
+} trainer;
+
+/* Rank r's piece of the [10, 3] reference, rows split 3,3,3,1. */
+static void spmd_piece(int r, float *piece, int64_t *shape, float *ref) {
+  for (int i = 0; i < 30; i++) ref[i] = (float)(i * 5 % 17) - 3;
+  int64_t start, size;
+  split_range(10, 4, r, &start, &size);
+  shape[0] = size;
+  shape[1] = 3;
+  memcpy(piece, ref + start * 3, sizeof(float) * (size_t)(size * 3));
+}
+
+static void *spmd_train(void *arg) {
+  trainer *tr = arg;
+  float ref[30], piece[9];
+  int64_t shape[2];
+  const int64_t *sp[1] = {shape};
+  const void *pp[1] = {piece};
+  spmd_piece(tr->rank, piece, shape, ref);
+  dist_mesh *mesh = NULL;
+  dist_mesh_from_string(M4, NULL, &mesh);
+  dist_placement p = DIST_SHARD_DIM(0), q = DIST_SHARD_DIM(1);
+  dist_tensor *t = NULL;
+  void *data = NULL;
+  size_t n = 0;
+  int64_t ls[2];
+  tr->ok = 0;
+  if (dist_dtensor_from_local(tr->c, "spmd", pp, DIST_FLOAT32, 2, sp, mesh, &p, &t) != 0 ||
+      dist_reshard(tr->c, t, NULL, &q) != 0 || dist_full_tensor(tr->c, t, &data, &n) != 0) {
+    snprintf(tr->msg, sizeof tr->msg, "%s", dist_errmsg(tr->c));
+    goto out;
+  }
+  if (n != sizeof ref || memcmp(data, ref, sizeof ref) != 0) {
+    snprintf(tr->msg, sizeof tr->msg, "full tensor differs from the reference");
+    goto out;
+  }
+  free(data);
+  data = NULL;
+  /* Shard(1) of 3 columns over 4: rank r holds column r (none for 3). */
+  if (dist_dtensor_to_local(tr->c, t, -1, &data, &n, ls) != 0) {
+    snprintf(tr->msg, sizeof tr->msg, "%s", dist_errmsg(tr->c));
+    goto out;
+  }
+  int64_t cols = tr->rank < 3 ? 1 : 0;
+  int good = ls[0] == 10 && ls[1] == cols && n == (size_t)(10 * cols) * sizeof(float);
+  for (int i = 0; good && i < 10 * cols; i++) good = ((float *)data)[i] == ref[i * 3 + tr->rank];
+  if (!good) {
+    snprintf(tr->msg, sizeof tr->msg, "local piece [%lld, %lld] differs", (long long)ls[0],
+             (long long)ls[1]);
+    goto out;
+  }
+  tr->ok = 1;
+out:
+  free(data);
+  dist_tensor_free(t);
+  dist_mesh_free(mesh);
+  return NULL;
+}
+
+static void run_trainers(trainer *tr, int n, void *(*fn)(void *)) {
+  pthread_t th[8];
+  for (int i = 0; i < n; i++) pthread_create(&th[i], NULL, fn, &tr[i]);
+  for (int i = 0; i < n; i++) pthread_join(th[i], NULL);
+}
+
+Test(spmd, trainers_build_reshard_and_read_a_tensor, .timeout = 120, .fini = stop_cluster) {
+  start_cluster(&cluster, 4);
+  trainer tr[4];
+  memset(tr, 0, sizeof tr);
+  for (int r = 0; r < 4; r++) tr[r].c = spmd_client(&cluster, r, "spmd-test-1"), tr[r].rank = r;
+  run_trainers(tr, 4, spmd_train);
+  for (int r = 0; r < 4; r++) {
+    cr_expect(tr[r].ok, "trainer %d: %s", r, tr[r].msg);
+    dist_close(tr[r].c);
+  }
+  stop_cluster();
+}
+
+static void *spmd_mixed_dtypes(void *arg) {
+  trainer *tr = arg;
+  int64_t shape[1] = {2};
+  const int64_t *sp[1] = {shape};
+  int64_t piece[2] = {1, 2}; /* 16 bytes: enough for any dtype */
+  const void *pp[1] = {piece};
+  dist_mesh *mesh = NULL;
+  dist_mesh_from_string(M4, NULL, &mesh);
+  dist_placement p = DIST_SHARD_DIM(0);
+  dist_tensor *t = NULL;
+  int rc = dist_dtensor_from_local(tr->c, "mixed", pp, tr->dt[tr->rank], 1, sp, mesh, &p, &t);
+  tr->ok = rc == DIST_EMISMATCH;
+  snprintf(tr->msg, sizeof tr->msg, "%s: %s", dist_err_name(rc), dist_errmsg(tr->c));
+  dist_tensor_free(t);
+  dist_mesh_free(mesh);
+  return NULL;
+}
+
+Test(bad_input, spmd_pieces_of_different_dtypes_are_refused_everywhere, .timeout = 120, .fini = stop_cluster) {
+  start_cluster(&cluster, 4);
+  trainer tr[4];
+  memset(tr, 0, sizeof tr);
+  for (int r = 0; r < 4; r++) {
+    tr[r].c = spmd_client(&cluster, r, "spmd-test-2");
+    tr[r].rank = r;
+    for (int k = 0; k < 4; k++) tr[r].dt[k] = k == 2 ? DIST_INT32 : DIST_FLOAT32;
+  }
+  run_trainers(tr, 4, spmd_mixed_dtypes);
+  for (int r = 0; r < 4; r++) {
+    cr_expect(tr[r].ok, "trainer %d: %s", r, tr[r].msg);
+    cr_expect(strstr(tr[r].msg, "dtype"), "trainer %d: %s", r, tr[r].msg);
+    dist_close(tr[r].c);
+  }
+  expect_store(&cluster, "", "pieces of different dtypes");
+  stop_cluster();
+}
+
+/* ------------------------------------------------------------ concurrency */
+
+typedef struct worker {
+  harness *h;
+  int id;
+  int ok;
+  char msg[512];
+} worker;
+
+/* Each worker puts, reshards and reads its own tensors, several times. */
+static void *concurrent_worker(void *arg) {
+  worker *w = arg;
+  dist_client *c = NULL;
+  w->ok = 0;
+  if (dist_connect_cluster(w->h->cluster_file, NULL, &c) != 0) {
+    snprintf(w->msg, sizeof w->msg, "%s", dist_last_connect_error());
+    return NULL;
+  }
+  dist_mesh *mesh = NULL;
+  dist_mesh_from_string(M22, NULL, &mesh);
+  int64_t shape[2] = {37 + w->id, 11};
+  int64_t n = shape[0] * shape[1];
+  double *ref = malloc(sizeof(double) * (size_t)n);
+  for (int64_t i = 0; i < n; i++) ref[i] = (double)(i * (w->id + 1) % 101);
+  dist_placement a[2] = {DIST_SHARD_DIM(0), DIST_SHARD_DIM(1)};
+  dist_placement b[2] = {DIST_SHARD_DIM(1), DIST_REPLICATED};
+  for (int round = 0; round < 5; round++) {
+    char name[64];
+    snprintf(name, sizeof name, "w%d.%d", w->id, round);
+    dist_tensor *t = NULL;
+    void *data = NULL;
+    size_t bytes = 0;
+    int rc = dist_shard_tensor(c, name, ref, DIST_FLOAT64, 2, shape, mesh, a, &t);
+    if (rc == 0) rc = dist_reshard(c, t, NULL, b);
+    if (rc == 0) rc = dist_full_tensor(c, t, &data, &bytes);
+    if (rc == 0 && (bytes != sizeof(double) * (size_t)n || memcmp(data, ref, bytes) != 0))
+      rc = dist_client_fail(c, DIST_EINTERNAL, "%s differs from its reference", name);
+    if (rc == 0) rc = dist_tensor_delete(c, name);
+    free(data);
+    dist_tensor_free(t);
+    if (rc != 0) {
+      snprintf(w->msg, sizeof w->msg, "%s: %s", name, dist_errmsg(c));
+      goto out;
+    }
+  }
+  w->ok = 1;
+out:
+  free(ref);
+  dist_mesh_free(mesh);
+  dist_close(c);
+  return NULL;
+}
+
+Test(concurrency, threads_working_on_different_tensors, .timeout = 120, .fini = stop_cluster) {
+  start_cluster(&cluster, 4);
+  worker w[6];
+  pthread_t th[6];
+  for (int i = 0; i < 6; i++) {
+    w[i] = (worker){&cluster, i, 0, ""};
+    pthread_create(&th[i], NULL, concurrent_worker, &w[i]);
+  }
+  for (int i = 0; i < 6; i++) pthread_join(th[i], NULL);
+  for (int i = 0; i < 6; i++) cr_expect(w[i].ok, "worker %d: %s", i, w[i].msg);
+  expect_store(&cluster, "", "the workers deleted their tensors");
+  stop_cluster();
+}
+
+/* ------------------------------------------------------------ bad input */
+
+/* Puts "keep" ([10, 2] float32, Shard(0) over [0,1,2,3]) and returns the
+ * version each rank reports, to show later that nothing changed. */
+static void put_keep(dist_client *c, float *ref) {
+  for (int i = 0; i < 20; i++) ref[i] = (float)i;
+  int64_t shape[2] = {10, 2};
+  dist_mesh *mesh = NULL;
+  dist_mesh_from_string(M4, NULL, &mesh);
+  dist_placement p = DIST_SHARD_DIM(0);
+  dist_tensor *t = NULL;
+  cr_assert_eq(dist_shard_tensor(c, "keep", ref, DIST_FLOAT32, 2, shape, mesh, &p, &t), 0,
+               "%s", dist_errmsg(c));
+  dist_tensor_free(t);
+  dist_mesh_free(mesh);
+}
+
+static void expect_keep_unchanged(harness *h, dist_client *c, const float *ref,
+                                  const char *after) {
+  expect_store(h, "keep", after);
+  dist_tensor *t = NULL;
+  cr_assert_eq(dist_tensor_open(c, "keep", &t), 0, "%s", dist_errmsg(c));
+  cr_assert_eq(dist_tensor_placements(t)[0].kind, DIST_SHARD, "after %s", after);
+  void *data = NULL;
+  size_t n = 0;
+  cr_assert_eq(dist_full_tensor(c, t, &data, &n), 0, "%s", dist_errmsg(c));
+  expect_bytes(data, n, ref, 20 * sizeof(float), DIST_FLOAT32, after);
+  free(data);
+  dist_tensor_piece *pieces = NULL;
+  int np = 0;
+  cr_assert_eq(dist_tensor_pieces(c, t, &pieces, &np), 0, "%s", dist_errmsg(c));
+  cr_assert_eq(np, 4);
+  for (int i = 0; i < np; i++) cr_assert_eq(pieces[i].version, pieces[0].version);
+  free(pieces);
+  dist_tensor_free(t);
+}
+
+#define EXPECT_ERR(c, rc, code, needle, what)                                   \
+  do {                                                                        \
+    cr_assert_eq((rc), (code), "%s: got %s: %s", (what), dist_err_name(rc),   \
+                 dist_errmsg(c));                                             \
+    cr_assert(strstr(dist_errmsg(c), (needle)), "%s: message '%s' does not name '%s'", \
+              (what), dist_errmsg(c), (needle));                              \
+  } while (0)
+
+Test(bad_input, each_is_a_clear_error_and_leaves_the_store_unchanged, .timeout = 120, .fini = stop_cluster) {
+  start_cluster(&cluster, 4);
+  dist_client *c = harness_client(&cluster);
+  float ref[20];
+  put_keep(c, ref);
+  int64_t shape[2] = {10, 2};
+  dist_mesh *m4 = NULL, *m22 = NULL, *m7 = NULL;
+  dist_mesh_from_string(M4, NULL, &m4);
+  dist_mesh_from_string(M22, NULL, &m22);
+  dist_mesh_from_string("[0,7]", NULL, &m7);
+  dist_placement s2 = DIST_SHARD_DIM(2), s0 = DIST_SHARD_DIM(0);
+  dist_placement two[2] = {DIST_SHARD_DIM(0), DIST_REPLICATED};
+  dist_tensor *t = NULL;
+
+  int rc = dist_shard_tensor(c, "x", ref, DIST_FLOAT32, 2, shape, m4, &s2, &t);
+  EXPECT_ERR(c, rc, DIST_EINVAL, "Shard(2)", "shard dim out of range");
+  expect_keep_unchanged(&cluster, c, ref, "shard dim out of range");
+
+  rc = dist_shard_tensor(c, "x", ref, DIST_FLOAT32, 2, shape, m7, two, &t);
+  EXPECT_ERR(c, rc, DIST_EINVAL, "rank 7", "mesh naming an unknown rank");
+  expect_keep_unchanged(&cluster, c, ref, "mesh naming an unknown rank");
+
+  /* The C API takes one placement per mesh dim by construction; a wrong
+   * count is checked by the daemons (next test) and distctl (last test). */
+
+  rc = dist_shard_tensor(c, "keep", ref, DIST_FLOAT32, 2, shape, m4, &s0, &t);
+  EXPECT_ERR(c, rc, DIST_EEXIST, "'keep'", "name that exists");
+  expect_keep_unchanged(&cluster, c, ref, "put of a name that exists");
+
+  rc = dist_tensor_open(c, "nope", &t);
+  EXPECT_ERR(c, rc, DIST_ENOTFOUND, "'nope'", "open of a name that does not exist");
+  rc = dist_tensor_delete(c, "nope");
+  EXPECT_ERR(c, rc, DIST_ENOTFOUND, "'nope'", "delete of a name that does not exist");
+
+  /* Reshard of keep to a bad target: the tensor stays as it was. */
+  cr_assert_eq(dist_tensor_open(c, "keep", &t), 0, "%s", dist_errmsg(c));
+  rc = dist_reshard(c, t, NULL, &s2);
+  EXPECT_ERR(c, rc, DIST_EINVAL, "Shard(2)", "reshard to a shard dim out of range");
+  rc = dist_reshard(c, t, m22, two);
+  EXPECT_ERR(c, rc, DIST_EINVAL, "mesh", "reshard to a mesh of another shape");
+  rc = dist_reshard(c, t, m7, &s0);
+  EXPECT_ERR(c, rc, DIST_EINVAL, "rank 7", "reshard to a mesh naming an unknown rank");
+  dist_tensor_free(t);
+  expect_keep_unchanged(&cluster, c, ref, "bad reshards");
+
+  dist_mesh_free(m4);
+  dist_mesh_free(m22);
+  dist_mesh_free(m7);
+  dist_close(c);
+  stop_cluster();
+}
+
+/* A TensorPut straight to every daemon of [0,1,2,3], bypassing libdist's
+ * own checks, so the daemons' checks are what answers. */
+static int raw_put(dist_client *c, const char *name, dist_dtype dt, const dist_shape *global,
+                   const char *mesh_text, const char *placements, const void *data,
+                   size_t len) {
+  dist_mesh_desc mesh;
+  dist_placement p[DIST_MAX_MESH_DIMS];
+  int np = 0;
+  cr_assert_eq(dist_mesh_parse(&mesh, mesh_text, NULL, NULL), 0);
+  cr_assert_eq(dist_placements_parse(placements, p, DIST_MAX_MESH_DIMS, &np, NULL), 0);
+  dist_wire_meta *w = calloc(1, sizeof *w);
+  dist_meta_to_pb(name, dt, global, &mesh, p, w);
+  dist_placements_to_pb(p, np, w); /* np may differ from the mesh's ndim */
+  w->meta.n_placements = (size_t)np;
+  Dist__V1__TensorPutRequest rq = DIST__V1__TENSOR_PUT_REQUEST__INIT;
+  rq.meta = &w->meta;
+  rq.data.data = (uint8_t *)data;
+  rq.data.len = len;
+  dist_call calls[4];
+  memset(calls, 0, sizeof calls);
+  for (int i = 0; i < 4; i++) calls[i].target = i, calls[i].request = &rq.base;
+  int rc = dist_call_many(c, "/dist.v1.Dist/TensorPut", &dist__v1__tensor_put_reply__descriptor,
+                          calls, 4);
+  dist_calls_free(calls, 4);
+  free(w);
+  return rc;
+}
+
+Test(bad_input, the_daemons_check_what_libdist_would_have_refused, .timeout = 120, .fini = stop_cluster) {
+  start_cluster(&cluster, 4);
+  dist_client *c = harness_client(&cluster);
+  float ref[20], piece[6] = {0};
+  put_keep(c, ref);
+  dist_shape global = {2, {10, 2}};
+  int rc = raw_put(c, "x", DIST_FLOAT32, &global, M4, "Shard(3)", piece, 24);
+  EXPECT_ERR(c, rc, DIST_EINVAL, "Shard(3)", "daemon: shard dim out of range");
+  rc = raw_put(c, "x", DIST_FLOAT32, &global, "[0,1,2,9]", "Shard(0)", piece, 24);
+  EXPECT_ERR(c, rc, DIST_EINVAL, "rank 9", "daemon: mesh naming an unknown rank");
+  rc = raw_put(c, "x", DIST_FLOAT32, &global, M4, "Shard(0),Replicate()", piece, 24);
+  EXPECT_ERR(c, rc, DIST_EINVAL, "placements", "daemon: placements count");
+  /* 3x2 float32 rows are 24 bytes; 3x2 float64 would be 48: a dtype that
+   * does not match the bytes sent. */
+  rc = raw_put(c, "x", DIST_FLOAT64, &global, M4, "Shard(0)", piece, 24);
+  EXPECT_ERR(c, rc, DIST_EMISMATCH, "float64", "daemon: bytes that do not fit the dtype");
+  rc = raw_put(c, "keep", DIST_FLOAT32, &global, M4, "Shard(0)", piece, 24);
+  cr_assert_neq(rc, 0, "a put over an existing name succeeded");
+  expect_keep_unchanged(&cluster, c, ref, "raw puts the daemons refused");
+  dist_close(c);
+  stop_cluster();
+}
+
+/* ------------------------------------------------------------ a peer dies */
+
+typedef struct looper {
+  dist_client *c;
+  int rank;
+  int iterations;
+  int rc;
+  char msg[512];
+  double failed_at;
+} looper;
+
+/* Reshards a large tensor back and forth until something fails. */
+static void *reshard_until_failure(void *arg) {
+  looper *lp = arg;
+  dist_mesh *mesh = NULL;
+  dist_mesh_from_string(M4, NULL, &mesh);
+  /* 2048 x 2048 float32 = 16 MiB, each rank's piece 4 MiB. */
+  int64_t rows = 512, shape[2] = {rows, 2048};
+  size_t count = (size_t)(rows * 2048);
+  float *piece = malloc(count * sizeof *piece);
+  for (size_t i = 0; i < count; i++) piece[i] = (float)(i % 1000);
+  const void *pp[1] = {piece};
+  const int64_t *sp[1] = {shape};
+  dist_placement a = DIST_SHARD_DIM(0), b = DIST_SHARD_DIM(1), r = DIST_REPLICATED;
+  dist_tensor *t = NULL;
+  lp->rc = dist_dtensor_from_local(lp->c, "big", pp, DIST_FLOAT32, 2, sp, mesh, &a, &t);
+  /* S(0) -> S(1) all-to-all, -> R all-gather, -> S(0) local slice, ... */
+  for (int i = 0; lp->rc == 0 && i < 100000; i++) {
+    const dist_placement *to = i % 3 == 0 ? &b : i % 3 == 1 ? &r : &a;
+    lp->rc = dist_reshard(lp->c, t, NULL, to);
+    if (lp->rc == 0) lp->iterations++;
+  }
+  lp->failed_at = now_s();
+  snprintf(lp->msg, sizeof lp->msg, "%s", dist_errmsg(lp->c));
+  dist_tensor_free(t);
+  free(piece);
+  dist_mesh_free(mesh);
+  return NULL;
+}
+
+Test(failure, a_peer_killed_mid_reshard_fails_every_survivor_naming_it, .timeout = 120, .fini = stop_cluster) {
+  start_cluster(&cluster, 4);
+  looper lp[4];
+  pthread_t th[4];
+  memset(lp, 0, sizeof lp);
+  for (int r = 0; r < 4; r++) {
+    lp[r].c = spmd_client(&cluster, r, "kill-test");
+    lp[r].rank = r;
+  }
+  for (int r = 0; r < 4; r++) pthread_create(&th[r], NULL, reshard_until_failure, &lp[r]);
+  /* Let a few reshards complete, then kill rank 2 in the middle of one. */
+  struct timespec ts = {0, 700 * 1000000L};
+  nanosleep(&ts, NULL);
+  double killed_at = now_s();
+  harness_kill(&cluster, 2, SIGKILL);
+  for (int r = 0; r < 4; r++) pthread_join(th[r], NULL);
+  for (int r = 0; r < 4; r++) {
+    cr_assert_neq(lp[r].rc, 0, "trainer %d never failed", r);
+    if (r == 2) continue;
+    cr_expect(lp[r].iterations > 0, "trainer %d failed before any reshard: %s", r, lp[r].msg);
+    cr_expect(strstr(lp[r].msg, "rank 2"),
+              "trainer %d (after %d reshards): '%s' does not name rank 2", r,
+              lp[r].iterations, lp[r].msg);
+    cr_expect(lp[r].failed_at - killed_at < 10.0, "trainer %d failed %.1f s after the kill",
+              r, lp[r].failed_at - killed_at);
+  }
+  for (int r = 0; r < 4; r++) dist_close(lp[r].c);
+
+  /* The survivors keep serving: Info, and a small tensor on [0,1,3]. */
+  dist_client *c = harness_client(&cluster);
+  for (int r = 0; r < 4; r++) {
+    if (r == 2) continue;
+    dist_daemon_info info;
+    cr_assert_eq(dist_info(c, r, &info), 0, "rank %d: %s", r, dist_errmsg(c));
+    dist_info_free(&info);
+  }
+  dist_mesh *mesh = NULL;
+  dist_mesh_from_string("[0,1,3]", NULL, &mesh);
+  float small[7] = {1, 2, 3, 4, 5, 6, 7};
+  int64_t shape[1] = {7};
+  dist_placement p = DIST_SHARD_DIM(0), rep = DIST_REPLICATED;
+  dist_tensor *t = NULL;
+  cr_assert_eq(dist_shard_tensor(c, "after", small, DIST_FLOAT32, 1, shape, mesh, &p, &t), 0,
+               "%s", dist_errmsg(c));
+  cr_assert_eq(dist_reshard(c, t, NULL, &rep), 0, "%s", dist_errmsg(c));
+  void *data = NULL;
+  size_t n = 0;
+  cr_assert_eq(dist_full_tensor(c, t, &data, &n), 0, "%s", dist_errmsg(c));
+  expect_bytes(data, n, small, sizeof small, DIST_FLOAT32, "after the kill");
+  free(data);
+  dist_tensor_free(t);
+  dist_mesh_free(mesh);
+  dist_close(c);
+  stop_cluster();
+}
+
+/* ------------------------------------------------------------ distctl */
+
+static int distctl(harness *h, char **out, char **err, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int distctl(harness *h, char **out, char **err, const char *fmt, ...) {
+  char args[2048], cmd[4096];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(args, sizeof args, fmt, ap);
+  va_end(ap);
+  snprintf(cmd, sizeof cmd, "%s --cluster %s %s", harness_distctl(), h->cluster_file, args);
+  return harness_run(cmd, out, err, 60);
+}
+
+static json_t *distctl_json(harness *h, const char *fmt, const char *name) {
+  char args[512], *out = NULL, *err = NULL;
+  snprintf(args, sizeof args, fmt, name);
+  int rc = distctl(h, &out, &err, "%s", args);
+  cr_assert_eq(rc, 0, "distctl %s: exit %d: %s", args, rc, err ? err : "");
+  json_error_t je;
+  json_t *j = json_loads(out ? out : "", 0, &je);
+  cr_assert(j, "distctl %s printed invalid JSON (%s): %s", args, je.text, out);
+  free(out);
+  free(err);
+  return j;
+}
+
+static void expect_pair(json_t *range, int64_t lo, int64_t hi, const char *what) {
+  cr_assert_eq(json_integer_value(json_array_get(range, 0)), lo, "%s", what);
+  cr_assert_eq(json_integer_value(json_array_get(range, 1)), hi, "%s", what);
+}
+
+Test(distctl, put_show_reshard_get_list_rm, .timeout = 180, .fini = stop_cluster) {
+  start_cluster(&cluster, 4);
+  char in[400], outp[400], piece[400];
+  snprintf(in, sizeof in, "%s/in.npy", cluster.dir);
+  snprintf(outp, sizeof outp, "%s/out.npy", cluster.dir);
+  snprintf(piece, sizeof piece, "%s/piece.npy", cluster.dir);
+  float ref[30];
+  for (int i = 0; i < 30; i++) ref[i] = (float)i * 0.5f - 3;
+  dist_shape shape = {2, {10, 3}};
+  cr_assert_eq(dist_npy_write(in, DIST_FLOAT32, &shape, ref, NULL), 0);
+  char *out = NULL, *err = NULL;
+  int rc = distctl(&cluster, &out, &err, "tensor put w %s --mesh \"[[0,1],[2,3]]\" --dim-names dp,mp "
+                   "--placements \"Shard(0),Replicate()\"", in);
+  cr_assert_eq(rc, 0, "put: exit %d: %s", rc, err);
+  free(out), free(err);
+
+  json_t *j = distctl_json(&cluster, "tensor show %s --json", "w");
+  cr_assert_str_eq(json_string_value(json_object_get(j, "dtype")), "float32");
+  expect_pair(json_object_get(j, "shape"), 10, 3, "shape");
+  cr_assert_str_eq(json_string_value(json_array_get(json_object_get(j, "placements"), 0)),
+                   "Shard(0)");
+  cr_assert_str_eq(json_string_value(json_array_get(
+                       json_object_get(json_object_get(j, "mesh"), "dim_names"), 1)), "mp");
+  json_t *pieces = json_object_get(j, "pieces");
+  cr_assert_eq(json_array_size(pieces), 4);
+  for (int i = 0; i < 4; i++) {
+    json_t *pc = json_array_get(pieces, (size_t)i);
+    int64_t lo = i < 2 ? 0 : 5;
+    cr_assert_eq(json_integer_value(json_object_get(pc, "rank")), i);
+    json_t *ranges = json_object_get(pc, "ranges");
+    expect_pair(json_array_get(ranges, 0), lo, lo + 5, "rows");
+    expect_pair(json_array_get(ranges, 1), 0, 3, "cols");
+    cr_assert_eq(json_integer_value(json_object_get(pc, "bytes")), 5 * 3 * 4);
+  }
+  json_decref(j);
+
+  rc = distctl(&cluster, &out, &err, "tensor reshard w --placements \"Replicate(),Shard(1)\"");
+  cr_assert_eq(rc, 0, "reshard: exit %d: %s", rc, err);
+  free(out), free(err);
+  rc = distctl(&cluster, &out, &err, "tensor get w -o %s", outp);
+  cr_assert_eq(rc, 0, "get: exit %d: %s", rc, err);
+  free(out), free(err);
+  dist_dtype dt = DIST_DTYPE_INVALID;
+  dist_shape got;
+  void *data = NULL;
+  size_t n = 0;
+  cr_assert_eq(dist_npy_read(outp, &dt, &got, &data, &n, NULL), 0);
+  cr_assert_eq(dt, DIST_FLOAT32);
+  cr_assert(dist_shape_equal(&got, &shape));
+  expect_bytes(data, n, ref, sizeof ref, DIST_FLOAT32, "distctl get");
+  free(data);
+
+  /* Rank 1 is at mp = 1: columns 2:3 of 3 split 2,1. */
+  rc = distctl(&cluster, &out, &err, "tensor get w --rank 1 --local -o %s", piece);
+  cr_assert_eq(rc, 0, "get --local: exit %d: %s", rc, err);
+  free(out), free(err);
+  cr_assert_eq(dist_npy_read(piece, &dt, &got, &data, &n, NULL), 0);
+  cr_assert(got.ndim == 2 && got.dims[0] == 10 && got.dims[1] == 1);
+  for (int i = 0; i < 10; i++) cr_assert_eq(((float *)data)[i], ref[i * 3 + 2]);
+  free(data);
+
+  /* dtensor_from_local from one file per rank (rows 3,3,3,1). */
+  char files[1600] = "";
+  for (int r = 0; r < 4; r++) {
+    char f[400];
+    int64_t start, size;
+    split_range(10, 4, r, &start, &size);
+    snprintf(f, sizeof f, "%s/r%d.npy", cluster.dir, r);
+    dist_shape ps = {2, {size, 3}};
+    cr_assert_eq(dist_npy_write(f, DIST_FLOAT32, &ps, ref + start * 3, NULL), 0);
+    strcat(files, r ? "," : "");
+    strcat(files, f);
+  }
+  rc = distctl(&cluster, &out, &err, "tensor put v --local %s --mesh \"[0,1,2,3]\" "
+               "--placements \"Shard(0)\"", files);
+  cr_assert_eq(rc, 0, "put --local: exit %d: %s", rc, err);
+  free(out), free(err);
+  rc = distctl(&cluster, &out, &err, "tensor get v -o %s", outp);
+  cr_assert_eq(rc, 0, "get v: exit %d: %s", rc, err);
+  free(out), free(err);
+  cr_assert_eq(dist_npy_read(outp, &dt, &got, &data, &n, NULL), 0);
+  expect_bytes(data, n, ref, sizeof ref, DIST_FLOAT32, "distctl put --local");
+  free(data);
+
+  j = distctl_json(&cluster, "%s --json", "tensors");
+  cr_assert_eq(json_array_size(j), 2, "tensors: %zu entries", json_array_size(j));
+  cr_assert_str_eq(json_string_value(json_object_get(json_array_get(j, 0), "name")), "v");
+  cr_assert_str_eq(json_string_value(json_object_get(json_array_get(j, 1), "name")), "w");
+  cr_assert_eq(json_integer_value(json_object_get(json_array_get(j, 1), "bytes")), 4 * 30 * 2);
+  json_decref(j);
+
+  /* A bad --placements is a usage error that names the problem. */
+  rc = distctl(&cluster, &out, &err, "tensor put x %s --mesh \"[0,1]\" --placements \"Shard(0),Bogus()\"",
+               in);
+  cr_assert_eq(rc, 2, "bad placements: exit %d", rc);
+  cr_assert(err && strstr(err, "Bogus"), "stderr: %s", err);
+  free(out), free(err);
+  rc = distctl(&cluster, &out, &err, "tensor put x %s --mesh \"[[0,1],[2,3]]\" --placements \"Shard(0)\"",
+               in);
+  cr_assert_eq(rc, 2, "placements count: exit %d", rc);
+  cr_assert(err && strstr(err, "placements"), "stderr: %s", err);
+  free(out), free(err);
+  rc = distctl(&cluster, &out, &err, "tensor put x %s --mesh \"[0,1]\" --placements \"Shard(5)\"", in);
+  cr_assert_eq(rc, 2, "shard dim: exit %d", rc);
+  cr_assert(err && strstr(err, "Shard(5)"), "stderr: %s", err);
+  free(out), free(err);
+
+  rc = distctl(&cluster, &out, &err, "tensor rm w");
+  cr_assert_eq(rc, 0, "rm: exit %d: %s", rc, err);
+  free(out), free(err);
+  rc = distctl(&cluster, &out, &err, "tensor get w -o %s", outp);
+  cr_assert_eq(rc, 1, "get after rm: exit %d", rc);
+  cr_assert(err && strstr(err, "not found"), "stderr: %s", err);
+  free(out), free(err);
+  j = distctl_json(&cluster, "%s --json", "tensors");
+  cr_assert_eq(json_array_size(j), 1);
+  json_decref(j);
+  stop_cluster();
+}
