@@ -1,34 +1,39 @@
 /* Collective: a raw collective over data the trainer sends, for SPMD
- * programs (dist.all_reduce, dist.all_gather ...). */
+ * programs (dist.all_reduce, dist.all_gather ...).
+ *
+ * Each kind is split in two: prepare (check the request, learn counts,
+ * allocate the result) and exec (the data movement alone). A normal call
+ * runs both once; benchmark mode (repeat > 0) prepares once and then runs
+ * exec warmup + repeat times, each after a barrier of the group, timing
+ * each exec, so bench/run sees the daemon-to-daemon time of the op. */
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "coll.h"
 #include "methods.h"
+#include "moe_scatter.h"
 #include "pbuf.h"
 #include "wire.h"
 
 typedef Dist__V1__CollectiveRequest creq;
 
-static int element_count(const creq *rq, size_t elem, size_t *n,
-                         dist_errbuf *eb) {
-  if (rq->data.len % elem)
-    return dist_fail(eb, DIST_EINVAL, "%zu data bytes is not a whole number of "
-                     "%zu-byte elements", rq->data.len, elem);
-  *n = rq->data.len / elem;
-  return 0;
-}
+/* Everything one collective needs, filled by a kind's prepare. */
+typedef struct op {
+  const creq *rq;
+  dist_dtype dt;
+  size_t elem, n;       /* element size, elements in rq->data */
+  size_t *a, *b;        /* per-member counts (send / recv, or sizes) */
+  int64_t *la, *lb;     /* the same as int64, for the MoE exchange */
+  int root;             /* BROADCAST: the root's index in the group */
+  void *out;
+  size_t out_len;
+} op;
 
-static int counts_for(const creq *rq, const uint64_t *given, size_t ngiven,
-                      int size, size_t *counts, const char *what,
-                      dist_errbuf *eb) {
-  if (ngiven != (size_t)size)
-    return dist_fail(eb, DIST_EINVAL, "%s: %zu counts for a group of %d",
-                     what, ngiven, size);
-  (void)rq;
-  for (int i = 0; i < size; i++) counts[i] = (size_t)given[i];
-  return 0;
-}
+typedef struct kind_ops {
+  int (*prepare)(const distd_coll *c, op *o, dist_errbuf *eb);
+  int (*exec)(const distd_coll *c, op *o, dist_errbuf *eb);
+} kind_ops;
 
 static size_t sum(const size_t *v, int n) {
   size_t t = 0;
@@ -36,108 +41,265 @@ static size_t sum(const size_t *v, int n) {
   return t;
 }
 
-/* Runs the collective; *out/out_len is the result (malloc'd). */
-static int run(const distd_coll *c, const creq *rq, dist_dtype dt,
-               void **out, size_t *out_len, dist_errbuf *eb) {
-  size_t elem = dist_dtype_size(dt), n = 0;
-  if (element_count(rq, elem, &n, eb) != 0) return eb->code;
-  size_t *a = calloc((size_t)c->size, sizeof *a), *b = calloc((size_t)c->size, sizeof *b);
-  int rc = 0;
-  switch (rq->kind) {
-    case DIST__V1__COLLECTIVE_REQUEST__KIND__ALL_REDUCE:
-      *out = malloc(n * elem + 1), *out_len = n * elem;
-      memcpy(*out, rq->data.data, n * elem);
-      rc = distd_allreduce(c, *out, n, dt, (dist_reduce)rq->reduce, eb);
-      break;
-    case DIST__V1__COLLECTIVE_REQUEST__KIND__ALL_GATHER:
-      /* Pieces may differ in size: learn every member's count first. */
-      for (int i = 0; i < c->size; i++) a[i] = 1;
-      { uint64_t mine = n; uint64_t *all = calloc((size_t)c->size, 8);
-        rc = distd_allgather(c, &mine, all, a, DIST_INT64, eb);
-        for (int i = 0; i < c->size; i++) b[i] = (size_t)all[i];
-        free(all); }
-      if (rc) break;
-      *out_len = sum(b, c->size) * elem, *out = malloc(*out_len + 1);
-      { distd_coll c2 = *c; c2.op_id = c->op_id ^ 0x5a5a5a5a5a5a5a5aull;
-        rc = distd_allgather(&c2, rq->data.data, *out, b, dt, eb); }
-      break;
-    case DIST__V1__COLLECTIVE_REQUEST__KIND__REDUCE_SCATTER:
-      if ((rc = counts_for(rq, rq->send_counts, rq->n_send_counts, c->size, a, "reduce_scatter", eb))) break;
-      if (sum(a, c->size) != n) { rc = dist_fail(eb, DIST_EINVAL, "reduce_scatter: counts sum to %zu, data has %zu elements", sum(a, c->size), n); break; }
-      *out_len = a[c->me] * elem, *out = malloc(*out_len + 1);
-      rc = distd_reduce_scatter(c, rq->data.data, *out, a, dt, (dist_reduce)rq->reduce, eb);
-      break;
-    case DIST__V1__COLLECTIVE_REQUEST__KIND__ALL_TO_ALL:
-      if ((rc = counts_for(rq, rq->send_counts, rq->n_send_counts, c->size, a, "all_to_all send", eb)) ||
-          (rc = counts_for(rq, rq->recv_counts, rq->n_recv_counts, c->size, b, "all_to_all recv", eb))) break;
-      if (sum(a, c->size) != n) { rc = dist_fail(eb, DIST_EINVAL, "all_to_all: send counts sum to %zu, data has %zu elements", sum(a, c->size), n); break; }
-      *out_len = sum(b, c->size) * elem, *out = malloc(*out_len + 1);
-      rc = distd_alltoallv(c, rq->data.data, a, *out, b, dt, eb);
-      break;
-    case DIST__V1__COLLECTIVE_REQUEST__KIND__BROADCAST: {
-      int root = -1;
-      for (int i = 0; i < c->size; i++) if (c->group[i] == (int)rq->root) root = i;
-      if (root < 0) { rc = dist_fail(eb, DIST_EINVAL, "broadcast root %u is not in the group", rq->root); break; }
-      *out_len = n * elem, *out = malloc(*out_len + 1);
-      memcpy(*out, rq->data.data, *out_len);
-      rc = distd_broadcast(c, *out, n, dt, root, eb);
-      break; }
-    case DIST__V1__COLLECTIVE_REQUEST__KIND__BARRIER:
-      rc = distd_barrier(c, eb);
-      break;
-    default:
-      rc = dist_fail(eb, DIST_EINVAL, "unknown collective kind %d", (int)rq->kind);
-  }
-  free(a);
-  free(b);
-  return rc;
+static int alloc_out(op *o, size_t len, dist_errbuf *eb) {
+  o->out_len = len;
+  if (!(o->out = malloc(len + 1)))
+    return dist_fail(eb, DIST_ENOMEM, "out of memory for a %zu-byte result", len);
+  return 0;
 }
 
-static int point_to_point(distd_server *s, const distd_call_info *ci,
-                          const creq *rq, dist_dtype dt, void **out,
-                          size_t *out_len, dist_errbuf *eb) {
+static int take_counts(const uint64_t *given, size_t ngiven, int size, size_t *counts,
+                       const char *what, dist_errbuf *eb) {
+  if (ngiven != (size_t)size)
+    return dist_fail(eb, DIST_EINVAL, "%s: %zu counts for a group of %d", what, ngiven, size);
+  for (int i = 0; i < size; i++) counts[i] = (size_t)given[i];
+  return 0;
+}
+
+/* ---- all-reduce: in place on a copy of the input ---- */
+
+static int prep_all_reduce(const distd_coll *c, op *o, dist_errbuf *eb) {
+  (void)c;
+  return alloc_out(o, o->n * o->elem, eb);
+}
+
+static int exec_all_reduce(const distd_coll *c, op *o, dist_errbuf *eb) {
+  if (o->out_len) memcpy(o->out, o->rq->data.data, o->out_len);
+  return distd_allreduce(c, o->out, o->n, o->dt, (dist_reduce)o->rq->reduce, eb);
+}
+
+/* ---- all-gather: pieces may differ in size, so learn them first ---- */
+
+static int prep_all_gather(const distd_coll *c, op *o, dist_errbuf *eb) {
+  uint64_t mine = o->n, *all = calloc((size_t)c->size, sizeof *all);
+  if (!all) return dist_fail(eb, DIST_ENOMEM, "out of memory");
+  for (int i = 0; i < c->size; i++) o->a[i] = 1;
+  int rc = distd_allgather(c, &mine, all, o->a, DIST_INT64, eb);
+  for (int i = 0; i < c->size; i++) o->b[i] = (size_t)all[i];
+  free(all);
+  return rc ? rc : alloc_out(o, sum(o->b, c->size) * o->elem, eb);
+}
+
+static int exec_all_gather(const distd_coll *c, op *o, dist_errbuf *eb) {
+  distd_coll c2 = *c;
+  c2.op_id = c->op_id ^ 0x5a5a5a5a5a5a5a5aull; /* the size exchange used op_id */
+  return distd_allgather(&c2, o->rq->data.data, o->out, o->b, o->dt, eb);
+}
+
+/* ---- reduce-scatter ---- */
+
+static int prep_reduce_scatter(const distd_coll *c, op *o, dist_errbuf *eb) {
+  const creq *rq = o->rq;
+  int rc = take_counts(rq->send_counts, rq->n_send_counts, c->size, o->a,
+                       "reduce_scatter", eb);
+  if (rc) return rc;
+  if (sum(o->a, c->size) != o->n)
+    return dist_fail(eb, DIST_EINVAL, "reduce_scatter: counts sum to %zu, data has %zu "
+                     "elements", sum(o->a, c->size), o->n);
+  return alloc_out(o, o->a[c->me] * o->elem, eb);
+}
+
+static int exec_reduce_scatter(const distd_coll *c, op *o, dist_errbuf *eb) {
+  return distd_reduce_scatter(c, o->rq->data.data, o->out, o->a, o->dt,
+                              (dist_reduce)o->rq->reduce, eb);
+}
+
+/* ---- all-to-all, and the same through the MoE exchange ---- */
+
+static int prep_all_to_all(const distd_coll *c, op *o, dist_errbuf *eb) {
+  const creq *rq = o->rq;
+  int rc;
+  if ((rc = take_counts(rq->send_counts, rq->n_send_counts, c->size, o->a,
+                        "all_to_all send", eb)) ||
+      (rc = take_counts(rq->recv_counts, rq->n_recv_counts, c->size, o->b,
+                        "all_to_all recv", eb)))
+    return rc;
+  if (sum(o->a, c->size) != o->n)
+    return dist_fail(eb, DIST_EINVAL, "all_to_all: send counts sum to %zu, data has %zu "
+                     "elements", sum(o->a, c->size), o->n);
+  return alloc_out(o, sum(o->b, c->size) * o->elem, eb);
+}
+
+static int exec_all_to_all(const distd_coll *c, op *o, dist_errbuf *eb) {
+  return distd_alltoallv(c, o->rq->data.data, o->a, o->out, o->b, o->dt, eb);
+}
+
+/* One expert per rank and rows of one element: global_scatter is then
+ * exactly all_to_all, over the MoE wire protocol (counts header first). */
+static int prep_global_scatter(const distd_coll *c, op *o, dist_errbuf *eb) {
+  int rc = prep_all_to_all(c, o, eb);
+  if (rc) return rc;
+  o->la = malloc(sizeof *o->la * (size_t)c->size);
+  o->lb = malloc(sizeof *o->lb * (size_t)c->size);
+  if (!o->la || !o->lb) return dist_fail(eb, DIST_ENOMEM, "out of memory");
+  for (int i = 0; i < c->size; i++) o->la[i] = (int64_t)o->a[i], o->lb[i] = (int64_t)o->b[i];
+  return 0;
+}
+
+static int exec_global_scatter(const distd_coll *c, op *o, dist_errbuf *eb) {
+  distd_moe_args a = {.peers = c->peers, .op_id = c->op_id, .dir = DISTD_MOE_SCATTER,
+                      .group = c->group, .size = c->size, .me = c->me, .experts = 1,
+                      .local_count = o->la, .global_count = o->lb, .row_bytes = o->elem,
+                      .deadline_ms = c->deadline_ms};
+  return distd_moe_exchange(&a, o->rq->data.data, o->out, eb);
+}
+
+/* ---- broadcast and barrier ---- */
+
+static int prep_broadcast(const distd_coll *c, op *o, dist_errbuf *eb) {
+  o->root = -1;
+  for (int i = 0; i < c->size; i++)
+    if (c->group[i] == (int)o->rq->root) o->root = i;
+  if (o->root < 0)
+    return dist_fail(eb, DIST_EINVAL, "broadcast root %u is not in the group", o->rq->root);
+  return alloc_out(o, o->n * o->elem, eb);
+}
+
+static int exec_broadcast(const distd_coll *c, op *o, dist_errbuf *eb) {
+  if (o->out_len) memcpy(o->out, o->rq->data.data, o->out_len);
+  return distd_broadcast(c, o->out, o->n, o->dt, o->root, eb);
+}
+
+static int prep_nothing(const distd_coll *c, op *o, dist_errbuf *eb) {
+  (void)c, (void)o, (void)eb;
+  return 0;
+}
+
+static int exec_barrier(const distd_coll *c, op *o, dist_errbuf *eb) {
+  (void)o;
+  return distd_barrier(c, eb);
+}
+
+static const kind_ops *kind_of(int kind) {
+  static const kind_ops kinds[] = {
+      [DIST__V1__COLLECTIVE_REQUEST__KIND__ALL_REDUCE] = {prep_all_reduce, exec_all_reduce},
+      [DIST__V1__COLLECTIVE_REQUEST__KIND__ALL_GATHER] = {prep_all_gather, exec_all_gather},
+      [DIST__V1__COLLECTIVE_REQUEST__KIND__REDUCE_SCATTER] = {prep_reduce_scatter,
+                                                              exec_reduce_scatter},
+      [DIST__V1__COLLECTIVE_REQUEST__KIND__ALL_TO_ALL] = {prep_all_to_all, exec_all_to_all},
+      [DIST__V1__COLLECTIVE_REQUEST__KIND__BROADCAST] = {prep_broadcast, exec_broadcast},
+      [DIST__V1__COLLECTIVE_REQUEST__KIND__BARRIER] = {prep_nothing, exec_barrier},
+      [DIST__V1__COLLECTIVE_REQUEST__KIND__GLOBAL_SCATTER] = {prep_global_scatter,
+                                                              exec_global_scatter},
+  };
+  if (kind < 0 || kind >= (int)(sizeof kinds / sizeof kinds[0]) || !kinds[kind].exec)
+    return NULL;
+  return &kinds[kind];
+}
+
+/* ---- benchmark mode ---- */
+
+static double now_seconds(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Distinct, well spread op ids for step k of a benchmark run (splitmix64),
+ * identical on every member since they share op_id. */
+static uint64_t derived_op_id(uint64_t op_id, uint64_t k) {
+  uint64_t z = op_id + 0x9e3779b97f4a7c15ull * (k + 1);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+/* warmup + repeat execs, each after a barrier; times[] gets the timed ones. */
+static int repeat_exec(const distd_coll *c, const kind_ops *k, op *o, double *times,
+                       dist_errbuf *eb) {
+  uint32_t total = o->rq->warmup + o->rq->repeat;
+  for (uint32_t i = 0; i < total; i++) {
+    distd_coll step = *c;
+    step.op_id = derived_op_id(c->op_id, 2 * (uint64_t)i);
+    int rc = distd_barrier(&step, eb);
+    if (rc) return rc;
+    step.op_id = derived_op_id(c->op_id, 2 * (uint64_t)i + 1);
+    double t0 = now_seconds();
+    if ((rc = k->exec(&step, o, eb))) return rc;
+    if (i >= o->rq->warmup) times[i - o->rq->warmup] = now_seconds() - t0;
+  }
+  return 0;
+}
+
+/* Runs the collective (once, or as a benchmark); fills o->out and times. */
+static int run(const distd_coll *c, op *o, double *times, dist_errbuf *eb) {
+  const kind_ops *k = kind_of((int)o->rq->kind);
+  if (!k) return dist_fail(eb, DIST_EINVAL, "unknown collective kind %d", (int)o->rq->kind);
+  if (o->rq->data.len % o->elem)
+    return dist_fail(eb, DIST_EINVAL, "%zu data bytes is not a whole number of %zu-byte "
+                     "elements", o->rq->data.len, o->elem);
+  o->n = o->rq->data.len / o->elem;
+  o->a = calloc((size_t)c->size, sizeof *o->a);
+  o->b = calloc((size_t)c->size, sizeof *o->b);
+  if (!o->a || !o->b) return dist_fail(eb, DIST_ENOMEM, "out of memory");
+  int rc = k->prepare(c, o, eb);
+  if (rc) return rc;
+  return o->rq->repeat ? repeat_exec(c, k, o, times, eb) : k->exec(c, o, eb);
+}
+
+static void op_free(op *o) {
+  free(o->a);
+  free(o->b);
+  free(o->la);
+  free(o->lb);
+  free(o->out);
+}
+
+/* ---- point to point, and the handler ---- */
+
+static int point_to_point(distd_server *s, const distd_call_info *ci, op *o,
+                          dist_errbuf *eb) {
+  const creq *rq = o->rq;
   if (rq->root >= (uint32_t)s->world_size || (int)rq->root == s->rank)
     return dist_fail(eb, DIST_EINVAL, "%s: peer rank %u is not another daemon "
                      "of this cluster", rq->kind == DIST__V1__COLLECTIVE_REQUEST__KIND__SEND
                      ? "send" : "recv", rq->root);
   if (rq->kind == DIST__V1__COLLECTIVE_REQUEST__KIND__SEND)
     return distd_send_to(s->peers, rq->op_id, (int)rq->root, rq->data.data,
-                         rq->data.len, ci->deadline_ms, eb);
-  *out_len = rq->count * dist_dtype_size(dt);
-  *out = malloc(*out_len + 1);
-  return distd_recv_from(s->peers, rq->op_id, (int)rq->root, *out, *out_len,
-                         ci->deadline_ms, eb);
+                         rq->data.len, distd_call_wait_deadline(ci), eb);
+  int rc = alloc_out(o, rq->count * o->elem, eb);
+  return rc ? rc : distd_recv_from(s->peers, rq->op_id, (int)rq->root, o->out,
+                                   o->out_len, distd_call_wait_deadline(ci), eb);
+}
+
+static int group_run(distd_server *s, const distd_call_info *ci, op *o, double *times,
+                     dist_errbuf *eb) {
+  const creq *rq = o->rq;
+  int group[DIST_MAX_MESH_RANKS], n = rq->n_group ? (int)rq->n_group : s->world_size;
+  if (n > DIST_MAX_MESH_RANKS) return dist_fail(eb, DIST_EINVAL, "group too large");
+  for (int i = 0; i < n; i++) group[i] = rq->n_group ? (int)rq->group[i] : i;
+  distd_coll c;
+  int rc = distd_coll_init(&c, s->peers, rq->op_id, group, n, distd_call_wait_deadline(ci), eb);
+  return rc ? rc : run(&c, o, times, eb);
 }
 
 DISTD_HANDLER(collective) {
   const creq *rq = (const void *)req;
-  dist_dtype dt = DIST_FLOAT32;
+  op o = {.rq = rq, .dt = DIST_FLOAT32};
+  double *times = NULL;
+  int rc = 0;
   if (rq->kind != DIST__V1__COLLECTIVE_REQUEST__KIND__BARRIER &&
-      dist_dtype_from_pb((int)rq->dtype, &dt, eb) != 0)
+      dist_dtype_from_pb((int)rq->dtype, &o.dt, eb) != 0)
     return eb->code;
-  void *out = NULL;
-  size_t out_len = 0;
-  int rc;
+  o.elem = dist_dtype_size(o.dt);
+  if (rq->repeat && !(times = calloc(rq->repeat, sizeof *times)))
+    return dist_fail(eb, DIST_ENOMEM, "out of memory for %u timings", rq->repeat);
   if (rq->kind == DIST__V1__COLLECTIVE_REQUEST__KIND__SEND ||
       rq->kind == DIST__V1__COLLECTIVE_REQUEST__KIND__RECV) {
-    rc = point_to_point(s, ci, rq, dt, &out, &out_len, eb);
+    if (rq->repeat) rc = dist_fail(eb, DIST_EINVAL, "send/recv have no benchmark mode");
+    else rc = point_to_point(s, ci, &o, eb);
   } else {
-    int world[DIST_MAX_MESH_RANKS], n = (int)rq->n_group;
-    const int *group = world;
-    if (n > DIST_MAX_MESH_RANKS) return dist_fail(eb, DIST_EINVAL, "group too large");
-    for (int i = 0; i < (n ? n : s->world_size); i++)
-      world[i] = n ? (int)rq->group[i] : i;
-    if (!n) n = s->world_size;
-    distd_coll c;
-    rc = distd_coll_init(&c, s->peers, rq->op_id, group, n, ci->deadline_ms, eb);
-    if (rc == 0) rc = run(&c, rq, dt, &out, &out_len, eb);
+    rc = group_run(s, ci, &o, times, eb);
   }
   if (rc == 0) {
     Dist__V1__CollectiveReply rp = DIST__V1__COLLECTIVE_REPLY__INIT;
-    rp.data.data = out;
-    rp.data.len = out_len;
+    rp.data.data = o.out;
+    rp.data.len = o.out_len;
+    rp.op_seconds = times;
+    rp.n_op_seconds = rq->repeat;
     *reply = dist_pb_to_bb(&rp.base);
   }
-  free(out);
+  free(times);
+  op_free(&o);
   return rc;
 }

@@ -88,7 +88,7 @@ static pid_t spawn_daemon(const char *distd, const char *dir, int rank,
 }
 
 static int write_text(const char *path, const char *text) {
-  char tmp[PATH_MAX];
+  char tmp[PATH_MAX + 8];
   snprintf(tmp, sizeof tmp, "%s.tmp", path);
   FILE *f = fopen(tmp, "w");
   if (!f) return -1;
