@@ -1,0 +1,477 @@
+/* Checkpoints from the client's side: ask every daemon to write its pieces,
+ * then switch the manifest; on restore, have every daemon verify its file
+ * before any of them loads, then reshard as asked. */
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "checkpoint.pb-c.h"
+#include "client_internal.h"
+#include "wire.h"
+
+#define MANIFEST_FORMAT "distd-checkpoint"
+#define MANIFEST_VERSION 1
+
+static void progress(const dist_checkpoint_opts *o, const char *phase, int rank,
+                     int done, int total, uint64_t bytes) {
+  if (o && o->progress) o->progress(o->progress_arg, phase, rank, done, total, bytes);
+}
+
+/* A fresh id: UTC time, then nanoseconds and pid to tell apart saves in the
+ * same second. */
+static void make_id(char *id, size_t len) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  struct tm tm;
+  gmtime_r(&ts.tv_sec, &tm);
+  char when[32];
+  strftime(when, sizeof when, "%Y%m%dT%H%M%SZ", &tm);
+  snprintf(id, len, "%s-%08lx%04x", when, (unsigned long)ts.tv_nsec,
+           (unsigned)getpid() & 0xffff);
+}
+
+static void placement_text(const dist_placement *p, char *buf, size_t len) {
+  if (p->kind == DIST_SHARD) snprintf(buf, len, "Shard(%d)", p->dim);
+  else if (p->kind == DIST_PARTIAL) snprintf(buf, len, "Partial(%s)", dist_reduce_name(p->reduce));
+  else snprintf(buf, len, "Replicate()");
+}
+
+static json_t *tensor_json(const dist_tensor *t, uint64_t version) {
+  json_t *shape = json_array(), *mshape = json_array(), *ranks = json_array(),
+         *names = json_array(), *pl = json_array();
+  for (int d = 0; d < t->shape.ndim; d++)
+    json_array_append_new(shape, json_integer(t->shape.dims[d]));
+  const dist_mesh_desc *m = &t->mesh.d;
+  for (int d = 0; d < m->ndim; d++) {
+    char buf[64];
+    json_array_append_new(mshape, json_integer(m->shape[d]));
+    json_array_append_new(names, json_string(m->dim_names[d]));
+    placement_text(&t->placements[d], buf, sizeof buf);
+    json_array_append_new(pl, json_string(buf));
+  }
+  for (int i = 0; i < m->nranks; i++) json_array_append_new(ranks, json_integer(m->ranks[i]));
+  return json_pack("{s:s, s:s, s:o, s:{s:o, s:o, s:o}, s:o, s:I}", "name", t->name,
+                   "dtype", dist_dtype_name(t->dtype), "shape", shape, "mesh",
+                   "shape", mshape, "ranks", ranks, "dim_names", names,
+                   "placements", pl, "version", (json_int_t)version);
+}
+
+/* What the daemons wrote, one reply per rank. */
+typedef struct saved {
+  int n;
+  Dist__V1__CheckpointSaveReply **replies;
+} saved;
+
+static void saved_free(saved *s) {
+  for (int i = 0; i < s->n; i++)
+    if (s->replies[i]) protobuf_c_message_free_unpacked(&s->replies[i]->base, NULL);
+  free(s->replies);
+}
+
+/* Every rank of a tensor's mesh must have written its piece, at the same
+ * version, else the checkpoint would not hold the tensor. */
+static int add_tensor(dist_client *c, json_t *tensors, const saved *sv,
+                      const Dist__V1__TensorMeta *m) {
+  if (json_object_get(tensors, m->name)) return 0;
+  dist_tensor t;
+  memset(&t, 0, sizeof t);
+  snprintf(t.name, sizeof t.name, "%s", m->name);
+  t.dtype = (dist_dtype)m->dtype;
+  dist_shape_from_pb(m->global_shape, m->n_global_shape, &t.shape, NULL);
+  if (!m->mesh || dist_mesh_from_pb(m->mesh, &t.mesh.d, NULL) != 0)
+    return dist_client_fail(c, DIST_EPROTO, "'%s' came back without its mesh", m->name);
+  dist_placements_from_pb(m->placements, m->n_placements, t.placements, NULL);
+  for (int i = 0; i < t.mesh.d.nranks; i++) {
+    int r = t.mesh.d.ranks[i], found = 0;
+    for (size_t k = 0; r < sv->n && k < sv->replies[r]->n_tensors && !found; k++) {
+      const Dist__V1__TensorMeta *o = sv->replies[r]->tensors[k];
+      if (strcmp(o->name, m->name) != 0) continue;
+      found = 1;
+      if (o->version != m->version)
+        return dist_client_fail(c, DIST_EUNAVAIL, "'%s' changed during the save "
+                                "(version %llu on one rank, %llu on rank %d): "
+                                "save again", m->name, (unsigned long long)m->version,
+                                (unsigned long long)o->version, r);
+    }
+    if (!found)
+      return dist_client_fail(c, DIST_ENOTFOUND, "rank %d holds no piece of '%s'",
+                              r, m->name);
+  }
+  json_object_set_new(tensors, m->name, tensor_json(&t, m->version));
+  return 0;
+}
+
+static int build_manifest(dist_client *c, const char *id, const saved *sv,
+                          const dist_checkpoint_opts *o, char **text,
+                          dist_checkpoint_info *info) {
+  json_t *tensors = json_object(), *files = json_array(), *list = json_array();
+  int rc = 0;
+  for (int r = 0; r < sv->n && rc == 0; r++) {
+    const Dist__V1__CheckpointSaveReply *rp = sv->replies[r];
+    json_array_append_new(files, json_pack("{s:i, s:s, s:s, s:I}", "rank", r,
+                                           "file", rp->file, "sha256", rp->sha256,
+                                           "bytes", (json_int_t)rp->bytes));
+    info->bytes += rp->bytes;
+    for (size_t k = 0; k < rp->n_tensors && rc == 0; k++)
+      rc = add_tensor(c, tensors, sv, rp->tensors[k]);
+  }
+  for (int i = 0; o && i < o->ntensors && rc == 0; i++)
+    if (!json_object_get(tensors, o->tensors[i]))
+      rc = dist_client_fail(c, DIST_ENOTFOUND, "tensor '%s' not found", o->tensors[i]);
+  const char *k;
+  json_t *v;
+  json_object_foreach(tensors, k, v) json_array_append(list, v);
+  info->ntensors = (int)json_array_size(list);
+  info->nfiles = sv->n;
+  json_t *doc = json_pack("{s:s, s:i, s:s, s:i, s:o, s:o}", "format", MANIFEST_FORMAT,
+                          "format_version", MANIFEST_VERSION, "checkpoint_id", id,
+                          "world_size", sv->n, "files", files, "tensors", list);
+  if (rc == 0) *text = json_dumps(doc, JSON_INDENT(2) | JSON_SORT_KEYS);
+  json_decref(doc);
+  json_decref(tensors);
+  return rc;
+}
+
+static int save_ranks(dist_client *c, const char *dir, const char *id,
+                      const dist_checkpoint_opts *o, saved *sv) {
+  Dist__V1__CheckpointSaveRequest rq = DIST__V1__CHECKPOINT_SAVE_REQUEST__INIT;
+  rq.dir = (char *)dir;
+  rq.checkpoint_id = (char *)id;
+  rq.n_tensors = o ? (size_t)o->ntensors : 0;
+  rq.tensors = o ? (char **)o->tensors : NULL;
+  sv->n = c->n;
+  sv->replies = calloc((size_t)c->n + 1, sizeof *sv->replies);
+  /* One daemon after the other, so progress is exact. */
+  for (int r = 0; r < c->n; r++) {
+    ProtobufCMessage *rp = NULL;
+    int rc = dist_call_one(c, r, "/dist.v1.Checkpoint/Save", &rq.base,
+                           &dist__v1__checkpoint_save_reply__descriptor, &rp);
+    if (rc != 0) {
+      dist_errbuf why = c->err;
+      return dist_client_fail(c, rc, "rank %d could not save its pieces (the "
+                              "previous checkpoint is untouched): %s", r,
+                              dist_errbuf_msg(&why));
+    }
+    sv->replies[r] = (Dist__V1__CheckpointSaveReply *)rp;
+    progress(o, "save", r, r + 1, c->n, sv->replies[r]->bytes);
+  }
+  return 0;
+}
+
+/* Writes the manifest through rank 0, then every daemon drops the files the
+ * new manifest does not name. */
+static int commit(dist_client *c, const char *dir, const char *manifest,
+                  const saved *sv) {
+  char **keep = calloc((size_t)sv->n + 1, sizeof *keep);
+  for (int r = 0; r < sv->n; r++) keep[r] = sv->replies[r]->file;
+  Dist__V1__CheckpointCommitRequest rq = DIST__V1__CHECKPOINT_COMMIT_REQUEST__INIT;
+  rq.dir = (char *)dir;
+  rq.manifest = (char *)manifest;
+  rq.n_keep_files = (size_t)sv->n;
+  rq.keep_files = keep;
+  int rc = 0;
+  for (int r = 0; r < c->n && rc == 0; r++) {
+    ProtobufCMessage *rp = NULL;
+    rc = dist_call_one(c, r, "/dist.v1.Checkpoint/Commit", &rq.base,
+                       &dist__v1__checkpoint_commit_reply__descriptor, &rp);
+    if (rp) protobuf_c_message_free_unpacked(rp, NULL);
+    rq.manifest = ""; /* the others only clean up */
+    if (r > 0) rc = 0; /* the checkpoint is committed; leftovers are harmless */
+  }
+  free(keep);
+  return rc;
+}
+
+int dist_checkpoint_save(dist_client *c, const char *dir,
+                         const dist_checkpoint_opts *opts,
+                         dist_checkpoint_info *info) {
+  dist_checkpoint_info local;
+  if (!info) info = &local;
+  memset(info, 0, sizeof *info);
+  if (!dir || dir[0] != '/')
+    return dist_client_fail(c, DIST_EINVAL, "checkpoint directory '%s' must be "
+                            "an absolute path", dir ? dir : "(null)");
+  make_id(info->id, sizeof info->id);
+  saved sv = {0, NULL};
+  char *manifest = NULL;
+  int rc = save_ranks(c, dir, info->id, opts, &sv);
+  if (rc == 0) rc = build_manifest(c, info->id, &sv, opts, &manifest, info);
+  if (rc == 0) rc = commit(c, dir, manifest, &sv);
+  free(manifest);
+  saved_free(&sv);
+  return rc;
+}
+
+/* ------------------------------------------------------------- restore */
+
+/* One tensor as the manifest describes it. */
+typedef struct entry {
+  dist_tensor t;
+  uint64_t version;
+} entry;
+
+typedef struct manifest {
+  int nfiles, ntensors;
+  char (*file)[256];
+  char (*sha)[80];
+  entry *tensors;
+} manifest;
+
+static void manifest_free(manifest *m) {
+  free(m->file);
+  free(m->sha);
+  free(m->tensors);
+}
+
+static int bad_manifest(dist_client *c, const char *dir, const char *what) {
+  return dist_client_fail(c, DIST_EINVAL, "%s/manifest.json is not a valid "
+                          "checkpoint manifest: %s", dir, what);
+}
+
+static int parse_mesh(json_t *j, dist_mesh_desc *m) {
+  json_t *shape = json_object_get(j, "shape"), *ranks = json_object_get(j, "ranks");
+  int sh[DIST_MAX_MESH_DIMS], rk[DIST_MAX_MESH_RANKS];
+  size_t nd = json_array_size(shape), nr = json_array_size(ranks);
+  if (nd < 1 || nd > DIST_MAX_MESH_DIMS || nr < 1 || nr > DIST_MAX_MESH_RANKS) return -1;
+  for (size_t i = 0; i < nd; i++) sh[i] = (int)json_integer_value(json_array_get(shape, i));
+  for (size_t i = 0; i < nr; i++) rk[i] = (int)json_integer_value(json_array_get(ranks, i));
+  const char *names[DIST_MAX_MESH_DIMS];
+  json_t *jn = json_object_get(j, "dim_names");
+  for (size_t i = 0; i < nd; i++) names[i] = json_string_value(json_array_get(jn, i));
+  for (size_t i = 0; i < nd; i++)
+    if (!names[i]) return dist_mesh_init(m, (int)nd, sh, rk, NULL, NULL) == 0 ? 0 : -1;
+  return dist_mesh_init(m, (int)nd, sh, rk, names, NULL) == 0 ? 0 : -1;
+}
+
+static int parse_tensor(json_t *j, entry *e) {
+  const char *name, *dtype;
+  json_t *shape, *mesh, *pl;
+  json_int_t version;
+  if (json_unpack(j, "{s:s, s:s, s:o, s:o, s:o, s:I}", "name", &name, "dtype", &dtype,
+                  "shape", &shape, "mesh", &mesh, "placements", &pl, "version",
+                  &version) != 0 || strlen(name) >= sizeof e->t.name)
+    return -1;
+  snprintf(e->t.name, sizeof e->t.name, "%s", name);
+  e->version = (uint64_t)version;
+  if ((e->t.dtype = dist_dtype_parse(dtype)) == DIST_DTYPE_INVALID) return -1;
+  if (!json_is_array(shape) || json_array_size(shape) > DIST_MAX_DIMS) return -1;
+  e->t.shape.ndim = (int)json_array_size(shape);
+  for (int d = 0; d < e->t.shape.ndim; d++)
+    if ((e->t.shape.dims[d] = json_integer_value(json_array_get(shape, (size_t)d))) < 0)
+      return -1;
+  if (parse_mesh(mesh, &e->t.mesh.d) != 0) return -1;
+  char text[512] = "";
+  for (size_t i = 0; i < json_array_size(pl); i++) {
+    const char *p = json_string_value(json_array_get(pl, i));
+    if (!p || strlen(text) + strlen(p) + 2 >= sizeof text) return -1;
+    if (i) strcat(text, ",");
+    strcat(text, p);
+  }
+  int np = 0;
+  if (dist_placements_parse(text, e->t.placements, DIST_MAX_MESH_DIMS, &np, NULL) != 0 ||
+      np != e->t.mesh.d.ndim)
+    return -1;
+  return dist_placements_check(&e->t.mesh.d, e->t.placements, np, e->t.shape.ndim,
+                               NULL) == 0 ? 0 : -1;
+}
+
+static int parse_manifest(dist_client *c, const char *dir, const char *text,
+                          manifest *m) {
+  json_error_t jerr;
+  json_t *doc = json_loads(text, 0, &jerr), *files, *tensors;
+  const char *format;
+  int rc = 0;
+  if (!doc || json_unpack(doc, "{s:s, s:o, s:o}", "format", &format, "files", &files,
+                          "tensors", &tensors) != 0 ||
+      strcmp(format, MANIFEST_FORMAT) != 0 || !json_is_array(files) ||
+      !json_is_array(tensors)) {
+    rc = bad_manifest(c, dir, doc ? "missing format, files or tensors" : jerr.text);
+    goto out;
+  }
+  m->nfiles = (int)json_array_size(files);
+  m->ntensors = (int)json_array_size(tensors);
+  m->file = calloc((size_t)m->nfiles + 1, sizeof *m->file);
+  m->sha = calloc((size_t)m->nfiles + 1, sizeof *m->sha);
+  m->tensors = calloc((size_t)m->ntensors + 1, sizeof *m->tensors);
+  for (int i = 0; i < m->nfiles && rc == 0; i++) {
+    int rank;
+    const char *file, *sha;
+    if (json_unpack(json_array_get(files, (size_t)i), "{s:i, s:s, s:s}", "rank", &rank,
+                    "file", &file, "sha256", &sha) != 0 || rank != i ||
+        strlen(file) >= sizeof m->file[i] || strlen(sha) >= sizeof m->sha[i])
+      rc = bad_manifest(c, dir, "a files entry is malformed or out of rank order");
+    else
+      snprintf(m->file[i], sizeof m->file[i], "%s", file),
+      snprintf(m->sha[i], sizeof m->sha[i], "%s", sha);
+  }
+  for (int i = 0; i < m->ntensors && rc == 0; i++)
+    if (parse_tensor(json_array_get(tensors, (size_t)i), &m->tensors[i]) != 0)
+      rc = bad_manifest(c, dir, "a tensors entry is malformed");
+out:
+  json_decref(doc);
+  return rc;
+}
+
+static int read_manifest(dist_client *c, const char *dir, manifest *m) {
+  Dist__V1__CheckpointManifestRequest rq = DIST__V1__CHECKPOINT_MANIFEST_REQUEST__INIT;
+  rq.dir = (char *)dir;
+  ProtobufCMessage *rp = NULL;
+  int rc = dist_call_one(c, 0, "/dist.v1.Checkpoint/Manifest", &rq.base,
+                         &dist__v1__checkpoint_manifest_reply__descriptor, &rp);
+  if (rc == 0) rc = parse_manifest(c, dir, ((Dist__V1__CheckpointManifestReply *)rp)->manifest, m);
+  if (rp) protobuf_c_message_free_unpacked(rp, NULL);
+  return rc;
+}
+
+/* Marks the tensors to restore; fails for a name the checkpoint lacks, or
+ * a layout whose ranks the cluster does not have. */
+static int select_tensors(dist_client *c, const manifest *m,
+                          const dist_checkpoint_opts *o, char *chosen) {
+  for (int i = 0; i < m->ntensors; i++) chosen[i] = !o || !o->tensors;
+  for (int k = 0; o && o->tensors && k < o->ntensors; k++) {
+    int found = 0;
+    for (int i = 0; i < m->ntensors; i++)
+      if (!strcmp(m->tensors[i].t.name, o->tensors[k])) chosen[i] = found = 1;
+    if (!found)
+      return dist_client_fail(c, DIST_ENOTFOUND, "the checkpoint has no tensor '%s'",
+                              o->tensors[k]);
+  }
+  for (int i = 0; i < m->ntensors; i++) {
+    const dist_mesh_desc *md = &m->tensors[i].t.mesh.d;
+    for (int k = 0; chosen[i] && k < md->nranks; k++)
+      if (md->ranks[k] >= c->n || md->ranks[k] >= m->nfiles)
+        return dist_client_fail(c, DIST_ENOTSUP, "'%s' was saved on rank %d, but "
+                                "the cluster has %d daemons (restore needs the "
+                                "saved ranks; reshard after restoring)",
+                                m->tensors[i].t.name, md->ranks[k], c->n);
+  }
+  return 0;
+}
+
+/* One Load per rank with a file: verify_only first on all, then for real. */
+static int load_ranks(dist_client *c, const char *dir, const manifest *m,
+                      const char *chosen, int verify_only,
+                      const dist_checkpoint_opts *o, uint64_t *total) {
+  dist_wire_meta *w = calloc((size_t)m->ntensors + 1, sizeof *w);
+  Dist__V1__TensorMeta **metas = calloc((size_t)m->ntensors + 1, sizeof *metas);
+  int rc = 0;
+  for (int r = 0; r < m->nfiles && rc == 0; r++) {
+    Dist__V1__CheckpointLoadRequest rq = DIST__V1__CHECKPOINT_LOAD_REQUEST__INIT;
+    rq.dir = (char *)dir;
+    rq.file = m->file[r];
+    rq.sha256 = m->sha[r];
+    rq.verify_only = verify_only;
+    rq.tensors = metas;
+    for (int i = 0; i < m->ntensors; i++) {
+      const dist_tensor *t = &m->tensors[i].t;
+      if (!chosen[i] || dist_mesh_index_of(&t->mesh.d, r) < 0) continue;
+      dist_meta_to_pb(t->name, t->dtype, &t->shape, &t->mesh.d, t->placements,
+                      &w[rq.n_tensors]);
+      w[rq.n_tensors].meta.version = m->tensors[i].version;
+      metas[rq.n_tensors] = &w[rq.n_tensors].meta;
+      rq.n_tensors++;
+    }
+    if (rq.n_tensors == 0) continue;
+    ProtobufCMessage *rp = NULL;
+    rc = dist_call_one(c, r, "/dist.v1.Checkpoint/Load", &rq.base,
+                       &dist__v1__checkpoint_load_reply__descriptor, &rp);
+    if (rc == 0) {
+      uint64_t b = ((Dist__V1__CheckpointLoadReply *)rp)->bytes;
+      *total += b;
+      progress(o, verify_only ? "verify" : "load", r, r + 1, m->nfiles, b);
+    }
+    if (rp) protobuf_c_message_free_unpacked(rp, NULL);
+  }
+  free(metas);
+  free(w);
+  return rc;
+}
+
+/* Removes `name` from every daemon outside mesh m (all daemons when m is
+ * NULL): pieces of an older layout there would otherwise outlive the
+ * restore. A daemon that holds none answers "not found", which is fine. */
+static void delete_outside(dist_client *c, const char *name, const dist_mesh_desc *m) {
+  Dist__V1__TensorDeleteRequest rq = DIST__V1__TENSOR_DELETE_REQUEST__INIT;
+  rq.name = (char *)name;
+  dist_call *calls = calloc((size_t)c->n + 1, sizeof *calls);
+  int n = 0;
+  for (int r = 0; r < c->n; r++)
+    if (!m || dist_mesh_index_of(m, r) < 0) {
+      calls[n].target = r;
+      calls[n++].request = &rq.base;
+    }
+  dist_errbuf keep = c->err;
+  dist_call_many(c, "/dist.v1.Dist/TensorDelete",
+                 &dist__v1__tensor_delete_reply__descriptor, calls, n);
+  c->err = keep;
+  dist_calls_free(calls, n);
+  free(calls);
+}
+
+/* Moves a restored tensor to the requested layout: in the daemons when the
+ * meshes have the same shape, else through the client (full value, then
+ * shard_tensor onto the new mesh). */
+static int relayout(dist_client *c, const dist_tensor *saved_t,
+                    const dist_checkpoint_opts *o) {
+  const dist_mesh *mesh = o->mesh ? o->mesh : &saved_t->mesh;
+  dist_tensor *t = NULL, *moved = NULL;
+  void *full = NULL;
+  size_t nbytes = 0;
+  int rc = dist_tensor_open(c, saved_t->name, &t);
+  if (rc != 0) return rc;
+  if (dist_mesh_same_shape(&mesh->d, &saved_t->mesh.d)) {
+    rc = dist_reshard(c, t, mesh, o->placements);
+  } else {
+    rc = dist_full_tensor(c, t, &full, &nbytes);
+    if (rc == 0) delete_outside(c, saved_t->name, NULL);
+    if (rc == 0)
+      rc = dist_shard_tensor(c, saved_t->name, full, t->dtype, t->shape.ndim,
+                             t->shape.dims, mesh, o->placements, &moved);
+  }
+  free(full);
+  dist_tensor_free(moved);
+  dist_tensor_free(t);
+  return rc;
+}
+
+int dist_checkpoint_restore(dist_client *c, const char *dir,
+                            const dist_checkpoint_opts *opts,
+                            dist_checkpoint_info *info) {
+  dist_checkpoint_info local;
+  if (!info) info = &local;
+  memset(info, 0, sizeof *info);
+  if (!dir || dir[0] != '/')
+    return dist_client_fail(c, DIST_EINVAL, "checkpoint directory '%s' must be "
+                            "an absolute path", dir ? dir : "(null)");
+  if (opts && opts->mesh && !opts->placements)
+    return dist_client_fail(c, DIST_EINVAL, "restore onto a mesh needs placements");
+  manifest m;
+  memset(&m, 0, sizeof m);
+  char *chosen = NULL;
+  uint64_t verified = 0;
+  int rc = read_manifest(c, dir, &m);
+  if (rc == 0) {
+    chosen = calloc((size_t)m.ntensors + 1, 1);
+    rc = select_tensors(c, &m, opts, chosen);
+  }
+  /* Every daemon checks its file before any of them changes its store. */
+  if (rc == 0) rc = load_ranks(c, dir, &m, chosen, 1, opts, &verified);
+  for (int i = 0; rc == 0 && i < m.ntensors; i++)
+    if (chosen[i]) delete_outside(c, m.tensors[i].t.name, &m.tensors[i].t.mesh.d);
+  if (rc == 0) rc = load_ranks(c, dir, &m, chosen, 0, opts, &info->bytes);
+  for (int i = 0; rc == 0 && i < m.ntensors; i++) {
+    if (!chosen[i]) continue;
+    info->ntensors++;
+    if (opts && opts->placements) {
+      rc = relayout(c, &m.tensors[i].t, opts);
+      progress(opts, "reshard", -1, info->ntensors, m.ntensors, 0);
+    }
+  }
+  info->nfiles = m.nfiles;
+  free(chosen);
+  manifest_free(&m);
+  return rc;
+}

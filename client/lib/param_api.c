@@ -1,0 +1,252 @@
+/* The parameter service from the trainer's side: configure, push, pull.
+ * Each is a fan-out of one request per daemon of the parameter's mesh. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "client_internal.h"
+#include "param.pb-c.h"
+#include "wire.h"
+
+static int fill_optimizer(dist_client *c, const dist_param_opts *o,
+                          Dist__V1__OptimizerConfig *pb) {
+  if (o->optimizer < DIST_OPT_SGD || o->optimizer > DIST_OPT_ADAMW)
+    return dist_client_fail(c, DIST_EINVAL, "unknown optimizer %d", (int)o->optimizer);
+  pb->kind = (Dist__V1__OptimizerConfig__Kind)o->optimizer;
+  pb->lr = o->lr;
+  pb->momentum = o->momentum;
+  pb->dampening = o->dampening;
+  pb->nesterov = o->nesterov != 0;
+  pb->beta1 = o->beta1;
+  pb->beta2 = o->beta2;
+  pb->eps = o->eps;
+  pb->weight_decay = o->weight_decay;
+  return 0;
+}
+
+/* The lowest version any daemon reports (replies of kind Push). */
+static uint64_t lowest_version(dist_call *calls, int n) {
+  uint64_t v = UINT64_MAX;
+  for (int i = 0; i < n; i++) {
+    const Dist__V1__ParamPushReply *rp = (const void *)calls[i].reply;
+    if (rp && rp->version < v) v = rp->version;
+  }
+  return v == UINT64_MAX ? 0 : v;
+}
+
+/* One request per target, all the same message. */
+static int fan_out(dist_client *c, const char *method,
+                   const ProtobufCMessageDescriptor *reply_desc,
+                   const ProtobufCMessage *rq, const int *targets, int n,
+                   dist_call *calls) {
+  for (int i = 0; i < n; i++) {
+    calls[i].target = targets[i];
+    calls[i].request = rq;
+  }
+  return dist_call_many(c, method, reply_desc, calls, n);
+}
+
+int dist_param_configure(dist_client *c, const char *name,
+                         const dist_param_opts *opts) {
+  dist_param_opts def = DIST_PARAM_OPTS_INIT;
+  const dist_param_opts *o = opts ? opts : &def;
+  dist_tensor *t = NULL;
+  int rc = dist_tensor_open(c, name, &t);
+  if (rc != 0) return rc;
+  Dist__V1__OptimizerConfig opt = DIST__V1__OPTIMIZER_CONFIG__INIT;
+  Dist__V1__ParamConfigureRequest rq = DIST__V1__PARAM_CONFIGURE_REQUEST__INIT;
+  rq.name = (char *)name;
+  rq.optimizer = &opt;
+  rq.reduce = (Dist__V1__ReduceOp)o->reduce;
+  rq.consistency = o->consistency == DIST_PARAM_ASYNC ? DIST__V1__CONSISTENCY__ASYNC
+                                                      : DIST__V1__CONSISTENCY__SYNC;
+  rq.trainers = o->trainers > 0 ? (uint32_t)o->trainers : 0;
+  int targets[DIST_MAX_MESH_RANKS];
+  dist_call *calls = calloc(DIST_MAX_MESH_RANKS, sizeof *calls);
+  int n = 0;
+  if ((rc = fill_optimizer(c, o, &opt)) != 0) goto out;
+  if ((n = dist_targets(c, &t->mesh.d, targets)) < 0) {
+    rc = n, n = 0;
+    goto out;
+  }
+  rc = fan_out(c, "/dist.v1.Param/Configure",
+               &dist__v1__param_configure_reply__descriptor, &rq.base, targets,
+               n, calls);
+out:
+  dist_calls_free(calls, n);
+  free(calls);
+  dist_tensor_free(t);
+  return rc;
+}
+
+/* This rank's slice of a whole gradient, malloc'd. */
+static void *slice_for(const dist_tensor *t, int rank, const void *grad,
+                       size_t *bytes) {
+  int idx = dist_mesh_index_of(&t->mesh.d, rank), coords[DIST_MAX_MESH_DIMS];
+  dist_shape local;
+  int64_t offset[DIST_MAX_DIMS];
+  dist_mesh_coords(&t->mesh.d, idx, coords);
+  dist_local_box(&t->mesh.d, t->placements, &t->shape, coords, &local, offset);
+  size_t elem = dist_dtype_size(t->dtype);
+  *bytes = (size_t)dist_shape_numel(&local) * elem;
+  void *piece = malloc(*bytes + 1);
+  if (piece) dist_copy_box_out(piece, grad, &t->shape, offset, &local, elem);
+  return piece;
+}
+
+int dist_param_push(dist_client *c, const char *name, int trainer,
+                    const void *grad, size_t nbytes, uint64_t *version) {
+  dist_tensor *t = NULL;
+  int rc = dist_tensor_open(c, name, &t);
+  if (rc != 0) return rc;
+  size_t want = (size_t)dist_shape_numel(&t->shape) * dist_dtype_size(t->dtype);
+  int targets[DIST_MAX_MESH_RANKS], n = 0;
+  Dist__V1__ParamPushRequest *rqs = NULL;
+  dist_call *calls = NULL;
+  /* Checked here, before any daemon sees a byte: a wrong gradient changes
+   * nothing anywhere. */
+  if (nbytes != want) {
+    char gs[96];
+    dist_shape_format(&t->shape, gs, sizeof gs);
+    rc = dist_client_fail(c, DIST_EMISMATCH, "gradient for '%s' has %zu bytes, "
+                          "but the parameter is %s %s = %zu bytes", name, nbytes,
+                          dist_dtype_name(t->dtype), gs, want);
+    goto out;
+  }
+  if ((n = dist_targets(c, &t->mesh.d, targets)) < 0) { rc = n; n = 0; goto out; }
+  rqs = calloc((size_t)n + 1, sizeof *rqs);
+  calls = calloc((size_t)n + 1, sizeof *calls);
+  for (int i = 0; i < n; i++) {
+    dist__v1__param_push_request__init(&rqs[i]);
+    rqs[i].name = (char *)name;
+    rqs[i].trainer = (uint32_t)trainer;
+    rqs[i].data.data = slice_for(t, targets[i], grad, &rqs[i].data.len);
+    calls[i].target = targets[i];
+    calls[i].request = &rqs[i].base;
+  }
+  rc = dist_call_many(c, "/dist.v1.Param/PushGrad",
+                      &dist__v1__param_push_reply__descriptor, calls, n);
+  if (rc == 0 && version) *version = lowest_version(calls, n);
+out:
+  if (calls) dist_calls_free(calls, n);
+  for (int i = 0; rqs && i < n; i++) free(rqs[i].data.data);
+  free(rqs);
+  free(calls);
+  dist_tensor_free(t);
+  return rc;
+}
+
+int dist_param_push_local(dist_client *c, const char *name, int trainer,
+                          int rank, const void *piece, size_t nbytes,
+                          uint64_t *version) {
+  if (rank < 0) rank = c->spmd_rank;
+  if (rank < 0 || rank >= c->n)
+    return dist_client_fail(c, DIST_EINVAL, "push to rank %d: the cluster has "
+                            "%d daemons", rank, c->n);
+  Dist__V1__ParamPushRequest rq = DIST__V1__PARAM_PUSH_REQUEST__INIT;
+  rq.name = (char *)name;
+  rq.trainer = (uint32_t)trainer;
+  rq.data.data = (uint8_t *)piece;
+  rq.data.len = nbytes;
+  dist_call call;
+  int rc = fan_out(c, "/dist.v1.Param/PushGrad",
+                   &dist__v1__param_push_reply__descriptor, &rq.base, &rank, 1, &call);
+  if (rc == 0 && version) *version = lowest_version(&call, 1);
+  dist_calls_free(&call, 1);
+  return rc;
+}
+
+int dist_param_push_tensor(dist_client *c, const char *name, int trainer,
+                           const char *grad_name, uint64_t *version) {
+  dist_tensor *t = NULL;
+  int rc = dist_tensor_open(c, name, &t);
+  if (rc != 0) return rc;
+  Dist__V1__ParamPushRequest rq = DIST__V1__PARAM_PUSH_REQUEST__INIT;
+  rq.name = (char *)name;
+  rq.trainer = (uint32_t)trainer;
+  rq.grad_name = (char *)grad_name;
+  rq.op_id = dist_next_op_id(c); /* the gradient may be resharded */
+  int targets[DIST_MAX_MESH_RANKS];
+  dist_call *calls = calloc(DIST_MAX_MESH_RANKS, sizeof *calls);
+  int n = dist_targets(c, &t->mesh.d, targets);
+  if (n >= 0) {
+    rc = fan_out(c, "/dist.v1.Param/PushGrad",
+                 &dist__v1__param_push_reply__descriptor, &rq.base, targets, n, calls);
+    if (rc == 0 && version) *version = lowest_version(calls, n);
+    dist_calls_free(calls, n);
+  } else {
+    rc = n;
+  }
+  free(calls);
+  dist_tensor_free(t);
+  return rc;
+}
+
+/* Places each daemon's piece into the whole value. */
+static int assemble(dist_client *c, const dist_tensor *t, dist_call *calls,
+                    int n, void *out, uint64_t *version) {
+  size_t elem = dist_dtype_size(t->dtype);
+  uint64_t low = UINT64_MAX;
+  for (int i = 0; i < n; i++) {
+    const Dist__V1__ParamPullReply *rp = (const void *)calls[i].reply;
+    dist_shape box = {0, {0}};
+    int64_t off[DIST_MAX_DIMS] = {0};
+    if (!rp->meta || rp->meta->n_local_shape != (size_t)t->shape.ndim ||
+        rp->meta->n_local_offset != (size_t)t->shape.ndim)
+      return dist_client_fail(c, DIST_EPROTO, "rank %d described its piece of "
+                              "'%s' without its box", calls[i].target, t->name);
+    box.ndim = t->shape.ndim;
+    for (int d = 0; d < box.ndim; d++) {
+      box.dims[d] = (int64_t)rp->meta->local_shape[d];
+      off[d] = (int64_t)rp->meta->local_offset[d];
+    }
+    if (rp->data.len != (size_t)dist_shape_numel(&box) * elem)
+      return dist_client_fail(c, DIST_EPROTO, "rank %d sent %zu bytes of '%s'",
+                              calls[i].target, rp->data.len, t->name);
+    dist_copy_box_in(out, &t->shape, off, rp->data.data, &box, elem);
+    if (rp->meta->version < low) low = rp->meta->version;
+  }
+  if (version) *version = low;
+  return 0;
+}
+
+int dist_param_pull(dist_client *c, const char *name, uint64_t min_version,
+                    void **data, size_t *nbytes, uint64_t *version) {
+  *data = NULL;
+  dist_tensor *t = NULL;
+  int rc = dist_tensor_open(c, name, &t);
+  if (rc != 0) return rc;
+  for (int i = 0; i < t->mesh.d.nranks; i++)
+    if (t->mesh.d.ranks[i] >= c->n) {
+      rc = dist_client_fail(c, DIST_EINVAL, "'%s' lives on rank %d, but this "
+                            "client knows %d daemon%s", name, t->mesh.d.ranks[i],
+                            c->n, c->n == 1 ? "" : "s");
+      dist_tensor_free(t);
+      return rc;
+    }
+  for (int i = 0; i < t->mesh.d.ndim; i++)
+    if (t->placements[i].kind == DIST_PARTIAL) {
+      rc = dist_client_fail(c, DIST_ENOTSUP, "'%s' is Partial: pull it with "
+                            "dist_full_tensor", name);
+      dist_tensor_free(t);
+      return rc;
+    }
+  Dist__V1__ParamPullRequest rq = DIST__V1__PARAM_PULL_REQUEST__INIT;
+  rq.name = (char *)name;
+  rq.min_version = min_version;
+  int n = t->mesh.d.nranks;
+  dist_call *calls = calloc((size_t)n + 1, sizeof *calls);
+  size_t bytes = (size_t)dist_shape_numel(&t->shape) * dist_dtype_size(t->dtype);
+  void *out = malloc(bytes + 1);
+  rc = fan_out(c, "/dist.v1.Param/Pull", &dist__v1__param_pull_reply__descriptor,
+               &rq.base, t->mesh.d.ranks, n, calls);
+  if (rc == 0) rc = assemble(c, t, calls, n, out, version);
+  if (rc == 0) {
+    *data = out, out = NULL;
+    *nbytes = bytes;
+  }
+  dist_calls_free(calls, n);
+  free(calls);
+  free(out);
+  dist_tensor_free(t);
+  return rc;
+}

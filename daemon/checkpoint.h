@@ -1,0 +1,42 @@
+/* Checkpoint files on the daemon side: each daemon writes its own pieces to
+ * DIR/rank<r>.<id>.safetensors and reads them back; one daemon writes
+ * DIR/manifest.json for the client. Every file is written atomically (temp
+ * file, fsync, rename, fsync of the directory), and files of a new
+ * checkpoint get new names, so until the manifest is switched the previous
+ * checkpoint stays whole. */
+#ifndef DISTD_CHECKPOINT_H
+#define DISTD_CHECKPOINT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "errbuf.h"
+#include "store.h"
+
+#define DISTD_CKPT_MANIFEST "manifest.json"
+
+/* dir must be an absolute path without "..", id [A-Za-z0-9_-]{1,64}. */
+int distd_ckpt_check_dir(const char *dir, dist_errbuf *eb);
+int distd_ckpt_check_id(const char *id, dist_errbuf *eb);
+/* A file name a checkpoint may name: "rank<r>.<id>.safetensors". */
+int distd_ckpt_check_file(const char *file, dist_errbuf *eb);
+
+/* Writes tensors t[0..n) (their local pieces) to DIR/rank<rank>.<id>.safetensors,
+ * creating DIR when missing. file gets the name; sha256_hex the lowercase
+ * hex digest of the whole file (65 bytes with the NUL). */
+int distd_ckpt_write_rank(const char *dir, const char *id, int rank,
+                          distd_tensor *const *t, int n, char *file,
+                          size_t file_len, char *sha256_hex, uint64_t *bytes,
+                          dist_errbuf *eb);
+/* Writes DIR/manifest.json atomically. */
+int distd_ckpt_write_manifest(const char *dir, const char *text, dist_errbuf *eb);
+/* Reads DIR/manifest.json into a malloc'd NUL-terminated string. */
+int distd_ckpt_read_manifest(const char *dir, char **text, dist_errbuf *eb);
+/* Reads DIR/file whole (malloc'd) and checks its sha256 against want_hex. */
+int distd_ckpt_read_file(const char *dir, const char *file, const char *want_hex,
+                         void **bytes, size_t *len, dist_errbuf *eb);
+/* Removes rank files (rank*.safetensors) and leftover temp files of DIR
+ * that keep[0..nkeep) does not name; returns how many were removed. */
+int distd_ckpt_remove_stale(const char *dir, char *const *keep, size_t nkeep);
+
+#endif

@@ -1,0 +1,70 @@
+/* The parameter service: stored tensors trained in place (semantics.md,
+ * "Parameter service"). A parameter is a stored float tensor with an
+ * optimizer, a reduction over trainers and a consistency mode. Its optimizer
+ * state (momentum, Adam's m and v) lives here, next to this daemon's shard,
+ * reserved against the store's memory limit.
+ *
+ * Every update inserts a new tensor under the parameter's name, so its
+ * version increases by one and readers never see a half-applied step.
+ *  - synchronous: pushes for a step are accumulated (summed, or averaged
+ *    over the configured number of trainers); the update happens when every
+ *    trainer 0..N-1 has pushed once. A second push from the same trainer
+ *    before the update is refused.
+ *  - asynchronous: each push is applied at once, as given (no reduction).
+ *
+ * The registry is per daemon. Every entry point is thread-safe. */
+#ifndef DISTD_PARAM_SERVICE_H
+#define DISTD_PARAM_SERVICE_H
+
+#include <stdint.h>
+
+#include "optimizer.h"
+#include "server.h"
+#include "store.h"
+
+typedef struct distd_params distd_params;
+
+typedef struct distd_param_cfg {
+  distd_optim_cfg optim;
+  dist_reduce reduce; /* DIST_REDUCE_SUM or DIST_REDUCE_AVG */
+  int async;
+  int trainers;       /* >= 1 */
+} distd_param_cfg;
+
+/* The registry of server s, created on first use (the daemon has one). */
+distd_params *distd_params_of(distd_server *s);
+
+/* Makes the stored tensor `name` a parameter, or reconfigures it (state and
+ * pending pushes reset). Fails, with nothing changed, for a missing tensor,
+ * a non-float dtype, Partial placements, bad hyper-parameters or when the
+ * state does not fit the memory limit. */
+int distd_param_configure(distd_params *p, distd_store *st, const char *name,
+                          const distd_param_cfg *cfg, dist_errbuf *eb);
+
+/* What a push did. */
+typedef struct distd_push_result {
+  uint64_t version; /* the parameter's version afterwards */
+  uint64_t step;    /* updates applied so far */
+  int pending;      /* synchronous: pushes waiting for the next update */
+  int applied;      /* this push completed an update */
+} distd_push_result;
+
+/* One trainer's gradient for this daemon's shard: nbytes bytes laid out as
+ * the shard. expect_step (0 = any) must be the number of the update the push
+ * belongs to. A wrong size, trainer or step fails with nothing changed. */
+int distd_param_push(distd_params *p, distd_store *st, const char *name,
+                     int trainer, uint64_t expect_step, const void *grad,
+                     size_t nbytes, distd_push_result *res, dist_errbuf *eb);
+
+/* The parameter (or any stored tensor) once its version is >= min_version,
+ * waiting until deadline_ms (distd_now_ms clock). *out is a new reference;
+ * *step the updates applied (0 for a plain tensor). */
+int distd_param_pull(distd_params *p, distd_store *st, const char *name,
+                     uint64_t min_version, int64_t deadline_ms,
+                     distd_tensor **out, uint64_t *step, dist_errbuf *eb);
+
+/* Whether name is a parameter; its dtype, mesh and placements when it is. */
+int distd_param_layout(distd_params *p, const char *name, dist_dtype *dt,
+                       dist_mesh_desc *mesh, dist_placement *placements);
+
+#endif

@@ -1,0 +1,159 @@
+/* dist.v1.Checkpoint: Save / Commit / Manifest / Load (checkpoint.h). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "checkpoint.h"
+#include "checkpoint.pb-c.h"
+#include "methods.h"
+#include "pbuf.h"
+#include "safetensors.h"
+#include "tensor_meta.h"
+
+/* The tensors to save: the named ones this daemon holds, or all. */
+static int pick_tensors(distd_server *s, const Dist__V1__CheckpointSaveRequest *rq,
+                        distd_tensor ***out, int *n) {
+  if (rq->n_tensors == 0) return distd_store_list(s->store, out, n);
+  *out = calloc(rq->n_tensors + 1, sizeof **out);
+  *n = 0;
+  for (size_t i = 0; i < rq->n_tensors; i++)
+    if (distd_store_get(s->store, rq->tensors[i], &(*out)[*n], NULL) == 0) (*n)++;
+  return 0;
+}
+
+DISTD_HANDLER(checkpoint_save) {
+  (void)ci;
+  const Dist__V1__CheckpointSaveRequest *rq = (const void *)req;
+  if (distd_ckpt_check_dir(rq->dir, eb) != 0 ||
+      distd_ckpt_check_id(rq->checkpoint_id, eb) != 0)
+    return eb->code;
+  distd_tensor **t = NULL;
+  int n = 0;
+  pick_tensors(s, rq, &t, &n);
+  char file[256], sha[80];
+  uint64_t bytes = 0;
+  int rc = distd_ckpt_write_rank(rq->dir, rq->checkpoint_id, s->rank, t, n, file,
+                                 sizeof file, sha, &bytes, eb);
+  if (rc == 0) {
+    dist_wire_meta *w = calloc((size_t)n + 1, sizeof *w);
+    Dist__V1__TensorMeta **metas = calloc((size_t)n + 1, sizeof *metas);
+    for (int i = 0; i < n; i++) {
+      distd_meta_describe(t[i], s->rank, &w[i]);
+      metas[i] = &w[i].meta;
+    }
+    Dist__V1__CheckpointSaveReply rp = DIST__V1__CHECKPOINT_SAVE_REPLY__INIT;
+    rp.file = file;
+    rp.sha256 = sha;
+    rp.bytes = bytes;
+    rp.n_tensors = (size_t)n;
+    rp.tensors = metas;
+    *reply = dist_pb_to_bb(&rp.base);
+    free(metas);
+    free(w);
+  }
+  for (int i = 0; i < n; i++) distd_tensor_unref(t[i]);
+  free(t);
+  return rc;
+}
+
+DISTD_HANDLER(checkpoint_commit) {
+  (void)ci, (void)s;
+  const Dist__V1__CheckpointCommitRequest *rq = (const void *)req;
+  if (distd_ckpt_check_dir(rq->dir, eb) != 0) return eb->code;
+  for (size_t i = 0; i < rq->n_keep_files; i++)
+    if (distd_ckpt_check_file(rq->keep_files[i], eb) != 0) return eb->code;
+  if (rq->manifest[0] && distd_ckpt_write_manifest(rq->dir, rq->manifest, eb) != 0)
+    return eb->code;
+  Dist__V1__CheckpointCommitReply rp = DIST__V1__CHECKPOINT_COMMIT_REPLY__INIT;
+  rp.removed = (uint32_t)distd_ckpt_remove_stale(rq->dir, rq->keep_files,
+                                                 rq->n_keep_files);
+  *reply = dist_pb_to_bb(&rp.base);
+  return 0;
+}
+
+DISTD_HANDLER(checkpoint_manifest) {
+  (void)ci, (void)s;
+  const Dist__V1__CheckpointManifestRequest *rq = (const void *)req;
+  char *text = NULL;
+  if (distd_ckpt_check_dir(rq->dir, eb) != 0 ||
+      distd_ckpt_read_manifest(rq->dir, &text, eb) != 0)
+    return eb->code;
+  Dist__V1__CheckpointManifestReply rp = DIST__V1__CHECKPOINT_MANIFEST_REPLY__INIT;
+  rp.manifest = text;
+  *reply = dist_pb_to_bb(&rp.base);
+  free(text);
+  return 0;
+}
+
+/* Builds tensor i of the request with this rank's piece taken from the
+ * file, checking that the piece is exactly what the layout gives it. */
+static int piece_from_file(distd_server *s, const Dist__V1__TensorMeta *pb,
+                           const dist_st_file *f, const char *file,
+                           distd_tensor **out, dist_errbuf *eb) {
+  distd_meta m;
+  memset(&m, 0, sizeof m);
+  if (distd_meta_parse(s, pb, &m, eb) != 0) return eb->code;
+  if (dist_placements_check(&m.mesh, m.placements, m.mesh.ndim, m.global.ndim, eb) != 0)
+    return eb->code;
+  const dist_st_entry *e = dist_st_find(f, m.name);
+  if (!e)
+    return dist_fail(eb, DIST_EINVAL, "%s lacks tensor '%s' (the manifest lists it)",
+                     file, m.name);
+  int rc = distd_tensor_new(s->store, m.name, m.dtype, &m.global, &m.mesh,
+                            m.placements, s->rank, out, eb);
+  if (rc != 0) return rc;
+  if (e->dtype != m.dtype || !dist_shape_equal(&e->shape, &(*out)->local)) {
+    char want[96], got[96];
+    dist_shape_format(&(*out)->local, want, sizeof want);
+    dist_shape_format(&e->shape, got, sizeof got);
+    distd_tensor_unref(*out);
+    *out = NULL;
+    return dist_fail(eb, DIST_EMISMATCH, "%s: '%s' is %s %s, but rank %d's piece "
+                     "must be %s %s", file, m.name, dist_dtype_name(e->dtype), got,
+                     s->rank, dist_dtype_name(m.dtype), want);
+  }
+  memcpy((*out)->data, e->data, e->nbytes);
+  (*out)->version = pb->version;
+  return 0;
+}
+
+static int load_all(distd_server *s, const Dist__V1__CheckpointLoadRequest *rq,
+                    const dist_st_file *f, uint64_t *bytes, dist_errbuf *eb) {
+  size_t n = rq->n_tensors;
+  distd_tensor **t = calloc(n + 1, sizeof *t);
+  int rc = 0;
+  for (size_t i = 0; i < n && rc == 0; i++) {
+    rc = piece_from_file(s, rq->tensors[i], f, rq->file, &t[i], eb);
+    if (rc == 0) *bytes += t[i]->nbytes;
+  }
+  /* Every piece is built (and its memory held) before the first is stored,
+   * so a bad piece leaves the store unchanged. */
+  for (size_t i = 0; i < n && rc == 0 && !rq->verify_only; i++)
+    distd_store_put(s->store, t[i], 1, NULL);
+  for (size_t i = 0; i < n; i++) distd_tensor_unref(t[i]);
+  free(t);
+  return rc;
+}
+
+DISTD_HANDLER(checkpoint_load) {
+  (void)ci;
+  const Dist__V1__CheckpointLoadRequest *rq = (const void *)req;
+  if (distd_ckpt_check_dir(rq->dir, eb) != 0 || distd_ckpt_check_file(rq->file, eb) != 0)
+    return eb->code;
+  void *bytes = NULL;
+  size_t len = 0;
+  dist_st_file *f = NULL;
+  uint64_t loaded = 0;
+  int rc = distd_ckpt_read_file(rq->dir, rq->file, rq->sha256, &bytes, &len, eb);
+  if (rc == 0 && (rc = dist_st_parse(bytes, len, &f, eb)) != 0)
+    dist_errbuf_prefix(eb, "%s/%s: ", rq->dir, rq->file);
+  if (rc == 0) rc = load_all(s, rq, f, &loaded, eb);
+  if (rc == 0) {
+    Dist__V1__CheckpointLoadReply rp = DIST__V1__CHECKPOINT_LOAD_REPLY__INIT;
+    rp.bytes = loaded;
+    rp.tensors = (uint32_t)rq->n_tensors;
+    *reply = dist_pb_to_bb(&rp.base);
+  }
+  dist_st_free(f);
+  free(bytes);
+  return rc;
+}

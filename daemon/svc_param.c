@@ -1,0 +1,135 @@
+/* dist.v1.Param: Configure / PushGrad / Pull (param_service.h). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "methods.h"
+#include "param.pb-c.h"
+#include "param_service.h"
+#include "pbuf.h"
+#include "reshard.h"
+#include "tensor_meta.h"
+
+static int config_from_pb(const Dist__V1__ParamConfigureRequest *rq,
+                          distd_param_cfg *c, dist_errbuf *eb) {
+  const Dist__V1__OptimizerConfig *o = rq->optimizer;
+  if (!o) return dist_fail(eb, DIST_EINVAL, "configure '%s': no optimizer given", rq->name);
+  memset(c, 0, sizeof *c);
+  c->optim.kind = (distd_optim_kind)o->kind;
+  c->optim.lr = o->lr;
+  c->optim.momentum = o->momentum;
+  c->optim.dampening = o->dampening;
+  c->optim.nesterov = o->nesterov;
+  c->optim.beta1 = o->beta1;
+  c->optim.beta2 = o->beta2;
+  c->optim.eps = o->eps;
+  c->optim.weight_decay = o->weight_decay;
+  c->reduce = (dist_reduce)rq->reduce;
+  c->async = rq->consistency == DIST__V1__CONSISTENCY__ASYNC;
+  c->trainers = (int)rq->trainers;
+  if (rq->consistency != DIST__V1__CONSISTENCY__SYNC && !c->async)
+    return dist_fail(eb, DIST_EINVAL, "unknown consistency mode %d", rq->consistency);
+  return 0;
+}
+
+static void reply_meta(distd_server *s, const distd_tensor *t,
+                       grpc_byte_buffer **reply) {
+  dist_wire_meta *w = calloc(1, sizeof *w);
+  distd_meta_describe(t, s->rank, w);
+  Dist__V1__ParamConfigureReply rp = DIST__V1__PARAM_CONFIGURE_REPLY__INIT;
+  rp.meta = &w->meta;
+  *reply = dist_pb_to_bb(&rp.base);
+  free(w);
+}
+
+DISTD_HANDLER(param_configure) {
+  (void)ci;
+  const Dist__V1__ParamConfigureRequest *rq = (const void *)req;
+  distd_param_cfg cfg;
+  if (config_from_pb(rq, &cfg, eb) != 0) return eb->code;
+  if (distd_param_configure(distd_params_of(s), s->store, rq->name, &cfg, eb) != 0)
+    return eb->code;
+  distd_tensor *t = NULL;
+  if (distd_store_get(s->store, rq->name, &t, eb) != 0) return eb->code;
+  reply_meta(s, t, reply);
+  distd_tensor_unref(t);
+  return 0;
+}
+
+/* The stored gradient `grad_name`, converted to the parameter's placements
+ * when it has others (Partial gradients are reduced here). Every daemon of
+ * the mesh runs this with the same op id; the checks use metadata every
+ * daemon has, so they all accept or all refuse. */
+static int stored_gradient(distd_server *s, const distd_call_info *ci,
+                           const Dist__V1__ParamPushRequest *rq,
+                           distd_tensor **out, dist_errbuf *eb) {
+  distd_tensor *g = NULL, *p = NULL;
+  int rc;
+  if ((rc = distd_store_get(s->store, rq->grad_name, &g, eb)) != 0) goto out;
+  if ((rc = distd_store_get(s->store, rq->name, &p, eb)) != 0) goto out;
+  if (g->dtype != p->dtype || !dist_shape_equal(&g->global, &p->global) ||
+      !dist_mesh_equal(&g->mesh, &p->mesh)) {
+    char gs[96], ps[96];
+    dist_shape_format(&g->global, gs, sizeof gs);
+    dist_shape_format(&p->global, ps, sizeof ps);
+    rc = dist_fail(eb, DIST_EMISMATCH, "gradient '%s' (%s %s) does not match "
+                   "parameter '%s' (%s %s on its mesh)", g->name,
+                   dist_dtype_name(g->dtype), gs, p->name,
+                   dist_dtype_name(p->dtype), ps);
+    goto out;
+  }
+  if (memcmp(g->placements, p->placements,
+             sizeof(dist_placement) * (size_t)p->nplacements) == 0) {
+    *out = g, g = NULL;
+    goto out;
+  }
+  rc = distd_reshard(s, g, &g->mesh, &p->mesh, p->placements, rq->grad_name,
+                     rq->op_id, distd_call_wait_deadline(ci), out, eb);
+out:
+  distd_tensor_unref(g);
+  distd_tensor_unref(p);
+  return rc;
+}
+
+DISTD_HANDLER(param_push) {
+  const Dist__V1__ParamPushRequest *rq = (const void *)req;
+  distd_tensor *g = NULL;
+  const void *grad = rq->data.data;
+  size_t nbytes = rq->data.len;
+  if (rq->grad_name[0]) {
+    if (stored_gradient(s, ci, rq, &g, eb) != 0) return eb->code;
+    grad = g->data;
+    nbytes = g->nbytes;
+  }
+  distd_push_result res;
+  int rc = distd_param_push(distd_params_of(s), s->store, rq->name,
+                            (int)rq->trainer, rq->step, grad, nbytes, &res, eb);
+  distd_tensor_unref(g);
+  if (rc != 0) return rc;
+  Dist__V1__ParamPushReply rp = DIST__V1__PARAM_PUSH_REPLY__INIT;
+  rp.version = res.version;
+  rp.step = res.step;
+  rp.pending = (uint32_t)res.pending;
+  rp.applied = res.applied;
+  *reply = dist_pb_to_bb(&rp.base);
+  return 0;
+}
+
+DISTD_HANDLER(param_pull) {
+  const Dist__V1__ParamPullRequest *rq = (const void *)req;
+  distd_tensor *t = NULL;
+  uint64_t step = 0;
+  if (distd_param_pull(distd_params_of(s), s->store, rq->name, rq->min_version,
+                       distd_call_wait_deadline(ci), &t, &step, eb) != 0)
+    return eb->code;
+  dist_wire_meta *w = calloc(1, sizeof *w);
+  distd_meta_describe(t, s->rank, w);
+  Dist__V1__ParamPullReply rp = DIST__V1__PARAM_PULL_REPLY__INIT;
+  rp.meta = &w->meta;
+  rp.data.data = t->data;
+  rp.data.len = t->nbytes;
+  rp.step = step;
+  *reply = dist_pb_to_bb(&rp.base);
+  free(w);
+  distd_tensor_unref(t);
+  return 0;
+}

@@ -1,0 +1,365 @@
+/* Checkpoints end to end: real daemons, libdist and distctl. Saved values
+ * are compared byte for byte with what the test put in; corrupt, truncated
+ * and interrupted checkpoints must leave both the store and the previous
+ * checkpoint as they were. */
+#include <criterion/criterion.h>
+#include <jansson.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+static harness cluster;
+
+static void stop_cluster(void) {
+  if (cluster.n > 0) harness_stop(&cluster);
+  cluster.n = 0;
+}
+
+static char cluster_id[64];
+
+static dist_client *start(int n) {
+  snprintf(cluster_id, sizeof cluster_id, "ckpt-test-%d-%ld", (int)getpid(),
+           (long)time(NULL));
+  const char *args[] = {"--cluster-id", cluster_id, NULL};
+  harness_start(&cluster, n, args);
+  return harness_client(&cluster);
+}
+
+TestSuite(checkpoint, .fini = stop_cluster, .timeout = 180);
+
+static dist_tensor *put(dist_client *c, const char *name, dist_dtype dt,
+                        const void *data, int ndim, const int64_t *shape,
+                        const char *mesh_text, const char *placements) {
+  dist_mesh *mesh = NULL;
+  dist_placement p[DIST_MAX_MESH_DIMS];
+  dist_tensor *t = NULL;
+  cr_assert_eq(dist_mesh_from_string(mesh_text, NULL, &mesh), 0);
+  cr_assert_gt(dist_parse_placements(placements, p, DIST_MAX_MESH_DIMS), 0);
+  dist_tensor_delete(c, name);
+  cr_assert_eq(dist_shard_tensor(c, name, data, dt, ndim, shape, mesh, p, &t), 0,
+               "%s", dist_errmsg(c));
+  dist_mesh_free(mesh);
+  return t;
+}
+
+/* The tensor's whole value must be exactly want (nbytes). */
+static void expect_value(dist_client *c, const char *name, const void *want,
+                         size_t nbytes) {
+  dist_tensor *t = NULL;
+  cr_assert_eq(dist_tensor_open(c, name, &t), 0, "%s: %s", name, dist_errmsg(c));
+  void *data = NULL;
+  size_t n = 0;
+  cr_assert_eq(dist_full_tensor(c, t, &data, &n), 0, "%s", dist_errmsg(c));
+  cr_assert_eq(n, nbytes, "%s: %zu bytes", name, n);
+  cr_assert_eq(memcmp(data, want, nbytes), 0, "%s differs", name);
+  free(data);
+  dist_tensor_free(t);
+}
+
+static void expect_layout(dist_client *c, const char *name, const char *placements,
+                          int nranks, int first_rank) {
+  dist_tensor *t = NULL;
+  cr_assert_eq(dist_tensor_open(c, name, &t), 0, "%s", dist_errmsg(c));
+  char buf[128];
+  const dist_mesh *m = dist_tensor_mesh(t);
+  dist_placements_format(dist_tensor_placements(t), dist_mesh_ndim(m), buf, sizeof buf);
+  cr_assert_str_eq(buf, placements);
+  cr_assert_eq(dist_mesh_size(m), nranks);
+  cr_assert_eq(dist_mesh_rank_at(m, 0), first_rank);
+  dist_tensor_free(t);
+}
+
+static char ckpt_dir[400];
+
+static const char *make_dir(void) {
+  snprintf(ckpt_dir, sizeof ckpt_dir, "%s/ckpt", cluster.dir);
+  return ckpt_dir;
+}
+
+/* Kills every daemon, starts them again with empty stores, and returns a
+ * fresh client once they see each other. */
+static dist_client *restart_all(dist_client *old) {
+  dist_close(old);
+  for (int r = 0; r < cluster.n; r++) harness_kill(&cluster, r, SIGKILL);
+  const char *args[] = {"--cluster-id", cluster_id, NULL};
+  for (int r = 0; r < cluster.n; r++) harness_start_rank(&cluster, r, args);
+  for (int r = 0; r < cluster.n; r++)
+    cr_assert(harness_wait_connected(&cluster, r, cluster.n - 1, 20000),
+              "rank %d did not reconnect", r);
+  return harness_client(&cluster);
+}
+
+static float a0[5 * 3];
+static int64_t b0[4] = {-1, 1LL << 40, 7, 0};
+static uint16_t c0[3 * 4];
+
+static void put_three(dist_client *c) {
+  for (int i = 0; i < 15; i++) a0[i] = 0.1f * (float)i - 0.33f;
+  for (int i = 0; i < 12; i++) c0[i] = (uint16_t)(0x3f80 + 17 * i);
+  int64_t sa[2] = {5, 3}, sb[1] = {4}, sc[2] = {3, 4};
+  dist_tensor_free(put(c, "a", DIST_FLOAT32, a0, 2, sa, "[0,1]", "Shard(0)"));
+  dist_tensor_free(put(c, "b", DIST_INT64, b0, 1, sb, "[0,1]", "Replicate()"));
+  dist_tensor_free(put(c, "c", DIST_BFLOAT16, c0, 2, sc, "[1,0]", "Shard(1)"));
+}
+
+static void expect_three(dist_client *c) {
+  expect_value(c, "a", a0, sizeof a0);
+  expect_value(c, "b", b0, sizeof b0);
+  expect_value(c, "c", c0, sizeof c0);
+}
+
+static int run_distctl(const char *args, char **out, char **err) {
+  char cmd[2048];
+  snprintf(cmd, sizeof cmd, "%s --cluster %s %s", harness_distctl(),
+           cluster.cluster_file, args);
+  return harness_run(cmd, out, err, 60);
+}
+
+Test(checkpoint, save_kill_every_daemon_restart_restore_is_bit_identical) {
+  dist_client *c = start(2);
+  put_three(c);
+  const char *dir = make_dir();
+  char args[600], *out = NULL, *err = NULL;
+  snprintf(args, sizeof args, "--json checkpoint save %s", dir);
+  int rc = run_distctl(args, &out, &err);
+  cr_assert_eq(rc, 0, "distctl: %s %s", out, err);
+  json_t *j = json_loads(out, 0, NULL);
+  cr_assert_not_null(j, "%s", out);
+  cr_assert_eq(json_integer_value(json_object_get(j, "tensors")), 3, "%s", out);
+  cr_assert_eq(json_integer_value(json_object_get(j, "files")), 2, "%s", out);
+  json_decref(j);
+  cr_assert(strstr(err, "rank 0 (1/2)") && strstr(err, "rank 1 (2/2)"),
+            "progress per rank on stderr: %s", err);
+  free(out);
+  free(err);
+  c = restart_all(c);
+  dist_tensor **list = NULL;
+  int n = 0;
+  cr_assert_eq(dist_tensor_list(c, &list, &n), 0);
+  cr_assert_eq(n, 0, "the restarted daemons start empty");
+  dist_tensor_list_free(list, n);
+  snprintf(args, sizeof args, "checkpoint restore %s", dir);
+  rc = run_distctl(args, &out, &err);
+  cr_assert_eq(rc, 0, "distctl: %s %s", out, err);
+  cr_assert(strstr(err, "verify") && strstr(err, "load"), "%s", err);
+  free(out);
+  free(err);
+  expect_three(c);
+  expect_layout(c, "a", "[Shard(0)]", 2, 0);
+  expect_layout(c, "c", "[Shard(1)]", 2, 1);
+  dist_close(c);
+}
+
+Test(checkpoint, restore_onto_other_placements_and_meshes) {
+  dist_client *c = start(3);
+  put_three(c);
+  const char *dir = make_dir();
+  dist_checkpoint_opts o = DIST_CHECKPOINT_OPTS_INIT;
+  dist_checkpoint_info info;
+  cr_assert_eq(dist_checkpoint_save(c, dir, &o, &info), 0, "%s", dist_errmsg(c));
+  cr_assert_eq(info.ntensors, 3);
+  cr_assert_eq(info.nfiles, 3);
+  const char *only_a[] = {"a"};
+  o.tensors = only_a;
+  o.ntensors = 1;
+  /* Same mesh, other placements. */
+  dist_placement rep = DIST_REPLICATED, s1 = DIST_SHARD_DIM(1);
+  o.placements = &rep;
+  cr_assert_eq(dist_checkpoint_restore(c, dir, &o, &info), 0, "%s", dist_errmsg(c));
+  expect_layout(c, "a", "[Replicate()]", 2, 0);
+  expect_value(c, "a", a0, sizeof a0);
+  /* Another mesh of the same shape. */
+  dist_mesh *m21 = NULL, *m3 = NULL;
+  cr_assert_eq(dist_mesh_from_string("[2,1]", NULL, &m21), 0);
+  o.mesh = m21;
+  o.placements = &s1;
+  cr_assert_eq(dist_checkpoint_restore(c, dir, &o, &info), 0, "%s", dist_errmsg(c));
+  expect_layout(c, "a", "[Shard(1)]", 2, 2);
+  expect_value(c, "a", a0, sizeof a0);
+  /* A mesh of another size. */
+  cr_assert_eq(dist_mesh_from_string("[0,1,2]", NULL, &m3), 0);
+  o.mesh = m3;
+  o.placements = (dist_placement[]){DIST_SHARD_DIM(0)};
+  cr_assert_eq(dist_checkpoint_restore(c, dir, &o, &info), 0, "%s", dist_errmsg(c));
+  expect_layout(c, "a", "[Shard(0)]", 3, 0);
+  expect_value(c, "a", a0, sizeof a0);
+  dist_mesh_free(m21);
+  dist_mesh_free(m3);
+  dist_close(c);
+}
+
+static char *manifest_text(void) {
+  char path[512];
+  snprintf(path, sizeof path, "%s/manifest.json", ckpt_dir);
+  FILE *f = fopen(path, "r");
+  cr_assert_not_null(f);
+  char *buf = calloc(1, 1 << 16);
+  size_t n = fread(buf, 1, (1 << 16) - 1, f);
+  buf[n] = 0;
+  fclose(f);
+  return buf;
+}
+
+static int count_rank_files(void) {
+  char cmd[600], *out = NULL;
+  snprintf(cmd, sizeof cmd, "ls %s | grep -c '^rank.*safetensors$'", ckpt_dir);
+  harness_run(cmd, &out, NULL, 10);
+  int n = out ? atoi(out) : -1;
+  free(out);
+  return n;
+}
+
+Test(checkpoint, interrupted_save_leaves_the_previous_checkpoint_intact) {
+  dist_client *c = start(2);
+  put_three(c);
+  const char *dir = make_dir();
+  dist_checkpoint_info first, info;
+  cr_assert_eq(dist_checkpoint_save(c, dir, NULL, &first), 0, "%s", dist_errmsg(c));
+  char *before = manifest_text();
+  /* New values, then rank 1 dies: the second save fails half-way, after
+   * rank 0 wrote its new file. */
+  float a1[15];
+  for (int i = 0; i < 15; i++) a1[i] = 100.0f + (float)i;
+  int64_t sa[2] = {5, 3};
+  dist_tensor_free(put(c, "a", DIST_FLOAT32, a1, 2, sa, "[0,1]", "Shard(0)"));
+  harness_kill(&cluster, 1, SIGKILL);
+  cr_assert_neq(dist_checkpoint_save(c, dir, NULL, &info), 0);
+  cr_assert(strstr(dist_errmsg(c), "rank 1"), "%s", dist_errmsg(c));
+  char *after = manifest_text();
+  cr_assert_str_eq(after, before, "the manifest was not switched");
+  free(after);
+  cr_assert_eq(count_rank_files(), 3, "the old pair and rank 0's orphan");
+  c = restart_all(c);
+  cr_assert_eq(dist_checkpoint_restore(c, dir, NULL, &info), 0, "%s", dist_errmsg(c));
+  cr_assert_str_eq(info.id, "", "restore reports no new id");
+  expect_three(c); /* the first checkpoint's values, not a1 */
+  /* The next good save removes the orphan and the old files. */
+  cr_assert_eq(dist_checkpoint_save(c, dir, NULL, &info), 0, "%s", dist_errmsg(c));
+  cr_assert_eq(count_rank_files(), 2);
+  cr_assert_str_neq(info.id, first.id);
+  free(before);
+  dist_close(c);
+}
+
+static void rank_file(int rank, char *path, size_t len) {
+  char *m = manifest_text();
+  json_t *j = json_loads(m, 0, NULL);
+  const char *f = json_string_value(
+      json_object_get(json_array_get(json_object_get(j, "files"), (size_t)rank), "file"));
+  snprintf(path, len, "%s/%s", ckpt_dir, f);
+  json_decref(j);
+  free(m);
+}
+
+/* Restoring must fail with `word` in the message, and leave "a" holding
+ * `current` on every daemon. */
+static void expect_refused(dist_client *c, const char *word, const float *current) {
+  dist_checkpoint_info info;
+  int rc = dist_checkpoint_restore(c, ckpt_dir, NULL, &info);
+  cr_assert_neq(rc, 0);
+  cr_assert(strstr(dist_errmsg(c), word), "message '%s' lacks '%s'", dist_errmsg(c), word);
+  expect_value(c, "a", current, 15 * sizeof(float));
+}
+
+static void copy_file(const char *from, const char *to) {
+  char cmd[1200];
+  snprintf(cmd, sizeof cmd, "cp '%s' '%s'", from, to);
+  cr_assert_eq(harness_run(cmd, NULL, NULL, 10), 0);
+}
+
+Test(checkpoint, corrupt_truncated_or_missing_files_are_refused_store_unchanged) {
+  dist_client *c = start(2);
+  put_three(c);
+  make_dir();
+  dist_checkpoint_info info;
+  cr_assert_eq(dist_checkpoint_save(c, ckpt_dir, NULL, &info), 0, "%s", dist_errmsg(c));
+  float a1[15];
+  for (int i = 0; i < 15; i++) a1[i] = -5.0f * (float)i;
+  int64_t sa[2] = {5, 3};
+  dist_tensor_free(put(c, "a", DIST_FLOAT32, a1, 2, sa, "[0,1]", "Shard(0)"));
+  char path[600], saved[700];
+  rank_file(1, path, sizeof path);
+  snprintf(saved, sizeof saved, "%s.good", path);
+  copy_file(path, saved);
+  /* One flipped byte in rank 1's data. */
+  FILE *f = fopen(path, "r+b");
+  fseek(f, -3, SEEK_END);
+  int ch = fgetc(f);
+  fseek(f, -3, SEEK_END);
+  fputc(ch ^ 0x40, f);
+  fclose(f);
+  expect_refused(c, "corrupt: sha256", a1);
+  /* Truncated. */
+  copy_file(saved, path);
+  cr_assert_eq(truncate(path, 20), 0);
+  expect_refused(c, "corrupt", a1);
+  /* Missing. */
+  unlink(path);
+  expect_refused(c, "cannot open", a1);
+  /* Bad framing whose digest matches: the manifest is rewritten to agree. */
+  f = fopen(path, "wb");
+  fputs("\x10\0\0\0\0\0\0\0{\"a\":[1,2,3]}   ", f);
+  fclose(f);
+  char cmd[1400], *out = NULL;
+  snprintf(cmd, sizeof cmd, "sha256sum '%s' | cut -c1-64", path);
+  cr_assert_eq(harness_run(cmd, &out, NULL, 10), 0);
+  out[64] = 0;
+  char *m = manifest_text();
+  json_t *j = json_loads(m, 0, NULL);
+  json_object_set_new(json_array_get(json_object_get(j, "files"), 1), "sha256",
+                      json_string(out));
+  char mpath[500];
+  snprintf(mpath, sizeof mpath, "%s/manifest.json", ckpt_dir);
+  cr_assert_eq(json_dump_file(j, mpath, 0), 0);
+  json_decref(j);
+  free(out);
+  expect_refused(c, "safetensors", a1);
+  /* A manifest that is not one. */
+  f = fopen(mpath, "w");
+  fputs("{\"format\": \"something else\"}", f);
+  fclose(f);
+  expect_refused(c, "not a valid checkpoint manifest", a1);
+  unlink(mpath);
+  expect_refused(c, "no checkpoint", a1);
+  /* The good file and manifest back: the restore goes through. */
+  f = fopen(mpath, "w");
+  fputs(m, f);
+  fclose(f);
+  copy_file(saved, path);
+  unlink(saved);
+  cr_assert_eq(dist_checkpoint_restore(c, ckpt_dir, NULL, &info), 0, "%s", dist_errmsg(c));
+  expect_three(c);
+  free(m);
+  dist_close(c);
+}
+
+Test(checkpoint, bad_requests_are_refused) {
+  dist_client *c = start(2);
+  put_three(c);
+  dist_checkpoint_opts o = DIST_CHECKPOINT_OPTS_INIT;
+  const char *missing[] = {"a", "nope"};
+  o.tensors = missing;
+  o.ntensors = 2;
+  cr_assert_eq(dist_checkpoint_save(c, "relative/dir", NULL, NULL), DIST_EINVAL);
+  cr_assert_eq(dist_checkpoint_save(c, make_dir(), &o, NULL), DIST_ENOTFOUND);
+  cr_assert(strstr(dist_errmsg(c), "'nope'"), "%s", dist_errmsg(c));
+  struct stat sb;
+  char mpath[500];
+  snprintf(mpath, sizeof mpath, "%s/manifest.json", ckpt_dir);
+  cr_assert_neq(stat(mpath, &sb), 0, "no manifest from a failed save");
+  o.ntensors = 1;
+  cr_assert_eq(dist_checkpoint_save(c, ckpt_dir, &o, NULL), 0, "%s", dist_errmsg(c));
+  o.tensors = (const char *[]){"b"};
+  cr_assert_eq(dist_checkpoint_restore(c, ckpt_dir, &o, NULL), DIST_ENOTFOUND);
+  char *out = NULL, *err = NULL;
+  cr_assert_eq(run_distctl("checkpoint restore", &out, &err), 2, "%s", err);
+  free(out);
+  free(err);
+  dist_close(c);
+}

@@ -1,0 +1,372 @@
+/* The parameter service end to end: real daemons, libdist. Every expected
+ * value is computed here from torch.optim's update formulas on the whole
+ * tensor, independently of the daemon's kernels and of the slicing. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+static harness cluster;
+
+static void stop_cluster(void) {
+  if (cluster.n > 0) harness_stop(&cluster);
+  cluster.n = 0;
+}
+
+static dist_client *start(int n) {
+  char id[64];
+  snprintf(id, sizeof id, "param-test-%d-%ld", (int)getpid(), (long)time(NULL));
+  const char *args[] = {"--cluster-id", id, NULL};
+  harness_start(&cluster, n, args);
+  return harness_client(&cluster);
+}
+
+TestSuite(param, .fini = stop_cluster, .timeout = 120);
+
+static dist_tensor *put(dist_client *c, const char *name, dist_dtype dt,
+                        const void *data, int ndim, const int64_t *shape,
+                        const char *mesh_text, const char *placements) {
+  dist_mesh *mesh = NULL;
+  dist_placement p[DIST_MAX_MESH_DIMS];
+  dist_tensor *t = NULL;
+  cr_assert_eq(dist_mesh_from_string(mesh_text, NULL, &mesh), 0);
+  cr_assert_gt(dist_parse_placements(placements, p, DIST_MAX_MESH_DIMS), 0);
+  cr_assert_eq(dist_shard_tensor(c, name, data, dt, ndim, shape, mesh, p, &t), 0,
+               "%s", dist_errmsg(c));
+  dist_mesh_free(mesh);
+  return t;
+}
+
+static double grad_value(int trainer, int step, int i) {
+  return sin(0.37 * i + 1.1 * trainer + 0.5 * step) * (1 + 0.1 * (i % 5));
+}
+
+/* Reference optimizer state over the whole tensor, in long double. */
+typedef struct ref {
+  int n;
+  long double *p, *a, *b; /* param, momentum or m, v */
+} ref;
+
+static void ref_init(ref *r, const double *p0, int n) {
+  r->n = n;
+  r->p = calloc((size_t)n, sizeof *r->p);
+  r->a = calloc((size_t)n, sizeof *r->a);
+  r->b = calloc((size_t)n, sizeof *r->b);
+  for (int i = 0; i < n; i++) r->p[i] = p0[i];
+}
+
+static void ref_free(ref *r) {
+  free(r->p);
+  free(r->a);
+  free(r->b);
+}
+
+static void ref_step(ref *r, const dist_param_opts *o, const double *g, int t) {
+  for (int i = 0; i < r->n; i++) {
+    long double d = g[i];
+    if (o->optimizer == DIST_OPT_SGD) {
+      d += o->weight_decay * r->p[i];
+      if (o->momentum != 0) {
+        r->a[i] = t == 1 ? d : o->momentum * r->a[i] + (1 - o->dampening) * d;
+        d = o->nesterov ? d + o->momentum * r->a[i] : r->a[i];
+      }
+      r->p[i] -= o->lr * d;
+      continue;
+    }
+    if (o->optimizer == DIST_OPT_ADAMW) r->p[i] *= 1 - o->lr * o->weight_decay;
+    else d += o->weight_decay * r->p[i];
+    r->a[i] = o->beta1 * r->a[i] + (1 - o->beta1) * d;
+    r->b[i] = o->beta2 * r->b[i] + (1 - o->beta2) * d * d;
+    long double mh = r->a[i] / (1 - powl(o->beta1, t));
+    long double vh = r->b[i] / (1 - powl(o->beta2, t));
+    r->p[i] -= o->lr * mh / (sqrtl(vh) + o->eps);
+  }
+}
+
+/* Trains `name` for `steps` synchronous steps with `trainers` trainers
+ * pushing whole gradients, and compares every pulled value with the
+ * reference. */
+static void train_and_compare(dist_client *c, const char *name, dist_dtype dt,
+                              int n, const double *p0, const dist_param_opts *o,
+                              int steps, double tol) {
+  ref r;
+  ref_init(&r, p0, n);
+  size_t elem = dt == DIST_FLOAT32 ? 4 : 8;
+  void *g = malloc((size_t)n * elem);
+  double *avg = calloc((size_t)n, sizeof *avg);
+  uint64_t v0 = 0, v = 0;
+  void *data = NULL;
+  size_t nbytes = 0;
+  cr_assert_eq(dist_param_pull(c, name, 0, &data, &nbytes, &v0), 0, "%s", dist_errmsg(c));
+  free(data);
+  for (int t = 1; t <= steps; t++) {
+    memset(avg, 0, sizeof(double) * (size_t)n);
+    for (int k = 0; k < o->trainers; k++) {
+      for (int i = 0; i < n; i++) {
+        double x = grad_value(k, t, i);
+        if (dt == DIST_FLOAT32) x = (float)x, ((float *)g)[i] = (float)x;
+        else ((double *)g)[i] = x;
+        avg[i] += x;
+      }
+      cr_assert_eq(dist_param_push(c, name, k, g, (size_t)n * elem, &v), 0, "%s",
+                   dist_errmsg(c));
+    }
+    if (o->reduce == DIST_REDUCE_AVG)
+      for (int i = 0; i < n; i++) avg[i] /= o->trainers;
+    ref_step(&r, o, avg, t);
+    cr_assert_eq(v, v0 + (uint64_t)t, "step %d: version %llu", t, (unsigned long long)v);
+    cr_assert_eq(dist_param_pull(c, name, v0 + (uint64_t)t, &data, &nbytes, &v), 0,
+                 "%s", dist_errmsg(c));
+    cr_assert_eq(nbytes, (size_t)n * elem);
+    for (int i = 0; i < n; i++) {
+      double got = dt == DIST_FLOAT32 ? ((float *)data)[i] : ((double *)data)[i];
+      cr_assert(fabs(got - (double)r.p[i]) <= tol * (1 + fabs((double)r.p[i])),
+                "step %d elem %d: daemon %.10g, reference %.10g", t, i, got,
+                (double)r.p[i]);
+    }
+    free(data);
+  }
+  free(avg);
+  free(g);
+  ref_free(&r);
+}
+
+static void fill(double *p, int n) {
+  for (int i = 0; i < n; i++) p[i] = 0.1 * i - 0.7;
+}
+
+Test(param, adam_on_row_shards_matches_reference) {
+  dist_client *c = start(2);
+  double p0[6 * 5];
+  float p32[30];
+  fill(p0, 30);
+  for (int i = 0; i < 30; i++) p32[i] = (float)p0[i], p0[i] = p32[i];
+  int64_t shape[2] = {6, 5};
+  dist_tensor *t = put(c, "w", DIST_FLOAT32, p32, 2, shape, "[0,1]", "Shard(0)");
+  dist_param_opts o = DIST_PARAM_OPTS_INIT;
+  o.optimizer = DIST_OPT_ADAM;
+  o.lr = 0.01;
+  o.weight_decay = 0.01;
+  o.trainers = 2;
+  cr_assert_eq(dist_param_configure(c, "w", &o), 0, "%s", dist_errmsg(c));
+  train_and_compare(c, "w", DIST_FLOAT32, 30, p0, &o, 4, 1e-5);
+  dist_tensor_free(t);
+  dist_close(c);
+}
+
+Test(param, adamw_on_uneven_column_shards_matches_reference) {
+  dist_client *c = start(3);
+  double p0[4 * 7];
+  fill(p0, 28);
+  int64_t shape[2] = {4, 7}; /* 7 over 3: 3, 3, 1 */
+  dist_tensor *t = put(c, "w", DIST_FLOAT64, p0, 2, shape, "[0,1,2]", "Shard(1)");
+  dist_param_opts o = DIST_PARAM_OPTS_INIT;
+  o.optimizer = DIST_OPT_ADAMW;
+  o.lr = 0.05;
+  o.beta1 = 0.8;
+  o.beta2 = 0.99;
+  o.weight_decay = 0.1;
+  o.trainers = 3;
+  o.reduce = DIST_REDUCE_SUM;
+  cr_assert_eq(dist_param_configure(c, "w", &o), 0, "%s", dist_errmsg(c));
+  train_and_compare(c, "w", DIST_FLOAT64, 28, p0, &o, 3, 1e-12);
+  dist_tensor_free(t);
+  dist_close(c);
+}
+
+Test(param, sgd_momentum_on_replicated_parameter_matches_reference) {
+  dist_client *c = start(2);
+  double p0[10];
+  fill(p0, 10);
+  int64_t shape[1] = {10};
+  dist_tensor *t = put(c, "b", DIST_FLOAT64, p0, 1, shape, "[0,1]", "Replicate()");
+  dist_param_opts o = DIST_PARAM_OPTS_INIT;
+  o.optimizer = DIST_OPT_SGD;
+  o.lr = 0.1;
+  o.momentum = 0.9;
+  o.nesterov = 1;
+  o.weight_decay = 0.01;
+  o.trainers = 1;
+  cr_assert_eq(dist_param_configure(c, "b", &o), 0, "%s", dist_errmsg(c));
+  train_and_compare(c, "b", DIST_FLOAT64, 10, p0, &o, 4, 1e-12);
+  dist_tensor_free(t);
+  dist_close(c);
+}
+
+static void pull_now(dist_client *c, const char *name, double *out, int n,
+                     uint64_t *version) {
+  void *data = NULL;
+  size_t nbytes = 0;
+  cr_assert_eq(dist_param_pull(c, name, 0, &data, &nbytes, version), 0, "%s",
+               dist_errmsg(c));
+  cr_assert_eq(nbytes, sizeof(double) * (size_t)n);
+  memcpy(out, data, nbytes);
+  free(data);
+}
+
+/* Plain SGD with lr 1 subtracts the reduced gradient, which makes the
+ * effect of each push easy to read. */
+static dist_client *sgd_param(int trainers, dist_consistency mode, double *p0) {
+  dist_client *c = start(2);
+  for (int i = 0; i < 4; i++) p0[i] = 10 * (i + 1);
+  int64_t shape[1] = {4};
+  dist_tensor_free(put(c, "w", DIST_FLOAT64, p0, 1, shape, "[0,1]", "Shard(0)"));
+  dist_param_opts o = DIST_PARAM_OPTS_INIT;
+  o.lr = 1;
+  o.trainers = trainers;
+  o.consistency = mode;
+  o.reduce = DIST_REDUCE_AVG;
+  cr_assert_eq(dist_param_configure(c, "w", &o), 0, "%s", dist_errmsg(c));
+  return c;
+}
+
+Test(param, sync_update_waits_for_every_trainer) {
+  double p0[4], now[4];
+  dist_client *c = sgd_param(3, DIST_PARAM_SYNC, p0);
+  uint64_t v0, v;
+  pull_now(c, "w", now, 4, &v0);
+  double g[3][4] = {{3, 3, 3, 3}, {6, 0, 6, 0}, {0, 3, 0, 3}};
+  cr_assert_eq(dist_param_push(c, "w", 0, g[0], sizeof g[0], &v), 0, "%s", dist_errmsg(c));
+  cr_assert_eq(v, v0);
+  /* The same trainer again before the update: refused, nothing counted. */
+  cr_assert_eq(dist_param_push(c, "w", 0, g[0], sizeof g[0], &v), DIST_EEXIST);
+  cr_assert(strstr(dist_errmsg(c), "trainer 0 already pushed"), "%s", dist_errmsg(c));
+  cr_assert_eq(dist_param_push(c, "w", 1, g[1], sizeof g[1], &v), 0, "%s", dist_errmsg(c));
+  pull_now(c, "w", now, 4, &v);
+  cr_assert_eq(v, v0, "no update before the third trainer");
+  for (int i = 0; i < 4; i++) cr_assert_eq(now[i], p0[i]);
+  cr_assert_eq(dist_param_push(c, "w", 3, g[2], sizeof g[2], &v), DIST_EINVAL,
+               "trainer 3 is out of range");
+  cr_assert_eq(dist_param_push(c, "w", 2, g[2], sizeof g[2], &v), 0, "%s", dist_errmsg(c));
+  cr_assert_eq(v, v0 + 1);
+  pull_now(c, "w", now, 4, &v);
+  for (int i = 0; i < 4; i++)
+    cr_assert_float_eq(now[i], p0[i] - (g[0][i] + g[1][i] + g[2][i]) / 3, 1e-12,
+                       "elem %d: %g", i, now[i]);
+  dist_close(c);
+}
+
+Test(param, async_applies_each_push_at_once) {
+  double p0[4], now[4];
+  dist_client *c = sgd_param(2, DIST_PARAM_ASYNC, p0);
+  uint64_t v0, v;
+  pull_now(c, "w", now, 4, &v0);
+  double g[4] = {1, 2, 3, 4};
+  cr_assert_eq(dist_param_push(c, "w", 0, g, sizeof g, &v), 0, "%s", dist_errmsg(c));
+  cr_assert_eq(v, v0 + 1);
+  pull_now(c, "w", now, 4, &v);
+  for (int i = 0; i < 4; i++) cr_assert_float_eq(now[i], p0[i] - g[i], 1e-12);
+  /* The same trainer may push again: each push is its own update. */
+  cr_assert_eq(dist_param_push(c, "w", 0, g, sizeof g, &v), 0, "%s", dist_errmsg(c));
+  cr_assert_eq(dist_param_push(c, "w", 1, g, sizeof g, &v), 0, "%s", dist_errmsg(c));
+  cr_assert_eq(v, v0 + 3);
+  pull_now(c, "w", now, 4, &v);
+  for (int i = 0; i < 4; i++) cr_assert_float_eq(now[i], p0[i] - 3 * g[i], 1e-12);
+  dist_close(c);
+}
+
+Test(param, pull_waits_for_a_version) {
+  double p0[4], now[4];
+  dist_client *c = sgd_param(1, DIST_PARAM_SYNC, p0);
+  uint64_t v0, v;
+  pull_now(c, "w", now, 4, &v0);
+  dist_opts quick = DIST_OPTS_INIT;
+  quick.timeout_ms = 300;
+  dist_client *slow = NULL;
+  cr_assert_eq(dist_connect_cluster(cluster.cluster_file, &quick, &slow), 0);
+  void *data = NULL;
+  size_t nbytes;
+  /* Nobody pushes: the wait ends at the deadline with a clear error. */
+  int rc = dist_param_pull(slow, "w", v0 + 1, &data, &nbytes, &v);
+  cr_assert_eq(rc, DIST_ETIMEDOUT, "rc %d: %s", rc, dist_errmsg(slow));
+  dist_close(slow);
+  double g[4] = {1, 1, 1, 1};
+  cr_assert_eq(dist_param_push(c, "w", 0, g, sizeof g, &v), 0, "%s", dist_errmsg(c));
+  cr_assert_eq(dist_param_pull(c, "w", v0 + 1, &data, &nbytes, &v), 0, "%s", dist_errmsg(c));
+  cr_assert_eq(v, v0 + 1);
+  free(data);
+  dist_close(c);
+}
+
+Test(param, gradient_with_wrong_shape_is_refused_and_changes_nothing) {
+  double p0[4], now[4];
+  dist_client *c = sgd_param(2, DIST_PARAM_SYNC, p0);
+  uint64_t v0, v;
+  pull_now(c, "w", now, 4, &v0);
+  double g[5] = {1, 1, 1, 1, 1};
+  cr_assert_eq(dist_param_push(c, "w", 0, g, sizeof(double) * 5, &v), DIST_EMISMATCH);
+  cr_assert(strstr(dist_errmsg(c), "40 bytes"), "%s", dist_errmsg(c));
+  /* A piece of the wrong size sent straight to one daemon. */
+  cr_assert_eq(dist_param_push_local(c, "w", 0, 1, g, sizeof(double) * 3, &v),
+               DIST_EMISMATCH);
+  cr_assert(strstr(dist_errmsg(c), "rank 1's shard is [2] float64"), "%s", dist_errmsg(c));
+  /* A stored gradient of another shape. */
+  int64_t shape[1] = {5};
+  dist_tensor_free(put(c, "g5", DIST_FLOAT64, g, 1, shape, "[0,1]", "Shard(0)"));
+  cr_assert_eq(dist_param_push_tensor(c, "w", 0, "g5", &v), DIST_EMISMATCH);
+  cr_assert(strstr(dist_errmsg(c), "does not match parameter 'w'"), "%s", dist_errmsg(c));
+  /* Nothing was counted: both trainers still complete exactly one update. */
+  cr_assert_eq(dist_param_push(c, "w", 0, g, sizeof(double) * 4, &v), 0, "%s", dist_errmsg(c));
+  cr_assert_eq(v, v0);
+  cr_assert_eq(dist_param_push(c, "w", 1, g, sizeof(double) * 4, &v), 0, "%s", dist_errmsg(c));
+  cr_assert_eq(v, v0 + 1);
+  pull_now(c, "w", now, 4, &v);
+  for (int i = 0; i < 4; i++) cr_assert_float_eq(now[i], p0[i] - 1, 1e-12);
+  dist_close(c);
+}
+
+/* A data-parallel gradient as the daemons hold it: Partial(sum) over the
+ * mesh, each rank's piece its own contribution; it is reduced before the
+ * update is applied to the replicated parameter. */
+Test(param, partial_gradient_tensor_is_reduced_over_ranks) {
+  dist_client *c = start(2);
+  double p0[3] = {1, 2, 3};
+  int64_t shape[1] = {3};
+  dist_tensor_free(put(c, "w", DIST_FLOAT64, p0, 1, shape, "[0,1]", "Replicate()"));
+  dist_param_opts o = DIST_PARAM_OPTS_INIT;
+  o.lr = 0.5;
+  cr_assert_eq(dist_param_configure(c, "w", &o), 0, "%s", dist_errmsg(c));
+  double g0[3] = {1, 0, 2}, g1[3] = {3, 4, 0};
+  const void *pieces[2] = {g0, g1};
+  const int64_t *shapes[2] = {shape, shape};
+  dist_mesh *mesh = NULL;
+  dist_placement p = DIST_PARTIAL_OF(DIST_REDUCE_SUM);
+  dist_tensor *g = NULL;
+  cr_assert_eq(dist_mesh_from_string("[0,1]", NULL, &mesh), 0);
+  cr_assert_eq(dist_dtensor_from_local(c, "grad", pieces, DIST_FLOAT64, 1, shapes,
+                                       mesh, &p, &g), 0, "%s", dist_errmsg(c));
+  uint64_t v;
+  cr_assert_eq(dist_param_push_tensor(c, "w", 0, "grad", &v), 0, "%s", dist_errmsg(c));
+  double now[3];
+  pull_now(c, "w", now, 3, &v);
+  for (int i = 0; i < 3; i++)
+    cr_assert_float_eq(now[i], p0[i] - 0.5 * (g0[i] + g1[i]), 1e-12, "elem %d", i);
+  dist_tensor_free(g);
+  dist_mesh_free(mesh);
+  dist_close(c);
+}
+
+Test(param, integer_parameters_and_bad_options_are_refused) {
+  dist_client *c = start(1);
+  int32_t x[2] = {1, 2};
+  int64_t shape[1] = {2};
+  dist_tensor_free(put(c, "i", DIST_INT32, x, 1, shape, "[0]", "Replicate()"));
+  dist_param_opts o = DIST_PARAM_OPTS_INIT;
+  cr_assert_eq(dist_param_configure(c, "i", &o), DIST_ENOTSUP);
+  cr_assert(strstr(dist_errmsg(c), "float32 or float64"), "%s", dist_errmsg(c));
+  double d[2] = {1, 2};
+  dist_tensor_free(put(c, "d", DIST_FLOAT64, d, 1, shape, "[0]", "Replicate()"));
+  o.optimizer = DIST_OPT_ADAM;
+  o.beta1 = 1.5;
+  cr_assert_eq(dist_param_configure(c, "d", &o), DIST_EINVAL);
+  cr_assert(strstr(dist_errmsg(c), "beta1"), "%s", dist_errmsg(c));
+  uint64_t v;
+  cr_assert_eq(dist_param_push(c, "d", 0, d, sizeof d, &v), DIST_ENOTFOUND);
+  cr_assert(strstr(dist_errmsg(c), "not a parameter"), "%s", dist_errmsg(c));
+  dist_close(c);
+}
