@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ops.h"
 #include "tensor.h"
 
 enum { TAG_P2P = 0, TAG_STEP1 = 1, TAG_STEP2 = 2 };
@@ -95,7 +96,7 @@ static void split(size_t count, int size, size_t *cnt) {
     cnt[i] = count / (size_t)size + ((size_t)i < count % (size_t)size);
 }
 
-int distd_alltoallv(const distd_coll *c, const void *send, const size_t *send_counts,
+static int alltoallv_run(const distd_coll *c, const void *send, const size_t *send_counts,
                     void *recv, const size_t *recv_counts, dist_dtype dt,
                     dist_errbuf *eb) {
   size_t es, *soff = NULL, *roff = NULL;
@@ -127,7 +128,7 @@ out:
   return rc;
 }
 
-int distd_allgather(const distd_coll *c, const void *in, void *out, const size_t *counts,
+static int allgather_run(const distd_coll *c, const void *in, void *out, const size_t *counts,
                     dist_dtype dt, dist_errbuf *eb) {
   size_t es, *off = NULL;
   distd_xfer *x = NULL;
@@ -176,7 +177,7 @@ static void reduce_slots(const distd_coll *c, void *acc, const char *tmp, size_t
   dist_reduce_finish(acc, n, dt, op, c->size);
 }
 
-int distd_reduce_scatter(const distd_coll *c, const void *in, void *out, const size_t *counts,
+static int reduce_scatter_run(const distd_coll *c, const void *in, void *out, const size_t *counts,
                          dist_dtype dt, dist_reduce op, dist_errbuf *eb) {
   size_t es, *off = NULL;
   char *tmp = NULL;
@@ -268,7 +269,7 @@ out:
   return rc;
 }
 
-int distd_allreduce(const distd_coll *c, void *buf, size_t count, dist_dtype dt,
+static int allreduce_run(const distd_coll *c, void *buf, size_t count, dist_dtype dt,
                     dist_reduce op, dist_errbuf *eb) {
   size_t es;
   int rc = check_dtype(dt, &es, eb);
@@ -282,7 +283,7 @@ int distd_allreduce(const distd_coll *c, void *buf, size_t count, dist_dtype dt,
   return allreduce_rs_ag(c, buf, count, dt, op, eb);
 }
 
-int distd_broadcast(const distd_coll *c, void *buf, size_t count, dist_dtype dt, int root,
+static int broadcast_run(const distd_coll *c, void *buf, size_t count, dist_dtype dt, int root,
                     dist_errbuf *eb) {
   size_t es;
   int rc = check_dtype(dt, &es, eb);
@@ -303,7 +304,7 @@ int distd_broadcast(const distd_coll *c, void *buf, size_t count, dist_dtype dt,
   return rc;
 }
 
-int distd_barrier(const distd_coll *c, dist_errbuf *eb) {
+static int barrier_run(const distd_coll *c, dist_errbuf *eb) {
   distd_xfer *x = new_xfer(c, eb);
   if (!x) return DIST_ENOMEM;
   static const char nothing[1];
@@ -332,12 +333,96 @@ static int point_to_point(distd_peers *p, uint64_t op_id, int peer, const void *
   return rc;
 }
 
+/* ---- the entry points: each call is one operation in the daemon's
+ * registry (ops.h), so `distctl ops` shows it while it runs and the
+ * distd_collective* metrics count it when it ends. Bytes are this rank's
+ * input. ---- */
+
+static uint64_t track(distd_peers *p, const char *kind, uint64_t op_id, const int *group,
+                      int size, uint64_t bytes) {
+  return distd_ops_begin(distd_peers_ops(p), kind, op_id, group, size, bytes);
+}
+
+/* Ends the operation with rc and the message in why, which goes on to eb. */
+static int untrack(distd_peers *p, uint64_t serial, int rc, const dist_errbuf *why,
+                   dist_errbuf *eb) {
+  distd_ops_end(distd_peers_ops(p), serial, rc, why->msg);
+  if (rc && eb) *eb = *why;
+  return rc;
+}
+
+static uint64_t track_coll(const distd_coll *c, const char *kind, uint64_t bytes) {
+  return track(c->peers, kind, c->op_id, c->group, c->size, bytes);
+}
+
+static size_t total(const size_t *counts, int n) {
+  size_t t = 0;
+  for (int i = 0; i < n; i++) t += counts[i];
+  return t;
+}
+
+int distd_alltoallv(const distd_coll *c, const void *send, const size_t *send_counts,
+                    void *recv, const size_t *recv_counts, dist_dtype dt,
+                    dist_errbuf *eb) {
+  dist_errbuf why = DIST_ERRBUF_INIT;
+  uint64_t serial = track_coll(c, "all_to_all",
+                               total(send_counts, c->size) * dist_dtype_size(dt));
+  int rc = alltoallv_run(c, send, send_counts, recv, recv_counts, dt, &why);
+  return untrack(c->peers, serial, rc, &why, eb);
+}
+
+int distd_allgather(const distd_coll *c, const void *in, void *out, const size_t *counts,
+                    dist_dtype dt, dist_errbuf *eb) {
+  dist_errbuf why = DIST_ERRBUF_INIT;
+  uint64_t serial = track_coll(c, "all_gather", counts[c->me] * dist_dtype_size(dt));
+  int rc = allgather_run(c, in, out, counts, dt, &why);
+  return untrack(c->peers, serial, rc, &why, eb);
+}
+
+int distd_reduce_scatter(const distd_coll *c, const void *in, void *out, const size_t *counts,
+                         dist_dtype dt, dist_reduce op, dist_errbuf *eb) {
+  dist_errbuf why = DIST_ERRBUF_INIT;
+  uint64_t serial = track_coll(c, "reduce_scatter",
+                               total(counts, c->size) * dist_dtype_size(dt));
+  int rc = reduce_scatter_run(c, in, out, counts, dt, op, &why);
+  return untrack(c->peers, serial, rc, &why, eb);
+}
+
+int distd_allreduce(const distd_coll *c, void *buf, size_t count, dist_dtype dt,
+                    dist_reduce op, dist_errbuf *eb) {
+  dist_errbuf why = DIST_ERRBUF_INIT;
+  uint64_t serial = track_coll(c, "all_reduce", count * dist_dtype_size(dt));
+  int rc = allreduce_run(c, buf, count, dt, op, &why);
+  return untrack(c->peers, serial, rc, &why, eb);
+}
+
+int distd_broadcast(const distd_coll *c, void *buf, size_t count, dist_dtype dt, int root,
+                    dist_errbuf *eb) {
+  dist_errbuf why = DIST_ERRBUF_INIT;
+  uint64_t serial = track_coll(c, "broadcast", count * dist_dtype_size(dt));
+  int rc = broadcast_run(c, buf, count, dt, root, &why);
+  return untrack(c->peers, serial, rc, &why, eb);
+}
+
+int distd_barrier(const distd_coll *c, dist_errbuf *eb) {
+  dist_errbuf why = DIST_ERRBUF_INIT;
+  uint64_t serial = track_coll(c, "barrier", 0);
+  int rc = barrier_run(c, &why);
+  return untrack(c->peers, serial, rc, &why, eb);
+}
+
 int distd_send_to(distd_peers *p, uint64_t op_id, int dst, const void *buf, size_t bytes,
                   int64_t deadline_ms, dist_errbuf *eb) {
-  return point_to_point(p, op_id, dst, buf ? buf : "", NULL, bytes, deadline_ms, eb);
+  dist_errbuf why = DIST_ERRBUF_INIT;
+  uint64_t serial = track(p, "send", op_id, &dst, 1, bytes);
+  int rc = point_to_point(p, op_id, dst, buf ? buf : "", NULL, bytes, deadline_ms, &why);
+  return untrack(p, serial, rc, &why, eb);
 }
 
 int distd_recv_from(distd_peers *p, uint64_t op_id, int src, void *buf, size_t bytes,
                     int64_t deadline_ms, dist_errbuf *eb) {
-  return point_to_point(p, op_id, src, NULL, buf, bytes, deadline_ms, eb);
+  dist_errbuf why = DIST_ERRBUF_INIT;
+  uint64_t serial = track(p, "recv", op_id, &src, 1, bytes);
+  int rc = point_to_point(p, op_id, src, NULL, buf, bytes, deadline_ms, &why);
+  return untrack(p, serial, rc, &why, eb);
 }

@@ -17,6 +17,7 @@
 #include "peer.h"
 #include "rpc.h"
 #include "store.h"
+#include "tls.h"
 
 #define SHUTDOWN_GRACE_MS 5000
 
@@ -73,7 +74,14 @@ static int start_peers(distd_server *s, dist_errbuf *eb) {
       .backoff_min_ms = s->cfg.connect_backoff_min_ms,
       .backoff_max_ms = s->cfg.connect_backoff_max_ms,
       .unexpected_limit = 256u << 20,
+      .max_frame_size = s->cfg.max_frame_size,
   };
+  if (distd_tls_check_config(&s->cfg, eb) != 0) return -1;
+  if (distd_config_peer_tls(&s->cfg)) {
+    po.tls_cert = s->cfg.tls_cert;
+    po.tls_key = s->cfg.tls_key;
+    po.tls_ca = s->cfg.tls_ca;
+  }
   if (s->cfg.peer_listen[0])
     snprintf(s->members[s->rank].peer_addr,
              sizeof s->members[s->rank].peer_addr, "%s", s->cfg.peer_listen);
@@ -100,7 +108,8 @@ int distd_start(distd_server *s, dist_errbuf *eb) {
   s->base = event_base_new();
   s->metrics = distd_metrics_new(DIST_VERSION);
   s->store = distd_store_new(s->cfg.memory_limit);
-  if (start_peers(s, eb) != 0 || start_http(s, eb) != 0) return -1;
+  if (start_peers(s, eb) != 0 || distd_ops_attach(s, eb) != 0 || start_http(s, eb) != 0)
+    return -1;
   grpc_init();
   s->grpc_initialized = 1;
   if (distd_rpc_start(s, distd_methods, distd_method_count, eb) != 0) return -1;
@@ -126,7 +135,9 @@ void distd_stop(distd_server *s) {
   }
   if (watchdog_ev) event_free(watchdog_ev);
   distd_http_free(s->http);
+  struct distd_ops *ops = distd_peers_ops(s->peers);
   distd_peers_free(s->peers);
+  distd_ops_detach(s, ops); /* after the peers: their workers are gone */
   if (s->grpc_initialized) grpc_shutdown();
   distd_store_free(s->store);
   distd_metrics_free(s->metrics);

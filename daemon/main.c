@@ -6,6 +6,7 @@
 #include <event2/thread.h>
 #include <grpc/grpc.h>
 #include <grpc/support/log.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -55,12 +56,27 @@ static void setup_logging(const distd_config *cfg) {
                  cfg->log_format ? DIST_LOG_JSON : DIST_LOG_PLAIN);
 }
 
+static pthread_t main_thread;
+
+/* Threads started before main (OpenBLAS starts its pool in a library
+ * constructor) do not block SIGTERM, and the kernel hands them a SIGTERM
+ * that arrives while the main thread is not in sigwait (a second one,
+ * during shutdown): without a handler that kills the daemon mid-shutdown.
+ * Pass it on to the main thread, which blocks it, so sigwait or nobody
+ * takes it. pthread_kill is a bare tgkill in glibc. */
+static void pass_to_main(int sig) { pthread_kill(main_thread, sig); }
+
 static void block_signals(sigset_t *set) {
   sigemptyset(set);
   sigaddset(set, SIGTERM);
   sigaddset(set, SIGINT);
   pthread_sigmask(SIG_BLOCK, set, NULL);
   signal(SIGPIPE, SIG_IGN);
+  main_thread = pthread_self();
+  struct sigaction sa = {.sa_handler = pass_to_main, .sa_flags = SA_RESTART};
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, NULL);
+  sigaction(SIGINT, &sa, NULL);
 }
 
 int main(int argc, char **argv) {

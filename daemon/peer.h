@@ -34,6 +34,10 @@ typedef struct distd_peers_opts {
   int64_t backoff_min_ms;
   int64_t backoff_max_ms;
   size_t unexpected_limit; /* bytes kept for not-yet-posted receives */
+  /* Mutual TLS (docs/security.md); all NULL/"" means plain TCP. Each
+   * daemon's certificate names its rank as DNS:distd-rank-N. */
+  const char *tls_cert, *tls_key, *tls_ca;
+  size_t max_frame_size; /* longest DATA frame accepted; 0 = 1 GiB */
 } distd_peers_opts;
 
 typedef struct distd_peer_stats {
@@ -97,5 +101,21 @@ void distd_xfer_free(distd_xfer *x);
 
 /* CLOCK_MONOTONIC in milliseconds. */
 int64_t distd_now_ms(void);
+
+/* ---- inspection (distctl ops; added for the operations registry) ---- */
+
+struct distd_ops;
+/* The daemon's operations registry (ops.h), carried here so that code
+ * which runs operations and holds only the peers (coll.c, moe_scatter.c)
+ * can register them. Set once after distd_peers_start, before any
+ * operation; NULL (the default) means nothing is registered. */
+void distd_peers_set_ops(distd_peers *p, struct distd_ops *ops);
+struct distd_ops *distd_peers_ops(const distd_peers *p);
+/* The ranks (other than this one) that transfers of any of the op ids still
+ * wait on: a receive not yet complete, or a send not yet fully written.
+ * Writes up to max of them to ranks in ascending order and returns how many
+ * there are. Reads the data plane under its mutex; any thread. */
+int distd_peers_waiting_on(distd_peers *p, const uint64_t *op_ids, int n_ids,
+                           int *ranks, int max);
 
 #endif

@@ -19,6 +19,7 @@
 
 #include "frame.h"
 #include "peer.h"
+#include "peer_transport.h"
 
 #define STAGE_SIZE (64 * 1024)    /* per-socket buffer for headers, small frames */
 #define DIRECT_READ_MIN (16 * 1024) /* smaller payload rests go through stage */
@@ -29,6 +30,7 @@
 #define REMEMBER_MS 60000
 #define PING_MS 1000
 #define DEFAULT_UNEXPECTED_LIMIT (32u << 20)
+#define DEFAULT_MAX_FRAME ((size_t)1 << 30)
 #define SOCKET_BUFFER (16 << 20)
 
 /* Intrusive circular doubly linked list. */
@@ -105,6 +107,15 @@ struct conn {
   distd_peers *p;
   int fd;
   struct event *rev, *wev;
+  /* transport (peer_transport.h) */
+  const distd_peer_transport *tp;
+  void *tls;          /* SSL * of the TLS transport */
+  int handshaking;    /* transport handshake not finished */
+  short hs_want;      /* EV_READ or EV_WRITE the handshake waits for */
+  int tls_failed;     /* a fatal TLS error: no close_notify */
+  int read_wants_write; /* reading waits for the socket to take a write */
+  int cert_rank;      /* rank the peer's certificate names (DISTD_CERT_RANK_*) */
+  char tp_error[320]; /* why the transport failed, when errno does not say */
   int outbound;
   int rank;       /* peer rank; -1 until an inbound HELLO was accepted */
   int greeted;
@@ -170,6 +181,9 @@ struct distd_peers {
   uint64_t boot_id;
   int64_t backoff_min, backoff_max;
   size_t unexpected_limit, unexpected_bytes;
+  size_t max_frame;                /* longest DATA payload accepted */
+  const distd_peer_transport *tp;  /* tcp or tls */
+  void *tls_ctx;                   /* SSL_CTX * when tp is tls */
   dist_member *members;
   peer *peers;
   int listen_fd, listen_port;
@@ -181,6 +195,7 @@ struct distd_peers {
   int remembered_next;
   int waiters;
   int closing;
+  struct distd_ops *ops; /* registry for inspection (peer.h); not owned */
 };
 
 /* peer.c */
@@ -195,6 +210,7 @@ void distd_peer_set_error(peer *pe, const char *fmt, ...)
 /* peer_conn.c (all with mu held) */
 /* "connection reset", "connection refused", ... or strerror. */
 const char *distd_peer_errno_reason(int e);
+/* NULL when out of memory (the caller closes fd). */
 conn *distd_conn_new(distd_peers *p, int fd, int outbound, int rank);
 void distd_conn_free(conn *c);
 /* The connection failed: logs, records, fails what needed it, closes it,
@@ -206,6 +222,9 @@ void distd_conn_queue_ctl(conn *c, const dist_frame_header *h,
  * for the loop thread to find. Returns -1 when the connection was closed. */
 int distd_conn_flush(conn *c, int in_loop);
 void distd_conn_want_write(conn *c);
+/* Advances the transport handshake from the loop thread; once done,
+ * checks an outbound peer's certificate rank and starts the HELLO. */
+void distd_conn_handshake(conn *c);
 void distd_conn_read_cb(int fd, short what, void *arg);
 void distd_conn_write_cb(int fd, short what, void *arg);
 void distd_peer_queue_frame(distd_peers *p, int dst, send_item *it);

@@ -510,3 +510,35 @@ void distd_peers_cancel_all(distd_peers *p) {
   }
   pthread_mutex_unlock(&p->mu);
 }
+
+/* ---- inspection: which ranks an operation still waits on ---- */
+
+void distd_peers_set_ops(distd_peers *p, struct distd_ops *ops) { p->ops = ops; }
+
+struct distd_ops *distd_peers_ops(const distd_peers *p) { return p ? p->ops : NULL; }
+
+static int watched(uint64_t op_id, const uint64_t *op_ids, int n_ids) {
+  for (int i = 0; i < n_ids; i++)
+    if (op_ids[i] == op_id) return 1;
+  return 0;
+}
+
+int distd_peers_waiting_on(distd_peers *p, const uint64_t *op_ids, int n_ids, int *ranks,
+                           int max) {
+  int n = 0;
+  if (!p) return 0;
+  pthread_mutex_lock(&p->mu);
+  for (int r = 0; r < p->world; r++) {
+    if (r == p->rank) continue;
+    int needed = 0;
+    for (dlist *pos = p->xfers.next; pos != &p->xfers && !needed; pos = pos->next) {
+      distd_xfer *x = dlist_entry(pos, distd_xfer, link);
+      needed = !x->err.code && watched(x->op_id, op_ids, n_ids) && needs_rank(x, r);
+    }
+    if (!needed) continue;
+    if (n < max) ranks[n] = r;
+    n++;
+  }
+  pthread_mutex_unlock(&p->mu);
+  return n;
+}

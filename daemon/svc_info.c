@@ -9,6 +9,7 @@
 #include "http.h"
 #include "methods.h"
 #include "metrics.h"
+#include "ops.h"
 #include "pbuf.h"
 #include "peer.h"
 #include "store.h"
@@ -52,7 +53,7 @@ DISTD_HANDLER(info) {
   int count = 0;
   distd_store_usage(s->store, &rp.tensor_bytes, &rp.tensor_bytes_limit, &count);
   rp.tensor_count = (uint32_t)count;
-  rp.ops_in_flight = (uint32_t)__atomic_load_n(&s->ops_in_flight, __ATOMIC_SEQ_CST);
+  rp.ops_in_flight = (uint32_t)distd_ops_in_flight(distd_peers_ops(s->peers));
   Dist__V1__PeerInfo *peers = calloc((size_t)s->world_size, sizeof *peers);
   Dist__V1__PeerInfo **ptrs = calloc((size_t)s->world_size, sizeof *ptrs);
   for (int r = 0; r < s->world_size; r++) {
@@ -117,6 +118,7 @@ void distd_write_metrics(void *server, struct evbuffer *out) {
   evbuffer_add_printf(out, "distd_uptime_seconds %.3f\n",
                       distd_mono_seconds() - s->start_time);
   write_peer_gauges(s, out);
+  distd_ops_write_metrics(s, out);
 }
 
 int distd_readiness(void *server, char *why, size_t len) {

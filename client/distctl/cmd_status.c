@@ -62,8 +62,8 @@ static json_t *daemon_json(dist_client *c, int r, const daemon_state *s) {
 }
 
 static void print_table(dist_client *c, const daemon_state *st, int n) {
-  printf("%-5s %-22s %-8s %-10s %8s %12s %-7s %s\n", "RANK", "ENDPOINT", "STATE",
-         "VERSION", "UPTIME", "MEMORY", "TENSORS", "PEERS");
+  printf("%-5s %-22s %-8s %-10s %8s %12s %-7s %-4s %s\n", "RANK", "ENDPOINT", "STATE",
+         "VERSION", "UPTIME", "MEMORY", "TENSORS", "OPS", "PEERS");
   for (int r = 0; r < n; r++) {
     if (!st[r].ok) {
       printf("%-5d %-22s %-8s %s\n", r, dist_endpoint(c, r), "down", st[r].error);
@@ -74,9 +74,10 @@ static void print_table(dist_client *c, const daemon_state *st, int n) {
     for (int p = 0; p < i->npeers; p++) up += i->peers[p].connected;
     char mem[32];
     distctl_format_bytes(i->tensor_bytes, mem, sizeof mem);
-    printf("%-5d %-22s %-8s %-10s %7.0fs %12s %-7u %d/%d connected\n", r,
+    printf("%-5d %-22s %-8s %-10s %7.0fs %12s %-7u %-4u %d/%d connected\n", r,
            dist_endpoint(c, r), up == i->npeers ? "healthy" : "degraded",
-           i->version, i->uptime_seconds, mem, i->tensor_count, up, i->npeers);
+           i->version, i->uptime_seconds, mem, i->tensor_count, i->ops_in_flight, up,
+           i->npeers);
   }
 }
 
