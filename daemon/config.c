@@ -8,6 +8,9 @@
 static const char *const log_levels[] = {"error", "warn", "info", "debug",
                                          NULL};
 static const char *const log_formats[] = {"plain", "json", NULL};
+static const char *const client_auth_modes[] = {"none", "optional", "require",
+                                                NULL};
+static const char *const peer_tls_modes[] = {"auto", "on", "off", NULL};
 
 #define MS_PER_HOUR (3600 * 1000)
 /* gRPC keeps message sizes in an int. */
@@ -57,7 +60,41 @@ static const dist_cfg_option options[] = {
         "Least severe log messages written."),
     OPT(log_format, DIST_CFG_ENUM, "plain", 0, 0, log_formats,
         "Log lines on stderr: plain text or one JSON object per line."),
+    OPT(tls_cert, DIST_CFG_STRING, "", 0, 0, NULL,
+        "PEM certificate of this daemon, served on the gRPC port and to its "
+        "peers; empty means plain TCP (docs/security.md)."),
+    OPT(tls_key, DIST_CFG_STRING, "", 0, 0, NULL,
+        "PEM private key of tls_cert."),
+    OPT(tls_ca, DIST_CFG_STRING, "", 0, 0, NULL,
+        "PEM CA certificate(s) that sign the other daemons' and the clients' "
+        "certificates."),
+    OPT(tls_client_auth, DIST_CFG_ENUM, "none", 0, 0, client_auth_modes,
+        "Client certificates on the gRPC port: none, optional (verified when "
+        "sent) or require (mutual TLS)."),
+    OPT(peer_tls, DIST_CFG_ENUM, "auto", 0, 0, peer_tls_modes,
+        "Mutual TLS between daemons: auto (on when tls_cert is set), on or "
+        "off. A peer's certificate must name its rank as DNS:distd-rank-N."),
+    OPT(auth_tokens_file, DIST_CFG_STRING, "", 0, 0, NULL,
+        "Bearer tokens, one \"TOKEN ROLE\" per line (role read-only or "
+        "read-write); empty means every client may call everything."),
+    OPT(max_tensor_bytes, DIST_CFG_SIZE, "0", 0, 0, NULL,
+        "Most tensor bytes one request may carry; 0 means only "
+        "max_message_size limits them."),
+    OPT(max_inflight_per_client, DIST_CFG_INT, "0", 0, 1000000, NULL,
+        "Most calls one client (token, or host without tokens) may have in "
+        "progress at once; 0 means no limit."),
+    OPT_AS("max_call_duration", max_call_duration_ms, DIST_CFG_DURATION,
+           "10m", 100, 24 * MS_PER_HOUR,
+           "Longest any call may run, whatever deadline its client gave."),
+    OPT(max_frame_size, DIST_CFG_SIZE, "1G", 1024, (int64_t)1 << 40, NULL,
+        "Largest data-plane frame accepted from a peer; a longer one closes "
+        "the connection."),
 };
+
+int distd_config_peer_tls(const distd_config *cfg) {
+  if (cfg->peer_tls == DISTD_PEER_TLS_AUTO) return cfg->tls_cert[0] != 0;
+  return cfg->peer_tls == DISTD_PEER_TLS_ON;
+}
 
 const dist_cfg_table distd_config_table = {
     "distd", "DISTD_", options, sizeof options / sizeof options[0]};

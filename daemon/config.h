@@ -28,7 +28,26 @@ typedef struct distd_config {
   int64_t rpc_threads;
   int log_level;   /* index into {"error","warn","info","debug"} */
   int log_format;  /* index into {"plain","json"} */
+  /* Security (docs/security.md). Paths are "" when unset. */
+  char *tls_cert;        /* PEM certificate of this daemon (gRPC and peers) */
+  char *tls_key;         /* its private key */
+  char *tls_ca;          /* CA that signs peers' and clients' certificates */
+  int tls_client_auth;   /* DISTD_CLIENT_AUTH_*: gRPC client certificates */
+  int peer_tls;          /* DISTD_PEER_TLS_*: TLS on the data plane */
+  char *auth_tokens_file; /* "TOKEN ROLE" lines; "" = no token checks */
+  /* Limits. */
+  uint64_t max_tensor_bytes;     /* tensor bytes in one request; 0 = none */
+  int64_t max_inflight_per_client; /* concurrent calls per client; 0 = none */
+  int64_t max_call_duration_ms;  /* server-side bound on every call */
+  uint64_t max_frame_size;       /* largest peer DATA frame accepted */
 } distd_config;
+
+enum { DISTD_CLIENT_AUTH_NONE, DISTD_CLIENT_AUTH_OPTIONAL,
+       DISTD_CLIENT_AUTH_REQUIRE };
+enum { DISTD_PEER_TLS_AUTO, DISTD_PEER_TLS_ON, DISTD_PEER_TLS_OFF };
+
+/* Whether the data plane runs TLS: peer_tls=on, or auto with tls_cert set. */
+int distd_config_peer_tls(const distd_config *cfg);
 
 extern const dist_cfg_table distd_config_table;
 

@@ -18,6 +18,7 @@
 #include "cluster.h"
 #include "log.h"
 #include "peer_internal.h"
+#include "tls.h"
 
 int64_t distd_now_ms(void) {
   struct timespec ts;
@@ -108,7 +109,12 @@ static void dial(peer *pe) {
     goto fail;
   }
   freeaddrinfo(ai);
+  ai = NULL;
   conn *c = distd_conn_new(p, fd, 1, pe->rank);
+  if (!c) {
+    distd_peer_set_error(pe, "connect to %s: out of memory", addr);
+    goto fail;
+  }
   c->connecting = 1;
   queue_hello(p, c);
   pe->out = c;
@@ -141,6 +147,11 @@ static void accept_cb(int lfd, short what, void *arg) {
     }
     distd_peer_sock_setup(fd);
     conn *c = distd_conn_new(p, fd, 0, -1);
+    if (!c) {
+      log_warn("peer listener: out of memory for a new connection");
+      close(fd);
+      continue;
+    }
     dlist_push(&p->pending_in, &c->link);
     event_add(c->rev, NULL);
   }
@@ -195,6 +206,7 @@ static int start_listener(distd_peers *p, dist_errbuf *eb) {
   p->listen_port = ntohs(ss.ss_family == AF_INET6
                              ? ((struct sockaddr_in6 *)&ss)->sin6_port
                              : ((struct sockaddr_in *)&ss)->sin_port);
+  distd_tls_warn_plain("the data plane", addr, p->tp == &distd_peer_transport_tls);
   p->listen_ev = event_new(p->base, p->listen_fd, EV_READ | EV_PERSIST, accept_cb, p);
   event_add(p->listen_ev, NULL);
 out:
@@ -243,6 +255,8 @@ int distd_peers_start(distd_peers **out, struct event_base *base,
   p->backoff_max = opts->backoff_max_ms >= p->backoff_min ? opts->backoff_max_ms : 2000;
   if (p->backoff_max < p->backoff_min) p->backoff_max = p->backoff_min;
   p->unexpected_limit = opts->unexpected_limit ? opts->unexpected_limit : DEFAULT_UNEXPECTED_LIMIT;
+  p->max_frame = opts->max_frame_size ? opts->max_frame_size : DEFAULT_MAX_FRAME;
+  p->tp = &distd_peer_transport_tcp;
   dlist_init(&p->pending_in);
   dlist_init(&p->xfers);
   dlist_init(&p->unexpected);
@@ -253,6 +267,12 @@ int distd_peers_start(distd_peers **out, struct event_base *base,
     goto out;
   }
   memcpy(p->members, opts->members, sizeof *p->members * (size_t)p->world);
+  if (opts->tls_cert && opts->tls_cert[0]) {
+    rc = distd_peer_tls_ctx_new(opts->tls_cert, opts->tls_key ? opts->tls_key : "",
+                                opts->tls_ca ? opts->tls_ca : "", &p->tls_ctx, eb);
+    if (rc < 0) goto out;
+    p->tp = &distd_peer_transport_tls;
+  }
   for (int r = 0; r < p->world; r++) init_peer(p, r);
   if ((rc = start_listener(p, eb)) < 0) goto out;
   p->ping_ev = event_new(base, -1, EV_PERSIST, ping_cb, p);
@@ -309,6 +329,7 @@ void distd_peers_free(distd_peers *p) {
   if (p->listen_fd >= 0) close(p->listen_fd);
   pthread_cond_destroy(&p->idle);
   pthread_mutex_destroy(&p->mu);
+  distd_peer_tls_ctx_free(p->tls_ctx);
   free(p->members);
   free(p->peers);
   free(p);

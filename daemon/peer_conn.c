@@ -1,7 +1,9 @@
 /* One peer socket: reading frames (headers through a small stage buffer,
  * payloads straight into their destination), writing queued frames with
- * writev from the caller's buffers, the HELLO handshake, and what happens
- * when the socket fails. Every function here runs with distd_peers.mu held. */
+ * writev from the caller's buffers, the transport handshake (TLS) and the
+ * HELLO handshake, and what happens when the socket fails. Bytes move
+ * through c->tp (peer_transport.h: plain TCP or TLS). Every function here
+ * runs with distd_peers.mu held. */
 #include <errno.h>
 #include <event2/event.h>
 #include <stdarg.h>
@@ -19,15 +21,30 @@
 
 conn *distd_conn_new(distd_peers *p, int fd, int outbound, int rank) {
   conn *c = calloc(1, sizeof *c);
-  if (!c || !(c->stage = malloc(STAGE_SIZE))) abort(); /* 64 KiB at connect */
+  if (!c) return NULL;
   c->p = p;
   c->fd = fd;
   c->outbound = outbound;
   c->rank = rank;
+  c->tp = p->tp;
+  c->handshaking = c->tp->handshake != NULL;
   dlist_init(&c->link);
+  c->stage = malloc(STAGE_SIZE); /* 64 KiB per connection */
   c->rev = event_new(p->base, fd, EV_READ | EV_PERSIST, distd_conn_read_cb, c);
   c->wev = event_new(p->base, fd, EV_WRITE | EV_PERSIST, distd_conn_write_cb, c);
+  if (!c->stage || !c->rev || !c->wev || c->tp->attach(c, p->tls_ctx) < 0) {
+    if (c->rev) event_free(c->rev);
+    if (c->wev) event_free(c->wev);
+    free(c->stage);
+    free(c);
+    return NULL;
+  }
   return c;
+}
+
+/* Why the transport failed: its own words, or errno's. */
+static const char *io_reason(const conn *c, int e) {
+  return c->tp_error[0] ? c->tp_error : distd_peer_errno_reason(e);
 }
 
 /* Lets go of whatever the reader was filling, then releases the socket. */
@@ -42,6 +59,7 @@ void distd_conn_free(conn *c) {
     distd_unexpected_free(c->p, c->unexp);
   event_free(c->rev);
   event_free(c->wev);
+  c->tp->detach(c);
   close(c->fd);
   dlist_remove(&c->link);
   free(c->stage);
@@ -137,13 +155,6 @@ void distd_conn_queue_ctl(conn *c, const dist_frame_header *h,
   c->wlen += HDR + len;
 }
 
-static ssize_t send_iov(int fd, struct iovec *iov, int n) {
-  struct msghdr m = {.msg_iov = iov, .msg_iovlen = (size_t)n};
-  ssize_t w;
-  do w = sendmsg(fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
-  while (w < 0 && errno == EINTR);
-  return w;
-}
 
 static void complete_item(distd_peers *p, send_item *it) {
   dlist_remove(&it->link);
@@ -197,7 +208,7 @@ static int flush_outq(conn *c) {
     int n;
     size_t total = gather(q, iov, &n);
     if (n == 0) return 1;
-    ssize_t w = send_iov(c->fd, iov, n);
+    ssize_t w = c->tp->writev(c, iov, n);
     if (w < 0) return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : -errno;
     account(c->p, q, (size_t)w);
     if ((size_t)w < total) return 0;
@@ -207,7 +218,7 @@ static int flush_outq(conn *c) {
 static int flush_ctl(conn *c) {
   while (c->woff < c->wlen) {
     struct iovec iov = {c->wbuf + c->woff, c->wlen - c->woff};
-    ssize_t w = send_iov(c->fd, &iov, 1);
+    ssize_t w = c->tp->writev(c, &iov, 1);
     if (w < 0) return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : -errno;
     c->woff += (size_t)w;
   }
@@ -216,7 +227,7 @@ static int flush_ctl(conn *c) {
 }
 
 int distd_conn_flush(conn *c, int in_loop) {
-  if (c->connecting) return 0;
+  if (c->connecting || c->handshaking) return 0;
   int r = flush_ctl(c);
   if (r == 1 && c->close_after_flush) {
     if (!in_loop) {
@@ -232,7 +243,7 @@ int distd_conn_flush(conn *c, int in_loop) {
       distd_conn_want_write(c); /* the loop thread finds the error again */
       return 0;
     }
-    distd_conn_lost(c, distd_peer_errno_reason(-r));
+    distd_conn_lost(c, io_reason(c, -r));
     return -1;
   }
   if (r == 0) distd_conn_want_write(c);
@@ -249,6 +260,45 @@ static void finish_connect(conn *c) {
     return;
   }
   c->connecting = 0;
+  if (c->handshaking) {
+    distd_conn_handshake(c);
+    return;
+  }
+  event_add(c->rev, NULL);
+  distd_conn_flush(c, 1);
+}
+
+/* An outbound TLS connection must reach the rank it dialled: the CA signs
+ * every daemon, so the name in the certificate is what tells them apart. */
+static int check_dialled_rank(conn *c) {
+  if (c->cert_rank == DISTD_CERT_RANK_UNCHECKED || c->cert_rank == c->rank) return 0;
+  char why[200];
+  if (c->cert_rank == DISTD_CERT_RANK_NONE)
+    snprintf(why, sizeof why, "its certificate names no rank (DNS:%sN)", DISTD_TLS_RANK_PREFIX);
+  else
+    snprintf(why, sizeof why, "its certificate is for rank %d", c->cert_rank);
+  log_warn("peer rank %d (%s): refused: %s", c->rank, distd_peer_addr(c->p, c->rank), why);
+  lostf(c, "refused rank %d at %s: %s", c->rank, distd_peer_addr(c->p, c->rank), why);
+  return -1;
+}
+
+void distd_conn_handshake(conn *c) {
+  int r = c->tp->handshake(c);
+  if (r < 0) {
+    if (!c->outbound) /* nobody else will say why an inbound peer vanished */
+      log_warn("peer connection refused: %s", c->tp_error);
+    lostf(c, "%s", c->tp_error);
+    return;
+  }
+  if (r == 0) {
+    event_add(c->rev, NULL);
+    if (c->hs_want == EV_WRITE) distd_conn_want_write(c);
+    else event_del(c->wev);
+    return;
+  }
+  c->handshaking = 0;
+  event_del(c->wev);
+  if (c->outbound && check_dialled_rank(c) < 0) return;
   event_add(c->rev, NULL);
   distd_conn_flush(c, 1);
 }
@@ -258,8 +308,15 @@ void distd_conn_write_cb(int fd, short what, void *arg) {
   conn *c = arg;
   distd_peers *p = c->p;
   pthread_mutex_lock(&p->mu);
-  if (c->connecting) finish_connect(c);
-  else distd_conn_flush(c, 1);
+  if (c->connecting) {
+    finish_connect(c);
+  } else if (c->handshaking) {
+    distd_conn_handshake(c);
+  } else {
+    int wants_read = c->read_wants_write;
+    c->read_wants_write = 0;
+    if (distd_conn_flush(c, 1) == 0 && wants_read) event_active(c->rev, EV_READ, 0);
+  }
   pthread_mutex_unlock(&p->mu);
 }
 
@@ -309,6 +366,18 @@ static int hello_problem(distd_peers *p, const dist_hello *h, char *why, size_t 
   return -1;
 }
 
+/* With TLS the claimed rank must be the one the certificate names. */
+static int cert_problem(const conn *c, const dist_hello *h, char *why, size_t n) {
+  if (c->cert_rank == DISTD_CERT_RANK_UNCHECKED || c->cert_rank == (int)h->rank) return 0;
+  if (c->cert_rank == DISTD_CERT_RANK_NONE)
+    snprintf(why, n, "claims rank %u but its certificate names no rank (DNS:%s%u)",
+             h->rank, DISTD_TLS_RANK_PREFIX, h->rank);
+  else
+    snprintf(why, n, "claims rank %u but its certificate is for rank %d", h->rank,
+             c->cert_rank);
+  return -1;
+}
+
 static int on_hello(conn *c) {
   distd_peers *p = c->p;
   dist_errbuf eb = DIST_ERRBUF_INIT;
@@ -318,7 +387,7 @@ static int on_hello(conn *c) {
     reject(c, -1, eb.msg);
     return -1;
   }
-  if (hello_problem(p, &h, why, sizeof why) < 0) {
+  if (hello_problem(p, &h, why, sizeof why) < 0 || cert_problem(c, &h, why, sizeof why) < 0) {
     reject(c, (int)h.rank, why);
     return -1;
   }
@@ -404,7 +473,11 @@ static int data_target(conn *c, const dist_frame_header *h) {
   if (s) {
     if (s->any_buf) {
       s->any_tmp = malloc(h->length ? h->length : 1);
-      if (!s->any_tmp) return 1;
+      if (!s->any_tmp) {
+        distd_xfer_fail(s->x, DIST_ENOMEM, "out of memory receiving %llu bytes from rank %d",
+                        (unsigned long long)h->length, c->rank);
+        return 0; /* the payload is discarded */
+      }
       s->len = h->length;
     }
     c->dst = s->any_buf ? s->any_tmp : s->buf;
@@ -419,7 +492,10 @@ static int data_target(conn *c, const dist_frame_header *h) {
   if (!u || !data) {
     free(u);
     free(data);
-    return 1;
+    /* Waiting would not help: fail the op here, so its receive fails with
+     * the reason instead of a timeout, and drop the payload. */
+    distd_remember_op(p, h->op_id, -1, DIST_ENOMEM, "out of memory keeping data from a peer");
+    return 0;
   }
   *u = (unexpected){.op_id = h->op_id, .src = c->rank, .tag = h->tag,
                     .data = data, .len = h->length};
@@ -454,6 +530,13 @@ static int on_header(conn *c) {
       (!ctl && h.kind != DIST_FRAME_DATA && h.length != 0)) {
     lostf(c, "protocol violation: frame kind %u with %llu payload bytes", h.kind,
           (unsigned long long)h.length);
+    return -1;
+  }
+  if (h.kind == DIST_FRAME_DATA && h.length > p->max_frame) {
+    log_warn("peer rank %d: DATA frame of %llu bytes is longer than max_frame_size (%zu)",
+             c->rank, (unsigned long long)h.length, p->max_frame);
+    lostf(c, "protocol violation: DATA frame of %llu bytes exceeds max_frame_size (%zu)",
+          (unsigned long long)h.length, p->max_frame);
     return -1;
   }
   if (h.kind == DIST_FRAME_DATA) {
@@ -518,29 +601,25 @@ static ssize_t fill_stage(conn *c) {
     c->st_end -= c->st_off;
     c->st_off = 0;
   }
-  ssize_t n;
-  do n = read(c->fd, c->stage + c->st_end, STAGE_SIZE - c->st_end);
-  while (n < 0 && errno == EINTR);
+  ssize_t n = c->tp->read(c, c->stage + c->st_end, STAGE_SIZE - c->st_end);
   if (n > 0) {
     c->st_end += (size_t)n;
     return n;
   }
   if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
-  distd_conn_lost(c, n == 0 ? "connection closed by peer" : distd_peer_errno_reason(errno));
+  distd_conn_lost(c, n == 0 ? "connection closed by peer" : io_reason(c, errno));
   return -1;
 }
 
 static ssize_t read_direct(conn *c) {
-  ssize_t n;
-  do n = read(c->fd, c->dst, c->remaining);
-  while (n < 0 && errno == EINTR);
+  ssize_t n = c->tp->read(c, c->dst, c->remaining);
   if (n > 0) {
     c->dst += n;
     c->remaining -= (size_t)n;
     return n;
   }
   if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
-  distd_conn_lost(c, n == 0 ? "connection closed by peer" : distd_peer_errno_reason(errno));
+  distd_conn_lost(c, n == 0 ? "connection closed by peer" : io_reason(c, errno));
   return -1;
 }
 
@@ -585,11 +664,18 @@ void distd_conn_read_cb(int fd, short what, void *arg) {
   conn *c = arg;
   distd_peers *p = c->p;
   pthread_mutex_lock(&p->mu);
+  if (c->handshaking) {
+    distd_conn_handshake(c);
+    pthread_mutex_unlock(&p->mu);
+    return;
+  }
   size_t budget = READ_BUDGET;
   int r = 1;
   while (r == 1 && budget > 0) r = read_step(c, &budget);
   if (r == 0 && c->read_blocked) event_del(c->rev);
-  /* Out of budget: staged bytes raise no event, so come back explicitly. */
-  if (r == 1) event_active(c->rev, EV_READ, 0);
+  /* Out of budget, or bytes the transport holds (TLS records already read
+   * from the socket): neither raises an event, so come back explicitly. */
+  if (r == 1 || (r == 0 && !c->read_blocked && c->tp->pending(c) > 0))
+    event_active(c->rev, EV_READ, 0);
   pthread_mutex_unlock(&p->mu);
 }

@@ -11,13 +11,23 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "auth.h"
 #include "log.h"
 #include "metrics.h"
 #include "pbuf.h"
 #include "peer.h"
 #include "status.h"
+#include "tls.h"
 
 #define PREARMED_PER_METHOD 8
+#define BYTES_WALK_DEPTH 8
+
+/* Calls in progress per client, for max_inflight_per_client. */
+typedef struct client_load {
+  struct client_load *next;
+  char key[96]; /* "token:<hash>" or "host:<address>" */
+  int inflight;
+} client_load;
 
 typedef enum { TAG_NEW, TAG_DONE } tag_kind;
 
@@ -64,6 +74,8 @@ struct distd_rpc {
   int stopping;
   int shutdown_notified;
   call_tag shutdown_tag;
+  distd_auth *auth;   /* NULL: no token checks */
+  client_load *loads; /* guarded by mu */
 };
 
 static void arm(distd_rpc *r, int method);
@@ -133,36 +145,199 @@ static void finish(call_ctx *c, grpc_status_code code, const char *details) {
   }
 }
 
-/* Converts the call deadline to CLOCK_MONOTONIC milliseconds. */
-static int64_t deadline_ms(gpr_timespec deadline) {
+/* Converts the call deadline to CLOCK_MONOTONIC milliseconds, bounded by
+ * max_call_duration: no call runs forever, whatever its client asked. */
+static int64_t deadline_ms(gpr_timespec deadline, int64_t max_ms) {
+  int64_t now = distd_now_ms(), bound = now + max_ms;
   gpr_timespec rt = gpr_convert_clock_type(deadline, GPR_CLOCK_REALTIME);
-  if (gpr_time_cmp(rt, gpr_inf_future(GPR_CLOCK_REALTIME)) == 0)
-    return INT64_MAX;
+  if (gpr_time_cmp(rt, gpr_inf_future(GPR_CLOCK_REALTIME)) == 0) return bound;
   gpr_timespec left = gpr_time_sub(rt, gpr_now(GPR_CLOCK_REALTIME));
-  return distd_now_ms() + gpr_time_to_millis(left);
+  int64_t d = now + gpr_time_to_millis(left);
+  return d < bound ? d : bound;
+}
+
+int64_t distd_call_wait_deadline(const distd_call_info *ci) {
+  if (ci->peer_timeout_ms <= 0) return ci->deadline_ms;
+  int64_t bound = distd_now_ms() + ci->peer_timeout_ms;
+  return ci->deadline_ms < bound ? ci->deadline_ms : bound;
+}
+
+/* ---- admission: tokens, in-flight limit, tensor bytes ---- */
+
+/* The "authorization" header's bearer token, or 0. */
+static size_t call_token(const call_ctx *c, const char **token) {
+  for (size_t i = 0; i < c->md.count; i++) {
+    const grpc_metadata *md = &c->md.metadata[i];
+    if (grpc_slice_str_cmp(md->key, "authorization") != 0) continue;
+    return distd_auth_bearer((const char *)GRPC_SLICE_START_PTR(md->value),
+                             GRPC_SLICE_LENGTH(md->value), token);
+  }
+  return 0;
+}
+
+/* The client's host as gRPC reports the peer ("ipv4:10.0.0.5:41234"),
+ * without the port: one host with many connections is one client. */
+static void peer_host_key(const call_ctx *c, char *key, size_t len) {
+  char *peer = grpc_call_get_peer(c->call);
+  char *colon = peer ? strrchr(peer, ':') : NULL;
+  if (colon && colon != strchr(peer, ':')) *colon = 0;
+  snprintf(key, len, "host:%s", peer ? peer : "?");
+  gpr_free(peer);
+}
+
+static uint64_t fnv1a(const char *s, size_t n) {
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)s[i]) * 1099511628211ull;
+  return h;
+}
+
+static int reject(call_ctx *c, const char *reason, int code, dist_errbuf *eb,
+                  const char *fmt, const char *method) {
+  if (c->rpc->srv->metrics) distd_metrics_auth_rejected(c->rpc->srv->metrics, reason);
+  log_debug("rpc %s: refused (%s)", method, reason);
+  return dist_fail(eb, code, fmt, method);
+}
+
+/* Checks the caller's token against the method's access; sets key to the
+ * identity the in-flight limit counts. */
+static int authorize(call_ctx *c, const distd_method *m, char *key, size_t len,
+                     dist_errbuf *eb) {
+  const char *token = NULL;
+  size_t tlen = call_token(c, &token);
+  if (tlen) snprintf(key, len, "token:%016llx", (unsigned long long)fnv1a(token, tlen));
+  else peer_host_key(c, key, len);
+  if (!c->rpc->auth || m->access == DISTD_ACCESS_OPEN) return 0;
+  if (!tlen)
+    return reject(c, "missing_token", DIST_EAUTH, eb,
+                  "%s needs a bearer token: send \"authorization: Bearer TOKEN\" "
+                  "(distctl --token-file, DIST_TOKEN)", m->name);
+  distd_role role = distd_auth_lookup(c->rpc->auth, token, tlen);
+  if (role == DISTD_ROLE_NONE)
+    return reject(c, "unknown_token", DIST_EAUTH, eb,
+                  "%s: the bearer token is not one this daemon knows", m->name);
+  if (role == DISTD_ROLE_READ_ONLY && m->access == DISTD_ACCESS_WRITE)
+    return reject(c, "read_only_token", DIST_EPERM, eb,
+                  "%s changes state and needs a read-write token; this token "
+                  "is read-only", m->name);
+  return 0;
+}
+
+static client_load *load_find(distd_rpc *r, const char *key) {
+  for (client_load *l = r->loads; l; l = l->next)
+    if (strcmp(l->key, key) == 0) return l;
+  client_load *l = calloc(1, sizeof *l);
+  if (!l) return NULL;
+  snprintf(l->key, sizeof l->key, "%s", key);
+  l->next = r->loads;
+  r->loads = l;
+  return l;
+}
+
+/* Counts the call against its client; fails past max_inflight_per_client. */
+static int load_acquire(distd_rpc *r, const distd_method *m, const char *key,
+                        client_load **out, dist_errbuf *eb) {
+  int64_t limit = r->srv->cfg.max_inflight_per_client;
+  *out = NULL;
+  if (limit <= 0 || m->access == DISTD_ACCESS_OPEN) return 0;
+  int rc = 0;
+  pthread_mutex_lock(&r->mu);
+  client_load *l = load_find(r, key);
+  if (!l)
+    rc = dist_fail(eb, DIST_ENOMEM, "out of memory counting calls");
+  else if (l->inflight >= limit)
+    rc = dist_fail(eb, DIST_ETOOBIG, "%s refused: this client already has %d "
+                   "calls in progress, the most max_inflight_per_client (%lld) "
+                   "allows", m->name, l->inflight, (long long)limit);
+  else
+    l->inflight++, *out = l;
+  pthread_mutex_unlock(&r->mu);
+  return rc;
+}
+
+static void load_release(distd_rpc *r, client_load *l) {
+  if (!l) return;
+  pthread_mutex_lock(&r->mu);
+  if (--l->inflight == 0) { /* forget idle clients: the list stays short */
+    for (client_load **pp = &r->loads; *pp; pp = &(*pp)->next)
+      if (*pp == l) {
+        *pp = l->next;
+        free(l);
+        break;
+      }
+  }
+  pthread_mutex_unlock(&r->mu);
+}
+
+/* Bytes carried in bytes fields of m and its sub-messages: the tensor data
+ * a request brings, whatever the method. */
+static uint64_t payload_bytes(const ProtobufCMessage *m, int depth) {
+  uint64_t total = 0;
+  if (!m || depth > BYTES_WALK_DEPTH) return 0;
+  const ProtobufCMessageDescriptor *d = m->descriptor;
+  for (unsigned i = 0; i < d->n_fields; i++) {
+    const ProtobufCFieldDescriptor *f = &d->fields[i];
+    const char *at = (const char *)m + f->offset;
+    size_t n = 1;
+    if (f->type != PROTOBUF_C_TYPE_BYTES && f->type != PROTOBUF_C_TYPE_MESSAGE) continue;
+    if (f->label == PROTOBUF_C_LABEL_REPEATED) {
+      n = *(const size_t *)((const char *)m + f->quantifier_offset);
+      at = *(const char *const *)at;
+    }
+    for (size_t k = 0; k < n && at; k++) {
+      if (f->type == PROTOBUF_C_TYPE_BYTES)
+        total += ((const ProtobufCBinaryData *)at)[k].len;
+      else
+        total += payload_bytes(((const ProtobufCMessage *const *)at)[k], depth + 1);
+    }
+  }
+  return total;
+}
+
+static int check_tensor_bytes(distd_rpc *r, const distd_method *m,
+                              const ProtobufCMessage *req, dist_errbuf *eb) {
+  uint64_t limit = r->srv->cfg.max_tensor_bytes;
+  if (limit == 0) return 0;
+  uint64_t n = payload_bytes(req, 0);
+  if (n <= limit) return 0;
+  return dist_fail(eb, DIST_ETOOBIG, "%s carries %llu tensor bytes, more than "
+                   "max_tensor_bytes (%llu) allows: send it in pieces",
+                   m->name, (unsigned long long)n, (unsigned long long)limit);
+}
+
+static void run_handler(call_ctx *c, const distd_method *m,
+                        const distd_call_info *ci, dist_errbuf *eb) {
+  ProtobufCMessage *req = dist_bb_to_pb(c->request, m->request);
+  if (!req) {
+    dist_fail(eb, DIST_EINVAL, "malformed %s request: not a valid %s message",
+              m->name, m->request->name);
+    return;
+  }
+  if (check_tensor_bytes(c->rpc, m, req, eb) == 0) {
+    __atomic_add_fetch(&c->rpc->srv->ops_in_flight, 1, __ATOMIC_SEQ_CST);
+    int rc = m->handler(c->rpc->srv, ci, req, &c->reply, eb);
+    __atomic_sub_fetch(&c->rpc->srv->ops_in_flight, 1, __ATOMIC_SEQ_CST);
+    if (rc != 0 && eb->code == 0) eb->code = rc;
+  }
+  protobuf_c_message_free_unpacked(req, NULL);
 }
 
 static void handle(call_ctx *c) {
-  const distd_method *m = &c->rpc->methods[c->method];
-  distd_call_info ci = {deadline_ms(c->deadline), m->name};
+  distd_rpc *r = c->rpc;
+  const distd_method *m = &r->methods[c->method];
+  distd_call_info ci = {deadline_ms(c->deadline, r->srv->cfg.max_call_duration_ms),
+                        m->name, r->srv->cfg.peer_timeout_ms};
   dist_errbuf eb = DIST_ERRBUF_INIT;
-  char details[600];
+  char details[600], key[96];
+  client_load *load = NULL;
   if (ci.deadline_ms <= distd_now_ms()) {
     finish(c, GRPC_STATUS_DEADLINE_EXCEEDED, "ETIMEDOUT: deadline passed "
                                              "before the call was handled");
     return;
   }
-  ProtobufCMessage *req = dist_bb_to_pb(c->request, m->request);
-  if (!req) {
-    dist_fail(&eb, DIST_EINVAL, "malformed %s request: not a valid %s message",
-              m->name, m->request->name);
-  } else {
-    __atomic_add_fetch(&c->rpc->srv->ops_in_flight, 1, __ATOMIC_SEQ_CST);
-    int rc = m->handler(c->rpc->srv, &ci, req, &c->reply, &eb);
-    __atomic_sub_fetch(&c->rpc->srv->ops_in_flight, 1, __ATOMIC_SEQ_CST);
-    if (rc != 0 && eb.code == 0) eb.code = rc;
-    protobuf_c_message_free_unpacked(req, NULL);
-  }
+  if (authorize(c, m, key, sizeof key, &eb) == 0 &&
+      load_acquire(r, m, key, &load, &eb) == 0)
+    run_handler(c, m, &ci, &eb);
+  load_release(r, load);
   if (eb.code == 0) {
     finish(c, GRPC_STATUS_OK, NULL);
     return;
@@ -256,6 +431,8 @@ static void *cq_main(void *arg) {
 }
 
 static grpc_server *create_server(const distd_config *cfg) {
+  /* max_message_size bounds what gRPC accepts; max_tensor_bytes is checked
+   * per request after unpacking. */
   grpc_arg args[3];
   args[0].type = GRPC_ARG_INTEGER;
   args[0].key = (char *)GRPC_ARG_ALLOW_REUSEPORT;
@@ -273,7 +450,10 @@ static grpc_server *create_server(const distd_config *cfg) {
 }
 
 static int bind_port(distd_rpc *r, const char *addr, dist_errbuf *eb) {
-  grpc_server_credentials *creds = grpc_insecure_server_credentials_create();
+  const distd_config *cfg = &r->srv->cfg;
+  grpc_server_credentials *creds = NULL;
+  if (distd_tls_grpc_server_creds(cfg, &creds, eb) != 0) return eb->code;
+  distd_tls_warn_plain("the gRPC port", addr, cfg->tls_cert[0] != 0);
   r->port = grpc_server_add_http2_port(r->server, addr, creds);
   grpc_server_credentials_release(creds);
   if (r->port <= 0)
@@ -286,7 +466,17 @@ static int bind_port(distd_rpc *r, const char *addr, dist_errbuf *eb) {
 
 int distd_rpc_start(distd_server *s, const distd_method *methods, int n,
                     dist_errbuf *eb) {
+  distd_auth *auth = NULL;
+  if (s->cfg.auth_tokens_file[0]) {
+    if (distd_auth_load(s->cfg.auth_tokens_file, &auth, eb) != 0) return eb->code;
+    log_info("gRPC clients need bearer tokens: %d loaded from %s",
+             distd_auth_count(auth), s->cfg.auth_tokens_file);
+  } else if (!distd_addr_is_loopback(s->cfg.listen)) {
+    log_warn("no auth_tokens_file: every client that reaches %s may call "
+             "every method", s->cfg.listen);
+  }
   distd_rpc *r = calloc(1, sizeof *r);
+  r->auth = auth;
   r->srv = s;
   r->methods = methods;
   r->nmethods = n;
@@ -309,6 +499,7 @@ int distd_rpc_start(distd_server *s, const distd_method *methods, int n,
                                       NULL).type != GRPC_QUEUE_SHUTDOWN) {
     }
     grpc_completion_queue_destroy(r->cq);
+    distd_auth_free(r->auth);
     free(r->handles);
     free(r);
     return rc;
@@ -371,6 +562,12 @@ void distd_rpc_free(distd_rpc *r) {
   pthread_cond_destroy(&r->work_cv);
   pthread_cond_destroy(&r->idle_cv);
   pthread_mutex_destroy(&r->mu);
+  while (r->loads) {
+    client_load *l = r->loads;
+    r->loads = l->next;
+    free(l);
+  }
+  distd_auth_free(r->auth);
   free(r->workers);
   free(r->handles);
   free(r);

@@ -14,9 +14,26 @@
 
 /* What a handler gets besides its request. */
 typedef struct distd_call_info {
-  int64_t deadline_ms; /* CLOCK_MONOTONIC ms (distd_now_ms); INT64_MAX: none */
+  /* CLOCK_MONOTONIC ms (distd_now_ms): the client's deadline, bounded by
+   * max_call_duration, so never "none". */
+  int64_t deadline_ms;
   const char *method;  /* short name, e.g. "TensorPut" */
+  int64_t peer_timeout_ms; /* longest single wait on peers (peer_timeout) */
 } distd_call_info;
+
+/* The deadline of one wait on peers that starts now: the call's deadline,
+ * but no more than peer_timeout from now, so a silent peer fails the call
+ * with a message naming it rather than eating the whole call deadline.
+ * Every handler passes this, not ci->deadline_ms, to the peer plane. */
+int64_t distd_call_wait_deadline(const distd_call_info *ci);
+
+/* Who may call a method when auth_tokens_file is set. The zero value is the
+ * safe one: a row that says nothing needs a read-write token. */
+typedef enum {
+  DISTD_ACCESS_WRITE = 0, /* read-write tokens only */
+  DISTD_ACCESS_READ,      /* inspection: read-only tokens too */
+  DISTD_ACCESS_OPEN,      /* no token needed (health probes) */
+} distd_access;
 
 /* Handles one unpacked request. On success it returns 0 and sets *reply to a
  * packed reply (dist_pb_to_bb); on failure it returns a dist_err with eb
@@ -30,10 +47,15 @@ typedef struct distd_method {
   const char *name;  /* "Info" (metrics label) */
   const ProtobufCMessageDescriptor *request;
   distd_handler_fn handler;
+  distd_access access; /* leave out for DISTD_ACCESS_WRITE */
 } distd_method;
 
 /* Binds s->cfg.listen (SO_REUSEPORT off: a taken port is an error naming
- * it), registers methods and starts the pollers and workers. */
+ * it) with TLS when s->cfg.tls_cert is set, loads auth_tokens_file,
+ * registers methods and starts the pollers and workers. Every call then
+ * passes, in this order: the token check (UNAUTHENTICATED /
+ * PERMISSION_DENIED), the per-client in-flight limit and the
+ * max_tensor_bytes limit (RESOURCE_EXHAUSTED), before its handler runs. */
 int distd_rpc_start(distd_server *s, const distd_method *methods, int n,
                     dist_errbuf *eb);
 /* Stops accepting calls, waits up to grace_ms for in-flight calls and

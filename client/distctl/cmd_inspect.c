@@ -269,7 +269,12 @@ static int http_get(const char *host, const char *port, const char *path, long t
   char *sep = strstr(buf, "\r\n\r\n");
   int status = 0;
   if (sscanf(buf, "HTTP/1.%*d %d", &status) != 1 || status != 200 || !sep) {
-    snprintf(why, wlen, "%s:%s answered: %.*s", host, port, (int)strcspn(buf, "\r\n"), buf);
+    char first[160];
+    size_t n = strcspn(buf, "\r\n");
+    if (n >= sizeof first) n = sizeof first - 1;
+    memcpy(first, buf, n);
+    first[n] = 0;
+    snprintf(why, wlen, "%s:%s answered: %s", host, port, first);
     goto out;
   }
   *body = strdup(sep + 4);

@@ -14,6 +14,9 @@ typedef struct distctl_global {
   const char *endpoint; /* --endpoint HOST:PORT */
   int json;             /* --json */
   long timeout_ms;      /* --timeout MS */
+  /* --tls-ca/--tls-cert/--tls-key FILE, --token T / --token-file FILE; also
+   * exported as DIST_TLS_CA, ... DIST_TOKEN for `distctl launch`. */
+  const char *tls_ca, *tls_cert, *tls_key, *token, *token_file;
 } distctl_global;
 
 typedef struct distctl_command {
@@ -47,5 +50,13 @@ extern const distctl_command distctl_cmd_status, distctl_cmd_peers,
     distctl_cmd_cluster_up, distctl_cmd_cluster_down, distctl_cmd_launch,
     distctl_cmd_tensor_put, distctl_cmd_tensor_get, distctl_cmd_tensor_show,
     distctl_cmd_tensor_rm, distctl_cmd_tensor_reshard, distctl_cmd_tensors;
+
+/* cmd_checkpoint.c */
+extern const distctl_command distctl_cmd_checkpoint_save,
+    distctl_cmd_checkpoint_restore;
+
+/* cmd_inspect.c */
+extern const distctl_command distctl_cmd_ops, distctl_cmd_experts, distctl_cmd_metrics,
+    distctl_cmd_top;
 
 #endif

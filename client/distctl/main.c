@@ -1,4 +1,5 @@
 /* distctl: inspect and drive a distd cluster. */
+#include <errno.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -7,17 +8,21 @@
 
 static const distctl_command *const commands[] = {
     &distctl_cmd_status,        &distctl_cmd_peers,
+    &distctl_cmd_top,           &distctl_cmd_ops,
+    &distctl_cmd_experts,       &distctl_cmd_metrics,
     &distctl_cmd_tensors,       &distctl_cmd_tensor_put,
     &distctl_cmd_tensor_get,    &distctl_cmd_tensor_show,
     &distctl_cmd_tensor_reshard, &distctl_cmd_tensor_rm,
     &distctl_cmd_cluster_up,    &distctl_cmd_cluster_down,
     &distctl_cmd_launch,
+    &distctl_cmd_checkpoint_save, &distctl_cmd_checkpoint_restore,
 };
 enum { NCOMMANDS = sizeof commands / sizeof commands[0] };
 
 static void usage(FILE *out) {
   fprintf(out, "usage: distctl [--cluster FILE | --endpoint HOST:PORT] [--json] "
-               "[--timeout MS] COMMAND [ARGS]\n\ncommands:\n");
+               "[--timeout MS]\n               [--tls-ca FILE [--tls-cert FILE --tls-key FILE]] "
+               "[--token-file FILE | --token TOKEN] COMMAND [ARGS]\n\ncommands:\n");
   for (int i = 0; i < NCOMMANDS; i++)
     fprintf(out, "  %-16s %s\n      %s\n", commands[i]->name, commands[i]->usage,
             commands[i]->help);
@@ -35,7 +40,34 @@ static int take_global(distctl_global *g, int argc, char **argv, int *i) {
     g->timeout_ms = strtol(v, NULL, 10);
     return 1;
   }
+  if ((v = distctl_opt(argc, argv, i, "--tls-ca"))) return g->tls_ca = v, 1;
+  if ((v = distctl_opt(argc, argv, i, "--tls-cert"))) return g->tls_cert = v, 1;
+  if ((v = distctl_opt(argc, argv, i, "--tls-key"))) return g->tls_key = v, 1;
+  if ((v = distctl_opt(argc, argv, i, "--token"))) return g->token = v, 1;
+  if ((v = distctl_opt(argc, argv, i, "--token-file"))) return g->token_file = v, 1;
   return 0;
+}
+
+/* The first word of the token file: the token stays off the command line,
+ * where `ps` would show it. */
+static int read_token_file(const char *path, char *buf, size_t len) {
+  FILE *f = fopen(path, "r");
+  if (!f) {
+    fprintf(stderr, "distctl: --token-file %s: %s\n", path, strerror(errno));
+    return -1;
+  }
+  int ok = fscanf(f, " %1023s", buf) == 1 && len >= 1024;
+  fclose(f);
+  if (!ok) fprintf(stderr, "distctl: --token-file %s: no token in it\n", path);
+  return ok ? 0 : -1;
+}
+
+/* Trainers started by `distctl launch` connect with the same settings. */
+static void export_security(const distctl_global *g) {
+  if (g->tls_ca) setenv("DIST_TLS_CA", g->tls_ca, 1);
+  if (g->tls_cert) setenv("DIST_TLS_CERT", g->tls_cert, 1);
+  if (g->tls_key) setenv("DIST_TLS_KEY", g->tls_key, 1);
+  if (g->token) setenv("DIST_TOKEN", g->token, 1);
 }
 
 /* Finds the command whose words start argv[first..]; sets *words. */
@@ -52,7 +84,8 @@ static const distctl_command *find(int argc, char **argv, int first, int *words)
 }
 
 int main(int argc, char **argv) {
-  distctl_global g = {NULL, NULL, 0, 0};
+  distctl_global g = {.cluster = NULL};
+  static char token[1024];
   g.cluster = getenv("DIST_CLUSTER");
   char **rest = calloc((size_t)argc + 1, sizeof *rest);
   int nrest = 0, rc = 2;
@@ -68,6 +101,11 @@ int main(int argc, char **argv) {
     }
     if (!take_global(&g, argc, argv, &i)) rest[nrest++] = argv[i];
   }
+  if (g.token_file) {
+    if (read_token_file(g.token_file, token, sizeof token) != 0) goto out;
+    g.token = token;
+  }
+  export_security(&g);
   if (nrest == 0) {
     usage(stderr);
     goto out;

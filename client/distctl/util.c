@@ -28,6 +28,10 @@ dist_client *distctl_connect(const distctl_global *g) {
   dist_client *c = NULL;
   dist_opts o = DIST_OPTS_INIT;
   if (g->timeout_ms > 0) o.timeout_ms = g->timeout_ms;
+  o.tls_ca = g->tls_ca; /* NULL: the environment's DIST_TLS_* / DIST_TOKEN */
+  o.tls_cert = g->tls_cert;
+  o.tls_key = g->tls_key;
+  o.token = g->token;
   int rc;
   if (g->endpoint || !g->cluster || !g->cluster[0])
     rc = dist_connect(g->endpoint, &o, &c);

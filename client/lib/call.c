@@ -30,6 +30,8 @@ static int start(dist_client *c, grpc_completion_queue *cq, const char *method,
   grpc_op ops[6];
   memset(ops, 0, sizeof ops);
   ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+  ops[0].data.send_initial_metadata.count = c->auth_md_count;
+  ops[0].data.send_initial_metadata.metadata = c->auth_md_count ? &c->auth_md : NULL;
   ops[1].op = GRPC_OP_SEND_MESSAGE;
   ops[1].data.send_message.send_message = st->send;
   ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
@@ -75,6 +77,7 @@ static void finish(dist_client *c, dist_call *dc, call_state *st,
 int dist_call_many(dist_client *c, const char *method,
                    const ProtobufCMessageDescriptor *reply_desc,
                    dist_call *calls, int n) {
+  c->err = (dist_errbuf)DIST_ERRBUF_INIT; /* errors describe the last call */
   grpc_completion_queue *cq = grpc_completion_queue_create_for_next(NULL);
   call_state *st = calloc((size_t)n + 1, sizeof *st);
   gpr_timespec deadline = gpr_time_add(

@@ -1,4 +1,5 @@
 /* Connecting, errors, op ids. */
+#include <errno.h>
 #include <grpc/grpc.h>
 #include <grpc/grpc_security.h>
 #include <stdarg.h>
@@ -32,7 +33,82 @@ int dist_client_fail(dist_client *c, int code, const char *fmt, ...) {
   return code;
 }
 
-static grpc_channel *open_channel(const char *endpoint) {
+#define MAX_PEM (1 << 20)
+
+/* An option, else its environment variable; "" means "not set" either way
+ * (so a caller can turn off what the environment says). */
+static const char *opt_or_env(const char *v, const char *env) {
+  if (!v) v = getenv(env);
+  return v && v[0] ? v : NULL;
+}
+
+static char *read_pem(const char *path, const char *what, int *rc) {
+  FILE *f = fopen(path, "r");
+  if (!f) {
+    *rc = connect_fail(DIST_ECONFIG, "%s %s: %s", what, path, strerror(errno));
+    return NULL;
+  }
+  char *buf = malloc(MAX_PEM + 1);
+  size_t n = buf ? fread(buf, 1, MAX_PEM + 1, f) : 0;
+  fclose(f);
+  if (!buf || n == 0 || n > MAX_PEM || !memmem(buf, n, "-----BEGIN ", 11)) {
+    free(buf);
+    *rc = connect_fail(DIST_ECONFIG, "%s %s: not a PEM file of at most 1 MiB", what, path);
+    return NULL;
+  }
+  buf[n] = 0;
+  return buf;
+}
+
+/* TLS when a CA is given (opts or DIST_TLS_CA), with a client certificate
+ * for mutual TLS when one is given too; insecure otherwise. */
+static int channel_creds(const dist_opts *o, grpc_channel_credentials **out) {
+  const char *ca = opt_or_env(o->tls_ca, "DIST_TLS_CA");
+  const char *cert = opt_or_env(o->tls_cert, "DIST_TLS_CERT");
+  const char *key = opt_or_env(o->tls_key, "DIST_TLS_KEY");
+  int rc = 0;
+  *out = NULL;
+  if (!ca) {
+    if (cert || key)
+      return connect_fail(DIST_ECONFIG, "a client certificate needs a CA too "
+                          "(tls_ca / DIST_TLS_CA / --tls-ca)");
+    *out = grpc_insecure_credentials_create();
+    return 0;
+  }
+  if (!cert != !key)
+    return connect_fail(DIST_ECONFIG, "tls_cert and tls_key go together: only %s is set",
+                        cert ? "tls_cert" : "tls_key");
+  char *ca_pem = read_pem(ca, "tls_ca", &rc);
+  char *cert_pem = ca_pem && cert ? read_pem(cert, "tls_cert", &rc) : NULL;
+  char *key_pem = cert_pem ? read_pem(key, "tls_key", &rc) : NULL;
+  if (rc == 0) {
+    grpc_ssl_pem_key_cert_pair pair = {key_pem, cert_pem};
+    *out = grpc_ssl_credentials_create_ex(ca_pem, cert ? &pair : NULL, NULL, NULL);
+    if (!*out) rc = connect_fail(DIST_ECONFIG, "gRPC refused the TLS settings (CA %s)", ca);
+  }
+  if (key_pem) memset(key_pem, 0, strlen(key_pem));
+  free(ca_pem);
+  free(cert_pem);
+  free(key_pem);
+  return rc;
+}
+
+static void set_token(dist_client *c, const dist_opts *o) {
+  const char *token = opt_or_env(o->token, "DIST_TOKEN");
+  if (!token) return;
+  size_t n = strlen(token);
+  char *value = malloc(n + 8);
+  if (!value) return;
+  memcpy(value, "Bearer ", 7);
+  memcpy(value + 7, token, n + 1);
+  c->auth_md.key = grpc_slice_from_static_string("authorization");
+  c->auth_md.value = grpc_slice_from_copied_string(value);
+  c->auth_md_count = 1;
+  memset(value, 0, n + 7);
+  free(value);
+}
+
+static grpc_channel *open_channel(const char *endpoint, grpc_channel_credentials *creds) {
   grpc_arg args[5];
   args[0].type = GRPC_ARG_INTEGER;
   args[0].key = (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
@@ -53,10 +129,7 @@ static grpc_channel *open_channel(const char *endpoint) {
   args[4].key = (char *)GRPC_ARG_MAX_RECONNECT_BACKOFF_MS;
   args[4].value.integer = 1000;
   grpc_channel_args ca = {5, args};
-  grpc_channel_credentials *creds = grpc_insecure_credentials_create();
-  grpc_channel *ch = grpc_channel_create(endpoint, creds, &ca);
-  grpc_channel_credentials_release(creds);
-  return ch;
+  return grpc_channel_create(endpoint, creds, &ca);
 }
 
 static int open_client(const dist_member *members, int n, const dist_opts *opts,
@@ -64,14 +137,22 @@ static int open_client(const dist_member *members, int n, const dist_opts *opts,
   dist_opts defaults = DIST_OPTS_INIT;
   if (!opts) opts = &defaults;
   grpc_init();
+  grpc_channel_credentials *creds = NULL;
+  int rc = channel_creds(opts, &creds);
+  if (rc != 0) {
+    grpc_shutdown();
+    return rc;
+  }
   dist_client *c = calloc(1, sizeof *c);
   c->n = n;
   c->endpoints = calloc((size_t)n, sizeof *c->endpoints);
   c->channels = calloc((size_t)n, sizeof *c->channels);
   for (int i = 0; i < n; i++) {
     snprintf(c->endpoints[i], sizeof c->endpoints[i], "%s", members[i].grpc_addr);
-    c->channels[i] = open_channel(members[i].grpc_addr);
+    c->channels[i] = open_channel(members[i].grpc_addr, creds);
   }
+  grpc_channel_credentials_release(creds); /* each channel holds its own ref */
+  set_token(c, opts);
   c->spmd_rank = -1;
   c->timeout_ms = opts->timeout_ms > 0 ? opts->timeout_ms : 30000;
   c->op_base = opts->op_id_base;
@@ -145,6 +226,10 @@ int dist_init_from_env(dist_client **out) {
 void dist_close(dist_client *c) {
   if (!c) return;
   for (int i = 0; i < c->n; i++) grpc_channel_destroy(c->channels[i]);
+  if (c->auth_md_count) {
+    grpc_slice_unref(c->auth_md.key);
+    grpc_slice_unref(c->auth_md.value);
+  }
   free(c->channels);
   free(c->endpoints);
   free(c);

@@ -21,6 +21,10 @@ struct dist_client {
   uint64_t op_base;          /* op ids are op_base + sequence */
   uint64_t op_seq;
   dist_errbuf err;
+  /* "authorization: Bearer TOKEN" sent with every call; count 0 without a
+   * token. The slices live as long as the client. */
+  grpc_metadata auth_md;
+  size_t auth_md_count;
 };
 
 struct dist_mesh {

@@ -21,7 +21,7 @@ inc="-I$root/common -I$root/common/include -I$out/gen"
 
 # The decoders and their dependencies, with coverage instrumentation for the
 # fuzzer but no fuzzer main.
-sources="common/errbuf.c common/error.c common/tensor.c common/npy.c
+sources="common/errbuf.c common/error.c common/fileio.c common/tensor.c common/npy.c
   common/frame.c common/config.c common/cluster.c common/mesh.c
   common/placement.c common/wire.c daemon/config.c"
 objs=""

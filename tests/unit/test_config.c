@@ -372,7 +372,17 @@ static const char *const default_dump =
     "connect_backoff_max = 5s\n"
     "rpc_threads = 8\n"
     "log_level = info\n"
-    "log_format = plain\n";
+    "log_format = plain\n"
+    "tls_cert = \"\"\n"
+    "tls_key = \"\"\n"
+    "tls_ca = \"\"\n"
+    "tls_client_auth = none\n"
+    "peer_tls = auto\n"
+    "auth_tokens_file = \"\"\n"
+    "max_tensor_bytes = 0\n"
+    "max_inflight_per_client = 0\n"
+    "max_call_duration = 10m\n"
+    "max_frame_size = 1G\n";
 
 Test(distd_config, no_arguments_gives_the_documented_defaults) {
   char *argv[] = {"distd", NULL};
@@ -429,7 +439,17 @@ Test(distd_config, check_config_shows_values_from_every_source) {
                    "connect_backoff_max = 5s\n"
                    "rpc_threads = 4\n"
                    "log_level = info\n"
-                   "log_format = json\n");
+                   "log_format = json\n"
+                   "tls_cert = \"\"\n"
+                   "tls_key = \"\"\n"
+                   "tls_ca = \"\"\n"
+                   "tls_client_auth = none\n"
+                   "peer_tls = auto\n"
+                   "auth_tokens_file = \"\"\n"
+                   "max_tensor_bytes = 0\n"
+                   "max_inflight_per_client = 0\n"
+                   "max_call_duration = 10m\n"
+                   "max_frame_size = 1G\n");
 }
 
 /* What --check-config prints is itself a valid config file that gives the

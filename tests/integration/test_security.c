@@ -1,0 +1,425 @@
+/* Security: TLS on the gRPC port and the data plane, certificate ranks,
+ * mutual TLS for clients, bearer tokens and their roles, and the limits
+ * that answer RESOURCE_EXHAUSTED. Certificates are made per test with the
+ * openssl command line, the way docs/security.md tells operators to. */
+#include <arpa/inet.h>
+#include <criterion/criterion.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+#define RO_TOKEN "ro-token-0123456789abcdef"
+#define RW_TOKEN "rw-token-fedcba9876543210"
+
+static char certs[256];
+
+static const char gen_script[] =
+    "set -eu\n"
+    "cd \"$1\"\n"
+    "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes \\\n"
+    "  -keyout ca.key -out ca.crt -days 2 -subj /CN=distd-test-ca \\\n"
+    "  -addext basicConstraints=critical,CA:TRUE \\\n"
+    "  -addext keyUsage=critical,keyCertSign,cRLSign 2>/dev/null\n"
+    "mk() { # name subjectAltName extendedKeyUsage\n"
+    "  openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes \\\n"
+    "    -keyout $1.key -out $1.csr -subj /CN=$1 2>/dev/null\n"
+    "  printf 'subjectAltName=%s\\nextendedKeyUsage=%s\\nkeyUsage=critical,digitalSignature\\n' \\\n"
+    "    \"$2\" \"$3\" > $1.ext\n"
+    "  openssl x509 -req -in $1.csr -CA ca.crt -CAkey ca.key -CAcreateserial \\\n"
+    "    -out $1.crt -days 2 -extfile $1.ext 2>/dev/null\n"
+    "  rm -f $1.csr $1.ext\n"
+    "}\n"
+    "for r in 0 1; do\n"
+    "  mk rank$r DNS:distd-rank-$r,DNS:localhost,IP:127.0.0.1 serverAuth,clientAuth\n"
+    "done\n"
+    "# a certificate the CA signed, but for rank 0, to be used by rank 1\n"
+    "mk wrong DNS:distd-rank-0,DNS:localhost,IP:127.0.0.1 serverAuth,clientAuth\n"
+    "mk client DNS:distd-client clientAuth\n"
+    "printf '# test tokens\\n" RO_TOKEN " read-only\\n" RW_TOKEN " read-write\\n' > tokens\n"
+    "chmod 600 *.key tokens\n";
+
+static void make_certs(void) {
+  snprintf(certs, sizeof certs, "/tmp/distd-certs-XXXXXX");
+  cr_assert(mkdtemp(certs));
+  char script[300], cmd[700];
+  snprintf(script, sizeof script, "%s/gen.sh", certs);
+  FILE *f = fopen(script, "w");
+  cr_assert(f);
+  fputs(gen_script, f);
+  fclose(f);
+  snprintf(cmd, sizeof cmd, "sh %s %s", script, certs);
+  char *err = NULL;
+  int rc = harness_run(cmd, NULL, &err, 60);
+  cr_assert_eq(rc, 0, "generating certificates failed: %s", err ? err : "");
+  free(err);
+}
+
+static void remove_certs(void) {
+  char cmd[300];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", certs);
+  if (system(cmd) != 0) fprintf(stderr, "cannot remove %s\n", certs);
+}
+
+static const char *cert_path(const char *name) {
+  static char paths[16][320];
+  static int next;
+  char *p = paths[next++ % 16];
+  snprintf(p, 320, "%s/%s", certs, name);
+  return p;
+}
+
+static void sleep_ms(int ms) {
+  struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+  nanosleep(&ts, NULL);
+}
+
+/* harness_start with per-rank arguments: each rank has its own
+ * certificate. rank_cert[r] NULL means no TLS arguments. */
+static void start_cluster(harness *h, int n, const char *const rank_cert[],
+                          const char *const *common, int wait_peers) {
+  memset(h, 0, sizeof *h);
+  h->n = n;
+  snprintf(h->dir, sizeof h->dir, "/tmp/distd-test-XXXXXX");
+  cr_assert(mkdtemp(h->dir));
+  snprintf(h->cluster_file, sizeof h->cluster_file, "%s/cluster.conf", h->dir);
+  FILE *f = fopen(h->cluster_file, "w");
+  cr_assert(f);
+  for (int r = 0; r < n; r++) {
+    h->grpc_port[r] = harness_free_port();
+    h->peer_port[r] = harness_free_port();
+    h->http_port[r] = harness_free_port();
+    fprintf(f, "127.0.0.1:%d 127.0.0.1:%d\n", h->grpc_port[r], h->peer_port[r]);
+  }
+  fclose(f);
+  for (int r = 0; r < n; r++) {
+    const char *args[32];
+    int a = 0;
+    if (rank_cert && rank_cert[r]) {
+      char crt[64], key[64];
+      snprintf(crt, sizeof crt, "%s.crt", rank_cert[r]);
+      snprintf(key, sizeof key, "%s.key", rank_cert[r]);
+      args[a++] = "--tls-cert";
+      args[a++] = cert_path(crt);
+      args[a++] = "--tls-key";
+      args[a++] = cert_path(key);
+      args[a++] = "--tls-ca";
+      args[a++] = cert_path("ca.crt");
+    }
+    for (int i = 0; common && common[i] && a < 30; i++) args[a++] = common[i];
+    args[a] = NULL;
+    harness_start_rank(h, r, args);
+  }
+  for (int r = 0; wait_peers && r < n; r++)
+    cr_assert(harness_wait_connected(h, r, n - 1, 20000),
+              "rank %d did not connect to its %d peers within 20 s (log in %s)", r,
+              n - 1, h->dir);
+}
+
+/* Waits until rank r answers the health check (open to everyone). */
+static void wait_serving(harness *h, int r) {
+  for (int waited = 0; waited < 20000; waited += 100) {
+    dist_client *c = harness_client_rank(h, r, 1000);
+    int rc = dist_health(c, 0);
+    dist_close(c);
+    if (rc == 0) return;
+    sleep_ms(100);
+  }
+  cr_assert_fail("rank %d did not start serving within 20 s (log in %s)", r, h->dir);
+}
+
+static char *rank_log(harness *h, int r) {
+  char path[320];
+  snprintf(path, sizeof path, "%s/distd.%d.log", h->dir, r);
+  FILE *f = fopen(path, "r");
+  if (!f) return strdup("");
+  static char buf[1 << 16];
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = 0;
+  return strdup(buf);
+}
+
+static void use_tls_env(void) {
+  setenv("DIST_TLS_CA", cert_path("ca.crt"), 1);
+  unsetenv("DIST_TLS_CERT");
+  unsetenv("DIST_TLS_KEY");
+  unsetenv("DIST_TOKEN");
+}
+
+/* A 4x2 float tensor sharded over both ranks, resharded to rows over
+ * columns, read back whole: its pieces cross the TLS data plane. */
+static void move_tensor(dist_client *c) {
+  float ref[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+  int64_t shape[2] = {4, 2};
+  dist_mesh *mesh = NULL;
+  cr_assert_eq(dist_mesh_from_string("[0,1]", NULL, &mesh), 0);
+  dist_placement rows = DIST_SHARD_DIM(0), cols = DIST_SHARD_DIM(1);
+  dist_tensor *t = NULL;
+  cr_assert_eq(dist_shard_tensor(c, "w", ref, DIST_FLOAT32, 2, shape, mesh, &rows, &t), 0,
+               "%s", dist_errmsg(c));
+  cr_assert_eq(dist_reshard(c, t, NULL, &cols), 0, "reshard over TLS: %s", dist_errmsg(c));
+  void *data = NULL;
+  size_t n = 0;
+  cr_assert_eq(dist_full_tensor(c, t, &data, &n), 0, "%s", dist_errmsg(c));
+  cr_assert_eq(n, sizeof ref);
+  cr_assert_eq(memcmp(data, ref, sizeof ref), 0, "tensor changed on its way");
+  free(data);
+  dist_tensor_free(t);
+  dist_mesh_free(mesh);
+}
+
+Test(security, tls_cluster_serves_status_and_moves_tensors_between_peers) {
+  make_certs();
+  use_tls_env();
+  harness h;
+  const char *const certs_of[] = {"rank0", "rank1"};
+  start_cluster(&h, 2, certs_of, NULL, 1);
+  dist_client *c = harness_client(&h);
+  dist_daemon_info info;
+  cr_assert_eq(dist_info(c, 1, &info), 0, "%s", dist_errmsg(c));
+  cr_assert_eq(info.rank, 1);
+  dist_info_free(&info);
+  move_tensor(c);
+  dist_close(c);
+  char *log = rank_log(&h, 0);
+  cr_expect_null(strstr(log, "without TLS"), "a loopback TLS daemon warned: %s", log);
+  free(log);
+  harness_stop(&h);
+  remove_certs();
+}
+
+Test(security, plaintext_client_against_tls_daemon_fails_clearly) {
+  make_certs();
+  use_tls_env();
+  harness h;
+  const char *const certs_of[] = {"rank0"};
+  start_cluster(&h, 1, certs_of, NULL, 1);
+  unsetenv("DIST_TLS_CA");
+  dist_client *c = harness_client_rank(&h, 0, 2000);
+  dist_daemon_info info;
+  int rc = dist_info(c, 0, &info);
+  cr_assert_eq(rc, DIST_EUNAVAIL, "plaintext Info gave %d: %s", rc, dist_errmsg(c));
+  cr_assert(strstr(dist_errmsg(c), "cannot reach distd"), "%s", dist_errmsg(c));
+  dist_close(c);
+  harness_stop(&h);
+  remove_certs();
+}
+
+Test(security, daemon_with_a_certificate_for_another_rank_is_refused) {
+  make_certs();
+  use_tls_env();
+  harness h;
+  const char *const certs_of[] = {"rank0", "wrong"};
+  start_cluster(&h, 2, certs_of, NULL, 0);
+  wait_serving(&h, 0);
+  wait_serving(&h, 1);
+  sleep_ms(1500); /* several dial attempts in both directions */
+  dist_client *c = harness_client_rank(&h, 0, 2000);
+  dist_daemon_info info;
+  cr_assert_eq(dist_info(c, 0, &info), 0, "%s", dist_errmsg(c));
+  int seen = 0;
+  for (int i = 0; i < info.npeers; i++)
+    if (info.peers[i].rank == 1) {
+      seen = 1;
+      cr_assert_eq(info.peers[i].connected, 0, "rank 1 with rank 0's certificate got in");
+    }
+  cr_assert(seen, "rank 0 does not list rank 1");
+  dist_info_free(&info);
+  dist_close(c);
+  char *log = rank_log(&h, 0);
+  cr_assert(strstr(log, "claims rank 1 but its certificate is for rank 0"),
+            "rank 0 did not log why it refused rank 1:\n%s", log);
+  cr_assert(strstr(log, "refused: its certificate is for rank 0"),
+            "rank 0 dialled rank 1 without noticing:\n%s", log);
+  free(log);
+  harness_stop(&h);
+  remove_certs();
+}
+
+Test(security, mutual_tls_refuses_a_client_without_certificate) {
+  make_certs();
+  use_tls_env();
+  setenv("DIST_TLS_CERT", cert_path("client.crt"), 1);
+  setenv("DIST_TLS_KEY", cert_path("client.key"), 1);
+  harness h;
+  const char *const certs_of[] = {"rank0"};
+  const char *const args[] = {"--tls-client-auth", "require", NULL};
+  start_cluster(&h, 1, certs_of, args, 1);
+  dist_client *c = harness_client_rank(&h, 0, 2000);
+  dist_daemon_info info;
+  cr_assert_eq(dist_info(c, 0, &info), 0, "with a client certificate: %s", dist_errmsg(c));
+  dist_info_free(&info);
+  dist_close(c);
+  unsetenv("DIST_TLS_CERT");
+  unsetenv("DIST_TLS_KEY");
+  c = harness_client_rank(&h, 0, 2000);
+  int rc = dist_info(c, 0, &info);
+  cr_assert_eq(rc, DIST_EUNAVAIL, "without a client certificate: %d %s", rc, dist_errmsg(c));
+  dist_close(c);
+  harness_stop(&h);
+  remove_certs();
+}
+
+/* GET path from the daemon's HTTP port. */
+static char *http_get(int port, const char *path) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  cr_assert_eq(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+  char req[200];
+  int n = snprintf(req, sizeof req, "GET %s HTTP/1.0\r\nHost: x\r\n\r\n", path);
+  cr_assert_eq(write(fd, req, (size_t)n), n);
+  size_t cap = 1 << 20, len = 0;
+  char *buf = malloc(cap);
+  ssize_t r;
+  while ((r = read(fd, buf + len, cap - len - 1)) > 0) len += (size_t)r;
+  buf[len] = 0;
+  close(fd);
+  return buf;
+}
+
+static int put_small(dist_client *c, const char *name) {
+  float v[4] = {1, 2, 3, 4};
+  int64_t shape[1] = {4};
+  dist_mesh *mesh = NULL;
+  dist_mesh_from_string("[0]", NULL, &mesh);
+  dist_placement rep = DIST_REPLICATED;
+  dist_tensor *t = NULL;
+  int rc = dist_shard_tensor(c, name, v, DIST_FLOAT32, 1, shape, mesh, &rep, &t);
+  dist_tensor_free(t);
+  dist_mesh_free(mesh);
+  return rc;
+}
+
+static dist_client *client_with_token(harness *h, const char *token) {
+  char ep[64];
+  snprintf(ep, sizeof ep, "127.0.0.1:%d", h->grpc_port[0]);
+  dist_opts o = DIST_OPTS_INIT;
+  o.timeout_ms = 5000;
+  o.token = token;
+  dist_client *c = NULL;
+  cr_assert_eq(dist_connect(ep, &o, &c), 0);
+  return c;
+}
+
+Test(security, tokens_separate_read_only_from_read_write) {
+  make_certs();
+  unsetenv("DIST_TLS_CA");
+  setenv("DIST_TOKEN", RO_TOKEN, 1); /* the harness polls Info */
+  harness h;
+  const char *const args[] = {"--auth-tokens-file", cert_path("tokens"), NULL};
+  start_cluster(&h, 1, NULL, args, 1);
+  dist_daemon_info info;
+
+  dist_client *none = client_with_token(&h, ""); /* "" overrides DIST_TOKEN */
+  cr_assert_eq(dist_health(none, 0), 0, "the health check must stay open");
+  cr_assert_eq(dist_info(none, 0, &info), DIST_EAUTH, "%s", dist_errmsg(none));
+  cr_assert(strstr(dist_errmsg(none), "bearer token"), "%s", dist_errmsg(none));
+  dist_close(none);
+
+  dist_client *bad = client_with_token(&h, "not-a-known-token-at-all");
+  cr_assert_eq(dist_info(bad, 0, &info), DIST_EAUTH, "%s", dist_errmsg(bad));
+  dist_close(bad);
+
+  dist_client *ro = client_with_token(&h, RO_TOKEN);
+  cr_assert_eq(dist_info(ro, 0, &info), 0, "%s", dist_errmsg(ro));
+  dist_info_free(&info);
+  cr_assert_eq(put_small(ro, "x"), DIST_EPERM, "%s", dist_errmsg(ro));
+  cr_assert(strstr(dist_errmsg(ro), "read-write token"), "%s", dist_errmsg(ro));
+  dist_close(ro);
+
+  dist_client *rw = client_with_token(&h, RW_TOKEN);
+  cr_assert_eq(put_small(rw, "x"), 0, "%s", dist_errmsg(rw));
+  dist_close(rw);
+
+  char *metrics = http_get(h.http_port[0], "/metrics");
+  cr_assert(strstr(metrics, "distd_auth_rejected_total{reason=\"missing_token\"} 1"), "%s",
+            metrics);
+  cr_assert(strstr(metrics, "distd_auth_rejected_total{reason=\"unknown_token\"} 1"), "%s",
+            metrics);
+  cr_assert(strstr(metrics, "distd_auth_rejected_total{reason=\"read_only_token\"} 1"), "%s",
+            metrics);
+  free(metrics);
+  harness_stop(&h);
+  remove_certs();
+}
+
+Test(security, tensor_bytes_limit_names_itself) {
+  unsetenv("DIST_TLS_CA");
+  unsetenv("DIST_TOKEN");
+  harness h;
+  const char *const args[] = {"--max-tensor-bytes", "1K", NULL};
+  harness_start(&h, 1, args);
+  dist_client *c = harness_client_rank(&h, 0, 5000);
+  cr_assert_eq(put_small(c, "small"), 0, "%s", dist_errmsg(c));
+  float big[512] = {0};
+  int64_t shape[1] = {512};
+  dist_mesh *mesh = NULL;
+  dist_mesh_from_string("[0]", NULL, &mesh);
+  dist_placement rep = DIST_REPLICATED;
+  dist_tensor *t = NULL;
+  int rc = dist_shard_tensor(c, "big", big, DIST_FLOAT32, 1, shape, mesh, &rep, &t);
+  cr_assert_eq(rc, DIST_ETOOBIG, "%d: %s", rc, dist_errmsg(c));
+  cr_assert(strstr(dist_errmsg(c), "max_tensor_bytes (1024)"), "%s", dist_errmsg(c));
+  dist_mesh_free(mesh);
+  dist_close(c);
+  harness_stop(&h);
+}
+
+typedef struct blocked_call {
+  harness *h;
+  int rc;
+} blocked_call;
+
+/* A trainer of rank 0 alone: its barrier waits for rank 1's, which never
+ * comes, so the call stays in flight. */
+static void *lonely_barrier(void *arg) {
+  blocked_call *b = arg;
+  dist_client *c = NULL;
+  if (dist_init_from_env(&c) != 0) {
+    b->rc = -100;
+    return NULL;
+  }
+  b->rc = dist_barrier(c);
+  dist_close(c);
+  return NULL;
+}
+
+Test(security, in_flight_limit_per_client) {
+  unsetenv("DIST_TLS_CA");
+  unsetenv("DIST_TOKEN");
+  harness h;
+  const char *const args[] = {"--max-inflight-per-client", "1", NULL};
+  harness_start(&h, 2, args);
+  setenv("DIST_CLUSTER", h.cluster_file, 1);
+  setenv("DIST_RANK", "0", 1);
+  setenv("DIST_WORLD_SIZE", "2", 1);
+  blocked_call b = {&h, 0};
+  pthread_t th;
+  pthread_create(&th, NULL, lonely_barrier, &b);
+  dist_client *c = harness_client_rank(&h, 0, 5000);
+  int rc = 0;
+  dist_daemon_info info;
+  /* Until the barrier has reached the daemon, Info may still pass. */
+  for (int waited = 0; waited < 5000; waited += 50) {
+    rc = dist_info(c, 0, &info);
+    if (rc != 0) break;
+    dist_info_free(&info);
+    sleep_ms(50);
+  }
+  cr_assert_eq(rc, DIST_ETOOBIG, "%d: %s", rc, dist_errmsg(c));
+  cr_assert(strstr(dist_errmsg(c), "max_inflight_per_client (1)"), "%s", dist_errmsg(c));
+  cr_assert_eq(dist_health(c, 0), 0, "health checks are not counted");
+  dist_close(c);
+  harness_stop(&h); /* cancels the barrier */
+  pthread_join(th, NULL);
+  cr_assert_neq(b.rc, 0, "a barrier without rank 1 cannot succeed");
+}
