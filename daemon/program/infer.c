@@ -23,11 +23,11 @@ static int is_int(dist_dtype dt) {
 }
 
 static int infer_elementwise(const Dist__V1__ProgramNode *n,
-                             const distd_meta *in, int n_in, distd_meta *out,
+                             const distd_vmeta *in, int n_in, distd_vmeta *out,
                              dist_errbuf *eb) {
   distd_op op = n->op;
   if (op == DIST__V1__OP_KIND__OP_LOGICAL_NOT) {
-    *out = (distd_meta){DIST_BOOL, in[0].shape};
+    *out = (distd_vmeta){DIST_BOOL, in[0].shape};
     return 0;
   }
   if (op == DIST__V1__OP_KIND__OP_WHERE) {
@@ -58,8 +58,8 @@ static int infer_elementwise(const Dist__V1__ProgramNode *n,
   return distd_shape_broadcast(&in[0].shape, &in[1].shape, &out->shape, eb);
 }
 
-static int infer_reduce(const Dist__V1__ProgramNode *n, const distd_meta *in,
-                        distd_meta *out, dist_errbuf *eb) {
+static int infer_reduce(const Dist__V1__ProgramNode *n, const distd_vmeta *in,
+                        distd_vmeta *out, dist_errbuf *eb) {
   distd_op op = n->op;
   if (op == DIST__V1__OP_KIND__OP_SUM || op == DIST__V1__OP_KIND__OP_MEAN ||
       op == DIST__V1__OP_KIND__OP_MAX || op == DIST__V1__OP_KIND__OP_MIN) {
@@ -95,8 +95,8 @@ static int shape_from_attr(const Dist__V1__ProgramNode *n, dist_shape *s,
 
 static int integral(double v) { return v == floor(v); }
 
-static int infer_create(const Dist__V1__ProgramNode *n, const distd_meta *in,
-                        distd_meta *out, dist_errbuf *eb) {
+static int infer_create(const Dist__V1__ProgramNode *n, const distd_vmeta *in,
+                        distd_vmeta *out, dist_errbuf *eb) {
   switch (n->op) {
   case DIST__V1__OP_KIND__OP_FULL:
     out->dtype = distd_node_dtype(n, DIST_FLOAT32);
@@ -126,8 +126,8 @@ static int infer_create(const Dist__V1__ProgramNode *n, const distd_meta *in,
   }
 }
 
-static int infer_slice(const Dist__V1__ProgramNode *n, const distd_meta *in,
-                       int n_in, distd_meta *out, dist_errbuf *eb) {
+static int infer_slice(const Dist__V1__ProgramNode *n, const distd_vmeta *in,
+                       int n_in, distd_vmeta *out, dist_errbuf *eb) {
   distd_slice s;
   dist_shape ss, bs;
   int rc = distd_slice_resolve(&in[0].shape, n->axes, n->n_axes, n->starts,
@@ -136,7 +136,7 @@ static int infer_slice(const Dist__V1__ProgramNode *n, const distd_meta *in,
   if (rc) return rc;
   distd_slice_shape(&s, &ss);
   if (n->op == DIST__V1__OP_KIND__OP_SLICE) {
-    *out = (distd_meta){in[0].dtype, ss};
+    *out = (distd_vmeta){in[0].dtype, ss};
     return 0;
   }
   (void)n_in;
@@ -153,8 +153,8 @@ static int infer_slice(const Dist__V1__ProgramNode *n, const distd_meta *in,
   return 0;
 }
 
-static int infer_shape_op(const Dist__V1__ProgramNode *n, const distd_meta *in,
-                          int n_in, distd_meta *out, dist_errbuf *eb) {
+static int infer_shape_op(const Dist__V1__ProgramNode *n, const distd_vmeta *in,
+                          int n_in, distd_vmeta *out, dist_errbuf *eb) {
   int perm[DIST_MAX_DIMS];
   switch (n->op) {
   case DIST__V1__OP_KIND__OP_RESHAPE:
@@ -176,7 +176,7 @@ static int infer_shape_op(const Dist__V1__ProgramNode *n, const distd_meta *in,
     return distd_shape_concat(shapes, n_in, n->axis, &out->shape, eb);
   }
   case DIST__V1__OP_KIND__OP_CAST:
-    *out = (distd_meta){(dist_dtype)n->dtype, in->shape};
+    *out = (distd_vmeta){(dist_dtype)n->dtype, in->shape};
     return 0;
   case DIST__V1__OP_KIND__OP_TOPK: {
     int a;
@@ -189,7 +189,7 @@ static int infer_shape_op(const Dist__V1__ProgramNode *n, const distd_meta *in,
       return dist_fail(eb, DIST_EINVAL, "topk of bool values");
     out[0] = *in;
     out[0].shape.dims[a] = n->k;
-    out[1] = (distd_meta){DIST_INT64, out[0].shape};
+    out[1] = (distd_vmeta){DIST_INT64, out[0].shape};
     return 0;
   }
   case DIST__V1__OP_KIND__OP_ONE_HOT:
@@ -208,8 +208,8 @@ static int infer_shape_op(const Dist__V1__ProgramNode *n, const distd_meta *in,
   }
 }
 
-int distd_infer_node(const Dist__V1__ProgramNode *n, const distd_meta *in,
-                     int n_in, distd_meta *out, dist_errbuf *eb) {
+int distd_infer_node(const Dist__V1__ProgramNode *n, const distd_vmeta *in,
+                     int n_in, distd_vmeta *out, dist_errbuf *eb) {
   distd_op op = n->op;
   if (op <= DIST__V1__OP_KIND__OP_TANH)
     return infer_elementwise(n, in, n_in, out, eb);

@@ -94,9 +94,9 @@ typedef struct distd_ce_opts {
 } distd_ce_opts;
 
 /* Checks logits/labels/mask and gives the output shape. */
-int distd_shape_cross_entropy(const distd_meta *logits,
-                              const distd_meta *labels,
-                              const distd_meta *mask, const distd_ce_opts *o,
+int distd_shape_cross_entropy(const distd_vmeta *logits,
+                              const distd_vmeta *labels,
+                              const distd_vmeta *mask, const distd_ce_opts *o,
                               dist_shape *out, dist_errbuf *eb);
 int distd_k_cross_entropy(distd_tval *logits, distd_tval *labels,
                           distd_tval *mask, const distd_ce_opts *o,

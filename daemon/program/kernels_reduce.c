@@ -283,9 +283,9 @@ static int rows_shape_ok(const dist_shape *l, const dist_shape *lab) {
   return dist_shape_equal(&rows, lab);
 }
 
-int distd_shape_cross_entropy(const distd_meta *logits,
-                              const distd_meta *labels,
-                              const distd_meta *mask, const distd_ce_opts *o,
+int distd_shape_cross_entropy(const distd_vmeta *logits,
+                              const distd_vmeta *labels,
+                              const distd_vmeta *mask, const distd_ce_opts *o,
                               dist_shape *out, dist_errbuf *eb) {
   char sl[128], sb[128];
   if (!dist_dtype_is_float(logits->dtype))
@@ -382,9 +382,9 @@ out:
 int distd_k_cross_entropy(distd_tval *logits, distd_tval *labels,
                           distd_tval *mask, const distd_ce_opts *o,
                           distd_tval **out, dist_errbuf *eb) {
-  distd_meta ml = {logits->dtype, logits->shape};
-  distd_meta mb = {labels->dtype, labels->shape};
-  distd_meta mm = {mask ? mask->dtype : DIST_DTYPE_INVALID,
+  distd_vmeta ml = {logits->dtype, logits->shape};
+  distd_vmeta mb = {labels->dtype, labels->shape};
+  distd_vmeta mm = {mask ? mask->dtype : DIST_DTYPE_INVALID,
                    mask ? mask->shape : labels->shape};
   dist_shape os;
   distd_tval *res = NULL;

@@ -50,8 +50,8 @@ size_t distd_program_n_values(const distd_program *p);
  * program input (RANK/COORD entries are ignored); values, when not NULL,
  * receives the meta of every value. Checks inputs against their declared
  * dtype/shape. */
-int distd_program_infer(const distd_program *p, const distd_meta *inputs,
-                        distd_meta *values, dist_errbuf *eb);
+int distd_program_infer(const distd_program *p, const distd_vmeta *inputs,
+                        distd_vmeta *values, dist_errbuf *eb);
 
 /* What a program may know about where it runs. */
 typedef struct distd_run_env {
@@ -67,6 +67,8 @@ int distd_program_run(distd_program *p, const distd_run_env *env,
                       dist_errbuf *eb);
 
 size_t distd_invocation_n_outputs(const distd_invocation *inv);
+/* The program inv ran (borrowed: the invocation holds a reference). */
+distd_program *distd_invocation_program(const distd_invocation *inv);
 /* Output i (borrowed: take a reference to keep it past the release). */
 distd_tval *distd_invocation_output(const distd_invocation *inv, size_t i);
 

@@ -42,8 +42,8 @@ dist_dtype distd_node_dtype(const Dist__V1__ProgramNode *n, dist_dtype dflt);
 
 /* Shape inference of one node from its input metas (scalar operands already
  * present as 0-d metas). */
-int distd_infer_node(const Dist__V1__ProgramNode *n, const distd_meta *in,
-                     int n_in, distd_meta *out, dist_errbuf *eb);
+int distd_infer_node(const Dist__V1__ProgramNode *n, const distd_vmeta *in,
+                     int n_in, distd_vmeta *out, dist_errbuf *eb);
 
 /* The node's input values as its kernel takes them: the scalar operand of a
  * one-input binary op is materialized as a 0-d value (hence the refs: the
@@ -52,7 +52,7 @@ int distd_node_inputs(const Dist__V1__ProgramNode *n, distd_tval *const *values,
                       distd_tval **in, int *n_in, dist_errbuf *eb);
 /* Same for metas. */
 int distd_node_input_metas(const Dist__V1__ProgramNode *n,
-                           const distd_meta *values, distd_meta *in, int *n_in,
+                           const distd_vmeta *values, distd_vmeta *in, int *n_in,
                            dist_errbuf *eb);
 
 /* Runs one node's kernel. */

@@ -7,8 +7,8 @@
 
 static int forward_create(const Dist__V1__ProgramNode *n, distd_tval *const *in,
                           int n_in, distd_tval **out, dist_errbuf *eb) {
-  distd_meta m, im = {DIST_DTYPE_INVALID, {0, {0}}};
-  if (n_in) im = (distd_meta){in[0]->dtype, in[0]->shape};
+  distd_vmeta m, im = {DIST_DTYPE_INVALID, {0, {0}}};
+  if (n_in) im = (distd_vmeta){in[0]->dtype, in[0]->shape};
   int rc = distd_infer_node(n, &im, n_in, &m, eb);
   if (rc) return rc;
   switch (n->op) {
@@ -158,10 +158,10 @@ static int bind_inputs(distd_invocation *inv, distd_tval *const *inputs,
 static int check_shapes(distd_invocation *inv, dist_errbuf *eb) {
   const distd_program *p = inv->prog;
   size_t n = p->pb->n_inputs;
-  distd_meta *m = calloc(n + 1, sizeof *m);
+  distd_vmeta *m = calloc(n + 1, sizeof *m);
   if (!m) return dist_fail(eb, DIST_ENOMEM, "out of memory");
   for (size_t i = 0; i < n; i++)
-    m[i] = (distd_meta){inv->values[i]->dtype, inv->values[i]->shape};
+    m[i] = (distd_vmeta){inv->values[i]->dtype, inv->values[i]->shape};
   int rc = distd_program_infer(p, m, NULL, eb);
   free(m);
   return rc;
@@ -211,6 +211,10 @@ out:
 
 size_t distd_invocation_n_outputs(const distd_invocation *inv) {
   return inv->prog->pb->n_outputs;
+}
+
+distd_program *distd_invocation_program(const distd_invocation *inv) {
+  return inv->prog;
 }
 
 distd_tval *distd_invocation_output(const distd_invocation *inv, size_t i) {

@@ -2,6 +2,7 @@
 #include "tensor_val.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -15,16 +16,91 @@
 #define VAL_ALIGN 64
 #define HUGE_ALIGN (2u << 20)
 
+/* A few freed large buffers are kept for reuse (exact rounded size): a
+ * program run again on same-sized inputs then writes into memory that is
+ * already mapped, instead of paying a page fault and the kernel's zeroing
+ * pass per 2 MiB page, which costs as much as an elementwise kernel's own
+ * write. Bounded by CACHE_SLOTS buffers and CACHE_MAX_BYTES in all; what it
+ * holds is reported by distd_tval_cache_bytes. */
+#define CACHE_SLOTS 4
+#define CACHE_MAX_BYTES ((size_t)256 << 20)
+
+static struct {
+  pthread_mutex_t mu;
+  void *buf[CACHE_SLOTS];
+  size_t size[CACHE_SLOTS];
+  size_t total;
+} cache = {PTHREAD_MUTEX_INITIALIZER, {0}, {0}, 0};
+
+static void *cache_take(size_t rounded) {
+  void *p = NULL;
+  pthread_mutex_lock(&cache.mu);
+  for (int i = 0; i < CACHE_SLOTS && !p; i++)
+    if (cache.buf[i] && cache.size[i] == rounded) {
+      p = cache.buf[i];
+      cache.buf[i] = NULL;
+      cache.total -= rounded;
+    }
+  pthread_mutex_unlock(&cache.mu);
+  return p;
+}
+
+/* Keeps p when there is room; returns 1 when it did. */
+static int cache_put(void *p, size_t rounded) {
+  int kept = 0;
+  pthread_mutex_lock(&cache.mu);
+  for (int i = 0; i < CACHE_SLOTS && !kept; i++)
+    if (!cache.buf[i] && cache.total + rounded <= CACHE_MAX_BYTES) {
+      cache.buf[i] = p;
+      cache.size[i] = rounded;
+      cache.total += rounded;
+      kept = 1;
+    }
+  pthread_mutex_unlock(&cache.mu);
+  return kept;
+}
+
+size_t distd_tval_cache_bytes(void) {
+  pthread_mutex_lock(&cache.mu);
+  size_t n = cache.total;
+  pthread_mutex_unlock(&cache.mu);
+  return n;
+}
+
+void distd_tval_cache_drop(void) {
+  pthread_mutex_lock(&cache.mu);
+  for (int i = 0; i < CACHE_SLOTS; i++) {
+    free(cache.buf[i]);
+    cache.buf[i] = NULL;
+  }
+  cache.total = 0;
+  pthread_mutex_unlock(&cache.mu);
+}
+
+static size_t rounded_size(size_t nbytes, size_t *align) {
+  size_t a = nbytes >= 2 * HUGE_ALIGN ? HUGE_ALIGN : VAL_ALIGN;
+  size_t rounded = (nbytes + a - 1) / a * a;
+  if (align) *align = a;
+  return rounded ? rounded : VAL_ALIGN;
+}
+
 static void *alloc_data(size_t nbytes, int zero) {
-  size_t align = nbytes >= 2 * HUGE_ALIGN ? HUGE_ALIGN : VAL_ALIGN;
-  size_t rounded = (nbytes + align - 1) / align * align;
-  if (rounded == 0) rounded = VAL_ALIGN;
-  void *p = aligned_alloc(align, rounded);
+  size_t align, rounded = rounded_size(nbytes, &align);
+  void *p = align == HUGE_ALIGN ? cache_take(rounded) : NULL;
+  if (!p) {
+    p = aligned_alloc(align, rounded);
 #ifdef MADV_HUGEPAGE
-  if (p && align == HUGE_ALIGN) (void)madvise(p, rounded, MADV_HUGEPAGE);
+    if (p && align == HUGE_ALIGN) (void)madvise(p, rounded, MADV_HUGEPAGE);
 #endif
+  }
   if (p && zero) memset(p, 0, rounded);
   return p;
+}
+
+static void free_data(void *p, size_t nbytes) {
+  size_t align, rounded = rounded_size(nbytes, &align);
+  if (align == HUGE_ALIGN && cache_put(p, rounded)) return;
+  free(p);
 }
 
 static int shape_ok(const dist_shape *s, dist_errbuf *eb) {
@@ -141,7 +217,7 @@ void distd_tval_unref(distd_tval *t) {
   if (t->base)
     distd_tval_unref(t->base);
   else
-    free(t->data);
+    free_data(t->data, distd_tval_nbytes(t));
   free(t);
 }
 

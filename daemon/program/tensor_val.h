@@ -22,10 +22,10 @@ typedef struct distd_tval {
 } distd_tval;
 
 /* A dtype and shape, as shape inference sees a value. */
-typedef struct distd_meta {
+typedef struct distd_vmeta {
   dist_dtype dtype;
   dist_shape shape;
-} distd_meta;
+} distd_vmeta;
 
 /* A new zero-filled value with one reference. */
 int distd_tval_new(dist_dtype dt, const dist_shape *shape, distd_tval **out,
@@ -51,6 +51,11 @@ distd_tval *distd_tval_ref(distd_tval *t);
 /* Drops a reference; frees at zero. NULL is a no-op. */
 void distd_tval_unref(distd_tval *t);
 size_t distd_tval_nbytes(const distd_tval *t);
+
+/* Freed buffers of 4 MiB and more are kept for reuse (at most 4 of them,
+ * 256 MiB in all): the bytes held now, and a way to give them back. */
+size_t distd_tval_cache_bytes(void);
+void distd_tval_cache_drop(void);
 
 /* Converts n elements between any two dtypes (float -> int truncates and
  * saturates, anything -> bool is != 0). */

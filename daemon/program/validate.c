@@ -47,13 +47,13 @@ int distd_node_input_slot(const Dist__V1__ProgramNode *n, int k) {
 }
 
 int distd_node_input_metas(const Dist__V1__ProgramNode *n,
-                           const distd_meta *values, distd_meta *in, int *n_in,
+                           const distd_vmeta *values, distd_vmeta *in, int *n_in,
                            dist_errbuf *eb) {
   (void)eb;
   int k = 0;
   for (size_t j = 0; j < n->n_inputs; j++) in[k++] = values[n->inputs[j]];
   if (takes_scalar(n)) {
-    distd_meta s = {in[0].dtype, {0, {0}}};
+    distd_vmeta s = {in[0].dtype, {0, {0}}};
     if (n->scalar_first) {
       in[1] = in[0];
       in[0] = s;
@@ -145,7 +145,7 @@ static int copy_message(const Dist__V1__Program *pb, Dist__V1__Program **out,
   return 0;
 }
 
-static int declared_metas(const Dist__V1__Program *pb, distd_meta *m) {
+static int declared_metas(const Dist__V1__Program *pb, distd_vmeta *m) {
   for (size_t i = 0; i < pb->n_inputs; i++) {
     const Dist__V1__ProgramInput *in = pb->inputs[i];
     if (in->kind >= DIST__V1__PROGRAM_INPUT__KIND__RANK) continue;
@@ -163,7 +163,7 @@ static int declared_metas(const Dist__V1__Program *pb, distd_meta *m) {
 int distd_program_new(const Dist__V1__Program *pb, distd_program **out,
                       dist_errbuf *eb) {
   distd_program *p = NULL;
-  distd_meta *metas = NULL;
+  distd_vmeta *metas = NULL;
   int rc = 0;
   *out = NULL;
   if (pb->version > 1) {
@@ -241,7 +241,7 @@ size_t distd_program_n_values(const distd_program *p) { return p->n_values; }
 /* ------------------------------------------------------- inference */
 
 static int check_input_meta(const Dist__V1__ProgramInput *in, size_t i,
-                            const distd_meta *m, dist_errbuf *eb) {
+                            const distd_vmeta *m, dist_errbuf *eb) {
   const char *name = in->name && in->name[0] ? in->name : "";
   if (in->dtype && (int)m->dtype != (int)in->dtype)
     return dist_fail(eb, DIST_EMISMATCH, "input %zu%s%s%s: dtype %s, the "
@@ -267,15 +267,15 @@ static int check_input_meta(const Dist__V1__ProgramInput *in, size_t i,
   return 0;
 }
 
-int distd_program_infer(const distd_program *p, const distd_meta *inputs,
-                        distd_meta *values, dist_errbuf *eb) {
+int distd_program_infer(const distd_program *p, const distd_vmeta *inputs,
+                        distd_vmeta *values, dist_errbuf *eb) {
   const Dist__V1__Program *pb = p->pb;
-  distd_meta *v = values ? values : calloc(p->n_values + 1, sizeof *v);
+  distd_vmeta *v = values ? values : calloc(p->n_values + 1, sizeof *v);
   int rc = 0;
   if (!v) return dist_fail(eb, DIST_ENOMEM, "out of memory");
   for (size_t i = 0; i < pb->n_inputs; i++) {
     if (pb->inputs[i]->kind >= DIST__V1__PROGRAM_INPUT__KIND__RANK) {
-      v[i] = (distd_meta){DIST_INT64, {0, {0}}};
+      v[i] = (distd_vmeta){DIST_INT64, {0, {0}}};
       continue;
     }
     if ((rc = check_input_meta(pb->inputs[i], i, &inputs[i], eb))) goto out;
@@ -283,7 +283,7 @@ int distd_program_infer(const distd_program *p, const distd_meta *inputs,
   }
   for (size_t i = 0; i < pb->n_nodes; i++) {
     const Dist__V1__ProgramNode *n = pb->nodes[i];
-    distd_meta in[DISTD_MAX_NODE_INPUTS + 1];
+    distd_vmeta in[DISTD_MAX_NODE_INPUTS + 1];
     int n_in;
     distd_node_input_metas(n, v, in, &n_in, eb);
     if ((rc = distd_infer_node(n, in, n_in, v + p->node_first_value[i], eb))) {

@@ -1,0 +1,1241 @@
+/* LocalLayer in libdist: the program builder (dist_program), registration,
+ * calls, backward and release over dist.v1.LocalLayer (program.proto).
+ *
+ * The builder hands out its own value ids and translates them to the
+ * program's ids (inputs first, then node outputs) when it registers, so
+ * inputs may be declared after ops. Errors while building are sticky (see
+ * dist.h). */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "client_internal.h"
+#include "program.pb-c.h"
+#include "wire.h"
+
+#define LL_METHOD(m) "/dist.v1.LocalLayer/" m
+
+/* A builder value: input `input`, or output `slot` of node `node`. */
+typedef struct bvalue {
+  int input, node, slot;
+} bvalue;
+
+typedef struct bnode {
+  Dist__V1__ProgramNode pb;
+  int *ins;      /* builder ids of the inputs */
+  uint32_t *ids; /* pb.inputs: the program ids, filled when registering */
+  int n_in;
+} bnode;
+
+typedef struct battr {
+  Dist__V1__DistAttr pb;
+  dist_mesh_desc mesh;
+  dist_wire_meta *w;    /* mesh and placements */
+  dist_wire_meta *grad; /* grad placements, or NULL */
+} battr;
+
+struct dist_program {
+  char name[128];
+  Dist__V1__ProgramInput **inputs;
+  dist_wire_meta **input_w; /* COORD mesh / grad placements per input */
+  int n_inputs;
+  bnode **nodes;
+  int n_nodes;
+  bvalue *values;
+  int n_values;
+  int *outputs; /* builder ids */
+  int n_outputs;
+  battr **attrs;
+  int n_attrs;
+  int err;
+  char errmsg[512];
+  double invocation_ttl; /* seconds, 0: the daemons' default */
+  /* registration */
+  int nranks;
+  int ranks[DIST_MAX_MESH_RANKS];
+  uint64_t handles[DIST_MAX_MESH_RANKS];
+};
+
+/* One rank's local value kept in an invocation. */
+typedef struct kept_value {
+  int present;
+  dist_dtype dtype;
+  int ndim;
+  int64_t shape[DIST_MAX_DIMS];
+  void *data;
+} kept_value;
+
+struct dist_invocation {
+  uint64_t id;
+  int spmd_rank;
+  int n, targets[DIST_MAX_MESH_RANKS];
+  int n_inputs, n_outputs;
+  int *input_is_tensor;
+  char (*out_names)[256];
+  int backward_done;
+  kept_value *outs;  /* n * n_outputs, with keep_local_values */
+  kept_value *grads; /* n * n_inputs, with keep_local_values */
+};
+
+/* ---------------------------------------------------------------- errors */
+
+static int bfail(dist_program *p, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int bfail(dist_program *p, int code, const char *fmt, ...) {
+  if (p->err) return p->err; /* keep the first error */
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(p->errmsg, sizeof p->errmsg, fmt, ap);
+  va_end(ap);
+  p->err = code;
+  return code;
+}
+
+const char *dist_program_errmsg(const dist_program *p) {
+  return p ? p->errmsg : "";
+}
+
+/* Every operand must be a value of p. */
+static int check_ids(dist_program *p, const char *op, const int *ids, int n) {
+  if (p->err) return p->err;
+  for (int i = 0; i < n; i++)
+    if (ids[i] < 0 || ids[i] >= p->n_values)
+      return bfail(p, DIST_EINVAL, "%s: operand %d is value %d, which this "
+                   "program does not have", op, i, ids[i]);
+  return 0;
+}
+
+/* ---------------------------------------------------------------- builder */
+
+int dist_program_new(const char *name, dist_program **out) {
+  dist_program *p = calloc(1, sizeof *p);
+  *out = NULL;
+  if (!p) return DIST_ENOMEM;
+  snprintf(p->name, sizeof p->name, "%s", name && name[0] ? name : "program");
+  *out = p;
+  return 0;
+}
+
+static void node_free(bnode *n) {
+  if (!n) return;
+  free(n->ins);
+  free(n->ids);
+  free(n->pb.axes);
+  free(n->pb.shape);
+  free(n->pb.perm);
+  free(n->pb.starts);
+  free(n->pb.ends);
+  free(n->pb.steps);
+  free(n->pb.values);
+  if (n->pb.name != protobuf_c_empty_string) free(n->pb.name);
+  free(n);
+}
+
+static void input_free(Dist__V1__ProgramInput *in) {
+  if (!in) return;
+  if (in->name != protobuf_c_empty_string) free(in->name);
+  free(in->shape);
+  free(in);
+}
+
+void dist_program_free(dist_program *p) {
+  if (!p) return;
+  for (int i = 0; i < p->n_inputs; i++) {
+    input_free(p->inputs[i]);
+    free(p->input_w[i]);
+  }
+  for (int i = 0; i < p->n_nodes; i++) node_free(p->nodes[i]);
+  for (int i = 0; i < p->n_attrs; i++) {
+    free(p->attrs[i]->w);
+    free(p->attrs[i]->grad);
+    free(p->attrs[i]);
+  }
+  free(p->inputs);
+  free(p->input_w);
+  free(p->nodes);
+  free(p->values);
+  free(p->outputs);
+  free(p->attrs);
+  free(p);
+}
+
+/* Makes room for element n of a growable array: the capacity is 4, then
+ * doubles whenever n reaches a power of two, so none is stored. */
+static int grow(void **arr, int n, size_t elem) {
+  if (n != 0 && (n < 4 || (n & (n - 1)) != 0)) return 0;
+  size_t cap = n ? (size_t)n * 2 : 4;
+  void *q = realloc(*arr, cap * elem);
+  if (!q) return DIST_ENOMEM;
+  *arr = q;
+  return 0;
+}
+
+static int add_value(dist_program *p, int input, int node, int slot) {
+  if (grow((void **)&p->values, p->n_values, sizeof *p->values))
+    return bfail(p, DIST_ENOMEM, "out of memory");
+  p->values[p->n_values] = (bvalue){input, node, slot};
+  return p->n_values++;
+}
+
+static int add_input(dist_program *p, int kind, const char *name,
+                     dist_dtype dt, Dist__V1__ProgramInput **out) {
+  if (p->err) return p->err;
+  Dist__V1__ProgramInput *in = calloc(1, sizeof *in);
+  if (!in || grow((void **)&p->inputs, p->n_inputs, sizeof *p->inputs) ||
+      grow((void **)&p->input_w, p->n_inputs, sizeof *p->input_w)) {
+    free(in);
+    return bfail(p, DIST_ENOMEM, "out of memory");
+  }
+  dist__v1__program_input__init(in);
+  in->kind = (Dist__V1__ProgramInput__Kind)kind;
+  in->dtype = (Dist__V1__DType)dt;
+  if (name && name[0]) in->name = strdup(name);
+  p->inputs[p->n_inputs] = in;
+  p->input_w[p->n_inputs] = NULL;
+  int id = add_value(p, p->n_inputs, -1, 0);
+  p->n_inputs++;
+  if (out) *out = in;
+  return id;
+}
+
+int dist_input_dtensor(dist_program *p, const char *name, dist_dtype dt) {
+  return add_input(p, DIST__V1__PROGRAM_INPUT__KIND__DTENSOR_LOCAL, name, dt,
+                   NULL);
+}
+
+int dist_input_value(dist_program *p, const char *name, dist_dtype dt) {
+  return add_input(p, DIST__V1__PROGRAM_INPUT__KIND__VALUE, name, dt, NULL);
+}
+
+int dist_input_rank(dist_program *p) {
+  return add_input(p, DIST__V1__PROGRAM_INPUT__KIND__RANK, "rank",
+                   DIST_INT64, NULL);
+}
+
+int dist_input_coord(dist_program *p, const dist_mesh *mesh, int dim) {
+  if (!p->err && (!mesh || dim < 0 || dim >= mesh->d.ndim))
+    return bfail(p, DIST_EINVAL, "coord input: mesh dim %d out of range", dim);
+  Dist__V1__ProgramInput *in = NULL;
+  int id = add_input(p, DIST__V1__PROGRAM_INPUT__KIND__COORD, "coord",
+                     DIST_INT64, &in);
+  if (id < 0) return id;
+  dist_wire_meta *w = calloc(1, sizeof *w);
+  if (!w) return bfail(p, DIST_ENOMEM, "out of memory");
+  dist_mesh_to_pb(&mesh->d, w);
+  in->mesh = &w->mesh;
+  in->mesh_dim = (uint32_t)dim;
+  p->input_w[p->values[id].input] = w;
+  return id;
+}
+
+static Dist__V1__ProgramInput *input_of(dist_program *p, int id,
+                                        const char *what) {
+  if (check_ids(p, what, &id, 1)) return NULL;
+  if (p->values[id].input < 0) {
+    bfail(p, DIST_EINVAL, "%s: value %d is not an input", what, id);
+    return NULL;
+  }
+  return p->inputs[p->values[id].input];
+}
+
+int dist_input_set_shape(dist_program *p, int id, int ndim,
+                         const int64_t *shape) {
+  Dist__V1__ProgramInput *in = input_of(p, id, "input shape");
+  if (!in) return p->err;
+  if (ndim < 0 || ndim > DIST_MAX_DIMS)
+    return bfail(p, DIST_EINVAL, "input shape: %d dims", ndim);
+  free(in->shape);
+  in->shape = malloc(sizeof(int64_t) * ((size_t)ndim + 1));
+  if (ndim) memcpy(in->shape, shape, sizeof(int64_t) * (size_t)ndim);
+  in->n_shape = (size_t)ndim;
+  in->check_shape = 1;
+  return 0;
+}
+
+int dist_input_set_no_grad(dist_program *p, int id) {
+  Dist__V1__ProgramInput *in = input_of(p, id, "no_grad");
+  if (!in) return p->err;
+  in->no_grad = 1;
+  return 0;
+}
+
+int dist_input_set_grad_placements(dist_program *p, int id,
+                                   const dist_placement *placements, int n) {
+  Dist__V1__ProgramInput *in = input_of(p, id, "grad placements");
+  if (!in) return p->err;
+  if (n < 0 || n > DIST_MAX_MESH_DIMS)
+    return bfail(p, DIST_EINVAL, "grad placements: %d given", n);
+  int i = p->values[id].input;
+  if (!p->input_w[i] && !(p->input_w[i] = calloc(1, sizeof(dist_wire_meta))))
+    return bfail(p, DIST_ENOMEM, "out of memory");
+  dist_placements_to_pb(placements, n, p->input_w[i]);
+  in->n_grad_placements = (size_t)n;
+  in->grad_placements = p->input_w[i]->placement_ptrs;
+  return 0;
+}
+
+/* A new node of op with the given operands; returns its first value id and
+ * the node in *out. */
+static int add_node(dist_program *p, int op, const int *ins, int n_in,
+                    bnode **out) {
+  char what[32];
+  snprintf(what, sizeof what, "op %d", op);
+  if (check_ids(p, what, ins, n_in)) return p->err;
+  bnode *n = calloc(1, sizeof *n);
+  if (!n || !(n->ins = malloc(sizeof(int) * ((size_t)n_in + 1))) ||
+      !(n->ids = malloc(sizeof(uint32_t) * ((size_t)n_in + 1))) ||
+      grow((void **)&p->nodes, p->n_nodes, sizeof *p->nodes)) {
+    node_free(n);
+    return bfail(p, DIST_ENOMEM, "out of memory");
+  }
+  dist__v1__program_node__init(&n->pb);
+  n->pb.op = (Dist__V1__OpKind)op;
+  if (n_in) memcpy(n->ins, ins, sizeof(int) * (size_t)n_in);
+  n->n_in = n_in;
+  n->pb.inputs = n->ids;
+  n->pb.n_inputs = (size_t)n_in;
+  p->nodes[p->n_nodes] = n;
+  int id = add_value(p, -1, p->n_nodes, 0);
+  if (id >= 0 && op == DIST__V1__OP_KIND__OP_TOPK) add_value(p, -1, p->n_nodes, 1);
+  p->n_nodes++;
+  if (out) *out = n;
+  return id;
+}
+
+static int64_t *dup_i64(const int64_t *v, int n) {
+  int64_t *d = malloc(sizeof(int64_t) * ((size_t)n + 1));
+  if (d && n > 0) memcpy(d, v, sizeof(int64_t) * (size_t)n);
+  return d;
+}
+
+int dist_op_set_label(dist_program *p, int id, const char *label) {
+  if (check_ids(p, "label", &id, 1)) return p->err;
+  if (p->values[id].node < 0)
+    return bfail(p, DIST_EINVAL, "label: value %d is an input", id);
+  bnode *n = p->nodes[p->values[id].node];
+  if (n->pb.name != protobuf_c_empty_string) free(n->pb.name);
+  n->pb.name = strdup(label ? label : "");
+  return 0;
+}
+
+/* ---------------------------------------------------------------- ops */
+
+int dist_op_binary(dist_program *p, dist_op_kind op, int a, int b) {
+  int ins[2] = {a, b};
+  return add_node(p, op, ins, 2, NULL);
+}
+
+int dist_op_binary_scalar(dist_program *p, dist_op_kind op, int a,
+                          double scalar, int scalar_first) {
+  bnode *n = NULL;
+  int id = add_node(p, op, &a, 1, &n);
+  if (id >= 0) {
+    n->pb.scalar = scalar;
+    n->pb.scalar_first = scalar_first != 0;
+  }
+  return id;
+}
+
+#define BINARY(fn, OP)                                                  \
+  int dist_op_##fn(dist_program *p, int a, int b) {                     \
+    return dist_op_binary(p, DIST_OP_##OP, a, b);                       \
+  }
+BINARY(add, ADD)
+BINARY(sub, SUB)
+BINARY(mul, MUL)
+BINARY(div, DIV)
+BINARY(pow, POW)
+BINARY(maximum, MAXIMUM)
+BINARY(minimum, MINIMUM)
+BINARY(eq, EQ)
+BINARY(ne, NE)
+BINARY(lt, LT)
+BINARY(le, LE)
+BINARY(gt, GT)
+BINARY(ge, GE)
+BINARY(logical_and, LOGICAL_AND)
+BINARY(logical_or, LOGICAL_OR)
+#undef BINARY
+
+#define WITH_SCALAR(fn, OP)                                             \
+  int dist_op_##fn##_scalar(dist_program *p, int a, double s) {         \
+    return dist_op_binary_scalar(p, DIST_OP_##OP, a, s, 0);             \
+  }
+WITH_SCALAR(add, ADD)
+WITH_SCALAR(sub, SUB)
+WITH_SCALAR(mul, MUL)
+WITH_SCALAR(div, DIV)
+WITH_SCALAR(pow, POW)
+WITH_SCALAR(eq, EQ)
+#undef WITH_SCALAR
+
+int dist_op_scalar_sub(dist_program *p, double s, int a) {
+  return dist_op_binary_scalar(p, DIST_OP_SUB, a, s, 1);
+}
+
+int dist_op_scalar_div(dist_program *p, double s, int a) {
+  return dist_op_binary_scalar(p, DIST_OP_DIV, a, s, 1);
+}
+
+int dist_op_logical_not(dist_program *p, int a) {
+  return add_node(p, DIST_OP_LOGICAL_NOT, &a, 1, NULL);
+}
+
+int dist_op_where(dist_program *p, int cond, int a, int b) {
+  int ins[3] = {cond, a, b};
+  return add_node(p, DIST_OP_WHERE, ins, 3, NULL);
+}
+
+int dist_op_unary(dist_program *p, dist_op_kind op, int x) {
+  return add_node(p, op, &x, 1, NULL);
+}
+
+#define UNARY(fn, OP)                                                   \
+  int dist_op_##fn(dist_program *p, int x) {                            \
+    return dist_op_unary(p, DIST_OP_##OP, x);                           \
+  }
+UNARY(exp, EXP)
+UNARY(log, LOG)
+UNARY(sqrt, SQRT)
+UNARY(abs, ABS)
+UNARY(neg, NEG)
+UNARY(relu, RELU)
+UNARY(silu, SILU)
+UNARY(sigmoid, SIGMOID)
+UNARY(tanh, TANH)
+#undef UNARY
+
+int dist_op_gelu(dist_program *p, int x, int approximate) {
+  bnode *n = NULL;
+  int id = add_node(p, DIST_OP_GELU, &x, 1, &n);
+  if (id >= 0) n->pb.approximate = approximate != 0;
+  return id;
+}
+
+int dist_op_reduce(dist_program *p, dist_op_kind op, int x,
+                   const int64_t *axes, int naxes, int keepdim) {
+  bnode *n = NULL;
+  int id = add_node(p, op, &x, 1, &n);
+  if (id < 0) return id;
+  n->pb.axes = dup_i64(axes, naxes > 0 ? naxes : 0);
+  n->pb.n_axes = naxes > 0 ? (size_t)naxes : 0;
+  n->pb.keepdim = keepdim != 0;
+  return id;
+}
+
+#define REDUCE(fn, OP)                                                  \
+  int dist_op_##fn(dist_program *p, int x, const int64_t *axes,         \
+                   int naxes, int keepdim) {                            \
+    return dist_op_reduce(p, DIST_OP_##OP, x, axes, naxes, keepdim);    \
+  }
+REDUCE(sum, SUM)
+REDUCE(mean, MEAN)
+REDUCE(max, MAX)
+REDUCE(min, MIN)
+#undef REDUCE
+
+static int axis_op(dist_program *p, int op, int x, int64_t axis, int keepdim) {
+  bnode *n = NULL;
+  int id = add_node(p, op, &x, 1, &n);
+  if (id >= 0) {
+    n->pb.axis = axis;
+    n->pb.keepdim = keepdim != 0;
+  }
+  return id;
+}
+
+int dist_op_logsumexp(dist_program *p, int x, int64_t axis, int keepdim) {
+  return axis_op(p, DIST__V1__OP_KIND__OP_LOGSUMEXP, x, axis, keepdim);
+}
+
+int dist_op_softmax(dist_program *p, int x, int64_t axis) {
+  return axis_op(p, DIST__V1__OP_KIND__OP_SOFTMAX, x, axis, 0);
+}
+
+int dist_op_log_softmax(dist_program *p, int x, int64_t axis) {
+  return axis_op(p, DIST__V1__OP_KIND__OP_LOG_SOFTMAX, x, axis, 0);
+}
+
+int dist_op_cross_entropy(dist_program *p, int logits, int labels, int mask,
+                          dist_ce_reduction reduction, int use_ignore_index,
+                          int64_t ignore_index) {
+  int ins[3] = {logits, labels, mask};
+  bnode *n = NULL;
+  int id = add_node(p, DIST__V1__OP_KIND__OP_CROSS_ENTROPY, ins,
+                    mask >= 0 ? 3 : 2, &n);
+  if (id < 0) return id;
+  n->pb.reduction = (Dist__V1__Reduction)reduction;
+  n->pb.use_ignore_index = use_ignore_index != 0;
+  n->pb.ignore_index = ignore_index;
+  return id;
+}
+
+int dist_op_matmul(dist_program *p, int a, int b, int trans_a, int trans_b) {
+  int ins[2] = {a, b};
+  bnode *n = NULL;
+  int id = add_node(p, DIST__V1__OP_KIND__OP_MATMUL, ins, 2, &n);
+  if (id >= 0) {
+    n->pb.trans_a = trans_a != 0;
+    n->pb.trans_b = trans_b != 0;
+  }
+  return id;
+}
+
+int dist_op_reshape(dist_program *p, int x, const int64_t *shape, int ndim) {
+  bnode *n = NULL;
+  int id = add_node(p, DIST__V1__OP_KIND__OP_RESHAPE, &x, 1, &n);
+  if (id < 0) return id;
+  n->pb.shape = dup_i64(shape, ndim);
+  n->pb.n_shape = ndim > 0 ? (size_t)ndim : 0;
+  return id;
+}
+
+int dist_op_transpose(dist_program *p, int x, const int64_t *perm, int nperm) {
+  bnode *n = NULL;
+  int id = add_node(p, DIST__V1__OP_KIND__OP_TRANSPOSE, &x, 1, &n);
+  if (id < 0) return id;
+  n->pb.perm = dup_i64(perm, nperm);
+  n->pb.n_perm = nperm > 0 ? (size_t)nperm : 0;
+  return id;
+}
+
+static void set_slice_attrs(bnode *n, const int64_t *axes,
+                            const int64_t *starts, const int64_t *ends,
+                            const int64_t *steps, int k) {
+  size_t m = k > 0 ? (size_t)k : 0;
+  n->pb.axes = dup_i64(axes, k);
+  n->pb.starts = dup_i64(starts, k);
+  n->pb.ends = dup_i64(ends, k);
+  n->pb.n_axes = n->pb.n_starts = n->pb.n_ends = m;
+  if (steps) {
+    n->pb.steps = dup_i64(steps, k);
+    n->pb.n_steps = m;
+  }
+}
+
+int dist_op_slice(dist_program *p, int x, const int64_t *axes,
+                  const int64_t *starts, const int64_t *ends,
+                  const int64_t *steps, int k) {
+  bnode *n = NULL;
+  int id = add_node(p, DIST__V1__OP_KIND__OP_SLICE, &x, 1, &n);
+  if (id >= 0) set_slice_attrs(n, axes, starts, ends, steps, k);
+  return id;
+}
+
+int dist_op_set_slice(dist_program *p, int x, int v, double scalar,
+                      const int64_t *axes, const int64_t *starts,
+                      const int64_t *ends, const int64_t *steps, int k) {
+  int ins[2] = {x, v};
+  bnode *n = NULL;
+  int id = add_node(p, DIST__V1__OP_KIND__OP_SET_SLICE, ins, v >= 0 ? 2 : 1, &n);
+  if (id < 0) return id;
+  n->pb.scalar = scalar;
+  set_slice_attrs(n, axes, starts, ends, steps, k);
+  return id;
+}
+
+int dist_op_concat(dist_program *p, const int *xs, int count, int64_t axis) {
+  bnode *n = NULL;
+  int id = add_node(p, DIST__V1__OP_KIND__OP_CONCAT, xs, count, &n);
+  if (id >= 0) n->pb.axis = axis;
+  return id;
+}
+
+int dist_op_cast(dist_program *p, int x, dist_dtype dt) {
+  bnode *n = NULL;
+  int id = add_node(p, DIST__V1__OP_KIND__OP_CAST, &x, 1, &n);
+  if (id >= 0) n->pb.dtype = (Dist__V1__DType)dt;
+  return id;
+}
+
+static int creation(dist_program *p, int op, const int *x, dist_dtype dt,
+                    const int64_t *shape, int ndim, double value) {
+  bnode *n = NULL;
+  int id = add_node(p, op, x, x ? 1 : 0, &n);
+  if (id < 0) return id;
+  n->pb.dtype = (Dist__V1__DType)dt;
+  n->pb.scalar = value;
+  if (shape || ndim > 0) {
+    n->pb.shape = dup_i64(shape, ndim);
+    n->pb.n_shape = ndim > 0 ? (size_t)ndim : 0;
+  }
+  return id;
+}
+
+int dist_op_full(dist_program *p, dist_dtype dt, const int64_t *shape,
+                 int ndim, double value) {
+  return creation(p, DIST__V1__OP_KIND__OP_FULL, NULL, dt, shape, ndim, value);
+}
+
+int dist_op_zeros_like(dist_program *p, int x) {
+  return creation(p, DIST__V1__OP_KIND__OP_ZEROS_LIKE, &x, 0, NULL, 0, 0);
+}
+
+int dist_op_ones_like(dist_program *p, int x) {
+  return creation(p, DIST__V1__OP_KIND__OP_ONES_LIKE, &x, 0, NULL, 0, 0);
+}
+
+int dist_op_full_like(dist_program *p, int x, double value) {
+  return creation(p, DIST__V1__OP_KIND__OP_FULL_LIKE, &x, 0, NULL, 0, value);
+}
+
+int dist_op_arange(dist_program *p, double start, double end, double step,
+                   dist_dtype dt) {
+  bnode *n = NULL;
+  int id = add_node(p, DIST__V1__OP_KIND__OP_ARANGE, NULL, 0, &n);
+  if (id < 0) return id;
+  n->pb.scalar = start;
+  n->pb.end = end;
+  n->pb.step = step;
+  n->pb.dtype = (Dist__V1__DType)dt;
+  return id;
+}
+
+int dist_op_constant(dist_program *p, dist_dtype dt, const int64_t *shape,
+                     int ndim, const double *values, int nvalues) {
+  int id = creation(p, DIST__V1__OP_KIND__OP_CONSTANT, NULL, dt, shape, ndim, 0);
+  if (id < 0) return id;
+  bnode *n = p->nodes[p->values[id].node];
+  n->pb.values = malloc(sizeof(double) * ((size_t)(nvalues > 0 ? nvalues : 0) + 1));
+  if (nvalues > 0) memcpy(n->pb.values, values, sizeof(double) * (size_t)nvalues);
+  n->pb.n_values = nvalues > 0 ? (size_t)nvalues : 0;
+  return id;
+}
+
+int dist_op_topk(dist_program *p, int x, int64_t k, int64_t axis,
+                 int smallest, int *values, int *indices) {
+  bnode *n = NULL;
+  int id = add_node(p, DIST__V1__OP_KIND__OP_TOPK, &x, 1, &n);
+  if (id < 0) return id;
+  n->pb.k = k;
+  n->pb.axis = axis;
+  n->pb.smallest = smallest != 0;
+  if (values) *values = id;
+  if (indices) *indices = id + 1;
+  return id;
+}
+
+int dist_op_one_hot(dist_program *p, int x, int64_t num_classes,
+                    dist_dtype dt) {
+  bnode *n = NULL;
+  int id = add_node(p, DIST__V1__OP_KIND__OP_ONE_HOT, &x, 1, &n);
+  if (id < 0) return id;
+  n->pb.num_classes = num_classes;
+  n->pb.dtype = (Dist__V1__DType)dt;
+  return id;
+}
+
+/* ---------------------------------------------------------------- outputs */
+
+int dist_program_output(dist_program *p, int value) {
+  if (check_ids(p, "output", &value, 1)) return p->err;
+  if (grow((void **)&p->outputs, p->n_outputs, sizeof *p->outputs))
+    return bfail(p, DIST_ENOMEM, "out of memory");
+  p->outputs[p->n_outputs++] = value;
+  return 0;
+}
+
+int dist_program_out_dist_attr(dist_program *p, const dist_mesh *mesh,
+                               const dist_placement *placements,
+                               const dist_placement *grad_placements) {
+  if (p->err) return p->err;
+  if (!mesh || !placements)
+    return bfail(p, DIST_EINVAL, "out_dist_attr %d: no mesh or placements",
+                 p->n_attrs);
+  battr *a = calloc(1, sizeof *a);
+  if (!a || !(a->w = calloc(1, sizeof *a->w)) ||
+      (grad_placements && !(a->grad = calloc(1, sizeof *a->grad))) ||
+      grow((void **)&p->attrs, p->n_attrs, sizeof *p->attrs)) {
+    if (a) free(a->w), free(a->grad);
+    free(a);
+    return bfail(p, DIST_ENOMEM, "out of memory");
+  }
+  dist__v1__dist_attr__init(&a->pb);
+  a->mesh = mesh->d;
+  dist_mesh_to_pb(&mesh->d, a->w);
+  dist_placements_to_pb(placements, mesh->d.ndim, a->w);
+  a->pb.mesh = &a->w->mesh;
+  a->pb.n_placements = (size_t)mesh->d.ndim;
+  a->pb.placements = a->w->placement_ptrs;
+  if (grad_placements) {
+    dist_placements_to_pb(grad_placements, mesh->d.ndim, a->grad);
+    a->pb.n_grad_placements = (size_t)mesh->d.ndim;
+    a->pb.grad_placements = a->grad->placement_ptrs;
+  }
+  p->attrs[p->n_attrs++] = a;
+  return 0;
+}
+
+int dist_program_nranks(const dist_program *p) { return p->nranks; }
+
+int dist_program_rank_at(const dist_program *p, int i) {
+  return i >= 0 && i < p->nranks ? p->ranks[i] : -1;
+}
+
+/* ---------------------------------------------------------------- register */
+
+/* The program message of p, pointing into p; free with built_free. */
+typedef struct built {
+  Dist__V1__Program pb;
+  Dist__V1__ProgramNode **nodes;
+  uint32_t *outputs;
+  Dist__V1__DistAttr **attrs;
+} built;
+
+static void built_free(built *b) {
+  free(b->nodes);
+  free(b->outputs);
+  free(b->attrs);
+}
+
+/* Translates builder ids into program ids: inputs first, then every
+ * node's outputs in node order. */
+static int build(dist_program *p, built *b) {
+  int *first = calloc((size_t)p->n_nodes + 1, sizeof *first);
+  b->nodes = calloc((size_t)p->n_nodes + 1, sizeof *b->nodes);
+  b->outputs = calloc((size_t)p->n_outputs + 1, sizeof *b->outputs);
+  b->attrs = calloc((size_t)p->n_attrs + 1, sizeof *b->attrs);
+  if (!first || !b->nodes || !b->outputs || !b->attrs) {
+    free(first);
+    built_free(b);
+    return DIST_ENOMEM;
+  }
+  int next = p->n_inputs;
+  for (int j = 0; j < p->n_nodes; j++) {
+    first[j] = next;
+    next += p->nodes[j]->pb.op == DIST__V1__OP_KIND__OP_TOPK ? 2 : 1;
+  }
+#define PROG_ID(id)                                                     \
+  ((uint32_t)(p->values[id].input >= 0                                  \
+                  ? p->values[id].input                                 \
+                  : first[p->values[id].node] + p->values[id].slot))
+  for (int j = 0; j < p->n_nodes; j++) {
+    bnode *n = p->nodes[j];
+    for (int k = 0; k < n->n_in; k++) n->ids[k] = PROG_ID(n->ins[k]);
+    b->nodes[j] = &n->pb;
+  }
+  for (int k = 0; k < p->n_outputs; k++) b->outputs[k] = PROG_ID(p->outputs[k]);
+#undef PROG_ID
+  for (int k = 0; k < p->n_attrs; k++) b->attrs[k] = &p->attrs[k]->pb;
+  free(first);
+  dist__v1__program__init(&b->pb);
+  b->pb.version = 1;
+  b->pb.name = p->name;
+  b->pb.n_inputs = (size_t)p->n_inputs;
+  b->pb.inputs = p->inputs;
+  b->pb.n_nodes = (size_t)p->n_nodes;
+  b->pb.nodes = b->nodes;
+  b->pb.n_outputs = (size_t)p->n_outputs;
+  b->pb.outputs = b->outputs;
+  b->pb.n_out_dist_attrs = (size_t)p->n_attrs;
+  b->pb.out_dist_attrs = b->attrs;
+  return 0;
+}
+
+/* Where p runs: SPMD, this trainer's daemon; a single client, every rank
+ * of the out_dist_attrs meshes (all daemons when there are none, so the
+ * daemons can report the count mismatch). */
+static int program_targets(dist_client *c, const dist_program *p,
+                           int *targets) {
+  if (c->spmd_rank >= 0) {
+    targets[0] = c->spmd_rank;
+    return 1;
+  }
+  int n = 0;
+  for (int a = 0; a < p->n_attrs; a++) {
+    const dist_mesh_desc *m = &p->attrs[a]->mesh;
+    for (int i = 0; i < m->nranks; i++) {
+      int seen = 0;
+      for (int j = 0; j < n; j++) seen |= targets[j] == m->ranks[i];
+      if (m->ranks[i] >= c->n)
+        return dist_client_fail(c, DIST_EINVAL, "out_dist_attr %d names rank "
+                                "%d, but the client knows %d daemons", a,
+                                m->ranks[i], c->n);
+      if (!seen) targets[n++] = m->ranks[i];
+    }
+  }
+  for (int r = 0; n == 0 && r < c->n; r++) targets[r] = r;
+  return n ? n : c->n;
+}
+
+/* Sends Release(handle or invocation) to the given daemons, best effort. */
+static void release_on(dist_client *c, const int *targets, int n,
+                       const uint64_t *handles, uint64_t invocation) {
+  dist_errbuf keep = c->err;
+  for (int i = 0; i < n; i++) {
+    Dist__V1__ProgramReleaseRequest rq = DIST__V1__PROGRAM_RELEASE_REQUEST__INIT;
+    rq.handle = handles ? handles[i] : 0;
+    rq.invocation_id = invocation;
+    ProtobufCMessage *rp = NULL;
+    dist_call_one(c, targets[i], LL_METHOD("Release"), &rq.base,
+                  &dist__v1__program_release_reply__descriptor, &rp);
+    if (rp) protobuf_c_message_free_unpacked(rp, NULL);
+  }
+  c->err = keep;
+}
+
+int dist_program_register(dist_client *c, dist_program *p) {
+  if (p->err)
+    return dist_client_fail(c, p->err, "program '%s': %s", p->name, p->errmsg);
+  if (p->nranks) dist_program_unregister(c, p);
+  built b;
+  if (build(p, &b)) return dist_client_fail(c, DIST_ENOMEM, "out of memory");
+  int targets[DIST_MAX_MESH_RANKS];
+  int n = program_targets(c, p, targets), rc = n < 0 ? n : 0;
+  dist_call *calls = calloc((size_t)(n > 0 ? n : 0) + 1, sizeof *calls);
+  Dist__V1__ProgramRegisterRequest rq = DIST__V1__PROGRAM_REGISTER_REQUEST__INIT;
+  rq.program = &b.pb;
+  rq.invocation_ttl_seconds = p->invocation_ttl;
+  for (int i = 0; i < n; i++) {
+    calls[i].target = targets[i];
+    calls[i].request = &rq.base;
+  }
+  if (rc == 0)
+    rc = dist_call_many(c, LL_METHOD("RegisterProgram"),
+                        &dist__v1__program_register_reply__descriptor, calls, n);
+  for (int i = 0; i < n; i++) {
+    const Dist__V1__ProgramRegisterReply *r = (const void *)calls[i].reply;
+    if (r && rc != 0) release_on(c, &targets[i], 1, &r->handle, 0);
+    if (r && rc == 0) {
+      p->ranks[i] = targets[i];
+      p->handles[i] = r->handle;
+    }
+  }
+  if (rc == 0) p->nranks = n;
+  dist_calls_free(calls, n > 0 ? n : 0);
+  free(calls);
+  built_free(&b);
+  return rc;
+}
+
+int dist_program_set_invocation_ttl(dist_program *p, double seconds) {
+  if (seconds < 0) return bfail(p, DIST_EINVAL, "invocation ttl %g s", seconds);
+  p->invocation_ttl = seconds;
+  return 0;
+}
+
+int dist_program_unregister(dist_client *c, dist_program *p) {
+  if (!p->nranks) return 0;
+  int rc = 0;
+  for (int i = 0; i < p->nranks; i++) {
+    Dist__V1__ProgramReleaseRequest rq = DIST__V1__PROGRAM_RELEASE_REQUEST__INIT;
+    rq.handle = p->handles[i];
+    ProtobufCMessage *rp = NULL;
+    int r = dist_call_one(c, p->ranks[i], LL_METHOD("Release"), &rq.base,
+                          &dist__v1__program_release_reply__descriptor, &rp);
+    if (rp) protobuf_c_message_free_unpacked(rp, NULL);
+    if (r && !rc) rc = r;
+  }
+  p->nranks = 0;
+  return rc;
+}
+
+/* ---------------------------------------------------------------- arguments */
+
+/* The request arguments of one daemon. */
+typedef struct arg_set {
+  int n;
+  Dist__V1__ProgramArg *args;
+  Dist__V1__ProgramArg **ptrs;
+  uint64_t (*shapes)[DIST_MAX_DIMS];
+} arg_set;
+
+static int arg_set_init(arg_set *s, int n) {
+  s->n = n;
+  s->args = calloc((size_t)n + 1, sizeof *s->args);
+  s->ptrs = calloc((size_t)n + 1, sizeof *s->ptrs);
+  s->shapes = calloc((size_t)n + 1, sizeof *s->shapes);
+  for (int i = 0; s->args && s->ptrs && i < n; i++) {
+    dist__v1__program_arg__init(&s->args[i]);
+    s->ptrs[i] = &s->args[i];
+  }
+  return s->args && s->ptrs && s->shapes ? 0 : DIST_ENOMEM;
+}
+
+static void arg_set_free(arg_set *s) {
+  free(s->args);
+  free(s->ptrs);
+  free(s->shapes);
+}
+
+static void set_value(arg_set *s, int j, const dist_value *v) {
+  Dist__V1__ProgramArg *a = &s->args[j];
+  a->dtype = (Dist__V1__DType)v->dtype;
+  for (int d = 0; d < v->ndim && d < DIST_MAX_DIMS; d++)
+    s->shapes[j][d] = (uint64_t)v->shape[d];
+  a->n_shape = (size_t)v->ndim;
+  a->shape = s->shapes[j];
+  int64_t numel = 1;
+  for (int d = 0; d < v->ndim; d++) numel *= v->shape[d];
+  a->data.data = (uint8_t *)v->data;
+  a->data.len = (size_t)numel * dist_dtype_size(v->dtype);
+}
+
+/* Argument j of target i from a: a tensor name, or the target's value. */
+static int fill_arg(dist_client *c, arg_set *s, int j, const dist_arg *a,
+                    int i, int need_tensor, const char *what) {
+  if (a->tensor) {
+    s->args[j].tensor = (char *)a->tensor->name;
+    return 0;
+  }
+  if (need_tensor)
+    return dist_client_fail(c, DIST_EINVAL, "%s %d needs a dist_tensor", what, j);
+  if (a->values) set_value(s, j, &a->values[c->spmd_rank >= 0 ? 0 : i]);
+  return 0;
+}
+
+static dist_tensor *tensor_of_meta(const Dist__V1__TensorMeta *m) {
+  dist_tensor *t = calloc(1, sizeof *t);
+  if (!t) return NULL;
+  snprintf(t->name, sizeof t->name, "%s", m->name);
+  t->dtype = (dist_dtype)m->dtype;
+  dist_shape_from_pb(m->global_shape, m->n_global_shape, &t->shape, NULL);
+  if (m->mesh) dist_mesh_from_pb(m->mesh, &t->mesh.d, NULL);
+  dist_placements_from_pb(m->placements, m->n_placements, t->placements, NULL);
+  return t;
+}
+
+static void keep_value(kept_value *k, const Dist__V1__ProgramValue *v) {
+  k->present = v->n_shape > 0 || v->data.len > 0 || v->dtype != 0;
+  k->dtype = (dist_dtype)v->dtype;
+  k->ndim = (int)v->n_shape;
+  for (size_t d = 0; d < v->n_shape && d < DIST_MAX_DIMS; d++)
+    k->shape[d] = (int64_t)v->shape[d];
+  k->data = malloc(v->data.len + 1);
+  if (k->data) memcpy(k->data, v->data.data, v->data.len);
+}
+
+/* ---------------------------------------------------------------- call */
+
+/* The daemons of one invocation, and their requests. */
+typedef struct fanout {
+  int n;
+  int targets[DIST_MAX_MESH_RANKS];
+  int index[DIST_MAX_MESH_RANKS]; /* position in the program's ranks */
+  arg_set *args;
+  dist_call *calls;
+} fanout;
+
+static int fanout_init(dist_client *c, const dist_program *p, fanout *f,
+                       int nargs) {
+  f->n = 0;
+  for (int i = 0; i < p->nranks; i++)
+    if (c->spmd_rank < 0 || p->ranks[i] == c->spmd_rank) {
+      f->index[f->n] = i;
+      f->targets[f->n++] = p->ranks[i];
+    }
+  f->args = calloc((size_t)f->n + 1, sizeof *f->args);
+  f->calls = calloc((size_t)f->n + 1, sizeof *f->calls);
+  if (!f->args || !f->calls) return DIST_ENOMEM;
+  for (int i = 0; i < f->n; i++)
+    if (arg_set_init(&f->args[i], nargs)) return DIST_ENOMEM;
+  return 0;
+}
+
+static void fanout_free(fanout *f) {
+  if (f->calls) dist_calls_free(f->calls, f->n);
+  for (int i = 0; f->args && i < f->n; i++) arg_set_free(&f->args[i]);
+  free(f->args);
+  free(f->calls);
+}
+
+static dist_invocation *invocation_new(const dist_program *p, int n,
+                                       uint64_t id, int spmd_rank) {
+  dist_invocation *v = calloc(1, sizeof *v);
+  if (!v) return NULL;
+  v->id = id;
+  v->spmd_rank = spmd_rank;
+  v->n = n;
+  v->n_inputs = p->n_inputs;
+  v->n_outputs = p->n_outputs;
+  v->input_is_tensor = calloc((size_t)p->n_inputs + 1, sizeof(int));
+  v->out_names = calloc((size_t)p->n_outputs + 1, sizeof *v->out_names);
+  if (!v->input_is_tensor || !v->out_names) {
+    dist_invocation_free(v);
+    return NULL;
+  }
+  for (int j = 0; j < p->n_inputs; j++)
+    v->input_is_tensor[j] =
+        p->inputs[j]->kind == DIST__V1__PROGRAM_INPUT__KIND__DTENSOR_LOCAL;
+  return v;
+}
+
+void dist_invocation_free(dist_invocation *inv) {
+  if (!inv) return;
+  for (int i = 0; inv->outs && i < inv->n * inv->n_outputs; i++)
+    free(inv->outs[i].data);
+  for (int i = 0; inv->grads && i < inv->n * inv->n_inputs; i++)
+    free(inv->grads[i].data);
+  free(inv->outs);
+  free(inv->grads);
+  free(inv->input_is_tensor);
+  free(inv->out_names);
+  free(inv);
+}
+
+static int check_call(dist_client *c, const dist_program *p, int nargs) {
+  if (!p->nranks)
+    return dist_client_fail(c, DIST_EINVAL, "program '%s' is not registered "
+                            "(dist_program_register)", p->name);
+  if (nargs != p->n_inputs)
+    return dist_client_fail(c, DIST_EINVAL, "program '%s' takes %d inputs, "
+                            "%d arguments given", p->name, p->n_inputs, nargs);
+  if (c->spmd_rank >= 0 && p->ranks[0] != c->spmd_rank)
+    return dist_client_fail(c, DIST_EINVAL, "program '%s' is registered for "
+                            "rank %d, this trainer is rank %d", p->name,
+                            p->ranks[0], c->spmd_rank);
+  return 0;
+}
+
+/* A failed call may have succeeded on some daemons: undo it there. */
+static void undo_call(dist_client *c, fanout *f, uint64_t id) {
+  dist_errbuf keep = c->err;
+  for (int i = 0; i < f->n; i++) {
+    const Dist__V1__ProgramInvokeReply *r = (const void *)f->calls[i].reply;
+    if (!r) continue;
+    release_on(c, &f->targets[i], 1, NULL, id);
+    for (size_t k = 0; k < r->n_outputs; k++) {
+      Dist__V1__TensorDeleteRequest d = DIST__V1__TENSOR_DELETE_REQUEST__INIT;
+      ProtobufCMessage *rp = NULL;
+      d.name = r->outputs[k]->name;
+      dist_call_one(c, f->targets[i], "/dist.v1.Dist/TensorDelete", &d.base,
+                    &dist__v1__tensor_delete_reply__descriptor, &rp);
+      if (rp) protobuf_c_message_free_unpacked(rp, NULL);
+    }
+  }
+  c->err = keep;
+}
+
+/* The invocation and output handles from the replies. */
+static int take_outputs(dist_client *c, fanout *f, const dist_call_opts *o,
+                        dist_invocation *v, dist_tensor **outs) {
+  if (o->keep_local_values &&
+      !(v->outs = calloc((size_t)(f->n * v->n_outputs) + 1, sizeof *v->outs)))
+    return dist_client_fail(c, DIST_ENOMEM, "out of memory");
+  for (int i = 0; i < f->n; i++) {
+    const Dist__V1__ProgramInvokeReply *r = (const void *)f->calls[i].reply;
+    v->targets[i] = f->targets[i];
+    if (r->n_outputs != (size_t)v->n_outputs)
+      return dist_client_fail(c, DIST_EPROTO, "rank %d returned %zu outputs, "
+                              "expected %d", f->targets[i], r->n_outputs,
+                              v->n_outputs);
+    for (size_t k = 0; o->keep_local_values && k < r->n_values; k++)
+      keep_value(&v->outs[i * v->n_outputs + (int)k], r->values[k]);
+  }
+  const Dist__V1__ProgramInvokeReply *r0 = (const void *)f->calls[0].reply;
+  for (int k = 0; outs && k < v->n_outputs; k++)
+    outs[k] = tensor_of_meta(r0->outputs[k]);
+  return 0;
+}
+
+static int build_invoke(dist_client *c, const dist_program *p, fanout *f,
+                        const dist_arg *args,
+                        Dist__V1__ProgramInvokeRequest *rq) {
+  for (int i = 0; i < f->n; i++) {
+    for (int j = 0; j < p->n_inputs; j++) {
+      int kind = p->inputs[j]->kind;
+      if (kind > DIST__V1__PROGRAM_INPUT__KIND__VALUE) continue;
+      int rc = fill_arg(c, &f->args[i], j, &args[j], f->index[i],
+                        kind == DIST__V1__PROGRAM_INPUT__KIND__DTENSOR_LOCAL,
+                        "input");
+      if (rc) return rc;
+      if (kind == DIST__V1__PROGRAM_INPUT__KIND__VALUE && !args[j].values)
+        return dist_client_fail(c, DIST_EINVAL, "input %d needs values", j);
+    }
+    dist__v1__program_invoke_request__init(&rq[i]);
+    rq[i].handle = p->handles[f->index[i]];
+    rq[i].n_args = (size_t)p->n_inputs;
+    rq[i].args = f->args[i].ptrs;
+    f->calls[i].target = f->targets[i];
+    f->calls[i].request = &rq[i].base;
+  }
+  return 0;
+}
+
+int dist_local_layer_call(dist_client *c, dist_program *p, const dist_arg *args,
+                          int nargs, const dist_call_opts *opts,
+                          dist_invocation **inv, dist_tensor **outs) {
+  dist_call_opts o = DIST_CALL_OPTS_INIT;
+  if (opts) o = *opts;
+  *inv = NULL;
+  for (int k = 0; outs && k < p->n_outputs; k++) outs[k] = NULL;
+  if (check_call(c, p, nargs)) return c->err.code;
+  fanout f;
+  dist_invocation *v = NULL;
+  Dist__V1__ProgramInvokeRequest *rq = NULL;
+  char **names = calloc((size_t)p->n_outputs + 1, sizeof *names);
+  /* The invocation id, then one op id per output's shape exchange. */
+  uint64_t id = dist_next_op_id(c);
+  for (int k = 0; k < p->n_outputs; k++) dist_next_op_id(c);
+  int rc = fanout_init(c, p, &f, p->n_inputs);
+  if (!rc && !(v = invocation_new(p, f.n, id, c->spmd_rank))) rc = DIST_ENOMEM;
+  if (!rc && !(rq = calloc((size_t)f.n + 1, sizeof *rq))) rc = DIST_ENOMEM;
+  if (rc) {
+    rc = dist_client_fail(c, DIST_ENOMEM, "out of memory");
+    goto out;
+  }
+  for (int k = 0; k < p->n_outputs; k++) {
+    if (o.out_names) snprintf(v->out_names[k], sizeof v->out_names[k], "%s", o.out_names[k]);
+    else snprintf(v->out_names[k], sizeof v->out_names[k], "%s.%llu.out%d",
+                  p->name, (unsigned long long)id, k);
+    names[k] = v->out_names[k];
+  }
+  if ((rc = build_invoke(c, p, &f, args, rq))) goto out;
+  for (int i = 0; i < f.n; i++) {
+    rq[i].op_id = id;
+    rq[i].n_out_names = (size_t)p->n_outputs;
+    rq[i].out_names = names;
+    rq[i].replace = o.replace != 0;
+    rq[i].return_values = o.keep_local_values != 0;
+    rq[i].no_grad = o.no_grad != 0;
+  }
+  rc = dist_call_many(c, LL_METHOD("Invoke"),
+                      &dist__v1__program_invoke_reply__descriptor, f.calls, f.n);
+  if (rc) {
+    undo_call(c, &f, id);
+    goto out;
+  }
+  if ((rc = take_outputs(c, &f, &o, v, outs))) goto out;
+  v->backward_done = o.no_grad != 0;
+  *inv = v;
+  v = NULL;
+out:
+  dist_invocation_free(v);
+  fanout_free(&f);
+  free(rq);
+  free(names);
+  return rc;
+}
+
+int dist_invocation_n_outputs(const dist_invocation *inv) { return inv->n_outputs; }
+int dist_invocation_n_inputs(const dist_invocation *inv) { return inv->n_inputs; }
+
+static int kept_at(const dist_invocation *inv, const kept_value *table,
+                   int per, int i, int rank, dist_value *out) {
+  if (rank < 0) rank = inv->spmd_rank;
+  if (!table || i < 0 || i >= per) return DIST_ENOTFOUND;
+  for (int t = 0; t < inv->n; t++) {
+    if (inv->targets[t] != rank) continue;
+    const kept_value *k = &table[t * per + i];
+    if (!k->present) return DIST_ENOTFOUND;
+    out->data = k->data;
+    out->dtype = k->dtype;
+    out->ndim = k->ndim;
+    memcpy(out->shape, k->shape, sizeof out->shape);
+    return 0;
+  }
+  return DIST_ENOTFOUND;
+}
+
+int dist_invocation_local_output(const dist_invocation *inv, int k, int rank,
+                                 dist_value *out) {
+  return kept_at(inv, inv->outs, inv->n_outputs, k, rank, out);
+}
+
+int dist_invocation_local_grad(const dist_invocation *inv, int i, int rank,
+                               dist_value *out) {
+  return kept_at(inv, inv->grads, inv->n_inputs, i, rank, out);
+}
+
+/* ---------------------------------------------------------------- backward */
+
+static int take_grads(dist_client *c, fanout *f, const dist_backward_opts *o,
+                      dist_invocation *v, dist_tensor **grads) {
+  if (o->keep_local_values &&
+      !(v->grads = calloc((size_t)(f->n * v->n_inputs) + 1, sizeof *v->grads)))
+    return dist_client_fail(c, DIST_ENOMEM, "out of memory");
+  for (int i = 0; i < f->n; i++) {
+    const Dist__V1__ProgramBackwardReply *r = (const void *)f->calls[i].reply;
+    if (r->n_grads != (size_t)v->n_inputs)
+      return dist_client_fail(c, DIST_EPROTO, "rank %d returned %zu gradients, "
+                              "expected %d", f->targets[i], r->n_grads,
+                              v->n_inputs);
+    for (size_t j = 0; o->keep_local_values && j < r->n_values; j++)
+      if (j < r->n_has_grad && r->has_grad[j])
+        keep_value(&v->grads[i * v->n_inputs + (int)j], r->values[j]);
+  }
+  const Dist__V1__ProgramBackwardReply *r0 = (const void *)f->calls[0].reply;
+  for (int j = 0; grads && j < v->n_inputs; j++)
+    grads[j] = r0->grads[j]->name && r0->grads[j]->name[0]
+                   ? tensor_of_meta(r0->grads[j])
+                   : NULL;
+  return 0;
+}
+
+static int build_backward(dist_client *c, dist_invocation *v, fanout *f,
+                          const dist_arg *out_grads, char **names,
+                          const dist_backward_opts *o,
+                          Dist__V1__ProgramBackwardRequest *rq) {
+  for (int i = 0; i < f->n; i++) {
+    dist__v1__program_backward_request__init(&rq[i]);
+    for (int k = 0; out_grads && k < v->n_outputs; k++) {
+      int rc = fill_arg(c, &f->args[i], k, &out_grads[k], i, 0, "output gradient");
+      if (rc) return rc;
+    }
+    rq[i].invocation_id = v->id;
+    rq[i].n_out_grads = out_grads ? (size_t)v->n_outputs : 0;
+    rq[i].out_grads = f->args[i].ptrs;
+    rq[i].n_grad_names = (size_t)v->n_inputs;
+    rq[i].grad_names = names;
+    rq[i].replace = o->replace != 0;
+    rq[i].return_values = o->keep_local_values != 0;
+    f->calls[i].target = f->targets[i];
+    f->calls[i].request = &rq[i].base;
+  }
+  return 0;
+}
+
+int dist_backward(dist_client *c, dist_invocation *inv,
+                  const dist_arg *out_grads, const dist_backward_opts *opts,
+                  dist_tensor **grads) {
+  dist_backward_opts o = DIST_BACKWARD_OPTS_INIT;
+  if (opts) o = *opts;
+  for (int j = 0; grads && j < inv->n_inputs; j++) grads[j] = NULL;
+  fanout f = {.n = inv->n};
+  memcpy(f.targets, inv->targets, sizeof(int) * (size_t)inv->n);
+  Dist__V1__ProgramBackwardRequest *rq = calloc((size_t)inv->n + 1, sizeof *rq);
+  char **names = calloc((size_t)inv->n_inputs + 1, sizeof *names);
+  char (*buf)[256] = calloc((size_t)inv->n_inputs + 1, sizeof *buf);
+  int n_args = inv->n_outputs;
+  f.args = calloc((size_t)f.n + 1, sizeof *f.args);
+  f.calls = calloc((size_t)f.n + 1, sizeof *f.calls);
+  int rc = rq && names && buf && f.args && f.calls ? 0 : DIST_ENOMEM;
+  for (int i = 0; rc == 0 && i < f.n; i++) rc = arg_set_init(&f.args[i], n_args);
+  if (rc) {
+    rc = dist_client_fail(c, DIST_ENOMEM, "out of memory");
+    goto out;
+  }
+  for (int j = 0; j < inv->n_inputs; j++) {
+    if (o.grad_names) snprintf(buf[j], sizeof buf[j], "%s", o.grad_names[j] ? o.grad_names[j] : "");
+    else if (inv->input_is_tensor[j])
+      snprintf(buf[j], sizeof buf[j], "%s.grad%d", inv->out_names[0], j);
+    names[j] = buf[j];
+  }
+  if ((rc = build_backward(c, inv, &f, out_grads, names, &o, rq))) goto out;
+  rc = dist_call_many(c, LL_METHOD("Backward"),
+                      &dist__v1__program_backward_reply__descriptor, f.calls, f.n);
+  inv->backward_done = 1; /* the daemons freed the invocation either way */
+  if (rc == 0) rc = take_grads(c, &f, &o, inv, grads);
+out:
+  fanout_free(&f);
+  free(rq);
+  free(names);
+  free(buf);
+  return rc;
+}
+
+int dist_invocation_release(dist_client *c, dist_invocation *inv) {
+  if (!inv || inv->backward_done) return 0;
+  int rc = 0;
+  for (int i = 0; i < inv->n; i++) {
+    Dist__V1__ProgramReleaseRequest rq = DIST__V1__PROGRAM_RELEASE_REQUEST__INIT;
+    rq.invocation_id = inv->id;
+    ProtobufCMessage *rp = NULL;
+    int r = dist_call_one(c, inv->targets[i], LL_METHOD("Release"), &rq.base,
+                          &dist__v1__program_release_reply__descriptor, &rp);
+    if (rp) protobuf_c_message_free_unpacked(rp, NULL);
+    if (r && !rc) rc = r;
+  }
+  return rc;
+}

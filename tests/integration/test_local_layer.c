@@ -1,0 +1,630 @@
+/* LocalLayer between real daemons: seed 000 through distctl launch, MoE
+ * aux_loss and z_loss on 2- and 4-rank meshes against single-process
+ * results computed here, gradients against analytic and finite-difference
+ * references, and the errors a caller can provoke. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "client_internal.h"
+#include "harness.h"
+#include "program.pb-c.h"
+
+/* ---------------------------------------------------------------- helpers */
+
+static dist_mesh *line_mesh(int n) {
+  int shape[1] = {n}, ranks[4] = {0, 1, 2, 3};
+  dist_mesh *m = NULL;
+  cr_assert_eq(dist_mesh_new(1, shape, ranks, NULL, &m), 0);
+  return m;
+}
+
+/* Deterministic logits in [-2, 2). */
+static void fill_logits(float *x, int n, unsigned seed) {
+  for (int i = 0; i < n; i++) {
+    seed = seed * 1103515245u + 12345u;
+    x[i] = (float)((seed >> 8) % 4096) / 1024.0f - 2.0f;
+  }
+}
+
+static float *full_of(dist_client *c, const dist_tensor *t, size_t want_elems) {
+  void *data = NULL;
+  size_t nbytes = 0;
+  cr_assert_eq(dist_full_tensor(c, t, &data, &nbytes), 0, "full_tensor: %s",
+               dist_errmsg(c));
+  cr_assert_eq(nbytes, want_elems * sizeof(float));
+  return data;
+}
+
+static void assert_close(double got, double want, double tol, const char *what) {
+  cr_assert(fabs(got - want) <= tol * (1 + fabs(want)), "%s: got %.9g, want %.9g",
+            what, got, want);
+}
+
+/* logits [T, E] as Shard(0) over a line mesh of W ranks. */
+static dist_tensor *shard_logits(dist_client *c, const char *name,
+                                 const float *x, int T, int E,
+                                 const dist_mesh *m) {
+  int64_t shape[2] = {T, E};
+  dist_placement s0 = DIST_SHARD_DIM(0);
+  dist_tensor *t = NULL;
+  cr_assert_eq(dist_shard_tensor(c, name, x, DIST_FLOAT32, 2, shape, m, &s0, &t),
+               0, "shard_tensor: %s", dist_errmsg(c));
+  return t;
+}
+
+/* ---------------------------------------------------------------- seed 000 */
+
+Test(local_layer, seed_000_masked_loss_prints_exactly, .timeout = 120) {
+  const char *root = getenv("DIST_BUILD_ROOT");
+  char cmd[2048], *out = NULL, *err = NULL;
+  snprintf(cmd, sizeof cmd, "DIST_DISTD_BIN='%s' '%s' launch -n 2 -- '%s/examples/masked_loss'",
+           harness_distd(), harness_distctl(), root ? root : "build");
+  int rc = harness_run(cmd, &out, &err, 90);
+  cr_assert_eq(rc, 0, "launch failed (%d): %s %s", rc, out ? out : "", err ? err : "");
+  cr_assert_str_eq(out, "[Rank 0] local_loss=1.5\n"
+                        "[Rank 1] local_loss=6.0\n"
+                        "global_loss (distributed)=7.5\n");
+  free(out);
+  free(err);
+}
+
+/* The seed's layer, driven by a single client: forward per rank and the
+ * gradient of each local loss, mask / sum(mask). */
+Test(local_layer, masked_loss_gradient_is_mask_over_count, .timeout = 120) {
+  harness h;
+  harness_start(&h, 2, NULL);
+  dist_client *c = harness_client(&h);
+  dist_mesh *m = line_mesh(2);
+  float pieces[2][10];
+  for (int r = 0; r < 2; r++)
+    for (int i = 0; i < 10; i++) pieces[r][i] = (float)(i + r);
+  const void *pp[2] = {pieces[0], pieces[1]};
+  int64_t shape[1] = {10};
+  const int64_t *shapes[2] = {shape, shape};
+  dist_placement s0 = DIST_SHARD_DIM(0), psum = DIST_PARTIAL_OF(DIST_REDUCE_SUM);
+  dist_tensor *x = NULL, *out = NULL, *grads[2] = {NULL, NULL};
+  cr_assert_eq(dist_dtensor_from_local(c, "x", pp, DIST_FLOAT32, 1, shapes, m,
+                                       &s0, &x), 0, "%s", dist_errmsg(c));
+  dist_program *p = NULL;
+  dist_program_new("masked", &p);
+  int64_t ax[1] = {0}, a0[1] = {1}, b0[1] = {3}, a1[1] = {4}, b1[1] = {7};
+  int in = dist_input_dtensor(p, "x", DIST_FLOAT32), rank = dist_input_rank(p);
+  int z = dist_op_zeros_like(p, in);
+  int mask = dist_op_where(p, dist_op_eq_scalar(p, rank, 0),
+                           dist_op_set_slice(p, z, -1, 1, ax, a0, b0, NULL, 1),
+                           dist_op_set_slice(p, z, -1, 1, ax, a1, b1, NULL, 1));
+  int loss = dist_op_div(p, dist_op_sum(p, dist_op_mul(p, in, mask), NULL, 0, 0),
+                         dist_op_sum(p, mask, NULL, 0, 0));
+  dist_program_output(p, loss);
+  dist_program_out_dist_attr(p, m, &psum, NULL);
+  cr_assert_eq(dist_program_register(c, p), 0, "%s", dist_errmsg(c));
+  dist_arg args[2] = {{x, NULL}, {NULL, NULL}};
+  dist_invocation *inv = NULL;
+  cr_assert_eq(dist_local_layer_call(c, p, args, 2, NULL, &inv, &out), 0, "%s",
+               dist_errmsg(c));
+  float *g = full_of(c, out, 1);
+  assert_close(g[0], 7.5, 1e-6, "global loss");
+  free(g);
+  const char *names[2] = {"x.grad", ""};
+  dist_backward_opts bo = DIST_BACKWARD_OPTS_INIT;
+  bo.grad_names = names;
+  cr_assert_eq(dist_backward(c, inv, NULL, &bo, grads), 0, "%s", dist_errmsg(c));
+  cr_assert_not_null(grads[0]);
+  cr_assert_null(grads[1], "the rank input has no gradient");
+  cr_assert_eq(dist_tensor_placements(grads[0])[0].kind, DIST_SHARD);
+  float *dx = full_of(c, grads[0], 20);
+  for (int i = 0; i < 20; i++) {
+    int r = i / 10, j = i % 10;
+    double want = r == 0 ? (j >= 1 && j < 3 ? 0.5 : 0) : (j >= 4 && j < 7 ? 1.0 / 3 : 0);
+    assert_close(dx[i], want, 1e-6, "d loss / d x");
+  }
+  free(dx);
+  dist_invocation_free(inv);
+  dist_tensor_free(out);
+  dist_tensor_free(grads[0]);
+  dist_tensor_free(x);
+  dist_program_free(p);
+  dist_mesh_free(m);
+  dist_close(c);
+  harness_stop(&h);
+}
+
+/* ---------------------------------------------------------------- z_loss */
+
+/* z_loss = mean(logsumexp(logits, -1)^2), per rank, Partial(avg). */
+static dist_program *z_loss_program(const dist_mesh *m) {
+  dist_program *p = NULL;
+  dist_program_new("z_loss", &p);
+  int x = dist_input_dtensor(p, "logits", DIST_FLOAT32);
+  int lse = dist_op_logsumexp(p, x, -1, 0);
+  int z = dist_op_mean(p, dist_op_mul(p, lse, lse), NULL, 0, 0);
+  dist_placement avg = DIST_PARTIAL_OF(DIST_REDUCE_AVG);
+  dist_program_output(p, z);
+  dist_program_out_dist_attr(p, m, &avg, NULL);
+  return p;
+}
+
+static double lse_row(const float *x, int E) {
+  double mx = x[0], s = 0;
+  for (int e = 1; e < E; e++) mx = fmax(mx, x[e]);
+  for (int e = 0; e < E; e++) s += exp(x[e] - mx);
+  return mx + log(s);
+}
+
+static void z_loss_case(int W) {
+  enum { E = 8 };
+  int T = 6 * W;
+  harness h;
+  harness_start(&h, W, NULL);
+  dist_client *c = harness_client(&h);
+  dist_mesh *m = line_mesh(W);
+  float *x = malloc(sizeof(float) * (size_t)(T * E));
+  fill_logits(x, T * E, 7u + (unsigned)W);
+  dist_tensor *t = shard_logits(c, "logits", x, T, E, m), *out = NULL, *grad = NULL;
+  dist_program *p = z_loss_program(m);
+  cr_assert_eq(dist_program_register(c, p), 0, "%s", dist_errmsg(c));
+  dist_arg args[1] = {{t, NULL}};
+  dist_invocation *inv = NULL;
+  cr_assert_eq(dist_local_layer_call(c, p, args, 1, NULL, &inv, &out), 0, "%s",
+               dist_errmsg(c));
+  /* Single process: the mean over every token (equal chunks, so the
+   * average of the per-rank means is the global mean). */
+  double want = 0;
+  for (int i = 0; i < T; i++) {
+    double l = lse_row(&x[i * E], E);
+    want += l * l / T;
+  }
+  float *got = full_of(c, out, 1);
+  assert_close(got[0], want, 1e-5, "z_loss");
+  free(got);
+  /* d local_z / d x[i][e] = 2 lse_i softmax_ie / T_local. */
+  cr_assert_eq(dist_backward(c, inv, NULL, NULL, &grad), 0, "%s", dist_errmsg(c));
+  float *dx = full_of(c, grad, (size_t)(T * E));
+  for (int i = 0; i < T; i++) {
+    double l = lse_row(&x[i * E], E);
+    for (int e = 0; e < E; e++)
+      assert_close(dx[i * E + e], 2 * l * exp(x[i * E + e] - l) / (T / W), 1e-5,
+                   "d z_loss / d logits");
+  }
+  free(dx);
+  free(x);
+  dist_invocation_free(inv);
+  dist_tensor_free(out);
+  dist_tensor_free(grad);
+  dist_tensor_free(t);
+  dist_program_free(p);
+  dist_mesh_free(m);
+  dist_close(c);
+  harness_stop(&h);
+}
+
+Test(local_layer, z_loss_on_2_ranks_matches_single_process, .timeout = 120) {
+  z_loss_case(2);
+}
+
+Test(local_layer, z_loss_on_4_ranks_matches_single_process, .timeout = 120) {
+  z_loss_case(4);
+}
+
+/* ---------------------------------------------------------------- aux_loss */
+
+/* aux_loss = E * sum(me * ce): me the mean gate probability per expert, ce
+ * the fraction of tokens whose top-1 expert it is, from this rank's tokens. */
+static dist_program *aux_loss_program(const dist_mesh *m, int E) {
+  dist_program *p = NULL;
+  dist_program_new("aux_loss", &p);
+  int64_t ax0[1] = {0}, flat[1] = {-1};
+  int x = dist_input_dtensor(p, "gate_logits", DIST_FLOAT32);
+  int probs = dist_op_softmax(p, x, -1);
+  int me = dist_op_mean(p, probs, ax0, 1, 0);
+  int vals = -1, idx = -1;
+  dist_op_topk(p, probs, 1, -1, 0, &vals, &idx);
+  int oh = dist_op_one_hot(p, dist_op_reshape(p, idx, flat, 1), E, DIST_FLOAT32);
+  int ce = dist_op_mean(p, oh, ax0, 1, 0);
+  int aux = dist_op_mul_scalar(p, dist_op_sum(p, dist_op_mul(p, me, ce), NULL, 0, 0), E);
+  dist_placement avg = DIST_PARTIAL_OF(DIST_REDUCE_AVG);
+  dist_program_output(p, aux);
+  dist_program_out_dist_attr(p, m, &avg, NULL);
+  return p;
+}
+
+/* The reference, in double, for rows x[0..T) of one rank. */
+static double aux_ref(const double *x, int T, int E) {
+  double me[16] = {0}, ce[16] = {0}, s = 0;
+  for (int i = 0; i < T; i++) {
+    const double *r = &x[i * E];
+    double mx = r[0], z = 0;
+    int best = 0;
+    for (int e = 1; e < E; e++)
+      if (r[e] > r[best]) best = e;
+    mx = r[best];
+    for (int e = 0; e < E; e++) z += exp(r[e] - mx);
+    for (int e = 0; e < E; e++) me[e] += exp(r[e] - mx) / z / T;
+    ce[best] += 1.0 / T;
+  }
+  for (int e = 0; e < E; e++) s += me[e] * ce[e];
+  return E * s;
+}
+
+static void aux_loss_case(int W) {
+  enum { E = 4 };
+  int T = 5 * W, n = T * E, Tl = T / W;
+  harness h;
+  harness_start(&h, W, NULL);
+  dist_client *c = harness_client(&h);
+  dist_mesh *m = line_mesh(W);
+  float *x = malloc(sizeof(float) * (size_t)n);
+  double *xd = malloc(sizeof(double) * (size_t)n);
+  fill_logits(x, n, 99u + (unsigned)W);
+  for (int i = 0; i < n; i++) xd[i] = x[i];
+  dist_tensor *t = shard_logits(c, "gate", x, T, E, m), *out = NULL, *grad = NULL;
+  dist_program *p = aux_loss_program(m, E);
+  cr_assert_eq(dist_program_register(c, p), 0, "%s", dist_errmsg(c));
+  dist_arg args[1] = {{t, NULL}};
+  dist_invocation *inv = NULL;
+  dist_call_opts co = DIST_CALL_OPTS_INIT;
+  co.keep_local_values = 1;
+  cr_assert_eq(dist_local_layer_call(c, p, args, 1, &co, &inv, &out), 0, "%s",
+               dist_errmsg(c));
+  double want = 0;
+  for (int r = 0; r < W; r++) {
+    double local = aux_ref(&xd[r * Tl * E], Tl, E);
+    dist_value v;
+    cr_assert_eq(dist_invocation_local_output(inv, 0, r, &v), 0);
+    assert_close(*(const float *)v.data, local, 1e-5, "local aux_loss");
+    want += local / W;
+  }
+  float *got = full_of(c, out, 1);
+  assert_close(got[0], want, 1e-5, "aux_loss");
+  free(got);
+  /* Gradient of each rank's local aux_loss against central differences of
+   * the reference (the top-1 choice is piecewise constant). */
+  cr_assert_eq(dist_backward(c, inv, NULL, NULL, &grad), 0, "%s", dist_errmsg(c));
+  float *dx = full_of(c, grad, (size_t)n);
+  const double h_ = 1e-4;
+  for (int i = 0; i < n; i++) {
+    int r = i / (Tl * E);
+    double *rx = &xd[r * Tl * E], keep = xd[i];
+    xd[i] = keep + h_;
+    double up = aux_ref(rx, Tl, E);
+    xd[i] = keep - h_;
+    double down = aux_ref(rx, Tl, E);
+    xd[i] = keep;
+    assert_close(dx[i], (up - down) / (2 * h_), 2e-3, "d aux_loss / d logits");
+  }
+  free(dx);
+  free(x);
+  free(xd);
+  dist_invocation_free(inv);
+  dist_tensor_free(out);
+  dist_tensor_free(grad);
+  dist_tensor_free(t);
+  dist_program_free(p);
+  dist_mesh_free(m);
+  dist_close(c);
+  harness_stop(&h);
+}
+
+Test(local_layer, aux_loss_on_2_ranks_matches_single_process, .timeout = 120) {
+  aux_loss_case(2);
+}
+
+Test(local_layer, aux_loss_on_4_ranks_matches_single_process, .timeout = 120) {
+  aux_loss_case(4);
+}
+
+/* ---------------------------------------------------------------- outputs */
+
+/* A local row sum whose output is Shard(0): the daemons exchange local
+ * shapes to derive the (uneven) global shape, and refuse pieces that break
+ * the split rule. */
+static dist_program *sharded_program(const dist_mesh *m, int flatten) {
+  dist_program *p = NULL;
+  dist_program_new(flatten ? "flatten" : "row_sum", &p);
+  int64_t flat[1] = {-1}, ax1[1] = {1};
+  int in = dist_input_dtensor(p, "rows", DIST_FLOAT32);
+  int y = flatten ? dist_op_reshape(p, in, flat, 1) : dist_op_sum(p, in, ax1, 1, 0);
+  dist_placement s0 = DIST_SHARD_DIM(0);
+  dist_program_output(p, dist_op_mul_scalar(p, y, 2));
+  dist_program_out_dist_attr(p, m, &s0, NULL);
+  return p;
+}
+
+Test(local_layer, sharded_output_derives_uneven_global_shape, .timeout = 120) {
+  harness h;
+  harness_start(&h, 2, NULL);
+  dist_client *c = harness_client(&h);
+  dist_mesh *m = line_mesh(2);
+  float x[7 * 2];
+  for (int i = 0; i < 14; i++) x[i] = (float)i;
+  dist_tensor *t = shard_logits(c, "rows", x, 7, 2, m), *out = NULL;
+  dist_program *p = sharded_program(m, 0);
+  cr_assert_eq(dist_program_register(c, p), 0, "%s", dist_errmsg(c));
+  dist_arg args[1] = {{t, NULL}};
+  dist_invocation *inv = NULL;
+  dist_call_opts co = DIST_CALL_OPTS_INIT;
+  co.no_grad = 1;
+  cr_assert_eq(dist_local_layer_call(c, p, args, 1, &co, &inv, &out), 0, "%s",
+               dist_errmsg(c));
+  cr_assert_eq(dist_tensor_ndim(out), 1);
+  cr_assert_eq(dist_tensor_shape(out)[0], 7, "4 + 3 local rows");
+  float *g = full_of(c, out, 7);
+  for (int i = 0; i < 7; i++) cr_assert_float_eq(g[i], 2.0f * (4 * i + 1), 1e-5);
+  free(g);
+  dist_invocation_free(inv);
+  dist_tensor_free(out);
+  dist_program_free(p);
+  /* Flattened, the pieces are 8 and 6 elements: not a ceil split of 14. */
+  p = sharded_program(m, 1);
+  cr_assert_eq(dist_program_register(c, p), 0, "%s", dist_errmsg(c));
+  cr_assert_eq(dist_local_layer_call(c, p, args, 1, &co, &inv, &out), DIST_EMISMATCH);
+  cr_assert(strstr(dist_errmsg(c), "rank 0 made [8], but global shape [14] "
+                   "gives it [7]"), "%s", dist_errmsg(c));
+  cr_assert_null(out);
+  dist_tensor **all = NULL;
+  int n = 0;
+  cr_assert_eq(dist_tensor_list(c, &all, &n), 0, "%s", dist_errmsg(c));
+  for (int i = 0; i < n; i++)
+    cr_assert(strncmp(dist_tensor_name(all[i]), "flatten.", 8) != 0,
+              "a refused output was left behind: %s", dist_tensor_name(all[i]));
+  dist_tensor_list_free(all, n);
+  dist_tensor_free(t);
+  dist_program_free(p);
+  dist_mesh_free(m);
+  dist_close(c);
+  harness_stop(&h);
+}
+
+/* VALUE inputs differ per rank; gradients of given output gradients. */
+Test(local_layer, value_inputs_and_given_output_gradients, .timeout = 120) {
+  harness h;
+  harness_start(&h, 2, NULL);
+  dist_client *c = harness_client(&h);
+  dist_mesh *m = line_mesh(2);
+  dist_program *p = NULL;
+  dist_program_new("scale", &p);
+  int w = dist_input_value(p, "w", DIST_FLOAT32);
+  dist_placement s0 = DIST_SHARD_DIM(0);
+  dist_program_output(p, dist_op_mul(p, w, w));
+  dist_program_out_dist_attr(p, m, &s0, NULL);
+  cr_assert_eq(dist_program_register(c, p), 0, "%s", dist_errmsg(c));
+  cr_assert_eq(dist_program_nranks(p), 2);
+  float w0[3] = {1, 2, 3}, w1[3] = {4, 5, 6}, g0[3] = {1, 1, 1}, g1[3] = {2, 2, 2};
+  dist_value vals[2] = {{w0, DIST_FLOAT32, 1, {3}}, {w1, DIST_FLOAT32, 1, {3}}};
+  dist_value gvals[2] = {{g0, DIST_FLOAT32, 1, {3}}, {g1, DIST_FLOAT32, 1, {3}}};
+  dist_arg args[1] = {{NULL, vals}}, og[1] = {{NULL, gvals}};
+  dist_invocation *inv = NULL;
+  dist_tensor *out = NULL, *grad = NULL;
+  cr_assert_eq(dist_local_layer_call(c, p, args, 1, NULL, &inv, &out), 0, "%s",
+               dist_errmsg(c));
+  float *y = full_of(c, out, 6);
+  for (int i = 0; i < 6; i++) cr_assert_float_eq(y[i], (float)((i + 1) * (i + 1)), 1e-6);
+  free(y);
+  dist_backward_opts bo = DIST_BACKWARD_OPTS_INIT;
+  bo.keep_local_values = 1;
+  cr_assert_eq(dist_backward(c, inv, og, &bo, &grad), 0, "%s", dist_errmsg(c));
+  cr_assert_null(grad, "a VALUE input's gradient is not stored");
+  for (int r = 0; r < 2; r++) {
+    dist_value gv;
+    cr_assert_eq(dist_invocation_local_grad(inv, 0, r, &gv), 0);
+    const float *wv = r ? w1 : w0, *gg = r ? g1 : g0;
+    for (int i = 0; i < 3; i++)
+      cr_assert_float_eq(((const float *)gv.data)[i], 2 * wv[i] * gg[i], 1e-6);
+  }
+  dist_invocation_free(inv);
+  dist_tensor_free(out);
+  dist_program_free(p);
+  dist_mesh_free(m);
+  dist_close(c);
+  harness_stop(&h);
+}
+
+/* ---------------------------------------------------------------- errors */
+
+typedef struct err_fixture {
+  harness h;
+  dist_client *c;
+  dist_mesh *m;
+  dist_tensor *x; /* float32 [4, 3], Shard(0) on [0, 1] */
+  dist_tensor *xi; /* int64 [4], Shard(0) */
+} err_fixture;
+
+static void err_setup(err_fixture *f) {
+  harness_start(&f->h, 2, NULL);
+  f->c = harness_client(&f->h);
+  f->m = line_mesh(2);
+  float x[12] = {0};
+  int64_t xi[4] = {1, 2, 3, 4}, s1[1] = {4};
+  f->x = shard_logits(f->c, "x", x, 4, 3, f->m);
+  dist_placement s0 = DIST_SHARD_DIM(0);
+  cr_assert_eq(dist_shard_tensor(f->c, "xi", xi, DIST_INT64, 1, s1, f->m, &s0,
+                                 &f->xi), 0);
+}
+
+static void err_teardown(err_fixture *f) {
+  dist_tensor_free(f->x);
+  dist_tensor_free(f->xi);
+  dist_mesh_free(f->m);
+  dist_close(f->c);
+  harness_stop(&f->h);
+}
+
+/* Builds y = op(x) with one Partial(sum) output and calls it on arg. */
+static int call_one(err_fixture *f, dist_program *p, int out_value,
+                    const dist_tensor *arg, dist_invocation **inv) {
+  dist_placement psum = DIST_PARTIAL_OF(DIST_REDUCE_SUM);
+  dist_program_output(p, out_value);
+  dist_program_out_dist_attr(p, f->m, &psum, NULL);
+  int rc = dist_program_register(f->c, p);
+  if (rc) return rc;
+  dist_arg args[1] = {{arg, NULL}};
+  dist_tensor *out = NULL;
+  rc = dist_local_layer_call(f->c, p, args, 1, NULL, inv, &out);
+  dist_tensor_free(out);
+  return rc;
+}
+
+Test(local_layer_errors, output_count_mismatch_names_both_counts, .timeout = 120) {
+  err_fixture f;
+  err_setup(&f);
+  dist_program *p = NULL;
+  dist_program_new("two_attrs", &p);
+  int x = dist_input_dtensor(&*p, "x", DIST_FLOAT32);
+  dist_placement psum = DIST_PARTIAL_OF(DIST_REDUCE_SUM);
+  dist_program_output(p, dist_op_sum(p, x, NULL, 0, 0));
+  dist_program_out_dist_attr(p, f.m, &psum, NULL);
+  dist_program_out_dist_attr(p, f.m, &psum, NULL);
+  cr_assert_eq(dist_program_register(f.c, p), DIST_EMISMATCH);
+  cr_assert(strstr(dist_errmsg(f.c), "1 outputs but 2 out_dist_attrs"), "%s",
+            dist_errmsg(f.c));
+  dist_program_free(p);
+  err_teardown(&f);
+}
+
+Test(local_layer_errors, wrong_dtype_names_the_op_and_its_position, .timeout = 120) {
+  err_fixture f;
+  err_setup(&f);
+  dist_program *p = NULL;
+  dist_program_new("mixed", &p);
+  int xi = dist_input_dtensor(p, "xi", DIST_DTYPE_INVALID);
+  int half = dist_op_full_like(p, dist_op_cast(p, xi, DIST_FLOAT32), 0.5);
+  int bad = dist_op_add(p, xi, half); /* int64 + float32 */
+  dist_invocation *inv = NULL;
+  cr_assert_eq(call_one(&f, p, dist_op_sum(p, bad, NULL, 0, 0), f.xi, &inv),
+               DIST_EMISMATCH);
+  cr_assert(strstr(dist_errmsg(f.c), "node 2 (add)"), "%s", dist_errmsg(f.c));
+  cr_assert(strstr(dist_errmsg(f.c), "int64 vs float32"), "%s", dist_errmsg(f.c));
+  cr_assert_null(inv);
+  dist_program_free(p);
+  /* A declared input dtype is checked too. */
+  dist_program_new("typed", &p);
+  int x = dist_input_dtensor(p, "x", DIST_FLOAT32);
+  cr_assert_neq(call_one(&f, p, dist_op_sum(p, x, NULL, 0, 0), f.xi, &inv), 0);
+  cr_assert(strstr(dist_errmsg(f.c), "input 0"), "%s", dist_errmsg(f.c));
+  cr_assert(strstr(dist_errmsg(f.c), "int64"), "%s", dist_errmsg(f.c));
+  dist_program_free(p);
+  err_teardown(&f);
+}
+
+Test(local_layer_errors, wrong_shape_names_the_op_and_its_position, .timeout = 120) {
+  err_fixture f;
+  err_setup(&f);
+  dist_program *p = NULL;
+  dist_program_new("mm", &p);
+  int x = dist_input_dtensor(p, "x", DIST_FLOAT32);
+  int y = dist_op_matmul(p, x, x, 0, 0); /* [2, 3] x [2, 3] locally */
+  dist_op_set_label(p, y, "scores");
+  dist_invocation *inv = NULL;
+  cr_assert_neq(call_one(&f, p, dist_op_sum(p, y, NULL, 0, 0), f.x, &inv), 0);
+  cr_assert(strstr(dist_errmsg(f.c), "node 0 (matmul 'scores')"), "%s",
+            dist_errmsg(f.c));
+  cr_assert(strstr(dist_errmsg(f.c), "[2, 3]"), "%s", dist_errmsg(f.c));
+  cr_assert_null(inv);
+  dist_program_free(p);
+  err_teardown(&f);
+}
+
+Test(local_layer_errors, invoke_with_unknown_handle_is_not_found, .timeout = 120) {
+  err_fixture f;
+  err_setup(&f);
+  Dist__V1__ProgramInvokeRequest rq = DIST__V1__PROGRAM_INVOKE_REQUEST__INIT;
+  rq.handle = 987654;
+  rq.op_id = 1;
+  ProtobufCMessage *rp = NULL;
+  int rc = dist_call_one(f.c, 0, "/dist.v1.LocalLayer/Invoke", &rq.base,
+                         &dist__v1__program_invoke_reply__descriptor, &rp);
+  cr_assert_eq(rc, DIST_ENOTFOUND, "%s", dist_errmsg(f.c));
+  cr_assert(strstr(dist_errmsg(f.c), "unknown program handle 987654"), "%s",
+            dist_errmsg(f.c));
+  cr_assert_null(rp);
+  /* And through the library: a program released is not callable. */
+  dist_program *p = NULL;
+  dist_program_new("gone", &p);
+  int x = dist_input_dtensor(p, "x", DIST_FLOAT32);
+  dist_invocation *inv = NULL;
+  cr_assert_eq(call_one(&f, p, dist_op_sum(p, x, NULL, 0, 0), f.x, &inv), 0,
+               "%s", dist_errmsg(f.c));
+  dist_invocation_free(inv);
+  cr_assert_eq(dist_program_unregister(f.c, p), 0, "%s", dist_errmsg(f.c));
+  dist_arg args[1] = {{f.x, NULL}};
+  dist_tensor *out = NULL;
+  cr_assert_eq(dist_local_layer_call(f.c, p, args, 1, NULL, &inv, &out), DIST_EINVAL);
+  cr_assert(strstr(dist_errmsg(f.c), "not registered"), "%s", dist_errmsg(f.c));
+  dist_program_free(p);
+  err_teardown(&f);
+}
+
+Test(local_layer_errors, backward_after_release_is_a_clear_error, .timeout = 120) {
+  err_fixture f;
+  err_setup(&f);
+  dist_program *p = NULL;
+  dist_program_new("released", &p);
+  int x = dist_input_dtensor(p, "x", DIST_FLOAT32);
+  dist_invocation *inv = NULL;
+  cr_assert_eq(call_one(&f, p, dist_op_sum(p, x, NULL, 0, 0), f.x, &inv), 0,
+               "%s", dist_errmsg(f.c));
+  cr_assert_eq(dist_invocation_release(f.c, inv), 0, "%s", dist_errmsg(f.c));
+  dist_tensor *g = NULL;
+  cr_assert_eq(dist_backward(f.c, inv, NULL, NULL, &g), DIST_ENOTFOUND);
+  cr_assert(strstr(dist_errmsg(f.c), "is not kept on this daemon"), "%s",
+            dist_errmsg(f.c));
+  cr_assert(strstr(dist_errmsg(f.c), "released"), "%s", dist_errmsg(f.c));
+  cr_assert_null(g);
+  /* Backward runs once: a second one finds nothing kept. */
+  dist_invocation_free(inv);
+  inv = NULL;
+  dist_arg args[1] = {{f.x, NULL}};
+  dist_tensor *out = NULL;
+  cr_assert_eq(dist_local_layer_call(f.c, p, args, 1, NULL, &inv, &out), 0);
+  cr_assert_eq(dist_backward(f.c, inv, NULL, NULL, &g), 0, "%s", dist_errmsg(f.c));
+  dist_tensor_free(g);
+  g = NULL;
+  cr_assert_eq(dist_backward(f.c, inv, NULL, NULL, &g), DIST_ENOTFOUND);
+  dist_invocation_free(inv);
+  dist_tensor_free(out);
+  dist_program_free(p);
+  err_teardown(&f);
+}
+
+Test(local_layer_errors, builder_errors_are_sticky_and_reported_at_register,
+     .timeout = 60) {
+  dist_program *p = NULL;
+  cr_assert_eq(dist_program_new("sticky", &p), 0);
+  int x = dist_input_dtensor(p, "x", DIST_FLOAT32);
+  cr_assert_lt(dist_op_add(p, x, 42), 0);
+  cr_assert_lt(dist_op_exp(p, x), 0, "later calls fail too");
+  cr_assert(strstr(dist_program_errmsg(p), "value 42"), "%s", dist_program_errmsg(p));
+  dist_client *c = NULL;
+  cr_assert_eq(dist_connect("127.0.0.1:1", NULL, &c), 0);
+  cr_assert_eq(dist_program_register(c, p), DIST_EINVAL);
+  cr_assert(strstr(dist_errmsg(c), "program 'sticky'"), "%s", dist_errmsg(c));
+  dist_close(c);
+  dist_program_free(p);
+  dist_program_free(NULL);
+  dist_invocation_free(NULL);
+}
+
+/* What backward needs expires with the program's invocation TTL. */
+Test(local_layer_errors, kept_invocations_expire_after_the_ttl, .timeout = 120) {
+  err_fixture f;
+  err_setup(&f);
+  dist_program *p = NULL;
+  dist_program_new("expiring", &p);
+  cr_assert_eq(dist_program_set_invocation_ttl(p, 1.0), 0);
+  int x = dist_input_dtensor(p, "x", DIST_FLOAT32);
+  dist_invocation *inv = NULL;
+  cr_assert_eq(call_one(&f, p, dist_op_sum(p, x, NULL, 0, 0), f.x, &inv), 0,
+               "%s", dist_errmsg(f.c));
+  struct timespec ts = {1, 600000000};
+  nanosleep(&ts, NULL);
+  dist_tensor *g = NULL;
+  cr_assert_eq(dist_backward(f.c, inv, NULL, NULL, &g), DIST_ENOTFOUND);
+  cr_assert(strstr(dist_errmsg(f.c), "expired"), "%s", dist_errmsg(f.c));
+  dist_invocation_free(inv);
+  dist_program_free(p);
+  err_teardown(&f);
+}
