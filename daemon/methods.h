@@ -30,5 +30,37 @@ DISTD_HANDLER(tensor_show);
 DISTD_HANDLER(tensor_delete);
 DISTD_HANDLER(reshard);
 DISTD_HANDLER(collective);
+DISTD_HANDLER(global_scatter);
+DISTD_HANDLER(global_gather);
+/* Expert shards (svc_experts.c). */
+DISTD_HANDLER(expert_layer_create);
+DISTD_HANDLER(expert_forward);
+DISTD_HANDLER(expert_backward);
+DISTD_HANDLER(expert_release);
+/* Inspection (svc_ops.c): the operations registry and expert tokens. */
+DISTD_HANDLER(ops);
+DISTD_HANDLER(experts);
+struct distd_ops;
+/* Creates the daemon's operations registry (ops.h), counting finished
+ * operations in s->metrics, and hands it to the peers (distd_peers_ops).
+ * Call after the peers started. */
+int distd_ops_attach(distd_server *s, dist_errbuf *eb);
+/* Frees it; call after distd_peers_free, with what distd_peers_ops gave. */
+void distd_ops_detach(distd_server *s, struct distd_ops *ops);
+/* Writes distd_ops_in_flight and distd_expert_tokens_total{expert}. */
+void distd_ops_write_metrics(distd_server *s, struct evbuffer *out);
+/* dist.v1.Program (svc_program.c). */
+DISTD_HANDLER(program_register);
+DISTD_HANDLER(program_invoke);
+DISTD_HANDLER(program_backward);
+DISTD_HANDLER(program_release);
+/* Parameter service and checkpoints (helper h11). */
+DISTD_HANDLER(param_configure);
+DISTD_HANDLER(param_push);
+DISTD_HANDLER(param_pull);
+DISTD_HANDLER(checkpoint_save);
+DISTD_HANDLER(checkpoint_commit);
+DISTD_HANDLER(checkpoint_manifest);
+DISTD_HANDLER(checkpoint_load);
 
 #endif

@@ -1,0 +1,582 @@
+/* The MoE layer from the trainer's side (dist.h "MoE layer"): the gate and
+ * the combine run here, in double precision; the routed rows travel daemon
+ * to daemon (global_scatter / global_gather) and the experts run in the
+ * daemons (moe.proto ExpertForward / ExpertBackward).
+ *
+ * Scatter order: the rows sent by one rank are its (token, slot) pairs
+ * sorted by global expert id, then token, then slot, so chunk i of the
+ * scatter input is exactly what goes to expert i. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "client_internal.h"
+#include "moe.pb-c.h"
+
+#define LAYER_NAME_MAX 150
+#define INVOCATION 1 /* one step in flight per layer: each forward replaces it */
+
+/* What one participating rank's forward keeps for its backward. */
+typedef struct part {
+  int64_t T;        /* tokens */
+  double *x;        /* [T, d_model] */
+  int *sel;         /* [T, K] global expert ids */
+  double *gw;       /* [T, K] gate weights */
+  int64_t *row;     /* [T, K] row of slot (t, j) in the scatter input */
+  int64_t *lc, *gc; /* local / global counts, NE each */
+  double *o;        /* [T*K, d_model] expert outputs, scatter-input order */
+} part;
+
+struct dist_moe_layer {
+  char name[LAYER_NAME_MAX + 1];
+  int E, W, K, NE, bias;
+  int64_t dm, dh;
+  dist_dtype dt;
+  dist_expert_act act;
+  int group[DIST_MAX_MESH_RANKS]; /* global ranks in group order */
+  int pos[DIST_MAX_MESH_RANKS];   /* group positions this client drives */
+  int n;                          /* how many: 1 (SPMD) or W */
+  int have_grads;                 /* the next backward accumulates */
+  int forwarded;                  /* parts hold a forward */
+  double *gate;                   /* [d_model, NE] of the last forward */
+  part *parts;                    /* n */
+};
+
+static void part_clear(part *p) {
+  free(p->x), free(p->sel), free(p->gw), free(p->row);
+  free(p->lc), free(p->gc), free(p->o);
+  memset(p, 0, sizeof *p);
+}
+
+void dist_moe_layer_free(dist_moe_layer *l) {
+  if (!l) return;
+  for (int k = 0; l->parts && k < l->n; k++) part_clear(&l->parts[k]);
+  free(l->parts);
+  free(l->gate);
+  free(l);
+}
+
+static void to_double(const void *src, dist_dtype dt, double *dst, size_t n) {
+  for (size_t i = 0; i < n; i++) dst[i] = dist_elem_get(src, dt, i);
+}
+
+static void *from_double(const double *src, dist_dtype dt, size_t n) {
+  void *out = malloc(n * dist_dtype_size(dt) + 1);
+  for (size_t i = 0; out && i < n; i++) dist_elem_set(out, dt, i, src[i]);
+  return out;
+}
+
+static void tensor_name(char *buf, size_t len, const dist_moe_layer *l,
+                        const char *what) {
+  snprintf(buf, len, "%s.moe_%s", l->name, what);
+}
+
+/* ---------------------------------------------------------------- create */
+
+static int check_opts(dist_client *c, const char *name,
+                      const dist_moe_layer_opts *o) {
+  if (!name || !name[0] || strlen(name) > LAYER_NAME_MAX)
+    return dist_client_fail(c, DIST_EINVAL, "a MoE layer name has 1 to %d "
+                            "characters", LAYER_NAME_MAX);
+  if (o->experts_per_rank < 1 || o->d_model < 1 || o->d_hidden < 1 || o->top_k < 1)
+    return dist_client_fail(c, DIST_EINVAL, "MoE layer '%s': experts_per_rank, "
+                            "d_model, d_hidden and top_k must be positive", name);
+  if (o->dtype != DIST_FLOAT32 && o->dtype != DIST_FLOAT64)
+    return dist_client_fail(c, DIST_ENOTSUP, "MoE layer '%s': dtype %s; experts "
+                            "are float32 or float64", name, dist_dtype_name(o->dtype));
+  if (o->activation != DIST_EXPERT_GELU && o->activation != DIST_EXPERT_SILU)
+    return dist_client_fail(c, DIST_EINVAL, "MoE layer '%s': unknown activation %d",
+                            name, (int)o->activation);
+  return 0;
+}
+
+/* The group and the positions this client drives (as dist_global_scatter
+ * resolves them). */
+static int resolve(dist_client *c, dist_moe_layer *l, const int *group, int size) {
+  l->W = group ? size : c->n;
+  if (l->W < 1 || l->W > DIST_MAX_MESH_RANKS)
+    return dist_client_fail(c, DIST_EINVAL, "group of %d ranks", l->W);
+  for (int i = 0; i < l->W; i++) {
+    l->group[i] = group ? group[i] : i;
+    if (l->group[i] < 0 || l->group[i] >= c->n)
+      return dist_client_fail(c, DIST_EINVAL, "group names rank %d, but the "
+                              "cluster has %d daemons", l->group[i], c->n);
+    if (c->spmd_rank < 0) l->pos[l->n++] = i;
+    else if (l->group[i] == c->spmd_rank) l->pos[0] = i, l->n = 1;
+  }
+  if (l->n == 0)
+    return dist_client_fail(c, DIST_EINVAL, "this trainer (rank %d) is not in "
+                            "the group", c->spmd_rank);
+  return 0;
+}
+
+static void fill_weights(const dist_moe_layer *l, const dist_expert_weights *w,
+                         Dist__V1__ExpertWeights *pb) {
+  size_t esz = dist_dtype_size(l->dt);
+  dist__v1__expert_weights__init(pb);
+  pb->w1 = (ProtobufCBinaryData){(size_t)(l->dm * l->dh) * esz, (uint8_t *)w->w1};
+  pb->w2 = (ProtobufCBinaryData){(size_t)(l->dh * l->dm) * esz, (uint8_t *)w->w2};
+  if (l->bias) {
+    pb->b1 = (ProtobufCBinaryData){(size_t)l->dh * esz, (uint8_t *)w->b1};
+    pb->b2 = (ProtobufCBinaryData){(size_t)l->dm * esz, (uint8_t *)w->b2};
+  }
+}
+
+/* One create request per driven position; weights (may be NULL) has n*E
+ * entries. */
+static int create_experts(dist_client *c, dist_moe_layer *l,
+                          const dist_moe_layer_opts *o) {
+  Dist__V1__ExpertLayerCreateRequest *rq = calloc((size_t)l->n, sizeof *rq);
+  Dist__V1__ExpertWeights *w = calloc((size_t)(l->n * l->E) + 1, sizeof *w);
+  Dist__V1__ExpertWeights **wp = calloc((size_t)(l->n * l->E) + 1, sizeof *wp);
+  dist_call *calls = calloc((size_t)l->n, sizeof *calls);
+  int rc;
+  if (!rq || !w || !wp || !calls) {
+    rc = dist_client_fail(c, DIST_ENOMEM, "out of memory");
+    goto out;
+  }
+  for (int k = 0; k < l->n; k++) {
+    dist__v1__expert_layer_create_request__init(&rq[k]);
+    rq[k].layer = l->name;
+    rq[k].experts = (uint32_t)l->E;
+    rq[k].first_expert = (uint32_t)(l->pos[k] * l->E);
+    rq[k].d_model = (uint64_t)l->dm;
+    rq[k].d_hidden = (uint64_t)l->dh;
+    rq[k].activation = (Dist__V1__ExpertActivation)l->act;
+    rq[k].bias = l->bias;
+    rq[k].dtype = (Dist__V1__DType)l->dt;
+    rq[k].seed = o->seed;
+    rq[k].replace = o->replace;
+    for (int e = 0; o->weights && e < l->E; e++) {
+      int i = k * l->E + e;
+      fill_weights(l, &o->weights[c->spmd_rank < 0 ? l->pos[k] * l->E + e : e], &w[i]);
+      wp[i] = &w[i];
+    }
+    if (o->weights) rq[k].n_weights = (size_t)l->E, rq[k].weights = &wp[k * l->E];
+    calls[k] = (dist_call){l->group[l->pos[k]], &rq[k].base, NULL, DIST_ERRBUF_INIT};
+  }
+  rc = dist_call_many(c, "/dist.v1.Moe/ExpertLayerCreate",
+                      &dist__v1__expert_layer_create_reply__descriptor, calls, l->n);
+  dist_calls_free(calls, l->n);
+out:
+  free(calls), free(wp), free(w), free(rq);
+  return rc;
+}
+
+int dist_moe_layer_create(dist_client *c, const char *name,
+                          const dist_moe_layer_opts *opts,
+                          dist_moe_layer **out) {
+  dist_moe_layer_opts def = DIST_MOE_LAYER_OPTS_INIT;
+  const dist_moe_layer_opts *o = opts ? opts : &def;
+  *out = NULL;
+  int rc = check_opts(c, name, o);
+  if (rc != 0) return rc;
+  dist_moe_layer *l = calloc(1, sizeof *l);
+  if (!l) return dist_client_fail(c, DIST_ENOMEM, "out of memory");
+  snprintf(l->name, sizeof l->name, "%s", name);
+  l->E = o->experts_per_rank, l->K = o->top_k, l->bias = o->bias != 0;
+  l->dm = o->d_model, l->dh = o->d_hidden, l->dt = o->dtype, l->act = o->activation;
+  if ((rc = resolve(c, l, o->group, o->group_size)) != 0) goto fail;
+  l->NE = l->W * l->E;
+  if (l->K > l->NE) {
+    rc = dist_client_fail(c, DIST_EINVAL, "MoE layer '%s': top_k %d is more than "
+                          "the %d experts", name, l->K, l->NE);
+    goto fail;
+  }
+  l->parts = calloc((size_t)l->n, sizeof *l->parts);
+  l->gate = calloc((size_t)(l->dm * l->NE), sizeof *l->gate);
+  if (!l->parts || !l->gate) {
+    rc = dist_client_fail(c, DIST_ENOMEM, "out of memory");
+    goto fail;
+  }
+  if ((rc = create_experts(c, l, o)) != 0) goto fail;
+  *out = l;
+  return 0;
+fail:
+  dist_moe_layer_free(l);
+  return rc;
+}
+
+/* ---------------------------------------------------------------- the gate */
+
+/* Top-k of token t's logits (ties: lower id first) and the softmax over the
+ * selected ones. */
+static void gate_token(const dist_moe_layer *l, const double *logits, int *sel,
+                       double *gw) {
+  for (int j = 0; j < l->K; j++) {
+    int best = -1;
+    for (int e = 0; e < l->NE; e++) {
+      int taken = 0;
+      for (int i = 0; i < j; i++) taken |= sel[i] == e;
+      if (!taken && (best < 0 || logits[e] > logits[best])) best = e;
+    }
+    sel[j] = best;
+  }
+  double m = logits[sel[0]], sum = 0;
+  for (int j = 0; j < l->K; j++) sum += gw[j] = exp(logits[sel[j]] - m);
+  for (int j = 0; j < l->K; j++) gw[j] /= sum;
+}
+
+static int part_alloc(part *p, const dist_moe_layer *l, int64_t T) {
+  size_t slots = (size_t)T * (size_t)l->K + 1;
+  p->T = T;
+  p->x = malloc(((size_t)(T * l->dm) + 1) * sizeof *p->x);
+  p->sel = malloc(slots * sizeof *p->sel);
+  p->gw = malloc(slots * sizeof *p->gw);
+  p->row = malloc(slots * sizeof *p->row);
+  p->lc = calloc((size_t)l->NE, sizeof *p->lc);
+  p->gc = calloc((size_t)l->NE, sizeof *p->gc);
+  return p->x && p->sel && p->gw && p->row && p->lc && p->gc ? 0 : DIST_ENOMEM;
+}
+
+/* Gates rank part p's tokens: sel, gw, local counts and each slot's row in
+ * the scatter input. */
+static int gate_part(const dist_moe_layer *l, part *p) {
+  double *logits = malloc((size_t)l->NE * sizeof *logits);
+  int64_t *next = calloc((size_t)l->NE, sizeof *next);
+  if (!logits || !next) {
+    free(logits), free(next);
+    return DIST_ENOMEM;
+  }
+  for (int64_t t = 0; t < p->T; t++) {
+    for (int e = 0; e < l->NE; e++) {
+      double s = 0;
+      for (int64_t d = 0; d < l->dm; d++) s += p->x[t * l->dm + d] * l->gate[d * l->NE + e];
+      logits[e] = s;
+    }
+    gate_token(l, logits, p->sel + t * l->K, p->gw + t * l->K);
+    for (int j = 0; j < l->K; j++) p->lc[p->sel[t * l->K + j]]++;
+  }
+  for (int e = 0, start = 0; e < l->NE; start += (int)p->lc[e++]) next[e] = start;
+  for (int64_t i = 0; i < p->T * l->K; i++) p->row[i] = next[p->sel[i]]++;
+  free(logits), free(next);
+  return 0;
+}
+
+/* The scatter input of part p: row p->row[t*K+j] is x_t, in dtype. */
+static void *routed_rows(const dist_moe_layer *l, const part *p) {
+  size_t esz = dist_dtype_size(l->dt), n = (size_t)(p->T * l->K);
+  char *rows = malloc(n * (size_t)l->dm * esz + 1);
+  for (size_t i = 0; rows && i < n; i++)
+    for (int64_t d = 0; d < l->dm; d++)
+      dist_elem_set(rows, l->dt, (size_t)(p->row[i] * l->dm + d),
+                    p->x[(int64_t)(i / (size_t)l->K) * l->dm + d]);
+  return rows;
+}
+
+/* ---------------------------------------------------------------- daemon calls */
+
+/* ExpertForward (backward 0) or ExpertBackward on every driven daemon. */
+static int run_experts(dist_client *c, dist_moe_layer *l, int backward) {
+  char xname[256], yname[256];
+  tensor_name(xname, sizeof xname, l, backward ? "dy" : "x");
+  tensor_name(yname, sizeof yname, l, backward ? "dx" : "y");
+  Dist__V1__ExpertForwardRequest *fr = calloc((size_t)l->n, sizeof *fr);
+  Dist__V1__ExpertBackwardRequest *br = calloc((size_t)l->n, sizeof *br);
+  dist_call *calls = calloc((size_t)l->n, sizeof *calls);
+  int rc;
+  if (!fr || !br || !calls) {
+    rc = dist_client_fail(c, DIST_ENOMEM, "out of memory");
+    goto out;
+  }
+  for (int k = 0; k < l->n; k++) {
+    ProtobufCMessage *m;
+    if (backward) {
+      dist__v1__expert_backward_request__init(&br[k]);
+      br[k].layer = l->name, br[k].invocation = INVOCATION;
+      br[k].grad_name = xname, br[k].out_name = yname;
+      br[k].replace = 1, br[k].accumulate = l->have_grads;
+      m = &br[k].base;
+    } else {
+      dist__v1__expert_forward_request__init(&fr[k]);
+      fr[k].layer = l->name, fr[k].x_name = xname, fr[k].out_name = yname;
+      fr[k].n_counts = (size_t)l->NE, fr[k].counts = l->parts[k].gc;
+      fr[k].replace = 1, fr[k].invocation = INVOCATION;
+      m = &fr[k].base;
+    }
+    calls[k] = (dist_call){l->group[l->pos[k]], m, NULL, DIST_ERRBUF_INIT};
+  }
+  rc = backward ? dist_call_many(c, "/dist.v1.Moe/ExpertBackward",
+                                 &dist__v1__expert_backward_reply__descriptor, calls, l->n)
+                : dist_call_many(c, "/dist.v1.Moe/ExpertForward",
+                                 &dist__v1__expert_forward_reply__descriptor, calls, l->n);
+  dist_calls_free(calls, l->n);
+out:
+  free(calls), free(br), free(fr);
+  return rc;
+}
+
+/* The counts arrays of the parts, as dist_global_scatter takes them. */
+static void count_arrays(const dist_moe_layer *l, const int64_t **lc,
+                         const int64_t **gc, int64_t **gc_out) {
+  for (int k = 0; k < l->n; k++) {
+    lc[k] = l->parts[k].lc;
+    if (gc) gc[k] = l->parts[k].gc;
+    if (gc_out) gc_out[k] = l->parts[k].gc;
+  }
+}
+
+/* Scatter rows[k] (kept as "<layer>.moe_<into>"), run the experts, gather
+ * "<layer>.moe_<from>" back: out[k] gets the gathered rows. */
+static int exchange_and_run(dist_client *c, dist_moe_layer *l, void **rows,
+                            int backward, void **out) {
+  const int64_t *lc[DIST_MAX_MESH_RANKS], *gc[DIST_MAX_MESH_RANKS];
+  char into[256], from[256];
+  tensor_name(into, sizeof into, l, backward ? "dy" : "x");
+  tensor_name(from, sizeof from, l, backward ? "dx" : "y");
+  count_arrays(l, lc, gc, NULL);
+  dist_moe_opts so = {NULL, into, 1}, go = {from, NULL, 0};
+  int rc = dist_global_scatter(c, (const void *const *)rows, NULL, l->dt, l->dm,
+                               lc, gc, l->E, l->group, l->W, &so, NULL, NULL);
+  if (rc == 0) rc = run_experts(c, l, backward);
+  if (rc == 0)
+    rc = dist_global_gather(c, NULL, NULL, l->dt, l->dm, lc, gc, l->E, l->group,
+                            l->W, &go, out, NULL);
+  return rc;
+}
+
+/* ---------------------------------------------------------------- forward */
+
+static void free_rows(void **rows, int n) {
+  for (int k = 0; k < n; k++) free(rows[k]), rows[k] = NULL;
+}
+
+/* Gates every part and derives the global counts. */
+static int route(dist_client *c, dist_moe_layer *l, const void *const *x,
+                 const int64_t *tokens) {
+  const int64_t *lc[DIST_MAX_MESH_RANKS];
+  int64_t *gc[DIST_MAX_MESH_RANKS];
+  for (int k = 0; k < l->n; k++) {
+    part *p = &l->parts[k];
+    part_clear(p);
+    if (tokens[k] < 0 || (tokens[k] && !x[k]))
+      return dist_client_fail(c, DIST_EINVAL, "MoE layer '%s': rank %d has %lld "
+                              "tokens", l->name, l->group[l->pos[k]], (long long)tokens[k]);
+    if (part_alloc(p, l, tokens[k]) != 0)
+      return dist_client_fail(c, DIST_ENOMEM, "out of memory");
+    to_double(x[k], l->dt, p->x, (size_t)(tokens[k] * l->dm));
+    if (gate_part(l, p) != 0) return dist_client_fail(c, DIST_ENOMEM, "out of memory");
+  }
+  count_arrays(l, lc, NULL, gc);
+  return dist_count_global(c, lc, l->E, l->group, l->W, gc);
+}
+
+/* y_t = sum_j gw[t,j] * o[row(t,j)]. */
+static void *combine(const dist_moe_layer *l, const part *p) {
+  double *y = calloc((size_t)(p->T * l->dm) + 1, sizeof *y);
+  for (int64_t i = 0; y && i < p->T * l->K; i++) {
+    const double *o = p->o + p->row[i] * l->dm;
+    double *yt = y + (i / l->K) * l->dm;
+    for (int64_t d = 0; d < l->dm; d++) yt[d] += p->gw[i] * o[d];
+  }
+  void *out = y ? from_double(y, l->dt, (size_t)(p->T * l->dm)) : NULL;
+  free(y);
+  return out;
+}
+
+int dist_moe_layer_forward(dist_client *c, dist_moe_layer *l,
+                           const void *const *x, const int64_t *tokens,
+                           const void *gate_w, void **y) {
+  void *rows[DIST_MAX_MESH_RANKS] = {0}, *outs[DIST_MAX_MESH_RANKS] = {0};
+  l->forwarded = 0;
+  if (!x || !tokens || !gate_w || !y)
+    return dist_client_fail(c, DIST_EINVAL, "MoE layer '%s': forward needs x, "
+                            "tokens, gate_w and y", l->name);
+  to_double(gate_w, l->dt, l->gate, (size_t)(l->dm * l->NE));
+  int rc = route(c, l, x, tokens);
+  for (int k = 0; rc == 0 && k < l->n; k++)
+    if (!(rows[k] = routed_rows(l, &l->parts[k])))
+      rc = dist_client_fail(c, DIST_ENOMEM, "out of memory");
+  if (rc == 0) rc = exchange_and_run(c, l, rows, 0, outs);
+  for (int k = 0; rc == 0 && k < l->n; k++) {
+    part *p = &l->parts[k];
+    size_t n = (size_t)(p->T * l->K * l->dm);
+    if (!(p->o = malloc(n * sizeof *p->o + 1)))
+      rc = dist_client_fail(c, DIST_ENOMEM, "out of memory");
+    else
+      to_double(outs[k], l->dt, p->o, n);
+  }
+  for (int k = 0; rc == 0 && k < l->n; k++)
+    if (!(y[k] = combine(l, &l->parts[k]))) {
+      free_rows(y, k);
+      rc = dist_client_fail(c, DIST_ENOMEM, "out of memory");
+    }
+  l->forwarded = rc == 0;
+  free_rows(rows, l->n);
+  free_rows(outs, l->n);
+  return rc;
+}
+
+/* ---------------------------------------------------------------- backward */
+
+/* Part p's gradient rows for the experts' outputs (gw * dy_t at row(t,j))
+ * and dgw[t,j] = dy_t . o[row(t,j)]. */
+static void *output_grads(const dist_moe_layer *l, const part *p,
+                          const double *dy, double *dgw) {
+  char *rows = malloc((size_t)(p->T * l->K * l->dm) * dist_dtype_size(l->dt) + 1);
+  for (int64_t i = 0; rows && i < p->T * l->K; i++) {
+    const double *g = dy + (i / l->K) * l->dm, *o = p->o + p->row[i] * l->dm;
+    double dot = 0;
+    for (int64_t d = 0; d < l->dm; d++) {
+      dist_elem_set(rows, l->dt, (size_t)(p->row[i] * l->dm + d), p->gw[i] * g[d]);
+      dot += g[d] * o[d];
+    }
+    dgw[i] = dot;
+  }
+  return rows;
+}
+
+/* Through the gate: dlogit[sel_j] = gw_j (dgw_j - sum_i gw_i dgw_i); then
+ * dx_t += dlogit @ gate^T and dgate += x_t^T dlogit. */
+static void gate_backward(const dist_moe_layer *l, const part *p,
+                          const double *dgw, double *dx, double *dgate) {
+  for (int64_t t = 0; t < p->T; t++) {
+    const double *gw = p->gw + t * l->K, *g = dgw + t * l->K;
+    const int *sel = p->sel + t * l->K;
+    double dot = 0;
+    for (int j = 0; j < l->K; j++) dot += gw[j] * g[j];
+    for (int j = 0; j < l->K; j++) {
+      double dl = gw[j] * (g[j] - dot);
+      for (int64_t d = 0; d < l->dm; d++) {
+        dx[t * l->dm + d] += dl * l->gate[d * l->NE + sel[j]];
+        if (dgate) dgate[d * l->NE + sel[j]] += dl * p->x[t * l->dm + d];
+      }
+    }
+  }
+}
+
+/* dx_t = sum_j expert_dx[row(t,j)] + the gate's part. */
+static void *input_grad(const dist_moe_layer *l, const part *p,
+                        const void *expert_dx, const double *dgw, double *dgate) {
+  double *dx = calloc((size_t)(p->T * l->dm) + 1, sizeof *dx);
+  for (int64_t i = 0; dx && i < p->T * l->K; i++)
+    for (int64_t d = 0; d < l->dm; d++)
+      dx[(i / l->K) * l->dm + d] +=
+          dist_elem_get(expert_dx, l->dt, (size_t)(p->row[i] * l->dm + d));
+  if (dx) gate_backward(l, p, dgw, dx, dgate);
+  void *out = dx ? from_double(dx, l->dt, (size_t)(p->T * l->dm)) : NULL;
+  free(dx);
+  return out;
+}
+
+static int backward_parts(dist_client *c, dist_moe_layer *l,
+                          const void *const *grad_y, void **rows, double **dgw) {
+  for (int k = 0; k < l->n; k++) {
+    part *p = &l->parts[k];
+    double *dy = malloc((size_t)(p->T * l->dm) * sizeof *dy + 1);
+    dgw[k] = malloc((size_t)(p->T * l->K) * sizeof **dgw + 1);
+    if (dy && dgw[k] && (p->T == 0 || grad_y[k])) {
+      to_double(grad_y[k], l->dt, dy, (size_t)(p->T * l->dm));
+      rows[k] = output_grads(l, p, dy, dgw[k]);
+    }
+    free(dy);
+    if (!rows[k])
+      return dist_client_fail(c, DIST_ENOMEM, "out of memory or no grad_y for "
+                              "rank %d", l->group[l->pos[k]]);
+  }
+  return 0;
+}
+
+int dist_moe_layer_backward(dist_client *c, dist_moe_layer *l,
+                            const void *const *grad_y, void **grad_x,
+                            void *grad_gate) {
+  void *rows[DIST_MAX_MESH_RANKS] = {0}, *dxs[DIST_MAX_MESH_RANKS] = {0};
+  double *dgw[DIST_MAX_MESH_RANKS] = {0}, *dgate = NULL;
+  if (!l->forwarded || !grad_y)
+    return dist_client_fail(c, DIST_EINVAL, "MoE layer '%s': backward needs "
+                            "grad_y and a forward first (one backward per "
+                            "forward)", l->name);
+  int rc = backward_parts(c, l, grad_y, rows, dgw);
+  if (rc == 0) rc = exchange_and_run(c, l, rows, 1, dxs);
+  if (rc == 0) l->have_grads = 1, l->forwarded = 0;
+  if (rc == 0 && grad_gate &&
+      !(dgate = calloc((size_t)(l->dm * l->NE), sizeof *dgate)))
+    rc = dist_client_fail(c, DIST_ENOMEM, "out of memory");
+  for (int k = 0; rc == 0 && k < l->n; k++) {
+    void *dx = input_grad(l, &l->parts[k], dxs[k], dgw[k], dgate);
+    if (!dx) rc = dist_client_fail(c, DIST_ENOMEM, "out of memory");
+    else if (grad_x) grad_x[k] = dx;
+    else free(dx);
+  }
+  if (rc != 0 && grad_x) free_rows(grad_x, l->n);
+  if (rc == 0 && dgate)
+    for (int64_t i = 0; i < l->dm * l->NE; i++) dist_elem_set(grad_gate, l->dt, (size_t)i, dgate[i]);
+  free(dgate);
+  for (int k = 0; k < l->n; k++) free(dgw[k]);
+  free_rows(rows, l->n);
+  free_rows(dxs, l->n);
+  return rc;
+}
+
+/* ---------------------------------------------------------------- training */
+
+void dist_moe_layer_zero_grad(dist_moe_layer *l) {
+  if (l) l->have_grads = 0;
+}
+
+int dist_moe_layer_param_name(const dist_moe_layer *l, int expert,
+                              const char *which, char *buf, size_t len) {
+  int bias = which && (!strcmp(which, "b1") || !strcmp(which, "b2"));
+  int weight = which && (!strcmp(which, "w1") || !strcmp(which, "w2"));
+  if (expert < 0 || expert >= l->NE || (!weight && !(bias && l->bias))) return -1;
+  int n = snprintf(buf, len, "%s.expert%d.%s", l->name, expert, which);
+  return n < 0 || (size_t)n >= len ? -1 : 0;
+}
+
+/* Calls fn on every parameter of every expert this client drives. */
+static int each_param(dist_client *c, dist_moe_layer *l,
+                      int (*fn)(dist_client *, const char *, const void *),
+                      const void *arg) {
+  static const char *const which[4] = {"w1", "b1", "w2", "b2"};
+  char name[256];
+  for (int k = 0; k < l->n; k++)
+    for (int e = l->pos[k] * l->E; e < (l->pos[k] + 1) * l->E; e++)
+      for (int w = 0; w < 4; w++) {
+        if (dist_moe_layer_param_name(l, e, which[w], name, sizeof name) != 0) continue;
+        int rc = fn(c, name, arg);
+        if (rc != 0) return rc;
+      }
+  return 0;
+}
+
+static int configure_one(dist_client *c, const char *name, const void *arg) {
+  return dist_param_configure(c, name, arg);
+}
+
+static int push_one(dist_client *c, const char *name, const void *arg) {
+  char grad[300];
+  (void)arg;
+  snprintf(grad, sizeof grad, "%s.grad", name);
+  return dist_param_push_tensor(c, name, 0, grad, NULL);
+}
+
+int dist_moe_layer_configure_optimizer(dist_client *c, dist_moe_layer *l,
+                                       const struct dist_param_opts *opts) {
+  dist_param_opts o = DIST_PARAM_OPTS_INIT;
+  if (opts) o = *opts;
+  o.trainers = 1;
+  return each_param(c, l, configure_one, &o);
+}
+
+int dist_moe_layer_step(dist_client *c, dist_moe_layer *l) {
+  int rc = each_param(c, l, push_one, NULL);
+  if (rc == 0) l->have_grads = 0;
+  return rc;
+}
+
+int dist_moe_layer_release(dist_client *c, dist_moe_layer *l) {
+  Dist__V1__ExpertReleaseRequest rq = DIST__V1__EXPERT_RELEASE_REQUEST__INIT;
+  rq.layer = l->name;
+  rq.invocation = INVOCATION;
+  dist_call *calls = calloc((size_t)l->n, sizeof *calls);
+  if (!calls) return dist_client_fail(c, DIST_ENOMEM, "out of memory");
+  for (int k = 0; k < l->n; k++)
+    calls[k] = (dist_call){l->group[l->pos[k]], &rq.base, NULL, DIST_ERRBUF_INIT};
+  int rc = dist_call_many(c, "/dist.v1.Moe/ExpertRelease",
+                          &dist__v1__expert_release_reply__descriptor, calls, l->n);
+  dist_calls_free(calls, l->n);
+  free(calls);
+  l->forwarded = 0;
+  return rc;
+}
