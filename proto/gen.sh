@@ -5,7 +5,7 @@ set -eu
 src=$1 out=$2 protoc=$3
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-protos="dist/v1/dist.proto dist/v1/program.proto grpc/health/v1/health.proto"
+protos="dist/v1/dist.proto dist/v1/program.proto grpc/health/v1/health.proto dist/v1/moe.proto dist/v1/param.proto dist/v1/checkpoint.proto"
 (cd "$src" && "$protoc" -I. --c_out="$tmp" $protos)
 # Generated files include each other by proto path; rewrite to flat names.
 for p in $protos; do

@@ -42,7 +42,7 @@ prepare_unit() {
   exe=$(sed -n 's/^ExecStart=\([^ ]*\).*/\1/p' "$unit")
   if [ ! -x "$exe" ]; then
     local stand_in=/bin/true
-    [ -x "${DISTD_BIN:-}" ] && stand_in=$DISTD_BIN
+    [ -x "${DIST_DISTD_BIN:-}" ] && stand_in=$DIST_DISTD_BIN
     echo "NOTE $exe is not installed; verifying with ExecStart=$stand_in"
     sed -i "s|^ExecStart=$exe|ExecStart=$stand_in|" "$tmp/distd@.service"
   fi
