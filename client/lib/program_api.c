@@ -668,6 +668,8 @@ int dist_program_out_dist_attr(dist_program *p, const dist_mesh *mesh,
 }
 
 int dist_program_nranks(const dist_program *p) { return p->nranks; }
+int dist_program_n_inputs(const dist_program *p) { return p->n_inputs; }
+int dist_program_n_outputs(const dist_program *p) { return p->n_outputs; }
 
 int dist_program_rank_at(const dist_program *p, int i) {
   return i >= 0 && i < p->nranks ? p->ranks[i] : -1;

@@ -589,6 +589,9 @@ int dist_program_unregister(dist_client *c, dist_program *p);
  * are given per rank in this order); -1 out of range. */
 int dist_program_nranks(const dist_program *p);
 int dist_program_rank_at(const dist_program *p, int i);
+/* The inputs and outputs declared so far. */
+int dist_program_n_inputs(const dist_program *p);
+int dist_program_n_outputs(const dist_program *p);
 
 /* A plain value: row-major data of dtype and shape (borrowed). */
 typedef struct dist_value {
@@ -894,7 +897,7 @@ int dist_layer_rms_norm(int64_t dim, double eps, dist_layer **l);
 int dist_layer_sequence(dist_layer **l);
 /* A layer whose forward is program p (the layer takes p, and frees it):
  * p's first n_inputs inputs are the layer's inputs (DTENSOR_LOCAL), the
- * rest its parameters then buffers, in the order they are added. p's
+ * rest its parameters and buffers, in the order they are added. p's
  * out_dist_attrs say where its outputs live; set grad placements on its
  * inputs as a LocalLayer's. Registered by dist_shard_layer. */
 int dist_layer_program(dist_program *p, int n_inputs, dist_layer **l);
@@ -967,8 +970,9 @@ int dist_shard_layer(dist_client *c, dist_layer *l, const dist_mesh *mesh,
                      dist_layer_shard_fn shard_fn, dist_layer_io_fn input_fn,
                      dist_layer_io_fn output_fn, void *user);
 
-/* Forward of a sharded root on distributed inputs (borrowed; input_fn may
- * reshard them in place). Up to max_out output handles go to out (free
+/* Forward of a sharded root on distributed inputs (borrowed; when input_fn
+ * reshards one in place, the caller's handle is updated to match). Up to
+ * max_out output handles go to out (free
  * each with dist_tensor_free); returns the number of outputs or a negative
  * dist_err. The daemon tensors of this step (outputs, activations, their
  * gradients) live until the next forward or dist_layer_release. */

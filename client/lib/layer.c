@@ -1,0 +1,372 @@
+/* Layers: the tree of sublayers with parameters and buffers, placing
+ * parameters from shard_fn, reading them back, the parameter service for a
+ * whole layer, and tearing it down. Sharding is layer_shard.c, the built-in
+ * layers layer_builtin.c, forward and backward layer_run.c. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "layer_internal.h"
+
+static const char *const kind_names[] = {
+    [LAYER_LINEAR] = "Linear",       [LAYER_EMBEDDING] = "Embedding",
+    [LAYER_LAYER_NORM] = "LayerNorm", [LAYER_RMS_NORM] = "RMSNorm",
+    [LAYER_SEQUENCE] = "Sequence",   [LAYER_PROGRAM] = "Program",
+};
+
+const char *dist_layer_kind_name(layer_kind k) { return kind_names[k]; }
+
+dist_layer *dist_layer_alloc(layer_kind kind, const char *name) {
+  dist_layer *l = calloc(1, sizeof *l);
+  if (!l) return NULL;
+  l->kind = kind;
+  snprintf(l->name, sizeof l->name, "%s", name);
+  return l;
+}
+
+static void param_clear(layer_param *p) {
+  free(p->init);
+  dist_tensor_free(p->tensor);
+  dist_tensor_free(p->grad);
+}
+
+void dist_layer_free(dist_layer *l) {
+  if (!l) return;
+  for (int i = 0; i < l->n_children; i++) dist_layer_free(l->children[i]);
+  for (int i = 0; i < l->n_params; i++) param_clear(&l->params[i]);
+  for (int i = 0; i < l->n_progs; i++) dist_program_free(l->progs[i].p);
+  dist_layer_step_free(NULL, l->step);
+  dist_program_free(l->program);
+  free(l->children);
+  free(l->params);
+  free(l->progs);
+  free(l);
+}
+
+/* Names of children, parameters and roots: no dots inside a path part. */
+static int valid_part(const char *s, size_t max, int allow_dots) {
+  size_t n = s ? strlen(s) : 0;
+  if (n == 0 || n >= max) return 0;
+  for (size_t i = 0; i < n; i++) {
+    char ch = s[i];
+    int ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+             (ch >= '0' && ch <= '9') || ch == '_' || ch == '-' ||
+             (allow_dots && ch == '.');
+    if (!ok) return 0;
+  }
+  return 1;
+}
+
+int dist_layer_set_name(dist_layer *l, const char *name) {
+  if (!valid_part(name, 101, 1)) return DIST_EINVAL;
+  snprintf(l->name, sizeof l->name, "%s", name);
+  return 0;
+}
+
+static int has_name(const dist_layer *l, const char *name) {
+  for (int i = 0; i < l->n_children; i++)
+    if (strcmp(l->children[i]->child_name, name) == 0) return 1;
+  for (int i = 0; i < l->n_params; i++)
+    if (strcmp(l->params[i].name, name) == 0) return 1;
+  return 0;
+}
+
+int dist_layer_add(dist_layer *parent, const char *name, dist_layer *child) {
+  if (!parent || !child || child->parent || child == parent || parent->sharded ||
+      child->sharded || !valid_part(name, sizeof child->child_name, 0) ||
+      has_name(parent, name))
+    return DIST_EINVAL;
+  dist_layer **c = realloc(parent->children,
+                           sizeof *c * (size_t)(parent->n_children + 1));
+  if (!c) return DIST_ENOMEM;
+  parent->children = c;
+  c[parent->n_children++] = child;
+  child->parent = parent;
+  snprintf(child->child_name, sizeof child->child_name, "%s", name);
+  return 0;
+}
+
+layer_param *dist_layer_new_param(dist_layer *l, const char *name,
+                                  int is_buffer, int ndim,
+                                  const int64_t *shape, const float *data) {
+  if (l->sharded || ndim < 0 || ndim > DIST_MAX_DIMS ||
+      !valid_part(name, sizeof l->params->name, 0) || has_name(l, name))
+    return NULL;
+  dist_shape s = {ndim, {0}};
+  for (int d = 0; d < ndim; d++) {
+    if (shape[d] < 0) return NULL;
+    s.dims[d] = shape[d];
+  }
+  size_t n = (size_t)dist_shape_numel(&s);
+  float *init = calloc(n + 1, sizeof *init);
+  layer_param *p = realloc(l->params, sizeof *p * (size_t)(l->n_params + 1));
+  if (!init || !p) {
+    free(init);
+    if (p) l->params = p;
+    return NULL;
+  }
+  l->params = p;
+  p = &l->params[l->n_params++];
+  memset(p, 0, sizeof *p);
+  snprintf(p->name, sizeof p->name, "%s", name);
+  p->is_buffer = is_buffer;
+  p->shape = s;
+  p->init = init;
+  if (data) memcpy(init, data, n * sizeof *init);
+  return p;
+}
+
+int dist_layer_add_param(dist_layer *l, const char *name, int ndim,
+                         const int64_t *shape, const float *data) {
+  return dist_layer_new_param(l, name, 0, ndim, shape, data) ? 0 : DIST_EINVAL;
+}
+
+int dist_layer_add_buffer(dist_layer *l, const char *name, int ndim,
+                          const int64_t *shape, const float *data) {
+  return dist_layer_new_param(l, name, 1, ndim, shape, data) ? 0 : DIST_EINVAL;
+}
+
+layer_param *dist_layer_own_param(const dist_layer *l, const char *name) {
+  for (int i = 0; i < l->n_params; i++)
+    if (strcmp(l->params[i].name, name) == 0) return &l->params[i];
+  return NULL;
+}
+
+dist_layer *dist_layer_find(dist_layer *l, const char *path) {
+  if (!l || !path) return NULL;
+  while (*path) {
+    const char *dot = strchr(path, '.');
+    size_t n = dot ? (size_t)(dot - path) : strlen(path);
+    dist_layer *next = NULL;
+    for (int i = 0; i < l->n_children && !next; i++)
+      if (strlen(l->children[i]->child_name) == n &&
+          strncmp(l->children[i]->child_name, path, n) == 0)
+        next = l->children[i];
+    if (!next) return NULL;
+    l = next;
+    path += n + (dot != NULL);
+  }
+  return l;
+}
+
+layer_param *dist_layer_param_by_path(const dist_layer *l, const char *path) {
+  const char *dot = path ? strrchr(path, '.') : NULL;
+  char prefix[512];
+  if (!path) return NULL;
+  if (!dot) return dist_layer_own_param(l, path);
+  snprintf(prefix, sizeof prefix, "%.*s", (int)(dot - path), path);
+  dist_layer *owner = dist_layer_find((dist_layer *)l, prefix);
+  return owner ? dist_layer_own_param(owner, dot + 1) : NULL;
+}
+
+int dist_layer_set_param(dist_layer *l, const char *path, const void *data,
+                         size_t nbytes) {
+  layer_param *p = dist_layer_param_by_path(l, path);
+  if (!p) return DIST_ENOTFOUND;
+  if (!p->init || p->tensor) return DIST_EINVAL; /* sharded already */
+  if (nbytes != (size_t)dist_shape_numel(&p->shape) * sizeof(float))
+    return DIST_EMISMATCH;
+  memcpy(p->init, data, nbytes);
+  return 0;
+}
+
+/* ---------------------------------------------------------------- listing */
+
+typedef struct param_walk {
+  int want, seen;
+  dist_layer_param_info *out;
+} param_walk;
+
+/* Depth first: a layer's own parameters, then each child's. */
+static int walk_params(const dist_layer *l, const char *path, param_walk *w) {
+  for (int i = 0; i < l->n_params; i++, w->seen++) {
+    if (w->seen != w->want) continue;
+    const layer_param *p = &l->params[i];
+    dist_layer_param_info *o = w->out;
+    memset(o, 0, sizeof *o);
+    snprintf(o->path, sizeof o->path, "%s%s%s", path, path[0] ? "." : "", p->name);
+    if (p->tensor) snprintf(o->name, sizeof o->name, "%s", p->tensor->name);
+    o->is_buffer = p->is_buffer;
+    o->dtype = DIST_FLOAT32;
+    o->ndim = p->shape.ndim;
+    memcpy(o->shape, p->shape.dims, sizeof o->shape);
+    if (p->tensor) {
+      o->nplacements = p->tensor->mesh.d.ndim;
+      memcpy(o->placements, p->tensor->placements, sizeof o->placements);
+    }
+    return 1;
+  }
+  for (int i = 0; i < l->n_children; i++) {
+    char sub[256];
+    snprintf(sub, sizeof sub, "%s%s%s", path, path[0] ? "." : "",
+             l->children[i]->child_name);
+    if (walk_params(l->children[i], sub, w)) return 1;
+  }
+  return 0;
+}
+
+int dist_layer_n_params(const dist_layer *l) {
+  int n = l->n_params;
+  for (int i = 0; i < l->n_children; i++) n += dist_layer_n_params(l->children[i]);
+  return n;
+}
+
+int dist_layer_param_at(const dist_layer *l, int i, dist_layer_param_info *out) {
+  param_walk w = {i, 0, out};
+  return i >= 0 && walk_params(l, "", &w) ? 0 : DIST_ENOTFOUND;
+}
+
+/* ---------------------------------------------------------------- placing */
+
+/* Errors are kept in the layer's root, where dist_shard_layer reads them. */
+static dist_layer *root_of(dist_layer *l) {
+  while (l->parent) l = l->parent;
+  return l;
+}
+
+int dist_layer_place_param(dist_layer *l, const char *param,
+                           const dist_placement *placements, int n) {
+  dist_layer *root = root_of(l);
+  layer_param *p = dist_layer_own_param(l, param ? param : "");
+  if (!p)
+    return root->place_err.code
+               ? DIST_ENOTFOUND
+               : dist_fail(&root->place_err, DIST_ENOTFOUND, "shard_fn placed "
+                           "'%s', which this %s layer does not have",
+                           param ? param : "(null)", dist_layer_kind_name(l->kind));
+  if (n < 1 || n > DIST_MAX_MESH_DIMS)
+    return root->place_err.code
+               ? DIST_EINVAL
+               : dist_fail(&root->place_err, DIST_EINVAL, "shard_fn placed '%s' "
+                           "with %d placements", param, n);
+  memcpy(p->placements, placements, sizeof *placements * (size_t)n);
+  p->nplacements = n;
+  return 0;
+}
+
+/* ---------------------------------------------------------------- reading */
+
+int dist_layer_read_param(dist_client *c, const dist_layer *l,
+                          const char *path, void **data, size_t *nbytes) {
+  const layer_param *p = dist_layer_param_by_path(l, path);
+  *data = NULL;
+  if (!p)
+    return c ? dist_client_fail(c, DIST_ENOTFOUND, "layer has no parameter '%s'",
+                                path)
+             : DIST_ENOTFOUND;
+  if (p->tensor) return dist_full_tensor(c, p->tensor, data, nbytes);
+  *nbytes = (size_t)dist_shape_numel(&p->shape) * sizeof(float);
+  if (!(*data = malloc(*nbytes + 1))) return DIST_ENOMEM;
+  memcpy(*data, p->init, *nbytes);
+  return 0;
+}
+
+int dist_layer_read_grad(dist_client *c, const dist_layer *l, const char *path,
+                         void **data, size_t *nbytes) {
+  const layer_param *p = dist_layer_param_by_path(l, path);
+  *data = NULL;
+  if (!p || !p->grad)
+    return dist_client_fail(c, DIST_ENOTFOUND, "'%s' has no gradient%s", path,
+                            p ? " (no backward reached it)" : ": no such parameter");
+  return dist_full_tensor(c, p->grad, data, nbytes);
+}
+
+const dist_tensor *dist_layer_param_tensor(const dist_layer *l, const char *path) {
+  const layer_param *p = dist_layer_param_by_path(l, path);
+  return p ? p->tensor : NULL;
+}
+
+const dist_tensor *dist_layer_grad_tensor(const dist_layer *l, const char *path) {
+  const layer_param *p = dist_layer_param_by_path(l, path);
+  return p ? p->grad : NULL;
+}
+
+/* ---------------------------------------------------------------- training */
+
+typedef int (*param_visit)(dist_client *c, layer_param *p, void *arg);
+
+/* Every parameter (not buffer) of the tree, stopping at the first error. */
+static int each_param(dist_client *c, dist_layer *l, param_visit fn, void *arg) {
+  for (int i = 0; i < l->n_params; i++) {
+    if (l->params[i].is_buffer || !l->params[i].tensor) continue;
+    int rc = fn(c, &l->params[i], arg);
+    if (rc) return rc;
+  }
+  for (int i = 0; i < l->n_children; i++) {
+    int rc = each_param(c, l->children[i], fn, arg);
+    if (rc) return rc;
+  }
+  return 0;
+}
+
+static int configure_one(dist_client *c, layer_param *p, void *arg) {
+  return dist_param_configure(c, p->tensor->name, arg);
+}
+
+static int push_one(dist_client *c, layer_param *p, void *arg) {
+  if (!p->grad) return 0; /* no gradient reached it */
+  return dist_param_push_tensor(c, p->tensor->name, *(int *)arg, p->grad->name,
+                                NULL);
+}
+
+static int require_sharded(dist_client *c, const dist_layer *l) {
+  if (l->sharded) return 0;
+  return dist_client_fail(c, DIST_EINVAL, "layer '%s' is not sharded "
+                          "(dist_shard_layer)", l->name);
+}
+
+int dist_layer_configure_optimizer(dist_client *c, dist_layer *l,
+                                   const dist_param_opts *opts) {
+  if (require_sharded(c, l)) return c->err.code;
+  return each_param(c, l, configure_one, (void *)opts);
+}
+
+int dist_layer_step(dist_client *c, dist_layer *l, int trainer) {
+  if (require_sharded(c, l)) return c->err.code;
+  return each_param(c, l, push_one, &trainer);
+}
+
+int dist_layer_push_grad(dist_client *c, dist_layer *l, const char *path,
+                         int trainer, const void *grad, size_t nbytes) {
+  if (require_sharded(c, l)) return c->err.code;
+  layer_param *p = dist_layer_param_by_path(l, path);
+  if (!p || p->is_buffer)
+    return dist_client_fail(c, DIST_ENOTFOUND, "layer '%s' has no parameter '%s'",
+                            l->name, path);
+  size_t want = (size_t)dist_shape_numel(&p->shape) * sizeof(float);
+  if (nbytes != want) {
+    char s[96];
+    dist_shape_format(&p->shape, s, sizeof s);
+    return dist_client_fail(c, DIST_EMISMATCH, "gradient for %s has %zu bytes, "
+                            "but %s is float32 %s = %zu bytes", path, nbytes,
+                            path, s, want);
+  }
+  return dist_param_push(c, p->tensor->name, trainer, grad, nbytes, NULL);
+}
+
+/* ---------------------------------------------------------------- teardown */
+
+/* Deletes the stored tensors and unregisters the programs of a tree, best
+ * effort; the first failure is returned. */
+static int unshard(dist_client *c, dist_layer *l) {
+  int rc = 0, r;
+  for (int i = 0; i < l->n_params; i++) {
+    layer_param *p = &l->params[i];
+    if (p->grad && (r = dist_tensor_delete(c, p->grad->name)) && !rc) rc = r;
+    if (p->tensor && (r = dist_tensor_delete(c, p->tensor->name)) && !rc) rc = r;
+  }
+  for (int i = 0; i < l->n_progs; i++)
+    if ((r = dist_program_unregister(c, l->progs[i].p)) && !rc) rc = r;
+  if (l->program && (r = dist_program_unregister(c, l->program)) && !rc) rc = r;
+  for (int i = 0; i < l->n_children; i++)
+    if ((r = unshard(c, l->children[i])) && !rc) rc = r;
+  return rc;
+}
+
+int dist_layer_destroy(dist_client *c, dist_layer *l) {
+  if (!l) return 0;
+  int rc = dist_layer_release(c, l);
+  int r = l->sharded ? unshard(c, l) : 0;
+  dist_layer_free(l);
+  return rc ? rc : r;
+}

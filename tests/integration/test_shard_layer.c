@@ -1,0 +1,733 @@
+/* shard_layer between real daemons: shard_fn, input_fn and output_fn
+ * semantics; column-, row- and 2-d-parallel Linear, Embedding, LayerNorm
+ * and RMSNorm against single-process results computed here (forward and
+ * gradients, 2 and 4 ranks); seed 002 through distctl launch; and the bad
+ * inputs a caller can provoke. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+
+/* ---------------------------------------------------------------- helpers */
+
+static dist_mesh *line_mesh(int n) {
+  int shape[1] = {n}, ranks[4] = {0, 1, 2, 3};
+  dist_mesh *m = NULL;
+  cr_assert_eq(dist_mesh_new(1, shape, ranks, NULL, &m), 0);
+  return m;
+}
+
+static void fill(float *x, int n, unsigned seed) {
+  for (int i = 0; i < n; i++) {
+    seed = seed * 1103515245u + 12345u;
+    x[i] = (float)((seed >> 8) % 2048) / 1024.0f - 1.0f;
+  }
+}
+
+static dist_tensor *put(dist_client *c, const char *name, const float *data,
+                        int ndim, const int64_t *shape, const dist_mesh *m,
+                        const dist_placement *pl) {
+  dist_tensor *t = NULL;
+  cr_assert_eq(dist_shard_tensor(c, name, data, DIST_FLOAT32, ndim, shape, m, pl, &t),
+               0, "shard_tensor %s: %s", name, dist_errmsg(c));
+  return t;
+}
+
+static float *full_of(dist_client *c, const dist_tensor *t, size_t elems) {
+  void *data = NULL;
+  size_t nbytes = 0;
+  cr_assert_eq(dist_full_tensor(c, t, &data, &nbytes), 0, "full_tensor: %s",
+               dist_errmsg(c));
+  cr_assert_eq(nbytes, elems * sizeof(float));
+  return data;
+}
+
+static void assert_all_close(const float *got, const double *want, size_t n,
+                             double tol, const char *what) {
+  for (size_t i = 0; i < n; i++)
+    cr_assert(fabs(got[i] - want[i]) <= tol * (1 + fabs(want[i])),
+              "%s[%zu]: got %.9g, want %.9g", what, i, got[i], want[i]);
+}
+
+static float *read_param(dist_client *c, dist_layer *l, const char *path, int grad,
+                         size_t elems) {
+  void *data = NULL;
+  size_t n = 0;
+  int rc = grad ? dist_layer_read_grad(c, l, path, &data, &n)
+                : dist_layer_read_param(c, l, path, &data, &n);
+  cr_assert_eq(rc, 0, "read %s: %s", path, c ? dist_errmsg(c) : "");
+  cr_assert_eq(n, elems * sizeof(float), "%s: %zu bytes", path, n);
+  return data;
+}
+
+/* Places "weight" / "bias" of the layer named by the user's spec. */
+typedef struct placing {
+  const char *layer;     /* dotted name, "" for the root */
+  const char *param;
+  dist_placement pl[2];
+  int n;
+} placing;
+
+typedef struct shard_log {
+  const placing *places;
+  int nplaces;
+  char names[16][64];
+  dist_layer *layers[16];
+  int ncalls;
+  int input_calls, output_calls;
+  dist_placement output_saw; /* output_fn: the output's placement then */
+} shard_log;
+
+static int logging_shard_fn(const char *name, dist_layer *sub,
+                            const dist_mesh *mesh, void *user) {
+  shard_log *log = user;
+  (void)mesh;
+  if (log->ncalls < 16) {
+    snprintf(log->names[log->ncalls], sizeof log->names[0], "%s", name);
+    log->layers[log->ncalls] = sub;
+  }
+  log->ncalls++;
+  for (int i = 0; i < log->nplaces; i++)
+    if (strcmp(log->places[i].layer, name) == 0) {
+      int rc = dist_layer_place_param(sub, log->places[i].param, log->places[i].pl,
+                                      log->places[i].n);
+      if (rc) return rc;
+    }
+  return 0;
+}
+
+static dist_layer *linear(int64_t in, int64_t out, int bias, uint64_t seed) {
+  dist_layer *l = NULL;
+  cr_assert_eq(dist_layer_linear(in, out, bias, seed, &l), 0);
+  return l;
+}
+
+/* ---------------------------------------------------------------- reference */
+
+/* y[B, out] = x[B, in] @ w + b; with dy: dw, db, dx. */
+static void linear_ref(const float *x, const float *w, const float *b, int B,
+                       int in, int out, double *y) {
+  for (int r = 0; r < B; r++)
+    for (int j = 0; j < out; j++) {
+      double s = b ? b[j] : 0;
+      for (int k = 0; k < in; k++) s += (double)x[r * in + k] * w[k * out + j];
+      y[r * out + j] = s;
+    }
+}
+
+static void linear_grad_ref(const float *x, const float *w, const float *dy,
+                            int B, int in, int out, double *dw, double *db,
+                            double *dx) {
+  for (int k = 0; k < in; k++)
+    for (int j = 0; j < out; j++) {
+      double s = 0;
+      for (int r = 0; r < B; r++) s += (double)x[r * in + k] * dy[r * out + j];
+      dw[k * out + j] = s;
+    }
+  for (int j = 0; j < out; j++) {
+    double s = 0;
+    for (int r = 0; r < B; r++) s += dy[r * out + j];
+    db[j] = s;
+  }
+  for (int r = 0; r < B; r++)
+    for (int k = 0; k < in; k++) {
+      double s = 0;
+      for (int j = 0; j < out; j++) s += (double)dy[r * out + j] * w[k * out + j];
+      dx[r * in + k] = s;
+    }
+}
+
+/* ---------------------------------------------------------------- shard_fn */
+
+Test(shard_layer, shard_fn_sees_every_sublayer_in_order_and_unplaced_params_replicate,
+     .timeout = 120) {
+  harness h;
+  harness_start(&h, 2, NULL);
+  dist_client *c = harness_client(&h);
+  dist_mesh *m = line_mesh(2);
+  dist_layer *root = NULL, *block = NULL;
+  cr_assert_eq(dist_layer_sequence(&root), 0);
+  cr_assert_eq(dist_layer_sequence(&block), 0);
+  cr_assert_eq(dist_layer_add(block, "fc1", linear(4, 6, 1, 1)), 0);
+  cr_assert_eq(dist_layer_add(block, "fc2", linear(6, 4, 1, 2)), 0);
+  cr_assert_eq(dist_layer_add(root, "block", block), 0);
+  cr_assert_eq(dist_layer_add(root, "head", linear(4, 2, 0, 3)), 0);
+  cr_assert_eq(dist_layer_set_name(root, "net"), 0);
+  placing places[1] = {{"block.fc1", "weight", {DIST_SHARD_DIM(1)}, 1}};
+  shard_log log = {.places = places, .nplaces = 1};
+  cr_assert_eq(dist_shard_layer(c, root, m, logging_shard_fn, NULL, NULL, &log), 0,
+               "%s", dist_errmsg(c));
+
+  const char *want[5] = {"", "block", "block.fc1", "block.fc2", "head"};
+  cr_assert_eq(log.ncalls, 5);
+  for (int i = 0; i < 5; i++) {
+    cr_assert_str_eq(log.names[i], want[i]);
+    cr_assert_eq(log.layers[i], dist_layer_find(root, want[i]), "layer %s", want[i]);
+  }
+  const char *paths[5] = {"block.fc1.weight", "block.fc1.bias", "block.fc2.weight",
+                          "block.fc2.bias", "head.weight"};
+  cr_assert_eq(dist_layer_n_params(root), 5);
+  for (int i = 0; i < 5; i++) {
+    dist_layer_param_info in;
+    cr_assert_eq(dist_layer_param_at(root, i, &in), 0);
+    cr_assert_str_eq(in.path, paths[i]);
+    char stored[300];
+    snprintf(stored, sizeof stored, "net.%s", paths[i]);
+    cr_assert_str_eq(in.name, stored);
+    cr_assert_eq(in.nplacements, 1);
+    dist_placement_kind kind = i == 0 ? DIST_SHARD : DIST_REPLICATE;
+    cr_assert_eq(in.placements[0].kind, kind, "%s", paths[i]);
+    /* really in the daemons, with that layout */
+    dist_tensor *t = NULL;
+    cr_assert_eq(dist_tensor_open(c, stored, &t), 0, "%s", dist_errmsg(c));
+    dist_tensor_piece *pieces = NULL;
+    int np = 0;
+    cr_assert_eq(dist_tensor_pieces(c, t, &pieces, &np), 0);
+    cr_assert_eq(np, 2);
+    int64_t last = in.shape[in.ndim - 1];
+    cr_assert_eq(pieces[1].shape[in.ndim - 1], i == 0 ? last / 2 : last, "%s", paths[i]);
+    free(pieces);
+    dist_tensor_free(t);
+  }
+  /* values are the client's initial values */
+  float init[24];
+  dist_layer *fresh = linear(4, 6, 1, 1);
+  void *d = NULL;
+  size_t nb = 0;
+  cr_assert_eq(dist_layer_read_param(NULL, fresh, "weight", &d, &nb), 0);
+  memcpy(init, d, sizeof init);
+  free(d);
+  dist_layer_free(fresh);
+  float *stored = read_param(c, root, "block.fc1.weight", 0, 24);
+  cr_assert_eq(memcmp(stored, init, sizeof init), 0);
+  free(stored);
+  cr_assert_eq(dist_layer_destroy(c, root), 0, "%s", dist_errmsg(c));
+  dist_tensor **list = NULL;
+  int nlist = 0;
+  cr_assert_eq(dist_tensor_list(c, &list, &nlist), 0);
+  cr_assert_eq(nlist, 0, "destroy leaves nothing");
+  dist_tensor_list_free(list, nlist);
+  dist_mesh_free(m);
+  dist_close(c);
+  harness_stop(&h);
+}
+
+/* ---------------------------------------------------------------- hooks */
+
+/* Pre-hook: every input to Replicate (Paddle's "convert the input"). */
+static int replicate_inputs(dist_client *c, dist_tensor **ts, int n,
+                            const dist_mesh *mesh, void *user) {
+  shard_log *log = user;
+  dist_placement rep[1] = {DIST_REPLICATED};
+  log->input_calls++;
+  for (int i = 0; i < n; i++) {
+    int rc = dist_reshard(c, ts[i], NULL, rep);
+    if (rc) return rc;
+  }
+  (void)mesh;
+  return 0;
+}
+
+/* Post-hook: remembers what forward gave, then back to Replicate ("dense"). */
+static int replicate_outputs(dist_client *c, dist_tensor **ts, int n,
+                             const dist_mesh *mesh, void *user) {
+  shard_log *log = user;
+  log->output_calls++;
+  log->output_saw = dist_tensor_placements(ts[0])[0];
+  return replicate_inputs(c, ts, n, mesh, &(shard_log){0});
+}
+
+Test(shard_layer, input_fn_and_output_fn_run_around_forward, .timeout = 120) {
+  harness h;
+  harness_start(&h, 2, NULL);
+  dist_client *c = harness_client(&h);
+  dist_mesh *m = line_mesh(2);
+  enum { B = 4, IN = 6, OUT = 4 };
+  float x[B * IN], w[IN * OUT], b[OUT], dyf[B * OUT];
+  fill(x, B * IN, 3);
+  fill(dyf, B * OUT, 5);
+  int64_t xs[2] = {B, IN}, ys[2] = {B, OUT};
+  dist_placement s0 = DIST_SHARD_DIM(0), rep = DIST_REPLICATED;
+
+  /* Without hooks a batch-sharded input meets a column-parallel weight:
+   * refused, naming the layouts. */
+  dist_layer *plain = linear(IN, OUT, 1, 9);
+  placing col[1] = {{"", "weight", {DIST_SHARD_DIM(1)}, 1}};
+  shard_log log0 = {.places = col, .nplaces = 1};
+  cr_assert_eq(dist_layer_set_name(plain, "plain"), 0);
+  cr_assert_eq(dist_shard_layer(c, plain, m, logging_shard_fn, NULL, NULL, &log0), 0);
+  dist_tensor *xt = put(c, "x", x, 2, xs, m, &s0), *y = NULL;
+  cr_assert_lt(dist_layer_forward(c, plain, &xt, 1, &y, 1), 0);
+  cr_assert(strstr(dist_errmsg(c), "Shard(0)") != NULL, "%s", dist_errmsg(c));
+
+  dist_layer *l = linear(IN, OUT, 1, 9);
+  shard_log log = {.places = col, .nplaces = 1};
+  cr_assert_eq(dist_shard_layer(c, l, m, logging_shard_fn, replicate_inputs,
+                                replicate_outputs, &log), 0, "%s", dist_errmsg(c));
+  cr_assert_eq(log.input_calls + log.output_calls, 0, "hooks run at forward");
+  cr_assert_eq(dist_layer_forward(c, l, &xt, 1, &y, 1), 1, "%s", dist_errmsg(c));
+  cr_assert_eq(log.input_calls, 1);
+  cr_assert_eq(log.output_calls, 1);
+  cr_assert_eq(dist_tensor_placements(xt)[0].kind, DIST_REPLICATE,
+               "input_fn resharded the input in place before forward");
+  cr_assert_eq(log.output_saw.kind, DIST_SHARD, "output_fn ran after forward");
+  cr_assert_eq(log.output_saw.dim, 1);
+  cr_assert_eq(dist_tensor_placements(y)[0].kind, DIST_REPLICATE);
+
+  float *wv = read_param(c, l, "weight", 0, IN * OUT), *bv = read_param(c, l, "bias", 0, OUT);
+  memcpy(w, wv, sizeof w);
+  memcpy(b, bv, sizeof b);
+  free(wv);
+  free(bv);
+  double ref[B * OUT], dw[IN * OUT], db[OUT], dx[B * IN];
+  linear_ref(x, w, b, B, IN, OUT, ref);
+  float *got = full_of(c, y, B * OUT);
+  assert_all_close(got, ref, B * OUT, 1e-5, "y");
+  free(got);
+  /* backward through the hooks: the Replicate gradient goes back to the
+   * forward's Shard(1) layout */
+  dist_tensor *dy = put(c, "dy", dyf, 2, ys, m, &rep), *gx = NULL;
+  cr_assert_eq(dist_layer_backward(c, l, &dy, &gx), 0, "%s", dist_errmsg(c));
+  cr_assert_not_null(gx);
+  linear_grad_ref(x, w, dyf, B, IN, OUT, dw, db, dx);
+  got = read_param(c, l, "weight", 1, IN * OUT);
+  assert_all_close(got, dw, IN * OUT, 1e-5, "dW");
+  free(got);
+  got = full_of(c, gx, B * IN);
+  assert_all_close(got, dx, B * IN, 1e-5, "dx");
+  free(got);
+  dist_tensor_free(gx);
+  dist_tensor_free(dy);
+  dist_tensor_free(y);
+  dist_tensor_free(xt);
+  cr_assert_eq(dist_layer_destroy(c, l), 0, "%s", dist_errmsg(c));
+  cr_assert_eq(dist_layer_destroy(c, plain), 0, "%s", dist_errmsg(c));
+  dist_mesh_free(m);
+  dist_close(c);
+  harness_stop(&h);
+}
+
+/* ---------------------------------------------------------------- parallel Linear */
+
+/* Linear(IN, OUT) with the given weight placements on mesh m; input x
+ * [B, IN] with x_pl; checks y, dW, db and dx against linear_ref. */
+static void check_linear(dist_client *c, const dist_mesh *m, int IN, int OUT,
+                         const dist_placement *w_pl, const dist_placement *x_pl,
+                         int npl, const char *name) {
+  enum { B = 5 };
+  float *x = calloc((size_t)(B * IN), sizeof *x), *dyf = calloc((size_t)(B * OUT), sizeof *dyf);
+  double *ref = calloc((size_t)(B * OUT), sizeof *ref), *dw = calloc((size_t)(IN * OUT), sizeof *dw);
+  double *db = calloc((size_t)OUT, sizeof *db), *dx = calloc((size_t)(B * IN), sizeof *dx);
+  fill(x, B * IN, 17);
+  fill(dyf, B * OUT, 19);
+  dist_layer *l = linear(IN, OUT, 1, 23);
+  cr_assert_eq(dist_layer_set_name(l, name), 0);
+  float *w = read_param(NULL, l, "weight", 0, (size_t)(IN * OUT));
+  float *b = read_param(NULL, l, "bias", 0, (size_t)OUT);
+  placing place = {"", "weight", {w_pl[0], npl > 1 ? w_pl[1] : w_pl[0]}, npl};
+  shard_log log = {.places = &place, .nplaces = 1};
+  cr_assert_eq(dist_shard_layer(c, l, m, logging_shard_fn, NULL, NULL, &log), 0,
+               "%s", dist_errmsg(c));
+  int64_t xs[2] = {B, IN}, ys[2] = {B, OUT};
+  dist_placement rep[2] = {DIST_REPLICATED, DIST_REPLICATED};
+  char xn[64], dyn[64];
+  snprintf(xn, sizeof xn, "%s.x", name);
+  snprintf(dyn, sizeof dyn, "%s.dy", name);
+  dist_tensor *xt = put(c, xn, x, 2, xs, m, x_pl), *y = NULL, *gx = NULL;
+  cr_assert_eq(dist_layer_forward(c, l, &xt, 1, &y, 1), 1, "%s: %s", name, dist_errmsg(c));
+  linear_ref(x, w, b, B, IN, OUT, ref);
+  float *got = full_of(c, y, (size_t)(B * OUT));
+  assert_all_close(got, ref, (size_t)(B * OUT), 1e-5, "y");
+  free(got);
+  for (int d = 0; d < npl; d++)
+    cr_assert_neq(dist_tensor_placements(y)[d].kind, DIST_PARTIAL,
+                  "Partial outputs are resolved");
+  dist_tensor *dy = put(c, dyn, dyf, 2, ys, m, rep);
+  cr_assert_eq(dist_layer_backward(c, l, &dy, &gx), 0, "%s: %s", name, dist_errmsg(c));
+  linear_grad_ref(x, w, dyf, B, IN, OUT, dw, db, dx);
+  got = read_param(c, l, "weight", 1, (size_t)(IN * OUT));
+  assert_all_close(got, dw, (size_t)(IN * OUT), 1e-5, "dW");
+  free(got);
+  got = read_param(c, l, "bias", 1, (size_t)OUT);
+  assert_all_close(got, db, (size_t)OUT, 1e-5, "db");
+  free(got);
+  got = full_of(c, gx, (size_t)(B * IN));
+  assert_all_close(got, dx, (size_t)(B * IN), 1e-5, "dx");
+  free(got);
+  /* gradients keep the parameters' placements */
+  const dist_tensor *gw = dist_layer_grad_tensor(l, "weight");
+  const dist_tensor *gb = dist_layer_grad_tensor(l, "bias");
+  for (int d = 0; d < npl; d++) {
+    cr_assert_eq(dist_tensor_placements(gw)[d].kind, w_pl[d].kind);
+    cr_assert_eq(dist_tensor_placements(gb)[d].kind, DIST_REPLICATE);
+  }
+  dist_tensor_free(gx);
+  dist_tensor_free(dy);
+  dist_tensor_free(y);
+  dist_tensor_free(xt);
+  dist_tensor_delete(c, xn);
+  dist_tensor_delete(c, dyn);
+  cr_assert_eq(dist_layer_destroy(c, l), 0, "%s", dist_errmsg(c));
+  free(w), free(b), free(x), free(dyf), free(ref), free(dw), free(db), free(dx);
+}
+
+static void parallel_linear_on(int n) {
+  harness h;
+  harness_start(&h, n, NULL);
+  dist_client *c = harness_client(&h);
+  dist_mesh *m = line_mesh(n);
+  dist_placement s0 = DIST_SHARD_DIM(0), s1 = DIST_SHARD_DIM(1), rep = DIST_REPLICATED;
+  check_linear(c, m, 8, 12, &s1, &rep, 1, "col");         /* column parallel */
+  check_linear(c, m, 12, 8, &s0, &rep, 1, "row");         /* row, input sliced */
+  check_linear(c, m, 12, 8, &s0, &s1, 1, "row_sharded");  /* row, input Shard(last) */
+  check_linear(c, m, 10, 7, &s1, &rep, 1, "col_uneven");  /* 7 over n */
+  check_linear(c, m, 10, 7, &s0, &rep, 1, "row_uneven");  /* 10 over n */
+  check_linear(c, m, 6, 5, &rep, &s0, 1, "data");         /* batch split */
+  dist_tensor **list = NULL;
+  int nlist = 0;
+  cr_assert_eq(dist_tensor_list(c, &list, &nlist), 0);
+  cr_assert_eq(nlist, 0, "every step tensor was removed (%d left, first %s)",
+               nlist, nlist ? dist_tensor_name(list[0]) : "");
+  dist_tensor_list_free(list, nlist);
+  dist_mesh_free(m);
+  dist_close(c);
+  harness_stop(&h);
+}
+
+Test(shard_layer, column_and_row_parallel_linear_match_one_process_on_2_ranks,
+     .timeout = 180) {
+  parallel_linear_on(2);
+}
+
+Test(shard_layer, column_and_row_parallel_linear_match_one_process_on_4_ranks,
+     .timeout = 180) {
+  parallel_linear_on(4);
+}
+
+Test(shard_layer, linear_on_a_2d_mesh_shards_rows_and_columns, .timeout = 180) {
+  harness h;
+  harness_start(&h, 4, NULL);
+  dist_client *c = harness_client(&h);
+  dist_mesh *m = NULL;
+  cr_assert_eq(dist_mesh_from_string("[[0,1],[2,3]]", "dp,mp", &m), 0);
+  dist_placement w_pl[2] = {DIST_SHARD_DIM(0), DIST_SHARD_DIM(1)};
+  dist_placement x_pl[2] = {DIST_REPLICATED, DIST_REPLICATED};
+  check_linear(c, m, 8, 6, w_pl, x_pl, 2, "grid");
+  dist_mesh_free(m);
+  dist_close(c);
+  harness_stop(&h);
+}
+
+/* ---------------------------------------------------------------- other layers */
+
+/* ids -> Embedding(10, 4), vocabulary-parallel -> LayerNorm -> RMSNorm, in
+ * a sequence, against the same computed here; gradients of the norms'
+ * weights and of the embedding table. */
+Test(shard_layer, embedding_and_norms_in_a_sequence_match_one_process,
+     .timeout = 120) {
+  harness h;
+  harness_start(&h, 2, NULL);
+  dist_client *c = harness_client(&h);
+  dist_mesh *m = line_mesh(2);
+  enum { T = 6, V = 10, E = 4 };
+  dist_layer *seq = NULL, *emb = NULL, *ln = NULL, *rms = NULL;
+  cr_assert_eq(dist_layer_sequence(&seq), 0);
+  cr_assert_eq(dist_layer_embedding(V, E, 5, &emb), 0);
+  cr_assert_eq(dist_layer_layer_norm(E, 1e-5, &ln), 0);
+  cr_assert_eq(dist_layer_rms_norm(E, 1e-6, &rms), 0);
+  cr_assert_eq(dist_layer_add(seq, "emb", emb), 0);
+  cr_assert_eq(dist_layer_add(seq, "ln", ln), 0);
+  cr_assert_eq(dist_layer_add(seq, "rms", rms), 0);
+  float lnw[E] = {1.5f, -0.5f, 2.0f, 0.25f}, lnb[E] = {0.1f, 0.2f, -0.3f, 0.0f};
+  float rw[E] = {0.5f, 1.0f, -1.0f, 2.0f};
+  cr_assert_eq(dist_layer_set_param(seq, "ln.weight", lnw, sizeof lnw), 0);
+  cr_assert_eq(dist_layer_set_param(seq, "ln.bias", lnb, sizeof lnb), 0);
+  cr_assert_eq(dist_layer_set_param(seq, "rms.weight", rw, sizeof rw), 0);
+  float *table = read_param(NULL, seq, "emb.weight", 0, V * E);
+  placing vocab = {"emb", "weight", {DIST_SHARD_DIM(0)}, 1};
+  shard_log log = {.places = &vocab, .nplaces = 1};
+  cr_assert_eq(dist_layer_set_name(seq, "tok"), 0);
+  cr_assert_eq(dist_shard_layer(c, seq, m, logging_shard_fn, NULL, NULL, &log), 0,
+               "%s", dist_errmsg(c));
+  int64_t ids[T] = {0, 9, 4, 5, 4, 7}, is[1] = {T}, ys[2] = {T, E};
+  dist_placement rep = DIST_REPLICATED;
+  dist_tensor *idt = NULL, *y = NULL;
+  cr_assert_eq(dist_shard_tensor(c, "ids", ids, DIST_INT64, 1, is, m, &rep, &idt), 0);
+  cr_assert_eq(dist_layer_forward(c, seq, &idt, 1, &y, 1), 1, "%s", dist_errmsg(c));
+  /* the reference, with dL/dy = g */
+  float g[T * E];
+  fill(g, T * E, 29);
+  double want[T * E], dlnw[E] = {0}, dlnb[E] = {0}, drw[E] = {0}, dtab[V * E] = {0};
+  for (int t = 0; t < T; t++) {
+    const float *e = &table[ids[t] * E];
+    double mu = 0, var = 0, h[E], ms = 0, z[E], dz[E], dh[E], dxh[E];
+    for (int j = 0; j < E; j++) mu += e[j] / (double)E;
+    for (int j = 0; j < E; j++) var += (e[j] - mu) * (e[j] - mu) / E;
+    double sd = sqrt(var + 1e-5);
+    for (int j = 0; j < E; j++) h[j] = (e[j] - mu) / sd * lnw[j] + lnb[j];
+    for (int j = 0; j < E; j++) ms += h[j] * h[j] / E;
+    double r = sqrt(ms + 1e-6);
+    for (int j = 0; j < E; j++) z[j] = h[j] / r, want[t * E + j] = z[j] * rw[j];
+    /* rms backward: dz = g*rw; dh = dz/r - h * sum(dz*h) / (E r^3) */
+    double s = 0;
+    for (int j = 0; j < E; j++) {
+      drw[j] += g[t * E + j] * z[j];
+      dz[j] = g[t * E + j] * rw[j];
+      s += dz[j] * h[j];
+    }
+    for (int j = 0; j < E; j++) dh[j] = dz[j] / r - h[j] * s / (E * r * r * r);
+    /* layer norm backward */
+    double sx = 0, sxx = 0;
+    for (int j = 0; j < E; j++) {
+      double xh = (e[j] - mu) / sd;
+      dlnw[j] += dh[j] * xh;
+      dlnb[j] += dh[j];
+      dxh[j] = dh[j] * lnw[j];
+      sx += dxh[j];
+      sxx += dxh[j] * xh;
+    }
+    for (int j = 0; j < E; j++) {
+      double xh = (e[j] - mu) / sd;
+      dtab[ids[t] * E + j] += (dxh[j] - sx / E - xh * sxx / E) / sd;
+    }
+  }
+  float *got = full_of(c, y, T * E);
+  assert_all_close(got, want, T * E, 1e-4, "y");
+  free(got);
+  dist_tensor *dy = put(c, "dy", g, 2, ys, m, &rep);
+  cr_assert_eq(dist_layer_backward(c, seq, &dy, NULL), 0, "%s", dist_errmsg(c));
+  got = read_param(c, seq, "rms.weight", 1, E);
+  assert_all_close(got, drw, E, 1e-4, "d rms.weight");
+  free(got);
+  got = read_param(c, seq, "ln.weight", 1, E);
+  assert_all_close(got, dlnw, E, 1e-4, "d ln.weight");
+  free(got);
+  got = read_param(c, seq, "ln.bias", 1, E);
+  assert_all_close(got, dlnb, E, 1e-4, "d ln.bias");
+  free(got);
+  got = read_param(c, seq, "emb.weight", 1, V * E);
+  assert_all_close(got, dtab, V * E, 1e-4, "d emb.weight");
+  free(got);
+  cr_assert_eq(dist_tensor_placements(dist_layer_grad_tensor(seq, "emb.weight"))[0].kind,
+               DIST_SHARD);
+  free(table);
+  dist_tensor_free(dy);
+  dist_tensor_free(y);
+  dist_tensor_free(idt);
+  cr_assert_eq(dist_layer_destroy(c, seq), 0, "%s", dist_errmsg(c));
+  dist_mesh_free(m);
+  dist_close(c);
+  harness_stop(&h);
+}
+
+/* A custom layer from a program with a parameter: y = x * scale, and a
+ * scalar loss sum(y) backpropagated without an output gradient. */
+Test(shard_layer, custom_program_layer_trains_its_parameter, .timeout = 120) {
+  harness h;
+  harness_start(&h, 2, NULL);
+  dist_client *c = harness_client(&h);
+  dist_mesh *m = line_mesh(2);
+  dist_program *p = NULL;
+  dist_placement s0 = DIST_SHARD_DIM(0);
+  dist_placement psum = DIST_PARTIAL_OF(DIST_REDUCE_SUM);
+  cr_assert_eq(dist_program_new("scaled_sum", &p), 0);
+  int x = dist_input_dtensor(p, "x", DIST_FLOAT32);
+  int scale = dist_input_dtensor(p, "scale", DIST_FLOAT32);
+  dist_input_set_grad_placements(p, scale, &psum, 1);
+  dist_program_output(p, dist_op_sum(p, dist_op_mul(p, x, scale), NULL, 0, 0));
+  cr_assert_eq(dist_program_out_dist_attr(p, m, &psum, NULL), 0);
+  dist_layer *l = NULL;
+  cr_assert_eq(dist_layer_program(p, 1, &l), 0);
+  int64_t ss[1] = {3}, xs[2] = {4, 3};
+  float sc[3] = {1, 2, 3}, xv[12];
+  fill(xv, 12, 31);
+  cr_assert_eq(dist_layer_add_param(l, "scale", 1, ss, sc), 0);
+  cr_assert_eq(dist_layer_set_name(l, "custom"), 0);
+  cr_assert_eq(dist_shard_layer(c, l, m, NULL, NULL, NULL, NULL), 0, "%s",
+               dist_errmsg(c));
+  dist_tensor *xt = put(c, "x", xv, 2, xs, m, &s0), *y = NULL;
+  cr_assert_eq(dist_layer_forward(c, l, &xt, 1, &y, 1), 1, "%s", dist_errmsg(c));
+  float *got = full_of(c, y, 1);
+  double want = 0, dscale[3] = {0};
+  for (int i = 0; i < 12; i++) want += xv[i] * sc[i % 3], dscale[i % 3] += xv[i];
+  cr_assert(fabs(got[0] - want) < 1e-5, "sum %g, want %g", got[0], want);
+  free(got);
+  cr_assert_eq(dist_layer_backward(c, l, NULL, NULL), 0, "%s", dist_errmsg(c));
+  got = read_param(c, l, "scale", 1, 3);
+  assert_all_close(got, dscale, 3, 1e-5, "d scale (Partial reduced)");
+  free(got);
+  cr_assert_eq(dist_tensor_placements(dist_layer_grad_tensor(l, "scale"))[0].kind,
+               DIST_REPLICATE);
+  /* one SGD step in the daemons: scale -= lr * grad */
+  dist_param_opts o = DIST_PARAM_OPTS_INIT;
+  o.lr = 0.5;
+  o.momentum = 0;
+  cr_assert_eq(dist_layer_configure_optimizer(c, l, &o), 0, "%s", dist_errmsg(c));
+  cr_assert_eq(dist_layer_step(c, l, 0), 0, "%s", dist_errmsg(c));
+  got = read_param(c, l, "scale", 0, 3);
+  double after[3];
+  for (int j = 0; j < 3; j++) after[j] = sc[j] - 0.5 * dscale[j];
+  assert_all_close(got, after, 3, 1e-5, "scale after SGD");
+  free(got);
+  cr_assert_eq(dist_layer_backward(c, l, NULL, NULL), DIST_EINVAL,
+               "backward runs once per forward");
+  dist_tensor_free(y);
+  dist_tensor_free(xt);
+  cr_assert_eq(dist_layer_destroy(c, l), 0, "%s", dist_errmsg(c));
+  dist_mesh_free(m);
+  dist_close(c);
+  harness_stop(&h);
+}
+
+/* ---------------------------------------------------------------- seed 002 */
+
+Test(shard_layer, seed_002_shard_mlp_example, .timeout = 120) {
+  const char *root = getenv("DIST_BUILD_ROOT");
+  char cmd[2048], *out = NULL, *err = NULL;
+  snprintf(cmd, sizeof cmd, "DIST_DISTD_BIN='%s' '%s' launch -n 2 -- '%s/examples/shard_mlp'",
+           harness_distd(), harness_distctl(), root ? root : "build");
+  int rc = harness_run(cmd, &out, &err, 90);
+  cr_assert_eq(rc, 0, "launch failed (%d): %s %s", rc, out ? out : "", err ? err : "");
+  cr_assert_not_null(out);
+  const char *lines[4] = {"fc1.weight shape=[8, 8] placements=[Shard(0)]\n",
+                          "fc1.bias shape=[8] placements=[Replicate()]\n",
+                          "fc2.weight shape=[8, 8] placements=[Replicate()]\n",
+                          "fc2.bias shape=[8] placements=[Replicate()]\n"};
+  const char *at = out;
+  for (int i = 0; i < 4; i++) {
+    cr_assert(strncmp(at, lines[i], strlen(lines[i])) == 0, "line %d of:\n%s", i, out);
+    at += strlen(lines[i]);
+  }
+  double diff = -1;
+  cr_assert_eq(sscanf(at, "max_abs_diff_vs_local=%lf", &diff), 1, "%s", out);
+  cr_assert(diff >= 0 && diff <= 1e-5, "diff %g", diff);
+  double losses[64];
+  int n = 0, s = 0;
+  for (const char *q = strstr(at, "step "); q && n < 64; q = strstr(q + 1, "step ")) {
+    cr_assert_eq(sscanf(q, "step %d loss=%lf", &s, &losses[n]), 2);
+    cr_assert_eq(s, n + 1);
+    n++;
+  }
+  cr_assert_geq(n, 10, "%s", out);
+  for (int i = 1; i < n; i++)
+    cr_assert_lt(losses[i], losses[i - 1], "loss went up at step %d:\n%s", i + 1, out);
+  cr_assert_lt(losses[n - 1], 0.5 * losses[0]);
+  free(out);
+  free(err);
+}
+
+/* ---------------------------------------------------------------- bad input */
+
+static int store_is_empty(dist_client *c) {
+  dist_tensor **list = NULL;
+  int n = 0;
+  cr_assert_eq(dist_tensor_list(c, &list, &n), 0);
+  dist_tensor_list_free(list, n);
+  return n == 0;
+}
+
+static dist_layer *two_layer_mlp(void) {
+  dist_layer *mlp = NULL;
+  cr_assert_eq(dist_layer_sequence(&mlp), 0);
+  cr_assert_eq(dist_layer_add(mlp, "fc1", linear(8, 8, 1, 1)), 0);
+  cr_assert_eq(dist_layer_add(mlp, "fc2", linear(8, 8, 1, 2)), 0);
+  cr_assert_eq(dist_layer_set_name(mlp, "bad"), 0);
+  return mlp;
+}
+
+Test(shard_layer, a_shard_fn_placing_a_missing_dim_fails_and_stores_nothing,
+     .timeout = 120) {
+  harness h;
+  harness_start(&h, 2, NULL);
+  dist_client *c = harness_client(&h);
+  dist_mesh *m = line_mesh(2);
+  dist_layer *mlp = two_layer_mlp();
+  /* fc1 fine, then fc2.bias (1 dim) on Shard(1): nothing of fc1 stays */
+  placing places[2] = {{"fc1", "weight", {DIST_SHARD_DIM(0)}, 1},
+                       {"fc2", "bias", {DIST_SHARD_DIM(1)}, 1}};
+  shard_log log = {.places = places, .nplaces = 2};
+  int rc = dist_shard_layer(c, mlp, m, logging_shard_fn, NULL, NULL, &log);
+  cr_assert_eq(rc, DIST_EINVAL);
+  const char *msg = dist_errmsg(c);
+  cr_assert(strstr(msg, "fc2.bias") && strstr(msg, "Shard(1)") && strstr(msg, "no dim 1"),
+            "%s", msg);
+  cr_assert(store_is_empty(c), "nothing created");
+  dist_layer_param_info in;
+  cr_assert_eq(dist_layer_param_at(mlp, 0, &in), 0);
+  cr_assert_str_eq(in.name, "");
+  /* an unknown parameter name is named too */
+  placing typo = {"fc1", "wieght", {DIST_SHARD_DIM(0)}, 1};
+  shard_log log2 = {.places = &typo, .nplaces = 1};
+  cr_assert_neq(dist_shard_layer(c, mlp, m, logging_shard_fn, NULL, NULL, &log2), 0);
+  cr_assert(strstr(dist_errmsg(c), "wieght") != NULL, "%s", dist_errmsg(c));
+  cr_assert(store_is_empty(c));
+  /* and the layer can still be sharded properly afterwards */
+  shard_log ok = {.places = places, .nplaces = 1};
+  cr_assert_eq(dist_shard_layer(c, mlp, m, logging_shard_fn, NULL, NULL, &ok), 0,
+               "%s", dist_errmsg(c));
+  cr_assert_eq(dist_layer_destroy(c, mlp), 0);
+  dist_mesh_free(m);
+  dist_close(c);
+  harness_stop(&h);
+}
+
+Test(shard_layer, a_mesh_outside_the_cluster_fails_and_stores_nothing,
+     .timeout = 120) {
+  harness h;
+  harness_start(&h, 2, NULL);
+  dist_client *c = harness_client(&h);
+  dist_mesh *m = NULL;
+  cr_assert_eq(dist_mesh_from_string("[0,1,2]", "x", &m), 0);
+  dist_layer *mlp = two_layer_mlp();
+  int rc = dist_shard_layer(c, mlp, m, NULL, NULL, NULL, NULL);
+  cr_assert_eq(rc, DIST_EINVAL);
+  cr_assert(strstr(dist_errmsg(c), "rank 2") && strstr(dist_errmsg(c), "2 daemons"),
+            "%s", dist_errmsg(c));
+  cr_assert(store_is_empty(c));
+  dist_layer_free(mlp);
+  dist_mesh_free(m);
+  dist_close(c);
+  harness_stop(&h);
+}
+
+Test(shard_layer, a_gradient_of_the_wrong_shape_is_refused_and_changes_nothing,
+     .timeout = 120) {
+  harness h;
+  harness_start(&h, 2, NULL);
+  dist_client *c = harness_client(&h);
+  dist_mesh *m = line_mesh(2);
+  dist_layer *mlp = two_layer_mlp();
+  placing places[1] = {{"fc1", "weight", {DIST_SHARD_DIM(0)}, 1}};
+  shard_log log = {.places = places, .nplaces = 1};
+  cr_assert_eq(dist_shard_layer(c, mlp, m, logging_shard_fn, NULL, NULL, &log), 0);
+  dist_param_opts o = DIST_PARAM_OPTS_INIT;
+  o.optimizer = DIST_OPT_ADAM;
+  o.lr = 0.1;
+  cr_assert_eq(dist_layer_configure_optimizer(c, mlp, &o), 0, "%s", dist_errmsg(c));
+  float *before = read_param(c, mlp, "fc1.weight", 0, 64);
+  float wrong[7 * 8];
+  memset(wrong, 0, sizeof wrong);
+  int rc = dist_layer_push_grad(c, mlp, "fc1.weight", 0, wrong, sizeof wrong);
+  cr_assert_eq(rc, DIST_EMISMATCH);
+  cr_assert(strstr(dist_errmsg(c), "fc1.weight") && strstr(dist_errmsg(c), "[8, 8]"),
+            "%s", dist_errmsg(c));
+  float *after = read_param(c, mlp, "fc1.weight", 0, 64);
+  cr_assert_eq(memcmp(before, after, 64 * sizeof(float)), 0);
+  /* a right one goes through and moves the weight */
+  float right[64];
+  fill(right, 64, 41);
+  cr_assert_eq(dist_layer_push_grad(c, mlp, "fc1.weight", 0, right, sizeof right), 0,
+               "%s", dist_errmsg(c));
+  free(after);
+  after = read_param(c, mlp, "fc1.weight", 0, 64);
+  cr_assert_neq(memcmp(before, after, 64 * sizeof(float)), 0);
+  free(before);
+  free(after);
+  cr_assert_eq(dist_layer_destroy(c, mlp), 0);
+  dist_mesh_free(m);
+  dist_close(c);
+  harness_stop(&h);
+}
