@@ -3,7 +3,9 @@
  *   distctl launch -n 2 -- build/examples/global_scatter
  *
  * prints on each rank the scatter's output and the gradient of
- * sum(out * out) with respect to x, which is global_gather(2 * out).
+ * sum(out * out) with respect to x, which is global_gather(2 * out): the
+ * loss is a LocalLayer and a dist_tape differentiates through it and the
+ * scatter.
  *
  *   distctl launch -n W -- build/examples/global_scatter --case DIR --out OUT
  *
@@ -45,7 +47,31 @@ static void *doubled(const void *x, dist_dtype dt, size_t n) {
   return y;
 }
 
-/* The example of the Paddle documentation: W = 2, E = 2, d_model = 2. */
+/* The seed's loss, sum(out * out) on each rank, as a LocalLayer whose
+ * output is Partial(sum) over ranks 0 and 1. */
+static int register_sum_sq(dist_client *c, dist_program **out) {
+  int shape[1] = {2}, ranks[2] = {0, 1};
+  dist_placement psum = DIST_PARTIAL_OF(DIST_REDUCE_SUM);
+  dist_mesh *m = NULL;
+  dist_program *p = NULL;
+  int rc = dist_mesh_new(1, shape, ranks, NULL, &m);
+  if (rc == 0) rc = dist_program_new("seed003.sum_sq", &p);
+  if (rc == 0) {
+    int y = dist_input_dtensor(p, "out", DIST_FLOAT32);
+    dist_program_output(p, dist_op_sum(p, dist_op_mul(p, y, y), NULL, 0, 0));
+    dist_program_out_dist_attr(p, m, &psum, NULL);
+    rc = dist_program_register(c, p);
+  }
+  dist_mesh_free(m);
+  if (rc) dist_program_free(p), p = NULL;
+  *out = p;
+  return rc;
+}
+
+/* The example of the Paddle documentation: W = 2, E = 2, d_model = 2. The
+ * scatter's output stays in the daemons; the loss runs there as a
+ * LocalLayer, and the tape differentiates through both, so the gradient of
+ * x is global_gather(2 * out) computed daemon to daemon. */
 static int run_seed(dist_client *c) {
   int rank = dist_rank(c), E = 2, rc = 1;
   if (dist_world_size(c) != 2) {
@@ -56,28 +82,47 @@ static int run_seed(dist_client *c) {
   int64_t counts[2][4] = {{2, 1, 1, 1}, {1, 1, 2, 1}};
   const int64_t *lc[1] = {counts[rank]}, *gc[1] = {counts[rank]};
   const void *xs[1] = {x};
-  void *out[1] = {NULL}, *grad[1] = {NULL}, *dout = NULL;
-  int64_t rows[1], grad_rows[1];
-  if (dist_global_scatter(c, xs, NULL, DIST_FLOAT32, 2, lc, gc, E, NULL, 0, NULL,
-                          out, rows) != 0) {
+  dist_tape_exchange scatter = {"x", xs, NULL, DIST_FLOAT32, 2, lc, gc, E, NULL, 0,
+                                "seed003.out", 1};
+  dist_program *sum_sq = NULL;
+  dist_tape *tape = NULL;
+  dist_tensor *out = NULL, *loss = NULL;
+  void *rows = NULL, *grad = NULL;
+  size_t nbytes = 0;
+  int64_t shape[DIST_MAX_DIMS];
+  if (register_sum_sq(c, &sum_sq) != 0 || dist_tape_new(c, &tape) != 0) {
+    fail(c, "setup");
+    goto out;
+  }
+  if (dist_tape_global_scatter(tape, &scatter, &out, NULL) != 0 ||
+      dist_dtensor_to_local(c, out, -1, &rows, &nbytes, shape) != 0) {
     fail(c, "global_scatter");
     goto out;
   }
-  print_rows("out", rank, out[0], DIST_FLOAT32, rows[0], 2);
-  /* d sum(out^2) / d out = 2 out; the gradient of a scatter is a gather. */
-  dout = doubled(out[0], DIST_FLOAT32, (size_t)rows[0] * 2);
-  const void *dys[1] = {dout};
-  if (dist_global_gather(c, dys, NULL, DIST_FLOAT32, 2, lc, gc, E, NULL, 0, NULL,
-                         grad, grad_rows) != 0) {
-    fail(c, "global_gather");
+  print_rows("out", rank, rows, DIST_FLOAT32, shape[0], 2);
+  dist_arg arg = {out, NULL};
+  if (dist_tape_local_layer_call(tape, sum_sq, &arg, 1, NULL, &loss) != 0) {
+    fail(c, "loss");
     goto out;
   }
-  print_rows("grad", rank, grad[0], DIST_FLOAT32, grad_rows[0], 2);
+  const dist_tensor *seeds[1] = {loss};
+  if (dist_tape_backward(tape, seeds, NULL, 1) != 0 ||
+      dist_tape_grad_local(tape, "x", -1, &grad, &nbytes, shape) != 0) {
+    fail(c, "backward");
+    goto out;
+  }
+  print_rows("grad", rank, grad, DIST_FLOAT32, shape[0], 2);
   rc = 0;
 out:
-  free(out[0]);
-  free(grad[0]);
-  free(dout);
+  if (loss) dist_tensor_delete(c, dist_tensor_name(loss));
+  if (out) dist_tensor_delete(c, dist_tensor_name(out));
+  dist_tape_free(tape);
+  if (sum_sq) dist_program_unregister(c, sum_sq);
+  dist_program_free(sum_sq);
+  dist_tensor_free(out);
+  dist_tensor_free(loss);
+  free(rows);
+  free(grad);
   return rc;
 }
 

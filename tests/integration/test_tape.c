@@ -1,0 +1,644 @@
+/* The tape between real daemons: seed 003 differentiated through a
+ * LocalLayer in both client modes, generated global_scatter cases with a
+ * matmul body against a reference computed here, a global_gather on the
+ * tape, gradients added where a tensor feeds several operations, and the
+ * errors of a tape used twice or after release. */
+#include <criterion/criterion.h>
+#include <glob.h>
+#include <jansson.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "client_internal.h"
+#include "harness.h"
+
+#define MAXW 4
+
+static const float seed_x[5][2] = {{1, 2}, {3, 4}, {5, 6}, {7, 8}, {9, 10}};
+static const int64_t seed_counts[2][4] = {{2, 1, 1, 1}, {1, 1, 2, 1}};
+
+/* ---------------------------------------------------------------- helpers */
+
+static dist_mesh *line_mesh(int n) {
+  int shape[1] = {n}, ranks[MAXW] = {0, 1, 2, 3};
+  dist_mesh *m = NULL;
+  cr_assert_eq(dist_mesh_new(1, shape, ranks, NULL, &m), 0);
+  return m;
+}
+
+/* loss = sum(y * y) on each rank, Partial(sum) over mesh m. */
+static dist_program *sum_sq_program(dist_client *c, const dist_mesh *m) {
+  dist_program *p = NULL;
+  dist_placement psum = DIST_PARTIAL_OF(DIST_REDUCE_SUM);
+  dist_program_new("sum_sq", &p);
+  int y = dist_input_dtensor(p, "y", DIST_FLOAT32);
+  dist_program_output(p, dist_op_sum(p, dist_op_mul(p, y, y), NULL, 0, 0));
+  dist_program_out_dist_attr(p, m, &psum, NULL);
+  cr_assert_eq(dist_program_register(c, p), 0, "%s", dist_errmsg(c));
+  return p;
+}
+
+/* The seed's scatter on tape t: x given as client rows, labelled "x". */
+static dist_tensor *seed_scatter(dist_tape *t, dist_client *c, int spmd_rank,
+                                 const char *out_name) {
+  const void *xs[2] = {seed_x, seed_x};
+  const int64_t *lcs[2] = {seed_counts[0], seed_counts[1]};
+  if (spmd_rank >= 0) lcs[0] = seed_counts[spmd_rank];
+  dist_tape_exchange a = {"x", xs, NULL, DIST_FLOAT32, 2, lcs, lcs, 2, NULL, 0,
+                          out_name, 0};
+  dist_tensor *y = NULL;
+  int rc = dist_tape_global_scatter(t, &a, &y, NULL);
+  cr_assert_eq(rc, 0, "scatter: %s", dist_errmsg(c));
+  return y;
+}
+
+static float *grad_rows(dist_tape *t, dist_client *c, const char *name, int rank,
+                        size_t want_elems) {
+  void *data = NULL;
+  size_t nbytes = 0;
+  int64_t shape[DIST_MAX_DIMS];
+  int rc = dist_tape_grad_local(t, name, rank, &data, &nbytes, shape);
+  cr_assert_eq(rc, 0, "grad of %s on rank %d: %s", name, rank, dist_errmsg(c));
+  cr_assert_eq(nbytes, want_elems * sizeof(float), "grad of %s on rank %d: %zu bytes",
+               name, rank, nbytes);
+  return data;
+}
+
+/* Tensors whose name starts with prefix, over every daemon. */
+static int count_named(dist_client *c, const char *prefix) {
+  dist_tensor **list = NULL;
+  int n = 0, k = 0;
+  cr_assert_eq(dist_tensor_list(c, &list, &n), 0, "%s", dist_errmsg(c));
+  for (int i = 0; i < n; i++) k += strncmp(dist_tensor_name(list[i]), prefix, strlen(prefix)) == 0;
+  dist_tensor_list_free(list, n);
+  return k;
+}
+
+/* ---------------------------------------------------------------- seed 003 */
+
+Test(tape, seed_003_scatter_then_local_layer_single_client, .timeout = 120) {
+  harness h;
+  harness_start(&h, 2, NULL);
+  dist_client *c = harness_client(&h);
+  dist_mesh *m = line_mesh(2);
+  dist_program *p = sum_sq_program(c, m);
+  dist_tape *t = NULL;
+  cr_assert_eq(dist_tape_new(c, &t), 0);
+  dist_tensor *y = seed_scatter(t, c, -1, "y"), *loss = NULL;
+  dist_arg arg = {y, NULL};
+  cr_assert_eq(dist_tape_local_layer_call(t, p, &arg, 1, NULL, &loss), 0, "%s",
+               dist_errmsg(c));
+  void *lv = NULL;
+  size_t nb = 0;
+  cr_assert_eq(dist_full_tensor(c, loss, &lv, &nb), 0, "%s", dist_errmsg(c));
+  cr_assert_eq(*(float *)lv, 770.0f, "sum of out^2 over both ranks: %g", *(float *)lv);
+  free(lv);
+  const dist_tensor *seeds[1] = {loss};
+  cr_assert_eq(dist_tape_backward(t, seeds, NULL, 1), 0, "%s", dist_errmsg(c));
+  for (int r = 0; r < 2; r++) {
+    float *g = grad_rows(t, c, "x", r, 10);
+    for (int i = 0; i < 10; i++)
+      cr_assert_eq(g[i], 2 * (float)(i + 1), "rank %d grad[%d] = %g", r, i, g[i]);
+    free(g);
+  }
+  /* The gradient of x stays in the daemons, the one of y is gone. */
+  dist_tensor *gx = NULL;
+  cr_assert_eq(dist_tape_grad(t, "x", &gx), 0, "%s", dist_errmsg(c));
+  cr_assert(strncmp(dist_tensor_name(gx), "tape", 4) == 0, "%s", dist_tensor_name(gx));
+  dist_tensor_free(gx);
+  cr_assert_eq(dist_tape_grad(t, "y", &gx), DIST_ENOTFOUND);
+  cr_assert_null(gx);
+  cr_assert_eq(count_named(c, "tape"), 1, "only the leaf gradient is kept");
+  dist_tape_free(t);
+  cr_assert_eq(count_named(c, "tape"), 0, "the tape deletes its gradients");
+  dist_tensor_free(y), dist_tensor_free(loss);
+  dist_program_free(p);
+  dist_mesh_free(m);
+  dist_close(c);
+  harness_stop(&h);
+}
+
+typedef struct trainer {
+  const char *cluster;
+  int rank;
+  char err[512];
+  float grad[10];
+} trainer;
+
+/* One SPMD trainer: the seed through its own daemon. */
+static void *seed_trainer(void *self) {
+  trainer *tr = self;
+  dist_opts o = DIST_OPTS_INIT;
+  o.op_id_base = 0x7a9e0000;
+  dist_client *c = NULL;
+  if (dist_connect_cluster(tr->cluster, &o, &c) != 0) {
+    snprintf(tr->err, sizeof tr->err, "connect: %s", dist_last_connect_error());
+    return NULL;
+  }
+  c->spmd_rank = tr->rank; /* as dist_init_from_env would make it */
+  dist_mesh *m = NULL;
+  int shape[1] = {2}, ranks[2] = {0, 1};
+  dist_mesh_new(1, shape, ranks, NULL, &m);
+  dist_placement psum = DIST_PARTIAL_OF(DIST_REDUCE_SUM);
+  dist_program *p = NULL;
+  dist_program_new("sum_sq", &p);
+  int yv = dist_input_dtensor(p, "y", DIST_FLOAT32);
+  dist_program_output(p, dist_op_sum(p, dist_op_mul(p, yv, yv), NULL, 0, 0));
+  dist_program_out_dist_attr(p, m, &psum, NULL);
+  dist_tape *t = NULL;
+  dist_tensor *y = NULL, *loss = NULL;
+  const void *xs[1] = {seed_x};
+  const int64_t *lcs[1] = {seed_counts[tr->rank]};
+  dist_tape_exchange a = {"x", xs, NULL, DIST_FLOAT32, 2, lcs, lcs, 2, NULL, 0, "y", 0};
+  void *g = NULL;
+  size_t nb = 0;
+  int64_t gs[DIST_MAX_DIMS];
+  int rc = dist_program_register(c, p);
+  if (rc == 0) rc = dist_tape_new(c, &t);
+  if (rc == 0) rc = dist_tape_global_scatter(t, &a, &y, NULL);
+  dist_arg arg = {y, NULL};
+  if (rc == 0) rc = dist_tape_local_layer_call(t, p, &arg, 1, NULL, &loss);
+  const dist_tensor *seeds[1] = {loss};
+  if (rc == 0) rc = dist_tape_backward(t, seeds, NULL, 1);
+  if (rc == 0) rc = dist_tape_grad_local(t, "x", -1, &g, &nb, gs);
+  if (rc == 0 && nb == sizeof tr->grad) memcpy(tr->grad, g, nb);
+  else if (rc == 0) snprintf(tr->err, sizeof tr->err, "grad of %zu bytes", nb);
+  if (rc) snprintf(tr->err, sizeof tr->err, "%s", dist_errmsg(c));
+  free(g);
+  dist_tape_free(t);
+  dist_tensor_free(y), dist_tensor_free(loss);
+  dist_program_unregister(c, p);
+  dist_program_free(p);
+  dist_mesh_free(m);
+  dist_close(c);
+  return NULL;
+}
+
+Test(tape, seed_003_scatter_then_local_layer_spmd, .timeout = 120) {
+  harness h;
+  harness_start(&h, 2, NULL);
+  trainer tr[2];
+  pthread_t th[2];
+  for (int r = 0; r < 2; r++) {
+    memset(&tr[r], 0, sizeof tr[r]);
+    tr[r].cluster = h.cluster_file;
+    tr[r].rank = r;
+    pthread_create(&th[r], NULL, seed_trainer, &tr[r]);
+  }
+  for (int r = 0; r < 2; r++) pthread_join(th[r], NULL);
+  for (int r = 0; r < 2; r++) {
+    cr_assert_eq(tr[r].err[0], 0, "rank %d: %s", r, tr[r].err);
+    for (int i = 0; i < 10; i++)
+      cr_assert_eq(tr[r].grad[i], 2 * (float)(i + 1), "rank %d grad[%d] = %g", r, i,
+                   tr[r].grad[i]);
+  }
+  harness_stop(&h);
+}
+
+/* ---------------------------------------------------------------- generated cases */
+
+typedef struct arr {
+  dist_dtype dt;
+  dist_shape shape;
+  void *data;
+  size_t nbytes;
+} arr;
+
+typedef struct gen_case {
+  int W, E;
+  int64_t d;
+  arr x[MAXW], lc[MAXW], gc[MAXW], y[MAXW], gin[MAXW], gout[MAXW];
+} gen_case;
+
+static void load_arr(const char *dir, const char *key, int r, arr *a) {
+  char path[1024];
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  snprintf(path, sizeof path, "%s/%s_r%d.npy", dir, key, r);
+  a->dt = DIST_DTYPE_INVALID;
+  int rc = dist_npy_read(path, &a->dt, &a->shape, &a->data, &a->nbytes, &eb);
+  cr_assert_eq(rc, 0, "%s: %s", path, dist_errbuf_msg(&eb));
+}
+
+/* One float32 case of W ranks from global_scatter_ref.py gen, in tmp. */
+static void gen_case_load(gen_case *k, int W, int seed, const char *extra,
+                          char *tmp, size_t len) {
+  const char *src = getenv("DIST_SOURCE_ROOT");
+  char cmd[2048], cdir[600], *err = NULL;
+  snprintf(tmp, len, "/tmp/distd-tape-XXXXXX");
+  cr_assert(mkdtemp(tmp));
+  snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/../shared/anchors/collectives/"
+           "global_scatter_ref.py gen --out %s --n 1 --seed %d --format npy --W %d "
+           "--dtype float32 %s", src ? src : "/work/main", tmp, seed, W, extra);
+  int rc = harness_run(cmd, NULL, &err, 120);
+  cr_assert_eq(rc, 0, "generator failed: %s", err ? err : "");
+  free(err);
+  glob_t gl;
+  snprintf(cdir, sizeof cdir, "%s/case_0000*", tmp);
+  cr_assert_eq(glob(cdir, 0, NULL, &gl), 0, "no case under %s", tmp);
+  snprintf(cdir, sizeof cdir, "%s", gl.gl_pathv[0]);
+  globfree(&gl);
+  char meta[700];
+  snprintf(meta, sizeof meta, "%s/meta.json", cdir);
+  json_error_t je;
+  json_t *j = json_load_file(meta, 0, &je);
+  cr_assert(j, "%s: %s", meta, je.text);
+  memset(k, 0, sizeof *k);
+  k->W = (int)json_integer_value(json_object_get(j, "W"));
+  k->E = (int)json_integer_value(json_object_get(j, "E"));
+  k->d = json_integer_value(json_object_get(j, "d_model"));
+  json_decref(j);
+  cr_assert_eq(k->W, W);
+  for (int r = 0; r < W; r++) {
+    load_arr(cdir, "x", r, &k->x[r]);
+    load_arr(cdir, "local_count", r, &k->lc[r]);
+    load_arr(cdir, "global_count", r, &k->gc[r]);
+    load_arr(cdir, "scatter_out", r, &k->y[r]);
+    load_arr(cdir, "gather_in", r, &k->gin[r]);
+    load_arr(cdir, "gather_out", r, &k->gout[r]);
+  }
+}
+
+static void gen_case_free(gen_case *k, const char *tmp) {
+  for (int r = 0; r < MAXW; r++) {
+    free(k->x[r].data), free(k->lc[r].data), free(k->gc[r].data);
+    free(k->y[r].data), free(k->gin[r].data), free(k->gout[r].data);
+  }
+  char cmd[600];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
+  harness_run(cmd, NULL, NULL, 30);
+}
+
+static int64_t rows_of(const arr *a) { return a->shape.ndim ? a->shape.dims[0] : 0; }
+
+/* Where row `row` of chunk i of source s lands: the row of rank i/E's
+ * scatter result (expert-major: for each expert, for each source). */
+static int64_t landing_row(const gen_case *k, int s, int i, int64_t row) {
+  int r = i / k->E, e = i % k->E;
+  const int64_t *gc = k->gc[r].data;
+  int64_t off = 0;
+  for (int e2 = 0; e2 < e; e2++)
+    for (int s2 = 0; s2 < k->W; s2++) off += gc[s2 * k->E + e2];
+  for (int s2 = 0; s2 < s; s2++) off += gc[s2 * k->E + e];
+  return off + row;
+}
+
+/* grad_x[s] = global_gather(gy): row by row, from where each row went. */
+static void reference_gather(const gen_case *k, double *const *gy, int s,
+                             double *gx) {
+  const int64_t *lc = k->lc[s].data;
+  int64_t at = 0;
+  for (int i = 0; i < k->W * k->E; i++)
+    for (int64_t q = 0; q < lc[i]; q++, at++) {
+      int64_t dst = landing_row(k, s, i, q);
+      memcpy(gx + at * k->d, gy[i / k->E] + dst * k->d, sizeof(double) * (size_t)k->d);
+    }
+}
+
+enum { HID = 3 };
+
+/* loss = sum((y @ w)^2): dL/dy = 2 (y w) w^T, dL/dw = sum_r y_r^T 2 (y_r w). */
+static void reference_matmul_grads(const gen_case *k, const float *w, double **gy,
+                                   double *gw) {
+  memset(gw, 0, sizeof(double) * (size_t)(k->d * HID));
+  for (int r = 0; r < k->W; r++) {
+    const float *y = k->y[r].data;
+    int64_t n = rows_of(&k->y[r]);
+    gy[r] = calloc((size_t)(n * k->d) + 1, sizeof(double));
+    for (int64_t i = 0; i < n; i++) {
+      double z[HID] = {0};
+      for (int h = 0; h < HID; h++)
+        for (int64_t a = 0; a < k->d; a++) z[h] += (double)y[i * k->d + a] * w[a * HID + h];
+      for (int64_t a = 0; a < k->d; a++)
+        for (int h = 0; h < HID; h++) {
+          gy[r][i * k->d + a] += 2 * z[h] * w[a * HID + h];
+          gw[a * HID + h] += (double)y[i * k->d + a] * 2 * z[h];
+        }
+    }
+  }
+}
+
+static void assert_close(double got, double want, const char *what, int r, int64_t i) {
+  cr_assert(fabs(got - want) <= 1e-4 * (1 + fabs(want)), "%s rank %d [%lld]: got %.9g, "
+            "want %.9g", what, r, (long long)i, got, want);
+}
+
+/* x -> global_scatter -> LocalLayer sum((y @ w)^2), w replicated with a
+ * Partial(sum) gradient: grad x and grad w against the reference. */
+static void run_generated(int W, int seed, const char *extra) {
+  char tmp[64];
+  gen_case k;
+  gen_case_load(&k, W, seed, extra, tmp, sizeof tmp);
+  harness h;
+  harness_start(&h, W, NULL);
+  dist_client *c = harness_client(&h);
+  dist_mesh *m = line_mesh(W);
+  float *w = malloc(sizeof(float) * (size_t)(k.d * HID));
+  for (int64_t i = 0; i < k.d * HID; i++) w[i] = (float)((i * 7) % 11) / 8.0f - 0.6f;
+  int64_t wshape[2] = {k.d, HID};
+  dist_placement rep = DIST_REPLICATED, psum = DIST_PARTIAL_OF(DIST_REDUCE_SUM);
+  dist_tensor *wt = NULL, *y = NULL, *loss = NULL;
+  cr_assert_eq(dist_shard_tensor(c, "w", w, DIST_FLOAT32, 2, wshape, m, &rep, &wt), 0,
+               "%s", dist_errmsg(c));
+  dist_program *p = NULL;
+  dist_program_new("matmul_sq", &p);
+  int yv = dist_input_dtensor(p, "y", DIST_FLOAT32), wv = dist_input_dtensor(p, "w", DIST_FLOAT32);
+  dist_input_set_grad_placements(p, wv, &psum, 1);
+  int z = dist_op_matmul(p, yv, wv, 0, 0);
+  dist_program_output(p, dist_op_sum(p, dist_op_mul(p, z, z), NULL, 0, 0));
+  dist_program_out_dist_attr(p, m, &psum, NULL);
+  cr_assert_eq(dist_program_register(c, p), 0, "%s", dist_errmsg(c));
+
+  const void *xs[MAXW];
+  const int64_t *lcs[MAXW], *gcs[MAXW];
+  int64_t xrows[MAXW], rows[MAXW];
+  for (int r = 0; r < W; r++) {
+    xs[r] = k.x[r].data, xrows[r] = rows_of(&k.x[r]);
+    lcs[r] = k.lc[r].data, gcs[r] = k.gc[r].data;
+  }
+  dist_tape *t = NULL;
+  dist_tape_new(c, &t);
+  dist_tape_exchange a = {"x", xs, xrows, DIST_FLOAT32, k.d, lcs, gcs, k.E, NULL, 0, "y", 0};
+  cr_assert_eq(dist_tape_global_scatter(t, &a, &y, rows), 0, "%s", dist_errmsg(c));
+  for (int r = 0; r < W; r++) cr_assert_eq(rows[r], rows_of(&k.y[r]), "rank %d rows", r);
+  dist_arg args[2] = {{y, NULL}, {wt, NULL}};
+  cr_assert_eq(dist_tape_local_layer_call(t, p, args, 2, NULL, &loss), 0, "%s",
+               dist_errmsg(c));
+  const dist_tensor *seeds[1] = {loss};
+  cr_assert_eq(dist_tape_backward(t, seeds, NULL, 1), 0, "%s", dist_errmsg(c));
+
+  double *gy[MAXW] = {0}, *gw = calloc((size_t)(k.d * HID), sizeof(double));
+  reference_matmul_grads(&k, w, gy, gw);
+  for (int s = 0; s < W; s++) {
+    int64_t n = rows_of(&k.x[s]) * k.d;
+    double *want = calloc((size_t)n + 1, sizeof(double));
+    reference_gather(&k, gy, s, want);
+    float *got = grad_rows(t, c, "x", s, (size_t)n);
+    for (int64_t i = 0; i < n; i++) assert_close(got[i], want[i], "grad x", s, i);
+    free(got), free(want);
+  }
+  dist_tensor *gwt = NULL;
+  cr_assert_eq(dist_tape_grad(t, "w", &gwt), 0, "%s", dist_errmsg(c));
+  void *full = NULL;
+  size_t nb = 0;
+  cr_assert_eq(dist_full_tensor(c, gwt, &full, &nb), 0, "%s", dist_errmsg(c));
+  cr_assert_eq(nb, sizeof(float) * (size_t)(k.d * HID));
+  for (int64_t i = 0; i < k.d * HID; i++) assert_close(((float *)full)[i], gw[i], "grad w", -1, i);
+  free(full);
+  dist_tensor_free(gwt);
+  for (int r = 0; r < W; r++) free(gy[r]);
+  free(gw), free(w);
+  dist_tape_free(t);
+  dist_tensor_free(y), dist_tensor_free(loss), dist_tensor_free(wt);
+  dist_program_free(p);
+  dist_mesh_free(m);
+  dist_close(c);
+  harness_stop(&h);
+  gen_case_free(&k, tmp);
+}
+
+Test(tape, generated_case_matmul_body_two_ranks, .timeout = 180) {
+  run_generated(2, 11, "--E 2 --d-model 4");
+}
+Test(tape, generated_case_matmul_body_three_ranks, .timeout = 180) {
+  run_generated(3, 12, "--E 2 --d-model 5");
+}
+Test(tape, generated_case_matmul_body_random_shape, .timeout = 180) {
+  run_generated(3, 13, "");
+}
+
+/* global_gather on the tape: L = sum(gather(g)^2) so dL/dg =
+ * global_scatter(2 gather(g)) = 2 g. */
+Test(tape, global_gather_backward_is_a_scatter, .timeout = 180) {
+  char tmp[64];
+  gen_case k;
+  gen_case_load(&k, 3, 21, "--E 2 --d-model 3", tmp, sizeof tmp);
+  harness h;
+  harness_start(&h, 3, NULL);
+  dist_client *c = harness_client(&h);
+  dist_mesh *m = line_mesh(3);
+  dist_program *p = sum_sq_program(c, m);
+  const void *gs[MAXW];
+  const int64_t *lcs[MAXW], *gcs[MAXW];
+  int64_t grows[MAXW], rows[MAXW];
+  for (int r = 0; r < 3; r++) {
+    gs[r] = k.gin[r].data, grows[r] = rows_of(&k.gin[r]);
+    lcs[r] = k.lc[r].data, gcs[r] = k.gc[r].data;
+  }
+  dist_tape *t = NULL;
+  dist_tensor *out = NULL, *loss = NULL;
+  dist_tape_new(c, &t);
+  dist_tape_exchange a = {"g", gs, grows, DIST_FLOAT32, k.d, lcs, gcs, k.E, NULL, 0,
+                          "gathered", 0};
+  cr_assert_eq(dist_tape_global_gather(t, &a, &out, rows), 0, "%s", dist_errmsg(c));
+  for (int r = 0; r < 3; r++) cr_assert_eq(rows[r], rows_of(&k.gout[r]));
+  dist_arg arg = {out, NULL};
+  cr_assert_eq(dist_tape_local_layer_call(t, p, &arg, 1, NULL, &loss), 0, "%s",
+               dist_errmsg(c));
+  const dist_tensor *seeds[1] = {loss};
+  cr_assert_eq(dist_tape_backward(t, seeds, NULL, 1), 0, "%s", dist_errmsg(c));
+  for (int r = 0; r < 3; r++) {
+    int64_t n = grows[r] * k.d;
+    float *got = grad_rows(t, c, "g", r, (size_t)n);
+    for (int64_t i = 0; i < n; i++)
+      assert_close(got[i], 2.0 * ((float *)k.gin[r].data)[i], "grad g", r, i);
+    free(got);
+  }
+  dist_tape_free(t);
+  dist_tensor_free(out), dist_tensor_free(loss);
+  dist_program_free(p);
+  dist_mesh_free(m);
+  dist_close(c);
+  harness_stop(&h);
+  gen_case_free(&k, tmp);
+}
+
+/* ---------------------------------------------------------------- accumulation */
+
+/* x feeds two scatters (y1, y2); y1 feeds two LocalLayers:
+ *   L1 = sum(y1^2), L2 = sum(y1) + 3 sum(y2)
+ * so dL/dy1 = 2 y1 + 1, dL/dy2 = 3 and dL/dx = 2 x + 4. */
+Test(tape, gradients_add_where_a_tensor_feeds_several_ops, .timeout = 120) {
+  harness h;
+  harness_start(&h, 2, NULL);
+  dist_client *c = harness_client(&h);
+  dist_mesh *m = line_mesh(2);
+  dist_program *p1 = sum_sq_program(c, m), *p2 = NULL;
+  dist_placement psum = DIST_PARTIAL_OF(DIST_REDUCE_SUM);
+  dist_program_new("sum_plus_3sum", &p2);
+  int a1 = dist_input_dtensor(p2, "y1", DIST_FLOAT32), a2 = dist_input_dtensor(p2, "y2", DIST_FLOAT32);
+  dist_program_output(p2, dist_op_add(p2, dist_op_sum(p2, a1, NULL, 0, 0),
+                                      dist_op_mul_scalar(p2, dist_op_sum(p2, a2, NULL, 0, 0), 3)));
+  dist_program_out_dist_attr(p2, m, &psum, NULL);
+  cr_assert_eq(dist_program_register(c, p2), 0, "%s", dist_errmsg(c));
+  dist_tape *t = NULL;
+  dist_tape_new(c, &t);
+  dist_tensor *y1 = seed_scatter(t, c, -1, "y1"), *y2 = seed_scatter(t, c, -1, "y2");
+  dist_tensor *l1 = NULL, *l2 = NULL;
+  dist_arg arg1 = {y1, NULL}, args2[2] = {{y1, NULL}, {y2, NULL}};
+  cr_assert_eq(dist_tape_local_layer_call(t, p1, &arg1, 1, NULL, &l1), 0, "%s", dist_errmsg(c));
+  cr_assert_eq(dist_tape_local_layer_call(t, p2, args2, 2, NULL, &l2), 0, "%s", dist_errmsg(c));
+  const dist_tensor *seeds[2] = {l1, l2};
+  cr_assert_eq(dist_tape_backward(t, seeds, NULL, 2), 0, "%s", dist_errmsg(c));
+  for (int r = 0; r < 2; r++) {
+    float *g = grad_rows(t, c, "x", r, 10);
+    for (int i = 0; i < 10; i++)
+      cr_assert_eq(g[i], 2 * (float)(i + 1) + 4, "rank %d grad[%d] = %g", r, i, g[i]);
+    free(g);
+  }
+  cr_assert_eq(count_named(c, "tape"), 1, "the sums' inputs are deleted");
+  dist_tape_free(t);
+  dist_tensor_free(y1), dist_tensor_free(y2), dist_tensor_free(l1), dist_tensor_free(l2);
+  dist_program_free(p1), dist_program_free(p2);
+  dist_mesh_free(m);
+  dist_close(c);
+  harness_stop(&h);
+}
+
+/* A distributed weight used by two calls: its Partial(sum) gradients are
+ * added in the daemons on its mesh. L_k = sum(y @ w) with w = [1, 2]^T:
+ * dL/dw = 2 * column sums of y over both ranks = [100, 120], and every row
+ * of dL/dx is 2 w^T = [2, 4]. */
+Test(tape, distributed_weight_gradients_add_on_its_mesh, .timeout = 120) {
+  harness h;
+  harness_start(&h, 2, NULL);
+  dist_client *c = harness_client(&h);
+  dist_mesh *m = line_mesh(2);
+  dist_placement rep = DIST_REPLICATED, psum = DIST_PARTIAL_OF(DIST_REDUCE_SUM);
+  float w[2] = {1, 2};
+  int64_t wshape[2] = {2, 1};
+  dist_tensor *wt = NULL, *l[2] = {NULL, NULL};
+  cr_assert_eq(dist_shard_tensor(c, "w", w, DIST_FLOAT32, 2, wshape, m, &rep, &wt), 0,
+               "%s", dist_errmsg(c));
+  dist_program *p = NULL;
+  dist_program_new("sum_matmul", &p);
+  int yv = dist_input_dtensor(p, "y", DIST_FLOAT32), wv = dist_input_dtensor(p, "w", DIST_FLOAT32);
+  dist_input_set_grad_placements(p, wv, &psum, 1);
+  dist_program_output(p, dist_op_sum(p, dist_op_matmul(p, yv, wv, 0, 0), NULL, 0, 0));
+  dist_program_out_dist_attr(p, m, &psum, NULL);
+  cr_assert_eq(dist_program_register(c, p), 0, "%s", dist_errmsg(c));
+  dist_tape *t = NULL;
+  dist_tape_new(c, &t);
+  dist_tensor *y = seed_scatter(t, c, -1, "y");
+  dist_arg args[2] = {{y, NULL}, {wt, NULL}};
+  for (int k = 0; k < 2; k++)
+    cr_assert_eq(dist_tape_local_layer_call(t, p, args, 2, NULL, &l[k]), 0, "%s",
+                 dist_errmsg(c));
+  const dist_tensor *seeds[2] = {l[0], l[1]};
+  cr_assert_eq(dist_tape_backward(t, seeds, NULL, 2), 0, "%s", dist_errmsg(c));
+  dist_tensor *gw = NULL;
+  cr_assert_eq(dist_tape_grad(t, "w", &gw), 0, "%s", dist_errmsg(c));
+  cr_assert_eq(dist_tensor_placements(gw)[0].kind, DIST_PARTIAL);
+  void *full = NULL;
+  size_t nb = 0;
+  cr_assert_eq(dist_full_tensor(c, gw, &full, &nb), 0, "%s", dist_errmsg(c));
+  cr_assert_eq(nb, 2 * sizeof(float));
+  cr_assert_eq(((float *)full)[0], 100.0f, "%g", ((float *)full)[0]);
+  cr_assert_eq(((float *)full)[1], 120.0f, "%g", ((float *)full)[1]);
+  free(full);
+  for (int r = 0; r < 2; r++) {
+    float *g = grad_rows(t, c, "x", r, 10);
+    for (int i = 0; i < 10; i++)
+      cr_assert_eq(g[i], i % 2 ? 4.0f : 2.0f, "rank %d grad x[%d] = %g", r, i, g[i]);
+    free(g);
+  }
+  dist_tensor_free(gw);
+  dist_tape_free(t);
+  dist_tensor_free(y), dist_tensor_free(l[0]), dist_tensor_free(l[1]), dist_tensor_free(wt);
+  dist_program_free(p);
+  dist_mesh_free(m);
+  dist_close(c);
+  harness_stop(&h);
+}
+
+/* A given output gradient as bytes, into the scatter's result: grad x =
+ * gather(dy) = the rows of dy back where they came from. */
+Test(tape, exchange_result_seeded_with_values, .timeout = 120) {
+  harness h;
+  harness_start(&h, 2, NULL);
+  dist_client *c = harness_client(&h);
+  dist_tape *t = NULL;
+  dist_tape_new(c, &t);
+  dist_tensor *y = seed_scatter(t, c, -1, "y");
+  static const float seed_out[2][10] = {{1, 2, 3, 4, 1, 2, 5, 6, 3, 4},
+                                        {7, 8, 5, 6, 7, 8, 9, 10, 9, 10}};
+  dist_value v[2];
+  for (int r = 0; r < 2; r++) v[r] = (dist_value){seed_out[r], DIST_FLOAT32, 2, {5, 2}};
+  dist_arg g = {NULL, v};
+  const dist_tensor *seeds[1] = {y};
+  cr_assert_eq(dist_tape_backward(t, seeds, &g, 1), 0, "%s", dist_errmsg(c));
+  for (int r = 0; r < 2; r++) {
+    float *got = grad_rows(t, c, "x", r, 10);
+    cr_assert(memcmp(got, seed_x, sizeof seed_x) == 0, "rank %d: the round trip", r);
+    free(got);
+  }
+  dist_tape_free(t);
+  dist_tensor_free(y);
+  dist_close(c);
+  harness_stop(&h);
+}
+
+/* ---------------------------------------------------------------- errors */
+
+Test(tape_errors, backward_twice_and_after_release_fail_clearly, .timeout = 120) {
+  harness h;
+  harness_start(&h, 2, NULL);
+  dist_client *c = harness_client(&h);
+  dist_mesh *m = line_mesh(2);
+  dist_program *p = sum_sq_program(c, m);
+  dist_tape *t = NULL;
+  dist_tape_new(c, &t);
+  dist_tensor *y = seed_scatter(t, c, -1, "y"), *loss = NULL;
+  dist_arg arg = {y, NULL};
+  cr_assert_eq(dist_tape_local_layer_call(t, p, &arg, 1, NULL, &loss), 0, "%s", dist_errmsg(c));
+  const dist_tensor *seeds[1] = {loss};
+  cr_assert_eq(dist_tape_grad(t, "x", &(dist_tensor *){NULL}), DIST_ENOTFOUND);
+  cr_assert(strstr(dist_errmsg(c), "backward has not run"), "%s", dist_errmsg(c));
+  cr_assert_eq(dist_tape_backward(t, seeds, NULL, 1), 0, "%s", dist_errmsg(c));
+  cr_assert_eq(dist_tape_backward(t, seeds, NULL, 1), DIST_EINVAL);
+  cr_assert(strstr(dist_errmsg(c), "already backpropagated"), "%s", dist_errmsg(c));
+  /* The first backward's gradient is intact. */
+  float *g = grad_rows(t, c, "x", 1, 10);
+  cr_assert_eq(g[9], 20.0f);
+  free(g);
+  cr_assert_eq(dist_tape_global_scatter(t, &(dist_tape_exchange){0}, NULL, NULL), DIST_EINVAL);
+  dist_tape_free(t);
+  dist_tensor_free(loss);
+
+  /* A released tape: the daemons dropped the invocation, backward refuses. */
+  dist_tape_new(c, &t);
+  dist_tensor_free(y);
+  y = seed_scatter(t, c, -1, "y2");
+  arg.tensor = y;
+  cr_assert_eq(dist_tape_local_layer_call(t, p, &arg, 1, NULL, &loss), 0, "%s", dist_errmsg(c));
+  seeds[0] = loss;
+  cr_assert_eq(dist_tape_release(t), 0, "%s", dist_errmsg(c));
+  cr_assert_eq(dist_tape_backward(t, seeds, NULL, 1), DIST_EINVAL);
+  cr_assert(strstr(dist_errmsg(c), "released"), "%s", dist_errmsg(c));
+  dist_tape_free(t);
+
+  /* Seeds must be tensors the tape produced; the loss's 1 is for scalars. */
+  dist_tape_new(c, &t);
+  dist_tensor *y3 = seed_scatter(t, c, -1, "y3");
+  seeds[0] = loss; /* produced by another tape */
+  cr_assert_eq(dist_tape_backward(t, seeds, NULL, 1), DIST_EINVAL);
+  cr_assert(strstr(dist_errmsg(c), "no operation on the tape produced"), "%s", dist_errmsg(c));
+  dist_tape_free(t);
+  dist_tape_new(c, &t);
+  dist_tensor_free(y3);
+  y3 = seed_scatter(t, c, -1, "y4");
+  seeds[0] = y3;
+  cr_assert_eq(dist_tape_backward(t, seeds, NULL, 1), DIST_EINVAL);
+  cr_assert(strstr(dist_errmsg(c), "gradient must be given"), "%s", dist_errmsg(c));
+  dist_tape_free(t);
+  cr_assert_eq(count_named(c, "tape"), 0, "nothing left behind");
+
+  dist_tensor_free(y), dist_tensor_free(y3), dist_tensor_free(loss);
+  dist_program_free(p);
+  dist_mesh_free(m);
+  dist_close(c);
+  harness_stop(&h);
+}
