@@ -134,8 +134,8 @@ static entry **find(distd_store *s, const char *name) {
   return e;
 }
 
-int distd_store_put(distd_store *s, distd_tensor *t, int replace,
-                    dist_errbuf *eb) {
+static int put(distd_store *s, distd_tensor *t, int replace, int keep_version,
+               dist_errbuf *eb) {
   pthread_mutex_lock(&s->mu);
   entry **e = find(s, t->name);
   distd_tensor *old = NULL;
@@ -146,7 +146,7 @@ int distd_store_put(distd_store *s, distd_tensor *t, int replace,
   distd_tensor_ref(t);
   if (*e) {
     old = (*e)->t;
-    t->version = old->version + 1;
+    if (!keep_version) t->version = old->version + 1;
     (*e)->t = t;
   } else {
     entry *n = calloc(1, sizeof *n);
@@ -158,6 +158,15 @@ int distd_store_put(distd_store *s, distd_tensor *t, int replace,
   pthread_mutex_unlock(&s->mu);
   distd_tensor_unref(old); /* outside the lock: it may release memory */
   return 0;
+}
+
+int distd_store_put(distd_store *s, distd_tensor *t, int replace,
+                    dist_errbuf *eb) {
+  return put(s, t, replace, 0, eb);
+}
+
+void distd_store_restore(distd_store *s, distd_tensor *t) {
+  put(s, t, 1, 1, NULL); /* replacing never fails */
 }
 
 int distd_store_get(distd_store *s, const char *name, distd_tensor **out,

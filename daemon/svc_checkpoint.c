@@ -128,7 +128,7 @@ static int load_all(distd_server *s, const Dist__V1__CheckpointLoadRequest *rq,
   /* Every piece is built (and its memory held) before the first is stored,
    * so a bad piece leaves the store unchanged. */
   for (size_t i = 0; i < n && rc == 0 && !rq->verify_only; i++)
-    distd_store_put(s->store, t[i], 1, NULL);
+    distd_store_restore(s->store, t[i]);
   for (size_t i = 0; i < n; i++) distd_tensor_unref(t[i]);
   free(t);
   return rc;

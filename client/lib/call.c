@@ -104,8 +104,13 @@ int dist_call_many(dist_client *c, const char *method,
   for (int i = 0; i < n; i++)
     if (calls[i].err.code != 0) {
       const char *msg = dist_errbuf_msg(&calls[i].err);
+      char named[300];
+      snprintf(named, sizeof named, "rank %d (%s)", calls[i].target,
+               c->endpoints[calls[i].target]);
+      if (strstr(msg, named)) return dist_client_fail(c, calls[i].err.code, "%s", msg);
+      /* "cannot reach distd at HOST:PORT" names the address, not the rank. */
       if (strstr(msg, c->endpoints[calls[i].target]))
-        return dist_client_fail(c, calls[i].err.code, "%s", msg);
+        return dist_client_fail(c, calls[i].err.code, "rank %d: %s", calls[i].target, msg);
       return dist_client_fail(c, calls[i].err.code, "rank %d (%s): %s",
                               calls[i].target, c->endpoints[calls[i].target], msg);
     }

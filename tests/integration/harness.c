@@ -17,6 +17,8 @@
 
 extern char **environ;
 
+static char *slurp(const char *path);
+
 const char *harness_distd(void) {
   const char *p = getenv("DIST_DISTD_BIN");
   return p ? p : "build/daemon/distd";
@@ -162,6 +164,9 @@ static void show_log(const harness *h, int r) {
  * exit non-zero, so every integration test also checks the daemons for
  * leaks and crashes. */
 void harness_stop(harness *h) {
+  /* A test that stopped a daemon (SIGSTOP) and failed before resuming it. */
+  for (int r = 0; r < h->n; r++)
+    if (h->pids[r] > 0) kill(h->pids[r], SIGCONT);
   for (int r = 0; r < h->n; r++)
     if (h->pids[r] > 0) kill(h->pids[r], SIGTERM);
   for (int r = 0; r < h->n; r++) {
@@ -203,4 +208,58 @@ int harness_run(const char *cmd, char **out, char **err, int timeout_s) {
   unlink(e);
   rmdir(dir);
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+dist_client *harness_spmd_client(harness *h, int rank, const char *job) {
+  char r[16], w[16];
+  snprintf(r, sizeof r, "%d", rank);
+  snprintf(w, sizeof w, "%d", h->n);
+  setenv("DIST_RANK", r, 1);
+  setenv("DIST_WORLD_SIZE", w, 1);
+  setenv("DIST_CLUSTER", h->cluster_file, 1);
+  setenv("DIST_JOB_ID", job, 1);
+  dist_client *c = NULL;
+  cr_assert_eq(dist_init_from_env(&c), 0, "%s", dist_last_connect_error());
+  return c;
+}
+
+long harness_log_size(const harness *h, int r) {
+  char path[320];
+  struct stat sb;
+  snprintf(path, sizeof path, "%s/distd.%d.log", h->dir, r);
+  return stat(path, &sb) == 0 ? (long)sb.st_size : 0;
+}
+
+static int line_has_all(const char *line, size_t len, const char *const *needles) {
+  char buf[2048];
+  snprintf(buf, sizeof buf, "%.*s", (int)(len < sizeof buf ? len : sizeof buf - 1), line);
+  for (int i = 0; needles[i]; i++)
+    if (!strstr(buf, needles[i])) return 0;
+  return 1;
+}
+
+static int log_has(const harness *h, int r, long from, const char *const *needles) {
+  char path[320];
+  snprintf(path, sizeof path, "%s/distd.%d.log", h->dir, r);
+  char *text = slurp(path);
+  int found = 0;
+  if (text && (long)strlen(text) >= from) {
+    for (char *line = text + from; *line && !found;) {
+      char *end = strchr(line, '\n');
+      size_t len = end ? (size_t)(end - line) : strlen(line);
+      found = line_has_all(line, len, needles);
+      line += len + (end != NULL);
+    }
+  }
+  free(text);
+  return found;
+}
+
+int harness_log_wait(const harness *h, int r, long from, const char *const *needles,
+                     int timeout_ms) {
+  for (int waited = 0; waited < timeout_ms; waited += 50) {
+    if (log_has(h, r, from, needles)) return 1;
+    sleep_ms(50);
+  }
+  return log_has(h, r, from, needles);
 }

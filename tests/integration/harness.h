@@ -43,5 +43,16 @@ int harness_run(const char *cmd, char **out, char **err, int timeout_s);
 /* Paths of the built binaries ($DIST_DISTD_BIN, $DIST_DISTCTL_BIN). */
 const char *harness_distd(void);
 const char *harness_distctl(void);
+/* An SPMD trainer's client for `rank`, made by dist_init_from_env with
+ * DIST_RANK, DIST_WORLD_SIZE, DIST_CLUSTER and DIST_JOB_ID=job set (call it
+ * from one thread: it sets the environment). */
+dist_client *harness_spmd_client(harness *h, int rank, const char *job);
+/* Size of rank r's log now, to look only at what it logs afterwards. */
+long harness_log_size(const harness *h, int r);
+/* Waits, bounded by timeout_ms, until rank r's log from byte `from` on
+ * holds a line containing every one of the NULL-terminated needles;
+ * returns 1 when it does. */
+int harness_log_wait(const harness *h, int r, long from, const char *const *needles,
+                     int timeout_ms);
 
 #endif
