@@ -249,9 +249,11 @@ static int exchange_run(const distd_moe_args *a, const void *in, void *out,
   plan p;
   make_plan(a, offs, &p);
   build_header(a, mine);
+  /* Each header waits to leave with the first rows to the same member (one
+   * writev), or at the wait when there are none. */
   for (int j = 0; j < W; j++) {
     if (j == a->me) continue;
-    distd_xfer_send(hx, a->group[j], TAG_HEADER, mine, hlen);
+    distd_xfer_send_deferred(hx, a->group[j], TAG_HEADER, mine, hlen);
     distd_xfer_recv_any(hx, a->group[j], TAG_HEADER, &theirs[j], &their_len[j]);
   }
   post_rows(a, &p, dx, in, out);

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -248,6 +249,7 @@ int distd_peers_start(distd_peers **out, struct event_base *base,
   p->rank = opts->rank;
   p->world = opts->world_size;
   p->listen_fd = -1;
+  p->wake_fd = -1;
   snprintf(p->cluster_id, sizeof p->cluster_id, "%s", opts->cluster_id ? opts->cluster_id : "");
   if (getrandom(&p->boot_id, sizeof p->boot_id, 0) != sizeof p->boot_id)
     p->boot_id = now_ns() ^ (uint64_t)getpid();
@@ -262,7 +264,10 @@ int distd_peers_start(distd_peers **out, struct event_base *base,
   dlist_init(&p->unexpected);
   p->members = malloc(sizeof *p->members * (size_t)p->world);
   p->peers = calloc((size_t)p->world, sizeof *p->peers);
-  if (!p->members || !p->peers) {
+  p->pollfds = calloc(2 * (size_t)p->world + 1, sizeof *p->pollfds);
+  /* Without it a waiter cannot drive the sockets; the loop thread still does. */
+  p->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (!p->members || !p->peers || !p->pollfds) {
     rc = dist_fail(eb, DIST_ENOMEM, "out of memory");
     goto out;
   }
@@ -327,6 +332,8 @@ void distd_peers_free(distd_peers *p) {
   if (p->listen_ev) event_free(p->listen_ev);
   if (p->ping_ev) event_free(p->ping_ev);
   if (p->listen_fd >= 0) close(p->listen_fd);
+  if (p->wake_fd >= 0) close(p->wake_fd);
+  free(p->pollfds);
   pthread_cond_destroy(&p->idle);
   pthread_mutex_destroy(&p->mu);
   distd_peer_tls_ctx_free(p->tls_ctx);

@@ -80,6 +80,11 @@ distd_xfer *distd_xfer_new(distd_peers *p, uint64_t op_id);
  * (a local copy into the matching receive of the same xfer). */
 void distd_xfer_send(distd_xfer *x, int dst, uint32_t tag, const void *buf,
                      size_t len);
+/* Like distd_xfer_send, but the frame is not written yet: it leaves with
+ * the next distd_xfer_send to the same peer (one writev for both) or when a
+ * thread waits on or frees an xfer, whichever comes first. */
+void distd_xfer_send_deferred(distd_xfer *x, int dst, uint32_t tag,
+                              const void *buf, size_t len);
 /* Posts a receive of exactly len bytes from src under tag into buf. A frame
  * of another length fails the xfer with DIST_EPROTO naming both ranks. */
 void distd_xfer_recv(distd_xfer *x, int src, uint32_t tag, void *buf,

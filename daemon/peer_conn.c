@@ -128,6 +128,30 @@ static void lostf(conn *c, const char *fmt, ...) {
   distd_conn_lost(c, reason);
 }
 
+/* The read path runs on the loop thread or on the worker driving the
+ * sockets; only the loop thread may free a connection, so the driver marks
+ * it failed, gives it back and lets the loop thread close it. */
+static void read_lost(conn *c, const char *reason) {
+  if (!distd_on_driver(c->p)) {
+    distd_conn_lost(c, reason);
+    return;
+  }
+  c->failed = 1;
+  c->owned = 0;
+  snprintf(c->lost_reason, sizeof c->lost_reason, "%s", reason);
+  event_active(c->rev, EV_READ, 0);
+}
+
+static void read_lostf(conn *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void read_lostf(conn *c, const char *fmt, ...) {
+  char reason[300];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(reason, sizeof reason, fmt, ap);
+  va_end(ap);
+  read_lost(c, reason);
+}
+
 const char *distd_peer_errno_reason(int e) {
   switch (e) {
   case ECONNRESET: return "connection reset";
@@ -251,6 +275,14 @@ int distd_conn_flush(conn *c, int in_loop) {
   return 0;
 }
 
+int distd_conn_driver_flush(conn *c) {
+  if (c->connecting || c->handshaking || !c->greeted || c->close_after_flush) return 0;
+  int r = flush_ctl(c);
+  if (r == 1) r = flush_outq(c);
+  if (r < 0) distd_conn_want_write(c); /* the loop thread finds the error again */
+  return r == 0;
+}
+
 static void finish_connect(conn *c) {
   int err = 0;
   socklen_t len = sizeof err;
@@ -330,6 +362,10 @@ void distd_peers_unblock_readers(distd_peers *p) {
     conn *c = p->peers[r].in;
     if (!c || !c->read_blocked) continue;
     c->read_blocked = 0;
+    if (c->owned) { /* the driver reads it: the header is already staged */
+      distd_driver_wake(p);
+      continue;
+    }
     event_add(c->rev, NULL);
     event_active(c->rev, EV_READ, 0); /* the waiting header is already staged */
   }
@@ -517,25 +553,25 @@ static int on_header(conn *c) {
       return -1;
     }
     log_warn("peer connection (rank %d): %s", c->rank, eb.msg);
-    distd_conn_lost(c, eb.msg);
+    read_lost(c, eb.msg);
     return -1;
   }
   if (!kind_allowed(c, h.kind) || (c->greeted && (int)h.src_rank != c->rank)) {
-    lostf(c, "protocol violation: frame kind %u from rank %u", h.kind, h.src_rank);
+    read_lostf(c, "protocol violation: frame kind %u from rank %u", h.kind, h.src_rank);
     return -1;
   }
   int ctl = h.kind == DIST_FRAME_HELLO || h.kind == DIST_FRAME_HELLO_REJECT ||
             h.kind == DIST_FRAME_ABORT;
   if ((ctl && h.length > CTL_MAX) || (h.kind == DIST_FRAME_HELLO && h.length != DIST_HELLO_SIZE) ||
       (!ctl && h.kind != DIST_FRAME_DATA && h.length != 0)) {
-    lostf(c, "protocol violation: frame kind %u with %llu payload bytes", h.kind,
+    read_lostf(c, "protocol violation: frame kind %u with %llu payload bytes", h.kind,
           (unsigned long long)h.length);
     return -1;
   }
   if (h.kind == DIST_FRAME_DATA && h.length > p->max_frame) {
     log_warn("peer rank %d: DATA frame of %llu bytes is longer than max_frame_size (%zu)",
              c->rank, (unsigned long long)h.length, p->max_frame);
-    lostf(c, "protocol violation: DATA frame of %llu bytes exceeds max_frame_size (%zu)",
+    read_lostf(c, "protocol violation: DATA frame of %llu bytes exceeds max_frame_size (%zu)",
           (unsigned long long)h.length, p->max_frame);
     return -1;
   }
@@ -561,7 +597,7 @@ static int on_header(conn *c) {
     dist_frame_header pong = {DIST_FRAME_MAGIC, DIST_FRAME_VERSION, DIST_FRAME_PONG,
                               0, (uint32_t)p->rank, 0, 0, h.aux};
     distd_conn_queue_ctl(c, &pong, NULL, 0);
-    return distd_conn_flush(c, 1);
+    return distd_conn_flush(c, !distd_on_driver(p));
   }
   return 0;
 }
@@ -607,7 +643,7 @@ static ssize_t fill_stage(conn *c) {
     return n;
   }
   if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
-  distd_conn_lost(c, n == 0 ? "connection closed by peer" : io_reason(c, errno));
+  read_lost(c, n == 0 ? "connection closed by peer" : io_reason(c, errno));
   return -1;
 }
 
@@ -619,7 +655,7 @@ static ssize_t read_direct(conn *c) {
     return n;
   }
   if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
-  distd_conn_lost(c, n == 0 ? "connection closed by peer" : io_reason(c, errno));
+  read_lost(c, n == 0 ? "connection closed by peer" : io_reason(c, errno));
   return -1;
 }
 
@@ -664,6 +700,17 @@ void distd_conn_read_cb(int fd, short what, void *arg) {
   conn *c = arg;
   distd_peers *p = c->p;
   pthread_mutex_lock(&p->mu);
+  if (c->failed) { /* the driver found it broken (read_lost) */
+    char reason[sizeof c->lost_reason];
+    snprintf(reason, sizeof reason, "%s", c->lost_reason);
+    distd_conn_lost(c, reason);
+    pthread_mutex_unlock(&p->mu);
+    return;
+  }
+  if (c->owned) { /* a callback that was on its way when the driver took it */
+    pthread_mutex_unlock(&p->mu);
+    return;
+  }
   if (c->handshaking) {
     distd_conn_handshake(c);
     pthread_mutex_unlock(&p->mu);
@@ -678,4 +725,10 @@ void distd_conn_read_cb(int fd, short what, void *arg) {
   if (r == 1 || (r == 0 && !c->read_blocked && c->tp->pending(c) > 0))
     event_active(c->rev, EV_READ, 0);
   pthread_mutex_unlock(&p->mu);
+}
+
+int distd_conn_drive_read(conn *c, size_t budget) {
+  int r = 1;
+  while (r == 1 && budget > 0) r = read_step(c, &budget);
+  return r;
 }

@@ -1,18 +1,34 @@
 /* The peer data plane's insides, shared by peer.c (lifetime, listener,
  * dialling, timers), peer_conn.c (reading and writing frames on one socket)
- * and peer_xfer.c (transfers, matching, kept-aside data, aborts).
+ * and peer_xfer.c (transfers, matching, kept-aside data, aborts, waiting).
  *
  * Locking: one mutex (distd_peers.mu) guards everything below, including the
  * read() and writev() calls that move bytes into or out of callers' buffers:
  * a buffer can then never be touched after distd_xfer_wait has detached it.
  * The loop thread takes the mutex in every callback. Worker threads take it
- * in distd_xfer_*; they may write to a socket and call event_add or
- * event_active, but never event_del/event_free or close(): those belong to
- * the loop thread (event_del from another thread can wait on a callback
- * that is itself waiting for our mutex). */
+ * in distd_xfer_*; they may write to a socket and call event_add,
+ * event_del_noblock or event_active, but never event_del/event_free or
+ * close(): those belong to the loop thread (event_del from another thread
+ * can wait on a callback that is itself waiting for our mutex).
+ *
+ * Who reads (plain TCP): a thread waiting in distd_xfer_wait becomes the
+ * "driver" when no other thread is: it takes the greeted inbound sockets
+ * from the loop (conn.owned, event_del_noblock), polls them itself with the
+ * mutex released, and reads and writes every connection's frames until its
+ * transfer is done, then hands the sockets back (event_add) and lets a
+ * waiter that sleeps meanwhile take over. The loop thread skips owned ones; everything else (dialling, handshakes, PING,
+ * other waiters' progress once the driver left) stays with it. One wake-up
+ * per arriving frame instead of two (loop thread, then the waiter). A
+ * failure the driver finds is left to the loop thread (conn.failed), which
+ * alone frees connections. Other waiters sleep on their xfer's condvar and
+ * are served by the driver or the loop.
+ *
+ * Sends are queued by distd_xfer_send and written when a thread waits (or
+ * frees the xfer): all frames an op has for one peer leave in one writev. */
 #ifndef DISTD_PEER_INTERNAL_H
 #define DISTD_PEER_INTERNAL_H
 
+#include <poll.h>
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -136,6 +152,10 @@ struct conn {
   unexpected *unexp;
   uint8_t ctl[CTL_MAX + 1];
   size_t ctl_len;
+  /* the driver (see the top) */
+  int owned;  /* read by the driving worker; the loop leaves it alone */
+  int failed; /* the driver found it broken: the loop closes it */
+  char lost_reason[300];
   /* writing: handshake and PONG bytes, sent before any queued item */
   uint8_t *wbuf;
   size_t wlen, woff, wcap;
@@ -169,6 +189,7 @@ struct distd_xfer {
   dlist self_sends;
   pthread_cond_t cond;
   int pending;
+  int waiting; /* a thread is in distd_xfer_wait */
   dist_errbuf err; /* err.code != 0 once failed */
 };
 
@@ -192,7 +213,13 @@ struct distd_peers {
   dlist xfers;
   dlist unexpected;
   remembered_op remembered[REMEMBERED_OPS];
-  int remembered_next;
+  int remembered_next, remembered_used; /* used: slots ever written */
+  /* the worker driving the sockets (see the top); NULL when none */
+  distd_xfer *driver_x;
+  pthread_t driver_tid;
+  int wake_fd;     /* eventfd that interrupts the driver's poll() */
+  int drive_again; /* the driver must look again before sleeping */
+  struct pollfd *pollfds; /* 2 * world + 1, the driver's */
   int waiters;
   int closing;
   struct distd_ops *ops; /* registry for inspection (peer.h); not owned */
@@ -221,6 +248,12 @@ void distd_conn_queue_ctl(conn *c, const dist_frame_header *h,
 /* Writes what it can. in_loop = 0 from worker threads: then errors are left
  * for the loop thread to find. Returns -1 when the connection was closed. */
 int distd_conn_flush(conn *c, int in_loop);
+/* For the driver: writes what an outbound connection can take without
+ * arming its write event; returns 1 when bytes are left (poll POLLOUT). */
+int distd_conn_driver_flush(conn *c);
+/* For the driver: reads frames from an owned inbound connection until the
+ * socket is empty (0), budget is spent (1) or it failed (-1). */
+int distd_conn_drive_read(conn *c, size_t budget);
 void distd_conn_want_write(conn *c);
 /* Advances the transport handshake from the loop thread; once done,
  * checks an outbound peer's certificate rank and starts the HELLO. */
@@ -246,5 +279,10 @@ void distd_handle_abort(distd_peers *p, int from, uint64_t op_id, int code,
                         const char *reason);
 void distd_fail_xfers_of_peer(distd_peers *p, int rank, const char *msg);
 void distd_xfer_orphan_all(distd_peers *p);
+/* 1 on the thread currently driving the sockets. */
+int distd_on_driver(const distd_peers *p);
+/* Makes the driver look at its sockets and transfers again: from another
+ * thread through wake_fd, on the driver itself through drive_again. */
+void distd_driver_wake(distd_peers *p);
 
 #endif

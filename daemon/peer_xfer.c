@@ -1,21 +1,28 @@
 /* Transfers: posting sends and receives for one op id, matching arriving
  * frames to receives, data kept aside for receives not yet posted, aborts,
  * and waiting with a deadline. */
+#include <errno.h>
+#include <event2/event.h>
+#include <poll.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "peer_internal.h"
 
 #define HDR DIST_FRAME_HEADER_SIZE
+#define DRIVE_BUDGET (2u << 20) /* bytes read per socket per pass */
+#define DRIVE_POLL_MAX_MS 200   /* a lost wake-up costs at most this */
 
 /* ---- remembered ops: aborted by a peer, or failed here ---- */
 
 const remembered_op *distd_remembered_find(distd_peers *p, uint64_t op_id) {
   int64_t now = distd_now_ms();
-  for (int i = 0; i < REMEMBERED_OPS; i++) {
+  for (int i = 0; i < p->remembered_used; i++) { /* usually none: no failures */
     const remembered_op *r = &p->remembered[i];
     if (r->at_ms && r->op_id == op_id && now - r->at_ms < REMEMBER_MS) return r;
   }
@@ -29,6 +36,7 @@ void distd_remember_op(distd_peers *p, uint64_t op_id, int aborted_by, int code,
   if (!r) {
     r = &p->remembered[p->remembered_next];
     p->remembered_next = (p->remembered_next + 1) % REMEMBERED_OPS;
+    if (p->remembered_used < REMEMBERED_OPS) p->remembered_used++;
   }
   *r = (remembered_op){.op_id = op_id, .at_ms = distd_now_ms(),
                        .aborted_by = aborted_by, .code = code};
@@ -51,8 +59,14 @@ static void drop_unexpected_of(distd_peers *p, uint64_t op_id) {
 
 /* ---- completion and failure ---- */
 
+/* Wakes x's waiter, on its condvar or in the driver's poll(). */
+static void wake(distd_xfer *x) {
+  pthread_cond_signal(&x->cond);
+  if (x->p && x->p->driver_x == x) distd_driver_wake(x->p);
+}
+
 static void one_done(distd_xfer *x) {
-  if (--x->pending == 0) pthread_cond_signal(&x->cond);
+  if (--x->pending == 0) wake(x);
 }
 
 void distd_xfer_fail(distd_xfer *x, int code, const char *fmt, ...) {
@@ -66,7 +80,7 @@ void distd_xfer_fail(distd_xfer *x, int code, const char *fmt, ...) {
     distd_remember_op(x->p, x->op_id, -1, code, x->err.msg);
     drop_unexpected_of(x->p, x->op_id);
   }
-  pthread_cond_signal(&x->cond);
+  wake(x);
 }
 
 void distd_xfer_send_done(send_item *it) {
@@ -275,7 +289,8 @@ static void send_to_self(distd_xfer *x, uint32_t tag, const void *buf, size_t le
   x->pending++;
 }
 
-void distd_xfer_send(distd_xfer *x, int dst, uint32_t tag, const void *buf, size_t len) {
+static void queue_send(distd_xfer *x, int dst, uint32_t tag, const void *buf, size_t len,
+                       int write_now) {
   distd_peers *p = x->p;
   if (!p) return;
   pthread_mutex_lock(&p->mu);
@@ -297,10 +312,20 @@ void distd_xfer_send(distd_xfer *x, int dst, uint32_t tag, const void *buf, size
   distd_peer_queue_frame(p, dst, it);
   x->pending++;
   conn *c = p->peers[dst].out;
-  /* Write from this thread when the socket is idle: no loop wake-up. */
-  if (c && c->greeted) distd_conn_flush(c, 0);
+  /* Write from this thread: no loop wake-up. Frames queued before (sent
+   * with distd_xfer_send_deferred) leave in the same writev. */
+  if (write_now && c && c->greeted) distd_conn_flush(c, 0);
 out:
   pthread_mutex_unlock(&p->mu);
+}
+
+void distd_xfer_send(distd_xfer *x, int dst, uint32_t tag, const void *buf, size_t len) {
+  queue_send(x, dst, tag, buf, len, 1);
+}
+
+void distd_xfer_send_deferred(distd_xfer *x, int dst, uint32_t tag, const void *buf,
+                              size_t len) {
+  queue_send(x, dst, tag, buf, len, 0);
 }
 
 static unexpected *find_unexpected(distd_peers *p, uint64_t op_id, int src, uint32_t tag) {
@@ -432,20 +457,140 @@ static void free_done_recvs(distd_xfer *x) {
   }
 }
 
+/* ---- the waiting thread drives the sockets (peer_internal.h) ---- */
+
+int distd_on_driver(const distd_peers *p) {
+  return p->driver_x && pthread_equal(p->driver_tid, pthread_self());
+}
+
+void distd_driver_wake(distd_peers *p) {
+  if (!p->driver_x) return;
+  if (distd_on_driver(p)) {
+    p->drive_again = 1;
+    return;
+  }
+  uint64_t one = 1;
+  if (write(p->wake_fd, &one, sizeof one) < 0) p->drive_again = 1; /* full: awake anyway */
+}
+
+/* Writes the frames queued for every peer (deferred sends, rests); from a
+ * thread that will not drive, the loop thread writes what the sockets
+ * cannot take now. */
+static void flush_queued(distd_peers *p) {
+  for (int r = 0; r < p->world; r++) {
+    conn *c = p->peers[r].out;
+    if (c && c->greeted && !dlist_empty(&p->peers[r].outq)) distd_conn_flush(c, 0);
+  }
+}
+
+static int can_drive(const distd_peers *p) {
+  return p->tp == &distd_peer_transport_tcp && p->wake_fd >= 0 && !p->driver_x &&
+         !p->closing;
+}
+
+/* Takes the greeted inbound sockets the loop thread still watches. */
+static void claim_inbound(distd_peers *p) {
+  for (int r = 0; r < p->world; r++) {
+    conn *c = p->peers[r].in;
+    if (!c || c->owned || !c->greeted || c->failed || c->handshaking) continue;
+    c->owned = 1;
+    event_del_noblock(c->rev); /* a callback already on its way sees owned */
+  }
+}
+
+/* Gives the sockets back to the loop thread, with whatever is left to do
+ * (keeping them parked until the next waiter would save the loop two
+ * wake-ups per wait, but a rank that does not wait, or waits on another
+ * op, must still receive), and tells a waiter already sleeping that it may
+ * take over. */
+static void stop_driving(distd_peers *p) {
+  for (int r = 0; r < p->world; r++) {
+    conn *c = p->peers[r].in;
+    if (c && c->owned) {
+      c->owned = 0;
+      if (!c->read_blocked) {
+        event_add(c->rev, NULL);
+        if (c->st_end > c->st_off) event_active(c->rev, EV_READ, 0); /* staged */
+      }
+    }
+    c = p->peers[r].out;
+    if (c && c->greeted && !dlist_empty(&p->peers[r].outq)) distd_conn_want_write(c);
+  }
+  p->driver_x = NULL;
+  p->drive_again = 0;
+  for (dlist *pos = p->xfers.next; pos != &p->xfers; pos = pos->next) {
+    distd_xfer *x = dlist_entry(pos, distd_xfer, link);
+    if (x->waiting && !x->err.code && x->pending > 0) {
+      pthread_cond_signal(&x->cond);
+      break;
+    }
+  }
+}
+
+/* One pass over every connection: reads what arrived, writes what is
+ * queued; fills fds with what to wait for and returns how many. */
+static int drive_pass(distd_peers *p, struct pollfd *fds) {
+  int n = 0;
+  p->drive_again = 0;
+  for (int r = 0; r < p->world; r++) {
+    if (r == p->rank) continue;
+    conn *c = p->peers[r].in; /* the driver never frees one: stays valid */
+    if (c && c->owned && !c->read_blocked) {
+      if (distd_conn_drive_read(c, DRIVE_BUDGET) == 1) p->drive_again = 1;
+      if (c->owned && !c->read_blocked) fds[n++] = (struct pollfd){c->fd, POLLIN, 0};
+    }
+    c = p->peers[r].out;
+    if (c && distd_conn_driver_flush(c)) fds[n++] = (struct pollfd){c->fd, POLLOUT, 0};
+  }
+  return n;
+}
+
+/* Drives until x is done or failed, the deadline passed, or the data plane
+ * closes. Called and returns with mu held; mu is released in poll(). */
+static void drive(distd_xfer *x, int64_t deadline_ms) {
+  distd_peers *p = x->p;
+  struct pollfd *fds = p->pollfds;
+  p->driver_x = x;
+  p->driver_tid = pthread_self();
+  while (!x->err.code && x->pending > 0 && !p->closing) {
+    claim_inbound(p);
+    int n = drive_pass(p, fds);
+    if (x->err.code || x->pending == 0) break;
+    int64_t left = deadline_ms - distd_now_ms();
+    if (left <= 0) break;
+    fds[n++] = (struct pollfd){p->wake_fd, POLLIN, 0};
+    int timeout = p->drive_again ? 0 : left < DRIVE_POLL_MAX_MS ? (int)left : DRIVE_POLL_MAX_MS;
+    pthread_mutex_unlock(&p->mu);
+    if (poll(fds, (nfds_t)n, timeout) > 0 && fds[n - 1].revents) {
+      uint64_t count;
+      if (read(p->wake_fd, &count, sizeof count) < 0 && errno != EAGAIN) count = 0;
+    }
+    pthread_mutex_lock(&p->mu);
+  }
+  stop_driving(p);
+}
+
 int distd_xfer_wait(distd_xfer *x, int64_t deadline_ms, dist_errbuf *eb) {
   distd_peers *p = x->p;
   if (!p) return dist_fail(eb, x->err.code, "%s", x->err.msg);
   pthread_mutex_lock(&p->mu);
   p->waiters++;
+  x->waiting = 1;
   if (!x->err.code) check_self_matched(x);
+  if (!can_drive(p)) flush_queued(p);
   while (!x->err.code && x->pending > 0) {
     if (distd_now_ms() >= deadline_ms) {
       fail_timeout(x);
       break;
     }
+    if (can_drive(p)) {
+      drive(x, deadline_ms);
+      continue;
+    }
     struct timespec ts = {(time_t)(deadline_ms / 1000), (long)(deadline_ms % 1000) * 1000000};
     pthread_cond_timedwait(&x->cond, &p->mu, &ts);
   }
+  x->waiting = 0;
   int rc = x->err.code;
   if (rc) {
     if (x->p) detach(x, 1);
@@ -493,6 +638,8 @@ void distd_xfer_free(distd_xfer *x) {
       distd_remember_op(p, x->op_id, -1, DIST_ECANCELED, "abandoned");
     detach(x, 1);
     dlist_remove(&x->link);
+    if (!p->driver_x) flush_queued(p); /* deferred frames of other ops */
+    else distd_driver_wake(p);
     pthread_mutex_unlock(&p->mu);
   }
   pthread_cond_destroy(&x->cond);

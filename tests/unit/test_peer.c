@@ -484,3 +484,130 @@ Test(peer, wait_after_the_peers_are_freed_is_cancelled) {
   distd_xfer_free(r);
   fix_teardown(&f);
 }
+
+/* ---- the waiting thread drives the sockets (peer_internal.h) ---- */
+
+typedef struct waiter {
+  distd_xfer *x;
+  int64_t deadline;
+  int rc;
+  int64_t took_ms;
+  char msg[sizeof(dist_errbuf){0}.msg];
+} waiter;
+
+static void *waiter_main(void *arg) {
+  waiter *w = arg;
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  int64_t t0 = distd_now_ms();
+  w->rc = distd_xfer_wait(w->x, w->deadline, &eb);
+  w->took_ms = distd_now_ms() - t0;
+  snprintf(w->msg, sizeof w->msg, "%s", eb.msg);
+  return NULL;
+}
+
+/* Rank 1 has 8 threads waiting at once (one drives, the rest sleep): the
+ * even ones on rank 0 and 2, the odd ones on rank 2 only. Rank 0 dies: the
+ * even ones fail with EPEER at once, the odd ones still get rank 2's data,
+ * which arrives only after the death. */
+Test(peer, many_waiters_while_a_peer_dies) {
+  peer_fixture f;
+  fix_setup(&f, 3);
+  enum { N = 8, LEN = 100000 };
+  waiter w[N];
+  pthread_t t[N];
+  uint8_t *got0[N], *got2[N], *src[N];
+  for (int i = 0; i < N; i++) {
+    got0[i] = malloc(LEN), got2[i] = malloc(LEN), src[i] = pattern(LEN, 50 + (unsigned)i);
+    w[i] = (waiter){.x = distd_xfer_new(f.r[1].peers, 600 + (uint64_t)i),
+                    .deadline = in_ms(20000)};
+    if (i % 2 == 0) distd_xfer_recv(w[i].x, 0, 0, got0[i], LEN);
+    distd_xfer_recv(w[i].x, 2, 0, got2[i], LEN);
+    pthread_create(&t[i], NULL, waiter_main, &w[i]);
+  }
+  usleep(100 * 1000);
+  fix_stop_rank(&f, 0);
+  usleep(200 * 1000);
+  distd_xfer *s[N];
+  for (int i = 0; i < N; i++) {
+    s[i] = distd_xfer_new(f.r[2].peers, 600 + (uint64_t)i);
+    distd_xfer_send(s[i], 1, 0, src[i], LEN);
+  }
+  for (int i = 0; i < N; i++) {
+    pthread_join(t[i], NULL);
+    if (i % 2 == 0) {
+      cr_assert_eq(w[i].rc, DIST_EPEER, "waiter %d: %d %s", i, w[i].rc, w[i].msg);
+      cr_assert(strstr(w[i].msg, "peer rank 0"), "waiter %d: %s", i, w[i].msg);
+      cr_assert_lt(w[i].took_ms, 5000, "waiter %d failed at the deadline", i);
+    } else {
+      cr_assert_eq(w[i].rc, 0, "waiter %d: %s", i, w[i].msg);
+      cr_assert_eq(memcmp(got2[i], src[i], LEN), 0, "waiter %d's bytes", i);
+    }
+  }
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  for (int i = 0; i < N; i++) {
+    cr_assert_eq(distd_xfer_wait(s[i], in_ms(5000), &eb), 0, "%s", eb.msg);
+    distd_xfer_free(s[i]), distd_xfer_free(w[i].x);
+    free(got0[i]), free(got2[i]), free(src[i]);
+  }
+  fix_teardown(&f);
+}
+
+/* The driver leaves once its own op is done; an op another thread still
+ * waits on is then finished by the loop thread (or the next driver). */
+Test(peer, a_waiter_is_served_after_the_driver_left) {
+  peer_fixture f;
+  fix_setup(&f, 2);
+  uint8_t a_src[64] = {1}, b_src[70000], a_dst[64], b_dst[70000];
+  memset(b_src, 7, sizeof b_src);
+  distd_xfer *a = distd_xfer_new(f.r[1].peers, 700), *b = distd_xfer_new(f.r[1].peers, 701);
+  distd_xfer_recv(a, 0, 0, a_dst, sizeof a_dst);
+  distd_xfer_recv(b, 0, 0, b_dst, sizeof b_dst);
+  waiter wa = {.x = a, .deadline = in_ms(10000)}, wb = {.x = b, .deadline = in_ms(10000)};
+  pthread_t ta, tb;
+  pthread_create(&ta, NULL, waiter_main, &wa);
+  pthread_create(&tb, NULL, waiter_main, &wb);
+  usleep(50 * 1000);
+  distd_xfer *s = distd_xfer_new(f.r[0].peers, 700);
+  distd_xfer_send(s, 1, 0, a_src, sizeof a_src);
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  cr_assert_eq(distd_xfer_wait(s, in_ms(5000), &eb), 0, "%s", eb.msg);
+  pthread_join(ta, NULL);
+  cr_assert_eq(wa.rc, 0, "%s", wa.msg);
+  usleep(50 * 1000); /* b's bytes come once nobody may be driving */
+  distd_xfer *s2 = distd_xfer_new(f.r[0].peers, 701);
+  distd_xfer_send(s2, 1, 0, b_src, sizeof b_src);
+  cr_assert_eq(distd_xfer_wait(s2, in_ms(5000), &eb), 0, "%s", eb.msg);
+  pthread_join(tb, NULL);
+  cr_assert_eq(wb.rc, 0, "%s", wb.msg);
+  cr_assert_lt(wb.took_ms, 5000, "served by the deadline only");
+  cr_assert_eq(memcmp(a_dst, a_src, sizeof a_src), 0);
+  cr_assert_eq(memcmp(b_dst, b_src, sizeof b_src), 0);
+  distd_xfer_free(s), distd_xfer_free(s2), distd_xfer_free(a), distd_xfer_free(b);
+  fix_teardown(&f);
+}
+
+/* A deferred frame leaves with the next send to the same peer, or when its
+ * sender waits: the receiver gets both, intact, in order of tags. */
+Test(peer, deferred_sends_leave_with_the_next_send_or_the_wait) {
+  peer_fixture f;
+  fix_setup(&f, 2);
+  uint8_t *h = pattern(300, 61), *rows = pattern(50000, 62), *lone = pattern(10, 63);
+  uint8_t h_dst[300], rows_dst[50000], lone_dst[10];
+  distd_xfer *r = distd_xfer_new(f.r[1].peers, 800);
+  distd_xfer_recv(r, 0, 0, h_dst, sizeof h_dst);
+  distd_xfer_recv(r, 0, 1, rows_dst, sizeof rows_dst);
+  distd_xfer_recv(r, 0, 2, lone_dst, sizeof lone_dst);
+  distd_xfer *s = distd_xfer_new(f.r[0].peers, 800);
+  distd_xfer_send_deferred(s, 1, 0, h, 300);
+  distd_xfer_send(s, 1, 1, rows, 50000); /* takes the header along */
+  distd_xfer_send_deferred(s, 1, 2, lone, 10); /* leaves at the wait */
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  cr_assert_eq(distd_xfer_wait(s, in_ms(5000), &eb), 0, "%s", eb.msg);
+  cr_assert_eq(distd_xfer_wait(r, in_ms(5000), &eb), 0, "%s", eb.msg);
+  cr_assert_eq(memcmp(h_dst, h, 300), 0);
+  cr_assert_eq(memcmp(rows_dst, rows, 50000), 0);
+  cr_assert_eq(memcmp(lone_dst, lone, 10), 0);
+  distd_xfer_free(s), distd_xfer_free(r);
+  free(h), free(rows), free(lone);
+  fix_teardown(&f);
+}
