@@ -302,7 +302,8 @@ int distd_moe_exchange(const distd_moe_args *a, const void *in, void *out,
   uint64_t serial = distd_ops_begin(ops, op_name(a->dir), a->op_id, a->group, a->size, bytes);
   dist_errbuf why = DIST_ERRBUF_INIT;
   int rc = exchange_run(a, in, out, &why);
-  if (rc == 0 && a->dir == DISTD_MOE_SCATTER) record_expert_tokens(a);
+  if (rc == 0 && a->dir == DISTD_MOE_SCATTER && !a->gradient)
+    record_expert_tokens(a);
   distd_ops_end(ops, serial, rc, why.msg);
   if (rc && eb) *eb = why;
   return rc;

@@ -38,6 +38,7 @@ typedef struct distd_moe_args {
   const int64_t *global_count;  /* W*E */
   size_t row_bytes;             /* d_model * dtype size */
   int64_t deadline_ms;          /* CLOCK_MONOTONIC ms */
+  int gradient;                 /* backward traffic: not counted as tokens */
 } distd_moe_args;
 
 /* Checks a request before any transfer: counts of length W*E (E >= 1), none

@@ -82,6 +82,7 @@ static void fill_request(Dist__V1__GlobalExchangeRequest *rq,
     rq->x.len = (size_t)rows * (size_t)a->d_model * dist_dtype_size(a->dt);
   }
   if (o && o->out_name) rq->out_name = (char *)o->out_name;
+  if (o) rq->gradient = o->gradient;
   rq->replace = o && o->replace;
 }
 

@@ -326,7 +326,7 @@ static int exchange_and_run(dist_client *c, dist_moe_layer *l, void **rows,
   tensor_name(into, sizeof into, l, backward ? "dy" : "x");
   tensor_name(from, sizeof from, l, backward ? "dx" : "y");
   count_arrays(l, lc, gc, NULL);
-  dist_moe_opts so = {NULL, into, 1}, go = {from, NULL, 0};
+  dist_moe_opts so = {NULL, into, 1, backward}, go = {from, NULL, 0, backward};
   int rc = dist_global_scatter(c, (const void *const *)rows, NULL, l->dt, l->dm,
                                lc, gc, l->E, l->group, l->W, &so, NULL, NULL);
   if (rc == 0) rc = run_experts(c, l, backward);

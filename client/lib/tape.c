@@ -288,7 +288,7 @@ static int record_exchange(dist_tape *t, entry_kind kind,
   }
   int64_t rows[DIST_MAX_MESH_RANKS] = {0};
   if (!rc) {
-    dist_moe_opts o = {a->x ? NULL : e->x, e->y, a->replace};
+    dist_moe_opts o = {a->x ? NULL : e->x, e->y, a->replace, 0};
     rc = (kind == SCATTER ? dist_global_scatter : dist_global_gather)(
         t->c, a->x, a->x_rows, a->dtype, a->d_model, a->local_count,
         a->global_count, a->n_experts, a->group, a->group_size, &o, NULL, rows);
@@ -494,7 +494,7 @@ static int exchange_back(dist_tape *t, const entry *e, const slot *g) {
   int64_t rows[DIST_MAX_MESH_RANKS];
   char name[NAME_MAX_LEN];
   next_grad_name(t, name);
-  dist_moe_opts o = {NULL, name, 1};
+  dist_moe_opts o = {NULL, name, 1, 1}; /* gradients, not routed tokens */
   for (int k = 0; k < e->parts.n; k++) {
     lcs[k] = e->lc + (size_t)k * len;
     gcs[k] = e->gc + (size_t)k * len;

@@ -236,7 +236,7 @@ Test(moe, seed_003_via_daemon_held_tensors, .timeout = 120) {
   const void *xs[2] = {seed_x, seed_x};
   const int64_t *lcs[2] = {seed_counts[0], seed_counts[1]};
   /* The experts' input stays in the daemons ... */
-  dist_moe_opts keep = {NULL, "experts_in", 0};
+  dist_moe_opts keep = {NULL, "experts_in", 0, 0};
   int64_t rows[2];
   cr_assert_eq(dist_global_scatter(c, xs, NULL, DIST_FLOAT32, 2, lcs, lcs, 2, NULL, 0,
                                    &keep, NULL, rows), 0, "%s", dist_errmsg(c));
@@ -260,7 +260,7 @@ Test(moe, seed_003_via_daemon_held_tensors, .timeout = 120) {
     dist_close(one);
   }
   /* ... and their output is gathered back from a held tensor. */
-  dist_moe_opts from = {"experts_in", NULL, 0};
+  dist_moe_opts from = {"experts_in", NULL, 0, 0};
   void *back[2] = {0};
   int64_t brows[2];
   cr_assert_eq(dist_global_gather(c, NULL, NULL, DIST_FLOAT32, 2, lcs, lcs, 2, NULL, 0,

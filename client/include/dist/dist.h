@@ -285,6 +285,8 @@ typedef struct dist_moe_opts {
                            name ([rows, d_model], local to that daemon);
                            out / out_rows may then be NULL */
   int replace;          /* out_name may overwrite an existing tensor */
+  int gradient;         /* the rows are gradients (a backward pass): the
+                           daemons do not count them as routed tokens */
 } dist_moe_opts;
 
 int dist_global_scatter(dist_client *c, const void *const *x,
