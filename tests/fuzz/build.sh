@@ -23,14 +23,14 @@ inc="-I$root/common -I$root/common/include -I$out/gen"
 # fuzzer but no fuzzer main.
 sources="common/errbuf.c common/error.c common/fileio.c common/tensor.c common/npy.c
   common/frame.c common/config.c common/cluster.c common/mesh.c
-  common/placement.c common/wire.c daemon/config.c"
+  common/placement.c common/wire.c common/safetensors.c daemon/config.c"
 objs=""
 for s in $sources; do
   o="$out/obj/$(echo "$s" | tr / _ | sed 's/\.c$/.o/')"
   $CC $cflags $san -fsanitize=fuzzer-no-link $inc -c "$root/$s" -o "$o"
   objs="$objs $o"
 done
-for g in dist health; do
+for g in dist health program moe param checkpoint; do
   o="$out/obj/$g.pb-c.o"
   $CC $cflags -Wno-unused-parameter $san -fsanitize=fuzzer-no-link $inc \
     -c "$out/gen/$g.pb-c.c" -o "$o"
@@ -42,9 +42,9 @@ ar rcs "$out/libfuzzdist.a" $objs
 for h in "$here"/fuzz_*.c; do
   name=$(basename "$h" .c)
   $CC $cflags $san -fsanitize=fuzzer $inc "$h" "$out/libfuzzdist.a" \
-    -lprotobuf-c -lm -o "$out/$name"
+    -lprotobuf-c -ljansson -lm -o "$out/$name"
 done
 
 # The seed generator runs once by hand; plain sanitizers, no fuzzer.
 $CC $cflags $san $inc "$here/make_seeds.c" "$out/libfuzzdist.a" \
-  -fsanitize=fuzzer-no-link -lprotobuf-c -lm -o "$out/make_seeds"
+  -fsanitize=fuzzer-no-link -lprotobuf-c -ljansson -lm -o "$out/make_seeds"

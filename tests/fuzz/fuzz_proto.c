@@ -4,9 +4,13 @@
  * TensorPut's TensorMeta (daemon/tensor_meta.c: dtype, mesh, placements,
  * shapes) and the piece size store_piece computes, Reshard's meshes and
  * placements, Collective's dtype. The first input byte picks the message. */
+#include "checkpoint.pb-c.h"
 #include "dist.pb-c.h"
 #include "fuzz_check.h"
 #include "health.pb-c.h"
+#include "moe.pb-c.h"
+#include "param.pb-c.h"
+#include "program.pb-c.h"
 #include "mesh.h"
 #include "wire.h"
 
@@ -23,6 +27,24 @@ static const ProtobufCMessageDescriptor *const requests[] = {
     &dist__v1__tensor_delete_request__descriptor,
     &dist__v1__reshard_request__descriptor,
     &dist__v1__collective_request__descriptor,
+    &dist__v1__ops_request__descriptor,
+    &dist__v1__experts_request__descriptor,
+    &dist__v1__global_exchange_request__descriptor,
+    &dist__v1__expert_layer_create_request__descriptor,
+    &dist__v1__expert_forward_request__descriptor,
+    &dist__v1__expert_backward_request__descriptor,
+    &dist__v1__expert_release_request__descriptor,
+    &dist__v1__program_register_request__descriptor,
+    &dist__v1__program_invoke_request__descriptor,
+    &dist__v1__program_backward_request__descriptor,
+    &dist__v1__program_release_request__descriptor,
+    &dist__v1__param_configure_request__descriptor,
+    &dist__v1__param_push_request__descriptor,
+    &dist__v1__param_pull_request__descriptor,
+    &dist__v1__checkpoint_save_request__descriptor,
+    &dist__v1__checkpoint_commit_request__descriptor,
+    &dist__v1__checkpoint_manifest_request__descriptor,
+    &dist__v1__checkpoint_load_request__descriptor,
 };
 #define NREQUESTS (sizeof requests / sizeof requests[0])
 
