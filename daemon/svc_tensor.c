@@ -212,7 +212,7 @@ static int store_piece(distd_server *s, const distd_meta *m,
                      s->rank, m->name, gs, ls, dist_dtype_name(m->dtype),
                      want, data->len);
   }
-  memcpy(t->data, data->data, data->len);
+  if (data->len) memcpy(t->data, data->data, data->len); /* empty: NULL */
   rc = distd_store_put(s->store, t, replace, eb);
   if (rc == 0) *out = t;
   else distd_tensor_unref(t);

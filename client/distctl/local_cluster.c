@@ -26,19 +26,27 @@ static void sleep_ms(int ms) {
   nanosleep(&ts, NULL);
 }
 
-/* Binds all sockets first and closes them after, so the ports differ. */
+/* Listener ports come from below the kernel's ephemeral range (32768 and
+ * up): a port picked there could be taken by an outgoing connection (the
+ * daemons dial each other) before its daemon binds it. All sockets stay
+ * bound until every port is picked, so the ports differ. */
 static void pick_ports(int *ports, int count) {
   int fds[3 * MAX_DAEMONS];
+  int port = 20000 + (int)((getpid() * 7919u + (unsigned)time(NULL)) % 12000u);
   for (int i = 0; i < count; i++) {
-    struct sockaddr_in a = {.sin_family = AF_INET};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof a;
-    fds[i] = socket(AF_INET, SOCK_STREAM, 0);
-    bind(fds[i], (struct sockaddr *)&a, sizeof a);
-    getsockname(fds[i], (struct sockaddr *)&a, &len);
-    ports[i] = ntohs(a.sin_port);
+    for (int tries = 0; tries < 12000; tries++) {
+      port = port + 1 >= 32000 ? 20000 : port + 1;
+      struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+      a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      fds[i] = socket(AF_INET, SOCK_STREAM, 0);
+      if (bind(fds[i], (struct sockaddr *)&a, sizeof a) == 0) break;
+      close(fds[i]);
+      fds[i] = -1;
+    }
+    ports[i] = port;
   }
-  for (int i = 0; i < count; i++) close(fds[i]);
+  for (int i = 0; i < count; i++)
+    if (fds[i] >= 0) close(fds[i]);
 }
 
 /* $DIST_DISTD_BIN, else distd beside distctl (installed), else the build tree's

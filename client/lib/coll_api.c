@@ -30,7 +30,7 @@ static int collective(dist_client *c, Dist__V1__CollectiveRequest *rq,
     if (r->data.len != out_len)
       rc = dist_client_fail(c, DIST_EPROTO, "collective returned %zu bytes, "
                             "expected %zu", r->data.len, out_len);
-    else
+    else if (out_len) /* an empty reply's data is NULL */
       memcpy(out, r->data.data, out_len);
   }
   if (rp) protobuf_c_message_free_unpacked(rp, NULL);

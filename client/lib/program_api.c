@@ -905,7 +905,7 @@ static void keep_value(kept_value *k, const Dist__V1__ProgramValue *v) {
   for (size_t d = 0; d < v->n_shape && d < DIST_MAX_DIMS; d++)
     k->shape[d] = (int64_t)v->shape[d];
   k->data = malloc(v->data.len + 1);
-  if (k->data) memcpy(k->data, v->data.data, v->data.len);
+  if (k->data && v->data.len) memcpy(k->data, v->data.data, v->data.len);
 }
 
 /* ---------------------------------------------------------------- call */

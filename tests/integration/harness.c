@@ -29,15 +29,26 @@ const char *harness_distctl(void) {
   return p ? p : "build/client/distctl/distctl";
 }
 
+/* Listener ports come from below the kernel's ephemeral range (32768 and
+ * up by default): a port picked there and released could be taken by any
+ * outgoing connection (the daemons dial each other constantly) before the
+ * daemon binds it. Each pick is checked by binding, and never handed out
+ * twice by this process. */
 int harness_free_port(void) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in a = {.sin_family = AF_INET};
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  bind(fd, (struct sockaddr *)&a, sizeof a);
-  getsockname(fd, (struct sockaddr *)&a, &len);
-  close(fd);
-  return ntohs(a.sin_port);
+  static int next = 0;
+  if (!next) next = 20000 + (int)((getpid() * 7919u + (unsigned)time(NULL)) % 12000u);
+  for (int tries = 0; tries < 12000; tries++) {
+    int port = next;
+    next = next + 1 >= 32000 ? 20000 : next + 1;
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    int ok = bind(fd, (struct sockaddr *)&a, sizeof a) == 0;
+    close(fd);
+    if (ok) return port;
+  }
+  cr_assert_fail("no free loopback port between 20000 and 32000");
+  return -1;
 }
 
 static void sleep_ms(int ms) {
