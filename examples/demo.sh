@@ -5,8 +5,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 .ci/install-deps
+echo "== building into build/ (the first time takes a few minutes)"
 [ -f build/build.ninja ] || meson setup build >/dev/null
-ninja -C build >/dev/null
+ninja -C build | grep -E '^\[[0-9]+/[0-9]+\] Linking' || true
 distctl=build/client/distctl/distctl
 dir=$(mktemp -d /tmp/distd-demo-XXXXXX)
 trap '$distctl cluster down --dir "$dir/cluster" >/dev/null 2>&1; rm -rf "$dir"' EXIT
@@ -20,7 +21,7 @@ $distctl status
 echo; echo "== distctl peers"
 $distctl peers
 
-echo; echo "== a 6x4 tensor sharded over the mesh [0,1], then replicated"
+echo; echo "== a 6x4 tensor: Shard(0) over the mesh [0,1], resharded to Shard(1), read back"
 /usr/bin/python3 -c "import numpy as np; np.save('$dir/x.npy', np.arange(24, dtype=np.float32).reshape(6, 4))"
 $distctl tensor put x "$dir/x.npy" --mesh '[0,1]' --placements 'Shard(0)'
 $distctl tensor show x
