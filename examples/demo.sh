@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 .ci/install-deps
 echo "== building into build/ (the first time takes a few minutes)"
 [ -f build/build.ninja ] || meson setup build >/dev/null
-ninja -C build | grep -E '^\[[0-9]+/[0-9]+\] Linking' || true
+ninja -C build | sed -n '/Linking/p'  # pipefail: a failed build stops the demo
 distctl=build/client/distctl/distctl
 dir=$(mktemp -d /tmp/distd-demo-XXXXXX)
 trap '$distctl cluster down --dir "$dir/cluster" >/dev/null 2>&1; rm -rf "$dir"' EXIT
