@@ -60,3 +60,11 @@ size_t dist_appendf(char *buf, size_t len, size_t pos, const char *fmt, ...) {
   va_end(ap);
   return n < 0 ? pos : pos + (size_t)n;
 }
+
+void dist_format_bytes(uint64_t n, char *buf, size_t len) {
+  static const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = (double)n;
+  int u = 0;
+  while (v >= 1024 && u < 4) v /= 1024, u++;
+  snprintf(buf, len, u ? "%.1f %s" : "%.0f %s", v, units[u]);
+}

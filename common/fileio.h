@@ -4,6 +4,7 @@
 #define DIST_FILEIO_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "errbuf.h"
 
@@ -21,5 +22,8 @@ int dist_read_text_file(const char *path, char **text, dist_errbuf *eb);
  * returns the position after the text (which may exceed len). */
 size_t dist_appendf(char *buf, size_t len, size_t pos, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
+
+/* Writes n bytes for people: "512 B", "1.5 MiB" (powers of 1024). */
+void dist_format_bytes(uint64_t n, char *buf, size_t len);
 
 #endif

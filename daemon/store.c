@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fileio.h"
+
 #define BUCKETS 1024
 
 typedef struct entry {
@@ -49,14 +51,6 @@ void distd_store_free(distd_store *s) {
   free(s);
 }
 
-static void format_bytes(uint64_t n, char *buf, size_t len) {
-  static const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = (double)n;
-  int u = 0;
-  while (v >= 1024 && u < 4) v /= 1024, u++;
-  snprintf(buf, len, u ? "%.1f %s" : "%.0f %s", v, units[u]);
-}
-
 int distd_store_reserve(distd_store *s, size_t bytes, dist_errbuf *eb) {
   pthread_mutex_lock(&s->mu);
   int over = s->limit && s->used + bytes > s->limit;
@@ -65,9 +59,9 @@ int distd_store_reserve(distd_store *s, size_t bytes, dist_errbuf *eb) {
   pthread_mutex_unlock(&s->mu);
   if (!over) return 0;
   char need[32], in_use[32], lim[32];
-  format_bytes(bytes, need, sizeof need);
-  format_bytes(used, in_use, sizeof in_use);
-  format_bytes(limit, lim, sizeof lim);
+  dist_format_bytes(bytes, need, sizeof need);
+  dist_format_bytes(used, in_use, sizeof in_use);
+  dist_format_bytes(limit, lim, sizeof lim);
   return dist_fail(eb, DIST_ENOMEM,
                    "memory limit: %s more needed, %s of %s already in use",
                    need, in_use, lim);

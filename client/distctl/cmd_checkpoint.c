@@ -65,7 +65,7 @@ static void show_progress(void *arg, const char *phase, int rank, int done,
                           int total, uint64_t bytes) {
   (void)arg;
   char b[32];
-  distctl_format_bytes(bytes, b, sizeof b);
+  dist_format_bytes(bytes, b, sizeof b);
   if (rank >= 0)
     fprintf(stderr, "checkpoint: %-7s rank %d (%d/%d) %s\n", phase, rank, done,
             total, b);
@@ -76,7 +76,7 @@ static void show_progress(void *arg, const char *phase, int rank, int done,
 static void print_result(const distctl_global *g, const char *what,
                          const char *dir, const dist_checkpoint_info *info) {
   char b[32];
-  distctl_format_bytes(info->bytes, b, sizeof b);
+  dist_format_bytes(info->bytes, b, sizeof b);
   if (g->json) {
     distctl_print_json(json_pack("{s:s, s:s, s:s, s:i, s:i, s:I}", "operation", what,
                                  "dir", dir, "checkpoint_id", info->id, "tensors",

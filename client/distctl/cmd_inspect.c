@@ -67,7 +67,7 @@ static void print_op(int rank, const dist_op_info *o) {
   char waiting[128], bytes[32], group[128];
   format_ranks(o->waiting_on, o->nwaiting, waiting, sizeof waiting);
   format_ranks(o->group, o->ngroup, group, sizeof group);
-  distctl_format_bytes(o->bytes, bytes, sizeof bytes);
+  dist_format_bytes(o->bytes, bytes, sizeof bytes);
   printf("%-5d %-20llu %-15s %-8s %-10s %-12s %10s %8.1fs", rank,
          (unsigned long long)o->op_id, o->kind, state_name(o->state),
          o->state == DIST_OP_RUNNING ? waiting : "", group, bytes, o->age_seconds);
@@ -416,7 +416,7 @@ static void format_rate(double r, char *buf, size_t len) {
     snprintf(buf, len, "-");
     return;
   }
-  distctl_format_bytes((uint64_t)r, buf, len);
+  dist_format_bytes((uint64_t)r, buf, len);
   strncat(buf, "/s", len - strlen(buf) - 1);
 }
 
@@ -436,7 +436,7 @@ static void print_top(const sample *now, const sample *before, int n, int iterat
     }
     const dist_daemon_info *i = &now[r].info;
     char mem[32], sent[40], recv[40], peers[16];
-    distctl_format_bytes(i->tensor_bytes, mem, sizeof mem);
+    dist_format_bytes(i->tensor_bytes, mem, sizeof mem);
     format_rate(rate(&now[r], before ? &before[r] : NULL, 1), sent, sizeof sent);
     format_rate(rate(&now[r], before ? &before[r] : NULL, 0), recv, sizeof recv);
     snprintf(peers, sizeof peers, "%d/%d", peers_up(i), i->npeers);

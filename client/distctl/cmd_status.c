@@ -73,7 +73,7 @@ static void print_table(dist_client *c, const daemon_state *st, int n) {
     int up = 0;
     for (int p = 0; p < i->npeers; p++) up += i->peers[p].connected;
     char mem[32];
-    distctl_format_bytes(i->tensor_bytes, mem, sizeof mem);
+    dist_format_bytes(i->tensor_bytes, mem, sizeof mem);
     printf("%-5d %-22s %-8s %-10s %7.0fs %12s %-7u %-4u %d/%d connected\n", r,
            dist_endpoint(c, r), up == i->npeers ? "healthy" : "degraded",
            i->version, i->uptime_seconds, mem, i->tensor_count, i->ops_in_flight, up,
@@ -126,8 +126,8 @@ static int run_peers(const distctl_global *g, int argc, char **argv) {
       json_array_append_new(pairs, j);
       if (g->json) continue;
       char sent[32], recv[32];
-      distctl_format_bytes(q->bytes_sent, sent, sizeof sent);
-      distctl_format_bytes(q->bytes_received, recv, sizeof recv);
+      dist_format_bytes(q->bytes_sent, sent, sizeof sent);
+      dist_format_bytes(q->bytes_received, recv, sizeof recv);
       printf("%-5d %-5d %-10s %8.0fus %12s %12s %u\n", r, q->rank,
              q->connected ? "connected" : "down", q->rtt_seconds * 1e6, sent, recv,
              q->reconnects);

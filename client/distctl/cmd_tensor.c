@@ -501,12 +501,12 @@ static void print_show(const dist_tensor *t, const dist_tensor_piece *p, int n) 
   for (int i = 0; i < n; i++) {
     char ranges[256], bytes[32];
     ranges_text(&p[i], ranges, sizeof ranges);
-    distctl_format_bytes(p[i].nbytes, bytes, sizeof bytes);
+    dist_format_bytes(p[i].nbytes, bytes, sizeof bytes);
     printf("%-6d %-32s %s\n", p[i].rank, ranges, bytes);
     total += p[i].nbytes;
   }
   char tb[32];
-  distctl_format_bytes(total, tb, sizeof tb);
+  dist_format_bytes(total, tb, sizeof tb);
   printf("total: %s on %d rank%s\n", tb, n, n == 1 ? "" : "s");
 }
 
@@ -570,7 +570,7 @@ static void print_list(dist_client *c, dist_tensor **list, int n) {
     dist_placements_format(dist_tensor_placements(list[i]),
                            dist_mesh_ndim(dist_tensor_mesh(list[i])), pl, sizeof pl);
     int64_t b = tensor_bytes(c, list[i]);
-    if (b >= 0) distctl_format_bytes((uint64_t)b, bytes, sizeof bytes);
+    if (b >= 0) dist_format_bytes((uint64_t)b, bytes, sizeof bytes);
     printf("%-24s %-9s %-16s %-20s %-28s %s\n", dist_tensor_name(list[i]),
            dist_dtype_name(dist_tensor_dtype(list[i])), shape, mesh, pl, bytes);
   }

@@ -7,6 +7,7 @@
 #include <stdio.h>
 
 #include "dist/dist.h"
+#include "fileio.h" /* dist_format_bytes */
 
 /* Options every command understands. */
 typedef struct distctl_global {
@@ -39,8 +40,6 @@ int distctl_usage(const distctl_command *cmd, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 /* Prints j (compact = 0: indented) to stdout and drops the reference. */
 void distctl_print_json(json_t *j);
-/* Formats bytes as "1.5 MiB". */
-void distctl_format_bytes(uint64_t n, char *buf, size_t len);
 
 /* Takes "--name value" or "--name=value" at argv[*i]; returns the value or
  * NULL when argv[*i] is not that option. Advances *i past a separate value. */

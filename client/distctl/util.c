@@ -51,14 +51,6 @@ void distctl_print_json(json_t *j) {
   json_decref(j);
 }
 
-void distctl_format_bytes(uint64_t n, char *buf, size_t len) {
-  static const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = (double)n;
-  int u = 0;
-  while (v >= 1024 && u < 4) v /= 1024, u++;
-  snprintf(buf, len, u ? "%.1f %s" : "%.0f %s", v, units[u]);
-}
-
 const char *distctl_opt(int argc, char **argv, int *i, const char *name) {
   size_t n = strlen(name);
   if (strncmp(argv[*i], name, n) != 0) return NULL;

@@ -185,15 +185,21 @@ static int commit(dist_client *c, const char *dir, const char *manifest,
   return rc;
 }
 
+/* Every daemon reads and writes the directory at the same path, so it must
+ * be absolute (distctl makes it so). */
+static int check_dir(dist_client *c, const char *dir) {
+  if (dir && dir[0] == '/') return 0;
+  return dist_client_fail(c, DIST_EINVAL, "checkpoint directory '%s' must be "
+                          "an absolute path", dir ? dir : "(null)");
+}
+
 int dist_checkpoint_save(dist_client *c, const char *dir,
                          const dist_checkpoint_opts *opts,
                          dist_checkpoint_info *info) {
   dist_checkpoint_info local;
   if (!info) info = &local;
   memset(info, 0, sizeof *info);
-  if (!dir || dir[0] != '/')
-    return dist_client_fail(c, DIST_EINVAL, "checkpoint directory '%s' must be "
-                            "an absolute path", dir ? dir : "(null)");
+  if (check_dir(c, dir) != 0) return c->err.code;
   make_id(info->id, sizeof info->id);
   saved sv = {0, NULL};
   char *manifest = NULL;
@@ -443,9 +449,7 @@ int dist_checkpoint_restore(dist_client *c, const char *dir,
   dist_checkpoint_info local;
   if (!info) info = &local;
   memset(info, 0, sizeof *info);
-  if (!dir || dir[0] != '/')
-    return dist_client_fail(c, DIST_EINVAL, "checkpoint directory '%s' must be "
-                            "an absolute path", dir ? dir : "(null)");
+  if (check_dir(c, dir) != 0) return c->err.code;
   if (opts && opts->mesh && !opts->placements)
     return dist_client_fail(c, DIST_EINVAL, "restore onto a mesh needs placements");
   manifest m;
