@@ -46,7 +46,8 @@ static const dist_cfg_option options[] = {
         "Largest gRPC or peer message accepted or sent."),
     OPT_AS("peer_timeout", peer_timeout_ms, DIST_CFG_DURATION, "30s", 10,
            MS_PER_HOUR,
-           "How long a peer may stay silent before it is shown as down."),
+           "Longest a wait on peers may go without a byte moving for it; the "
+           "call then fails naming the ranks it waited on."),
     OPT_AS("connect_backoff_min", connect_backoff_min_ms, DIST_CFG_DURATION,
            "100ms", 1, MS_PER_HOUR,
            "First wait before reconnecting to a peer that is down."),

@@ -75,6 +75,7 @@ static int start_peers(distd_server *s, dist_errbuf *eb) {
       .backoff_max_ms = s->cfg.connect_backoff_max_ms,
       .unexpected_limit = 256u << 20,
       .max_frame_size = s->cfg.max_frame_size,
+      .silence_timeout_ms = s->cfg.peer_timeout_ms,
   };
   if (distd_tls_check_config(&s->cfg, eb) != 0) return -1;
   if (distd_config_peer_tls(&s->cfg)) {

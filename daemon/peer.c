@@ -258,6 +258,7 @@ int distd_peers_start(distd_peers **out, struct event_base *base,
   if (p->backoff_max < p->backoff_min) p->backoff_max = p->backoff_min;
   p->unexpected_limit = opts->unexpected_limit ? opts->unexpected_limit : DEFAULT_UNEXPECTED_LIMIT;
   p->max_frame = opts->max_frame_size ? opts->max_frame_size : DEFAULT_MAX_FRAME;
+  p->silence_ms = opts->silence_timeout_ms;
   p->tp = &distd_peer_transport_tcp;
   dlist_init(&p->pending_in);
   dlist_init(&p->xfers);

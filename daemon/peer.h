@@ -38,6 +38,11 @@ typedef struct distd_peers_opts {
    * daemon's certificate names its rank as DNS:distd-rank-N. */
   const char *tls_cert, *tls_key, *tls_ca;
   size_t max_frame_size; /* longest DATA frame accepted; 0 = 1 GiB */
+  /* A wait fails once no byte has moved to or from the ranks it needs for
+   * this long (0: only its deadline bounds it). Bounding silence rather
+   * than the whole wait lets a large transfer take as long as it takes
+   * while a dead or stuck peer is still named quickly. */
+  int64_t silence_timeout_ms;
 } distd_peers_opts;
 
 typedef struct distd_peer_stats {
@@ -94,8 +99,8 @@ void distd_xfer_recv(distd_xfer *x, int src, uint32_t tag, void *buf,
 void distd_xfer_recv_any(distd_xfer *x, int src, uint32_t tag, void **buf,
                          size_t *len);
 /* Waits until every posted transfer completed, the deadline (CLOCK_MONOTONIC
- * milliseconds, see distd_now_ms) passed, a needed peer was lost, or a peer
- * aborted the op. On failure the message names the peer(s) involved and the
+ * milliseconds, see distd_now_ms) passed, no byte moved for it for
+ * silence_timeout_ms, a needed peer was lost, or a peer aborted the op. On failure the message names the peer(s) involved and the
  * remaining transfers are cancelled. Returns 0 or a dist_err. */
 int distd_xfer_wait(distd_xfer *x, int64_t deadline_ms, dist_errbuf *eb);
 /* Tells every rank in ranks[] (except self) that this op failed, so their

@@ -75,6 +75,7 @@ static void update_connected(peer *pe) {
   pe->stats.out_up = pe->out && pe->out->greeted;
   pe->stats.in_up = pe->in && pe->in->greeted;
   pe->stats.connected = pe->stats.out_up && pe->stats.in_up;
+  if (pe->stats.connected) pe->lost = 0;
 }
 
 /* An outbound connection's queue restarts at a frame boundary on the next
@@ -106,6 +107,8 @@ void distd_conn_lost(conn *c, const char *reason) {
              distd_peer_addr(p, pe->rank), reason);
     log_warn("%s", msg);
     distd_peer_set_error(pe, "%s", msg);
+    pe->lost = 1;
+    snprintf(pe->lost_reason, sizeof pe->lost_reason, "%s", msg);
     update_connected(pe);
     distd_fail_xfers_of_peer(p, pe->rank, msg);
   } else if (outbound) {
@@ -216,6 +219,7 @@ static void account(distd_peers *p, dlist *q, size_t w) {
     size_t left = HDR + it->len - it->done;
     if (w < left) {
       it->done += w;
+      if (w && it->x) distd_xfer_moved(it->x);
       return;
     }
     w -= left;
@@ -670,6 +674,13 @@ static void take_staged(conn *c) {
   c->remaining -= take;
 }
 
+/* A payload arriving for a posted receive keeps its xfer's wait alive. */
+static void note_moved(conn *c) {
+  if (c->rstate != R_PAYLOAD) return;
+  if (c->rmode == M_RECV && c->slot) distd_xfer_moved(c->slot->x);
+  else if (c->rmode == M_UNEXP && c->unexp && c->unexp->claim) distd_xfer_moved(c->unexp->claim->x);
+}
+
 /* One step of the read state machine: 1 to go on, 0 to stop for now, -1
  * when the connection is gone. */
 static int read_step(conn *c, size_t *budget) {
@@ -692,6 +703,7 @@ static int read_step(conn *c, size_t *budget) {
   }
   if (n <= 0) return n < 0 ? -1 : 0;
   *budget = (size_t)n >= *budget ? 0 : *budget - (size_t)n;
+  note_moved(c);
   return 1;
 }
 

@@ -169,6 +169,13 @@ typedef struct peer {
   struct event *redial_ev;
   int64_t backoff_ms;
   int ever_greeted;
+  /* A greeted connection was lost and the peer is not connected again:
+   * new transfers to or from it fail at once with lost_reason, since an
+   * op it was part of cannot complete and one it has not seen would wait
+   * out the silence timeout. (stats.last_error moves on to redial errors,
+   * which do not name the rank.) */
+  int lost;
+  char lost_reason[400];
   distd_peer_stats stats;
 } peer;
 
@@ -190,6 +197,7 @@ struct distd_xfer {
   pthread_cond_t cond;
   int pending;
   int waiting; /* a thread is in distd_xfer_wait */
+  int64_t moved_ms; /* when bytes last moved for it (distd_xfer_moved) */
   dist_errbuf err; /* err.code != 0 once failed */
 };
 
@@ -203,6 +211,7 @@ struct distd_peers {
   int64_t backoff_min, backoff_max;
   size_t unexpected_limit, unexpected_bytes;
   size_t max_frame;                /* longest DATA payload accepted */
+  int64_t silence_ms;              /* longest a wait may see no bytes move */
   const distd_peer_transport *tp;  /* tcp or tls */
   void *tls_ctx;                   /* SSL_CTX * when tp is tls */
   dist_member *members;
@@ -281,6 +290,8 @@ void distd_fail_xfers_of_peer(distd_peers *p, int rank, const char *msg);
 void distd_xfer_orphan_all(distd_peers *p);
 /* 1 on the thread currently driving the sockets. */
 int distd_on_driver(const distd_peers *p);
+/* Bytes moved for x: restarts its silence timeout (silence_timeout_ms). */
+void distd_xfer_moved(distd_xfer *x);
 /* Makes the driver look at its sockets and transfers again: from another
  * thread through wake_fd, on the driver itself through drive_again. */
 void distd_driver_wake(distd_peers *p);

@@ -65,7 +65,10 @@ static void wake(distd_xfer *x) {
   if (x->p && x->p->driver_x == x) distd_driver_wake(x->p);
 }
 
+void distd_xfer_moved(distd_xfer *x) { x->moved_ms = distd_now_ms(); }
+
 static void one_done(distd_xfer *x) {
+  distd_xfer_moved(x);
   if (--x->pending == 0) wake(x);
 }
 
@@ -257,6 +260,14 @@ static int check_rank(distd_xfer *x, int rank, const char *what) {
   return -1;
 }
 
+/* Fails x when rank r was lost and is not back (peer.lost). */
+static int check_not_lost(distd_xfer *x, int r) {
+  const peer *pe = &x->p->peers[r];
+  if (r == x->p->rank || !pe->lost) return 0;
+  distd_xfer_fail(x, DIST_EPEER, "%s", pe->lost_reason);
+  return -1;
+}
+
 static int self_len_ok(distd_xfer *x, size_t sent, size_t expected, uint32_t tag) {
   if (sent == expected) return 1;
   distd_xfer_fail(x, DIST_EPROTO,
@@ -294,7 +305,8 @@ static void queue_send(distd_xfer *x, int dst, uint32_t tag, const void *buf, si
   distd_peers *p = x->p;
   if (!p) return;
   pthread_mutex_lock(&p->mu);
-  if (x->err.code || check_rank(x, dst, "send to") < 0) goto out;
+  if (x->err.code || check_rank(x, dst, "send to") < 0 || check_not_lost(x, dst) < 0)
+    goto out;
   if (dst == p->rank) {
     send_to_self(x, tag, buf, len);
     goto out;
@@ -372,6 +384,10 @@ static void post_recv(distd_xfer *x, recv_slot *s) {
   if (u && u->complete) {
     deliver_unexpected(s, u);
     distd_unexpected_free(p, u);
+    free(s);
+    return;
+  }
+  if (check_not_lost(x, s->src) < 0) { /* what it sent before is all there is */
     free(s);
     return;
   }
@@ -545,8 +561,16 @@ static int drive_pass(distd_peers *p, struct pollfd *fds) {
   return n;
 }
 
-/* Drives until x is done or failed, the deadline passed, or the data plane
- * closes. Called and returns with mu held; mu is released in poll(). */
+/* When x's wait must give up: its deadline, or silence_ms after bytes last
+ * moved for it, whichever comes first. */
+static int64_t wait_limit(const distd_xfer *x, int64_t deadline_ms) {
+  int64_t silence = x->p->silence_ms;
+  if (silence > 0 && x->moved_ms + silence < deadline_ms) return x->moved_ms + silence;
+  return deadline_ms;
+}
+
+/* Drives until x is done or failed, its wait limit passed, or the data
+ * plane closes. Called and returns with mu held; mu is released in poll(). */
 static void drive(distd_xfer *x, int64_t deadline_ms) {
   distd_peers *p = x->p;
   struct pollfd *fds = p->pollfds;
@@ -556,7 +580,7 @@ static void drive(distd_xfer *x, int64_t deadline_ms) {
     claim_inbound(p);
     int n = drive_pass(p, fds);
     if (x->err.code || x->pending == 0) break;
-    int64_t left = deadline_ms - distd_now_ms();
+    int64_t left = wait_limit(x, deadline_ms) - distd_now_ms();
     if (left <= 0) break;
     fds[n++] = (struct pollfd){p->wake_fd, POLLIN, 0};
     int timeout = p->drive_again ? 0 : left < DRIVE_POLL_MAX_MS ? (int)left : DRIVE_POLL_MAX_MS;
@@ -576,10 +600,12 @@ int distd_xfer_wait(distd_xfer *x, int64_t deadline_ms, dist_errbuf *eb) {
   pthread_mutex_lock(&p->mu);
   p->waiters++;
   x->waiting = 1;
+  distd_xfer_moved(x); /* the silence is counted from here */
   if (!x->err.code) check_self_matched(x);
   if (!can_drive(p)) flush_queued(p);
   while (!x->err.code && x->pending > 0) {
-    if (distd_now_ms() >= deadline_ms) {
+    int64_t limit = wait_limit(x, deadline_ms);
+    if (distd_now_ms() >= limit) {
       fail_timeout(x);
       break;
     }
@@ -587,7 +613,7 @@ int distd_xfer_wait(distd_xfer *x, int64_t deadline_ms, dist_errbuf *eb) {
       drive(x, deadline_ms);
       continue;
     }
-    struct timespec ts = {(time_t)(deadline_ms / 1000), (long)(deadline_ms % 1000) * 1000000};
+    struct timespec ts = {(time_t)(limit / 1000), (long)(limit % 1000) * 1000000};
     pthread_cond_timedwait(&x->cond, &p->mu, &ts);
   }
   x->waiting = 0;

@@ -156,12 +156,6 @@ static int64_t deadline_ms(gpr_timespec deadline, int64_t max_ms) {
   return d < bound ? d : bound;
 }
 
-int64_t distd_call_wait_deadline(const distd_call_info *ci) {
-  if (ci->peer_timeout_ms <= 0) return ci->deadline_ms;
-  int64_t bound = distd_now_ms() + ci->peer_timeout_ms;
-  return ci->deadline_ms < bound ? ci->deadline_ms : bound;
-}
-
 /* ---- admission: tokens, in-flight limit, tensor bytes ---- */
 
 /* The "authorization" header's bearer token, or 0. */
@@ -325,7 +319,7 @@ static void handle(call_ctx *c) {
   distd_rpc *r = c->rpc;
   const distd_method *m = &r->methods[c->method];
   distd_call_info ci = {deadline_ms(c->deadline, r->srv->cfg.max_call_duration_ms),
-                        m->name, r->srv->cfg.peer_timeout_ms};
+                        m->name};
   dist_errbuf eb = DIST_ERRBUF_INIT;
   char details[600], key[96];
   client_load *load = NULL;

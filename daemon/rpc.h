@@ -18,14 +18,7 @@ typedef struct distd_call_info {
    * max_call_duration, so never "none". */
   int64_t deadline_ms;
   const char *method;  /* short name, e.g. "TensorPut" */
-  int64_t peer_timeout_ms; /* longest single wait on peers (peer_timeout) */
 } distd_call_info;
-
-/* The deadline of one wait on peers that starts now: the call's deadline,
- * but no more than peer_timeout from now, so a silent peer fails the call
- * with a message naming it rather than eating the whole call deadline.
- * Every handler passes this, not ci->deadline_ms, to the peer plane. */
-int64_t distd_call_wait_deadline(const distd_call_info *ci);
 
 /* Who may call a method when auth_tokens_file is set. The zero value is the
  * safe one: a row that says nothing needs a read-write token. */

@@ -256,10 +256,10 @@ static int point_to_point(distd_server *s, const distd_call_info *ci, op *o,
                      ? "send" : "recv", rq->root);
   if (rq->kind == DIST__V1__COLLECTIVE_REQUEST__KIND__SEND)
     return distd_send_to(s->peers, rq->op_id, (int)rq->root, rq->data.data,
-                         rq->data.len, distd_call_wait_deadline(ci), eb);
+                         rq->data.len, ci->deadline_ms, eb);
   int rc = alloc_out(o, rq->count * o->elem, eb);
   return rc ? rc : distd_recv_from(s->peers, rq->op_id, (int)rq->root, o->out,
-                                   o->out_len, distd_call_wait_deadline(ci), eb);
+                                   o->out_len, ci->deadline_ms, eb);
 }
 
 static int group_run(distd_server *s, const distd_call_info *ci, op *o, double *times,
@@ -269,7 +269,7 @@ static int group_run(distd_server *s, const distd_call_info *ci, op *o, double *
   if (n > DIST_MAX_MESH_RANKS) return dist_fail(eb, DIST_EINVAL, "group too large");
   for (int i = 0; i < n; i++) group[i] = rq->n_group ? (int)rq->group[i] : i;
   distd_coll c;
-  int rc = distd_coll_init(&c, s->peers, rq->op_id, group, n, distd_call_wait_deadline(ci), eb);
+  int rc = distd_coll_init(&c, s->peers, rq->op_id, group, n, ci->deadline_ms, eb);
   return rc ? rc : run(&c, o, times, eb);
 }
 

@@ -158,7 +158,7 @@ static int exchange(distd_server *s, const distd_call_info *ci, const xreq *rq,
   }
   distd_moe_args a = {s->peers, rq->op_id, dir, group, size, me, experts,
                       rq->local_count, rq->global_count, row_bytes,
-                      distd_call_wait_deadline(ci), rq->gradient};
+                      ci->deadline_ms, rq->gradient};
   if ((rc = distd_moe_exchange(&a, in.data, out, eb)) != 0) goto out;
   if (t && (rc = distd_store_put(s->store, t, rq->replace, eb)) != 0) goto out;
   rc = send_reply(s, t, out, out_rows, &in, reply);

@@ -83,7 +83,7 @@ static int stored_gradient(distd_server *s, const distd_call_info *ci,
     goto out;
   }
   rc = distd_reshard(s, g, &g->mesh, &p->mesh, p->placements, rq->grad_name,
-                     rq->op_id, distd_call_wait_deadline(ci), out, eb);
+                     rq->op_id, ci->deadline_ms, out, eb);
 out:
   distd_tensor_unref(g);
   distd_tensor_unref(p);
@@ -119,7 +119,7 @@ DISTD_HANDLER(param_pull) {
   distd_tensor *t = NULL;
   uint64_t step = 0;
   if (distd_param_pull(distd_params_of(s), s->store, rq->name, rq->min_version,
-                       distd_call_wait_deadline(ci), &t, &step, eb) != 0)
+                       ci->deadline_ms, &t, &step, eb) != 0)
     return eb->code;
   dist_wire_meta *w = calloc(1, sizeof *w);
   distd_meta_describe(t, s->rank, w);

@@ -306,7 +306,7 @@ static int output_global(distd_server *s, const distd_call_info *ci,
       dist_placements_check(&a->mesh, a->placements, a->mesh.ndim,
                             v->shape.ndim, eb) != 0)
     verdict = eb->code;
-  int rc = exchange_shapes(s, a, op_id, distd_call_wait_deadline(ci), verdict,
+  int rc = exchange_shapes(s, a, op_id, ci->deadline_ms, verdict,
                            v ? &v->shape : NULL, global,
                            verdict ? &peer_eb : eb);
   return verdict ? verdict : rc;

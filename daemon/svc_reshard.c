@@ -46,7 +46,7 @@ DISTD_HANDLER(reshard) {
   }
   if (rc == 0)
     rc = distd_reshard(s, src, &src_mesh, &dst_mesh, dst_p, dst_name, rq->op_id,
-                       distd_call_wait_deadline(ci), &out, eb);
+                       ci->deadline_ms, &out, eb);
   if (rc == 0 && out) rc = distd_store_put(s->store, out, 1, eb);
   if (rc == 0 && !out && !rq->dst_name[0]) /* moved off this rank */
     distd_store_delete(s->store, rq->name, NULL);

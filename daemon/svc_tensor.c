@@ -231,7 +231,7 @@ DISTD_HANDLER(tensor_put) {
   int verdict = local_verdict(s, rq, &m, shape, eb);
   if (rq->derive_global_shape) {
     dist_errbuf peer_eb = DIST_ERRBUF_INIT;
-    int rc = exchange_local_shapes(s, rq->op_id, distd_call_wait_deadline(ci), &m, verdict,
+    int rc = exchange_local_shapes(s, rq->op_id, ci->deadline_ms, &m, verdict,
                                    verdict ? &peer_eb : eb);
     if (rc != 0) return verdict ? verdict : rc;
   } else if (verdict != 0) {
@@ -254,7 +254,7 @@ DISTD_HANDLER(tensor_get) {
     dist_placement rep[DIST_MAX_MESH_DIMS];
     for (int i = 0; i < t->mesh.ndim; i++) rep[i] = DIST_REPLICATED;
     int rc = distd_reshard(s, t, &t->mesh, &t->mesh, rep, t->name, rq->op_id,
-                           distd_call_wait_deadline(ci), &full, eb);
+                           ci->deadline_ms, &full, eb);
     if (rc != 0) {
       distd_tensor_unref(t);
       return rc;
