@@ -55,6 +55,10 @@ static const dist_cfg_option options[] = {
            "5s", 1, MS_PER_HOUR,
            "Longest wait between reconnection attempts (the wait doubles "
            "from connect_backoff_min up to this)."),
+    OPT(peer_spin_us, DIST_CFG_INT, "1000", 0, 1000000, NULL,
+        "Microseconds a worker waiting on peers polls its sockets (yielding "
+        "the CPU between polls) before it sleeps; spends CPU to save the "
+        "wake-up latency of small transfers. 0 sleeps at once."),
     OPT(rpc_threads, DIST_CFG_INT, "8", 1, 256, NULL,
         "Number of threads serving gRPC calls."),
     OPT(log_level, DIST_CFG_ENUM, "info", 0, 0, log_levels,

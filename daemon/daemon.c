@@ -31,6 +31,7 @@ double distd_mono_seconds(void) {
 
 static void *loop_main(void *arg) {
   distd_server *s = arg;
+  pthread_setname_np(pthread_self(), "distd-loop"); /* for top -H, perf */
   event_base_loop(s->base, EVLOOP_NO_EXIT_ON_EMPTY);
   return NULL;
 }
@@ -76,6 +77,7 @@ static int start_peers(distd_server *s, dist_errbuf *eb) {
       .unexpected_limit = 256u << 20,
       .max_frame_size = s->cfg.max_frame_size,
       .silence_timeout_ms = s->cfg.peer_timeout_ms,
+      .spin_us = s->cfg.peer_spin_us,
   };
   if (distd_tls_check_config(&s->cfg, eb) != 0) return -1;
   if (distd_config_peer_tls(&s->cfg)) {

@@ -250,6 +250,7 @@ int distd_peers_start(distd_peers **out, struct event_base *base,
   p->world = opts->world_size;
   p->listen_fd = -1;
   p->wake_fd = -1;
+  p->in_epfd = p->park_tfd = -1;
   snprintf(p->cluster_id, sizeof p->cluster_id, "%s", opts->cluster_id ? opts->cluster_id : "");
   if (getrandom(&p->boot_id, sizeof p->boot_id, 0) != sizeof p->boot_id)
     p->boot_id = now_ns() ^ (uint64_t)getpid();
@@ -259,6 +260,7 @@ int distd_peers_start(distd_peers **out, struct event_base *base,
   p->unexpected_limit = opts->unexpected_limit ? opts->unexpected_limit : DEFAULT_UNEXPECTED_LIMIT;
   p->max_frame = opts->max_frame_size ? opts->max_frame_size : DEFAULT_MAX_FRAME;
   p->silence_ms = opts->silence_timeout_ms;
+  p->spin_us = opts->spin_us;
   p->tp = &distd_peer_transport_tcp;
   dlist_init(&p->pending_in);
   dlist_init(&p->xfers);
@@ -280,6 +282,7 @@ int distd_peers_start(distd_peers **out, struct event_base *base,
     p->tp = &distd_peer_transport_tls;
   }
   for (int r = 0; r < p->world; r++) init_peer(p, r);
+  if (p->tp == &distd_peer_transport_tcp && (rc = distd_inbound_open(p, eb)) < 0) goto out;
   if ((rc = start_listener(p, eb)) < 0) goto out;
   p->ping_ev = event_new(base, -1, EV_PERSIST, ping_cb, p);
   struct timeval tv = {PING_MS / 1000, (PING_MS % 1000) * 1000};
@@ -332,6 +335,7 @@ void distd_peers_free(distd_peers *p) {
   pthread_mutex_unlock(&p->mu);
   if (p->listen_ev) event_free(p->listen_ev);
   if (p->ping_ev) event_free(p->ping_ev);
+  distd_inbound_close(p);
   if (p->listen_fd >= 0) close(p->listen_fd);
   if (p->wake_fd >= 0) close(p->wake_fd);
   free(p->pollfds);

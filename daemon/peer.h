@@ -43,6 +43,10 @@ typedef struct distd_peers_opts {
    * than the whole wait lets a large transfer take as long as it takes
    * while a dead or stuck peer is still named quickly. */
   int64_t silence_timeout_ms;
+  /* How long a waiting thread polls with sched_yield() before it sleeps in
+   * poll(): a sleeping receiver costs a wake-up (tens of microseconds on a
+   * busy machine) per small transfer. 0 sleeps at once. */
+  int64_t spin_us;
 } distd_peers_opts;
 
 typedef struct distd_peer_stats {

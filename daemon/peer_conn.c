@@ -57,6 +57,7 @@ void distd_conn_free(conn *c) {
   }
   if (c->rstate == R_PAYLOAD && c->rmode == M_UNEXP && c->unexp)
     distd_unexpected_free(c->p, c->unexp);
+  if (c->in_epoll) distd_conn_watch_read(c, 0);
   event_free(c->rev);
   event_free(c->wev);
   c->tp->detach(c);
@@ -370,7 +371,7 @@ void distd_peers_unblock_readers(distd_peers *p) {
       distd_driver_wake(p);
       continue;
     }
-    event_add(c->rev, NULL);
+    distd_conn_watch_read(c, 1);
     event_active(c->rev, EV_READ, 0); /* the waiting header is already staged */
   }
 }
@@ -437,6 +438,7 @@ static int on_hello(conn *c) {
   c->rank = (int)h.rank;
   c->greeted = 1;
   pe->in = c;
+  distd_conn_greeted_inbound(c);
   update_connected(pe);
   log_info("peer rank %d (%s) connected inbound", pe->rank, distd_peer_addr(p, pe->rank));
   dist_frame_header ack = {DIST_FRAME_MAGIC, DIST_FRAME_VERSION, DIST_FRAME_HELLO_ACK,
@@ -731,7 +733,7 @@ void distd_conn_read_cb(int fd, short what, void *arg) {
   size_t budget = READ_BUDGET;
   int r = 1;
   while (r == 1 && budget > 0) r = read_step(c, &budget);
-  if (r == 0 && c->read_blocked) event_del(c->rev);
+  if (r == 0 && c->read_blocked) distd_conn_watch_read(c, 0);
   /* Out of budget, or bytes the transport holds (TLS records already read
    * from the socket): neither raises an event, so come back explicitly. */
   if (r == 1 || (r == 0 && !c->read_blocked && c->tp->pending(c) > 0))

@@ -13,10 +13,12 @@
  *
  * Who reads (plain TCP): a thread waiting in distd_xfer_wait becomes the
  * "driver" when no other thread is: it takes the greeted inbound sockets
- * from the loop (conn.owned, event_del_noblock), polls them itself with the
- * mutex released, and reads and writes every connection's frames until its
- * transfer is done, then hands the sockets back (event_add) and lets a
- * waiter that sleeps meanwhile take over. The loop thread skips owned ones; everything else (dialling, handshakes, PING,
+ * from the loop (conn.owned; out of the epoll set of peer_inbound.c, which
+ * wakes nobody), polls them itself with the mutex released, and reads and
+ * writes every connection's frames until its transfer is done. It then
+ * parks the sockets for the next driver (back-to-back operations never
+ * wake the loop), which the loop takes back after PARK_MS without one, and
+ * lets a waiter that sleeps meanwhile take over. The loop thread skips owned ones; everything else (dialling, handshakes, PING,
  * other waiters' progress once the driver left) stays with it. One wake-up
  * per arriving frame instead of two (loop thread, then the waiter). A
  * failure the driver finds is left to the loop thread (conn.failed), which
@@ -38,6 +40,7 @@
 #include "peer_transport.h"
 
 #define STAGE_SIZE (64 * 1024)    /* per-socket buffer for headers, small frames */
+#define PARK_MS 2                 /* inbound sockets stay with drivers this long */
 #define DIRECT_READ_MIN (16 * 1024) /* smaller payload rests go through stage */
 #define CTL_MAX 1024              /* largest control payload (reasons, hello) */
 #define READ_BUDGET (8u << 20)    /* bytes per callback, for fairness */
@@ -154,6 +157,8 @@ struct conn {
   size_t ctl_len;
   /* the driver (see the top) */
   int owned;  /* read by the driving worker; the loop leaves it alone */
+  int in_epoll; /* greeted inbound TCP: watched through in_epfd, not rev */
+  int in_set;   /* in in_epfd now (the loop may read it) */
   int failed; /* the driver found it broken: the loop closes it */
   char lost_reason[300];
   /* writing: handshake and PONG bytes, sent before any queued item */
@@ -212,6 +217,7 @@ struct distd_peers {
   size_t unexpected_limit, unexpected_bytes;
   size_t max_frame;                /* longest DATA payload accepted */
   int64_t silence_ms;              /* longest a wait may see no bytes move */
+  int64_t spin_us;                 /* the driver polls this long before sleeping */
   const distd_peer_transport *tp;  /* tcp or tls */
   void *tls_ctx;                   /* SSL_CTX * when tp is tls */
   dist_member *members;
@@ -227,6 +233,9 @@ struct distd_peers {
   distd_xfer *driver_x;
   pthread_t driver_tid;
   int wake_fd;     /* eventfd that interrupts the driver's poll() */
+  int in_epfd;     /* greeted inbound TCP sockets (peer_inbound.c); -1 with TLS */
+  int park_tfd;    /* timerfd in in_epfd: parked sockets go back to the loop */
+  struct event *in_ev; /* the loop's event on in_epfd */
   int drive_again; /* the driver must look again before sleeping */
   struct pollfd *pollfds; /* 2 * world + 1, the driver's */
   int waiters;
@@ -271,6 +280,20 @@ void distd_conn_read_cb(int fd, short what, void *arg);
 void distd_conn_write_cb(int fd, short what, void *arg);
 void distd_peer_queue_frame(distd_peers *p, int dst, send_item *it);
 void distd_peers_unblock_readers(distd_peers *p);
+
+/* peer_inbound.c (with mu held, except open/close) */
+/* The epoll set of greeted inbound TCP sockets, and the loop's event on it. */
+int distd_inbound_open(distd_peers *p, dist_errbuf *eb);
+void distd_inbound_close(distd_peers *p);
+/* The driver stopped: its sockets stay taken (conn.owned) for the next
+ * driver, and go back to the loop PARK_MS later if none came. */
+void distd_inbound_park(distd_peers *p);
+/* An inbound connection was greeted: with TCP it moves into the set. */
+void distd_conn_greeted_inbound(conn *c);
+/* Lets the loop read c (on) or not: through the set for greeted inbound
+ * TCP connections, through c->rev otherwise. Loop thread, or a worker for
+ * connections in the set. */
+void distd_conn_watch_read(conn *c, int on);
 
 /* peer_xfer.c (all with mu held) */
 void distd_xfer_fail(distd_xfer *x, int code, const char *fmt, ...)

@@ -5,6 +5,7 @@
 #include <event2/event.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,6 +18,12 @@
 #define HDR DIST_FRAME_HEADER_SIZE
 #define DRIVE_BUDGET (2u << 20) /* bytes read per socket per pass */
 #define DRIVE_POLL_MAX_MS 200   /* a lost wake-up costs at most this */
+
+static int64_t distd_now_us(void) { /* for spinning only: peer.h has ms */
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
 
 /* ---- remembered ops: aborted by a peer, or failed here ---- */
 
@@ -500,36 +507,26 @@ static void flush_queued(distd_peers *p) {
 }
 
 static int can_drive(const distd_peers *p) {
-  return p->tp == &distd_peer_transport_tcp && p->wake_fd >= 0 && !p->driver_x &&
-         !p->closing;
+  return p->in_epfd >= 0 && p->wake_fd >= 0 && !p->driver_x && !p->closing;
 }
 
 /* Takes the greeted inbound sockets the loop thread still watches. */
 static void claim_inbound(distd_peers *p) {
   for (int r = 0; r < p->world; r++) {
     conn *c = p->peers[r].in;
-    if (!c || c->owned || !c->greeted || c->failed || c->handshaking) continue;
+    if (!c || c->owned || !c->in_epoll || c->failed) continue;
     c->owned = 1;
-    event_del_noblock(c->rev); /* a callback already on its way sees owned */
+    distd_conn_watch_read(c, 0); /* a callback already on its way sees owned */
   }
 }
 
-/* Gives the sockets back to the loop thread, with whatever is left to do
- * (keeping them parked until the next waiter would save the loop two
- * wake-ups per wait, but a rank that does not wait, or waits on another
- * op, must still receive), and tells a waiter already sleeping that it may
- * take over. */
+/* Parks the inbound sockets for the next waiter (the loop takes them back
+ * if none comes soon: peer_inbound.c), leaves unwritten frames to the loop,
+ * and tells a waiter already sleeping that it may take over. */
 static void stop_driving(distd_peers *p) {
+  distd_inbound_park(p);
   for (int r = 0; r < p->world; r++) {
-    conn *c = p->peers[r].in;
-    if (c && c->owned) {
-      c->owned = 0;
-      if (!c->read_blocked) {
-        event_add(c->rev, NULL);
-        if (c->st_end > c->st_off) event_active(c->rev, EV_READ, 0); /* staged */
-      }
-    }
-    c = p->peers[r].out;
+    conn *c = p->peers[r].out;
     if (c && c->greeted && !dlist_empty(&p->peers[r].outq)) distd_conn_want_write(c);
   }
   p->driver_x = NULL;
@@ -570,12 +567,16 @@ static int64_t wait_limit(const distd_xfer *x, int64_t deadline_ms) {
 }
 
 /* Drives until x is done or failed, its wait limit passed, or the data
- * plane closes. Called and returns with mu held; mu is released in poll(). */
+ * plane closes. Called and returns with mu held; mu is released in poll().
+ * For its first spin_us it polls without sleeping, yielding the CPU
+ * between polls (other daemons on the same cores may be the ones it waits
+ * for). */
 static void drive(distd_xfer *x, int64_t deadline_ms) {
   distd_peers *p = x->p;
   struct pollfd *fds = p->pollfds;
   p->driver_x = x;
   p->driver_tid = pthread_self();
+  int64_t spin_end = p->spin_us > 0 ? distd_now_us() + p->spin_us : 0;
   while (!x->err.code && x->pending > 0 && !p->closing) {
     claim_inbound(p);
     int n = drive_pass(p, fds);
@@ -584,11 +585,15 @@ static void drive(distd_xfer *x, int64_t deadline_ms) {
     if (left <= 0) break;
     fds[n++] = (struct pollfd){p->wake_fd, POLLIN, 0};
     int timeout = p->drive_again ? 0 : left < DRIVE_POLL_MAX_MS ? (int)left : DRIVE_POLL_MAX_MS;
+    int spinning = timeout > 0 && distd_now_us() < spin_end;
+    if (spinning) timeout = 0;
     pthread_mutex_unlock(&p->mu);
-    if (poll(fds, (nfds_t)n, timeout) > 0 && fds[n - 1].revents) {
+    int ready = poll(fds, (nfds_t)n, timeout);
+    if (ready > 0 && fds[n - 1].revents) {
       uint64_t count;
       if (read(p->wake_fd, &count, sizeof count) < 0 && errno != EAGAIN) count = 0;
     }
+    if (ready == 0 && spinning) sched_yield();
     pthread_mutex_lock(&p->mu);
   }
   stop_driving(p);

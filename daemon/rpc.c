@@ -352,6 +352,7 @@ static void answer_unimplemented(call_ctx *c) {
 
 static void *worker_main(void *arg) {
   distd_rpc *r = arg;
+  pthread_setname_np(pthread_self(), "distd-worker");
   for (;;) {
     pthread_mutex_lock(&r->mu);
     while (!r->queue_head && !r->stopping) pthread_cond_wait(&r->work_cv, &r->mu);
@@ -405,6 +406,7 @@ static void on_call_done(distd_rpc *r, call_ctx *c) {
 
 static void *cq_main(void *arg) {
   distd_rpc *r = arg;
+  pthread_setname_np(pthread_self(), "distd-cq");
   for (;;) {
     grpc_event ev = grpc_completion_queue_next(
         r->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
