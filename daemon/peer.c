@@ -159,12 +159,37 @@ static void accept_cb(int lfd, short what, void *arg) {
   pthread_mutex_unlock(&p->mu);
 }
 
-/* Measures RTT on idle outbound connections; the answer comes back on the
- * same socket. */
+/* Closes connections whose TLS handshake and HELLO did not finish within
+ * the silence timeout: a stranger that connects and says nothing must not
+ * hold a socket forever, and a peer that accepts but never answers is
+ * redialled instead of waited on. */
+static void expire_handshakes(distd_peers *p) {
+  int64_t limit = p->silence_ms > 0 ? p->silence_ms : HANDSHAKE_MS, now = distd_now_ms();
+  dlist *pos, *tmp;
+  dlist_each_safe(pos, tmp, &p->pending_in) {
+    conn *c = dlist_entry(pos, conn, link);
+    if (now - c->opened_ms < limit) continue;
+    log_warn("closed an inbound peer connection that sent no HELLO within %lld ms",
+             (long long)limit);
+    distd_conn_lost(c, "no HELLO in time");
+  }
+  for (int r = 0; r < p->world; r++) {
+    conn *c = p->peers[r].out;
+    if (!c || c->greeted || now - c->opened_ms < limit) continue;
+    char why[160];
+    snprintf(why, sizeof why, "no answer to HELLO within %lld ms", (long long)limit);
+    log_warn("peer rank %d (%s): %s; dialling again", r, distd_peer_addr(p, r), why);
+    distd_conn_lost(c, why);
+  }
+}
+
+/* Measures RTT on idle outbound connections (the answer comes back on the
+ * same socket), and bounds handshakes. */
 static void ping_cb(int fd, short what, void *arg) {
   (void)fd, (void)what;
   distd_peers *p = arg;
   pthread_mutex_lock(&p->mu);
+  expire_handshakes(p);
   for (int r = 0; r < p->world; r++) {
     peer *pe = &p->peers[r];
     if (!pe->out || !pe->out->greeted || !dlist_empty(&pe->outq)) continue;

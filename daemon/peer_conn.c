@@ -26,6 +26,7 @@ conn *distd_conn_new(distd_peers *p, int fd, int outbound, int rank) {
   c->fd = fd;
   c->outbound = outbound;
   c->rank = rank;
+  c->opened_ms = distd_now_ms();
   c->tp = p->tp;
   c->handshaking = c->tp->handshake != NULL;
   dlist_init(&c->link);

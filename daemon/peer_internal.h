@@ -40,6 +40,7 @@
 #include "peer_transport.h"
 
 #define STAGE_SIZE (64 * 1024)    /* per-socket buffer for headers, small frames */
+#define HANDSHAKE_MS 10000        /* handshake limit without a silence timeout */
 #define PARK_MS 2                 /* inbound sockets stay with drivers this long */
 #define DIRECT_READ_MIN (16 * 1024) /* smaller payload rests go through stage */
 #define CTL_MAX 1024              /* largest control payload (reasons, hello) */
@@ -136,6 +137,7 @@ struct conn {
   int cert_rank;      /* rank the peer's certificate names (DISTD_CERT_RANK_*) */
   char tp_error[320]; /* why the transport failed, when errno does not say */
   int outbound;
+  int64_t opened_ms; /* greeted by then + the handshake limit, or closed */
   int rank;       /* peer rank; -1 until an inbound HELLO was accepted */
   int greeted;
   int connecting; /* outbound connect() in progress */

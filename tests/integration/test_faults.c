@@ -959,6 +959,34 @@ Test(faults, garbage_and_mismatched_hellos_are_refused_and_change_nothing) {
 /* Killed (SIGKILL) or stopped (SIGTERM, exits 0) and started again with the
  * same arguments, a daemon rejoins, its peers count the reconnect, and new
  * operations involving it work. */
+/* A connection that never says HELLO is closed after the peer timeout, and
+ * the daemon says so; the real peers are not disturbed. */
+Test(faults, silent_inbound_connection_is_closed_after_the_peer_timeout) {
+  start(2);
+  long from = harness_log_size(&cluster, 0);
+  int fd = connect_port(cluster.peer_port[0]);
+  cr_assert_geq(fd, 0, "cannot connect to rank 0's peer port");
+  double t0 = now_s();
+  char buf[64];
+  ssize_t n = -1;
+  while (now_s() - t0 < PEER_TIMEOUT_S + SLACK_S) { /* recv waits 5 s at most */
+    n = recv(fd, buf, sizeof buf, 0);
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) break;
+  }
+  double after = now_s() - t0;
+  close(fd);
+  cr_expect(n == 0 || (n < 0 && errno == ECONNRESET), "a silent connection was kept %.1f s",
+            after);
+  cr_expect(after >= PEER_TIMEOUT_S - 1, "closed after %.1f s, before the %g s timeout", after,
+            PEER_TIMEOUT_S);
+  const char *said[] = {"sent no HELLO within 5000 ms", NULL};
+  expect_logged(0, from, said, "a silent connection");
+  cr_assert(harness_wait_connected(&cluster, 0, 1, 5000), "rank 0 lost its real peer");
+  int all[2] = {0, 1};
+  expect_served(all, 2, "a silent connection");
+  stop_cluster();
+}
+
 Test(faults, restarted_daemon_rejoins_and_serves) {
   start(3);
   int all[3] = {0, 1, 2};
