@@ -742,8 +742,19 @@ void distd_conn_read_cb(int fd, short what, void *arg) {
   pthread_mutex_unlock(&p->mu);
 }
 
+/* The driver's own transfer is complete: it reads no further frame. */
+static int driver_done(const distd_peers *p) {
+  return p->driver_x && (p->driver_x->pending == 0 || p->driver_x->err.code);
+}
+
 int distd_conn_drive_read(conn *c, size_t budget) {
   int r = 1;
-  while (r == 1 && budget > 0) r = read_step(c, &budget);
+  /* Stopping at a frame boundary once done leaves the next operation's
+   * frames in the socket, for its own driver to read straight into the
+   * receives it will have posted, rather than into kept-aside copies (a
+   * rank leaving a barrier early sends its data while this one is still
+   * reading the barrier). */
+  while (r == 1 && budget > 0 && !(c->rstate == R_HEADER && driver_done(c->p)))
+    r = read_step(c, &budget);
   return r;
 }

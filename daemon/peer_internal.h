@@ -272,7 +272,8 @@ int distd_conn_flush(conn *c, int in_loop);
  * arming its write event; returns 1 when bytes are left (poll POLLOUT). */
 int distd_conn_driver_flush(conn *c);
 /* For the driver: reads frames from an owned inbound connection until the
- * socket is empty (0), budget is spent (1) or it failed (-1). */
+ * socket is empty (0), budget is spent or the driver's transfer is complete
+ * (1), or it failed (-1). */
 int distd_conn_drive_read(conn *c, size_t budget);
 void distd_conn_want_write(conn *c);
 /* Advances the transport handshake from the loop thread; once done,
