@@ -9,12 +9,15 @@
 #include <string.h>
 #include <time.h>
 
+#include "experts.h"
 #include "http.h"
 #include "log.h"
 #include "methods.h"
 #include "metrics.h"
 #include "notify.h"
+#include "param_service.h"
 #include "peer.h"
+#include "program_registry.h"
 #include "rpc.h"
 #include "store.h"
 #include "tls.h"
@@ -105,12 +108,34 @@ static int start_http(distd_server *s, dist_errbuf *eb) {
   return distd_http_start(&s->http, s->base, http, &hooks, eb);
 }
 
+/* The state RPC handlers keep between calls (see server.h). */
+static int create_registries(distd_server *s, dist_errbuf *eb) {
+  s->programs = distd_registry_new(0);
+  s->experts = distd_experts_new();
+  s->params = distd_params_new(s->rank);
+  if (!s->programs || !s->experts || !s->params)
+    return dist_fail(eb, DIST_ENOMEM, "out of memory creating the program, "
+                     "expert and parameter registries");
+  return 0;
+}
+
+/* Before the store: they return tensors and reservations to it. */
+static void free_registries(distd_server *s) {
+  distd_registry_free(s->programs);
+  distd_experts_free(s->experts);
+  distd_params_free(s->params);
+  s->programs = NULL;
+  s->experts = NULL;
+  s->params = NULL;
+}
+
 int distd_start(distd_server *s, dist_errbuf *eb) {
   s->start_time = distd_mono_seconds();
   evthread_use_pthreads();
   s->base = event_base_new();
   s->metrics = distd_metrics_new(DIST_VERSION);
   s->store = distd_store_new(s->cfg.memory_limit);
+  if (create_registries(s, eb) != 0) return -1;
   if (start_peers(s, eb) != 0 || distd_ops_attach(s, eb) != 0 || start_http(s, eb) != 0)
     return -1;
   grpc_init();
@@ -142,6 +167,7 @@ void distd_stop(distd_server *s) {
   distd_peers_free(s->peers);
   distd_ops_detach(s, ops); /* after the peers: their workers are gone */
   if (s->grpc_initialized) grpc_shutdown();
+  free_registries(s); /* the RPC workers that use them are gone */
   distd_store_free(s->store);
   distd_metrics_free(s->metrics);
   if (s->base) event_base_free(s->base);

@@ -37,27 +37,9 @@ struct distd_experts {
   int nkept;
 };
 
-/* One registry per server in the process (tests may run several). */
-static pthread_mutex_t registry_mu = PTHREAD_MUTEX_INITIALIZER;
-static struct {
-  distd_server *server;
-  distd_experts *experts;
-} registries[8];
-
-distd_experts *distd_experts_of(distd_server *s) {
-  distd_experts *x = NULL;
-  pthread_mutex_lock(&registry_mu);
-  for (int i = 0; i < 8 && !x; i++) {
-    if (registries[i].server == s) {
-      x = registries[i].experts;
-    } else if (!registries[i].server) {
-      if (!(x = calloc(1, sizeof *x))) break;
-      pthread_mutex_init(&x->mu, NULL);
-      registries[i].server = s;
-      registries[i].experts = x;
-    }
-  }
-  pthread_mutex_unlock(&registry_mu);
+distd_experts *distd_experts_new(void) {
+  distd_experts *x = calloc(1, sizeof *x);
+  if (x) pthread_mutex_init(&x->mu, NULL);
   return x;
 }
 
@@ -106,6 +88,19 @@ static int drop_kept(distd_experts *x, layer *l, uint64_t id) {
   x->nkept -= n;
   pthread_mutex_unlock(&x->mu);
   return n;
+}
+
+void distd_experts_free(distd_experts *x) {
+  if (!x) return;
+  while (x->head) {
+    layer *l = x->head;
+    x->head = l->next;
+    drop_kept(x, l, 0);
+    pthread_mutex_destroy(&l->mu);
+    free(l);
+  }
+  pthread_mutex_destroy(&x->mu);
+  free(x);
 }
 
 static kept *take_kept(distd_experts *x, layer *l, uint64_t id) {

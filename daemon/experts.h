@@ -58,8 +58,12 @@ typedef struct distd_expert_init {
 
 typedef struct distd_experts distd_experts;
 
-/* The registry of server s, created on first use; NULL when out of memory. */
-distd_experts *distd_experts_of(distd_server *s);
+/* A daemon's empty registry (distd_server.experts); NULL when out of
+ * memory. */
+distd_experts *distd_experts_new(void);
+/* Drops every layer and kept invocation, returning the kept tensors' memory
+ * to the store: call it before the store is freed. NULL is a no-op. */
+void distd_experts_free(distd_experts *x);
 
 /* Checks cfg and creates the layer's parameters and zeroed gradients in
  * s's store, from init (cfg->experts entries) or, when init is NULL, drawn

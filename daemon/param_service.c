@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -37,33 +38,16 @@ struct distd_params {
   int rank;             /* this daemon's rank */
 };
 
-/* One registry per server. A field of distd_server would be the natural
- * home; this small map keeps the module self-contained. */
-static pthread_mutex_t registry_mu = PTHREAD_MUTEX_INITIALIZER;
-static struct registry {
-  distd_server *server;
-  distd_params *params;
-} registries[8];
-
-distd_params *distd_params_of(distd_server *s) {
-  distd_params *p = NULL;
-  pthread_mutex_lock(&registry_mu);
-  for (int i = 0; i < 8 && !p; i++) {
-    if (registries[i].server == s) p = registries[i].params;
-    else if (!registries[i].server) {
-      p = calloc(1, sizeof *p);
-      pthread_mutex_init(&p->mu, NULL);
-      pthread_condattr_t ca;
-      pthread_condattr_init(&ca);
-      pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-      pthread_cond_init(&p->updated, &ca);
-      pthread_condattr_destroy(&ca);
-      p->rank = s->rank;
-      registries[i].server = s;
-      registries[i].params = p;
-    }
-  }
-  pthread_mutex_unlock(&registry_mu);
+distd_params *distd_params_new(int rank) {
+  distd_params *p = calloc(1, sizeof *p);
+  if (!p) return NULL;
+  pthread_mutex_init(&p->mu, NULL);
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&p->updated, &ca);
+  pthread_condattr_destroy(&ca);
+  p->rank = rank;
   return p;
 }
 
@@ -81,6 +65,19 @@ static void release_state(param *q) {
   q->pushed = NULL;
   if (q->reserved) distd_store_release(q->store, q->reserved);
   q->reserved = 0;
+}
+
+void distd_params_free(distd_params *p) {
+  if (!p) return;
+  while (p->head) {
+    param *q = p->head;
+    p->head = q->next;
+    release_state(q);
+    free(q);
+  }
+  pthread_cond_destroy(&p->updated);
+  pthread_mutex_destroy(&p->mu);
+  free(p);
 }
 
 static int check_config(const distd_tensor *t, const distd_param_cfg *cfg,
@@ -144,17 +141,20 @@ int distd_param_configure(distd_params *p, distd_store *st, const char *name,
   if (rc != 0) goto out;
   take_layout(&fresh, t);
   pthread_mutex_lock(&p->mu);
-  param *q = find(p, name);
+  param *q = find(p, name), *next = NULL;
   if (q) {
-    param *next = q->next;
+    next = q->next;
     release_state(q);
+  } else if ((q = malloc(sizeof *q))) {
+    next = p->head;
+    p->head = q;
+  }
+  if (q) {
     *q = fresh;
     q->next = next;
   } else {
-    q = malloc(sizeof *q);
-    *q = fresh;
-    q->next = p->head;
-    p->head = q;
+    release_state(&fresh);
+    rc = dist_fail(eb, DIST_ENOMEM, "out of memory configuring '%s'", name);
   }
   pthread_mutex_unlock(&p->mu);
 out:

@@ -19,7 +19,6 @@
 #include <stdint.h>
 
 #include "optimizer.h"
-#include "server.h"
 #include "store.h"
 
 typedef struct distd_params distd_params;
@@ -31,8 +30,13 @@ typedef struct distd_param_cfg {
   int trainers;       /* >= 1 */
 } distd_param_cfg;
 
-/* The registry of server s, created on first use (the daemon has one). */
-distd_params *distd_params_of(distd_server *s);
+/* A daemon's empty registry (distd_server.params) for the daemon of rank
+ * `rank`; NULL when out of memory. */
+distd_params *distd_params_new(int rank);
+/* Drops every parameter and its optimizer state, releasing the state's
+ * reservations in the store: call it before the store is freed. NULL is a
+ * no-op. */
+void distd_params_free(distd_params *p);
 
 /* Makes the stored tensor `name` a parameter, or reconfigures it (state and
  * pending pushes reset). Fails, with nothing changed, for a missing tensor,

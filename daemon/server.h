@@ -15,6 +15,9 @@ typedef struct distd_http distd_http;
 typedef struct distd_metrics distd_metrics;
 typedef struct distd_store distd_store;
 typedef struct distd_rpc distd_rpc;
+typedef struct distd_program_registry distd_program_registry;
+typedef struct distd_experts distd_experts;
+typedef struct distd_params distd_params;
 
 typedef struct distd_server {
   distd_config cfg;
@@ -31,6 +34,14 @@ typedef struct distd_server {
   distd_metrics *metrics;
   distd_store *store;
   distd_rpc *rpc;
+  /* What RPC handlers keep between calls: registered LocalLayer programs
+   * and their invocations, expert layers, parameters' optimizer state.
+   * Made before the gRPC server starts; freed after its workers are gone
+   * and before the store, whose memory they hold references and
+   * reservations on. */
+  distd_program_registry *programs;
+  distd_experts *experts;
+  distd_params *params;
   int ops_in_flight; /* RPCs being handled (atomic) */
   int grpc_initialized;
 } distd_server;

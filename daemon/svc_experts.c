@@ -10,12 +10,6 @@
 #include "pbuf.h"
 #include "tensor_meta.h"
 
-static int registry(distd_server *s, distd_experts **x, dist_errbuf *eb) {
-  if (!(*x = distd_experts_of(s)))
-    return dist_fail(eb, DIST_ENOMEM, "cannot create the expert registry");
-  return 0;
-}
-
 static int parse_cfg(const Dist__V1__ExpertLayerCreateRequest *rq,
                      distd_expert_layer_cfg *c, dist_errbuf *eb) {
   memset(c, 0, sizeof *c);
@@ -59,13 +53,12 @@ DISTD_HANDLER(expert_layer_create) {
   const Dist__V1__ExpertLayerCreateRequest *rq = (const void *)req;
   distd_expert_layer_cfg cfg;
   distd_expert_init *init = NULL;
-  distd_experts *x = NULL;
   char **names = NULL;
   int n = 0, rc = parse_cfg(rq, &cfg, eb);
   if (rc == 0) rc = parse_init(rq, &init, eb);
-  if (rc == 0) rc = registry(s, &x, eb);
   if (rc == 0)
-    rc = distd_experts_create(x, s, &cfg, rq->seed, init, rq->replace, &names, &n, eb);
+    rc = distd_experts_create(s->experts, s, &cfg, rq->seed, init, rq->replace,
+                              &names, &n, eb);
   if (rc == 0) {
     Dist__V1__ExpertLayerCreateReply rp = DIST__V1__EXPERT_LAYER_CREATE_REPLY__INIT;
     rp.n_tensors = (size_t)n;
@@ -87,15 +80,14 @@ static int describe(distd_server *s, const distd_tensor *t, dist_wire_meta **w,
 DISTD_HANDLER(expert_forward) {
   (void)ci;
   const Dist__V1__ExpertForwardRequest *rq = (const void *)req;
-  distd_experts *x = NULL;
   distd_tensor *t = NULL;
   dist_wire_meta *w = NULL;
   int64_t *rows = calloc(rq->n_counts + 1, sizeof *rows);
   distd_expert_fwd f = {rq->layer, rq->x_name, rq->counts, rq->n_counts,
                         rq->out_name, rq->replace, rq->invocation};
   int nrows = 0;
-  int rc = rows ? registry(s, &x, eb) : dist_fail(eb, DIST_ENOMEM, "out of memory");
-  if (rc == 0) rc = distd_experts_forward(x, s, &f, &t, rows, &nrows, eb);
+  int rc = rows ? distd_experts_forward(s->experts, s, &f, &t, rows, &nrows, eb)
+                : dist_fail(eb, DIST_ENOMEM, "out of memory");
   if (rc == 0) rc = describe(s, t, &w, eb);
   if (rc == 0) {
     Dist__V1__ExpertForwardReply rp = DIST__V1__EXPERT_FORWARD_REPLY__INIT;
@@ -113,13 +105,11 @@ DISTD_HANDLER(expert_forward) {
 DISTD_HANDLER(expert_backward) {
   (void)ci;
   const Dist__V1__ExpertBackwardRequest *rq = (const void *)req;
-  distd_experts *x = NULL;
   distd_tensor *t = NULL;
   dist_wire_meta *w = NULL;
   distd_expert_bwd b = {rq->layer, rq->invocation, rq->grad_name, rq->out_name,
                         rq->replace, rq->accumulate};
-  int rc = registry(s, &x, eb);
-  if (rc == 0) rc = distd_experts_backward(x, s, &b, &t, eb);
+  int rc = distd_experts_backward(s->experts, s, &b, &t, eb);
   if (rc == 0) rc = describe(s, t, &w, eb);
   if (rc == 0) {
     Dist__V1__ExpertBackwardReply rp = DIST__V1__EXPERT_BACKWARD_REPLY__INIT;
@@ -134,9 +124,8 @@ DISTD_HANDLER(expert_backward) {
 DISTD_HANDLER(expert_release) {
   (void)ci;
   const Dist__V1__ExpertReleaseRequest *rq = (const void *)req;
-  distd_experts *x = NULL;
-  int n = 0, rc = registry(s, &x, eb);
-  if (rc == 0) rc = distd_experts_release(x, rq->layer, rq->invocation, &n, eb);
+  int n = 0;
+  int rc = distd_experts_release(s->experts, rq->layer, rq->invocation, &n, eb);
   if (rc == 0) {
     Dist__V1__ExpertReleaseReply rp = DIST__V1__EXPERT_RELEASE_REPLY__INIT;
     rp.released = (uint32_t)n;

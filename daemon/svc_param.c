@@ -46,7 +46,7 @@ DISTD_HANDLER(param_configure) {
   const Dist__V1__ParamConfigureRequest *rq = (const void *)req;
   distd_param_cfg cfg;
   if (config_from_pb(rq, &cfg, eb) != 0) return eb->code;
-  if (distd_param_configure(distd_params_of(s), s->store, rq->name, &cfg, eb) != 0)
+  if (distd_param_configure(s->params, s->store, rq->name, &cfg, eb) != 0)
     return eb->code;
   distd_tensor *t = NULL;
   if (distd_store_get(s->store, rq->name, &t, eb) != 0) return eb->code;
@@ -101,7 +101,7 @@ DISTD_HANDLER(param_push) {
     nbytes = g->nbytes;
   }
   distd_push_result res;
-  int rc = distd_param_push(distd_params_of(s), s->store, rq->name,
+  int rc = distd_param_push(s->params, s->store, rq->name,
                             (int)rq->trainer, rq->step, grad, nbytes, &res, eb);
   distd_tensor_unref(g);
   if (rc != 0) return rc;
@@ -118,7 +118,7 @@ DISTD_HANDLER(param_pull) {
   const Dist__V1__ParamPullRequest *rq = (const void *)req;
   distd_tensor *t = NULL;
   uint64_t step = 0;
-  if (distd_param_pull(distd_params_of(s), s->store, rq->name, rq->min_version,
+  if (distd_param_pull(s->params, s->store, rq->name, rq->min_version,
                        ci->deadline_ms, &t, &step, eb) != 0)
     return eb->code;
   dist_wire_meta *w = calloc(1, sizeof *w);

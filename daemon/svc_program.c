@@ -6,7 +6,6 @@
  * stores each output as a distributed tensor with its out_dist_attrs. The
  * invocation is kept in the registry for Backward, which stores the input
  * gradients as distributed tensors on the inputs' meshes. */
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -18,21 +17,6 @@
 #include "store.h"
 #include "tensor_meta.h"
 #include "wire.h"
-
-/* The registry of this process's daemon. distd_server has no slot for it
- * (server.h belongs to the daemon core), so it is created on first use and
- * lives as long as the process; a process runs one daemon. */
-static pthread_mutex_t registry_mu = PTHREAD_MUTEX_INITIALIZER;
-static distd_program_registry *registry;
-
-static distd_program_registry *registry_of(distd_server *s) {
-  (void)s;
-  pthread_mutex_lock(&registry_mu);
-  if (!registry) registry = distd_registry_new(0);
-  distd_program_registry *r = registry;
-  pthread_mutex_unlock(&registry_mu);
-  return r;
-}
 
 /* An output's (or gradient's) mesh and placements, parsed and checked. */
 typedef struct dist_attr {
@@ -80,7 +64,7 @@ DISTD_HANDLER(program_register) {
     }
   }
   Dist__V1__ProgramRegisterReply rp = DIST__V1__PROGRAM_REGISTER_REPLY__INIT;
-  rc = distd_registry_add(registry_of(s), p, rq->invocation_ttl_seconds,
+  rc = distd_registry_add(s->programs, p, rq->invocation_ttl_seconds,
                           &rp.handle, eb);
   if (rc) return rc;
   rp.rank = (uint32_t)s->rank;
@@ -462,7 +446,7 @@ static int keep_invocation(distd_server *s, const Dist__V1__ProgramInvokeRequest
   k->handle = rq->handle;
   k->inv = inv;
   k->origins = origins;
-  return distd_registry_keep(registry_of(s), k, eb);
+  return distd_registry_keep(s->programs, k, eb);
 }
 
 DISTD_HANDLER(program_invoke) {
@@ -471,7 +455,7 @@ DISTD_HANDLER(program_invoke) {
   distd_invocation *inv = NULL;
   distd_input_origin *origins = NULL;
   out_set o = {0};
-  int rc = distd_registry_get(registry_of(s), rq->handle, &p, eb);
+  int rc = distd_registry_get(s->programs, rq->handle, &p, eb);
   if (rc) return rc; /* no program: no outputs, so no exchange either */
   const Dist__V1__Program *pb = distd_program_message(p);
   o.n = pb->n_outputs;
@@ -604,7 +588,7 @@ DISTD_HANDLER(program_backward) {
   distd_tval **grads = NULL;
   out_set o = {0};
   size_t n_out = 0;
-  int rc = distd_registry_take(registry_of(s), rq->invocation_id, &k, eb);
+  int rc = distd_registry_take(s->programs, rq->invocation_id, &k, eb);
   if (rc) return rc;
   n_out = distd_invocation_n_outputs(k->inv);
   grads = calloc(n_out + 1, sizeof *grads);
@@ -635,7 +619,7 @@ out:
 DISTD_HANDLER(program_release) {
   (void)ci;
   const Dist__V1__ProgramReleaseRequest *rq = (const void *)req;
-  distd_program_registry *r = registry_of(s);
+  distd_program_registry *r = s->programs;
   int rc = 0;
   if (!rq->handle && !rq->invocation_id)
     return dist_fail(eb, DIST_EINVAL, "release names neither an invocation "
