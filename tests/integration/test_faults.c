@@ -58,9 +58,13 @@ TestSuite(faults, .fini = stop_cluster, .timeout = 180);
 
 /* Every cluster its own id: a daemon left over on a recycled port never
  * joins it. */
-static void start(int n) {
+static void new_cluster_id(void) {
   snprintf(cluster_id, sizeof cluster_id, "faults-%d-%ld", (int)getpid(),
            (long)(now_s() * 1000));
+}
+
+static void start(int n) {
+  new_cluster_id();
   harness_start(&cluster, n, start_args);
 }
 
@@ -633,22 +637,33 @@ typedef struct proxy {
   frame_track track[16]; /* the accepted side's stream */
   pthread_mutex_t mu;
   int cut, stop;
+  int throttle_ms; /* the dialler's bytes: one PROXY_SLOW_CHUNK per this */
+  int frozen;      /* the dialler's bytes are not read at all */
   uint64_t relayed;
   double cut_at; /* when the cut happened (now_s), 0 before */
   pthread_t th;
 } proxy;
 
+enum { PROXY_SLOW_CHUNK = 16 << 10 };
+
+/* Reads and sets the proxy's flags across its thread. */
+static int proxy_get(proxy *p, const int *flag) {
+  pthread_mutex_lock(&p->mu);
+  int v = *flag;
+  pthread_mutex_unlock(&p->mu);
+  return v;
+}
+
+static void proxy_put(proxy *p, int *flag, int v) {
+  pthread_mutex_lock(&p->mu);
+  *flag = v;
+  pthread_mutex_unlock(&p->mu);
+}
+
 static void proxy_close_all(proxy *p) {
   for (int i = 0; i < 16; i++)
     for (int k = 0; k < 2; k++)
       if (p->fds[i][k] >= 0) close(p->fds[i][k]), p->fds[i][k] = -1;
-}
-
-static int proxy_cut_armed(proxy *p) {
-  pthread_mutex_lock(&p->mu);
-  int armed = p->cut;
-  pthread_mutex_unlock(&p->mu);
-  return armed;
 }
 
 static void proxy_cut_now(proxy *p) {
@@ -690,11 +705,12 @@ static void proxy_accept(proxy *p) {
  * when either side ends, and everything at the cut point of an armed cut. */
 static void proxy_relay(proxy *p, int i, int k) {
   uint8_t buf[1 << 16];
-  ssize_t n = read(p->fds[i][k], buf, sizeof buf), len = n;
+  int throttle = k == 0 ? proxy_get(p, &p->throttle_ms) : 0;
+  ssize_t n = read(p->fds[i][k], buf, throttle ? PROXY_SLOW_CHUNK : sizeof buf), len = n;
   int cut = 0;
   if (n > 0 && k == 0) {
     len = (ssize_t)frame_track_cut_point(&p->track[i], buf, (size_t)n);
-    cut = len < n && proxy_cut_armed(p);
+    cut = len < n && proxy_get(p, &p->cut);
     if (!cut) len = n;
   }
   for (ssize_t off = 0; n > 0 && off < len;) {
@@ -712,23 +728,22 @@ static void proxy_relay(proxy *p, int i, int k) {
   }
   __atomic_add_fetch(&p->relayed, (uint64_t)len, __ATOMIC_RELAXED);
   if (cut) proxy_cut_now(p);
+  if (throttle) sleep_ms(throttle);
 }
 
 static void *proxy_run(void *arg) {
   proxy *p = arg;
   for (;;) {
-    pthread_mutex_lock(&p->mu);
-    int stop = p->stop;
-    pthread_mutex_unlock(&p->mu);
-    if (stop) {
+    if (proxy_get(p, &p->stop)) {
       proxy_close_all(p);
       return NULL;
     }
+    int frozen = proxy_get(p, &p->frozen);
     struct pollfd pf[33];
     int map[33][2], n = 0;
     pf[n++] = (struct pollfd){p->listen_fd, POLLIN, 0};
     for (int i = 0; i < 16; i++)
-      for (int k = 0; k < 2; k++)
+      for (int k = frozen ? 1 : 0; k < 2; k++)
         if (p->fds[i][k] >= 0) {
           map[n][0] = i, map[n][1] = k;
           pf[n++] = (struct pollfd){p->fds[i][k], POLLIN, 0};
@@ -758,14 +773,8 @@ static void proxy_start(proxy *p, int target_port) {
   pthread_create(&p->th, NULL, proxy_run, p);
 }
 
-static void proxy_set(proxy *p, int *flag) {
-  pthread_mutex_lock(&p->mu);
-  *flag = 1;
-  pthread_mutex_unlock(&p->mu);
-}
-
 static void proxy_stop(proxy *p) {
-  proxy_set(p, &p->stop);
+  proxy_put(p, &p->stop, 1);
   pthread_join(p->th, NULL);
   close(p->listen_fd);
   pthread_mutex_destroy(&p->mu);
@@ -778,30 +787,40 @@ static void stop_cluster_and_proxy(void) {
   cut_proxy.listen_fd = 0;
 }
 
-/* Rank 0 reaches rank 1's peer port only through the proxy (its own
- * cluster file says so; rank 1 and 2 dial directly). Closing the proxy's
- * connections mid-collective cuts rank 0 -> rank 1 and nothing else: rank 0
- * must name rank 1 and rank 1 must name rank 0; rank 0 then redials through
- * the proxy and the whole cluster works again. */
-Test(faults, cut_connection_fails_both_ends_naming_each_other_then_reconnects,
-     .fini = stop_cluster_and_proxy) {
-  start(3);
+/* n daemons; rank 0 reaches rank 1's peer port only through cut_proxy
+ * (its own cluster file says so; the others dial directly). peer_timeout:
+ * the daemons' --peer-timeout, or NULL for the harness's. */
+static void start_with_proxied_link(int n, const char *peer_timeout) {
+  const char *args[] = {"--cluster-id", cluster_id, "--peer-timeout", peer_timeout, NULL};
+  if (!peer_timeout) args[2] = NULL;
+  new_cluster_id();
+  harness_start(&cluster, n, args);
   proxy_start(&cut_proxy, cluster.peer_port[1]);
   char file[400];
   snprintf(file, sizeof file, "%s/cluster.rank0.conf", cluster.dir);
   FILE *f = fopen(file, "w");
   cr_assert(f);
-  for (int r = 0; r < 3; r++)
+  for (int r = 0; r < n; r++)
     fprintf(f, "127.0.0.1:%d 127.0.0.1:%d\n", cluster.grpc_port[r],
             r == 1 ? cut_proxy.port : cluster.peer_port[r]);
   fclose(f);
   harness_kill(&cluster, 0, SIGTERM);
-  const char *args[] = {"--cluster-id", cluster_id, "--cluster-file", file, NULL};
-  harness_start_rank(&cluster, 0, args);
-  for (int r = 0; r < 3; r++)
-    cr_assert(harness_wait_connected(&cluster, r, 2, 20000), "rank %d did not connect", r);
+  const char *args0[] = {"--cluster-id", cluster_id, "--cluster-file", file,
+                         "--peer-timeout", peer_timeout, NULL};
+  if (!peer_timeout) args0[4] = NULL;
+  harness_start_rank(&cluster, 0, args0);
+  for (int r = 0; r < n; r++)
+    cr_assert(harness_wait_connected(&cluster, r, n - 1, 20000), "rank %d did not connect", r);
   cr_assert_gt(__atomic_load_n(&cut_proxy.relayed, __ATOMIC_RELAXED), 0,
                "rank 0 does not reach rank 1 through the proxy");
+}
+
+/* Closing the proxy's connections mid-collective cuts rank 0 -> rank 1 and
+ * nothing else: rank 0 must name rank 1 and rank 1 must name rank 0; rank
+ * 0 then redials through the proxy and the whole cluster works again. */
+Test(faults, cut_connection_fails_both_ends_naming_each_other_then_reconnects,
+     .fini = stop_cluster_and_proxy) {
+  start_with_proxied_link(3, NULL);
 
   char job[128];
   snprintf(job, sizeof job, "%s-loop", cluster_id);
@@ -809,7 +828,7 @@ Test(faults, cut_connection_fails_both_ends_naming_each_other_then_reconnects,
   start_trainers(&run, LOOP_ALL_REDUCE, job);
   wait_progress(run.lp, run.n);
   uint64_t relayed_before = __atomic_load_n(&cut_proxy.relayed, __ATOMIC_RELAXED);
-  proxy_set(&cut_proxy, &cut_proxy.cut); /* lands inside the next DATA frame */
+  proxy_put(&cut_proxy, &cut_proxy.cut, 1); /* lands inside the next DATA frame */
   for (int r = 0; r < 3; r++) join_trainer(&run, r);
   pthread_mutex_lock(&cut_proxy.mu);
   double at = cut_proxy.cut_at;
@@ -828,6 +847,69 @@ Test(faults, cut_connection_fails_both_ends_naming_each_other_then_reconnects,
     cr_assert(harness_wait_connected(&cluster, r, 2, 20000), "rank %d did not reconnect", r);
   int all[3] = {0, 1, 2};
   expect_served(all, 3, "the cut");
+  stop_cluster_and_proxy();
+}
+
+/* ------------------------------------------------------------ a slow link */
+
+typedef struct timed_scatter {
+  looper lp;
+  double seconds;
+} timed_scatter;
+
+static void *scatter_timed(void *arg) {
+  timed_scatter *t = arg;
+  float *x = malloc(sizeof(float) * 8 * SC_ROWS * SC_WIDTH);
+  double t0 = now_s();
+  t->lp.rc = scatter_once(&t->lp, x);
+  t->seconds = now_s() - t0;
+  snprintf(t->lp.msg, sizeof t->lp.msg, "%s", t->lp.rc ? dist_errmsg(t->lp.c) : "ok");
+  free(x);
+  return NULL;
+}
+
+/* One global_scatter (SC_ROWS rows each way) from two SPMD trainers. */
+static void scatter_on_two(timed_scatter *t, const char *job) {
+  pthread_t th[2];
+  for (int r = 0; r < 2; r++) {
+    t[r] = (timed_scatter){{harness_spmd_client(&cluster, r, job), LOOP_SCATTER, r, 2, 0, 0, "",
+                            0},
+                           0};
+    pthread_create(&th[r], NULL, scatter_timed, &t[r]);
+  }
+  for (int r = 0; r < 2; r++) {
+    pthread_join(th[r], NULL);
+    dist_close(t[r].lp.c);
+  }
+}
+
+/* peer_timeout bounds silence, not duration: over a link throttled to
+ * about 1.6 MB/s, a 4 MiB scatter takes more than twice the 1 s timeout
+ * and succeeds, because bytes keep moving. Once the link stalls (the
+ * relay stops reading), the rank waiting for them fails about 1 s later
+ * naming the silent peer. */
+Test(faults, peer_timeout_bounds_silence_not_a_slow_transfer, .fini = stop_cluster_and_proxy) {
+  start_with_proxied_link(2, "1s");
+  proxy_put(&cut_proxy, &cut_proxy.throttle_ms, 10);
+  char job[128];
+  snprintf(job, sizeof job, "%s-slow", cluster_id);
+  timed_scatter t[2];
+  scatter_on_two(t, job);
+  for (int r = 0; r < 2; r++)
+    cr_assert_eq(t[r].lp.rc, 0, "rank %d over the slow link: %s", r, t[r].lp.msg);
+  cr_expect_gt(t[1].seconds, 2.0, "rank 1 took only %.2f s: the link was not slow",
+               t[1].seconds);
+
+  proxy_put(&cut_proxy, &cut_proxy.frozen, 1);
+  snprintf(job, sizeof job, "%s-stalled", cluster_id);
+  scatter_on_two(t, job);
+  cr_assert_neq(t[1].lp.rc, 0, "rank 1 never failed over a stalled link");
+  cr_expect(strstr(t[1].lp.msg, "rank 0"), "rank 1: '%s' does not name rank 0", t[1].lp.msg);
+  cr_expect(t[1].seconds > 0.9 && t[1].seconds < 1.0 + SLACK_S,
+            "rank 1 failed after %.2f s over a stalled link (timeout 1 s): %s", t[1].seconds,
+            t[1].lp.msg);
+  cr_log_info("stalled link: rank 1 failed after %.2f s: %s", t[1].seconds, t[1].lp.msg);
+  proxy_put(&cut_proxy, &cut_proxy.frozen, 0);
   stop_cluster_and_proxy();
 }
 
