@@ -104,8 +104,9 @@ void distd_xfer_recv_any(distd_xfer *x, int src, uint32_t tag, void **buf,
                          size_t *len);
 /* Waits until every posted transfer completed, the deadline (CLOCK_MONOTONIC
  * milliseconds, see distd_now_ms) passed, no byte moved for it for
- * silence_timeout_ms, a needed peer was lost, or a peer aborted the op. On failure the message names the peer(s) involved and the
- * remaining transfers are cancelled. Returns 0 or a dist_err. */
+ * silence_timeout_ms, a needed peer was lost, or a peer aborted the op. On
+ * failure the message names the peer(s) involved and the remaining
+ * transfers are cancelled. Returns 0 or a dist_err. */
 int distd_xfer_wait(distd_xfer *x, int64_t deadline_ms, dist_errbuf *eb);
 /* Tells every rank in ranks[] (except self) that this op failed, so their
  * waits fail at once with reason instead of timing out. */

@@ -18,15 +18,18 @@
  * writes every connection's frames until its transfer is done. It then
  * parks the sockets for the next driver (back-to-back operations never
  * wake the loop), which the loop takes back after PARK_MS without one, and
- * lets a waiter that sleeps meanwhile take over. The loop thread skips owned ones; everything else (dialling, handshakes, PING,
- * other waiters' progress once the driver left) stays with it. One wake-up
- * per arriving frame instead of two (loop thread, then the waiter). A
- * failure the driver finds is left to the loop thread (conn.failed), which
- * alone frees connections. Other waiters sleep on their xfer's condvar and
- * are served by the driver or the loop.
+ * lets a waiter that sleeps meanwhile take over. The loop thread skips
+ * owned ones; everything else (dialling, handshakes, PING, other waiters'
+ * progress once the driver left) stays with it. One wake-up per arriving
+ * frame instead of two (loop thread, then the waiter). A failure the driver
+ * finds is left to the loop thread (conn.failed), which alone frees
+ * connections. Other waiters sleep on their xfer's condvar and are served
+ * by the driver or the loop.
  *
- * Sends are queued by distd_xfer_send and written when a thread waits (or
- * frees the xfer): all frames an op has for one peer leave in one writev. */
+ * distd_xfer_send writes what the socket takes at once, from the caller's
+ * thread, together with frames queued before it by
+ * distd_xfer_send_deferred (one writev); the driver or the loop writes the
+ * rest. */
 #ifndef DISTD_PEER_INTERNAL_H
 #define DISTD_PEER_INTERNAL_H
 
@@ -246,6 +249,9 @@ struct distd_peers {
 };
 
 /* peer.c */
+/* CLOCK_MONOTONIC in nanoseconds (PING stamps, the driver's spin);
+ * distd_now_ms (peer.h) is the same clock in milliseconds. */
+uint64_t distd_peer_now_ns(void);
 void distd_peer_schedule_redial(peer *pe, distd_peers *p);
 int distd_peer_sock_setup(int fd);
 const char *distd_peer_addr(const distd_peers *p, int rank);

@@ -19,12 +19,6 @@
 #define DRIVE_BUDGET (2u << 20) /* bytes read per socket per pass */
 #define DRIVE_POLL_MAX_MS 200   /* a lost wake-up costs at most this */
 
-static int64_t distd_now_us(void) { /* for spinning only: peer.h has ms */
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
-}
-
 /* ---- remembered ops: aborted by a peer, or failed here ---- */
 
 const remembered_op *distd_remembered_find(distd_peers *p, uint64_t op_id) {
@@ -576,7 +570,7 @@ static void drive(distd_xfer *x, int64_t deadline_ms) {
   struct pollfd *fds = p->pollfds;
   p->driver_x = x;
   p->driver_tid = pthread_self();
-  int64_t spin_end = p->spin_us > 0 ? distd_now_us() + p->spin_us : 0;
+  uint64_t spin_end = p->spin_us > 0 ? distd_peer_now_ns() + (uint64_t)p->spin_us * 1000 : 0;
   while (!x->err.code && x->pending > 0 && !p->closing) {
     claim_inbound(p);
     int n = drive_pass(p, fds);
@@ -585,7 +579,7 @@ static void drive(distd_xfer *x, int64_t deadline_ms) {
     if (left <= 0) break;
     fds[n++] = (struct pollfd){p->wake_fd, POLLIN, 0};
     int timeout = p->drive_again ? 0 : left < DRIVE_POLL_MAX_MS ? (int)left : DRIVE_POLL_MAX_MS;
-    int spinning = timeout > 0 && distd_now_us() < spin_end;
+    int spinning = timeout > 0 && distd_peer_now_ns() < spin_end;
     if (spinning) timeout = 0;
     pthread_mutex_unlock(&p->mu);
     int ready = poll(fds, (nfds_t)n, timeout);
