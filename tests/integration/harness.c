@@ -51,7 +51,13 @@ int harness_free_port(void) {
   return -1;
 }
 
-static void sleep_ms(int ms) {
+double harness_now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+void harness_sleep_ms(int ms) {
   struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
   nanosleep(&ts, NULL);
 }
@@ -115,7 +121,7 @@ static int connected_now(harness *h, int r, int connected) {
 int harness_wait_connected(harness *h, int r, int connected, int timeout_ms) {
   for (int waited = 0; waited < timeout_ms; waited += 50) {
     if (connected_now(h, r, connected)) return 1;
-    sleep_ms(50);
+    harness_sleep_ms(50);
   }
   return 0;
 }
@@ -149,7 +155,7 @@ int harness_kill(harness *h, int r, int sig) {
       h->pids[r] = 0;
       return status;
     }
-    sleep_ms(10);
+    harness_sleep_ms(10);
   }
   kill(h->pids[r], SIGKILL);
   waitpid(h->pids[r], &status, 0);
@@ -270,7 +276,7 @@ int harness_log_wait(const harness *h, int r, long from, const char *const *need
                      int timeout_ms) {
   for (int waited = 0; waited < timeout_ms; waited += 50) {
     if (log_has(h, r, from, needles)) return 1;
-    sleep_ms(50);
+    harness_sleep_ms(50);
   }
   return log_has(h, r, from, needles);
 }

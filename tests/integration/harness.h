@@ -47,6 +47,9 @@ const char *harness_distctl(void);
  * DIST_RANK, DIST_WORLD_SIZE, DIST_CLUSTER and DIST_JOB_ID=job set (call it
  * from one thread: it sets the environment). */
 dist_client *harness_spmd_client(harness *h, int rank, const char *job);
+/* CLOCK_MONOTONIC in seconds, and a sleep: for the tests' bounded waits. */
+double harness_now_s(void);
+void harness_sleep_ms(int ms);
 /* Size of rank r's log now, to look only at what it logs afterwards. */
 long harness_log_size(const harness *h, int r);
 /* Waits, bounded by timeout_ms, until rank r's log from byte `from` on

@@ -12,12 +12,6 @@
 #include "client_internal.h"
 #include "harness.h"
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
 Test(daemon, health_and_info_on_a_three_rank_cluster, .timeout = 60) {
   harness h;
   harness_start(&h, 3, NULL);
@@ -44,12 +38,12 @@ Test(daemon, unknown_method_is_unimplemented_at_once, .timeout = 60) {
   dist_client *c = harness_client_rank(&h, 0, 10000);
   Dist__V1__InfoRequest rq = DIST__V1__INFO_REQUEST__INIT;
   ProtobufCMessage *rp = NULL;
-  double t0 = now_s();
+  double t0 = harness_now_s();
   int rc = dist_call_one(c, 0, "/dist.v1.Dist/NoSuchMethod", &rq.base,
                          &dist__v1__info_reply__descriptor, &rp);
   cr_assert_eq(rc, DIST_ENOTSUP, "got %s: %s", dist_err_name(rc), dist_errmsg(c));
   cr_assert(strstr(dist_errmsg(c), "NoSuchMethod"), "%s", dist_errmsg(c));
-  cr_assert(now_s() - t0 < 2.0, "UNIMPLEMENTED took %.1f s", now_s() - t0);
+  cr_assert(harness_now_s() - t0 < 2.0, "UNIMPLEMENTED took %.1f s", harness_now_s() - t0);
   dist_close(c);
   harness_stop(&h);
 }
@@ -122,13 +116,13 @@ Test(distctl, dead_endpoint_gives_one_line_error_and_status_1, .timeout = 30) {
   int port = harness_free_port();
   snprintf(cmd, sizeof cmd, "%s --endpoint 127.0.0.1:%d --timeout 2000 status",
            harness_distctl(), port);
-  double t0 = now_s();
+  double t0 = harness_now_s();
   int rc = harness_run(cmd, &out, &err, 20);
   cr_assert_eq(rc, 1);
   char want[64];
   snprintf(want, sizeof want, "127.0.0.1:%d", port);
   cr_assert(strstr(err, want), "stderr: %s", err);
-  cr_assert(now_s() - t0 < 10, "took %.1f s", now_s() - t0);
+  cr_assert(harness_now_s() - t0 < 10, "took %.1f s", harness_now_s() - t0);
   free(out);
   free(err);
 }
@@ -175,10 +169,10 @@ Test(distctl, launch_stops_everything_when_a_rank_fails, .timeout = 120) {
            "\"echo rank \\$DIST_RANK of \\$DIST_WORLD_SIZE; "
            "if [ \\$DIST_RANK = 1 ]; then exit 3; fi; sleep 60\"",
            harness_distctl(), dir);
-  double t0 = now_s();
+  double t0 = harness_now_s();
   int rc = harness_run(cmd, &out, &err, 90);
   cr_assert_neq(rc, 0, "launch succeeded although rank 1 failed");
-  cr_assert(now_s() - t0 < 45, "the other rank was not stopped (%.0f s)", now_s() - t0);
+  cr_assert(harness_now_s() - t0 < 45, "the other rank was not stopped (%.0f s)", harness_now_s() - t0);
   cr_assert(strstr(out, "rank 0 of 2"), "rank 0's output is not on the console: %s", out);
   cr_assert(strstr(err, "rank 1 failed with status 3"), "%s", err);
   char path[600];

@@ -33,17 +33,6 @@
 #define PEER_TIMEOUT_S 5.0
 #define SLACK_S 3.0
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-static void sleep_ms(int ms) {
-  struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
-  nanosleep(&ts, NULL);
-}
-
 /* File-static so that .fini stops it even after a failed assertion. */
 static harness cluster;
 static char cluster_id[48];
@@ -60,7 +49,7 @@ TestSuite(faults, .fini = stop_cluster, .timeout = 180);
  * joins it. */
 static void new_cluster_id(void) {
   snprintf(cluster_id, sizeof cluster_id, "faults-%d-%ld", (int)getpid(),
-           (long)(now_s() * 1000));
+           (long)(harness_now_s() * 1000));
 }
 
 static void start(int n) {
@@ -166,14 +155,14 @@ static void *loop_until_failure(void *arg) {
   if (lp->kind == LOOP_ALL_REDUCE) buf = malloc(sizeof(float) * AR_COUNT);
   if (lp->kind == LOOP_SCATTER) buf = malloc(sizeof(float) * 8 * SC_ROWS * SC_WIDTH);
   if (lp->kind == LOOP_RESHARD) t = put_big(lp->c, lp->world);
-  double until = now_s() + 60;
-  while (lp->rc == 0 && now_s() < until) {
+  double until = harness_now_s() + 60;
+  while (lp->rc == 0 && harness_now_s() < until) {
     lp->rc = lp->kind == LOOP_ALL_REDUCE ? all_reduce_once(lp, buf)
              : lp->kind == LOOP_SCATTER  ? scatter_once(lp, buf)
                                          : reshard_once(lp, t);
     if (lp->rc == 0) __atomic_add_fetch(&lp->iterations, 1, __ATOMIC_SEQ_CST);
   }
-  lp->failed_at = now_s();
+  lp->failed_at = harness_now_s();
   snprintf(lp->msg, sizeof lp->msg, "%s", lp->rc ? dist_errmsg(lp->c) : "never failed");
   dist_tensor_free(t);
   free(buf);
@@ -206,10 +195,10 @@ static void join_trainer(loop_run *run, int r) {
 /* Waits (bounded) until every looper has completed an operation, so that
  * the fault lands in the middle of a later one, however slow the build. */
 static void wait_progress(looper *lp, int n) {
-  double until = now_s() + 60;
+  double until = harness_now_s() + 60;
   for (int i = 0; i < n; i++)
-    while (__atomic_load_n(&lp[i].iterations, __ATOMIC_SEQ_CST) == 0 && now_s() < until)
-      sleep_ms(10);
+    while (__atomic_load_n(&lp[i].iterations, __ATOMIC_SEQ_CST) == 0 && harness_now_s() < until)
+      harness_sleep_ms(10);
   for (int i = 0; i < n; i++)
     cr_assert_gt(__atomic_load_n(&lp[i].iterations, __ATOMIC_SEQ_CST), 0,
                  "looper %d completed no operation in 60 s: %s", i, lp[i].msg);
@@ -219,8 +208,8 @@ static void wait_progress(looper *lp, int n) {
  * operations; returns when it happened. */
 static double fault_mid_op(looper *lp, int n, int rank, int sig) {
   wait_progress(lp, n);
-  sleep_ms(200);
-  double at = now_s();
+  harness_sleep_ms(200);
+  double at = harness_now_s();
   if (sig == SIGKILL)
     harness_kill(&cluster, rank, SIGKILL);
   else
@@ -263,7 +252,7 @@ static void expect_ops_failed(const int *ranks, int n, const char *kind, int pee
                    dist_errmsg(c));
       if (rep.n_in_flight == 0 || waited > 1000 * (PEER_TIMEOUT_S + SLACK_S)) break;
       dist_ops_report_free(&rep);
-      sleep_ms(100);
+      harness_sleep_ms(100);
     }
     cr_expect_eq(rep.n_in_flight, 0, "rank %d still runs %d operation(s), the first a %s",
                  ranks[i], rep.n_in_flight, rep.ops[0].kind);
@@ -464,7 +453,7 @@ static void *save_checkpoint(void *arg) {
   saver *s = arg;
   dist_checkpoint_info info;
   s->rc = dist_checkpoint_save(s->c, s->dir, NULL, &info);
-  s->failed_at = now_s();
+  s->failed_at = harness_now_s();
   snprintf(s->msg, sizeof s->msg, "%s", dist_errmsg(s->c));
   return NULL;
 }
@@ -521,9 +510,9 @@ Test(faults, kill_mid_checkpoint_save_keeps_the_previous_checkpoint) {
   pthread_t th;
   pthread_create(&th, NULL, save_checkpoint, &s);
   double at = 0;
-  for (double until = now_s() + 30; now_s() < until && !at;) {
+  for (double until = harness_now_s() + 30; harness_now_s() < until && !at;) {
     if (count_files(dir, "rank1.", ".safetensors.tmp") > 0) {
-      at = now_s();
+      at = harness_now_s();
       harness_kill(&cluster, 1, SIGKILL);
     }
     usleep(500);
@@ -670,7 +659,7 @@ static void proxy_cut_now(proxy *p) {
   proxy_close_all(p);
   pthread_mutex_lock(&p->mu);
   p->cut = 0;
-  p->cut_at = now_s();
+  p->cut_at = harness_now_s();
   pthread_mutex_unlock(&p->mu);
 }
 
@@ -728,7 +717,7 @@ static void proxy_relay(proxy *p, int i, int k) {
   }
   __atomic_add_fetch(&p->relayed, (uint64_t)len, __ATOMIC_RELAXED);
   if (cut) proxy_cut_now(p);
-  if (throttle) sleep_ms(throttle);
+  if (throttle) harness_sleep_ms(throttle);
 }
 
 static void *proxy_run(void *arg) {
@@ -860,9 +849,9 @@ typedef struct timed_scatter {
 static void *scatter_timed(void *arg) {
   timed_scatter *t = arg;
   float *x = malloc(sizeof(float) * 8 * SC_ROWS * SC_WIDTH);
-  double t0 = now_s();
+  double t0 = harness_now_s();
   t->lp.rc = scatter_once(&t->lp, x);
-  t->seconds = now_s() - t0;
+  t->seconds = harness_now_s() - t0;
   snprintf(t->lp.msg, sizeof t->lp.msg, "%s", t->lp.rc ? dist_errmsg(t->lp.c) : "ok");
   free(x);
   return NULL;
@@ -953,8 +942,8 @@ static int read_frame(int fd, dist_frame_header *h, char *text, size_t len) {
 static void expect_closed(int fd, const char *after) {
   char buf[256];
   ssize_t n;
-  double until = now_s() + 5;
-  while ((n = recv(fd, buf, sizeof buf, 0)) > 0 && now_s() < until) continue;
+  double until = harness_now_s() + 5;
+  while ((n = recv(fd, buf, sizeof buf, 0)) > 0 && harness_now_s() < until) continue;
   cr_expect(n == 0 || (n < 0 && errno == ECONNRESET), "after %s the daemon kept the connection",
             after);
   close(fd);
@@ -1048,14 +1037,14 @@ Test(faults, silent_inbound_connection_is_closed_after_the_peer_timeout) {
   long from = harness_log_size(&cluster, 0);
   int fd = connect_port(cluster.peer_port[0]);
   cr_assert_geq(fd, 0, "cannot connect to rank 0's peer port");
-  double t0 = now_s();
+  double t0 = harness_now_s();
   char buf[64];
   ssize_t n = -1;
-  while (now_s() - t0 < PEER_TIMEOUT_S + SLACK_S) { /* recv waits 5 s at most */
+  while (harness_now_s() - t0 < PEER_TIMEOUT_S + SLACK_S) { /* recv waits 5 s at most */
     n = recv(fd, buf, sizeof buf, 0);
     if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) break;
   }
-  double after = now_s() - t0;
+  double after = harness_now_s() - t0;
   close(fd);
   cr_expect(n == 0 || (n < 0 && errno == ECONNRESET), "a silent connection was kept %.1f s",
             after);

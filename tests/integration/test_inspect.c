@@ -85,16 +85,10 @@ static json_t *find_op(json_t *ops_json, int r, const char *list, uint64_t op_id
   return NULL;
 }
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
 /* Polls `distctl ops --json` (bounded) until rank r lists op_id in flight. */
 static json_t *wait_in_flight(harness *h, int r, uint64_t op_id) {
-  double until = now_s() + 15;
-  while (now_s() < until) {
+  double until = harness_now_s() + 15;
+  while (harness_now_s() < until) {
     json_t *j = distctl_json(h, "ops --json");
     json_t *o = find_op(j, r, "in_flight", op_id);
     if (o) {

@@ -17,12 +17,6 @@
 #include "harness.h"
 #include "moe.pb-c.h"
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
 /* ---------------------------------------------------------------- cases */
 
 #define MAXW 4
@@ -438,9 +432,9 @@ static void disagreeing_counts(const char *method, int gather) {
     for (int i = 0; i < 3; i++) rows += gather ? gc[k][i] : lc[k][i];
     fill_raw(&rqs[k], op, lc[k], gc[k], 3, x, (size_t)rows * 4 * sizeof(float), 4);
   }
-  double t0 = now_s();
+  double t0 = harness_now_s();
   call_each(c, method, 3, rqs, calls);
-  cr_assert(now_s() - t0 < 10, "took %.1f s", now_s() - t0);
+  cr_assert(harness_now_s() - t0 < 10, "took %.1f s", harness_now_s() - t0);
   const char *want = gather
       ? "global_count mismatch: rank 0 sends 2 rows of its expert 0 back to rank 1, "
         "rank 1 expects 3"
@@ -474,9 +468,9 @@ Test(moe, malformed_counts_are_rejected_without_a_hang, .timeout = 90) {
   /* Rank 1's counts have 3 entries for W = 2. */
   fill_raw(&rqs[0], 0x88001, lc, lc, 4, x, 4 * 2 * sizeof(float), 2);
   fill_raw(&rqs[1], 0x88001, bad_len, bad_len, 3, x, 3 * 2 * sizeof(float), 2);
-  double t0 = now_s();
+  double t0 = harness_now_s();
   call_each(c, "/dist.v1.Moe/GlobalScatter", 2, rqs, calls);
-  cr_assert(now_s() - t0 < 10, "took %.1f s", now_s() - t0);
+  cr_assert(harness_now_s() - t0 < 10, "took %.1f s", harness_now_s() - t0);
   cr_assert(strstr(calls[1].err.msg, "counts have 3 entries"), "%s", calls[1].err.msg);
   cr_assert(strstr(calls[0].err.msg, "rank 1") && strstr(calls[0].err.msg, "counts have 3"),
             "rank 0: %s", calls[0].err.msg);
@@ -522,9 +516,9 @@ Test(moe, peer_killed_mid_scatter_fails_naming_it, .timeout = 120) {
   killer k = {&h, 2, 500};
   pthread_t t;
   pthread_create(&t, NULL, kill_later, &k);
-  double t0 = now_s();
+  double t0 = harness_now_s();
   call_each(c, "/dist.v1.Moe/GlobalScatter", 2, rqs, calls);
-  double took = now_s() - t0;
+  double took = harness_now_s() - t0;
   pthread_join(t, NULL);
   cr_assert(took < 15, "took %.1f s", took);
   for (int r = 0; r < 2; r++) {

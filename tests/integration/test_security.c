@@ -76,11 +76,6 @@ static const char *cert_path(const char *name) {
   return p;
 }
 
-static void sleep_ms(int ms) {
-  struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
-  nanosleep(&ts, NULL);
-}
-
 /* harness_start with per-rank arguments: each rank has its own
  * certificate. rank_cert[r] NULL means no TLS arguments. */
 static void start_cluster(harness *h, int n, const char *const rank_cert[],
@@ -130,7 +125,7 @@ static void wait_serving(harness *h, int r) {
     int rc = dist_health(c, 0);
     dist_close(c);
     if (rc == 0) return;
-    sleep_ms(100);
+    harness_sleep_ms(100);
   }
   cr_assert_fail("rank %d did not start serving within 20 s (log in %s)", r, h->dir);
 }
@@ -221,7 +216,7 @@ Test(security, daemon_with_a_certificate_for_another_rank_is_refused) {
   start_cluster(&h, 2, certs_of, NULL, 0);
   wait_serving(&h, 0);
   wait_serving(&h, 1);
-  sleep_ms(1500); /* several dial attempts in both directions */
+  harness_sleep_ms(1500); /* several dial attempts in both directions */
   dist_client *c = harness_client_rank(&h, 0, 2000);
   dist_daemon_info info;
   cr_assert_eq(dist_info(c, 0, &info), 0, "%s", dist_errmsg(c));
@@ -413,7 +408,7 @@ Test(security, in_flight_limit_per_client) {
     rc = dist_info(c, 0, &info);
     if (rc != 0) break;
     dist_info_free(&info);
-    sleep_ms(50);
+    harness_sleep_ms(50);
   }
   cr_assert_eq(rc, DIST_ETOOBIG, "%d: %s", rc, dist_errmsg(c));
   cr_assert(strstr(dist_errmsg(c), "max_inflight_per_client (1)"), "%s", dist_errmsg(c));

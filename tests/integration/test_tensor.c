@@ -19,12 +19,6 @@
 #include "harness.h"
 #include "wire.h"
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
 /* The cluster of the running test. It is file-static so that the test's
  * .fini stops it even when an assertion ended the test early: no daemon
  * outlives its test. */
@@ -39,7 +33,7 @@ static void stop_cluster(void) {
  * recycled ports can never join it. */
 static void start_cluster(harness *h, int n) {
   char id[64];
-  snprintf(id, sizeof id, "tensor-test-%d-%ld", (int)getpid(), (long)(now_s() * 1000));
+  snprintf(id, sizeof id, "tensor-test-%d-%ld", (int)getpid(), (long)(harness_now_s() * 1000));
   const char *args[] = {"--cluster-id", id, NULL};
   harness_start(h, n, args);
 }
@@ -614,15 +608,7 @@ Test(from_local, pieces_that_do_not_fit_leave_every_store_unchanged, .timeout = 
 /* SPMD trainers are threads, each with its own client made by
  * dist_init_from_env (the environment is set before each one is made). */
 static dist_client *spmd_client(harness *h, int rank, const char *job) {
-  char r[16], w[16];
-  snprintf(r, sizeof r, "%d", rank);
-  snprintf(w, sizeof w, "%d", h->n);
-  setenv("DIST_RANK", r, 1);
-  setenv("DIST_WORLD_SIZE", w, 1);
-  setenv("DIST_CLUSTER", h->cluster_file, 1);
-  setenv("DIST_JOB_ID", job, 1);
-  dist_client *c = NULL;
-  cr_assert_eq(dist_init_from_env(&c), 0, "%s", dist_last_connect_error());
+  dist_client *c = harness_spmd_client(h, rank, job);
   cr_assert_eq(dist_rank(c), rank);
   return c;
 }
@@ -996,7 +982,7 @@ static void *reshard_until_failure(void *arg) {
     lp->rc = dist_reshard(lp->c, t, NULL, to);
     if (lp->rc == 0) lp->iterations++;
   }
-  lp->failed_at = now_s();
+  lp->failed_at = harness_now_s();
   snprintf(lp->msg, sizeof lp->msg, "%s", dist_errmsg(lp->c));
   dist_tensor_free(t);
   free(piece);
@@ -1017,7 +1003,7 @@ Test(failure, a_peer_killed_mid_reshard_fails_every_survivor_naming_it, .timeout
   /* Let a few reshards complete, then kill rank 2 in the middle of one. */
   struct timespec ts = {0, 700 * 1000000L};
   nanosleep(&ts, NULL);
-  double killed_at = now_s();
+  double killed_at = harness_now_s();
   harness_kill(&cluster, 2, SIGKILL);
   for (int r = 0; r < 4; r++) pthread_join(th[r], NULL);
   for (int r = 0; r < 4; r++) {
