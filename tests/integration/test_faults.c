@@ -703,7 +703,8 @@ static void proxy_relay(proxy *p, int i, int k) {
     if (!cut) len = n;
   }
   for (ssize_t off = 0; n > 0 && off < len;) {
-    ssize_t w = write(p->fds[i][!k], buf + off, (size_t)(len - off));
+    /* A side that closed must end the pair, not the test (SIGPIPE). */
+    ssize_t w = send(p->fds[i][!k], buf + off, (size_t)(len - off), MSG_NOSIGNAL);
     if (w <= 0) {
       n = -1;
       break;
@@ -857,15 +858,16 @@ static void *scatter_timed(void *arg) {
   return NULL;
 }
 
-/* One global_scatter (SC_ROWS rows each way) from two SPMD trainers. */
+/* One global_scatter (SC_ROWS rows each way) from two SPMD trainers. Both
+ * clients are made before either thread runs: harness_spmd_client sets
+ * the environment, which a running client may be reading. */
 static void scatter_on_two(timed_scatter *t, const char *job) {
   pthread_t th[2];
-  for (int r = 0; r < 2; r++) {
+  for (int r = 0; r < 2; r++)
     t[r] = (timed_scatter){{harness_spmd_client(&cluster, r, job), LOOP_SCATTER, r, 2, 0, 0, "",
                             0},
                            0};
-    pthread_create(&th[r], NULL, scatter_timed, &t[r]);
-  }
+  for (int r = 0; r < 2; r++) pthread_create(&th[r], NULL, scatter_timed, &t[r]);
   for (int r = 0; r < 2; r++) {
     pthread_join(th[r], NULL);
     dist_close(t[r].lp.c);
