@@ -47,6 +47,11 @@ const char *harness_distctl(void);
  * DIST_RANK, DIST_WORLD_SIZE, DIST_CLUSTER and DIST_JOB_ID=job set (call it
  * from one thread: it sets the environment). */
 dist_client *harness_spmd_client(harness *h, int rank, const char *job);
+/* dist_shard_tensor of data with the mesh and placements written as text
+ * ("[[0,1],[2,3]]", "Shard(0),Replicate()"); fails the test on error. */
+dist_tensor *harness_put(dist_client *c, const char *name, dist_dtype dt, const void *data,
+                         int ndim, const int64_t *shape, const char *mesh_text,
+                         const char *placements);
 /* CLOCK_MONOTONIC in seconds, and a sleep: for the tests' bounded waits. */
 double harness_now_s(void);
 void harness_sleep_ms(int ms);

@@ -31,15 +31,7 @@ TestSuite(param, .fini = stop_cluster, .timeout = 120);
 static dist_tensor *put(dist_client *c, const char *name, dist_dtype dt,
                         const void *data, int ndim, const int64_t *shape,
                         const char *mesh_text, const char *placements) {
-  dist_mesh *mesh = NULL;
-  dist_placement p[DIST_MAX_MESH_DIMS];
-  dist_tensor *t = NULL;
-  cr_assert_eq(dist_mesh_from_string(mesh_text, NULL, &mesh), 0);
-  cr_assert_gt(dist_parse_placements(placements, p, DIST_MAX_MESH_DIMS), 0);
-  cr_assert_eq(dist_shard_tensor(c, name, data, dt, ndim, shape, mesh, p, &t), 0,
-               "%s", dist_errmsg(c));
-  dist_mesh_free(mesh);
-  return t;
+  return harness_put(c, name, dt, data, ndim, shape, mesh_text, placements);
 }
 
 static double grad_value(int trainer, int step, int i) {
