@@ -70,13 +70,7 @@ static distd_xfer *new_xfer(const distd_coll *c, dist_errbuf *eb) {
 
 /* Waits for x; on failure tells the rest of the group. */
 static int finish(const distd_coll *c, distd_xfer *x, dist_errbuf *eb) {
-  dist_errbuf why = DIST_ERRBUF_INIT;
-  int rc = distd_xfer_wait(x, c->deadline_ms, &why);
-  if (rc) {
-    distd_xfer_abort(x, c->group, c->size, why.msg);
-    if (eb) *eb = why;
-  }
-  return rc;
+  return distd_xfer_finish(x, c->deadline_ms, c->group, c->size, eb);
 }
 
 /* Member (me + k) mod size: each member starts with a different peer. */
@@ -323,12 +317,7 @@ static int point_to_point(distd_peers *p, uint64_t op_id, int peer, const void *
   if (!x) return dist_fail(eb, DIST_ENOMEM, "out of memory");
   if (sbuf) distd_xfer_send(x, peer, TAG_P2P, sbuf, bytes);
   else distd_xfer_recv(x, peer, TAG_P2P, rbuf, bytes);
-  dist_errbuf why = DIST_ERRBUF_INIT;
-  int rc = distd_xfer_wait(x, deadline_ms, &why);
-  if (rc) {
-    distd_xfer_abort(x, &peer, 1, why.msg);
-    if (eb) *eb = why;
-  }
+  int rc = distd_xfer_finish(x, deadline_ms, &peer, 1, eb);
   distd_xfer_free(x);
   return rc;
 }

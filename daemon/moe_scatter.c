@@ -226,12 +226,6 @@ static void copy_self(const distd_moe_args *a, const plan *p, const void *in,
   }
 }
 
-/* Tells the rest of the group, unless the failure came from one of them. */
-static void abort_group(const distd_moe_args *a, distd_xfer *x, const char *why) {
-  if (strstr(why, " aborted op ")) return;
-  distd_xfer_abort(x, a->group, a->size, why);
-}
-
 static int exchange_run(const distd_moe_args *a, const void *in, void *out,
                         dist_errbuf *eb) {
   int W = a->size, n = W * a->experts, rc = 0;
@@ -261,7 +255,9 @@ static int exchange_run(const distd_moe_args *a, const void *in, void *out,
   rc = distd_xfer_wait(hx, a->deadline_ms, eb);
   if (rc == 0) rc = check_headers(a, theirs, their_len, eb);
   if (rc == 0) rc = distd_xfer_wait(dx, a->deadline_ms, eb);
-  if (rc != 0) abort_group(a, dx, eb->msg);
+  /* Both xfers carry the op id, so an ABORT from a peer failed dx too and
+   * distd_xfer_abort does not echo it. */
+  if (rc != 0) distd_xfer_abort(dx, a->group, a->size, eb->msg);
 out:
   distd_xfer_free(hx);
   distd_xfer_free(dx);

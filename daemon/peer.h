@@ -109,9 +109,16 @@ void distd_xfer_recv_any(distd_xfer *x, int src, uint32_t tag, void **buf,
  * transfers are cancelled. Returns 0 or a dist_err. */
 int distd_xfer_wait(distd_xfer *x, int64_t deadline_ms, dist_errbuf *eb);
 /* Tells every rank in ranks[] (except self) that this op failed, so their
- * waits fail at once with reason instead of timing out. */
+ * waits fail at once with reason instead of timing out. Does nothing when
+ * x failed because a peer aborted the op: that peer told its group. */
 void distd_xfer_abort(distd_xfer *x, const int *ranks, int n,
                       const char *reason);
+/* distd_xfer_wait, then on failure distd_xfer_abort to group[0..n): every
+ * rank of an op that fails here learns why at once, and so can name the
+ * cause (a lost rank it never talked to) instead of timing out on ranks
+ * that gave up. eb may be NULL. */
+int distd_xfer_finish(distd_xfer *x, int64_t deadline_ms, const int *group,
+                      int n, dist_errbuf *eb);
 void distd_xfer_free(distd_xfer *x);
 
 /* CLOCK_MONOTONIC in milliseconds. */

@@ -167,14 +167,20 @@ void distd_fail_xfers_of_peer(distd_peers *p, int rank, const char *msg) {
   }
 }
 
+/* x's op failed on rank from, which told its group (distd_xfer_abort). */
+static void fail_aborted(distd_xfer *x, int from, int code, const char *reason) {
+  if (x->err.code) return;
+  distd_xfer_fail(x, code, "rank %d aborted op %llu: %s", from,
+                  (unsigned long long)x->op_id, reason);
+  x->aborted_by = from;
+}
+
 void distd_handle_abort(distd_peers *p, int from, uint64_t op_id, int code,
                         const char *reason) {
   distd_remember_op(p, op_id, from, code, reason);
   for (dlist *pos = p->xfers.next; pos != &p->xfers; pos = pos->next) {
     distd_xfer *x = dlist_entry(pos, distd_xfer, link);
-    if (x->op_id == op_id)
-      distd_xfer_fail(x, code, "rank %d aborted op %llu: %s", from,
-                      (unsigned long long)op_id, reason);
+    if (x->op_id == op_id) fail_aborted(x, from, code, reason);
   }
   drop_unexpected_of(p, op_id);
 }
@@ -238,14 +244,14 @@ distd_xfer *distd_xfer_new(distd_peers *p, uint64_t op_id) {
   pthread_condattr_destroy(&ca);
   x->p = p;
   x->op_id = op_id;
+  x->aborted_by = -1;
   dlist_init(&x->recvs);
   dlist_init(&x->sends);
   dlist_init(&x->self_sends);
   pthread_mutex_lock(&p->mu);
   const remembered_op *r = distd_remembered_find(p, op_id);
   if (r && r->aborted_by >= 0)
-    distd_xfer_fail(x, r->code, "rank %d aborted op %llu: %s", r->aborted_by,
-                    (unsigned long long)op_id, r->reason);
+    fail_aborted(x, r->aborted_by, r->code, r->reason);
   else if (r)
     forget_op(p, op_id); /* an op id that failed here before, used again */
   if (p->closing) distd_xfer_fail(x, DIST_ECANCELED, "the peer data plane is shutting down");
@@ -632,6 +638,10 @@ void distd_xfer_abort(distd_xfer *x, const int *ranks, int n, const char *reason
   distd_peers *p = x->p;
   if (!p) return;
   pthread_mutex_lock(&p->mu);
+  if (x->aborted_by >= 0) { /* its sender told the group already */
+    pthread_mutex_unlock(&p->mu);
+    return;
+  }
   int code = x->err.code ? x->err.code : DIST_ECANCELED;
   size_t len = strnlen(reason, CTL_MAX);
   for (int i = 0; i < n; i++) {
@@ -652,6 +662,17 @@ void distd_xfer_abort(distd_xfer *x, const int *ranks, int n, const char *reason
     if (c && c->greeted) distd_conn_flush(c, 0);
   }
   pthread_mutex_unlock(&p->mu);
+}
+
+int distd_xfer_finish(distd_xfer *x, int64_t deadline_ms, const int *group,
+                      int n, dist_errbuf *eb) {
+  dist_errbuf why = DIST_ERRBUF_INIT;
+  int rc = distd_xfer_wait(x, deadline_ms, &why);
+  if (rc) {
+    distd_xfer_abort(x, group, n, why.msg);
+    if (eb) *eb = why;
+  }
+  return rc;
 }
 
 void distd_xfer_free(distd_xfer *x) {

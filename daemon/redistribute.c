@@ -194,7 +194,7 @@ int distd_redistribute(distd_server *s, distd_tensor *t,
   int nsend = 0, nrecv = 0;
   distd_xfer *x = distd_xfer_new(s->peers, op_id);
   post(&pl, me, t, *out, x, sends, &nsend, recvs, &nrecv);
-  rc = distd_xfer_wait(x, deadline_ms, eb);
+  rc = distd_xfer_finish(x, deadline_ms, pl.mesh->ranks, pl.n, eb);
   distd_xfer_free(x);
   size_t elem = dist_dtype_size(t->dtype);
   for (int i = 0; i < nrecv; i++) {

@@ -65,15 +65,17 @@ static int move_across_meshes(distd_server *s, distd_tensor *src,
     distd_xfer_send(x, dst_mesh->ranks[from], 0, meta_out, sizeof meta_out);
     distd_xfer_send(x, dst_mesh->ranks[from], 1, src->data, src->nbytes);
   }
-  int rc = 0;
+  int rc = 0, partners[2], npartners = 0;
   void *data = NULL;
   size_t len = 0;
+  if (from >= 0) partners[npartners++] = dst_mesh->ranks[from];
   if (to >= 0) {
     int sender = src_mesh->ranks[to];
     distd_xfer_recv(x, sender, 0, meta_in, sizeof meta_in);
     distd_xfer_recv_any(x, sender, 1, &data, &len);
+    partners[npartners++] = sender;
   }
-  rc = distd_xfer_wait(x, deadline, eb);
+  rc = distd_xfer_finish(x, deadline, partners, npartners, eb);
   distd_xfer_free(x);
   *moved = NULL;
   if (rc != 0 || to < 0) goto out;
