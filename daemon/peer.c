@@ -179,6 +179,16 @@ static void expire_handshakes(distd_peers *p) {
   }
 }
 
+/* Frames held for their receive (peer_conn.c) look again: those held
+ * HOLD_MS are kept aside now, the others wait on (and rearm the timer). */
+static void hold_cb(int fd, short what, void *arg) {
+  (void)fd, (void)what;
+  distd_peers *p = arg;
+  pthread_mutex_lock(&p->mu);
+  distd_peers_unblock_readers(p);
+  pthread_mutex_unlock(&p->mu);
+}
+
 /* Measures RTT on idle outbound connections (the answer comes back on the
  * same socket), and bounds handshakes. */
 static void ping_cb(int fd, short what, void *arg) {
@@ -289,9 +299,10 @@ int distd_peers_start(distd_peers **out, struct event_base *base,
   p->members = malloc(sizeof *p->members * (size_t)p->world);
   p->peers = calloc((size_t)p->world, sizeof *p->peers);
   p->pollfds = calloc(2 * (size_t)p->world + 1, sizeof *p->pollfds);
+  p->pollranks = calloc(2 * (size_t)p->world + 1, sizeof *p->pollranks);
   /* Without it a waiter cannot drive the sockets; the loop thread still does. */
   p->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  if (!p->members || !p->peers || !p->pollfds) {
+  if (!p->members || !p->peers || !p->pollfds || !p->pollranks) {
     rc = dist_fail(eb, DIST_ENOMEM, "out of memory");
     goto out;
   }
@@ -305,6 +316,7 @@ int distd_peers_start(distd_peers **out, struct event_base *base,
   for (int r = 0; r < p->world; r++) init_peer(p, r);
   if (p->tp == &distd_peer_transport_tcp && (rc = distd_inbound_open(p, eb)) < 0) goto out;
   if ((rc = start_listener(p, eb)) < 0) goto out;
+  p->hold_ev = evtimer_new(base, hold_cb, p);
   p->ping_ev = event_new(base, -1, EV_PERSIST, ping_cb, p);
   struct timeval tv = {PING_MS / 1000, (PING_MS % 1000) * 1000};
   event_add(p->ping_ev, &tv);
@@ -356,10 +368,12 @@ void distd_peers_free(distd_peers *p) {
   pthread_mutex_unlock(&p->mu);
   if (p->listen_ev) event_free(p->listen_ev);
   if (p->ping_ev) event_free(p->ping_ev);
+  if (p->hold_ev) event_free(p->hold_ev);
   distd_inbound_close(p);
   if (p->listen_fd >= 0) close(p->listen_fd);
   if (p->wake_fd >= 0) close(p->wake_fd);
   free(p->pollfds);
+  free(p->pollranks);
   pthread_cond_destroy(&p->idle);
   pthread_mutex_destroy(&p->mu);
   distd_peer_tls_ctx_free(p->tls_ctx);

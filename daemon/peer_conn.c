@@ -369,6 +369,7 @@ void distd_peers_unblock_readers(distd_peers *p) {
     if (!c || !c->read_blocked) continue;
     c->read_blocked = 0;
     if (c->owned) { /* the driver reads it: the header is already staged */
+      c->drive_ready = 1;
       distd_driver_wake(p);
       continue;
     }
@@ -499,6 +500,27 @@ static int kind_allowed(const conn *c, unsigned kind) {
   return kind == DIST_FRAME_PONG;
 }
 
+/* A large frame that arrives before its receive is posted stays in the
+ * socket (the sender's and our socket buffers hold it) for up to HOLD_MS:
+ * the receive usually follows within a scheduling slice (a rank that left
+ * a barrier first sends before the others posted), and the payload then
+ * goes straight into it, not into a kept-aside copy (malloc, page faults
+ * and a second memcpy). After HOLD_MS it is kept aside as before, so a
+ * frame whose op is posted later, or never, holds the stream up only
+ * briefly. distd_peers_unblock_readers looks again at each posted receive
+ * and when hold_ev fires. */
+static int hold_for_receive(conn *c, const dist_frame_header *h) {
+  if (h->length < HOLD_MIN) return 0;
+  int64_t now = distd_now_ms();
+  if (!c->held_since_ms) c->held_since_ms = now;
+  if (now - c->held_since_ms >= HOLD_MS) return 0;
+  if (!evtimer_pending(c->p->hold_ev, NULL)) {
+    struct timeval tv = {0, HOLD_MS * 1000};
+    evtimer_add(c->p->hold_ev, &tv);
+  }
+  return 1;
+}
+
 /* Chooses where a DATA payload goes; returns 1 when the frame must wait
  * (backpressure) and 0 otherwise. */
 static int data_target(conn *c, const dist_frame_header *h) {
@@ -529,6 +551,7 @@ static int data_target(conn *c, const dist_frame_header *h) {
     c->rmode = M_RECV;
     return 0;
   }
+  if (hold_for_receive(c, h)) return 1;
   if (h->length > 0 && p->unexpected_bytes + h->length > p->unexpected_limit) return 1;
   unexpected *u = calloc(1, sizeof *u);
   uint8_t *data = malloc(h->length ? h->length : 1);
@@ -587,6 +610,7 @@ static int on_header(conn *c) {
       c->read_blocked = 1;
       return 0;
     }
+    c->held_since_ms = 0;
   } else if (ctl) {
     c->rmode = M_CTL;
     c->dst = c->ctl;

@@ -48,6 +48,8 @@
 #define DIRECT_READ_MIN (16 * 1024) /* smaller payload rests go through stage */
 #define CTL_MAX 1024              /* largest control payload (reasons, hello) */
 #define READ_BUDGET (8u << 20)    /* bytes per callback, for fairness */
+#define HOLD_MIN (64 * 1024)      /* early frames this long wait for their receive */
+#define HOLD_MS 20                /* ... this long, then are kept aside */
 #define IOV_BATCH 64
 #define REMEMBERED_OPS 256        /* aborted/failed op ids kept */
 #define REMEMBER_MS 60000
@@ -146,6 +148,7 @@ struct conn {
   int connecting; /* outbound connect() in progress */
   int close_after_flush;
   int read_blocked; /* backpressure: a frame waits for a receive */
+  int64_t held_since_ms; /* the staged header waits for its receive (HOLD_MS) */
   int closed;
   dlist link; /* distd_peers.pending_in while an inbound is not greeted */
   /* reading */
@@ -162,6 +165,7 @@ struct conn {
   size_t ctl_len;
   /* the driver (see the top) */
   int owned;  /* read by the driving worker; the loop leaves it alone */
+  int drive_ready; /* the driver should read it: poll() said so, or unknown */
   int in_epoll; /* greeted inbound TCP: watched through in_epfd, not rev */
   int in_set;   /* in in_epfd now (the loop may read it) */
   int failed; /* the driver found it broken: the loop closes it */
@@ -230,6 +234,7 @@ struct distd_peers {
   peer *peers;
   int listen_fd, listen_port;
   struct event *listen_ev, *ping_ev;
+  struct event *hold_ev; /* ends the HOLD_MS of frames waiting for receives */
   dlist pending_in;
   dlist xfers;
   dlist unexpected;
@@ -244,6 +249,7 @@ struct distd_peers {
   struct event *in_ev; /* the loop's event on in_epfd */
   int drive_again; /* the driver must look again before sleeping */
   struct pollfd *pollfds; /* 2 * world + 1, the driver's */
+  int *pollranks;          /* rank of each inbound pollfd, -1 for others */
   int waiters;
   int closing;
   struct distd_ops *ops; /* registry for inspection (peer.h); not owned */

@@ -516,6 +516,7 @@ static void claim_inbound(distd_peers *p) {
     conn *c = p->peers[r].in;
     if (!c || c->owned || !c->in_epoll || c->failed) continue;
     c->owned = 1;
+    c->drive_ready = 1;
     distd_conn_watch_read(c, 0); /* a callback already on its way sees owned */
   }
 }
@@ -540,22 +541,51 @@ static void stop_driving(distd_peers *p) {
   }
 }
 
-/* One pass over every connection: reads what arrived, writes what is
- * queued; fills fds with what to wait for and returns how many. */
+/* One pass over every connection: reads those that may have bytes
+ * (drive_ready), writes what is queued; fills fds (and pollranks) with
+ * what to wait for and returns how many. Reading only what poll() named
+ * matters while spinning: a read of an empty socket costs a system call,
+ * and there are world - 1 of them per pass. */
 static int drive_pass(distd_peers *p, struct pollfd *fds) {
   int n = 0;
   p->drive_again = 0;
   for (int r = 0; r < p->world; r++) {
     if (r == p->rank) continue;
     conn *c = p->peers[r].in; /* the driver never frees one: stays valid */
+    if (c && c->owned && !c->read_blocked && c->drive_ready) {
+      c->drive_ready = distd_conn_drive_read(c, DRIVE_BUDGET) == 1;
+      if (c->drive_ready) p->drive_again = 1;
+    }
     if (c && c->owned && !c->read_blocked) {
-      if (distd_conn_drive_read(c, DRIVE_BUDGET) == 1) p->drive_again = 1;
-      if (c->owned && !c->read_blocked) fds[n++] = (struct pollfd){c->fd, POLLIN, 0};
+      p->pollranks[n] = r;
+      fds[n++] = (struct pollfd){c->fd, POLLIN, 0};
     }
     c = p->peers[r].out;
-    if (c && distd_conn_driver_flush(c)) fds[n++] = (struct pollfd){c->fd, POLLOUT, 0};
+    if (c && distd_conn_driver_flush(c)) {
+      p->pollranks[n] = -1;
+      fds[n++] = (struct pollfd){c->fd, POLLOUT, 0};
+    }
   }
   return n;
+}
+
+/* What poll() found readable (or broken) is read on the next pass. By
+ * rank, not pointer: the loop thread may have closed a connection while
+ * mu was released. */
+static void note_readable(distd_peers *p, const struct pollfd *fds, int n) {
+  for (int i = 0; i < n; i++) {
+    conn *c = p->pollranks[i] >= 0 ? p->peers[p->pollranks[i]].in : NULL;
+    if (c && c->fd == fds[i].fd && (fds[i].revents & (POLLIN | POLLERR | POLLHUP)))
+      c->drive_ready = 1;
+  }
+}
+
+/* A new driver knows nothing of the parked sockets: each is read once. */
+static void mark_owned_ready(distd_peers *p) {
+  for (int r = 0; r < p->world; r++) {
+    conn *c = p->peers[r].in;
+    if (c && c->owned) c->drive_ready = 1;
+  }
 }
 
 /* When x's wait must give up: its deadline, or silence_ms after bytes last
@@ -576,6 +606,7 @@ static void drive(distd_xfer *x, int64_t deadline_ms) {
   struct pollfd *fds = p->pollfds;
   p->driver_x = x;
   p->driver_tid = pthread_self();
+  mark_owned_ready(p);
   uint64_t spin_end = p->spin_us > 0 ? distd_peer_now_ns() + (uint64_t)p->spin_us * 1000 : 0;
   while (!x->err.code && x->pending > 0 && !p->closing) {
     claim_inbound(p);
@@ -589,12 +620,17 @@ static void drive(distd_xfer *x, int64_t deadline_ms) {
     if (spinning) timeout = 0;
     pthread_mutex_unlock(&p->mu);
     int ready = poll(fds, (nfds_t)n, timeout);
+    pthread_mutex_lock(&p->mu);
+    if (ready > 0) note_readable(p, fds, n - 1);
     if (ready > 0 && fds[n - 1].revents) {
       uint64_t count;
       if (read(p->wake_fd, &count, sizeof count) < 0 && errno != EAGAIN) count = 0;
     }
-    if (ready == 0 && spinning) sched_yield();
-    pthread_mutex_lock(&p->mu);
+    if (ready == 0 && spinning) {
+      pthread_mutex_unlock(&p->mu);
+      sched_yield();
+      pthread_mutex_lock(&p->mu);
+    }
   }
   stop_driving(p);
 }
