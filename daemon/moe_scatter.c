@@ -189,7 +189,10 @@ out:
 }
 
 /* Receives first, so rows arriving early land in place; zero-row chunks
- * travel as nothing (the headers already carry their counts). */
+ * travel as nothing (the headers already carry their counts). Each rank
+ * sends to me+1, me+2, ... in turn (as coll.c's all-to-all does): in group
+ * order every rank would write to rank 0 first, and the first receiver
+ * would be the bottleneck while the others idle. */
 static void post_rows(const distd_moe_args *a, const plan *p, distd_xfer *x,
                       const void *in, void *out) {
   int E = a->experts;
@@ -202,8 +205,8 @@ static void post_rows(const distd_moe_args *a, const plan *p, distd_xfer *x,
                         (uint8_t *)out + (size_t)p->recv_off[i] * rb,
                         (size_t)p->recv_count[i] * rb);
     }
-  for (int j = 0; j < a->size; j++)
-    for (int e = 0; j != a->me && e < E; e++) {
+  for (int k = 1; k < a->size; k++)
+    for (int e = 0, j = (a->me + k) % a->size; e < E; e++) {
       int i = j * E + e;
       if (p->send_count[i])
         distd_xfer_send(x, a->group[j], TAG_DATA + (uint32_t)e,
