@@ -62,7 +62,8 @@ def load(path):
         elif line.startswith("BUSY "):
             busy.append(int(line.split()[1].split("=")[1].rstrip("%")))
     med = {k: statistics.median(v) for k, v in res.items()}
-    return med, iters, mem, busy
+    launches = max((len(v) for v in res.values()), default=0)
+    return med, iters, mem, busy, launches
 
 
 def mem_bw(mem, nbytes):
@@ -126,7 +127,7 @@ def render(rows):
     return out
 
 
-def notes(rows, mem, busy, e2e_big):
+def notes(rows, mem, busy, e2e_big, launches):
     its = sorted({r["iters"] for r in rows if r["iters"] and r["S"] >= 16 << 20})
     n = ["Method (../shared/docs/performance.md): per case 1 op checked byte by byte, 3 "
          "warm-ups, then >= 20 timed ops (about TARGET seconds), each after a barrier; op "
@@ -142,6 +143,10 @@ def notes(rows, mem, busy, e2e_big):
          "kinds the fastest of MPI_Alltoallv, Gloo, raw TCP). floor = two-copy loopback floor "
          "(2*W*(W-1)*pair + W*pair bytes at memcpy speed over min(W, %d cores))."
          % (os.cpu_count() or 1)]
+    if launches > 1:
+        n.append("each cell: median over %d launches of the case (bench/run ROUNDS), ours "
+                 "and the anchors alternating, each launch's figure being its own median."
+                 % launches)
     if its:
         n.append("16 MiB: %s timed ops per case (the method's minimum of 20 when one op is "
                  "long), fewer than at small sizes." % "/".join(map(str, its)))
@@ -170,9 +175,9 @@ def main():
     ap.add_argument("--stamp", default="")
     ap.add_argument("--e2e-big", type=int, default=0)
     a = ap.parse_args()
-    med, iters, mem, busy = load(a.results)
+    med, iters, mem, busy, launches = load(a.results)
     rows, results = build(med, iters, mem, [o for o in a.ops.split() if o in ANCHORS])
-    table, nts = render(rows), notes(rows, mem, busy, a.e2e_big)
+    table, nts = render(rows), notes(rows, mem, busy, a.e2e_big, launches)
     print("\n".join(table))
     print()
     for x in nts:
