@@ -55,7 +55,7 @@ static const dist_cfg_option options[] = {
            "5s", 1, MS_PER_HOUR,
            "Longest wait between reconnection attempts (the wait doubles "
            "from connect_backoff_min up to this)."),
-    OPT(peer_spin_us, DIST_CFG_INT, "1000", 0, 1000000, NULL,
+    OPT(peer_spin_us, DIST_CFG_INT, "5000", 0, 1000000, NULL,
         "Microseconds a worker waiting on peers polls its sockets (yielding "
         "the CPU between polls) before it sleeps; spends CPU to save the "
         "wake-up latency of small transfers. 0 sleeps at once."),
