@@ -26,12 +26,6 @@
 
 static struct event *watchdog_ev;
 
-double distd_mono_seconds(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
 static void *loop_main(void *arg) {
   distd_server *s = arg;
   pthread_setname_np(pthread_self(), "distd-loop"); /* for top -H, perf */
@@ -130,7 +124,7 @@ static void free_registries(distd_server *s) {
 }
 
 int distd_start(distd_server *s, dist_errbuf *eb) {
-  s->start_time = distd_mono_seconds();
+  s->start_time = distd_now_s();
   evthread_use_pthreads();
   s->base = event_base_new();
   s->metrics = distd_metrics_new(DIST_VERSION);

@@ -7,8 +7,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "clock.h"
 #include "dist/error.h"
 
 struct distd_ops {
@@ -22,12 +22,6 @@ struct distd_ops {
   int recent_next, nrecent; /* ring: next slot to write, entries held */
   distd_expert_stats *experts;
 };
-
-double distd_ops_now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 distd_ops *distd_ops_new(distd_ops_finish_fn on_finish, void *arg) {
   distd_ops *r = calloc(1, sizeof *r);
@@ -76,7 +70,7 @@ uint64_t distd_ops_begin(distd_ops *r, const char *kind, uint64_t op_id, const i
   o->group_size = size > 0 ? size : 0;
   for (int i = 0; i < o->group_size && i < DISTD_OPS_GROUP_MAX; i++) o->group[i] = group[i];
   o->bytes = bytes;
-  o->start = distd_ops_now();
+  o->start = distd_now_s();
   o->state = DISTD_OP_RUNNING;
   o->watch[o->nwatch++] = op_id;
 out:
@@ -112,7 +106,7 @@ void distd_ops_end(distd_ops *r, uint64_t serial, int rc, const char *error) {
   memmove(&r->running[i], &r->running[i + 1],
           sizeof *r->running * (size_t)(r->nrunning - i - 1));
   r->nrunning--;
-  done.seconds = distd_ops_now() - done.start;
+  done.seconds = distd_now_s() - done.start;
   done.state = rc ? DISTD_OP_FAILED : DISTD_OP_DONE;
   if (rc)
     snprintf(done.error, sizeof done.error, "%s", error && error[0] ? error : dist_strerror(rc));

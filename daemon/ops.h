@@ -79,7 +79,6 @@ void distd_ops_end(distd_ops *r, uint64_t serial, int rc, const char *error);
 int distd_ops_snapshot(distd_ops *r, distd_op_info **out, int *n_in_flight,
                        int *n_recent);
 int distd_ops_in_flight(distd_ops *r);
-double distd_ops_now(void); /* CLOCK_MONOTONIC seconds, as start uses */
 
 /* Per-expert token counters that MoE exchanges on this daemon record to;
  * owned by the registry. NULL when r is NULL. */

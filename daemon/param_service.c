@@ -42,11 +42,7 @@ distd_params *distd_params_new(int rank) {
   distd_params *p = calloc(1, sizeof *p);
   if (!p) return NULL;
   pthread_mutex_init(&p->mu, NULL);
-  pthread_condattr_t ca;
-  pthread_condattr_init(&ca);
-  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-  pthread_cond_init(&p->updated, &ca);
-  pthread_condattr_destroy(&ca);
+  distd_cond_init_monotonic(&p->updated);
   p->rank = rank;
   return p;
 }

@@ -21,14 +21,6 @@
 #include "peer_internal.h"
 #include "tls.h"
 
-uint64_t distd_peer_now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-int64_t distd_now_ms(void) { return (int64_t)(distd_peer_now_ns() / 1000000); }
-
 void distd_peer_set_error(peer *pe, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
@@ -203,7 +195,7 @@ static void ping_cb(int fd, short what, void *arg) {
     if (!it) break;
     dlist_init(&it->xlink);
     dist_frame_header h = {DIST_FRAME_MAGIC, DIST_FRAME_VERSION, DIST_FRAME_PING,
-                           0, (uint32_t)p->rank, 0, 0, distd_peer_now_ns()};
+                           0, (uint32_t)p->rank, 0, 0, distd_now_ns()};
     dist_frame_encode(&h, it->hdr);
     it->dst = r;
     distd_peer_queue_frame(p, r, it);
@@ -213,7 +205,7 @@ static void ping_cb(int fd, short what, void *arg) {
 }
 
 void distd_peer_pong(distd_peers *p, int rank, uint64_t sent_ns) {
-  uint64_t now = distd_peer_now_ns();
+  uint64_t now = distd_now_ns();
   if (sent_ns <= now) p->peers[rank].stats.rtt_seconds = (double)(now - sent_ns) / 1e9;
 }
 
@@ -284,7 +276,7 @@ int distd_peers_start(distd_peers **out, struct event_base *base,
   p->in_epfd = p->park_tfd = -1;
   snprintf(p->cluster_id, sizeof p->cluster_id, "%s", opts->cluster_id ? opts->cluster_id : "");
   if (getrandom(&p->boot_id, sizeof p->boot_id, 0) != sizeof p->boot_id)
-    p->boot_id = distd_peer_now_ns() ^ (uint64_t)getpid();
+    p->boot_id = distd_now_ns() ^ (uint64_t)getpid();
   p->backoff_min = opts->backoff_min_ms > 0 ? opts->backoff_min_ms : 50;
   p->backoff_max = opts->backoff_max_ms >= p->backoff_min ? opts->backoff_max_ms : 2000;
   if (p->backoff_max < p->backoff_min) p->backoff_max = p->backoff_min;

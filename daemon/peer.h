@@ -19,6 +19,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "clock.h"
 #include "cluster.h"
 #include "errbuf.h"
 
@@ -121,8 +122,6 @@ int distd_xfer_finish(distd_xfer *x, int64_t deadline_ms, const int *group,
                       int n, dist_errbuf *eb);
 void distd_xfer_free(distd_xfer *x);
 
-/* CLOCK_MONOTONIC in milliseconds. */
-int64_t distd_now_ms(void);
 
 /* ---- inspection (distctl ops; added for the operations registry) ---- */
 

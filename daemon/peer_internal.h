@@ -256,9 +256,6 @@ struct distd_peers {
 };
 
 /* peer.c */
-/* CLOCK_MONOTONIC in nanoseconds (PING stamps, the driver's spin);
- * distd_now_ms (peer.h) is the same clock in milliseconds. */
-uint64_t distd_peer_now_ns(void);
 void distd_peer_schedule_redial(peer *pe, distd_peers *p);
 int distd_peer_sock_setup(int fd);
 const char *distd_peer_addr(const distd_peers *p, int rank);

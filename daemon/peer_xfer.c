@@ -237,11 +237,7 @@ void distd_xfer_orphan_all(distd_peers *p) {
 distd_xfer *distd_xfer_new(distd_peers *p, uint64_t op_id) {
   distd_xfer *x = calloc(1, sizeof *x);
   if (!x) return NULL;
-  pthread_condattr_t ca;
-  pthread_condattr_init(&ca);
-  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-  pthread_cond_init(&x->cond, &ca);
-  pthread_condattr_destroy(&ca);
+  distd_cond_init_monotonic(&x->cond);
   x->p = p;
   x->op_id = op_id;
   x->aborted_by = -1;
@@ -607,7 +603,7 @@ static void drive(distd_xfer *x, int64_t deadline_ms) {
   p->driver_x = x;
   p->driver_tid = pthread_self();
   mark_owned_ready(p);
-  uint64_t spin_end = p->spin_us > 0 ? distd_peer_now_ns() + (uint64_t)p->spin_us * 1000 : 0;
+  uint64_t spin_end = p->spin_us > 0 ? distd_now_ns() + (uint64_t)p->spin_us * 1000 : 0;
   while (!x->err.code && x->pending > 0 && !p->closing) {
     claim_inbound(p);
     int n = drive_pass(p, fds);
@@ -616,7 +612,7 @@ static void drive(distd_xfer *x, int64_t deadline_ms) {
     if (left <= 0) break;
     fds[n++] = (struct pollfd){p->wake_fd, POLLIN, 0};
     int timeout = p->drive_again ? 0 : left < DRIVE_POLL_MAX_MS ? (int)left : DRIVE_POLL_MAX_MS;
-    int spinning = timeout > 0 && distd_peer_now_ns() < spin_end;
+    int spinning = timeout > 0 && distd_now_ns() < spin_end;
     if (spinning) timeout = 0;
     pthread_mutex_unlock(&p->mu);
     int ready = poll(fds, (nfds_t)n, timeout);

@@ -7,7 +7,8 @@
 
 #include <pthread.h>
 #include <stdlib.h>
-#include <time.h>
+
+#include "clock.h"
 
 typedef struct registered {
   uint64_t handle;
@@ -24,12 +25,6 @@ struct distd_program_registry {
   distd_kept_invocation *kept;
   int live;
 };
-
-static double now_seconds(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + ts.tv_nsec / 1e9;
-}
 
 distd_program_registry *distd_registry_new(double default_ttl) {
   distd_program_registry *r = calloc(1, sizeof *r);
@@ -146,7 +141,7 @@ static distd_kept_invocation *find_kept(distd_program_registry *r,
 int distd_registry_keep(distd_program_registry *r, distd_kept_invocation *k,
                         dist_errbuf *eb) {
   int rc = 0;
-  double now = now_seconds();
+  double now = distd_now_s();
   pthread_mutex_lock(&r->mu);
   drop_kept_where(r, 0, now);
   registered *g = find_program(r, k->handle);
@@ -175,7 +170,7 @@ int distd_registry_keep(distd_program_registry *r, distd_kept_invocation *k,
 int distd_registry_take(distd_program_registry *r, uint64_t id,
                         distd_kept_invocation **out, dist_errbuf *eb) {
   pthread_mutex_lock(&r->mu);
-  drop_kept_where(r, 0, now_seconds());
+  drop_kept_where(r, 0, distd_now_s());
   distd_kept_invocation **pp = &r->kept;
   while (*pp && (*pp)->id != id) pp = &(*pp)->next;
   distd_kept_invocation *k = *pp;

@@ -138,7 +138,7 @@ static void finish(call_ctx *c, grpc_status_code code, const char *details) {
   /* Record before starting the batch: its completion frees c. */
   if (c->method >= 0 && c->rpc->srv->metrics)
     distd_metrics_rpc(c->rpc->srv->metrics, c->rpc->methods[c->method].name,
-                      code, distd_mono_seconds() - c->started);
+                      code, distd_now_s() - c->started);
   grpc_call_error e = grpc_call_start_batch(c->call, ops, n, &c->t_done, NULL);
   if (e != GRPC_CALL_OK) {
     log_error("rpc: cannot send reply: %s", grpc_call_error_to_string(e));
@@ -389,7 +389,7 @@ static void on_new_call(distd_rpc *r, call_ctx *c, int ok) {
   int rearm = r->accepting;
   pthread_mutex_unlock(&r->mu);
   if (rearm) arm(r, c->method);
-  c->started = distd_mono_seconds();
+  c->started = distd_now_s();
   if (c->method < 0)
     answer_unimplemented(c);
   else

@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <stdint.h>
 
+#include "clock.h"
 #include "cluster.h"
 #include "config.h"
 
@@ -45,8 +46,5 @@ typedef struct distd_server {
   int ops_in_flight; /* RPCs being handled (atomic) */
   int grpc_initialized;
 } distd_server;
-
-/* Seconds on CLOCK_MONOTONIC. */
-double distd_mono_seconds(void);
 
 #endif

@@ -8,8 +8,8 @@
  * each exec, so bench/run sees the daemon-to-daemon time of the op. */
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "clock.h"
 #include "coll.h"
 #include "methods.h"
 #include "moe_scatter.h"
@@ -189,12 +189,6 @@ static const kind_ops *kind_of(int kind) {
 
 /* ---- benchmark mode ---- */
 
-static double now_seconds(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* Distinct, well spread op ids for step k of a benchmark run (splitmix64),
  * identical on every member since they share op_id. */
 static uint64_t derived_op_id(uint64_t op_id, uint64_t k) {
@@ -214,9 +208,9 @@ static int repeat_exec(const distd_coll *c, const kind_ops *k, op *o, double *ti
     int rc = distd_barrier(&step, eb);
     if (rc) return rc;
     step.op_id = derived_op_id(c->op_id, 2 * (uint64_t)i + 1);
-    double t0 = now_seconds();
+    double t0 = distd_now_s();
     if ((rc = k->exec(&step, o, eb))) return rc;
-    if (i >= o->rq->warmup) times[i - o->rq->warmup] = now_seconds() - t0;
+    if (i >= o->rq->warmup) times[i - o->rq->warmup] = distd_now_s() - t0;
   }
   return 0;
 }

@@ -46,7 +46,7 @@ DISTD_HANDLER(info) {
   rp.version = (char *)DIST_VERSION;
   rp.rank = (uint32_t)s->rank;
   rp.world_size = (uint32_t)s->world_size;
-  rp.uptime_seconds = distd_mono_seconds() - s->start_time;
+  rp.uptime_seconds = distd_now_s() - s->start_time;
   rp.cluster_id = s->cfg.cluster_id;
   rp.grpc_address = s->grpc_address;
   rp.http_address = s->http ? (char *)distd_http_address(s->http) : (char *)"";
@@ -116,7 +116,7 @@ void distd_write_metrics(void *server, struct evbuffer *out) {
   distd_metrics_gauge_header(out, "distd_uptime_seconds", "gauge",
                              "Seconds since the daemon started");
   evbuffer_add_printf(out, "distd_uptime_seconds %.3f\n",
-                      distd_mono_seconds() - s->start_time);
+                      distd_now_s() - s->start_time);
   write_peer_gauges(s, out);
   distd_ops_write_metrics(s, out);
 }

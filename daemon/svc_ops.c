@@ -71,7 +71,7 @@ static int build_ops(distd_server *s, const distd_op_info *ops, int n, op_msgs *
   out->ranks = calloc((size_t)n * 2 * DISTD_OPS_GROUP_MAX + 1, sizeof *out->ranks);
   if (!out->msgs || !out->ptrs || !out->ranks)
     return dist_fail(eb, DIST_ENOMEM, "out of memory listing %d operations", n);
-  double now = distd_ops_now();
+  double now = distd_now_s();
   for (int i = 0; i < n; i++) {
     fill_op(s, &ops[i], now, &out->msgs[i], out->ranks + (size_t)i * 2 * DISTD_OPS_GROUP_MAX);
     out->ptrs[i] = &out->msgs[i];

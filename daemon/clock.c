@@ -1,0 +1,21 @@
+#include "clock.h"
+
+#include <time.h>
+
+uint64_t distd_now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+int64_t distd_now_ms(void) { return (int64_t)(distd_now_ns() / 1000000); }
+
+double distd_now_s(void) { return (double)distd_now_ns() / 1e9; }
+
+void distd_cond_init_monotonic(pthread_cond_t *cond) {
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(cond, &ca);
+  pthread_condattr_destroy(&ca);
+}
