@@ -19,3 +19,9 @@ void distd_cond_init_monotonic(pthread_cond_t *cond) {
   pthread_cond_init(cond, &ca);
   pthread_condattr_destroy(&ca);
 }
+
+int distd_cond_wait_until_ms(pthread_cond_t *cond, pthread_mutex_t *mu,
+                             int64_t deadline_ms) {
+  struct timespec ts = {(time_t)(deadline_ms / 1000), (long)(deadline_ms % 1000) * 1000000L};
+  return pthread_cond_timedwait(cond, mu, &ts);
+}

@@ -12,5 +12,9 @@ int64_t distd_now_ms(void);
 double distd_now_s(void);
 /* pthread_cond_init whose timed waits take CLOCK_MONOTONIC deadlines. */
 void distd_cond_init_monotonic(pthread_cond_t *cond);
+/* pthread_cond_timedwait on such a condvar until deadline_ms (distd_now_ms
+ * clock); returns what pthread_cond_timedwait returns. */
+int distd_cond_wait_until_ms(pthread_cond_t *cond, pthread_mutex_t *mu,
+                             int64_t deadline_ms);
 
 #endif

@@ -7,8 +7,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "clock.h"
 #include "peer.h"
 #include "tensor.h"
 
@@ -269,11 +269,6 @@ out:
   return rc;
 }
 
-static void deadline_ts(int64_t deadline_ms, struct timespec *ts) {
-  ts->tv_sec = (time_t)(deadline_ms / 1000);
-  ts->tv_nsec = (long)(deadline_ms % 1000) * 1000000L;
-}
-
 int distd_param_pull(distd_params *p, distd_store *st, const char *name,
                      uint64_t min_version, int64_t deadline_ms,
                      distd_tensor **out, uint64_t *step, dist_errbuf *eb) {
@@ -302,9 +297,7 @@ int distd_param_pull(distd_params *p, distd_store *st, const char *name,
     /* Updates by this module signal at once; other writers (TensorPut with
      * replace, reshard) are seen within the poll interval. */
     int64_t wake = deadline_ms < now + 50 ? deadline_ms : now + 50;
-    struct timespec ts;
-    deadline_ts(wake, &ts);
-    pthread_cond_timedwait(&p->updated, &p->mu, &ts);
+    distd_cond_wait_until_ms(&p->updated, &p->mu, wake);
   }
   pthread_mutex_unlock(&p->mu);
   return rc;

@@ -10,7 +10,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "peer_internal.h"
@@ -650,8 +649,7 @@ int distd_xfer_wait(distd_xfer *x, int64_t deadline_ms, dist_errbuf *eb) {
       drive(x, deadline_ms);
       continue;
     }
-    struct timespec ts = {(time_t)(limit / 1000), (long)(limit % 1000) * 1000000};
-    pthread_cond_timedwait(&x->cond, &p->mu, &ts);
+    distd_cond_wait_until_ms(&x->cond, &p->mu, limit);
   }
   x->waiting = 0;
   int rc = x->err.code;
