@@ -615,17 +615,13 @@ static void drive(distd_xfer *x, int64_t deadline_ms) {
     if (spinning) timeout = 0;
     pthread_mutex_unlock(&p->mu);
     int ready = poll(fds, (nfds_t)n, timeout);
-    pthread_mutex_lock(&p->mu);
-    if (ready > 0) note_readable(p, fds, n - 1);
     if (ready > 0 && fds[n - 1].revents) {
       uint64_t count;
       if (read(p->wake_fd, &count, sizeof count) < 0 && errno != EAGAIN) count = 0;
     }
-    if (ready == 0 && spinning) {
-      pthread_mutex_unlock(&p->mu);
-      sched_yield();
-      pthread_mutex_lock(&p->mu);
-    }
+    if (ready == 0 && spinning) sched_yield();
+    pthread_mutex_lock(&p->mu);
+    if (ready > 0) note_readable(p, fds, n - 1);
   }
   stop_driving(p);
 }
