@@ -62,6 +62,16 @@ void harness_sleep_ms(int ms) {
   nanosleep(&ts, NULL);
 }
 
+int harness_wait_all_positive(int *const *counters, int n, int timeout_ms) {
+  double until = harness_now_s() + timeout_ms / 1000.0;
+  for (int i = 0; i < n; i++)
+    while (__atomic_load_n(counters[i], __ATOMIC_SEQ_CST) <= 0) {
+      if (harness_now_s() >= until) return 0;
+      harness_sleep_ms(10);
+    }
+  return 1;
+}
+
 static void write_cluster_file(harness *h) {
   FILE *f = fopen(h->cluster_file, "w");
   cr_assert(f, "cannot write %s", h->cluster_file);

@@ -55,6 +55,9 @@ dist_tensor *harness_put(dist_client *c, const char *name, dist_dtype dt, const 
 /* CLOCK_MONOTONIC in seconds, and a sleep: for the tests' bounded waits. */
 double harness_now_s(void);
 void harness_sleep_ms(int ms);
+/* Waits until every *counters[i] (updated by other threads with atomic
+ * increments) is above 0, for at most timeout_ms; 1 if they all are. */
+int harness_wait_all_positive(int *const *counters, int n, int timeout_ms);
 /* Size of rank r's log now, to look only at what it logs afterwards. */
 long harness_log_size(const harness *h, int r);
 /* Waits, bounded by timeout_ms, until rank r's log from byte `from` on

@@ -195,10 +195,10 @@ static void join_trainer(loop_run *run, int r) {
 /* Waits (bounded) until every looper has completed an operation, so that
  * the fault lands in the middle of a later one, however slow the build. */
 static void wait_progress(looper *lp, int n) {
-  double until = harness_now_s() + 60;
-  for (int i = 0; i < n; i++)
-    while (__atomic_load_n(&lp[i].iterations, __ATOMIC_SEQ_CST) == 0 && harness_now_s() < until)
-      harness_sleep_ms(10);
+  int *counters[HARNESS_MAX];
+  cr_assert_leq(n, HARNESS_MAX);
+  for (int i = 0; i < n; i++) counters[i] = &lp[i].iterations;
+  harness_wait_all_positive(counters, n, 60000);
   for (int i = 0; i < n; i++)
     cr_assert_gt(__atomic_load_n(&lp[i].iterations, __ATOMIC_SEQ_CST), 0,
                  "looper %d completed no operation in 60 s: %s", i, lp[i].msg);

@@ -12,7 +12,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "client_internal.h"
@@ -980,7 +979,7 @@ static void *reshard_until_failure(void *arg) {
   for (int i = 0; lp->rc == 0 && i < 100000; i++) {
     const dist_placement *to = i % 3 == 0 ? &b : i % 3 == 1 ? &r : &a;
     lp->rc = dist_reshard(lp->c, t, NULL, to);
-    if (lp->rc == 0) lp->iterations++;
+    if (lp->rc == 0) __atomic_add_fetch(&lp->iterations, 1, __ATOMIC_SEQ_CST);
   }
   lp->failed_at = harness_now_s();
   snprintf(lp->msg, sizeof lp->msg, "%s", dist_errmsg(lp->c));
@@ -1000,9 +999,14 @@ Test(failure, a_peer_killed_mid_reshard_fails_every_survivor_naming_it, .timeout
     lp[r].rank = r;
   }
   for (int r = 0; r < 4; r++) pthread_create(&th[r], NULL, reshard_until_failure, &lp[r]);
-  /* Let a few reshards complete, then kill rank 2 in the middle of one. */
-  struct timespec ts = {0, 700 * 1000000L};
-  nanosleep(&ts, NULL);
+  /* Once every trainer has completed a reshard (a fixed 700 ms was not
+   * always enough under ASan on a busy machine), kill rank 2 in the middle
+   * of a later one. */
+  int *counters[4] = {&lp[0].iterations, &lp[1].iterations, &lp[2].iterations,
+                      &lp[3].iterations};
+  cr_assert(harness_wait_all_positive(counters, 4, 60000),
+            "not every trainer completed a reshard within 60 s");
+  harness_sleep_ms(200);
   double killed_at = harness_now_s();
   harness_kill(&cluster, 2, SIGKILL);
   for (int r = 0; r < 4; r++) pthread_join(th[r], NULL);
