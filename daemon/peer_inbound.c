@@ -41,6 +41,7 @@ static void unpark(distd_peers *p) {
   uint64_t expirations;
   if (read(p->park_tfd, &expirations, sizeof expirations) < 0) return; /* rearmed */
   pthread_mutex_lock(&p->mu);
+  p->park_armed = 0;
   for (int r = 0; !p->driver_x && r < p->world; r++) {
     conn *c = p->peers[r].in;
     if (!c || !c->owned || !c->in_epoll) continue;
@@ -54,7 +55,15 @@ static void unpark(distd_peers *p) {
 
 void distd_inbound_park(distd_peers *p) {
   struct itimerspec t = {.it_value = {0, PARK_MS * 1000000L}};
-  timerfd_settime(p->park_tfd, 0, &t, NULL);
+  if (timerfd_settime(p->park_tfd, 0, &t, NULL) == 0) p->park_armed = 1;
+}
+
+/* Without this, a timer armed by the last driver fires during the next
+ * one: a wake-up of the loop thread (and a fight for mu) for nothing,
+ * about once per operation on every rank. */
+void distd_inbound_keep(distd_peers *p) {
+  static const struct itimerspec off;
+  if (p->park_armed && timerfd_settime(p->park_tfd, 0, &off, NULL) == 0) p->park_armed = 0;
 }
 
 static void inbound_ready_cb(int fd, short what, void *arg) {
