@@ -44,7 +44,12 @@
 
 #define STAGE_SIZE (64 * 1024)    /* per-socket buffer for headers, small frames */
 #define HANDSHAKE_MS 10000        /* handshake limit without a silence timeout */
-#define PARK_MS 2                 /* inbound sockets stay with drivers this long */
+/* Inbound sockets stay with drivers this long. Four daemons on two cores
+ * are often off the CPU for more than 2 ms between two operations; with
+ * 2 ms the loop took the sockets back (and woke, and fought the next
+ * driver for mu) about once per op. A rank that waits for nothing answers
+ * pings (PING_MS apart) and sees a closed socket this much later. */
+#define PARK_MS 50
 #define DIRECT_READ_MIN (16 * 1024) /* smaller payload rests go through stage */
 #define CTL_MAX 1024              /* largest control payload (reasons, hello) */
 #define READ_BUDGET (8u << 20)    /* bytes per callback, for fairness */
