@@ -143,7 +143,8 @@ static void read_lost(conn *c, const char *reason) {
   }
   c->failed = 1;
   c->owned = 0;
-  snprintf(c->lost_reason, sizeof c->lost_reason, "%s", reason);
+  /* cut to fit: the precision tells the compiler so (-Wformat-truncation at -O3) */
+  snprintf(c->lost_reason, sizeof c->lost_reason, "%.*s", (int)sizeof c->lost_reason - 1, reason);
   event_active(c->rev, EV_READ, 0);
 }
 

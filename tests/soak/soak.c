@@ -113,7 +113,7 @@ static void record(op_kind k, double start, int rc, const char *msg) {
     if (S.nfails < MAX_FAILS) {
       failure *f = &S.fails[S.nfails++];
       f->kind = k, f->start = start, f->end = end;
-      snprintf(f->msg, sizeof f->msg, "%s", msg);
+      snprintf(f->msg, sizeof f->msg, "%.*s", (int)sizeof f->msg - 1, msg); /* cut to fit */
     }
   }
   pthread_mutex_unlock(&S.mu);
