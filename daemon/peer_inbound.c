@@ -30,19 +30,29 @@
 
 #include <event2/event.h>
 
+#include "clock.h"
 #include "log.h"
 #include "peer_internal.h"
 
 #define PARK_TIMER UINT32_MAX /* epoll data of park_tfd */
 
-/* The park timer fired: without a driver, the loop takes the parked
- * sockets back (with what they hold: staged bytes raise no event). */
+static void arm_park_timer(distd_peers *p, int64_t ms) {
+  struct itimerspec t = {.it_value = {ms / 1000, (ms % 1000) * 1000000L}};
+  if (timerfd_settime(p->park_tfd, 0, &t, NULL) == 0) p->park_armed = 1;
+}
+
+/* The park timer fired. With a driver running, nothing to do: it arms the
+ * timer again when it stops. Otherwise the loop takes the sockets back
+ * (with what they hold: staged bytes raise no event) once the last driver
+ * stopped PARK_MS ago, or looks again when that will be. */
 static void unpark(distd_peers *p) {
   uint64_t expirations;
   if (read(p->park_tfd, &expirations, sizeof expirations) < 0) return; /* rearmed */
   pthread_mutex_lock(&p->mu);
   p->park_armed = 0;
-  for (int r = 0; !p->driver_x && r < p->world; r++) {
+  int64_t parked_for = distd_now_ms() - p->parked_ms;
+  if (!p->driver_x && parked_for < PARK_MS) arm_park_timer(p, PARK_MS - parked_for);
+  for (int r = 0; !p->driver_x && !p->park_armed && r < p->world; r++) {
     conn *c = p->peers[r].in;
     if (!c || !c->owned || !c->in_epoll) continue;
     c->owned = 0;
@@ -53,17 +63,13 @@ static void unpark(distd_peers *p) {
   pthread_mutex_unlock(&p->mu);
 }
 
+/* The timer is armed once per PARK_MS at most, not once per driver, and
+ * never stopped: back-to-back operations then cost no timer system call
+ * and, with a driver running when it fires, one idle wake-up of the loop
+ * per PARK_MS. */
 void distd_inbound_park(distd_peers *p) {
-  struct itimerspec t = {.it_value = {0, PARK_MS * 1000000L}};
-  if (timerfd_settime(p->park_tfd, 0, &t, NULL) == 0) p->park_armed = 1;
-}
-
-/* Without this, a timer armed by the last driver fires during the next
- * one: a wake-up of the loop thread (and a fight for mu) for nothing,
- * about once per operation on every rank. */
-void distd_inbound_keep(distd_peers *p) {
-  static const struct itimerspec off;
-  if (p->park_armed && timerfd_settime(p->park_tfd, 0, &off, NULL) == 0) p->park_armed = 0;
+  p->parked_ms = distd_now_ms();
+  if (!p->park_armed) arm_park_timer(p, PARK_MS);
 }
 
 static void inbound_ready_cb(int fd, short what, void *arg) {

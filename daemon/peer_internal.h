@@ -252,6 +252,7 @@ struct distd_peers {
   int in_epfd;     /* greeted inbound TCP sockets (peer_inbound.c); -1 with TLS */
   int park_tfd;    /* timerfd in in_epfd: parked sockets go back to the loop */
   int park_armed;  /* park_tfd is counting down */
+  int64_t parked_ms; /* when the last driver stopped */
   struct event *in_ev; /* the loop's event on in_epfd */
   int drive_again; /* the driver must look again before sleeping */
   struct pollfd *pollfds; /* 2 * world + 1, the driver's */
@@ -307,8 +308,6 @@ void distd_inbound_close(distd_peers *p);
 /* The driver stopped: its sockets stay taken (conn.owned) for the next
  * driver, and go back to the loop PARK_MS later if none came. */
 void distd_inbound_park(distd_peers *p);
-/* A driver started: the parked sockets are its, so the timer is stopped. */
-void distd_inbound_keep(distd_peers *p);
 /* An inbound connection was greeted: with TCP it moves into the set. */
 void distd_conn_greeted_inbound(conn *c);
 /* Lets the loop read c (on) or not: through the set for greeted inbound

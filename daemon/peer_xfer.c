@@ -601,7 +601,6 @@ static void drive(distd_xfer *x, int64_t deadline_ms) {
   struct pollfd *fds = p->pollfds;
   p->driver_x = x;
   p->driver_tid = pthread_self();
-  distd_inbound_keep(p);
   mark_owned_ready(p);
   uint64_t spin_end = p->spin_us > 0 ? distd_now_ns() + (uint64_t)p->spin_us * 1000 : 0;
   while (!x->err.code && x->pending > 0 && !p->closing) {
