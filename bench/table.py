@@ -49,7 +49,8 @@ def fmt_size(b):
 def load(path):
     res = collections.defaultdict(list)  # (impl, transport, W, bytes) -> [med_us]
     iters = {}
-    mem, busy = {}, []
+    mem = {}
+    load_ = {"busy": [], "steal": [], "rejected": 0}  # the machine's other tenants
     for line in open(path):
         if line.startswith("RESULT "):
             d = kv(line)
@@ -60,10 +61,15 @@ def load(path):
             d = kv(line)
             mem[d["size"]] = float(d["GBps"])
         elif line.startswith("BUSY "):
-            busy.append(int(line.split()[1].split("=")[1].rstrip("%")))
+            load_["busy"].append(int(line.split()[1].split("=")[1].rstrip("%")))
+        elif line.startswith("STEAL "):
+            if " rejected " in line:
+                load_["rejected"] += 1
+            else:
+                load_["steal"].append(int(kv(line)["pct"]))
     med = {k: statistics.median(v) for k, v in res.items()}
     launches = max((len(v) for v in res.values()), default=0)
-    return med, iters, mem, busy, launches
+    return med, iters, mem, load_, launches
 
 
 def mem_bw(mem, nbytes):
@@ -127,7 +133,25 @@ def render(rows):
     return out
 
 
-def notes(rows, mem, busy, e2e_big, launches):
+def load_notes(load_):
+    n, busy, steal = [], load_["busy"], load_["steal"]
+    if busy:
+        n.append("other load before launches (CPU busy%%): median %d%%, max %d%% over %d "
+                 "launches." % (statistics.median(busy), max(busy), len(busy)))
+        if statistics.median(busy) > 50:
+            n.append("WARNING: the machine was busy with other work during this run (median "
+                     "%d%% CPU busy before launches): busy-polling MPI suffers most from "
+                     "oversubscription, so ratios here are not reliable; rerun when quiet."
+                     % statistics.median(busy))
+    if steal or load_["rejected"]:
+        n.append("CPU time the hypervisor gave other guests during the kept launches "
+                 "(steal): median %d%%, max %d%%; %d launches (ours or anchors) ran again "
+                 "because steal exceeded bench/run's STEAL_MAX."
+                 % (statistics.median(steal or [0]), max(steal or [0]), load_["rejected"]))
+    return n
+
+
+def notes(rows, mem, load_, e2e_big, launches):
     its = sorted({r["iters"] for r in rows if r["iters"] and r["S"] >= 16 << 20})
     n = ["Method (../shared/docs/performance.md): per case 1 op checked byte by byte, 3 "
          "warm-ups, then >= 20 timed ops (about TARGET seconds), each after a barrier; op "
@@ -155,15 +179,7 @@ def notes(rows, mem, busy, e2e_big, launches):
                  "ways and takes a long time); e2e is a trainer's view, not a target." % e2e_big)
     if mem:
         n.append("memcpy (1 thread): " + ", ".join("%s %.1f GB/s" % kv_ for kv_ in mem.items()))
-    if busy:
-        n.append("other load before launches (CPU busy%%): median %d%%, max %d%% over %d "
-                 "launches." % (statistics.median(busy), max(busy), len(busy)))
-        if statistics.median(busy) > 50:
-            n.append("WARNING: the machine was busy with other work during this run (median "
-                     "%d%% CPU busy before launches): busy-polling MPI suffers most from "
-                     "oversubscription, so ratios here are not reliable; rerun when quiet."
-                     % statistics.median(busy))
-    return n
+    return n + load_notes(load_)
 
 
 def main():
@@ -175,9 +191,9 @@ def main():
     ap.add_argument("--stamp", default="")
     ap.add_argument("--e2e-big", type=int, default=0)
     a = ap.parse_args()
-    med, iters, mem, busy, launches = load(a.results)
+    med, iters, mem, load_, launches = load(a.results)
     rows, results = build(med, iters, mem, [o for o in a.ops.split() if o in ANCHORS])
-    table, nts = render(rows), notes(rows, mem, busy, a.e2e_big, launches)
+    table, nts = render(rows), notes(rows, mem, load_, a.e2e_big, launches)
     print("\n".join(table))
     print()
     for x in nts:
