@@ -123,20 +123,11 @@ void distd_conn_lost(conn *c, const char *reason) {
   }
 }
 
-static void lostf(conn *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void lostf(conn *c, const char *fmt, ...) {
-  char reason[300];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(reason, sizeof reason, fmt, ap);
-  va_end(ap);
-  distd_conn_lost(c, reason);
-}
-
-/* The read path runs on the loop thread or on the worker driving the
- * sockets; only the loop thread may free a connection, so the driver marks
- * it failed, gives it back and lets the loop thread close it. */
-static void read_lost(conn *c, const char *reason) {
+/* Ends c for reason. The read path runs on the loop thread or on the
+ * worker driving the sockets; only the loop thread may free a connection,
+ * so the driver marks it failed, gives it back and lets the loop thread
+ * close it (distd_conn_read_cb). */
+static void fail_conn(conn *c, const char *reason) {
   if (!distd_on_driver(c->p)) {
     distd_conn_lost(c, reason);
     return;
@@ -148,14 +139,14 @@ static void read_lost(conn *c, const char *reason) {
   event_active(c->rev, EV_READ, 0);
 }
 
-static void read_lostf(conn *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void read_lostf(conn *c, const char *fmt, ...) {
+static void fail_connf(conn *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void fail_connf(conn *c, const char *fmt, ...) {
   char reason[300];
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(reason, sizeof reason, fmt, ap);
   va_end(ap);
-  read_lost(c, reason);
+  fail_conn(c, reason);
 }
 
 const char *distd_peer_errno_reason(int e) {
@@ -295,7 +286,8 @@ static void finish_connect(conn *c) {
   socklen_t len = sizeof err;
   getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &err, &len);
   if (err) {
-    lostf(c, "connect to %s: %s", distd_peer_addr(c->p, c->rank), distd_peer_errno_reason(err));
+    fail_connf(c, "connect to %s: %s", distd_peer_addr(c->p, c->rank),
+               distd_peer_errno_reason(err));
     return;
   }
   c->connecting = 0;
@@ -317,7 +309,7 @@ static int check_dialled_rank(conn *c) {
   else
     snprintf(why, sizeof why, "its certificate is for rank %d", c->cert_rank);
   log_warn("peer rank %d (%s): refused: %s", c->rank, distd_peer_addr(c->p, c->rank), why);
-  lostf(c, "refused rank %d at %s: %s", c->rank, distd_peer_addr(c->p, c->rank), why);
+  fail_connf(c, "refused rank %d at %s: %s", c->rank, distd_peer_addr(c->p, c->rank), why);
   return -1;
 }
 
@@ -326,7 +318,7 @@ void distd_conn_handshake(conn *c) {
   if (r < 0) {
     if (!c->outbound) /* nobody else will say why an inbound peer vanished */
       log_warn("peer connection refused: %s", c->tp_error);
-    lostf(c, "%s", c->tp_error);
+    fail_connf(c, "%s", c->tp_error);
     return;
   }
   if (r == 0) {
@@ -454,7 +446,7 @@ static int on_ack(conn *c, const dist_frame_header *h) {
   distd_peers *p = c->p;
   peer *pe = conn_peer(c);
   if ((int)h->src_rank != c->rank) {
-    lostf(c, "dialled rank %d at %s but rank %u answered", c->rank,
+    fail_connf(c, "dialled rank %d at %s but rank %u answered", c->rank,
           distd_peer_addr(p, c->rank), h->src_rank);
     return -1;
   }
@@ -475,7 +467,7 @@ static int on_control(conn *c) {
     return on_hello(c);
   case DIST_FRAME_HELLO_REJECT: {
     int rank = c->rank;
-    lostf(c, "rank %d (%s) rejected our hello: %s", rank, distd_peer_addr(p, rank),
+    fail_connf(c, "rank %d (%s) rejected our hello: %s", rank, distd_peer_addr(p, rank),
           (char *)c->ctl);
     log_warn("%s", p->peers[rank].stats.last_error);
     return -1;
@@ -584,25 +576,25 @@ static int on_header(conn *c) {
       return -1;
     }
     log_warn("peer connection (rank %d): %s", c->rank, eb.msg);
-    read_lost(c, eb.msg);
+    fail_conn(c, eb.msg);
     return -1;
   }
   if (!kind_allowed(c, h.kind) || (c->greeted && (int)h.src_rank != c->rank)) {
-    read_lostf(c, "protocol violation: frame kind %u from rank %u", h.kind, h.src_rank);
+    fail_connf(c, "protocol violation: frame kind %u from rank %u", h.kind, h.src_rank);
     return -1;
   }
   int ctl = h.kind == DIST_FRAME_HELLO || h.kind == DIST_FRAME_HELLO_REJECT ||
             h.kind == DIST_FRAME_ABORT;
   if ((ctl && h.length > CTL_MAX) || (h.kind == DIST_FRAME_HELLO && h.length != DIST_HELLO_SIZE) ||
       (!ctl && h.kind != DIST_FRAME_DATA && h.length != 0)) {
-    read_lostf(c, "protocol violation: frame kind %u with %llu payload bytes", h.kind,
+    fail_connf(c, "protocol violation: frame kind %u with %llu payload bytes", h.kind,
           (unsigned long long)h.length);
     return -1;
   }
   if (h.kind == DIST_FRAME_DATA && h.length > p->max_frame) {
     log_warn("peer rank %d: DATA frame of %llu bytes is longer than max_frame_size (%zu)",
              c->rank, (unsigned long long)h.length, p->max_frame);
-    read_lostf(c, "protocol violation: DATA frame of %llu bytes exceeds max_frame_size (%zu)",
+    fail_connf(c, "protocol violation: DATA frame of %llu bytes exceeds max_frame_size (%zu)",
           (unsigned long long)h.length, p->max_frame);
     return -1;
   }
@@ -675,7 +667,7 @@ static ssize_t fill_stage(conn *c) {
     return n;
   }
   if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
-  read_lost(c, n == 0 ? "connection closed by peer" : io_reason(c, errno));
+  fail_conn(c, n == 0 ? "connection closed by peer" : io_reason(c, errno));
   return -1;
 }
 
@@ -687,7 +679,7 @@ static ssize_t read_direct(conn *c) {
     return n;
   }
   if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
-  read_lost(c, n == 0 ? "connection closed by peer" : io_reason(c, errno));
+  fail_conn(c, n == 0 ? "connection closed by peer" : io_reason(c, errno));
   return -1;
 }
 
@@ -740,7 +732,7 @@ void distd_conn_read_cb(int fd, short what, void *arg) {
   conn *c = arg;
   distd_peers *p = c->p;
   pthread_mutex_lock(&p->mu);
-  if (c->failed) { /* the driver found it broken (read_lost) */
+  if (c->failed) { /* the driver found it broken (fail_conn) */
     char reason[sizeof c->lost_reason];
     snprintf(reason, sizeof reason, "%s", c->lost_reason);
     distd_conn_lost(c, reason);
