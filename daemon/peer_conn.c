@@ -188,21 +188,25 @@ static void complete_item(distd_peers *p, send_item *it) {
   free(it);
 }
 
-/* Builds one writev batch from the head of the queue; returns its size. */
-static size_t gather(dlist *q, struct iovec *iov, int *n) {
+/* Adds base[0, len) to a writev batch, as much as cap leaves room for. */
+static void add_iov(struct iovec *iov, int *n, size_t *total, size_t cap, const void *base,
+                    size_t len) {
+  if (len > cap - *total) len = cap - *total;
+  if (len == 0) return;
+  iov[(*n)++] = (struct iovec){(void *)base, len};
+  *total += len;
+}
+
+/* Builds one writev batch of at most cap bytes from the head of the queue;
+ * returns its size. */
+static size_t gather(dlist *q, struct iovec *iov, int *n, size_t cap) {
   size_t total = 0;
   *n = 0;
-  for (dlist *pos = q->next; pos != q && *n < IOV_BATCH - 1; pos = pos->next) {
+  for (dlist *pos = q->next; pos != q && *n < IOV_BATCH - 1 && total < cap; pos = pos->next) {
     send_item *it = dlist_entry(pos, send_item, link);
-    if (it->done < HDR) {
-      iov[*n] = (struct iovec){it->hdr + it->done, HDR - it->done};
-      total += iov[(*n)++].iov_len;
-    }
+    if (it->done < HDR) add_iov(iov, n, &total, cap, it->hdr + it->done, HDR - it->done);
     size_t off = it->done > HDR ? it->done - HDR : 0;
-    if (it->len > off) {
-      iov[*n] = (struct iovec){(void *)(it->payload + off), it->len - off};
-      total += iov[(*n)++].iov_len;
-    }
+    if (it->len > off) add_iov(iov, n, &total, cap, it->payload + off, it->len - off);
   }
   return total;
 }
@@ -222,17 +226,19 @@ static void account(distd_peers *p, dlist *q, size_t w) {
   }
 }
 
-/* Returns 1 when everything went out, 0 when the socket is full, or -errno. */
-static int flush_outq(conn *c) {
+/* Writes at most cap bytes of the queue. Returns 1 when everything went
+ * out, 0 when the socket is full or cap was reached, or -errno. */
+static int flush_outq(conn *c, size_t cap) {
   dlist *q = &c->p->peers[c->rank].outq;
   struct iovec iov[IOV_BATCH];
   for (;;) {
     int n;
-    size_t total = gather(q, iov, &n);
-    if (n == 0) return 1;
+    size_t total = gather(q, iov, &n, cap);
+    if (n == 0) return dlist_empty(q);
     ssize_t w = c->tp->writev(c, iov, n);
     if (w < 0) return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : -errno;
     account(c->p, q, (size_t)w);
+    cap -= (size_t)w;
     if ((size_t)w < total) return 0;
   }
 }
@@ -259,7 +265,7 @@ int distd_conn_flush(conn *c, int in_loop) {
     distd_conn_free(c); /* a rejected, never greeted inbound connection */
     return -1;
   }
-  if (r == 1 && c->outbound && c->greeted) r = flush_outq(c);
+  if (r == 1 && c->outbound && c->greeted) r = flush_outq(c, SIZE_MAX);
   if (r < 0) {
     if (!in_loop) {
       distd_conn_want_write(c); /* the loop thread finds the error again */
@@ -273,10 +279,10 @@ int distd_conn_flush(conn *c, int in_loop) {
   return 0;
 }
 
-int distd_conn_driver_flush(conn *c) {
+int distd_conn_driver_flush(conn *c, size_t cap) {
   if (c->connecting || c->handshaking || !c->greeted || c->close_after_flush) return 0;
   int r = flush_ctl(c);
-  if (r == 1) r = flush_outq(c);
+  if (r == 1) r = flush_outq(c, cap);
   if (r < 0) distd_conn_want_write(c); /* the loop thread finds the error again */
   return r == 0;
 }

@@ -41,15 +41,26 @@ static void arm_park_timer(distd_peers *p, int64_t ms) {
   if (timerfd_settime(p->park_tfd, 0, &t, NULL) == 0) p->park_armed = 1;
 }
 
+/* Frames a sender left for a driver that did not come (peer_xfer.c's
+ * write_now_some): the loop writes them. */
+static void write_queued(distd_peers *p) {
+  for (int r = 0; r < p->world; r++) {
+    conn *c = p->peers[r].out;
+    if (c && c->greeted && !dlist_empty(&p->peers[r].outq)) distd_conn_flush(c, 1);
+  }
+}
+
 /* The park timer fired. With a driver running, nothing to do: it arms the
- * timer again when it stops. Otherwise the loop takes the sockets back
- * (with what they hold: staged bytes raise no event) once the last driver
- * stopped PARK_MS ago, or looks again when that will be. */
+ * timer again when it stops. Otherwise the loop writes what senders left
+ * for a driver, and takes the sockets back (with what they hold: staged
+ * bytes raise no event) once the last driver stopped PARK_MS ago, or looks
+ * again when that will be. */
 static void unpark(distd_peers *p) {
   uint64_t expirations;
   if (read(p->park_tfd, &expirations, sizeof expirations) < 0) return; /* rearmed */
   pthread_mutex_lock(&p->mu);
   p->park_armed = 0;
+  if (!p->driver_x) write_queued(p);
   int64_t parked_for = distd_now_ms() - p->parked_ms;
   if (!p->driver_x && parked_for < PARK_MS) arm_park_timer(p, PARK_MS - parked_for);
   for (int r = 0; !p->driver_x && !p->park_armed && r < p->world; r++) {
@@ -69,6 +80,10 @@ static void unpark(distd_peers *p) {
  * per PARK_MS. */
 void distd_inbound_park(distd_peers *p) {
   p->parked_ms = distd_now_ms();
+  if (!p->park_armed) arm_park_timer(p, PARK_MS);
+}
+
+void distd_inbound_look_later(distd_peers *p) {
   if (!p->park_armed) arm_park_timer(p, PARK_MS);
 }
 

@@ -302,6 +302,21 @@ static void send_to_self(distd_xfer *x, uint32_t tag, const void *buf, size_t le
   x->pending++;
 }
 
+/* Writes from this thread: no loop wake-up. Frames queued before (sent
+ * with distd_xfer_send_deferred) leave in the same writev. Where drivers
+ * run (plain TCP), only the first SEND_NOW_MAX bytes leave here and a
+ * driver writes the rest between its reads; the loop does if no driver
+ * came within PARK_MS. */
+static void write_now_some(distd_peers *p, conn *c) {
+  if (p->in_epfd < 0 || p->wake_fd < 0) {
+    distd_conn_flush(c, 0);
+    return;
+  }
+  if (!distd_conn_driver_flush(c, SEND_NOW_MAX)) return;
+  if (p->driver_x) distd_driver_wake(p);
+  else distd_inbound_look_later(p);
+}
+
 static void queue_send(distd_xfer *x, int dst, uint32_t tag, const void *buf, size_t len,
                        int write_now) {
   distd_peers *p = x->p;
@@ -326,9 +341,7 @@ static void queue_send(distd_xfer *x, int dst, uint32_t tag, const void *buf, si
   distd_peer_queue_frame(p, dst, it);
   x->pending++;
   conn *c = p->peers[dst].out;
-  /* Write from this thread: no loop wake-up. Frames queued before (sent
-   * with distd_xfer_send_deferred) leave in the same writev. */
-  if (write_now && c && c->greeted) distd_conn_flush(c, 0);
+  if (write_now && c && c->greeted) write_now_some(p, c);
 out:
   pthread_mutex_unlock(&p->mu);
 }
@@ -556,7 +569,7 @@ static int drive_pass(distd_peers *p, struct pollfd *fds) {
       fds[n++] = (struct pollfd){c->fd, POLLIN, 0};
     }
     c = p->peers[r].out;
-    if (c && distd_conn_driver_flush(c)) {
+    if (c && distd_conn_driver_flush(c, SIZE_MAX)) {
       p->pollranks[n] = -1;
       fds[n++] = (struct pollfd){c->fd, POLLOUT, 0};
     }
