@@ -1,7 +1,5 @@
 #include "clock.h"
 
-#include <time.h>
-
 uint64_t distd_now_ns(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -11,6 +9,10 @@ uint64_t distd_now_ns(void) {
 int64_t distd_now_ms(void) { return (int64_t)(distd_now_ns() / 1000000); }
 
 double distd_now_s(void) { return (double)distd_now_ns() / 1e9; }
+
+struct timespec distd_ms_timespec(int64_t ms) {
+  return (struct timespec){(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
+}
 
 void distd_cond_init_monotonic(pthread_cond_t *cond) {
   pthread_condattr_t ca;
@@ -22,6 +24,6 @@ void distd_cond_init_monotonic(pthread_cond_t *cond) {
 
 int distd_cond_wait_until_ms(pthread_cond_t *cond, pthread_mutex_t *mu,
                              int64_t deadline_ms) {
-  struct timespec ts = {(time_t)(deadline_ms / 1000), (long)(deadline_ms % 1000) * 1000000L};
+  struct timespec ts = distd_ms_timespec(deadline_ms);
   return pthread_cond_timedwait(cond, mu, &ts);
 }

@@ -122,7 +122,6 @@ int distd_xfer_finish(distd_xfer *x, int64_t deadline_ms, const int *group,
                       int n, dist_errbuf *eb);
 void distd_xfer_free(distd_xfer *x);
 
-
 /* ---- inspection (distctl ops; added for the operations registry) ---- */
 
 struct distd_ops;

@@ -453,7 +453,7 @@ static int on_ack(conn *c, const dist_frame_header *h) {
   peer *pe = conn_peer(c);
   if ((int)h->src_rank != c->rank) {
     fail_connf(c, "dialled rank %d at %s but rank %u answered", c->rank,
-          distd_peer_addr(p, c->rank), h->src_rank);
+               distd_peer_addr(p, c->rank), h->src_rank);
     return -1;
   }
   c->greeted = 1;
@@ -474,7 +474,7 @@ static int on_control(conn *c) {
   case DIST_FRAME_HELLO_REJECT: {
     int rank = c->rank;
     fail_connf(c, "rank %d (%s) rejected our hello: %s", rank, distd_peer_addr(p, rank),
-          (char *)c->ctl);
+               (char *)c->ctl);
     log_warn("%s", p->peers[rank].stats.last_error);
     return -1;
   }
@@ -594,14 +594,14 @@ static int on_header(conn *c) {
   if ((ctl && h.length > CTL_MAX) || (h.kind == DIST_FRAME_HELLO && h.length != DIST_HELLO_SIZE) ||
       (!ctl && h.kind != DIST_FRAME_DATA && h.length != 0)) {
     fail_connf(c, "protocol violation: frame kind %u with %llu payload bytes", h.kind,
-          (unsigned long long)h.length);
+               (unsigned long long)h.length);
     return -1;
   }
   if (h.kind == DIST_FRAME_DATA && h.length > p->max_frame) {
     log_warn("peer rank %d: DATA frame of %llu bytes is longer than max_frame_size (%zu)",
              c->rank, (unsigned long long)h.length, p->max_frame);
     fail_connf(c, "protocol violation: DATA frame of %llu bytes exceeds max_frame_size (%zu)",
-          (unsigned long long)h.length, p->max_frame);
+               (unsigned long long)h.length, p->max_frame);
     return -1;
   }
   if (h.kind == DIST_FRAME_DATA) {

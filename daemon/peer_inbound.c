@@ -37,39 +37,38 @@
 #define PARK_TIMER UINT32_MAX /* epoll data of park_tfd */
 
 static void arm_park_timer(distd_peers *p, int64_t ms) {
-  struct itimerspec t = {.it_value = {ms / 1000, (ms % 1000) * 1000000L}};
+  struct itimerspec t = {.it_value = distd_ms_timespec(ms)};
   if (timerfd_settime(p->park_tfd, 0, &t, NULL) == 0) p->park_armed = 1;
 }
 
-/* Frames a sender left for a driver that did not come (peer_xfer.c's
- * write_now_some): the loop writes them. */
-static void write_queued(distd_peers *p) {
+/* Without a driver, the loop takes the parked sockets back (with what they
+ * hold: staged bytes raise no event). */
+static void give_back_parked(distd_peers *p) {
   for (int r = 0; r < p->world; r++) {
-    conn *c = p->peers[r].out;
-    if (c && c->greeted && !dlist_empty(&p->peers[r].outq)) distd_conn_flush(c, 1);
-  }
-}
-
-/* The park timer fired. With a driver running, nothing to do: it arms the
- * timer again when it stops. Otherwise the loop writes what senders left
- * for a driver, and takes the sockets back (with what they hold: staged
- * bytes raise no event) once the last driver stopped PARK_MS ago, or looks
- * again when that will be. */
-static void unpark(distd_peers *p) {
-  uint64_t expirations;
-  if (read(p->park_tfd, &expirations, sizeof expirations) < 0) return; /* rearmed */
-  pthread_mutex_lock(&p->mu);
-  p->park_armed = 0;
-  if (!p->driver_x) write_queued(p);
-  int64_t parked_for = distd_now_ms() - p->parked_ms;
-  if (!p->driver_x && parked_for < PARK_MS) arm_park_timer(p, PARK_MS - parked_for);
-  for (int r = 0; !p->driver_x && !p->park_armed && r < p->world; r++) {
     conn *c = p->peers[r].in;
     if (!c || !c->owned || !c->in_epoll) continue;
     c->owned = 0;
     if (c->read_blocked) continue;
     distd_conn_watch_read(c, 1);
     if (c->st_end > c->st_off) event_active(c->rev, EV_READ, 0);
+  }
+}
+
+/* The park timer fired. With a driver running, nothing to do: it writes
+ * what is queued, and arms the timer again when it stops. Otherwise the
+ * loop writes what senders left for a driver (peer_xfer.c's
+ * write_now_some), and takes the sockets back once the last driver
+ * stopped PARK_MS ago, or looks again when that will be. */
+static void unpark(distd_peers *p) {
+  uint64_t expirations;
+  if (read(p->park_tfd, &expirations, sizeof expirations) < 0) return; /* rearmed */
+  pthread_mutex_lock(&p->mu);
+  p->park_armed = 0;
+  if (!p->driver_x) {
+    distd_peers_flush_queued(p, 1);
+    int64_t parked_for = distd_now_ms() - p->parked_ms;
+    if (parked_for < PARK_MS) arm_park_timer(p, PARK_MS - parked_for);
+    if (!p->park_armed) give_back_parked(p);
   }
   pthread_mutex_unlock(&p->mu);
 }
@@ -80,7 +79,7 @@ static void unpark(distd_peers *p) {
  * per PARK_MS. */
 void distd_inbound_park(distd_peers *p) {
   p->parked_ms = distd_now_ms();
-  if (!p->park_armed) arm_park_timer(p, PARK_MS);
+  distd_inbound_look_later(p);
 }
 
 void distd_inbound_look_later(distd_peers *p) {

@@ -343,6 +343,12 @@ void distd_fail_xfers_of_peer(distd_peers *p, int rank, const char *msg);
 void distd_xfer_orphan_all(distd_peers *p);
 /* 1 on the thread currently driving the sockets. */
 int distd_on_driver(const distd_peers *p);
+/* 1 where waiting threads drive the sockets (plain TCP; not TLS). */
+int distd_drivers_run(const distd_peers *p);
+/* Writes the frames queued for every peer (deferred sends, rests of
+ * sends). in_loop as distd_conn_flush: from a worker, the loop thread
+ * writes what the sockets cannot take now. */
+void distd_peers_flush_queued(distd_peers *p, int in_loop);
 /* Bytes moved for x: restarts its silence timeout (silence_timeout_ms). */
 void distd_xfer_moved(distd_xfer *x);
 /* Makes the driver look at its sockets and transfers again: from another

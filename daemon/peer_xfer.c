@@ -308,7 +308,7 @@ static void send_to_self(distd_xfer *x, uint32_t tag, const void *buf, size_t le
  * driver writes the rest between its reads; the loop does if no driver
  * came within PARK_MS. */
 static void write_now_some(distd_peers *p, conn *c) {
-  if (p->in_epfd < 0 || p->wake_fd < 0) {
+  if (!distd_drivers_run(p)) {
     distd_conn_flush(c, 0);
     return;
   }
@@ -504,18 +504,17 @@ void distd_driver_wake(distd_peers *p) {
   if (write(p->wake_fd, &one, sizeof one) < 0) p->drive_again = 1; /* full: awake anyway */
 }
 
-/* Writes the frames queued for every peer (deferred sends, rests); from a
- * thread that will not drive, the loop thread writes what the sockets
- * cannot take now. */
-static void flush_queued(distd_peers *p) {
+void distd_peers_flush_queued(distd_peers *p, int in_loop) {
   for (int r = 0; r < p->world; r++) {
     conn *c = p->peers[r].out;
-    if (c && c->greeted && !dlist_empty(&p->peers[r].outq)) distd_conn_flush(c, 0);
+    if (c && c->greeted && !dlist_empty(&p->peers[r].outq)) distd_conn_flush(c, in_loop);
   }
 }
 
+int distd_drivers_run(const distd_peers *p) { return p->in_epfd >= 0 && p->wake_fd >= 0; }
+
 static int can_drive(const distd_peers *p) {
-  return p->in_epfd >= 0 && p->wake_fd >= 0 && !p->driver_x && !p->closing;
+  return distd_drivers_run(p) && !p->driver_x && !p->closing;
 }
 
 /* Takes the greeted inbound sockets the loop thread still watches. */
@@ -647,7 +646,7 @@ int distd_xfer_wait(distd_xfer *x, int64_t deadline_ms, dist_errbuf *eb) {
   x->waiting = 1;
   distd_xfer_moved(x); /* the silence is counted from here */
   if (!x->err.code) check_self_matched(x);
-  if (!can_drive(p)) flush_queued(p);
+  if (!can_drive(p)) distd_peers_flush_queued(p, 0);
   while (!x->err.code && x->pending > 0) {
     int64_t limit = wait_limit(x, deadline_ms);
     if (distd_now_ms() >= limit) {
@@ -723,7 +722,7 @@ void distd_xfer_free(distd_xfer *x) {
       distd_remember_op(p, x->op_id, -1, DIST_ECANCELED, "abandoned");
     detach(x, 1);
     dlist_remove(&x->link);
-    if (!p->driver_x) flush_queued(p); /* deferred frames of other ops */
+    if (!p->driver_x) distd_peers_flush_queued(p, 0); /* deferred frames of other ops */
     else distd_driver_wake(p);
     pthread_mutex_unlock(&p->mu);
   }
