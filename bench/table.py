@@ -50,7 +50,7 @@ def load(path):
     res = collections.defaultdict(list)  # (impl, transport, W, bytes) -> [med_us]
     iters = {}
     mem = {}
-    load_ = {"busy": [], "steal": [], "rejected": 0}  # the machine's other tenants
+    load_ = {"busy": [], "steal": [], "rejected": 0}  # what else the machine did
     for line in open(path):
         if line.startswith("RESULT "):
             d = kv(line)
@@ -144,7 +144,7 @@ def load_notes(load_):
                      "oversubscription, so ratios here are not reliable; rerun when quiet."
                      % statistics.median(busy))
     if steal or load_["rejected"]:
-        n.append("CPU time the hypervisor gave other guests during the kept launches "
+        n.append("CPU time the hypervisor withheld from this VM during the kept launches "
                  "(steal): median %d%%, max %d%%; %d launches (ours or anchors) ran again "
                  "because steal exceeded bench/run's STEAL_MAX."
                  % (statistics.median(steal or [0]), max(steal or [0]), load_["rejected"]))
