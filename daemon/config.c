@@ -59,6 +59,10 @@ static const dist_cfg_option options[] = {
         "Microseconds a worker waiting on peers polls its sockets (yielding "
         "the CPU between polls) before it sleeps; spends CPU to save the "
         "wake-up latency of small transfers. 0 sleeps at once."),
+    OPT(peer_congestion, DIST_CFG_STRING, "reno", 0, 0, NULL,
+        "TCP congestion control of the data-plane connections; empty keeps "
+        "the system default. They live as long as the daemons, and BBR's "
+        "pacing, learnt in one phase of large transfers, slows the next."),
     OPT(rpc_threads, DIST_CFG_INT, "8", 1, 256, NULL,
         "Number of threads serving gRPC calls."),
     OPT(log_level, DIST_CFG_ENUM, "info", 0, 0, log_levels,

@@ -75,6 +75,7 @@ static int start_peers(distd_server *s, dist_errbuf *eb) {
       .max_frame_size = s->cfg.max_frame_size,
       .silence_timeout_ms = s->cfg.peer_timeout_ms,
       .spin_us = s->cfg.peer_spin_us,
+      .congestion = s->cfg.peer_congestion,
   };
   if (distd_tls_check_config(&s->cfg, eb) != 0) return -1;
   if (distd_config_peer_tls(&s->cfg)) {

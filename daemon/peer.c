@@ -32,11 +32,15 @@ const char *distd_peer_addr(const distd_peers *p, int rank) {
   return p->members[rank].peer_addr;
 }
 
-/* No Nagle (frames are small or already large), and socket buffers large
- * enough that one writev moves megabytes. */
-int distd_peer_sock_setup(int fd) {
+/* No Nagle (frames are small or already large), socket buffers large
+ * enough that one writev moves megabytes, and the configured congestion
+ * control. */
+int distd_peer_sock_setup(const distd_peers *p, int fd) {
   int one = 1, buf = SOCKET_BUFFER;
   if (setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) < 0) return -1;
+  if (p->congestion[0] && setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, p->congestion,
+                                     (socklen_t)strlen(p->congestion)) < 0)
+    return -1;
   if (buf > 0) {
     setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
     setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
@@ -92,7 +96,7 @@ static void dial(peer *pe) {
     goto fail;
   }
   fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (fd < 0 || distd_peer_sock_setup(fd) < 0 ||
+  if (fd < 0 || distd_peer_sock_setup(p, fd) < 0 ||
       (connect(fd, ai->ai_addr, ai->ai_addrlen) < 0 && errno != EINPROGRESS)) {
     distd_peer_set_error(pe, "connect to %s: %s", addr, distd_peer_errno_reason(errno));
     goto fail;
@@ -134,7 +138,11 @@ static void accept_cb(int lfd, short what, void *arg) {
         log_warn("peer listener: accept: %s", strerror(errno));
       break;
     }
-    distd_peer_sock_setup(fd);
+    if (distd_peer_sock_setup(p, fd) < 0) {
+      log_warn("peer listener: setting up a new connection: %s", strerror(errno));
+      close(fd);
+      continue;
+    }
     conn *c = distd_conn_new(p, fd, 0, -1);
     if (!c) {
       log_warn("peer listener: out of memory for a new connection");
@@ -238,6 +246,42 @@ out:
   return rc;
 }
 
+/* One line of /proc/sys/net/ipv4/, e.g. the congestion controls it has. */
+static void read_ipv4_sysctl(const char *name, char *buf, size_t len) {
+  char path[128];
+  snprintf(path, sizeof path, "/proc/sys/net/ipv4/%s", name);
+  FILE *f = fopen(path, "r");
+  snprintf(buf, len, "unknown");
+  if (f && fgets(buf, (int)len, f)) buf[strcspn(buf, "\n")] = 0;
+  if (f) fclose(f);
+}
+
+/* Tried once on a scratch socket, so that a name the kernel refuses stops
+ * the daemon at start rather than failing every connection. */
+static int check_congestion(const char *cc, dist_errbuf *eb) {
+  if (!cc || !cc[0]) return 0;
+  char known[256];
+  if (strlen(cc) >= sizeof ((distd_peers *)0)->congestion)
+    return dist_fail(eb, DIST_EINVAL, "peer_congestion '%s' is longer than a TCP "
+                     "congestion control name can be", cc);
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0)
+    return dist_fail(eb, DIST_EUNAVAIL, "socket: %s", strerror(errno));
+  int rc = setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, cc, (socklen_t)strlen(cc));
+  int err = errno;
+  close(fd);
+  if (rc == 0) return 0;
+  if (err == ENOENT) {
+    read_ipv4_sysctl("tcp_available_congestion_control", known, sizeof known);
+    return dist_fail(eb, DIST_EINVAL, "peer_congestion '%s': this kernel has no such "
+                     "TCP congestion control (it has: %s)", cc, known);
+  }
+  read_ipv4_sysctl("tcp_allowed_congestion_control", known, sizeof known);
+  return dist_fail(eb, DIST_EINVAL, "peer_congestion '%s': %s (without CAP_NET_ADMIN "
+                   "the kernel allows: %s; empty keeps the system default)", cc,
+                   strerror(err), known);
+}
+
 static int check_opts(const distd_peers_opts *o, dist_errbuf *eb) {
   if (o->world_size < 1 || !o->members)
     return dist_fail(eb, DIST_EINVAL, "peer world of %d ranks", o->world_size);
@@ -247,7 +291,7 @@ static int check_opts(const distd_peers_opts *o, dist_errbuf *eb) {
   if (o->cluster_id && strlen(o->cluster_id) >= 64)
     return dist_fail(eb, DIST_EINVAL, "cluster id '%s' is longer than 63 bytes",
                      o->cluster_id);
-  return 0;
+  return check_congestion(o->congestion, eb);
 }
 
 static void init_peer(distd_peers *p, int r) {
@@ -284,6 +328,7 @@ int distd_peers_start(distd_peers **out, struct event_base *base,
   p->max_frame = opts->max_frame_size ? opts->max_frame_size : DEFAULT_MAX_FRAME;
   p->silence_ms = opts->silence_timeout_ms;
   p->spin_us = opts->spin_us;
+  snprintf(p->congestion, sizeof p->congestion, "%s", opts->congestion ? opts->congestion : "");
   p->tp = &distd_peer_transport_tcp;
   dlist_init(&p->pending_in);
   dlist_init(&p->xfers);
@@ -379,6 +424,10 @@ void distd_peers_get_stats(distd_peers *p, int rank, distd_peer_stats *out) {
   if (rank < 0 || rank >= p->world) return;
   pthread_mutex_lock(&p->mu);
   *out = p->peers[rank].stats;
+  /* What the kernel uses, which is what an operator wants to see. */
+  socklen_t len = sizeof out->congestion - 1;
+  if (p->peers[rank].out)
+    getsockopt(p->peers[rank].out->fd, IPPROTO_TCP, TCP_CONGESTION, out->congestion, &len);
   pthread_mutex_unlock(&p->mu);
 }
 

@@ -48,6 +48,10 @@ typedef struct distd_peers_opts {
    * poll(): a sleeping receiver costs a wake-up (tens of microseconds on a
    * busy machine) per small transfer. 0 sleeps at once. */
   int64_t spin_us;
+  /* TCP congestion control of the peer sockets (TCP_CONGESTION); NULL or
+   * "" keeps the system default. distd_peers_start refuses one the kernel
+   * does not let this process use. */
+  const char *congestion;
 } distd_peers_opts;
 
 typedef struct distd_peer_stats {
@@ -56,6 +60,7 @@ typedef struct distd_peer_stats {
   uint64_t bytes_sent, bytes_received;
   double rtt_seconds;  /* last PING round trip; 0 when unknown */
   uint32_t reconnects;
+  char congestion[16]; /* of the outbound connection, read from its socket */
   char last_error[160];
 } distd_peer_stats;
 

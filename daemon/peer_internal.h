@@ -239,6 +239,7 @@ struct distd_peers {
   size_t max_frame;                /* longest DATA payload accepted */
   int64_t silence_ms;              /* longest a wait may see no bytes move */
   int64_t spin_us;                 /* the driver polls this long before sleeping */
+  char congestion[16];             /* TCP_CONGESTION of peer sockets; "" = default */
   const distd_peer_transport *tp;  /* tcp or tls */
   void *tls_ctx;                   /* SSL_CTX * when tp is tls */
   dist_member *members;
@@ -270,7 +271,7 @@ struct distd_peers {
 
 /* peer.c */
 void distd_peer_schedule_redial(peer *pe, distd_peers *p);
-int distd_peer_sock_setup(int fd);
+int distd_peer_sock_setup(const distd_peers *p, int fd);
 const char *distd_peer_addr(const distd_peers *p, int rank);
 void distd_peer_pong(distd_peers *p, int rank, uint64_t sent_ns);
 /* Records why the peer is not (fully) connected, for stats and Status. */

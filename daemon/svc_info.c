@@ -28,20 +28,21 @@ DISTD_HANDLER(health_check) {
   return 0;
 }
 
-static void fill_peer(distd_server *s, int r, Dist__V1__PeerInfo *pi) {
-  distd_peer_stats st;
-  distd_peers_get_stats(s->peers, r, &st);
+/* st holds the strings pi points to, so it lives until the reply is packed. */
+static void fill_peer(distd_server *s, int r, distd_peer_stats *st, Dist__V1__PeerInfo *pi) {
+  distd_peers_get_stats(s->peers, r, st);
   pi->rank = (uint32_t)r;
   pi->address = s->members[r].peer_addr;
-  pi->connected = st.connected;
-  pi->bytes_sent = st.bytes_sent;
-  pi->bytes_received = st.bytes_received;
-  pi->rtt_seconds = st.rtt_seconds;
-  pi->reconnects = st.reconnects;
+  pi->connected = st->connected;
+  pi->bytes_sent = st->bytes_sent;
+  pi->bytes_received = st->bytes_received;
+  pi->rtt_seconds = st->rtt_seconds;
+  pi->reconnects = st->reconnects;
+  pi->congestion = st->congestion;
 }
 
 DISTD_HANDLER(info) {
-  (void)ci, (void)req, (void)eb;
+  (void)ci, (void)req;
   Dist__V1__InfoReply rp = DIST__V1__INFO_REPLY__INIT;
   rp.version = (char *)DIST_VERSION;
   rp.rank = (uint32_t)s->rank;
@@ -56,10 +57,15 @@ DISTD_HANDLER(info) {
   rp.ops_in_flight = (uint32_t)distd_ops_in_flight(distd_peers_ops(s->peers));
   Dist__V1__PeerInfo *peers = calloc((size_t)s->world_size, sizeof *peers);
   Dist__V1__PeerInfo **ptrs = calloc((size_t)s->world_size, sizeof *ptrs);
+  distd_peer_stats *stats = calloc((size_t)s->world_size, sizeof *stats);
+  if (!peers || !ptrs || !stats) {
+    free(peers), free(ptrs), free(stats);
+    return dist_fail(eb, DIST_ENOMEM, "out of memory");
+  }
   for (int r = 0; r < s->world_size; r++) {
     if (r == s->rank) continue;
     dist__v1__peer_info__init(&peers[rp.n_peers]);
-    fill_peer(s, r, &peers[rp.n_peers]);
+    fill_peer(s, r, &stats[rp.n_peers], &peers[rp.n_peers]);
     ptrs[rp.n_peers] = &peers[rp.n_peers];
     rp.n_peers++;
   }
@@ -67,6 +73,7 @@ DISTD_HANDLER(info) {
   *reply = dist_pb_to_bb(&rp.base);
   free(ptrs);
   free(peers);
+  free(stats);
   return 0;
 }
 

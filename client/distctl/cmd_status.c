@@ -32,11 +32,11 @@ static void free_all(daemon_state *st, int n) {
 }
 
 static json_t *peer_json(const dist_peer_info *p) {
-  return json_pack("{s:i,s:s,s:b,s:f,s:I,s:I,s:i}", "rank", p->rank, "address",
+  return json_pack("{s:i,s:s,s:b,s:f,s:I,s:I,s:i,s:s}", "rank", p->rank, "address",
                    p->address, "connected", p->connected, "rtt_seconds",
                    p->rtt_seconds, "bytes_sent", (json_int_t)p->bytes_sent,
                    "bytes_received", (json_int_t)p->bytes_received, "reconnects",
-                   (int)p->reconnects);
+                   (int)p->reconnects, "congestion", p->congestion);
 }
 
 static json_t *daemon_json(dist_client *c, int r, const daemon_state *s) {
@@ -116,8 +116,8 @@ static int run_peers(const distctl_global *g, int argc, char **argv) {
   daemon_state *st = ask_all(c, &down);
   json_t *pairs = json_array();
   if (!g->json)
-    printf("%-5s %-5s %-10s %10s %12s %12s %s\n", "FROM", "TO", "STATE", "RTT",
-           "SENT", "RECEIVED", "RECONNECTS");
+    printf("%-5s %-5s %-10s %10s %12s %12s %-10s %s\n", "FROM", "TO", "STATE", "RTT",
+           "SENT", "RECEIVED", "RECONNECTS", "CONGESTION");
   for (int r = 0; r < n; r++) {
     for (int p = 0; st[r].ok && p < st[r].info.npeers; p++) {
       const dist_peer_info *q = &st[r].info.peers[p];
@@ -128,9 +128,9 @@ static int run_peers(const distctl_global *g, int argc, char **argv) {
       char sent[32], recv[32];
       dist_format_bytes(q->bytes_sent, sent, sizeof sent);
       dist_format_bytes(q->bytes_received, recv, sizeof recv);
-      printf("%-5d %-5d %-10s %8.0fus %12s %12s %u\n", r, q->rank,
+      printf("%-5d %-5d %-10s %8.0fus %12s %12s %-10u %s\n", r, q->rank,
              q->connected ? "connected" : "down", q->rtt_seconds * 1e6, sent, recv,
-             q->reconnects);
+             q->reconnects, q->congestion[0] ? q->congestion : "-");
     }
     if (!st[r].ok && !g->json) printf("%-5d %-5s %-10s %s\n", r, "*", "unreachable", st[r].error);
   }
@@ -148,5 +148,5 @@ const distctl_command distctl_cmd_status = {
     "status", "", "version, uptime, memory, tensors and peers of every daemon",
     run_status};
 const distctl_command distctl_cmd_peers = {
-    "peers", "", "the peer connection matrix with round-trip times and bytes",
+    "peers", "", "the peer connection matrix with round-trip times, bytes and congestion control",
     run_peers};

@@ -31,6 +31,7 @@ static void copy_info(const Dist__V1__InfoReply *rp, dist_daemon_info *out) {
     q->bytes_received = p->bytes_received;
     q->rtt_seconds = p->rtt_seconds;
     q->reconnects = p->reconnects;
+    snprintf(q->congestion, sizeof q->congestion, "%s", p->congestion);
   }
 }
 

@@ -24,7 +24,10 @@ Test(daemon, health_and_info_on_a_three_rank_cluster, .timeout = 60) {
     cr_assert_eq(info.world_size, 3);
     cr_assert_str_eq(info.version, "0.1.0");
     cr_assert_eq(info.npeers, 2);
-    for (int p = 0; p < 2; p++) cr_assert(info.peers[p].connected);
+    for (int p = 0; p < 2; p++) {
+      cr_assert(info.peers[p].connected);
+      cr_assert_str_eq(info.peers[p].congestion, "reno", "the default peer_congestion");
+    }
     cr_assert(info.uptime_seconds > 0);
     dist_info_free(&info);
   }
@@ -109,6 +112,18 @@ Test(daemon, bad_config_exits_2_naming_file_and_line, .timeout = 30) {
   cr_assert(strstr(err, "no-such-flag"), "stderr: %s", err);
   free(err);
   unlink(path);
+}
+
+Test(daemon, congestion_control_the_kernel_lacks_stops_it_at_start, .timeout = 30) {
+  char cmd[1024], *err = NULL;
+  int port = harness_free_port(), peer_port = harness_free_port();
+  snprintf(cmd, sizeof cmd, "%s --listen 127.0.0.1:%d --http-listen off --peers "
+           "\"127.0.0.1:%d 127.0.0.1:%d\" --peer-congestion no-such-cc",
+           harness_distd(), port, port, peer_port);
+  cr_assert_eq(harness_run(cmd, NULL, &err, 10), 1);
+  cr_assert(strstr(err, "peer_congestion 'no-such-cc'") && strstr(err, "reno"),
+            "stderr: %s", err);
+  free(err);
 }
 
 Test(distctl, dead_endpoint_gives_one_line_error_and_status_1, .timeout = 30) {

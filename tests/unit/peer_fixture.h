@@ -34,6 +34,7 @@ typedef struct peer_fixture {
   fix_rank r[FIX_MAX];
   char cluster_id[FIX_MAX][64];
   size_t unexpected_limit;
+  const char *congestion; /* NULL: the system default */
 } peer_fixture;
 
 /* A port the kernel considers free right now. */
@@ -58,7 +59,8 @@ static inline void fix_start_rank(peer_fixture *f, int i) {
   cr_assert(r->base);
   distd_peers_opts o = {.rank = i, .world_size = f->n, .members = f->members,
                         .cluster_id = f->cluster_id[i], .backoff_min_ms = 20,
-                        .backoff_max_ms = 200, .unexpected_limit = f->unexpected_limit};
+                        .backoff_max_ms = 200, .unexpected_limit = f->unexpected_limit,
+                        .congestion = f->congestion};
   dist_errbuf eb = DIST_ERRBUF_INIT;
   int rc = distd_peers_start(&r->peers, r->base, &o, &eb);
   cr_assert_eq(rc, 0, "rank %d: %s", i, eb.msg);

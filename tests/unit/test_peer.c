@@ -82,6 +82,51 @@ Test(peer, four_ranks_connect_and_report_rtt) {
   fix_teardown(&f);
 }
 
+/* What the kernel reports for the outbound socket of rank 0 to rank 1. */
+static void expect_congestion(peer_fixture *f, const char *want) {
+  distd_peer_stats st;
+  distd_peers_get_stats(f->r[0].peers, 1, &st);
+  cr_assert_str_eq(st.congestion, want);
+}
+
+Test(peer, sockets_use_the_configured_congestion_control) {
+  peer_fixture f;
+  fix_prepare(&f, 2);
+  f.congestion = "reno";
+  fix_start_all(&f);
+  cr_assert(fix_wait_connected(&f, 10000), "ranks did not connect");
+  expect_congestion(&f, "reno");
+  exchange(&f, 1, 1 << 20);
+  fix_teardown(&f);
+}
+
+Test(peer, no_congestion_control_keeps_the_system_default) {
+  char sys[32] = "";
+  FILE *fp = fopen("/proc/sys/net/ipv4/tcp_congestion_control", "r");
+  cr_assert(fp && fgets(sys, sizeof sys, fp));
+  fclose(fp);
+  sys[strcspn(sys, "\n")] = 0;
+  peer_fixture f;
+  fix_setup(&f, 2);
+  expect_congestion(&f, sys);
+  fix_teardown(&f);
+}
+
+Test(peer, unknown_congestion_control_is_refused_at_start) {
+  peer_fixture f;
+  fix_prepare(&f, 1);
+  distd_peers_opts o = {.rank = 0, .world_size = 1, .members = f.members,
+                        .cluster_id = "test", .congestion = "no-such-cc"};
+  struct event_base *base = event_base_new();
+  distd_peers *p = NULL;
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  cr_assert_neq(distd_peers_start(&p, base, &o, &eb), 0);
+  cr_assert_null(p);
+  cr_assert(strstr(eb.msg, "peer_congestion 'no-such-cc'") && strstr(eb.msg, "reno"),
+            "%s", eb.msg);
+  event_base_free(base);
+}
+
 Test(peer, exchanges_0_1_1MiB_and_64MiB_intact) {
   peer_fixture f;
   fix_setup(&f, 2);

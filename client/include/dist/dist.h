@@ -81,6 +81,7 @@ typedef struct dist_peer_info {
   uint64_t bytes_sent, bytes_received;
   double rtt_seconds;
   uint32_t reconnects;
+  char congestion[16]; /* TCP congestion control of the connection */
 } dist_peer_info;
 
 typedef struct dist_daemon_info {
