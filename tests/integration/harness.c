@@ -29,6 +29,13 @@ const char *harness_distctl(void) {
   return p ? p : "build/client/distctl/distctl";
 }
 
+const char *harness_reference_script(void) {
+  static char path[1024];
+  const char *src = getenv("DIST_SOURCE_ROOT");
+  snprintf(path, sizeof path, "%s/tests/reference/global_scatter_ref.py", src ? src : ".");
+  return path;
+}
+
 /* Listener ports come from below the kernel's ephemeral range (32768 and
  * up by default): a port picked there and released could be taken by any
  * outgoing connection (the daemons dial each other constantly) before the

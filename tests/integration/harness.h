@@ -43,6 +43,9 @@ int harness_run(const char *cmd, char **out, char **err, int timeout_s);
 /* Paths of the built binaries ($DIST_DISTD_BIN, $DIST_DISTCTL_BIN). */
 const char *harness_distd(void);
 const char *harness_distctl(void);
+/* The reference generator of global_scatter / global_gather cases
+ * (tests/reference/global_scatter_ref.py, under $DIST_SOURCE_ROOT). */
+const char *harness_reference_script(void);
 /* An SPMD trainer's client for `rank`, made by dist_init_from_env with
  * DIST_RANK, DIST_WORLD_SIZE, DIST_CLUSTER and DIST_JOB_ID=job set (call it
  * from one thread: it sets the environment). */

@@ -38,21 +38,13 @@ typedef struct moe_case {
   int has_grad;
 } moe_case;
 
-static const char *generator(void) {
-  static char path[1024];
-  const char *src = getenv("DIST_SOURCE_ROOT");
-  snprintf(path, sizeof path, "%s/../shared/anchors/collectives/global_scatter_ref.py",
-           src ? src : "/work/main");
-  return path;
-}
-
 /* Writes n cases (npy layout) under a new temp dir; extra: more gen flags. */
 static void gen_cases(char *dir, size_t len, int n, int seed, const char *extra) {
   snprintf(dir, len, "/tmp/distd-moe-XXXXXX");
   cr_assert(mkdtemp(dir));
   char cmd[2048], *err = NULL;
   snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s gen --out %s --n %d --seed %d "
-           "--format npy %s", generator(), dir, n, seed, extra ? extra : "");
+           "--format npy %s", harness_reference_script(), dir, n, seed, extra ? extra : "");
   int rc = harness_run(cmd, NULL, &err, 120);
   cr_assert_eq(rc, 0, "generator failed: %s", err ? err : "");
   free(err);
