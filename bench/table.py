@@ -50,7 +50,8 @@ def load(path):
     res = collections.defaultdict(list)  # (impl, transport, W, bytes) -> [med_us]
     iters = {}
     mem = {}
-    load_ = {"busy": [], "steal": [], "rejected": 0}  # what else the machine did
+    load_ = {"busy": [], "steal": [], "rejected": 0,  # what else the machine did
+             "cc": collections.defaultdict(set)}  # TCP congestion control, by side
     for line in open(path):
         if line.startswith("RESULT "):
             d = kv(line)
@@ -62,6 +63,9 @@ def load(path):
             mem[d["size"]] = float(d["GBps"])
         elif line.startswith("BUSY "):
             load_["busy"].append(int(line.split()[1].split("=")[1].rstrip("%")))
+        elif line.startswith("TCPCC "):
+            for side, cc in kv(line).items():
+                load_["cc"][side].add(cc)
         elif line.startswith("STEAL "):
             if " rejected " in line:
                 load_["rejected"] += 1
@@ -134,7 +138,11 @@ def render(rows):
 
 
 def load_notes(load_):
-    n, busy, steal = [], load_["busy"], load_["steal"]
+    n, busy, steal, cc = [], load_["busy"], load_["steal"], load_["cc"]
+    if cc:
+        n.append("TCP congestion control: the anchors %s (the system's), distd's peer "
+                 "sockets %s (peer_congestion)." % ("/".join(sorted(cc["system"])) or "?",
+                                                  "/".join(sorted(cc["distd"])) or "?"))
     if busy:
         n.append("other load before launches (CPU busy%%): median %d%%, max %d%% over %d "
                  "launches." % (statistics.median(busy), max(busy), len(busy)))
