@@ -63,6 +63,11 @@ static const dist_cfg_option options[] = {
         "TCP congestion control of the data-plane connections; empty keeps "
         "the system default. They live as long as the daemons, and BBR's "
         "pacing, learnt in one phase of large transfers, slows the next."),
+    OPT(peer_socket_buffer, DIST_CFG_SIZE, "0", 0, 1 << 30, NULL,
+        "SO_SNDBUF and SO_RCVBUF asked for each data-plane socket (the kernel "
+        "caps them at net.core.wmem_max / rmem_max, doubled); 0 leaves the "
+        "kernel's autotuning on, which keeps less data in flight and so more "
+        "of it in cache when the receiver copies it out."),
     OPT(rpc_threads, DIST_CFG_INT, "8", 1, 256, NULL,
         "Number of threads serving gRPC calls."),
     OPT(log_level, DIST_CFG_ENUM, "info", 0, 0, log_levels,

@@ -76,6 +76,7 @@ static int start_peers(distd_server *s, dist_errbuf *eb) {
       .silence_timeout_ms = s->cfg.peer_timeout_ms,
       .spin_us = s->cfg.peer_spin_us,
       .congestion = s->cfg.peer_congestion,
+      .socket_buffer = (size_t)s->cfg.peer_socket_buffer,
   };
   if (distd_tls_check_config(&s->cfg, eb) != 0) return -1;
   if (distd_config_peer_tls(&s->cfg)) {

@@ -2,6 +2,7 @@
  * PING timer, statistics, and shutdown. Frame I/O is in peer_conn.c,
  * transfers in peer_xfer.c. */
 #include <errno.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <event2/event.h>
 #include <netdb.h>
@@ -36,7 +37,7 @@ const char *distd_peer_addr(const distd_peers *p, int rank) {
  * enough that one writev moves megabytes, and the configured congestion
  * control. */
 int distd_peer_sock_setup(const distd_peers *p, int fd) {
-  int one = 1, buf = SOCKET_BUFFER;
+  int one = 1, buf = p->socket_buffer;
   if (setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) < 0) return -1;
   if (p->congestion[0] && setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, p->congestion,
                                      (socklen_t)strlen(p->congestion)) < 0)
@@ -329,6 +330,7 @@ int distd_peers_start(distd_peers **out, struct event_base *base,
   p->silence_ms = opts->silence_timeout_ms;
   p->spin_us = opts->spin_us;
   snprintf(p->congestion, sizeof p->congestion, "%s", opts->congestion ? opts->congestion : "");
+  p->socket_buffer = opts->socket_buffer > INT_MAX ? INT_MAX : (int)opts->socket_buffer;
   p->tp = &distd_peer_transport_tcp;
   dlist_init(&p->pending_in);
   dlist_init(&p->xfers);
@@ -425,9 +427,12 @@ void distd_peers_get_stats(distd_peers *p, int rank, distd_peer_stats *out) {
   pthread_mutex_lock(&p->mu);
   *out = p->peers[rank].stats;
   /* What the kernel uses, which is what an operator wants to see. */
-  socklen_t len = sizeof out->congestion - 1;
-  if (p->peers[rank].out)
-    getsockopt(p->peers[rank].out->fd, IPPROTO_TCP, TCP_CONGESTION, out->congestion, &len);
+  socklen_t len = sizeof out->congestion - 1, ilen = sizeof(int);
+  const conn *o = p->peers[rank].out, *i = p->peers[rank].in;
+  if (o) getsockopt(o->fd, IPPROTO_TCP, TCP_CONGESTION, out->congestion, &len);
+  if (o) getsockopt(o->fd, SOL_SOCKET, SO_SNDBUF, &out->send_buffer, &ilen);
+  ilen = sizeof(int);
+  if (i) getsockopt(i->fd, SOL_SOCKET, SO_RCVBUF, &out->receive_buffer, &ilen);
   pthread_mutex_unlock(&p->mu);
 }
 

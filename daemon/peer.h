@@ -52,6 +52,9 @@ typedef struct distd_peers_opts {
    * "" keeps the system default. distd_peers_start refuses one the kernel
    * does not let this process use. */
   const char *congestion;
+  /* SO_SNDBUF and SO_RCVBUF of the peer sockets; 0 keeps the kernel's
+   * autotuning. */
+  size_t socket_buffer;
 } distd_peers_opts;
 
 typedef struct distd_peer_stats {
@@ -61,6 +64,8 @@ typedef struct distd_peer_stats {
   double rtt_seconds;  /* last PING round trip; 0 when unknown */
   uint32_t reconnects;
   char congestion[16]; /* of the outbound connection, read from its socket */
+  int send_buffer;     /* SO_SNDBUF of the outbound socket, SO_RCVBUF of the */
+  int receive_buffer;  /* inbound one, as the kernel reports them; 0 if down */
   char last_error[160];
 } distd_peer_stats;
 

@@ -67,7 +67,6 @@
 #define PING_MS 1000
 #define DEFAULT_UNEXPECTED_LIMIT (32u << 20)
 #define DEFAULT_MAX_FRAME ((size_t)1 << 30)
-#define SOCKET_BUFFER (16 << 20)
 
 /* Intrusive circular doubly linked list. */
 typedef struct dlist {
@@ -240,6 +239,7 @@ struct distd_peers {
   int64_t silence_ms;              /* longest a wait may see no bytes move */
   int64_t spin_us;                 /* the driver polls this long before sleeping */
   char congestion[16];             /* TCP_CONGESTION of peer sockets; "" = default */
+  int socket_buffer;               /* SO_SNDBUF/SO_RCVBUF asked for; 0 = autotuning */
   const distd_peer_transport *tp;  /* tcp or tls */
   void *tls_ctx;                   /* SSL_CTX * when tp is tls */
   dist_member *members;

@@ -35,6 +35,7 @@ typedef struct peer_fixture {
   char cluster_id[FIX_MAX][64];
   size_t unexpected_limit;
   const char *congestion; /* NULL: the system default */
+  size_t socket_buffer;   /* 0: the kernel's autotuning */
 } peer_fixture;
 
 /* A port the kernel considers free right now. */
@@ -60,7 +61,7 @@ static inline void fix_start_rank(peer_fixture *f, int i) {
   distd_peers_opts o = {.rank = i, .world_size = f->n, .members = f->members,
                         .cluster_id = f->cluster_id[i], .backoff_min_ms = 20,
                         .backoff_max_ms = 200, .unexpected_limit = f->unexpected_limit,
-                        .congestion = f->congestion};
+                        .congestion = f->congestion, .socket_buffer = f->socket_buffer};
   dist_errbuf eb = DIST_ERRBUF_INIT;
   int rc = distd_peers_start(&r->peers, r->base, &o, &eb);
   cr_assert_eq(rc, 0, "rank %d: %s", i, eb.msg);

@@ -112,6 +112,62 @@ Test(peer, no_congestion_control_keeps_the_system_default) {
   fix_teardown(&f);
 }
 
+static long read_core_sysctl(const char *name) {
+  char path[96];
+  long v = -1;
+  snprintf(path, sizeof path, "/proc/sys/net/core/%s", name);
+  FILE *fp = fopen(path, "r");
+  cr_assert(fp, "%s", path);
+  cr_assert_eq(fscanf(fp, "%ld", &v), 1);
+  fclose(fp);
+  return v;
+}
+
+/* The third value of net.ipv4.tcp_wmem or tcp_rmem: autotuning's ceiling. */
+static long tcp_mem_max(const char *name) {
+  char path[96];
+  long lo, mid, hi = -1;
+  snprintf(path, sizeof path, "/proc/sys/net/ipv4/%s", name);
+  FILE *fp = fopen(path, "r");
+  cr_assert(fp, "%s", path);
+  cr_assert_eq(fscanf(fp, "%ld %ld %ld", &lo, &mid, &hi), 3);
+  fclose(fp);
+  return hi;
+}
+
+/* Linux doubles what is asked (for its bookkeeping), after capping it at
+ * net.core.wmem_max / rmem_max. */
+static int kernel_buffer(long asked, long max) { return (int)(2 * (asked < max ? asked : max)); }
+
+Test(peer, sockets_get_the_configured_buffer_sizes) {
+  peer_fixture f;
+  fix_prepare(&f, 2);
+  f.socket_buffer = 1 << 20;
+  fix_start_all(&f);
+  cr_assert(fix_wait_connected(&f, 10000), "ranks did not connect");
+  distd_peer_stats st;
+  distd_peers_get_stats(f.r[0].peers, 1, &st);
+  cr_assert_eq(st.send_buffer, kernel_buffer(1 << 20, read_core_sysctl("wmem_max")));
+  cr_assert_eq(st.receive_buffer, kernel_buffer(1 << 20, read_core_sysctl("rmem_max")));
+  exchange(&f, 1, 4 << 20);
+  fix_teardown(&f);
+}
+
+Test(peer, no_buffer_size_leaves_the_kernel_autotuning) {
+  peer_fixture f;
+  fix_setup(&f, 2);
+  distd_peer_stats st;
+  distd_peers_get_stats(f.r[0].peers, 1, &st);
+  exchange(&f, 1, 16 << 20);
+  distd_peers_get_stats(f.r[0].peers, 1, &st);
+  /* Autotuning keeps each socket within net.ipv4.tcp_wmem / tcp_rmem. */
+  cr_assert(st.send_buffer > 0 && st.send_buffer <= tcp_mem_max("tcp_wmem"), "%d",
+            st.send_buffer);
+  cr_assert(st.receive_buffer > 0 && st.receive_buffer <= tcp_mem_max("tcp_rmem"), "%d",
+            st.receive_buffer);
+  fix_teardown(&f);
+}
+
 Test(peer, unknown_congestion_control_is_refused_at_start) {
   peer_fixture f;
   fix_prepare(&f, 1);
