@@ -667,9 +667,11 @@ static ssize_t fill_stage(conn *c) {
     c->st_end -= c->st_off;
     c->st_off = 0;
   }
-  ssize_t n = c->tp->read(c, c->stage + c->st_end, STAGE_SIZE - c->st_end);
+  size_t room = STAGE_SIZE - c->st_end;
+  ssize_t n = c->tp->read(c, c->stage + c->st_end, room);
   if (n > 0) {
     c->st_end += (size_t)n;
+    c->short_read = (size_t)n < room;
     return n;
   }
   if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
@@ -680,6 +682,7 @@ static ssize_t fill_stage(conn *c) {
 static ssize_t read_direct(conn *c) {
   ssize_t n = c->tp->read(c, c->dst, c->remaining);
   if (n > 0) {
+    c->short_read = (size_t)n < c->remaining;
     c->dst += n;
     c->remaining -= (size_t)n;
     return n;
@@ -708,11 +711,17 @@ static void note_moved(conn *c) {
 }
 
 /* One step of the read state machine: 1 to go on, 0 to stop for now, -1
- * when the connection is gone. */
-static int read_step(conn *c, size_t *budget) {
+ * when the connection is gone. With until_short, a read that returned
+ * less than it asked for counts as having emptied the socket: the next
+ * step needing a read returns 0 instead of making a read() that would
+ * only say EAGAIN (the driver's poll() tells when more bytes come). */
+static int read_step(conn *c, size_t *budget, int until_short) {
   ssize_t n;
+  int needs_read = c->rstate == R_HEADER ? c->st_end - c->st_off < HDR
+                   : c->remaining > 0 && c->st_off == c->st_end;
+  if (needs_read && until_short && c->short_read) return 0;
   if (c->rstate == R_HEADER) {
-    if (c->st_end - c->st_off >= HDR) {
+    if (!needs_read) {
       if (on_header(c) < 0) return -1;
       return c->read_blocked ? 0 : 1;
     }
@@ -756,7 +765,7 @@ void distd_conn_read_cb(int fd, short what, void *arg) {
   }
   size_t budget = READ_BUDGET;
   int r = 1;
-  while (r == 1 && budget > 0) r = read_step(c, &budget);
+  while (r == 1 && budget > 0) r = read_step(c, &budget, 0);
   if (r == 0 && c->read_blocked) distd_conn_watch_read(c, 0);
   /* Out of budget, or bytes the transport holds (TLS records already read
    * from the socket): neither raises an event, so come back explicitly. */
@@ -772,12 +781,13 @@ static int driver_done(const distd_peers *p) {
 
 int distd_conn_drive_read(conn *c, size_t budget) {
   int r = 1;
+  c->short_read = 0;
   /* Stopping at a frame boundary once done leaves the next operation's
    * frames in the socket, for its own driver to read straight into the
    * receives it will have posted, rather than into kept-aside copies (a
    * rank leaving a barrier early sends its data while this one is still
    * reading the barrier). */
   while (r == 1 && budget > 0 && !(c->rstate == R_HEADER && driver_done(c->p)))
-    r = read_step(c, &budget);
+    r = read_step(c, &budget, 1);
   return r;
 }

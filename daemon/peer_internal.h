@@ -176,6 +176,7 @@ struct conn {
   /* the driver (see the top) */
   int owned;  /* read by the driving worker; the loop leaves it alone */
   int drive_ready; /* the driver should read it: poll() said so, or unknown */
+  int short_read;  /* the last read() returned less than it asked for */
   int in_epoll; /* greeted inbound TCP: watched through in_epfd, not rev */
   int in_set;   /* in in_epfd now (the loop may read it) */
   int failed; /* the driver found it broken: the loop closes it */
