@@ -6,6 +6,7 @@
 #include <criterion/criterion.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -372,6 +373,8 @@ Test(security, tensor_bytes_limit_names_itself) {
 typedef struct blocked_call {
   harness *h;
   int rc;
+  atomic_int done;
+  pthread_t th;
 } blocked_call;
 
 /* A trainer of rank 0 alone: its barrier waits for rank 1's, which never
@@ -381,11 +384,17 @@ static void *lonely_barrier(void *arg) {
   dist_client *c = NULL;
   if (dist_init_from_env(&c) != 0) {
     b->rc = -100;
-    return NULL;
+  } else {
+    b->rc = dist_barrier(c);
+    dist_close(c);
   }
-  b->rc = dist_barrier(c);
-  dist_close(c);
+  atomic_store(&b->done, 1);
   return NULL;
+}
+
+static void start_lonely_barrier(blocked_call *b) {
+  atomic_store(&b->done, 0);
+  pthread_create(&b->th, NULL, lonely_barrier, b);
 }
 
 Test(security, in_flight_limit_per_client) {
@@ -397,14 +406,20 @@ Test(security, in_flight_limit_per_client) {
   setenv("DIST_CLUSTER", h.cluster_file, 1);
   setenv("DIST_RANK", "0", 1);
   setenv("DIST_WORLD_SIZE", "2", 1);
-  blocked_call b = {&h, 0};
-  pthread_t th;
-  pthread_create(&th, NULL, lonely_barrier, &b);
+  blocked_call b = {.h = &h};
+  start_lonely_barrier(&b);
   dist_client *c = harness_client_rank(&h, 0, 5000);
   int rc = 0;
   dist_daemon_info info;
-  /* Until the barrier has reached the daemon, Info may still pass. */
+  /* Until the barrier has reached the daemon, Info may still pass. The
+   * barrier and Info count against the same limit, so a barrier that
+   * arrives while an Info is in flight is refused: start it again. */
   for (int waited = 0; waited < 5000; waited += 50) {
+    if (atomic_load(&b.done)) {
+      pthread_join(b.th, NULL);
+      cr_assert_eq(b.rc, DIST_ETOOBIG, "the barrier ended early: %d", b.rc);
+      start_lonely_barrier(&b);
+    }
     rc = dist_info(c, 0, &info);
     if (rc != 0) break;
     dist_info_free(&info);
@@ -415,6 +430,6 @@ Test(security, in_flight_limit_per_client) {
   cr_assert_eq(dist_health(c, 0), 0, "health checks are not counted");
   dist_close(c);
   harness_stop(&h); /* cancels the barrier */
-  pthread_join(th, NULL);
+  pthread_join(b.th, NULL);
   cr_assert_neq(b.rc, 0, "a barrier without rank 1 cannot succeed");
 }
