@@ -2,13 +2,14 @@
 
 #include <arpa/inet.h>
 #include <criterion/criterion.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
-#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -88,6 +89,22 @@ static void write_cluster_file(harness *h) {
   fclose(f);
 }
 
+/* Starts a daemon with stderr to log. It gets SIGKILL when the test
+ * process dies: a failed cr_assert ends the test without harness_stop, and
+ * its daemons must not outlive it. Between fork and exec only
+ * async-signal-safe calls (the test process has gRPC threads). */
+static pid_t spawn_daemon(const char *const *argv, const char *log) {
+  pid_t parent = getpid();
+  pid_t pid = fork();
+  if (pid != 0) return pid;
+  if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0 || getppid() != parent) _exit(127);
+  int err = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+  int out = open("/dev/null", O_WRONLY);
+  if (err < 0 || out < 0 || dup2(err, 2) < 0 || dup2(out, 1) < 0) _exit(127);
+  execve(argv[0], (char *const *)argv, environ);
+  _exit(127);
+}
+
 void harness_start_rank(harness *h, int r, const char *const *extra_args) {
   char rank[16], http[64], log[320];
   snprintf(rank, sizeof rank, "%d", r);
@@ -100,13 +117,9 @@ void harness_start_rank(harness *h, int r, const char *const *extra_args) {
   for (int i = 0; extra_args && extra_args[i] && argc < 62; i++)
     argv[argc++] = extra_args[i];
   argv[argc] = NULL;
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 2, log, O_WRONLY | O_CREAT | O_APPEND, 0644);
-  posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
-  int rc = posix_spawn(&h->pids[r], argv[0], &fa, NULL, (char **)argv, environ);
-  posix_spawn_file_actions_destroy(&fa);
-  cr_assert_eq(rc, 0, "cannot start %s: %s", argv[0], strerror(rc));
+  cr_assert(access(argv[0], X_OK) == 0, "%s is not executable: %s", argv[0], strerror(errno));
+  h->pids[r] = spawn_daemon(argv, log);
+  cr_assert(h->pids[r] > 0, "cannot start %s: %s", argv[0], strerror(errno));
 }
 
 dist_client *harness_client_rank(harness *h, int r, long timeout_ms) {

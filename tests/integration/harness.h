@@ -1,5 +1,6 @@
 /* Real distd clusters for integration tests: daemons on free loopback
- * ports, in their own temp directory, killed by PID at the end. */
+ * ports, in their own temp directory, killed by PID at the end, and by the
+ * kernel (SIGKILL, parent-death signal) if the test process dies first. */
 #ifndef DIST_TEST_HARNESS_H
 #define DIST_TEST_HARNESS_H
 

@@ -1,6 +1,7 @@
 /* The foundation, end to end: real daemons, libdist and distctl. */
 #include <criterion/criterion.h>
 #include <jansson.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -228,4 +229,50 @@ Test(daemon, metrics_endpoint_is_valid_prometheus_text, .timeout = 60) {
   cr_assert_eq(harness_run(cmd, &out, NULL, 10), 0, "readyz not 200: %s", out);
   free(out);
   harness_stop(&h);
+}
+
+/* 1 while pid runs; a zombie (killed, not yet reaped by init) is gone. */
+static int process_alive(pid_t pid) {
+  char path[64], state = 0;
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  FILE *f = fopen(path, "r");
+  if (!f) return 0;
+  int ok = fscanf(f, "%*d (%*[^)]) %c", &state) == 1;
+  fclose(f);
+  return ok && state != 'Z' && state != 'X';
+}
+
+/* A test that fails an assertion never reaches harness_stop: its daemons
+ * must still die with it, not run on after the suite. */
+Test(daemon, daemons_die_with_a_test_process_that_never_stopped_them, .timeout = 60) {
+  int fds[2];
+  cr_assert_eq(pipe(fds), 0);
+  pid_t test_process = fork();
+  cr_assert(test_process >= 0);
+  if (test_process == 0) {
+    harness h;
+    harness_start(&h, 1, NULL);
+    ssize_t n = write(fds[1], &h, sizeof h);
+    _exit(n == (ssize_t)sizeof h ? 0 : 1);
+  }
+  close(fds[1]);
+  harness h;
+  struct pollfd pfd = {fds[0], POLLIN, 0};
+  ssize_t n = poll(&pfd, 1, 30000) == 1 ? read(fds[0], &h, sizeof h) : -1;
+  close(fds[0]);
+  if (n != (ssize_t)sizeof h) kill(test_process, SIGKILL);
+  int status;
+  cr_assert_eq(waitpid(test_process, &status, 0), test_process);
+  cr_assert_eq(n, (ssize_t)sizeof h, "the child test process did not start its daemon");
+  cr_assert(h.pids[0] > 0);
+  int alive = 1;
+  for (int waited = 0; alive && waited < 10000; waited += 20) {
+    alive = process_alive(h.pids[0]);
+    if (alive) harness_sleep_ms(20);
+  }
+  if (alive) kill(h.pids[0], SIGKILL); /* we started it, and it must not stay */
+  char cmd[400];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", h.dir);
+  cr_expect_eq(system(cmd), 0);
+  cr_assert(!alive, "distd %d still runs 10 s after its test process exited", (int)h.pids[0]);
 }
