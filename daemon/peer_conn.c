@@ -779,6 +779,11 @@ static int driver_done(const distd_peers *p) {
   return p->driver_x && (p->driver_x->pending == 0 || p->driver_x->err.code);
 }
 
+int distd_conn_has_staged(const conn *c) {
+  if (c->rstate == R_HEADER) return c->st_end - c->st_off >= HDR;
+  return c->remaining == 0 || c->st_off < c->st_end;
+}
+
 int distd_conn_drive_read(conn *c, size_t budget) {
   int r = 1;
   c->short_read = 0;

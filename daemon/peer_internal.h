@@ -301,6 +301,9 @@ int distd_conn_driver_flush(conn *c, size_t cap);
  * socket is empty (0), budget is spent or the driver's transfer is complete
  * (1), or it failed (-1). */
 int distd_conn_drive_read(conn *c, size_t budget);
+/* 1 when reading c can advance without read(): bytes already staged, or a
+ * finished payload to hand over. poll() cannot see those. */
+int distd_conn_has_staged(const conn *c);
 void distd_conn_want_write(conn *c);
 /* Advances the transport handshake from the loop thread; once done,
  * checks an outbound peer's certificate rank and starts the HELLO. */
