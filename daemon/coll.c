@@ -13,7 +13,6 @@
 #include <string.h>
 
 #include "ops.h"
-#include "scratch.h"
 #include "tensor.h"
 
 enum { TAG_P2P = 0, TAG_STEP1 = 1, TAG_STEP2 = 2 };
@@ -181,7 +180,7 @@ static int reduce_scatter_run(const distd_coll *c, const void *in, void *out, co
   if (rc || (rc = check_reduce(op, eb))) return rc;
   size_t mine = counts[c->me] * es;
   if (!(off = malloc(sizeof *off * (size_t)c->size)) ||
-      !(tmp = distd_scratch_get(mine * (size_t)(c->size - 1))) || !(x = new_xfer(c, eb))) {
+      !(tmp = malloc(mine * (size_t)(c->size - 1) + 1)) || !(x = new_xfer(c, eb))) {
     rc = dist_fail(eb, DIST_ENOMEM, "out of memory");
     goto out;
   }
@@ -192,7 +191,7 @@ static int reduce_scatter_run(const distd_coll *c, const void *in, void *out, co
   reduce_slots(c, out, tmp, counts[c->me], dt, op);
 out:
   distd_xfer_free(x);
-  distd_scratch_put(tmp);
+  free(tmp);
   free(off);
   return rc;
 }
@@ -202,7 +201,7 @@ out:
 static int allreduce_direct(const distd_coll *c, void *buf, size_t count, dist_dtype dt,
                             dist_reduce op, dist_errbuf *eb) {
   size_t bytes = count * dist_dtype_size(dt);
-  char *tmp = distd_scratch_get(bytes * (size_t)c->size);
+  char *tmp = malloc(bytes * (size_t)c->size + 1);
   distd_xfer *x = tmp ? new_xfer(c, eb) : NULL;
   int rc = 0;
   if (!x) {
@@ -222,7 +221,7 @@ static int allreduce_direct(const distd_coll *c, void *buf, size_t count, dist_d
   dist_reduce_finish(buf, count, dt, op, c->size);
 out:
   distd_xfer_free(x);
-  distd_scratch_put(tmp);
+  free(tmp);
   return rc;
 }
 
@@ -239,7 +238,7 @@ static int allreduce_rs_ag(const distd_coll *c, void *buf, size_t count, dist_dt
   distd_xfer *x1 = NULL, *x2 = NULL;
   int rc = 0;
   if (cnt) split(count, c->size, cnt);
-  if (!cnt || !off || !(tmp = distd_scratch_get(cnt[c->me] * es * (size_t)(c->size - 1))) ||
+  if (!cnt || !off || !(tmp = malloc(cnt[c->me] * es * (size_t)(c->size - 1) + 1)) ||
       !(x1 = new_xfer(c, eb)) || !(x2 = new_xfer(c, eb))) {
     rc = dist_fail(eb, DIST_ENOMEM, "out of memory");
     goto out;
@@ -258,7 +257,7 @@ static int allreduce_rs_ag(const distd_coll *c, void *buf, size_t count, dist_dt
 out:
   distd_xfer_free(x1);
   distd_xfer_free(x2);
-  distd_scratch_put(tmp);
+  free(tmp);
   free(cnt);
   free(off);
   return rc;

@@ -12,6 +12,7 @@
 #include "experts.h"
 #include "http.h"
 #include "log.h"
+#include "memory.h"
 #include "methods.h"
 #include "metrics.h"
 #include "notify.h"
@@ -19,13 +20,12 @@
 #include "peer.h"
 #include "program_registry.h"
 #include "rpc.h"
-#include "scratch.h"
 #include "store.h"
 #include "tls.h"
 
 #define SHUTDOWN_GRACE_MS 5000
 
-static struct event *watchdog_ev, *scratch_ev;
+static struct event *watchdog_ev, *memory_ev;
 
 static void *loop_main(void *arg) {
   distd_server *s = arg;
@@ -64,16 +64,19 @@ static void start_watchdog(distd_server *s) {
   event_add(watchdog_ev, &tv);
 }
 
-/* Gives back scratch buffers collectives stopped using (scratch.h). */
-static void on_scratch_trim(evutil_socket_t fd, short what, void *arg) {
-  (void)fd, (void)what, (void)arg;
-  distd_scratch_trim(distd_now_ms(), DISTD_SCRATCH_IDLE_MS);
+/* Gives freed memory back once the daemon is idle (memory.h). */
+static void on_memory_tick(evutil_socket_t fd, short what, void *arg) {
+  (void)fd, (void)what;
+  distd_server *s = arg;
+  int busy = __atomic_load_n(&s->ops_in_flight, __ATOMIC_SEQ_CST) > 0;
+  uint64_t done = __atomic_load_n(&s->calls_done, __ATOMIC_RELAXED);
+  if (distd_memory_tick(distd_now_ms(), done, busy)) log_debug("idle: freed memory given back");
 }
 
-static void start_scratch_trim(distd_server *s) {
-  struct timeval tv = {DISTD_SCRATCH_IDLE_MS / 2000, 0};
-  scratch_ev = event_new(s->base, -1, EV_PERSIST, on_scratch_trim, NULL);
-  event_add(scratch_ev, &tv);
+static void start_memory_tick(distd_server *s) {
+  struct timeval tv = {1, 0};
+  memory_ev = event_new(s->base, -1, EV_PERSIST, on_memory_tick, s);
+  event_add(memory_ev, &tv);
 }
 
 static int start_peers(distd_server *s, dist_errbuf *eb) {
@@ -153,7 +156,7 @@ int distd_start(distd_server *s, dist_errbuf *eb) {
   snprintf(s->grpc_address, sizeof s->grpc_address, "%s", s->cfg.listen);
   pthread_create(&s->loop_thread, NULL, loop_main, s);
   start_watchdog(s);
-  start_scratch_trim(s);
+  start_memory_tick(s);
   log_info("rank %d of %d serving gRPC on %s (port %d), data plane on %s%s%s",
            s->rank, s->world_size, s->cfg.listen, distd_rpc_port(s->rpc),
            s->members[s->rank].peer_addr, s->http ? ", HTTP on " : "",
@@ -172,12 +175,11 @@ void distd_stop(distd_server *s) {
     pthread_join(s->loop_thread, NULL);
   }
   if (watchdog_ev) event_free(watchdog_ev);
-  if (scratch_ev) event_free(scratch_ev);
+  if (memory_ev) event_free(memory_ev);
   distd_http_free(s->http);
   struct distd_ops *ops = distd_peers_ops(s->peers);
   distd_peers_free(s->peers);
   distd_ops_detach(s, ops); /* after the peers: their workers are gone */
-  distd_scratch_trim(0, 0);
   if (s->grpc_initialized) grpc_shutdown();
   free_registries(s); /* the RPC workers that use them are gone */
   distd_store_free(s->store);

@@ -15,6 +15,7 @@
 
 #include "daemon.h"
 #include "log.h"
+#include "memory.h"
 
 extern char **environ;
 
@@ -80,6 +81,7 @@ static void block_signals(sigset_t *set) {
 }
 
 int main(int argc, char **argv) {
+  distd_memory_policy_init();
   distd_server srv;
   memset(&srv, 0, sizeof srv);
   int rc = load_config(&srv, argc, argv);

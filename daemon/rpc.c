@@ -310,6 +310,7 @@ static void run_handler(call_ctx *c, const distd_method *m,
     __atomic_add_fetch(&c->rpc->srv->ops_in_flight, 1, __ATOMIC_SEQ_CST);
     int rc = m->handler(c->rpc->srv, ci, req, &c->reply, eb);
     __atomic_sub_fetch(&c->rpc->srv->ops_in_flight, 1, __ATOMIC_SEQ_CST);
+    __atomic_add_fetch(&c->rpc->srv->calls_done, 1, __ATOMIC_RELAXED);
     if (rc != 0 && eb->code == 0) eb->code = rc;
   }
   protobuf_c_message_free_unpacked(req, NULL);

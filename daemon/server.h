@@ -44,6 +44,7 @@ typedef struct distd_server {
   distd_experts *experts;
   distd_params *params;
   int ops_in_flight; /* RPCs being handled (atomic) */
+  uint64_t calls_done; /* RPCs handled so far (atomic; memory.h) */
   int grpc_initialized;
 } distd_server;
 

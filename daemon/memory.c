@@ -1,0 +1,32 @@
+/* The daemon's heap policy (memory.h). */
+#include "memory.h"
+
+#include <limits.h>
+#include <malloc.h>
+
+void distd_memory_policy_init(void) {
+  /* One arena: a thread's own arena holds blocks of at most 64 MiB, and
+   * glibc maps larger ones afresh whatever M_MMAP_MAX says. The daemon's
+   * few threads allocate little outside large tensor blocks. */
+  mallopt(M_ARENA_MAX, 1);
+  mallopt(M_MMAP_MAX, 0);             /* big blocks from the heap, reused */
+  mallopt(M_TRIM_THRESHOLD, INT_MAX); /* no give-back at each free ... */
+}
+
+/* ... but once per idle period (state kept for the one caller, the loop
+ * thread's timer). */
+int distd_memory_tick(int64_t now_ms, uint64_t calls_done, int busy) {
+  static uint64_t seen_calls;
+  static int64_t quiet_since_ms;
+  static int trimmed;
+  if (busy || calls_done != seen_calls || quiet_since_ms == 0) {
+    seen_calls = calls_done;
+    quiet_since_ms = now_ms;
+    trimmed = 0;
+    return 0;
+  }
+  if (trimmed || now_ms - quiet_since_ms < DISTD_MEMORY_IDLE_MS) return 0;
+  malloc_trim(0);
+  trimmed = 1;
+  return 1;
+}
