@@ -9,13 +9,16 @@
  * ~0.5 s per op instead of ~30 ms, and a trainer's 1 MiB all-to-all spent
  * most of its 40 ms in the request and reply buffers' faults. So the daemon
  * keeps freed memory for its next operation, and gives it back once it
- * has been idle (no RPC) for DISTD_MEMORY_IDLE_MS. */
+ * has been idle (no RPC) for DISTD_MEMORY_IDLE_MS: short, because a
+ * daemon at rest should hold little more than its tensors (the memory
+ * target of ../shared/docs/performance.md), and long enough to span the
+ * gaps between the operations of a burst. */
 #ifndef DISTD_MEMORY_H
 #define DISTD_MEMORY_H
 
 #include <stdint.h>
 
-#define DISTD_MEMORY_IDLE_MS 10000
+#define DISTD_MEMORY_IDLE_MS 2000
 
 /* Sets the policy; call first thing in main, before any thread starts. */
 void distd_memory_policy_init(void);
