@@ -710,6 +710,11 @@ static void note_moved(conn *c) {
   else if (c->rmode == M_UNEXP && c->unexp && c->unexp->claim) distd_xfer_moved(c->unexp->claim->x);
 }
 
+int distd_conn_has_staged(const conn *c) {
+  if (c->rstate == R_HEADER) return c->st_end - c->st_off >= HDR;
+  return c->remaining == 0 || c->st_off < c->st_end;
+}
+
 /* One step of the read state machine: 1 to go on, 0 to stop for now, -1
  * when the connection is gone. With until_short, a read that returned
  * less than it asked for counts as having emptied the socket: the next
@@ -717,8 +722,7 @@ static void note_moved(conn *c) {
  * only say EAGAIN (the driver's poll() tells when more bytes come). */
 static int read_step(conn *c, size_t *budget, int until_short) {
   ssize_t n;
-  int needs_read = c->rstate == R_HEADER ? c->st_end - c->st_off < HDR
-                   : c->remaining > 0 && c->st_off == c->st_end;
+  int needs_read = !distd_conn_has_staged(c);
   if (needs_read && until_short && c->short_read) return 0;
   if (c->rstate == R_HEADER) {
     if (!needs_read) {
@@ -777,11 +781,6 @@ void distd_conn_read_cb(int fd, short what, void *arg) {
 /* The driver's own transfer is complete: it reads no further frame. */
 static int driver_done(const distd_peers *p) {
   return p->driver_x && (p->driver_x->pending == 0 || p->driver_x->err.code);
-}
-
-int distd_conn_has_staged(const conn *c) {
-  if (c->rstate == R_HEADER) return c->st_end - c->st_off >= HDR;
-  return c->remaining == 0 || c->st_off < c->st_end;
 }
 
 int distd_conn_drive_read(conn *c, size_t budget) {
