@@ -6,22 +6,23 @@
 
 #include <grpc/slice.h>
 
-/* Tensors travel in messages of many megabytes, and every one gets fresh
- * buffers: glibc maps them anew and each 4 KiB page faults on first touch
- * (a third of the samples of a 16 MiB end-to-end all-to-all). Asking for
- * transparent huge pages on the 2 MiB-aligned inside of large blocks makes
- * that one fault per 2 MiB. The block stays an ordinary malloc'd one, which
- * free() releases. */
-#define LARGE_BLOCK (4u << 20)
+/* Tensors travel in messages of megabytes, and their blocks are often fresh
+ * (glibc maps large blocks anew, or trims freed ones away): each 4 KiB page
+ * then faults on first touch, 13-14 us on this VM (docs/performance-notes.md).
+ * Blocks of 1 MiB and more start on a 2 MiB boundary and ask for transparent
+ * huge pages, up to the boundary after their end, so that a fresh block
+ * faults once per 2 MiB (W=2 all-to-all end to end at 1 MiB per pair: 13-19
+ * -> 7-8 ms). The hint may cover the few heap bytes after the block as well:
+ * harmless. free() releases the block as any other. */
+#define LARGE_BLOCK (1u << 20)
 #define HUGE_PAGE ((uintptr_t)2 << 20)
 
 void *dist_malloc_large(size_t n) {
-  void *p = malloc(n);
-  if (p && n >= LARGE_BLOCK) {
-    uintptr_t lo = ((uintptr_t)p + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1);
-    uintptr_t hi = ((uintptr_t)p + n) & ~(HUGE_PAGE - 1);
-    if (hi > lo) madvise((void *)lo, hi - lo, MADV_HUGEPAGE); /* a hint */
-  }
+  if (n < LARGE_BLOCK) return malloc(n);
+  void *p = NULL;
+  if (posix_memalign(&p, HUGE_PAGE, n)) return NULL;
+  uintptr_t end = ((uintptr_t)p + n + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1);
+  madvise(p, end - (uintptr_t)p, MADV_HUGEPAGE); /* a hint */
   return p;
 }
 
