@@ -14,11 +14,27 @@
  * faults once per 2 MiB (W=2 all-to-all end to end at 1 MiB per pair: 13-19
  * -> 7-8 ms). The hint may cover the few heap bytes after the block as well:
  * harmless. free() releases the block as any other. */
-#define LARGE_BLOCK (1u << 20)
+#define ALIGNED_MIN (1u << 20)
+/* Unaligned blocks: only their 2 MiB-aligned inside gets the hint. */
+#define HINTED_MIN (4u << 20)
 #define HUGE_PAGE ((uintptr_t)2 << 20)
 
+static int align_large = 1;
+
+void dist_pbuf_align_large(int on) { align_large = on; }
+
+static void *malloc_hinted(size_t n) {
+  void *p = malloc(n);
+  if (p && n >= HINTED_MIN) {
+    uintptr_t lo = ((uintptr_t)p + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1);
+    uintptr_t hi = ((uintptr_t)p + n) & ~(HUGE_PAGE - 1);
+    if (hi > lo) madvise((void *)lo, hi - lo, MADV_HUGEPAGE); /* a hint */
+  }
+  return p;
+}
+
 void *dist_malloc_large(size_t n) {
-  if (n < LARGE_BLOCK) return malloc(n);
+  if (n < ALIGNED_MIN || !align_large) return malloc_hinted(n);
   void *p = NULL;
   if (posix_memalign(&p, HUGE_PAGE, n)) return NULL;
   uintptr_t end = ((uintptr_t)p + n + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1);

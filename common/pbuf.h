@@ -5,9 +5,13 @@
 #include <grpc/byte_buffer.h>
 #include <protobuf-c/protobuf-c.h>
 
-/* malloc, asking for transparent huge pages on the inside of large
- * blocks (pbuf.c); free() releases it. */
+/* malloc for message blocks: large ones start on a 2 MiB boundary and ask
+ * for transparent huge pages (pbuf.c); free() releases it. */
 void *dist_malloc_large(size_t n);
+/* With 0, large blocks are placed by malloc as any other and only their
+ * aligned inside asks for huge pages: for a process whose heap keeps its
+ * pages (the daemon, daemon/memory.c). Call before any thread starts. */
+void dist_pbuf_align_large(int on);
 /* Packs msg into a new byte buffer (one copy); the caller destroys it. */
 grpc_byte_buffer *dist_pb_to_bb(const ProtobufCMessage *msg);
 /* Unpacks a received buffer, large bytes fields copied once, straight from
