@@ -153,6 +153,29 @@ Test(pbuf, malformed_is_null) {
   cr_assert_null(dist_bb_to_pb(NULL, put_desc));
 }
 
+/* Message blocks of 1 MiB and more start on a 2 MiB boundary (for huge
+ * pages), unless the process turned that off (the daemon does). */
+Test(pbuf, large_blocks_alignment) {
+  const uintptr_t two_mib = (uintptr_t)2 << 20;
+  uint8_t *big = dist_malloc_large(3u << 20), *small = dist_malloc_large(1000);
+  cr_assert(big && small);
+  cr_assert_eq((uintptr_t)big % two_mib, 0, "a 3 MiB block at %p", (void *)big);
+  memset(big, 1, 3u << 20);
+  free(big);
+  free(small);
+  dist_pbuf_align_large(0);
+  uint8_t *blocks[4];
+  int aligned = 0;
+  for (int i = 0; i < 4; i++) { /* a malloc'd block starts past its chunk header */
+    blocks[i] = dist_malloc_large((3u << 20) + (size_t)i * 4096);
+    cr_assert_not_null(blocks[i]);
+    aligned += (uintptr_t)blocks[i] % two_mib == 0;
+  }
+  for (int i = 0; i < 4; i++) free(blocks[i]);
+  dist_pbuf_align_large(1);
+  cr_assert_lt(aligned, 4, "every unaligned-mode block started on a 2 MiB boundary");
+}
+
 static void setup(void) { grpc_init(); }
 static void teardown(void) { grpc_shutdown(); }
 TestSuite(pbuf, .init = setup, .fini = teardown);
