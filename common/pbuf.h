@@ -19,5 +19,11 @@ grpc_byte_buffer *dist_pb_to_bb(const ProtobufCMessage *msg);
  * Free with protobuf_c_message_free_unpacked(m, NULL). */
 ProtobufCMessage *dist_bb_to_pb(grpc_byte_buffer *bb,
                                 const ProtobufCMessageDescriptor *desc);
+/* dist_bb_to_pb taking out bytes fields of split_min bytes and more (it
+ * uses 64 KiB): lets tests and the fuzzer reach the walk with small
+ * messages. */
+ProtobufCMessage *dist_bb_to_pb_split(grpc_byte_buffer *bb,
+                                      const ProtobufCMessageDescriptor *desc,
+                                      size_t split_min);
 
 #endif

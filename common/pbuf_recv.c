@@ -86,6 +86,7 @@ typedef struct split {
 typedef struct walk {
   cursor c;
   const ProtobufCMessageDescriptor *desc;
+  size_t split_min; /* smallest field taken out */
   uint8_t *rest; /* the gathered part: room for the whole message, untouched
                     pages of which cost nothing */
   size_t rest_len;
@@ -94,7 +95,7 @@ typedef struct walk {
 } walk;
 
 static const ProtobufCFieldDescriptor *splittable(const walk *w, uint64_t id, uint64_t len) {
-  if (len < SPLIT_MIN || w->n_sp == SPLIT_MAX || id > UINT32_MAX) return NULL;
+  if (len < w->split_min || w->n_sp == SPLIT_MAX || id > UINT32_MAX) return NULL;
   const ProtobufCFieldDescriptor *f =
       protobuf_c_message_descriptor_get_field(w->desc, (unsigned)id);
   if (!f || f->type != PROTOBUF_C_TYPE_BYTES || (f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF))
@@ -156,8 +157,8 @@ static void set_split(ProtobufCMessage *m, const split *s) {
 
 /* Unpacks by walking; NULL with *fallback set when the walk cannot tell. */
 static ProtobufCMessage *unpack_split(grpc_byte_buffer *bb, const ProtobufCMessageDescriptor *desc,
-                                      int *fallback) {
-  walk w = {.desc = desc};
+                                      size_t split_min, int *fallback) {
+  walk w = {.desc = desc, .split_min = split_min};
   size_t total = grpc_byte_buffer_length(bb);
   *fallback = 1;
   if (!grpc_byte_buffer_reader_init(&w.c.r, bb)) return NULL;
@@ -204,11 +205,18 @@ static ProtobufCMessage *unpack_gathered(grpc_byte_buffer *bb,
   return m;
 }
 
+ProtobufCMessage *dist_bb_to_pb_split(grpc_byte_buffer *bb,
+                                      const ProtobufCMessageDescriptor *desc,
+                                      size_t split_min) {
+  if (!bb) return NULL;
+  if (split_min < 1) split_min = 1;
+  if (grpc_byte_buffer_length(bb) < split_min) return unpack_gathered(bb, desc);
+  int fallback;
+  ProtobufCMessage *m = unpack_split(bb, desc, split_min, &fallback);
+  return m || !fallback ? m : unpack_gathered(bb, desc);
+}
+
 ProtobufCMessage *dist_bb_to_pb(grpc_byte_buffer *bb,
                                 const ProtobufCMessageDescriptor *desc) {
-  if (!bb) return NULL;
-  if (grpc_byte_buffer_length(bb) < SPLIT_MIN) return unpack_gathered(bb, desc);
-  int fallback;
-  ProtobufCMessage *m = unpack_split(bb, desc, &fallback);
-  return m || !fallback ? m : unpack_gathered(bb, desc);
+  return dist_bb_to_pb_split(bb, desc, SPLIT_MIN);
 }

@@ -23,7 +23,8 @@ inc="-I$root/common -I$root/common/include -I$out/gen"
 # fuzzer but no fuzzer main.
 sources="common/errbuf.c common/error.c common/fileio.c common/tensor.c common/npy.c
   common/frame.c common/config.c common/cluster.c common/mesh.c
-  common/placement.c common/wire.c common/safetensors.c daemon/config.c"
+  common/placement.c common/wire.c common/safetensors.c common/pbuf.c
+  common/pbuf_recv.c daemon/config.c"
 objs=""
 for s in $sources; do
   o="$out/obj/$(echo "$s" | tr / _ | sed 's/\.c$/.o/')"
@@ -42,9 +43,9 @@ ar rcs "$out/libfuzzdist.a" $objs
 for h in "$here"/fuzz_*.c; do
   name=$(basename "$h" .c)
   $CC $cflags $san -fsanitize=fuzzer $inc "$h" "$out/libfuzzdist.a" \
-    -lprotobuf-c -ljansson -lm -o "$out/$name"
+    -lprotobuf-c -ljansson $(pkg-config --libs grpc) -lm -o "$out/$name"
 done
 
 # The seed generator runs once by hand; plain sanitizers, no fuzzer.
 $CC $cflags $san $inc "$here/make_seeds.c" "$out/libfuzzdist.a" \
-  -fsanitize=fuzzer-no-link -lprotobuf-c -ljansson -lm -o "$out/make_seeds"
+  -fsanitize=fuzzer-no-link -lprotobuf-c -ljansson $(pkg-config --libs grpc) -lm -o "$out/make_seeds"

@@ -1,6 +1,9 @@
 /* Every request message distd serves, unpacked from arbitrary bytes as the
- * RPC layer does (protobuf_c_message_unpack with the method's descriptor),
- * then checked the way the handlers check it before acting on it:
+ * RPC layer does (dist_bb_to_pb of a gRPC byte buffer, common/pbuf_recv.c,
+ * whose slicing and large-field threshold the input picks so that small
+ * inputs reach its walk of the fields), which must agree with
+ * protobuf_c_message_unpack of the same bytes, then checked the way the
+ * handlers check it before acting on it:
  * TensorPut's TensorMeta (daemon/tensor_meta.c: dtype, mesh, placements,
  * shapes) and the piece size store_piece computes, Reshard's meshes and
  * placements, Collective's dtype. The first input byte picks the message. */
@@ -12,6 +15,7 @@
 #include "param.pb-c.h"
 #include "program.pb-c.h"
 #include "mesh.h"
+#include "pbuf.h"
 #include "wire.h"
 
 /* The fuzzed daemon's cluster: ranks 0..7. */
@@ -167,16 +171,54 @@ static void collective(const Dist__V1__CollectiveRequest *rq) {
     FUZZ_CHECK(dist_dtype_size(dt) > 0);
 }
 
+/* buf as a byte buffer in slices of `step` bytes (0: one slice). */
+static grpc_byte_buffer *sliced(const uint8_t *buf, size_t len, size_t step) {
+  grpc_slice s[64];
+  size_t n = 0;
+  for (size_t off = 0; off < len || n == 0;) {
+    size_t k = step && n < 63 ? (len - off < step ? len - off : step) : len - off;
+    s[n++] = grpc_slice_from_copied_buffer((const char *)buf + off, k);
+    off += k;
+  }
+  grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(s, n);
+  for (size_t i = 0; i < n; i++) grpc_slice_unref(s[i]);
+  return bb;
+}
+
+/* The RPC layer's unpack gives what protobuf-c gives: nothing, or a message
+ * that packs to the same bytes. */
+static void check_same(const ProtobufCMessage *got, const ProtobufCMessage *want) {
+  FUZZ_CHECK((got == NULL) == (want == NULL));
+  if (!got) return;
+  size_t n = protobuf_c_message_get_packed_size(got);
+  FUZZ_CHECK(n == protobuf_c_message_get_packed_size(want));
+  uint8_t *a = malloc(n ? n : 1), *b = malloc(n ? n : 1);
+  FUZZ_CHECK(a && b);
+  protobuf_c_message_pack(got, a);
+  protobuf_c_message_pack(want, b);
+  FUZZ_CHECK(memcmp(a, b, n) == 0);
+  free(a);
+  free(b);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-  if (size < 1) return 0;
+  static const size_t steps[] = {0, 1, 3, 16, 100};
+  static const size_t split_min[] = {1, 2, 8, 64};
+  if (size < 2) return 0;
   const ProtobufCMessageDescriptor *desc = requests[data[0] % NREQUESTS];
+  size_t step = steps[data[1] % 5], min = split_min[(data[1] / 5) % 4];
   /* An exact-size copy, so ASan sees any read past the message. */
-  size_t len = size - 1;
+  size_t len = size - 2;
   uint8_t *buf = malloc(len ? len : 1);
   if (!buf) return 0;
-  memcpy(buf, data + 1, len);
-  ProtobufCMessage *msg = protobuf_c_message_unpack(desc, NULL, len, buf);
+  memcpy(buf, data + 2, len);
+  ProtobufCMessage *want = protobuf_c_message_unpack(desc, NULL, len, buf);
+  grpc_byte_buffer *bb = sliced(buf, len, step);
   free(buf);
+  ProtobufCMessage *msg = dist_bb_to_pb_split(bb, desc, min);
+  grpc_byte_buffer_destroy(bb);
+  check_same(msg, want);
+  protobuf_c_message_free_unpacked(want, NULL);
   if (!msg) return 0; /* the RPC layer answers INVALID_ARGUMENT */
   FUZZ_CHECK(protobuf_c_message_check(msg));
   if (desc == &dist__v1__tensor_put_request__descriptor)

@@ -2,7 +2,8 @@
  *   make_seeds CORPUS_DIR      (CORPUS_DIR/frame, /hello, /proto must exist)
  * Frames and HELLO payloads come from the project's own encoders; protobuf
  * seeds are valid requests packed by protobuf-c, each behind the byte that
- * makes fuzz_proto pick its message (the index in fuzz_proto.c's table). */
+ * makes fuzz_proto pick its message (the index in fuzz_proto.c's table) and
+ * the byte that picks how it is sliced (PROTO_SLICING). */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -44,12 +45,17 @@ static void hello(const char *name, uint32_t rank, uint32_t world,
   write_seed("hello", name, out, sizeof out);
 }
 
+/* fuzz_proto's second byte: slices of 16 bytes, bytes fields of 8 bytes and
+ * more taken out of the message. */
+#define PROTO_SLICING (2 * 5 + 3)
+
 static void proto(const char *name, int which, const ProtobufCMessage *msg) {
   size_t n = protobuf_c_message_get_packed_size(msg);
-  uint8_t *buf = malloc(n + 1);
+  uint8_t *buf = malloc(n + 2);
   buf[0] = (uint8_t)which;
-  protobuf_c_message_pack(msg, buf + 1);
-  write_seed("proto", name, buf, n + 1);
+  buf[1] = PROTO_SLICING;
+  protobuf_c_message_pack(msg, buf + 2);
+  write_seed("proto", name, buf, n + 2);
   free(buf);
 }
 
