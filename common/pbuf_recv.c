@@ -148,7 +148,10 @@ static int walk_field(walk *w) {
 
 static void set_split(ProtobufCMessage *m, const split *s) {
   ProtobufCBinaryData *bd = (ProtobufCBinaryData *)((uint8_t *)m + s->f->offset);
-  free(bd->data); /* none: every occurrence of the field was taken out */
+  const ProtobufCBinaryData *def = s->f->default_value;
+  /* An earlier occurrence left in the rest: the large one came last, and
+   * wins. A proto2 default is static, not freed. */
+  if (!def || bd->data != def->data) free(bd->data);
   bd->data = s->data;
   bd->len = s->len;
   if (s->f->label == PROTOBUF_C_LABEL_OPTIONAL)
