@@ -45,7 +45,12 @@ typedef struct cursor {
   size_t left;     /* bytes left in the message */
 } cursor;
 
-/* Copies n bytes out (dst NULL: skips them); 0 if the message ends first. */
+static int cursor_open(cursor *c, grpc_byte_buffer *bb) {
+  *c = (cursor){.left = grpc_byte_buffer_length(bb)};
+  return grpc_byte_buffer_reader_init(&c->r, bb);
+}
+
+/* Copies the next n bytes to dst; 0 if the message ends first. */
 static int take(cursor *c, uint8_t *dst, size_t n) {
   if (n > c->left) return 0;
   c->left -= n;
@@ -57,8 +62,8 @@ static int take(cursor *c, uint8_t *dst, size_t n) {
       c->in_slice = GRPC_SLICE_LENGTH(*s);
     }
     size_t k = n < c->in_slice ? n : c->in_slice;
-    if (dst) memcpy(dst, c->p, k), dst += k;
-    c->p += k, c->in_slice -= k, n -= k;
+    memcpy(dst, c->p, k);
+    dst += k, c->p += k, c->in_slice -= k, n -= k;
   }
   return 1;
 }
@@ -162,11 +167,9 @@ static void set_split(ProtobufCMessage *m, const split *s) {
 static ProtobufCMessage *unpack_split(grpc_byte_buffer *bb, const ProtobufCMessageDescriptor *desc,
                                       size_t split_min, int *fallback) {
   walk w = {.desc = desc, .split_min = split_min};
-  size_t total = grpc_byte_buffer_length(bb);
   *fallback = 1;
-  if (!grpc_byte_buffer_reader_init(&w.c.r, bb)) return NULL;
-  w.c.left = total;
-  w.rest = malloc(total);
+  if (!cursor_open(&w.c, bb)) return NULL;
+  w.rest = malloc(w.c.left);
   int rc = w.rest ? 0 : -1;
   while (rc == 0 && w.c.left > 0) rc = walk_field(&w);
   grpc_byte_buffer_reader_destroy(&w.c.r);
@@ -185,16 +188,15 @@ static ProtobufCMessage *unpack_split(grpc_byte_buffer *bb, const ProtobufCMessa
 
 /* The message's bytes in one block: the slices copied in order. */
 static uint8_t *gather(grpc_byte_buffer *bb, size_t *len) {
-  grpc_byte_buffer_reader r;
-  if (!grpc_byte_buffer_reader_init(&r, bb)) return NULL;
-  *len = grpc_byte_buffer_length(bb);
+  cursor c;
+  if (!cursor_open(&c, bb)) return NULL;
+  *len = c.left;
   uint8_t *buf = dist_malloc_large(*len ? *len : 1);
-  grpc_slice *s;
-  for (size_t off = 0; buf && grpc_byte_buffer_reader_peek(&r, &s);) {
-    memcpy(buf + off, GRPC_SLICE_START_PTR(*s), GRPC_SLICE_LENGTH(*s));
-    off += GRPC_SLICE_LENGTH(*s);
+  if (buf && !take(&c, buf, *len)) {
+    free(buf);
+    buf = NULL;
   }
-  grpc_byte_buffer_reader_destroy(&r);
+  grpc_byte_buffer_reader_destroy(&c.r);
   return buf;
 }
 
