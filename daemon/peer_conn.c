@@ -30,7 +30,7 @@ conn *distd_conn_new(distd_peers *p, int fd, int outbound, int rank) {
   c->tp = p->tp;
   c->handshaking = c->tp->handshake != NULL;
   dlist_init(&c->link);
-  c->stage = malloc(STAGE_SIZE); /* 64 KiB per connection */
+  c->stage = malloc(STAGE_SIZE);
   c->rev = event_new(p->base, fd, EV_READ | EV_PERSIST, distd_conn_read_cb, c);
   c->wev = event_new(p->base, fd, EV_WRITE | EV_PERSIST, distd_conn_write_cb, c);
   if (!c->stage || !c->rev || !c->wev || c->tp->attach(c, p->tls_ctx) < 0) {
