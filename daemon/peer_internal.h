@@ -44,11 +44,11 @@
 
 /* Per-socket buffer for headers and small frames. A header read fills it,
  * so the start of a large payload lands here and is copied once more: at
- * 64 KiB, a 64 KiB frame came almost whole through it. With 16 KiB, in
- * alternating launches of the two builds (launches of the fast mode of
- * these VMs): W=2 all-to-all 64 KiB 24.0 -> 21 us, global_scatter 25.4 ->
- * 23 us, and W=4 all-to-all 64 KiB 237 -> 201 us (medians of 8); 1 KiB
- * and 1 MiB unchanged within the spread. */
+ * 64 KiB, a 64 KiB frame came almost whole through it. 16 KiB against 64,
+ * alternating launches of the two builds: W=2 all-to-all 64 KiB 24.0 ->
+ * 21 us and global_scatter 25.4 -> 23 us (medians of the launches in the
+ * VM's fast mode, out of ten), W=4 all-to-all 64 KiB 237 -> 201 us (eight
+ * launches); 1 KiB and 1 MiB unchanged within the spread. */
 #define STAGE_SIZE (16 * 1024)
 #define HANDSHAKE_MS 10000        /* handshake limit without a silence timeout */
 /* Inbound sockets stay with drivers this long. Four daemons on two cores
