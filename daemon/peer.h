@@ -119,6 +119,12 @@ void distd_xfer_recv_any(distd_xfer *x, int src, uint32_t tag, void **buf,
  * failure the message names the peer(s) involved and the remaining
  * transfers are cancelled. Returns 0 or a dist_err. */
 int distd_xfer_wait(distd_xfer *x, int64_t deadline_ms, dist_errbuf *eb);
+/* Says that the thread waiting on x waits on another xfer (or frees it)
+ * right after. When x's wait ends while it drives the sockets, frames
+ * still queued (the next xfer's rows) stay for that next wait to write,
+ * instead of going to the loop thread, which would write them from
+ * another CPU and contend for the lock with the next wait's reads. */
+void distd_xfer_keep_writing(distd_xfer *x);
 /* Tells every rank in ranks[] (except self) that this op failed, so their
  * waits fail at once with reason instead of timing out. Does nothing when
  * x failed because a peer aborted the op: that peer told its group. */

@@ -231,6 +231,7 @@ struct distd_xfer {
   int waiting; /* a thread is in distd_xfer_wait */
   int64_t moved_ms; /* when bytes last moved for it (distd_xfer_moved) */
   int aborted_by;   /* rank whose ABORT failed it, or -1 */
+  int keep_writing; /* distd_xfer_keep_writing */
   dist_errbuf err; /* err.code != 0 once failed */
 };
 

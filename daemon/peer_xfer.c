@@ -529,11 +529,13 @@ static void claim_inbound(distd_peers *p) {
 }
 
 /* Parks the inbound sockets for the next waiter (the loop takes them back
- * if none comes soon: peer_inbound.c), leaves unwritten frames to the loop,
+ * if none comes soon: peer_inbound.c), leaves unwritten frames to the loop
+ * unless the driver's next wait will write them (distd_xfer_keep_writing),
  * and tells a waiter already sleeping that it may take over. */
 static void stop_driving(distd_peers *p) {
+  int keep = p->driver_x->keep_writing;
   distd_inbound_park(p);
-  for (int r = 0; r < p->world; r++) {
+  for (int r = 0; !keep && r < p->world; r++) {
     conn *c = p->peers[r].out;
     if (c && c->greeted && !dlist_empty(&p->peers[r].outq)) distd_conn_want_write(c);
   }
@@ -676,6 +678,8 @@ int distd_xfer_wait(distd_xfer *x, int64_t deadline_ms, dist_errbuf *eb) {
   pthread_mutex_unlock(&p->mu);
   return rc;
 }
+
+void distd_xfer_keep_writing(distd_xfer *x) { x->keep_writing = 1; }
 
 void distd_xfer_abort(distd_xfer *x, const int *ranks, int n, const char *reason) {
   distd_peers *p = x->p;

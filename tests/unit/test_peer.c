@@ -745,3 +745,45 @@ Test(peer, deferred_sends_leave_with_the_next_send_or_the_wait) {
   free(h), free(rows), free(lone);
   fix_teardown(&f);
 }
+
+/* Rank 0 announces a header (xfer k, as moe_scatter.c's hx) and sends 6 MiB
+ * of rows (xfer d); only the first part leaves at once. With k marked
+ * distd_xfer_keep_writing, the rest stays queued when k's wait ends: the
+ * next wait on d writes it, and freeing d unwaited (the error path) still
+ * lets the frame already started reach rank 1 whole. */
+static void kept_writer_round(peer_fixture *f, uint64_t op, int wait_rows) {
+  size_t n = 6u << 20;
+  uint8_t *rows = pattern(n, 71), *got = calloc(1, n);
+  uint8_t h0[16] = {1, 2, 3}, h1[16] = {4, 5, 6}, h0_at_1[16], h1_at_0[16];
+  distd_xfer *r = distd_xfer_new(f->r[1].peers, op);
+  distd_xfer_recv(r, 0, 0, h0_at_1, sizeof h0_at_1);
+  distd_xfer_recv(r, 0, 1, got, n);
+  distd_xfer_send(r, 0, 0, h1, sizeof h1);
+  waiter w = {.x = r, .deadline = in_ms(20000)};
+  pthread_t t;
+  pthread_create(&t, NULL, waiter_main, &w);
+  distd_xfer *k = distd_xfer_new(f->r[0].peers, op), *d = distd_xfer_new(f->r[0].peers, op);
+  distd_xfer_send_deferred(k, 1, 0, h0, sizeof h0);
+  distd_xfer_recv(k, 1, 0, h1_at_0, sizeof h1_at_0);
+  distd_xfer_send(d, 1, 1, rows, n);
+  distd_xfer_keep_writing(k);
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  cr_assert_eq(distd_xfer_wait(k, in_ms(20000), &eb), 0, "%s", eb.msg);
+  if (wait_rows) cr_assert_eq(distd_xfer_wait(d, in_ms(20000), &eb), 0, "%s", eb.msg);
+  distd_xfer_free(d);
+  pthread_join(t, NULL);
+  cr_assert_eq(w.rc, 0, "rank 1 (rows %s): %s", wait_rows ? "waited" : "freed", w.msg);
+  cr_assert_eq(memcmp(h0_at_1, h0, sizeof h0), 0);
+  cr_assert_eq(memcmp(h1_at_0, h1, sizeof h1), 0);
+  cr_assert_eq(memcmp(got, rows, n), 0, "rows intact (%s)", wait_rows ? "waited" : "freed");
+  distd_xfer_free(k), distd_xfer_free(r);
+  free(rows), free(got);
+}
+
+Test(peer, a_kept_writer_sends_the_rest_with_its_next_wait_or_at_free) {
+  peer_fixture f;
+  fix_setup(&f, 2);
+  kept_writer_round(&f, 900, 1);
+  kept_writer_round(&f, 901, 0);
+  fix_teardown(&f);
+}
