@@ -19,6 +19,9 @@
 #define HINTED_MIN (4u << 20)
 #define HUGE_PAGE ((uintptr_t)2 << 20)
 
+static uintptr_t huge_down(uintptr_t a) { return a & ~(HUGE_PAGE - 1); }
+static uintptr_t huge_up(uintptr_t a) { return huge_down(a + HUGE_PAGE - 1); }
+
 static int align_large = 1;
 
 void dist_pbuf_align_large(int on) { align_large = on; }
@@ -26,8 +29,7 @@ void dist_pbuf_align_large(int on) { align_large = on; }
 static void *malloc_hinted(size_t n) {
   void *p = malloc(n);
   if (p && n >= HINTED_MIN) {
-    uintptr_t lo = ((uintptr_t)p + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1);
-    uintptr_t hi = ((uintptr_t)p + n) & ~(HUGE_PAGE - 1);
+    uintptr_t lo = huge_up((uintptr_t)p), hi = huge_down((uintptr_t)p + n);
     if (hi > lo) madvise((void *)lo, hi - lo, MADV_HUGEPAGE); /* a hint */
   }
   return p;
@@ -37,7 +39,7 @@ void *dist_malloc_large(size_t n) {
   if (n < ALIGNED_MIN || !align_large) return malloc_hinted(n);
   void *p = NULL;
   if (posix_memalign(&p, HUGE_PAGE, n)) return NULL;
-  uintptr_t end = ((uintptr_t)p + n + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1);
+  uintptr_t end = huge_up((uintptr_t)p + n);
   madvise(p, end - (uintptr_t)p, MADV_HUGEPAGE); /* a hint */
   return p;
 }
