@@ -71,9 +71,8 @@ def load(path):
                 load_["rejected"] += 1
             else:
                 load_["steal"].append(int(kv(line)["pct"]))
-    med = {k: statistics.median(v) for k, v in res.items()}
     launches = max((len(v) for v in res.values()), default=0)
-    return med, iters, mem, load_, launches
+    return res, iters, mem, load_, launches
 
 
 def mem_bw(mem, nbytes):
@@ -93,7 +92,18 @@ def floor_us(W, S, mem):
     return copied / (min(W, os.cpu_count() or 1) * bw * 1e9) * 1e6
 
 
-def build(med, iters, mem, ops):
+def rounds_won(res, op, anchors, W, S):
+    """(won, rounds): rounds in which ours was no slower than the best
+    anchor of the same round (bench/run runs them minutes apart at most)."""
+    ours = res.get(("distd_" + op, "d2d", W, S), [])
+    per = [res.get((name, "tcp", W, S), []) for name, _ in anchors]
+    best = [min(v[i] for v in per if len(v) > i) for i in range(len(ours))
+            if any(len(v) > i for v in per)]
+    return sum(o <= b for o, b in zip(ours, best)), len(best)
+
+
+def build(res, iters, mem, ops):
+    med = {k: statistics.median(v) for k, v in res.items()}
     rows, results = [], []
     keys = sorted({(k[2], k[3]) for k in med})
     for op in ops:
@@ -111,6 +121,7 @@ def build(med, iters, mem, ops):
             fl = floor_us(W, S, mem) if a2a and S >= 16 << 20 else None
             rows.append({"op": op, "W": W, "S": S, "ours": ours, "e2e": e2e,
                          "anchors": avals, "best": best, "ratio": ratio, "floor": fl,
+                         "won": rounds_won(res, op, anchors, W, S),
                          "iters": iters.get(("distd_" + op, "d2d", W, S))})
             if ours is not None and best:
                 results.append("RESULT op=%s W=%d pair_bytes=%d ours_us=%.1f anchor=%s "
@@ -121,13 +132,14 @@ def build(med, iters, mem, ops):
 
 def render(rows):
     hdr = ["op", "W", "pair", "ours d2d", "ours e2e", "anchors (TCP)", "ratio d2d/best",
-           "d2d/floor"]
+           "rounds won", "d2d/floor"]
     table = []
     for r in rows:
         anchors = ", ".join("%s %s" % (label, fmt_us(v)) for _, label, v in r["anchors"])
         table.append([r["op"], str(r["W"]), fmt_size(r["S"]), fmt_us(r["ours"]),
                       fmt_us(r["e2e"]), anchors,
                       "%.2f" % r["ratio"] if r["ratio"] is not None else "-",
+                      "%d/%d" % r["won"] if r["won"][1] else "-",
                       "%.2f" % (r["ours"] / r["floor"]) if r["floor"] and r["ours"] else "-"])
     w = [max(len(x[i]) for x in [hdr] + table) for i in range(len(hdr))]
     out = ["| " + " | ".join(h.ljust(w[i]) for i, h in enumerate(hdr)) + " |",
@@ -177,7 +189,9 @@ def notes(rows, mem, load_, e2e_big, launches):
          % (os.cpu_count() or 1)]
     if launches > 1:
         n.append("each cell: median over %d launches of the case (bench/run ROUNDS), ours "
-                 "and the anchors alternating, each launch's figure being its own median."
+                 "and the anchors alternating, each launch's figure being its own median. "
+                 "rounds won = rounds in which ours was no slower than the best anchor of "
+                 "the same round (each op's launch is followed at once by its anchors')."
                  % launches)
     if its:
         n.append("16 MiB: %s timed ops per case (the method's minimum of 20 when one op is "
@@ -199,8 +213,8 @@ def main():
     ap.add_argument("--stamp", default="")
     ap.add_argument("--e2e-big", type=int, default=0)
     a = ap.parse_args()
-    med, iters, mem, load_, launches = load(a.results)
-    rows, results = build(med, iters, mem, [o for o in a.ops.split() if o in ANCHORS])
+    res, iters, mem, load_, launches = load(a.results)
+    rows, results = build(res, iters, mem, [o for o in a.ops.split() if o in ANCHORS])
     table, nts = render(rows), notes(rows, mem, load_, a.e2e_big, launches)
     print("\n".join(table))
     print()
