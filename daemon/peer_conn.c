@@ -65,6 +65,7 @@ void distd_conn_free(conn *c) {
   close(c->fd);
   dlist_remove(&c->link);
   free(c->stage);
+  free(c->own_stage);
   free(c->wbuf);
   free(c);
 }
@@ -658,9 +659,23 @@ static int finish_payload(conn *c) {
   }
 }
 
+/* Back to the usual stage once a spill buffer is read down to less than
+ * a header (all that read_step needs more bytes for). */
+static void unspill(conn *c) {
+  if (!c->own_stage) return;
+  size_t left = c->st_end - c->st_off;
+  memcpy(c->own_stage, c->stage + c->st_off, left);
+  free(c->stage);
+  c->stage = c->own_stage;
+  c->own_stage = NULL;
+  c->st_off = 0;
+  c->st_end = left;
+}
+
 /* Reads more into the stage; returns bytes read, 0 when the socket is
  * empty, -1 when the connection was closed. */
 static ssize_t fill_stage(conn *c) {
+  unspill(c);
   if (c->st_off == c->st_end) c->st_off = c->st_end = 0;
   else if (c->st_off > 0 && c->st_end - c->st_off < HDR) {
     memmove(c->stage, c->stage + c->st_off, c->st_end - c->st_off);
@@ -715,6 +730,66 @@ int distd_conn_has_staged(const conn *c) {
   return c->remaining == 0 || c->st_off < c->st_end;
 }
 
+/* ---- reading ahead into a posted receive ----
+ * A read that starts a frame fills the stage: a large payload then costs a
+ * second read() for the rest, and a copy out of the stage for its start.
+ * When the driver waits for a large receive from this peer, the next
+ * frame is most likely its (distd_guess_next_recv), so one readv() puts
+ * the header in the stage, the payload straight into the receive and what
+ * follows back in the stage. A wrong guess (another frame came first) is
+ * put back in stream order in a spill buffer and read from there. */
+
+static recv_slot *read_ahead_guess(conn *c) {
+  if (!c->tp->readv || c->st_off != c->st_end || c->own_stage) return NULL;
+  return distd_guess_next_recv(c->p, c->rank);
+}
+
+/* The guess was wrong: the stage holds what is left of the header
+ * (st_off..HDR) and what followed the receive's bytes (HDR..st_end); the
+ * mid_len bytes in the receive belong between them. */
+static int spill(conn *c, const uint8_t *mid, size_t mid_len) {
+  size_t head = HDR - c->st_off, tail = c->st_end - HDR, len = head + mid_len + tail;
+  uint8_t *b = malloc(len);
+  if (!b) {
+    fail_conn(c, "out of memory reading from the peer");
+    return -1;
+  }
+  memcpy(b, c->stage + c->st_off, head);
+  memcpy(b + head, mid, mid_len);
+  memcpy(b + head + mid_len, c->stage + HDR, tail);
+  c->own_stage = c->stage;
+  c->stage = b;
+  c->st_off = 0;
+  c->st_end = len;
+  return 0;
+}
+
+/* Returns bytes read as fill_stage does. */
+static ssize_t read_ahead(conn *c, recv_slot *s) {
+  struct iovec iov[3] = {{c->stage, HDR}, {s->buf, s->len}, {c->stage + HDR, STAGE_SIZE - HDR}};
+  ssize_t n = c->tp->readv(c, iov, 3);
+  if (n <= 0) {
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
+    fail_conn(c, n == 0 ? "connection closed by peer" : io_reason(c, errno));
+    return -1;
+  }
+  c->short_read = (size_t)n < STAGE_SIZE + s->len;
+  c->st_off = 0;
+  if ((size_t)n <= HDR) {
+    c->st_end = (size_t)n;
+    return n;
+  }
+  size_t in_recv = (size_t)n - HDR < s->len ? (size_t)n - HDR : s->len;
+  c->st_end = (size_t)n - in_recv;
+  if (on_header(c) < 0) return -1;
+  if (c->rstate == R_PAYLOAD && c->rmode == M_RECV && c->slot == s) {
+    c->dst += in_recv; /* on_header pointed the payload at s->buf */
+    c->remaining -= in_recv;
+    return n;
+  }
+  return spill(c, s->buf, in_recv) < 0 ? -1 : n;
+}
+
 /* One step of the read state machine: 1 to go on, 0 to stop for now, -1
  * when the connection is gone. With until_short, a read that returned
  * less than it asked for counts as having emptied the socket: the next
@@ -729,7 +804,8 @@ static int read_step(conn *c, size_t *budget, int until_short) {
       if (on_header(c) < 0) return -1;
       return c->read_blocked ? 0 : 1;
     }
-    n = fill_stage(c);
+    recv_slot *guess = until_short ? read_ahead_guess(c) : NULL;
+    n = guess ? read_ahead(c, guess) : fill_stage(c);
   } else if (c->remaining == 0) {
     return finish_payload(c) < 0 ? -1 : 1;
   } else if (c->st_off < c->st_end) {

@@ -171,6 +171,9 @@ struct conn {
   /* reading */
   uint8_t *stage;
   size_t st_off, st_end;
+  /* While not NULL, stage is a spill buffer (a wrong read-ahead guess put
+   * back in stream order, peer_conn.c) and own_stage the usual one. */
+  uint8_t *own_stage;
   int rstate;
   dist_frame_header cur;
   int rmode;
@@ -344,6 +347,10 @@ void distd_xfer_fail(distd_xfer *x, int code, const char *fmt, ...)
 void distd_xfer_send_done(send_item *it);
 recv_slot *distd_find_posted_recv(distd_peers *p, uint64_t op_id, int src,
                                   uint32_t tag);
+/* The receive the driver's transfer most likely gets next from src, for
+ * reading its payload ahead (peer_conn.c); NULL when there is no good
+ * guess. Driver thread only. */
+recv_slot *distd_guess_next_recv(distd_peers *p, int src);
 void distd_recv_finished(recv_slot *s);
 void distd_unexpected_finished(distd_peers *p, unexpected *u);
 void distd_unexpected_free(distd_peers *p, unexpected *u);

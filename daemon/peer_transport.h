@@ -35,6 +35,10 @@ typedef struct distd_peer_transport {
    * does not explain them. read returns 0 at a clean end of stream. */
   ssize_t (*read)(struct conn *c, void *buf, size_t len);
   ssize_t (*writev)(struct conn *c, const struct iovec *iov, int n);
+  /* Like readv(2); NULL when the transport cannot scatter a read (TLS
+   * decrypts into its own buffers), which turns off reading ahead into a
+   * posted receive (peer_conn.c). */
+  ssize_t (*readv)(struct conn *c, const struct iovec *iov, int n);
   /* Bytes already read from the socket and not yet handed out: readiness
    * on the socket does not announce them. */
   size_t (*pending)(struct conn *c);

@@ -1,6 +1,7 @@
 /* The plain TCP transport: read(2) and sendmsg(2) straight on the socket. */
 #include <errno.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include "peer_internal.h"
@@ -27,6 +28,13 @@ static ssize_t tcp_writev(conn *c, const struct iovec *iov, int n) {
   return w;
 }
 
+static ssize_t tcp_readv(conn *c, const struct iovec *iov, int n) {
+  ssize_t r;
+  do r = readv(c->fd, iov, n);
+  while (r < 0 && errno == EINTR);
+  return r;
+}
+
 static size_t tcp_pending(conn *c) {
   (void)c;
   return 0;
@@ -35,5 +43,5 @@ static size_t tcp_pending(conn *c) {
 static void tcp_detach(conn *c) { (void)c; }
 
 const distd_peer_transport distd_peer_transport_tcp = {
-    "tcp", tcp_attach, NULL, tcp_read, tcp_writev, tcp_pending, tcp_detach,
+    "tcp", tcp_attach, NULL, tcp_read, tcp_writev, tcp_readv, tcp_pending, tcp_detach,
 };

@@ -182,7 +182,7 @@ static void tls_detach(conn *c) {
 }
 
 const distd_peer_transport distd_peer_transport_tls = {
-    "tls", tls_attach, tls_handshake, tls_read, tls_writev, tls_pending, tls_detach,
+    "tls", tls_attach, tls_handshake, tls_read, tls_writev, NULL, tls_pending, tls_detach,
 };
 
 static int ctx_fail(SSL_CTX *ctx, dist_errbuf *eb, const char *what, const char *path) {

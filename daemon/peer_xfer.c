@@ -148,6 +148,47 @@ recv_slot *distd_find_posted_recv(distd_peers *p, uint64_t op_id, int src,
   return NULL;
 }
 
+static int overlaps(const uint8_t *a, size_t alen, const uint8_t *b, size_t blen) {
+  return a < b + blen && b < a + alen;
+}
+
+/* Whether a send not yet fully written (to a peer, or to self) reads from
+ * [buf, buf + len). */
+static int sent_from(distd_peers *p, const uint8_t *buf, size_t len) {
+  dlist *pos, *xp;
+  for (int r = 0; r < p->world; r++)
+    for (pos = p->peers[r].outq.next; pos != &p->peers[r].outq; pos = pos->next) {
+      send_item *it = dlist_entry(pos, send_item, link);
+      if (it->payload && overlaps(it->payload, it->len, buf, len)) return 1;
+    }
+  for (xp = p->xfers.next; xp != &p->xfers; xp = xp->next) {
+    distd_xfer *x = dlist_entry(xp, distd_xfer, link);
+    for (pos = x->self_sends.next; pos != &x->self_sends; pos = pos->next) {
+      send_item *it = dlist_entry(pos, send_item, link);
+      if (it->payload && overlaps(it->payload, it->len, buf, len)) return 1;
+    }
+  }
+  return 0;
+}
+
+/* Senders send an op's frames to one peer in the order they were posted,
+ * so the driver's first unfinished receive from src is the likely next
+ * frame. Only a large one is worth the guess (a small payload arrives with
+ * its header in the stage anyway), and only memory no send reads from:
+ * a wrong guess writes another frame's bytes there before its own come. */
+recv_slot *distd_guess_next_recv(distd_peers *p, int src) {
+  distd_xfer *x = p->driver_x;
+  if (!x || x->err.code) return NULL;
+  for (dlist *pos = x->recvs.next; pos != &x->recvs; pos = pos->next) {
+    recv_slot *s = dlist_entry(pos, recv_slot, link);
+    if (s->done || s->src != src) continue;
+    if (!s->buf || s->any_buf || s->reader || s->claimed || s->len < DIRECT_READ_MIN)
+      return NULL;
+    return sent_from(p, s->buf, s->len) ? NULL : s;
+  }
+  return NULL;
+}
+
 static int needs_rank(distd_xfer *x, int rank) {
   dlist *pos;
   for (pos = x->sends.next; pos != &x->sends; pos = pos->next)
