@@ -1,6 +1,6 @@
 /* The peer data plane's lifetime: the listener, dialling with backoff, the
- * PING timer, statistics, and shutdown. Frame I/O is in peer_conn.c,
- * transfers in peer_xfer.c. */
+ * PING timer, statistics, and shutdown. Frame I/O is in peer_conn.c
+ * (writing) and peer_read.c (reading), transfers in peer_xfer.c. */
 #include <errno.h>
 #include <limits.h>
 #include <stdarg.h>
@@ -180,7 +180,7 @@ static void expire_handshakes(distd_peers *p) {
   }
 }
 
-/* Frames held for their receive (peer_conn.c) look again: those held
+/* Frames held for their receive (peer_read.c) look again: those held
  * HOLD_MS are kept aside now, the others wait on (and rearm the timer). */
 static void hold_cb(int fd, short what, void *arg) {
   (void)fd, (void)what;

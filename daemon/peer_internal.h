@@ -1,6 +1,7 @@
 /* The peer data plane's insides, shared by peer.c (lifetime, listener,
- * dialling, timers), peer_conn.c (reading and writing frames on one socket)
- * and peer_xfer.c (transfers, matching, kept-aside data, aborts, waiting).
+ * dialling, timers), peer_conn.c (one socket: lifetime, writing, failure),
+ * peer_read.c (reading its frames), peer_control.c (HELLO and control
+ * frames) and peer_xfer.c (transfers, matching, kept-aside data, aborts, waiting).
  *
  * Locking: one mutex (distd_peers.mu) guards everything below, including the
  * read() and writev() calls that move bytes into or out of callers' buffers:
@@ -172,7 +173,7 @@ struct conn {
   uint8_t *stage;
   size_t st_off, st_end;
   /* While not NULL, stage is a spill buffer (a wrong read-ahead guess put
-   * back in stream order, peer_conn.c) and own_stage the usual one. */
+   * back in stream order, peer_read.c) and own_stage the usual one. */
   uint8_t *own_stage;
   int rstate;
   dist_frame_header cur;
@@ -293,6 +294,16 @@ void distd_peer_set_error(peer *pe, const char *fmt, ...)
 /* peer_conn.c (all with mu held) */
 /* "connection reset", "connection refused", ... or strerror. */
 const char *distd_peer_errno_reason(int e);
+/* Why the transport failed: its own words, or errno's. */
+const char *distd_conn_io_reason(const conn *c, int e);
+/* The peer of a connection whose rank is known, else NULL. */
+peer *distd_conn_peer(conn *c);
+/* Recomputes pe's connected flags from its two connections. */
+void distd_peer_update_connected(peer *pe);
+/* Ends c for reason: at once on the loop thread; from the driver, marked
+ * failed for the loop thread to close (only it frees connections). */
+void distd_conn_fail(conn *c, const char *reason);
+void distd_conn_failf(conn *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* NULL when out of memory (the caller closes fd). */
 conn *distd_conn_new(distd_peers *p, int fd, int outbound, int rank);
 void distd_conn_free(conn *c);
@@ -319,10 +330,21 @@ void distd_conn_want_write(conn *c);
 /* Advances the transport handshake from the loop thread; once done,
  * checks an outbound peer's certificate rank and starts the HELLO. */
 void distd_conn_handshake(conn *c);
+/* peer_read.c: the loop thread's read callback. */
 void distd_conn_read_cb(int fd, short what, void *arg);
 void distd_conn_write_cb(int fd, short what, void *arg);
 void distd_peer_queue_frame(distd_peers *p, int dst, send_item *it);
 void distd_peers_unblock_readers(distd_peers *p);
+
+/* peer_control.c (with mu held): the HELLO handshake and control frames. */
+/* Answers HELLO_REJECT with reason and closes c once it is written. */
+void distd_conn_reject(conn *c, int rank, const char *reason);
+int distd_conn_on_ack(conn *c, const dist_frame_header *h);
+/* A control frame's payload (c->ctl) is complete: acts on it; -1 when the
+ * connection failed. */
+int distd_conn_on_control(conn *c);
+/* Whether a frame of this kind may arrive on c now. */
+int distd_conn_kind_allowed(const conn *c, unsigned kind);
 
 /* peer_inbound.c (with mu held, except open/close) */
 /* The epoll set of greeted inbound TCP sockets, and the loop's event on it. */
@@ -348,7 +370,7 @@ void distd_xfer_send_done(send_item *it);
 recv_slot *distd_find_posted_recv(distd_peers *p, uint64_t op_id, int src,
                                   uint32_t tag);
 /* The receive the driver's transfer most likely gets next from src, for
- * reading its payload ahead (peer_conn.c); NULL when there is no good
+ * reading its payload ahead (peer_read.c); NULL when there is no good
  * guess. Driver thread only. */
 recv_slot *distd_guess_next_recv(distd_peers *p, int src);
 void distd_recv_finished(recv_slot *s);

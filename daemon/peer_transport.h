@@ -37,7 +37,7 @@ typedef struct distd_peer_transport {
   ssize_t (*writev)(struct conn *c, const struct iovec *iov, int n);
   /* Like readv(2); NULL when the transport cannot scatter a read (TLS
    * decrypts into its own buffers), which turns off reading ahead into a
-   * posted receive (peer_conn.c). */
+   * posted receive (peer_read.c). */
   ssize_t (*readv)(struct conn *c, const struct iovec *iov, int n);
   /* Bytes already read from the socket and not yet handed out: readiness
    * on the socket does not announce them. */

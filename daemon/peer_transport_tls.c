@@ -3,7 +3,7 @@
  * caller's, driven by libevent readiness. Mutual TLS 1.3: both ends present
  * a certificate signed by the cluster CA, and the rank a certificate names
  * (subjectAltName DNS:distd-rank-N) is checked against the HELLO by
- * peer_conn.c. */
+ * peer_control.c. */
 #include <errno.h>
 #include <event2/event.h>
 #include <openssl/err.h>
@@ -121,7 +121,7 @@ static ssize_t tls_read(conn *c, void *buf, size_t len) {
   switch (e) {
   case SSL_ERROR_WANT_WRITE:
     /* TLS wants to send something (a key update) before reading on: the
-     * write callback comes back to reading (peer_conn.c). */
+     * write callback comes back to reading (peer_read.c). */
     c->read_wants_write = 1;
     distd_conn_want_write(c);
     /* fall through */

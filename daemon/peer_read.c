@@ -1,0 +1,390 @@
+/* Reading frames from one peer socket: headers through a small stage
+ * buffer, payloads straight into their destination (a posted receive, a
+ * kept-aside copy, a control buffer), on the loop thread
+ * (distd_conn_read_cb) or on the worker driving the sockets
+ * (distd_conn_drive_read). Every function here runs with distd_peers.mu
+ * held. */
+#include <errno.h>
+#include <event2/event.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/uio.h>
+
+#include "clock.h"
+#include "log.h"
+#include "peer_internal.h"
+
+#define HDR DIST_FRAME_HEADER_SIZE
+
+/* A large frame that arrives before its receive is posted stays in the
+ * socket (the sender's and our socket buffers hold it) for up to HOLD_MS:
+ * the receive usually follows within a scheduling slice (a rank that left
+ * a barrier first sends before the others posted), and the payload then
+ * goes straight into it, not into a kept-aside copy (malloc, page faults
+ * and a second memcpy). After HOLD_MS it is kept aside as before, so a
+ * frame whose op is posted later, or never, holds the stream up only
+ * briefly. distd_peers_unblock_readers looks again at each posted receive
+ * and when hold_ev fires. */
+static int hold_for_receive(conn *c, const dist_frame_header *h) {
+  if (h->length < HOLD_MIN) return 0;
+  int64_t now = distd_now_ms();
+  if (!c->held_since_ms) c->held_since_ms = now;
+  if (now - c->held_since_ms >= HOLD_MS) return 0;
+  if (!evtimer_pending(c->p->hold_ev, NULL)) {
+    struct timeval tv = {0, HOLD_MS * 1000};
+    evtimer_add(c->p->hold_ev, &tv);
+  }
+  return 1;
+}
+
+/* Chooses where a DATA payload goes; returns 1 when the frame must wait
+ * (backpressure) and 0 otherwise. */
+static int data_target(conn *c, const dist_frame_header *h) {
+  distd_peers *p = c->p;
+  c->rmode = M_DISCARD;
+  if (distd_remembered_find(p, h->op_id)) return 0;
+  recv_slot *s = distd_find_posted_recv(p, h->op_id, c->rank, h->tag);
+  if (s && !s->any_buf && s->len != h->length) {
+    distd_xfer_fail(s->x, DIST_EPROTO,
+                    "rank %d sent %llu bytes for op %llu tag %u, but rank %d expects %zu",
+                    c->rank, (unsigned long long)h->length,
+                    (unsigned long long)h->op_id, h->tag, p->rank, s->len);
+    return 0;
+  }
+  if (s) {
+    if (s->any_buf) {
+      s->any_tmp = malloc(h->length ? h->length : 1);
+      if (!s->any_tmp) {
+        distd_xfer_fail(s->x, DIST_ENOMEM, "out of memory receiving %llu bytes from rank %d",
+                        (unsigned long long)h->length, c->rank);
+        return 0; /* the payload is discarded */
+      }
+      s->len = h->length;
+    }
+    c->dst = s->any_buf ? s->any_tmp : s->buf;
+    s->reader = c;
+    c->slot = s;
+    c->rmode = M_RECV;
+    return 0;
+  }
+  if (hold_for_receive(c, h)) return 1;
+  if (h->length > 0 && p->unexpected_bytes + h->length > p->unexpected_limit) return 1;
+  unexpected *u = calloc(1, sizeof *u);
+  uint8_t *data = malloc(h->length ? h->length : 1);
+  if (!u || !data) {
+    free(u);
+    free(data);
+    /* Waiting would not help: fail the op here, so its receive fails with
+     * the reason instead of a timeout, and drop the payload. */
+    distd_remember_op(p, h->op_id, -1, DIST_ENOMEM, "out of memory keeping data from a peer");
+    return 0;
+  }
+  *u = (unexpected){.op_id = h->op_id, .src = c->rank, .tag = h->tag,
+                    .data = data, .len = h->length};
+  dlist_push(&p->unexpected, &u->link);
+  p->unexpected_bytes += h->length;
+  c->unexp = u;
+  c->dst = data;
+  c->rmode = M_UNEXP;
+  return 0;
+}
+
+static int on_header(conn *c) {
+  distd_peers *p = c->p;
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  dist_frame_header h;
+  if (dist_frame_decode(c->stage + c->st_off, &h, &eb) < 0) {
+    if (!c->outbound && !c->greeted && h.magic == DIST_FRAME_MAGIC) {
+      distd_conn_reject(c, -1, eb.msg);
+      return -1;
+    }
+    log_warn("peer connection (rank %d): %s", c->rank, eb.msg);
+    distd_conn_fail(c, eb.msg);
+    return -1;
+  }
+  if (!distd_conn_kind_allowed(c, h.kind) || (c->greeted && (int)h.src_rank != c->rank)) {
+    distd_conn_failf(c, "protocol violation: frame kind %u from rank %u", h.kind, h.src_rank);
+    return -1;
+  }
+  int ctl = h.kind == DIST_FRAME_HELLO || h.kind == DIST_FRAME_HELLO_REJECT ||
+            h.kind == DIST_FRAME_ABORT;
+  if ((ctl && h.length > CTL_MAX) || (h.kind == DIST_FRAME_HELLO && h.length != DIST_HELLO_SIZE) ||
+      (!ctl && h.kind != DIST_FRAME_DATA && h.length != 0)) {
+    distd_conn_failf(c, "protocol violation: frame kind %u with %llu payload bytes", h.kind,
+               (unsigned long long)h.length);
+    return -1;
+  }
+  if (h.kind == DIST_FRAME_DATA && h.length > p->max_frame) {
+    log_warn("peer rank %d: DATA frame of %llu bytes is longer than max_frame_size (%zu)",
+             c->rank, (unsigned long long)h.length, p->max_frame);
+    distd_conn_failf(c, "protocol violation: DATA frame of %llu bytes exceeds max_frame_size (%zu)",
+               (unsigned long long)h.length, p->max_frame);
+    return -1;
+  }
+  if (h.kind == DIST_FRAME_DATA) {
+    if (data_target(c, &h)) {
+      c->read_blocked = 1;
+      return 0;
+    }
+    c->held_since_ms = 0;
+  } else if (ctl) {
+    c->rmode = M_CTL;
+    c->dst = c->ctl;
+    c->ctl_len = h.length;
+  } else {
+    c->rmode = M_DISCARD;
+  }
+  c->st_off += HDR;
+  c->cur = h;
+  c->rstate = R_PAYLOAD;
+  c->remaining = h.length;
+  if (h.kind == DIST_FRAME_HELLO_ACK) return distd_conn_on_ack(c, &h);
+  if (h.kind == DIST_FRAME_PONG) distd_peer_pong(p, c->rank, h.aux);
+  if (h.kind == DIST_FRAME_PING) {
+    dist_frame_header pong = {DIST_FRAME_MAGIC, DIST_FRAME_VERSION, DIST_FRAME_PONG,
+                              0, (uint32_t)p->rank, 0, 0, h.aux};
+    distd_conn_queue_ctl(c, &pong, NULL, 0);
+    return distd_conn_flush(c, !distd_on_driver(p));
+  }
+  return 0;
+}
+
+static int finish_payload(conn *c) {
+  peer *pe = distd_conn_peer(c);
+  c->rstate = R_HEADER;
+  if (c->cur.kind == DIST_FRAME_DATA && pe) pe->stats.bytes_received += c->cur.length;
+  switch (c->rmode) {
+  case M_RECV: {
+    recv_slot *s = c->slot;
+    c->slot = NULL;
+    s->reader = NULL;
+    distd_recv_finished(s);
+    return 0;
+  }
+  case M_UNEXP: {
+    unexpected *u = c->unexp;
+    c->unexp = NULL;
+    u->complete = 1;
+    distd_unexpected_finished(c->p, u);
+    return 0;
+  }
+  case M_CTL:
+    return distd_conn_on_control(c);
+  default:
+    return 0;
+  }
+}
+
+/* Back to the usual stage once a spill buffer is read down to less than
+ * a header (all that read_step needs more bytes for). */
+static void unspill(conn *c) {
+  if (!c->own_stage) return;
+  size_t left = c->st_end - c->st_off;
+  memcpy(c->own_stage, c->stage + c->st_off, left);
+  free(c->stage);
+  c->stage = c->own_stage;
+  c->own_stage = NULL;
+  c->st_off = 0;
+  c->st_end = left;
+}
+
+/* Reads more into the stage; returns bytes read, 0 when the socket is
+ * empty, -1 when the connection was closed. */
+static ssize_t fill_stage(conn *c) {
+  unspill(c);
+  if (c->st_off == c->st_end) c->st_off = c->st_end = 0;
+  else if (c->st_off > 0 && c->st_end - c->st_off < HDR) {
+    memmove(c->stage, c->stage + c->st_off, c->st_end - c->st_off);
+    c->st_end -= c->st_off;
+    c->st_off = 0;
+  }
+  size_t room = STAGE_SIZE - c->st_end;
+  ssize_t n = c->tp->read(c, c->stage + c->st_end, room);
+  if (n > 0) {
+    c->st_end += (size_t)n;
+    c->short_read = (size_t)n < room;
+    return n;
+  }
+  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
+  distd_conn_fail(c, n == 0 ? "connection closed by peer" : distd_conn_io_reason(c, errno));
+  return -1;
+}
+
+static ssize_t read_direct(conn *c) {
+  ssize_t n = c->tp->read(c, c->dst, c->remaining);
+  if (n > 0) {
+    c->short_read = (size_t)n < c->remaining;
+    c->dst += n;
+    c->remaining -= (size_t)n;
+    return n;
+  }
+  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
+  distd_conn_fail(c, n == 0 ? "connection closed by peer" : distd_conn_io_reason(c, errno));
+  return -1;
+}
+
+static void take_staged(conn *c) {
+  size_t take = c->st_end - c->st_off;
+  if (take > c->remaining) take = c->remaining;
+  if (c->rmode != M_DISCARD) {
+    memcpy(c->dst, c->stage + c->st_off, take);
+    c->dst += take;
+  }
+  c->st_off += take;
+  c->remaining -= take;
+}
+
+/* A payload arriving for a posted receive keeps its xfer's wait alive. */
+static void note_moved(conn *c) {
+  if (c->rstate != R_PAYLOAD) return;
+  if (c->rmode == M_RECV && c->slot) distd_xfer_moved(c->slot->x);
+  else if (c->rmode == M_UNEXP && c->unexp && c->unexp->claim) distd_xfer_moved(c->unexp->claim->x);
+}
+
+int distd_conn_has_staged(const conn *c) {
+  if (c->rstate == R_HEADER) return c->st_end - c->st_off >= HDR;
+  return c->remaining == 0 || c->st_off < c->st_end;
+}
+
+/* ---- reading ahead into a posted receive ----
+ * A read that starts a frame fills the stage: a large payload then costs a
+ * second read() for the rest, and a copy out of the stage for its start.
+ * When the driver waits for a large receive from this peer, the next
+ * frame is most likely its (distd_guess_next_recv), so one readv() puts
+ * the header in the stage, the payload straight into the receive and what
+ * follows back in the stage. A wrong guess (another frame came first) is
+ * put back in stream order in a spill buffer and read from there. */
+
+static recv_slot *read_ahead_guess(conn *c) {
+  if (!c->tp->readv || c->st_off != c->st_end || c->own_stage) return NULL;
+  return distd_guess_next_recv(c->p, c->rank);
+}
+
+/* The guess was wrong: the stage holds what is left of the header
+ * (st_off..HDR) and what followed the receive's bytes (HDR..st_end); the
+ * mid_len bytes in the receive belong between them. */
+static int spill(conn *c, const uint8_t *mid, size_t mid_len) {
+  size_t head = HDR - c->st_off, tail = c->st_end - HDR, len = head + mid_len + tail;
+  uint8_t *b = malloc(len);
+  if (!b) {
+    distd_conn_fail(c, "out of memory reading from the peer");
+    return -1;
+  }
+  memcpy(b, c->stage + c->st_off, head);
+  memcpy(b + head, mid, mid_len);
+  memcpy(b + head + mid_len, c->stage + HDR, tail);
+  c->own_stage = c->stage;
+  c->stage = b;
+  c->st_off = 0;
+  c->st_end = len;
+  return 0;
+}
+
+/* Returns bytes read as fill_stage does. */
+static ssize_t read_ahead(conn *c, recv_slot *s) {
+  struct iovec iov[3] = {{c->stage, HDR}, {s->buf, s->len}, {c->stage + HDR, STAGE_SIZE - HDR}};
+  ssize_t n = c->tp->readv(c, iov, 3);
+  if (n <= 0) {
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
+    distd_conn_fail(c, n == 0 ? "connection closed by peer" : distd_conn_io_reason(c, errno));
+    return -1;
+  }
+  c->short_read = (size_t)n < STAGE_SIZE + s->len;
+  c->st_off = 0;
+  if ((size_t)n <= HDR) {
+    c->st_end = (size_t)n;
+    return n;
+  }
+  size_t in_recv = (size_t)n - HDR < s->len ? (size_t)n - HDR : s->len;
+  c->st_end = (size_t)n - in_recv;
+  if (on_header(c) < 0) return -1;
+  if (c->rstate == R_PAYLOAD && c->rmode == M_RECV && c->slot == s) {
+    c->dst += in_recv; /* on_header pointed the payload at s->buf */
+    c->remaining -= in_recv;
+    return n;
+  }
+  return spill(c, s->buf, in_recv) < 0 ? -1 : n;
+}
+
+/* One step of the read state machine: 1 to go on, 0 to stop for now, -1
+ * when the connection is gone. With until_short, a read that returned
+ * less than it asked for counts as having emptied the socket: the next
+ * step needing a read returns 0 instead of making a read() that would
+ * only say EAGAIN (the driver's poll() tells when more bytes come). */
+static int read_step(conn *c, size_t *budget, int until_short) {
+  ssize_t n;
+  int needs_read = !distd_conn_has_staged(c);
+  if (needs_read && until_short && c->short_read) return 0;
+  if (c->rstate == R_HEADER) {
+    if (!needs_read) {
+      if (on_header(c) < 0) return -1;
+      return c->read_blocked ? 0 : 1;
+    }
+    recv_slot *guess = until_short ? read_ahead_guess(c) : NULL;
+    n = guess ? read_ahead(c, guess) : fill_stage(c);
+  } else if (c->remaining == 0) {
+    return finish_payload(c) < 0 ? -1 : 1;
+  } else if (c->st_off < c->st_end) {
+    take_staged(c);
+    return 1;
+  } else if (c->rmode != M_DISCARD && c->remaining >= DIRECT_READ_MIN) {
+    n = read_direct(c);
+  } else {
+    n = fill_stage(c);
+  }
+  if (n <= 0) return n < 0 ? -1 : 0;
+  *budget = (size_t)n >= *budget ? 0 : *budget - (size_t)n;
+  note_moved(c);
+  return 1;
+}
+
+void distd_conn_read_cb(int fd, short what, void *arg) {
+  (void)fd, (void)what;
+  conn *c = arg;
+  distd_peers *p = c->p;
+  pthread_mutex_lock(&p->mu);
+  if (c->failed) { /* the driver found it broken (fail_conn) */
+    char reason[sizeof c->lost_reason];
+    snprintf(reason, sizeof reason, "%s", c->lost_reason);
+    distd_conn_lost(c, reason);
+    pthread_mutex_unlock(&p->mu);
+    return;
+  }
+  if (c->owned) { /* a callback that was on its way when the driver took it */
+    pthread_mutex_unlock(&p->mu);
+    return;
+  }
+  if (c->handshaking) {
+    distd_conn_handshake(c);
+    pthread_mutex_unlock(&p->mu);
+    return;
+  }
+  size_t budget = READ_BUDGET;
+  int r = 1;
+  while (r == 1 && budget > 0) r = read_step(c, &budget, 0);
+  if (r == 0 && c->read_blocked) distd_conn_watch_read(c, 0);
+  /* Out of budget, or bytes the transport holds (TLS records already read
+   * from the socket): neither raises an event, so come back explicitly. */
+  if (r == 1 || (r == 0 && !c->read_blocked && c->tp->pending(c) > 0))
+    event_active(c->rev, EV_READ, 0);
+  pthread_mutex_unlock(&p->mu);
+}
+
+/* The driver's own transfer is complete: it reads no further frame. */
+static int driver_done(const distd_peers *p) {
+  return p->driver_x && (p->driver_x->pending == 0 || p->driver_x->err.code);
+}
+
+int distd_conn_drive_read(conn *c, size_t budget) {
+  int r = 1;
+  c->short_read = 0;
+  /* Stopping at a frame boundary once done leaves the next operation's
+   * frames in the socket, for its own driver to read straight into the
+   * receives it will have posted, rather than into kept-aside copies (a
+   * rank leaving a barrier early sends its data while this one is still
+   * reading the barrier). */
+  while (r == 1 && budget > 0 && !(c->rstate == R_HEADER && driver_done(c->p)))
+    r = read_step(c, &budget, 1);
+  return r;
+}
