@@ -189,6 +189,14 @@ static void unspill(conn *c) {
   c->st_end = left;
 }
 
+/* A read that returned n <= 0: 0 when the socket is only empty for now,
+ * -1 when the connection is gone (and failed here). */
+static ssize_t read_failed(conn *c, ssize_t n) {
+  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
+  distd_conn_fail(c, n == 0 ? "connection closed by peer" : distd_conn_io_reason(c, errno));
+  return -1;
+}
+
 /* Reads more into the stage; returns bytes read, 0 when the socket is
  * empty, -1 when the connection was closed. */
 static ssize_t fill_stage(conn *c) {
@@ -206,9 +214,7 @@ static ssize_t fill_stage(conn *c) {
     c->short_read = (size_t)n < room;
     return n;
   }
-  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
-  distd_conn_fail(c, n == 0 ? "connection closed by peer" : distd_conn_io_reason(c, errno));
-  return -1;
+  return read_failed(c, n);
 }
 
 static ssize_t read_direct(conn *c) {
@@ -219,9 +225,7 @@ static ssize_t read_direct(conn *c) {
     c->remaining -= (size_t)n;
     return n;
   }
-  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
-  distd_conn_fail(c, n == 0 ? "connection closed by peer" : distd_conn_io_reason(c, errno));
-  return -1;
+  return read_failed(c, n);
 }
 
 static void take_staged(conn *c) {
@@ -285,11 +289,7 @@ static int spill(conn *c, const uint8_t *mid, size_t mid_len) {
 static ssize_t read_ahead(conn *c, recv_slot *s) {
   struct iovec iov[3] = {{c->stage, HDR}, {s->buf, s->len}, {c->stage + HDR, STAGE_SIZE - HDR}};
   ssize_t n = c->tp->readv(c, iov, 3);
-  if (n <= 0) {
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
-    distd_conn_fail(c, n == 0 ? "connection closed by peer" : distd_conn_io_reason(c, errno));
-    return -1;
-  }
+  if (n <= 0) return read_failed(c, n);
   c->short_read = (size_t)n < STAGE_SIZE + s->len;
   c->st_off = 0;
   if ((size_t)n <= HDR) {

@@ -152,22 +152,22 @@ static int overlaps(const uint8_t *a, size_t alen, const uint8_t *b, size_t blen
   return a < b + blen && b < a + alen;
 }
 
+/* Whether a send item queued on q reads from [buf, buf + len). */
+static int queue_reads(const dlist *q, const uint8_t *buf, size_t len) {
+  for (const dlist *pos = q->next; pos != q; pos = pos->next) {
+    const send_item *it = dlist_entry(pos, send_item, link);
+    if (it->payload && overlaps(it->payload, it->len, buf, len)) return 1;
+  }
+  return 0;
+}
+
 /* Whether a send not yet fully written (to a peer, or to self) reads from
  * [buf, buf + len). */
 static int sent_from(distd_peers *p, const uint8_t *buf, size_t len) {
-  dlist *pos, *xp;
   for (int r = 0; r < p->world; r++)
-    for (pos = p->peers[r].outq.next; pos != &p->peers[r].outq; pos = pos->next) {
-      send_item *it = dlist_entry(pos, send_item, link);
-      if (it->payload && overlaps(it->payload, it->len, buf, len)) return 1;
-    }
-  for (xp = p->xfers.next; xp != &p->xfers; xp = xp->next) {
-    distd_xfer *x = dlist_entry(xp, distd_xfer, link);
-    for (pos = x->self_sends.next; pos != &x->self_sends; pos = pos->next) {
-      send_item *it = dlist_entry(pos, send_item, link);
-      if (it->payload && overlaps(it->payload, it->len, buf, len)) return 1;
-    }
-  }
+    if (queue_reads(&p->peers[r].outq, buf, len)) return 1;
+  for (dlist *xp = p->xfers.next; xp != &p->xfers; xp = xp->next)
+    if (queue_reads(&dlist_entry(xp, distd_xfer, link)->self_sends, buf, len)) return 1;
   return 0;
 }
 
