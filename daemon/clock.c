@@ -1,5 +1,7 @@
 #include "clock.h"
 
+#include <sys/timerfd.h>
+
 uint64_t distd_now_ns(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -12,6 +14,11 @@ double distd_now_s(void) { return (double)distd_now_ns() / 1e9; }
 
 struct timespec distd_ms_timespec(int64_t ms) {
   return (struct timespec){(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
+}
+
+int distd_timerfd_arm_ms(int fd, int64_t ms) {
+  struct itimerspec t = {.it_value = distd_ms_timespec(ms)};
+  return timerfd_settime(fd, 0, &t, NULL);
 }
 
 void distd_cond_init_monotonic(pthread_cond_t *cond) {

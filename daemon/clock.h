@@ -13,6 +13,9 @@ int64_t distd_now_ms(void);
 double distd_now_s(void);
 /* ms milliseconds as a timespec (a deadline on this clock, or a span). */
 struct timespec distd_ms_timespec(int64_t ms);
+/* Arms timerfd fd (of this clock) to expire once, ms from now; returns
+ * what timerfd_settime returns. */
+int distd_timerfd_arm_ms(int fd, int64_t ms);
 /* pthread_cond_init whose timed waits take CLOCK_MONOTONIC deadlines. */
 void distd_cond_init_monotonic(pthread_cond_t *cond);
 /* pthread_cond_timedwait on such a condvar until deadline_ms (distd_now_ms

@@ -14,6 +14,7 @@
 #include <sys/eventfd.h>
 #include <sys/random.h>
 #include <sys/socket.h>
+#include <sys/timerfd.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -183,11 +184,24 @@ static void expire_handshakes(distd_peers *p) {
 /* Frames held for their receive (peer_read.c) look again: those held
  * HOLD_MS are kept aside now, the others wait on (and rearm the timer). */
 static void hold_cb(int fd, short what, void *arg) {
-  (void)fd, (void)what;
+  (void)what;
   distd_peers *p = arg;
+  uint64_t expirations;
+  ssize_t got = read(fd, &expirations, sizeof expirations); /* clears the expiry */
+  (void)got;
   pthread_mutex_lock(&p->mu);
+  p->hold_armed = 0;
   distd_peers_unblock_readers(p);
   pthread_mutex_unlock(&p->mu);
+}
+
+static int open_hold_timer(distd_peers *p, dist_errbuf *eb) {
+  p->hold_tfd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+  if (p->hold_tfd < 0) return dist_fail(eb, DIST_EIO, "hold timer: %s", strerror(errno));
+  p->hold_ev = event_new(p->base, p->hold_tfd, EV_READ | EV_PERSIST, hold_cb, p);
+  if (!p->hold_ev || event_add(p->hold_ev, NULL) != 0)
+    return dist_fail(eb, DIST_ENOMEM, "out of memory for the hold timer");
+  return 0;
 }
 
 /* Measures RTT on idle outbound connections (the answer comes back on the
@@ -318,7 +332,7 @@ int distd_peers_start(distd_peers **out, struct event_base *base,
   p->world = opts->world_size;
   p->listen_fd = -1;
   p->wake_fd = -1;
-  p->in_epfd = p->park_tfd = -1;
+  p->in_epfd = p->park_tfd = p->hold_tfd = -1;
   snprintf(p->cluster_id, sizeof p->cluster_id, "%s", opts->cluster_id ? opts->cluster_id : "");
   if (getrandom(&p->boot_id, sizeof p->boot_id, 0) != sizeof p->boot_id)
     p->boot_id = distd_now_ns() ^ (uint64_t)getpid();
@@ -355,7 +369,7 @@ int distd_peers_start(distd_peers **out, struct event_base *base,
   for (int r = 0; r < p->world; r++) init_peer(p, r);
   if (p->tp == &distd_peer_transport_tcp && (rc = distd_inbound_open(p, eb)) < 0) goto out;
   if ((rc = start_listener(p, eb)) < 0) goto out;
-  p->hold_ev = evtimer_new(base, hold_cb, p);
+  if ((rc = open_hold_timer(p, eb)) < 0) goto out;
   p->ping_ev = event_new(base, -1, EV_PERSIST, ping_cb, p);
   struct timeval tv = {PING_MS / 1000, (PING_MS % 1000) * 1000};
   event_add(p->ping_ev, &tv);
@@ -408,6 +422,7 @@ void distd_peers_free(distd_peers *p) {
   if (p->listen_ev) event_free(p->listen_ev);
   if (p->ping_ev) event_free(p->ping_ev);
   if (p->hold_ev) event_free(p->hold_ev);
+  if (p->hold_tfd >= 0) close(p->hold_tfd);
   distd_inbound_close(p);
   if (p->listen_fd >= 0) close(p->listen_fd);
   if (p->wake_fd >= 0) close(p->wake_fd);

@@ -37,8 +37,7 @@
 #define PARK_TIMER UINT32_MAX /* epoll data of park_tfd */
 
 static void arm_park_timer(distd_peers *p, int64_t ms) {
-  struct itimerspec t = {.it_value = distd_ms_timespec(ms)};
-  if (timerfd_settime(p->park_tfd, 0, &t, NULL) == 0) p->park_armed = 1;
+  if (distd_timerfd_arm_ms(p->park_tfd, ms) == 0) p->park_armed = 1;
 }
 
 /* Without a driver, the loop takes the parked sockets back (with what they

@@ -31,9 +31,9 @@ static int hold_for_receive(conn *c, const dist_frame_header *h) {
   int64_t now = distd_now_ms();
   if (!c->held_since_ms) c->held_since_ms = now;
   if (now - c->held_since_ms >= HOLD_MS) return 0;
-  if (!evtimer_pending(c->p->hold_ev, NULL)) {
-    struct timeval tv = {0, HOLD_MS * 1000};
-    evtimer_add(c->p->hold_ev, &tv);
+  if (!c->p->hold_armed) { /* a timer that cannot be armed holds nothing */
+    if (distd_timerfd_arm_ms(c->p->hold_tfd, HOLD_MS) != 0) return 0;
+    c->p->hold_armed = 1;
   }
   return 1;
 }
