@@ -790,20 +790,6 @@ Test(peer, a_kept_writer_sends_the_rest_with_its_next_wait_or_at_free) {
 
 /* ---- reading ahead into the receive a driver most likely gets next ---- */
 
-typedef struct waiting_recv {
-  distd_xfer *x;
-  int rc;
-  char msg[sizeof(dist_errbuf)];
-} waiting_recv;
-
-static void *wait_main(void *arg) {
-  waiting_recv *w = arg;
-  dist_errbuf eb = DIST_ERRBUF_INIT;
-  w->rc = distd_xfer_wait(w->x, in_ms(10000), &eb);
-  snprintf(w->msg, sizeof w->msg, "%s", eb.msg);
-  return NULL;
-}
-
 /* One frame for rank 1 to receive, posted by rank 0 in this order. */
 typedef struct frame_out {
   distd_xfer *x;
@@ -815,9 +801,9 @@ typedef struct frame_out {
 /* Rank 1 waits on rx (and so drives its sockets) before rank 0 sends, so
  * each frame's header is read together with a guess at its receive. */
 static void send_while_driving(distd_xfer *rx, const frame_out *out, int n) {
-  waiting_recv w = {.x = rx};
+  waiter w = {.x = rx, .deadline = in_ms(10000)};
   pthread_t t;
-  pthread_create(&t, NULL, wait_main, &w);
+  pthread_create(&t, NULL, waiter_main, &w);
   usleep(50 * 1000);
   for (int i = 0; i < n; i++) distd_xfer_send(out[i].x, 1, out[i].tag, out[i].buf, out[i].len);
   dist_errbuf eb = DIST_ERRBUF_INIT;
