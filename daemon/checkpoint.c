@@ -113,36 +113,37 @@ static int af_close(atomic_file *f, int commit, const char *dir, char *hex,
 }
 
 int distd_ckpt_write_rank(const char *dir, const char *id, int rank,
-                          distd_tensor *const *t, int n, char *file,
+                          const dist_st_tensor *entries, int n,
+                          const char *const *extra_meta, int nextra, char *file,
                           size_t file_len, char *sha256_hex, uint64_t *bytes,
                           dist_errbuf *eb) {
   if (mkdir(dir, 0755) != 0 && errno != EEXIST)
     return dist_fail(eb, DIST_EIO, "cannot create %s: %s", dir, strerror(errno));
+  if (nextra > 4) return dist_fail(eb, DIST_EINVAL, "too much checkpoint metadata");
   snprintf(file, file_len, "rank%d.%s.safetensors", rank, id);
-  dist_st_tensor *st = calloc((size_t)n + 1, sizeof *st);
   char rank_s[16];
   snprintf(rank_s, sizeof rank_s, "%d", rank);
-  const char *meta[] = {"format", "distd", "rank", rank_s, "checkpoint", id};
+  const char *meta[14] = {"format", "distd", "rank", rank_s, "checkpoint", id};
+  memcpy(meta + 6, extra_meta, 2 * (size_t)nextra * sizeof *meta);
   void *head = NULL;
   size_t hl = 0;
   atomic_file f;
-  for (int i = 0; i < n; i++)
-    st[i] = (dist_st_tensor){t[i]->name, t[i]->dtype, t[i]->local, t[i]->data};
-  int rc = dist_st_encode_header(st, n, meta, 3, &head, &hl, eb);
+  int rc = dist_st_encode_header(entries, n, meta, 3 + nextra, &head, &hl, eb);
   if (rc == 0) rc = af_open(&f, dir, file, eb);
   if (rc == 0) {
     int ok = write_all(f.fd, head, hl, f.md) == 0;
     *bytes = hl;
     for (int i = 0; ok && i < n; i++) {
-      ok = write_all(f.fd, t[i]->data, t[i]->nbytes, f.md) == 0;
-      *bytes += t[i]->nbytes;
+      size_t len = (size_t)dist_shape_numel(&entries[i].shape) *
+                   dist_dtype_size(entries[i].dtype);
+      ok = write_all(f.fd, entries[i].data, len, f.md) == 0;
+      *bytes += len;
     }
     if (!ok) dist_fail(eb, DIST_EIO, "write %s: %s", f.tmp, strerror(errno));
     rc = af_close(&f, ok, dir, sha256_hex, ok ? eb : NULL);
     if (!ok) rc = DIST_EIO;
   }
   free(head);
-  free(st);
   return rc;
 }
 

@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "errbuf.h"
+#include "safetensors.h"
 #include "store.h"
 
 #define DISTD_CKPT_MANIFEST "manifest.json"
@@ -21,11 +22,13 @@ int distd_ckpt_check_id(const char *id, dist_errbuf *eb);
 /* A file name a checkpoint may name: "rank<r>.<id>.safetensors". */
 int distd_ckpt_check_file(const char *file, dist_errbuf *eb);
 
-/* Writes tensors t[0..n) (their local pieces) to DIR/rank<rank>.<id>.safetensors,
- * creating DIR when missing. file gets the name; sha256_hex the lowercase
- * hex digest of the whole file (65 bytes with the NUL). */
+/* Writes entries[0..n) to DIR/rank<rank>.<id>.safetensors, creating DIR
+ * when missing, with nextra (at most 4) more metadata key/value pairs
+ * (keys at even indices). file gets the name; sha256_hex the lowercase hex
+ * digest of the whole file (65 bytes with the NUL). */
 int distd_ckpt_write_rank(const char *dir, const char *id, int rank,
-                          distd_tensor *const *t, int n, char *file,
+                          const dist_st_tensor *entries, int n,
+                          const char *const *extra_meta, int nextra, char *file,
                           size_t file_len, char *sha256_hex, uint64_t *bytes,
                           dist_errbuf *eb);
 /* Writes DIR/manifest.json atomically. */

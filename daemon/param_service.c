@@ -12,7 +12,7 @@
 #include "peer.h"
 #include "tensor.h"
 
-typedef struct param {
+struct distd_param_entry {
   char name[DISTD_NAME_MAX];
   distd_param_cfg cfg;
   /* The layout the state was sized for; a reshard since then is refused. */
@@ -28,8 +28,9 @@ typedef struct param {
   uint64_t step;        /* updates applied */
   size_t reserved;      /* bytes reserved in the store for the above */
   distd_store *store;
-  struct param *next;
-} param;
+  struct distd_param_entry *next;
+};
+typedef struct distd_param_entry param;
 
 struct distd_params {
   pthread_mutex_t mu;   /* the list and every parameter's state */
@@ -124,36 +125,69 @@ static void take_layout(param *q, const distd_tensor *t) {
   q->nbytes = t->nbytes;
 }
 
+int distd_param_prepare(distd_store *st, const distd_tensor *t,
+                        const distd_param_cfg *cfg, uint64_t step,
+                        const void *const *state, distd_param_entry **out,
+                        dist_errbuf *eb) {
+  *out = NULL;
+  int rc = check_config(t, cfg, eb);
+  if (rc != 0) return rc;
+  param *q = calloc(1, sizeof *q);
+  if (!q) return dist_fail(eb, DIST_ENOMEM, "out of memory configuring '%s'", t->name);
+  snprintf(q->name, sizeof q->name, "%s", t->name);
+  q->cfg = *cfg;
+  if ((rc = alloc_state(q, st, t, eb)) != 0) {
+    free(q);
+    return rc;
+  }
+  take_layout(q, t);
+  for (int i = 0; state && i < distd_optim_state_count(&cfg->optim); i++)
+    memcpy(q->state[i], state[i], t->nbytes);
+  q->step = step;
+  *out = q;
+  return 0;
+}
+
+void distd_param_entry_free(distd_param_entry *e) {
+  if (!e) return;
+  release_state(e);
+  free(e);
+}
+
+/* Unlinks name's entry, if any, and returns it. Called with mu held. */
+static param *unlink_param(distd_params *p, const char *name) {
+  for (param **at = &p->head; *at; at = &(*at)->next)
+    if (strcmp((*at)->name, name) == 0) {
+      param *q = *at;
+      *at = q->next;
+      return q;
+    }
+  return NULL;
+}
+
+void distd_param_install(distd_params *p, distd_param_entry *e) {
+  pthread_mutex_lock(&p->mu);
+  param *old = unlink_param(p, e->name);
+  e->next = p->head;
+  p->head = e;
+  pthread_mutex_unlock(&p->mu);
+  distd_param_entry_free(old);
+}
+
+void distd_param_forget(distd_params *p, const char *name) {
+  pthread_mutex_lock(&p->mu);
+  param *old = unlink_param(p, name);
+  pthread_mutex_unlock(&p->mu);
+  distd_param_entry_free(old);
+}
+
 int distd_param_configure(distd_params *p, distd_store *st, const char *name,
                           const distd_param_cfg *cfg, dist_errbuf *eb) {
   distd_tensor *t = NULL;
   if (distd_store_get(st, name, &t, eb) != 0) return eb ? eb->code : DIST_ENOTFOUND;
-  int rc = check_config(t, cfg, eb);
-  param fresh;
-  memset(&fresh, 0, sizeof fresh);
-  snprintf(fresh.name, sizeof fresh.name, "%s", name);
-  fresh.cfg = *cfg;
-  if (rc == 0) rc = alloc_state(&fresh, st, t, eb);
-  if (rc != 0) goto out;
-  take_layout(&fresh, t);
-  pthread_mutex_lock(&p->mu);
-  param *q = find(p, name), *next = NULL;
-  if (q) {
-    next = q->next;
-    release_state(q);
-  } else if ((q = malloc(sizeof *q))) {
-    next = p->head;
-    p->head = q;
-  }
-  if (q) {
-    *q = fresh;
-    q->next = next;
-  } else {
-    release_state(&fresh);
-    rc = dist_fail(eb, DIST_ENOMEM, "out of memory configuring '%s'", name);
-  }
-  pthread_mutex_unlock(&p->mu);
-out:
+  distd_param_entry *e = NULL;
+  int rc = distd_param_prepare(st, t, cfg, 0, NULL, &e, eb);
+  if (rc == 0) distd_param_install(p, e);
   distd_tensor_unref(t);
   return rc;
 }
@@ -314,4 +348,47 @@ int distd_param_layout(distd_params *p, const char *name, dist_dtype *dt,
   }
   pthread_mutex_unlock(&p->mu);
   return q != NULL;
+}
+
+int distd_param_snapshot_take(distd_params *p, distd_store *st, const char *name,
+                              distd_param_snapshot *s, dist_errbuf *eb) {
+  memset(s, 0, sizeof *s);
+  distd_tensor *t = NULL;
+  int rc = 0;
+  pthread_mutex_lock(&p->mu);
+  param *q = find(p, name);
+  /* A parameter resharded or replaced since it was configured has no
+   * state that goes with its values (its next push is refused). */
+  if (!q || distd_store_get(st, name, &t, NULL) != 0 || check_layout(q, t, NULL) != 0)
+    goto out;
+  int n = distd_optim_state_count(&q->cfg.optim);
+  if ((rc = distd_store_reserve(st, q->nbytes * (size_t)n, eb)) != 0) {
+    dist_errbuf_prefix(eb, "copying the optimizer state of '%s': ", name);
+    goto out;
+  }
+  s->store = st;
+  s->reserved = q->nbytes * (size_t)n;
+  for (int i = 0; i < n && rc == 0; i++) {
+    if (!(s->state[i] = malloc(q->nbytes + 1)))
+      rc = dist_fail(eb, DIST_ENOMEM, "cannot copy the optimizer state of '%s'", name);
+    else
+      memcpy(s->state[i], q->state[i], q->nbytes);
+  }
+  s->cfg = q->cfg;
+  s->step = q->step;
+  s->nstate = n;
+  s->tensor = t; /* taken under mu: the values this state belongs to */
+  t = NULL;
+out:
+  pthread_mutex_unlock(&p->mu);
+  distd_tensor_unref(t);
+  if (rc != 0) distd_param_snapshot_free(s);
+  return rc;
+}
+
+void distd_param_snapshot_free(distd_param_snapshot *s) {
+  for (int i = 0; i < 2; i++) free(s->state[i]);
+  if (s->reserved) distd_store_release(s->store, s->reserved);
+  distd_tensor_unref(s->tensor);
+  memset(s, 0, sizeof *s);
 }

@@ -39,7 +39,7 @@ distd_params *distd_params_new(int rank);
 void distd_params_free(distd_params *p);
 
 /* Makes the stored tensor `name` a parameter, or reconfigures it (state and
- * pending pushes reset). Fails, with nothing changed, for a missing tensor,
+ * pending pushes reset): distd_param_prepare then distd_param_install. Fails, with nothing changed, for a missing tensor,
  * a non-float dtype, Partial placements, bad hyper-parameters or when the
  * state does not fit the memory limit. */
 int distd_param_configure(distd_params *p, distd_store *st, const char *name,
@@ -70,5 +70,44 @@ int distd_param_pull(distd_params *p, distd_store *st, const char *name,
 /* Whether name is a parameter; its dtype, mesh and placements when it is. */
 int distd_param_layout(distd_params *p, const char *name, dist_dtype *dt,
                        dist_mesh_desc *mesh, dist_placement *placements);
+
+/* ---- parameters in checkpoints (param_ckpt.c) ---- */
+
+/* One parameter ready to be installed, its state allocated and reserved. */
+typedef struct distd_param_entry distd_param_entry;
+
+/* Builds the entry of parameter t->name for stored tensor t's layout, with
+ * `step` updates applied so far and state[i] (t->nbytes each, as many as
+ * distd_optim_state_count says; NULL = zeroed) copied in. Fails, reserving
+ * nothing, as distd_param_configure does. */
+int distd_param_prepare(distd_store *st, const distd_tensor *t,
+                        const distd_param_cfg *cfg, uint64_t step,
+                        const void *const *state, distd_param_entry **out,
+                        dist_errbuf *eb);
+/* Makes e the parameter of its name, replacing (and freeing) any before:
+ * cannot fail. p owns e afterwards. */
+void distd_param_install(distd_params *p, distd_param_entry *e);
+void distd_param_entry_free(distd_param_entry *e); /* NULL is a no-op */
+/* name is no longer a parameter (no-op when it was not). */
+void distd_param_forget(distd_params *p, const char *name);
+
+/* A parameter's optimizer state, copied together with the stored tensor it
+ * belongs to (no update can fall between the two). */
+typedef struct distd_param_snapshot {
+  distd_tensor *tensor;  /* NULL: name is not a parameter with live state */
+  distd_param_cfg cfg;
+  uint64_t step;
+  int nstate;
+  void *state[2];        /* tensor->nbytes each */
+  distd_store *store;
+  size_t reserved;       /* the copies, reserved against the memory limit */
+} distd_param_snapshot;
+
+/* Fills s when `name` is a parameter whose layout is the one it was
+ * configured for; leaves s->tensor NULL otherwise (not an error). Pending
+ * pushes of an unfinished synchronous update are not part of it. */
+int distd_param_snapshot_take(distd_params *p, distd_store *st, const char *name,
+                              distd_param_snapshot *s, dist_errbuf *eb);
+void distd_param_snapshot_free(distd_param_snapshot *s);
 
 #endif

@@ -5,6 +5,7 @@
 #include "checkpoint.h"
 #include "checkpoint.pb-c.h"
 #include "methods.h"
+#include "param_ckpt.h"
 #include "pbuf.h"
 #include "safetensors.h"
 #include "tensor_meta.h"
@@ -20,6 +21,47 @@ static int pick_tensors(distd_server *s, const Dist__V1__CheckpointSaveRequest *
   return 0;
 }
 
+/* Pairs each tensor with its optimizer state when it is a parameter: the
+ * parameter's values are taken again together with the state, so that no
+ * update falls between the two. */
+static int snapshot_params(distd_server *s, distd_tensor **t, int n,
+                           distd_param_snapshot *snap, dist_errbuf *eb) {
+  for (int i = 0; i < n; i++) {
+    int rc = distd_param_snapshot_take(s->params, s->store, t[i]->name, &snap[i], eb);
+    if (rc != 0) return rc;
+    if (!snap[i].tensor) continue;
+    distd_tensor_unref(t[i]);
+    distd_tensor_ref(snap[i].tensor);
+    t[i] = snap[i].tensor;
+  }
+  return 0;
+}
+
+static grpc_byte_buffer *save_reply(distd_server *s, distd_tensor **t,
+                                    const distd_param_snapshot *snap, int n,
+                                    char *file, char *sha, uint64_t bytes) {
+  dist_wire_meta *w = calloc((size_t)n + 1, sizeof *w);
+  Dist__V1__TensorMeta **metas = calloc((size_t)n + 1, sizeof *metas);
+  char **params = calloc((size_t)n + 1, sizeof *params);
+  Dist__V1__CheckpointSaveReply rp = DIST__V1__CHECKPOINT_SAVE_REPLY__INIT;
+  for (int i = 0; i < n; i++) {
+    distd_meta_describe(t[i], s->rank, &w[i]);
+    metas[i] = &w[i].meta;
+    if (snap[i].tensor) params[rp.n_parameters++] = t[i]->name;
+  }
+  rp.file = file;
+  rp.sha256 = sha;
+  rp.bytes = bytes;
+  rp.n_tensors = (size_t)n;
+  rp.tensors = metas;
+  rp.parameters = params;
+  grpc_byte_buffer *out = dist_pb_to_bb(&rp.base);
+  free(params);
+  free(metas);
+  free(w);
+  return out;
+}
+
 DISTD_HANDLER(checkpoint_save) {
   (void)ci;
   const Dist__V1__CheckpointSaveRequest *rq = (const void *)req;
@@ -29,28 +71,25 @@ DISTD_HANDLER(checkpoint_save) {
   distd_tensor **t = NULL;
   int n = 0;
   pick_tensors(s, rq, &t, &n);
+  distd_param_snapshot *snap = calloc((size_t)n + 1, sizeof *snap);
+  distd_ckpt_contents cc = {0};
   char file[256], sha[80];
   uint64_t bytes = 0;
-  int rc = distd_ckpt_write_rank(rq->dir, rq->checkpoint_id, s->rank, t, n, file,
-                                 sizeof file, sha, &bytes, eb);
+  int rc = snapshot_params(s, t, n, snap, eb);
+  if (rc == 0) rc = distd_ckpt_contents_build(t, snap, n, &cc, eb);
   if (rc == 0) {
-    dist_wire_meta *w = calloc((size_t)n + 1, sizeof *w);
-    Dist__V1__TensorMeta **metas = calloc((size_t)n + 1, sizeof *metas);
-    for (int i = 0; i < n; i++) {
-      distd_meta_describe(t[i], s->rank, &w[i]);
-      metas[i] = &w[i].meta;
-    }
-    Dist__V1__CheckpointSaveReply rp = DIST__V1__CHECKPOINT_SAVE_REPLY__INIT;
-    rp.file = file;
-    rp.sha256 = sha;
-    rp.bytes = bytes;
-    rp.n_tensors = (size_t)n;
-    rp.tensors = metas;
-    *reply = dist_pb_to_bb(&rp.base);
-    free(metas);
-    free(w);
+    const char *extra[] = {DISTD_CKPT_OPTIM_KEY, cc.optim_json};
+    rc = distd_ckpt_write_rank(rq->dir, rq->checkpoint_id, s->rank, cc.entries, cc.n,
+                               extra, cc.optim_json ? 1 : 0, file, sizeof file, sha,
+                               &bytes, eb);
   }
-  for (int i = 0; i < n; i++) distd_tensor_unref(t[i]);
+  if (rc == 0) *reply = save_reply(s, t, snap, n, file, sha, bytes);
+  distd_ckpt_contents_free(&cc);
+  for (int i = 0; i < n; i++) {
+    distd_param_snapshot_free(&snap[i]);
+    distd_tensor_unref(t[i]);
+  }
+  free(snap);
   free(t);
   return rc;
 }
@@ -116,20 +155,34 @@ static int piece_from_file(distd_server *s, const Dist__V1__TensorMeta *pb,
   return 0;
 }
 
+/* Builds every piece and every parameter before the first is stored, so a
+ * bad piece, bad optimizer state or a full store leaves the store and the
+ * parameters unchanged. A tensor saved without optimizer state is not a
+ * parameter afterwards: state kept from before would not go with its
+ * restored values. */
 static int load_all(distd_server *s, const Dist__V1__CheckpointLoadRequest *rq,
-                    const dist_st_file *f, uint64_t *bytes, dist_errbuf *eb) {
+                    const dist_st_file *f, uint64_t *bytes, uint32_t *nparams,
+                    dist_errbuf *eb) {
   size_t n = rq->n_tensors;
   distd_tensor **t = calloc(n + 1, sizeof *t);
+  distd_param_entry **params = calloc(n + 1, sizeof *params);
   int rc = 0;
   for (size_t i = 0; i < n && rc == 0; i++) {
     rc = piece_from_file(s, rq->tensors[i], f, rq->file, &t[i], eb);
     if (rc == 0) *bytes += t[i]->nbytes;
   }
-  /* Every piece is built (and its memory held) before the first is stored,
-   * so a bad piece leaves the store unchanged. */
-  for (size_t i = 0; i < n && rc == 0 && !rq->verify_only; i++)
+  if (rc == 0) rc = distd_ckpt_params_read(f, rq->file, s->store, t, (int)n, params, eb);
+  for (size_t i = 0; i < n && rc == 0 && !rq->verify_only; i++) {
     distd_store_restore(s->store, t[i]);
-  for (size_t i = 0; i < n; i++) distd_tensor_unref(t[i]);
+    if (params[i]) distd_param_install(s->params, params[i]), (*nparams)++;
+    else distd_param_forget(s->params, t[i]->name);
+    params[i] = NULL;
+  }
+  for (size_t i = 0; i < n; i++) {
+    distd_param_entry_free(params[i]);
+    distd_tensor_unref(t[i]);
+  }
+  free(params);
   free(t);
   return rc;
 }
@@ -143,14 +196,16 @@ DISTD_HANDLER(checkpoint_load) {
   size_t len = 0;
   dist_st_file *f = NULL;
   uint64_t loaded = 0;
+  uint32_t nparams = 0;
   int rc = distd_ckpt_read_file(rq->dir, rq->file, rq->sha256, &bytes, &len, eb);
   if (rc == 0 && (rc = dist_st_parse(bytes, len, &f, eb)) != 0)
     dist_errbuf_prefix(eb, "%s/%s: ", rq->dir, rq->file);
-  if (rc == 0) rc = load_all(s, rq, f, &loaded, eb);
+  if (rc == 0) rc = load_all(s, rq, f, &loaded, &nparams, eb);
   if (rc == 0) {
     Dist__V1__CheckpointLoadReply rp = DIST__V1__CHECKPOINT_LOAD_REPLY__INIT;
     rp.bytes = loaded;
     rp.tensors = (uint32_t)rq->n_tensors;
+    rp.parameters = nparams;
     *reply = dist_pb_to_bb(&rp.base);
   }
   dist_st_free(f);

@@ -77,16 +77,26 @@ static void print_result(const distctl_global *g, const char *what,
                          const char *dir, const dist_checkpoint_info *info) {
   char b[32];
   dist_format_bytes(info->bytes, b, sizeof b);
+  if (info->params_reset)
+    fprintf(stderr, "distctl: %d parameter%s moved to new placements without "
+            "their optimizer state: configure them again before pushing\n",
+            info->params_reset, info->params_reset == 1 ? "" : "s");
   if (g->json) {
-    distctl_print_json(json_pack("{s:s, s:s, s:s, s:i, s:i, s:I}", "operation", what,
-                                 "dir", dir, "checkpoint_id", info->id, "tensors",
-                                 info->ntensors, "files", info->nfiles, "bytes",
-                                 (json_int_t)info->bytes));
+    distctl_print_json(json_pack("{s:s, s:s, s:s, s:i, s:i, s:I, s:i, s:i}",
+                                 "operation", what, "dir", dir, "checkpoint_id",
+                                 info->id, "tensors", info->ntensors, "files",
+                                 info->nfiles, "bytes", (json_int_t)info->bytes,
+                                 "parameters", info->nparams, "parameters_reset",
+                                 info->params_reset));
     return;
   }
-  printf("%s %s: %d tensor%s, %d file%s, %s%s%s\n", what, dir, info->ntensors,
-         info->ntensors == 1 ? "" : "s", info->nfiles, info->nfiles == 1 ? "" : "s",
-         b, info->id[0] ? ", id " : "", info->id);
+  char params[64] = "";
+  if (info->nparams)
+    snprintf(params, sizeof params, " (%d parameter%s with optimizer state)",
+             info->nparams, info->nparams == 1 ? "" : "s");
+  printf("%s %s: %d tensor%s%s, %d file%s, %s%s%s\n", what, dir, info->ntensors,
+         info->ntensors == 1 ? "" : "s", params, info->nfiles,
+         info->nfiles == 1 ? "" : "s", b, info->id[0] ? ", id " : "", info->id);
 }
 
 /* Builds the target layout of a restore. Returns 0 or 2 (usage). */

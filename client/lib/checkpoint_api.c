@@ -39,7 +39,7 @@ static void placement_text(const dist_placement *p, char *buf, size_t len) {
   else snprintf(buf, len, "Replicate()");
 }
 
-static json_t *tensor_json(const dist_tensor *t, uint64_t version) {
+static json_t *tensor_json(const dist_tensor *t, uint64_t version, int with_state) {
   json_t *shape = json_array(), *mshape = json_array(), *ranks = json_array(),
          *names = json_array(), *pl = json_array();
   for (int d = 0; d < t->shape.ndim; d++)
@@ -53,10 +53,11 @@ static json_t *tensor_json(const dist_tensor *t, uint64_t version) {
     json_array_append_new(pl, json_string(buf));
   }
   for (int i = 0; i < m->nranks; i++) json_array_append_new(ranks, json_integer(m->ranks[i]));
-  return json_pack("{s:s, s:s, s:o, s:{s:o, s:o, s:o}, s:o, s:I}", "name", t->name,
-                   "dtype", dist_dtype_name(t->dtype), "shape", shape, "mesh",
-                   "shape", mshape, "ranks", ranks, "dim_names", names,
-                   "placements", pl, "version", (json_int_t)version);
+  return json_pack("{s:s, s:s, s:o, s:{s:o, s:o, s:o}, s:o, s:I, s:b}", "name",
+                   t->name, "dtype", dist_dtype_name(t->dtype), "shape", shape,
+                   "mesh", "shape", mshape, "ranks", ranks, "dim_names", names,
+                   "placements", pl, "version", (json_int_t)version,
+                   "optimizer_state", with_state);
 }
 
 /* What the daemons wrote, one reply per rank. */
@@ -71,10 +72,17 @@ static void saved_free(saved *s) {
   free(s->replies);
 }
 
+static int saved_with_state(const Dist__V1__CheckpointSaveReply *rp, const char *name) {
+  for (size_t k = 0; k < rp->n_parameters; k++)
+    if (strcmp(rp->parameters[k], name) == 0) return 1;
+  return 0;
+}
+
 /* Every rank of a tensor's mesh must have written its piece, at the same
- * version, else the checkpoint would not hold the tensor. */
+ * version, else the checkpoint would not hold the tensor. It holds the
+ * optimizer state of a parameter when every rank wrote its share. */
 static int add_tensor(dist_client *c, json_t *tensors, const saved *sv,
-                      const Dist__V1__TensorMeta *m) {
+                      const Dist__V1__TensorMeta *m, dist_checkpoint_info *info) {
   if (json_object_get(tensors, m->name)) return 0;
   dist_tensor t;
   memset(&t, 0, sizeof t);
@@ -84,8 +92,10 @@ static int add_tensor(dist_client *c, json_t *tensors, const saved *sv,
   if (!m->mesh || dist_mesh_from_pb(m->mesh, &t.mesh.d, NULL) != 0)
     return dist_client_fail(c, DIST_EPROTO, "'%s' came back without its mesh", m->name);
   dist_placements_from_pb(m->placements, m->n_placements, t.placements, NULL);
+  int with_state = 1;
   for (int i = 0; i < t.mesh.d.nranks; i++) {
     int r = t.mesh.d.ranks[i], found = 0;
+    if (r < sv->n) with_state &= saved_with_state(sv->replies[r], m->name);
     for (size_t k = 0; r < sv->n && k < sv->replies[r]->n_tensors && !found; k++) {
       const Dist__V1__TensorMeta *o = sv->replies[r]->tensors[k];
       if (strcmp(o->name, m->name) != 0) continue;
@@ -100,7 +110,8 @@ static int add_tensor(dist_client *c, json_t *tensors, const saved *sv,
       return dist_client_fail(c, DIST_ENOTFOUND, "rank %d holds no piece of '%s'",
                               r, m->name);
   }
-  json_object_set_new(tensors, m->name, tensor_json(&t, m->version));
+  json_object_set_new(tensors, m->name, tensor_json(&t, m->version, with_state));
+  info->nparams += with_state;
   return 0;
 }
 
@@ -116,7 +127,7 @@ static int build_manifest(dist_client *c, const char *id, const saved *sv,
                                            "bytes", (json_int_t)rp->bytes));
     info->bytes += rp->bytes;
     for (size_t k = 0; k < rp->n_tensors && rc == 0; k++)
-      rc = add_tensor(c, tensors, sv, rp->tensors[k]);
+      rc = add_tensor(c, tensors, sv, rp->tensors[k], info);
   }
   for (int i = 0; o && i < o->ntensors && rc == 0; i++)
     if (!json_object_get(tensors, o->tensors[i]))
@@ -217,6 +228,7 @@ int dist_checkpoint_save(dist_client *c, const char *dir,
 typedef struct entry {
   dist_tensor t;
   uint64_t version;
+  int with_state; /* saved with its optimizer state */
 } entry;
 
 typedef struct manifest {
@@ -262,6 +274,8 @@ static int parse_tensor(json_t *j, entry *e) {
     return -1;
   snprintf(e->t.name, sizeof e->t.name, "%s", name);
   e->version = (uint64_t)version;
+  /* Absent in checkpoints from before optimizer state was kept. */
+  e->with_state = json_is_true(json_object_get(j, "optimizer_state"));
   if ((e->t.dtype = dist_dtype_parse(dtype)) == DIST_DTYPE_INVALID) return -1;
   if (!json_is_array(shape) || json_array_size(shape) > DIST_MAX_DIMS) return -1;
   e->t.shape.ndim = (int)json_array_size(shape);
@@ -443,6 +457,20 @@ static int relayout(dist_client *c, const dist_tensor *saved_t,
   return rc;
 }
 
+/* Whether the restore's layout differs from the saved one: the daemons'
+ * optimizer state of a parameter goes with its saved layout only. */
+static int moves(const dist_tensor *saved_t, const dist_checkpoint_opts *o) {
+  const dist_mesh_desc *m = o->mesh ? &o->mesh->d : &saved_t->mesh.d;
+  if (!dist_mesh_equal(m, &saved_t->mesh.d)) return 1;
+  for (int d = 0; d < m->ndim; d++)
+    if (o->placements[d].kind != saved_t->placements[d].kind ||
+        (o->placements[d].kind == DIST_SHARD && o->placements[d].dim != saved_t->placements[d].dim) ||
+        (o->placements[d].kind == DIST_PARTIAL &&
+         o->placements[d].reduce != saved_t->placements[d].reduce))
+      return 1;
+  return 0;
+}
+
 int dist_checkpoint_restore(dist_client *c, const char *dir,
                             const dist_checkpoint_opts *opts,
                             dist_checkpoint_info *info) {
@@ -469,6 +497,10 @@ int dist_checkpoint_restore(dist_client *c, const char *dir,
   for (int i = 0; rc == 0 && i < m.ntensors; i++) {
     if (!chosen[i]) continue;
     info->ntensors++;
+    if (opts && opts->placements && moves(&m.tensors[i].t, opts))
+      info->params_reset += m.tensors[i].with_state;
+    else
+      info->nparams += m.tensors[i].with_state;
     if (opts && opts->placements) {
       rc = relayout(c, &m.tensors[i].t, opts);
       progress(opts, "reshard", -1, info->ntensors, m.ntensors, 0);

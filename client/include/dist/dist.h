@@ -841,6 +841,12 @@ typedef struct dist_checkpoint_info {
   char id[80];
   int ntensors, nfiles;
   uint64_t bytes;
+  /* Parameters saved or restored with their optimizer state (configuration,
+   * updates applied, momentum or Adam's moments): a restored parameter's
+   * next update is the one it would have made. Restored onto new
+   * placements, a parameter's state does not follow: params_reset counts
+   * those, which must be configured again. */
+  int nparams, params_reset;
 } dist_checkpoint_info;
 
 /* dir must be absolute. info may be NULL. */
@@ -851,7 +857,8 @@ int dist_checkpoint_save(dist_client *c, const char *dir,
  * daemon verified its file: a corrupt, truncated or missing file fails with
  * the store unchanged. Then, with opts->mesh / placements, reshards each
  * tensor (same-shape meshes in the daemons; other meshes through the
- * client). Existing tensors of those names are replaced. */
+ * client). Existing tensors of those names are replaced; a tensor saved
+ * without optimizer state is no longer a parameter afterwards. */
 int dist_checkpoint_restore(dist_client *c, const char *dir,
                             const dist_checkpoint_opts *opts,
                             dist_checkpoint_info *info);

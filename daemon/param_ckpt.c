@@ -1,0 +1,183 @@
+/* Parameters in checkpoint files: see param_ckpt.h. */
+#include "param_ckpt.h"
+
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- writing ---- */
+
+static json_t *cfg_json(const distd_param_snapshot *s, json_t *state_names) {
+  const distd_optim_cfg *o = &s->cfg.optim;
+  return json_pack("{s:s, s:f, s:f, s:f, s:b, s:f, s:f, s:f, s:f, s:s, s:b, s:i, "
+                   "s:I, s:o}",
+                   "optimizer", distd_optim_name(o->kind), "lr", o->lr,
+                   "momentum", o->momentum, "dampening", o->dampening,
+                   "nesterov", o->nesterov, "beta1", o->beta1, "beta2", o->beta2,
+                   "eps", o->eps, "weight_decay", o->weight_decay,
+                   "reduce", dist_reduce_name(s->cfg.reduce), "async", s->cfg.async,
+                   "trainers", s->cfg.trainers, "step", (json_int_t)s->step,
+                   "state", state_names);
+}
+
+static int name_taken(const distd_ckpt_contents *c, const char *name) {
+  for (int i = 0; i < c->n; i++)
+    if (strcmp(c->entries[i].name, name) == 0) return 1;
+  return 0;
+}
+
+/* "<param>#optim.<k>", with more '#' until no other entry has the name
+ * (tensor names are free-form). */
+static char *state_name(const distd_ckpt_contents *c, const char *param, int k) {
+  size_t len = strlen(param) + 32;
+  char *name = malloc(len + DIST_ST_NAME_MAX);
+  if (!name) return NULL;
+  char hashes[DIST_ST_NAME_MAX] = "#";
+  do {
+    snprintf(name, len + DIST_ST_NAME_MAX, "%s%soptim.%d", param, hashes, k);
+    strcat(hashes, "#");
+  } while (name_taken(c, name) && strlen(hashes) < sizeof hashes - 1);
+  return name;
+}
+
+static int add_state(distd_ckpt_contents *c, const distd_param_snapshot *s,
+                     json_t *params, dist_errbuf *eb) {
+  json_t *names = json_array();
+  for (int k = 0; k < s->nstate; k++) {
+    char *name = state_name(c, s->tensor->name, k);
+    if (!name) {
+      json_decref(names);
+      return dist_fail(eb, DIST_ENOMEM, "out of memory naming optimizer state");
+    }
+    c->names[c->nnames++] = name;
+    c->entries[c->n++] = (dist_st_tensor){name, s->tensor->dtype, s->tensor->local,
+                                          s->state[k]};
+    json_array_append_new(names, json_string(name));
+  }
+  json_object_set_new(params, s->tensor->name, cfg_json(s, names));
+  return 0;
+}
+
+int distd_ckpt_contents_build(distd_tensor *const *t, const distd_param_snapshot *snap,
+                              int n, distd_ckpt_contents *out, dist_errbuf *eb) {
+  memset(out, 0, sizeof *out);
+  out->entries = calloc(3 * (size_t)n + 1, sizeof *out->entries);
+  out->names = calloc(2 * (size_t)n + 1, sizeof *out->names);
+  if (!out->entries || !out->names) {
+    distd_ckpt_contents_free(out);
+    return dist_fail(eb, DIST_ENOMEM, "out of memory listing a checkpoint");
+  }
+  for (int i = 0; i < n; i++)
+    out->entries[out->n++] = (dist_st_tensor){t[i]->name, t[i]->dtype, t[i]->local,
+                                              t[i]->data};
+  json_t *params = json_object();
+  int rc = 0;
+  for (int i = 0; i < n && rc == 0; i++)
+    if (snap[i].tensor) rc = add_state(out, &snap[i], params, eb);
+  if (rc == 0 && json_object_size(params) > 0)
+    out->optim_json = json_dumps(params, JSON_COMPACT | JSON_SORT_KEYS);
+  json_decref(params);
+  if (rc != 0) distd_ckpt_contents_free(out);
+  return rc;
+}
+
+void distd_ckpt_contents_free(distd_ckpt_contents *c) {
+  for (int i = 0; i < c->nnames; i++) free(c->names[i]);
+  free(c->names);
+  free(c->entries);
+  free(c->optim_json);
+  memset(c, 0, sizeof *c);
+}
+
+/* ---- reading ---- */
+
+static int parse_kind(const char *name, distd_optim_kind *kind) {
+  for (int k = DISTD_OPT_SGD; k <= DISTD_OPT_ADAMW; k++)
+    if (strcmp(name, distd_optim_name((distd_optim_kind)k)) == 0) {
+      *kind = (distd_optim_kind)k;
+      return 0;
+    }
+  return -1;
+}
+
+static int bad(dist_errbuf *eb, const char *file, const char *name, const char *what) {
+  return dist_fail(eb, DIST_EINVAL, "%s: the optimizer state of '%s' %s", file, name,
+                   what);
+}
+
+static int parse_cfg(json_t *j, distd_param_cfg *cfg, uint64_t *step, json_t **state) {
+  const char *kind, *reduce;
+  int nesterov, async;
+  json_int_t st;
+  memset(cfg, 0, sizeof *cfg);
+  distd_optim_cfg *o = &cfg->optim;
+  if (json_unpack(j, "{s:s, s:F, s:F, s:F, s:b, s:F, s:F, s:F, s:F, s:s, s:b, s:i, "
+                  "s:I, s:o}", "optimizer", &kind, "lr", &o->lr, "momentum",
+                  &o->momentum, "dampening", &o->dampening, "nesterov", &nesterov,
+                  "beta1", &o->beta1, "beta2", &o->beta2, "eps", &o->eps,
+                  "weight_decay", &o->weight_decay, "reduce", &reduce, "async",
+                  &async, "trainers", &cfg->trainers, "step", &st, "state",
+                  state) != 0 || st < 0 || !json_is_array(*state))
+    return -1;
+  o->nesterov = nesterov;
+  cfg->async = async;
+  *step = (uint64_t)st;
+  return parse_kind(kind, &o->kind) != 0 || dist_reduce_parse(reduce, &cfg->reduce) != 0
+             ? -1 : 0;
+}
+
+/* The state buffers named in `names`, each exactly t's piece. */
+static int find_state(const dist_st_file *f, const char *file, const distd_tensor *t,
+                      json_t *names, int nstate, const void **state, dist_errbuf *eb) {
+  if ((int)json_array_size(names) != nstate)
+    return bad(eb, file, t->name, "has the wrong number of buffers");
+  for (int k = 0; k < nstate; k++) {
+    const char *en = json_string_value(json_array_get(names, (size_t)k));
+    const dist_st_entry *e = en ? dist_st_find(f, en) : NULL;
+    if (!e) return bad(eb, file, t->name, "names a buffer the file lacks");
+    if (e->dtype != t->dtype || !dist_shape_equal(&e->shape, &t->local))
+      return bad(eb, file, t->name, "is not shaped as its piece");
+    state[k] = e->data;
+  }
+  return 0;
+}
+
+static int read_one(const dist_st_file *f, const char *file, distd_store *st,
+                    json_t *j, const distd_tensor *t, distd_param_entry **out,
+                    dist_errbuf *eb) {
+  distd_param_cfg cfg;
+  uint64_t step;
+  json_t *names;
+  if (parse_cfg(j, &cfg, &step, &names) != 0)
+    return bad(eb, file, t->name, "has a malformed configuration");
+  const void *state[2] = {NULL, NULL};
+  int rc = find_state(f, file, t, names, distd_optim_state_count(&cfg.optim), state, eb);
+  if (rc == 0 && (rc = distd_param_prepare(st, t, &cfg, step, state, out, eb)) != 0)
+    dist_errbuf_prefix(eb, "%s: ", file);
+  return rc;
+}
+
+int distd_ckpt_params_read(const dist_st_file *f, const char *file, distd_store *st,
+                           distd_tensor *const *t, int n, distd_param_entry **entries,
+                           dist_errbuf *eb) {
+  for (int i = 0; i < n; i++) entries[i] = NULL;
+  const char *text = dist_st_meta(f, DISTD_CKPT_OPTIM_KEY);
+  if (!text) return 0; /* no parameter, or a checkpoint from before they were kept */
+  json_error_t jerr;
+  json_t *params = json_loads(text, 0, &jerr);
+  int rc = 0;
+  if (!json_is_object(params))
+    rc = dist_fail(eb, DIST_EINVAL, "%s: metadata %s is not a JSON object", file,
+                   DISTD_CKPT_OPTIM_KEY);
+  for (int i = 0; i < n && rc == 0; i++) {
+    json_t *j = json_object_get(params, t[i]->name);
+    if (j) rc = read_one(f, file, st, j, t[i], &entries[i], eb);
+  }
+  json_decref(params);
+  for (int i = 0; i < n && rc != 0; i++) {
+    distd_param_entry_free(entries[i]);
+    entries[i] = NULL;
+  }
+  return rc;
+}
