@@ -70,6 +70,11 @@ static const dist_cfg_option options[] = {
         "of it in cache when the receiver copies it out."),
     OPT(rpc_threads, DIST_CFG_INT, "8", 1, 256, NULL,
         "Number of threads serving gRPC calls."),
+    OPT(cpu_affinity, DIST_CFG_STRING, "", 0, 0, NULL,
+        "CPUs this daemon's threads run on, as a list such as 0, 0-3 or "
+        "0,2-3; empty leaves them where the system puts them. Daemons "
+        "sharing a few cores are faster each on its own (distctl cluster up "
+        "--pin does this)."),
     OPT(log_level, DIST_CFG_ENUM, "info", 0, 0, log_levels,
         "Least severe log messages written."),
     OPT(log_format, DIST_CFG_ENUM, "plain", 0, 0, log_formats,

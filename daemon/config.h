@@ -29,6 +29,7 @@ typedef struct distd_config {
   uint64_t peer_socket_buffer; /* SO_SNDBUF/SO_RCVBUF of peer sockets; 0 = autotuning */
   char *peer_congestion; /* TCP_CONGESTION of peer sockets; "" = system default */
   int64_t rpc_threads;
+  char *cpu_affinity;          /* CPU list the process is pinned to; "" = none */
   int log_level;   /* index into {"error","warn","info","debug"} */
   int log_format;  /* index into {"plain","json"} */
   /* Security (docs/security.md). Paths are "" when unset. */

@@ -13,6 +13,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "affinity.h"
 #include "daemon.h"
 #include "log.h"
 #include "memory.h"
@@ -28,6 +29,10 @@ static int load_config(distd_server *s, int argc, char **argv) {
     return 2;
   }
   if (action == DIST_CFG_EXIT_OK) return 0;
+  if (distd_pin_process(s->cfg.cpu_affinity, &eb) != 0) {
+    fprintf(stderr, "distd: %s\n", dist_errbuf_msg(&eb));
+    return 2;
+  }
   if (distd_members_load(&s->cfg, &s->members, &s->world_size, &eb) != 0) {
     fprintf(stderr, "distd: %s\n", dist_errbuf_msg(&eb));
     return 2;

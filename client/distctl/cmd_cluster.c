@@ -8,19 +8,20 @@
 static int run_up(const distctl_global *g, int argc, char **argv) {
   (void)g;
   const char *dir = NULL, *v;
-  int n = 0, extra = argc;
+  int n = 0, extra = argc, pin = 0;
   for (int i = 0; i < argc; i++) {
     if (strcmp(argv[i], "--") == 0) {
       extra = i + 1;
       break;
     }
-    if ((v = distctl_opt(argc, argv, &i, "-n"))) n = atoi(v);
+    if (strcmp(argv[i], "--pin") == 0) pin = 1;
+    else if ((v = distctl_opt(argc, argv, &i, "-n"))) n = atoi(v);
     else if ((v = distctl_opt(argc, argv, &i, "--dir"))) dir = v;
     else return distctl_usage(&distctl_cmd_cluster_up, "unknown argument '%s'", argv[i]);
   }
   if (n <= 0) return distctl_usage(&distctl_cmd_cluster_up, "-n N (N >= 1) is required");
   if (!dir) return distctl_usage(&distctl_cmd_cluster_up, "--dir DIR is required");
-  return distctl_cluster_up(dir, n, 30000, 0, argv + extra, argc - extra);
+  return distctl_cluster_up(dir, n, 30000, 0, pin, argv + extra, argc - extra);
 }
 
 static int run_down(const distctl_global *g, int argc, char **argv) {
@@ -35,8 +36,9 @@ static int run_down(const distctl_global *g, int argc, char **argv) {
 }
 
 const distctl_command distctl_cmd_cluster_up = {
-    "cluster up", "-n N --dir DIR [-- DISTD-ARGS...]",
-    "start N daemons on free loopback ports; DIR gets cluster.conf, logs, pids",
+    "cluster up", "-n N --dir DIR [--pin] [-- DISTD-ARGS...]",
+    "start N daemons on free loopback ports; DIR gets cluster.conf, logs, pids; "
+    "--pin keeps daemon r on the r-th CPU (round robin)",
     run_up};
 const distctl_command distctl_cmd_cluster_down = {
     "cluster down", "--dir DIR", "stop the daemons started by cluster up in DIR",

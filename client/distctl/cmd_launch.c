@@ -159,7 +159,7 @@ static int run_launch(const distctl_global *g, int argc, char **argv) {
   char local_dir[4096] = "", local_conf[4200];
   if (!cluster || !cluster[0]) { /* a local cluster just for this job */
     snprintf(local_dir, sizeof local_dir, "%s/cluster", log_dir);
-    if (distctl_cluster_up(local_dir, n, 30000, 1, NULL, 0) != 0) return 1;
+    if (distctl_cluster_up(local_dir, n, 30000, 1, 0, NULL, 0) != 0) return 1;
     snprintf(local_conf, sizeof local_conf, "%s/cluster.conf", local_dir);
     cluster = local_conf;
   }

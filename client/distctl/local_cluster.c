@@ -6,6 +6,7 @@
 #include <libgen.h>
 #include <limits.h>
 #include <netinet/in.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -71,7 +72,7 @@ static void find_distd(char *out, size_t len) {
 }
 
 static pid_t spawn_daemon(const char *distd, const char *dir, int rank,
-                          int http_port, char **extra, int nextra) {
+                          int http_port, const char *cpu, char **extra, int nextra) {
   char cluster[PATH_MAX], rank_s[16], http[64], log[PATH_MAX];
   snprintf(cluster, sizeof cluster, "%s/cluster.conf", dir);
   snprintf(rank_s, sizeof rank_s, "%d", rank);
@@ -88,6 +89,7 @@ static pid_t spawn_daemon(const char *distd, const char *dir, int rank,
   char *argv[80] = {(char *)distd, "--cluster-file", cluster, "--rank", rank_s,
                     "--http-listen", http};
   int argc = 7;
+  if (cpu) argv[argc++] = "--cpu-affinity", argv[argc++] = (char *)cpu;
   for (int i = 0; i < nextra && argc < 78; i++) argv[argc++] = extra[i];
   argv[argc] = NULL;
   execvp(distd, argv);
@@ -161,7 +163,18 @@ static int wait_ready(const char *dir, const pid_t *pids, int n, int timeout_ms,
                       timeout_ms, dir);
 }
 
-int distctl_cluster_up(const char *dir, int n, int timeout_ms, int quiet,
+/* The CPU of daemon `rank` when pinning: round robin over the CPUs this
+ * process may use, so that a cluster in a cgroup stays inside it. */
+static void cpu_of(int rank, char *out, size_t len) {
+  cpu_set_t allowed;
+  int cpus[CPU_SETSIZE], n = 0;
+  if (sched_getaffinity(0, sizeof allowed, &allowed) == 0)
+    for (int c = 0; c < CPU_SETSIZE; c++)
+      if (CPU_ISSET(c, &allowed)) cpus[n++] = c;
+  snprintf(out, len, "%d", n ? cpus[rank % n] : 0);
+}
+
+int distctl_cluster_up(const char *dir, int n, int timeout_ms, int quiet, int pin,
                        char **extra_args, int nextra) {
   if (n < 1 || n > MAX_DAEMONS)
     return distctl_fail("-n %d: between 1 and %d daemons", n, MAX_DAEMONS);
@@ -170,7 +183,8 @@ int distctl_cluster_up(const char *dir, int n, int timeout_ms, int quiet,
   int ports[3 * MAX_DAEMONS];
   pick_ports(ports, 3 * n);
   char text[64 * MAX_DAEMONS + 64], path[PATH_MAX], distd[PATH_MAX];
-  size_t used = (size_t)snprintf(text, sizeof text, "# distctl cluster up -n %d\n", n);
+  size_t used = (size_t)snprintf(text, sizeof text, "# distctl cluster up -n %d%s\n", n,
+                                 pin ? " --pin" : "");
   for (int r = 0; r < n; r++)
     used += (size_t)snprintf(text + used, sizeof text - used,
                              "127.0.0.1:%d 127.0.0.1:%d\n", ports[3 * r], ports[3 * r + 1]);
@@ -180,7 +194,10 @@ int distctl_cluster_up(const char *dir, int n, int timeout_ms, int quiet,
   find_distd(distd, sizeof distd);
   pid_t pids[MAX_DAEMONS];
   for (int r = 0; r < n; r++) {
-    pids[r] = spawn_daemon(distd, dir, r, ports[3 * r + 2], extra_args, nextra);
+    char cpu[16];
+    cpu_of(r, cpu, sizeof cpu);
+    pids[r] = spawn_daemon(distd, dir, r, ports[3 * r + 2], pin ? cpu : NULL, extra_args,
+                           nextra);
     char pidtext[32];
     snprintf(pidtext, sizeof pidtext, "%d\n", (int)pids[r]);
     snprintf(path, sizeof path, "%s/distd.%d.pid", dir, r);

@@ -1,5 +1,7 @@
 /* The foundation, end to end: real daemons, libdist and distctl. */
 #include <criterion/criterion.h>
+#include <dirent.h>
+#include <sched.h>
 #include <jansson.h>
 #include <poll.h>
 #include <signal.h>
@@ -174,6 +176,70 @@ Test(distctl, cluster_up_status_json_and_down, .timeout = 120) {
   cr_assert_eq(harness_run(cmd, NULL, NULL, 30), 1, "daemons still answer after down");
   snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
   cr_assert_eq(system(cmd), 0);
+}
+
+/* The CPUs a thread may run on, as /proc shows them ("0", "0-1"); out
+ * holds 64 bytes. */
+static void cpus_of_thread(pid_t pid, const char *tid, char *out) {
+  char path[512], line[256];
+  snprintf(path, sizeof path, "/proc/%d/task/%s/status", (int)pid, tid);
+  FILE *f = fopen(path, "r");
+  out[0] = 0;
+  while (f && fgets(line, sizeof line, f))
+    if (sscanf(line, "Cpus_allowed_list: %63s", out) == 1) break;
+  if (f) fclose(f);
+}
+
+Test(distctl, cluster_up_pin_keeps_every_thread_of_daemon_r_on_cpu_r, .timeout = 120) {
+  cpu_set_t allowed;
+  cr_assert_eq(sched_getaffinity(0, sizeof allowed, &allowed), 0);
+  int cpus[CPU_SETSIZE], ncpu = 0;
+  for (int c = 0; c < CPU_SETSIZE; c++)
+    if (CPU_ISSET(c, &allowed)) cpus[ncpu++] = c;
+  char dir[] = "/tmp/distctl-pin-XXXXXX", cmd[512], *err = NULL;
+  cr_assert(mkdtemp(dir));
+  snprintf(cmd, sizeof cmd, "%s cluster up -n 3 --pin --dir %s/c", harness_distctl(), dir);
+  cr_assert_eq(harness_run(cmd, NULL, &err, 60), 0, "cluster up: %s", err);
+  free(err);
+  for (int r = 0; r < 3; r++) {
+    char path[600], want[16], got[64];
+    snprintf(path, sizeof path, "%s/c/distd.%d.pid", dir, r);
+    FILE *f = fopen(path, "r");
+    int pid = 0;
+    cr_assert(f && fscanf(f, "%d", &pid) == 1, "%s", path);
+    fclose(f);
+    snprintf(want, sizeof want, "%d", cpus[r % ncpu]);
+    snprintf(path, sizeof path, "/proc/%d/task", pid);
+    DIR *d = opendir(path);
+    cr_assert(d, "%s", path);
+    int threads = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+      if (e->d_name[0] == '.') continue;
+      cpus_of_thread(pid, e->d_name, got);
+      cr_assert_str_eq(got, want, "rank %d thread %s", r, e->d_name);
+      threads++;
+    }
+    closedir(d);
+    cr_assert_gt(threads, 3, "rank %d: every thread, not only the main one", r);
+  }
+  snprintf(cmd, sizeof cmd, "%s cluster down --dir %s/c", harness_distctl(), dir);
+  cr_assert_eq(harness_run(cmd, NULL, NULL, 30), 0);
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  cr_assert_eq(system(cmd), 0);
+}
+
+Test(distctl, a_cpu_affinity_the_daemon_may_not_use_is_refused_by_name) {
+  char cmd[512], *err = NULL;
+  snprintf(cmd, sizeof cmd, "%s --cpu-affinity=%d", harness_distd(), CPU_SETSIZE - 1);
+  cr_assert_eq(harness_run(cmd, NULL, &err, 20), 2);
+  char want[64];
+  snprintf(want, sizeof want, "CPU %d is not one this process may use", CPU_SETSIZE - 1);
+  cr_assert(strstr(err, want), "%s", err);
+  free(err);
+  snprintf(cmd, sizeof cmd, "%s --cpu-affinity=0,,1", harness_distd());
+  cr_assert_eq(harness_run(cmd, NULL, &err, 20), 2);
+  cr_assert(strstr(err, "'0,,1' is not a CPU list"), "%s", err);
+  free(err);
 }
 
 Test(distctl, launch_stops_everything_when_a_rank_fails, .timeout = 120) {
