@@ -186,7 +186,11 @@ def notes(rows, mem, load_, e2e_big, launches):
          "ratio = ours d2d / best TCP anchor of this run (MPI op over btl tcp; for all-to-all "
          "kinds the fastest of MPI_Alltoallv, Gloo, raw TCP). floor = two-copy loopback floor "
          "(2*W*(W-1)*pair + W*pair bytes at memcpy speed over min(W, %d cores))."
-         % (os.cpu_count() or 1)]
+         % (os.cpu_count() or 1),
+         "placement: each of our daemons runs on its own CPU, round robin (`distctl cluster "
+         "up --pin`, distd's cpu_affinity; PIN=0 turns it off); the anchors run where their "
+         "launchers put them (pinned the same way, the raw-TCP anchor was not faster: "
+         "docs/performance-notes.md, eleventh round)."]
     if launches > 1:
         n.append("each cell: median over %d launches of the case (bench/run ROUNDS), ours "
                  "and the anchors alternating, each launch's figure being its own median. "
