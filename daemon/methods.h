@@ -62,5 +62,6 @@ DISTD_HANDLER(checkpoint_save);
 DISTD_HANDLER(checkpoint_commit);
 DISTD_HANDLER(checkpoint_manifest);
 DISTD_HANDLER(checkpoint_load);
+DISTD_HANDLER(checkpoint_read);
 
 #endif

@@ -187,19 +187,28 @@ static int load_all(distd_server *s, const Dist__V1__CheckpointLoadRequest *rq,
   return rc;
 }
 
+/* Reads DIR/FILE whole, checks its sha256 and parses its framing. */
+static int open_file(const char *dir, const char *file, const char *sha256, void **bytes,
+                     dist_st_file **f, dist_errbuf *eb) {
+  *bytes = NULL;
+  *f = NULL;
+  size_t len = 0;
+  if (distd_ckpt_check_dir(dir, eb) != 0 || distd_ckpt_check_file(file, eb) != 0)
+    return eb->code;
+  int rc = distd_ckpt_read_file(dir, file, sha256, bytes, &len, eb);
+  if (rc == 0 && (rc = dist_st_parse(*bytes, len, f, eb)) != 0)
+    dist_errbuf_prefix(eb, "%s/%s: ", dir, file);
+  return rc;
+}
+
 DISTD_HANDLER(checkpoint_load) {
   (void)ci;
   const Dist__V1__CheckpointLoadRequest *rq = (const void *)req;
-  if (distd_ckpt_check_dir(rq->dir, eb) != 0 || distd_ckpt_check_file(rq->file, eb) != 0)
-    return eb->code;
   void *bytes = NULL;
-  size_t len = 0;
   dist_st_file *f = NULL;
   uint64_t loaded = 0;
   uint32_t nparams = 0;
-  int rc = distd_ckpt_read_file(rq->dir, rq->file, rq->sha256, &bytes, &len, eb);
-  if (rc == 0 && (rc = dist_st_parse(bytes, len, &f, eb)) != 0)
-    dist_errbuf_prefix(eb, "%s/%s: ", rq->dir, rq->file);
+  int rc = open_file(rq->dir, rq->file, rq->sha256, &bytes, &f, eb);
   if (rc == 0) rc = load_all(s, rq, f, &loaded, &nparams, eb);
   if (rc == 0) {
     Dist__V1__CheckpointLoadReply rp = DIST__V1__CHECKPOINT_LOAD_REPLY__INIT;
@@ -208,6 +217,46 @@ DISTD_HANDLER(checkpoint_load) {
     rp.parameters = nparams;
     *reply = dist_pb_to_bb(&rp.base);
   }
+  dist_st_free(f);
+  free(bytes);
+  return rc;
+}
+
+DISTD_HANDLER(checkpoint_read) {
+  (void)ci, (void)s;
+  const Dist__V1__CheckpointReadRequest *rq = (const void *)req;
+  void *bytes = NULL;
+  dist_st_file *f = NULL;
+  int rc = open_file(rq->dir, rq->file, rq->sha256, &bytes, &f, eb);
+  size_t n = rq->n_tensors;
+  Dist__V1__CheckpointPiece *pieces = calloc(n + 1, sizeof *pieces);
+  Dist__V1__CheckpointPiece **ptrs = calloc(n + 1, sizeof *ptrs);
+  uint64_t(*shapes)[DIST_MAX_DIMS] = calloc(n + 1, sizeof *shapes);
+  for (size_t i = 0; i < n && rc == 0; i++) {
+    const dist_st_entry *e = dist_st_find(f, rq->tensors[i]);
+    if (!e) {
+      rc = dist_fail(eb, DIST_ENOTFOUND, "%s/%s has no tensor '%s'", rq->dir, rq->file,
+                     rq->tensors[i]);
+      break;
+    }
+    dist__v1__checkpoint_piece__init(&pieces[i]);
+    pieces[i].name = rq->tensors[i];
+    pieces[i].dtype = (Dist__V1__DType)e->dtype;
+    for (int d = 0; d < e->shape.ndim; d++) shapes[i][d] = (uint64_t)e->shape.dims[d];
+    pieces[i].n_shape = (size_t)e->shape.ndim;
+    pieces[i].shape = shapes[i];
+    pieces[i].data = (ProtobufCBinaryData){e->nbytes, (uint8_t *)e->data};
+    ptrs[i] = &pieces[i];
+  }
+  if (rc == 0) {
+    Dist__V1__CheckpointReadReply rp = DIST__V1__CHECKPOINT_READ_REPLY__INIT;
+    rp.n_pieces = n;
+    rp.pieces = ptrs;
+    *reply = dist_pb_to_bb(&rp.base);
+  }
+  free(shapes);
+  free(ptrs);
+  free(pieces);
   dist_st_free(f);
   free(bytes);
   return rc;

@@ -4,6 +4,7 @@
 
 #include "coll.h"
 #include "methods.h"
+#include "param_service.h"
 #include "pbuf.h"
 #include "reshard.h"
 #include "store.h"
@@ -314,6 +315,9 @@ DISTD_HANDLER(tensor_delete) {
   (void)ci;
   const Dist__V1__TensorDeleteRequest *rq = (const void *)req;
   if (distd_store_delete(s->store, rq->name, eb) != 0) return eb->code;
+  /* Its optimizer state goes with it: a new tensor of that name starts as
+   * plain values, not as the old parameter's continuation. */
+  distd_param_forget(s->params, rq->name);
   Dist__V1__TensorDeleteReply rp = DIST__V1__TENSOR_DELETE_REPLY__INIT;
   *reply = dist_pb_to_bb(&rp.base);
   return 0;

@@ -181,7 +181,7 @@ const distctl_command distctl_cmd_checkpoint_restore = {
     "checkpoint restore",
     "DIR [--tensors a,b,...] [--mesh M [--dim-names N] --placements P]",
     "load a checkpoint back (verified first), optionally onto another mesh or "
-    "placements", run_restore};
+    "placements; onto fewer daemons than saved with --mesh", run_restore};
 
 static int run_save(const distctl_global *g, int argc, char **argv) {
   return run(&distctl_cmd_checkpoint_save, g, argc, argv, 0);

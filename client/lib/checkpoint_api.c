@@ -9,7 +9,7 @@
 #include <unistd.h>
 
 #include "checkpoint.pb-c.h"
-#include "client_internal.h"
+#include "checkpoint_internal.h"
 #include "wire.h"
 
 #define MANIFEST_FORMAT "distd-checkpoint"
@@ -224,21 +224,7 @@ int dist_checkpoint_save(dist_client *c, const char *dir,
 
 /* ------------------------------------------------------------- restore */
 
-/* One tensor as the manifest describes it. */
-typedef struct entry {
-  dist_tensor t;
-  uint64_t version;
-  int with_state; /* saved with its optimizer state */
-} entry;
-
-typedef struct manifest {
-  int nfiles, ntensors;
-  char (*file)[256];
-  char (*sha)[80];
-  entry *tensors;
-} manifest;
-
-static void manifest_free(manifest *m) {
+static void manifest_free(ckpt_manifest *m) {
   free(m->file);
   free(m->sha);
   free(m->tensors);
@@ -264,7 +250,7 @@ static int parse_mesh(json_t *j, dist_mesh_desc *m) {
   return dist_mesh_init(m, (int)nd, sh, rk, names, NULL) == 0 ? 0 : -1;
 }
 
-static int parse_tensor(json_t *j, entry *e) {
+static int parse_tensor(json_t *j, ckpt_entry *e) {
   const char *name, *dtype;
   json_t *shape, *mesh, *pl;
   json_int_t version;
@@ -299,7 +285,7 @@ static int parse_tensor(json_t *j, entry *e) {
 }
 
 static int parse_manifest(dist_client *c, const char *dir, const char *text,
-                          manifest *m) {
+                          ckpt_manifest *m) {
   json_error_t jerr;
   json_t *doc = json_loads(text, 0, &jerr), *files, *tensors;
   const char *format;
@@ -335,7 +321,7 @@ out:
   return rc;
 }
 
-static int read_manifest(dist_client *c, const char *dir, manifest *m) {
+static int read_manifest(dist_client *c, const char *dir, ckpt_manifest *m) {
   Dist__V1__CheckpointManifestRequest rq = DIST__V1__CHECKPOINT_MANIFEST_REQUEST__INIT;
   rq.dir = (char *)dir;
   ProtobufCMessage *rp = NULL;
@@ -346,15 +332,38 @@ static int read_manifest(dist_client *c, const char *dir, manifest *m) {
   return rc;
 }
 
-/* Marks the tensors to restore; fails for a name the checkpoint lacks, or
- * a layout whose ranks the cluster does not have. */
-static int select_tensors(dist_client *c, const manifest *m,
+/* How a chosen tensor comes back. */
+enum { SKIP = 0, LOAD = 1 /* by the daemons of its saved ranks */,
+       REBUILD = 2 /* through the client: saved on ranks the cluster lacks */ };
+
+/* A tensor saved on ranks the cluster lacks comes back onto the mesh the
+ * restore names, put together from its pieces; Partial pieces would need
+ * their reduction, which only a reshard before saving gives. */
+static int check_rebuild(dist_client *c, const ckpt_entry *e, const dist_checkpoint_opts *o) {
+  const dist_mesh_desc *md = &e->t.mesh.d;
+  if (!o || !o->mesh)
+    return dist_client_fail(c, DIST_ENOTSUP, "'%s' was saved on rank %d, but the "
+                            "cluster has %d daemons: restore it onto a mesh of this "
+                            "cluster (--mesh and --placements)", e->t.name,
+                            md->ranks[md->nranks - 1], c->n);
+  for (int d = 0; d < md->ndim; d++)
+    if (e->t.placements[d].kind == DIST_PARTIAL)
+      return dist_client_fail(c, DIST_ENOTSUP, "'%s' was saved Partial on mesh dim %d "
+                              "over ranks the cluster lacks: only Shard and Replicate "
+                              "tensors can be restored onto fewer daemons", e->t.name, d);
+  return 0;
+}
+
+/* Marks the tensors to restore and how (LOAD or REBUILD); fails for a name
+ * the checkpoint lacks, a rank without a file, or a tensor that cannot be
+ * rebuilt. */
+static int select_tensors(dist_client *c, const ckpt_manifest *m,
                           const dist_checkpoint_opts *o, char *chosen) {
-  for (int i = 0; i < m->ntensors; i++) chosen[i] = !o || !o->tensors;
+  for (int i = 0; i < m->ntensors; i++) chosen[i] = !o || !o->tensors ? LOAD : SKIP;
   for (int k = 0; o && o->tensors && k < o->ntensors; k++) {
     int found = 0;
     for (int i = 0; i < m->ntensors; i++)
-      if (!strcmp(m->tensors[i].t.name, o->tensors[k])) chosen[i] = found = 1;
+      if (!strcmp(m->tensors[i].t.name, o->tensors[k])) chosen[i] = LOAD, found = 1;
     if (!found)
       return dist_client_fail(c, DIST_ENOTFOUND, "the checkpoint has no tensor '%s'",
                               o->tensors[k]);
@@ -362,23 +371,25 @@ static int select_tensors(dist_client *c, const manifest *m,
   for (int i = 0; i < m->ntensors; i++) {
     const dist_mesh_desc *md = &m->tensors[i].t.mesh.d;
     for (int k = 0; chosen[i] && k < md->nranks; k++)
-      if (md->ranks[k] >= c->n || md->ranks[k] >= m->nfiles)
-        return dist_client_fail(c, DIST_ENOTSUP, "'%s' was saved on rank %d, but "
-                                "the cluster has %d daemons (restore needs the "
-                                "saved ranks; reshard after restoring)",
-                                m->tensors[i].t.name, md->ranks[k], c->n);
+      if (md->ranks[k] >= m->nfiles)
+        return dist_client_fail(c, DIST_EINVAL, "the manifest puts '%s' on rank %d "
+                                "but lists %d files", m->tensors[i].t.name,
+                                md->ranks[k], m->nfiles);
+    if (!chosen[i] || dist_ckpt_fits(c, &m->tensors[i])) continue;
+    if (check_rebuild(c, &m->tensors[i], o) != 0) return c->err.code;
+    chosen[i] = REBUILD;
   }
   return 0;
 }
 
 /* One Load per rank with a file: verify_only first on all, then for real. */
-static int load_ranks(dist_client *c, const char *dir, const manifest *m,
+static int load_ranks(dist_client *c, const char *dir, const ckpt_manifest *m,
                       const char *chosen, int verify_only,
                       const dist_checkpoint_opts *o, uint64_t *total) {
   dist_wire_meta *w = calloc((size_t)m->ntensors + 1, sizeof *w);
   Dist__V1__TensorMeta **metas = calloc((size_t)m->ntensors + 1, sizeof *metas);
   int rc = 0;
-  for (int r = 0; r < m->nfiles && rc == 0; r++) {
+  for (int r = 0; r < m->nfiles && r < c->n && rc == 0; r++) {
     Dist__V1__CheckpointLoadRequest rq = DIST__V1__CHECKPOINT_LOAD_REQUEST__INIT;
     rq.dir = (char *)dir;
     rq.file = m->file[r];
@@ -387,7 +398,7 @@ static int load_ranks(dist_client *c, const char *dir, const manifest *m,
     rq.tensors = metas;
     for (int i = 0; i < m->ntensors; i++) {
       const dist_tensor *t = &m->tensors[i].t;
-      if (!chosen[i] || dist_mesh_index_of(&t->mesh.d, r) < 0) continue;
+      if (chosen[i] != LOAD || dist_mesh_index_of(&t->mesh.d, r) < 0) continue;
       dist_meta_to_pb(t->name, t->dtype, &t->shape, &t->mesh.d, t->placements,
                       &w[rq.n_tensors]);
       w[rq.n_tensors].meta.version = m->tensors[i].version;
@@ -471,6 +482,37 @@ static int moves(const dist_tensor *saved_t, const dist_checkpoint_opts *o) {
   return 0;
 }
 
+/* Stores the whole value of a REBUILD tensor onto the restore's mesh, in
+ * place of any tensor of that name. */
+static int store_rebuilt(dist_client *c, const dist_tensor *saved_t, const void *full,
+                         const dist_checkpoint_opts *o) {
+  dist_tensor *t = NULL;
+  delete_outside(c, saved_t->name, NULL);
+  int rc = dist_shard_tensor(c, saved_t->name, full, saved_t->dtype, saved_t->shape.ndim,
+                             saved_t->shape.dims, o->mesh, o->placements, &t);
+  dist_tensor_free(t);
+  return rc;
+}
+
+/* Counts tensor i into info, and moves it where the restore asks. */
+static int finish_one(dist_client *c, const ckpt_manifest *m, int i, char how,
+                      const void *full, const dist_checkpoint_opts *o,
+                      dist_checkpoint_info *info) {
+  const ckpt_entry *e = &m->tensors[i];
+  info->ntensors++;
+  if (how == REBUILD || (o && o->placements && moves(&e->t, o)))
+    info->params_reset += e->with_state;
+  else
+    info->nparams += e->with_state;
+  if (how == REBUILD) {
+    progress(o, "rebuild", -1, info->ntensors, m->ntensors, 0);
+    return store_rebuilt(c, &e->t, full, o);
+  }
+  if (!o || !o->placements) return 0;
+  progress(o, "reshard", -1, info->ntensors, m->ntensors, 0);
+  return relayout(c, &e->t, o);
+}
+
 int dist_checkpoint_restore(dist_client *c, const char *dir,
                             const dist_checkpoint_opts *opts,
                             dist_checkpoint_info *info) {
@@ -480,33 +522,37 @@ int dist_checkpoint_restore(dist_client *c, const char *dir,
   if (check_dir(c, dir) != 0) return c->err.code;
   if (opts && opts->mesh && !opts->placements)
     return dist_client_fail(c, DIST_EINVAL, "restore onto a mesh needs placements");
-  manifest m;
+  ckpt_manifest m;
   memset(&m, 0, sizeof m);
-  char *chosen = NULL;
+  char *chosen = NULL, *rebuild = NULL;
+  void **full = NULL;
+  size_t *full_bytes = NULL;
   uint64_t verified = 0;
   int rc = read_manifest(c, dir, &m);
   if (rc == 0) {
     chosen = calloc((size_t)m.ntensors + 1, 1);
+    rebuild = calloc((size_t)m.ntensors + 1, 1);
+    full = calloc((size_t)m.ntensors + 1, sizeof *full);
+    full_bytes = calloc((size_t)m.ntensors + 1, sizeof *full_bytes);
     rc = select_tensors(c, &m, opts, chosen);
   }
-  /* Every daemon checks its file before any of them changes its store. */
+  /* Every file is checked before any store changes: the daemons verify
+   * their own, and the pieces of tensors to rebuild are read whole. */
   if (rc == 0) rc = load_ranks(c, dir, &m, chosen, 1, opts, &verified);
+  for (int i = 0; rc == 0 && i < m.ntensors; i++) rebuild[i] = chosen[i] == REBUILD;
+  if (rc == 0) rc = dist_ckpt_read_whole(c, dir, &m, rebuild, full, full_bytes);
   for (int i = 0; rc == 0 && i < m.ntensors; i++)
-    if (chosen[i]) delete_outside(c, m.tensors[i].t.name, &m.tensors[i].t.mesh.d);
+    if (chosen[i] == LOAD) delete_outside(c, m.tensors[i].t.name, &m.tensors[i].t.mesh.d);
   if (rc == 0) rc = load_ranks(c, dir, &m, chosen, 0, opts, &info->bytes);
   for (int i = 0; rc == 0 && i < m.ntensors; i++) {
-    if (!chosen[i]) continue;
-    info->ntensors++;
-    if (opts && opts->placements && moves(&m.tensors[i].t, opts))
-      info->params_reset += m.tensors[i].with_state;
-    else
-      info->nparams += m.tensors[i].with_state;
-    if (opts && opts->placements) {
-      rc = relayout(c, &m.tensors[i].t, opts);
-      progress(opts, "reshard", -1, info->ntensors, m.ntensors, 0);
-    }
+    if (chosen[i]) rc = finish_one(c, &m, i, chosen[i], full[i], opts, info);
+    if (rebuild[i]) info->bytes += full_bytes[i];
   }
   info->nfiles = m.nfiles;
+  for (int i = 0; full && i < m.ntensors; i++) free(full[i]);
+  free(full);
+  free(full_bytes);
+  free(rebuild);
   free(chosen);
   manifest_free(&m);
   return rc;

@@ -49,6 +49,7 @@ static const ProtobufCMessageDescriptor *const requests[] = {
     &dist__v1__checkpoint_commit_request__descriptor,
     &dist__v1__checkpoint_manifest_request__descriptor,
     &dist__v1__checkpoint_load_request__descriptor,
+    &dist__v1__checkpoint_read_request__descriptor,
 };
 #define NREQUESTS (sizeof requests / sizeof requests[0])
 

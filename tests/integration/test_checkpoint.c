@@ -498,3 +498,109 @@ Test(checkpoint, a_tensor_saved_as_plain_values_is_no_parameter_after_restore) {
   cr_assert(strstr(dist_errmsg(c), "not a parameter"), "%s", dist_errmsg(c));
   dist_close(c);
 }
+
+Test(checkpoint, a_deleted_parameter_leaves_no_state_behind) {
+  dist_client *c = start(2);
+  make_params(c);
+  push_step(c, 1);
+  /* Deleted and put again with the same layout: plain values, no AdamW
+   * moments waiting for them. */
+  float w[24];
+  pull(c, "w", w, sizeof w);
+  int64_t sw[2] = {6, 4};
+  dist_tensor_free(put(c, "w", DIST_FLOAT32, w, 2, sw, "[0,1]", "Shard(0)"));
+  float g[24] = {0};
+  cr_assert_eq(dist_param_push(c, "w", 0, g, sizeof g, NULL), DIST_ENOTFOUND);
+  cr_assert(strstr(dist_errmsg(c), "not a parameter"), "%s", dist_errmsg(c));
+  dist_close(c);
+}
+
+/* ---- restoring onto fewer daemons than saved ---- */
+
+static int count_tensors(dist_client *c) {
+  dist_tensor **list = NULL;
+  int n = 0;
+  cr_assert_eq(dist_tensor_list(c, &list, &n), 0, "%s", dist_errmsg(c));
+  dist_tensor_list_free(list, n);
+  return n;
+}
+
+Test(checkpoint, restore_onto_fewer_daemons_than_saved, .timeout = 240) {
+  dist_client *c = start(4);
+  /* x: uneven shards (2, 2, 2, 1 rows); y: a 2-d mesh with a replicated
+   * dim; p: Partial, which only a reshard before saving could rebuild. */
+  float x0[7 * 3], p0[3] = {1, 2, 3};
+  int64_t y0[4 * 6];
+  for (int i = 0; i < 21; i++) x0[i] = 0.25f * (float)i - 2;
+  for (int i = 0; i < 24; i++) y0[i] = (int64_t)i * 1000003 - 7;
+  int64_t sx[2] = {7, 3}, sy[2] = {4, 6}, sp[1] = {3};
+  dist_tensor_free(put(c, "x", DIST_FLOAT32, x0, 2, sx, "[0,1,2,3]", "Shard(0)"));
+  dist_tensor_free(put(c, "y", DIST_INT64, y0, 2, sy, "[[0,1],[2,3]]",
+                       "Shard(1),Replicate()"));
+  dist_tensor_free(put(c, "p", DIST_FLOAT32, p0, 1, sp, "[2,3]", "Partial(sum)"));
+  char tmp[] = "/tmp/ckpt-fewer-XXXXXX";
+  cr_assert(mkdtemp(tmp));
+  snprintf(ckpt_dir, sizeof ckpt_dir, "%s", tmp);
+  cr_assert_eq(dist_checkpoint_save(c, tmp, NULL, NULL), 0, "%s", dist_errmsg(c));
+  dist_close(c);
+  stop_cluster();
+  c = start(2);
+
+  /* Without a mesh of this cluster to put it on, x cannot come back. */
+  const char *only_x[] = {"x"}, *only_p[] = {"p"}, *x_and_y[] = {"x", "y"};
+  dist_checkpoint_opts o = DIST_CHECKPOINT_OPTS_INIT;
+  o.tensors = only_x;
+  o.ntensors = 1;
+  cr_assert_eq(dist_checkpoint_restore(c, tmp, &o, NULL), DIST_ENOTSUP);
+  cr_assert(strstr(dist_errmsg(c), "'x' was saved on rank 3, but the cluster has 2 "
+                                   "daemons"), "%s", dist_errmsg(c));
+  dist_mesh *m2 = NULL;
+  cr_assert_eq(dist_mesh_from_string("[1,0]", NULL, &m2), 0);
+  dist_placement s0 = DIST_SHARD_DIM(0);
+  o.mesh = m2;
+  o.placements = &s0;
+  o.tensors = only_p;
+  cr_assert_eq(dist_checkpoint_restore(c, tmp, &o, NULL), DIST_ENOTSUP);
+  cr_assert(strstr(dist_errmsg(c), "'p' was saved Partial"), "%s", dist_errmsg(c));
+
+  /* A corrupt file of a rank that is gone is found before anything is
+   * restored. */
+  char path[600], saved[700];
+  rank_file(3, path, sizeof path);
+  snprintf(saved, sizeof saved, "%s.good", path);
+  copy_file(path, saved);
+  FILE *f = fopen(path, "r+b");
+  cr_assert(f);
+  fseek(f, -3, SEEK_END);
+  fputc('!', f);
+  fclose(f);
+  o.tensors = x_and_y;
+  o.ntensors = 2;
+  cr_assert_neq(dist_checkpoint_restore(c, tmp, &o, NULL), 0);
+  cr_assert(strstr(dist_errmsg(c), "sha256"), "%s", dist_errmsg(c));
+  cr_assert_eq(count_tensors(c), 0, "a refused restore stored something");
+  copy_file(saved, path);
+
+  dist_checkpoint_info info;
+  cr_assert_eq(dist_checkpoint_restore(c, tmp, &o, &info), 0, "%s", dist_errmsg(c));
+  cr_assert_eq(info.ntensors, 2);
+  expect_value(c, "x", x0, sizeof x0);
+  expect_value(c, "y", y0, sizeof y0);
+  expect_layout(c, "x", "[Shard(0)]", 2, 1);
+  expect_layout(c, "y", "[Shard(0)]", 2, 1);
+
+  /* distctl shows the rebuild as it goes. */
+  char args[800], *out = NULL, *err = NULL;
+  snprintf(args, sizeof args, "checkpoint restore %s --tensors y --mesh [0,1] "
+           "--placements Replicate\\(\\)", tmp);
+  cr_assert_eq(run_distctl(args, &out, &err), 0, "distctl: %s %s", out, err);
+  cr_assert(strstr(err, "rebuild"), "%s", err);
+  free(out);
+  free(err);
+  expect_layout(c, "y", "[Replicate()]", 2, 0);
+  expect_value(c, "y", y0, sizeof y0);
+  dist_mesh_free(m2);
+  dist_close(c);
+  snprintf(args, sizeof args, "rm -rf %s", tmp);
+  cr_assert_eq(system(args), 0);
+}

@@ -853,12 +853,16 @@ typedef struct dist_checkpoint_info {
 int dist_checkpoint_save(dist_client *c, const char *dir,
                          const dist_checkpoint_opts *opts,
                          dist_checkpoint_info *info);
-/* Restores onto the saved layout (the saved ranks must exist), after every
- * daemon verified its file: a corrupt, truncated or missing file fails with
- * the store unchanged. Then, with opts->mesh / placements, reshards each
- * tensor (same-shape meshes in the daemons; other meshes through the
- * client). Existing tensors of those names are replaced; a tensor saved
- * without optimizer state is no longer a parameter afterwards. */
+/* Restores onto the saved layout, after every file was verified: a
+ * corrupt, truncated or missing file fails with the store unchanged. Then,
+ * with opts->mesh / placements, reshards each tensor (same-shape meshes in
+ * the daemons; other meshes through the client). A tensor saved on ranks
+ * the cluster no longer has (a smaller cluster) needs opts->mesh: its
+ * pieces are read from the rank files through the daemons there are, put
+ * together in the client and sharded onto that mesh (Shard and Replicate
+ * placements; a Partial one is refused). Existing tensors of those names
+ * are replaced; a tensor saved without optimizer state is no longer a
+ * parameter afterwards. */
 int dist_checkpoint_restore(dist_client *c, const char *dir,
                             const dist_checkpoint_opts *opts,
                             dist_checkpoint_info *info);

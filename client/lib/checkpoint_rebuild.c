@@ -1,0 +1,99 @@
+/* Restoring tensors saved on more daemons than the cluster has: their
+ * pieces are read out of the rank files through the daemons there are and
+ * put together in the client (see checkpoint_internal.h). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "checkpoint.pb-c.h"
+#include "checkpoint_internal.h"
+#include "wire.h"
+
+int dist_ckpt_fits(const dist_client *c, const ckpt_entry *e) {
+  const dist_mesh_desc *md = &e->t.mesh.d;
+  for (int k = 0; k < md->nranks; k++)
+    if (md->ranks[k] >= c->n) return 0;
+  return 1;
+}
+
+/* Mesh index k holds a piece not held by a lower index: its coordinate on
+ * every Replicate dim is 0 (the copies there are the same bytes). */
+static int first_copy(const dist_tensor *t, int k) {
+  int coords[DIST_MAX_MESH_DIMS];
+  dist_mesh_coords(&t->mesh.d, k, coords);
+  for (int d = 0; d < t->mesh.d.ndim; d++)
+    if (t->placements[d].kind == DIST_REPLICATE && coords[d] != 0) return 0;
+  return 1;
+}
+
+/* Puts the piece rank index k of e holds into e's whole value. */
+static int place_piece(dist_client *c, const ckpt_entry *e, int k,
+                       const Dist__V1__CheckpointPiece *pc, void *full) {
+  int coords[DIST_MAX_MESH_DIMS];
+  dist_shape local, got;
+  int64_t offset[DIST_MAX_DIMS];
+  dist_mesh_coords(&e->t.mesh.d, k, coords);
+  dist_local_box(&e->t.mesh.d, e->t.placements, &e->t.shape, coords, &local, offset);
+  size_t es = dist_dtype_size(e->t.dtype);
+  if (dist_shape_from_pb(pc->shape, pc->n_shape, &got, NULL) != 0 ||
+      (dist_dtype)pc->dtype != e->t.dtype || !dist_shape_equal(&got, &local) ||
+      pc->data.len != (size_t)dist_shape_numel(&local) * es)
+    return dist_client_fail(c, DIST_EMISMATCH, "rank %d's piece of '%s' in the "
+                            "checkpoint does not have the shape its layout gives it",
+                            e->t.mesh.d.ranks[k], e->t.name);
+  dist_copy_box_in(full, &e->t.shape, offset, pc->data.data, &local, es);
+  return 0;
+}
+
+/* Reads from rank r's file every piece of a tensor to rebuild that r holds
+ * first, through daemon r % c->n, and places them. */
+static int read_rank(dist_client *c, const char *dir, const ckpt_manifest *m,
+                     const char *rebuild, int r, void **full) {
+  const char **names = calloc((size_t)m->ntensors + 1, sizeof *names);
+  int *which = calloc((size_t)m->ntensors + 1, sizeof *which);  /* manifest index */
+  int *index = calloc((size_t)m->ntensors + 1, sizeof *index);  /* r's mesh index */
+  Dist__V1__CheckpointReadRequest rq = DIST__V1__CHECKPOINT_READ_REQUEST__INIT;
+  for (int i = 0; i < m->ntensors; i++) {
+    int k = rebuild[i] ? dist_mesh_index_of(&m->tensors[i].t.mesh.d, r) : -1;
+    if (k < 0 || !first_copy(&m->tensors[i].t, k)) continue;
+    which[rq.n_tensors] = i;
+    index[rq.n_tensors] = k;
+    names[rq.n_tensors++] = m->tensors[i].t.name;
+  }
+  int rc = 0;
+  if (rq.n_tensors) {
+    rq.dir = (char *)dir;
+    rq.file = m->file[r];
+    rq.sha256 = m->sha[r];
+    rq.tensors = (char **)names;
+    ProtobufCMessage *rp = NULL;
+    rc = dist_call_one(c, r % c->n, "/dist.v1.Checkpoint/Read", &rq.base,
+                       &dist__v1__checkpoint_read_reply__descriptor, &rp);
+    const Dist__V1__CheckpointReadReply *reply = (const void *)rp;
+    if (rc == 0 && reply->n_pieces != rq.n_tensors)
+      rc = dist_client_fail(c, DIST_EPROTO, "reading %s: %zu pieces for %zu tensors",
+                            m->file[r], reply->n_pieces, rq.n_tensors);
+    for (size_t j = 0; rc == 0 && j < rq.n_tensors; j++)
+      rc = place_piece(c, &m->tensors[which[j]], index[j], reply->pieces[j],
+                       full[which[j]]);
+    if (rp) protobuf_c_message_free_unpacked(rp, NULL);
+  }
+  free(index);
+  free(which);
+  free(names);
+  return rc;
+}
+
+int dist_ckpt_read_whole(dist_client *c, const char *dir, const ckpt_manifest *m,
+                         const char *rebuild, void **full, size_t *nbytes) {
+  int rc = 0;
+  for (int i = 0; i < m->ntensors && rc == 0; i++) {
+    if (!rebuild[i]) continue;
+    const dist_tensor *t = &m->tensors[i].t;
+    nbytes[i] = (size_t)dist_shape_numel(&t->shape) * dist_dtype_size(t->dtype);
+    if (!(full[i] = malloc(nbytes[i] + 1)))
+      rc = dist_client_fail(c, DIST_ENOMEM, "no memory for the %zu bytes of '%s'",
+                            nbytes[i], t->name);
+  }
+  for (int r = 0; r < m->nfiles && rc == 0; r++) rc = read_rank(c, dir, m, rebuild, r, full);
+  return rc;
+}
