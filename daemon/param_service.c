@@ -15,7 +15,9 @@
 struct distd_param_entry {
   char name[DISTD_NAME_MAX];
   distd_param_cfg cfg;
-  /* The layout the state was sized for; a reshard since then is refused. */
+  /* The layout the state was sized for. A reshard moves the state along or
+   * drops the parameter (param_reshard.h); a tensor put over it with
+   * another layout makes its pushes fail until it is configured again. */
   dist_dtype dtype;
   dist_shape local;
   dist_mesh_desc mesh;

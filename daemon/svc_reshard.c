@@ -1,9 +1,12 @@
 /* Reshard: every rank of the source and destination meshes is asked with
- * the same op id; the result replaces the tensor or becomes dst_name. */
+ * the same op id; the result replaces the tensor or becomes dst_name. A
+ * parameter resharded in place takes its optimizer state along when it can
+ * (param_reshard.h). */
 #include <stdlib.h>
 #include <string.h>
 
 #include "methods.h"
+#include "param_reshard.h"
 #include "pbuf.h"
 #include "reshard.h"
 #include "tensor_meta.h"
@@ -44,12 +47,23 @@ DISTD_HANDLER(reshard) {
       rc = dist_fail(eb, DIST_EEXIST, "tensor '%s' already exists", rq->dst_name);
     }
   }
+  int in_place = strcmp(dst_name, rq->name) == 0;
+  distd_param_entry *param = NULL;
   if (rc == 0)
     rc = distd_reshard(s, src, &src_mesh, &dst_mesh, dst_p, dst_name, rq->op_id,
                        ci->deadline_ms, &out, eb);
+  if (rc == 0 && in_place)
+    rc = distd_param_reshard(s, rq->name, out, &src_mesh, &dst_mesh, rq->op_id,
+                             ci->deadline_ms, &param, eb);
   if (rc == 0 && out) rc = distd_store_put(s->store, out, 1, eb);
   if (rc == 0 && !out && !rq->dst_name[0]) /* moved off this rank */
     distd_store_delete(s->store, rq->name, NULL);
+  if (rc == 0 && in_place) {
+    if (param) distd_param_install(s->params, param);
+    else distd_param_forget(s->params, rq->name);
+    param = NULL;
+  }
+  distd_param_entry_free(param);
   if (rc == 0) {
     dist_wire_meta *w = calloc(1, sizeof *w);
     Dist__V1__ReshardReply rp = DIST__V1__RESHARD_REPLY__INIT;

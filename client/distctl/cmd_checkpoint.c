@@ -78,7 +78,7 @@ static void print_result(const distctl_global *g, const char *what,
   char b[32];
   dist_format_bytes(info->bytes, b, sizeof b);
   if (info->params_reset)
-    fprintf(stderr, "distctl: %d parameter%s moved to new placements without "
+    fprintf(stderr, "distctl: %d parameter%s moved to another mesh without "
             "their optimizer state: configure them again before pushing\n",
             info->params_reset, info->params_reset == 1 ? "" : "s");
   if (g->json) {

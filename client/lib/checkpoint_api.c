@@ -468,17 +468,14 @@ static int relayout(dist_client *c, const dist_tensor *saved_t,
   return rc;
 }
 
-/* Whether the restore's layout differs from the saved one: the daemons'
- * optimizer state of a parameter goes with its saved layout only. */
-static int moves(const dist_tensor *saved_t, const dist_checkpoint_opts *o) {
+/* Whether a parameter's optimizer state is lost on the way to the
+ * restore's layout: it follows a reshard on its own mesh to Shard and
+ * Replicate placements only (daemon/param_reshard.h). */
+static int loses_state(const dist_tensor *saved_t, const dist_checkpoint_opts *o) {
   const dist_mesh_desc *m = o->mesh ? &o->mesh->d : &saved_t->mesh.d;
   if (!dist_mesh_equal(m, &saved_t->mesh.d)) return 1;
   for (int d = 0; d < m->ndim; d++)
-    if (o->placements[d].kind != saved_t->placements[d].kind ||
-        (o->placements[d].kind == DIST_SHARD && o->placements[d].dim != saved_t->placements[d].dim) ||
-        (o->placements[d].kind == DIST_PARTIAL &&
-         o->placements[d].reduce != saved_t->placements[d].reduce))
-      return 1;
+    if (o->placements[d].kind == DIST_PARTIAL) return 1;
   return 0;
 }
 
@@ -500,7 +497,7 @@ static int finish_one(dist_client *c, const ckpt_manifest *m, int i, char how,
                       dist_checkpoint_info *info) {
   const ckpt_entry *e = &m->tensors[i];
   info->ntensors++;
-  if (how == REBUILD || (o && o->placements && moves(&e->t, o)))
+  if (how == REBUILD || (o && o->placements && loses_state(&e->t, o)))
     info->params_reset += e->with_state;
   else
     info->nparams += e->with_state;

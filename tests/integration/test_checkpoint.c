@@ -405,16 +405,36 @@ static void make_params(dist_client *c) {
   cr_assert_eq(dist_param_configure(c, "v", &sgd), 0, "%s", dist_errmsg(c));
 }
 
-static json_t *distctl_json(const char *verb, const char *dir) {
-  char args[600], *out = NULL, *err = NULL;
-  snprintf(args, sizeof args, "--json checkpoint %s %s", verb, dir);
-  int rc = run_distctl(args, &out, &err);
-  cr_assert_eq(rc, 0, "distctl: %s %s", out, err);
+/* distctl --json checkpoint VERB DIR EXTRA: its JSON result; its stderr
+ * in *err when err is not NULL (free()). */
+static json_t *distctl_json(const char *verb, const char *dir, const char *extra,
+                            char **err) {
+  char args[800], *out = NULL, *e = NULL;
+  snprintf(args, sizeof args, "--json checkpoint %s %s %s", verb, dir, extra);
+  int rc = run_distctl(args, &out, &e);
+  cr_assert_eq(rc, 0, "distctl: %s %s", out, e);
   json_t *j = json_loads(out, 0, NULL);
   cr_assert_not_null(j, "%s", out);
   free(out);
-  free(err);
+  if (err) *err = e;
+  else free(e);
   return j;
+}
+
+static int64_t json_field(json_t *j, const char *key) {
+  return json_integer_value(json_object_get(j, key));
+}
+
+/* Updates 4 and 5 must leave w and v exactly as want_w and want_v. */
+static void expect_resumed(dist_client *c, const float *want_w, const float *want_v,
+                           const char *how) {
+  float got_w[24], got_v[5];
+  push_step(c, 4);
+  push_step(c, 5);
+  pull(c, "w", got_w, sizeof got_w);
+  pull(c, "v", got_v, sizeof got_v);
+  cr_assert_eq(memcmp(got_w, want_w, sizeof got_w), 0, "AdamW: %s", how);
+  cr_assert_eq(memcmp(got_v, want_v, sizeof got_v), 0, "SGD momentum: %s", how);
 }
 
 Test(checkpoint, parameters_resume_from_a_checkpoint_as_if_never_stopped) {
@@ -422,31 +442,25 @@ Test(checkpoint, parameters_resume_from_a_checkpoint_as_if_never_stopped) {
   make_params(c);
   for (int k = 1; k <= 3; k++) push_step(c, k);
   const char *dir = make_dir();
-  json_t *j = distctl_json("save", dir);
-  cr_assert_eq(json_integer_value(json_object_get(j, "parameters")), 2);
+  json_t *j = distctl_json("save", dir, "", NULL);
+  cr_assert_eq(json_field(j, "parameters"), 2);
   json_decref(j);
   /* The run that never stopped: two more updates. */
-  float want_w[24], want_v[5], got_w[24], got_v[5];
+  float want_w[24], want_v[5], got_w[24];
   push_step(c, 4);
   push_step(c, 5);
   pull(c, "w", want_w, sizeof want_w);
   pull(c, "v", want_v, sizeof want_v);
 
   c = restart_all(c);
-  j = distctl_json("restore", dir);
-  cr_assert_eq(json_integer_value(json_object_get(j, "parameters")), 2);
+  j = distctl_json("restore", dir, "", NULL);
+  cr_assert_eq(json_field(j, "parameters"), 2);
   json_decref(j);
-  push_step(c, 4);
-  push_step(c, 5);
-  pull(c, "w", got_w, sizeof got_w);
-  pull(c, "v", got_v, sizeof got_v);
-  cr_assert_eq(memcmp(got_w, want_w, sizeof got_w), 0, "AdamW resumed differently");
-  cr_assert_eq(memcmp(got_v, want_v, sizeof got_v), 0, "SGD momentum resumed differently");
+  expect_resumed(c, want_w, want_v, "resumed differently");
 
   /* Without the state (configured afresh after the restore), the same two
    * updates land elsewhere: the equality above is the state's doing. */
-  j = distctl_json("restore", dir);
-  json_decref(j);
+  json_decref(distctl_json("restore", dir, "", NULL));
   dist_param_opts adamw = adamw_opts();
   cr_assert_eq(dist_param_configure(c, "w", &adamw), 0, "%s", dist_errmsg(c));
   push_step(c, 4);
@@ -454,22 +468,28 @@ Test(checkpoint, parameters_resume_from_a_checkpoint_as_if_never_stopped) {
   pull(c, "w", got_w, sizeof got_w);
   cr_assert_neq(memcmp(got_w, want_w, sizeof got_w), 0);
 
-  /* Onto new placements the state does not follow, and distctl says so. */
-  char args[600], *out = NULL, *err = NULL;
-  snprintf(args, sizeof args, "--json checkpoint restore %s --placements Replicate\\(\\)",
-           dir);
-  cr_assert_eq(run_distctl(args, &out, &err), 0, "distctl: %s %s", out, err);
-  j = json_loads(out, 0, NULL);
-  cr_assert_eq(json_integer_value(json_object_get(j, "parameters")), 1, "%s", out);
-  cr_assert_eq(json_integer_value(json_object_get(j, "parameters_reset")), 1, "%s", out);
+  /* Onto other placements of the same mesh the state follows (the daemons
+   * reshard it with the values). */
+  j = distctl_json("restore", dir, "--placements Replicate\\(\\)", NULL);
+  cr_assert_eq(json_field(j, "parameters"), 2);
+  cr_assert_eq(json_field(j, "parameters_reset"), 0);
   json_decref(j);
-  cr_assert(strstr(err, "1 parameter moved to new placements without their "
+  expect_layout(c, "w", "[Replicate()]", 2, 0);
+  expect_resumed(c, want_w, want_v, "lost its state in the reshard");
+
+  /* Onto another mesh it cannot (the new ranks never held it), and distctl
+   * says so. */
+  char *err = NULL;
+  j = distctl_json("restore", dir, "--mesh [1,0] --placements Shard\\(0\\)", &err);
+  cr_assert_eq(json_field(j, "parameters"), 0);
+  cr_assert_eq(json_field(j, "parameters_reset"), 2);
+  json_decref(j);
+  cr_assert(strstr(err, "2 parameters moved to another mesh without their "
                         "optimizer state"), "%s", err);
-  free(out);
   free(err);
   float g[24] = {0};
-  cr_assert_eq(dist_param_push(c, "w", 0, g, sizeof g, NULL), DIST_EMISMATCH);
-  cr_assert(strstr(dist_errmsg(c), "configure it again"), "%s", dist_errmsg(c));
+  cr_assert_eq(dist_param_push(c, "w", 0, g, sizeof g, NULL), DIST_ENOTFOUND);
+  cr_assert(strstr(dist_errmsg(c), "not a parameter"), "%s", dist_errmsg(c));
   dist_close(c);
 }
 
@@ -477,8 +497,8 @@ Test(checkpoint, a_tensor_saved_as_plain_values_is_no_parameter_after_restore) {
   dist_client *c = start(2);
   put_three(c);
   const char *dir = make_dir();
-  json_t *j = distctl_json("save", dir);
-  cr_assert_eq(json_integer_value(json_object_get(j, "parameters")), 0);
+  json_t *j = distctl_json("save", dir, "", NULL);
+  cr_assert_eq(json_field(j, "parameters"), 0);
   json_decref(j);
   /* a becomes a parameter and is updated after the save... */
   dist_param_opts sgd = DIST_PARAM_OPTS_INIT;
@@ -489,8 +509,8 @@ Test(checkpoint, a_tensor_saved_as_plain_values_is_no_parameter_after_restore) {
   cr_assert_eq(dist_param_push(c, "a", 0, g, sizeof g, NULL), 0, "%s", dist_errmsg(c));
   /* ...then the restore gives back its plain saved values, and no momentum
    * that would not go with them. */
-  j = distctl_json("restore", dir);
-  cr_assert_eq(json_integer_value(json_object_get(j, "parameters")), 0);
+  j = distctl_json("restore", dir, "", NULL);
+  cr_assert_eq(json_field(j, "parameters"), 0);
   json_decref(j);
   expect_three(c);
   cr_assert_eq(dist_param_push(c, "a", 0, g, sizeof g, NULL), DIST_ENOTFOUND,

@@ -80,14 +80,12 @@ static void ref_step(ref *r, const dist_param_opts *o, const double *g, int t) {
   }
 }
 
-/* Trains `name` for `steps` synchronous steps with `trainers` trainers
- * pushing whole gradients, and compares every pulled value with the
- * reference. */
-static void train_and_compare(dist_client *c, const char *name, dist_dtype dt,
-                              int n, const double *p0, const dist_param_opts *o,
-                              int steps, double tol) {
-  ref r;
-  ref_init(&r, p0, n);
+/* Trains `name` for synchronous steps first..last with `trainers` trainers
+ * pushing whole gradients, advancing the reference r alongside, and
+ * compares every pulled value with it. */
+static void train_steps(dist_client *c, const char *name, dist_dtype dt, ref *r,
+                        const dist_param_opts *o, int first, int last, double tol) {
+  int n = r->n;
   size_t elem = dt == DIST_FLOAT32 ? 4 : 8;
   void *g = malloc((size_t)n * elem);
   double *avg = calloc((size_t)n, sizeof *avg);
@@ -96,7 +94,8 @@ static void train_and_compare(dist_client *c, const char *name, dist_dtype dt,
   size_t nbytes = 0;
   cr_assert_eq(dist_param_pull(c, name, 0, &data, &nbytes, &v0), 0, "%s", dist_errmsg(c));
   free(data);
-  for (int t = 1; t <= steps; t++) {
+  for (int t = first; t <= last; t++) {
+    uint64_t want_v = v0 + (uint64_t)(t - first + 1);
     memset(avg, 0, sizeof(double) * (size_t)n);
     for (int k = 0; k < o->trainers; k++) {
       for (int i = 0; i < n; i++) {
@@ -110,22 +109,39 @@ static void train_and_compare(dist_client *c, const char *name, dist_dtype dt,
     }
     if (o->reduce == DIST_REDUCE_AVG)
       for (int i = 0; i < n; i++) avg[i] /= o->trainers;
-    ref_step(&r, o, avg, t);
-    cr_assert_eq(v, v0 + (uint64_t)t, "step %d: version %llu", t, (unsigned long long)v);
-    cr_assert_eq(dist_param_pull(c, name, v0 + (uint64_t)t, &data, &nbytes, &v), 0,
-                 "%s", dist_errmsg(c));
+    ref_step(r, o, avg, t);
+    cr_assert_eq(v, want_v, "step %d: version %llu", t, (unsigned long long)v);
+    cr_assert_eq(dist_param_pull(c, name, want_v, &data, &nbytes, &v), 0, "%s",
+                 dist_errmsg(c));
     cr_assert_eq(nbytes, (size_t)n * elem);
     for (int i = 0; i < n; i++) {
       double got = dt == DIST_FLOAT32 ? ((float *)data)[i] : ((double *)data)[i];
-      cr_assert(fabs(got - (double)r.p[i]) <= tol * (1 + fabs((double)r.p[i])),
+      cr_assert(fabs(got - (double)r->p[i]) <= tol * (1 + fabs((double)r->p[i])),
                 "step %d elem %d: daemon %.10g, reference %.10g", t, i, got,
-                (double)r.p[i]);
+                (double)r->p[i]);
     }
     free(data);
   }
   free(avg);
   free(g);
+}
+
+static void train_and_compare(dist_client *c, const char *name, dist_dtype dt,
+                              int n, const double *p0, const dist_param_opts *o,
+                              int steps, double tol) {
+  ref r;
+  ref_init(&r, p0, n);
+  train_steps(c, name, dt, &r, o, 1, steps, tol);
   ref_free(&r);
+}
+
+static dist_param_opts adam(double lr, int trainers) {
+  dist_param_opts o = DIST_PARAM_OPTS_INIT;
+  o.optimizer = DIST_OPT_ADAM;
+  o.lr = lr;
+  o.weight_decay = 0.01;
+  o.trainers = trainers;
+  return o;
 }
 
 static void fill(double *p, int n) {
@@ -140,11 +156,7 @@ Test(param, adam_on_row_shards_matches_reference) {
   for (int i = 0; i < 30; i++) p32[i] = (float)p0[i], p0[i] = p32[i];
   int64_t shape[2] = {6, 5};
   dist_tensor *t = put(c, "w", DIST_FLOAT32, p32, 2, shape, "[0,1]", "Shard(0)");
-  dist_param_opts o = DIST_PARAM_OPTS_INIT;
-  o.optimizer = DIST_OPT_ADAM;
-  o.lr = 0.01;
-  o.weight_decay = 0.01;
-  o.trainers = 2;
+  dist_param_opts o = adam(0.01, 2);
   cr_assert_eq(dist_param_configure(c, "w", &o), 0, "%s", dist_errmsg(c));
   train_and_compare(c, "w", DIST_FLOAT32, 30, p0, &o, 4, 1e-5);
   dist_tensor_free(t);
@@ -360,5 +372,34 @@ Test(param, integer_parameters_and_bad_options_are_refused) {
   uint64_t v;
   cr_assert_eq(dist_param_push(c, "d", 0, d, sizeof d, &v), DIST_ENOTFOUND);
   cr_assert(strstr(dist_errmsg(c), "not a parameter"), "%s", dist_errmsg(c));
+  dist_close(c);
+}
+
+/* The optimizer state is resharded with its parameter (Shard(0) -> Shard(1)
+ * -> Replicate on the same mesh): the updates after each reshard are the
+ * ones the reference makes without any. */
+Test(param, adam_state_follows_its_parameter_through_reshards) {
+  dist_client *c = start(3);
+  double p0[10 * 3];
+  fill(p0, 30);
+  int64_t shape[2] = {10, 3};
+  dist_tensor *t = put(c, "w", DIST_FLOAT64, p0, 2, shape, "[0,1,2]", "Shard(0)");
+  dist_param_opts o = adam(0.05, 2);
+  cr_assert_eq(dist_param_configure(c, "w", &o), 0, "%s", dist_errmsg(c));
+  ref r;
+  ref_init(&r, p0, 30);
+  train_steps(c, "w", DIST_FLOAT64, &r, &o, 1, 2, 1e-12);
+  dist_placement s1 = DIST_SHARD_DIM(1), rep = DIST_REPLICATED;
+  cr_assert_eq(dist_reshard(c, t, NULL, &s1), 0, "%s", dist_errmsg(c));
+  train_steps(c, "w", DIST_FLOAT64, &r, &o, 3, 4, 1e-12);
+  cr_assert_eq(dist_reshard(c, t, NULL, &rep), 0, "%s", dist_errmsg(c));
+  train_steps(c, "w", DIST_FLOAT64, &r, &o, 5, 6, 1e-12);
+  /* Onto Partial the state cannot follow: w is plain values afterwards. */
+  dist_placement partial = DIST_PARTIAL_OF(DIST_REDUCE_SUM);
+  cr_assert_eq(dist_reshard(c, t, NULL, &partial), 0, "%s", dist_errmsg(c));
+  double g[30] = {0};
+  cr_assert_eq(dist_param_push(c, "w", 0, g, sizeof g, NULL), DIST_ENOTFOUND);
+  ref_free(&r);
+  dist_tensor_free(t);
   dist_close(c);
 }

@@ -843,9 +843,10 @@ typedef struct dist_checkpoint_info {
   uint64_t bytes;
   /* Parameters saved or restored with their optimizer state (configuration,
    * updates applied, momentum or Adam's moments): a restored parameter's
-   * next update is the one it would have made. Restored onto new
-   * placements, a parameter's state does not follow: params_reset counts
-   * those, which must be configured again. */
+   * next update is the one it would have made, on new Shard / Replicate
+   * placements too. Restored onto another mesh, a parameter's state does
+   * not follow: params_reset counts those, which must be configured
+   * again. */
   int nparams, params_reset;
 } dist_checkpoint_info;
 

@@ -1,0 +1,57 @@
+/* Optimizer state through a reshard: see param_reshard.h. */
+#include "param_reshard.h"
+
+#include <string.h>
+
+#include "reshard.h"
+
+/* Op ids of state buffer k's reshard: clear of the values' own steps. */
+#define STATE_STEP(k) (100u + 20u * (unsigned)(k))
+
+static int state_follows(const distd_tensor *out, const dist_mesh_desc *src_mesh,
+                         const dist_mesh_desc *dst_mesh) {
+  if (!out || !dist_mesh_equal(src_mesh, dst_mesh)) return 0;
+  for (int d = 0; d < out->mesh.ndim; d++)
+    if (out->placements[d].kind == DIST_PARTIAL) return 0;
+  return 1;
+}
+
+/* Reshards one state buffer, laid out as the parameter was, to out's
+ * placements. */
+static int reshard_buffer(distd_server *s, const distd_tensor *old, const void *state,
+                          const distd_tensor *out, uint64_t op_id, int64_t deadline_ms,
+                          distd_tensor **moved, dist_errbuf *eb) {
+  distd_tensor *t = NULL;
+  int rc = distd_tensor_new(s->store, old->name, old->dtype, &old->global, &old->mesh,
+                            old->placements, s->rank, &t, eb);
+  if (rc != 0) return rc;
+  memcpy(t->data, state, t->nbytes);
+  rc = distd_reshard(s, t, &old->mesh, &out->mesh, out->placements, old->name, op_id,
+                     deadline_ms, moved, eb);
+  distd_tensor_unref(t);
+  return rc;
+}
+
+int distd_param_reshard(distd_server *s, const char *name, const distd_tensor *out,
+                        const dist_mesh_desc *src_mesh, const dist_mesh_desc *dst_mesh,
+                        uint64_t op_id, int64_t deadline_ms, distd_param_entry **entry,
+                        dist_errbuf *eb) {
+  *entry = NULL;
+  if (!state_follows(out, src_mesh, dst_mesh)) return 0;
+  distd_param_snapshot snap;
+  int rc = distd_param_snapshot_take(s->params, s->store, name, &snap, eb);
+  if (rc != 0 || !snap.tensor) return rc;
+  distd_tensor *moved[2] = {NULL, NULL};
+  for (int k = 0; k < snap.nstate && rc == 0; k++)
+    rc = reshard_buffer(s, snap.tensor, snap.state[k], out,
+                        distd_subop(op_id, STATE_STEP(k)), deadline_ms, &moved[k], eb);
+  if (rc == 0) {
+    const void *state[2] = {moved[0] ? moved[0]->data : NULL,
+                            moved[1] ? moved[1]->data : NULL};
+    rc = distd_param_prepare(s->store, out, &snap.cfg, snap.step, state, entry, eb);
+  }
+  for (int k = 0; k < 2; k++) distd_tensor_unref(moved[k]);
+  distd_param_snapshot_free(&snap);
+  if (rc != 0) dist_errbuf_prefix(eb, "the optimizer state of '%s': ", name);
+  return rc;
+}
