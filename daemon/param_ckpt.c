@@ -27,25 +27,25 @@ static int name_taken(const distd_ckpt_contents *c, const char *name) {
   return 0;
 }
 
-/* "<param>#optim.<k>", with more '#' until no other entry has the name
- * (tensor names are free-form). */
-static char *state_name(const distd_ckpt_contents *c, const char *param, int k) {
-  size_t len = strlen(param) + 32;
-  char *name = malloc(len + DIST_ST_NAME_MAX);
+/* "#optim.<i>.<k>" for state buffer k of tensor i, with more '#' in front
+ * until no other entry has the name (tensor names are free-form). Short
+ * whatever the parameter's name, so it fits the framing's name limit. */
+static char *state_name(const distd_ckpt_contents *c, int i, int k) {
+  char *name = malloc(DIST_ST_NAME_MAX);
   if (!name) return NULL;
-  char hashes[DIST_ST_NAME_MAX] = "#";
-  do {
-    snprintf(name, len + DIST_ST_NAME_MAX, "%s%soptim.%d", param, hashes, k);
-    strcat(hashes, "#");
-  } while (name_taken(c, name) && strlen(hashes) < sizeof hashes - 1);
+  int hashes = 1;
+  do
+    snprintf(name, DIST_ST_NAME_MAX, "%.*s#optim.%d.%d", hashes - 1,
+             "################################", i, k);
+  while (name_taken(c, name) && ++hashes <= 33);
   return name;
 }
 
-static int add_state(distd_ckpt_contents *c, const distd_param_snapshot *s,
+static int add_state(distd_ckpt_contents *c, int i, const distd_param_snapshot *s,
                      json_t *params, dist_errbuf *eb) {
   json_t *names = json_array();
   for (int k = 0; k < s->nstate; k++) {
-    char *name = state_name(c, s->tensor->name, k);
+    char *name = state_name(c, i, k);
     if (!name) {
       json_decref(names);
       return dist_fail(eb, DIST_ENOMEM, "out of memory naming optimizer state");
@@ -74,7 +74,7 @@ int distd_ckpt_contents_build(distd_tensor *const *t, const distd_param_snapshot
   json_t *params = json_object();
   int rc = 0;
   for (int i = 0; i < n && rc == 0; i++)
-    if (snap[i].tensor) rc = add_state(out, &snap[i], params, eb);
+    if (snap[i].tensor) rc = add_state(out, i, &snap[i], params, eb);
   if (rc == 0 && json_object_size(params) > 0)
     out->optim_json = json_dumps(params, JSON_COMPACT | JSON_SORT_KEYS);
   json_decref(params);

@@ -6,7 +6,7 @@
  *
  *   {"w": {"optimizer": "adamw", "lr": 0.001, ..., "reduce": "avg",
  *          "async": false, "trainers": 2, "step": 7,
- *          "state": ["w#optim.0", "w#optim.1"]}}
+ *          "state": ["#optim.3.0", "#optim.3.1"]}}
  *
  * so a restored parameter continues its updates exactly as it would have. */
 #ifndef DISTD_PARAM_CKPT_H

@@ -107,7 +107,7 @@ Test(param_ckpt, state_entries_never_take_a_tensors_name) {
   distd_params *p = params_with_w();
   distd_tensor *clash = NULL;
   dist_shape g = {.ndim = 1, .dims = {2}};
-  cr_assert_eq(distd_tensor_new(st, "w#optim.0", DIST_INT64, &g, &w->mesh,
+  cr_assert_eq(distd_tensor_new(st, "#optim.1.0", DIST_INT64, &g, &w->mesh,
                                 w->placements, 0, &clash, NULL), 0);
   distd_tensor *t[2] = {clash, w};
   size_t len = 0;
@@ -115,8 +115,8 @@ Test(param_ckpt, state_entries_never_take_a_tensors_name) {
   dist_st_file *f = NULL;
   cr_assert_eq(dist_st_parse(bytes, len, &f, NULL), 0);
   cr_assert_eq(f->count, 4);
-  cr_assert_eq(dist_st_find(f, "w#optim.0")->dtype, DIST_INT64);
-  cr_assert_not_null(dist_st_find(f, "w##optim.0"));
+  cr_assert_eq(dist_st_find(f, "#optim.1.0")->dtype, DIST_INT64);
+  cr_assert_not_null(dist_st_find(f, "##optim.1.0"));
   distd_param_entry *e[2] = {NULL, NULL};
   cr_assert_eq(distd_ckpt_params_read(f, "r", st, t, 2, e, NULL), 0);
   cr_assert_null(e[0], "the plain tensor is no parameter");
@@ -195,4 +195,30 @@ Test(param_ckpt, malformed_descriptions_are_refused_naming_file_and_parameter) {
     cr_assert(strstr(msg, cases[i].want) && strstr(msg, "rank0.c.safetensors"),
               "%s -> %s", cases[i].meta, msg);
   }
+}
+
+Test(param_ckpt, a_parameter_with_the_longest_name_is_saved_and_read) {
+  char name[DISTD_NAME_MAX];
+  memset(name, 'n', sizeof name - 1);
+  name[sizeof name - 1] = 0;
+  distd_tensor *t = NULL;
+  cr_assert_eq(distd_tensor_new(st, name, DIST_FLOAT32, &w->global, &w->mesh,
+                                w->placements, 0, &t, NULL), 0);
+  cr_assert_eq(distd_store_put(st, t, 0, NULL), 0);
+  distd_params *p = distd_params_new(0);
+  distd_param_cfg cfg = adamw_cfg();
+  distd_param_entry *e = NULL;
+  cr_assert_eq(distd_param_prepare(st, t, &cfg, 1, NULL, &e, NULL), 0);
+  distd_param_install(p, e);
+  size_t len = 0;
+  void *bytes = encode(p, &t, 1, &len);
+  dist_st_file *f = NULL;
+  cr_assert_eq(dist_st_parse(bytes, len, &f, NULL), 0);
+  cr_assert_eq(distd_ckpt_params_read(f, "r", st, &t, 1, &e, NULL), 0);
+  cr_assert_not_null(e);
+  distd_param_entry_free(e);
+  dist_st_free(f);
+  free(bytes);
+  distd_tensor_unref(t);
+  distd_params_free(p);
 }
