@@ -412,7 +412,8 @@ static int load_ranks(dist_client *c, const char *dir, const ckpt_manifest *m,
     if (rc == 0) {
       uint64_t b = ((Dist__V1__CheckpointLoadReply *)rp)->bytes;
       *total += b;
-      progress(o, verify_only ? "verify" : "load", r, r + 1, m->nfiles, b);
+      progress(o, verify_only ? "verify" : "load", r, r + 1,
+               m->nfiles < c->n ? m->nfiles : c->n, b);
     }
     if (rp) protobuf_c_message_free_unpacked(rp, NULL);
   }
@@ -537,7 +538,7 @@ int dist_checkpoint_restore(dist_client *c, const char *dir,
    * their own, and the pieces of tensors to rebuild are read whole. */
   if (rc == 0) rc = load_ranks(c, dir, &m, chosen, 1, opts, &verified);
   for (int i = 0; rc == 0 && i < m.ntensors; i++) rebuild[i] = chosen[i] == REBUILD;
-  if (rc == 0) rc = dist_ckpt_read_whole(c, dir, &m, rebuild, full, full_bytes);
+  if (rc == 0) rc = dist_ckpt_read_whole(c, dir, &m, rebuild, opts, full, full_bytes);
   for (int i = 0; rc == 0 && i < m.ntensors; i++)
     if (chosen[i] == LOAD) delete_outside(c, m.tensors[i].t.name, &m.tensors[i].t.mesh.d);
   if (rc == 0) rc = load_ranks(c, dir, &m, chosen, 0, opts, &info->bytes);

@@ -26,9 +26,10 @@ int dist_ckpt_fits(const dist_client *c, const ckpt_entry *e);
  * cluster lacks; Shard and Replicate only), read piece by piece from the
  * rank files through this cluster's daemons, which share the directory.
  * Every file read is checked against its sha256 first, so a bad file
- * fails here, before anything is restored. full[i] is malloc'd (free());
- * nbytes[i] its size. */
+ * fails here, before anything is restored; o's progress hears of each
+ * file read ("read"). full[i] is malloc'd (free()); nbytes[i] its size. */
 int dist_ckpt_read_whole(dist_client *c, const char *dir, const ckpt_manifest *m,
-                         const char *rebuild, void **full, size_t *nbytes);
+                         const char *rebuild, const dist_checkpoint_opts *o,
+                         void **full, size_t *nbytes);
 
 #endif

@@ -45,9 +45,9 @@ static int place_piece(dist_client *c, const ckpt_entry *e, int k,
 }
 
 /* Reads from rank r's file every piece of a tensor to rebuild that r holds
- * first, through daemon r % c->n, and places them. */
+ * first, through daemon r % c->n, and places them; *bytes counts them. */
 static int read_rank(dist_client *c, const char *dir, const ckpt_manifest *m,
-                     const char *rebuild, int r, void **full) {
+                     const char *rebuild, int r, void **full, uint64_t *bytes) {
   const char **names = calloc((size_t)m->ntensors + 1, sizeof *names);
   int *which = calloc((size_t)m->ntensors + 1, sizeof *which);  /* manifest index */
   int *index = calloc((size_t)m->ntensors + 1, sizeof *index);  /* r's mesh index */
@@ -72,9 +72,11 @@ static int read_rank(dist_client *c, const char *dir, const ckpt_manifest *m,
     if (rc == 0 && reply->n_pieces != rq.n_tensors)
       rc = dist_client_fail(c, DIST_EPROTO, "reading %s: %zu pieces for %zu tensors",
                             m->file[r], reply->n_pieces, rq.n_tensors);
-    for (size_t j = 0; rc == 0 && j < rq.n_tensors; j++)
+    for (size_t j = 0; rc == 0 && j < rq.n_tensors; j++) {
       rc = place_piece(c, &m->tensors[which[j]], index[j], reply->pieces[j],
                        full[which[j]]);
+      *bytes += reply->pieces[j]->data.len;
+    }
     if (rp) protobuf_c_message_free_unpacked(rp, NULL);
   }
   free(index);
@@ -84,7 +86,8 @@ static int read_rank(dist_client *c, const char *dir, const ckpt_manifest *m,
 }
 
 int dist_ckpt_read_whole(dist_client *c, const char *dir, const ckpt_manifest *m,
-                         const char *rebuild, void **full, size_t *nbytes) {
+                         const char *rebuild, const dist_checkpoint_opts *o,
+                         void **full, size_t *nbytes) {
   int rc = 0;
   for (int i = 0; i < m->ntensors && rc == 0; i++) {
     if (!rebuild[i]) continue;
@@ -94,6 +97,12 @@ int dist_ckpt_read_whole(dist_client *c, const char *dir, const ckpt_manifest *m
       rc = dist_client_fail(c, DIST_ENOMEM, "no memory for the %zu bytes of '%s'",
                             nbytes[i], t->name);
   }
-  for (int r = 0; r < m->nfiles && rc == 0; r++) rc = read_rank(c, dir, m, rebuild, r, full);
+  for (int r = 0; r < m->nfiles && rc == 0; r++) {
+    uint64_t bytes = 0;
+    rc = read_rank(c, dir, m, rebuild, r, full, &bytes);
+    /* A long restore shows each file it had to read through the client. */
+    if (rc == 0 && bytes && o && o->progress)
+      o->progress(o->progress_arg, "read", r, r + 1, m->nfiles, bytes);
+  }
   return rc;
 }

@@ -615,6 +615,9 @@ Test(checkpoint, restore_onto_fewer_daemons_than_saved, .timeout = 240) {
            "--placements Replicate\\(\\)", tmp);
   cr_assert_eq(run_distctl(args, &out, &err), 0, "distctl: %s %s", out, err);
   cr_assert(strstr(err, "rebuild"), "%s", err);
+  /* y's distinct pieces (Replicate on mesh dim 1) are ranks 0's and 2's. */
+  cr_assert(strstr(err, "read    rank 2 (3/4)") && !strstr(err, "read    rank 3"), "%s",
+            err);
   free(out);
   free(err);
   expect_layout(c, "y", "[Replicate()]", 2, 0);
