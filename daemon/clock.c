@@ -1,6 +1,7 @@
 #include "clock.h"
 
 #include <sys/timerfd.h>
+#include <unistd.h>
 
 uint64_t distd_now_ns(void) {
   struct timespec ts;
@@ -19,6 +20,11 @@ struct timespec distd_ms_timespec(int64_t ms) {
 int distd_timerfd_arm_ms(int fd, int64_t ms) {
   struct itimerspec t = {.it_value = distd_ms_timespec(ms)};
   return timerfd_settime(fd, 0, &t, NULL);
+}
+
+int distd_timerfd_expired(int fd) {
+  uint64_t expirations;
+  return read(fd, &expirations, sizeof expirations) == (ssize_t)sizeof expirations;
 }
 
 void distd_cond_init_monotonic(pthread_cond_t *cond) {

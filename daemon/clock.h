@@ -16,6 +16,9 @@ struct timespec distd_ms_timespec(int64_t ms);
 /* Arms timerfd fd (of this clock) to expire once, ms from now; returns
  * what timerfd_settime returns. */
 int distd_timerfd_arm_ms(int fd, int64_t ms);
+/* Reads timerfd fd's expiry count, which clears it: 1 when it had expired,
+ * 0 when not (armed again since it became readable). */
+int distd_timerfd_expired(int fd);
 /* pthread_cond_init whose timed waits take CLOCK_MONOTONIC deadlines. */
 void distd_cond_init_monotonic(pthread_cond_t *cond);
 /* pthread_cond_timedwait on such a condvar until deadline_ms (distd_now_ms

@@ -186,9 +186,7 @@ static void expire_handshakes(distd_peers *p) {
 static void hold_cb(int fd, short what, void *arg) {
   (void)what;
   distd_peers *p = arg;
-  uint64_t expirations;
-  ssize_t got = read(fd, &expirations, sizeof expirations); /* clears the expiry */
-  (void)got;
+  distd_timerfd_expired(fd); /* clears the expiry */
   pthread_mutex_lock(&p->mu);
   p->hold_armed = 0;
   distd_peers_unblock_readers(p);

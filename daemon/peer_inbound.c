@@ -59,8 +59,7 @@ static void give_back_parked(distd_peers *p) {
  * write_now_some), and takes the sockets back once the last driver
  * stopped PARK_MS ago, or looks again when that will be. */
 static void unpark(distd_peers *p) {
-  uint64_t expirations;
-  if (read(p->park_tfd, &expirations, sizeof expirations) < 0) return; /* rearmed */
+  if (!distd_timerfd_expired(p->park_tfd)) return; /* armed again meanwhile */
   pthread_mutex_lock(&p->mu);
   p->park_armed = 0;
   if (!p->driver_x) {
