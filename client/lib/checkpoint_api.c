@@ -332,20 +332,17 @@ static int read_manifest(dist_client *c, const char *dir, ckpt_manifest *m) {
   return rc;
 }
 
-/* How a chosen tensor comes back. */
-enum { SKIP = 0, LOAD = 1 /* by the daemons of its saved ranks */,
-       REBUILD = 2 /* through the client: saved on ranks the cluster lacks */ };
-
 /* A tensor saved on ranks the cluster lacks comes back onto the mesh the
  * restore names, put together from its pieces; Partial pieces would need
  * their reduction, which only a reshard before saving gives. */
-static int check_rebuild(dist_client *c, const ckpt_entry *e, const dist_checkpoint_opts *o) {
+static int check_rebuild(dist_client *c, const ckpt_entry *e, int missing,
+                         const dist_checkpoint_opts *o) {
   const dist_mesh_desc *md = &e->t.mesh.d;
   if (!o || !o->mesh)
     return dist_client_fail(c, DIST_ENOTSUP, "'%s' was saved on rank %d, but the "
                             "cluster has %d daemons: restore it onto a mesh of this "
-                            "cluster (--mesh and --placements)", e->t.name,
-                            md->ranks[md->nranks - 1], c->n);
+                            "cluster (--mesh and --placements)", e->t.name, missing,
+                            c->n);
   for (int d = 0; d < md->ndim; d++)
     if (e->t.placements[d].kind == DIST_PARTIAL)
       return dist_client_fail(c, DIST_ENOTSUP, "'%s' was saved Partial on mesh dim %d "
@@ -354,16 +351,16 @@ static int check_rebuild(dist_client *c, const ckpt_entry *e, const dist_checkpo
   return 0;
 }
 
-/* Marks the tensors to restore and how (LOAD or REBUILD); fails for a name
+/* Marks the tensors to restore and how (CKPT_LOAD or CKPT_REBUILD); fails for a name
  * the checkpoint lacks, a rank without a file, or a tensor that cannot be
  * rebuilt. */
 static int select_tensors(dist_client *c, const ckpt_manifest *m,
                           const dist_checkpoint_opts *o, char *chosen) {
-  for (int i = 0; i < m->ntensors; i++) chosen[i] = !o || !o->tensors ? LOAD : SKIP;
+  for (int i = 0; i < m->ntensors; i++) chosen[i] = !o || !o->tensors ? CKPT_LOAD : CKPT_SKIP;
   for (int k = 0; o && o->tensors && k < o->ntensors; k++) {
     int found = 0;
     for (int i = 0; i < m->ntensors; i++)
-      if (!strcmp(m->tensors[i].t.name, o->tensors[k])) chosen[i] = LOAD, found = 1;
+      if (!strcmp(m->tensors[i].t.name, o->tensors[k])) chosen[i] = CKPT_LOAD, found = 1;
     if (!found)
       return dist_client_fail(c, DIST_ENOTFOUND, "the checkpoint has no tensor '%s'",
                               o->tensors[k]);
@@ -375,9 +372,10 @@ static int select_tensors(dist_client *c, const ckpt_manifest *m,
         return dist_client_fail(c, DIST_EINVAL, "the manifest puts '%s' on rank %d "
                                 "but lists %d files", m->tensors[i].t.name,
                                 md->ranks[k], m->nfiles);
-    if (!chosen[i] || dist_ckpt_fits(c, &m->tensors[i])) continue;
-    if (check_rebuild(c, &m->tensors[i], o) != 0) return c->err.code;
-    chosen[i] = REBUILD;
+    int missing = chosen[i] ? dist_ckpt_missing_rank(c, &m->tensors[i]) : -1;
+    if (missing < 0) continue;
+    if (check_rebuild(c, &m->tensors[i], missing, o) != 0) return c->err.code;
+    chosen[i] = CKPT_REBUILD;
   }
   return 0;
 }
@@ -398,7 +396,7 @@ static int load_ranks(dist_client *c, const char *dir, const ckpt_manifest *m,
     rq.tensors = metas;
     for (int i = 0; i < m->ntensors; i++) {
       const dist_tensor *t = &m->tensors[i].t;
-      if (chosen[i] != LOAD || dist_mesh_index_of(&t->mesh.d, r) < 0) continue;
+      if (chosen[i] != CKPT_LOAD || dist_mesh_index_of(&t->mesh.d, r) < 0) continue;
       dist_meta_to_pb(t->name, t->dtype, &t->shape, &t->mesh.d, t->placements,
                       &w[rq.n_tensors]);
       w[rq.n_tensors].meta.version = m->tensors[i].version;
@@ -480,7 +478,7 @@ static int loses_state(const dist_tensor *saved_t, const dist_checkpoint_opts *o
   return 0;
 }
 
-/* Stores the whole value of a REBUILD tensor onto the restore's mesh, in
+/* Stores the whole value of a CKPT_REBUILD tensor onto the restore's mesh, in
  * place of any tensor of that name. */
 static int store_rebuilt(dist_client *c, const dist_tensor *saved_t, const void *full,
                          const dist_checkpoint_opts *o) {
@@ -498,11 +496,11 @@ static int finish_one(dist_client *c, const ckpt_manifest *m, int i, char how,
                       dist_checkpoint_info *info) {
   const ckpt_entry *e = &m->tensors[i];
   info->ntensors++;
-  if (how == REBUILD || (o && o->placements && loses_state(&e->t, o)))
+  if (how == CKPT_REBUILD || (o && o->placements && loses_state(&e->t, o)))
     info->params_reset += e->with_state;
   else
     info->nparams += e->with_state;
-  if (how == REBUILD) {
+  if (how == CKPT_REBUILD) {
     progress(o, "rebuild", -1, info->ntensors, m->ntensors, 0);
     return store_rebuilt(c, &e->t, full, o);
   }
@@ -522,14 +520,13 @@ int dist_checkpoint_restore(dist_client *c, const char *dir,
     return dist_client_fail(c, DIST_EINVAL, "restore onto a mesh needs placements");
   ckpt_manifest m;
   memset(&m, 0, sizeof m);
-  char *chosen = NULL, *rebuild = NULL;
+  char *chosen = NULL;
   void **full = NULL;
   size_t *full_bytes = NULL;
   uint64_t verified = 0;
   int rc = read_manifest(c, dir, &m);
   if (rc == 0) {
     chosen = calloc((size_t)m.ntensors + 1, 1);
-    rebuild = calloc((size_t)m.ntensors + 1, 1);
     full = calloc((size_t)m.ntensors + 1, sizeof *full);
     full_bytes = calloc((size_t)m.ntensors + 1, sizeof *full_bytes);
     rc = select_tensors(c, &m, opts, chosen);
@@ -537,20 +534,18 @@ int dist_checkpoint_restore(dist_client *c, const char *dir,
   /* Every file is checked before any store changes: the daemons verify
    * their own, and the pieces of tensors to rebuild are read whole. */
   if (rc == 0) rc = load_ranks(c, dir, &m, chosen, 1, opts, &verified);
-  for (int i = 0; rc == 0 && i < m.ntensors; i++) rebuild[i] = chosen[i] == REBUILD;
-  if (rc == 0) rc = dist_ckpt_read_whole(c, dir, &m, rebuild, opts, full, full_bytes);
+  if (rc == 0) rc = dist_ckpt_read_whole(c, dir, &m, chosen, opts, full, full_bytes);
   for (int i = 0; rc == 0 && i < m.ntensors; i++)
-    if (chosen[i] == LOAD) delete_outside(c, m.tensors[i].t.name, &m.tensors[i].t.mesh.d);
+    if (chosen[i] == CKPT_LOAD) delete_outside(c, m.tensors[i].t.name, &m.tensors[i].t.mesh.d);
   if (rc == 0) rc = load_ranks(c, dir, &m, chosen, 0, opts, &info->bytes);
   for (int i = 0; rc == 0 && i < m.ntensors; i++) {
     if (chosen[i]) rc = finish_one(c, &m, i, chosen[i], full[i], opts, info);
-    if (rebuild[i]) info->bytes += full_bytes[i];
+    if (chosen[i] == CKPT_REBUILD) info->bytes += full_bytes[i];
   }
   info->nfiles = m.nfiles;
   for (int i = 0; full && i < m.ntensors; i++) free(full[i]);
   free(full);
   free(full_bytes);
-  free(rebuild);
   free(chosen);
   manifest_free(&m);
   return rc;

@@ -19,17 +19,22 @@ typedef struct ckpt_manifest {
   ckpt_entry *tensors;
 } ckpt_manifest;
 
-/* Whether every rank of e's saved mesh is a daemon of this cluster. */
-int dist_ckpt_fits(const dist_client *c, const ckpt_entry *e);
+/* How restore brings a manifest tensor back. */
+enum { CKPT_SKIP = 0, CKPT_LOAD = 1 /* by the daemons of its saved ranks */,
+       CKPT_REBUILD = 2 /* through the client: saved on ranks the cluster lacks */ };
 
-/* The whole values of the tensors marked in rebuild[] (saved on ranks the
- * cluster lacks; Shard and Replicate only), read piece by piece from the
+/* The highest rank of e's saved mesh that is not a daemon of this
+ * cluster, or -1 when it has them all. */
+int dist_ckpt_missing_rank(const dist_client *c, const ckpt_entry *e);
+
+/* The whole values of the tensors how[] marks CKPT_REBUILD (saved on ranks
+ * the cluster lacks; Shard and Replicate only), read piece by piece from the
  * rank files through this cluster's daemons, which share the directory.
  * Every file read is checked against its sha256 first, so a bad file
  * fails here, before anything is restored; o's progress hears of each
  * file read ("read"). full[i] is malloc'd (free()); nbytes[i] its size. */
 int dist_ckpt_read_whole(dist_client *c, const char *dir, const ckpt_manifest *m,
-                         const char *rebuild, const dist_checkpoint_opts *o,
+                         const char *how, const dist_checkpoint_opts *o,
                          void **full, size_t *nbytes);
 
 #endif

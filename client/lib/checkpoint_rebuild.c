@@ -8,11 +8,12 @@
 #include "checkpoint_internal.h"
 #include "wire.h"
 
-int dist_ckpt_fits(const dist_client *c, const ckpt_entry *e) {
+int dist_ckpt_missing_rank(const dist_client *c, const ckpt_entry *e) {
   const dist_mesh_desc *md = &e->t.mesh.d;
+  int missing = -1;
   for (int k = 0; k < md->nranks; k++)
-    if (md->ranks[k] >= c->n) return 0;
-  return 1;
+    if (md->ranks[k] >= c->n && md->ranks[k] > missing) missing = md->ranks[k];
+  return missing;
 }
 
 /* Mesh index k holds a piece not held by a lower index: its coordinate on
@@ -47,13 +48,13 @@ static int place_piece(dist_client *c, const ckpt_entry *e, int k,
 /* Reads from rank r's file every piece of a tensor to rebuild that r holds
  * first, through daemon r % c->n, and places them; *bytes counts them. */
 static int read_rank(dist_client *c, const char *dir, const ckpt_manifest *m,
-                     const char *rebuild, int r, void **full, uint64_t *bytes) {
+                     const char *how, int r, void **full, uint64_t *bytes) {
   const char **names = calloc((size_t)m->ntensors + 1, sizeof *names);
   int *which = calloc((size_t)m->ntensors + 1, sizeof *which);  /* manifest index */
   int *index = calloc((size_t)m->ntensors + 1, sizeof *index);  /* r's mesh index */
   Dist__V1__CheckpointReadRequest rq = DIST__V1__CHECKPOINT_READ_REQUEST__INIT;
   for (int i = 0; i < m->ntensors; i++) {
-    int k = rebuild[i] ? dist_mesh_index_of(&m->tensors[i].t.mesh.d, r) : -1;
+    int k = how[i] == CKPT_REBUILD ? dist_mesh_index_of(&m->tensors[i].t.mesh.d, r) : -1;
     if (k < 0 || !first_copy(&m->tensors[i].t, k)) continue;
     which[rq.n_tensors] = i;
     index[rq.n_tensors] = k;
@@ -86,11 +87,11 @@ static int read_rank(dist_client *c, const char *dir, const ckpt_manifest *m,
 }
 
 int dist_ckpt_read_whole(dist_client *c, const char *dir, const ckpt_manifest *m,
-                         const char *rebuild, const dist_checkpoint_opts *o,
+                         const char *how, const dist_checkpoint_opts *o,
                          void **full, size_t *nbytes) {
   int rc = 0;
   for (int i = 0; i < m->ntensors && rc == 0; i++) {
-    if (!rebuild[i]) continue;
+    if (how[i] != CKPT_REBUILD) continue;
     const dist_tensor *t = &m->tensors[i].t;
     nbytes[i] = (size_t)dist_shape_numel(&t->shape) * dist_dtype_size(t->dtype);
     if (!(full[i] = malloc(nbytes[i] + 1)))
@@ -99,7 +100,7 @@ int dist_ckpt_read_whole(dist_client *c, const char *dir, const ckpt_manifest *m
   }
   for (int r = 0; r < m->nfiles && rc == 0; r++) {
     uint64_t bytes = 0;
-    rc = read_rank(c, dir, m, rebuild, r, full, &bytes);
+    rc = read_rank(c, dir, m, how, r, full, &bytes);
     /* A long restore shows each file it had to read through the client. */
     if (rc == 0 && bytes && o && o->progress)
       o->progress(o->progress_arg, "read", r, r + 1, m->nfiles, bytes);

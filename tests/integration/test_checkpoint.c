@@ -558,6 +558,7 @@ Test(checkpoint, restore_onto_fewer_daemons_than_saved, .timeout = 240) {
   dist_tensor_free(put(c, "y", DIST_INT64, y0, 2, sy, "[[0,1],[2,3]]",
                        "Shard(1),Replicate()"));
   dist_tensor_free(put(c, "p", DIST_FLOAT32, p0, 1, sp, "[2,3]", "Partial(sum)"));
+  dist_tensor_free(put(c, "z", DIST_FLOAT32, p0, 1, sp, "[3,1]", "Shard(0)"));
   char tmp[] = "/tmp/ckpt-fewer-XXXXXX";
   cr_assert(mkdtemp(tmp));
   snprintf(ckpt_dir, sizeof ckpt_dir, "%s", tmp);
@@ -574,6 +575,11 @@ Test(checkpoint, restore_onto_fewer_daemons_than_saved, .timeout = 240) {
   cr_assert_eq(dist_checkpoint_restore(c, tmp, &o, NULL), DIST_ENOTSUP);
   cr_assert(strstr(dist_errmsg(c), "'x' was saved on rank 3, but the cluster has 2 "
                                    "daemons"), "%s", dist_errmsg(c));
+  /* The rank named is one the cluster lacks, not the mesh's last. */
+  const char *only_z[] = {"z"};
+  o.tensors = only_z;
+  cr_assert_eq(dist_checkpoint_restore(c, tmp, &o, NULL), DIST_ENOTSUP);
+  cr_assert(strstr(dist_errmsg(c), "'z' was saved on rank 3, but"), "%s", dist_errmsg(c));
   dist_mesh *m2 = NULL;
   cr_assert_eq(dist_mesh_from_string("[1,0]", NULL, &m2), 0);
   dist_placement s0 = DIST_SHARD_DIM(0);
