@@ -251,7 +251,7 @@ static int exchange_run(const distd_moe_args *a, const void *in, void *out,
   for (int j = 0; j < W; j++) {
     if (j == a->me) continue;
     distd_xfer_send_deferred(hx, a->group[j], TAG_HEADER, mine, hlen);
-    distd_xfer_recv_any(hx, a->group[j], TAG_HEADER, &theirs[j], &their_len[j]);
+    distd_xfer_recv_any(hx, a->group[j], TAG_HEADER, &theirs[j], &their_len[j], hlen);
   }
   post_rows(a, &p, dx, in, out);
   copy_self(a, &p, in, out);
@@ -260,8 +260,10 @@ static int exchange_run(const distd_moe_args *a, const void *in, void *out,
    * wait, they were written from another CPU against dx's reads: the
    * loop thread's system calls per run 450-670 -> 145-160 (as in an
    * all-to-all), and W=2 16 MiB 6274 / 6552 -> 4797 / 5288 us in
-   * alternating launches. */
-  distd_xfer_keep_writing(hx);
+   * alternating launches. And while hx waits for a member's counts, the
+   * rows that follow them are read straight into place (the counts'
+   * length, hlen, is known). */
+  distd_xfer_then(hx, dx);
   rc = distd_xfer_wait(hx, a->deadline_ms, eb);
   if (rc == 0) rc = check_headers(a, theirs, their_len, eb);
   if (rc == 0) rc = distd_xfer_wait(dx, a->deadline_ms, eb);

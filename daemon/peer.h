@@ -110,21 +110,26 @@ void distd_xfer_send_deferred(distd_xfer *x, int dst, uint32_t tag,
 void distd_xfer_recv(distd_xfer *x, int src, uint32_t tag, void *buf,
                      size_t len);
 /* Posts a receive of whatever length src sends; after a successful wait
- * *buf is a malloc'd copy (caller frees) and *len its length. */
+ * *buf is a malloc'd copy (caller frees) and *len its length. likely_len
+ * is the length the caller expects (0: no idea): a guess that lets the
+ * driver read the frame after it ahead (distd_xfer_then); any length is
+ * still taken. */
 void distd_xfer_recv_any(distd_xfer *x, int src, uint32_t tag, void **buf,
-                         size_t *len);
+                         size_t *len, size_t likely_len);
 /* Waits until every posted transfer completed, the deadline (CLOCK_MONOTONIC
  * milliseconds, see distd_now_ms) passed, no byte moved for it for
  * silence_timeout_ms, a needed peer was lost, or a peer aborted the op. On
  * failure the message names the peer(s) involved and the remaining
  * transfers are cancelled. Returns 0 or a dist_err. */
 int distd_xfer_wait(distd_xfer *x, int64_t deadline_ms, dist_errbuf *eb);
-/* Says that the thread waiting on x waits on another xfer (or frees it)
- * right after. When x's wait ends while it drives the sockets, frames
- * still queued (the next xfer's rows) stay for that next wait to write,
- * instead of going to the loop thread, which would write them from
- * another CPU and contend for the lock with the next wait's reads. */
-void distd_xfer_keep_writing(distd_xfer *x);
+/* Says that the thread waiting on x waits on next right after, and that
+ * on every stream next's frames follow x's. When x's wait ends while it
+ * drives the sockets, frames still queued (next's rows) stay for next's
+ * wait to write, instead of going to the loop thread, which would write
+ * them from another CPU and contend for the lock with next's reads; and
+ * while it waits for a short frame of x, the driver may read the frame
+ * after it straight into next's receive. next must outlive x's wait. */
+void distd_xfer_then(distd_xfer *x, distd_xfer *next);
 /* Tells every rank in ranks[] (except self) that this op failed, so their
  * waits fail at once with reason instead of timing out. Does nothing when
  * x failed because a peer aborted the op: that peer told its group. */

@@ -59,6 +59,9 @@
  * pings (PING_MS apart) and sees a closed socket this much later. */
 #define PARK_MS 50
 #define DIRECT_READ_MIN (16 * 1024) /* smaller payload rests go through stage */
+/* Longest short frame (header and payload) the read-ahead looks past:
+ * half the stage, so what follows the guessed payload still has room. */
+#define LEAD_MAX (STAGE_SIZE / 2)
 #define CTL_MAX 1024              /* largest control payload (reasons, hello) */
 #define READ_BUDGET (8u << 20)    /* bytes per callback, for fairness */
 /* A send writes this much of its frame at once; the rest is written by
@@ -126,6 +129,7 @@ typedef struct recv_slot {
   void **any_buf; /* receive of any length */
   size_t *any_len;
   uint8_t *any_tmp; /* malloc'd while an any-receive is being filled */
+  size_t any_likely; /* the length an any-receive expects (0: unknown) */
   conn *reader;     /* connection currently reading into this slot */
   struct unexpected *claimed; /* kept-aside frame still arriving */
   int done;
@@ -235,7 +239,7 @@ struct distd_xfer {
   int waiting; /* a thread is in distd_xfer_wait */
   int64_t moved_ms; /* when bytes last moved for it (distd_xfer_moved) */
   int aborted_by;   /* rank whose ABORT failed it, or -1 */
-  int keep_writing; /* distd_xfer_keep_writing */
+  distd_xfer *then; /* distd_xfer_then: waited on next, frames follow */
   dist_errbuf err; /* err.code != 0 once failed */
 };
 
@@ -377,8 +381,9 @@ recv_slot *distd_find_posted_recv(distd_peers *p, uint64_t op_id, int src,
                                   uint32_t tag);
 /* The receive the driver's transfer most likely gets next from src, for
  * reading its payload ahead (peer_read.c); NULL when there is no good
- * guess. Driver thread only. */
-recv_slot *distd_guess_next_recv(distd_peers *p, int src);
+ * guess. *lead: the bytes of one short frame (header and payload) that
+ * likely come first, 0 if none. Driver thread only. */
+recv_slot *distd_guess_next_recv(distd_peers *p, int src, size_t *lead);
 void distd_recv_finished(recv_slot *s);
 void distd_unexpected_finished(distd_peers *p, unexpected *u);
 void distd_unexpected_free(distd_peers *p, unexpected *u);

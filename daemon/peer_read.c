@@ -257,19 +257,25 @@ int distd_conn_has_staged(const conn *c) {
  * When the driver waits for a large receive from this peer, the next
  * frame is most likely its (distd_guess_next_recv), so one readv() puts
  * the header in the stage, the payload straight into the receive and what
- * follows back in the stage. A wrong guess (another frame came first) is
- * put back in stream order in a spill buffer and read from there. */
+ * follows back in the stage. The guess may look past one short frame of
+ * known length (the lead: global_scatter's counts before its rows), which
+ * goes to the stage with the header after it. A wrong guess (another
+ * frame came first) is put back in stream order in a spill buffer and
+ * read from there. */
 
-static recv_slot *read_ahead_guess(conn *c) {
+static int read_step(conn *c, size_t *budget, int until_short);
+
+static recv_slot *read_ahead_guess(conn *c, size_t *lead) {
+  *lead = 0;
   if (!c->tp->readv || c->st_off != c->st_end || c->own_stage) return NULL;
-  return distd_guess_next_recv(c->p, c->rank);
+  return distd_guess_next_recv(c->p, c->rank, lead);
 }
 
-/* The guess was wrong: the stage holds what is left of the header
- * (st_off..HDR) and what followed the receive's bytes (HDR..st_end); the
- * mid_len bytes in the receive belong between them. */
-static int spill(conn *c, const uint8_t *mid, size_t mid_len) {
-  size_t head = HDR - c->st_off, tail = c->st_end - HDR, len = head + mid_len + tail;
+/* The guess was wrong: the stage holds what is left of its bytes up to
+ * `at` (st_off..at) and what followed the receive's bytes (at..st_end);
+ * the mid_len bytes in the receive belong between them. */
+static int spill(conn *c, size_t at, const uint8_t *mid, size_t mid_len) {
+  size_t head = at - c->st_off, tail = c->st_end - at, len = head + mid_len + tail;
   uint8_t *b = malloc(len);
   if (!b) {
     distd_conn_fail(c, "out of memory reading from the peer");
@@ -277,7 +283,7 @@ static int spill(conn *c, const uint8_t *mid, size_t mid_len) {
   }
   memcpy(b, c->stage + c->st_off, head);
   memcpy(b + head, mid, mid_len);
-  memcpy(b + head + mid_len, c->stage + HDR, tail);
+  memcpy(b + head + mid_len, c->stage + at, tail);
   c->own_stage = c->stage;
   c->stage = b;
   c->st_off = 0;
@@ -285,26 +291,46 @@ static int spill(conn *c, const uint8_t *mid, size_t mid_len) {
   return 0;
 }
 
+/* Takes the lead frame out of the stage, as reading would, when its
+ * header says it is the lead (a DATA frame of the predicted length);
+ * returns 1 when done, 0 when it was not the lead or had to wait, -1 when
+ * the connection failed. It is whole in the stage, so no step reads. */
+static int take_lead(conn *c, size_t lead) {
+  dist_frame_header h;
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  if (dist_frame_decode(c->stage, &h, &eb) < 0 || h.kind != DIST_FRAME_DATA ||
+      h.length != lead - HDR)
+    return 0;
+  size_t budget = SIZE_MAX;
+  while (c->st_off < lead || c->rstate != R_HEADER) {
+    int r = read_step(c, &budget, 1);
+    if (r <= 0) return r;
+  }
+  return 1;
+}
+
 /* Returns bytes read as fill_stage does. */
-static ssize_t read_ahead(conn *c, recv_slot *s) {
-  struct iovec iov[3] = {{c->stage, HDR}, {s->buf, s->len}, {c->stage + HDR, STAGE_SIZE - HDR}};
+static ssize_t read_ahead(conn *c, recv_slot *s, size_t lead) {
+  size_t at = lead + HDR; /* where the guessed payload starts in the stream */
+  struct iovec iov[3] = {{c->stage, at}, {s->buf, s->len}, {c->stage + at, STAGE_SIZE - at}};
   ssize_t n = c->tp->readv(c, iov, 3);
   if (n <= 0) return read_failed(c, n);
   c->short_read = (size_t)n < STAGE_SIZE + s->len;
   c->st_off = 0;
-  if ((size_t)n <= HDR) {
+  if ((size_t)n <= at) {
     c->st_end = (size_t)n;
     return n;
   }
-  size_t in_recv = (size_t)n - HDR < s->len ? (size_t)n - HDR : s->len;
+  size_t in_recv = (size_t)n - at < s->len ? (size_t)n - at : s->len;
   c->st_end = (size_t)n - in_recv;
-  if (on_header(c) < 0) return -1;
-  if (c->rstate == R_PAYLOAD && c->rmode == M_RECV && c->slot == s) {
+  int took = lead ? take_lead(c, lead) : 1;
+  if (took < 0 || (took == 1 && on_header(c) < 0)) return -1;
+  if (took == 1 && c->rstate == R_PAYLOAD && c->rmode == M_RECV && c->slot == s) {
     c->dst += in_recv; /* on_header pointed the payload at s->buf */
     c->remaining -= in_recv;
     return n;
   }
-  return spill(c, s->buf, in_recv) < 0 ? -1 : n;
+  return spill(c, at, s->buf, in_recv) < 0 ? -1 : n;
 }
 
 /* One step of the read state machine: 1 to go on, 0 to stop for now, -1
@@ -321,8 +347,9 @@ static int read_step(conn *c, size_t *budget, int until_short) {
       if (on_header(c) < 0) return -1;
       return c->read_blocked ? 0 : 1;
     }
-    recv_slot *guess = until_short ? read_ahead_guess(c) : NULL;
-    n = guess ? read_ahead(c, guess) : fill_stage(c);
+    size_t lead = 0;
+    recv_slot *guess = until_short ? read_ahead_guess(c, &lead) : NULL;
+    n = guess ? read_ahead(c, guess, lead) : fill_stage(c);
   } else if (c->remaining == 0) {
     return finish_payload(c) < 0 ? -1 : 1;
   } else if (c->st_off < c->st_end) {

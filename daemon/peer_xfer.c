@@ -171,22 +171,46 @@ static int sent_from(distd_peers *p, const uint8_t *buf, size_t len) {
   return 0;
 }
 
-/* Senders send an op's frames to one peer in the order they were posted,
- * so the driver's first unfinished receive from src is the likely next
- * frame. Only a large one is worth the guess (a small payload arrives with
- * its header in the stage anyway), and only memory no send reads from:
- * a wrong guess writes another frame's bytes there before its own come. */
-recv_slot *distd_guess_next_recv(distd_peers *p, int src) {
-  distd_xfer *x = p->driver_x;
-  if (!x || x->err.code) return NULL;
-  for (dlist *pos = x->recvs.next; pos != &x->recvs; pos = pos->next) {
+/* x's first unfinished receive from src after `after` (NULL: from the
+ * start). */
+static recv_slot *next_open_recv(distd_xfer *x, int src, recv_slot *after) {
+  dlist *pos = after ? after->link.next : x->recvs.next;
+  for (; pos != &x->recvs; pos = pos->next) {
     recv_slot *s = dlist_entry(pos, recv_slot, link);
-    if (s->done || s->src != src) continue;
-    if (!s->buf || s->any_buf || s->reader || s->claimed || s->len < DIRECT_READ_MIN)
-      return NULL;
-    return sent_from(p, s->buf, s->len) ? NULL : s;
+    if (!s->done && s->src == src) return s;
   }
   return NULL;
+}
+
+/* An any-receive expecting a short frame, which the read-ahead may look
+ * past: its header and payload are the lead. */
+static size_t short_lead(const recv_slot *s) {
+  if (!s->any_buf || !s->any_likely || s->reader || s->claimed) return 0;
+  size_t lead = DIST_FRAME_HEADER_SIZE + s->any_likely;
+  return lead <= LEAD_MAX ? lead : 0;
+}
+
+/* Senders send an op's frames to one peer in the order they were posted,
+ * so the driver's first unfinished receive from src is the likely next
+ * frame; when that is a short frame of known length (global_scatter's
+ * counts), the receive after it, in the same xfer or the one its thread
+ * waits on next (distd_xfer_then). Only a large one is worth the guess (a
+ * small payload arrives with its header in the stage anyway), and only
+ * memory no send reads from: a wrong guess writes another frame's bytes
+ * there before its own come. */
+recv_slot *distd_guess_next_recv(distd_peers *p, int src, size_t *lead) {
+  distd_xfer *x = p->driver_x;
+  *lead = 0;
+  if (!x || x->err.code) return NULL;
+  recv_slot *s = next_open_recv(x, src, NULL);
+  if (s && (*lead = short_lead(s)) != 0) {
+    recv_slot *first = s;
+    s = next_open_recv(x, src, first);
+    if (!s && x->then && !x->then->err.code) s = next_open_recv(x->then, src, NULL);
+  }
+  if (!s || !s->buf || s->any_buf || s->reader || s->claimed || s->len < DIRECT_READ_MIN)
+    return NULL;
+  return sent_from(p, s->buf, s->len) ? NULL : s;
 }
 
 static int needs_rank(distd_xfer *x, int rank) {
@@ -457,14 +481,14 @@ static void post_recv(distd_xfer *x, recv_slot *s) {
 }
 
 static void recv_common(distd_xfer *x, int src, uint32_t tag, void *buf, size_t len,
-                        void **any_buf, size_t *any_len) {
+                        void **any_buf, size_t *any_len, size_t any_likely) {
   distd_peers *p = x->p;
   if (!p) return;
   pthread_mutex_lock(&p->mu);
   if (x->err.code || check_rank(x, src, "receive from") < 0) goto out;
   recv_slot *s = calloc(1, sizeof *s);
   *s = (recv_slot){.x = x, .src = src, .tag = tag, .buf = buf, .len = len,
-                   .any_buf = any_buf, .any_len = any_len};
+                   .any_buf = any_buf, .any_len = any_len, .any_likely = any_likely};
   dlist_init(&s->link);
   if (src == p->rank) recv_from_self(x, s);
   else post_recv(x, s);
@@ -473,13 +497,14 @@ out:
 }
 
 void distd_xfer_recv(distd_xfer *x, int src, uint32_t tag, void *buf, size_t len) {
-  recv_common(x, src, tag, buf, len, NULL, NULL);
+  recv_common(x, src, tag, buf, len, NULL, NULL, 0);
 }
 
-void distd_xfer_recv_any(distd_xfer *x, int src, uint32_t tag, void **buf, size_t *len) {
+void distd_xfer_recv_any(distd_xfer *x, int src, uint32_t tag, void **buf, size_t *len,
+                         size_t likely_len) {
   *buf = NULL;
   *len = 0;
-  recv_common(x, src, tag, NULL, 0, buf, len);
+  recv_common(x, src, tag, NULL, 0, buf, len, likely_len);
 }
 
 /* "timed out waiting for ranks 1, 3 (rank 1 at 127.0.0.1:7471 is down)". */
@@ -571,10 +596,10 @@ static void claim_inbound(distd_peers *p) {
 
 /* Parks the inbound sockets for the next waiter (the loop takes them back
  * if none comes soon: peer_inbound.c), leaves unwritten frames to the loop
- * unless the driver's next wait will write them (distd_xfer_keep_writing),
+ * unless the driver's next wait will write them (distd_xfer_then),
  * and tells a waiter already sleeping that it may take over. */
 static void stop_driving(distd_peers *p) {
-  int keep = p->driver_x->keep_writing;
+  int keep = p->driver_x->then != NULL;
   distd_inbound_park(p);
   for (int r = 0; !keep && r < p->world; r++) {
     conn *c = p->peers[r].out;
@@ -720,7 +745,7 @@ int distd_xfer_wait(distd_xfer *x, int64_t deadline_ms, dist_errbuf *eb) {
   return rc;
 }
 
-void distd_xfer_keep_writing(distd_xfer *x) { x->keep_writing = 1; }
+void distd_xfer_then(distd_xfer *x, distd_xfer *next) { x->then = next; }
 
 void distd_xfer_abort(distd_xfer *x, const int *ranks, int n, const char *reason) {
   distd_peers *p = x->p;

@@ -72,7 +72,7 @@ static int move_across_meshes(distd_server *s, distd_tensor *src,
   if (to >= 0) {
     int sender = src_mesh->ranks[to];
     distd_xfer_recv(x, sender, 0, meta_in, sizeof meta_in);
-    distd_xfer_recv_any(x, sender, 1, &data, &len);
+    distd_xfer_recv_any(x, sender, 1, &data, &len, 0);
     partners[npartners++] = sender;
   }
   rc = distd_xfer_finish(x, deadline, partners, npartners, eb);

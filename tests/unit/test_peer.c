@@ -227,9 +227,9 @@ Test(peer, recv_any_returns_a_malloced_copy) {
   distd_xfer *s = distd_xfer_new(f.r[0].peers, 11), *r = distd_xfer_new(f.r[1].peers, 11);
   distd_xfer_send(s, 1, 1, src, 777);
   distd_xfer_send(s, 1, 2, src, 5);
-  distd_xfer_recv_any(r, 0, 1, &got, &got_len);
+  distd_xfer_recv_any(r, 0, 1, &got, &got_len, 0);
   usleep(100 * 1000); /* tag 2 arrives before its receive */
-  distd_xfer_recv_any(r, 0, 2, &early, &early_len);
+  distd_xfer_recv_any(r, 0, 2, &early, &early_len, 0);
   dist_errbuf eb = DIST_ERRBUF_INIT;
   cr_assert_eq(distd_xfer_wait(s, in_ms(5000), &eb), 0, "%s", eb.msg);
   cr_assert_eq(distd_xfer_wait(r, in_ms(5000), &eb), 0, "%s", eb.msg);
@@ -748,7 +748,7 @@ Test(peer, deferred_sends_leave_with_the_next_send_or_the_wait) {
 
 /* Rank 0 announces a header (xfer k, as moe_scatter.c's hx) and sends 6 MiB
  * of rows (xfer d); only the first part leaves at once. With k marked
- * distd_xfer_keep_writing, the rest stays queued when k's wait ends: the
+ * distd_xfer_then(k, d), the rest stays queued when k's wait ends: the
  * next wait on d writes it, and freeing d unwaited (the error path) still
  * lets the frame already started reach rank 1 whole. */
 static void kept_writer_round(peer_fixture *f, uint64_t op, int wait_rows) {
@@ -766,7 +766,7 @@ static void kept_writer_round(peer_fixture *f, uint64_t op, int wait_rows) {
   distd_xfer_send_deferred(k, 1, 0, h0, sizeof h0);
   distd_xfer_recv(k, 1, 0, h1_at_0, sizeof h1_at_0);
   distd_xfer_send(d, 1, 1, rows, n);
-  distd_xfer_keep_writing(k);
+  distd_xfer_then(k, d);
   dist_errbuf eb = DIST_ERRBUF_INIT;
   cr_assert_eq(distd_xfer_wait(k, in_ms(20000), &eb), 0, "%s", eb.msg);
   if (wait_rows) cr_assert_eq(distd_xfer_wait(d, in_ms(20000), &eb), 0, "%s", eb.msg);
@@ -856,5 +856,71 @@ Test(peer, a_frame_of_another_op_before_the_guessed_one_is_kept_intact) {
   cr_assert_eq(memcmp(rb, b, n2), 0, "the frame kept aside arrived changed");
   distd_xfer_free(rx), distd_xfer_free(rx2), distd_xfer_free(sx), distd_xfer_free(sx2);
   free(a), free(b), free(ra), free(rb);
+  fix_teardown(&f);
+}
+
+/* Rank 1 waits on a short any-length frame (hx, expecting likely bytes)
+ * and then on a large frame in dx, hx's next xfer (as moe_scatter.c's
+ * counts and rows); rank 0 sends a short frame of short_len bytes, then
+ * the large one, in one writev (with other_first, a large frame of an op
+ * rank 1 has not posted goes between them). While driving hx the guess
+ * reads past the short frame into dx's receive: right when short_len ==
+ * likely and nothing comes between, wrong otherwise; either way every
+ * frame arrives intact, the unposted one kept aside. */
+static void lead_round(peer_fixture *f, uint64_t op, size_t likely, size_t short_len,
+                       int other_first) {
+  size_t n = 200000;
+  uint8_t *small = pattern(short_len, (unsigned)op), *big = pattern(n, (unsigned)op + 1);
+  uint8_t *got_big = calloc(1, n);
+  void *got_small = NULL;
+  size_t got_small_len = 0;
+  distd_xfer *hx = distd_xfer_new(f->r[1].peers, op), *dx = distd_xfer_new(f->r[1].peers, op);
+  distd_xfer_recv_any(hx, 0, 0, &got_small, &got_small_len, likely);
+  distd_xfer_recv(dx, 0, 1, got_big, n);
+  distd_xfer_then(hx, dx);
+  waiter w = {.x = hx, .deadline = in_ms(10000)};
+  pthread_t t;
+  pthread_create(&t, NULL, waiter_main, &w);
+  usleep(50 * 1000); /* rank 1 drives its sockets before the bytes come */
+  distd_xfer *sk = distd_xfer_new(f->r[0].peers, op), *sd = distd_xfer_new(f->r[0].peers, op);
+  distd_xfer *other = distd_xfer_new(f->r[0].peers, op + 1000);
+  distd_xfer_send_deferred(sk, 1, 0, small, short_len);
+  if (other_first) distd_xfer_send(other, 1, 1, big, n);
+  distd_xfer_send(sd, 1, 1, big, n);
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  cr_assert_eq(distd_xfer_wait(sk, in_ms(10000), &eb), 0, "%s", eb.msg);
+  cr_assert_eq(distd_xfer_wait(sd, in_ms(10000), &eb), 0, "%s", eb.msg);
+  pthread_join(t, NULL);
+  cr_assert_eq(w.rc, 0, "op %llu: %s", (unsigned long long)op, w.msg);
+  cr_assert_eq(distd_xfer_wait(dx, in_ms(10000), &eb), 0, "%s", eb.msg);
+  cr_assert_eq(got_small_len, short_len, "op %llu", (unsigned long long)op);
+  cr_assert_eq(memcmp(got_small, small, short_len), 0, "op %llu: short frame changed",
+               (unsigned long long)op);
+  cr_assert_eq(memcmp(got_big, big, n), 0, "op %llu: large frame changed",
+               (unsigned long long)op);
+  if (other_first) { /* the frame of the other op was kept aside whole */
+    uint8_t *kept = calloc(1, n);
+    distd_xfer *ox = distd_xfer_new(f->r[1].peers, op + 1000);
+    distd_xfer_recv(ox, 0, 1, kept, n);
+    cr_assert_eq(distd_xfer_wait(other, in_ms(10000), &eb), 0, "%s", eb.msg);
+    cr_assert_eq(distd_xfer_wait(ox, in_ms(10000), &eb), 0, "%s", eb.msg);
+    cr_assert_eq(memcmp(kept, big, n), 0, "op %llu: frame kept aside changed",
+                 (unsigned long long)op);
+    distd_xfer_free(ox);
+    free(kept);
+  }
+  distd_xfer_free(hx), distd_xfer_free(dx), distd_xfer_free(sk), distd_xfer_free(sd);
+  distd_xfer_free(other);
+  free(small), free(big), free(got_big), free(got_small);
+}
+
+Test(peer, the_read_ahead_looks_past_a_short_frame_into_the_next_xfer) {
+  peer_fixture f;
+  fix_setup(&f, 2);
+  lead_round(&f, 60, 56, 56, 0);     /* the guess is right */
+  lead_round(&f, 61, 56, 80, 0);     /* the short frame is longer than expected */
+  lead_round(&f, 62, 56, 0, 0);      /* ... or empty */
+  lead_round(&f, 63, 56, 56, 1);     /* another op's large frame comes between */
+  lead_round(&f, 64, 9000, 9000, 0); /* too long to look past: read as before */
   fix_teardown(&f);
 }
