@@ -859,68 +859,93 @@ Test(peer, a_frame_of_another_op_before_the_guessed_one_is_kept_intact) {
   fix_teardown(&f);
 }
 
-/* Rank 1 waits on a short any-length frame (hx, expecting likely bytes)
- * and then on a large frame in dx, hx's next xfer (as moe_scatter.c's
- * counts and rows); rank 0 sends a short frame of short_len bytes, then
- * the large one, in one writev (with other_first, a large frame of an op
- * rank 1 has not posted goes between them). While driving hx the guess
+/* One case for the read-ahead past a short frame: rank 1 waits on a short
+ * any-length frame (hx, expecting `likely` bytes) and then on a large
+ * frame of `big` bytes in dx, hx's next xfer (as moe_scatter.c's counts
+ * and rows); rank 0 sends a short frame of short_len bytes, then the large
+ * one, in one writev. With other_len > 0 a frame of that length for an op
+ * rank 1 has not posted goes between them. While driving hx the guess
  * reads past the short frame into dx's receive: right when short_len ==
  * likely and nothing comes between, wrong otherwise; either way every
  * frame arrives intact, the unposted one kept aside. */
-static void lead_round(peer_fixture *f, uint64_t op, size_t likely, size_t short_len,
-                       int other_first) {
-  size_t n = 200000;
-  uint8_t *small = pattern(short_len, (unsigned)op), *big = pattern(n, (unsigned)op + 1);
-  uint8_t *got_big = calloc(1, n);
+typedef struct lead_case {
+  size_t likely, short_len, big, other_len;
+} lead_case;
+
+static void expect_kept_aside(peer_fixture *f, uint64_t op, distd_xfer *sent,
+                              const uint8_t *want, size_t len) {
+  uint8_t *kept = calloc(1, len ? len : 1);
+  distd_xfer *ox = distd_xfer_new(f->r[1].peers, op);
+  distd_xfer_recv(ox, 0, 1, kept, len);
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  cr_assert_eq(distd_xfer_wait(sent, in_ms(10000), &eb), 0, "%s", eb.msg);
+  cr_assert_eq(distd_xfer_wait(ox, in_ms(10000), &eb), 0, "%s", eb.msg);
+  cr_assert_eq(memcmp(kept, want, len), 0, "op %llu: frame kept aside changed",
+               (unsigned long long)op);
+  distd_xfer_free(ox);
+  free(kept);
+}
+
+static void lead_round(peer_fixture *f, uint64_t op, lead_case k) {
+  uint8_t *small = pattern(k.short_len, (unsigned)op), *big = pattern(k.big, (unsigned)op + 1);
+  uint8_t *other = pattern(k.other_len, (unsigned)op + 2), *got_big = calloc(1, k.big);
   void *got_small = NULL;
   size_t got_small_len = 0;
   distd_xfer *hx = distd_xfer_new(f->r[1].peers, op), *dx = distd_xfer_new(f->r[1].peers, op);
-  distd_xfer_recv_any(hx, 0, 0, &got_small, &got_small_len, likely);
-  distd_xfer_recv(dx, 0, 1, got_big, n);
+  distd_xfer_recv_any(hx, 0, 0, &got_small, &got_small_len, k.likely);
+  distd_xfer_recv(dx, 0, 1, got_big, k.big);
   distd_xfer_then(hx, dx);
   waiter w = {.x = hx, .deadline = in_ms(10000)};
   pthread_t t;
   pthread_create(&t, NULL, waiter_main, &w);
   usleep(50 * 1000); /* rank 1 drives its sockets before the bytes come */
   distd_xfer *sk = distd_xfer_new(f->r[0].peers, op), *sd = distd_xfer_new(f->r[0].peers, op);
-  distd_xfer *other = distd_xfer_new(f->r[0].peers, op + 1000);
-  distd_xfer_send_deferred(sk, 1, 0, small, short_len);
-  if (other_first) distd_xfer_send(other, 1, 1, big, n);
-  distd_xfer_send(sd, 1, 1, big, n);
+  distd_xfer *sx = distd_xfer_new(f->r[0].peers, op + 1000);
+  distd_xfer_send_deferred(sk, 1, 0, small, k.short_len);
+  if (k.other_len) distd_xfer_send(sx, 1, 1, other, k.other_len);
+  distd_xfer_send(sd, 1, 1, big, k.big);
   dist_errbuf eb = DIST_ERRBUF_INIT;
   cr_assert_eq(distd_xfer_wait(sk, in_ms(10000), &eb), 0, "%s", eb.msg);
   cr_assert_eq(distd_xfer_wait(sd, in_ms(10000), &eb), 0, "%s", eb.msg);
   pthread_join(t, NULL);
   cr_assert_eq(w.rc, 0, "op %llu: %s", (unsigned long long)op, w.msg);
   cr_assert_eq(distd_xfer_wait(dx, in_ms(10000), &eb), 0, "%s", eb.msg);
-  cr_assert_eq(got_small_len, short_len, "op %llu", (unsigned long long)op);
-  cr_assert_eq(memcmp(got_small, small, short_len), 0, "op %llu: short frame changed",
+  cr_assert_eq(got_small_len, k.short_len, "op %llu", (unsigned long long)op);
+  cr_assert_eq(memcmp(got_small, small, k.short_len), 0, "op %llu: short frame changed",
                (unsigned long long)op);
-  cr_assert_eq(memcmp(got_big, big, n), 0, "op %llu: large frame changed",
+  cr_assert_eq(memcmp(got_big, big, k.big), 0, "op %llu: large frame changed",
                (unsigned long long)op);
-  if (other_first) { /* the frame of the other op was kept aside whole */
-    uint8_t *kept = calloc(1, n);
-    distd_xfer *ox = distd_xfer_new(f->r[1].peers, op + 1000);
-    distd_xfer_recv(ox, 0, 1, kept, n);
-    cr_assert_eq(distd_xfer_wait(other, in_ms(10000), &eb), 0, "%s", eb.msg);
-    cr_assert_eq(distd_xfer_wait(ox, in_ms(10000), &eb), 0, "%s", eb.msg);
-    cr_assert_eq(memcmp(kept, big, n), 0, "op %llu: frame kept aside changed",
-                 (unsigned long long)op);
-    distd_xfer_free(ox);
-    free(kept);
-  }
+  if (k.other_len) expect_kept_aside(f, op + 1000, sx, other, k.other_len);
   distd_xfer_free(hx), distd_xfer_free(dx), distd_xfer_free(sk), distd_xfer_free(sd);
-  distd_xfer_free(other);
-  free(small), free(big), free(got_big), free(got_small);
+  distd_xfer_free(sx);
+  free(small), free(big), free(other), free(got_big), free(got_small);
 }
 
 Test(peer, the_read_ahead_looks_past_a_short_frame_into_the_next_xfer) {
   peer_fixture f;
   fix_setup(&f, 2);
-  lead_round(&f, 60, 56, 56, 0);     /* the guess is right */
-  lead_round(&f, 61, 56, 80, 0);     /* the short frame is longer than expected */
-  lead_round(&f, 62, 56, 0, 0);      /* ... or empty */
-  lead_round(&f, 63, 56, 56, 1);     /* another op's large frame comes between */
-  lead_round(&f, 64, 9000, 9000, 0); /* too long to look past: read as before */
+  lead_round(&f, 60, (lead_case){56, 56, 200000, 0});       /* the guess is right */
+  lead_round(&f, 61, (lead_case){56, 80, 200000, 0});       /* the short frame is longer */
+  lead_round(&f, 62, (lead_case){56, 0, 200000, 0});        /* ... or empty */
+  lead_round(&f, 63, (lead_case){56, 56, 200000, 200000});  /* another op's frame between */
+  lead_round(&f, 64, (lead_case){9000, 9000, 200000, 0});   /* too long to look past */
+  fix_teardown(&f);
+}
+
+/* The same with sizes drawn at random (fixed seed): short frames around
+ * the expected length, large frames around the stage and read sizes,
+ * sometimes another op's frame, short or large, in between. */
+Test(peer, the_read_ahead_past_a_short_frame_keeps_every_byte_in_random_cases) {
+  peer_fixture f;
+  fix_setup(&f, 2);
+  uint32_t seed = 12345;
+  for (uint64_t i = 0; i < 24; i++) {
+    seed = seed * 1103515245u + 12345u;
+    size_t likely = 8 + (seed >> 8) % 8000;
+    size_t short_len = (seed >> 4) % 3 == 0 ? likely : (seed >> 12) % 9000;
+    size_t big = 16384 + (seed >> 6) % 400000;
+    size_t other_len = (seed >> 3) % 3 == 0 ? 1 + (seed >> 10) % 100000 : 0;
+    lead_round(&f, 100 + i, (lead_case){likely, short_len, big, other_len});
+  }
   fix_teardown(&f);
 }
