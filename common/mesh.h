@@ -53,6 +53,8 @@ int64_t dist_split_start(int64_t n, int k, int i);
  * shard dims in range. The message names what is wrong. */
 int dist_placements_check(const dist_mesh_desc *m, const dist_placement *p,
                           int np, int tensor_ndim, dist_errbuf *eb);
+/* The first mesh dim placed Partial, or -1 when none is. */
+int dist_placements_partial_dim(const dist_placement *p, int np);
 /* Parses "Shard(0),Replicate(),Partial(sum)" (also "Partial()" = sum). */
 int dist_placements_parse(const char *text, dist_placement *p, int max,
                           int *np, dist_errbuf *eb);

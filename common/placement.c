@@ -87,6 +87,12 @@ int dist_placements_check(const dist_mesh_desc *m, const dist_placement *p,
   return 0;
 }
 
+int dist_placements_partial_dim(const dist_placement *p, int np) {
+  for (int i = 0; i < np; i++)
+    if (p[i].kind == DIST_PARTIAL) return i;
+  return -1;
+}
+
 /* ---- parsing ----------------------------------------------------------- */
 
 static void skip_space(const char **s) {

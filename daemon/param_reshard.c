@@ -10,10 +10,8 @@
 
 static int state_follows(const distd_tensor *out, const dist_mesh_desc *src_mesh,
                          const dist_mesh_desc *dst_mesh) {
-  if (!out || !dist_mesh_equal(src_mesh, dst_mesh)) return 0;
-  for (int d = 0; d < out->mesh.ndim; d++)
-    if (out->placements[d].kind == DIST_PARTIAL) return 0;
-  return 1;
+  return out && dist_mesh_equal(src_mesh, dst_mesh) &&
+         dist_placements_partial_dim(out->placements, out->mesh.ndim) < 0;
 }
 
 /* Reshards one state buffer, laid out as the parameter was, to out's

@@ -82,11 +82,11 @@ void distd_params_free(distd_params *p) {
 static int check_config(const distd_tensor *t, const distd_param_cfg *cfg,
                         dist_errbuf *eb) {
   if (distd_optim_check_dtype(t->dtype, eb) != 0) return eb ? eb->code : DIST_ENOTSUP;
-  for (int i = 0; i < t->nplacements; i++)
-    if (t->placements[i].kind == DIST_PARTIAL)
-      return dist_fail(eb, DIST_ENOTSUP, "parameter '%s' has a Partial placement "
-                       "on mesh dim %d: reshard it to Shard or Replicate first",
-                       t->name, i);
+  int partial = dist_placements_partial_dim(t->placements, t->nplacements);
+  if (partial >= 0)
+    return dist_fail(eb, DIST_ENOTSUP, "parameter '%s' has a Partial placement "
+                     "on mesh dim %d: reshard it to Shard or Replicate first",
+                     t->name, partial);
   if (cfg->reduce != DIST_REDUCE_SUM && cfg->reduce != DIST_REDUCE_AVG)
     return dist_fail(eb, DIST_EINVAL, "gradients are reduced over trainers by "
                      "sum or avg, not %s", dist_reduce_name(cfg->reduce));

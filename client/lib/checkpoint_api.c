@@ -343,11 +343,12 @@ static int check_rebuild(dist_client *c, const ckpt_entry *e, int missing,
                             "cluster has %d daemons: restore it onto a mesh of this "
                             "cluster (--mesh and --placements)", e->t.name, missing,
                             c->n);
-  for (int d = 0; d < md->ndim; d++)
-    if (e->t.placements[d].kind == DIST_PARTIAL)
-      return dist_client_fail(c, DIST_ENOTSUP, "'%s' was saved Partial on mesh dim %d "
-                              "over ranks the cluster lacks: only Shard and Replicate "
-                              "tensors can be restored onto fewer daemons", e->t.name, d);
+  int partial = dist_placements_partial_dim(e->t.placements, md->ndim);
+  if (partial >= 0)
+    return dist_client_fail(c, DIST_ENOTSUP, "'%s' was saved Partial on mesh dim %d "
+                            "over ranks the cluster lacks: only Shard and Replicate "
+                            "tensors can be restored onto fewer daemons", e->t.name,
+                            partial);
   return 0;
 }
 
@@ -472,10 +473,8 @@ static int relayout(dist_client *c, const dist_tensor *saved_t,
  * Replicate placements only (daemon/param_reshard.h). */
 static int loses_state(const dist_tensor *saved_t, const dist_checkpoint_opts *o) {
   const dist_mesh_desc *m = o->mesh ? &o->mesh->d : &saved_t->mesh.d;
-  if (!dist_mesh_equal(m, &saved_t->mesh.d)) return 1;
-  for (int d = 0; d < m->ndim; d++)
-    if (o->placements[d].kind == DIST_PARTIAL) return 1;
-  return 0;
+  return !dist_mesh_equal(m, &saved_t->mesh.d) ||
+         dist_placements_partial_dim(o->placements, m->ndim) >= 0;
 }
 
 /* Stores the whole value of a CKPT_REBUILD tensor onto the restore's mesh, in

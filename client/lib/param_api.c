@@ -223,13 +223,12 @@ int dist_param_pull(dist_client *c, const char *name, uint64_t min_version,
       dist_tensor_free(t);
       return rc;
     }
-  for (int i = 0; i < t->mesh.d.ndim; i++)
-    if (t->placements[i].kind == DIST_PARTIAL) {
-      rc = dist_client_fail(c, DIST_ENOTSUP, "'%s' is Partial: pull it with "
-                            "dist_full_tensor", name);
-      dist_tensor_free(t);
-      return rc;
-    }
+  if (dist_placements_partial_dim(t->placements, t->mesh.d.ndim) >= 0) {
+    rc = dist_client_fail(c, DIST_ENOTSUP, "'%s' is Partial: pull it with "
+                          "dist_full_tensor", name);
+    dist_tensor_free(t);
+    return rc;
+  }
   Dist__V1__ParamPullRequest rq = DIST__V1__PARAM_PULL_REQUEST__INIT;
   rq.name = (char *)name;
   rq.min_version = min_version;

@@ -356,3 +356,13 @@ Test(local_box, pieces_tile_the_tensor) {
         }
     }
 }
+
+Test(placements, partial_dim_is_the_first_partial_mesh_dim) {
+  dist_placement p[4];
+  int np = 0;
+  cr_assert_eq(dist_placements_parse("Shard(0),Replicate()", p, 4, &np, NULL), 0);
+  cr_assert_eq(dist_placements_partial_dim(p, np), -1);
+  cr_assert_eq(dist_placements_parse("Replicate(),Partial(max),Partial(sum)", p, 4, &np, NULL), 0);
+  cr_assert_eq(dist_placements_partial_dim(p, np), 1);
+  cr_assert_eq(dist_placements_partial_dim(p, 1), -1); /* only the first np count */
+}
