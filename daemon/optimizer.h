@@ -37,7 +37,9 @@ int distd_optim_check(const distd_optim_cfg *c, dist_errbuf *eb);
 /* Fails with DIST_ENOTSUP naming the dtype unless it is float32/float64. */
 int distd_optim_check_dtype(dist_dtype dt, dist_errbuf *eb);
 /* How many state buffers (each the size of the shard) the optimizer keeps:
- * 0 for plain SGD, 1 for SGD with momentum, 2 for Adam/AdamW (m, v). */
+ * 0 for plain SGD, 1 for SGD with momentum, 2 for Adam/AdamW (m, v); never
+ * more than DISTD_OPTIM_STATE_MAX. */
+#define DISTD_OPTIM_STATE_MAX 2
 int distd_optim_state_count(const distd_optim_cfg *c);
 /* One update of n elements in place: param and state[0..count) are updated,
  * grad is read. step is the 1-based number of this update (Adam's bias

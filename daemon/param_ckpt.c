@@ -151,7 +151,7 @@ static int read_one(const dist_st_file *f, const char *file, distd_store *st,
   json_t *names;
   if (parse_cfg(j, &cfg, &step, &names) != 0)
     return bad(eb, file, t->name, "has a malformed configuration");
-  const void *state[2] = {NULL, NULL};
+  const void *state[DISTD_OPTIM_STATE_MAX] = {NULL};
   int rc = find_state(f, file, t, names, distd_optim_state_count(&cfg.optim), state, eb);
   if (rc == 0 && (rc = distd_param_prepare(st, t, &cfg, step, state, out, eb)) != 0)
     dist_errbuf_prefix(eb, "%s: ", file);

@@ -39,16 +39,16 @@ int distd_param_reshard(distd_server *s, const char *name, const distd_tensor *o
   distd_param_snapshot snap;
   int rc = distd_param_snapshot_take(s->params, s->store, name, &snap, eb);
   if (rc != 0 || !snap.tensor) return rc;
-  distd_tensor *moved[2] = {NULL, NULL};
+  distd_tensor *moved[DISTD_OPTIM_STATE_MAX] = {NULL};
   for (int k = 0; k < snap.nstate && rc == 0; k++)
     rc = reshard_buffer(s, snap.tensor, snap.state[k], out,
                         distd_subop(op_id, STATE_STEP(k)), deadline_ms, &moved[k], eb);
   if (rc == 0) {
-    const void *state[2] = {moved[0] ? moved[0]->data : NULL,
-                            moved[1] ? moved[1]->data : NULL};
+    const void *state[DISTD_OPTIM_STATE_MAX] = {NULL};
+    for (int k = 0; k < snap.nstate; k++) state[k] = moved[k] ? moved[k]->data : NULL;
     rc = distd_param_prepare(s->store, out, &snap.cfg, snap.step, state, entry, eb);
   }
-  for (int k = 0; k < 2; k++) distd_tensor_unref(moved[k]);
+  for (int k = 0; k < DISTD_OPTIM_STATE_MAX; k++) distd_tensor_unref(moved[k]);
   distd_param_snapshot_free(&snap);
   if (rc != 0) dist_errbuf_prefix(eb, "the optimizer state of '%s': ", name);
   return rc;

@@ -23,7 +23,7 @@ struct distd_param_entry {
   dist_mesh_desc mesh;
   dist_placement placements[DIST_MAX_MESH_DIMS];
   size_t nbytes;
-  void *state[2];
+  void *state[DISTD_OPTIM_STATE_MAX];
   void *accum;          /* synchronous: the sum of this step's pushes */
   unsigned char *pushed; /* synchronous: trainer t pushed for this step */
   int npushed;
@@ -57,7 +57,7 @@ static param *find(distd_params *p, const char *name) {
 }
 
 static void release_state(param *q) {
-  for (int i = 0; i < 2; i++) free(q->state[i]), q->state[i] = NULL;
+  for (int i = 0; i < DISTD_OPTIM_STATE_MAX; i++) free(q->state[i]), q->state[i] = NULL;
   free(q->accum);
   free(q->pushed);
   q->accum = NULL;
@@ -389,7 +389,7 @@ out:
 }
 
 void distd_param_snapshot_free(distd_param_snapshot *s) {
-  for (int i = 0; i < 2; i++) free(s->state[i]);
+  for (int i = 0; i < DISTD_OPTIM_STATE_MAX; i++) free(s->state[i]);
   if (s->reserved) distd_store_release(s->store, s->reserved);
   distd_tensor_unref(s->tensor);
   memset(s, 0, sizeof *s);

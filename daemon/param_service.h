@@ -98,7 +98,7 @@ typedef struct distd_param_snapshot {
   distd_param_cfg cfg;
   uint64_t step;
   int nstate;
-  void *state[2];        /* tensor->nbytes each */
+  void *state[DISTD_OPTIM_STATE_MAX]; /* tensor->nbytes each */
   distd_store *store;
   size_t reserved;       /* the copies, reserved against the memory limit */
 } distd_param_snapshot;
