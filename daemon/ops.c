@@ -66,7 +66,9 @@ uint64_t distd_ops_begin(distd_ops *r, const char *kind, uint64_t op_id, const i
   memset(o, 0, sizeof *o);
   serial = o->serial = r->next_serial++;
   o->op_id = op_id;
-  snprintf(o->kind, sizeof o->kind, "%s", kind);
+  /* A copy, not snprintf: parsing a format took a tenth of a daemon's
+   * user time in a loop of small collectives. o is zeroed above. */
+  memcpy(o->kind, kind, strnlen(kind, sizeof o->kind - 1));
   o->group_size = size > 0 ? size : 0;
   for (int i = 0; i < o->group_size && i < DISTD_OPS_GROUP_MAX; i++) o->group[i] = group[i];
   o->bytes = bytes;

@@ -21,8 +21,9 @@
 /* ---- remembered ops: aborted by a peer, or failed here ---- */
 
 const remembered_op *distd_remembered_find(distd_peers *p, uint64_t op_id) {
+  if (p->remembered_used == 0) return NULL; /* the usual case, asked for every frame */
   int64_t now = distd_now_ms();
-  for (int i = 0; i < p->remembered_used; i++) { /* usually none: no failures */
+  for (int i = 0; i < p->remembered_used; i++) {
     const remembered_op *r = &p->remembered[i];
     if (r->at_ms && r->op_id == op_id && now - r->at_ms < REMEMBER_MS) return r;
   }
@@ -68,8 +69,10 @@ static void wake(distd_xfer *x) {
 void distd_xfer_moved(distd_xfer *x) { x->moved_ms = distd_now_ms(); }
 
 static void one_done(distd_xfer *x) {
-  distd_xfer_moved(x);
-  if (--x->pending == 0) wake(x);
+  if (--x->pending == 0)
+    wake(x);
+  else
+    distd_xfer_moved(x); /* only an unfinished xfer's silence is counted */
 }
 
 void distd_xfer_fail(distd_xfer *x, int code, const char *fmt, ...) {
@@ -692,11 +695,12 @@ static void drive(distd_xfer *x, int64_t deadline_ms) {
     claim_inbound(p);
     int n = drive_pass(p, fds);
     if (x->err.code || x->pending == 0) break;
-    int64_t left = wait_limit(x, deadline_ms) - distd_now_ms();
+    uint64_t now_ns = distd_now_ns(); /* one clock read per pass */
+    int64_t left = wait_limit(x, deadline_ms) - (int64_t)(now_ns / 1000000);
     if (left <= 0) break;
     fds[n++] = (struct pollfd){p->wake_fd, POLLIN, 0};
     int timeout = p->drive_again ? 0 : left < DRIVE_POLL_MAX_MS ? (int)left : DRIVE_POLL_MAX_MS;
-    int spinning = timeout > 0 && distd_now_ns() < spin_end;
+    int spinning = timeout > 0 && now_ns < spin_end;
     if (spinning) timeout = 0;
     pthread_mutex_unlock(&p->mu);
     int ready = poll(fds, (nfds_t)n, timeout);
@@ -717,20 +721,21 @@ int distd_xfer_wait(distd_xfer *x, int64_t deadline_ms, dist_errbuf *eb) {
   pthread_mutex_lock(&p->mu);
   p->waiters++;
   x->waiting = 1;
-  distd_xfer_moved(x); /* the silence is counted from here */
+  int64_t now = distd_now_ms();
+  x->moved_ms = now; /* the silence is counted from here */
   if (!x->err.code) check_self_matched(x);
   if (!can_drive(p)) distd_peers_flush_queued(p, 0);
   while (!x->err.code && x->pending > 0) {
     int64_t limit = wait_limit(x, deadline_ms);
-    if (distd_now_ms() >= limit) {
+    if (now >= limit) {
       fail_timeout(x);
       break;
     }
-    if (can_drive(p)) {
+    if (can_drive(p))
       drive(x, deadline_ms);
-      continue;
-    }
-    distd_cond_wait_until_ms(&x->cond, &p->mu, limit);
+    else
+      distd_cond_wait_until_ms(&x->cond, &p->mu, limit);
+    now = distd_now_ms();
   }
   x->waiting = 0;
   int rc = x->err.code;
