@@ -287,6 +287,7 @@ struct distd_peers {
   int drive_again; /* the driver must look again before sleeping */
   struct pollfd *pollfds; /* 2 * world + 1, the driver's */
   int *pollranks;          /* rank of each inbound pollfd, -1 for others */
+  unsigned spin_passes;     /* the driver's spinning passes (read_instead_of_poll) */
   int waiters;
   int closing;
   struct distd_ops *ops; /* registry for inspection (peer.h); not owned */
