@@ -3,10 +3,13 @@
 
 #include <string.h>
 
+#include "coll.h"
 #include "reshard.h"
 
-/* Op ids of state buffer k's reshard: clear of the values' own steps. */
+/* Op ids of state buffer k's reshard, and of the pending-push count
+ * exchange: clear of the values' own steps. */
 #define STATE_STEP(k) (100u + 20u * (unsigned)(k))
+#define PENDING_STEP 90u
 
 static int state_follows(const distd_tensor *out, const dist_mesh_desc *src_mesh,
                          const dist_mesh_desc *dst_mesh) {
@@ -51,5 +54,28 @@ int distd_param_reshard(distd_server *s, const char *name, const distd_tensor *o
   for (int k = 0; k < DISTD_OPTIM_STATE_MAX; k++) distd_tensor_unref(moved[k]);
   distd_param_snapshot_free(&snap);
   if (rc != 0) dist_errbuf_prefix(eb, "the optimizer state of '%s': ", name);
+  return rc;
+}
+
+int distd_param_reshard_check(distd_server *s, const char *name,
+                              const dist_mesh_desc *src_mesh, uint64_t op_id,
+                              int64_t deadline_ms, dist_errbuf *eb) {
+  int64_t mine = distd_param_pending(s->params, name);
+  if (mine < 0 || dist_mesh_index_of(src_mesh, s->rank) < 0) return 0;
+  int n = src_mesh->nranks;
+  int64_t all[DIST_MAX_MESH_RANKS];
+  size_t counts[DIST_MAX_MESH_RANKS];
+  for (int i = 0; i < n; i++) counts[i] = 1;
+  distd_coll c;
+  int rc = distd_coll_init(&c, s->peers, distd_subop(op_id, PENDING_STEP), src_mesh->ranks, n,
+                           deadline_ms, eb);
+  if (rc == 0) rc = distd_allgather(&c, &mine, all, counts, DIST_INT64, eb);
+  for (int i = 0; rc == 0 && i < n; i++)
+    if (all[i] > 0)
+      rc = dist_fail(eb, DIST_EUNAVAIL,
+                     "parameter '%s' has %lld push%s pending on rank %d for its next "
+                     "synchronous update; reshard it once that update is applied "
+                     "(nothing was changed)",
+                     name, (long long)all[i], all[i] == 1 ? "" : "es", src_mesh->ranks[i]);
   return rc;
 }

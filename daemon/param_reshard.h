@@ -4,8 +4,10 @@
  * on the parameter's own mesh and for Shard / Replicate placements; onto
  * another mesh (whose new ranks never held the state) or Partial
  * placements the state cannot follow, and the tensor stops being a
- * parameter. Pushes pending for an unfinished synchronous update are
- * dropped: the trainers push that update again. */
+ * parameter. On its own mesh, a parameter with pushes pending for an
+ * unfinished synchronous update on any of its daemons is not resharded:
+ * the pushes would be lost, and the trainers that made them would wait
+ * for an update that never comes. */
 #ifndef DISTD_PARAM_RESHARD_H
 #define DISTD_PARAM_RESHARD_H
 
@@ -21,5 +23,14 @@ int distd_param_reshard(distd_server *s, const char *name, const distd_tensor *o
                         const dist_mesh_desc *src_mesh, const dist_mesh_desc *dst_mesh,
                         uint64_t op_id, int64_t deadline_ms, distd_param_entry **entry,
                         dist_errbuf *eb);
+
+/* Before an in-place reshard on the same mesh, on every rank: fails
+ * (DIST_EUNAVAIL, the same message on every rank of src_mesh) when name is
+ * a parameter with pushes pending on any rank of its mesh. The ranks of
+ * the mesh hold the same parameters, so all of them exchange their counts
+ * (an op id derived from op_id), or none does. */
+int distd_param_reshard_check(distd_server *s, const char *name,
+                              const dist_mesh_desc *src_mesh, uint64_t op_id,
+                              int64_t deadline_ms, dist_errbuf *eb);
 
 #endif

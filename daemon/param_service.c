@@ -339,6 +339,14 @@ int distd_param_pull(distd_params *p, distd_store *st, const char *name,
   return rc;
 }
 
+int distd_param_pending(distd_params *p, const char *name) {
+  pthread_mutex_lock(&p->mu);
+  param *q = find(p, name);
+  int n = q ? q->npushed : -1;
+  pthread_mutex_unlock(&p->mu);
+  return n;
+}
+
 int distd_param_layout(distd_params *p, const char *name, dist_dtype *dt,
                        dist_mesh_desc *mesh, dist_placement *placements) {
   pthread_mutex_lock(&p->mu);

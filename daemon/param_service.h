@@ -67,6 +67,10 @@ int distd_param_pull(distd_params *p, distd_store *st, const char *name,
                      uint64_t min_version, int64_t deadline_ms,
                      distd_tensor **out, uint64_t *step, dist_errbuf *eb);
 
+/* Pushes waiting for name's next synchronous update on this daemon (0 for
+ * an asynchronous parameter); -1 when name is not a parameter. */
+int distd_param_pending(distd_params *p, const char *name);
+
 /* Whether name is a parameter; its dtype, mesh and placements when it is. */
 int distd_param_layout(distd_params *p, const char *name, dist_dtype *dt,
                        dist_mesh_desc *mesh, dist_placement *placements);

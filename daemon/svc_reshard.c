@@ -49,6 +49,10 @@ DISTD_HANDLER(reshard) {
   }
   int in_place = strcmp(dst_name, rq->name) == 0;
   distd_param_entry *param = NULL;
+  /* Onto another mesh a parameter stops being one (param_reshard.h), and
+   * that mesh's new ranks would not be in the exchange. */
+  if (rc == 0 && in_place && dist_mesh_equal(&src_mesh, &dst_mesh))
+    rc = distd_param_reshard_check(s, rq->name, &src_mesh, rq->op_id, ci->deadline_ms, eb);
   if (rc == 0)
     rc = distd_reshard(s, src, &src_mesh, &dst_mesh, dst_p, dst_name, rq->op_id,
                        ci->deadline_ms, &out, eb);

@@ -375,6 +375,64 @@ Test(param, integer_parameters_and_bad_options_are_refused) {
   dist_close(c);
 }
 
+/* Trainers from..to-1 push their step-t gradients; their average (or sum)
+ * goes to *acc. */
+static void push_trainers(dist_client *c, const char *name, int n, int t, int from, int to,
+                          double *acc) {
+  double *g = malloc(sizeof *g * (size_t)n);
+  for (int k = from; k < to; k++) {
+    for (int i = 0; i < n; i++) acc[i] += g[i] = grad_value(k, t, i);
+    cr_assert_eq(dist_param_push(c, name, k, g, sizeof *g * (size_t)n, NULL), 0, "%s",
+                 dist_errmsg(c));
+  }
+  free(g);
+}
+
+/* A reshard between two trainers' pushes of one synchronous update would
+ * lose the pushes made: it is refused on every daemon, with nothing
+ * changed, and the update then completes and continues as the reference. */
+Test(param, reshard_with_pushes_pending_is_refused_and_changes_nothing) {
+  dist_client *c = start(2);
+  double p0[8 * 2];
+  fill(p0, 16);
+  int64_t shape[2] = {8, 2};
+  dist_tensor *t = put(c, "w", DIST_FLOAT64, p0, 2, shape, "[0,1]", "Shard(0)");
+  dist_param_opts o = adam(0.05, 2);
+  cr_assert_eq(dist_param_configure(c, "w", &o), 0, "%s", dist_errmsg(c));
+  ref r;
+  ref_init(&r, p0, 16);
+  train_steps(c, "w", DIST_FLOAT64, &r, &o, 1, 1, 1e-12);
+  double acc[16] = {0};
+  push_trainers(c, "w", 16, 2, 0, 1, acc);
+  dist_placement s1 = DIST_SHARD_DIM(1);
+  cr_assert_eq(dist_reshard(c, t, NULL, &s1), DIST_EUNAVAIL, "%s", dist_errmsg(c));
+  cr_assert(strstr(dist_errmsg(c), "parameter 'w' has 1 push pending on rank 0"), "%s",
+            dist_errmsg(c));
+  cr_assert(strstr(dist_errmsg(c), "nothing was changed"), "%s", dist_errmsg(c));
+  dist_tensor *seen = NULL; /* what the daemons hold, not the handle's copy */
+  cr_assert_eq(dist_tensor_open(c, "w", &seen), 0, "%s", dist_errmsg(c));
+  cr_assert_eq(dist_tensor_placements(seen)[0].kind, DIST_SHARD);
+  cr_assert_eq(dist_tensor_placements(seen)[0].dim, 0);
+  dist_tensor_free(seen);
+  push_trainers(c, "w", 16, 2, 1, 2, acc);
+  if (o.reduce == DIST_REDUCE_AVG)
+    for (int i = 0; i < 16; i++) acc[i] /= o.trainers;
+  ref_step(&r, &o, acc, 2);
+  double now[16];
+  uint64_t v;
+  pull_now(c, "w", now, 16, &v);
+  for (int i = 0; i < 16; i++)
+    cr_assert(fabs(now[i] - (double)r.p[i]) <= 1e-12 * (1 + fabs((double)r.p[i])),
+              "elem %d: daemon %.10g, reference %.10g", i, now[i], (double)r.p[i]);
+  /* With the update applied, the same reshard goes through and the state
+   * follows. */
+  cr_assert_eq(dist_reshard(c, t, NULL, &s1), 0, "%s", dist_errmsg(c));
+  train_steps(c, "w", DIST_FLOAT64, &r, &o, 3, 4, 1e-12);
+  ref_free(&r);
+  dist_tensor_free(t);
+  dist_close(c);
+}
+
 /* The optimizer state is resharded with its parameter (Shard(0) -> Shard(1)
  * -> Replicate on the same mesh): the updates after each reshard are the
  * ones the reference makes without any. */

@@ -213,7 +213,10 @@ int dist_dtensor_to_local(dist_client *c, const dist_tensor *t, int rank,
 int dist_full_tensor(dist_client *c, const dist_tensor *t, void **data,
                      size_t *nbytes);
 /* Converts t in place to new placements, and to another mesh of the same
- * shape when mesh is not NULL. */
+ * shape when mesh is not NULL. A parameter (dist_param_configure) on its
+ * own mesh takes its optimizer state along; while pushes for its next
+ * synchronous update are pending on any daemon the reshard fails with
+ * DIST_EUNAVAIL and changes nothing. */
 int dist_reshard(dist_client *c, dist_tensor *t, const dist_mesh *mesh,
                  const dist_placement *placements);
 /* A handle to an existing tensor, by name (asks the daemons). */
