@@ -375,6 +375,21 @@ Test(param, integer_parameters_and_bad_options_are_refused) {
   dist_close(c);
 }
 
+/* Parameter "w", rows x cols float64 Shard(0) over mesh_text, configured
+ * with o; r is its reference, from the same initial values. */
+static dist_tensor *adam_w(dist_client *c, int rows, int cols, const char *mesh_text,
+                           const dist_param_opts *o, ref *r) {
+  int n = rows * cols;
+  double *p0 = malloc(sizeof *p0 * (size_t)n);
+  fill(p0, n);
+  int64_t shape[2] = {rows, cols};
+  dist_tensor *t = put(c, "w", DIST_FLOAT64, p0, 2, shape, mesh_text, "Shard(0)");
+  cr_assert_eq(dist_param_configure(c, "w", o), 0, "%s", dist_errmsg(c));
+  ref_init(r, p0, n);
+  free(p0);
+  return t;
+}
+
 /* Trainers from..to-1 push their step-t gradients; their average (or sum)
  * goes to *acc. */
 static void push_trainers(dist_client *c, const char *name, int n, int t, int from, int to,
@@ -393,14 +408,9 @@ static void push_trainers(dist_client *c, const char *name, int n, int t, int fr
  * changed, and the update then completes and continues as the reference. */
 Test(param, reshard_with_pushes_pending_is_refused_and_changes_nothing) {
   dist_client *c = start(2);
-  double p0[8 * 2];
-  fill(p0, 16);
-  int64_t shape[2] = {8, 2};
-  dist_tensor *t = put(c, "w", DIST_FLOAT64, p0, 2, shape, "[0,1]", "Shard(0)");
   dist_param_opts o = adam(0.05, 2);
-  cr_assert_eq(dist_param_configure(c, "w", &o), 0, "%s", dist_errmsg(c));
   ref r;
-  ref_init(&r, p0, 16);
+  dist_tensor *t = adam_w(c, 8, 2, "[0,1]", &o, &r);
   train_steps(c, "w", DIST_FLOAT64, &r, &o, 1, 1, 1e-12);
   double acc[16] = {0};
   push_trainers(c, "w", 16, 2, 0, 1, acc);
@@ -438,14 +448,9 @@ Test(param, reshard_with_pushes_pending_is_refused_and_changes_nothing) {
  * ones the reference makes without any. */
 Test(param, adam_state_follows_its_parameter_through_reshards) {
   dist_client *c = start(3);
-  double p0[10 * 3];
-  fill(p0, 30);
-  int64_t shape[2] = {10, 3};
-  dist_tensor *t = put(c, "w", DIST_FLOAT64, p0, 2, shape, "[0,1,2]", "Shard(0)");
   dist_param_opts o = adam(0.05, 2);
-  cr_assert_eq(dist_param_configure(c, "w", &o), 0, "%s", dist_errmsg(c));
   ref r;
-  ref_init(&r, p0, 30);
+  dist_tensor *t = adam_w(c, 10, 3, "[0,1,2]", &o, &r);
   train_steps(c, "w", DIST_FLOAT64, &r, &o, 1, 2, 1e-12);
   dist_placement s1 = DIST_SHARD_DIM(1), rep = DIST_REPLICATED;
   cr_assert_eq(dist_reshard(c, t, NULL, &s1), 0, "%s", dist_errmsg(c));
