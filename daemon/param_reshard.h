@@ -7,7 +7,8 @@
  * parameter. On its own mesh, a parameter with pushes pending for an
  * unfinished synchronous update on any of its daemons is not resharded:
  * the pushes would be lost, and the trainers that made them would wait
- * for an update that never comes. */
+ * for an update that never comes. While the reshard runs, the parameter's
+ * pushes are refused (distd_param_hold). */
 #ifndef DISTD_PARAM_RESHARD_H
 #define DISTD_PARAM_RESHARD_H
 
@@ -24,7 +25,8 @@ int distd_param_reshard(distd_server *s, const char *name, const distd_tensor *o
                         uint64_t op_id, int64_t deadline_ms, distd_param_entry **entry,
                         dist_errbuf *eb);
 
-/* Before an in-place reshard on the same mesh, on every rank: fails
+/* Before an in-place reshard on the same mesh, on every rank, with name
+ * held (distd_param_hold) when it is a parameter: fails
  * (DIST_EUNAVAIL, the same message on every rank of src_mesh) when name is
  * a parameter with pushes pending on any rank of its mesh. The ranks of
  * the mesh hold the same parameters, so all of them exchange their counts

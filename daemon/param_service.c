@@ -27,6 +27,7 @@ struct distd_param_entry {
   void *accum;          /* synchronous: the sum of this step's pushes */
   unsigned char *pushed; /* synchronous: trainer t pushed for this step */
   int npushed;
+  int held;             /* an in-place reshard runs: pushes are refused */
   uint64_t step;        /* updates applied */
   size_t reserved;      /* bytes reserved in the store for the above */
   distd_store *store;
@@ -295,6 +296,11 @@ int distd_param_push(distd_params *p, distd_store *st, const char *name,
                    "with an optimizer first)", name);
     goto out;
   }
+  if (q->held) {
+    rc = dist_fail(eb, DIST_EUNAVAIL, "parameter '%s' is being resharded; push again once "
+                   "the reshard is done (nothing was changed)", name);
+    goto out;
+  }
   if ((rc = distd_store_get(st, name, &cur, eb)) != 0) goto out;
   if ((rc = check_layout(q, cur, eb)) != 0) goto out;
   if ((rc = check_push(q, trainer, expect_step, nbytes, p->rank, eb)) != 0) goto out;
@@ -346,6 +352,18 @@ int distd_param_pending(distd_params *p, const char *name) {
   pthread_mutex_unlock(&p->mu);
   return n;
 }
+
+static int set_held(distd_params *p, const char *name, int held) {
+  pthread_mutex_lock(&p->mu);
+  param *q = find(p, name);
+  if (q) q->held = held;
+  pthread_mutex_unlock(&p->mu);
+  return q != NULL;
+}
+
+int distd_param_hold(distd_params *p, const char *name) { return set_held(p, name, 1); }
+
+void distd_param_release(distd_params *p, const char *name) { set_held(p, name, 0); }
 
 int distd_param_layout(distd_params *p, const char *name, dist_dtype *dt,
                        dist_mesh_desc *mesh, dist_placement *placements) {

@@ -71,6 +71,14 @@ int distd_param_pull(distd_params *p, distd_store *st, const char *name,
  * an asynchronous parameter); -1 when name is not a parameter. */
 int distd_param_pending(distd_params *p, const char *name);
 
+/* While an in-place reshard of name runs, its pushes are refused
+ * (DIST_EUNAVAIL): one applied meanwhile would be lost under the resharded
+ * values. Returns 1 when name is a parameter, and then the caller calls
+ * distd_param_release when the reshard is over (a no-op once the reshard
+ * installed a new entry or dropped the parameter). */
+int distd_param_hold(distd_params *p, const char *name);
+void distd_param_release(distd_params *p, const char *name);
+
 /* Whether name is a parameter; its dtype, mesh and placements when it is. */
 int distd_param_layout(distd_params *p, const char *name, dist_dtype *dt,
                        dist_mesh_desc *mesh, dist_placement *placements);

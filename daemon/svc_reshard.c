@@ -38,6 +38,10 @@ DISTD_HANDLER(reshard) {
   dist_mesh_desc dst_mesh, src_mesh;
   dist_placement dst_p[DIST_MAX_MESH_DIMS];
   const char *dst_name = rq->dst_name[0] ? rq->dst_name : rq->name;
+  int in_place = strcmp(dst_name, rq->name) == 0;
+  /* Held before its values are read: a push applied after that would be
+   * lost under the resharded values. */
+  int held = in_place && distd_param_hold(s->params, rq->name);
   distd_store_get(s->store, rq->name, &src, NULL);
   int rc = parse_target(s, rq, src, &dst_mesh, &src_mesh, dst_p, eb);
   if (rc == 0 && rq->dst_name[0] && strcmp(rq->dst_name, rq->name) != 0) {
@@ -47,11 +51,10 @@ DISTD_HANDLER(reshard) {
       rc = dist_fail(eb, DIST_EEXIST, "tensor '%s' already exists", rq->dst_name);
     }
   }
-  int in_place = strcmp(dst_name, rq->name) == 0;
   distd_param_entry *param = NULL;
   /* Onto another mesh a parameter stops being one (param_reshard.h), and
    * that mesh's new ranks would not be in the exchange. */
-  if (rc == 0 && in_place && dist_mesh_equal(&src_mesh, &dst_mesh))
+  if (rc == 0 && held && dist_mesh_equal(&src_mesh, &dst_mesh))
     rc = distd_param_reshard_check(s, rq->name, &src_mesh, rq->op_id, ci->deadline_ms, eb);
   if (rc == 0)
     rc = distd_reshard(s, src, &src_mesh, &dst_mesh, dst_p, dst_name, rq->op_id,
@@ -68,6 +71,7 @@ DISTD_HANDLER(reshard) {
     param = NULL;
   }
   distd_param_entry_free(param);
+  if (held) distd_param_release(s->params, rq->name);
   if (rc == 0) {
     dist_wire_meta *w = calloc(1, sizeof *w);
     Dist__V1__ReshardReply rp = DIST__V1__RESHARD_REPLY__INIT;

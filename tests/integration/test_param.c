@@ -3,6 +3,7 @@
  * tensor, independently of the daemon's kernels and of the slicing. */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -439,6 +440,67 @@ Test(param, reshard_with_pushes_pending_is_refused_and_changes_nothing) {
   cr_assert_eq(dist_reshard(c, t, NULL, &s1), 0, "%s", dist_errmsg(c));
   train_steps(c, "w", DIST_FLOAT64, &r, &o, 3, 4, 1e-12);
   ref_free(&r);
+  dist_tensor_free(t);
+  dist_close(c);
+}
+
+/* A trainer pushing in a loop, on its own client, until *stop. */
+typedef struct pusher {
+  dist_client *c;
+  const double *g;
+  volatile int *stop;
+  int applied, refused, other; /* other: any other outcome (a failure) */
+  char other_msg[256];
+} pusher;
+
+static void *push_loop(void *arg) {
+  pusher *pu = arg;
+  while (!*pu->stop && !pu->other) {
+    int rc = dist_param_push(pu->c, "w", 0, pu->g, 4 * sizeof *pu->g, NULL);
+    if (rc == 0) {
+      pu->applied++;
+    } else if (rc == DIST_EUNAVAIL && strstr(dist_errmsg(pu->c), "is being resharded")) {
+      pu->refused++;
+    } else {
+      pu->other = rc;
+      snprintf(pu->other_msg, sizeof pu->other_msg, "%s", dist_errmsg(pu->c));
+    }
+  }
+  return NULL;
+}
+
+/* Pushes while the parameter is resharded back and forth, on one daemon so
+ * that every push is whole: each is either applied, and then kept through
+ * every later reshard, or refused as "being resharded" with nothing
+ * changed. With SGD at lr 1 the value is then p0 minus the applied pushes,
+ * exactly. */
+Test(param, pushes_during_reshards_are_applied_or_refused_never_lost) {
+  dist_client *c = start(1);
+  double p0[4] = {10, 20, 30, 40}, g[4] = {1, 2, 3, 4}, now[4];
+  int64_t shape[1] = {4};
+  dist_tensor *t = put(c, "w", DIST_FLOAT64, p0, 1, shape, "[0]", "Shard(0)");
+  dist_param_opts o = DIST_PARAM_OPTS_INIT;
+  o.lr = 1;
+  o.consistency = DIST_PARAM_ASYNC;
+  cr_assert_eq(dist_param_configure(c, "w", &o), 0, "%s", dist_errmsg(c));
+  volatile int stop = 0;
+  pusher pu = {.c = harness_client(&cluster), .g = g, .stop = &stop};
+  pthread_t th;
+  cr_assert_eq(pthread_create(&th, NULL, push_loop, &pu), 0);
+  dist_placement rep = DIST_REPLICATED, s0 = DIST_SHARD_DIM(0);
+  for (int i = 0; i < 60; i++)
+    cr_assert_eq(dist_reshard(c, t, NULL, i % 2 ? &s0 : &rep), 0, "%s", dist_errmsg(c));
+  stop = 1;
+  pthread_join(th, NULL);
+  cr_assert_eq(pu.other, 0, "a push failed otherwise: %s", pu.other_msg);
+  cr_assert_gt(pu.applied, 0);
+  uint64_t v;
+  pull_now(c, "w", now, 4, &v);
+  for (int i = 0; i < 4; i++)
+    cr_assert_float_eq(now[i], p0[i] - pu.applied * g[i], 1e-9,
+                       "elem %d: %g after %d applied pushes (%d refused)", i, now[i],
+                       pu.applied, pu.refused);
+  dist_close(pu.c);
   dist_tensor_free(t);
   dist_close(c);
 }
