@@ -797,7 +797,9 @@ int dist_param_configure(dist_client *c, const char *name,
 /* Trainer `trainer` pushes the whole gradient (row-major, the parameter's
  * global shape and dtype, nbytes checked); each daemon receives its shard's
  * slice. SPMD: only this trainer's daemon receives its slice. *version (may
- * be NULL) is the lowest version the daemons report afterwards. */
+ * be NULL) is the lowest version the daemons report afterwards. While the
+ * parameter is being resharded a daemon refuses the push (DIST_EUNAVAIL,
+ * nothing changed there): push again. */
 int dist_param_push(dist_client *c, const char *name, int trainer,
                     const void *grad, size_t nbytes, uint64_t *version);
 /* Pushes this daemon's piece only: the bytes of `rank`'s shard (SPMD: -1 =
