@@ -81,15 +81,57 @@ static void ref_step(ref *r, const dist_param_opts *o, const double *g, int t) {
   }
 }
 
+/* Trainers from..to-1 push their step-t gradients (rounded to dt, as the
+ * daemon sees them); their sum is added to acc, and *version (may be NULL)
+ * gets the version the last push reported. */
+static void push_trainers(dist_client *c, const char *name, dist_dtype dt, int n, int t,
+                          int from, int to, double *acc, uint64_t *version) {
+  size_t elem = dt == DIST_FLOAT32 ? 4 : 8;
+  void *g = malloc((size_t)n * elem);
+  for (int k = from; k < to; k++) {
+    for (int i = 0; i < n; i++) {
+      double x = grad_value(k, t, i);
+      if (dt == DIST_FLOAT32) x = (float)x, ((float *)g)[i] = (float)x;
+      else ((double *)g)[i] = x;
+      acc[i] += x;
+    }
+    cr_assert_eq(dist_param_push(c, name, k, g, (size_t)n * elem, version), 0, "%s",
+                 dist_errmsg(c));
+  }
+  free(g);
+}
+
+/* Advances r by update t from the summed gradients in acc (averaged when
+ * o reduces by avg), then checks that `name`, pulled at min_version or
+ * later, has r's values. */
+static void step_and_compare(dist_client *c, const char *name, dist_dtype dt, ref *r,
+                             const dist_param_opts *o, int t, double *acc,
+                             uint64_t min_version, double tol) {
+  int n = r->n;
+  if (o->reduce == DIST_REDUCE_AVG)
+    for (int i = 0; i < n; i++) acc[i] /= o->trainers;
+  ref_step(r, o, acc, t);
+  void *data = NULL;
+  size_t nbytes = 0;
+  uint64_t v;
+  cr_assert_eq(dist_param_pull(c, name, min_version, &data, &nbytes, &v), 0, "%s",
+               dist_errmsg(c));
+  cr_assert_eq(nbytes, (size_t)n * (dt == DIST_FLOAT32 ? 4 : 8));
+  for (int i = 0; i < n; i++) {
+    double got = dt == DIST_FLOAT32 ? ((float *)data)[i] : ((double *)data)[i];
+    cr_assert(fabs(got - (double)r->p[i]) <= tol * (1 + fabs((double)r->p[i])),
+              "step %d elem %d: daemon %.10g, reference %.10g", t, i, got,
+              (double)r->p[i]);
+  }
+  free(data);
+}
+
 /* Trains `name` for synchronous steps first..last with `trainers` trainers
  * pushing whole gradients, advancing the reference r alongside, and
  * compares every pulled value with it. */
 static void train_steps(dist_client *c, const char *name, dist_dtype dt, ref *r,
                         const dist_param_opts *o, int first, int last, double tol) {
-  int n = r->n;
-  size_t elem = dt == DIST_FLOAT32 ? 4 : 8;
-  void *g = malloc((size_t)n * elem);
-  double *avg = calloc((size_t)n, sizeof *avg);
+  double *acc = malloc(sizeof *acc * (size_t)r->n);
   uint64_t v0 = 0, v = 0;
   void *data = NULL;
   size_t nbytes = 0;
@@ -97,34 +139,12 @@ static void train_steps(dist_client *c, const char *name, dist_dtype dt, ref *r,
   free(data);
   for (int t = first; t <= last; t++) {
     uint64_t want_v = v0 + (uint64_t)(t - first + 1);
-    memset(avg, 0, sizeof(double) * (size_t)n);
-    for (int k = 0; k < o->trainers; k++) {
-      for (int i = 0; i < n; i++) {
-        double x = grad_value(k, t, i);
-        if (dt == DIST_FLOAT32) x = (float)x, ((float *)g)[i] = (float)x;
-        else ((double *)g)[i] = x;
-        avg[i] += x;
-      }
-      cr_assert_eq(dist_param_push(c, name, k, g, (size_t)n * elem, &v), 0, "%s",
-                   dist_errmsg(c));
-    }
-    if (o->reduce == DIST_REDUCE_AVG)
-      for (int i = 0; i < n; i++) avg[i] /= o->trainers;
-    ref_step(r, o, avg, t);
+    memset(acc, 0, sizeof *acc * (size_t)r->n);
+    push_trainers(c, name, dt, r->n, t, 0, o->trainers, acc, &v);
     cr_assert_eq(v, want_v, "step %d: version %llu", t, (unsigned long long)v);
-    cr_assert_eq(dist_param_pull(c, name, want_v, &data, &nbytes, &v), 0, "%s",
-                 dist_errmsg(c));
-    cr_assert_eq(nbytes, (size_t)n * elem);
-    for (int i = 0; i < n; i++) {
-      double got = dt == DIST_FLOAT32 ? ((float *)data)[i] : ((double *)data)[i];
-      cr_assert(fabs(got - (double)r->p[i]) <= tol * (1 + fabs((double)r->p[i])),
-                "step %d elem %d: daemon %.10g, reference %.10g", t, i, got,
-                (double)r->p[i]);
-    }
-    free(data);
+    step_and_compare(c, name, dt, r, o, t, acc, want_v, tol);
   }
-  free(avg);
-  free(g);
+  free(acc);
 }
 
 static void train_and_compare(dist_client *c, const char *name, dist_dtype dt,
@@ -391,19 +411,6 @@ static dist_tensor *adam_w(dist_client *c, int rows, int cols, const char *mesh_
   return t;
 }
 
-/* Trainers from..to-1 push their step-t gradients; their average (or sum)
- * goes to *acc. */
-static void push_trainers(dist_client *c, const char *name, int n, int t, int from, int to,
-                          double *acc) {
-  double *g = malloc(sizeof *g * (size_t)n);
-  for (int k = from; k < to; k++) {
-    for (int i = 0; i < n; i++) acc[i] += g[i] = grad_value(k, t, i);
-    cr_assert_eq(dist_param_push(c, name, k, g, sizeof *g * (size_t)n, NULL), 0, "%s",
-                 dist_errmsg(c));
-  }
-  free(g);
-}
-
 /* A reshard between two trainers' pushes of one synchronous update would
  * lose the pushes made: it is refused on every daemon, with nothing
  * changed, and the update then completes and continues as the reference. */
@@ -414,7 +421,7 @@ Test(param, reshard_with_pushes_pending_is_refused_and_changes_nothing) {
   dist_tensor *t = adam_w(c, 8, 2, "[0,1]", &o, &r);
   train_steps(c, "w", DIST_FLOAT64, &r, &o, 1, 1, 1e-12);
   double acc[16] = {0};
-  push_trainers(c, "w", 16, 2, 0, 1, acc);
+  push_trainers(c, "w", DIST_FLOAT64, 16, 2, 0, 1, acc, NULL);
   dist_placement s1 = DIST_SHARD_DIM(1);
   cr_assert_eq(dist_reshard(c, t, NULL, &s1), DIST_EUNAVAIL, "%s", dist_errmsg(c));
   cr_assert(strstr(dist_errmsg(c), "parameter 'w' has 1 push pending on rank 0"), "%s",
@@ -425,16 +432,8 @@ Test(param, reshard_with_pushes_pending_is_refused_and_changes_nothing) {
   cr_assert_eq(dist_tensor_placements(seen)[0].kind, DIST_SHARD);
   cr_assert_eq(dist_tensor_placements(seen)[0].dim, 0);
   dist_tensor_free(seen);
-  push_trainers(c, "w", 16, 2, 1, 2, acc);
-  if (o.reduce == DIST_REDUCE_AVG)
-    for (int i = 0; i < 16; i++) acc[i] /= o.trainers;
-  ref_step(&r, &o, acc, 2);
-  double now[16];
-  uint64_t v;
-  pull_now(c, "w", now, 16, &v);
-  for (int i = 0; i < 16; i++)
-    cr_assert(fabs(now[i] - (double)r.p[i]) <= 1e-12 * (1 + fabs((double)r.p[i])),
-              "elem %d: daemon %.10g, reference %.10g", i, now[i], (double)r.p[i]);
+  push_trainers(c, "w", DIST_FLOAT64, 16, 2, 1, 2, acc, NULL);
+  step_and_compare(c, "w", DIST_FLOAT64, &r, &o, 2, acc, 0, 1e-12);
   /* With the update applied, the same reshard goes through and the state
    * follows. */
   cr_assert_eq(dist_reshard(c, t, NULL, &s1), 0, "%s", dist_errmsg(c));
