@@ -44,7 +44,7 @@ DISTD_HANDLER(reshard) {
   int held = in_place && distd_param_hold(s->params, rq->name);
   distd_store_get(s->store, rq->name, &src, NULL);
   int rc = parse_target(s, rq, src, &dst_mesh, &src_mesh, dst_p, eb);
-  if (rc == 0 && rq->dst_name[0] && strcmp(rq->dst_name, rq->name) != 0) {
+  if (rc == 0 && !in_place) {
     distd_tensor *exists = NULL;
     if (distd_store_get(s->store, rq->dst_name, &exists, NULL) == 0) {
       distd_tensor_unref(exists);
