@@ -61,6 +61,9 @@ def load(path):
         elif line.startswith("MEMCPY "):
             d = kv(line)
             mem[d["size"]] = float(d["GBps"])
+        elif line.startswith("TCPSTREAM_BEST "):
+            d = kv(line)
+            mem["tcp_" + d["size"]] = float(d["cpu_us"])
         elif line.startswith("BUSY "):
             load_["busy"].append(int(line.split()[1].split("=")[1].rstrip("%")))
         elif line.startswith("TCPCC "):
@@ -92,6 +95,20 @@ def floor_us(W, S, mem):
     return copied / (min(W, os.cpu_count() or 1) * bw * 1e9) * 1e6
 
 
+def tcp_bound(W, S, mem):
+    """The floor's multiple a TCP all-to-all reaches at best here: each byte
+    crossing ranks costs what it cost one bare loopback stream
+    (tcp_stream_cost's best CPU time per message of S bytes, both ends), k
+    times its two copies at memcpy speed; the self chunk stays one copy;
+    every CPU busy all the time."""
+    bw, cpu_us = mem_bw(mem, S), mem.get("tcp_" + ("%dMiB" % (S >> 20)))
+    if not bw or not cpu_us:
+        return None
+    k = cpu_us / (2 * S / (bw * 1e9) * 1e6)
+    cross, self_ = 2 * W * (W - 1) * S, W * S
+    return (cross * k + self_) / (cross + self_)
+
+
 def rounds_won(res, op, anchors, W, S):
     """(won, rounds): rounds in which ours was no slower than the best
     anchor of the same round (bench/run runs them minutes apart at most)."""
@@ -118,9 +135,11 @@ def build(res, iters, mem, ops):
                 continue
             best = min(present, key=lambda p: p[1]) if present else None
             ratio = ours / best[1] if ours is not None and best else None
-            fl = floor_us(W, S, mem) if a2a and S >= 16 << 20 else None
+            big = a2a and S >= 16 << 20
+            fl = floor_us(W, S, mem) if big else None
             rows.append({"op": op, "W": W, "S": S, "ours": ours, "e2e": e2e,
                          "anchors": avals, "best": best, "ratio": ratio, "floor": fl,
+                         "bound": tcp_bound(W, S, mem) if big else None,
                          "won": rounds_won(res, op, anchors, W, S),
                          "iters": iters.get(("distd_" + op, "d2d", W, S))})
             if ours is not None and best:
@@ -132,7 +151,7 @@ def build(res, iters, mem, ops):
 
 def render(rows):
     hdr = ["op", "W", "pair", "ours d2d", "ours e2e", "anchors (TCP)", "ratio d2d/best",
-           "rounds won", "d2d/floor"]
+           "rounds won", "d2d/floor", "TCP bound/floor"]
     table = []
     for r in rows:
         anchors = ", ".join("%s %s" % (label, fmt_us(v)) for _, label, v in r["anchors"])
@@ -140,7 +159,8 @@ def render(rows):
                       fmt_us(r["e2e"]), anchors,
                       "%.2f" % r["ratio"] if r["ratio"] is not None else "-",
                       "%d/%d" % r["won"] if r["won"][1] else "-",
-                      "%.2f" % (r["ours"] / r["floor"]) if r["floor"] and r["ours"] else "-"])
+                      "%.2f" % (r["ours"] / r["floor"]) if r["floor"] and r["ours"] else "-",
+                      "%.2f" % r["bound"] if r["bound"] else "-"])
     w = [max(len(x[i]) for x in [hdr] + table) for i in range(len(hdr))]
     out = ["| " + " | ".join(h.ljust(w[i]) for i, h in enumerate(hdr)) + " |",
            "|" + "|".join("-" * (x + 2) for x in w) + "|"]
@@ -185,7 +205,13 @@ def notes(rows, mem, load_, e2e_big, launches):
          "the Moe.GlobalScatter RPC.",
          "ratio = ours d2d / best TCP anchor of this run (MPI op over btl tcp; for all-to-all "
          "kinds the fastest of MPI_Alltoallv, Gloo, raw TCP). floor = two-copy loopback floor "
-         "(2*W*(W-1)*pair + W*pair bytes at memcpy speed over min(W, %d cores))."
+         "(2*W*(W-1)*pair + W*pair bytes at memcpy speed over min(W, %d cores)). TCP "
+         "bound = the floor's multiple a TCP all-to-all would reach if every byte crossing "
+         "ranks cost what it cost one bare loopback stream (bench/anchors/tcp_stream_cost: "
+         "best CPU time per 16 MiB of a sender and a receiver on their own CPUs, over write "
+         "sizes and socket buffers) against two memcpy copies, the self chunk one copy, and "
+         "every CPU were busy all the time. Both figures are measured at the end of the run "
+         "and move with the machine (memcpy 12.9-19.9 GB/s in one hour)."
          % (os.cpu_count() or 1),
          "placement: each of our daemons runs on its own CPU, round robin (`distctl cluster "
          "up --pin`, distd's cpu_affinity; PIN=0 turns it off); the anchors run where their "
@@ -203,8 +229,13 @@ def notes(rows, mem, load_, e2e_big, launches):
     if e2e_big:
         n.append("e2e at 16 MiB: %d timed ops only (each moves W*16 MiB through gRPC both "
                  "ways and takes a long time); e2e is a trainer's view, not a target." % e2e_big)
-    if mem:
-        n.append("memcpy (1 thread): " + ", ".join("%s %.1f GB/s" % kv_ for kv_ in mem.items()))
+    copies = [(k, v) for k, v in mem.items() if not k.startswith("tcp_")]
+    if copies:
+        n.append("memcpy (1 thread): " + ", ".join("%s %.1f GB/s" % kv_ for kv_ in copies))
+    for k, v in mem.items():
+        if k.startswith("tcp_"):
+            n.append("one bare loopback TCP stream, best of tcp_stream_cost's settings: %.0f us "
+                     "of CPU (sender + receiver) per %s." % (v, k[4:]))
     return n + load_notes(load_)
 
 
