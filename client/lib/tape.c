@@ -1,5 +1,5 @@
-/* The tape: libdist's reverse-mode walk over global_scatter, global_gather
- * and LocalLayer calls (dist.h, "Tape").
+/* The tape: libdist's reverse-mode walk over global_scatter, global_gather,
+ * LocalLayer calls and reshards (dist.h, "Tape").
  *
  * Recording runs each operation and remembers what its backward needs: the
  * names of its input and output tensors, the counts of an exchange, the
@@ -15,7 +15,9 @@
  * gradient lives per rank: each daemon of the group holds its own rows
  * under the name on a one-rank mesh, as a kept exchange result does. Two
  * gradients of one tensor are added in the daemons by a one-op LocalLayer
- * program. */
+ * program. A reshard changes a tensor's layout under the same name, so its
+ * backward takes the name's gradient, reshards it to the layout before and
+ * files it again under the name, for the entries before it. */
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,7 +28,7 @@
 
 #define NAME_MAX_LEN 256
 
-typedef enum { SCATTER, GATHER, LAYER } entry_kind;
+typedef enum { SCATTER, GATHER, LAYER, RESHARD } entry_kind;
 
 /* Ranks whose daemons each hold their own piece under one name. */
 typedef struct rank_set {
@@ -36,8 +38,9 @@ typedef struct rank_set {
 
 typedef struct entry {
   entry_kind kind;
-  /* exchanges: x -> y */
+  /* exchanges: x -> y; a reshard: x = y, the tensor it changed */
   char x[NAME_MAX_LEN], y[NAME_MAX_LEN];
+  dist_tensor before; /* a reshard: the tensor's handle before it */
   dist_dtype dt;
   int64_t d_model;
   int experts, group_size;
@@ -356,6 +359,26 @@ int dist_tape_local_layer_call(dist_tape *t, dist_program *p,
   return 0;
 }
 
+int dist_tape_reshard(dist_tape *t, dist_tensor *x, const dist_mesh *mesh,
+                      const dist_placement *placements) {
+  int rc = usable(t, "reshard");
+  if (rc) return rc;
+  if (!x) return dist_client_fail(t->c, DIST_EINVAL, "reshard on a tape needs a tensor");
+  if (find(t->locals, t->n_locals, x->name))
+    return dist_client_fail(t->c, DIST_EINVAL, "'%s' lives per rank (an exchange on "
+                            "the tape read or wrote it): it has no layout to reshard",
+                            x->name);
+  entry *e = new_entry(t);
+  if (!e) return dist_client_fail(t->c, DIST_ENOMEM, "out of memory");
+  e->kind = RESHARD;
+  e->before = *x;
+  snprintf(e->x, sizeof e->x, "%s", x->name);
+  snprintf(e->y, sizeof e->y, "%s", x->name);
+  if ((rc = dist_reshard(t->c, x, mesh, placements))) return rc;
+  t->n_entries++;
+  return 0;
+}
+
 /* ---------------------------------------------------------------- gradients */
 
 static void next_grad_name(dist_tape *t, char *buf) {
@@ -386,34 +409,36 @@ static slot made_tensor(dist_tape *t, const char *of, const dist_tensor *h) {
   return g;
 }
 
-/* One-op program out = a + b on mesh m with placements pl, run once. */
+/* One-op program out = a + b (b NULL: a copy of a) on mesh m with
+ * placements pl, run once. */
 static int run_add(dist_tape *t, const char *a, const char *b,
                    const dist_mesh_desc *m, const dist_placement *pl,
                    const char *out_name, dist_tensor **out) {
   dist_client *c = t->c;
   dist_program *p = NULL;
-  if (dist_program_new("tape.accumulate", &p))
+  if (dist_program_new(b ? "tape.accumulate" : "tape.copy", &p))
     return dist_client_fail(c, DIST_ENOMEM, "out of memory");
   int ia = dist_input_dtensor(p, "a", DIST_DTYPE_INVALID);
-  int ib = dist_input_dtensor(p, "b", DIST_DTYPE_INVALID);
-  dist_program_output(p, dist_op_add(p, ia, ib));
+  int ib = b ? dist_input_dtensor(p, "b", DIST_DTYPE_INVALID) : -1;
+  dist_program_output(p, b ? dist_op_add(p, ia, ib) : dist_op_mul_scalar(p, ia, 1.0));
   dist_mesh mesh = {*m};
   dist_program_out_dist_attr(p, &mesh, pl, NULL);
   int rc = dist_program_register(c, p);
   dist_tensor ta = {0}, tb = {0};
   snprintf(ta.name, sizeof ta.name, "%s", a);
-  snprintf(tb.name, sizeof tb.name, "%s", b);
+  if (b) snprintf(tb.name, sizeof tb.name, "%s", b);
   dist_arg args[2] = {{&ta, NULL}, {&tb, NULL}};
   const char *names[1] = {out_name};
   dist_call_opts o = {names, 1, 0, 1};
   dist_invocation *inv = NULL;
-  if (rc == 0) rc = dist_local_layer_call(c, p, args, 2, &o, &inv, out);
+  if (rc == 0) rc = dist_local_layer_call(c, p, args, b ? 2 : 1, &o, &inv, out);
   dist_invocation_free(inv);
   dist_errbuf keep = c->err;
   dist_program_unregister(c, p); /* a no-op when registration failed */
   c->err = keep;
   dist_program_free(p);
-  if (rc) dist_errbuf_prefix(&c->err, "adding the gradients '%s' and '%s': ", a, b);
+  if (rc && b) dist_errbuf_prefix(&c->err, "adding the gradients '%s' and '%s': ", a, b);
+  if (rc && !b) dist_errbuf_prefix(&c->err, "copying the gradient '%s': ", a);
   return rc;
 }
 
@@ -624,8 +649,51 @@ out:
   return rc;
 }
 
+/* g as a tensor the tape owns: the caller's seed is copied (in its own
+ * layout) rather than resharded in place. */
+static int own_gradient(dist_tape *t, slot *g) {
+  if (g->owned) return 0;
+  char name[NAME_MAX_LEN];
+  dist_tensor *copy = NULL;
+  next_grad_name(t, name);
+  int rc = run_add(t, g->t.name, NULL, &g->t.mesh.d, g->t.placements, name, &copy);
+  if (rc) return rc;
+  g->t = *copy;
+  g->owned = 1;
+  dist_tensor_free(copy);
+  return 0;
+}
+
+/* The gradient of a reshard's tensor before it: its gradient after,
+ * resharded back to the layout before (Paddle's reshard backward). */
+static int reshard_back(dist_tape *t, const entry *e) {
+  slot *s = find(t->slots, t->n_slots, e->x);
+  if (!s || s->kind == G_NONE) return 0;
+  if (s->kind != G_TENSOR || s->per_rank)
+    return dist_client_fail(t->c, DIST_ENOTSUP, "'%s' was resharded on the tape, and "
+                            "its gradient is given %s: give it as a stored tensor",
+                            e->x, s->kind == G_TENSOR ? "per rank" : s->kind == G_ONES
+                            ? "as the loss's 1" : "as values");
+  slot g = *s;
+  s->kind = G_NONE; /* g now holds it; the slot takes the result below */
+  s->owned = 0;
+  const dist_tensor *b = &e->before;
+  dist_mesh mesh = {b->mesh.d};
+  int rc = own_gradient(t, &g);
+  if (rc == 0)
+    rc = dist_reshard(t->c, &g.t, dist_mesh_equal(&g.t.mesh.d, &b->mesh.d) ? NULL : &mesh,
+                      b->placements);
+  if (rc) {
+    dist_errbuf_prefix(&t->c->err, "backward of the reshard of '%s': ", e->x);
+    slot_clear(t, &g);
+    return rc;
+  }
+  return accumulate(t, e->x, &g);
+}
+
 static int entry_back(dist_tape *t, entry *e) {
   if (e->kind == LAYER) return layer_back(t, e);
+  if (e->kind == RESHARD) return reshard_back(t, e);
   slot *s = find(t->slots, t->n_slots, e->y);
   if (!s || s->kind == G_NONE) return 0;
   slot g = *s;

@@ -674,10 +674,12 @@ void dist_invocation_free(dist_invocation *inv);
 /* ---------------------------------------------------------------- tape */
 
 /* A tape records the differentiable operations of one client in order
- * (global_scatter, global_gather, LocalLayer calls) and backpropagates
- * through them once, newest first: the gradient of a global_scatter's x is
- * global_gather of its result's gradient with the same counts (and vice
- * versa); a LocalLayer call's is its dist_backward. Gradients of a tensor
+ * (global_scatter, global_gather, LocalLayer calls, reshards) and
+ * backpropagates through them once, newest first: the gradient of a
+ * global_scatter's x is global_gather of its result's gradient with the
+ * same counts (and vice versa); a LocalLayer call's is its dist_backward; a
+ * reshard's is the gradient resharded back to the layout before, as in
+ * Paddle. Gradients of a tensor
  * that feeds several operations are added. Everything on a tape is named:
  * an operation's inputs and outputs are tensors the daemons hold (LocalLayer
  * arguments by their handle's name), and gradients are looked up by the
@@ -734,6 +736,14 @@ int dist_tape_global_gather(dist_tape *t, const dist_tape_exchange *a,
 int dist_tape_local_layer_call(dist_tape *t, dist_program *p,
                                const dist_arg *args, int nargs,
                                const dist_call_opts *opts, dist_tensor **outs);
+
+/* dist_reshard, recorded: x (its handle updated in place) goes to
+ * placements, and to mesh when not NULL. Backward reshards x's gradient
+ * (a stored tensor; the caller's seed is copied first, never changed) to
+ * x's mesh and placements before the call. A tensor an exchange on the
+ * tape read or wrote lives per rank and is refused (DIST_EINVAL). */
+int dist_tape_reshard(dist_tape *t, dist_tensor *x, const dist_mesh *mesh,
+                      const dist_placement *placements);
 
 /* Backpropagates from n tensors the tape produced. grads NULL: each is a
  * float LocalLayer output of one element (a loss) with gradient 1 on every
