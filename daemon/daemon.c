@@ -165,6 +165,13 @@ int distd_start(distd_server *s, dist_errbuf *eb) {
   return 0;
 }
 
+int distd_reload(distd_server *s, dist_errbuf *eb) {
+  distd_notify("RELOADING=1");
+  int rc = distd_rpc_reload_tokens(s->rpc, eb);
+  distd_notify("READY=1");
+  return rc;
+}
+
 void distd_stop(distd_server *s) {
   distd_notify("STOPPING=1");
   if (s->rpc) distd_rpc_shutdown(s->rpc, SHUTDOWN_GRACE_MS);

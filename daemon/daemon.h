@@ -9,6 +9,9 @@
  * configuration. On failure eb says which part and why; distd_stop still
  * cleans up what was started. */
 int distd_start(distd_server *s, dist_errbuf *eb);
+/* SIGHUP: reads what can change without a restart again (the bearer
+ * tokens); on failure what is in use stays and eb says why. */
+int distd_reload(distd_server *s, dist_errbuf *eb);
 /* Stops everything distd_start started (in-flight calls get a grace
  * period), and frees the configuration. */
 void distd_stop(distd_server *s);

@@ -76,6 +76,7 @@ static void block_signals(sigset_t *set) {
   sigemptyset(set);
   sigaddset(set, SIGTERM);
   sigaddset(set, SIGINT);
+  sigaddset(set, SIGHUP);
   pthread_sigmask(SIG_BLOCK, set, NULL);
   signal(SIGPIPE, SIG_IGN);
   main_thread = pthread_self();
@@ -83,6 +84,21 @@ static void block_signals(sigset_t *set) {
   sigemptyset(&sa.sa_mask);
   sigaction(SIGTERM, &sa, NULL);
   sigaction(SIGINT, &sa, NULL);
+  sigaction(SIGHUP, &sa, NULL);
+}
+
+/* Serves until SIGTERM or SIGINT; each SIGHUP reloads (distd_reload). */
+static void serve_until_stopped(distd_server *srv, sigset_t *signals) {
+  for (;;) {
+    int sig = 0;
+    sigwait(signals, &sig);
+    if (sig != SIGHUP) {
+      log_info("received %s: shutting down", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+      return;
+    }
+    dist_errbuf eb = DIST_ERRBUF_INIT;
+    if (distd_reload(srv, &eb) != 0) log_warn("SIGHUP: %s", dist_errbuf_msg(&eb));
+  }
 }
 
 int main(int argc, char **argv) {
@@ -103,9 +119,7 @@ int main(int argc, char **argv) {
     log_error("%s", dist_errbuf_msg(&eb));
     rc = 1;
   } else {
-    int sig = 0;
-    sigwait(&signals, &sig);
-    log_info("received %s: shutting down", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+    serve_until_stopped(&srv, &signals);
   }
   distd_stop(&srv);
   return rc;

@@ -74,6 +74,7 @@ struct distd_rpc {
   int stopping;
   int shutdown_notified;
   call_tag shutdown_tag;
+  pthread_mutex_t auth_mu; /* guards auth: a reload swaps it under calls */
   distd_auth *auth;   /* NULL: no token checks */
   client_load *loads; /* guarded by mu */
 };
@@ -192,6 +193,35 @@ static int reject(call_ctx *c, const char *reason, int code, dist_errbuf *eb,
   return dist_fail(eb, code, fmt, method);
 }
 
+/* The role of token (len bytes; 0: none given) in the tokens in use, or
+ * -1 when the daemon checks no tokens. */
+static int current_role(distd_rpc *r, const char *token, size_t len) {
+  pthread_mutex_lock(&r->auth_mu);
+  int role = !r->auth ? -1 : len ? (int)distd_auth_lookup(r->auth, token, len)
+                                 : (int)DISTD_ROLE_NONE;
+  pthread_mutex_unlock(&r->auth_mu);
+  return role;
+}
+
+int distd_rpc_reload_tokens(distd_rpc *r, dist_errbuf *eb) {
+  const char *path = r->srv->cfg.auth_tokens_file;
+  if (!path[0])
+    return dist_fail(eb, DIST_EINVAL, "no auth_tokens_file is configured: there are no "
+                     "tokens to reload");
+  distd_auth *fresh = NULL;
+  if (distd_auth_load(path, &fresh, eb) != 0) {
+    dist_errbuf_prefix(eb, "the tokens in use stay: ");
+    return eb->code;
+  }
+  pthread_mutex_lock(&r->auth_mu);
+  distd_auth *old = r->auth;
+  r->auth = fresh;
+  pthread_mutex_unlock(&r->auth_mu);
+  distd_auth_free(old);
+  log_info("reloaded %d bearer tokens from %s", distd_auth_count(fresh), path);
+  return 0;
+}
+
 /* Checks the caller's token against the method's access; sets key to the
  * identity the in-flight limit counts. */
 static int authorize(call_ctx *c, const distd_method *m, char *key, size_t len,
@@ -200,12 +230,13 @@ static int authorize(call_ctx *c, const distd_method *m, char *key, size_t len,
   size_t tlen = call_token(c, &token);
   if (tlen) snprintf(key, len, "token:%016llx", (unsigned long long)fnv1a(token, tlen));
   else peer_host_key(c, key, len);
-  if (!c->rpc->auth || m->access == DISTD_ACCESS_OPEN) return 0;
+  if (m->access == DISTD_ACCESS_OPEN) return 0;
+  int role = current_role(c->rpc, token, tlen);
+  if (role < 0) return 0; /* no tokens file: no checks */
   if (!tlen)
     return reject(c, "missing_token", DIST_EAUTH, eb,
                   "%s needs a bearer token: send \"authorization: Bearer TOKEN\" "
                   "(distctl --token-file, DIST_TOKEN)", m->name);
-  distd_role role = distd_auth_lookup(c->rpc->auth, token, tlen);
   if (role == DISTD_ROLE_NONE)
     return reject(c, "unknown_token", DIST_EAUTH, eb,
                   "%s: the bearer token is not one this daemon knows", m->name);
@@ -474,6 +505,7 @@ int distd_rpc_start(distd_server *s, const distd_method *methods, int n,
   }
   distd_rpc *r = calloc(1, sizeof *r);
   r->auth = auth;
+  pthread_mutex_init(&r->auth_mu, NULL);
   r->srv = s;
   r->methods = methods;
   r->nmethods = n;
@@ -497,6 +529,7 @@ int distd_rpc_start(distd_server *s, const distd_method *methods, int n,
     }
     grpc_completion_queue_destroy(r->cq);
     distd_auth_free(r->auth);
+    pthread_mutex_destroy(&r->auth_mu);
     free(r->handles);
     free(r);
     return rc;
@@ -565,6 +598,7 @@ void distd_rpc_free(distd_rpc *r) {
     free(l);
   }
   distd_auth_free(r->auth);
+  pthread_mutex_destroy(&r->auth_mu);
   free(r->workers);
   free(r->handles);
   free(r);

@@ -59,5 +59,10 @@ void distd_rpc_shutdown(distd_rpc *r, int64_t grace_ms);
 void distd_rpc_free(distd_rpc *r);
 /* The port the server bound. */
 int distd_rpc_port(const distd_rpc *r);
+/* Reads auth_tokens_file again and, when it parses, swaps the tokens in:
+ * calls checked from then on use the new set. On any error (no file
+ * configured, unreadable, readable by others, a bad line, no tokens) the
+ * tokens in use stay, and eb says why. */
+int distd_rpc_reload_tokens(distd_rpc *r, dist_errbuf *eb);
 
 #endif

@@ -6,6 +6,7 @@
 #include <criterion/criterion.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -344,6 +345,60 @@ Test(security, tokens_separate_read_only_from_read_write) {
   cr_assert(strstr(metrics, "distd_auth_rejected_total{reason=\"read_only_token\"} 1"), "%s",
             metrics);
   free(metrics);
+  harness_stop(&h);
+  remove_certs();
+}
+
+/* Writes the tokens file at path (mode 0600) with text. */
+static void write_tokens(const char *path, const char *text) {
+  FILE *f = fopen(path, "w");
+  cr_assert(f, "%s", path);
+  fputs(text, f);
+  fclose(f);
+  cr_assert_eq(chmod(path, 0600), 0);
+}
+
+/* Whether a client with token may call Info now. */
+static int token_works(harness *h, const char *token) {
+  dist_client *c = client_with_token(h, token);
+  dist_daemon_info info;
+  int rc = dist_info(c, 0, &info);
+  if (rc == 0) dist_info_free(&info);
+  dist_close(c);
+  return rc == 0;
+}
+
+#define NEW_TOKEN "rotated-token-00112233445566"
+
+/* SIGHUP reads the tokens file again: a rotated token replaces the old
+ * one; a file that does not parse leaves the tokens in use, and the log
+ * says why. */
+Test(security, sighup_rotates_tokens_and_a_bad_file_keeps_them) {
+  make_certs();
+  unsetenv("DIST_TLS_CA");
+  setenv("DIST_TOKEN", RW_TOKEN, 1); /* the harness polls Info */
+  const char *path = cert_path("rotating-tokens");
+  write_tokens(path, RW_TOKEN " read-write\n");
+  harness h;
+  const char *const args[] = {"--auth-tokens-file", path, NULL};
+  start_cluster(&h, 1, NULL, args, 1);
+  cr_assert(token_works(&h, RW_TOKEN));
+  cr_assert(!token_works(&h, NEW_TOKEN));
+
+  write_tokens(path, "# rotated\n" NEW_TOKEN " read-write\n");
+  long from = harness_log_size(&h, 0);
+  cr_assert_eq(kill(h.pids[0], SIGHUP), 0);
+  const char *const reloaded[] = {"reloaded 1 bearer tokens from", NULL};
+  cr_assert(harness_log_wait(&h, 0, from, reloaded, 10000), "no reload logged (%s)", h.dir);
+  cr_assert(token_works(&h, NEW_TOKEN), "the rotated token is refused");
+  cr_assert(!token_works(&h, RW_TOKEN), "the old token still works");
+
+  write_tokens(path, NEW_TOKEN " admin\n");
+  from = harness_log_size(&h, 0);
+  cr_assert_eq(kill(h.pids[0], SIGHUP), 0);
+  const char *const kept[] = {"the tokens in use stay", "rotating-tokens:1", "admin", NULL};
+  cr_assert(harness_log_wait(&h, 0, from, kept, 10000), "no refusal logged (%s)", h.dir);
+  cr_assert(token_works(&h, NEW_TOKEN), "a bad file dropped the tokens in use");
   harness_stop(&h);
   remove_certs();
 }
