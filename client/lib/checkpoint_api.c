@@ -333,22 +333,21 @@ static int read_manifest(dist_client *c, const char *dir, ckpt_manifest *m) {
 }
 
 /* A tensor saved on ranks the cluster lacks comes back onto the mesh the
- * restore names, put together from its pieces; Partial pieces would need
- * their reduction, which only a reshard before saving gives. */
+ * restore names, put together from its pieces (Partial ones reduced, when
+ * every Partial dim has the same reduction). */
 static int check_rebuild(dist_client *c, const ckpt_entry *e, int missing,
                          const dist_checkpoint_opts *o) {
-  const dist_mesh_desc *md = &e->t.mesh.d;
   if (!o || !o->mesh)
     return dist_client_fail(c, DIST_ENOTSUP, "'%s' was saved on rank %d, but the "
                             "cluster has %d daemons: restore it onto a mesh of this "
                             "cluster (--mesh and --placements)", e->t.name, missing,
                             c->n);
-  int partial = dist_placements_partial_dim(e->t.placements, md->ndim);
-  if (partial >= 0)
-    return dist_client_fail(c, DIST_ENOTSUP, "'%s' was saved Partial on mesh dim %d "
-                            "over ranks the cluster lacks: only Shard and Replicate "
-                            "tensors can be restored onto fewer daemons", e->t.name,
-                            partial);
+  dist_reduce op;
+  if (dist_ckpt_partial_reduce(&e->t, &op) < 0)
+    return dist_client_fail(c, DIST_ENOTSUP, "'%s' was saved Partial on mesh dims with "
+                            "different reductions, over ranks the cluster lacks: reshard "
+                            "it to Shard or Replicate before saving",
+                            e->t.name);
   return 0;
 }
 

@@ -27,8 +27,12 @@ enum { CKPT_SKIP = 0, CKPT_LOAD = 1 /* by the daemons of its saved ranks */,
  * cluster, or -1 when it has them all. */
 int dist_ckpt_missing_rank(const dist_client *c, const ckpt_entry *e);
 
+/* 1 and *op when t has Partial dims that all reduce with op, -1 when they
+ * reduce differently, 0 when it has none. */
+int dist_ckpt_partial_reduce(const dist_tensor *t, dist_reduce *op);
+
 /* The whole values of the tensors how[] marks CKPT_REBUILD (saved on ranks
- * the cluster lacks; Shard and Replicate only), read piece by piece from the
+ * the cluster lacks; Partial pieces reduced), read piece by piece from the
  * rank files through this cluster's daemons, which share the directory.
  * Every file read is checked against its sha256 first, so a bad file
  * fails here, before anything is restored; o's progress hears of each

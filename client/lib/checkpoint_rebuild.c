@@ -1,6 +1,8 @@
 /* Restoring tensors saved on more daemons than the cluster has: their
  * pieces are read out of the rank files through the daemons there are and
- * put together in the client (see checkpoint_internal.h). */
+ * put together in the client (see checkpoint_internal.h). Shard pieces go
+ * to their boxes; Partial pieces are reduced into theirs, as a reshard to
+ * Replicate would have done before saving. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -14,6 +16,41 @@ int dist_ckpt_missing_rank(const dist_client *c, const ckpt_entry *e) {
   for (int k = 0; k < md->nranks; k++)
     if (md->ranks[k] >= c->n && md->ranks[k] > missing) missing = md->ranks[k];
   return missing;
+}
+
+int dist_ckpt_partial_reduce(const dist_tensor *t, dist_reduce *op) {
+  int found = 0;
+  for (int d = 0; d < t->mesh.d.ndim; d++) {
+    const dist_placement *p = &t->placements[d];
+    if (p->kind != DIST_PARTIAL) continue;
+    if (found && p->reduce != *op) return -1;
+    *op = p->reduce;
+    found = 1;
+  }
+  return found;
+}
+
+/* How many pieces add up to each element: the product of the Partial
+ * dims' sizes. */
+static int partial_pieces(const dist_tensor *t) {
+  int k = 1;
+  for (int d = 0; d < t->mesh.d.ndim; d++)
+    if (t->placements[d].kind == DIST_PARTIAL) k *= t->mesh.d.shape[d];
+  return k;
+}
+
+/* Reduces piece (shaped box) into the box at offset of full. */
+static int reduce_box_in(void *full, const dist_shape *shape, const int64_t *offset,
+                         const void *piece, const dist_shape *box, dist_dtype dt,
+                         dist_reduce op) {
+  size_t es = dist_dtype_size(dt), n = (size_t)dist_shape_numel(box);
+  void *acc = malloc(n * es + 1);
+  if (!acc) return DIST_ENOMEM;
+  dist_copy_box_out(acc, full, shape, offset, box, es);
+  dist_reduce_into(acc, piece, n, dt, op);
+  dist_copy_box_in(full, shape, offset, acc, box, es);
+  free(acc);
+  return 0;
 }
 
 /* Mesh index k holds a piece not held by a lower index: its coordinate on
@@ -41,7 +78,13 @@ static int place_piece(dist_client *c, const ckpt_entry *e, int k,
     return dist_client_fail(c, DIST_EMISMATCH, "rank %d's piece of '%s' in the "
                             "checkpoint does not have the shape its layout gives it",
                             e->t.mesh.d.ranks[k], e->t.name);
-  dist_copy_box_in(full, &e->t.shape, offset, pc->data.data, &local, es);
+  dist_reduce op;
+  if (dist_ckpt_partial_reduce(&e->t, &op) <= 0) {
+    dist_copy_box_in(full, &e->t.shape, offset, pc->data.data, &local, es);
+    return 0;
+  }
+  if (reduce_box_in(full, &e->t.shape, offset, pc->data.data, &local, e->t.dtype, op))
+    return dist_client_fail(c, DIST_ENOMEM, "out of memory reducing '%s'", e->t.name);
   return 0;
 }
 
@@ -97,6 +140,9 @@ int dist_ckpt_read_whole(dist_client *c, const char *dir, const ckpt_manifest *m
     if (!(full[i] = malloc(nbytes[i] + 1)))
       rc = dist_client_fail(c, DIST_ENOMEM, "no memory for the %zu bytes of '%s'",
                             nbytes[i], t->name);
+    dist_reduce op;
+    if (rc == 0 && dist_ckpt_partial_reduce(t, &op) > 0) /* pieces reduce into it */
+      dist_reduce_identity(full[i], (size_t)dist_shape_numel(&t->shape), t->dtype, op);
   }
   for (int r = 0; r < m->nfiles && rc == 0; r++) {
     uint64_t bytes = 0;
@@ -104,6 +150,13 @@ int dist_ckpt_read_whole(dist_client *c, const char *dir, const ckpt_manifest *m
     /* A long restore shows each file it had to read through the client. */
     if (rc == 0 && bytes && o && o->progress)
       o->progress(o->progress_arg, "read", r, r + 1, m->nfiles, bytes);
+  }
+  for (int i = 0; i < m->ntensors && rc == 0; i++) {
+    const dist_tensor *t = &m->tensors[i].t;
+    dist_reduce op;
+    if (how[i] == CKPT_REBUILD && dist_ckpt_partial_reduce(t, &op) > 0) /* avg divides */
+      dist_reduce_finish(full[i], (size_t)dist_shape_numel(&t->shape), t->dtype, op,
+                         partial_pieces(t));
   }
   return rc;
 }

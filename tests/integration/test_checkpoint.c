@@ -537,6 +537,23 @@ Test(checkpoint, a_deleted_parameter_leaves_no_state_behind) {
 
 /* ---- restoring onto fewer daemons than saved ---- */
 
+/* name from one piece per rank of mesh_text, in mesh order (f32). */
+static void put_pieces(dist_client *c, const char *name, const float *const *pieces,
+                       int ndim, const int64_t *piece_shape, const char *mesh_text,
+                       const char *placements_text) {
+  dist_mesh *m = NULL;
+  dist_placement pl[DIST_MAX_MESH_DIMS];
+  cr_assert_eq(dist_mesh_from_string(mesh_text, NULL, &m), 0);
+  cr_assert_gt(dist_parse_placements(placements_text, pl, DIST_MAX_MESH_DIMS), 0);
+  const int64_t *shapes[4] = {piece_shape, piece_shape, piece_shape, piece_shape};
+  dist_tensor *t = NULL;
+  cr_assert_eq(dist_dtensor_from_local(c, name, (const void *const *)pieces, DIST_FLOAT32,
+                                       ndim, shapes, m, pl, &t),
+               0, "%s", dist_errmsg(c));
+  dist_tensor_free(t);
+  dist_mesh_free(m);
+}
+
 static int count_tensors(dist_client *c) {
   dist_tensor **list = NULL;
   int n = 0;
@@ -548,7 +565,8 @@ static int count_tensors(dist_client *c) {
 Test(checkpoint, restore_onto_fewer_daemons_than_saved, .timeout = 240) {
   dist_client *c = start(4);
   /* x: uneven shards (2, 2, 2, 1 rows); y: a 2-d mesh with a replicated
-   * dim; p: Partial, which only a reshard before saving could rebuild. */
+   * dim; p: Partial(sum) pieces, q: Shard(0) and Partial(max) pieces, both
+   * reduced in the rebuild as a reshard would. */
   float x0[7 * 3], p0[3] = {1, 2, 3};
   int64_t y0[4 * 6];
   for (int i = 0; i < 21; i++) x0[i] = 0.25f * (float)i - 2;
@@ -557,7 +575,16 @@ Test(checkpoint, restore_onto_fewer_daemons_than_saved, .timeout = 240) {
   dist_tensor_free(put(c, "x", DIST_FLOAT32, x0, 2, sx, "[0,1,2,3]", "Shard(0)"));
   dist_tensor_free(put(c, "y", DIST_INT64, y0, 2, sy, "[[0,1],[2,3]]",
                        "Shard(1),Replicate()"));
-  dist_tensor_free(put(c, "p", DIST_FLOAT32, p0, 1, sp, "[2,3]", "Partial(sum)"));
+  static const float p2[3] = {1, 2, 3}, p3[3] = {10, 20, 30}, p_sum[3] = {11, 22, 33};
+  const float *p_pieces[2] = {p2, p3};
+  put_pieces(c, "p", p_pieces, 1, sp, "[2,3]", "Partial(sum)");
+  static const float q0[3] = {1, 9, -4}, q1[3] = {5, 2, -7}, q2[3] = {0, 0, 8},
+                     q3[3] = {-1, 6, 3}, q_max[6] = {5, 9, -4, 0, 6, 8};
+  const float *q_pieces[4] = {q0, q1, q2, q3};
+  int64_t sq[2] = {1, 3};
+  put_pieces(c, "q", q_pieces, 2, sq, "[[0,1],[2,3]]", "Shard(0),Partial(max)");
+  /* r: a sum of maxima or a maximum of sums? Not defined: refused. */
+  put_pieces(c, "r", q_pieces, 1, sp, "[[0,1],[2,3]]", "Partial(sum),Partial(max)");
   dist_tensor_free(put(c, "z", DIST_FLOAT32, p0, 1, sp, "[3,1]", "Shard(0)"));
   char tmp[] = "/tmp/ckpt-fewer-XXXXXX";
   cr_assert(mkdtemp(tmp));
@@ -568,7 +595,7 @@ Test(checkpoint, restore_onto_fewer_daemons_than_saved, .timeout = 240) {
   c = start(2);
 
   /* Without a mesh of this cluster to put it on, x cannot come back. */
-  const char *only_x[] = {"x"}, *only_p[] = {"p"}, *x_and_y[] = {"x", "y"};
+  const char *only_x[] = {"x"}, *p_and_q[] = {"p", "q"}, *x_and_y[] = {"x", "y"};
   dist_checkpoint_opts o = DIST_CHECKPOINT_OPTS_INIT;
   o.tensors = only_x;
   o.ntensors = 1;
@@ -585,9 +612,20 @@ Test(checkpoint, restore_onto_fewer_daemons_than_saved, .timeout = 240) {
   dist_placement s0 = DIST_SHARD_DIM(0);
   o.mesh = m2;
   o.placements = &s0;
-  o.tensors = only_p;
+  const char *only_r[] = {"r"};
+  o.tensors = only_r;
   cr_assert_eq(dist_checkpoint_restore(c, tmp, &o, NULL), DIST_ENOTSUP);
-  cr_assert(strstr(dist_errmsg(c), "'p' was saved Partial"), "%s", dist_errmsg(c));
+  cr_assert(strstr(dist_errmsg(c), "'r' was saved Partial on mesh dims with different "
+                                   "reductions"), "%s", dist_errmsg(c));
+  cr_assert_eq(count_tensors(c), 0, "a refused restore stored something");
+  o.tensors = p_and_q;
+  o.ntensors = 2;
+  cr_assert_eq(dist_checkpoint_restore(c, tmp, &o, NULL), 0, "%s", dist_errmsg(c));
+  expect_value(c, "p", p_sum, sizeof p_sum);
+  expect_value(c, "q", q_max, sizeof q_max);
+  expect_layout(c, "q", "[Shard(0)]", 2, 1);
+  dist_tensor_delete(c, "p");
+  dist_tensor_delete(c, "q");
 
   /* A corrupt file of a rank that is gone is found before anything is
    * restored. */

@@ -875,8 +875,9 @@ int dist_checkpoint_save(dist_client *c, const char *dir,
  * the daemons; other meshes through the client). A tensor saved on ranks
  * the cluster no longer has (a smaller cluster) needs opts->mesh: its
  * pieces are read from the rank files through the daemons there are, put
- * together in the client and sharded onto that mesh (Shard and Replicate
- * placements; a Partial one is refused). Existing tensors of those names
+ * together in the client and sharded onto that mesh (Partial pieces are
+ * reduced as a reshard to Replicate would; a tensor Partial on two mesh dims
+ * with different reductions is refused). Existing tensors of those names
  * are replaced; a tensor saved without optimizer state is no longer a
  * parameter afterwards. */
 int dist_checkpoint_restore(dist_client *c, const char *dir,
