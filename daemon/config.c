@@ -59,6 +59,11 @@ static const dist_cfg_option options[] = {
         "Microseconds a worker waiting on peers polls its sockets (yielding "
         "the CPU between polls) before it sleeps; spends CPU to save the "
         "wake-up latency of small transfers. 0 sleeps at once."),
+    OPT(peer_io_uring, DIST_CFG_BOOL, "true", 0, 0, NULL,
+        "Make a waiting worker's data-plane reads and writes of one pass in "
+        "one io_uring system call instead of one call each; where io_uring "
+        "is not available (kernel, seccomp) distd logs why and makes them "
+        "one by one."),
     OPT(peer_congestion, DIST_CFG_STRING, "reno", 0, 0, NULL,
         "TCP congestion control of the data-plane connections; empty keeps "
         "the system default. They live as long as the daemons, and BBR's "

@@ -26,6 +26,7 @@ typedef struct distd_config {
   int64_t connect_backoff_min_ms;
   int64_t connect_backoff_max_ms;
   int64_t peer_spin_us;
+  int peer_io_uring; /* batch the driver's system calls (peer_batch.h) */
   uint64_t peer_socket_buffer; /* SO_SNDBUF/SO_RCVBUF of peer sockets; 0 = autotuning */
   char *peer_congestion; /* TCP_CONGESTION of peer sockets; "" = system default */
   int64_t rpc_threads;

@@ -91,6 +91,7 @@ static int start_peers(distd_server *s, dist_errbuf *eb) {
       .max_frame_size = s->cfg.max_frame_size,
       .silence_timeout_ms = s->cfg.peer_timeout_ms,
       .spin_us = s->cfg.peer_spin_us,
+      .no_io_uring = !s->cfg.peer_io_uring,
       .congestion = s->cfg.peer_congestion,
       .socket_buffer = (size_t)s->cfg.peer_socket_buffer,
   };

@@ -20,6 +20,7 @@
 
 #include "cluster.h"
 #include "log.h"
+#include "peer_batch.h"
 #include "peer_internal.h"
 #include "tls.h"
 
@@ -316,6 +317,24 @@ static void init_peer(distd_peers *p, int r) {
   pe->redial_ev = evtimer_new(p->base, redial_cb, pe);
 }
 
+/* The driver's batch of system calls (peer_batch.h): a read and a write
+ * per peer at most in one pass. */
+static int open_batch(distd_peers *p, int use_uring, dist_errbuf *eb) {
+  size_t calls = 2 * (size_t)p->world;
+  const char *why = "";
+  p->batch = distd_batch_new((int)calls, IOV_BATCH, use_uring, &why);
+  p->call_ranks = calloc(calls, sizeof *p->call_ranks);
+  p->call_results = calloc(calls, sizeof *p->call_results);
+  p->read_plans = calloc((size_t)p->world, sizeof *p->read_plans);
+  if (!p->batch || !p->call_ranks || !p->call_results || !p->read_plans)
+    return dist_fail(eb, DIST_ENOMEM, "out of memory");
+  if (distd_batch_cheap(p->batch))
+    log_info("peer data plane: a waiting thread batches its system calls with io_uring");
+  else
+    log_info("peer data plane: no io_uring (%s): one system call per read and write", why);
+  return 0;
+}
+
 int distd_peers_start(distd_peers **out, struct event_base *base,
                       const distd_peers_opts *opts, dist_errbuf *eb) {
   *out = NULL;
@@ -365,7 +384,9 @@ int distd_peers_start(distd_peers **out, struct event_base *base,
     p->tp = &distd_peer_transport_tls;
   }
   for (int r = 0; r < p->world; r++) init_peer(p, r);
-  if (p->tp == &distd_peer_transport_tcp && (rc = distd_inbound_open(p, eb)) < 0) goto out;
+  if (p->tp == &distd_peer_transport_tcp &&
+      ((rc = distd_inbound_open(p, eb)) < 0 || (rc = open_batch(p, !opts->no_io_uring, eb)) < 0))
+    goto out;
   if ((rc = start_listener(p, eb)) < 0) goto out;
   if ((rc = open_hold_timer(p, eb)) < 0) goto out;
   p->ping_ev = event_new(base, -1, EV_PERSIST, ping_cb, p);
@@ -426,6 +447,10 @@ void distd_peers_free(distd_peers *p) {
   if (p->wake_fd >= 0) close(p->wake_fd);
   free(p->pollfds);
   free(p->pollranks);
+  distd_batch_free(p->batch);
+  free(p->call_ranks);
+  free(p->call_results);
+  free(p->read_plans);
   pthread_cond_destroy(&p->idle);
   pthread_mutex_destroy(&p->mu);
   distd_peer_tls_ctx_free(p->tls_ctx);

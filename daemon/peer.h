@@ -55,6 +55,9 @@ typedef struct distd_peers_opts {
   /* SO_SNDBUF and SO_RCVBUF of the peer sockets; 0 keeps the kernel's
    * autotuning. */
   size_t socket_buffer;
+  /* 1: a waiting thread makes its reads and writes one system call each,
+   * never through io_uring (peer_batch.h). */
+  int no_io_uring;
 } distd_peers_opts;
 
 typedef struct distd_peer_stats {

@@ -278,12 +278,39 @@ int distd_conn_flush(conn *c, int in_loop) {
   return 0;
 }
 
+static int driver_may_write(const conn *c) {
+  return !c->connecting && !c->handshaking && c->greeted && !c->close_after_flush;
+}
+
 int distd_conn_driver_flush(conn *c, size_t cap) {
-  if (c->connecting || c->handshaking || !c->greeted || c->close_after_flush) return 0;
+  if (!driver_may_write(c)) return 0;
   int r = flush_ctl(c);
   if (r == 1) r = flush_outq(c, cap);
   if (r < 0) distd_conn_want_write(c); /* the loop thread finds the error again */
   return r == 0;
+}
+
+/* Control bytes (PONG) are rare and few: they go out at once, and the
+ * queue only after them. */
+int distd_conn_plan_write(conn *c, struct iovec *iov) {
+  if (!driver_may_write(c)) return 0;
+  int r = flush_ctl(c);
+  if (r < 0) distd_conn_want_write(c);
+  if (r != 1) return 0;
+  int n;
+  gather(&c->p->peers[c->rank].outq, iov, &n, SIZE_MAX);
+  return n;
+}
+
+void distd_conn_write_done(conn *c, ssize_t w) {
+  if (w >= 0) account(c->p, &c->p->peers[c->rank].outq, (size_t)w);
+  else if (w != -EAGAIN && w != -EWOULDBLOCK)
+    distd_conn_want_write(c); /* the loop thread finds the error again */
+}
+
+int distd_conn_driver_has_queued(const conn *c) {
+  return driver_may_write(c) &&
+         (c->woff < c->wlen || !dlist_empty(&c->p->peers[c->rank].outq));
 }
 
 static void finish_connect(conn *c) {

@@ -38,6 +38,7 @@
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/uio.h>
 
 #include "frame.h"
 #include "peer.h"
@@ -149,6 +150,20 @@ typedef struct unexpected {
 
 enum { R_HEADER, R_PAYLOAD };
 enum { M_RECV, M_UNEXP, M_CTL, M_DISCARD };
+
+/* A read the read state machine needs next (peer_read.c), made by its
+ * caller: at once on the loop thread, in the driver's batch
+ * (peer_batch.h) on the driver. */
+enum { READ_STAGE, READ_DIRECT, READ_AHEAD };
+typedef struct distd_read_plan {
+  int kind;
+  struct iovec iov[3];
+  int niov;
+  size_t asked;     /* bytes the iovecs hold */
+  recv_slot *guess; /* READ_AHEAD: the receive the payload likely is for */
+  size_t lead;      /* READ_AHEAD: the short frame read before it, or 0 */
+} distd_read_plan;
+#define STEP_READ 2 /* distd_conn_drive_plan: *rp is the read to make */
 
 struct conn {
   distd_peers *p;
@@ -287,6 +302,12 @@ struct distd_peers {
   int drive_again; /* the driver must look again before sleeping */
   struct pollfd *pollfds; /* 2 * world + 1, the driver's */
   int *pollranks;          /* rank of each inbound pollfd, -1 for others */
+  /* The driver's system calls of one pass (peer_batch.h), and per call
+   * the rank (reads: r, writes: -1 - r) and result; per rank its read. */
+  struct distd_batch *batch;
+  int *call_ranks;
+  ssize_t *call_results;
+  distd_read_plan *read_plans;
   unsigned spin_passes;     /* the driver's spinning passes (read_instead_of_poll) */
   int waiters;
   int closing;
@@ -326,14 +347,29 @@ void distd_conn_queue_ctl(conn *c, const dist_frame_header *h,
 /* Writes what it can. in_loop = 0 from worker threads: then errors are left
  * for the loop thread to find. Returns -1 when the connection was closed. */
 int distd_conn_flush(conn *c, int in_loop);
-/* For the driver, and a worker about to wait: writes at most cap bytes of
- * what an outbound connection has queued, without arming its write event;
- * returns 1 when bytes are left. */
+/* For a worker about to wait: writes at most cap bytes of what an
+ * outbound connection has queued, without arming its write event; returns
+ * 1 when bytes are left. */
 int distd_conn_driver_flush(conn *c, size_t cap);
-/* For the driver: reads frames from an owned inbound connection until the
- * socket is empty (0), budget is spent or the driver's transfer is complete
- * (1), or it failed (-1). */
-int distd_conn_drive_read(conn *c, size_t budget);
+/* For the driver's batch: the next write of what c has queued, as iov
+ * (IOV_BATCH entries at most); returns their count, 0 when there is
+ * nothing a driver may write now. */
+int distd_conn_plan_write(conn *c, struct iovec *iov);
+/* The planned write returned w (bytes, or -errno). */
+void distd_conn_write_done(conn *c, ssize_t w);
+/* Bytes queued on c that a driver would write (it waits for POLLOUT). */
+int distd_conn_driver_has_queued(const conn *c);
+/* For the driver, one pass over an owned inbound connection: takes the
+ * frames already staged, up to the next read, which it returns as *rp
+ * (STEP_READ); or 1 when the driver's transfer is complete, 0 when a
+ * frame waits for its receive, -1 when the connection failed. */
+int distd_conn_drive_plan(conn *c, distd_read_plan *rp);
+/* The read *rp planned returned n (bytes, or -errno): takes what it
+ * brought, as far as it goes without another read. 1 when c should be
+ * read again at once (the read filled all it asked for, or the driver's
+ * transfer is complete), 0 when the socket is empty or a frame waits for
+ * its receive, -1 when the connection failed. */
+int distd_conn_drive_done(conn *c, const distd_read_plan *rp, ssize_t n);
 /* 1 when reading c can advance without read(): bytes already staged, or a
  * finished payload to hand over. poll() cannot see those. */
 int distd_conn_has_staged(const conn *c);

@@ -189,17 +189,23 @@ static void unspill(conn *c) {
   c->st_end = left;
 }
 
-/* A read that returned n <= 0: 0 when the socket is only empty for now,
- * -1 when the connection is gone (and failed here). */
-static ssize_t read_failed(conn *c, ssize_t n) {
-  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
-  distd_conn_fail(c, n == 0 ? "connection closed by peer" : distd_conn_io_reason(c, errno));
+/* A read that returned n <= 0 (err: its errno): 0 when the socket is only
+ * empty for now, -1 when the connection is gone (and failed here). */
+static int read_failed(conn *c, ssize_t n, int err) {
+  if (n < 0 && (err == EAGAIN || err == EWOULDBLOCK)) return 0;
+  distd_conn_fail(c, n == 0 ? "connection closed by peer" : distd_conn_io_reason(c, err));
   return -1;
 }
 
-/* Reads more into the stage; returns bytes read, 0 when the socket is
- * empty, -1 when the connection was closed. */
-static ssize_t fill_stage(conn *c) {
+static void plan_one(distd_read_plan *rp, int kind, void *buf, size_t len) {
+  rp->kind = kind;
+  rp->iov[0] = (struct iovec){buf, len};
+  rp->niov = 1;
+  rp->asked = len;
+}
+
+/* A read of more into the stage. */
+static void plan_stage(conn *c, distd_read_plan *rp) {
   unspill(c);
   if (c->st_off == c->st_end) c->st_off = c->st_end = 0;
   else if (c->st_off > 0 && c->st_end - c->st_off < HDR) {
@@ -207,25 +213,12 @@ static ssize_t fill_stage(conn *c) {
     c->st_end -= c->st_off;
     c->st_off = 0;
   }
-  size_t room = STAGE_SIZE - c->st_end;
-  ssize_t n = c->tp->read(c, c->stage + c->st_end, room);
-  if (n > 0) {
-    c->st_end += (size_t)n;
-    c->short_read = (size_t)n < room;
-    return n;
-  }
-  return read_failed(c, n);
+  plan_one(rp, READ_STAGE, c->stage + c->st_end, STAGE_SIZE - c->st_end);
 }
 
-static ssize_t read_direct(conn *c) {
-  ssize_t n = c->tp->read(c, c->dst, c->remaining);
-  if (n > 0) {
-    c->short_read = (size_t)n < c->remaining;
-    c->dst += n;
-    c->remaining -= (size_t)n;
-    return n;
-  }
-  return read_failed(c, n);
+/* A read of the rest of the payload straight into its destination. */
+static void plan_direct(conn *c, distd_read_plan *rp) {
+  plan_one(rp, READ_DIRECT, c->dst, c->remaining);
 }
 
 static void take_staged(conn *c) {
@@ -309,37 +302,48 @@ static int take_lead(conn *c, size_t lead) {
   return 1;
 }
 
-/* Returns bytes read as fill_stage does. */
-static ssize_t read_ahead(conn *c, recv_slot *s, size_t lead) {
+/* A read of the header (after the lead) into the stage, the guessed
+ * payload into s and what follows back into the stage. */
+static void plan_ahead(conn *c, recv_slot *s, size_t lead, distd_read_plan *rp) {
   size_t at = lead + HDR; /* where the guessed payload starts in the stream */
-  struct iovec iov[3] = {{c->stage, at}, {s->buf, s->len}, {c->stage + at, STAGE_SIZE - at}};
-  ssize_t n = c->tp->readv(c, iov, 3);
-  if (n <= 0) return read_failed(c, n);
-  c->short_read = (size_t)n < STAGE_SIZE + s->len;
+  rp->kind = READ_AHEAD;
+  rp->iov[0] = (struct iovec){c->stage, at};
+  rp->iov[1] = (struct iovec){s->buf, s->len};
+  rp->iov[2] = (struct iovec){c->stage + at, STAGE_SIZE - at};
+  rp->niov = 3;
+  rp->asked = STAGE_SIZE + s->len;
+  rp->guess = s;
+  rp->lead = lead;
+}
+
+/* The read-ahead returned n > 0 bytes: 0, or -1 when the connection failed. */
+static int ahead_done(conn *c, const distd_read_plan *rp, size_t n) {
+  recv_slot *s = rp->guess;
+  size_t at = rp->lead + HDR;
   c->st_off = 0;
-  if ((size_t)n <= at) {
-    c->st_end = (size_t)n;
-    return n;
+  if (n <= at) {
+    c->st_end = n;
+    return 0;
   }
-  size_t in_recv = (size_t)n - at < s->len ? (size_t)n - at : s->len;
-  c->st_end = (size_t)n - in_recv;
-  int took = lead ? take_lead(c, lead) : 1;
+  size_t in_recv = n - at < s->len ? n - at : s->len;
+  c->st_end = n - in_recv;
+  int took = rp->lead ? take_lead(c, rp->lead) : 1;
   if (took < 0 || (took == 1 && on_header(c) < 0)) return -1;
   if (took == 1 && c->rstate == R_PAYLOAD && c->rmode == M_RECV && c->slot == s) {
     c->dst += in_recv; /* on_header pointed the payload at s->buf */
     c->remaining -= in_recv;
-    return n;
+    return 0;
   }
-  return spill(c, at, s->buf, in_recv) < 0 ? -1 : n;
+  return spill(c, at, s->buf, in_recv);
 }
 
-/* One step of the read state machine: 1 to go on, 0 to stop for now, -1
- * when the connection is gone. With until_short, a read that returned
+/* One step of the read state machine that needs no read: 1 to go on, 0
+ * to stop for now, -1 when the connection is gone, or STEP_READ with *rp
+ * the read the next step needs. With until_short, a read that returned
  * less than it asked for counts as having emptied the socket: the next
- * step needing a read returns 0 instead of making a read() that would
+ * step needing a read returns 0 instead of asking for a read() that would
  * only say EAGAIN (the driver's poll() tells when more bytes come). */
-static int read_step(conn *c, size_t *budget, int until_short) {
-  ssize_t n;
+static int step_or_plan(conn *c, int until_short, distd_read_plan *rp) {
   int needs_read = !distd_conn_has_staged(c);
   if (needs_read && until_short && c->short_read) return 0;
   if (c->rstate == R_HEADER) {
@@ -349,21 +353,52 @@ static int read_step(conn *c, size_t *budget, int until_short) {
     }
     size_t lead = 0;
     recv_slot *guess = until_short ? read_ahead_guess(c, &lead) : NULL;
-    n = guess ? read_ahead(c, guess, lead) : fill_stage(c);
-  } else if (c->remaining == 0) {
-    return finish_payload(c) < 0 ? -1 : 1;
-  } else if (c->st_off < c->st_end) {
+    if (guess) plan_ahead(c, guess, lead, rp);
+    else plan_stage(c, rp);
+    return STEP_READ;
+  }
+  if (c->remaining == 0) return finish_payload(c) < 0 ? -1 : 1;
+  if (c->st_off < c->st_end) {
     take_staged(c);
     return 1;
-  } else if (c->rmode != M_DISCARD && c->remaining >= DIRECT_READ_MIN) {
-    n = read_direct(c);
-  } else {
-    n = fill_stage(c);
   }
-  if (n <= 0) return n < 0 ? -1 : 0;
-  *budget = (size_t)n >= *budget ? 0 : *budget - (size_t)n;
+  if (c->rmode != M_DISCARD && c->remaining >= DIRECT_READ_MIN) plan_direct(c, rp);
+  else plan_stage(c, rp);
+  return STEP_READ;
+}
+
+/* The read *rp planned returned n (bytes, or -errno): 1 when it moved
+ * bytes, 0 when the socket was empty, -1 when the connection is gone. */
+static int read_done(conn *c, const distd_read_plan *rp, ssize_t n) {
+  if (n <= 0) return read_failed(c, n, (int)-n);
+  c->short_read = (size_t)n < rp->asked;
+  if (rp->kind == READ_STAGE) {
+    c->st_end += (size_t)n;
+  } else if (rp->kind == READ_DIRECT) {
+    c->dst += n;
+    c->remaining -= (size_t)n;
+  } else if (ahead_done(c, rp, (size_t)n) < 0) {
+    return -1;
+  }
   note_moved(c);
   return 1;
+}
+
+static ssize_t make_read(conn *c, const distd_read_plan *rp) {
+  ssize_t n = rp->niov == 1 ? c->tp->read(c, rp->iov[0].iov_base, rp->iov[0].iov_len)
+                            : c->tp->readv(c, rp->iov, rp->niov);
+  return n < 0 ? -errno : n;
+}
+
+/* One step, reading when it must (the loop thread's way). */
+static int read_step(conn *c, size_t *budget, int until_short) {
+  distd_read_plan rp;
+  int r = step_or_plan(c, until_short, &rp);
+  if (r != STEP_READ) return r;
+  ssize_t n = make_read(c, &rp);
+  r = read_done(c, &rp, n);
+  if (r == 1) *budget = (size_t)n >= *budget ? 0 : *budget - (size_t)n;
+  return r;
 }
 
 void distd_conn_read_cb(int fd, short what, void *arg) {
@@ -403,15 +438,28 @@ static int driver_done(const distd_peers *p) {
   return p->driver_x && (p->driver_x->pending == 0 || p->driver_x->err.code);
 }
 
-int distd_conn_drive_read(conn *c, size_t budget) {
+/* The driver's steps up to its next read: STEP_READ with *rp, 1 when its
+ * own transfer is complete, 0 or -1 as read_step. Stopping at a frame
+ * boundary once done leaves the next operation's frames in the socket,
+ * for its own driver to read straight into the receives it will have
+ * posted, rather than into kept-aside copies (a rank leaving a barrier
+ * early sends its data while this one is still reading the barrier). */
+static int drive_steps(conn *c, distd_read_plan *rp) {
   int r = 1;
-  c->short_read = 0;
-  /* Stopping at a frame boundary once done leaves the next operation's
-   * frames in the socket, for its own driver to read straight into the
-   * receives it will have posted, rather than into kept-aside copies (a
-   * rank leaving a barrier early sends its data while this one is still
-   * reading the barrier). */
-  while (r == 1 && budget > 0 && !(c->rstate == R_HEADER && driver_done(c->p)))
-    r = read_step(c, &budget, 1);
+  while (r == 1 && !(c->rstate == R_HEADER && driver_done(c->p)))
+    r = step_or_plan(c, 1, rp);
   return r;
+}
+
+int distd_conn_drive_plan(conn *c, distd_read_plan *rp) {
+  c->short_read = 0; /* a new pass: the last one's empty socket may have more */
+  return drive_steps(c, rp);
+}
+
+int distd_conn_drive_done(conn *c, const distd_read_plan *rp, ssize_t n) {
+  int r = read_done(c, rp, n);
+  if (r != 1) return r;
+  distd_read_plan next;
+  r = drive_steps(c, &next);
+  return r == STEP_READ ? 1 : r; /* a read that was not short: more may be there */
 }

@@ -12,10 +12,10 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "peer_batch.h"
 #include "peer_internal.h"
 
 #define HDR DIST_FRAME_HEADER_SIZE
-#define DRIVE_BUDGET (2u << 20) /* bytes read per socket per pass */
 #define DRIVE_POLL_MAX_MS 200   /* a lost wake-up costs at most this */
 #define SPIN_POLL_EVERY 8       /* see read_instead_of_poll */
 
@@ -620,27 +620,70 @@ static void stop_driving(distd_peers *p) {
   }
 }
 
-/* One pass over every connection: reads those that may have bytes
- * (drive_ready), writes what is queued; fills fds (and pollranks) with
- * what to wait for and returns how many. Reading only what poll() named
- * matters while spinning: a read of an empty socket costs a system call,
- * and there are world - 1 of them per pass. */
-static int drive_pass(distd_peers *p, struct pollfd *fds) {
+/* Adds to the pass's batch the read of an owned inbound connection that
+ * may have bytes (all of them with read_all), after taking what it has
+ * staged. */
+static void plan_read(distd_peers *p, int r, int read_all) {
+  conn *c = p->peers[r].in; /* the driver never frees one: stays valid */
+  if (!c || !c->owned || c->read_blocked || !(c->drive_ready || read_all)) return;
+  int k = distd_conn_drive_plan(c, &p->read_plans[r]);
+  if (k == STEP_READ) {
+    const distd_read_plan *rp = &p->read_plans[r];
+    int i = distd_batch_add(p->batch, 0, c->fd, rp->iov, rp->niov);
+    if (i >= 0) p->call_ranks[i] = r;
+    c->drive_ready = 1; /* read next pass if the batch had no room */
+    return;
+  }
+  c->drive_ready = k == 1;
+  if (c->drive_ready) p->drive_again = 1;
+}
+
+static void plan_write(distd_peers *p, int r) {
+  conn *c = p->peers[r].out;
+  struct iovec iov[IOV_BATCH];
+  int n = c ? distd_conn_plan_write(c, iov) : 0;
+  int i = n ? distd_batch_add(p->batch, 1, c->fd, iov, n) : -1;
+  if (i >= 0) p->call_ranks[i] = -1 - r;
+}
+
+/* Takes what each call of the pass moved. */
+static void take_results(distd_peers *p, int n) {
+  for (int i = 0; i < n; i++) {
+    int r = p->call_ranks[i];
+    ssize_t res = p->call_results[i];
+    if (r < 0) {
+      distd_conn_write_done(p->peers[-1 - r].out, res);
+      continue;
+    }
+    conn *c = p->peers[r].in;
+    c->drive_ready = distd_conn_drive_done(c, &p->read_plans[r], res) == 1;
+    if (c->drive_ready) p->drive_again = 1;
+  }
+}
+
+/* One pass over every connection: the reads of those that may have bytes
+ * (drive_ready, or all with read_all) and every queued write, in one batch
+ * (peer_batch.h); fills fds (and pollranks) with what to wait for and
+ * returns how many. Without io_uring each read is a system call of its
+ * own, so only what poll() named is read while spinning. */
+static int drive_pass(distd_peers *p, struct pollfd *fds, int read_all) {
   int n = 0;
   p->drive_again = 0;
   for (int r = 0; r < p->world; r++) {
     if (r == p->rank) continue;
-    conn *c = p->peers[r].in; /* the driver never frees one: stays valid */
-    if (c && c->owned && !c->read_blocked && c->drive_ready) {
-      c->drive_ready = distd_conn_drive_read(c, DRIVE_BUDGET) == 1;
-      if (c->drive_ready) p->drive_again = 1;
-    }
+    plan_read(p, r, read_all);
+    plan_write(p, r);
+  }
+  take_results(p, distd_batch_run(p->batch, p->call_results));
+  for (int r = 0; r < p->world; r++) {
+    if (r == p->rank) continue;
+    conn *c = p->peers[r].in;
     if (c && c->owned && !c->read_blocked) {
       p->pollranks[n] = r;
       fds[n++] = (struct pollfd){c->fd, POLLIN, 0};
     }
     c = p->peers[r].out;
-    if (c && distd_conn_driver_flush(c, SIZE_MAX)) {
+    if (c && distd_conn_driver_has_queued(c)) {
       p->pollranks[n] = -1;
       fds[n++] = (struct pollfd){c->fd, POLLOUT, 0};
     }
@@ -672,8 +715,8 @@ static void mark_owned_ready(distd_peers *p) {
   }
 }
 
-/* While the driver spins on one socket and has nothing to write, reading
- * that socket is the readiness check: one system call where poll() and
+/* Without io_uring: while the driver spins on one socket and has nothing
+ * to write, reading that socket is the readiness check: one system call where poll() and
  * then read() were two, so a frame is read as soon as it is there (the
  * raw-TCP anchor also reads before it polls). Every SPIN_POLL_EVERY-th
  * pass still polls, for the wake-up eventfd. At W=2, 1 KiB all-to-all,
@@ -685,6 +728,13 @@ static int read_instead_of_poll(distd_peers *p, int n) {
   if (++p->spin_passes % SPIN_POLL_EVERY == 0) return 0;
   p->peers[p->pollranks[0]].in->drive_ready = 1; /* drive_pass held mu since: valid */
   return 1;
+}
+
+/* Other daemons on the same cores may be the ones the driver waits for. */
+static void yield_cpu(distd_peers *p) {
+  pthread_mutex_unlock(&p->mu);
+  sched_yield();
+  pthread_mutex_lock(&p->mu);
 }
 
 /* When x's wait must give up: its deadline, or silence_ms after bytes last
@@ -707,17 +757,26 @@ static void drive(distd_xfer *x, int64_t deadline_ms) {
   p->driver_tid = pthread_self();
   mark_owned_ready(p);
   uint64_t spin_end = p->spin_us > 0 ? distd_now_ns() + (uint64_t)p->spin_us * 1000 : 0;
+  /* With io_uring a pass costs one system call however many sockets it
+   * reads, so it reads them all instead of asking poll() which: while
+   * spinning, and when the last pass left more to read or write at once.
+   * poll() then only puts the driver to sleep. */
+  int cheap = distd_batch_cheap(p->batch), look_all = spin_end > 0;
   while (!x->err.code && x->pending > 0 && !p->closing) {
     claim_inbound(p);
-    int n = drive_pass(p, fds);
+    int n = drive_pass(p, fds, cheap && look_all);
     if (x->err.code || x->pending == 0) break;
     uint64_t now_ns = distd_now_ns(); /* one clock read per pass */
     int64_t left = wait_limit(x, deadline_ms) - (int64_t)(now_ns / 1000000);
     if (left <= 0) break;
-    if (now_ns < spin_end && read_instead_of_poll(p, n)) {
-      pthread_mutex_unlock(&p->mu);
-      sched_yield();
-      pthread_mutex_lock(&p->mu);
+    int spin = now_ns < spin_end;
+    look_all = spin || p->drive_again;
+    if (cheap && look_all) {
+      if (!p->drive_again) yield_cpu(p);
+      continue;
+    }
+    if (spin && read_instead_of_poll(p, n)) {
+      yield_cpu(p);
       continue;
     }
     fds[n++] = (struct pollfd){p->wake_fd, POLLIN, 0};

@@ -61,7 +61,8 @@ static inline void fix_start_rank(peer_fixture *f, int i) {
   distd_peers_opts o = {.rank = i, .world_size = f->n, .members = f->members,
                         .cluster_id = f->cluster_id[i], .backoff_min_ms = 20,
                         .backoff_max_ms = 200, .unexpected_limit = f->unexpected_limit,
-                        .congestion = f->congestion, .socket_buffer = f->socket_buffer};
+                        .congestion = f->congestion, .socket_buffer = f->socket_buffer,
+                        .no_io_uring = getenv("DIST_TEST_NO_IO_URING") != NULL};
   dist_errbuf eb = DIST_ERRBUF_INIT;
   int rc = distd_peers_start(&r->peers, r->base, &o, &eb);
   cr_assert_eq(rc, 0, "rank %d: %s", i, eb.msg);
