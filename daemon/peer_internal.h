@@ -71,6 +71,9 @@
  * got to it, and was read from colder caches: W=4 all-to-all 1 MiB, six
  * alternating launches, median 4204 -> 3295 us, p10 3550 -> 2462 us. */
 #define SEND_NOW_MAX (256 * 1024)
+/* Frames shorter than this are written by the driver's first pass, with
+ * its reads, rather than when posted (peer_xfer.c, write_now_some). */
+#define SEND_DEFER_MAX (32 * 1024)
 #define HOLD_MIN (64 * 1024)      /* early frames this long wait for their receive */
 #define HOLD_MS 20                /* ... this long, then are kept aside */
 #define IOV_BATCH 64

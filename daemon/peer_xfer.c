@@ -376,9 +376,16 @@ static void send_to_self(distd_xfer *x, uint32_t tag, const void *buf, size_t le
  * run (plain TCP), only the first SEND_NOW_MAX bytes leave here and a
  * driver writes the rest between its reads; the loop does if no driver
  * came within PARK_MS. */
-static void write_now_some(distd_peers *p, conn *c) {
+static void write_now_some(distd_peers *p, conn *c, size_t len) {
   if (!distd_drivers_run(p)) {
     distd_conn_flush(c, 0);
+    return;
+  }
+  /* A small frame waits for the poster's own wait, whose first pass
+   * writes it in one system call with every other write and read of that
+   * pass (peer_batch.h). Should no wait come, the loop writes it. */
+  if (len < SEND_DEFER_MAX && !p->driver_x && distd_batch_cheap(p->batch)) {
+    distd_inbound_look_later(p);
     return;
   }
   if (!distd_conn_driver_flush(c, SEND_NOW_MAX)) return;
@@ -410,7 +417,7 @@ static void queue_send(distd_xfer *x, int dst, uint32_t tag, const void *buf, si
   distd_peer_queue_frame(p, dst, it);
   x->pending++;
   conn *c = p->peers[dst].out;
-  if (write_now && c && c->greeted) write_now_some(p, c);
+  if (write_now && c && c->greeted) write_now_some(p, c, len);
 out:
   pthread_mutex_unlock(&p->mu);
 }
@@ -669,11 +676,13 @@ static void take_results(distd_peers *p, int n) {
 static int drive_pass(distd_peers *p, struct pollfd *fds, int read_all) {
   int n = 0;
   p->drive_again = 0;
-  for (int r = 0; r < p->world; r++) {
-    if (r == p->rank) continue;
-    plan_read(p, r, read_all);
-    plan_write(p, r);
-  }
+  /* Writes first: the peers wait for them, and a read that finds bytes
+   * does its own work (the copy, TCP's acknowledgement) before the next
+   * call of the batch runs. */
+  for (int r = 0; r < p->world; r++)
+    if (r != p->rank) plan_write(p, r);
+  for (int r = 0; r < p->world; r++)
+    if (r != p->rank) plan_read(p, r, read_all);
   take_results(p, distd_batch_run(p->batch, p->call_results));
   for (int r = 0; r < p->world; r++) {
     if (r == p->rank) continue;
