@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include "log.h"
 
@@ -102,11 +103,18 @@ int distd_batch_add(distd_batch *b, int write, int fd, const struct iovec *iov,
   return b->n++;
 }
 
+/* One piece goes through read/send, which copy in no iovec. */
 static ssize_t call_now(const call *c) {
+  const struct iovec *v = c->msg.msg_iov;
+  int one = c->msg.msg_iovlen == 1;
   ssize_t r;
-  do r = c->write ? sendmsg(c->fd, &c->msg, MSG_NOSIGNAL | MSG_DONTWAIT)
-                  : readv(c->fd, c->msg.msg_iov, (int)c->msg.msg_iovlen);
-  while (r < 0 && errno == EINTR);
+  do {
+    if (c->write)
+      r = one ? send(c->fd, v->iov_base, v->iov_len, MSG_NOSIGNAL | MSG_DONTWAIT)
+              : sendmsg(c->fd, &c->msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    else
+      r = one ? read(c->fd, v->iov_base, v->iov_len) : readv(c->fd, v, (int)c->msg.msg_iovlen);
+  } while (r < 0 && errno == EINTR);
   return r < 0 ? -errno : r;
 }
 
