@@ -712,11 +712,12 @@ static void note_readable(distd_peers *p, const struct pollfd *fds, int n) {
 }
 
 /* A new driver reads at once the parked sockets that hold staged bytes,
- * which poll() cannot see; for the others the first poll() says which to
- * read (a driver that read every socket at its start paid a read() per
- * empty socket: two per op at W=4 for global_scatter, whose headers and
- * rows are two transfers). Readiness a previous driver saw and left
- * unread stays marked. */
+ * which poll() cannot see. Without io_uring, for the others the first
+ * poll() says which to read (a driver that read every socket at its start
+ * paid a read() per empty socket: two per op at W=4 for global_scatter,
+ * whose headers and rows are two transfers); with it, a spinning first
+ * pass reads them all for one system call. Readiness a previous driver
+ * saw and left unread stays marked. */
 static void mark_owned_ready(distd_peers *p) {
   for (int r = 0; r < p->world; r++) {
     conn *c = p->peers[r].in;
