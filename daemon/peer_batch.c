@@ -13,7 +13,8 @@
 #include "log.h"
 
 typedef struct call {
-  int write, fd;
+  distd_batch_dir dir;
+  int fd;
   struct msghdr msg; /* msg_iov points into distd_batch.iovs */
 } call;
 
@@ -89,14 +90,14 @@ void distd_batch_free(distd_batch *b) {
 
 int distd_batch_cheap(const distd_batch *b) { return b->uring; }
 
-int distd_batch_add(distd_batch *b, int write, int fd, const struct iovec *iov,
+int distd_batch_add(distd_batch *b, distd_batch_dir dir, int fd, const struct iovec *iov,
                     int iovcnt) {
   if (b->n == b->cap || iovcnt < 1 || iovcnt > b->max_iov) return -1;
   call *c = &b->calls[b->n];
   struct iovec *mine = b->iovs + (size_t)b->n * (size_t)b->max_iov;
   memcpy(mine, iov, sizeof *iov * (size_t)iovcnt);
   memset(c, 0, sizeof *c);
-  c->write = write;
+  c->dir = dir;
   c->fd = fd;
   c->msg.msg_iov = mine;
   c->msg.msg_iovlen = (size_t)iovcnt;
@@ -109,7 +110,7 @@ static ssize_t call_now(const call *c) {
   int one = c->msg.msg_iovlen == 1;
   ssize_t r;
   do {
-    if (c->write)
+    if (c->dir == DISTD_BATCH_WRITE)
       r = one ? send(c->fd, v->iov_base, v->iov_len, MSG_NOSIGNAL | MSG_DONTWAIT)
               : sendmsg(c->fd, &c->msg, MSG_NOSIGNAL | MSG_DONTWAIT);
     else
@@ -125,11 +126,12 @@ static int submit(distd_batch *b, int n, int *err) {
     struct io_uring_sqe *sqe = io_uring_get_sqe(&b->ring); /* entries >= cap */
     call *c = &b->calls[i];
     const struct iovec *v = c->msg.msg_iov;
-    if (c->msg.msg_iovlen == 1 && c->write) /* send/recv: no msghdr to copy in */
+    int write = c->dir == DISTD_BATCH_WRITE;
+    if (c->msg.msg_iovlen == 1 && write) /* send/recv: no msghdr to copy in */
       io_uring_prep_send(sqe, c->fd, v->iov_base, v->iov_len, MSG_NOSIGNAL | MSG_DONTWAIT);
     else if (c->msg.msg_iovlen == 1)
       io_uring_prep_recv(sqe, c->fd, v->iov_base, v->iov_len, MSG_DONTWAIT);
-    else if (c->write)
+    else if (write)
       io_uring_prep_sendmsg(sqe, c->fd, &c->msg, MSG_NOSIGNAL | MSG_DONTWAIT);
     else
       io_uring_prep_recvmsg(sqe, c->fd, &c->msg, MSG_DONTWAIT);

@@ -33,10 +33,12 @@ void distd_batch_free(distd_batch *b); /* NULL is a no-op */
 /* 1 when a batch costs one system call whatever it holds (io_uring). */
 int distd_batch_cheap(const distd_batch *b);
 
-/* Adds a non-blocking readv (write = 0) or sendmsg (write = 1) on fd;
- * returns its index in the batch, or -1 when the batch is full or iovcnt
- * exceeds max_iov. iov is copied. */
-int distd_batch_add(distd_batch *b, int write, int fd, const struct iovec *iov,
+typedef enum { DISTD_BATCH_READ, DISTD_BATCH_WRITE } distd_batch_dir;
+
+/* Adds a non-blocking read of fd into iov (as readv) or write of iov to
+ * it (as sendmsg, MSG_NOSIGNAL); returns its index in the batch, or -1
+ * when the batch is full or iovcnt exceeds max_iov. iov is copied. */
+int distd_batch_add(distd_batch *b, distd_batch_dir dir, int fd, const struct iovec *iov,
                     int iovcnt);
 
 /* Makes every call added since the last run, then empties the batch.

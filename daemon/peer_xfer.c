@@ -636,7 +636,7 @@ static void plan_read(distd_peers *p, int r, int read_all) {
   int k = distd_conn_drive_plan(c, &p->read_plans[r]);
   if (k == STEP_READ) {
     const distd_read_plan *rp = &p->read_plans[r];
-    int i = distd_batch_add(p->batch, 0, c->fd, rp->iov, rp->niov);
+    int i = distd_batch_add(p->batch, DISTD_BATCH_READ, c->fd, rp->iov, rp->niov);
     if (i >= 0) p->call_ranks[i] = r;
     c->drive_ready = 1; /* read next pass if the batch had no room */
     return;
@@ -649,7 +649,7 @@ static void plan_write(distd_peers *p, int r) {
   conn *c = p->peers[r].out;
   struct iovec iov[IOV_BATCH];
   int n = c ? distd_conn_plan_write(c, iov) : 0;
-  int i = n ? distd_batch_add(p->batch, 1, c->fd, iov, n) : -1;
+  int i = n ? distd_batch_add(p->batch, DISTD_BATCH_WRITE, c->fd, iov, n) : -1;
   if (i >= 0) p->call_ranks[i] = -1 - r;
 }
 

@@ -47,11 +47,11 @@ ParameterizedTest(int *use_uring, batch, calls_return_what_the_system_calls_woul
   struct iovec w1[2] = {{(void *)hdr, 2}, {(void *)body, 3}};
   struct iovec w2[1] = {{(void *)"xyz", 3}};
   struct iovec r_a = {in_a, sizeof in_a}, r_b = {in_b, sizeof in_b}, r_c = {in_c, 4};
-  cr_assert_eq(distd_batch_add(b, 1, b2[0], w1, 2), 0);
-  cr_assert_eq(distd_batch_add(b, 1, c[0], w2, 1), 1); /* peer closed: EPIPE */
-  cr_assert_eq(distd_batch_add(b, 0, a[0], &r_a, 1), 2);
-  cr_assert_eq(distd_batch_add(b, 0, a[1], &r_b, 1), 3); /* nothing to read */
-  cr_assert_eq(distd_batch_add(b, 0, c[0], &r_c, 1), 4); /* end of stream */
+  cr_assert_eq(distd_batch_add(b, DISTD_BATCH_WRITE, b2[0], w1, 2), 0);
+  cr_assert_eq(distd_batch_add(b, DISTD_BATCH_WRITE, c[0], w2, 1), 1); /* peer closed: EPIPE */
+  cr_assert_eq(distd_batch_add(b, DISTD_BATCH_READ, a[0], &r_a, 1), 2);
+  cr_assert_eq(distd_batch_add(b, DISTD_BATCH_READ, a[1], &r_b, 1), 3); /* nothing to read */
+  cr_assert_eq(distd_batch_add(b, DISTD_BATCH_READ, c[0], &r_c, 1), 4); /* end of stream */
   ssize_t res[8];
   cr_assert_eq(distd_batch_run(b, res), 5);
   cr_assert_eq(res[0], 5);
@@ -84,8 +84,8 @@ ParameterizedTest(int *use_uring, batch, a_scattered_read_fills_its_pieces_in_or
   char x[3], y[4], z[8] = {0};
   struct iovec r[3] = {{x, 3}, {y, 4}, {z, 8}};
   struct iovec w = {(void *)"!", 1};
-  cr_assert_eq(distd_batch_add(b, 0, s[0], r, 3), 0);
-  cr_assert_eq(distd_batch_add(b, 1, s[0], &w, 1), 1); /* two calls: the ring */
+  cr_assert_eq(distd_batch_add(b, DISTD_BATCH_READ, s[0], r, 3), 0);
+  cr_assert_eq(distd_batch_add(b, DISTD_BATCH_WRITE, s[0], &w, 1), 1); /* two calls: the ring */
   ssize_t res[2];
   cr_assert_eq(distd_batch_run(b, res), 2);
   cr_assert_eq(res[0], 10);
@@ -104,10 +104,10 @@ Test(batch, a_full_batch_or_too_many_pieces_is_refused) {
   distd_batch *b = new_batch(1, 1);
   struct iovec v[5] = {{(void *)"a", 1}, {(void *)"b", 1}, {(void *)"c", 1},
                        {(void *)"d", 1}, {(void *)"e", 1}};
-  cr_assert_eq(distd_batch_add(b, 1, s[0], v, 5), -1, "max_iov is 4");
-  cr_assert_eq(distd_batch_add(b, 1, s[0], v, 0), -1, "no piece");
-  cr_assert_eq(distd_batch_add(b, 1, s[0], v, 4), 0);
-  cr_assert_eq(distd_batch_add(b, 1, s[0], v, 1), -1, "room for one call");
+  cr_assert_eq(distd_batch_add(b, DISTD_BATCH_WRITE, s[0], v, 5), -1, "max_iov is 4");
+  cr_assert_eq(distd_batch_add(b, DISTD_BATCH_WRITE, s[0], v, 0), -1, "no piece");
+  cr_assert_eq(distd_batch_add(b, DISTD_BATCH_WRITE, s[0], v, 4), 0);
+  cr_assert_eq(distd_batch_add(b, DISTD_BATCH_WRITE, s[0], v, 1), -1, "room for one call");
   ssize_t res[1];
   cr_assert_eq(distd_batch_run(b, res), 1);
   cr_assert_eq(res[0], 4);
