@@ -328,12 +328,18 @@ static int open_batch(distd_peers *p, int use_uring, dist_errbuf *eb) {
   p->read_plans = calloc((size_t)p->world, sizeof *p->read_plans);
   if (!p->batch || !p->call_ranks || !p->call_results || !p->read_plans)
     return dist_fail(eb, DIST_ENOMEM, "out of memory");
-  if (distd_batch_cheap(p->batch))
+  if (distd_batch_cheap(p->batch)) {
+    snprintf(p->io_mode, sizeof p->io_mode, "io_uring");
     log_info("peer data plane: a waiting thread batches its system calls with io_uring");
-  else
+  } else {
+    snprintf(p->io_mode, sizeof p->io_mode, "system calls (io_uring %s%s)",
+             use_uring ? ": " : "", why);
     log_info("peer data plane: no io_uring (%s): one system call per read and write", why);
+  }
   return 0;
 }
+
+const char *distd_peers_io(const distd_peers *p) { return p->io_mode; }
 
 int distd_peers_start(distd_peers **out, struct event_base *base,
                       const distd_peers_opts *opts, dist_errbuf *eb) {
@@ -382,6 +388,7 @@ int distd_peers_start(distd_peers **out, struct event_base *base,
                                 opts->tls_ca ? opts->tls_ca : "", &p->tls_ctx, eb);
     if (rc < 0) goto out;
     p->tp = &distd_peer_transport_tls;
+    snprintf(p->io_mode, sizeof p->io_mode, "tls (the loop thread)");
   }
   for (int r = 0; r < p->world; r++) init_peer(p, r);
   if (p->tp == &distd_peer_transport_tcp &&

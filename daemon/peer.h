@@ -92,6 +92,9 @@ int distd_peers_world_size(const distd_peers *p);
 /* The port the listener is bound to: members[rank].peer_addr may name port
  * 0, and the kernel's choice is read back here. */
 int distd_peers_listen_port(const distd_peers *p);
+/* How a waiting worker moves bytes (InfoReply.peer_io): "io_uring",
+ * "system calls (why)" or "tls (the loop thread)". */
+const char *distd_peers_io(const distd_peers *p);
 /* Number of peers (not counting self) with both directions greeted. */
 int distd_peers_connected_count(distd_peers *p);
 

@@ -318,6 +318,7 @@ struct distd_peers {
   /* The driver's system calls of one pass (peer_batch.h), and per call
    * the rank (reads: r, writes: -1 - r) and result; per rank its read. */
   struct distd_batch *batch;
+  char io_mode[128]; /* distd_peers_io */
   int *call_ranks;
   ssize_t *call_results;
   distd_read_plan *read_plans;

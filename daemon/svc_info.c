@@ -51,6 +51,7 @@ DISTD_HANDLER(info) {
   rp.cluster_id = s->cfg.cluster_id;
   rp.grpc_address = s->grpc_address;
   rp.http_address = s->http ? (char *)distd_http_address(s->http) : (char *)"";
+  rp.peer_io = (char *)distd_peers_io(s->peers);
   int count = 0;
   distd_store_usage(s->store, &rp.tensor_bytes, &rp.tensor_bytes_limit, &count);
   rp.tensor_count = (uint32_t)count;

@@ -50,7 +50,7 @@ static json_t *daemon_json(dist_client *c, int r, const daemon_state *s) {
     json_array_append_new(peers, peer_json(&i->peers[p]));
     up += i->peers[p].connected;
   }
-  return json_pack("{s:i,s:s,s:b,s:s,s:s,s:i,s:f,s:I,s:I,s:i,s:i,s:i,s:s,s:o}",
+  return json_pack("{s:i,s:s,s:b,s:s,s:s,s:i,s:f,s:I,s:I,s:i,s:i,s:i,s:s,s:s,s:o}",
                    "rank", i->rank, "endpoint", dist_endpoint(c, r), "healthy",
                    up == i->npeers, "version", i->version, "cluster_id",
                    i->cluster_id, "world_size", i->world_size, "uptime_seconds",
@@ -58,12 +58,12 @@ static json_t *daemon_json(dist_client *c, int r, const daemon_state *s) {
                    "tensor_bytes_limit", (json_int_t)i->tensor_bytes_limit,
                    "tensors", (int)i->tensor_count, "ops_in_flight",
                    (int)i->ops_in_flight, "peers_connected", up, "http_address",
-                   i->http_address, "peers", peers);
+                   i->http_address, "peer_io", i->peer_io, "peers", peers);
 }
 
 static void print_table(dist_client *c, const daemon_state *st, int n) {
-  printf("%-5s %-22s %-8s %-10s %8s %12s %-7s %-4s %s\n", "RANK", "ENDPOINT", "STATE",
-         "VERSION", "UPTIME", "MEMORY", "TENSORS", "OPS", "PEERS");
+  printf("%-5s %-22s %-8s %-10s %8s %12s %-7s %-4s %-15s %s\n", "RANK", "ENDPOINT",
+         "STATE", "VERSION", "UPTIME", "MEMORY", "TENSORS", "OPS", "PEERS", "PEER I/O");
   for (int r = 0; r < n; r++) {
     if (!st[r].ok) {
       printf("%-5d %-22s %-8s %s\n", r, dist_endpoint(c, r), "down", st[r].error);
@@ -74,10 +74,12 @@ static void print_table(dist_client *c, const daemon_state *st, int n) {
     for (int p = 0; p < i->npeers; p++) up += i->peers[p].connected;
     char mem[32];
     dist_format_bytes(i->tensor_bytes, mem, sizeof mem);
-    printf("%-5d %-22s %-8s %-10s %7.0fs %12s %-7u %-4u %d/%d connected\n", r,
+    char peers[32];
+    snprintf(peers, sizeof peers, "%d/%d connected", up, i->npeers);
+    printf("%-5d %-22s %-8s %-10s %7.0fs %12s %-7u %-4u %-15s %s\n", r,
            dist_endpoint(c, r), up == i->npeers ? "healthy" : "degraded",
-           i->version, i->uptime_seconds, mem, i->tensor_count, i->ops_in_flight, up,
-           i->npeers);
+           i->version, i->uptime_seconds, mem, i->tensor_count, i->ops_in_flight, peers,
+           i->peer_io);
   }
 }
 

@@ -12,6 +12,7 @@ static void copy_info(const Dist__V1__InfoReply *rp, dist_daemon_info *out) {
   snprintf(out->cluster_id, sizeof out->cluster_id, "%s", rp->cluster_id);
   snprintf(out->grpc_address, sizeof out->grpc_address, "%s", rp->grpc_address);
   snprintf(out->http_address, sizeof out->http_address, "%s", rp->http_address);
+  snprintf(out->peer_io, sizeof out->peer_io, "%s", rp->peer_io);
   out->rank = (int)rp->rank;
   out->world_size = (int)rp->world_size;
   out->uptime_seconds = rp->uptime_seconds;

@@ -12,8 +12,32 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <liburing.h>
+
 #include "client_internal.h"
 #include "harness.h"
+
+/* What a daemon's data plane should say it uses here: io_uring when this
+ * kernel lets a process set up a ring with the socket calls, asked
+ * directly. */
+static const char *expected_peer_io(void) {
+  struct io_uring ring;
+  if (io_uring_queue_init(4, &ring, 0) != 0) return NULL;
+  struct io_uring_probe *probe = io_uring_get_probe_ring(&ring);
+  int ok = probe && io_uring_opcode_supported(probe, IORING_OP_SEND) &&
+           io_uring_opcode_supported(probe, IORING_OP_RECV);
+  io_uring_free_probe(probe);
+  io_uring_queue_exit(&ring);
+  return ok ? "io_uring" : NULL;
+}
+
+static void expect_peer_io(const dist_daemon_info *info, const char *want) {
+  if (want)
+    cr_assert_str_eq(info->peer_io, want);
+  else
+    cr_assert(strncmp(info->peer_io, "system calls (io_uring: ", 24) == 0, "%s",
+              info->peer_io);
+}
 
 Test(daemon, health_and_info_on_a_three_rank_cluster, .timeout = 60) {
   harness h;
@@ -32,8 +56,41 @@ Test(daemon, health_and_info_on_a_three_rank_cluster, .timeout = 60) {
       cr_assert_str_eq(info.peers[p].congestion, "reno", "the default peer_congestion");
     }
     cr_assert(info.uptime_seconds > 0);
+    expect_peer_io(&info, expected_peer_io());
     dist_info_free(&info);
   }
+  dist_close(c);
+  harness_stop(&h);
+}
+
+Test(daemon, peer_io_uring_false_makes_one_system_call_each_and_says_so, .timeout = 60) {
+  harness h;
+  const char *const args[] = {"--peer-io-uring=false", NULL};
+  harness_start(&h, 2, args);
+  dist_client *c = harness_client(&h);
+  dist_daemon_info info;
+  cr_assert_eq(dist_info(c, 1, &info), 0, "%s", dist_errmsg(c));
+  cr_assert_str_eq(info.peer_io, "system calls (io_uring turned off)");
+  dist_info_free(&info);
+  /* and the data plane works that way: Shard(0) -> Replicate() is an
+   * all-gather between the two daemons */
+  float v[5] = {1, 2, 3, 4, 5};
+  int64_t shape[1] = {5};
+  dist_mesh *m = NULL;
+  dist_tensor *t = NULL;
+  dist_placement s0 = DIST_SHARD_DIM(0), rep = DIST_REPLICATED;
+  cr_assert_eq(dist_mesh_from_string("[0,1]", NULL, &m), 0);
+  cr_assert_eq(dist_shard_tensor(c, "v", v, DIST_FLOAT32, 1, shape, m, &s0, &t), 0, "%s",
+               dist_errmsg(c));
+  cr_assert_eq(dist_reshard(c, t, NULL, &rep), 0, "%s", dist_errmsg(c));
+  void *got = NULL;
+  size_t nbytes = 0;
+  cr_assert_eq(dist_full_tensor(c, t, &got, &nbytes), 0, "%s", dist_errmsg(c));
+  cr_assert_eq(nbytes, sizeof v);
+  cr_assert_eq(memcmp(got, v, sizeof v), 0);
+  free(got);
+  dist_tensor_free(t);
+  dist_mesh_free(m);
   dist_close(c);
   harness_stop(&h);
 }

@@ -183,6 +183,7 @@ Test(security, tls_cluster_serves_status_and_moves_tensors_between_peers) {
   dist_daemon_info info;
   cr_assert_eq(dist_info(c, 1, &info), 0, "%s", dist_errmsg(c));
   cr_assert_eq(info.rank, 1);
+  cr_assert_str_eq(info.peer_io, "tls (the loop thread)");
   dist_info_free(&info);
   move_tensor(c);
   dist_close(c);

@@ -89,6 +89,9 @@ typedef struct dist_daemon_info {
   char cluster_id[64];
   char grpc_address[256];
   char http_address[256];
+  /* How the daemon's waiting workers move data-plane bytes: "io_uring",
+   * "system calls (why)" or "tls (the loop thread)". */
+  char peer_io[128];
   int rank, world_size;
   double uptime_seconds;
   uint64_t tensor_bytes, tensor_bytes_limit;
