@@ -3,6 +3,7 @@
 #include "peer_batch.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <liburing.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -127,9 +128,11 @@ static int submit(distd_batch *b, int n, int *err) {
     call *c = &b->calls[i];
     const struct iovec *v = c->msg.msg_iov;
     int write = c->dir == DISTD_BATCH_WRITE;
-    if (c->msg.msg_iovlen == 1 && write) /* send/recv: no msghdr to copy in */
+    /* send/recv copy in no msghdr; their length is 32 bits */
+    int one = c->msg.msg_iovlen == 1 && v->iov_len <= INT_MAX;
+    if (one && write)
       io_uring_prep_send(sqe, c->fd, v->iov_base, v->iov_len, MSG_NOSIGNAL | MSG_DONTWAIT);
-    else if (c->msg.msg_iovlen == 1)
+    else if (one)
       io_uring_prep_recv(sqe, c->fd, v->iov_base, v->iov_len, MSG_DONTWAIT);
     else if (write)
       io_uring_prep_sendmsg(sqe, c->fd, &c->msg, MSG_NOSIGNAL | MSG_DONTWAIT);
