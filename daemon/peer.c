@@ -383,6 +383,8 @@ int distd_peers_start(distd_peers **out, struct event_base *base,
     goto out;
   }
   memcpy(p->members, opts->members, sizeof *p->members * (size_t)p->world);
+  /* Before anything can fail: distd_peers_free walks every peer's queue. */
+  for (int r = 0; r < p->world; r++) init_peer(p, r);
   if (opts->tls_cert && opts->tls_cert[0]) {
     rc = distd_peer_tls_ctx_new(opts->tls_cert, opts->tls_key ? opts->tls_key : "",
                                 opts->tls_ca ? opts->tls_ca : "", &p->tls_ctx, eb);
@@ -390,7 +392,6 @@ int distd_peers_start(distd_peers **out, struct event_base *base,
     p->tp = &distd_peer_transport_tls;
     snprintf(p->io_mode, sizeof p->io_mode, "tls (the loop thread)");
   }
-  for (int r = 0; r < p->world; r++) init_peer(p, r);
   if (p->tp == &distd_peer_transport_tcp &&
       ((rc = distd_inbound_open(p, eb)) < 0 || (rc = open_batch(p, !opts->no_io_uring, eb)) < 0))
     goto out;
