@@ -166,9 +166,52 @@ int distd_start(distd_server *s, dist_errbuf *eb) {
   return 0;
 }
 
+/* The gRPC port's and the data plane's certificates, both or neither. */
+static int reload_certs(distd_server *s, dist_errbuf *eb) {
+  const distd_config *cfg = &s->cfg;
+  void *peer_ctx = NULL;
+  int rc = distd_peers_tls_load(s->peers, cfg->tls_cert, cfg->tls_key, cfg->tls_ca,
+                                &peer_ctx, eb);
+  if (rc == 0) rc = distd_rpc_reload_certs(s->rpc, eb);
+  if (rc != 0) {
+    distd_peers_tls_drop(peer_ctx);
+    dist_errbuf_prefix(eb, "the certificates in use stay: ");
+    return rc;
+  }
+  distd_peers_tls_use(s->peers, peer_ctx);
+  log_info("reloaded TLS certificate %s and key %s%s%s: new connections use them, "
+           "open ones keep theirs", cfg->tls_cert, cfg->tls_key,
+           cfg->tls_ca[0] ? " and CA " : "", cfg->tls_ca);
+  return 0;
+}
+
+/* Tokens and certificates are reloaded independently: a bad tokens file
+ * does not hold back a certificate rotation, nor the other way round. Each
+ * failure is logged; eb keeps the first. */
 int distd_reload(distd_server *s, dist_errbuf *eb) {
   distd_notify("RELOADING=1");
-  int rc = distd_rpc_reload_tokens(s->rpc, eb);
+  int rc = 0, what = 0;
+  if (s->cfg.auth_tokens_file[0]) {
+    what++;
+    dist_errbuf why = DIST_ERRBUF_INIT;
+    if (distd_rpc_reload_tokens(s->rpc, &why) != 0) {
+      log_warn("reload: %s", dist_errbuf_msg(&why));
+      if (!rc) rc = why.code, *eb = why;
+    }
+  }
+  if (s->cfg.tls_cert[0]) {
+    what++;
+    dist_errbuf why = DIST_ERRBUF_INIT;
+    if (reload_certs(s, &why) != 0) {
+      log_warn("reload: %s", dist_errbuf_msg(&why));
+      if (!rc) rc = why.code, *eb = why;
+    }
+  }
+  if (!what) {
+    rc = dist_fail(eb, DIST_EINVAL, "nothing to reload: neither auth_tokens_file nor "
+                   "tls_cert is set");
+    log_warn("reload: %s", dist_errbuf_msg(eb));
+  }
   distd_notify("READY=1");
   return rc;
 }

@@ -467,6 +467,26 @@ void distd_peers_free(distd_peers *p) {
   free(p);
 }
 
+int distd_peers_tls_load(const distd_peers *p, const char *cert, const char *key,
+                         const char *ca, void **ctx, dist_errbuf *eb) {
+  *ctx = NULL;
+  if (p->tp != &distd_peer_transport_tls) return 0;
+  return distd_peer_tls_ctx_new(cert, key, ca, ctx, eb);
+}
+
+/* Connections hold their own reference to the context they were made
+ * with (SSL_new), so the old one can go at once. */
+void distd_peers_tls_use(distd_peers *p, void *ctx) {
+  if (!ctx) return;
+  pthread_mutex_lock(&p->mu);
+  void *old = p->tls_ctx;
+  p->tls_ctx = ctx;
+  pthread_mutex_unlock(&p->mu);
+  distd_peer_tls_ctx_free(old);
+}
+
+void distd_peers_tls_drop(void *ctx) { distd_peer_tls_ctx_free(ctx); }
+
 void distd_peers_get_stats(distd_peers *p, int rank, distd_peer_stats *out) {
   memset(out, 0, sizeof *out);
   if (rank < 0 || rank >= p->world) return;

@@ -95,6 +95,15 @@ int distd_peers_listen_port(const distd_peers *p);
 /* How a waiting worker moves bytes (InfoReply.peer_io): "io_uring",
  * "system calls (why)" or "tls (the loop thread)". */
 const char *distd_peers_io(const distd_peers *p);
+/* A new TLS context for the data plane, in two steps so that a reload of
+ * several things changes nothing when one of them fails: tls_load reads
+ * cert, key and ca into *ctx (NULL when the data plane is plain TCP);
+ * tls_use swaps it in for the connections made from then on (open ones
+ * keep theirs) and frees the old one; tls_drop frees one not used. */
+int distd_peers_tls_load(const distd_peers *p, const char *cert, const char *key,
+                         const char *ca, void **ctx, dist_errbuf *eb);
+void distd_peers_tls_use(distd_peers *p, void *ctx);
+void distd_peers_tls_drop(void *ctx);
 /* Number of peers (not counting self) with both directions greeted. */
 int distd_peers_connected_count(distd_peers *p);
 

@@ -15,6 +15,7 @@
 
 #include "peer_internal.h"
 #include "peer_transport.h"
+#include "tls.h"
 
 /* Fills c->tp_error from OpenSSL's error queue (or errno) and returns -1
  * with errno set for the caller. */
@@ -185,16 +186,6 @@ const distd_peer_transport distd_peer_transport_tls = {
     "tls", tls_attach, tls_handshake, tls_read, tls_writev, NULL, tls_pending, tls_detach,
 };
 
-static int ctx_fail(SSL_CTX *ctx, dist_errbuf *eb, const char *what, const char *path) {
-  char buf[200] = "";
-  unsigned long e = ERR_get_error();
-  if (e) ERR_error_string_n(e, buf, sizeof buf);
-  ERR_clear_error();
-  SSL_CTX_free(ctx);
-  return dist_fail(eb, DIST_ECONFIG, "data plane TLS: %s %s: %s", what, path,
-                   buf[0] ? buf : "cannot be used");
-}
-
 int distd_peer_tls_ctx_new(const char *cert, const char *key, const char *ca,
                            void **out, dist_errbuf *eb) {
   *out = NULL;
@@ -209,14 +200,10 @@ int distd_peer_tls_ctx_new(const char *cert, const char *key, const char *ca,
   SSL_CTX_set_mode(ctx, SSL_MODE_ENABLE_PARTIAL_WRITE |
                             SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
   SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, NULL);
-  if (SSL_CTX_use_certificate_chain_file(ctx, cert) != 1)
-    return ctx_fail(ctx, eb, "tls_cert", cert);
-  if (SSL_CTX_use_PrivateKey_file(ctx, key, SSL_FILETYPE_PEM) != 1)
-    return ctx_fail(ctx, eb, "tls_key", key);
-  if (SSL_CTX_check_private_key(ctx) != 1)
-    return ctx_fail(ctx, eb, "tls_key does not match tls_cert:", key);
-  if (SSL_CTX_load_verify_locations(ctx, ca, NULL) != 1)
-    return ctx_fail(ctx, eb, "tls_ca", ca);
+  if (distd_tls_ctx_load(ctx, cert, key, ca, "data plane TLS", eb) != 0) {
+    SSL_CTX_free(ctx);
+    return eb->code;
+  }
   *out = ctx;
   return 0;
 }

@@ -76,6 +76,7 @@ struct distd_rpc {
   call_tag shutdown_tag;
   pthread_mutex_t auth_mu; /* guards auth: a reload swaps it under calls */
   distd_auth *auth;   /* NULL: no token checks */
+  distd_tls_grpc *certs; /* NULL without TLS; outlives the server */
   client_load *loads; /* guarded by mu */
 };
 
@@ -220,6 +221,11 @@ int distd_rpc_reload_tokens(distd_rpc *r, dist_errbuf *eb) {
   distd_auth_free(old);
   log_info("reloaded %d bearer tokens from %s", distd_auth_count(fresh), path);
   return 0;
+}
+
+int distd_rpc_reload_certs(distd_rpc *r, dist_errbuf *eb) {
+  if (!r->certs) return 0;
+  return distd_tls_grpc_reload(r->certs, eb);
 }
 
 /* Checks the caller's token against the method's access; sets key to the
@@ -480,7 +486,7 @@ static grpc_server *create_server(const distd_config *cfg) {
 static int bind_port(distd_rpc *r, const char *addr, dist_errbuf *eb) {
   const distd_config *cfg = &r->srv->cfg;
   grpc_server_credentials *creds = NULL;
-  if (distd_tls_grpc_server_creds(cfg, &creds, eb) != 0) return eb->code;
+  if (distd_tls_grpc_server_creds(cfg, &r->certs, &creds, eb) != 0) return eb->code;
   distd_tls_warn_plain("the gRPC port", addr, cfg->tls_cert[0] != 0);
   r->port = grpc_server_add_http2_port(r->server, addr, creds);
   grpc_server_credentials_release(creds);
@@ -528,6 +534,7 @@ int distd_rpc_start(distd_server *s, const distd_method *methods, int n,
                                       NULL).type != GRPC_QUEUE_SHUTDOWN) {
     }
     grpc_completion_queue_destroy(r->cq);
+    distd_tls_grpc_free(r->certs);
     distd_auth_free(r->auth);
     pthread_mutex_destroy(&r->auth_mu);
     free(r->handles);
@@ -589,6 +596,7 @@ void distd_rpc_free(distd_rpc *r) {
   grpc_completion_queue_shutdown(r->cq);
   pthread_join(r->cq_thread, NULL);
   grpc_completion_queue_destroy(r->cq);
+  distd_tls_grpc_free(r->certs); /* no handshake asks for them any more */
   pthread_cond_destroy(&r->work_cv);
   pthread_cond_destroy(&r->idle_cv);
   pthread_mutex_destroy(&r->mu);

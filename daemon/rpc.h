@@ -64,5 +64,8 @@ int distd_rpc_port(const distd_rpc *r);
  * configured, unreadable, readable by others, a bad line, no tokens) the
  * tokens in use stay, and eb says why. */
 int distd_rpc_reload_tokens(distd_rpc *r, dist_errbuf *eb);
+/* Reads the gRPC port's certificate, key and CA again for the connections
+ * made from then on (a no-op without TLS). On error nothing changes. */
+int distd_rpc_reload_certs(distd_rpc *r, dist_errbuf *eb);
 
 #endif

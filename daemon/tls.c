@@ -1,9 +1,12 @@
-/* TLS helpers shared by the gRPC port and the data plane: PEM files and
- * the warning about plain TCP on the network. No gRPC here: the peer
- * tests link this file. */
+/* TLS helpers shared by the gRPC port and the data plane: PEM files,
+ * loading and checking a certificate and its key, and the warning about
+ * plain TCP on the network. No gRPC here: the peer tests link this file. */
 #include "tls.h"
 
 #include <errno.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <openssl/x509.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,6 +39,35 @@ int distd_tls_read_pem(const char *path, const char *what, char **out,
   }
   buf[n] = 0;
   *out = buf;
+  return 0;
+}
+
+/* Fails with OpenSSL's first queued error, naming the setting and file. */
+static int load_fail(dist_errbuf *eb, const char *what, const char *setting,
+                     const char *path) {
+  char buf[200] = "";
+  unsigned long e = ERR_get_error();
+  if (e) ERR_error_string_n(e, buf, sizeof buf);
+  ERR_clear_error();
+  return dist_fail(eb, DIST_ECONFIG, "%s: %s %s: %s", what, setting, path,
+                   buf[0] ? buf : "cannot be used");
+}
+
+int distd_tls_ctx_load(void *ssl_ctx, const char *cert, const char *key,
+                       const char *ca, const char *what, dist_errbuf *eb) {
+  SSL_CTX *ctx = ssl_ctx;
+  ERR_clear_error();
+  if (SSL_CTX_use_certificate_chain_file(ctx, cert) != 1)
+    return load_fail(eb, what, "tls_cert", cert);
+  /* OpenSSL 3 refuses a key that is not the certificate's here already. */
+  if (SSL_CTX_use_PrivateKey_file(ctx, key, SSL_FILETYPE_PEM) != 1)
+    return load_fail(eb, what,
+                     ERR_GET_REASON(ERR_peek_error()) == X509_R_KEY_VALUES_MISMATCH
+                         ? "tls_key does not match tls_cert:" : "tls_key", key);
+  if (SSL_CTX_check_private_key(ctx) != 1)
+    return load_fail(eb, what, "tls_key does not match tls_cert:", key);
+  if (ca && SSL_CTX_load_verify_locations(ctx, ca, NULL) != 1)
+    return load_fail(eb, what, "tls_ca", ca);
   return 0;
 }
 

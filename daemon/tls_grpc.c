@@ -1,5 +1,8 @@
-/* TLS on the gRPC port: grpc core's ssl server credentials. */
+/* TLS on the gRPC port: grpc core's ssl server credentials, with the
+ * certificates read again on reload. */
 #include <grpc/grpc_security.h>
+#include <openssl/ssl.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -32,32 +35,38 @@ static grpc_ssl_client_certificate_request_type request_type(int mode) {
   }
 }
 
-int distd_tls_grpc_server_creds(const distd_config *cfg,
-                                grpc_server_credentials **out, dist_errbuf *eb) {
+/* The gRPC port's certificates. gRPC asks fetch_config for them at every
+ * handshake and takes a new set when there is one, so a reload (SIGHUP)
+ * reaches the connections made after it; open ones keep theirs. */
+struct distd_tls_grpc {
+  const distd_config *cfg;
+  pthread_mutex_t mu;
+  grpc_ssl_server_certificate_config *next; /* for gRPC's next handshake */
+};
+
+/* Reads tls_cert, tls_key and tls_ca into a certificate config for gRPC,
+ * after OpenSSL has checked that they load and that the key is the
+ * certificate's: gRPC itself would only say so when a handshake fails. */
+static int load_config(const distd_config *cfg, grpc_ssl_server_certificate_config **out,
+                       dist_errbuf *eb) {
   *out = NULL;
-  if (!cfg->tls_cert[0]) {
-    *out = grpc_insecure_server_credentials_create();
-    return 0;
-  }
+  int client_auth = cfg->tls_client_auth != DISTD_CLIENT_AUTH_NONE;
+  SSL_CTX *check = SSL_CTX_new(TLS_method());
+  if (!check) return dist_fail(eb, DIST_ENOMEM, "gRPC TLS: cannot create a context");
+  int rc = distd_tls_ctx_load(check, cfg->tls_cert, cfg->tls_key,
+                              client_auth ? cfg->tls_ca : NULL, "gRPC TLS", eb);
+  SSL_CTX_free(check);
   char *cert = NULL, *key = NULL, *ca = NULL;
-  int rc = distd_tls_read_pem(cfg->tls_cert, "tls_cert", &cert, eb);
+  if (rc == 0) rc = distd_tls_read_pem(cfg->tls_cert, "tls_cert", &cert, eb);
   if (rc == 0) rc = distd_tls_read_pem(cfg->tls_key, "tls_key", &key, eb);
-  if (rc == 0 && cfg->tls_ca[0]) rc = distd_tls_read_pem(cfg->tls_ca, "tls_ca", &ca, eb);
-  if (rc != 0) goto out;
-  grpc_ssl_pem_key_cert_pair pair = {key, cert};
-  /* Ownership passes config -> options -> credentials: none of the three
-   * is destroyed here except through the credentials. grpc copies the
-   * strings. */
-  grpc_ssl_server_certificate_config *sc = grpc_ssl_server_certificate_config_create(
-      cfg->tls_client_auth != DISTD_CLIENT_AUTH_NONE ? ca : NULL, &pair, 1);
-  grpc_ssl_server_credentials_options *opt =
-      grpc_ssl_server_credentials_create_options_using_config(
-          request_type(cfg->tls_client_auth), sc);
-  *out = grpc_ssl_server_credentials_create_with_options(opt);
-  if (!*out)
-    rc = dist_fail(eb, DIST_ECONFIG, "tls_cert %s / tls_key %s: gRPC refused them "
-                   "(is the key the certificate's?)", cfg->tls_cert, cfg->tls_key);
-out:
+  if (rc == 0 && client_auth) rc = distd_tls_read_pem(cfg->tls_ca, "tls_ca", &ca, eb);
+  if (rc == 0) {
+    grpc_ssl_pem_key_cert_pair pair = {key, cert};
+    /* gRPC 1.51 asserts that a fetched config has root certificates, even
+     * when no client certificate is asked for; then they verify nothing,
+     * and the server's own certificate stands in for a CA. */
+    *out = grpc_ssl_server_certificate_config_create(ca ? ca : cert, &pair, 1);
+  }
   if (key) memset(key, 0, strlen(key));
   free(cert);
   free(key);
@@ -65,3 +74,63 @@ out:
   return rc;
 }
 
+/* gRPC's fetcher: the new set once after each load, else "unchanged".
+ * gRPC destroys the config it is given. */
+static grpc_ssl_certificate_config_reload_status fetch_config(
+    void *user, grpc_ssl_server_certificate_config **config) {
+  distd_tls_grpc *t = user;
+  pthread_mutex_lock(&t->mu);
+  *config = t->next;
+  t->next = NULL;
+  pthread_mutex_unlock(&t->mu);
+  return *config ? GRPC_SSL_CERTIFICATE_CONFIG_RELOAD_NEW
+                 : GRPC_SSL_CERTIFICATE_CONFIG_RELOAD_UNCHANGED;
+}
+
+int distd_tls_grpc_reload(distd_tls_grpc *t, dist_errbuf *eb) {
+  grpc_ssl_server_certificate_config *fresh = NULL;
+  if (load_config(t->cfg, &fresh, eb) != 0) return eb->code;
+  pthread_mutex_lock(&t->mu);
+  grpc_ssl_server_certificate_config *unused = t->next;
+  t->next = fresh;
+  pthread_mutex_unlock(&t->mu);
+  if (unused) grpc_ssl_server_certificate_config_destroy(unused);
+  return 0;
+}
+
+void distd_tls_grpc_free(distd_tls_grpc *t) {
+  if (!t) return;
+  if (t->next) grpc_ssl_server_certificate_config_destroy(t->next);
+  pthread_mutex_destroy(&t->mu);
+  free(t);
+}
+
+int distd_tls_grpc_server_creds(const distd_config *cfg, distd_tls_grpc **certs,
+                                grpc_server_credentials **out, dist_errbuf *eb) {
+  *out = NULL;
+  *certs = NULL;
+  if (!cfg->tls_cert[0]) {
+    *out = grpc_insecure_server_credentials_create();
+    return 0;
+  }
+  distd_tls_grpc *t = calloc(1, sizeof *t);
+  if (!t) return dist_fail(eb, DIST_ENOMEM, "gRPC TLS: out of memory");
+  t->cfg = cfg;
+  pthread_mutex_init(&t->mu, NULL);
+  /* gRPC fetches the first set when the port is added. */
+  if (distd_tls_grpc_reload(t, eb) != 0) {
+    distd_tls_grpc_free(t);
+    return eb->code;
+  }
+  grpc_ssl_server_credentials_options *opt =
+      grpc_ssl_server_credentials_create_options_using_config_fetcher(
+          request_type(cfg->tls_client_auth), fetch_config, t);
+  *out = grpc_ssl_server_credentials_create_with_options(opt); /* takes opt */
+  if (!*out) {
+    distd_tls_grpc_free(t);
+    return dist_fail(eb, DIST_ECONFIG, "tls_cert %s / tls_key %s: gRPC refused them",
+                     cfg->tls_cert, cfg->tls_key);
+  }
+  *certs = t;
+  return 0;
+}

@@ -78,6 +78,28 @@ static const char *cert_path(const char *name) {
   return p;
 }
 
+/* Starts rank r with its certificate (rank_cert NULL: no TLS arguments)
+ * and the common arguments; does not wait. */
+static void start_rank(harness *h, int r, const char *rank_cert,
+                       const char *const *common) {
+  const char *args[32];
+  int a = 0;
+  if (rank_cert) {
+    char crt[64], key[64];
+    snprintf(crt, sizeof crt, "%s.crt", rank_cert);
+    snprintf(key, sizeof key, "%s.key", rank_cert);
+    args[a++] = "--tls-cert";
+    args[a++] = cert_path(crt);
+    args[a++] = "--tls-key";
+    args[a++] = cert_path(key);
+    args[a++] = "--tls-ca";
+    args[a++] = cert_path("ca.crt");
+  }
+  for (int i = 0; common && common[i] && a < 30; i++) args[a++] = common[i];
+  args[a] = NULL;
+  harness_start_rank(h, r, args);
+}
+
 /* harness_start with per-rank arguments: each rank has its own
  * certificate. rank_cert[r] NULL means no TLS arguments. */
 static void start_cluster(harness *h, int n, const char *const rank_cert[],
@@ -96,24 +118,7 @@ static void start_cluster(harness *h, int n, const char *const rank_cert[],
     fprintf(f, "127.0.0.1:%d 127.0.0.1:%d\n", h->grpc_port[r], h->peer_port[r]);
   }
   fclose(f);
-  for (int r = 0; r < n; r++) {
-    const char *args[32];
-    int a = 0;
-    if (rank_cert && rank_cert[r]) {
-      char crt[64], key[64];
-      snprintf(crt, sizeof crt, "%s.crt", rank_cert[r]);
-      snprintf(key, sizeof key, "%s.key", rank_cert[r]);
-      args[a++] = "--tls-cert";
-      args[a++] = cert_path(crt);
-      args[a++] = "--tls-key";
-      args[a++] = cert_path(key);
-      args[a++] = "--tls-ca";
-      args[a++] = cert_path("ca.crt");
-    }
-    for (int i = 0; common && common[i] && a < 30; i++) args[a++] = common[i];
-    args[a] = NULL;
-    harness_start_rank(h, r, args);
-  }
+  for (int r = 0; r < n; r++) start_rank(h, r, rank_cert ? rank_cert[r] : NULL, common);
   for (int r = 0; wait_peers && r < n; r++)
     cr_assert(harness_wait_connected(h, r, n - 1, 20000),
               "rank %d did not connect to its %d peers within 20 s (log in %s)", r,
@@ -401,6 +406,100 @@ Test(security, sighup_rotates_tokens_and_a_bad_file_keeps_them) {
   cr_assert(harness_log_wait(&h, 0, from, kept, 10000), "no refusal logged (%s)", h.dir);
   cr_assert(token_works(&h, NEW_TOKEN), "a bad file dropped the tokens in use");
   harness_stop(&h);
+  remove_certs();
+}
+
+/* Runs a shell command in the certificates' directory; fails the test if
+ * it fails. */
+static void in_certs(const char *cmd) {
+  char line[1200];
+  snprintf(line, sizeof line, "cd '%s' && %s", certs, cmd);
+  char *err = NULL;
+  int rc = harness_run(line, NULL, &err, 60);
+  cr_assert_eq(rc, 0, "%s: %s", cmd, err ? err : "");
+  free(err);
+}
+
+/* Whether a new client that trusts only the CA at ca_path gets Info from
+ * rank r: a new connection, so a new handshake. */
+static int trusted_with(harness *h, int r, const char *ca_path) {
+  setenv("DIST_TLS_CA", ca_path, 1);
+  dist_client *c = harness_client_rank(h, r, 2000);
+  dist_daemon_info info;
+  int rc = dist_info(c, 0, &info);
+  if (rc == 0) dist_info_free(&info);
+  dist_close(c);
+  return rc == 0;
+}
+
+/* SIGHUP reads the certificates again. After a rotation to a new CA, new
+ * gRPC connections get the new certificate; a daemon restarted with its
+ * new one rejoins the reloaded peer over the data plane (which, without
+ * the reload, would still trust the old CA only); a key that is not the
+ * certificate's leaves the certificates in use. */
+Test(security, sighup_rotates_certificates_and_a_bad_key_keeps_them) {
+  make_certs();
+  unsetenv("DIST_TLS_CERT");
+  unsetenv("DIST_TLS_KEY");
+  unsetenv("DIST_TOKEN");
+  in_certs("mkdir ca2 && sh gen.sh ca2 && cp ca.crt ca1.crt && for r in 0 1; do "
+           "cp rank$r.crt live$r.crt && cp rank$r.key live$r.key; done");
+  const char *ca1 = cert_path("ca1.crt"), *ca2 = cert_path("ca2/ca.crt");
+  setenv("DIST_TLS_CA", ca1, 1);
+  harness h;
+  const char *const live[] = {"live0", "live1"};
+  start_cluster(&h, 2, live, NULL, 1);
+  cr_assert(trusted_with(&h, 0, ca1), "the first certificate is refused");
+  cr_assert(!trusted_with(&h, 0, ca2), "a client of the new CA got in before the rotation");
+
+  in_certs("for r in 0 1; do cp ca2/rank$r.crt live$r.crt && cp ca2/rank$r.key "
+           "live$r.key; done && cp ca2/ca.crt ca.crt");
+  long from = harness_log_size(&h, 0);
+  cr_assert_eq(kill(h.pids[0], SIGHUP), 0);
+  const char *const reloaded[] = {"reloaded TLS certificate", "live0.crt", NULL};
+  cr_assert(harness_log_wait(&h, 0, from, reloaded, 10000), "no reload logged (%s)", h.dir);
+  cr_assert(trusted_with(&h, 0, ca2), "a new connection did not get the new certificate");
+  cr_assert(!trusted_with(&h, 0, ca1), "a new connection still got the old certificate");
+
+  harness_kill(&h, 1, SIGKILL);
+  start_rank(&h, 1, "live1", NULL);
+  setenv("DIST_TLS_CA", ca2, 1);
+  for (int r = 0; r < 2; r++)
+    cr_assert(harness_wait_connected(&h, r, 1, 20000), "rank %d and the restarted rank 1 "
+              "did not connect over TLS with the new CA (logs in %s)", r, h.dir);
+  dist_client *c = harness_client(&h);
+  move_tensor(c);
+  dist_close(c);
+
+  in_certs("cp ca2/rank1.key live0.key");
+  from = harness_log_size(&h, 0);
+  cr_assert_eq(kill(h.pids[0], SIGHUP), 0);
+  const char *const kept[] = {"the certificates in use stay",
+                              "tls_key does not match tls_cert", NULL};
+  cr_assert(harness_log_wait(&h, 0, from, kept, 10000), "no refusal logged (%s)", h.dir);
+  cr_assert(trusted_with(&h, 0, ca2), "a bad key dropped the certificates in use");
+  harness_stop(&h);
+  remove_certs();
+}
+
+/* A key that is not the certificate's stops the daemon at start, naming
+ * the key, whether the gRPC port checks it (data plane plain) or both. */
+Test(security, key_of_another_certificate_stops_the_daemon_at_start) {
+  make_certs();
+  const char *const peer_tls[] = {"off", "on"};
+  for (int i = 0; i < 2; i++) {
+    char cmd[1400], *err = NULL;
+    int port = harness_free_port(), peer_port = harness_free_port();
+    snprintf(cmd, sizeof cmd, "%s --listen 127.0.0.1:%d --http-listen off --peers "
+             "\"127.0.0.1:%d 127.0.0.1:%d\" --tls-cert %s --tls-key %s --tls-ca %s "
+             "--peer-tls %s", harness_distd(), port, port, peer_port,
+             cert_path("rank0.crt"), cert_path("rank1.key"), cert_path("ca.crt"),
+             peer_tls[i]);
+    cr_assert_eq(harness_run(cmd, NULL, &err, 10), 1, "peer_tls %s: %s", peer_tls[i], err);
+    cr_assert(strstr(err, "tls_key does not match tls_cert") && strstr(err, "rank1.key"),
+              "peer_tls %s: %s", peer_tls[i], err);
+    free(err);
+  }
   remove_certs();
 }
 
