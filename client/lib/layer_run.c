@@ -2,7 +2,8 @@
  * each layer as a LocalLayer program in the daemons and records a tape of
  * invocations; backward walks the tape in reverse, handing each invocation
  * the gradients of its outputs (resharded to the outputs' layouts) and
- * collecting the gradients of its inputs: activations' in a table by name,
+ * collecting the gradients of its inputs: activations' in a table by name
+ * (summed in the daemons when one activation feeds several inputs),
  * parameters' as "<param>.grad" in the parameters' own placements. */
 #include <stdarg.h>
 #include <stdio.h>
@@ -63,10 +64,15 @@ static int keep_created(layer_step *s, const char *name) {
   return push(&s->created, &s->n_created, sizeof buf, buf);
 }
 
-static dist_tensor *grad_of(const layer_step *s, const char *name) {
+static grad_slot *slot_of(const layer_step *s, const char *name) {
   for (int i = 0; i < s->n_grads; i++)
-    if (strcmp(s->grads[i].name, name) == 0) return s->grads[i].grad;
+    if (strcmp(s->grads[i].name, name) == 0) return &s->grads[i];
   return NULL;
+}
+
+static dist_tensor *grad_of(const layer_step *s, const char *name) {
+  grad_slot *slot = slot_of(s, name);
+  return slot ? slot->grad : NULL;
 }
 
 static int put_grad(layer_step *s, const char *name, dist_tensor *g) {
@@ -405,6 +411,34 @@ static int out_grads_of(dist_client *c, layer_step *s, tape_entry *t,
   return 0;
 }
 
+/* A further gradient g of an activation that feeds several inputs (two
+ * layers, or one layer twice): the slot gets their sum, on the first
+ * one's mesh and placements. g and the sum belong to the step. */
+static int add_grad(dist_client *c, layer_step *s, grad_slot *slot, dist_tensor *g) {
+  dist_tensor *acc = slot->grad, *sum = NULL;
+  if (!dist_mesh_equal(&acc->mesh.d, &g->mesh.d))
+    return dist_client_fail(c, DIST_ENOTSUP, "the gradients of '%s' lie on different "
+                            "meshes", slot->name);
+  int rc = same_layout(acc, g) ? 0 : dist_reshard(c, g, NULL, acc->placements);
+  char name[256];
+  if (snprintf(name, sizeof name, "%s.sum", g->name) >= (int)sizeof name)
+    return dist_client_fail(c, DIST_EINVAL, "gradient name '%s.sum' is too long", g->name);
+  if (rc == 0) rc = dist_grad_add(c, acc->name, g->name, &acc->mesh.d, acc->placements,
+                                  name, &sum);
+  if (rc) {
+    dist_errbuf_prefix(&c->err, "summing the gradients of '%s': ", slot->name);
+    return rc;
+  }
+  if (keep_created(s, name)) {
+    dist_tensor_free(sum);
+    return dist_client_fail(c, DIST_ENOMEM, "out of memory");
+  }
+  if (keep_handle(s, sum)) /* frees sum */
+    return dist_client_fail(c, DIST_ENOMEM, "out of memory");
+  slot->grad = sum;
+  return 0;
+}
+
 /* Files the gradient of input j of entry e. */
 static int take_grad(dist_client *c, layer_step *s, const tape_entry *t, int j,
                      dist_tensor *g) {
@@ -422,10 +456,8 @@ static int take_grad(dist_client *c, layer_step *s, const tape_entry *t, int j,
   }
   int rc = keep_created(s, g->name);
   if (rc || (rc = keep_handle(s, g))) return rc;
-  if (grad_of(s, in->name))
-    return dist_client_fail(c, DIST_ENOTSUP, "'%s' feeds two layers: "
-                            "accumulating its gradients is not supported", in->name);
-  return put_grad(s, in->name, g);
+  grad_slot *slot = slot_of(s, in->name);
+  return slot ? add_grad(c, s, slot, g) : put_grad(s, in->name, g);
 }
 
 static int backward_entry(dist_client *c, dist_layer *root, int e, int seed) {

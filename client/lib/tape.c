@@ -409,39 +409,6 @@ static slot made_tensor(dist_tape *t, const char *of, const dist_tensor *h) {
   return g;
 }
 
-/* One-op program out = a + b (b NULL: a copy of a) on mesh m with
- * placements pl, run once. */
-static int run_add(dist_tape *t, const char *a, const char *b,
-                   const dist_mesh_desc *m, const dist_placement *pl,
-                   const char *out_name, dist_tensor **out) {
-  dist_client *c = t->c;
-  dist_program *p = NULL;
-  if (dist_program_new(b ? "tape.accumulate" : "tape.copy", &p))
-    return dist_client_fail(c, DIST_ENOMEM, "out of memory");
-  int ia = dist_input_dtensor(p, "a", DIST_DTYPE_INVALID);
-  int ib = b ? dist_input_dtensor(p, "b", DIST_DTYPE_INVALID) : -1;
-  dist_program_output(p, b ? dist_op_add(p, ia, ib) : dist_op_mul_scalar(p, ia, 1.0));
-  dist_mesh mesh = {*m};
-  dist_program_out_dist_attr(p, &mesh, pl, NULL);
-  int rc = dist_program_register(c, p);
-  dist_tensor ta = {0}, tb = {0};
-  snprintf(ta.name, sizeof ta.name, "%s", a);
-  if (b) snprintf(tb.name, sizeof tb.name, "%s", b);
-  dist_arg args[2] = {{&ta, NULL}, {&tb, NULL}};
-  const char *names[1] = {out_name};
-  dist_call_opts o = {names, 1, 0, 1};
-  dist_invocation *inv = NULL;
-  if (rc == 0) rc = dist_local_layer_call(c, p, args, b ? 2 : 1, &o, &inv, out);
-  dist_invocation_free(inv);
-  dist_errbuf keep = c->err;
-  dist_program_unregister(c, p); /* a no-op when registration failed */
-  c->err = keep;
-  dist_program_free(p);
-  if (rc && b) dist_errbuf_prefix(&c->err, "adding the gradients '%s' and '%s': ", a, b);
-  if (rc && !b) dist_errbuf_prefix(&c->err, "copying the gradient '%s': ", a);
-  return rc;
-}
-
 /* acc + more into a new tensor: per rank on each daemon's one-rank mesh
  * when either is per rank, else on acc's mesh and placements (more
  * resharded to them first). */
@@ -461,7 +428,7 @@ static int add_tensors(dist_tape *t, const slot *acc, slot *more, slot *sum) {
       dist_mesh_desc one;
       int shape1 = 1;
       dist_mesh_init(&one, 1, &shape1, &sum->ranks.ranks[i], NULL, NULL);
-      rc = run_add(t, acc->t.name, more->t.name, &one, &rep, name, &out);
+      rc = dist_grad_add(c, acc->t.name, more->t.name, &one, &rep, name, &out);
       dist_tensor_free(out), out = NULL;
     }
   } else if (!dist_mesh_equal(&acc->t.mesh.d, &more->t.mesh.d)) {
@@ -469,8 +436,8 @@ static int add_tensors(dist_tape *t, const slot *acc, slot *more, slot *sum) {
                           "different meshes", acc->name);
   } else {
     rc = dist_reshard(c, &more->t, NULL, acc->t.placements);
-    if (rc == 0) rc = run_add(t, acc->t.name, more->t.name, &acc->t.mesh.d,
-                              acc->t.placements, name, &out);
+    if (rc == 0) rc = dist_grad_add(c, acc->t.name, more->t.name, &acc->t.mesh.d,
+                                    acc->t.placements, name, &out);
     if (rc == 0) sum->t = *out;
     dist_tensor_free(out);
   }
@@ -656,7 +623,7 @@ static int own_gradient(dist_tape *t, slot *g) {
   char name[NAME_MAX_LEN];
   dist_tensor *copy = NULL;
   next_grad_name(t, name);
-  int rc = run_add(t, g->t.name, NULL, &g->t.mesh.d, g->t.placements, name, &copy);
+  int rc = dist_grad_add(t->c, g->t.name, NULL, &g->t.mesh.d, g->t.placements, name, &copy);
   if (rc) return rc;
   g->t = *copy;
   g->owned = 1;

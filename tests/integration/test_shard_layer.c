@@ -523,6 +523,34 @@ Test(shard_layer, embedding_and_norms_in_a_sequence_match_one_process,
   harness_stop(&h);
 }
 
+/* A custom layer y = sum(x_1 * ... * x_n * scale) from a program, with
+ * the parameter scale [3] (initially sc) and output Partial(sum), named
+ * name and sharded on m. */
+static dist_layer *scaled_product_layer(dist_client *c, const dist_mesh *m, int n_inputs,
+                                        const float *sc, const char *name) {
+  dist_program *p = NULL;
+  dist_placement psum = DIST_PARTIAL_OF(DIST_REDUCE_SUM);
+  cr_assert_eq(dist_program_new(name, &p), 0);
+  int prod = dist_input_dtensor(p, "x1", DIST_FLOAT32);
+  for (int i = 1; i < n_inputs; i++) {
+    char in[8];
+    snprintf(in, sizeof in, "x%d", i + 1);
+    prod = dist_op_mul(p, prod, dist_input_dtensor(p, in, DIST_FLOAT32));
+  }
+  int scale = dist_input_dtensor(p, "scale", DIST_FLOAT32);
+  dist_input_set_grad_placements(p, scale, &psum, 1);
+  dist_program_output(p, dist_op_sum(p, dist_op_mul(p, prod, scale), NULL, 0, 0));
+  cr_assert_eq(dist_program_out_dist_attr(p, m, &psum, NULL), 0);
+  dist_layer *l = NULL;
+  cr_assert_eq(dist_layer_program(p, n_inputs, &l), 0);
+  int64_t ss[1] = {3};
+  cr_assert_eq(dist_layer_add_param(l, "scale", 1, ss, sc), 0);
+  cr_assert_eq(dist_layer_set_name(l, name), 0);
+  cr_assert_eq(dist_shard_layer(c, l, m, NULL, NULL, NULL, NULL), 0, "%s",
+               dist_errmsg(c));
+  return l;
+}
+
 /* A custom layer from a program with a parameter: y = x * scale, and a
  * scalar loss sum(y) backpropagated without an output gradient. */
 Test(shard_layer, custom_program_layer_trains_its_parameter, .timeout = 120) {
@@ -530,24 +558,11 @@ Test(shard_layer, custom_program_layer_trains_its_parameter, .timeout = 120) {
   harness_start(&h, 2, NULL);
   dist_client *c = harness_client(&h);
   dist_mesh *m = line_mesh(2);
-  dist_program *p = NULL;
   dist_placement s0 = DIST_SHARD_DIM(0);
-  dist_placement psum = DIST_PARTIAL_OF(DIST_REDUCE_SUM);
-  cr_assert_eq(dist_program_new("scaled_sum", &p), 0);
-  int x = dist_input_dtensor(p, "x", DIST_FLOAT32);
-  int scale = dist_input_dtensor(p, "scale", DIST_FLOAT32);
-  dist_input_set_grad_placements(p, scale, &psum, 1);
-  dist_program_output(p, dist_op_sum(p, dist_op_mul(p, x, scale), NULL, 0, 0));
-  cr_assert_eq(dist_program_out_dist_attr(p, m, &psum, NULL), 0);
-  dist_layer *l = NULL;
-  cr_assert_eq(dist_layer_program(p, 1, &l), 0);
-  int64_t ss[1] = {3}, xs[2] = {4, 3};
+  int64_t xs[2] = {4, 3};
   float sc[3] = {1, 2, 3}, xv[12];
   fill(xv, 12, 31);
-  cr_assert_eq(dist_layer_add_param(l, "scale", 1, ss, sc), 0);
-  cr_assert_eq(dist_layer_set_name(l, "custom"), 0);
-  cr_assert_eq(dist_shard_layer(c, l, m, NULL, NULL, NULL, NULL), 0, "%s",
-               dist_errmsg(c));
+  dist_layer *l = scaled_product_layer(c, m, 1, sc, "custom");
   dist_tensor *xt = put(c, "x", xv, 2, xs, m, &s0), *y = NULL;
   cr_assert_eq(dist_layer_forward(c, l, &xt, 1, &y, 1), 1, "%s", dist_errmsg(c));
   float *got = full_of(c, y, 1);
@@ -574,6 +589,51 @@ Test(shard_layer, custom_program_layer_trains_its_parameter, .timeout = 120) {
   free(got);
   cr_assert_eq(dist_layer_backward(c, l, NULL, NULL), DIST_EINVAL,
                "backward runs once per forward");
+  dist_tensor_free(y);
+  dist_tensor_free(xt);
+  cr_assert_eq(dist_layer_destroy(c, l), 0, "%s", dist_errmsg(c));
+  dist_mesh_free(m);
+  dist_close(c);
+  harness_stop(&h);
+}
+
+/* One activation feeding two inputs: a layer y = sum(x1 * x2 * scale)
+ * called with x as both x1 and x2. x's gradient is the sum of its two uses,
+ * 2 * x * scale, and scale's is sum over rows of x^2. */
+Test(shard_layer, an_input_used_twice_gets_the_sum_of_its_gradients, .timeout = 120) {
+  harness h;
+  harness_start(&h, 2, NULL);
+  dist_client *c = harness_client(&h);
+  dist_mesh *m = line_mesh(2);
+  dist_placement s0 = DIST_SHARD_DIM(0);
+  int64_t xs[2] = {4, 3};
+  float sc[3] = {1, -2, 0.5f}, xv[12];
+  fill(xv, 12, 57);
+  dist_layer *l = scaled_product_layer(c, m, 2, sc, "twice");
+  dist_tensor *xt = put(c, "x", xv, 2, xs, m, &s0), *y = NULL;
+  dist_tensor *const ins[2] = {xt, xt};
+  cr_assert_eq(dist_layer_forward(c, l, ins, 2, &y, 1), 1, "%s", dist_errmsg(c));
+  double want = 0, dx[12], dscale[3] = {0};
+  for (int i = 0; i < 12; i++) {
+    want += (double)xv[i] * xv[i] * sc[i % 3];
+    dx[i] = 2.0 * xv[i] * sc[i % 3];
+    dscale[i % 3] += (double)xv[i] * xv[i];
+  }
+  float *got = full_of(c, y, 1);
+  cr_assert(fabs(got[0] - want) < 1e-5, "sum %g, want %g", got[0], want);
+  free(got);
+  dist_tensor *in_grads[2] = {NULL, NULL};
+  cr_assert_eq(dist_layer_backward(c, l, NULL, in_grads), 0, "%s", dist_errmsg(c));
+  for (int k = 0; k < 2; k++) {
+    cr_assert_not_null(in_grads[k], "no gradient for input %d", k);
+    got = full_of(c, in_grads[k], 12);
+    assert_all_close(got, dx, 12, 1e-5, "d x (both uses)");
+    free(got);
+    dist_tensor_free(in_grads[k]);
+  }
+  got = read_param(c, l, "scale", 1, 3);
+  assert_all_close(got, dscale, 3, 1e-5, "d scale");
+  free(got);
   dist_tensor_free(y);
   dist_tensor_free(xt);
   cr_assert_eq(dist_layer_destroy(c, l), 0, "%s", dist_errmsg(c));
