@@ -533,7 +533,7 @@ static dist_layer *scaled_product_layer(dist_client *c, const dist_mesh *m, int 
   cr_assert_eq(dist_program_new(name, &p), 0);
   int prod = dist_input_dtensor(p, "x1", DIST_FLOAT32);
   for (int i = 1; i < n_inputs; i++) {
-    char in[8];
+    char in[16];
     snprintf(in, sizeof in, "x%d", i + 1);
     prod = dist_op_mul(p, prod, dist_input_dtensor(p, in, DIST_FLOAT32));
   }
