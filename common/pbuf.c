@@ -1,5 +1,7 @@
 #include "pbuf.h"
 
+#include <limits.h>
+#include <malloc.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <sys/mman.h>
@@ -25,6 +27,11 @@ static uintptr_t huge_up(uintptr_t a) { return huge_down(a + HUGE_PAGE - 1); }
 static int align_large = 1;
 
 void dist_pbuf_align_large(int on) { align_large = on; }
+
+void dist_heap_keep(void) {
+  mallopt(M_MMAP_MAX, 0);
+  mallopt(M_TRIM_THRESHOLD, INT_MAX);
+}
 
 static void *malloc_hinted(size_t n) {
   void *p = malloc(n);

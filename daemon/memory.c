@@ -1,7 +1,6 @@
 /* The daemon's heap policy (memory.h). */
 #include "memory.h"
 
-#include <limits.h>
 #include <malloc.h>
 
 #include "pbuf.h"
@@ -11,8 +10,7 @@ void distd_memory_policy_init(void) {
    * glibc maps larger ones afresh whatever M_MMAP_MAX says. The daemon's
    * few threads allocate little outside large tensor blocks. */
   mallopt(M_ARENA_MAX, 1);
-  mallopt(M_MMAP_MAX, 0);             /* big blocks from the heap, reused */
-  mallopt(M_TRIM_THRESHOLD, INT_MAX); /* no give-back at each free ... */
+  dist_heap_keep(); /* big blocks from the heap, reused, no give-back at each free ... */
   /* Its blocks rarely fault, so the message blocks need not start on a
    * 2 MiB boundary for huge pages: placed so, a request's 2 MiB input made
    * W=2 all-to-all at 1 MiB per pair 10-13% slower daemon to daemon in

@@ -2,6 +2,8 @@
 #include <errno.h>
 #include <grpc/grpc.h>
 #include <grpc/grpc_security.h>
+#include <malloc.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,6 +11,7 @@
 
 #include "client_internal.h"
 #include "cluster.h"
+#include "pbuf.h"
 
 static __thread char connect_error[512];
 
@@ -132,6 +135,34 @@ static grpc_channel *open_channel(const char *endpoint, grpc_channel_credentials
   return grpc_channel_create(endpoint, creds, &ca);
 }
 
+/* The trainer's heap (dist.h, "Memory"): kept from the first client on,
+ * unless DIST_KEEP_HEAP=0; what it holds goes back when the last client
+ * closes. */
+static pthread_once_t heap_once = PTHREAD_ONCE_INIT;
+static pthread_mutex_t heap_mu = PTHREAD_MUTEX_INITIALIZER;
+static int heap_kept, open_clients;
+
+static void keep_heap(void) {
+  const char *v = getenv("DIST_KEEP_HEAP");
+  if (v && strcmp(v, "0") == 0) return;
+  dist_heap_keep();
+  heap_kept = 1;
+}
+
+static void client_opened(void) {
+  pthread_once(&heap_once, keep_heap);
+  pthread_mutex_lock(&heap_mu);
+  open_clients++;
+  pthread_mutex_unlock(&heap_mu);
+}
+
+static void client_closed(void) {
+  pthread_mutex_lock(&heap_mu);
+  int last = --open_clients == 0;
+  pthread_mutex_unlock(&heap_mu);
+  if (last && heap_kept) malloc_trim(0);
+}
+
 static int open_client(const dist_member *members, int n, const dist_opts *opts,
                        dist_client **out) {
   dist_opts defaults = DIST_OPTS_INIT;
@@ -161,6 +192,7 @@ static int open_client(const dist_member *members, int n, const dist_opts *opts,
     if (!f || fread(&c->op_base, sizeof c->op_base, 1, f) != 1) c->op_base = (uint64_t)(uintptr_t)c;
     if (f) fclose(f);
   }
+  client_opened();
   *out = c;
   return 0;
 }
@@ -234,6 +266,7 @@ void dist_close(dist_client *c) {
   free(c->endpoints);
   free(c);
   grpc_shutdown();
+  client_closed();
 }
 
 const char *dist_errmsg(const dist_client *c) { return c->err.code ? c->err.msg : ""; }
