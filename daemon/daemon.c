@@ -185,29 +185,28 @@ static int reload_certs(distd_server *s, dist_errbuf *eb) {
   return 0;
 }
 
+static int reload_tokens(distd_server *s, dist_errbuf *eb) {
+  return distd_rpc_reload_tokens(s->rpc, eb);
+}
+
+/* One part of a reload: a failure is logged, and the first one kept in
+ * *rc and eb. */
+static void reload_part(distd_server *s, int (*part)(distd_server *, dist_errbuf *),
+                        int *rc, dist_errbuf *eb) {
+  dist_errbuf why = DIST_ERRBUF_INIT;
+  if (part(s, &why) == 0) return;
+  log_warn("reload: %s", dist_errbuf_msg(&why));
+  if (!*rc) *rc = why.code, *eb = why;
+}
+
 /* Tokens and certificates are reloaded independently: a bad tokens file
- * does not hold back a certificate rotation, nor the other way round. Each
- * failure is logged; eb keeps the first. */
+ * does not hold back a certificate rotation, nor the other way round. */
 int distd_reload(distd_server *s, dist_errbuf *eb) {
   distd_notify("RELOADING=1");
-  int rc = 0, what = 0;
-  if (s->cfg.auth_tokens_file[0]) {
-    what++;
-    dist_errbuf why = DIST_ERRBUF_INIT;
-    if (distd_rpc_reload_tokens(s->rpc, &why) != 0) {
-      log_warn("reload: %s", dist_errbuf_msg(&why));
-      if (!rc) rc = why.code, *eb = why;
-    }
-  }
-  if (s->cfg.tls_cert[0]) {
-    what++;
-    dist_errbuf why = DIST_ERRBUF_INIT;
-    if (reload_certs(s, &why) != 0) {
-      log_warn("reload: %s", dist_errbuf_msg(&why));
-      if (!rc) rc = why.code, *eb = why;
-    }
-  }
-  if (!what) {
+  int rc = 0, tokens = s->cfg.auth_tokens_file[0] != 0, certs = s->cfg.tls_cert[0] != 0;
+  if (tokens) reload_part(s, reload_tokens, &rc, eb);
+  if (certs) reload_part(s, reload_certs, &rc, eb);
+  if (!tokens && !certs) {
     rc = dist_fail(eb, DIST_EINVAL, "nothing to reload: neither auth_tokens_file nor "
                    "tls_cert is set");
     log_warn("reload: %s", dist_errbuf_msg(eb));
