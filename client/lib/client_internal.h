@@ -72,11 +72,18 @@ int dist_client_fail(dist_client *c, int code, const char *fmt, ...)
 /* The daemons an operation on mesh m goes to: every rank of the mesh in a
  * single client, this trainer's own daemon in SPMD. */
 int dist_targets(dist_client *c, const dist_mesh_desc *m, int *targets);
+/* tensor_api.c: 1 when a and b lie on one mesh with the same placements. */
+int dist_same_layout(const dist_tensor *a, const dist_tensor *b);
 /* grad_add.c: out = a + b (b NULL: a copy of a) of stored tensors, as
  * out_name on mesh m with placements pl (the inputs' own, pieces added
  * rank by rank), by a one-op LocalLayer program run once. *out gets the
  * handle. */
 int dist_grad_add(dist_client *c, const char *a, const char *b, const dist_mesh_desc *m,
                   const dist_placement *pl, const char *out_name, dist_tensor **out);
+/* Two gradients of one value (named `of` in errors) summed as out_name:
+ * more is resharded to acc's placements first, and the sum lies as acc
+ * does. Gradients on different meshes are refused. */
+int dist_grad_sum(dist_client *c, const char *of, const dist_tensor *acc,
+                  dist_tensor *more, const char *out_name, dist_tensor **out);
 
 #endif

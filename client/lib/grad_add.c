@@ -47,3 +47,15 @@ int dist_grad_add(dist_client *c, const char *a, const char *b, const dist_mesh_
   if (rc && !b) dist_errbuf_prefix(&c->err, "copying the gradient '%s': ", a);
   return rc;
 }
+
+int dist_grad_sum(dist_client *c, const char *of, const dist_tensor *acc,
+                  dist_tensor *more, const char *out_name, dist_tensor **out) {
+  if (!dist_mesh_equal(&acc->mesh.d, &more->mesh.d))
+    return dist_client_fail(c, DIST_ENOTSUP, "the gradients of '%s' lie on different "
+                            "meshes", of);
+  int rc = dist_same_layout(acc, more) ? 0 : dist_reshard(c, more, NULL, acc->placements);
+  if (rc == 0)
+    rc = dist_grad_add(c, acc->name, more->name, &acc->mesh.d, acc->placements, out_name,
+                       out);
+  return rc;
+}

@@ -112,17 +112,6 @@ int dist_layer_release(dist_client *c, dist_layer *l) {
 
 /* ---------------------------------------------------------------- one program call */
 
-static int same_layout(const dist_tensor *a, const dist_tensor *b) {
-  if (!dist_mesh_equal(&a->mesh.d, &b->mesh.d)) return 0;
-  for (int m = 0; m < a->mesh.d.ndim; m++) {
-    const dist_placement *p = &a->placements[m], *q = &b->placements[m];
-    if (p->kind != q->kind || (p->kind == DIST_SHARD && p->dim != q->dim) ||
-        (p->kind == DIST_PARTIAL && p->reduce != q->reduce))
-      return 0;
-  }
-  return 1;
-}
-
 /* A layer's outputs are never Partial: the sum (or other reduction) is
  * done here, once, by an all-reduce. */
 static int resolve_partial(dist_client *c, dist_tensor *t) {
@@ -399,7 +388,7 @@ static int out_grads_of(dist_client *c, layer_step *s, tape_entry *t,
     og[k] = (dist_arg){g, NULL};
     if (!g) continue;
     *any = 1;
-    if (same_layout(g, &t->out[k])) continue;
+    if (dist_same_layout(g, &t->out[k])) continue;
     const dist_mesh *mesh = dist_mesh_equal(&g->mesh.d, &t->out[k].mesh.d)
                                 ? NULL : &t->out[k].mesh;
     int rc = dist_reshard(c, g, mesh, t->out[k].placements);
@@ -415,16 +404,11 @@ static int out_grads_of(dist_client *c, layer_step *s, tape_entry *t,
  * layers, or one layer twice): the slot gets their sum, on the first
  * one's mesh and placements. g and the sum belong to the step. */
 static int add_grad(dist_client *c, layer_step *s, grad_slot *slot, dist_tensor *g) {
-  dist_tensor *acc = slot->grad, *sum = NULL;
-  if (!dist_mesh_equal(&acc->mesh.d, &g->mesh.d))
-    return dist_client_fail(c, DIST_ENOTSUP, "the gradients of '%s' lie on different "
-                            "meshes", slot->name);
-  int rc = same_layout(acc, g) ? 0 : dist_reshard(c, g, NULL, acc->placements);
+  dist_tensor *sum = NULL;
   char name[256];
   if (snprintf(name, sizeof name, "%s.sum", g->name) >= (int)sizeof name)
     return dist_client_fail(c, DIST_EINVAL, "gradient name '%s.sum' is too long", g->name);
-  if (rc == 0) rc = dist_grad_add(c, acc->name, g->name, &acc->mesh.d, acc->placements,
-                                  name, &sum);
+  int rc = dist_grad_sum(c, slot->name, slot->grad, g, name, &sum);
   if (rc) {
     dist_errbuf_prefix(&c->err, "summing the gradients of '%s': ", slot->name);
     return rc;
@@ -447,7 +431,7 @@ static int take_grad(dist_client *c, layer_step *s, const tape_entry *t, int j,
     layer_param *p = in->param;
     dist_tensor_free(p->grad);
     p->grad = g;
-    if (same_layout(g, p->tensor)) return 0;
+    if (dist_same_layout(g, p->tensor)) return 0;
     return dist_reshard(c, g, NULL, p->tensor->placements);
   }
   if (in->kind != IN_ACT) {

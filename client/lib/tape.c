@@ -431,13 +431,8 @@ static int add_tensors(dist_tape *t, const slot *acc, slot *more, slot *sum) {
       rc = dist_grad_add(c, acc->t.name, more->t.name, &one, &rep, name, &out);
       dist_tensor_free(out), out = NULL;
     }
-  } else if (!dist_mesh_equal(&acc->t.mesh.d, &more->t.mesh.d)) {
-    rc = dist_client_fail(c, DIST_ENOTSUP, "the gradients of '%s' lie on "
-                          "different meshes", acc->name);
   } else {
-    rc = dist_reshard(c, &more->t, NULL, acc->t.placements);
-    if (rc == 0) rc = dist_grad_add(c, acc->t.name, more->t.name, &acc->t.mesh.d,
-                                    acc->t.placements, name, &out);
+    rc = dist_grad_sum(c, acc->name, &acc->t, &more->t, name, &out);
     if (rc == 0) sum->t = *out;
     dist_tensor_free(out);
   }

@@ -433,3 +433,14 @@ void dist_tensor_list_free(dist_tensor **list, int n) {
   for (int i = 0; list && i < n; i++) dist_tensor_free(list[i]);
   free(list);
 }
+
+int dist_same_layout(const dist_tensor *a, const dist_tensor *b) {
+  if (!dist_mesh_equal(&a->mesh.d, &b->mesh.d)) return 0;
+  for (int m = 0; m < a->mesh.d.ndim; m++) {
+    const dist_placement *p = &a->placements[m], *q = &b->placements[m];
+    if (p->kind != q->kind || (p->kind == DIST_SHARD && p->dim != q->dim) ||
+        (p->kind == DIST_PARTIAL && p->reduce != q->reduce))
+      return 0;
+  }
+  return 1;
+}
