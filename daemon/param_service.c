@@ -27,7 +27,10 @@ struct distd_param_entry {
   void *accum;          /* synchronous: the sum of this step's pushes */
   unsigned char *pushed; /* synchronous: trainer t pushed for this step */
   int npushed;
-  int held;             /* an in-place reshard runs: pushes are refused */
+  int staged;           /* pushes checked and reserved, not yet applied */
+  distd_tensor *spare;  /* synchronous: the next version, allocated when
+                         * the staged pushes would complete the update */
+  const char *held_for; /* non-NULL: pushes are refused ("resharded") */
   uint64_t step;        /* updates applied */
   size_t reserved;      /* bytes reserved in the store for the above */
   distd_store *store;
@@ -61,6 +64,8 @@ static void release_state(param *q) {
   for (int i = 0; i < DISTD_OPTIM_STATE_MAX; i++) free(q->state[i]), q->state[i] = NULL;
   free(q->accum);
   free(q->pushed);
+  distd_tensor_unref(q->spare);
+  q->spare = NULL;
   q->accum = NULL;
   q->pushed = NULL;
   if (q->reserved) distd_store_release(q->store, q->reserved);
@@ -157,8 +162,32 @@ void distd_param_entry_free(distd_param_entry *e) {
   free(e);
 }
 
-/* Unlinks name's entry, if any, and returns it. Called with mu held. */
+/* With mu held: marks name's entry so that new pushes are refused (they
+ * are told it is being `why`), then waits until none of its pushes is
+ * staged any more. A staged push settles within its call's deadline (the
+ * verdict exchange is bounded by it), so the wait ends; until_ms >= 0 bounds
+ * it further, and *timed_out (may be NULL then) says it ran out. Returns
+ * the entry, NULL when name is not a parameter. */
+static param *quiesce(distd_params *p, const char *name, const char *why,
+                      int64_t until_ms, int *timed_out) {
+  for (;;) {
+    param *q = find(p, name); /* found again after each wait: it may change */
+    if (!q) return NULL;
+    q->held_for = why;
+    if (q->staged == 0) return q;
+    int64_t now = distd_now_ms();
+    if (until_ms >= 0 && now >= until_ms) {
+      *timed_out = 1;
+      return q;
+    }
+    distd_cond_wait_until_ms(&p->updated, &p->mu, until_ms >= 0 ? until_ms : now + 1000);
+  }
+}
+
+/* Unlinks name's entry, if any, once no push is staged on it, and returns
+ * it. Called with mu held. */
 static param *unlink_param(distd_params *p, const char *name) {
+  quiesce(p, name, "replaced", -1, NULL);
   for (param **at = &p->head; *at; at = &(*at)->next)
     if (strcmp((*at)->name, name) == 0) {
       param *q = *at;
@@ -231,10 +260,11 @@ static int check_push(const param *q, int trainer, uint64_t expect_step,
   return 0;
 }
 
-/* Applies grad to a copy of cur and stores the copy (version + 1). */
-static int apply_update(param *q, distd_store *st, distd_tensor *cur,
-                        distd_tensor *next, const void *grad,
-                        distd_push_result *res) {
+/* Applies grad to a copy of cur, stores the copy (version + 1) and drops
+ * the caller's reference to it. */
+static void apply_update(param *q, distd_store *st, distd_tensor *cur,
+                         distd_tensor *next, const void *grad,
+                         distd_push_result *res) {
   memcpy(next->data, cur->data, cur->nbytes);
   distd_optim_step(&q->cfg.optim, q->dtype, q->nbytes / dist_dtype_size(q->dtype),
                    next->data, grad, q->state, q->step + 1);
@@ -242,7 +272,7 @@ static int apply_update(param *q, distd_store *st, distd_tensor *cur,
   distd_store_put(st, next, 1, NULL); /* replacing never fails */
   res->version = next->version;
   res->applied = 1;
-  return 0;
+  distd_tensor_unref(next);
 }
 
 static int new_like(distd_store *st, const distd_tensor *t, int rank,
@@ -251,64 +281,137 @@ static int new_like(distd_store *st, const distd_tensor *t, int rank,
                           t->placements, rank, out, eb);
 }
 
-static int push_locked(distd_params *p, param *q, distd_store *st,
-                       distd_tensor *cur, int trainer, const void *grad,
-                       distd_push_result *res, dist_errbuf *eb) {
-  int completes = q->cfg.async || q->npushed + 1 == q->cfg.trainers;
-  distd_tensor *next = NULL;
-  /* Allocate before touching the sums, so a failure changes nothing. */
-  if (completes && new_like(st, cur, p->rank, &next, eb) != 0) return eb ? eb->code : DIST_ENOMEM;
-  size_t n = q->nbytes / dist_dtype_size(q->dtype);
-  res->version = cur->version;
+/* Allocates what applying the push needs, so that distd_param_commit cannot
+ * run out of memory: the new version for an asynchronous push; for a
+ * synchronous one, once the pushes made and staged would complete the
+ * update, the new version that update stores (q->spare). */
+static int reserve_push(distd_params *p, param *q, distd_store *st,
+                        const distd_tensor *cur, int trainer,
+                        distd_push_ticket *tk, dist_errbuf *eb) {
   if (q->cfg.async) {
-    apply_update(q, st, cur, next, grad, res);
+    if (new_like(st, cur, p->rank, &tk->next, eb) != 0) return eb ? eb->code : DIST_ENOMEM;
   } else {
-    if (q->npushed == 0) memcpy(q->accum, grad, q->nbytes);
-    else dist_reduce_into(q->accum, grad, n, q->dtype, DIST_REDUCE_SUM);
-    q->pushed[trainer] = 1;
-    q->npushed++;
-    if (completes) {
-      dist_reduce_finish(q->accum, n, q->dtype, q->cfg.reduce, q->cfg.trainers);
-      apply_update(q, st, cur, next, q->accum, res);
-      memset(q->pushed, 0, (size_t)q->cfg.trainers);
-      q->npushed = 0;
-    }
+    if (q->npushed + q->staged + 1 == q->cfg.trainers && !q->spare &&
+        new_like(st, cur, p->rank, &q->spare, eb) != 0)
+      return eb ? eb->code : DIST_ENOMEM;
+    q->pushed[trainer] = 1; /* the same trainer again is refused meanwhile */
   }
-  if (next) {
-    distd_tensor_unref(next);
-    pthread_cond_broadcast(&p->updated);
-  }
-  res->step = q->step;
-  res->pending = q->npushed;
+  q->staged++;
+  tk->entry = q;
+  tk->trainer = trainer;
   return 0;
 }
 
-int distd_param_push(distd_params *p, distd_store *st, const char *name,
-                     int trainer, uint64_t expect_step, const void *grad,
-                     size_t nbytes, distd_push_result *res, dist_errbuf *eb) {
-  memset(res, 0, sizeof *res);
+/* The push was made for the layout in spec (when it names one): a reshard
+ * since then moved the boxes its bytes belong to. */
+static int check_made_for(const param *q, const distd_push_spec *spec, dist_errbuf *eb) {
+  if (!spec->mesh) return 0;
+  if (dist_mesh_equal(spec->mesh, &q->mesh) &&
+      (!spec->placements || memcmp(spec->placements, q->placements,
+                                   sizeof(dist_placement) * (size_t)q->mesh.ndim) == 0))
+    return 0;
+  char now_p[128], now_m[256];
+  dist_placements_format(q->placements, q->mesh.ndim, now_p, sizeof now_p);
+  dist_mesh_format(&q->mesh, now_m, sizeof now_m);
+  return dist_fail(eb, DIST_EUNAVAIL, "parameter '%s' was resharded since this push "
+                   "was made for it (it is %s on mesh %s now): push again (nothing "
+                   "was changed)", q->name, now_p, now_m);
+}
+
+int distd_param_stage(distd_params *p, distd_store *st, const distd_push_spec *spec,
+                      distd_push_ticket *tk, dist_errbuf *eb) {
+  memset(tk, 0, sizeof *tk);
   distd_tensor *cur = NULL;
   int rc;
   pthread_mutex_lock(&p->mu);
-  param *q = find(p, name);
+  param *q = find(p, spec->name);
   if (!q) {
     rc = dist_fail(eb, DIST_ENOTFOUND, "'%s' is not a parameter (configure it "
-                   "with an optimizer first)", name);
+                   "with an optimizer first)", spec->name);
     goto out;
   }
-  if (q->held) {
-    rc = dist_fail(eb, DIST_EUNAVAIL, "parameter '%s' is being resharded; push again once "
-                   "the reshard is done (nothing was changed)", name);
+  if (q->held_for) {
+    rc = dist_fail(eb, DIST_EUNAVAIL, "parameter '%s' is being %s; push again once "
+                   "that is done (nothing was changed)", q->name, q->held_for);
     goto out;
   }
-  if ((rc = distd_store_get(st, name, &cur, eb)) != 0) goto out;
+  if ((rc = distd_store_get(st, q->name, &cur, eb)) != 0) goto out;
   if ((rc = check_layout(q, cur, eb)) != 0) goto out;
-  if ((rc = check_push(q, trainer, expect_step, nbytes, p->rank, eb)) != 0) goto out;
-  rc = push_locked(p, q, st, cur, trainer, grad, res, eb);
+  if ((rc = check_made_for(q, spec, eb)) != 0) goto out;
+  if ((rc = check_push(q, spec->trainer, spec->expect_step, spec->nbytes, p->rank, eb)) != 0)
+    goto out;
+  rc = reserve_push(p, q, st, cur, spec->trainer, tk, eb);
 out:
   pthread_mutex_unlock(&p->mu);
   distd_tensor_unref(cur);
   return rc;
+}
+
+/* Undoes reserve_push. Called with mu held. */
+static void unreserve_push(param *q, distd_push_ticket *tk) {
+  q->staged--;
+  if (!q->cfg.async) {
+    q->pushed[tk->trainer] = 0;
+    if (q->spare && q->npushed + q->staged < q->cfg.trainers) {
+      distd_tensor_unref(q->spare);
+      q->spare = NULL;
+    }
+  }
+}
+
+/* Adds a staged push to the update; applies the update when it completes
+ * it. Called with mu held. */
+static void apply_push(param *q, distd_store *st, distd_tensor *cur,
+                       distd_push_ticket *tk, const void *grad, distd_push_result *res) {
+  size_t n = q->nbytes / dist_dtype_size(q->dtype);
+  q->staged--;
+  res->version = cur->version;
+  if (q->cfg.async) {
+    apply_update(q, st, cur, tk->next, grad, res);
+    tk->next = NULL;
+  } else {
+    if (q->npushed == 0) memcpy(q->accum, grad, q->nbytes);
+    else dist_reduce_into(q->accum, grad, n, q->dtype, DIST_REDUCE_SUM);
+    if (++q->npushed == q->cfg.trainers) {
+      dist_reduce_finish(q->accum, n, q->dtype, q->cfg.reduce, q->cfg.trainers);
+      apply_update(q, st, cur, q->spare, q->accum, res);
+      q->spare = NULL;
+      memset(q->pushed, 0, (size_t)q->cfg.trainers);
+      q->npushed = 0;
+    }
+  }
+  res->step = q->step;
+  res->pending = q->npushed;
+}
+
+int distd_param_commit(distd_params *p, distd_store *st, distd_push_ticket *tk,
+                       const void *grad, distd_push_result *res, dist_errbuf *eb) {
+  memset(res, 0, sizeof *res);
+  distd_tensor *cur = NULL;
+  pthread_mutex_lock(&p->mu);
+  param *q = tk->entry;
+  /* The entry stays while the push is staged (quiesce); its tensor may
+   * have been deleted or put over with another layout meanwhile. */
+  int rc = distd_store_get(st, q->name, &cur, eb);
+  if (rc == 0) rc = check_layout(q, cur, eb);
+  if (rc == 0) apply_push(q, st, cur, tk, grad, res);
+  else unreserve_push(q, tk);
+  pthread_cond_broadcast(&p->updated);
+  pthread_mutex_unlock(&p->mu);
+  distd_tensor_unref(cur);
+  distd_tensor_unref(tk->next);
+  memset(tk, 0, sizeof *tk);
+  return rc;
+}
+
+void distd_param_abort(distd_params *p, distd_push_ticket *tk) {
+  if (!tk->entry) return;
+  pthread_mutex_lock(&p->mu);
+  unreserve_push(tk->entry, tk);
+  pthread_cond_broadcast(&p->updated);
+  pthread_mutex_unlock(&p->mu);
+  distd_tensor_unref(tk->next);
+  memset(tk, 0, sizeof *tk);
 }
 
 int distd_param_pull(distd_params *p, distd_store *st, const char *name,
@@ -353,17 +456,21 @@ int distd_param_pending(distd_params *p, const char *name) {
   return n;
 }
 
-static int set_held(distd_params *p, const char *name, int held) {
+int distd_param_hold(distd_params *p, const char *name, int64_t deadline_ms) {
+  int timed_out = 0;
   pthread_mutex_lock(&p->mu);
-  param *q = find(p, name);
-  if (q) q->held = held;
+  param *q = quiesce(p, name, "resharded", deadline_ms, &timed_out);
+  if (timed_out) q->held_for = NULL;
   pthread_mutex_unlock(&p->mu);
-  return q != NULL;
+  return timed_out ? -1 : q != NULL;
 }
 
-int distd_param_hold(distd_params *p, const char *name) { return set_held(p, name, 1); }
-
-void distd_param_release(distd_params *p, const char *name) { set_held(p, name, 0); }
+void distd_param_release(distd_params *p, const char *name) {
+  pthread_mutex_lock(&p->mu);
+  param *q = find(p, name);
+  if (q) q->held_for = NULL;
+  pthread_mutex_unlock(&p->mu);
+}
 
 int distd_param_layout(distd_params *p, const char *name, dist_dtype *dt,
                        dist_mesh_desc *mesh, dist_placement *placements) {

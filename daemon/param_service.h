@@ -53,12 +53,42 @@ typedef struct distd_push_result {
   int applied;      /* this push completed an update */
 } distd_push_result;
 
-/* One trainer's gradient for this daemon's shard: nbytes bytes laid out as
- * the shard. expect_step (0 = any) must be the number of the update the push
- * belongs to. A wrong size, trainer or step fails with nothing changed. */
-int distd_param_push(distd_params *p, distd_store *st, const char *name,
-                     int trainer, uint64_t expect_step, const void *grad,
-                     size_t nbytes, distd_push_result *res, dist_errbuf *eb);
+/* One trainer's gradient for this daemon's shard, in two steps, so that
+ * the daemons of a mesh can apply a push all together or not at all
+ * (param_vote.h). distd_param_stage makes every check and allocates what
+ * applying needs, so that distd_param_commit cannot fail for want of
+ * memory; distd_param_abort undoes it. Meanwhile the trainer counts as
+ * having pushed (a second push of it is refused), and a reshard,
+ * configure, restore or delete of the parameter waits for the push to be
+ * committed or aborted. */
+typedef struct distd_push_spec {
+  const char *name;
+  int trainer;
+  uint64_t expect_step;  /* the update the push belongs to (1-based); 0 = any */
+  size_t nbytes;         /* the gradient: nbytes laid out as the shard */
+  /* The layout the gradient was made for (NULL: not checked); a push made
+   * before a reshard is refused (DIST_EUNAVAIL). */
+  const dist_mesh_desc *mesh;
+  const dist_placement *placements; /* mesh->ndim of them; NULL: not checked */
+} distd_push_spec;
+
+/* A staged push. */
+typedef struct distd_push_ticket {
+  struct distd_param_entry *entry; /* NULL: nothing staged */
+  int trainer;
+  distd_tensor *next; /* asynchronous: the version the push makes */
+} distd_push_ticket;
+/* Fails with nothing changed for a wrong size, trainer, step or layout,
+ * or while the parameter is held (DIST_EUNAVAIL). */
+int distd_param_stage(distd_params *p, distd_store *st, const distd_push_spec *spec,
+                      distd_push_ticket *tk, dist_errbuf *eb);
+/* Applies the staged push (grad: nbytes as staged). Fails, undoing the
+ * stage, only when the parameter's tensor was deleted or put over with
+ * another layout since. */
+int distd_param_commit(distd_params *p, distd_store *st, distd_push_ticket *tk,
+                       const void *grad, distd_push_result *res, dist_errbuf *eb);
+/* A no-op for a ticket already committed or aborted. */
+void distd_param_abort(distd_params *p, distd_push_ticket *tk);
 
 /* The parameter (or any stored tensor) once its version is >= min_version,
  * waiting until deadline_ms (distd_now_ms clock). *out is a new reference;
@@ -73,10 +103,13 @@ int distd_param_pending(distd_params *p, const char *name);
 
 /* While an in-place reshard of name runs, its pushes are refused
  * (DIST_EUNAVAIL): one applied meanwhile would be lost under the resharded
- * values. Returns 1 when name is a parameter, and then the caller calls
+ * values. Pushes already staged are waited for, until deadline_ms. Returns
+ * 1 when name is a parameter, and then the caller calls
  * distd_param_release when the reshard is over (a no-op once the reshard
- * installed a new entry or dropped the parameter). */
-int distd_param_hold(distd_params *p, const char *name);
+ * installed a new entry or dropped the parameter); 0 when it is not one;
+ * -1, holding nothing, when a staged push was still unsettled at the
+ * deadline. */
+int distd_param_hold(distd_params *p, const char *name, int64_t deadline_ms);
 void distd_param_release(distd_params *p, const char *name);
 
 /* Whether name is a parameter; its dtype, mesh and placements when it is. */
@@ -96,11 +129,12 @@ int distd_param_prepare(distd_store *st, const distd_tensor *t,
                         const distd_param_cfg *cfg, uint64_t step,
                         const void *const *state, distd_param_entry **out,
                         dist_errbuf *eb);
-/* Makes e the parameter of its name, replacing (and freeing) any before:
- * cannot fail. p owns e afterwards. */
+/* Makes e the parameter of its name, replacing (and freeing) any before
+ * once its staged pushes settled: cannot fail. p owns e afterwards. */
 void distd_param_install(distd_params *p, distd_param_entry *e);
 void distd_param_entry_free(distd_param_entry *e); /* NULL is a no-op */
-/* name is no longer a parameter (no-op when it was not). */
+/* name is no longer a parameter (no-op when it was not), once its staged
+ * pushes settled. */
 void distd_param_forget(distd_params *p, const char *name);
 
 /* A parameter's optimizer state, copied together with the stored tensor it

@@ -5,6 +5,7 @@
 #include "methods.h"
 #include "param.pb-c.h"
 #include "param_service.h"
+#include "param_vote.h"
 #include "pbuf.h"
 #include "reshard.h"
 #include "tensor_meta.h"
@@ -90,28 +91,71 @@ out:
   return rc;
 }
 
+/* The layout the trainer made the push for, into *mesh and placements (0
+ * when it sent none; placements only with data). Every daemon of the mesh
+ * got the same, so all of them fail alike here. */
+static int sent_layout(distd_server *s, const Dist__V1__ParamPushRequest *rq,
+                       dist_mesh_desc *mesh, dist_placement *placements,
+                       dist_errbuf *eb) {
+  if (!rq->mesh) return 0;
+  if (dist_mesh_from_pb(rq->mesh, mesh, eb) != 0) return -1;
+  if (dist_mesh_index_of(mesh, s->rank) < 0) {
+    dist_fail(eb, DIST_EINVAL, "push to '%s' for a mesh without rank %d", rq->name, s->rank);
+    return -1;
+  }
+  if (rq->n_placements && rq->n_placements != (size_t)mesh->ndim) {
+    dist_fail(eb, DIST_EINVAL, "push to '%s': %zu placements for a %d-d mesh",
+              rq->name, rq->n_placements, mesh->ndim);
+    return -1;
+  }
+  if (rq->n_placements &&
+      dist_placements_from_pb(rq->placements, rq->n_placements, placements, eb) != 0)
+    return -1;
+  return 1;
+}
+
+static void reply_push(const distd_push_result *res, grpc_byte_buffer **reply) {
+  Dist__V1__ParamPushReply rp = DIST__V1__PARAM_PUSH_REPLY__INIT;
+  rp.version = res->version;
+  rp.step = res->step;
+  rp.pending = (uint32_t)res->pending;
+  rp.applied = res->applied;
+  *reply = dist_pb_to_bb(&rp.base);
+}
+
 DISTD_HANDLER(param_push) {
   const Dist__V1__ParamPushRequest *rq = (const void *)req;
-  distd_tensor *g = NULL;
+  distd_push_spec spec = {.name = rq->name, .trainer = (int)rq->trainer,
+                          .expect_step = rq->step, .nbytes = rq->data.len};
+  dist_mesh_desc mesh;
+  dist_placement placements[DIST_MAX_MESH_DIMS];
+  int sent = sent_layout(s, rq, &mesh, placements, eb);
+  if (sent < 0) return eb->code;
+  if (sent) {
+    spec.mesh = &mesh;
+    spec.placements = rq->n_placements ? placements : NULL;
+  }
+  /* Sent to the whole mesh under one op id: applied by all or by none. */
+  int vote = sent && rq->op_id && mesh.nranks > 1, rc = 0;
   const void *grad = rq->data.data;
-  size_t nbytes = rq->data.len;
-  if (rq->grad_name[0]) {
-    if (stored_gradient(s, ci, rq, &g, eb) != 0) return eb->code;
+  distd_tensor *g = NULL;
+  if (rq->grad_name[0] && (rc = stored_gradient(s, ci, rq, &g, eb)) == 0) {
     grad = g->data;
-    nbytes = g->nbytes;
+    spec.nbytes = g->nbytes;
+    spec.mesh = &g->mesh; /* converted for the parameter's layout of then */
+    spec.placements = g->placements;
+  }
+  distd_push_ticket tk;
+  if (rc == 0) rc = distd_param_stage(s->params, s->store, &spec, &tk, eb);
+  if (vote && distd_push_vote(s, &mesh, rq->op_id, ci->deadline_ms, rc, eb) != 0 && rc == 0) {
+    distd_param_abort(s->params, &tk);
+    rc = eb->code;
   }
   distd_push_result res;
-  int rc = distd_param_push(s->params, s->store, rq->name,
-                            (int)rq->trainer, rq->step, grad, nbytes, &res, eb);
+  if (rc == 0) rc = distd_param_commit(s->params, s->store, &tk, grad, &res, eb);
   distd_tensor_unref(g);
-  if (rc != 0) return rc;
-  Dist__V1__ParamPushReply rp = DIST__V1__PARAM_PUSH_REPLY__INIT;
-  rp.version = res.version;
-  rp.step = res.step;
-  rp.pending = (uint32_t)res.pending;
-  rp.applied = res.applied;
-  *reply = dist_pb_to_bb(&rp.base);
-  return 0;
+  if (rc == 0) reply_push(&res, reply);
+  return rc;
 }
 
 DISTD_HANDLER(param_pull) {

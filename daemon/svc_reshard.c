@@ -41,7 +41,11 @@ DISTD_HANDLER(reshard) {
   int in_place = strcmp(dst_name, rq->name) == 0;
   /* Held before its values are read: a push applied after that would be
    * lost under the resharded values. */
-  int held = in_place && distd_param_hold(s->params, rq->name);
+  int held = in_place ? distd_param_hold(s->params, rq->name, ci->deadline_ms) : 0;
+  if (held < 0)
+    return dist_fail(eb, DIST_EUNAVAIL, "a push to parameter '%s' was still being "
+                     "applied at the deadline; reshard again (nothing was changed)",
+                     rq->name);
   distd_store_get(s->store, rq->name, &src, NULL);
   int rc = parse_target(s, rq, src, &dst_mesh, &src_mesh, dst_p, eb);
   if (rc == 0 && !in_place) {

@@ -102,6 +102,13 @@ int dist_param_push(dist_client *c, const char *name, int trainer,
   int targets[DIST_MAX_MESH_RANKS], n = 0;
   Dist__V1__ParamPushRequest *rqs = NULL;
   dist_call *calls = NULL;
+  dist_wire_meta *wire = calloc(1, sizeof *wire);
+  if (!wire) {
+    dist_tensor_free(t);
+    return dist_client_fail(c, DIST_ENOMEM, "out of memory pushing to '%s'", name);
+  }
+  dist_mesh_to_pb(&t->mesh.d, wire);
+  dist_placements_to_pb(t->placements, t->mesh.d.ndim, wire);
   /* Checked here, before any daemon sees a byte: a wrong gradient changes
    * nothing anywhere. */
   if (nbytes != want) {
@@ -115,10 +122,17 @@ int dist_param_push(dist_client *c, const char *name, int trainer,
   if ((n = dist_targets(c, &t->mesh.d, targets)) < 0) { rc = n; n = 0; goto out; }
   rqs = calloc((size_t)n + 1, sizeof *rqs);
   calls = calloc((size_t)n + 1, sizeof *calls);
+  /* Sent to the whole mesh, the push is applied by every daemon or by
+   * none (param.proto). An SPMD trainer sends only its own piece. */
+  uint64_t op_id = c->spmd_rank < 0 ? dist_next_op_id(c) : 0;
   for (int i = 0; i < n; i++) {
     dist__v1__param_push_request__init(&rqs[i]);
     rqs[i].name = (char *)name;
     rqs[i].trainer = (uint32_t)trainer;
+    rqs[i].op_id = op_id;
+    rqs[i].mesh = &wire->mesh; /* the layout the gradient is sliced for */
+    rqs[i].n_placements = (size_t)t->mesh.d.ndim;
+    rqs[i].placements = wire->placement_ptrs;
     rqs[i].data.data = slice_for(t, targets[i], grad, &rqs[i].data.len);
     calls[i].target = targets[i];
     calls[i].request = &rqs[i].base;
@@ -131,6 +145,7 @@ out:
   for (int i = 0; rqs && i < n; i++) free(rqs[i].data.data);
   free(rqs);
   free(calls);
+  free(wire);
   dist_tensor_free(t);
   return rc;
 }
@@ -164,9 +179,20 @@ int dist_param_push_tensor(dist_client *c, const char *name, int trainer,
   rq.name = (char *)name;
   rq.trainer = (uint32_t)trainer;
   rq.grad_name = (char *)grad_name;
-  rq.op_id = dist_next_op_id(c); /* the gradient may be resharded */
+  /* The gradient may be resharded, and the daemons apply the push all
+   * together or not at all (param.proto): both are exchanges of the mesh. */
+  rq.op_id = dist_next_op_id(c);
+  dist_wire_meta *wire = calloc(1, sizeof *wire);
   int targets[DIST_MAX_MESH_RANKS];
   dist_call *calls = calloc(DIST_MAX_MESH_RANKS, sizeof *calls);
+  if (!wire || !calls) {
+    free(wire);
+    free(calls);
+    dist_tensor_free(t);
+    return dist_client_fail(c, DIST_ENOMEM, "out of memory pushing to '%s'", name);
+  }
+  dist_mesh_to_pb(&t->mesh.d, wire);
+  rq.mesh = &wire->mesh;
   int n = dist_targets(c, &t->mesh.d, targets);
   if (n >= 0) {
     rc = fan_out(c, "/dist.v1.Param/PushGrad",
@@ -177,6 +203,7 @@ int dist_param_push_tensor(dist_client *c, const char *name, int trainer,
     rc = n;
   }
   free(calls);
+  free(wire);
   dist_tensor_free(t);
   return rc;
 }

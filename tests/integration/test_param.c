@@ -4,6 +4,7 @@
 #include <criterion/criterion.h>
 #include <math.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -458,7 +459,7 @@ static void *push_loop(void *arg) {
     int rc = dist_param_push(pu->c, "w", 0, pu->g, 4 * sizeof *pu->g, NULL);
     if (rc == 0) {
       pu->applied++;
-    } else if (rc == DIST_EUNAVAIL && strstr(dist_errmsg(pu->c), "is being resharded")) {
+    } else if (rc == DIST_EUNAVAIL && strstr(dist_errmsg(pu->c), "resharded")) {
       pu->refused++;
     } else {
       pu->other = rc;
@@ -468,16 +469,18 @@ static void *push_loop(void *arg) {
   return NULL;
 }
 
-/* Pushes while the parameter is resharded back and forth, on one daemon so
- * that every push is whole: each is either applied, and then kept through
- * every later reshard, or refused as "being resharded" with nothing
- * changed. With SGD at lr 1 the value is then p0 minus the applied pushes,
- * exactly. */
+/* Pushes while the parameter is resharded back and forth on two daemons:
+ * the reshard reaches them at different moments, yet each push is either
+ * applied by both, and then kept through every later reshard, or refused
+ * by both as "being resharded" with nothing changed. With SGD at lr 1 the
+ * value is then p0 minus the applied pushes, exactly, on every element
+ * (a push applied by one daemon only would show on its half, or as
+ * replicas that disagree). */
 Test(param, pushes_during_reshards_are_applied_or_refused_never_lost) {
-  dist_client *c = start(1);
+  dist_client *c = start(2);
   double p0[4] = {10, 20, 30, 40}, g[4] = {1, 2, 3, 4}, now[4];
   int64_t shape[1] = {4};
-  dist_tensor *t = put(c, "w", DIST_FLOAT64, p0, 1, shape, "[0]", "Shard(0)");
+  dist_tensor *t = put(c, "w", DIST_FLOAT64, p0, 1, shape, "[0,1]", "Shard(0)");
   dist_param_opts o = DIST_PARAM_OPTS_INIT;
   o.lr = 1;
   o.consistency = DIST_PARAM_ASYNC;
@@ -494,11 +497,22 @@ Test(param, pushes_during_reshards_are_applied_or_refused_never_lost) {
   cr_assert_eq(pu.other, 0, "a push failed otherwise: %s", pu.other_msg);
   cr_assert_gt(pu.applied, 0);
   uint64_t v;
+  cr_assert_eq(dist_reshard(c, t, NULL, &rep), 0, "%s", dist_errmsg(c));
+  for (int r = 0; r < 2; r++) { /* each replica, read on its own */
+    void *piece = NULL;
+    size_t nbytes = 0;
+    int64_t lshape[1];
+    cr_assert_eq(dist_dtensor_to_local(c, t, r, &piece, &nbytes, lshape), 0, "%s",
+                 dist_errmsg(c));
+    cr_assert_eq(nbytes, sizeof now);
+    memcpy(now, piece, sizeof now);
+    free(piece);
+    for (int i = 0; i < 4; i++)
+      cr_assert_float_eq(now[i], p0[i] - pu.applied * g[i], 1e-9,
+                         "rank %d elem %d: %g after %d applied pushes (%d refused)", r,
+                         i, now[i], pu.applied, pu.refused);
+  }
   pull_now(c, "w", now, 4, &v);
-  for (int i = 0; i < 4; i++)
-    cr_assert_float_eq(now[i], p0[i] - pu.applied * g[i], 1e-9,
-                       "elem %d: %g after %d applied pushes (%d refused)", i, now[i],
-                       pu.applied, pu.refused);
   dist_close(pu.c);
   dist_tensor_free(t);
   dist_close(c);
@@ -524,6 +538,67 @@ Test(param, adam_state_follows_its_parameter_through_reshards) {
   double g[30] = {0};
   cr_assert_eq(dist_param_push(c, "w", 0, g, sizeof g, NULL), DIST_ENOTFOUND);
   ref_free(&r);
+  dist_tensor_free(t);
+  dist_close(c);
+}
+
+/* Trainer 0's piece already reached rank 1 alone (push_local): a whole push
+ * of trainer 0 is then refused by rank 1, and rank 0, which could apply
+ * it, does not either. The error names rank 1 and its reason whichever
+ * reply is read. Then trainer 1's whole push completes the update on rank
+ * 1 only (trainer 0's piece is there), and rank 0's half is untouched. */
+Test(param, a_push_one_daemon_refuses_is_applied_by_none) {
+  double p0[4], now[4];
+  dist_client *c = sgd_param(2, DIST_PARAM_SYNC, p0);
+  double g0[4] = {4, 4, 8, 8}, g1[4] = {2, 2, 2, 2};
+  uint64_t v0, v;
+  pull_now(c, "w", now, 4, &v0);
+  cr_assert_eq(dist_param_push_local(c, "w", 0, 1, g0 + 2, 2 * sizeof(double), &v), 0,
+               "%s", dist_errmsg(c));
+  cr_assert_eq(dist_param_push(c, "w", 0, g0, sizeof g0, &v), DIST_EEXIST);
+  cr_assert(strstr(dist_errmsg(c), "rank 1 refused this push") ||
+                strstr(dist_errmsg(c), "rank 1 ("), "%s", dist_errmsg(c));
+  cr_assert(strstr(dist_errmsg(c), "trainer 0 already pushed"), "%s", dist_errmsg(c));
+  cr_assert_eq(dist_param_push(c, "w", 1, g1, sizeof g1, &v), 0, "%s", dist_errmsg(c));
+  pull_now(c, "w", now, 4, &v);
+  /* rank 0 (elements 0-1) counted only trainer 1; rank 1 updated by the avg */
+  for (int i = 0; i < 2; i++) cr_assert_eq(now[i], p0[i], "elem %d: %g", i, now[i]);
+  for (int i = 2; i < 4; i++)
+    cr_assert_float_eq(now[i], p0[i] - (g0[i] + g1[i]) / 2, 1e-12, "elem %d: %g", i, now[i]);
+  /* Rank 0 waits for trainer 0 still: its piece completes the update there. */
+  cr_assert_eq(dist_param_push_local(c, "w", 0, 0, g0, 2 * sizeof(double), &v), 0, "%s",
+               dist_errmsg(c));
+  pull_now(c, "w", now, 4, &v);
+  for (int i = 0; i < 2; i++)
+    cr_assert_float_eq(now[i], p0[i] - (g0[i] + g1[i]) / 2, 1e-12, "elem %d: %g", i, now[i]);
+  dist_close(c);
+}
+
+/* With rank 1 gone, a whole push is applied nowhere: rank 0 stages it,
+ * learns that rank 1 gave no verdict, and undoes it, well within the
+ * call's deadline. */
+Test(param, a_push_with_a_daemon_lost_is_applied_by_none) {
+  double p0[4];
+  dist_client *c = sgd_param(1, DIST_PARAM_ASYNC, p0);
+  dist_tensor *t = NULL;
+  cr_assert_eq(dist_tensor_open(c, "w", &t), 0, "%s", dist_errmsg(c));
+  cr_assert_neq(harness_kill(&cluster, 1, SIGKILL), -1);
+  cr_assert_eq(harness_wait_connected(&cluster, 0, 0, 10000), 1,
+               "rank 0 did not see rank 1 go");
+  double g[4] = {1, 1, 1, 1};
+  double t0 = harness_now_s();
+  cr_assert_neq(dist_param_push(c, "w", 0, g, sizeof g, NULL), 0);
+  cr_assert(strstr(dist_errmsg(c), "rank 1"), "%s", dist_errmsg(c));
+  cr_assert_lt(harness_now_s() - t0, 20.0, "the push took %.1f s", harness_now_s() - t0);
+  void *piece = NULL;
+  size_t nbytes = 0;
+  int64_t lshape[1];
+  cr_assert_eq(dist_dtensor_to_local(c, t, 0, &piece, &nbytes, lshape), 0, "%s",
+               dist_errmsg(c));
+  cr_assert_eq(nbytes, 2 * sizeof(double));
+  for (int i = 0; i < 2; i++)
+    cr_assert_eq(((double *)piece)[i], p0[i], "elem %d: %g", i, ((double *)piece)[i]);
+  free(piece);
   dist_tensor_free(t);
   dist_close(c);
 }

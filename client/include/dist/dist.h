@@ -819,10 +819,13 @@ int dist_param_configure(dist_client *c, const char *name,
                          const dist_param_opts *opts);
 /* Trainer `trainer` pushes the whole gradient (row-major, the parameter's
  * global shape and dtype, nbytes checked); each daemon receives its shard's
- * slice. SPMD: only this trainer's daemon receives its slice. *version (may
- * be NULL) is the lowest version the daemons report afterwards. While the
- * parameter is being resharded a daemon refuses the push (DIST_EUNAVAIL,
- * nothing changed there): push again. */
+ * slice, and the daemons apply the push all together or not at all: when
+ * one refuses it (or is lost), none applies it, and the error names that
+ * rank and its reason. SPMD: only this trainer's daemon receives its
+ * slice. *version (may be NULL) is the lowest version the daemons report
+ * afterwards. While the parameter is being resharded, or when it was
+ * resharded since the push was sliced, the push is refused (DIST_EUNAVAIL,
+ * nothing changed): push again. */
 int dist_param_push(dist_client *c, const char *name, int trainer,
                     const void *grad, size_t nbytes, uint64_t *version);
 /* Pushes this daemon's piece only: the bytes of `rank`'s shard (SPMD: -1 =
@@ -832,7 +835,8 @@ int dist_param_push_local(dist_client *c, const char *name, int trainer,
                           uint64_t *version);
 /* Pushes the stored tensor grad_name (the parameter's global shape, dtype
  * and mesh; any placements: Partial ones are reduced over the ranks and
- * other layouts converted in the daemons). SPMD trainers each call it. */
+ * other layouts converted in the daemons). SPMD trainers each call it.
+ * Applied by every daemon of the mesh or by none, as dist_param_push. */
 int dist_param_push_tensor(dist_client *c, const char *name, int trainer,
                            const char *grad_name, uint64_t *version);
 /* The parameter's whole value once every daemon of its mesh holds version

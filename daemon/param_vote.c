@@ -1,0 +1,50 @@
+/* Verdicts on a push, exchanged between the daemons of its mesh: see
+ * param_vote.h. */
+#include "param_vote.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "coll.h"
+#include "reshard.h"
+
+/* The exchange's op id: clear of the steps of the gradient's own reshard. */
+#define VOTE_STEP 80u
+
+/* One daemon's verdict: 0 or its error code, with the error's message. */
+typedef struct ballot {
+  int64_t code;
+  char reason[sizeof(((dist_errbuf *)0)->msg) - sizeof(int64_t)];
+} ballot;
+
+int distd_push_vote(distd_server *s, const dist_mesh_desc *mesh, uint64_t op_id,
+                    int64_t deadline_ms, int verdict, dist_errbuf *eb) {
+  int n = mesh->nranks;
+  ballot mine = {.code = verdict};
+  ballot *all = calloc((size_t)n, sizeof *all);
+  size_t counts[DIST_MAX_MESH_RANKS];
+  if (!all) return verdict ? verdict : dist_fail(eb, DIST_ENOMEM, "out of memory voting on a push");
+  if (verdict) snprintf(mine.reason, sizeof mine.reason, "%s", dist_errbuf_msg(eb));
+  for (int i = 0; i < n; i++) counts[i] = sizeof(ballot);
+  /* A refusal stands whatever the exchange does: its own message is kept. */
+  dist_errbuf scratch = DIST_ERRBUF_INIT, *xeb = verdict ? &scratch : eb;
+  distd_coll c;
+  int rc = distd_coll_init(&c, s->peers, distd_subop(op_id, VOTE_STEP), mesh->ranks, n,
+                           deadline_ms, xeb);
+  if (rc == 0) rc = distd_allgather(&c, &mine, all, counts, DIST_UINT8, xeb);
+  if (verdict) {
+    rc = verdict;
+  } else if (rc != 0) {
+    dist_errbuf_prefix(eb, "push not applied here: the daemons could not exchange "
+                       "their verdicts: ");
+  } else {
+    for (int i = 0; i < n && rc == 0; i++)
+      if (all[i].code != 0) {
+        all[i].reason[sizeof all[i].reason - 1] = '\0';
+        rc = dist_fail(eb, (int)all[i].code, "rank %d refused this push, so no "
+                       "daemon applied it: %s", mesh->ranks[i], all[i].reason);
+      }
+  }
+  free(all);
+  return rc;
+}
