@@ -1,67 +1,26 @@
 /* Optimizer state through a reshard: see param_reshard.h. */
 #include "param_reshard.h"
 
+#include <stdio.h>
 #include <string.h>
 
 #include "coll.h"
+#include "peer.h"
 #include "reshard.h"
 
-/* Op ids of state buffer k's reshard, and of the pending-push count
- * exchange: clear of the values' own steps. */
-#define STATE_STEP(k) (100u + 20u * (unsigned)(k))
+/* Op ids of the pending-push count exchange, of the note to the
+ * destination and of state buffer k's reshard: clear of the values' own
+ * steps. */
 #define PENDING_STEP 90u
+#define NOTE_STEP 95u
+#define STATE_STEP(k) (100u + 20u * (unsigned)(k))
 
-static int state_follows(const distd_tensor *out, const dist_mesh_desc *src_mesh,
-                         const dist_mesh_desc *dst_mesh) {
-  return out && dist_mesh_equal(src_mesh, dst_mesh) &&
-         dist_placements_partial_dim(out->placements, out->mesh.ndim) < 0;
-}
-
-/* Reshards one state buffer, laid out as the parameter was, to out's
- * placements. */
-static int reshard_buffer(distd_server *s, const distd_tensor *old, const void *state,
-                          const distd_tensor *out, uint64_t op_id, int64_t deadline_ms,
-                          distd_tensor **moved, dist_errbuf *eb) {
-  distd_tensor *t = NULL;
-  int rc = distd_tensor_new(s->store, old->name, old->dtype, &old->global, &old->mesh,
-                            old->placements, s->rank, &t, eb);
-  if (rc != 0) return rc;
-  memcpy(t->data, state, t->nbytes);
-  rc = distd_reshard(s, t, &old->mesh, &out->mesh, out->placements, old->name, op_id,
-                     deadline_ms, moved, eb);
-  distd_tensor_unref(t);
-  return rc;
-}
-
-int distd_param_reshard(distd_server *s, const char *name, const distd_tensor *out,
-                        const dist_mesh_desc *src_mesh, const dist_mesh_desc *dst_mesh,
-                        uint64_t op_id, int64_t deadline_ms, distd_param_entry **entry,
-                        dist_errbuf *eb) {
-  *entry = NULL;
-  if (!state_follows(out, src_mesh, dst_mesh)) return 0;
-  distd_param_snapshot snap;
-  int rc = distd_param_snapshot_take(s->params, s->store, name, &snap, eb);
-  if (rc != 0 || !snap.tensor) return rc;
-  distd_tensor *moved[DISTD_OPTIM_STATE_MAX] = {NULL};
-  for (int k = 0; k < snap.nstate && rc == 0; k++)
-    rc = reshard_buffer(s, snap.tensor, snap.state[k], out,
-                        distd_subop(op_id, STATE_STEP(k)), deadline_ms, &moved[k], eb);
-  if (rc == 0) {
-    const void *state[DISTD_OPTIM_STATE_MAX] = {NULL};
-    for (int k = 0; k < snap.nstate; k++) state[k] = moved[k] ? moved[k]->data : NULL;
-    rc = distd_param_prepare(s->store, out, &snap.cfg, snap.step, state, entry, eb);
-  }
-  for (int k = 0; k < DISTD_OPTIM_STATE_MAX; k++) distd_tensor_unref(moved[k]);
-  distd_param_snapshot_free(&snap);
-  if (rc != 0) dist_errbuf_prefix(eb, "the optimizer state of '%s': ", name);
-  return rc;
-}
-
-int distd_param_reshard_check(distd_server *s, const char *name,
-                              const dist_mesh_desc *src_mesh, uint64_t op_id,
-                              int64_t deadline_ms, dist_errbuf *eb) {
+/* Fails, with the same message on every rank of src_mesh, when name has
+ * pushes pending on any of them. Every rank of src_mesh holds name as a
+ * parameter, so all of them exchange their counts. */
+static int check_pending(distd_server *s, const char *name, const dist_mesh_desc *src_mesh,
+                         uint64_t op_id, int64_t deadline_ms, dist_errbuf *eb) {
   int64_t mine = distd_param_pending(s->params, name);
-  if (mine < 0 || dist_mesh_index_of(src_mesh, s->rank) < 0) return 0;
   int n = src_mesh->nranks;
   int64_t all[DIST_MAX_MESH_RANKS];
   size_t counts[DIST_MAX_MESH_RANKS];
@@ -79,3 +38,142 @@ int distd_param_reshard_check(distd_server *s, const char *name,
                      name, (long long)all[i], all[i] == 1 ? "" : "es", src_mesh->ranks[i]);
   return rc;
 }
+
+/* What rank k of the source tells rank k of the destination: whether the
+ * reshard goes on (else the source's error), and the parameter the state
+ * belongs to. Fixed-width fields: it crosses the wire as is. */
+typedef struct move_note {
+  int64_t verdict, follows, step, nstate;
+  int64_t kind, nesterov, reduce, async, trainers;
+  double lr, momentum, dampening, beta1, beta2, eps, weight_decay;
+  char reason[sizeof(((dist_errbuf *)0)->msg)];
+} move_note;
+
+static void note_pack(move_note *n, int verdict, const dist_errbuf *eb,
+                      const distd_param_move *m) {
+  const distd_optim_cfg *o = &m->cfg.optim;
+  memset(n, 0, sizeof *n);
+  n->verdict = verdict;
+  if (verdict) snprintf(n->reason, sizeof n->reason, "%s", dist_errbuf_msg(eb));
+  n->follows = m->follows;
+  n->step = (int64_t)m->step;
+  n->nstate = m->nstate;
+  n->kind = o->kind, n->nesterov = o->nesterov;
+  n->reduce = m->cfg.reduce, n->async = m->cfg.async, n->trainers = m->cfg.trainers;
+  n->lr = o->lr, n->momentum = o->momentum, n->dampening = o->dampening;
+  n->beta1 = o->beta1, n->beta2 = o->beta2, n->eps = o->eps;
+  n->weight_decay = o->weight_decay;
+}
+
+static int note_unpack(const move_note *n, distd_param_move *m, dist_errbuf *eb) {
+  distd_optim_cfg *o = &m->cfg.optim;
+  m->follows = n->follows != 0;
+  m->step = (uint64_t)n->step;
+  m->nstate = (int)n->nstate;
+  o->kind = (distd_optim_kind)n->kind, o->nesterov = (int)n->nesterov;
+  m->cfg.reduce = (dist_reduce)n->reduce, m->cfg.async = (int)n->async;
+  m->cfg.trainers = (int)n->trainers;
+  o->lr = n->lr, o->momentum = n->momentum, o->dampening = n->dampening;
+  o->beta1 = n->beta1, o->beta2 = n->beta2, o->eps = n->eps;
+  o->weight_decay = n->weight_decay;
+  if (m->follows && (distd_optim_check(o, eb) != 0 ||
+                     m->nstate != distd_optim_state_count(o)))
+    return dist_fail(eb, DIST_EPROTO, "reshard: bad optimizer description from the "
+                     "source mesh");
+  return 0;
+}
+
+/* Onto another mesh: rank k of the source sends its verdict (0 or its
+ * error) and the parameter's description to rank k of the destination,
+ * which fails with the same error or learns what state to expect. */
+static int tell_destination(distd_server *s, const dist_mesh_desc *src_mesh,
+                            const dist_mesh_desc *dst_mesh, uint64_t op_id,
+                            int64_t deadline_ms, int verdict, distd_param_move *m,
+                            dist_errbuf *eb) {
+  int from = dist_mesh_index_of(src_mesh, s->rank), to = dist_mesh_index_of(dst_mesh, s->rank);
+  move_note out, in;
+  int partners[2], np = 0;
+  note_pack(&out, verdict, eb, m);
+  distd_xfer *x = distd_xfer_new(s->peers, distd_subop(op_id, NOTE_STEP));
+  if (from >= 0) {
+    distd_xfer_send(x, dst_mesh->ranks[from], 0, &out, sizeof out);
+    partners[np++] = dst_mesh->ranks[from];
+  }
+  if (to >= 0) {
+    distd_xfer_recv(x, src_mesh->ranks[to], 0, &in, sizeof in);
+    partners[np++] = src_mesh->ranks[to];
+  }
+  /* A refusal stands whatever the exchange does: its own message is kept. */
+  dist_errbuf scratch = DIST_ERRBUF_INIT;
+  int rc = distd_xfer_finish(x, deadline_ms, partners, np, verdict ? &scratch : eb);
+  distd_xfer_free(x);
+  if (verdict || rc != 0 || to < 0) return verdict ? verdict : rc;
+  in.reason[sizeof in.reason - 1] = '\0';
+  if (in.verdict) return dist_fail(eb, (int)in.verdict, "%s", in.reason);
+  return note_unpack(&in, m, eb);
+}
+
+int distd_param_move_begin(distd_server *s, const char *name, int held,
+                           const dist_mesh_desc *src_mesh, const dist_mesh_desc *dst_mesh,
+                           const dist_placement *dst_p, uint64_t op_id,
+                           int64_t deadline_ms, distd_param_move *m, dist_errbuf *eb) {
+  memset(m, 0, sizeof *m);
+  memcpy(m->dst_p, dst_p, sizeof *dst_p * (size_t)dst_mesh->ndim);
+  /* An entry of that name on a rank outside the source is not this
+   * tensor's: left to be dropped or replaced. */
+  held = held && dist_mesh_index_of(src_mesh, s->rank) >= 0;
+  int rc = held ? check_pending(s, name, src_mesh, op_id, deadline_ms, eb) : 0;
+  if (rc == 0 && held && dist_placements_partial_dim(dst_p, dst_mesh->ndim) < 0)
+    rc = distd_param_snapshot_take(s->params, s->store, name, &m->snap, eb);
+  if (rc == 0 && m->snap.tensor) {
+    m->follows = 1;
+    m->cfg = m->snap.cfg;
+    m->step = m->snap.step;
+    m->nstate = m->snap.nstate;
+  }
+  if (dist_mesh_equal(src_mesh, dst_mesh)) return rc;
+  return tell_destination(s, src_mesh, dst_mesh, op_id, deadline_ms, rc, m, eb);
+}
+
+/* Reshards state buffer k, laid out as the parameter was (m->snap.tensor;
+ * NULL on a rank only in the destination mesh), to the destination. */
+static int reshard_buffer(distd_server *s, const distd_param_move *m, int k,
+                          const char *name, const dist_mesh_desc *src_mesh,
+                          const dist_mesh_desc *dst_mesh, uint64_t op_id,
+                          int64_t deadline_ms, distd_tensor **moved, dist_errbuf *eb) {
+  const distd_tensor *old = m->snap.tensor;
+  distd_tensor *t = NULL;
+  if (old) {
+    int rc = distd_tensor_new(s->store, old->name, old->dtype, &old->global, &old->mesh,
+                              old->placements, s->rank, &t, eb);
+    if (rc != 0) return rc;
+    memcpy(t->data, m->snap.state[k], t->nbytes);
+  }
+  int rc = distd_reshard(s, t, src_mesh, dst_mesh, m->dst_p, name,
+                         distd_subop(op_id, STATE_STEP(k)), deadline_ms, moved, eb);
+  distd_tensor_unref(t);
+  return rc;
+}
+
+int distd_param_move_finish(distd_server *s, distd_param_move *m, const char *name,
+                            const distd_tensor *out, const dist_mesh_desc *src_mesh,
+                            const dist_mesh_desc *dst_mesh, uint64_t op_id,
+                            int64_t deadline_ms, distd_param_entry **entry,
+                            dist_errbuf *eb) {
+  *entry = NULL;
+  if (!m->follows) return 0;
+  distd_tensor *moved[DISTD_OPTIM_STATE_MAX] = {NULL};
+  int rc = 0;
+  for (int k = 0; k < m->nstate && rc == 0; k++)
+    rc = reshard_buffer(s, m, k, name, src_mesh, dst_mesh, op_id, deadline_ms, &moved[k], eb);
+  if (rc == 0 && out) {
+    const void *state[DISTD_OPTIM_STATE_MAX] = {NULL};
+    for (int k = 0; k < m->nstate; k++) state[k] = moved[k] ? moved[k]->data : NULL;
+    rc = distd_param_prepare(s->store, out, &m->cfg, m->step, state, entry, eb);
+  }
+  for (int k = 0; k < DISTD_OPTIM_STATE_MAX; k++) distd_tensor_unref(moved[k]);
+  if (rc != 0) dist_errbuf_prefix(eb, "the optimizer state of '%s': ", name);
+  return rc;
+}
+
+void distd_param_move_free(distd_param_move *m) { distd_param_snapshot_free(&m->snap); }

@@ -1,7 +1,7 @@
 /* Reshard: every rank of the source and destination meshes is asked with
  * the same op id; the result replaces the tensor or becomes dst_name. A
- * parameter resharded in place takes its optimizer state along when it can
- * (param_reshard.h). */
+ * parameter resharded in place takes its optimizer state along when it can,
+ * onto another mesh too (param_reshard.h). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -56,16 +56,18 @@ DISTD_HANDLER(reshard) {
     }
   }
   distd_param_entry *param = NULL;
-  /* Onto another mesh a parameter stops being one (param_reshard.h), and
-   * that mesh's new ranks would not be in the exchange. */
-  if (rc == 0 && held && dist_mesh_equal(&src_mesh, &dst_mesh))
-    rc = distd_param_reshard_check(s, rq->name, &src_mesh, rq->op_id, ci->deadline_ms, eb);
+  distd_param_move move;
+  memset(&move, 0, sizeof move);
+  if (rc == 0 && in_place)
+    rc = distd_param_move_begin(s, rq->name, held, &src_mesh, &dst_mesh, dst_p, rq->op_id,
+                                ci->deadline_ms, &move, eb);
   if (rc == 0)
     rc = distd_reshard(s, src, &src_mesh, &dst_mesh, dst_p, dst_name, rq->op_id,
                        ci->deadline_ms, &out, eb);
   if (rc == 0 && in_place)
-    rc = distd_param_reshard(s, rq->name, out, &src_mesh, &dst_mesh, rq->op_id,
-                             ci->deadline_ms, &param, eb);
+    rc = distd_param_move_finish(s, &move, rq->name, out, &src_mesh, &dst_mesh, rq->op_id,
+                                 ci->deadline_ms, &param, eb);
+  distd_param_move_free(&move);
   if (rc == 0 && out) rc = distd_store_put(s->store, out, 1, eb);
   if (rc == 0 && !out && !rq->dst_name[0]) /* moved off this rank */
     distd_store_delete(s->store, rq->name, NULL);

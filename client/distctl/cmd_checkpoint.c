@@ -78,8 +78,9 @@ static void print_result(const distctl_global *g, const char *what,
   char b[32];
   dist_format_bytes(info->bytes, b, sizeof b);
   if (info->params_reset)
-    fprintf(stderr, "distctl: %d parameter%s moved to another mesh without "
-            "their optimizer state: configure them again before pushing\n",
+    fprintf(stderr, "distctl: %d parameter%s restored without their optimizer "
+            "state (onto a mesh of another shape, or Partial placements): "
+            "configure them again before pushing\n",
             info->params_reset, info->params_reset == 1 ? "" : "s");
   if (g->json) {
     distctl_print_json(json_pack("{s:s, s:s, s:s, s:i, s:i, s:I, s:i, s:i}",

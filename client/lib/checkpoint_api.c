@@ -468,11 +468,13 @@ static int relayout(dist_client *c, const dist_tensor *saved_t,
 }
 
 /* Whether a parameter's optimizer state is lost on the way to the
- * restore's layout: it follows a reshard on its own mesh to Shard and
- * Replicate placements only (daemon/param_reshard.h). */
+ * restore's layout: the daemons reshard it with the values onto a mesh of
+ * the same shape and Shard / Replicate placements (daemon/param_reshard.h);
+ * onto a mesh of another shape the values go through this client
+ * (relayout), the state does not. */
 static int loses_state(const dist_tensor *saved_t, const dist_checkpoint_opts *o) {
   const dist_mesh_desc *m = o->mesh ? &o->mesh->d : &saved_t->mesh.d;
-  return !dist_mesh_equal(m, &saved_t->mesh.d) ||
+  return !dist_mesh_same_shape(m, &saved_t->mesh.d) ||
          dist_placements_partial_dim(o->placements, m->ndim) >= 0;
 }
 

@@ -437,6 +437,20 @@ static void expect_resumed(dist_client *c, const float *want_w, const float *wan
   cr_assert_eq(memcmp(got_v, want_v, sizeof got_v), 0, "SGD momentum: %s", how);
 }
 
+/* Restores dir with distctl's extra args: both parameters come back with
+ * their state, "w" laid out as `placements` from first_rank, and they
+ * resume as the run that never stopped. */
+static void restore_resumes(dist_client *c, const char *dir, const char *args,
+                            const char *placements, int first_rank, const float *want_w,
+                            const float *want_v, const char *how) {
+  json_t *j = distctl_json("restore", dir, args, NULL);
+  cr_assert_eq(json_field(j, "parameters"), 2);
+  cr_assert_eq(json_field(j, "parameters_reset"), 0);
+  json_decref(j);
+  expect_layout(c, "w", placements, 2, first_rank);
+  expect_resumed(c, want_w, want_v, how);
+}
+
 Test(checkpoint, parameters_resume_from_a_checkpoint_as_if_never_stopped) {
   dist_client *c = start(2);
   make_params(c);
@@ -470,22 +484,24 @@ Test(checkpoint, parameters_resume_from_a_checkpoint_as_if_never_stopped) {
 
   /* Onto other placements of the same mesh the state follows (the daemons
    * reshard it with the values). */
-  j = distctl_json("restore", dir, "--placements Replicate\\(\\)", NULL);
-  cr_assert_eq(json_field(j, "parameters"), 2);
-  cr_assert_eq(json_field(j, "parameters_reset"), 0);
-  json_decref(j);
-  expect_layout(c, "w", "[Replicate()]", 2, 0);
-  expect_resumed(c, want_w, want_v, "lost its state in the reshard");
+  restore_resumes(c, dir, "--placements Replicate\\(\\)", "[Replicate()]", 0, want_w,
+                  want_v, "lost its state in the reshard");
+  /* Onto another mesh of the same shape too: rank k of the saved mesh
+   * tells rank k of the new one what the parameter is, and the daemons
+   * reshard the state with the values. */
+  restore_resumes(c, dir, "--mesh [1,0] --placements Shard\\(0\\)", "[Shard(0)]", 1,
+                  want_w, want_v, "lost its state on the way to mesh [1,0]");
 
-  /* Onto another mesh it cannot (the new ranks never held it), and distctl
-   * says so. */
+  /* Onto a mesh of another shape the values go through the client, the
+   * state cannot, and distctl says so. */
   char *err = NULL;
-  j = distctl_json("restore", dir, "--mesh [1,0] --placements Shard\\(0\\)", &err);
+  j = distctl_json("restore", dir,
+                   "--mesh [[0,1]] --placements Shard\\(0\\),Replicate\\(\\)", &err);
   cr_assert_eq(json_field(j, "parameters"), 0);
   cr_assert_eq(json_field(j, "parameters_reset"), 2);
   json_decref(j);
-  cr_assert(strstr(err, "2 parameters moved to another mesh without their "
-                        "optimizer state"), "%s", err);
+  cr_assert(strstr(err, "2 parameters restored without their optimizer state"),
+            "%s", err);
   free(err);
   float g[24] = {0};
   cr_assert_eq(dist_param_push(c, "w", 0, g, sizeof g, NULL), DIST_ENOTFOUND);

@@ -412,22 +412,39 @@ static dist_tensor *adam_w(dist_client *c, int rows, int cols, const char *mesh_
   return t;
 }
 
+/* A cluster of n daemons where "w" (rows x cols, Shard(0) over [0,1]) took
+ * `steps` Adam updates with two trainers, and trainer 0 pushed for the
+ * next one (added into acc): trainer 1's push is pending. */
+static dist_tensor *adam_pending(int n, int rows, int cols, int steps, dist_param_opts *o,
+                                 ref *r, double *acc, dist_client **c) {
+  *c = start(n);
+  dist_tensor *t = adam_w(*c, rows, cols, "[0,1]", o, r);
+  train_steps(*c, "w", DIST_FLOAT64, r, o, 1, steps, 1e-12);
+  push_trainers(*c, "w", DIST_FLOAT64, rows * cols, steps + 1, 0, 1, acc, NULL);
+  return t;
+}
+
+/* The reshard of "w" (made by adam_pending) to mesh / p is refused with
+ * the pending push named. */
+static void expect_refused_while_pending(dist_client *c, dist_tensor *t, const dist_mesh *mesh,
+                                         const dist_placement *p) {
+  cr_assert_eq(dist_reshard(c, t, mesh, p), DIST_EUNAVAIL, "%s", dist_errmsg(c));
+  cr_assert(strstr(dist_errmsg(c), "parameter 'w' has 1 push pending on rank 0"), "%s",
+            dist_errmsg(c));
+  cr_assert(strstr(dist_errmsg(c), "nothing was changed"), "%s", dist_errmsg(c));
+}
+
 /* A reshard between two trainers' pushes of one synchronous update would
  * lose the pushes made: it is refused on every daemon, with nothing
  * changed, and the update then completes and continues as the reference. */
 Test(param, reshard_with_pushes_pending_is_refused_and_changes_nothing) {
-  dist_client *c = start(2);
   dist_param_opts o = adam(0.05, 2);
   ref r;
-  dist_tensor *t = adam_w(c, 8, 2, "[0,1]", &o, &r);
-  train_steps(c, "w", DIST_FLOAT64, &r, &o, 1, 1, 1e-12);
   double acc[16] = {0};
-  push_trainers(c, "w", DIST_FLOAT64, 16, 2, 0, 1, acc, NULL);
+  dist_client *c = NULL;
+  dist_tensor *t = adam_pending(2, 8, 2, 1, &o, &r, acc, &c);
   dist_placement s1 = DIST_SHARD_DIM(1);
-  cr_assert_eq(dist_reshard(c, t, NULL, &s1), DIST_EUNAVAIL, "%s", dist_errmsg(c));
-  cr_assert(strstr(dist_errmsg(c), "parameter 'w' has 1 push pending on rank 0"), "%s",
-            dist_errmsg(c));
-  cr_assert(strstr(dist_errmsg(c), "nothing was changed"), "%s", dist_errmsg(c));
+  expect_refused_while_pending(c, t, NULL, &s1);
   dist_tensor *seen = NULL; /* what the daemons hold, not the handle's copy */
   cr_assert_eq(dist_tensor_open(c, "w", &seen), 0, "%s", dist_errmsg(c));
   cr_assert_eq(dist_tensor_placements(seen)[0].kind, DIST_SHARD);
@@ -458,7 +475,7 @@ static void *push_loop(void *arg) {
   while (!*pu->stop && !pu->other) {
     int rc = dist_param_push(pu->c, "w", 0, pu->g, 4 * sizeof *pu->g, NULL);
     if (rc == 0) {
-      pu->applied++;
+      __atomic_add_fetch(&pu->applied, 1, __ATOMIC_RELAXED);
     } else if (rc == DIST_EUNAVAIL && strstr(dist_errmsg(pu->c), "resharded")) {
       pu->refused++;
     } else {
@@ -490,8 +507,15 @@ Test(param, pushes_during_reshards_are_applied_or_refused_never_lost) {
   pthread_t th;
   cr_assert_eq(pthread_create(&th, NULL, push_loop, &pu), 0);
   dist_placement rep = DIST_REPLICATED, s0 = DIST_SHARD_DIM(0);
-  for (int i = 0; i < 60; i++)
+  /* 60 reshards at least, and on until some pushes got through (a push
+   * sliced before a reshard is refused, so most are), for 30 s at most. */
+  double until = harness_now_s() + 30;
+  for (int i = 0; i < 60 || (__atomic_load_n(&pu.applied, __ATOMIC_RELAXED) < 3 &&
+                             harness_now_s() < until);
+       i++) {
     cr_assert_eq(dist_reshard(c, t, NULL, i % 2 ? &s0 : &rep), 0, "%s", dist_errmsg(c));
+    harness_sleep_ms(1);
+  }
   stop = 1;
   pthread_join(th, NULL);
   cr_assert_eq(pu.other, 0, "a push failed otherwise: %s", pu.other_msg);
@@ -599,6 +623,44 @@ Test(param, a_push_with_a_daemon_lost_is_applied_by_none) {
   for (int i = 0; i < 2; i++)
     cr_assert_eq(((double *)piece)[i], p0[i], "elem %d: %g", i, ((double *)piece)[i]);
   free(piece);
+  dist_tensor_free(t);
+  dist_close(c);
+}
+
+/* Resharded onto another mesh of the same shape (ranks [0,1] -> [1,2] ->
+ * [2,0]), the parameter keeps its optimizer state: rank 2, which never
+ * held it, learns it from the source, and every later update is the one
+ * the reference makes without any reshard. With a push pending, the move
+ * is refused on every rank, the new one included, with nothing changed. */
+Test(param, adam_state_follows_its_parameter_onto_another_mesh) {
+  dist_param_opts o = adam(0.05, 2);
+  ref r;
+  double acc[30] = {0};
+  dist_client *c = NULL;
+  dist_tensor *t = adam_pending(3, 10, 3, 2, &o, &r, acc, &c);
+  dist_mesh *m12 = NULL, *m20 = NULL;
+  cr_assert_eq(dist_mesh_from_string("[1,2]", NULL, &m12), 0);
+  cr_assert_eq(dist_mesh_from_string("[2,0]", NULL, &m20), 0);
+  dist_placement s1 = DIST_SHARD_DIM(1), rep = DIST_REPLICATED;
+  expect_refused_while_pending(c, t, m12, &s1);
+  dist_tensor *seen = NULL;
+  cr_assert_eq(dist_tensor_open(c, "w", &seen), 0, "%s", dist_errmsg(c));
+  cr_assert_eq(dist_mesh_rank_at(dist_tensor_mesh(seen), 0), 0);
+  dist_tensor_free(seen);
+  push_trainers(c, "w", DIST_FLOAT64, 30, 3, 1, 2, acc, NULL);
+  step_and_compare(c, "w", DIST_FLOAT64, &r, &o, 3, acc, 0, 1e-12);
+
+  cr_assert_eq(dist_reshard(c, t, m12, &s1), 0, "%s", dist_errmsg(c));
+  train_steps(c, "w", DIST_FLOAT64, &r, &o, 4, 5, 1e-12);
+  /* Rank 0 left the mesh: it holds neither piece nor state. */
+  double piece[15] = {0};
+  cr_assert_eq(dist_param_push_local(c, "w", 0, 0, piece, sizeof piece, NULL),
+               DIST_ENOTFOUND);
+  cr_assert_eq(dist_reshard(c, t, m20, &rep), 0, "%s", dist_errmsg(c));
+  train_steps(c, "w", DIST_FLOAT64, &r, &o, 6, 7, 1e-12);
+  dist_mesh_free(m12);
+  dist_mesh_free(m20);
+  ref_free(&r);
   dist_tensor_free(t);
   dist_close(c);
 }

@@ -226,8 +226,9 @@ int dist_dtensor_to_local(dist_client *c, const dist_tensor *t, int rank,
 int dist_full_tensor(dist_client *c, const dist_tensor *t, void **data,
                      size_t *nbytes);
 /* Converts t in place to new placements, and to another mesh of the same
- * shape when mesh is not NULL. A parameter (dist_param_configure) on its
- * own mesh takes its optimizer state along; while pushes for its next
+ * shape when mesh is not NULL. A parameter (dist_param_configure) takes its
+ * optimizer state along, onto another mesh too, unless the new placements
+ * are Partial (it is then no longer a parameter); while pushes for its next
  * synchronous update are pending on any daemon the reshard fails with
  * DIST_EUNAVAIL and changes nothing. */
 int dist_reshard(dist_client *c, dist_tensor *t, const dist_mesh *mesh,
@@ -876,9 +877,10 @@ typedef struct dist_checkpoint_info {
   /* Parameters saved or restored with their optimizer state (configuration,
    * updates applied, momentum or Adam's moments): a restored parameter's
    * next update is the one it would have made, on new Shard / Replicate
-   * placements too. Restored onto another mesh, a parameter's state does
-   * not follow: params_reset counts those, which must be configured
-   * again. */
+   * placements and meshes of the same shape too. Restored onto a mesh of
+   * another shape (through the client) or onto Partial placements, a
+   * parameter's state does not follow: params_reset counts those, which
+   * must be configured again. */
   int nparams, params_reset;
 } dist_checkpoint_info;
 
