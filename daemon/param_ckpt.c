@@ -127,33 +127,62 @@ static int parse_cfg(json_t *j, distd_param_cfg *cfg, uint64_t *step, json_t **s
              ? -1 : 0;
 }
 
-/* The state buffers named in `names`, each exactly t's piece. */
-static int find_state(const dist_st_file *f, const char *file, const distd_tensor *t,
-                      json_t *names, int nstate, const void **state, dist_errbuf *eb) {
-  if ((int)json_array_size(names) != nstate)
-    return bad(eb, file, t->name, "has the wrong number of buffers");
-  for (int k = 0; k < nstate; k++) {
+/* The state buffers named in `names`, each exactly a dt piece of shape
+ * `piece`. */
+static int find_state(const dist_st_file *f, const char *file, const char *name,
+                      dist_dtype dt, const dist_shape *piece, json_t *names,
+                      distd_ckpt_param *out, dist_errbuf *eb) {
+  if ((int)json_array_size(names) != out->nstate)
+    return bad(eb, file, name, "has the wrong number of buffers");
+  for (int k = 0; k < out->nstate; k++) {
     const char *en = json_string_value(json_array_get(names, (size_t)k));
     const dist_st_entry *e = en ? dist_st_find(f, en) : NULL;
-    if (!e) return bad(eb, file, t->name, "names a buffer the file lacks");
-    if (e->dtype != t->dtype || !dist_shape_equal(&e->shape, &t->local))
-      return bad(eb, file, t->name, "is not shaped as its piece");
-    state[k] = e->data;
+    if (!e) return bad(eb, file, name, "names a buffer the file lacks");
+    if (e->dtype != dt || !dist_shape_equal(&e->shape, piece))
+      return bad(eb, file, name, "is not shaped as its piece");
+    out->state[k] = e;
   }
   return 0;
 }
 
+int distd_ckpt_optim_parse(const dist_st_file *f, const char *file, json_t **optim,
+                           dist_errbuf *eb) {
+  *optim = NULL;
+  const char *text = dist_st_meta(f, DISTD_CKPT_OPTIM_KEY);
+  if (!text) return 0; /* no parameter, or a checkpoint from before they were kept */
+  json_error_t jerr;
+  json_t *params = json_loads(text, 0, &jerr);
+  if (json_is_object(params)) {
+    *optim = params;
+    return 0;
+  }
+  json_decref(params);
+  return dist_fail(eb, DIST_EINVAL, "%s: metadata %s is not a JSON object", file,
+                   DISTD_CKPT_OPTIM_KEY);
+}
+
+int distd_ckpt_param_find(const dist_st_file *f, const char *file, json_t *optim,
+                          const char *name, dist_dtype dt, const dist_shape *piece,
+                          distd_ckpt_param *out, dist_errbuf *eb) {
+  memset(out, 0, sizeof *out);
+  json_t *j = optim ? json_object_get(optim, name) : NULL, *names;
+  if (!j) return 0;
+  if (parse_cfg(j, &out->cfg, &out->step, &names) != 0)
+    return bad(eb, file, name, "has a malformed configuration");
+  out->nstate = distd_optim_state_count(&out->cfg.optim);
+  int rc = find_state(f, file, name, dt, piece, names, out, eb);
+  return rc != 0 ? rc : 1;
+}
+
 static int read_one(const dist_st_file *f, const char *file, distd_store *st,
-                    json_t *j, const distd_tensor *t, distd_param_entry **out,
+                    json_t *optim, const distd_tensor *t, distd_param_entry **out,
                     dist_errbuf *eb) {
-  distd_param_cfg cfg;
-  uint64_t step;
-  json_t *names;
-  if (parse_cfg(j, &cfg, &step, &names) != 0)
-    return bad(eb, file, t->name, "has a malformed configuration");
+  distd_ckpt_param cp;
+  int rc = distd_ckpt_param_find(f, file, optim, t->name, t->dtype, &t->local, &cp, eb);
+  if (rc <= 0) return rc;
   const void *state[DISTD_OPTIM_STATE_MAX] = {NULL};
-  int rc = find_state(f, file, t, names, distd_optim_state_count(&cfg.optim), state, eb);
-  if (rc == 0 && (rc = distd_param_prepare(st, t, &cfg, step, state, out, eb)) != 0)
+  for (int k = 0; k < cp.nstate; k++) state[k] = cp.state[k]->data;
+  if ((rc = distd_param_prepare(st, t, &cp.cfg, cp.step, state, out, eb)) != 0)
     dist_errbuf_prefix(eb, "%s: ", file);
   return rc;
 }
@@ -162,19 +191,11 @@ int distd_ckpt_params_read(const dist_st_file *f, const char *file, distd_store 
                            distd_tensor *const *t, int n, distd_param_entry **entries,
                            dist_errbuf *eb) {
   for (int i = 0; i < n; i++) entries[i] = NULL;
-  const char *text = dist_st_meta(f, DISTD_CKPT_OPTIM_KEY);
-  if (!text) return 0; /* no parameter, or a checkpoint from before they were kept */
-  json_error_t jerr;
-  json_t *params = json_loads(text, 0, &jerr);
-  int rc = 0;
-  if (!json_is_object(params))
-    rc = dist_fail(eb, DIST_EINVAL, "%s: metadata %s is not a JSON object", file,
-                   DISTD_CKPT_OPTIM_KEY);
-  for (int i = 0; i < n && rc == 0; i++) {
-    json_t *j = json_object_get(params, t[i]->name);
-    if (j) rc = read_one(f, file, st, j, t[i], &entries[i], eb);
-  }
-  json_decref(params);
+  json_t *optim = NULL;
+  int rc = distd_ckpt_optim_parse(f, file, &optim, eb);
+  for (int i = 0; i < n && rc == 0 && optim; i++)
+    rc = read_one(f, file, st, optim, t[i], &entries[i], eb);
+  json_decref(optim);
   for (int i = 0; i < n && rc != 0; i++) {
     distd_param_entry_free(entries[i]);
     entries[i] = NULL;

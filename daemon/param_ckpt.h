@@ -12,6 +12,8 @@
 #ifndef DISTD_PARAM_CKPT_H
 #define DISTD_PARAM_CKPT_H
 
+#include <jansson.h>
+
 #include "param_service.h"
 #include "safetensors.h"
 
@@ -40,5 +42,26 @@ void distd_ckpt_contents_free(distd_ckpt_contents *c);
 int distd_ckpt_params_read(const dist_st_file *f, const char *file, distd_store *st,
                            distd_tensor *const *t, int n, distd_param_entry **entries,
                            dist_errbuf *eb);
+
+/* The optimizer metadata of f, parsed (json_decref it); *optim stays NULL
+ * when f saved no parameter. */
+int distd_ckpt_optim_parse(const dist_st_file *f, const char *file, json_t **optim,
+                           dist_errbuf *eb);
+
+/* A parameter as a rank file saved it. */
+typedef struct distd_ckpt_param {
+  distd_param_cfg cfg;
+  uint64_t step;
+  int nstate;
+  const dist_st_entry *state[DISTD_OPTIM_STATE_MAX]; /* point into the file */
+} distd_ckpt_param;
+
+/* 1 and *out when f saved `name` as a parameter (optim: the parsed
+ * metadata, may be NULL), its state buffers checked to be dt pieces of
+ * shape `piece`; 0 when f saved it as plain values; an error when the
+ * metadata or the buffers are malformed. */
+int distd_ckpt_param_find(const dist_st_file *f, const char *file, json_t *optim,
+                          const char *name, dist_dtype dt, const dist_shape *piece,
+                          distd_ckpt_param *out, dist_errbuf *eb);
 
 #endif

@@ -213,12 +213,32 @@ void distd_param_forget(distd_params *p, const char *name) {
   distd_param_entry_free(old);
 }
 
+/* The restored state must be what cfg's optimizer keeps for t's piece. */
+static int check_restore(const distd_tensor *t, const distd_param_cfg *cfg,
+                         const distd_param_restore *r, dist_errbuf *eb) {
+  int want = distd_optim_state_count(&cfg->optim);
+  if (r->nstate != want)
+    return dist_fail(eb, DIST_EINVAL, "restoring parameter '%s': %d state buffers given, "
+                     "%s keeps %d", t->name, r->nstate, distd_optim_name(cfg->optim.kind),
+                     want);
+  for (int k = 0; k < want; k++)
+    if (r->nbytes[k] != t->nbytes)
+      return dist_fail(eb, DIST_EMISMATCH, "restoring parameter '%s': state buffer %d "
+                       "has %zu bytes, this daemon's piece %zu", t->name, k, r->nbytes[k],
+                       t->nbytes);
+  return 0;
+}
+
 int distd_param_configure(distd_params *p, distd_store *st, const char *name,
-                          const distd_param_cfg *cfg, dist_errbuf *eb) {
+                          const distd_param_cfg *cfg, const distd_param_restore *restore,
+                          dist_errbuf *eb) {
   distd_tensor *t = NULL;
   if (distd_store_get(st, name, &t, eb) != 0) return eb ? eb->code : DIST_ENOTFOUND;
   distd_param_entry *e = NULL;
-  int rc = distd_param_prepare(st, t, cfg, 0, NULL, &e, eb);
+  int rc = restore ? check_restore(t, cfg, restore, eb) : 0;
+  if (rc == 0)
+    rc = distd_param_prepare(st, t, cfg, restore ? restore->step : 0,
+                             restore ? restore->state : NULL, &e, eb);
   if (rc == 0) distd_param_install(p, e);
   distd_tensor_unref(t);
   return rc;
@@ -370,8 +390,10 @@ static void apply_push(param *q, distd_store *st, distd_tensor *cur,
     apply_update(q, st, cur, tk->next, grad, res);
     tk->next = NULL;
   } else {
-    if (q->npushed == 0) memcpy(q->accum, grad, q->nbytes);
-    else dist_reduce_into(q->accum, grad, n, q->dtype, DIST_REDUCE_SUM);
+    if (q->npushed == 0 && q->nbytes) /* an empty shard's gradient may be NULL */
+      memcpy(q->accum, grad, q->nbytes);
+    else if (q->npushed)
+      dist_reduce_into(q->accum, grad, n, q->dtype, DIST_REDUCE_SUM);
     if (++q->npushed == q->cfg.trainers) {
       dist_reduce_finish(q->accum, n, q->dtype, q->cfg.reduce, q->cfg.trainers);
       apply_update(q, st, cur, q->spare, q->accum, res);

@@ -42,8 +42,19 @@ void distd_params_free(distd_params *p);
  * pending pushes reset): distd_param_prepare then distd_param_install. Fails, with nothing changed, for a missing tensor,
  * a non-float dtype, Partial placements, bad hyper-parameters or when the
  * state does not fit the memory limit. */
+/* Restoring a parameter onto another layout: this daemon's pieces of the
+ * state buffers (nbytes[k] each, which must be the shard's size; as many
+ * as the optimizer keeps) and the updates applied so far. */
+typedef struct distd_param_restore {
+  uint64_t step;
+  int nstate;
+  const void *state[DISTD_OPTIM_STATE_MAX];
+  size_t nbytes[DISTD_OPTIM_STATE_MAX];
+} distd_param_restore;
+/* restore NULL: the state starts afresh. */
 int distd_param_configure(distd_params *p, distd_store *st, const char *name,
-                          const distd_param_cfg *cfg, dist_errbuf *eb);
+                          const distd_param_cfg *cfg, const distd_param_restore *restore,
+                          dist_errbuf *eb);
 
 /* What a push did. */
 typedef struct distd_push_result {

@@ -6,6 +6,7 @@
 #include "checkpoint.pb-c.h"
 #include "methods.h"
 #include "param_ckpt.h"
+#include "param_pb.h"
 #include "pbuf.h"
 #include "safetensors.h"
 #include "tensor_meta.h"
@@ -222,11 +223,65 @@ DISTD_HANDLER(checkpoint_load) {
   return rc;
 }
 
+/* The parameters among the pieces read, as Read describes them (their
+ * state points into the file read). */
+typedef struct read_params {
+  Dist__V1__ParamConfigureRequest *rq, **ptrs;
+  Dist__V1__OptimizerConfig *opt;
+  ProtobufCBinaryData (*state)[DISTD_OPTIM_STATE_MAX];
+  size_t n;
+} read_params;
+
+static void read_params_free(read_params *r) {
+  free(r->rq);
+  free(r->ptrs);
+  free(r->opt);
+  free(r->state);
+}
+
+static int describe_params(const dist_st_file *f, const char *file,
+                           const Dist__V1__CheckpointReadRequest *rq, read_params *out,
+                           dist_errbuf *eb) {
+  size_t n = rq->n_tensors;
+  json_t *optim = NULL;
+  memset(out, 0, sizeof *out);
+  out->rq = calloc(n + 1, sizeof *out->rq);
+  out->ptrs = calloc(n + 1, sizeof *out->ptrs);
+  out->opt = calloc(n + 1, sizeof *out->opt);
+  out->state = calloc(n + 1, sizeof *out->state);
+  if (!out->rq || !out->ptrs || !out->opt || !out->state)
+    return dist_fail(eb, DIST_ENOMEM, "out of memory reading %s", file);
+  int rc = distd_ckpt_optim_parse(f, file, &optim, eb);
+  for (size_t i = 0; i < n && rc == 0 && optim; i++) {
+    const dist_st_entry *e = dist_st_find(f, rq->tensors[i]);
+    distd_ckpt_param cp;
+    if ((rc = distd_ckpt_param_find(f, file, optim, rq->tensors[i], e->dtype, &e->shape,
+                                    &cp, eb)) <= 0)
+      continue;
+    rc = 0;
+    Dist__V1__ParamConfigureRequest *p = &out->rq[out->n];
+    dist__v1__param_configure_request__init(p);
+    p->name = rq->tensors[i];
+    distd_param_cfg_to_pb(&cp.cfg, &out->opt[out->n], p);
+    p->with_state = 1;
+    p->step = cp.step;
+    for (int k = 0; k < cp.nstate; k++)
+      out->state[out->n][k] = (ProtobufCBinaryData){cp.state[k]->nbytes,
+                                                    (uint8_t *)cp.state[k]->data};
+    p->n_state = (size_t)cp.nstate;
+    p->state = out->state[out->n];
+    out->ptrs[out->n++] = p;
+  }
+  json_decref(optim);
+  return rc;
+}
+
 DISTD_HANDLER(checkpoint_read) {
   (void)ci, (void)s;
   const Dist__V1__CheckpointReadRequest *rq = (const void *)req;
   void *bytes = NULL;
   dist_st_file *f = NULL;
+  read_params params = {0};
   int rc = open_file(rq->dir, rq->file, rq->sha256, &bytes, &f, eb);
   size_t n = rq->n_tensors;
   Dist__V1__CheckpointPiece *pieces = calloc(n + 1, sizeof *pieces);
@@ -248,12 +303,16 @@ DISTD_HANDLER(checkpoint_read) {
     pieces[i].data = (ProtobufCBinaryData){e->nbytes, (uint8_t *)e->data};
     ptrs[i] = &pieces[i];
   }
+  if (rc == 0 && rq->optimizer_state) rc = describe_params(f, rq->file, rq, &params, eb);
   if (rc == 0) {
     Dist__V1__CheckpointReadReply rp = DIST__V1__CHECKPOINT_READ_REPLY__INIT;
     rp.n_pieces = n;
     rp.pieces = ptrs;
+    rp.n_params = params.n;
+    rp.params = params.ptrs;
     *reply = dist_pb_to_bb(&rp.base);
   }
+  read_params_free(&params);
   free(shapes);
   free(ptrs);
   free(pieces);

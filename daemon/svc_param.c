@@ -4,33 +4,12 @@
 
 #include "methods.h"
 #include "param.pb-c.h"
+#include "param_pb.h"
 #include "param_service.h"
 #include "param_vote.h"
 #include "pbuf.h"
 #include "reshard.h"
 #include "tensor_meta.h"
-
-static int config_from_pb(const Dist__V1__ParamConfigureRequest *rq,
-                          distd_param_cfg *c, dist_errbuf *eb) {
-  const Dist__V1__OptimizerConfig *o = rq->optimizer;
-  if (!o) return dist_fail(eb, DIST_EINVAL, "configure '%s': no optimizer given", rq->name);
-  memset(c, 0, sizeof *c);
-  c->optim.kind = (distd_optim_kind)o->kind;
-  c->optim.lr = o->lr;
-  c->optim.momentum = o->momentum;
-  c->optim.dampening = o->dampening;
-  c->optim.nesterov = o->nesterov;
-  c->optim.beta1 = o->beta1;
-  c->optim.beta2 = o->beta2;
-  c->optim.eps = o->eps;
-  c->optim.weight_decay = o->weight_decay;
-  c->reduce = (dist_reduce)rq->reduce;
-  c->async = rq->consistency == DIST__V1__CONSISTENCY__ASYNC;
-  c->trainers = (int)rq->trainers;
-  if (rq->consistency != DIST__V1__CONSISTENCY__SYNC && !c->async)
-    return dist_fail(eb, DIST_EINVAL, "unknown consistency mode %d", rq->consistency);
-  return 0;
-}
 
 static void reply_meta(distd_server *s, const distd_tensor *t,
                        grpc_byte_buffer **reply) {
@@ -46,8 +25,14 @@ DISTD_HANDLER(param_configure) {
   (void)ci;
   const Dist__V1__ParamConfigureRequest *rq = (const void *)req;
   distd_param_cfg cfg;
-  if (config_from_pb(rq, &cfg, eb) != 0) return eb->code;
-  if (distd_param_configure(s->params, s->store, rq->name, &cfg, eb) != 0)
+  if (distd_param_cfg_from_pb(rq, &cfg, eb) != 0) return eb->code;
+  distd_param_restore restore = {.step = rq->step, .nstate = (int)rq->n_state};
+  for (size_t k = 0; k < rq->n_state && k < DISTD_OPTIM_STATE_MAX; k++) {
+    restore.state[k] = rq->state[k].data;
+    restore.nbytes[k] = rq->state[k].len;
+  }
+  if (distd_param_configure(s->params, s->store, rq->name, &cfg,
+                            rq->with_state ? &restore : NULL, eb) != 0)
     return eb->code;
   distd_tensor *t = NULL;
   if (distd_store_get(s->store, rq->name, &t, eb) != 0) return eb->code;

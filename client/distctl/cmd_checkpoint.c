@@ -79,7 +79,7 @@ static void print_result(const distctl_global *g, const char *what,
   dist_format_bytes(info->bytes, b, sizeof b);
   if (info->params_reset)
     fprintf(stderr, "distctl: %d parameter%s restored without their optimizer "
-            "state (onto a mesh of another shape, or Partial placements): "
+            "state (onto Partial placements, which it cannot follow): "
             "configure them again before pushing\n",
             info->params_reset, info->params_reset == 1 ? "" : "s");
   if (g->json) {

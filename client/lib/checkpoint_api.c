@@ -351,6 +351,16 @@ static int check_rebuild(dist_client *c, const ckpt_entry *e, int missing,
   return 0;
 }
 
+/* Whether e goes onto a mesh of another shape, and can be put together in
+ * the client on the way (its pieces are Shard, Replicate or Partial of one
+ * reduction): it then comes from the files (CKPT_REBUILD) with its
+ * optimizer state, instead of being loaded and moved through the client. */
+static int onto_other_shape(const ckpt_entry *e, const dist_checkpoint_opts *o) {
+  dist_reduce op;
+  return o && o->mesh && !dist_mesh_same_shape(&o->mesh->d, &e->t.mesh.d) &&
+         dist_ckpt_partial_reduce(&e->t, &op) >= 0;
+}
+
 /* Marks the tensors to restore and how (CKPT_LOAD or CKPT_REBUILD); fails for a name
  * the checkpoint lacks, a rank without a file, or a tensor that cannot be
  * rebuilt. */
@@ -373,9 +383,10 @@ static int select_tensors(dist_client *c, const ckpt_manifest *m,
                                 "but lists %d files", m->tensors[i].t.name,
                                 md->ranks[k], m->nfiles);
     int missing = chosen[i] ? dist_ckpt_missing_rank(c, &m->tensors[i]) : -1;
-    if (missing < 0) continue;
-    if (check_rebuild(c, &m->tensors[i], missing, o) != 0) return c->err.code;
-    chosen[i] = CKPT_REBUILD;
+    if (missing >= 0 && check_rebuild(c, &m->tensors[i], missing, o) != 0)
+      return c->err.code;
+    if (missing >= 0 || (chosen[i] && onto_other_shape(&m->tensors[i], o)))
+      chosen[i] = CKPT_REBUILD;
   }
   return 0;
 }
@@ -468,41 +479,46 @@ static int relayout(dist_client *c, const dist_tensor *saved_t,
 }
 
 /* Whether a parameter's optimizer state is lost on the way to the
- * restore's layout: the daemons reshard it with the values onto a mesh of
- * the same shape and Shard / Replicate placements (daemon/param_reshard.h);
- * onto a mesh of another shape the values go through this client
- * (relayout), the state does not. */
+ * restore's layout: onto Shard / Replicate placements it follows, resharded
+ * in the daemons (daemon/param_reshard.h) or put together with the values
+ * in this client (CKPT_REBUILD); onto Partial ones it cannot. */
 static int loses_state(const dist_tensor *saved_t, const dist_checkpoint_opts *o) {
-  const dist_mesh_desc *m = o->mesh ? &o->mesh->d : &saved_t->mesh.d;
-  return !dist_mesh_same_shape(m, &saved_t->mesh.d) ||
-         dist_placements_partial_dim(o->placements, m->ndim) >= 0;
+  const dist_mesh_desc *m = o && o->mesh ? &o->mesh->d : &saved_t->mesh.d;
+  return o && o->placements && dist_placements_partial_dim(o->placements, m->ndim) >= 0;
 }
 
 /* Stores the whole value of a CKPT_REBUILD tensor onto the restore's mesh, in
  * place of any tensor of that name. */
 static int store_rebuilt(dist_client *c, const dist_tensor *saved_t, const void *full,
-                         const dist_checkpoint_opts *o) {
+                         const ckpt_state *state, const dist_checkpoint_opts *o) {
   dist_tensor *t = NULL;
   delete_outside(c, saved_t->name, NULL);
   int rc = dist_shard_tensor(c, saved_t->name, full, saved_t->dtype, saved_t->shape.ndim,
                              saved_t->shape.dims, o->mesh, o->placements, &t);
   dist_tensor_free(t);
+  if (rc == 0 && state->found && !loses_state(saved_t, o)) {
+    Dist__V1__ParamConfigureRequest cfg = state->cfg;
+    cfg.optimizer = (Dist__V1__OptimizerConfig *)&state->optimizer;
+    rc = dist_param_configure_restored(c, saved_t->name, &cfg,
+                                       (const void *const *)state->whole, state->nstate,
+                                       state->cfg.step);
+  }
   return rc;
 }
 
 /* Counts tensor i into info, and moves it where the restore asks. */
 static int finish_one(dist_client *c, const ckpt_manifest *m, int i, char how,
-                      const void *full, const dist_checkpoint_opts *o,
-                      dist_checkpoint_info *info) {
+                      const void *full, const ckpt_state *state,
+                      const dist_checkpoint_opts *o, dist_checkpoint_info *info) {
   const ckpt_entry *e = &m->tensors[i];
   info->ntensors++;
-  if (how == CKPT_REBUILD || (o && o->placements && loses_state(&e->t, o)))
+  if (loses_state(&e->t, o) || (how == CKPT_REBUILD && !state->found))
     info->params_reset += e->with_state;
   else
     info->nparams += e->with_state;
   if (how == CKPT_REBUILD) {
     progress(o, "rebuild", -1, info->ntensors, m->ntensors, 0);
-    return store_rebuilt(c, &e->t, full, o);
+    return store_rebuilt(c, &e->t, full, state, o);
   }
   if (!o || !o->placements) return 0;
   progress(o, "reshard", -1, info->ntensors, m->ntensors, 0);
@@ -523,27 +539,31 @@ int dist_checkpoint_restore(dist_client *c, const char *dir,
   char *chosen = NULL;
   void **full = NULL;
   size_t *full_bytes = NULL;
+  ckpt_state *state = NULL;
   uint64_t verified = 0;
   int rc = read_manifest(c, dir, &m);
   if (rc == 0) {
     chosen = calloc((size_t)m.ntensors + 1, 1);
     full = calloc((size_t)m.ntensors + 1, sizeof *full);
     full_bytes = calloc((size_t)m.ntensors + 1, sizeof *full_bytes);
+    state = calloc((size_t)m.ntensors + 1, sizeof *state);
     rc = select_tensors(c, &m, opts, chosen);
   }
   /* Every file is checked before any store changes: the daemons verify
    * their own, and the pieces of tensors to rebuild are read whole. */
   if (rc == 0) rc = load_ranks(c, dir, &m, chosen, 1, opts, &verified);
-  if (rc == 0) rc = dist_ckpt_read_whole(c, dir, &m, chosen, opts, full, full_bytes);
+  if (rc == 0) rc = dist_ckpt_read_whole(c, dir, &m, chosen, opts, full, full_bytes, state);
   for (int i = 0; rc == 0 && i < m.ntensors; i++)
     if (chosen[i] == CKPT_LOAD) delete_outside(c, m.tensors[i].t.name, &m.tensors[i].t.mesh.d);
   if (rc == 0) rc = load_ranks(c, dir, &m, chosen, 0, opts, &info->bytes);
   for (int i = 0; rc == 0 && i < m.ntensors; i++) {
-    if (chosen[i]) rc = finish_one(c, &m, i, chosen[i], full[i], opts, info);
+    if (chosen[i]) rc = finish_one(c, &m, i, chosen[i], full[i], &state[i], opts, info);
     if (chosen[i] == CKPT_REBUILD) info->bytes += full_bytes[i];
   }
   info->nfiles = m.nfiles;
   for (int i = 0; full && i < m.ntensors; i++) free(full[i]);
+  for (int i = 0; state && i < m.ntensors; i++) dist_ckpt_state_free(&state[i]);
+  free(state);
   free(full);
   free(full_bytes);
   free(chosen);

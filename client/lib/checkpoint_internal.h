@@ -4,6 +4,7 @@
 #define DIST_CHECKPOINT_INTERNAL_H
 
 #include "client_internal.h"
+#include "param.pb-c.h"
 
 /* One tensor as the manifest describes it. */
 typedef struct ckpt_entry {
@@ -31,14 +32,27 @@ int dist_ckpt_missing_rank(const dist_client *c, const ckpt_entry *e);
  * reduce differently, 0 when it has none. */
 int dist_ckpt_partial_reduce(const dist_tensor *t, dist_reduce *op);
 
+/* A parameter's optimizer state put together from the rank files. */
+typedef struct ckpt_state {
+  int found;  /* the files saved the tensor as a parameter */
+  Dist__V1__ParamConfigureRequest cfg; /* its configuration and step; the
+                                        * optimizer is `optimizer` */
+  Dist__V1__OptimizerConfig optimizer;
+  int nstate;
+  void *whole[2]; /* each of the tensor's global shape, malloc'd */
+} ckpt_state;
+void dist_ckpt_state_free(ckpt_state *s);
+
 /* The whole values of the tensors how[] marks CKPT_REBUILD (saved on ranks
- * the cluster lacks; Partial pieces reduced), read piece by piece from the
- * rank files through this cluster's daemons, which share the directory.
- * Every file read is checked against its sha256 first, so a bad file
- * fails here, before anything is restored; o's progress hears of each
- * file read ("read"). full[i] is malloc'd (free()); nbytes[i] its size. */
+ * the cluster lacks, or restored onto a mesh of another shape; Partial
+ * pieces reduced), read piece by piece from the rank files through this
+ * cluster's daemons, which share the directory, and with them the
+ * optimizer state of those saved as parameters (state[i]). Every file
+ * read is checked against its sha256 first, so a bad file fails here,
+ * before anything is restored; o's progress hears of each file read
+ * ("read"). full[i] is malloc'd (free()); nbytes[i] its size. */
 int dist_ckpt_read_whole(dist_client *c, const char *dir, const ckpt_manifest *m,
                          const char *how, const dist_checkpoint_opts *o,
-                         void **full, size_t *nbytes);
+                         void **full, size_t *nbytes, ckpt_state *state);
 
 #endif

@@ -63,21 +63,30 @@ static int first_copy(const dist_tensor *t, int k) {
   return 1;
 }
 
+/* The box mesh index k of e holds. */
+static void box_of(const ckpt_entry *e, int k, dist_shape *local, int64_t *offset) {
+  int coords[DIST_MAX_MESH_DIMS];
+  dist_mesh_coords(&e->t.mesh.d, k, coords);
+  dist_local_box(&e->t.mesh.d, e->t.placements, &e->t.shape, coords, local, offset);
+}
+
+static int misshapen(dist_client *c, const ckpt_entry *e, int k, const char *what) {
+  return dist_client_fail(c, DIST_EMISMATCH, "rank %d's %s '%s' in the checkpoint "
+                          "does not have the shape its layout gives it",
+                          e->t.mesh.d.ranks[k], what, e->t.name);
+}
+
 /* Puts the piece rank index k of e holds into e's whole value. */
 static int place_piece(dist_client *c, const ckpt_entry *e, int k,
                        const Dist__V1__CheckpointPiece *pc, void *full) {
-  int coords[DIST_MAX_MESH_DIMS];
   dist_shape local, got;
   int64_t offset[DIST_MAX_DIMS];
-  dist_mesh_coords(&e->t.mesh.d, k, coords);
-  dist_local_box(&e->t.mesh.d, e->t.placements, &e->t.shape, coords, &local, offset);
+  box_of(e, k, &local, offset);
   size_t es = dist_dtype_size(e->t.dtype);
   if (dist_shape_from_pb(pc->shape, pc->n_shape, &got, NULL) != 0 ||
       (dist_dtype)pc->dtype != e->t.dtype || !dist_shape_equal(&got, &local) ||
       pc->data.len != (size_t)dist_shape_numel(&local) * es)
-    return dist_client_fail(c, DIST_EMISMATCH, "rank %d's piece of '%s' in the "
-                            "checkpoint does not have the shape its layout gives it",
-                            e->t.mesh.d.ranks[k], e->t.name);
+    return misshapen(c, e, k, "piece of");
   dist_reduce op;
   if (dist_ckpt_partial_reduce(&e->t, &op) <= 0) {
     dist_copy_box_in(full, &e->t.shape, offset, pc->data.data, &local, es);
@@ -88,10 +97,73 @@ static int place_piece(dist_client *c, const ckpt_entry *e, int k,
   return 0;
 }
 
+void dist_ckpt_state_free(ckpt_state *s) {
+  free(s->whole[0]);
+  free(s->whole[1]);
+  memset(s, 0, sizeof *s);
+}
+
+/* Takes the configuration of e's parameter from the first file that
+ * describes it, with room for its whole state buffers. */
+static int state_begin(dist_client *c, const ckpt_entry *e,
+                       const Dist__V1__ParamConfigureRequest *p, ckpt_state *s) {
+  if (s->found) return s->nstate == (int)p->n_state ? 0 : misshapen(c, e, 0, "state of");
+  if (!p->optimizer || p->n_state > 2)
+    return dist_client_fail(c, DIST_EPROTO, "the checkpoint describes parameter '%s' "
+                            "without its optimizer", e->t.name);
+  s->found = 1;
+  s->cfg = *p;
+  s->cfg.name = NULL, s->cfg.optimizer = NULL, s->cfg.n_state = 0, s->cfg.state = NULL;
+  s->optimizer = *p->optimizer;
+  s->nstate = (int)p->n_state;
+  size_t bytes = (size_t)dist_shape_numel(&e->t.shape) * dist_dtype_size(e->t.dtype);
+  for (int k = 0; k < s->nstate; k++)
+    if (!(s->whole[k] = malloc(bytes + 1)))
+      return dist_client_fail(c, DIST_ENOMEM, "no memory for the optimizer state of '%s'",
+                              e->t.name);
+  return 0;
+}
+
+/* Puts the state pieces mesh index k of e's parameter holds (p, as rank
+ * k's file describes it) into its whole state buffers. A parameter is
+ * never Partial: each piece is copied into its box. */
+static int place_state(dist_client *c, const ckpt_entry *e, int k,
+                       const Dist__V1__ParamConfigureRequest *p, ckpt_state *s) {
+  int rc = state_begin(c, e, p, s);
+  dist_shape local;
+  int64_t offset[DIST_MAX_DIMS];
+  box_of(e, k, &local, offset);
+  size_t es = dist_dtype_size(e->t.dtype);
+  for (int j = 0; rc == 0 && j < s->nstate; j++) {
+    if (p->state[j].len != (size_t)dist_shape_numel(&local) * es)
+      return misshapen(c, e, k, "optimizer state of");
+    dist_copy_box_in(s->whole[j], &e->t.shape, offset, p->state[j].data, &local, es);
+  }
+  return rc;
+}
+
+/* Places the state of every parameter the reply describes. */
+static int place_states(dist_client *c, const ckpt_manifest *m,
+                        const Dist__V1__CheckpointReadReply *reply, const int *which,
+                        const int *index, size_t n, ckpt_state *state) {
+  int rc = 0;
+  for (size_t p = 0; p < reply->n_params && rc == 0; p++) {
+    size_t j = 0;
+    while (j < n && strcmp(m->tensors[which[j]].t.name, reply->params[p]->name) != 0) j++;
+    if (j == n)
+      return dist_client_fail(c, DIST_EPROTO, "reading the checkpoint: state of '%s', "
+                              "which was not asked for", reply->params[p]->name);
+    rc = place_state(c, &m->tensors[which[j]], index[j], reply->params[p], &state[which[j]]);
+  }
+  return rc;
+}
+
 /* Reads from rank r's file every piece of a tensor to rebuild that r holds
- * first, through daemon r % c->n, and places them; *bytes counts them. */
+ * first, through daemon r % c->n, and places them (and the state of
+ * those saved as parameters); *bytes counts them. */
 static int read_rank(dist_client *c, const char *dir, const ckpt_manifest *m,
-                     const char *how, int r, void **full, uint64_t *bytes) {
+                     const char *how, int r, void **full, ckpt_state *state,
+                     uint64_t *bytes) {
   const char **names = calloc((size_t)m->ntensors + 1, sizeof *names);
   int *which = calloc((size_t)m->ntensors + 1, sizeof *which);  /* manifest index */
   int *index = calloc((size_t)m->ntensors + 1, sizeof *index);  /* r's mesh index */
@@ -102,6 +174,7 @@ static int read_rank(dist_client *c, const char *dir, const ckpt_manifest *m,
     which[rq.n_tensors] = i;
     index[rq.n_tensors] = k;
     names[rq.n_tensors++] = m->tensors[i].t.name;
+    rq.optimizer_state |= m->tensors[i].with_state;
   }
   int rc = 0;
   if (rq.n_tensors) {
@@ -121,6 +194,7 @@ static int read_rank(dist_client *c, const char *dir, const ckpt_manifest *m,
                        full[which[j]]);
       *bytes += reply->pieces[j]->data.len;
     }
+    if (rc == 0) rc = place_states(c, m, reply, which, index, rq.n_tensors, state);
     if (rp) protobuf_c_message_free_unpacked(rp, NULL);
   }
   free(index);
@@ -131,7 +205,7 @@ static int read_rank(dist_client *c, const char *dir, const ckpt_manifest *m,
 
 int dist_ckpt_read_whole(dist_client *c, const char *dir, const ckpt_manifest *m,
                          const char *how, const dist_checkpoint_opts *o,
-                         void **full, size_t *nbytes) {
+                         void **full, size_t *nbytes, ckpt_state *state) {
   int rc = 0;
   for (int i = 0; i < m->ntensors && rc == 0; i++) {
     if (how[i] != CKPT_REBUILD) continue;
@@ -146,7 +220,7 @@ int dist_ckpt_read_whole(dist_client *c, const char *dir, const ckpt_manifest *m
   }
   for (int r = 0; r < m->nfiles && rc == 0; r++) {
     uint64_t bytes = 0;
-    rc = read_rank(c, dir, m, how, r, full, &bytes);
+    rc = read_rank(c, dir, m, how, r, full, state, &bytes);
     /* A long restore shows each file it had to read through the client. */
     if (rc == 0 && bytes && o && o->progress)
       o->progress(o->progress_arg, "read", r, r + 1, m->nfiles, bytes);

@@ -45,6 +45,43 @@ static int fan_out(dist_client *c, const char *method,
   return dist_call_many(c, method, reply_desc, calls, n);
 }
 
+/* rq to every daemon of t's mesh; with whole state buffers, each daemon's
+ * request carries its slices of them. */
+static void *slice_for(const dist_tensor *t, int rank, const void *whole, size_t *bytes);
+
+static int configure_ranks(dist_client *c, const dist_tensor *t,
+                           const Dist__V1__ParamConfigureRequest *rq,
+                           const void *const *whole, int nstate) {
+  int targets[DIST_MAX_MESH_RANKS];
+  int n = dist_targets(c, &t->mesh.d, targets);
+  if (n < 0) return n;
+  Dist__V1__ParamConfigureRequest *rqs = calloc((size_t)n + 1, sizeof *rqs);
+  ProtobufCBinaryData(*state)[2] = calloc((size_t)n + 1, sizeof *state);
+  dist_call *calls = calloc((size_t)n + 1, sizeof *calls);
+  int rc = 0;
+  if (!rqs || !state || !calls)
+    rc = dist_client_fail(c, DIST_ENOMEM, "out of memory configuring '%s'", t->name);
+  for (int i = 0; i < n && rc == 0; i++) {
+    rqs[i] = *rq;
+    rqs[i].n_state = (size_t)nstate;
+    rqs[i].state = state[i];
+    for (int k = 0; k < nstate && k < 2; k++)
+      if (!(state[i][k].data = slice_for(t, targets[i], whole[k], &state[i][k].len)))
+        rc = dist_client_fail(c, DIST_ENOMEM, "out of memory configuring '%s'", t->name);
+    calls[i].target = targets[i];
+    calls[i].request = &rqs[i].base;
+  }
+  if (rc == 0)
+    rc = dist_call_many(c, "/dist.v1.Param/Configure",
+                        &dist__v1__param_configure_reply__descriptor, calls, n);
+  if (calls) dist_calls_free(calls, n);
+  for (int i = 0; state && i < n; i++) free(state[i][0].data), free(state[i][1].data);
+  free(state);
+  free(rqs);
+  free(calls);
+  return rc;
+}
+
 int dist_param_configure(dist_client *c, const char *name,
                          const dist_param_opts *opts) {
   dist_param_opts def = DIST_PARAM_OPTS_INIT;
@@ -60,25 +97,35 @@ int dist_param_configure(dist_client *c, const char *name,
   rq.consistency = o->consistency == DIST_PARAM_ASYNC ? DIST__V1__CONSISTENCY__ASYNC
                                                       : DIST__V1__CONSISTENCY__SYNC;
   rq.trainers = o->trainers > 0 ? (uint32_t)o->trainers : 0;
-  int targets[DIST_MAX_MESH_RANKS];
-  dist_call *calls = calloc(DIST_MAX_MESH_RANKS, sizeof *calls);
-  int n = 0;
-  if ((rc = fill_optimizer(c, o, &opt)) != 0) goto out;
-  if ((n = dist_targets(c, &t->mesh.d, targets)) < 0) {
-    rc = n, n = 0;
-    goto out;
-  }
-  rc = fan_out(c, "/dist.v1.Param/Configure",
-               &dist__v1__param_configure_reply__descriptor, &rq.base, targets,
-               n, calls);
-out:
-  dist_calls_free(calls, n);
-  free(calls);
+  if ((rc = fill_optimizer(c, o, &opt)) == 0) rc = configure_ranks(c, t, &rq, NULL, 0);
   dist_tensor_free(t);
   return rc;
 }
 
-/* This rank's slice of a whole gradient, malloc'd. */
+int dist_param_configure_restored(dist_client *c, const char *name,
+                                  const Dist__V1__ParamConfigureRequest *cfg,
+                                  const void *const *whole, int nstate, uint64_t step) {
+  if (nstate < 0 || nstate > 2 || !cfg->optimizer)
+    return dist_client_fail(c, DIST_EPROTO, "restoring '%s': a malformed optimizer "
+                            "description (%d state buffers)", name, nstate);
+  dist_tensor *t = NULL;
+  int rc = dist_tensor_open(c, name, &t);
+  if (rc != 0) return rc;
+  Dist__V1__ParamConfigureRequest rq = DIST__V1__PARAM_CONFIGURE_REQUEST__INIT;
+  rq.name = (char *)name;
+  rq.optimizer = cfg->optimizer;
+  rq.reduce = cfg->reduce;
+  rq.consistency = cfg->consistency;
+  rq.trainers = cfg->trainers;
+  rq.with_state = 1;
+  rq.step = step;
+  rc = configure_ranks(c, t, &rq, whole, nstate);
+  dist_tensor_free(t);
+  return rc;
+}
+
+/* This rank's slice of a whole value (a gradient, a state buffer),
+ * malloc'd. */
 static void *slice_for(const dist_tensor *t, int rank, const void *grad,
                        size_t *bytes) {
   int idx = dist_mesh_index_of(&t->mesh.d, rank), coords[DIST_MAX_MESH_DIMS];

@@ -390,13 +390,13 @@ static dist_param_opts adamw_opts(void) {
 
 /* w: AdamW, Shard(0) over two daemons; v: SGD with Nesterov momentum,
  * replicated; both at their initial values. */
-static void make_params(dist_client *c) {
+static void make_params(dist_client *c, const char *mesh_text) {
   float w0[6 * 4], v0[5];
   for (int i = 0; i < 24; i++) w0[i] = 0.05f * (float)i - 0.4f;
   for (int i = 0; i < 5; i++) v0[i] = 1.0f - 0.3f * (float)i;
   int64_t sw[2] = {6, 4}, sv[1] = {5};
-  dist_tensor_free(put(c, "w", DIST_FLOAT32, w0, 2, sw, "[0,1]", "Shard(0)"));
-  dist_tensor_free(put(c, "v", DIST_FLOAT32, v0, 1, sv, "[0,1]", "Replicate()"));
+  dist_tensor_free(put(c, "w", DIST_FLOAT32, w0, 2, sw, mesh_text, "Shard(0)"));
+  dist_tensor_free(put(c, "v", DIST_FLOAT32, v0, 1, sv, mesh_text, "Replicate()"));
   dist_param_opts adamw = adamw_opts(), sgd = DIST_PARAM_OPTS_INIT;
   sgd.lr = 0.1;
   sgd.momentum = 0.9;
@@ -453,7 +453,7 @@ static void restore_resumes(dist_client *c, const char *dir, const char *args,
 
 Test(checkpoint, parameters_resume_from_a_checkpoint_as_if_never_stopped) {
   dist_client *c = start(2);
-  make_params(c);
+  make_params(c, "[0,1]");
   for (int k = 1; k <= 3; k++) push_step(c, k);
   const char *dir = make_dir();
   json_t *j = distctl_json("save", dir, "", NULL);
@@ -492,11 +492,16 @@ Test(checkpoint, parameters_resume_from_a_checkpoint_as_if_never_stopped) {
   restore_resumes(c, dir, "--mesh [1,0] --placements Shard\\(0\\)", "[Shard(0)]", 1,
                   want_w, want_v, "lost its state on the way to mesh [1,0]");
 
-  /* Onto a mesh of another shape the values go through the client, the
-   * state cannot, and distctl says so. */
+  /* Onto a mesh of another shape the values and the state are put
+   * together in the client from the files, and sharded onto it. */
+  restore_resumes(c, dir, "--mesh [[0,1]] --placements Replicate\\(\\),Shard\\(0\\)",
+                  "[Replicate(), Shard(0)]", 0, want_w, want_v,
+                  "lost its state on the way to mesh [[0,1]]");
+
+  /* Onto Partial placements the state cannot follow (a sum of moments is
+   * not the moment of a sum), and distctl says so. */
   char *err = NULL;
-  j = distctl_json("restore", dir,
-                   "--mesh [[0,1]] --placements Shard\\(0\\),Replicate\\(\\)", &err);
+  j = distctl_json("restore", dir, "--placements Partial\\(sum\\)", &err);
   cr_assert_eq(json_field(j, "parameters"), 0);
   cr_assert_eq(json_field(j, "parameters_reset"), 2);
   json_decref(j);
@@ -537,7 +542,7 @@ Test(checkpoint, a_tensor_saved_as_plain_values_is_no_parameter_after_restore) {
 
 Test(checkpoint, a_deleted_parameter_leaves_no_state_behind) {
   dist_client *c = start(2);
-  make_params(c);
+  make_params(c, "[0,1]");
   push_step(c, 1);
   /* Deleted and put again with the same layout: plain values, no AdamW
    * moments waiting for them. */
@@ -686,4 +691,44 @@ Test(checkpoint, restore_onto_fewer_daemons_than_saved, .timeout = 240) {
   dist_close(c);
   snprintf(args, sizeof args, "rm -rf %s", tmp);
   cr_assert_eq(system(args), 0);
+}
+
+/* Parameters saved on four daemons and restored onto two keep their
+ * optimizer state: the client puts each state buffer together from the
+ * rank files, as it does the values, and every daemon of the new mesh
+ * gets its slice. The next updates are those of the run that never
+ * stopped. */
+Test(checkpoint, parameters_restored_onto_fewer_daemons_keep_their_state, .timeout = 240) {
+  dist_client *c = start(4);
+  make_params(c, "[0,1,2,3]");
+  for (int k = 1; k <= 3; k++) push_step(c, k);
+  char tmp[] = "/tmp/ckpt-params-XXXXXX";
+  cr_assert(mkdtemp(tmp));
+  cr_assert_eq(dist_checkpoint_save(c, tmp, NULL, NULL), 0, "%s", dist_errmsg(c));
+  float want_w[24], want_v[5];
+  push_step(c, 4);
+  push_step(c, 5);
+  pull(c, "w", want_w, sizeof want_w);
+  pull(c, "v", want_v, sizeof want_v);
+  dist_close(c);
+  stop_cluster();
+
+  c = start(2);
+  dist_mesh *m2 = NULL;
+  cr_assert_eq(dist_mesh_from_string("[1,0]", NULL, &m2), 0);
+  dist_placement s0 = DIST_SHARD_DIM(0);
+  dist_checkpoint_opts o = DIST_CHECKPOINT_OPTS_INIT;
+  o.mesh = m2;
+  o.placements = &s0;
+  dist_checkpoint_info info;
+  cr_assert_eq(dist_checkpoint_restore(c, tmp, &o, &info), 0, "%s", dist_errmsg(c));
+  cr_assert_eq(info.nparams, 2);
+  cr_assert_eq(info.params_reset, 0);
+  expect_layout(c, "w", "[Shard(0)]", 2, 1);
+  expect_resumed(c, want_w, want_v, "lost its state on the way to two daemons");
+  dist_mesh_free(m2);
+  dist_close(c);
+  char cmd[100];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
+  cr_assert_eq(system(cmd), 0);
 }

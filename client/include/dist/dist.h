@@ -877,10 +877,9 @@ typedef struct dist_checkpoint_info {
   /* Parameters saved or restored with their optimizer state (configuration,
    * updates applied, momentum or Adam's moments): a restored parameter's
    * next update is the one it would have made, on new Shard / Replicate
-   * placements and meshes of the same shape too. Restored onto a mesh of
-   * another shape (through the client) or onto Partial placements, a
-   * parameter's state does not follow: params_reset counts those, which
-   * must be configured again. */
+   * placements and other meshes too, fewer daemons included. Restored
+   * onto Partial placements, a parameter's state does not follow:
+   * params_reset counts those, which must be configured again. */
   int nparams, params_reset;
 } dist_checkpoint_info;
 
@@ -891,12 +890,14 @@ int dist_checkpoint_save(dist_client *c, const char *dir,
 /* Restores onto the saved layout, after every file was verified: a
  * corrupt, truncated or missing file fails with the store unchanged. Then,
  * with opts->mesh / placements, reshards each tensor (same-shape meshes in
- * the daemons; other meshes through the client). A tensor saved on ranks
- * the cluster no longer has (a smaller cluster) needs opts->mesh: its
- * pieces are read from the rank files through the daemons there are, put
- * together in the client and sharded onto that mesh (Partial pieces are
- * reduced as a reshard to Replicate would; a tensor Partial on two mesh dims
- * with different reductions is refused). Existing tensors of those names
+ * the daemons). A tensor going onto a mesh of another shape, or saved on
+ * ranks the cluster no longer has (a smaller cluster; opts->mesh needed),
+ * is read piece by piece from the rank files through the daemons there
+ * are, with a parameter's optimizer state, put together in the client and
+ * sharded onto that mesh (Partial pieces are reduced as a reshard to
+ * Replicate would; a tensor Partial on two mesh dims with different
+ * reductions is refused over missing ranks, and otherwise moved through
+ * the client from the restored daemons). Existing tensors of those names
  * are replaced; a tensor saved without optimizer state is no longer a
  * parameter afterwards. */
 int dist_checkpoint_restore(dist_client *c, const char *dir,
