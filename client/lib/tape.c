@@ -441,6 +441,87 @@ static int add_tensors(dist_tape *t, const slot *acc, slot *more, slot *sum) {
   return rc;
 }
 
+/* 1 in a float dtype, for the loss's gradient. */
+static const void *unit_of(dist_dtype dt) {
+  static const float f32 = 1;
+  static const double f64 = 1;
+  static const uint16_t f16 = 0x3C00, bf16 = 0x3F80;
+  switch (dt) {
+  case DIST_FLOAT16: return &f16;
+  case DIST_FLOAT32: return &f32;
+  case DIST_FLOAT64: return &f64;
+  case DIST_BFLOAT16: return &bf16;
+  default: return NULL;
+  }
+}
+
+static int not_a_scalar(dist_tape *t, const char *name) {
+  return dist_client_fail(t->c, DIST_EINVAL, "'%s' is not a float scalar: give its "
+                          "gradient", name);
+}
+
+/* Stores pieces (one per rank of `ranks`; SPMD: this trainer's) as name,
+ * each on its own daemon's one-rank mesh, as an exchange result lives. */
+static int store_per_rank(dist_client *c, const char *name, const void *const *pieces,
+                          const int64_t *const *shapes, int ndim, dist_dtype dt,
+                          const rank_set *ranks, dist_tensor **out) {
+  dist_placement rep = DIST_REPLICATED;
+  int n = c->spmd_rank >= 0 ? 1 : ranks->n, rc = 0, shape1 = 1;
+  for (int k = 0; rc == 0 && k < n; k++) {
+    int r = c->spmd_rank >= 0 ? c->spmd_rank : ranks->ranks[k];
+    dist_mesh one;
+    dist_mesh_init(&one.d, 1, &shape1, &r, NULL, NULL);
+    dist_tensor_free(*out), *out = NULL;
+    rc = dist_dtensor_from_local(c, name, &pieces[k], dt, ndim, &shapes[k], &one, &rep, out);
+  }
+  if (rc && n > 1) delete_on(c, name, ranks->ranks, n);
+  return rc;
+}
+
+/* A seed given as values or as the loss's 1 (s), stored as a tensor the
+ * tape owns, laid out as the output it is the gradient of (s->t, kept by
+ * seed): per rank for an exchange's result, else on the output's mesh with
+ * its placements. How such a seed is added to another gradient or
+ * resharded. */
+static int store_seed(dist_tape *t, slot *s) {
+  if (s->kind != G_VALUES && s->kind != G_ONES) return 0;
+  dist_client *c = t->c;
+  const slot *local = find(t->locals, t->n_locals, s->name);
+  const dist_tensor *o = &s->t;
+  const void *unit = unit_of(o->dtype);
+  if (s->kind == G_ONES && (local || !unit || dist_shape_numel(&o->shape) != 1))
+    return not_a_scalar(t, s->name);
+  int n = c->spmd_rank >= 0 ? 1 : local ? local->ranks.n : o->mesh.d.nranks;
+  int ndim = s->kind == G_ONES ? o->shape.ndim : s->values[0].ndim;
+  const void *pieces[DIST_MAX_MESH_RANKS];
+  const int64_t *shapes[DIST_MAX_MESH_RANKS];
+  for (int i = 0; i < n; i++) {
+    pieces[i] = s->kind == G_ONES ? unit : s->values[i].data;
+    shapes[i] = s->kind == G_ONES ? o->shape.dims : s->values[i].shape;
+    if (s->kind == G_VALUES && (s->values[i].dtype != o->dtype || s->values[i].ndim != ndim))
+      return dist_client_fail(c, DIST_EMISMATCH, "the gradient given for '%s': piece %d "
+                              "is %s with %d dims, the tensor %s with %d", s->name, i,
+                              dist_dtype_name(s->values[i].dtype), s->values[i].ndim,
+                              dist_dtype_name(o->dtype), ndim);
+  }
+  char name[NAME_MAX_LEN];
+  next_grad_name(t, name);
+  dist_tensor *h = NULL;
+  dist_mesh mesh = {o->mesh.d};
+  int rc = local ? store_per_rank(c, name, pieces, shapes, ndim, o->dtype, &local->ranks, &h)
+                 : dist_dtensor_from_local(c, name, pieces, o->dtype, ndim, shapes, &mesh,
+                                           o->placements, &h);
+  if (rc) {
+    dist_errbuf_prefix(&c->err, "storing the gradient given for '%s': ", s->name);
+    return rc;
+  }
+  slot g = made_tensor(t, s->name, h);
+  dist_tensor_free(h);
+  snprintf(g.name, sizeof g.name, "%s", s->name);
+  *s = g;
+  return 0;
+}
+
 /* Adds g into the gradient slot of name; g is consumed either way. */
 static int accumulate(dist_tape *t, const char *name, slot *g) {
   slot *s = slot_of(t, name);
@@ -454,12 +535,9 @@ static int accumulate(dist_tape *t, const char *name, slot *g) {
     return 0;
   }
   slot sum;
-  int rc = s->kind == G_TENSOR && g->kind == G_TENSOR
-               ? add_tensors(t, s, g, &sum)
-               : dist_client_fail(t->c, DIST_ENOTSUP, "'%s' gets a gradient from "
-                                  "several places, and one of them is given as "
-                                  "values or as the loss's 1: give it as a "
-                                  "stored tensor", name);
+  int rc = store_seed(t, s);
+  if (rc == 0) rc = store_seed(t, g);
+  if (rc == 0) rc = add_tensors(t, s, g, &sum);
   slot_clear(t, g);
   slot_clear(t, s);
   if (rc == 0) {
@@ -511,20 +589,6 @@ static int exchange_back(dist_tape *t, const entry *e, const slot *g) {
   return accumulate(t, e->x, &gx);
 }
 
-/* 1 in a float dtype, for the loss's gradient. */
-static const void *unit_of(dist_dtype dt) {
-  static const float f32 = 1;
-  static const double f64 = 1;
-  static const uint16_t f16 = 0x3C00, bf16 = 0x3F80;
-  switch (dt) {
-  case DIST_FLOAT16: return &f16;
-  case DIST_BFLOAT16: return &bf16;
-  case DIST_FLOAT32: return &f32;
-  case DIST_FLOAT64: return &f64;
-  default: return NULL;
-  }
-}
-
 /* Output k's argument of dist_backward from its slot; ones[] has room for
  * the call's ranks (the loss's 1 as per-rank values). */
 static int out_grad_arg(dist_tape *t, const entry *e, int k, const slot *s,
@@ -536,9 +600,7 @@ static int out_grad_arg(dist_tape *t, const entry *e, int k, const slot *s,
   if (s->kind != G_ONES) return 0;
   const dist_tensor *o = &e->outs[k];
   const void *unit = unit_of(o->dtype);
-  if (!unit || dist_shape_numel(&o->shape) != 1)
-    return dist_client_fail(t->c, DIST_EINVAL, "'%s' is not a float scalar: "
-                            "give its gradient", o->name);
+  if (!unit || dist_shape_numel(&o->shape) != 1) return not_a_scalar(t, o->name);
   for (int i = 0; i < e->nranks; i++) {
     ones[i] = (dist_value){unit, o->dtype, o->shape.ndim, {0}};
     memcpy(ones[i].shape, o->shape.dims, sizeof(int64_t) * (size_t)o->shape.ndim);
@@ -631,17 +693,17 @@ static int own_gradient(dist_tape *t, slot *g) {
 static int reshard_back(dist_tape *t, const entry *e) {
   slot *s = find(t->slots, t->n_slots, e->x);
   if (!s || s->kind == G_NONE) return 0;
-  if (s->kind != G_TENSOR || s->per_rank)
-    return dist_client_fail(t->c, DIST_ENOTSUP, "'%s' was resharded on the tape, and "
-                            "its gradient is given %s: give it as a stored tensor",
-                            e->x, s->kind == G_TENSOR ? "per rank" : s->kind == G_ONES
-                            ? "as the loss's 1" : "as values");
+  int rc = store_seed(t, s);
+  if (rc) return rc;
+  if (s->per_rank) /* dist_tape_reshard refuses exchanges' tensors */
+    return dist_client_fail(t->c, DIST_EINTERNAL, "'%s' was resharded on the tape, but "
+                            "its gradient lives per rank", e->x);
   slot g = *s;
   s->kind = G_NONE; /* g now holds it; the slot takes the result below */
   s->owned = 0;
   const dist_tensor *b = &e->before;
   dist_mesh mesh = {b->mesh.d};
-  int rc = own_gradient(t, &g);
+  rc = own_gradient(t, &g);
   if (rc == 0)
     rc = dist_reshard(t->c, &g.t, dist_mesh_equal(&g.t.mesh.d, &b->mesh.d) ? NULL : &mesh,
                       b->placements);
@@ -698,6 +760,7 @@ static int seed(dist_tape *t, const dist_tensor *out, const dist_arg *g) {
     s->kind = G_VALUES;
     s->values = g->values;
   }
+  if (s->kind != G_TENSOR) s->t = *out; /* the layout store_seed gives it */
   return 0;
 }
 

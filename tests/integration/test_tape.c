@@ -20,6 +20,9 @@
 
 static const float seed_x[5][2] = {{1, 2}, {3, 4}, {5, 6}, {7, 8}, {9, 10}};
 static const int64_t seed_counts[2][4] = {{2, 1, 1, 1}, {1, 1, 2, 1}};
+/* What each rank holds after the seed's scatter of seed_x by seed_counts. */
+static const float seed_y[2][10] = {{1, 2, 3, 4, 1, 2, 5, 6, 3, 4},
+                                    {7, 8, 5, 6, 7, 8, 9, 10, 9, 10}};
 
 /* ---------------------------------------------------------------- helpers */
 
@@ -66,6 +69,39 @@ static float *grad_rows(dist_tape *t, dist_client *c, const char *name, int rank
   cr_assert_eq(nbytes, want_elems * sizeof(float), "grad of %s on rank %d: %zu bytes",
                name, rank, nbytes);
   return data;
+}
+
+/* Two daemons, and on a new tape: y = scatter(x), loss = sum(y * y). */
+typedef struct sq_chain {
+  harness h;
+  dist_client *c;
+  dist_mesh *m;
+  dist_program *p;
+  dist_tape *t;
+  dist_tensor *y, *loss;
+} sq_chain;
+
+static void sq_chain_start(sq_chain *s) {
+  harness_start(&s->h, 2, NULL);
+  s->c = harness_client(&s->h);
+  s->m = line_mesh(2);
+  s->p = sum_sq_program(s->c, s->m);
+  dist_tape_new(s->c, &s->t);
+  s->y = seed_scatter(s->t, s->c, -1, "y");
+  dist_arg arg = {s->y, NULL};
+  cr_assert_eq(dist_tape_local_layer_call(s->t, s->p, &arg, 1, NULL, &s->loss), 0, "%s",
+               dist_errmsg(s->c));
+}
+
+/* Frees what sq_chain_start made (the test may have replaced t, y and
+ * loss, or freed and cleared them). */
+static void sq_chain_stop(sq_chain *s) {
+  dist_tape_free(s->t);
+  dist_tensor_free(s->y), dist_tensor_free(s->loss);
+  dist_program_free(s->p);
+  dist_mesh_free(s->m);
+  dist_close(s->c);
+  harness_stop(&s->h);
 }
 
 /* Tensors whose name starts with prefix, over every daemon. */
@@ -575,10 +611,8 @@ Test(tape, exchange_result_seeded_with_values, .timeout = 120) {
   dist_tape *t = NULL;
   dist_tape_new(c, &t);
   dist_tensor *y = seed_scatter(t, c, -1, "y");
-  static const float seed_out[2][10] = {{1, 2, 3, 4, 1, 2, 5, 6, 3, 4},
-                                        {7, 8, 5, 6, 7, 8, 9, 10, 9, 10}};
   dist_value v[2];
-  for (int r = 0; r < 2; r++) v[r] = (dist_value){seed_out[r], DIST_FLOAT32, 2, {5, 2}};
+  for (int r = 0; r < 2; r++) v[r] = (dist_value){seed_y[r], DIST_FLOAT32, 2, {5, 2}};
   dist_arg g = {NULL, v};
   const dist_tensor *seeds[1] = {y};
   cr_assert_eq(dist_tape_backward(t, seeds, &g, 1), 0, "%s", dist_errmsg(c));
@@ -593,19 +627,43 @@ Test(tape, exchange_result_seeded_with_values, .timeout = 120) {
   harness_stop(&h);
 }
 
+/* A seed given as values for a tensor that also feeds an op on the tape:
+ * the seed is stored per rank and added to the op's gradient. y =
+ * scatter(x) seeded with y itself, and l = sum(y * y) with 1 per rank:
+ * grad y = y + 2 y, so grad x = gather(3 y) = 3 x. */
+Test(tape, a_value_seed_adds_to_a_gradient_from_an_op, .timeout = 120) {
+  sq_chain s;
+  sq_chain_start(&s);
+  static const float one = 1;
+  dist_value vy[2], vl[2];
+  for (int r = 0; r < 2; r++) {
+    vy[r] = (dist_value){seed_y[r], DIST_FLOAT32, 2, {5, 2}};
+    vl[r] = (dist_value){&one, DIST_FLOAT32, 0, {0}};
+  }
+  dist_arg g[2] = {{NULL, vy}, {NULL, vl}};
+  const dist_tensor *seeds[2] = {s.y, s.loss};
+  cr_assert_eq(dist_tape_backward(s.t, seeds, g, 2), 0, "%s", dist_errmsg(s.c));
+  for (int r = 0; r < 2; r++) {
+    float *got = grad_rows(s.t, s.c, "x", r, 10);
+    for (int i = 0; i < 10; i++)
+      cr_assert_eq(got[i], 3 * ((const float *)seed_x)[i], "rank %d grad x[%d] = %g", r, i,
+                   got[i]);
+    free(got);
+  }
+  sq_chain_stop(&s);
+}
+
 /* ---------------------------------------------------------------- errors */
 
 Test(tape_errors, backward_twice_and_after_release_fail_clearly, .timeout = 120) {
-  harness h;
-  harness_start(&h, 2, NULL);
-  dist_client *c = harness_client(&h);
-  dist_mesh *m = line_mesh(2);
-  dist_program *p = sum_sq_program(c, m);
-  dist_tape *t = NULL;
-  dist_tape_new(c, &t);
-  dist_tensor *y = seed_scatter(t, c, -1, "y"), *loss = NULL;
+  sq_chain s;
+  sq_chain_start(&s);
+  dist_client *c = s.c;
+  dist_program *p = s.p;
+  dist_tape *t = s.t;
+  dist_tensor *y = s.y, *loss = s.loss;
+  s.t = NULL, s.y = NULL, s.loss = NULL; /* this test frees them as it goes */
   dist_arg arg = {y, NULL};
-  cr_assert_eq(dist_tape_local_layer_call(t, p, &arg, 1, NULL, &loss), 0, "%s", dist_errmsg(c));
   const dist_tensor *seeds[1] = {loss};
   cr_assert_eq(dist_tape_grad(t, "x", &(dist_tensor *){NULL}), DIST_ENOTFOUND);
   cr_assert(strstr(dist_errmsg(c), "backward has not run"), "%s", dist_errmsg(c));
@@ -649,8 +707,5 @@ Test(tape_errors, backward_twice_and_after_release_fail_clearly, .timeout = 120)
   cr_assert_eq(count_named(c, "tape"), 0, "nothing left behind");
 
   dist_tensor_free(y), dist_tensor_free(y3), dist_tensor_free(loss);
-  dist_program_free(p);
-  dist_mesh_free(m);
-  dist_close(c);
-  harness_stop(&h);
+  sq_chain_stop(&s);
 }

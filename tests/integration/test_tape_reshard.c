@@ -1,8 +1,9 @@
 /* Reshard on the tape, between real daemons: a LocalLayer, a reshard and
  * another LocalLayer differentiated end to end against the derivative
  * computed here; a seed given for a resharded tensor (copied, never
- * changed) coming back in the layout and on the mesh before the reshard;
- * the same chain in SPMD mode; and the reshards the tape refuses. */
+ * changed) coming back in the layout and on the mesh before the reshard,
+ * and one given as values; the same chain in SPMD mode; and the reshards
+ * the tape refuses. */
 #include <criterion/criterion.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -213,18 +214,40 @@ Test(tape_reshard, a_seed_comes_back_on_the_mesh_before_and_is_not_changed,
   harness_stop(&h);
 }
 
-/* What the tape refuses: a tensor an exchange wrote (it lives per rank),
- * a reshard the daemons refuse (nothing recorded, nothing changed), and a
- * resharded tensor seeded with values. */
-Test(tape_reshard, refused_reshards_record_nothing, .timeout = 120) {
+/* Two daemons, x = put_counting Shard(0) on mesh [0,1], and a new tape. */
+typedef struct x_on_tape {
   harness h;
-  harness_start(&h, 2, NULL);
-  dist_client *c = harness_client(&h);
-  dist_mesh *m = mesh_of(0, 1);
-  dist_placement s0 = DIST_SHARD_DIM(0), s5 = DIST_SHARD_DIM(5), rep = DIST_REPLICATED;
-  dist_tensor *x = put_counting(c, "x", m, s0);
-  dist_tape *t = NULL;
-  dist_tape_new(c, &t);
+  dist_client *c;
+  dist_mesh *m;
+  dist_tensor *x;
+  dist_tape *t;
+} x_on_tape;
+
+static void x_on_tape_start(x_on_tape *s) {
+  harness_start(&s->h, 2, NULL);
+  s->c = harness_client(&s->h);
+  s->m = mesh_of(0, 1);
+  s->x = put_counting(s->c, "x", s->m, (dist_placement)DIST_SHARD_DIM(0));
+  dist_tape_new(s->c, &s->t);
+}
+
+static void x_on_tape_stop(x_on_tape *s) {
+  dist_tape_free(s->t);
+  dist_tensor_free(s->x);
+  dist_mesh_free(s->m);
+  dist_close(s->c);
+  harness_stop(&s->h);
+}
+
+/* What the tape refuses: a tensor an exchange wrote (it lives per rank),
+ * and a reshard the daemons refuse (nothing recorded, nothing changed). */
+Test(tape_reshard, refused_reshards_record_nothing, .timeout = 120) {
+  x_on_tape s;
+  x_on_tape_start(&s);
+  dist_client *c = s.c;
+  dist_tape *t = s.t;
+  dist_tensor *x = s.x;
+  dist_placement s5 = DIST_SHARD_DIM(5), rep = DIST_REPLICATED;
   static const float rows[2][2] = {{1, 2}, {3, 4}};
   static const int64_t counts[2][2] = {{1, 0}, {0, 1}};
   const void *xs[2] = {rows[0], rows[1]};
@@ -237,17 +260,36 @@ Test(tape_reshard, refused_reshards_record_nothing, .timeout = 120) {
   cr_assert(strstr(dist_errmsg(c), "'routed' lives per rank"), "%s", dist_errmsg(c));
   cr_assert_eq(dist_tape_reshard(t, x, NULL, &s5), DIST_EINVAL);
   cr_assert_eq(dist_tensor_placements(x)[0].kind, DIST_SHARD, "x's handle changed");
-  cr_assert_eq(dist_tape_reshard(t, x, NULL, &rep), 0, "%s", dist_errmsg(c));
-  float ones[ROWS * COLS];
-  for (int i = 0; i < ROWS * COLS; i++) ones[i] = 1;
-  dist_value v[2] = {{ones, DIST_FLOAT32, 2, {ROWS, COLS}}, {ones, DIST_FLOAT32, 2, {ROWS, COLS}}};
-  dist_arg g = {NULL, v};
-  const dist_tensor *outs[1] = {x};
-  cr_assert_eq(dist_tape_backward(t, outs, &g, 1), DIST_ENOTSUP);
-  cr_assert(strstr(dist_errmsg(c), "'x' was resharded on the tape"), "%s", dist_errmsg(c));
-  dist_tape_free(t);
-  dist_tensor_free(routed), dist_tensor_free(x);
-  dist_mesh_free(m);
-  dist_close(c);
-  harness_stop(&h);
+  dist_tensor_free(routed);
+  x_on_tape_stop(&s);
+}
+
+/* A resharded tensor seeded with values (its pieces after the reshard, in
+ * mesh order) gets them back in its layout before: x Shard(0) -> Replicate,
+ * each replica seeded with g[i] = 10 i, and x's gradient is g sharded by
+ * rows again. */
+Test(tape_reshard, a_resharded_tensor_seeded_with_values, .timeout = 120) {
+  x_on_tape s;
+  x_on_tape_start(&s);
+  dist_placement rep = DIST_REPLICATED;
+  cr_assert_eq(dist_tape_reshard(s.t, s.x, NULL, &rep), 0, "%s", dist_errmsg(s.c));
+  float g[ROWS * COLS];
+  for (int i = 0; i < ROWS * COLS; i++) g[i] = 10.0f * (float)i;
+  dist_value v[2] = {{g, DIST_FLOAT32, 2, {ROWS, COLS}}, {g, DIST_FLOAT32, 2, {ROWS, COLS}}};
+  dist_arg seed = {NULL, v};
+  const dist_tensor *outs[1] = {s.x};
+  cr_assert_eq(dist_tape_backward(s.t, outs, &seed, 1), 0, "%s", dist_errmsg(s.c));
+  dist_tensor *gx = NULL;
+  cr_assert_eq(dist_tape_grad(s.t, "x", &gx), 0, "%s", dist_errmsg(s.c));
+  cr_assert_eq(dist_tensor_placements(gx)[0].kind, DIST_SHARD);
+  cr_assert(on_ranks(gx, 0, 1), "the gradient is not on x's mesh");
+  void *full = NULL;
+  size_t nb = 0;
+  cr_assert_eq(dist_full_tensor(s.c, gx, &full, &nb), 0, "%s", dist_errmsg(s.c));
+  cr_assert_eq(nb, sizeof g);
+  for (int i = 0; i < ROWS * COLS; i++)
+    cr_assert_eq(((float *)full)[i], g[i], "grad x[%d] = %g", i, ((float *)full)[i]);
+  free(full);
+  dist_tensor_free(gx);
+  x_on_tape_stop(&s);
 }

@@ -753,9 +753,11 @@ int dist_tape_local_layer_call(dist_tape *t, dist_program *p,
 
 /* dist_reshard, recorded: x (its handle updated in place) goes to
  * placements, and to mesh when not NULL. Backward reshards x's gradient
- * (a stored tensor; the caller's seed is copied first, never changed) to
- * x's mesh and placements before the call. A tensor an exchange on the
- * tape read or wrote lives per rank and is refused (DIST_EINVAL). */
+ * (the caller's seed is copied first, never changed; one given as values
+ * is stored first, its pieces in the mesh order of x's layout after the
+ * reshard) to x's mesh and placements before the call. A tensor an
+ * exchange on the tape read or wrote lives per rank and is refused
+ * (DIST_EINVAL). */
 int dist_tape_reshard(dist_tape *t, dist_tensor *x, const dist_mesh *mesh,
                       const dist_placement *placements);
 
@@ -766,8 +768,9 @@ int dist_tape_reshard(dist_tape *t, dist_tensor *x, const dist_mesh *mesh,
  * values (borrowed for the call; an exchange result's in its participating
  * ranks' group order, a LocalLayer output's in dist_program_rank_at order;
  * SPMD: one), or {NULL, NULL} for none. A seed given as values or as the
- * loss's 1 cannot be added to another gradient (DIST_ENOTSUP). Backward
- * runs once; a tape that was released or backpropagated refuses it
+ * loss's 1 for a tensor that also gets a gradient from an operation on the
+ * tape is stored in the daemons (in the output's layout) and added to it.
+ * Backward runs once; a tape that was released or backpropagated refuses it
  * (DIST_EINVAL). Invocations no gradient reaches are released. On failure
  * every gradient is dropped. */
 int dist_tape_backward(dist_tape *t, const dist_tensor *const *outputs,
