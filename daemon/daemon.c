@@ -79,7 +79,7 @@ static void start_memory_tick(distd_server *s) {
   event_add(memory_ev, &tv);
 }
 
-static int start_peers(distd_server *s, dist_errbuf *eb) {
+static int start_peers(distd_server *s, const distd_tls_files *tls, dist_errbuf *eb) {
   distd_peers_opts po = {
       .rank = s->rank,
       .world_size = s->world_size,
@@ -95,12 +95,7 @@ static int start_peers(distd_server *s, dist_errbuf *eb) {
       .congestion = s->cfg.peer_congestion,
       .socket_buffer = (size_t)s->cfg.peer_socket_buffer,
   };
-  if (distd_tls_check_config(&s->cfg, eb) != 0) return -1;
-  if (distd_config_peer_tls(&s->cfg)) {
-    po.tls_cert = s->cfg.tls_cert;
-    po.tls_key = s->cfg.tls_key;
-    po.tls_ca = s->cfg.tls_ca;
-  }
+  if (distd_config_peer_tls(&s->cfg)) po.tls = tls;
   if (s->cfg.peer_listen[0])
     snprintf(s->members[s->rank].peer_addr,
              sizeof s->members[s->rank].peer_addr, "%s", s->cfg.peer_listen);
@@ -149,11 +144,21 @@ int distd_start(distd_server *s, dist_errbuf *eb) {
   s->metrics = distd_metrics_new(DIST_VERSION);
   s->store = distd_store_new(s->cfg.memory_limit);
   if (create_registries(s, eb) != 0) return -1;
-  if (start_peers(s, eb) != 0 || distd_ops_attach(s, eb) != 0 || start_http(s, eb) != 0)
+  /* The certificate files are read once, for the data plane and gRPC. */
+  distd_tls_files tls;
+  if (distd_tls_check_config(&s->cfg, eb) != 0 ||
+      distd_tls_files_read(s->cfg.tls_cert, s->cfg.tls_key, s->cfg.tls_ca, &tls, eb) != 0)
     return -1;
-  grpc_init();
-  s->grpc_initialized = 1;
-  if (distd_rpc_start(s, distd_methods, distd_method_count, eb) != 0) return -1;
+  int rc = start_peers(s, &tls, eb);
+  if (rc == 0) rc = distd_ops_attach(s, eb);
+  if (rc == 0) rc = start_http(s, eb);
+  if (rc == 0) {
+    grpc_init();
+    s->grpc_initialized = 1;
+    rc = distd_rpc_start(s, distd_methods, distd_method_count, &tls, eb);
+  }
+  distd_tls_files_free(&tls);
+  if (rc != 0) return -1;
   snprintf(s->grpc_address, sizeof s->grpc_address, "%s", s->cfg.listen);
   pthread_create(&s->loop_thread, NULL, loop_main, s);
   start_watchdog(s);
@@ -166,13 +171,16 @@ int distd_start(distd_server *s, dist_errbuf *eb) {
   return 0;
 }
 
-/* The gRPC port's and the data plane's certificates, both or neither. */
+/* The gRPC port's and the data plane's certificates, both or neither,
+ * from one reading of the files. */
 static int reload_certs(distd_server *s, dist_errbuf *eb) {
   const distd_config *cfg = &s->cfg;
   void *peer_ctx = NULL;
-  int rc = distd_peers_tls_load(s->peers, cfg->tls_cert, cfg->tls_key, cfg->tls_ca,
-                                &peer_ctx, eb);
-  if (rc == 0) rc = distd_rpc_reload_certs(s->rpc, eb);
+  distd_tls_files tls;
+  int rc = distd_tls_files_read(cfg->tls_cert, cfg->tls_key, cfg->tls_ca, &tls, eb);
+  if (rc == 0) rc = distd_peers_tls_load(s->peers, &tls, &peer_ctx, eb);
+  if (rc == 0) rc = distd_rpc_reload_certs(s->rpc, &tls, eb);
+  distd_tls_files_free(&tls);
   if (rc != 0) {
     distd_peers_tls_drop(peer_ctx);
     dist_errbuf_prefix(eb, "the certificates in use stay: ");

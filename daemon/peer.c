@@ -385,9 +385,8 @@ int distd_peers_start(distd_peers **out, struct event_base *base,
   memcpy(p->members, opts->members, sizeof *p->members * (size_t)p->world);
   /* Before anything can fail: distd_peers_free walks every peer's queue. */
   for (int r = 0; r < p->world; r++) init_peer(p, r);
-  if (opts->tls_cert && opts->tls_cert[0]) {
-    rc = distd_peer_tls_ctx_new(opts->tls_cert, opts->tls_key ? opts->tls_key : "",
-                                opts->tls_ca ? opts->tls_ca : "", &p->tls_ctx, eb);
+  if (opts->tls && opts->tls->cert) {
+    rc = distd_peer_tls_ctx_new(opts->tls, &p->tls_ctx, eb);
     if (rc < 0) goto out;
     p->tp = &distd_peer_transport_tls;
     snprintf(p->io_mode, sizeof p->io_mode, "tls (the loop thread)");
@@ -467,11 +466,11 @@ void distd_peers_free(distd_peers *p) {
   free(p);
 }
 
-int distd_peers_tls_load(const distd_peers *p, const char *cert, const char *key,
-                         const char *ca, void **ctx, dist_errbuf *eb) {
+int distd_peers_tls_load(const distd_peers *p, const distd_tls_files *f, void **ctx,
+                         dist_errbuf *eb) {
   *ctx = NULL;
   if (p->tp != &distd_peer_transport_tls) return 0;
-  return distd_peer_tls_ctx_new(cert, key, ca, ctx, eb);
+  return distd_peer_tls_ctx_new(f, ctx, eb);
 }
 
 /* Connections hold their own reference to the context they were made

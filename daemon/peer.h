@@ -27,6 +27,8 @@ struct event_base;
 typedef struct distd_peers distd_peers;
 typedef struct distd_xfer distd_xfer;
 
+struct distd_tls_files; /* tls.h */
+
 typedef struct distd_peers_opts {
   int rank;
   int world_size;
@@ -35,9 +37,10 @@ typedef struct distd_peers_opts {
   int64_t backoff_min_ms;
   int64_t backoff_max_ms;
   size_t unexpected_limit; /* bytes kept for not-yet-posted receives */
-  /* Mutual TLS (docs/security.md); all NULL/"" means plain TCP. Each
-   * daemon's certificate names its rank as DNS:distd-rank-N. */
-  const char *tls_cert, *tls_key, *tls_ca;
+  /* Mutual TLS (docs/security.md) with these files; NULL (or no cert in
+   * them) means plain TCP. Each daemon's certificate names its rank as
+   * DNS:distd-rank-N. */
+  const struct distd_tls_files *tls;
   size_t max_frame_size; /* longest DATA frame accepted; 0 = 1 GiB */
   /* A wait fails once no byte has moved to or from the ranks it needs for
    * this long (0: only its deadline bounds it). Bounding silence rather
@@ -96,12 +99,12 @@ int distd_peers_listen_port(const distd_peers *p);
  * "system calls (why)" or "tls (the loop thread)". */
 const char *distd_peers_io(const distd_peers *p);
 /* A new TLS context for the data plane, in two steps so that a reload of
- * several things changes nothing when one of them fails: tls_load reads
- * cert, key and ca into *ctx (NULL when the data plane is plain TCP);
- * tls_use swaps it in for the connections made from then on (open ones
- * keep theirs) and frees the old one; tls_drop frees one not used. */
-int distd_peers_tls_load(const distd_peers *p, const char *cert, const char *key,
-                         const char *ca, void **ctx, dist_errbuf *eb);
+ * several things changes nothing when one of them fails: tls_load loads
+ * f's certificate, key and CA into *ctx (NULL when the data plane is plain
+ * TCP); tls_use swaps it in for the connections made from then on (open
+ * ones keep theirs) and frees the old one; tls_drop frees one not used. */
+int distd_peers_tls_load(const distd_peers *p, const struct distd_tls_files *f,
+                         void **ctx, dist_errbuf *eb);
 void distd_peers_tls_use(distd_peers *p, void *ctx);
 void distd_peers_tls_drop(void *ctx);
 /* Number of peers (not counting self) with both directions greeted. */

@@ -50,9 +50,9 @@ extern const distd_peer_transport distd_peer_transport_tcp;
 extern const distd_peer_transport distd_peer_transport_tls;
 
 /* The data plane's TLS context: this daemon's certificate and key, peers
- * verified against ca (mutual TLS, TLS 1.3 only). */
-int distd_peer_tls_ctx_new(const char *cert, const char *key, const char *ca,
-                           void **out, dist_errbuf *eb);
+ * verified against the CA (mutual TLS, TLS 1.3 only), all from f. */
+struct distd_tls_files;
+int distd_peer_tls_ctx_new(const struct distd_tls_files *f, void **out, dist_errbuf *eb);
 void distd_peer_tls_ctx_free(void *ctx); /* NULL is a no-op */
 
 #endif

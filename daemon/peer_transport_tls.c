@@ -186,8 +186,7 @@ const distd_peer_transport distd_peer_transport_tls = {
     "tls", tls_attach, tls_handshake, tls_read, tls_writev, NULL, tls_pending, tls_detach,
 };
 
-int distd_peer_tls_ctx_new(const char *cert, const char *key, const char *ca,
-                           void **out, dist_errbuf *eb) {
+int distd_peer_tls_ctx_new(const distd_tls_files *f, void **out, dist_errbuf *eb) {
   *out = NULL;
   ERR_clear_error();
   SSL_CTX *ctx = SSL_CTX_new(TLS_method());
@@ -200,7 +199,7 @@ int distd_peer_tls_ctx_new(const char *cert, const char *key, const char *ca,
   SSL_CTX_set_mode(ctx, SSL_MODE_ENABLE_PARTIAL_WRITE |
                             SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
   SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, NULL);
-  if (distd_tls_ctx_load(ctx, cert, key, ca, "data plane TLS", eb) != 0) {
+  if (distd_tls_ctx_load(ctx, f, 1, "data plane TLS", eb) != 0) {
     SSL_CTX_free(ctx);
     return eb->code;
   }

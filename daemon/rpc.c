@@ -223,9 +223,9 @@ int distd_rpc_reload_tokens(distd_rpc *r, dist_errbuf *eb) {
   return 0;
 }
 
-int distd_rpc_reload_certs(distd_rpc *r, dist_errbuf *eb) {
+int distd_rpc_reload_certs(distd_rpc *r, const distd_tls_files *tls, dist_errbuf *eb) {
   if (!r->certs) return 0;
-  return distd_tls_grpc_reload(r->certs, eb);
+  return distd_tls_grpc_reload(r->certs, tls, eb);
 }
 
 /* Checks the caller's token against the method's access; sets key to the
@@ -483,11 +483,12 @@ static grpc_server *create_server(const distd_config *cfg) {
   return grpc_server_create(&ca, NULL);
 }
 
-static int bind_port(distd_rpc *r, const char *addr, dist_errbuf *eb) {
+static int bind_port(distd_rpc *r, const char *addr, const distd_tls_files *tls,
+                     dist_errbuf *eb) {
   const distd_config *cfg = &r->srv->cfg;
   grpc_server_credentials *creds = NULL;
-  if (distd_tls_grpc_server_creds(cfg, &r->certs, &creds, eb) != 0) return eb->code;
-  distd_tls_warn_plain("the gRPC port", addr, cfg->tls_cert[0] != 0);
+  if (distd_tls_grpc_server_creds(cfg, tls, &r->certs, &creds, eb) != 0) return eb->code;
+  distd_tls_warn_plain("the gRPC port", addr, tls->cert != NULL);
   r->port = grpc_server_add_http2_port(r->server, addr, creds);
   grpc_server_credentials_release(creds);
   if (r->port <= 0)
@@ -499,7 +500,7 @@ static int bind_port(distd_rpc *r, const char *addr, dist_errbuf *eb) {
 }
 
 int distd_rpc_start(distd_server *s, const distd_method *methods, int n,
-                    dist_errbuf *eb) {
+                    const distd_tls_files *tls, dist_errbuf *eb) {
   distd_auth *auth = NULL;
   if (s->cfg.auth_tokens_file[0]) {
     if (distd_auth_load(s->cfg.auth_tokens_file, &auth, eb) != 0) return eb->code;
@@ -526,7 +527,7 @@ int distd_rpc_start(distd_server *s, const distd_method *methods, int n,
     r->handles[i] = grpc_server_register_method(
         r->server, methods[i].path, NULL,
         GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER, 0);
-  int rc = bind_port(r, s->cfg.listen, eb);
+  int rc = bind_port(r, s->cfg.listen, tls, eb);
   if (rc != 0) {
     grpc_server_destroy(r->server);
     grpc_completion_queue_shutdown(r->cq);

@@ -43,14 +43,17 @@ typedef struct distd_method {
   distd_access access; /* leave out for DISTD_ACCESS_WRITE */
 } distd_method;
 
+struct distd_tls_files; /* tls.h */
+
 /* Binds s->cfg.listen (SO_REUSEPORT off: a taken port is an error naming
- * it) with TLS when s->cfg.tls_cert is set, loads auth_tokens_file,
+ * it) with TLS when tls has a certificate (the files tls_cert, tls_key
+ * and tls_ca, read once by the caller), loads auth_tokens_file,
  * registers methods and starts the pollers and workers. Every call then
  * passes, in this order: the token check (UNAUTHENTICATED /
  * PERMISSION_DENIED), the per-client in-flight limit and the
  * max_tensor_bytes limit (RESOURCE_EXHAUSTED), before its handler runs. */
 int distd_rpc_start(distd_server *s, const distd_method *methods, int n,
-                    dist_errbuf *eb);
+                    const struct distd_tls_files *tls, dist_errbuf *eb);
 /* Stops accepting calls, waits up to grace_ms for in-flight calls and
  * cancels the rest (their clients see UNAVAILABLE or CANCELLED). Handlers
  * still running go on until they return. NULL is a no-op. */
@@ -64,8 +67,9 @@ int distd_rpc_port(const distd_rpc *r);
  * configured, unreadable, readable by others, a bad line, no tokens) the
  * tokens in use stay, and eb says why. */
 int distd_rpc_reload_tokens(distd_rpc *r, dist_errbuf *eb);
-/* Reads the gRPC port's certificate, key and CA again for the connections
+/* The gRPC port's certificate, key and CA from tls for the connections
  * made from then on (a no-op without TLS). On error nothing changes. */
-int distd_rpc_reload_certs(distd_rpc *r, dist_errbuf *eb);
+int distd_rpc_reload_certs(distd_rpc *r, const struct distd_tls_files *tls,
+                           dist_errbuf *eb);
 
 #endif

@@ -1,10 +1,12 @@
-/* TLS helpers shared by the gRPC port and the data plane: PEM files,
- * loading and checking a certificate and its key, and the warning about
- * plain TCP on the network. No gRPC here: the peer tests link this file. */
+/* TLS helpers shared by the gRPC port and the data plane: PEM files read
+ * once, loading and checking a certificate and its key from them, and the
+ * warning about plain TCP on the network. No gRPC here: the peer tests
+ * link this file. */
 #include "tls.h"
 
 #include <errno.h>
 #include <openssl/err.h>
+#include <openssl/pem.h>
 #include <openssl/ssl.h>
 #include <openssl/x509.h>
 #include <stdio.h>
@@ -16,8 +18,7 @@
 
 #define MAX_PEM (1 << 20)
 
-int distd_tls_read_pem(const char *path, const char *what, char **out,
-                       dist_errbuf *eb) {
+static int read_pem(const char *path, const char *what, char **out, dist_errbuf *eb) {
   *out = NULL;
   FILE *f = fopen(path, "r");
   if (!f) return dist_fail(eb, DIST_ECONFIG, "%s %s: %s", what, path, strerror(errno));
@@ -29,7 +30,7 @@ int distd_tls_read_pem(const char *path, const char *what, char **out,
   } else if (n == 0 || n > MAX_PEM || ferror(f)) {
     rc = dist_fail(eb, DIST_ECONFIG, "%s %s: %s", what, path,
                    n == 0 ? "empty or unreadable" : "larger than 1 MiB");
-  } else if (!strstr(buf, "-----BEGIN ")) {
+  } else if (!memmem(buf, n, "-----BEGIN ", 11)) {
     rc = dist_fail(eb, DIST_ECONFIG, "%s %s: not a PEM file", what, path);
   }
   fclose(f);
@@ -40,6 +41,26 @@ int distd_tls_read_pem(const char *path, const char *what, char **out,
   buf[n] = 0;
   *out = buf;
   return 0;
+}
+
+int distd_tls_files_read(const char *cert, const char *key, const char *ca,
+                         distd_tls_files *out, dist_errbuf *eb) {
+  memset(out, 0, sizeof *out);
+  out->cert_path = cert, out->key_path = key, out->ca_path = ca;
+  if (!cert[0]) return 0;
+  int rc = read_pem(cert, "tls_cert", &out->cert, eb);
+  if (rc == 0) rc = read_pem(key, "tls_key", &out->key, eb);
+  if (rc == 0 && ca[0]) rc = read_pem(ca, "tls_ca", &out->ca, eb);
+  if (rc != 0) distd_tls_files_free(out);
+  return rc;
+}
+
+void distd_tls_files_free(distd_tls_files *f) {
+  if (f->key) OPENSSL_cleanse(f->key, strlen(f->key));
+  free(f->cert);
+  free(f->key);
+  free(f->ca);
+  f->cert = f->key = f->ca = NULL;
 }
 
 /* Fails with OpenSSL's first queued error, naming the setting and file. */
@@ -53,21 +74,65 @@ static int load_fail(dist_errbuf *eb, const char *what, const char *setting,
                    buf[0] ? buf : "cannot be used");
 }
 
-int distd_tls_ctx_load(void *ssl_ctx, const char *cert, const char *key,
-                       const char *ca, const char *what, dist_errbuf *eb) {
+/* Each certificate in pem, in order, to use(ctx, cert, index); 1 when there
+ * was at least one and every use returned 1. */
+static int each_cert(SSL_CTX *ctx, const char *pem,
+                     int (*use)(SSL_CTX *, X509 *, int)) {
+  BIO *b = BIO_new_mem_buf(pem, -1);
+  int n = 0, ok = b != NULL;
+  X509 *x;
+  while (ok && (x = PEM_read_bio_X509(b, NULL, NULL, NULL)) != NULL) {
+    ok = use(ctx, x, n++) == 1;
+    X509_free(x);
+  }
+  BIO_free(b);
+  /* The loop ends at the end of the text, which OpenSSL queues as "no
+   * start line": not an error once a certificate was read. */
+  unsigned long e = ERR_peek_last_error();
+  if (ok && n > 0 && ERR_GET_LIB(e) == ERR_LIB_PEM && ERR_GET_REASON(e) == PEM_R_NO_START_LINE)
+    ERR_clear_error();
+  return ok && n > 0 && ERR_peek_error() == 0;
+}
+
+/* The first certificate is this daemon's, the others its chain. */
+static int use_own(SSL_CTX *ctx, X509 *x, int i) {
+  return i == 0 ? SSL_CTX_use_certificate(ctx, x) : (int)SSL_CTX_add1_chain_cert(ctx, x);
+}
+
+static int use_ca(SSL_CTX *ctx, X509 *x, int i) {
+  (void)i;
+  return X509_STORE_add_cert(SSL_CTX_get_cert_store(ctx), x);
+}
+
+/* A key file is never encrypted here: no password, and never a prompt. */
+static int no_password(char *buf, int size, int rwflag, void *u) {
+  (void)buf, (void)size, (void)rwflag, (void)u;
+  return 0;
+}
+
+static int use_key(SSL_CTX *ctx, const char *pem) {
+  BIO *b = BIO_new_mem_buf(pem, -1);
+  EVP_PKEY *k = b ? PEM_read_bio_PrivateKey(b, NULL, no_password, NULL) : NULL;
+  int ok = k && SSL_CTX_use_PrivateKey(ctx, k) == 1;
+  EVP_PKEY_free(k);
+  BIO_free(b);
+  return ok;
+}
+
+int distd_tls_ctx_load(void *ssl_ctx, const distd_tls_files *f, int with_ca,
+                       const char *what, dist_errbuf *eb) {
   SSL_CTX *ctx = ssl_ctx;
   ERR_clear_error();
-  if (SSL_CTX_use_certificate_chain_file(ctx, cert) != 1)
-    return load_fail(eb, what, "tls_cert", cert);
+  if (!each_cert(ctx, f->cert, use_own)) return load_fail(eb, what, "tls_cert", f->cert_path);
   /* OpenSSL 3 refuses a key that is not the certificate's here already. */
-  if (SSL_CTX_use_PrivateKey_file(ctx, key, SSL_FILETYPE_PEM) != 1)
+  if (!use_key(ctx, f->key))
     return load_fail(eb, what,
                      ERR_GET_REASON(ERR_peek_error()) == X509_R_KEY_VALUES_MISMATCH
-                         ? "tls_key does not match tls_cert:" : "tls_key", key);
+                         ? "tls_key does not match tls_cert:" : "tls_key", f->key_path);
   if (SSL_CTX_check_private_key(ctx) != 1)
-    return load_fail(eb, what, "tls_key does not match tls_cert:", key);
-  if (ca && SSL_CTX_load_verify_locations(ctx, ca, NULL) != 1)
-    return load_fail(eb, what, "tls_ca", ca);
+    return load_fail(eb, what, "tls_key does not match tls_cert:", f->key_path);
+  if (with_ca && (!f->ca || !each_cert(ctx, f->ca, use_ca)))
+    return load_fail(eb, what, "tls_ca", f->ca_path);
   return 0;
 }
 

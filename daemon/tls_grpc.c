@@ -1,5 +1,5 @@
-/* TLS on the gRPC port: grpc core's ssl server credentials, with the
- * certificates read again on reload. */
+/* TLS on the gRPC port: grpc core's ssl server credentials, given new
+ * certificates on reload. */
 #include <grpc/grpc_security.h>
 #include <openssl/ssl.h>
 #include <pthread.h>
@@ -39,39 +39,29 @@ static grpc_ssl_client_certificate_request_type request_type(int mode) {
  * handshake and takes a new set when there is one, so a reload (SIGHUP)
  * reaches the connections made after it; open ones keep theirs. */
 struct distd_tls_grpc {
-  const distd_config *cfg;
+  int client_auth;
   pthread_mutex_t mu;
   grpc_ssl_server_certificate_config *next; /* for gRPC's next handshake */
 };
 
-/* Reads tls_cert, tls_key and tls_ca into a certificate config for gRPC,
- * after OpenSSL has checked that they load and that the key is the
- * certificate's: gRPC itself would only say so when a handshake fails. */
-static int load_config(const distd_config *cfg, grpc_ssl_server_certificate_config **out,
-                       dist_errbuf *eb) {
+/* f's certificate, key and CA as a certificate config for gRPC, after
+ * OpenSSL has checked the same bytes: that they load and that the key is
+ * the certificate's (gRPC itself would only say so when a handshake
+ * fails). */
+static int load_config(int client_auth, const distd_tls_files *f,
+                       grpc_ssl_server_certificate_config **out, dist_errbuf *eb) {
   *out = NULL;
-  int client_auth = cfg->tls_client_auth != DISTD_CLIENT_AUTH_NONE;
   SSL_CTX *check = SSL_CTX_new(TLS_method());
   if (!check) return dist_fail(eb, DIST_ENOMEM, "gRPC TLS: cannot create a context");
-  int rc = distd_tls_ctx_load(check, cfg->tls_cert, cfg->tls_key,
-                              client_auth ? cfg->tls_ca : NULL, "gRPC TLS", eb);
+  int rc = distd_tls_ctx_load(check, f, client_auth, "gRPC TLS", eb);
   SSL_CTX_free(check);
-  char *cert = NULL, *key = NULL, *ca = NULL;
-  if (rc == 0) rc = distd_tls_read_pem(cfg->tls_cert, "tls_cert", &cert, eb);
-  if (rc == 0) rc = distd_tls_read_pem(cfg->tls_key, "tls_key", &key, eb);
-  if (rc == 0 && client_auth) rc = distd_tls_read_pem(cfg->tls_ca, "tls_ca", &ca, eb);
-  if (rc == 0) {
-    grpc_ssl_pem_key_cert_pair pair = {key, cert};
-    /* gRPC 1.51 asserts that a fetched config has root certificates, even
-     * when no client certificate is asked for; then they verify nothing,
-     * and the server's own certificate stands in for a CA. */
-    *out = grpc_ssl_server_certificate_config_create(ca ? ca : cert, &pair, 1);
-  }
-  if (key) memset(key, 0, strlen(key));
-  free(cert);
-  free(key);
-  free(ca);
-  return rc;
+  if (rc != 0) return rc;
+  grpc_ssl_pem_key_cert_pair pair = {f->key, f->cert};
+  /* gRPC 1.51 asserts that a fetched config has root certificates, even
+   * when no client certificate is asked for; then they verify nothing,
+   * and the server's own certificate stands in for a CA. */
+  *out = grpc_ssl_server_certificate_config_create(client_auth ? f->ca : f->cert, &pair, 1);
+  return 0;
 }
 
 /* gRPC's fetcher: the new set once after each load, else "unchanged".
@@ -87,9 +77,9 @@ static grpc_ssl_certificate_config_reload_status fetch_config(
                  : GRPC_SSL_CERTIFICATE_CONFIG_RELOAD_UNCHANGED;
 }
 
-int distd_tls_grpc_reload(distd_tls_grpc *t, dist_errbuf *eb) {
+int distd_tls_grpc_reload(distd_tls_grpc *t, const distd_tls_files *f, dist_errbuf *eb) {
   grpc_ssl_server_certificate_config *fresh = NULL;
-  if (load_config(t->cfg, &fresh, eb) != 0) return eb->code;
+  if (load_config(t->client_auth, f, &fresh, eb) != 0) return eb->code;
   pthread_mutex_lock(&t->mu);
   grpc_ssl_server_certificate_config *unused = t->next;
   t->next = fresh;
@@ -105,20 +95,21 @@ void distd_tls_grpc_free(distd_tls_grpc *t) {
   free(t);
 }
 
-int distd_tls_grpc_server_creds(const distd_config *cfg, distd_tls_grpc **certs,
-                                grpc_server_credentials **out, dist_errbuf *eb) {
+int distd_tls_grpc_server_creds(const distd_config *cfg, const distd_tls_files *f,
+                                distd_tls_grpc **certs, grpc_server_credentials **out,
+                                dist_errbuf *eb) {
   *out = NULL;
   *certs = NULL;
-  if (!cfg->tls_cert[0]) {
+  if (!f->cert) {
     *out = grpc_insecure_server_credentials_create();
     return 0;
   }
   distd_tls_grpc *t = calloc(1, sizeof *t);
   if (!t) return dist_fail(eb, DIST_ENOMEM, "gRPC TLS: out of memory");
-  t->cfg = cfg;
+  t->client_auth = cfg->tls_client_auth != DISTD_CLIENT_AUTH_NONE;
   pthread_mutex_init(&t->mu, NULL);
   /* gRPC fetches the first set when the port is added. */
-  if (distd_tls_grpc_reload(t, eb) != 0) {
+  if (distd_tls_grpc_reload(t, f, eb) != 0) {
     distd_tls_grpc_free(t);
     return eb->code;
   }

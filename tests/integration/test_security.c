@@ -30,15 +30,26 @@ static const char gen_script[] =
     "  -keyout ca.key -out ca.crt -days 2 -subj /CN=distd-test-ca \\\n"
     "  -addext basicConstraints=critical,CA:TRUE \\\n"
     "  -addext keyUsage=critical,keyCertSign,cRLSign 2>/dev/null\n"
-    "mk() { # name subjectAltName extendedKeyUsage\n"
+    "mk() { # name subjectAltName extendedKeyUsage [signer]\n"
     "  openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes \\\n"
     "    -keyout $1.key -out $1.csr -subj /CN=$1 2>/dev/null\n"
     "  printf 'subjectAltName=%s\\nextendedKeyUsage=%s\\nkeyUsage=critical,digitalSignature\\n' \\\n"
     "    \"$2\" \"$3\" > $1.ext\n"
-    "  openssl x509 -req -in $1.csr -CA ca.crt -CAkey ca.key -CAcreateserial \\\n"
+    "  openssl x509 -req -in $1.csr -CA ${4:-ca}.crt -CAkey ${4:-ca}.key -CAcreateserial \\\n"
     "    -out $1.crt -days 2 -extfile $1.ext 2>/dev/null\n"
     "  rm -f $1.csr $1.ext\n"
     "}\n"
+    "# an intermediate CA, and ranks whose tls_cert is their chain: leaf, then it\n"
+    "openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes \\\n"
+    "  -keyout mid.key -out mid.csr -subj /CN=distd-test-mid 2>/dev/null\n"
+    "printf 'basicConstraints=critical,CA:TRUE\\nkeyUsage=critical,keyCertSign,cRLSign\\n' > mid.ext\n"
+    "openssl x509 -req -in mid.csr -CA ca.crt -CAkey ca.key -CAcreateserial \\\n"
+    "  -out mid.crt -days 2 -extfile mid.ext 2>/dev/null\n"
+    "rm -f mid.csr mid.ext\n"
+    "for r in 0 1; do\n"
+    "  mk chained$r DNS:distd-rank-$r,DNS:localhost,IP:127.0.0.1 serverAuth,clientAuth mid\n"
+    "  cat mid.crt >> chained$r.crt\n"
+    "done\n"
     "for r in 0 1; do\n"
     "  mk rank$r DNS:distd-rank-$r,DNS:localhost,IP:127.0.0.1 serverAuth,clientAuth\n"
     "done\n"
@@ -195,6 +206,23 @@ Test(security, tls_cluster_serves_status_and_moves_tensors_between_peers) {
   char *log = rank_log(&h, 0);
   cr_expect_null(strstr(log, "without TLS"), "a loopback TLS daemon warned: %s", log);
   free(log);
+  harness_stop(&h);
+  remove_certs();
+}
+
+/* Certificates signed by an intermediate CA: each daemon's tls_cert holds
+ * its chain (its own certificate, then the intermediate's) and tls_ca only
+ * the root. The daemons send the chain, and the data plane (each daemon
+ * verifying the other) and the client both accept it. */
+Test(security, certificate_chains_are_sent_and_verified) {
+  make_certs();
+  use_tls_env();
+  harness h;
+  const char *const certs_of[] = {"chained0", "chained1"};
+  start_cluster(&h, 2, certs_of, NULL, 1);
+  dist_client *c = harness_client(&h);
+  move_tensor(c);
+  dist_close(c);
   harness_stop(&h);
   remove_certs();
 }
