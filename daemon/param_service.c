@@ -229,17 +229,16 @@ static int check_restore(const distd_tensor *t, const distd_param_cfg *cfg,
   return 0;
 }
 
-int distd_param_configure(distd_params *p, distd_store *st, const char *name,
-                          const distd_param_cfg *cfg, const distd_param_restore *restore,
+int distd_param_configure(distd_store *st, const char *name, const distd_param_cfg *cfg,
+                          const distd_param_restore *restore, distd_param_entry **out,
                           dist_errbuf *eb) {
+  *out = NULL;
   distd_tensor *t = NULL;
   if (distd_store_get(st, name, &t, eb) != 0) return eb ? eb->code : DIST_ENOTFOUND;
-  distd_param_entry *e = NULL;
   int rc = restore ? check_restore(t, cfg, restore, eb) : 0;
   if (rc == 0)
     rc = distd_param_prepare(st, t, cfg, restore ? restore->step : 0,
-                             restore ? restore->state : NULL, &e, eb);
-  if (rc == 0) distd_param_install(p, e);
+                             restore ? restore->state : NULL, out, eb);
   distd_tensor_unref(t);
   return rc;
 }

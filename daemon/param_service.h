@@ -22,6 +22,8 @@
 #include "store.h"
 
 typedef struct distd_params distd_params;
+/* One parameter ready to be installed, its state allocated and reserved. */
+typedef struct distd_param_entry distd_param_entry;
 
 typedef struct distd_param_cfg {
   distd_optim_cfg optim;
@@ -38,10 +40,12 @@ distd_params *distd_params_new(int rank);
  * no-op. */
 void distd_params_free(distd_params *p);
 
-/* Makes the stored tensor `name` a parameter, or reconfigures it (state and
- * pending pushes reset): distd_param_prepare then distd_param_install. Fails, with nothing changed, for a missing tensor,
- * a non-float dtype, Partial placements, bad hyper-parameters or when the
- * state does not fit the memory limit. */
+/* The entry that makes the stored tensor `name` a parameter, or
+ * reconfigures it (state and pending pushes reset) once the caller
+ * installs it (distd_param_install): distd_param_prepare for name's
+ * tensor. Fails, with nothing changed, for a missing tensor, a non-float
+ * dtype, Partial placements, bad hyper-parameters, restored state that
+ * does not fit, or when the state does not fit the memory limit. */
 /* Restoring a parameter onto another layout: this daemon's pieces of the
  * state buffers (nbytes[k] each, which must be the shard's size; as many
  * as the optimizer keeps) and the updates applied so far. */
@@ -52,8 +56,8 @@ typedef struct distd_param_restore {
   size_t nbytes[DISTD_OPTIM_STATE_MAX];
 } distd_param_restore;
 /* restore NULL: the state starts afresh. */
-int distd_param_configure(distd_params *p, distd_store *st, const char *name,
-                          const distd_param_cfg *cfg, const distd_param_restore *restore,
+int distd_param_configure(distd_store *st, const char *name, const distd_param_cfg *cfg,
+                          const distd_param_restore *restore, distd_param_entry **out,
                           dist_errbuf *eb);
 
 /* What a push did. */
@@ -128,9 +132,6 @@ int distd_param_layout(distd_params *p, const char *name, dist_dtype *dt,
                        dist_mesh_desc *mesh, dist_placement *placements);
 
 /* ---- parameters in checkpoints (param_ckpt.c) ---- */
-
-/* One parameter ready to be installed, its state allocated and reserved. */
-typedef struct distd_param_entry distd_param_entry;
 
 /* Builds the entry of parameter t->name for stored tensor t's layout, with
  * `step` updates applied so far and state[i] (t->nbytes each, as many as

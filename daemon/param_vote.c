@@ -7,6 +7,7 @@
 
 #include "coll.h"
 #include "reshard.h"
+#include "wire.h"
 
 /* The exchange's op id: clear of the steps of the gradient's own reshard. */
 #define VOTE_STEP 80u
@@ -17,13 +18,13 @@ typedef struct ballot {
   char reason[sizeof(((dist_errbuf *)0)->msg) - sizeof(int64_t)];
 } ballot;
 
-int distd_push_vote(distd_server *s, const dist_mesh_desc *mesh, uint64_t op_id,
-                    int64_t deadline_ms, int verdict, dist_errbuf *eb) {
+int distd_param_vote(distd_server *s, const dist_mesh_desc *mesh, uint64_t op_id,
+                     int64_t deadline_ms, const char *what, int verdict, dist_errbuf *eb) {
   int n = mesh->nranks;
   ballot mine = {.code = verdict};
   ballot *all = calloc((size_t)n, sizeof *all);
   size_t counts[DIST_MAX_MESH_RANKS];
-  if (!all) return verdict ? verdict : dist_fail(eb, DIST_ENOMEM, "out of memory voting on a push");
+  if (!all) return verdict ? verdict : dist_fail(eb, DIST_ENOMEM, "out of memory voting on a %s", what);
   if (verdict) snprintf(mine.reason, sizeof mine.reason, "%s", dist_errbuf_msg(eb));
   for (int i = 0; i < n; i++) counts[i] = sizeof(ballot);
   /* A refusal stands whatever the exchange does: its own message is kept. */
@@ -35,16 +36,25 @@ int distd_push_vote(distd_server *s, const dist_mesh_desc *mesh, uint64_t op_id,
   if (verdict) {
     rc = verdict;
   } else if (rc != 0) {
-    dist_errbuf_prefix(eb, "push not applied here: the daemons could not exchange "
-                       "their verdicts: ");
+    dist_errbuf_prefix(eb, "%s not applied here: the daemons could not exchange "
+                       "their verdicts: ", what);
   } else {
     for (int i = 0; i < n && rc == 0; i++)
       if (all[i].code != 0) {
         all[i].reason[sizeof all[i].reason - 1] = '\0';
-        rc = dist_fail(eb, (int)all[i].code, "rank %d refused this push, so no "
-                       "daemon applied it: %s", mesh->ranks[i], all[i].reason);
+        rc = dist_fail(eb, (int)all[i].code, "rank %d refused this %s, so no "
+                       "daemon applied it: %s", mesh->ranks[i], what, all[i].reason);
       }
   }
   free(all);
   return rc;
+}
+
+int distd_param_vote_mesh(distd_server *s, const Dist__V1__Mesh *pb, const char *name,
+                          dist_mesh_desc *mesh, dist_errbuf *eb) {
+  if (!pb) return 0;
+  if (dist_mesh_from_pb(pb, mesh, eb) != 0) return -1;
+  if (dist_mesh_index_of(mesh, s->rank) >= 0) return 1;
+  dist_fail(eb, DIST_EINVAL, "a request for '%s' names a mesh without rank %d", name, s->rank);
+  return -1;
 }

@@ -21,8 +21,20 @@ static void reply_meta(distd_server *s, const distd_tensor *t,
   free(w);
 }
 
+/* The mesh a request is voted over must be the parameter's tensor's here,
+ * or some daemon of the tensor's mesh would wait for a verdict never
+ * sent. */
+static int check_vote_mesh(distd_server *s, const char *name, const dist_mesh_desc *mesh,
+                           dist_errbuf *eb) {
+  distd_tensor *t = NULL;
+  if (distd_store_get(s->store, name, &t, eb) != 0) return eb->code;
+  int same = dist_mesh_equal(&t->mesh, mesh);
+  distd_tensor_unref(t);
+  return same ? 0 : dist_fail(eb, DIST_EUNAVAIL, "'%s' is on another mesh here than the "
+                              "request names (resharded meanwhile?): try again", name);
+}
+
 DISTD_HANDLER(param_configure) {
-  (void)ci;
   const Dist__V1__ParamConfigureRequest *rq = (const void *)req;
   distd_param_cfg cfg;
   if (distd_param_cfg_from_pb(rq, &cfg, eb) != 0) return eb->code;
@@ -31,9 +43,24 @@ DISTD_HANDLER(param_configure) {
     restore.state[k] = rq->state[k].data;
     restore.nbytes[k] = rq->state[k].len;
   }
-  if (distd_param_configure(s->params, s->store, rq->name, &cfg,
-                            rq->with_state ? &restore : NULL, eb) != 0)
-    return eb->code;
+  dist_mesh_desc mesh;
+  int sent = distd_param_vote_mesh(s, rq->mesh, rq->name, &mesh, eb);
+  if (sent < 0) return eb->code;
+  /* Sent to the whole mesh under one op id: applied by all or by none. */
+  int vote = sent && rq->op_id && mesh.nranks > 1;
+  distd_param_entry *e = NULL;
+  int rc = vote ? check_vote_mesh(s, rq->name, &mesh, eb) : 0;
+  if (rc == 0)
+    rc = distd_param_configure(s->store, rq->name, &cfg, rq->with_state ? &restore : NULL,
+                               &e, eb);
+  if (vote && distd_param_vote(s, &mesh, rq->op_id, ci->deadline_ms, "configure", rc, eb) &&
+      rc == 0)
+    rc = eb->code;
+  if (rc != 0) {
+    distd_param_entry_free(e);
+    return rc;
+  }
+  distd_param_install(s->params, e);
   distd_tensor *t = NULL;
   if (distd_store_get(s->store, rq->name, &t, eb) != 0) return eb->code;
   reply_meta(s, t, reply);
@@ -82,12 +109,8 @@ out:
 static int sent_layout(distd_server *s, const Dist__V1__ParamPushRequest *rq,
                        dist_mesh_desc *mesh, dist_placement *placements,
                        dist_errbuf *eb) {
-  if (!rq->mesh) return 0;
-  if (dist_mesh_from_pb(rq->mesh, mesh, eb) != 0) return -1;
-  if (dist_mesh_index_of(mesh, s->rank) < 0) {
-    dist_fail(eb, DIST_EINVAL, "push to '%s' for a mesh without rank %d", rq->name, s->rank);
-    return -1;
-  }
+  int sent = distd_param_vote_mesh(s, rq->mesh, rq->name, mesh, eb);
+  if (sent <= 0) return sent;
   if (rq->n_placements && rq->n_placements != (size_t)mesh->ndim) {
     dist_fail(eb, DIST_EINVAL, "push to '%s': %zu placements for a %d-d mesh",
               rq->name, rq->n_placements, mesh->ndim);
@@ -132,7 +155,8 @@ DISTD_HANDLER(param_push) {
   }
   distd_push_ticket tk;
   if (rc == 0) rc = distd_param_stage(s->params, s->store, &spec, &tk, eb);
-  if (vote && distd_push_vote(s, &mesh, rq->op_id, ci->deadline_ms, rc, eb) != 0 && rc == 0) {
+  if (vote && distd_param_vote(s, &mesh, rq->op_id, ci->deadline_ms, "push", rc, eb) != 0 &&
+      rc == 0) {
     distd_param_abort(s->params, &tk);
     rc = eb->code;
   }

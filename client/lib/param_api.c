@@ -58,11 +58,19 @@ static int configure_ranks(dist_client *c, const dist_tensor *t,
   Dist__V1__ParamConfigureRequest *rqs = calloc((size_t)n + 1, sizeof *rqs);
   ProtobufCBinaryData(*state)[2] = calloc((size_t)n + 1, sizeof *state);
   dist_call *calls = calloc((size_t)n + 1, sizeof *calls);
+  dist_wire_meta *wire = calloc(1, sizeof *wire);
   int rc = 0;
-  if (!rqs || !state || !calls)
+  if (!rqs || !state || !calls || !wire)
     rc = dist_client_fail(c, DIST_ENOMEM, "out of memory configuring '%s'", t->name);
+  else
+    dist_mesh_to_pb(&t->mesh.d, wire);
+  /* Sent to the whole mesh, the daemons configure all together or none
+   * (param.proto). */
+  uint64_t op_id = c->spmd_rank < 0 ? dist_next_op_id(c) : 0;
   for (int i = 0; i < n && rc == 0; i++) {
     rqs[i] = *rq;
+    rqs[i].op_id = op_id;
+    rqs[i].mesh = op_id ? &wire->mesh : NULL;
     rqs[i].n_state = (size_t)nstate;
     rqs[i].state = state[i];
     for (int k = 0; k < nstate && k < 2; k++)
@@ -79,6 +87,7 @@ static int configure_ranks(dist_client *c, const dist_tensor *t,
   free(state);
   free(rqs);
   free(calls);
+  free(wire);
   return rc;
 }
 

@@ -20,13 +20,16 @@ static void stop_cluster(void) {
   cluster.n = 0;
 }
 
-static dist_client *start(int n) {
+/* n daemons, each also given `extra` (one argument, or NULL). */
+static dist_client *start_with(int n, const char *extra) {
   char id[64];
   snprintf(id, sizeof id, "param-test-%d-%ld", (int)getpid(), (long)time(NULL));
-  const char *args[] = {"--cluster-id", id, NULL};
+  const char *args[] = {"--cluster-id", id, extra, NULL};
   harness_start(&cluster, n, args);
   return harness_client(&cluster);
 }
+
+static dist_client *start(int n) { return start_with(n, NULL); }
 
 TestSuite(param, .fini = stop_cluster, .timeout = 120);
 
@@ -662,5 +665,30 @@ Test(param, adam_state_follows_its_parameter_onto_another_mesh) {
   dist_mesh_free(m20);
   ref_free(&r);
   dist_tensor_free(t);
+  dist_close(c);
+}
+
+/* Reconfiguring "w" (3 float64, Shard(0): 2 elements on rank 0, 1 on rank
+ * 1) from SGD to Adam needs room for Adam's moments. Under a 60-byte
+ * memory limit rank 0 has none (its piece, SGD's sum and Adam's state:
+ * 16 + 16 + 48 bytes) and refuses; rank 1 has room (8 + 8 + 24), but does
+ * not reconfigure either: its SGD state stays, and the next push updates
+ * both halves by SGD (lr 1: minus the gradient). */
+Test(param, a_configure_one_daemon_refuses_is_applied_by_none) {
+  dist_client *c = start_with(2, "--memory-limit=60");
+  double p0[3] = {10, 20, 30}, g[3] = {1, 2, 3}, now[3];
+  int64_t shape[1] = {3};
+  dist_tensor_free(put(c, "w", DIST_FLOAT64, p0, 1, shape, "[0,1]", "Shard(0)"));
+  dist_param_opts sgd = DIST_PARAM_OPTS_INIT, adam = DIST_PARAM_OPTS_INIT;
+  sgd.lr = 1;
+  adam.optimizer = DIST_OPT_ADAM;
+  cr_assert_eq(dist_param_configure(c, "w", &sgd), 0, "%s", dist_errmsg(c));
+  cr_assert_eq(dist_param_configure(c, "w", &adam), DIST_ENOMEM);
+  cr_assert(strstr(dist_errmsg(c), "optimizer state of 'w'"), "%s", dist_errmsg(c));
+  cr_assert_eq(dist_param_push(c, "w", 0, g, sizeof g, NULL), 0, "%s", dist_errmsg(c));
+  uint64_t v;
+  pull_now(c, "w", now, 3, &v);
+  for (int i = 0; i < 3; i++)
+    cr_assert_float_eq(now[i], p0[i] - g[i], 1e-12, "elem %d: %g", i, now[i]);
   dist_close(c);
 }

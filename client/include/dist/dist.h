@@ -818,7 +818,9 @@ typedef struct dist_param_opts {
   {DIST_OPT_SGD, 1e-3, 0, 0, 0, 0.9, 0.999, 1e-8, 0, DIST_REDUCE_AVG, DIST_PARAM_SYNC, 1}
 
 /* Makes the stored tensor `name` a parameter on every daemon of its mesh
- * (again: resets its optimizer state and pending pushes). */
+ * (again: resets its optimizer state and pending pushes), on all of them
+ * or, when one refuses (its state does not fit its memory limit, ...), on
+ * none: the error names that rank. */
 int dist_param_configure(dist_client *c, const char *name,
                          const dist_param_opts *opts);
 /* Trainer `trainer` pushes the whole gradient (row-major, the parameter's
