@@ -58,6 +58,7 @@ DISTD_HANDLER(program_release);
 DISTD_HANDLER(param_configure);
 DISTD_HANDLER(param_push);
 DISTD_HANDLER(param_pull);
+DISTD_HANDLER(param_list);
 DISTD_HANDLER(checkpoint_save);
 DISTD_HANDLER(checkpoint_commit);
 DISTD_HANDLER(checkpoint_manifest);

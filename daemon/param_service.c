@@ -493,6 +493,37 @@ void distd_param_release(distd_params *p, const char *name) {
   pthread_mutex_unlock(&p->mu);
 }
 
+static int by_name(const void *a, const void *b) {
+  return strcmp(((const distd_param_info *)a)->name, ((const distd_param_info *)b)->name);
+}
+
+int distd_param_list(distd_params *p, distd_store *st, distd_param_info **out, int *n,
+                     dist_errbuf *eb) {
+  *out = NULL;
+  *n = 0;
+  pthread_mutex_lock(&p->mu);
+  int count = 0;
+  for (param *q = p->head; q; q = q->next) count++;
+  distd_param_info *list = calloc((size_t)count + 1, sizeof *list);
+  for (param *q = p->head; list && q; q = q->next) {
+    distd_param_info *i = &list[(*n)++];
+    snprintf(i->name, sizeof i->name, "%s", q->name);
+    i->cfg = q->cfg;
+    i->step = q->step;
+    i->pending = q->npushed;
+    i->state_bytes = q->reserved;
+    i->held_for = q->held_for;
+    distd_tensor *t = NULL;
+    if (distd_store_get(st, q->name, &t, NULL) == 0) i->version = t->version;
+    distd_tensor_unref(t);
+  }
+  pthread_mutex_unlock(&p->mu);
+  if (!list) return dist_fail(eb, DIST_ENOMEM, "out of memory listing parameters");
+  qsort(list, (size_t)*n, sizeof *list, by_name);
+  *out = list;
+  return 0;
+}
+
 int distd_param_layout(distd_params *p, const char *name, dist_dtype *dt,
                        dist_mesh_desc *mesh, dist_placement *placements) {
   pthread_mutex_lock(&p->mu);

@@ -127,6 +127,20 @@ int distd_param_pending(distd_params *p, const char *name);
 int distd_param_hold(distd_params *p, const char *name, int64_t deadline_ms);
 void distd_param_release(distd_params *p, const char *name);
 
+/* One parameter as this daemon holds it, for inspection. */
+typedef struct distd_param_info {
+  char name[DISTD_NAME_MAX];
+  distd_param_cfg cfg;
+  uint64_t step;        /* updates applied */
+  int pending;          /* synchronous: pushes waiting for the next update */
+  size_t state_bytes;   /* reserved for the optimizer state and the sums */
+  uint64_t version;     /* the tensor's here (0 when it is gone) */
+  const char *held_for; /* NULL, or why pushes are refused ("resharded") */
+} distd_param_info;
+/* Every parameter, by name: *out malloc'd (free()), *n of them. */
+int distd_param_list(distd_params *p, distd_store *st, distd_param_info **out, int *n,
+                     dist_errbuf *eb);
+
 /* Whether name is a parameter; its dtype, mesh and placements when it is. */
 int distd_param_layout(distd_params *p, const char *name, dist_dtype *dt,
                        dist_mesh_desc *mesh, dist_placement *placements);

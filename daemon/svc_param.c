@@ -1,4 +1,4 @@
-/* dist.v1.Param: Configure / PushGrad / Pull (param_service.h). */
+/* dist.v1.Param: Configure / PushGrad / Pull / List (param_service.h). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -185,4 +185,39 @@ DISTD_HANDLER(param_pull) {
   free(w);
   distd_tensor_unref(t);
   return 0;
+}
+
+DISTD_HANDLER(param_list) {
+  (void)ci, (void)req;
+  distd_param_info *list = NULL;
+  int n = 0;
+  if (distd_param_list(s->params, s->store, &list, &n, eb) != 0) return eb->code;
+  Dist__V1__ParamState *states = calloc((size_t)n + 1, sizeof *states);
+  Dist__V1__ParamState **ptrs = calloc((size_t)n + 1, sizeof *ptrs);
+  Dist__V1__ParamConfigureRequest *cfgs = calloc((size_t)n + 1, sizeof *cfgs);
+  Dist__V1__OptimizerConfig *opts = calloc((size_t)n + 1, sizeof *opts);
+  int rc = 0;
+  if (!states || !ptrs || !cfgs || !opts)
+    rc = dist_fail(eb, DIST_ENOMEM, "out of memory listing parameters");
+  for (int i = 0; i < n && rc == 0; i++) {
+    dist__v1__param_configure_request__init(&cfgs[i]);
+    cfgs[i].name = list[i].name;
+    distd_param_cfg_to_pb(&list[i].cfg, &opts[i], &cfgs[i]);
+    cfgs[i].step = list[i].step;
+    dist__v1__param_state__init(&states[i]);
+    states[i].config = &cfgs[i];
+    states[i].pending = (uint32_t)list[i].pending;
+    states[i].state_bytes = list[i].state_bytes;
+    states[i].version = list[i].version;
+    states[i].held_for = (char *)(list[i].held_for ? list[i].held_for : "");
+    ptrs[i] = &states[i];
+  }
+  if (rc == 0) {
+    Dist__V1__ParamListReply rp = DIST__V1__PARAM_LIST_REPLY__INIT;
+    rp.n_params = (size_t)n;
+    rp.params = ptrs;
+    *reply = dist_pb_to_bb(&rp.base);
+  }
+  free(opts), free(cfgs), free(ptrs), free(states), free(list);
+  return rc;
 }

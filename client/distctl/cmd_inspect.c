@@ -95,10 +95,6 @@ static json_t *ops_rank_json(const dist_ops_report *rep) {
   return json_pack("{s:i,s:o,s:o}", "rank", rep->rank, "in_flight", in, "recent", recent);
 }
 
-static json_t *down_json(dist_client *c, int r, const char *error) {
-  return json_pack("{s:i,s:s,s:s}", "rank", r, "endpoint", dist_endpoint(c, r), "error", error);
-}
-
 static int run_ops(const distctl_global *g, int argc, char **argv) {
   long recent = DEFAULT_RECENT;
   for (int i = 0; i < argc; i++) {
@@ -117,7 +113,7 @@ static int run_ops(const distctl_global *g, int argc, char **argv) {
     ok[r] = dist_ops(c, r, recent ? (int)recent : 1, &rep[r]) == 0;
     if (ok[r] && !recent) rep[r].n_recent = 0;
     if (!ok[r]) down++, distctl_fail("rank %d: %s", r, dist_errmsg(c));
-    json_array_append_new(ranks, ok[r] ? ops_rank_json(&rep[r]) : down_json(c, r, dist_errmsg(c)));
+    json_array_append_new(ranks, ok[r] ? ops_rank_json(&rep[r]) : distctl_down_json(c, r, dist_errmsg(c)));
   }
   if (g->json)
     distctl_print_json(json_pack("{s:i,s:i,s:o}", "world_size", n, "down", down, "ranks", ranks));
@@ -172,7 +168,7 @@ static int run_experts(const distctl_global *g, int argc, char **argv) {
     if (dist_experts(c, r, &rep) != 0) {
       down++;
       distctl_fail("rank %d: %s", r, dist_errmsg(c));
-      json_array_append_new(ranks, down_json(c, r, dist_errmsg(c)));
+      json_array_append_new(ranks, distctl_down_json(c, r, dist_errmsg(c)));
       continue;
     }
     json_array_append_new(ranks, experts_rank_json(&rep));

@@ -41,6 +41,9 @@ int distctl_usage(const distctl_command *cmd, const char *fmt, ...)
 /* Prints j (compact = 0: indented) to stdout and drops the reference. */
 void distctl_print_json(json_t *j);
 
+/* A rank that did not answer, as the --json reports list it. */
+json_t *distctl_down_json(dist_client *c, int rank, const char *error);
+
 /* Takes "--name value" or "--name=value" at argv[*i]; returns the value or
  * NULL when argv[*i] is not that option. Advances *i past a separate value. */
 const char *distctl_opt(int argc, char **argv, int *i, const char *name);
@@ -57,5 +60,8 @@ extern const distctl_command distctl_cmd_checkpoint_save,
 /* cmd_inspect.c */
 extern const distctl_command distctl_cmd_ops, distctl_cmd_experts, distctl_cmd_metrics,
     distctl_cmd_top;
+
+/* cmd_params.c */
+extern const distctl_command distctl_cmd_params;
 
 #endif

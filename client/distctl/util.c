@@ -59,3 +59,8 @@ const char *distctl_opt(int argc, char **argv, int *i, const char *name) {
   if (*i + 1 >= argc) return NULL;
   return argv[++*i];
 }
+
+json_t *distctl_down_json(dist_client *c, int rank, const char *error) {
+  return json_pack("{s:i,s:s,s:s}", "rank", rank, "endpoint", dist_endpoint(c, rank),
+                   "error", error);
+}

@@ -91,6 +91,10 @@ int dist_grad_sum(dist_client *c, const char *of, const dist_tensor *acc,
  * (each daemon gets its slice) and `step` updates applied. How a checkpoint
  * restored onto another layout through the client keeps its state. */
 struct Dist__V1__ParamConfigureRequest;
+/* param_api.c: a parameter's options from its configure message (its
+ * optimizer set). */
+void dist_param_opts_from_pb(const struct Dist__V1__ParamConfigureRequest *rq,
+                             dist_param_opts *o);
 int dist_param_configure_restored(dist_client *c, const char *name,
                                   const struct Dist__V1__ParamConfigureRequest *cfg,
                                   const void *const *whole, int nstate, uint64_t step);

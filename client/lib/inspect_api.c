@@ -1,13 +1,19 @@
-/* Inspection: the Ops and Experts RPCs of one daemon. */
+/* Inspection: the Ops, Experts and Param/List RPCs of one daemon. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "client_internal.h"
+#include "param.pb-c.h"
 
-static int check_rank(dist_client *c, int rank) {
-  if (rank >= 0 && rank < c->n) return 0;
-  return dist_client_fail(c, DIST_EINVAL, "no daemon of rank %d (cluster of %d)", rank, c->n);
+/* One inspection call to daemon `rank`; *reply to free with
+ * protobuf_c_message_free_unpacked. */
+static int ask_rank(dist_client *c, int rank, const char *method, const ProtobufCMessage *rq,
+                    const ProtobufCMessageDescriptor *reply_desc, ProtobufCMessage **reply) {
+  *reply = NULL;
+  if (rank < 0 || rank >= c->n)
+    return dist_client_fail(c, DIST_EINVAL, "no daemon of rank %d (cluster of %d)", rank, c->n);
+  return dist_call_one(c, rank, method, rq, reply_desc, reply);
 }
 
 static void copy_op(const Dist__V1__OpInfo *m, dist_op_info *o) {
@@ -42,13 +48,11 @@ static int copy_ops(dist_client *c, const Dist__V1__OpsReply *rp, dist_ops_repor
 
 int dist_ops(dist_client *c, int rank, int recent, dist_ops_report *out) {
   memset(out, 0, sizeof *out);
-  int rc = check_rank(c, rank);
-  if (rc) return rc;
   Dist__V1__OpsRequest rq = DIST__V1__OPS_REQUEST__INIT;
   rq.recent = recent > 0 ? (uint32_t)recent : 0;
   ProtobufCMessage *rp = NULL;
-  rc = dist_call_one(c, rank, "/dist.v1.Dist/Ops", &rq.base, &dist__v1__ops_reply__descriptor,
-                     &rp);
+  int rc = ask_rank(c, rank, "/dist.v1.Dist/Ops", &rq.base, &dist__v1__ops_reply__descriptor,
+                    &rp);
   if (rc == 0) rc = copy_ops(c, (const Dist__V1__OpsReply *)rp, out);
   if (rp) protobuf_c_message_free_unpacked(rp, NULL);
   return rc;
@@ -77,12 +81,10 @@ static int copy_experts(dist_client *c, const Dist__V1__ExpertsReply *rp,
 
 int dist_experts(dist_client *c, int rank, dist_experts_report *out) {
   memset(out, 0, sizeof *out);
-  int rc = check_rank(c, rank);
-  if (rc) return rc;
   Dist__V1__ExpertsRequest rq = DIST__V1__EXPERTS_REQUEST__INIT;
   ProtobufCMessage *rp = NULL;
-  rc = dist_call_one(c, rank, "/dist.v1.Dist/Experts", &rq.base,
-                     &dist__v1__experts_reply__descriptor, &rp);
+  int rc = ask_rank(c, rank, "/dist.v1.Dist/Experts", &rq.base,
+                    &dist__v1__experts_reply__descriptor, &rp);
   if (rc == 0) rc = copy_experts(c, (const Dist__V1__ExpertsReply *)rp, out);
   if (rp) protobuf_c_message_free_unpacked(rp, NULL);
   return rc;
@@ -92,4 +94,47 @@ void dist_experts_report_free(dist_experts_report *r) {
   if (!r) return;
   free(r->experts);
   r->experts = NULL;
+}
+
+/* ---------------------------------------------------------------- parameters */
+
+static int copy_params(dist_client *c, int rank, const Dist__V1__ParamListReply *rp,
+                       dist_params_report *out) {
+  out->rank = rank;
+  for (size_t i = 0; i < rp->n_params; i++)
+    if (!rp->params[i]->config || !rp->params[i]->config->optimizer)
+      return dist_client_fail(c, DIST_EPROTO, "rank %d described a parameter without its "
+                              "configuration", rank);
+  if (!(out->params = calloc(rp->n_params + 1, sizeof *out->params)))
+    return dist_client_fail(c, DIST_ENOMEM, "out of memory for %zu parameters", rp->n_params);
+  for (size_t i = 0; i < rp->n_params; i++) {
+    const Dist__V1__ParamState *m = rp->params[i];
+    dist_param_info *p = &out->params[out->n++];
+    snprintf(p->name, sizeof p->name, "%s", m->config->name);
+    dist_param_opts_from_pb(m->config, &p->opts);
+    p->step = m->config->step;
+    p->pending = (int)m->pending;
+    p->state_bytes = m->state_bytes;
+    p->version = m->version;
+    snprintf(p->held_for, sizeof p->held_for, "%s", m->held_for);
+  }
+  return 0;
+}
+
+int dist_params(dist_client *c, int rank, dist_params_report *out) {
+  memset(out, 0, sizeof *out);
+  Dist__V1__ParamListRequest rq = DIST__V1__PARAM_LIST_REQUEST__INIT;
+  ProtobufCMessage *rp = NULL;
+  int rc = ask_rank(c, rank, "/dist.v1.Param/List", &rq.base,
+                    &dist__v1__param_list_reply__descriptor, &rp);
+  if (rc == 0) rc = copy_params(c, rank, (const Dist__V1__ParamListReply *)rp, out);
+  if (rp) protobuf_c_message_free_unpacked(rp, NULL);
+  return rc;
+}
+
+void dist_params_report_free(dist_params_report *r) {
+  if (!r) return;
+  free(r->params);
+  r->params = NULL;
+  r->n = 0;
 }

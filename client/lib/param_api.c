@@ -23,6 +23,24 @@ static int fill_optimizer(dist_client *c, const dist_param_opts *o,
   return 0;
 }
 
+void dist_param_opts_from_pb(const Dist__V1__ParamConfigureRequest *rq, dist_param_opts *o) {
+  const Dist__V1__OptimizerConfig *pb = rq->optimizer;
+  *o = (dist_param_opts)DIST_PARAM_OPTS_INIT;
+  o->optimizer = (dist_optimizer)pb->kind;
+  o->lr = pb->lr;
+  o->momentum = pb->momentum;
+  o->dampening = pb->dampening;
+  o->nesterov = pb->nesterov;
+  o->beta1 = pb->beta1;
+  o->beta2 = pb->beta2;
+  o->eps = pb->eps;
+  o->weight_decay = pb->weight_decay;
+  o->reduce = (dist_reduce)rq->reduce;
+  o->consistency = rq->consistency == DIST__V1__CONSISTENCY__ASYNC ? DIST_PARAM_ASYNC
+                                                                   : DIST_PARAM_SYNC;
+  o->trainers = (int)rq->trainers;
+}
+
 /* The lowest version any daemon reports (replies of kind Push). */
 static uint64_t lowest_version(dist_call *calls, int n) {
   uint64_t v = UINT64_MAX;

@@ -1,5 +1,5 @@
-/* Remote inspection end to end: distctl ops / experts / metrics / top /
- * status against real daemons, with collectives issued through the raw
+/* Remote inspection end to end: distctl ops / experts / params / metrics /
+ * top / status against real daemons, with collectives issued through the raw
  * Collective RPC so that a rank can be made to never (or only later) join. */
 #include <criterion/criterion.h>
 #include <jansson.h>
@@ -321,5 +321,96 @@ Test(inspect, ops_of_a_down_rank_is_an_error_not_a_hang, .timeout = 120) {
   json_decref(j);
   free(out);
   free(err);
+  harness_stop(&h);
+}
+
+/* Parameter "name" on rank r in a `distctl params --json` report. */
+static json_t *param_on(json_t *report, int r, const char *name) {
+  json_t *rank = json_array_get(json_object_get(report, "ranks"), (size_t)r);
+  json_t *params = json_object_get(rank, "params"), *p;
+  size_t i;
+  json_array_foreach(params, i, p) {
+    if (strcmp(json_string_value(json_object_get(p, "name")), name) == 0) return p;
+  }
+  cr_assert_fail("rank %d does not list parameter '%s'", r, name);
+  return NULL;
+}
+
+static long long field(json_t *o, const char *key) {
+  return (long long)json_integer_value(json_object_get(o, key));
+}
+
+/* w: AdamW, synchronous with two trainers, one update applied and trainer
+ * 0's push for the next pending; v: SGD with momentum, asynchronous, three
+ * pushes applied. distctl params shows each as configured, with the state
+ * each daemon reserves (Adam's m and v plus the pending sum, momentum
+ * alone), and names w once its daemons disagree on the updates applied. */
+Test(inspect, params_show_optimizer_steps_pending_and_state, .timeout = 120) {
+  harness h;
+  harness_start(&h, 2, NULL);
+  dist_client *c = harness_client(&h);
+  float w0[6 * 2] = {0}, v0[5] = {0}, gw[12], gv[5];
+  for (int i = 0; i < 12; i++) gw[i] = 0.5f * (float)i;
+  for (int i = 0; i < 5; i++) gv[i] = 1.0f + (float)i;
+  int64_t sw[2] = {6, 2}, sv[1] = {5};
+  dist_tensor_free(harness_put(c, "w", DIST_FLOAT32, w0, 2, sw, "[0,1]", "Shard(0)"));
+  dist_tensor_free(harness_put(c, "v", DIST_FLOAT32, v0, 1, sv, "[0,1]", "Replicate()"));
+  dist_param_opts adamw = DIST_PARAM_OPTS_INIT, sgd = DIST_PARAM_OPTS_INIT;
+  adamw.optimizer = DIST_OPT_ADAMW;
+  adamw.lr = 0.05;
+  adamw.trainers = 2;
+  sgd.lr = 0.1;
+  sgd.momentum = 0.9;
+  sgd.consistency = DIST_PARAM_ASYNC;
+  cr_assert_eq(dist_param_configure(c, "w", &adamw), 0, "%s", dist_errmsg(c));
+  cr_assert_eq(dist_param_configure(c, "v", &sgd), 0, "%s", dist_errmsg(c));
+  for (int t = 0; t < 3; t++)
+    cr_assert_eq(dist_param_push(c, "w", t % 2, gw, sizeof gw, NULL), 0, "%s", dist_errmsg(c));
+  for (int k = 0; k < 3; k++)
+    cr_assert_eq(dist_param_push(c, "v", 0, gv, sizeof gv, NULL), 0, "%s", dist_errmsg(c));
+  void *data = NULL;
+  size_t nbytes = 0;
+  uint64_t w_version = 0;
+  cr_assert_eq(dist_param_pull(c, "w", 0, &data, &nbytes, &w_version), 0, "%s", dist_errmsg(c));
+  free(data);
+
+  json_t *j = distctl_json(&h, "params --json");
+  for (int r = 0; r < 2; r++) {
+    json_t *w = param_on(j, r, "w"), *v = param_on(j, r, "v");
+    cr_assert_str_eq(json_string_value(json_object_get(w, "optimizer")), "adamw");
+    cr_assert_float_eq(json_real_value(json_object_get(w, "lr")), 0.05, 1e-12);
+    cr_assert_str_eq(json_string_value(json_object_get(w, "consistency")), "sync");
+    cr_assert_eq(field(w, "trainers"), 2);
+    cr_assert_eq(field(w, "step"), 1);
+    cr_assert_eq(field(w, "pending"), 1);
+    cr_assert_eq(field(w, "state_bytes"), 3 * 2 * 4 * 3, "m, v and the sum of 3x2 floats");
+    cr_assert_eq(field(w, "version"), (long long)w_version);
+    cr_assert_str_eq(json_string_value(json_object_get(v, "optimizer")), "sgd");
+    cr_assert_float_eq(json_real_value(json_object_get(v, "momentum")), 0.9, 1e-12);
+    cr_assert_str_eq(json_string_value(json_object_get(v, "consistency")), "async");
+    cr_assert_eq(field(v, "step"), 3);
+    cr_assert_eq(field(v, "pending"), 0);
+    cr_assert_eq(field(v, "state_bytes"), 5 * 4, "the momentum of 5 floats");
+  }
+  cr_assert_eq(json_array_size(json_object_get(j, "steps_differ")), 0);
+  json_decref(j);
+  char *text = distctl(&h, "params", 0);
+  cr_assert(strstr(text, "OPTIMIZER") && strstr(text, "adamw") && strstr(text, "async"), "%s",
+            text);
+  free(text);
+
+  /* Trainer 1's piece to rank 1 alone completes the update there only. */
+  cr_assert_eq(dist_param_push_local(c, "w", 1, 1, gw + 6, 6 * sizeof(float), NULL), 0, "%s",
+               dist_errmsg(c));
+  char *out = distctl(&h, "params --json", 1);
+  j = json_loads(out, 0, NULL);
+  cr_assert(j, "%s", out);
+  cr_assert_eq(field(param_on(j, 0, "w"), "step"), 1);
+  cr_assert_eq(field(param_on(j, 1, "w"), "step"), 2);
+  cr_assert_str_eq(json_string_value(json_array_get(json_object_get(j, "steps_differ"), 0)),
+                   "w");
+  json_decref(j);
+  free(out);
+  dist_close(c);
   harness_stop(&h);
 }

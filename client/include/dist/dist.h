@@ -851,6 +851,27 @@ int dist_param_push_tensor(dist_client *c, const char *name, int trainer,
 int dist_param_pull(dist_client *c, const char *name, uint64_t min_version,
                     void **data, size_t *nbytes, uint64_t *version);
 
+/* One parameter as one daemon holds it (distctl params). */
+typedef struct dist_param_info {
+  char name[256];
+  dist_param_opts opts;  /* as configured */
+  uint64_t step;         /* updates applied */
+  int pending;           /* synchronous: pushes waiting for the next update */
+  uint64_t state_bytes;  /* optimizer state and the pending sum, on this daemon */
+  uint64_t version;      /* the tensor's version on this daemon */
+  char held_for[32];     /* "": pushes are taken; else why they are refused */
+} dist_param_info;
+
+typedef struct dist_params_report {
+  int rank;
+  int n;
+  dist_param_info *params; /* by name */
+} dist_params_report;
+
+/* The parameters daemon `rank` holds. Free with dist_params_report_free. */
+int dist_params(dist_client *c, int rank, dist_params_report *out);
+void dist_params_report_free(dist_params_report *r); /* NULL is a no-op */
+
 /* ---------------------------------------------------------------- checkpoints */
 
 /* A checkpoint is a directory, seen by every daemon at the same absolute

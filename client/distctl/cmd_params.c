@@ -1,0 +1,125 @@
+/* distctl params: the parameters every daemon holds (the parameter
+ * service), with their optimizer, updates applied, pending pushes and the
+ * memory their state takes. A parameter whose daemons disagree on the
+ * updates applied is named: its shards are no longer one model. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "distctl.h"
+#include "mesh.h" /* dist_reduce_name */
+
+static const char *optimizer_name(dist_optimizer o) {
+  switch (o) {
+  case DIST_OPT_SGD: return "sgd";
+  case DIST_OPT_ADAM: return "adam";
+  case DIST_OPT_ADAMW: return "adamw";
+  }
+  return "?";
+}
+
+static const char *mode_name(dist_consistency m) {
+  return m == DIST_PARAM_ASYNC ? "async" : "sync";
+}
+
+static json_t *param_json(const dist_param_info *p) {
+  const dist_param_opts *o = &p->opts;
+  json_t *j = json_pack(
+      "{s:s, s:s, s:f, s:f, s:f, s:b, s:f, s:f, s:f, s:f, s:s, s:s, s:i, s:I, s:i, s:I, s:I}",
+      "name", p->name, "optimizer", optimizer_name(o->optimizer), "lr", o->lr, "momentum",
+      o->momentum, "dampening", o->dampening, "nesterov", o->nesterov, "beta1", o->beta1,
+      "beta2", o->beta2, "eps", o->eps, "weight_decay", o->weight_decay, "reduce",
+      dist_reduce_name(o->reduce), "consistency", mode_name(o->consistency), "trainers",
+      o->trainers, "step", (json_int_t)p->step, "pending", p->pending, "state_bytes",
+      (json_int_t)p->state_bytes, "version", (json_int_t)p->version);
+  if (p->held_for[0]) json_object_set_new(j, "held_for", json_string(p->held_for));
+  return j;
+}
+
+static json_t *rank_json(const dist_params_report *rep) {
+  json_t *a = json_array();
+  for (int i = 0; i < rep->n; i++) json_array_append_new(a, param_json(&rep->params[i]));
+  return json_pack("{s:i, s:o}", "rank", rep->rank, "params", a);
+}
+
+static void print_rank(const dist_params_report *rep) {
+  if (rep->n == 0) printf("%-5d %-20s (no parameter)\n", rep->rank, "-");
+  for (int i = 0; i < rep->n; i++) {
+    const dist_param_info *p = &rep->params[i];
+    char state[32];
+    dist_format_bytes(p->state_bytes, state, sizeof state);
+    printf("%-5d %-20s %-9s %-10g %-6s %8d %8llu %8d %10s %8llu%s%s\n", rep->rank, p->name,
+           optimizer_name(p->opts.optimizer), p->opts.lr, mode_name(p->opts.consistency),
+           p->opts.trainers, (unsigned long long)p->step, p->pending, state,
+           (unsigned long long)p->version, p->held_for[0] ? "  being " : "", p->held_for);
+  }
+}
+
+/* The step rank r reports for name, or -1 when it holds no such parameter. */
+static int64_t step_of(const dist_params_report *rep, const char *name) {
+  for (int i = 0; i < rep->n; i++)
+    if (strcmp(rep->params[i].name, name) == 0) return (int64_t)rep->params[i].step;
+  return -1;
+}
+
+/* Names every parameter whose daemons report different steps; returns
+ * them as a JSON array. */
+static json_t *disagreements(const dist_params_report *rep, const int *ok, int n) {
+  json_t *names = json_array();
+  for (int r = 0; r < n; r++)
+    for (int i = 0; ok[r] && i < rep[r].n; i++) {
+      const char *name = rep[r].params[i].name;
+      int64_t step = (int64_t)rep[r].params[i].step, seen_before = 0, differs = 0;
+      for (int q = 0; q < n; q++) {
+        int64_t other = ok[q] ? step_of(&rep[q], name) : -1;
+        if (q < r && other >= 0) seen_before = 1;
+        if (other >= 0 && other != step) differs = 1;
+      }
+      if (!differs || seen_before) continue;
+      json_array_append_new(names, json_string(name));
+      distctl_fail("parameter '%s': its daemons report different numbers of updates "
+                   "applied (rank %d: %lld); its pieces are not one model", name, r,
+                   (long long)step);
+    }
+  return names;
+}
+
+static int run_params(const distctl_global *g, int argc, char **argv) {
+  if (argc > 0) return distctl_usage(&distctl_cmd_params, "unexpected argument '%s'", argv[0]);
+  dist_client *c = distctl_connect(g);
+  if (!c) return 1;
+  int n = dist_world_size(c), down = 0;
+  dist_params_report *rep = calloc((size_t)n + 1, sizeof *rep);
+  int *ok = calloc((size_t)n + 1, sizeof *ok);
+  json_t *ranks = json_array();
+  if (!g->json)
+    printf("%-5s %-20s %-9s %-10s %-6s %8s %8s %8s %10s %8s\n", "RANK", "NAME", "OPTIMIZER",
+           "LR", "MODE", "TRAINERS", "STEP", "PENDING", "STATE", "VERSION");
+  for (int r = 0; r < n; r++) {
+    if (dist_params(c, r, &rep[r]) != 0) {
+      down++;
+      distctl_fail("rank %d: %s", r, dist_errmsg(c));
+      json_array_append_new(ranks, distctl_down_json(c, r, dist_errmsg(c)));
+      continue;
+    }
+    ok[r] = 1;
+    json_array_append_new(ranks, rank_json(&rep[r]));
+    if (!g->json) print_rank(&rep[r]);
+  }
+  json_t *differ = disagreements(rep, ok, n);
+  int bad = down || json_array_size(differ) > 0;
+  if (g->json)
+    distctl_print_json(json_pack("{s:i, s:i, s:o, s:o}", "world_size", n, "down", down,
+                                 "ranks", ranks, "steps_differ", differ));
+  else
+    json_decref(ranks), json_decref(differ);
+  for (int r = 0; r < n; r++) dist_params_report_free(&rep[r]);
+  free(rep);
+  free(ok);
+  dist_close(c);
+  return bad ? 1 : 0;
+}
+
+const distctl_command distctl_cmd_params = {
+    "params", "",
+    "the parameters each rank holds: optimizer, updates applied, pending pushes, state size",
+    run_params};
