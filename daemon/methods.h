@@ -59,6 +59,9 @@ DISTD_HANDLER(param_configure);
 DISTD_HANDLER(param_push);
 DISTD_HANDLER(param_pull);
 DISTD_HANDLER(param_list);
+/* Writes distd_param_state_bytes, distd_param_updates_total{param} and
+ * distd_param_pushes_pending{param}. */
+void distd_param_write_metrics(distd_server *s, struct evbuffer *out);
 DISTD_HANDLER(checkpoint_save);
 DISTD_HANDLER(checkpoint_commit);
 DISTD_HANDLER(checkpoint_manifest);

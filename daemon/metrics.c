@@ -230,6 +230,13 @@ static void add_escaped(struct evbuffer *out, const char *s, int quote) {
   }
 }
 
+void distd_metrics_sample(struct evbuffer *out, const char *name, const char *label,
+                          const char *value, double sample) {
+  evbuffer_add_printf(out, "%s{%s=\"", name, label);
+  add_escaped(out, value, 1);
+  evbuffer_add_printf(out, "\"} %.17g\n", sample);
+}
+
 void distd_metrics_gauge_header(struct evbuffer *out, const char *name,
                                 const char *type, const char *help) {
   evbuffer_add_printf(out, "# HELP %s ", name);

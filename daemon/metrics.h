@@ -8,7 +8,9 @@
  *   distd_collective_bytes_total{kind}             counter
  *   distd_collective_duration_seconds{kind}        histogram
  *   distd_auth_rejected_total{reason}              counter
- * Gauges that reflect current state (peers, tensor memory, uptime) are
+ * Gauges that reflect current state (peers, tensor memory, uptime,
+ * parameters: distd_param_updates_total{param}, distd_param_pushes_pending
+ * {param}, distd_param_state_bytes) are
  * written by the caller of distd_metrics_write through its gauge hook. */
 #ifndef DISTD_METRICS_H
 #define DISTD_METRICS_H
@@ -36,4 +38,7 @@ void distd_metrics_write(distd_metrics *m, struct evbuffer *out);
 /* Helpers for the caller's gauges: write "# HELP", "# TYPE" and samples. */
 void distd_metrics_gauge_header(struct evbuffer *out, const char *name,
                                 const char *type, const char *help);
+/* name{label="value"} sample, value escaped (tensor names are free-form). */
+void distd_metrics_sample(struct evbuffer *out, const char *name, const char *label,
+                          const char *value, double sample);
 #endif

@@ -127,6 +127,7 @@ void distd_write_metrics(void *server, struct evbuffer *out) {
                       distd_now_s() - s->start_time);
   write_peer_gauges(s, out);
   distd_ops_write_metrics(s, out);
+  distd_param_write_metrics(s, out);
 }
 
 int distd_readiness(void *server, char *why, size_t len) {

@@ -1,8 +1,10 @@
 /* dist.v1.Param: Configure / PushGrad / Pull / List (param_service.h). */
+#include <event2/buffer.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "methods.h"
+#include "metrics.h"
 #include "param.pb-c.h"
 #include "param_pb.h"
 #include "param_service.h"
@@ -220,4 +222,31 @@ DISTD_HANDLER(param_list) {
   }
   free(opts), free(cfgs), free(ptrs), free(states), free(list);
   return rc;
+}
+
+/* ---- /metrics: parameters ---- */
+
+void distd_param_write_metrics(distd_server *s, struct evbuffer *out) {
+  distd_param_info *list = NULL;
+  int n = 0;
+  if (distd_param_list(s->params, s->store, &list, &n, NULL) != 0) return;
+  size_t state = 0;
+  for (int i = 0; i < n; i++) state += list[i].state_bytes;
+  distd_metrics_gauge_header(out, "distd_param_state_bytes", "gauge",
+                             "Bytes reserved for optimizer state and pending sums");
+  evbuffer_add_printf(out, "distd_param_state_bytes %zu\n", state);
+  if (n > 0) {
+    distd_metrics_gauge_header(out, "distd_param_updates_total", "counter",
+                               "Optimizer updates applied to each parameter's shard here "
+                               "(back to 0 when it is configured again)");
+    for (int i = 0; i < n; i++)
+      distd_metrics_sample(out, "distd_param_updates_total", "param", list[i].name,
+                           (double)list[i].step);
+    distd_metrics_gauge_header(out, "distd_param_pushes_pending", "gauge",
+                               "Pushes waiting for each parameter's next synchronous update");
+    for (int i = 0; i < n; i++)
+      distd_metrics_sample(out, "distd_param_pushes_pending", "param", list[i].name,
+                           list[i].pending);
+  }
+  free(list);
 }

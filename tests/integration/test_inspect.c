@@ -340,6 +340,31 @@ static long long field(json_t *o, const char *key) {
   return (long long)json_integer_value(json_object_get(o, key));
 }
 
+/* The same figures on /metrics, a free-form name escaped, and promtool
+ * (when installed) accepting the exposition. */
+static void expect_param_metrics(harness *h, dist_client *c) {
+  float z[2] = {0};
+  int64_t sz[1] = {2};
+  dist_tensor_free(harness_put(c, "odd\"name\\", DIST_FLOAT32, z, 1, sz, "[0,1]", "Shard(0)"));
+  cr_assert_eq(dist_param_configure(c, "odd\"name\\", NULL), 0, "%s", dist_errmsg(c));
+  char *text = distctl(h, "metrics --rank 0", 0);
+  cr_assert(strstr(text, "distd_param_updates_total{param=\"w\"} 1\n"), "%s", text);
+  cr_assert(strstr(text, "distd_param_updates_total{param=\"v\"} 3\n"), "%s", text);
+  cr_assert(strstr(text, "distd_param_pushes_pending{param=\"w\"} 1\n"), "%s", text);
+  cr_assert(strstr(text, "distd_param_updates_total{param=\"odd\\\"name\\\\\"} 0\n"), "%s",
+            text);
+  /* 72 (w) + 20 (v) + 4 (the sum of odd's one float, synchronous SGD) */
+  cr_assert(strstr(text, "distd_param_state_bytes 96\n"), "%s", text);
+  free(text);
+  if (access("/usr/bin/promtool", X_OK) != 0) return;
+  char cmd[1024], *err = NULL;
+  snprintf(cmd, sizeof cmd, "%s --cluster %s metrics --rank 0 | promtool check metrics",
+           harness_distctl(), h->cluster_file);
+  int rc = harness_run(cmd, NULL, &err, 60);
+  cr_assert_eq(rc, 0, "promtool check metrics: %s", err ? err : "");
+  free(err);
+}
+
 /* w: AdamW, synchronous with two trainers, one update applied and trainer
  * 0's push for the next pending; v: SGD with momentum, asynchronous, three
  * pushes applied. distctl params shows each as configured, with the state
@@ -398,6 +423,7 @@ Test(inspect, params_show_optimizer_steps_pending_and_state, .timeout = 120) {
   cr_assert(strstr(text, "OPTIMIZER") && strstr(text, "adamw") && strstr(text, "async"), "%s",
             text);
   free(text);
+  expect_param_metrics(&h, c);
 
   /* Trainer 1's piece to rank 1 alone completes the update there only. */
   cr_assert_eq(dist_param_push_local(c, "w", 1, 1, gw + 6, 6 * sizeof(float), NULL), 0, "%s",
