@@ -243,6 +243,35 @@ int distd_param_configure(distd_store *st, const char *name, const distd_param_c
   return rc;
 }
 
+/* What a tune may not change: all that shapes the state and the sums. */
+static int check_tune(const param *q, const distd_param_cfg *cfg, dist_errbuf *eb) {
+  const char *what = cfg->optim.kind != q->cfg.optim.kind ? "the optimizer"
+                     : cfg->reduce != q->cfg.reduce       ? "the reduction over trainers"
+                     : cfg->async != q->cfg.async         ? "the consistency mode"
+                     : cfg->trainers != q->cfg.trainers   ? "the number of trainers"
+                     : distd_optim_state_count(&cfg->optim) !=
+                             distd_optim_state_count(&q->cfg.optim)
+                         ? "whether SGD keeps a momentum buffer"
+                         : NULL;
+  if (what)
+    return dist_fail(eb, DIST_EINVAL, "tuning parameter '%s' keeps its optimizer state, "
+                     "so %s cannot change: configure it again instead (the state starts "
+                     "afresh)", q->name, what);
+  return distd_optim_check(&cfg->optim, eb);
+}
+
+int distd_param_tune(distd_params *p, const char *name, const distd_param_cfg *cfg,
+                     int apply, dist_errbuf *eb) {
+  pthread_mutex_lock(&p->mu);
+  param *q = find(p, name);
+  int rc = q ? check_tune(q, cfg, eb)
+             : dist_fail(eb, DIST_ENOTFOUND, "'%s' is not a parameter (configure it "
+                         "with an optimizer first)", name);
+  if (rc == 0 && apply) q->cfg.optim = cfg->optim;
+  pthread_mutex_unlock(&p->mu);
+  return rc;
+}
+
 /* The stored tensor must still have the layout the state was made for. */
 static int check_layout(const param *q, const distd_tensor *t, dist_errbuf *eb) {
   if (t->dtype == q->dtype && dist_shape_equal(&t->local, &q->local) &&

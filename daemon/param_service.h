@@ -60,6 +60,13 @@ int distd_param_configure(distd_store *st, const char *name, const distd_param_c
                           const distd_param_restore *restore, distd_param_entry **out,
                           dist_errbuf *eb);
 
+/* A parameter's hyper-parameters from cfg, keeping its state (a
+ * learning-rate schedule): cfg's optimizer kind, reduce, consistency,
+ * trainers and state buffer count must be those configured, else it
+ * fails naming the one that differs. apply 0 checks only. */
+int distd_param_tune(distd_params *p, const char *name, const distd_param_cfg *cfg,
+                     int apply, dist_errbuf *eb);
+
 /* What a push did. */
 typedef struct distd_push_result {
   uint64_t version; /* the parameter's version afterwards */

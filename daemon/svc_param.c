@@ -52,17 +52,20 @@ DISTD_HANDLER(param_configure) {
   int vote = sent && rq->op_id && mesh.nranks > 1;
   distd_param_entry *e = NULL;
   int rc = vote ? check_vote_mesh(s, rq->name, &mesh, eb) : 0;
-  if (rc == 0)
+  if (rc == 0 && rq->keep_state) /* checked here, applied once all agree */
+    rc = distd_param_tune(s->params, rq->name, &cfg, 0, eb);
+  else if (rc == 0)
     rc = distd_param_configure(s->store, rq->name, &cfg, rq->with_state ? &restore : NULL,
                                &e, eb);
   if (vote && distd_param_vote(s, &mesh, rq->op_id, ci->deadline_ms, "configure", rc, eb) &&
       rc == 0)
     rc = eb->code;
+  if (rc == 0 && rq->keep_state) rc = distd_param_tune(s->params, rq->name, &cfg, 1, eb);
   if (rc != 0) {
     distd_param_entry_free(e);
     return rc;
   }
-  distd_param_install(s->params, e);
+  if (e) distd_param_install(s->params, e);
   distd_tensor *t = NULL;
   if (distd_store_get(s->store, rq->name, &t, eb) != 0) return eb->code;
   reply_meta(s, t, reply);

@@ -1,7 +1,9 @@
 /* distctl params: the parameters every daemon holds (the parameter
  * service), with their optimizer, updates applied, pending pushes and the
  * memory their state takes. A parameter whose daemons disagree on the
- * updates applied is named: its shards are no longer one model. */
+ * updates applied is named: its shards are no longer one model.
+ * distctl param tune: new hyper-parameters, the state kept. */
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -118,6 +120,101 @@ static int run_params(const distctl_global *g, int argc, char **argv) {
   dist_close(c);
   return bad ? 1 : 0;
 }
+
+/* ---------------------------------------------------------------- param tune */
+
+/* The hyper-parameters `param tune` takes, and where each goes. */
+typedef struct tunable {
+  const char *flag;
+  size_t offset; /* of a double in dist_param_opts */
+} tunable;
+
+static const tunable tunables[] = {
+    {"--lr", offsetof(dist_param_opts, lr)},
+    {"--momentum", offsetof(dist_param_opts, momentum)},
+    {"--dampening", offsetof(dist_param_opts, dampening)},
+    {"--beta1", offsetof(dist_param_opts, beta1)},
+    {"--beta2", offsetof(dist_param_opts, beta2)},
+    {"--eps", offsetof(dist_param_opts, eps)},
+    {"--weight-decay", offsetof(dist_param_opts, weight_decay)},
+};
+#define NTUNABLES (sizeof tunables / sizeof tunables[0])
+
+static double *field_of(dist_param_opts *o, const tunable *t) {
+  return (double *)((char *)o + t->offset);
+}
+
+/* The options in force for `name`, from the first daemon of its mesh. */
+static int current_opts(dist_client *c, const char *name, dist_param_opts *out) {
+  dist_tensor *t = NULL;
+  if (dist_tensor_open(c, name, &t) != 0) return distctl_fail("%s", dist_errmsg(c));
+  int rank = dist_mesh_rank_at(dist_tensor_mesh(t), 0), found = 0;
+  dist_tensor_free(t);
+  dist_params_report rep;
+  if (dist_params(c, rank, &rep) != 0) return distctl_fail("rank %d: %s", rank, dist_errmsg(c));
+  for (int i = 0; i < rep.n && !found; i++)
+    if (strcmp(rep.params[i].name, name) == 0) *out = rep.params[i].opts, found = 1;
+  dist_params_report_free(&rep);
+  return found ? 0 : distctl_fail("'%s' is not a parameter (configure it first)", name);
+}
+
+/* Reads the flags into values (set[i] when given); 2 on bad usage. */
+static int parse_tune(int argc, char **argv, double *values, int *set) {
+  int any = 0;
+  for (int i = 1; i < argc; i++) {
+    const char *v = NULL;
+    size_t k = 0;
+    for (; k < NTUNABLES && !v; k++) v = distctl_opt(argc, argv, &i, tunables[k].flag);
+    if (!v) return distctl_usage(&distctl_cmd_param_tune, "unexpected argument '%s'", argv[i]);
+    char *end = NULL;
+    values[k - 1] = strtod(v, &end);
+    if (end == v || *end)
+      return distctl_usage(&distctl_cmd_param_tune, "%s takes a number, not '%s'",
+                           tunables[k - 1].flag, v);
+    set[k - 1] = any = 1;
+  }
+  return any ? 0 : distctl_usage(&distctl_cmd_param_tune, "nothing to change");
+}
+
+static int run_param_tune(const distctl_global *g, int argc, char **argv) {
+  if (argc < 1 || argv[0][0] == '-')
+    return distctl_usage(&distctl_cmd_param_tune, "name the parameter");
+  double values[NTUNABLES];
+  int set[NTUNABLES] = {0}, rc = parse_tune(argc, argv, values, set);
+  if (rc) return rc;
+  dist_client *c = distctl_connect(g);
+  if (!c) return 1;
+  dist_param_opts before, after;
+  if (current_opts(c, argv[0], &before) != 0) {
+    dist_close(c);
+    return 1;
+  }
+  after = before;
+  for (size_t k = 0; k < NTUNABLES; k++)
+    if (set[k]) *field_of(&after, &tunables[k]) = values[k];
+  rc = dist_param_tune(c, argv[0], &after) == 0 ? 0 : distctl_fail("%s", dist_errmsg(c));
+  dist_close(c);
+  if (rc) return rc;
+  json_t *changed = json_object();
+  for (size_t k = 0; k < NTUNABLES; k++) {
+    if (!set[k]) continue;
+    const char *key = tunables[k].flag + 2;
+    json_object_set_new(changed, key, json_pack("{s:f, s:f}", "before",
+                                                *field_of(&before, &tunables[k]), "after",
+                                                values[k]));
+    if (!g->json)
+      printf("%s: %s %g -> %g\n", argv[0], key, *field_of(&before, &tunables[k]), values[k]);
+  }
+  if (g->json) distctl_print_json(json_pack("{s:s, s:o}", "name", argv[0], "changed", changed));
+  else json_decref(changed);
+  return 0;
+}
+
+const distctl_command distctl_cmd_param_tune = {
+    "param tune", "NAME [--lr X] [--momentum X] [--dampening X] [--beta1 X] [--beta2 X] [--eps X] "
+    "[--weight-decay X]",
+    "change a parameter's hyper-parameters on every daemon, keeping its optimizer state",
+    run_param_tune};
 
 const distctl_command distctl_cmd_params = {
     "params", "",

@@ -62,6 +62,6 @@ extern const distctl_command distctl_cmd_ops, distctl_cmd_experts, distctl_cmd_m
     distctl_cmd_top;
 
 /* cmd_params.c */
-extern const distctl_command distctl_cmd_params;
+extern const distctl_command distctl_cmd_params, distctl_cmd_param_tune;
 
 #endif

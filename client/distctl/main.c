@@ -9,7 +9,8 @@
 static const distctl_command *const commands[] = {
     &distctl_cmd_status,        &distctl_cmd_peers,
     &distctl_cmd_top,           &distctl_cmd_ops,
-    &distctl_cmd_experts,       &distctl_cmd_params,        &distctl_cmd_metrics,
+    &distctl_cmd_experts,       &distctl_cmd_params,        &distctl_cmd_param_tune,
+    &distctl_cmd_metrics,
     &distctl_cmd_tensors,       &distctl_cmd_tensor_put,
     &distctl_cmd_tensor_get,    &distctl_cmd_tensor_show,
     &distctl_cmd_tensor_reshard, &distctl_cmd_tensor_rm,

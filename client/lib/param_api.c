@@ -109,8 +109,9 @@ static int configure_ranks(dist_client *c, const dist_tensor *t,
   return rc;
 }
 
-int dist_param_configure(dist_client *c, const char *name,
-                         const dist_param_opts *opts) {
+/* Configure, or with keep_state tune (param.proto), from opts. */
+static int configure_from_opts(dist_client *c, const char *name, const dist_param_opts *opts,
+                               int keep_state) {
   dist_param_opts def = DIST_PARAM_OPTS_INIT;
   const dist_param_opts *o = opts ? opts : &def;
   dist_tensor *t = NULL;
@@ -124,9 +125,20 @@ int dist_param_configure(dist_client *c, const char *name,
   rq.consistency = o->consistency == DIST_PARAM_ASYNC ? DIST__V1__CONSISTENCY__ASYNC
                                                       : DIST__V1__CONSISTENCY__SYNC;
   rq.trainers = o->trainers > 0 ? (uint32_t)o->trainers : 0;
+  rq.keep_state = keep_state;
   if ((rc = fill_optimizer(c, o, &opt)) == 0) rc = configure_ranks(c, t, &rq, NULL, 0);
   dist_tensor_free(t);
   return rc;
+}
+
+int dist_param_configure(dist_client *c, const char *name, const dist_param_opts *opts) {
+  return configure_from_opts(c, name, opts, 0);
+}
+
+int dist_param_tune(dist_client *c, const char *name, const dist_param_opts *opts) {
+  if (!opts)
+    return dist_client_fail(c, DIST_EINVAL, "tuning '%s' needs its new options", name);
+  return configure_from_opts(c, name, opts, 1);
 }
 
 int dist_param_configure_restored(dist_client *c, const char *name,

@@ -425,6 +425,22 @@ Test(inspect, params_show_optimizer_steps_pending_and_state, .timeout = 120) {
   free(text);
   expect_param_metrics(&h, c);
 
+  /* distctl param tune: v's learning rate, its momentum buffer and
+   * updates kept; a change of what shapes the state is refused. */
+  j = distctl_json(&h, "param tune v --lr 0.2 --json");
+  json_t *lr = json_object_get(json_object_get(j, "changed"), "lr");
+  cr_assert_float_eq(json_real_value(json_object_get(lr, "before")), 0.1, 1e-12);
+  cr_assert_float_eq(json_real_value(json_object_get(lr, "after")), 0.2, 1e-12);
+  json_decref(j);
+  j = distctl_json(&h, "params --json");
+  for (int r = 0; r < 2; r++) {
+    cr_assert_float_eq(json_real_value(json_object_get(param_on(j, r, "v"), "lr")), 0.2, 1e-12);
+    cr_assert_eq(field(param_on(j, r, "v"), "step"), 3);
+  }
+  json_decref(j);
+  char *refused = distctl(&h, "param tune v --momentum 0", 1);
+  free(refused);
+
   /* Trainer 1's piece to rank 1 alone completes the update there only. */
   cr_assert_eq(dist_param_push_local(c, "w", 1, 1, gw + 6, 6 * sizeof(float), NULL), 0, "%s",
                dist_errmsg(c));

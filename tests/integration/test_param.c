@@ -692,3 +692,41 @@ Test(param, a_configure_one_daemon_refuses_is_applied_by_none) {
     cr_assert_float_eq(now[i], p0[i] - g[i], 1e-12, "elem %d: %g", i, now[i]);
   dist_close(c);
 }
+
+/* A learning-rate schedule: Adam at lr 0.05 for two updates, then tuned to
+ * lr 0.01 and weight decay 0.1, keeps its moments and step count, so the
+ * next updates are the reference's with the new values. What shapes the
+ * state cannot be tuned, and a refused tune changes nothing. */
+Test(param, tune_changes_hyper_parameters_and_keeps_the_state) {
+  dist_client *c = start(2);
+  dist_param_opts o = adam(0.05, 2);
+  ref r;
+  dist_tensor *t = adam_w(c, 6, 2, "[0,1]", &o, &r);
+  train_steps(c, "w", DIST_FLOAT64, &r, &o, 1, 2, 1e-12);
+  dist_param_opts sgd = o;
+  sgd.optimizer = DIST_OPT_SGD;
+  cr_assert_eq(dist_param_tune(c, "w", &sgd), DIST_EINVAL);
+  cr_assert(strstr(dist_errmsg(c), "the optimizer cannot change"), "%s", dist_errmsg(c));
+  dist_param_opts more = o;
+  more.trainers = 3;
+  cr_assert_eq(dist_param_tune(c, "w", &more), DIST_EINVAL);
+  cr_assert(strstr(dist_errmsg(c), "the number of trainers"), "%s", dist_errmsg(c));
+  dist_param_opts bad = o;
+  bad.beta1 = 1.5;
+  cr_assert_eq(dist_param_tune(c, "w", &bad), DIST_EINVAL);
+  cr_assert(strstr(dist_errmsg(c), "beta1"), "%s", dist_errmsg(c));
+  train_steps(c, "w", DIST_FLOAT64, &r, &o, 3, 3, 1e-12);
+  o.lr = 0.01;
+  o.weight_decay = 0.1;
+  cr_assert_eq(dist_param_tune(c, "w", &o), 0, "%s", dist_errmsg(c));
+  train_steps(c, "w", DIST_FLOAT64, &r, &o, 4, 5, 1e-12);
+  dist_params_report rep;
+  cr_assert_eq(dist_params(c, 1, &rep), 0, "%s", dist_errmsg(c));
+  cr_assert_eq(rep.n, 1);
+  cr_assert_float_eq(rep.params[0].opts.lr, 0.01, 1e-15);
+  cr_assert_eq(rep.params[0].step, 5);
+  dist_params_report_free(&rep);
+  ref_free(&r);
+  dist_tensor_free(t);
+  dist_close(c);
+}

@@ -823,6 +823,14 @@ typedef struct dist_param_opts {
  * none: the error names that rank. */
 int dist_param_configure(dist_client *c, const char *name,
                          const dist_param_opts *opts);
+/* Changes the hyper-parameters of parameter `name` (lr, momentum,
+ * dampening, nesterov, betas, eps, weight decay), as a learning-rate
+ * schedule does, on every daemon of its mesh or on none, keeping its
+ * optimizer state, updates applied and pending pushes. opts' optimizer,
+ * reduce, consistency and trainers must be those configured, and SGD's
+ * momentum cannot go to or from zero (DIST_EINVAL names what differs);
+ * dist_params reads the options in force. */
+int dist_param_tune(dist_client *c, const char *name, const dist_param_opts *opts);
 /* Trainer `trainer` pushes the whole gradient (row-major, the parameter's
  * global shape and dtype, nbytes checked); each daemon receives its shard's
  * slice, and the daemons apply the push all together or not at all: when
