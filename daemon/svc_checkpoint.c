@@ -255,10 +255,10 @@ static int describe_params(const dist_st_file *f, const char *file,
   for (size_t i = 0; i < n && rc == 0 && optim; i++) {
     const dist_st_entry *e = dist_st_find(f, rq->tensors[i]);
     distd_ckpt_param cp;
-    if ((rc = distd_ckpt_param_find(f, file, optim, rq->tensors[i], e->dtype, &e->shape,
-                                    &cp, eb)) <= 0)
-      continue;
-    rc = 0;
+    int found = distd_ckpt_param_find(f, file, optim, rq->tensors[i], e->dtype, &e->shape,
+                                      &cp, eb);
+    if (found < 0) rc = found;
+    if (found <= 0) continue; /* saved as plain values, or malformed (rc ends the loop) */
     Dist__V1__ParamConfigureRequest *p = &out->rq[out->n];
     dist__v1__param_configure_request__init(p);
     p->name = rq->tensors[i];

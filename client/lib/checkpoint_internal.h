@@ -39,7 +39,7 @@ typedef struct ckpt_state {
                                         * optimizer is `optimizer` */
   Dist__V1__OptimizerConfig optimizer;
   int nstate;
-  void *whole[2]; /* each of the tensor's global shape, malloc'd */
+  void *whole[DIST_OPTIM_STATE_MAX]; /* each of the tensor's global shape, malloc'd */
 } ckpt_state;
 void dist_ckpt_state_free(ckpt_state *s);
 

@@ -98,17 +98,17 @@ static int place_piece(dist_client *c, const ckpt_entry *e, int k,
 }
 
 void dist_ckpt_state_free(ckpt_state *s) {
-  free(s->whole[0]);
-  free(s->whole[1]);
+  for (int k = 0; k < DIST_OPTIM_STATE_MAX; k++) free(s->whole[k]);
   memset(s, 0, sizeof *s);
 }
 
 /* Takes the configuration of e's parameter from the first file that
- * describes it, with room for its whole state buffers. */
-static int state_begin(dist_client *c, const ckpt_entry *e,
+ * describes it (p, mesh index k's), with room for its whole state
+ * buffers. */
+static int state_begin(dist_client *c, const ckpt_entry *e, int k,
                        const Dist__V1__ParamConfigureRequest *p, ckpt_state *s) {
-  if (s->found) return s->nstate == (int)p->n_state ? 0 : misshapen(c, e, 0, "state of");
-  if (!p->optimizer || p->n_state > 2)
+  if (s->found) return s->nstate == (int)p->n_state ? 0 : misshapen(c, e, k, "state of");
+  if (!p->optimizer || p->n_state > DIST_OPTIM_STATE_MAX)
     return dist_client_fail(c, DIST_EPROTO, "the checkpoint describes parameter '%s' "
                             "without its optimizer", e->t.name);
   s->found = 1;
@@ -117,8 +117,8 @@ static int state_begin(dist_client *c, const ckpt_entry *e,
   s->optimizer = *p->optimizer;
   s->nstate = (int)p->n_state;
   size_t bytes = (size_t)dist_shape_numel(&e->t.shape) * dist_dtype_size(e->t.dtype);
-  for (int k = 0; k < s->nstate; k++)
-    if (!(s->whole[k] = malloc(bytes + 1)))
+  for (int j = 0; j < s->nstate; j++)
+    if (!(s->whole[j] = malloc(bytes + 1)))
       return dist_client_fail(c, DIST_ENOMEM, "no memory for the optimizer state of '%s'",
                               e->t.name);
   return 0;
@@ -129,7 +129,7 @@ static int state_begin(dist_client *c, const ckpt_entry *e,
  * never Partial: each piece is copied into its box. */
 static int place_state(dist_client *c, const ckpt_entry *e, int k,
                        const Dist__V1__ParamConfigureRequest *p, ckpt_state *s) {
-  int rc = state_begin(c, e, p, s);
+  int rc = state_begin(c, e, k, p, s);
   dist_shape local;
   int64_t offset[DIST_MAX_DIMS];
   box_of(e, k, &local, offset);

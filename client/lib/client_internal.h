@@ -90,6 +90,9 @@ int dist_grad_sum(dist_client *c, const char *of, const dist_tensor *acc,
  * restored state: nstate buffers of the parameter's global shape and dtype
  * (each daemon gets its slice) and `step` updates applied. How a checkpoint
  * restored onto another layout through the client keeps its state. */
+/* The most state buffers an optimizer keeps per parameter (Adam's m and v;
+ * the daemon's DISTD_OPTIM_STATE_MAX). */
+#define DIST_OPTIM_STATE_MAX 2
 struct Dist__V1__ParamConfigureRequest;
 /* param_api.c: a parameter's options from its configure message (its
  * optimizer set). */

@@ -74,7 +74,7 @@ static int configure_ranks(dist_client *c, const dist_tensor *t,
   int n = dist_targets(c, &t->mesh.d, targets);
   if (n < 0) return n;
   Dist__V1__ParamConfigureRequest *rqs = calloc((size_t)n + 1, sizeof *rqs);
-  ProtobufCBinaryData(*state)[2] = calloc((size_t)n + 1, sizeof *state);
+  ProtobufCBinaryData(*state)[DIST_OPTIM_STATE_MAX] = calloc((size_t)n + 1, sizeof *state);
   dist_call *calls = calloc((size_t)n + 1, sizeof *calls);
   dist_wire_meta *wire = calloc(1, sizeof *wire);
   int rc = 0;
@@ -91,7 +91,7 @@ static int configure_ranks(dist_client *c, const dist_tensor *t,
     rqs[i].mesh = op_id ? &wire->mesh : NULL;
     rqs[i].n_state = (size_t)nstate;
     rqs[i].state = state[i];
-    for (int k = 0; k < nstate && k < 2; k++)
+    for (int k = 0; k < nstate && k < DIST_OPTIM_STATE_MAX; k++)
       if (!(state[i][k].data = slice_for(t, targets[i], whole[k], &state[i][k].len)))
         rc = dist_client_fail(c, DIST_ENOMEM, "out of memory configuring '%s'", t->name);
     calls[i].target = targets[i];
@@ -101,7 +101,8 @@ static int configure_ranks(dist_client *c, const dist_tensor *t,
     rc = dist_call_many(c, "/dist.v1.Param/Configure",
                         &dist__v1__param_configure_reply__descriptor, calls, n);
   if (calls) dist_calls_free(calls, n);
-  for (int i = 0; state && i < n; i++) free(state[i][0].data), free(state[i][1].data);
+  for (int i = 0; state && i < n; i++)
+    for (int k = 0; k < DIST_OPTIM_STATE_MAX; k++) free(state[i][k].data);
   free(state);
   free(rqs);
   free(calls);
@@ -144,7 +145,7 @@ int dist_param_tune(dist_client *c, const char *name, const dist_param_opts *opt
 int dist_param_configure_restored(dist_client *c, const char *name,
                                   const Dist__V1__ParamConfigureRequest *cfg,
                                   const void *const *whole, int nstate, uint64_t step) {
-  if (nstate < 0 || nstate > 2 || !cfg->optimizer)
+  if (nstate < 0 || nstate > DIST_OPTIM_STATE_MAX || !cfg->optimizer)
     return dist_client_fail(c, DIST_EPROTO, "restoring '%s': a malformed optimizer "
                             "description (%d state buffers)", name, nstate);
   dist_tensor *t = NULL;
