@@ -7,13 +7,7 @@
 #include "coll.h"
 #include "peer.h"
 #include "reshard.h"
-
-/* Op ids of the pending-push count exchange, of the note to the
- * destination and of state buffer k's reshard: clear of the values' own
- * steps. */
-#define PENDING_STEP 90u
-#define NOTE_STEP 95u
-#define STATE_STEP(k) (100u + 20u * (unsigned)(k))
+#include "subop.h"
 
 /* Fails, with the same message on every rank of src_mesh, when name has
  * pushes pending on any of them. Every rank of src_mesh holds name as a
@@ -26,7 +20,7 @@ static int check_pending(distd_server *s, const char *name, const dist_mesh_desc
   size_t counts[DIST_MAX_MESH_RANKS];
   for (int i = 0; i < n; i++) counts[i] = 1;
   distd_coll c;
-  int rc = distd_coll_init(&c, s->peers, distd_subop(op_id, PENDING_STEP), src_mesh->ranks, n,
+  int rc = distd_coll_init(&c, s->peers, distd_subop(op_id, DISTD_STEP_PARAM_PENDING), src_mesh->ranks, n,
                            deadline_ms, eb);
   if (rc == 0) rc = distd_allgather(&c, &mine, all, counts, DIST_INT64, eb);
   for (int i = 0; rc == 0 && i < n; i++)
@@ -94,7 +88,7 @@ static int tell_destination(distd_server *s, const dist_mesh_desc *src_mesh,
   move_note out, in;
   int partners[2], np = 0;
   note_pack(&out, verdict, eb, m);
-  distd_xfer *x = distd_xfer_new(s->peers, distd_subop(op_id, NOTE_STEP));
+  distd_xfer *x = distd_xfer_new(s->peers, distd_subop(op_id, DISTD_STEP_PARAM_NOTE));
   if (from >= 0) {
     distd_xfer_send(x, dst_mesh->ranks[from], 0, &out, sizeof out);
     partners[np++] = dst_mesh->ranks[from];
@@ -150,7 +144,7 @@ static int reshard_buffer(distd_server *s, const distd_param_move *m, int k,
     memcpy(t->data, m->snap.state[k], t->nbytes);
   }
   int rc = distd_reshard(s, t, src_mesh, dst_mesh, m->dst_p, name,
-                         distd_subop(op_id, STATE_STEP(k)), deadline_ms, moved, eb);
+                         distd_subop(op_id, DISTD_STEP_PARAM_STATE + DISTD_STEP_RESHARD_SPAN * (unsigned)k), deadline_ms, moved, eb);
   distd_tensor_unref(t);
   return rc;
 }

@@ -6,11 +6,8 @@
 #include <stdlib.h>
 
 #include "coll.h"
-#include "reshard.h"
+#include "subop.h"
 #include "wire.h"
-
-/* The exchange's op id: clear of the steps of the gradient's own reshard. */
-#define VOTE_STEP 80u
 
 /* One daemon's verdict: 0 or its error code, with the error's message. */
 typedef struct ballot {
@@ -30,7 +27,7 @@ int distd_param_vote(distd_server *s, const dist_mesh_desc *mesh, uint64_t op_id
   /* A refusal stands whatever the exchange does: its own message is kept. */
   dist_errbuf scratch = DIST_ERRBUF_INIT, *xeb = verdict ? &scratch : eb;
   distd_coll c;
-  int rc = distd_coll_init(&c, s->peers, distd_subop(op_id, VOTE_STEP), mesh->ranks, n,
+  int rc = distd_coll_init(&c, s->peers, distd_subop(op_id, DISTD_STEP_PARAM_VOTE), mesh->ranks, n,
                            deadline_ms, xeb);
   if (rc == 0) rc = distd_allgather(&c, &mine, all, counts, DIST_UINT8, xeb);
   if (verdict) {

@@ -7,12 +7,7 @@
 #include "ops.h"
 #include "peer.h"
 #include "redistribute.h"
-
-uint64_t distd_subop(uint64_t op_id, unsigned step) {
-  return op_id + (uint64_t)step * 0x9E3779B97F4A7C15ull;
-}
-
-enum { STEP_MOVE = 1, STEP_REDUCE = 2, STEP_LAYOUT = 12 };
+#include "subop.h"
 
 /* A tensor's description as the cross-mesh move sends it ahead of the data,
  * so a rank that held nothing learns what it receives. */
@@ -112,7 +107,7 @@ static int reduce_partials(distd_server *s, distd_tensor *t,
     int group[DIST_MAX_MESH_RANKS];
     int n = dist_mesh_group(&t->mesh, t->mesh.ranks[idx], d, group);
     distd_coll c;
-    int rc = distd_coll_init(&c, s->peers, distd_subop(op, STEP_REDUCE + (unsigned)d),
+    int rc = distd_coll_init(&c, s->peers, distd_subop(op, DISTD_STEP_RESHARD_REDUCE + (unsigned)d),
                              group, n, deadline, eb);
     if (rc == 0)
       rc = distd_allreduce(&c, t->data, t->nbytes / dist_dtype_size(t->dtype),
@@ -185,7 +180,7 @@ static int reshard_run(distd_server *s, distd_tensor *src,
   if (rc != 0) return rc;
   if (!dist_mesh_equal(src_mesh, dst_mesh)) {
     rc = move_across_meshes(s, src, src_mesh, dst_mesh,
-                            distd_subop(op_id, STEP_MOVE), deadline_ms, &cur, eb);
+                            distd_subop(op_id, DISTD_STEP_RESHARD_MOVE), deadline_ms, &cur, eb);
     if (rc != 0 || !cur) return rc; /* not in the destination mesh: done */
     rc = check_target(cur, dst_mesh, dst_p, eb);
     if (rc != 0) goto fail;
@@ -196,7 +191,7 @@ static int reshard_run(distd_server *s, distd_tensor *src,
   snprintf(cur->name, sizeof cur->name, "%s", dst_name);
   rc = reduce_partials(s, cur, dst_p, op_id, deadline_ms, eb);
   if (rc == 0)
-    rc = distd_redistribute(s, cur, dst_p, distd_subop(op_id, STEP_LAYOUT),
+    rc = distd_redistribute(s, cur, dst_p, distd_subop(op_id, DISTD_STEP_RESHARD_LAYOUT),
                             deadline_ms, &next, eb);
   if (rc != 0) goto fail;
   distd_tensor_unref(cur);
@@ -224,10 +219,10 @@ static uint64_t track_reshard(distd_ops *ops, const dist_mesh_desc *src_mesh,
       if (!seen) group[n++] = r;
     }
   uint64_t serial = distd_ops_begin(ops, "reshard", op_id, group, n, bytes);
-  distd_ops_watch(ops, serial, distd_subop(op_id, STEP_MOVE));
-  distd_ops_watch(ops, serial, distd_subop(op_id, STEP_LAYOUT));
+  distd_ops_watch(ops, serial, distd_subop(op_id, DISTD_STEP_RESHARD_MOVE));
+  distd_ops_watch(ops, serial, distd_subop(op_id, DISTD_STEP_RESHARD_LAYOUT));
   for (int d = 0; src_mesh && d < src_mesh->ndim; d++)
-    distd_ops_watch(ops, serial, distd_subop(op_id, STEP_REDUCE + (unsigned)d));
+    distd_ops_watch(ops, serial, distd_subop(op_id, DISTD_STEP_RESHARD_REDUCE + (unsigned)d));
   return serial;
 }
 

@@ -31,8 +31,4 @@ int distd_reshard(distd_server *s, distd_tensor *src,
                   const char *dst_name, uint64_t op_id, int64_t deadline_ms,
                   distd_tensor **out, dist_errbuf *eb);
 
-/* The op id of step `step` of operation op_id: each step of a multi-step
- * operation runs as its own exchange. */
-uint64_t distd_subop(uint64_t op_id, unsigned step);
-
 #endif

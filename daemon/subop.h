@@ -1,0 +1,50 @@
+/* Op ids of the steps of multi-step operations.
+ *
+ * A client gives each operation one op id; the daemons run its steps as
+ * separate exchanges on the data plane, and tell them apart by deriving an
+ * op id per step. Every rank derives the same ids from the same plan, so no
+ * step is announced. The steps of the operations that nest (a parameter's
+ * reshard runs reshards of its values and state) share one table, so that
+ * no two exchanges of one operation can meet under the same id. A
+ * Collective RPC derives its own (svc_collective.c): it nests nothing. */
+#ifndef DISTD_SUBOP_H
+#define DISTD_SUBOP_H
+
+#include <stdint.h>
+
+#include "dist/types.h"
+
+enum distd_step {
+  /* A reshard (reshard.c): the cross-mesh move, then one all-reduce per
+   * mesh dim that stops being Partial, then the layout exchange. */
+  DISTD_STEP_RESHARD_MOVE = 1,
+  DISTD_STEP_RESHARD_REDUCE = 2, /* + the mesh dim */
+  DISTD_STEP_RESHARD_LAYOUT = 12,
+  /* Steps a reshard makes from the op id it is given: one further reshard
+   * run under base + k * DISTD_STEP_RESHARD_SPAN never meets this one. */
+  DISTD_STEP_RESHARD_SPAN = 20,
+
+  /* A parameter's push or configure sent to every daemon of its mesh
+   * (param_vote.c): the verdicts, after the gradient's own reshard. */
+  DISTD_STEP_PARAM_VOTE = 80,
+  /* A parameter's reshard (param_reshard.c): the pending-push counts, the
+   * note to the destination mesh, then one reshard per state buffer. */
+  DISTD_STEP_PARAM_PENDING = 90,
+  DISTD_STEP_PARAM_NOTE = 95,
+  DISTD_STEP_PARAM_STATE = 100, /* + k * DISTD_STEP_RESHARD_SPAN */
+};
+
+_Static_assert(DISTD_STEP_RESHARD_REDUCE + DIST_MAX_MESH_DIMS <= DISTD_STEP_RESHARD_LAYOUT,
+               "a reduce step per mesh dim fits before the layout step");
+_Static_assert(DISTD_STEP_RESHARD_LAYOUT < DISTD_STEP_RESHARD_SPAN,
+               "a reshard's steps fit in its span");
+_Static_assert(DISTD_STEP_RESHARD_SPAN <= DISTD_STEP_PARAM_VOTE,
+               "a parameter's steps are clear of its values' reshard");
+
+/* The op id of step `step` of operation op_id. Steps compose: step b of
+ * step a is step a + b, which is what the spans above rely on. */
+static inline uint64_t distd_subop(uint64_t op_id, unsigned step) {
+  return op_id + (uint64_t)step * 0x9E3779B97F4A7C15ull;
+}
+
+#endif
