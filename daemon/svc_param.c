@@ -36,10 +36,13 @@ static int check_vote_mesh(distd_server *s, const char *name, const dist_mesh_de
                               "request names (resharded meanwhile?): try again", name);
 }
 
-DISTD_HANDLER(param_configure) {
-  const Dist__V1__ParamConfigureRequest *rq = (const void *)req;
-  distd_param_cfg cfg;
-  if (distd_param_cfg_from_pb(rq, &cfg, eb) != 0) return eb->code;
+/* A configure (or tune, keep_state). `refused` is this daemon's verdict
+ * before any check (0, or why it cannot take the request now): a refusal
+ * still takes part in the vote, so that the other daemons refuse too
+ * instead of waiting for this one. */
+static int configure_here(distd_server *s, const distd_call_info *ci,
+                          const Dist__V1__ParamConfigureRequest *rq,
+                          const distd_param_cfg *cfg, int refused, dist_errbuf *eb) {
   distd_param_restore restore = {.step = rq->step, .nstate = (int)rq->n_state};
   for (size_t k = 0; k < rq->n_state && k < DISTD_OPTIM_STATE_MAX; k++) {
     restore.state[k] = rq->state[k].data;
@@ -51,21 +54,31 @@ DISTD_HANDLER(param_configure) {
   /* Sent to the whole mesh under one op id: applied by all or by none. */
   int vote = sent && rq->op_id && mesh.nranks > 1;
   distd_param_entry *e = NULL;
-  int rc = vote ? check_vote_mesh(s, rq->name, &mesh, eb) : 0;
+  int rc = refused;
+  if (rc == 0 && vote) rc = check_vote_mesh(s, rq->name, &mesh, eb);
   if (rc == 0 && rq->keep_state) /* checked here, applied once all agree */
-    rc = distd_param_tune(s->params, rq->name, &cfg, 0, eb);
+    rc = distd_param_tune(s->params, rq->name, cfg, 0, eb);
   else if (rc == 0)
-    rc = distd_param_configure(s->store, rq->name, &cfg, rq->with_state ? &restore : NULL,
+    rc = distd_param_configure(s->store, rq->name, cfg, rq->with_state ? &restore : NULL,
                                &e, eb);
   if (vote && distd_param_vote(s, &mesh, rq->op_id, ci->deadline_ms, "configure", rc, eb) &&
       rc == 0)
     rc = eb->code;
-  if (rc == 0 && rq->keep_state) rc = distd_param_tune(s->params, rq->name, &cfg, 1, eb);
-  if (rc != 0) {
-    distd_param_entry_free(e);
-    return rc;
-  }
-  if (e) distd_param_install(s->params, e);
+  if (rc == 0 && rq->keep_state) rc = distd_param_tune(s->params, rq->name, cfg, 1, eb);
+  if (rc == 0 && e) distd_param_install(s->params, e);
+  else distd_param_entry_free(e);
+  return rc;
+}
+
+DISTD_HANDLER(param_configure) {
+  const Dist__V1__ParamConfigureRequest *rq = (const void *)req;
+  distd_param_cfg cfg;
+  if (distd_param_cfg_from_pb(rq, &cfg, eb) != 0) return eb->code;
+  /* Held while it runs: no reshard of the name starts meanwhile here. */
+  int refused = distd_param_claim(s->params, rq->name, eb);
+  int rc = configure_here(s, ci, rq, &cfg, refused, eb);
+  if (!refused) distd_param_release(s->params, rq->name, DISTD_HOLD_CONFIGURE);
+  if (rc != 0) return rc;
   distd_tensor *t = NULL;
   if (distd_store_get(s->store, rq->name, &t, eb) != 0) return eb->code;
   reply_meta(s, t, reply);

@@ -41,11 +41,9 @@ DISTD_HANDLER(reshard) {
   int in_place = strcmp(dst_name, rq->name) == 0;
   /* Held before its values are read: a push applied after that would be
    * lost under the resharded values. */
-  int held = in_place ? distd_param_hold(s->params, rq->name, ci->deadline_ms) : 0;
-  if (held < 0)
-    return dist_fail(eb, DIST_EUNAVAIL, "a push to parameter '%s' was still being "
-                     "applied at the deadline; reshard again (nothing was changed)",
-                     rq->name);
+  int is_param = 0;
+  if (in_place && distd_param_hold(s->params, rq->name, ci->deadline_ms, &is_param, eb) != 0)
+    return eb->code;
   distd_store_get(s->store, rq->name, &src, NULL);
   int rc = parse_target(s, rq, src, &dst_mesh, &src_mesh, dst_p, eb);
   if (rc == 0 && !in_place) {
@@ -59,7 +57,7 @@ DISTD_HANDLER(reshard) {
   distd_param_move move;
   memset(&move, 0, sizeof move);
   if (rc == 0 && in_place)
-    rc = distd_param_move_begin(s, rq->name, held, &src_mesh, &dst_mesh, dst_p, rq->op_id,
+    rc = distd_param_move_begin(s, rq->name, is_param, &src_mesh, &dst_mesh, dst_p, rq->op_id,
                                 ci->deadline_ms, &move, eb);
   if (rc == 0)
     rc = distd_reshard(s, src, &src_mesh, &dst_mesh, dst_p, dst_name, rq->op_id,
@@ -77,7 +75,7 @@ DISTD_HANDLER(reshard) {
     param = NULL;
   }
   distd_param_entry_free(param);
-  if (held) distd_param_release(s->params, rq->name);
+  if (in_place) distd_param_release(s->params, rq->name, DISTD_HOLD_RESHARD);
   if (rc == 0) {
     dist_wire_meta *w = calloc(1, sizeof *w);
     Dist__V1__ReshardReply rp = DIST__V1__RESHARD_REPLY__INIT;

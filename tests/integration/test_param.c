@@ -464,29 +464,51 @@ Test(param, reshard_with_pushes_pending_is_refused_and_changes_nothing) {
   dist_close(c);
 }
 
-/* A trainer pushing in a loop, on its own client, until *stop. */
-typedef struct pusher {
+/* Two daemons where "w", p0[0..4) as Shard(0) over [0,1], is an
+ * asynchronous SGD parameter at learning rate lr. */
+static dist_tensor *async_sgd_w(const double *p0, double lr, dist_client **c) {
+  *c = start(2);
+  int64_t shape[1] = {4};
+  dist_tensor *t = put(*c, "w", DIST_FLOAT64, p0, 1, shape, "[0,1]", "Shard(0)");
+  dist_param_opts o = DIST_PARAM_OPTS_INIT;
+  o.lr = lr;
+  o.consistency = DIST_PARAM_ASYNC;
+  cr_assert_eq(dist_param_configure(*c, "w", &o), 0, "%s", dist_errmsg(*c));
+  return t;
+}
+
+/* A client racing the main thread's reshards, on its own connection: it
+ * makes attempt k = 1, 2, ... until *stop, counting each outcome. */
+typedef struct racer {
   dist_client *c;
-  const double *g;
   volatile int *stop;
+  int (*attempt)(struct racer *r, int k); /* 0 when applied */
+  const char *refusal; /* in the message of the expected refusal */
+  const double *g;     /* the gradient pushed */
+  double last_lr;      /* the learning rate of the last change applied */
   int applied, refused, other; /* other: any other outcome (a failure) */
   char other_msg[256];
-} pusher;
+} racer;
 
-static void *push_loop(void *arg) {
-  pusher *pu = arg;
-  while (!*pu->stop && !pu->other) {
-    int rc = dist_param_push(pu->c, "w", 0, pu->g, 4 * sizeof *pu->g, NULL);
+static void *race_loop(void *arg) {
+  racer *r = arg;
+  for (int k = 1; !*r->stop && !r->other; k++) {
+    int rc = r->attempt(r, k);
     if (rc == 0) {
-      __atomic_add_fetch(&pu->applied, 1, __ATOMIC_RELAXED);
-    } else if (rc == DIST_EUNAVAIL && strstr(dist_errmsg(pu->c), "resharded")) {
-      pu->refused++;
+      __atomic_add_fetch(&r->applied, 1, __ATOMIC_RELAXED);
+    } else if (rc == DIST_EUNAVAIL && strstr(dist_errmsg(r->c), r->refusal)) {
+      __atomic_add_fetch(&r->refused, 1, __ATOMIC_RELAXED);
     } else {
-      pu->other = rc;
-      snprintf(pu->other_msg, sizeof pu->other_msg, "%s", dist_errmsg(pu->c));
+      snprintf(r->other_msg, sizeof r->other_msg, "%s", dist_errmsg(r->c));
+      r->other = rc;
     }
   }
   return NULL;
+}
+
+static int push_attempt(racer *r, int k) {
+  (void)k;
+  return dist_param_push(r->c, "w", 0, r->g, 4 * sizeof *r->g, NULL);
 }
 
 /* Pushes while the parameter is resharded back and forth on two daemons:
@@ -497,18 +519,14 @@ static void *push_loop(void *arg) {
  * (a push applied by one daemon only would show on its half, or as
  * replicas that disagree). */
 Test(param, pushes_during_reshards_are_applied_or_refused_never_lost) {
-  dist_client *c = start(2);
   double p0[4] = {10, 20, 30, 40}, g[4] = {1, 2, 3, 4}, now[4];
-  int64_t shape[1] = {4};
-  dist_tensor *t = put(c, "w", DIST_FLOAT64, p0, 1, shape, "[0,1]", "Shard(0)");
-  dist_param_opts o = DIST_PARAM_OPTS_INIT;
-  o.lr = 1;
-  o.consistency = DIST_PARAM_ASYNC;
-  cr_assert_eq(dist_param_configure(c, "w", &o), 0, "%s", dist_errmsg(c));
+  dist_client *c = NULL;
+  dist_tensor *t = async_sgd_w(p0, 1, &c);
   volatile int stop = 0;
-  pusher pu = {.c = harness_client(&cluster), .g = g, .stop = &stop};
+  racer pu = {.c = harness_client(&cluster), .stop = &stop, .attempt = push_attempt,
+              .refusal = "resharded", .g = g};
   pthread_t th;
-  cr_assert_eq(pthread_create(&th, NULL, push_loop, &pu), 0);
+  cr_assert_eq(pthread_create(&th, NULL, race_loop, &pu), 0);
   dist_placement rep = DIST_REPLICATED, s0 = DIST_SHARD_DIM(0);
   /* 60 reshards at least, and on until some pushes got through (a push
    * sliced before a reshard is refused, so most are), for 30 s at most. */
@@ -727,6 +745,65 @@ Test(param, tune_changes_hyper_parameters_and_keeps_the_state) {
   cr_assert_eq(rep.params[0].step, 5);
   dist_params_report_free(&rep);
   ref_free(&r);
+  dist_tensor_free(t);
+  dist_close(c);
+}
+
+/* A change of "w"'s learning rate, by tune and configure in turn, each to
+ * a learning rate of its own. */
+static int retune_attempt(racer *r, int k) {
+  dist_param_opts o = DIST_PARAM_OPTS_INIT;
+  o.lr = 1 + k * 1e-3;
+  o.consistency = DIST_PARAM_ASYNC;
+  int rc = k % 2 ? dist_param_tune(r->c, "w", &o) : dist_param_configure(r->c, "w", &o);
+  if (rc == 0) r->last_lr = o.lr;
+  return rc;
+}
+
+/* Tunes and configures while the parameter is resharded back and forth on
+ * two daemons: each change is applied on both or refused on both as
+ * "being resharded", never applied to the old layout and then overwritten
+ * by the reshard on one daemon. Afterwards both daemons hold the last
+ * change applied, and a push is applied with it on both. */
+Test(param, configures_during_reshards_are_applied_or_refused_never_lost) {
+  double p0[4] = {10, 20, 30, 40}, g[4] = {1, 2, 3, 4}, now[4];
+  dist_client *c = NULL;
+  dist_tensor *t = async_sgd_w(p0, 0.5, &c);
+  volatile int stop = 0;
+  racer rt = {.c = harness_client(&cluster), .stop = &stop, .attempt = retune_attempt,
+              .refusal = "being resharded", .last_lr = 0.5};
+  pthread_t th;
+  cr_assert_eq(pthread_create(&th, NULL, race_loop, &rt), 0);
+  dist_placement rep = DIST_REPLICATED, s0 = DIST_SHARD_DIM(0);
+  double until = harness_now_s() + 30;
+  for (int i = 0; i < 100 || ((__atomic_load_n(&rt.applied, __ATOMIC_RELAXED) < 3 ||
+                               __atomic_load_n(&rt.refused, __ATOMIC_RELAXED) < 3) &&
+                              harness_now_s() < until);
+       i++) {
+    cr_assert_eq(dist_reshard(c, t, NULL, i % 2 ? &s0 : &rep), 0, "%s", dist_errmsg(c));
+    cr_assert_eq(rt.other, 0, "a change failed otherwise: %s", rt.other_msg);
+  }
+  stop = 1;
+  pthread_join(th, NULL);
+  cr_assert_eq(rt.other, 0, "a change failed otherwise: %s", rt.other_msg);
+  cr_assert_gt(rt.applied, 0);
+  cr_assert_eq(dist_reshard(c, t, NULL, &rep), 0, "%s", dist_errmsg(c));
+  for (int r = 0; r < 2; r++) {
+    dist_params_report report;
+    cr_assert_eq(dist_params(c, r, &report), 0, "%s", dist_errmsg(c));
+    cr_assert_eq(report.n, 1);
+    cr_assert_float_eq(report.params[0].opts.lr, rt.last_lr, 1e-12,
+                       "rank %d has lr %.4f, the last change applied %.4f (%d applied, "
+                       "%d refused)", r, report.params[0].opts.lr, rt.last_lr,
+                       rt.applied, rt.refused);
+    dist_params_report_free(&report);
+  }
+  cr_assert_eq(dist_param_push(c, "w", 0, g, sizeof g, NULL), 0, "%s", dist_errmsg(c));
+  uint64_t v;
+  pull_now(c, "w", now, 4, &v);
+  for (int i = 0; i < 4; i++)
+    cr_assert_float_eq(now[i], p0[i] - rt.last_lr * g[i], 1e-9, "elem %d: %g", i, now[i]);
+  dist_close(rt.c);
   dist_tensor_free(t);
   dist_close(c);
 }
