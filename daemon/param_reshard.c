@@ -171,3 +171,13 @@ int distd_param_move_finish(distd_server *s, distd_param_move *m, const char *na
 }
 
 void distd_param_move_free(distd_param_move *m) { distd_param_snapshot_free(&m->snap); }
+
+void distd_param_move_abort(distd_server *s, uint64_t op_id, int ndim, const int *ranks, int n,
+                            const char *why) {
+  distd_abort_op(s->peers, distd_subop(op_id, DISTD_STEP_PARAM_PENDING), ranks, n, why);
+  distd_abort_op(s->peers, distd_subop(op_id, DISTD_STEP_PARAM_NOTE), ranks, n, why);
+  for (int k = 0; k < DISTD_OPTIM_STATE_MAX; k++)
+    distd_reshard_abort(s, distd_subop(op_id, DISTD_STEP_PARAM_STATE +
+                                                  DISTD_STEP_RESHARD_SPAN * (unsigned)k),
+                        ndim, ranks, n, why);
+}

@@ -49,5 +49,8 @@ int distd_param_move_finish(distd_server *s, distd_param_move *m, const char *na
                             int64_t deadline_ms, distd_param_entry **entry,
                             dist_errbuf *eb);
 void distd_param_move_free(distd_param_move *m);
+/* distd_reshard_abort for the exchanges of the state's move. */
+void distd_param_move_abort(distd_server *s, uint64_t op_id, int ndim, const int *ranks, int n,
+                            const char *why);
 
 #endif

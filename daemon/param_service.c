@@ -552,9 +552,10 @@ static hold *drop_hold(distd_params *p, const char *name, distd_hold_kind kind) 
 }
 
 /* A reshard waits for a configure of the same name to be over (it ends
- * within its own deadline: its vote does not wait for holds). Two reshards
- * of one name do not wait for each other: each waits for data from the
- * other daemons, which may have taken them in the other order. */
+ * within its own deadline: its vote does not wait for holds). A second
+ * reshard of the name is refused rather than made to wait: the other
+ * daemons may have taken the two in the other order, and each would wait
+ * for the other's part of the one it runs. */
 int distd_param_hold(distd_params *p, const char *name, int64_t deadline_ms, int *is_param,
                      dist_errbuf *eb) {
   int timed_out = 0, rc;
@@ -565,6 +566,9 @@ int distd_param_hold(distd_params *p, const char *name, int64_t deadline_ms, int
   if (find_hold(p, name, DISTD_HOLD_CONFIGURE)) {
     rc = dist_fail(eb, DIST_EUNAVAIL, "'%s' was still being configured at the deadline; "
                    "reshard again (nothing was changed)", name);
+  } else if (find_hold(p, name, DISTD_HOLD_RESHARD)) {
+    rc = dist_fail(eb, DIST_EUNAVAIL, "'%s' is being resharded by another request on rank "
+                   "%d; reshard again once that is done (nothing was changed)", name, p->rank);
   } else if ((rc = add_hold(p, name, DISTD_HOLD_RESHARD, eb)) == 0) {
     *is_param = quiesce(p, name, "resharded", deadline_ms, &timed_out) != NULL;
     if (timed_out) {

@@ -77,7 +77,7 @@ typedef struct distd_push_result {
 
 /* One trainer's gradient for this daemon's shard, in two steps, so that
  * the daemons of a mesh can apply a push all together or not at all
- * (param_vote.h). distd_param_stage makes every check and allocates what
+ * (vote.h). distd_param_stage makes every check and allocates what
  * applying needs, so that distd_param_commit cannot fail for want of
  * memory; distd_param_abort undoes it. Meanwhile the trainer counts as
  * having pushed (a second push of it is refused), and a reshard,
@@ -131,11 +131,12 @@ int distd_param_pending(distd_params *p, const char *name);
 typedef enum { DISTD_HOLD_RESHARD, DISTD_HOLD_CONFIGURE } distd_hold_kind;
 
 /* An in-place reshard of name: waits until no configure of name runs
- * here, then holds it. Meanwhile name's pushes are refused (DIST_EUNAVAIL):
+ * here, then holds it; refused at once while another reshard holds it.
+ * Meanwhile name's pushes are refused (DIST_EUNAVAIL):
  * one applied would be lost under the resharded values; pushes already
  * staged are waited for. *is_param says whether name is a parameter. Fails
- * (DIST_EUNAVAIL), holding nothing, when the configure or a staged push
- * was still unsettled at deadline_ms. */
+ * (DIST_EUNAVAIL), holding nothing, when refused or when the configure or
+ * a staged push was still unsettled at deadline_ms. */
 int distd_param_hold(distd_params *p, const char *name, int64_t deadline_ms, int *is_param,
                      dist_errbuf *eb);
 /* A configure or tune of name: refused at once (DIST_EUNAVAIL, naming what

@@ -153,6 +153,10 @@ void distd_xfer_then(distd_xfer *x, distd_xfer *next);
  * x failed because a peer aborted the op: that peer told its group. */
 void distd_xfer_abort(distd_xfer *x, const int *ranks, int n,
                       const char *reason);
+/* Tells every rank in ranks[] (except self) that op op_id failed here
+ * before this rank took part in it, so none waits for it. */
+void distd_abort_op(distd_peers *p, uint64_t op_id, const int *ranks, int n,
+                    const char *reason);
 /* distd_xfer_wait, then on failure distd_xfer_abort to group[0..n): every
  * rank of an op that fails here learns why at once, and so can name the
  * cause (a lost rank it never talked to) instead of timing out on ranks

@@ -873,6 +873,14 @@ void distd_xfer_abort(distd_xfer *x, const int *ranks, int n, const char *reason
   pthread_mutex_unlock(&p->mu);
 }
 
+void distd_abort_op(distd_peers *p, uint64_t op_id, const int *ranks, int n,
+                    const char *reason) {
+  distd_xfer *x = distd_xfer_new(p, op_id);
+  if (!x) return;
+  distd_xfer_abort(x, ranks, n, reason);
+  distd_xfer_free(x);
+}
+
 int distd_xfer_finish(distd_xfer *x, int64_t deadline_ms, const int *group,
                       int n, dist_errbuf *eb) {
   dist_errbuf why = DIST_ERRBUF_INIT;

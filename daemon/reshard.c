@@ -226,6 +226,15 @@ static uint64_t track_reshard(distd_ops *ops, const dist_mesh_desc *src_mesh,
   return serial;
 }
 
+void distd_reshard_abort(distd_server *s, uint64_t op_id, int ndim, const int *ranks, int n,
+                         const char *why) {
+  distd_abort_op(s->peers, distd_subop(op_id, DISTD_STEP_RESHARD_MOVE), ranks, n, why);
+  for (int d = 0; d < ndim; d++)
+    distd_abort_op(s->peers, distd_subop(op_id, DISTD_STEP_RESHARD_REDUCE + (unsigned)d), ranks,
+                   n, why);
+  distd_abort_op(s->peers, distd_subop(op_id, DISTD_STEP_RESHARD_LAYOUT), ranks, n, why);
+}
+
 int distd_reshard(distd_server *s, distd_tensor *src,
                   const dist_mesh_desc *src_mesh,
                   const dist_mesh_desc *dst_mesh, const dist_placement *dst_p,

@@ -31,4 +31,11 @@ int distd_reshard(distd_server *s, distd_tensor *src,
                   const char *dst_name, uint64_t op_id, int64_t deadline_ms,
                   distd_tensor **out, dist_errbuf *eb);
 
+/* Tells ranks[0..n) that this rank's part of the reshard under op_id (of
+ * a tensor on a mesh of ndim dims) will not come, so that none of them
+ * waits for it in any of the reshard's exchanges (why is the reason they
+ * report). */
+void distd_reshard_abort(distd_server *s, uint64_t op_id, int ndim, const int *ranks, int n,
+                         const char *why);
+
 #endif

@@ -24,9 +24,10 @@ enum distd_step {
    * run under base + k * DISTD_STEP_RESHARD_SPAN never meets this one. */
   DISTD_STEP_RESHARD_SPAN = 20,
 
-  /* A parameter's push or configure sent to every daemon of its mesh
-   * (param_vote.c): the verdicts, after the gradient's own reshard. */
-  DISTD_STEP_PARAM_VOTE = 80,
+  /* The verdicts on a request applied by all or by none (vote.h): a
+   * parameter's push or configure sent to every daemon of its mesh, after
+   * the gradient's own reshard; a reshard, after its state's. */
+  DISTD_STEP_VOTE = 80,
   /* A parameter's reshard (param_reshard.c): the pending-push counts, the
    * note to the destination mesh, then one reshard per state buffer. */
   DISTD_STEP_PARAM_PENDING = 90,
@@ -38,7 +39,7 @@ _Static_assert(DISTD_STEP_RESHARD_REDUCE + DIST_MAX_MESH_DIMS <= DISTD_STEP_RESH
                "a reduce step per mesh dim fits before the layout step");
 _Static_assert(DISTD_STEP_RESHARD_LAYOUT < DISTD_STEP_RESHARD_SPAN,
                "a reshard's steps fit in its span");
-_Static_assert(DISTD_STEP_RESHARD_SPAN <= DISTD_STEP_PARAM_VOTE,
+_Static_assert(DISTD_STEP_RESHARD_SPAN <= DISTD_STEP_VOTE,
                "a parameter's steps are clear of its values' reshard");
 
 /* The op id of step `step` of operation op_id. Steps compose: step b of

@@ -92,15 +92,6 @@ static int new_output_tensor(distd_server *s, const xreq *rq, const input *in,
                           &p, s->rank, out, eb);
 }
 
-/* Tells the group this rank will not take part, so nobody waits for it. */
-static void abort_peers(distd_server *s, uint64_t op_id, const int *group,
-                        int size, const char *why) {
-  distd_xfer *x = distd_xfer_new(s->peers, op_id);
-  if (!x) return;
-  distd_xfer_abort(x, group, size, why);
-  distd_xfer_free(x);
-}
-
 static int send_reply(distd_server *s, const distd_tensor *t, const void *data,
                       uint64_t rows, const input *in, grpc_byte_buffer **reply) {
   Dist__V1__GlobalExchangeReply rp = DIST__V1__GLOBAL_EXCHANGE_REPLY__INIT;
@@ -164,7 +155,7 @@ static int exchange(distd_server *s, const distd_call_info *ci, const xreq *rq,
   rc = send_reply(s, t, out, out_rows, &in, reply);
   goto out;
 fail:
-  abort_peers(s, rq->op_id, group, size, eb->msg);
+  distd_abort_op(s->peers, rq->op_id, group, size, eb->msg);
 out:
   if (!t) free(out);
   distd_tensor_unref(t);

@@ -8,10 +8,11 @@
 #include "param.pb-c.h"
 #include "param_pb.h"
 #include "param_service.h"
-#include "param_vote.h"
 #include "pbuf.h"
 #include "reshard.h"
+#include "subop.h"
 #include "tensor_meta.h"
+#include "vote.h"
 
 static void reply_meta(distd_server *s, const distd_tensor *t,
                        grpc_byte_buffer **reply) {
@@ -21,6 +22,18 @@ static void reply_meta(distd_server *s, const distd_tensor *t,
   rp.meta = &w->meta;
   *reply = dist_pb_to_bb(&rp.base);
   free(w);
+}
+
+/* The mesh a request names for its vote (sent by a single client to the
+ * whole mesh), parsed into *mesh: 0 when it names none, 1 when it does and
+ * this daemon is in it, -1 (eb says why) otherwise. */
+static int vote_mesh(distd_server *s, const Dist__V1__Mesh *pb, const char *name,
+                     dist_mesh_desc *mesh, dist_errbuf *eb) {
+  if (!pb) return 0;
+  if (dist_mesh_from_pb(pb, mesh, eb) != 0) return -1;
+  if (dist_mesh_index_of(mesh, s->rank) >= 0) return 1;
+  dist_fail(eb, DIST_EINVAL, "a request for '%s' names a mesh without rank %d", name, s->rank);
+  return -1;
 }
 
 /* The mesh a request is voted over must be the parameter's tensor's here,
@@ -49,7 +62,7 @@ static int configure_here(distd_server *s, const distd_call_info *ci,
     restore.nbytes[k] = rq->state[k].len;
   }
   dist_mesh_desc mesh;
-  int sent = distd_param_vote_mesh(s, rq->mesh, rq->name, &mesh, eb);
+  int sent = vote_mesh(s, rq->mesh, rq->name, &mesh, eb);
   if (sent < 0) return eb->code;
   /* Sent to the whole mesh under one op id: applied by all or by none. */
   int vote = sent && rq->op_id && mesh.nranks > 1;
@@ -61,7 +74,7 @@ static int configure_here(distd_server *s, const distd_call_info *ci,
   else if (rc == 0)
     rc = distd_param_configure(s->store, rq->name, cfg, rq->with_state ? &restore : NULL,
                                &e, eb);
-  if (vote && distd_param_vote(s, &mesh, rq->op_id, ci->deadline_ms, "configure", rc, eb) &&
+  if (vote && distd_vote(s, mesh.ranks, mesh.nranks, distd_subop(rq->op_id, DISTD_STEP_VOTE), ci->deadline_ms, "configure", rc, eb) &&
       rc == 0)
     rc = eb->code;
   if (rc == 0 && rq->keep_state) rc = distd_param_tune(s->params, rq->name, cfg, 1, eb);
@@ -127,7 +140,7 @@ out:
 static int sent_layout(distd_server *s, const Dist__V1__ParamPushRequest *rq,
                        dist_mesh_desc *mesh, dist_placement *placements,
                        dist_errbuf *eb) {
-  int sent = distd_param_vote_mesh(s, rq->mesh, rq->name, mesh, eb);
+  int sent = vote_mesh(s, rq->mesh, rq->name, mesh, eb);
   if (sent <= 0) return sent;
   if (rq->n_placements && rq->n_placements != (size_t)mesh->ndim) {
     dist_fail(eb, DIST_EINVAL, "push to '%s': %zu placements for a %d-d mesh",
@@ -173,7 +186,7 @@ DISTD_HANDLER(param_push) {
   }
   distd_push_ticket tk;
   if (rc == 0) rc = distd_param_stage(s->params, s->store, &spec, &tk, eb);
-  if (vote && distd_param_vote(s, &mesh, rq->op_id, ci->deadline_ms, "push", rc, eb) != 0 &&
+  if (vote && distd_vote(s, mesh.ranks, mesh.nranks, distd_subop(rq->op_id, DISTD_STEP_VOTE), ci->deadline_ms, "push", rc, eb) != 0 &&
       rc == 0) {
     distd_param_abort(s->params, &tk);
     rc = eb->code;

@@ -9,15 +9,18 @@
 #include "param_reshard.h"
 #include "pbuf.h"
 #include "reshard.h"
+#include "subop.h"
 #include "tensor_meta.h"
+#include "vote.h"
 
 static int parse_target(distd_server *s, const Dist__V1__ReshardRequest *rq,
                         const distd_tensor *t, dist_mesh_desc *dst_mesh,
                         dist_mesh_desc *src_mesh, dist_placement *dst_p,
                         dist_errbuf *eb) {
+  /* The request's source mesh is the plan's (check_source compares). */
   if (rq->src_mesh && dist_mesh_from_pb(rq->src_mesh, src_mesh, eb) != 0)
     return eb->code;
-  if (t) *src_mesh = t->mesh;
+  if (t && !rq->src_mesh) *src_mesh = t->mesh;
   if (!t && !rq->src_mesh)
     return dist_fail(eb, DIST_ENOTFOUND, "tensor '%s' not found", rq->name);
   if (rq->mesh) {
@@ -32,61 +35,135 @@ static int parse_target(distd_server *s, const Dist__V1__ReshardRequest *rq,
   return dist_placements_from_pb(rq->placements, rq->n_placements, dst_p, eb);
 }
 
-DISTD_HANDLER(reshard) {
-  const Dist__V1__ReshardRequest *rq = (const void *)req;
-  distd_tensor *src = NULL, *out = NULL;
-  dist_mesh_desc dst_mesh, src_mesh;
+/* A reshard as this rank runs it. */
+typedef struct job {
+  const Dist__V1__ReshardRequest *rq;
+  const char *dst_name;
+  int in_place;
+  int held;     /* this request holds the name (distd_param_hold) */
+  int is_param;
+  dist_mesh_desc src_mesh, dst_mesh;
   dist_placement dst_p[DIST_MAX_MESH_DIMS];
-  const char *dst_name = rq->dst_name[0] ? rq->dst_name : rq->name;
-  int in_place = strcmp(dst_name, rq->name) == 0;
-  /* Held before its values are read: a push applied after that would be
-   * lost under the resharded values. */
-  int is_param = 0;
-  if (in_place && distd_param_hold(s->params, rq->name, ci->deadline_ms, &is_param, eb) != 0)
-    return eb->code;
-  distd_store_get(s->store, rq->name, &src, NULL);
-  int rc = parse_target(s, rq, src, &dst_mesh, &src_mesh, dst_p, eb);
-  if (rc == 0 && !in_place) {
+  distd_tensor *src;
+  distd_tensor *out;        /* NULL on a rank that holds no piece afterwards */
+  distd_param_entry *param; /* the parameter to install with out */
+} job;
+
+/* The reshard must start from the layout the client asked about: a tensor
+ * resharded or put since (a stale handle) would make the ranks run
+ * different plans. */
+static int check_source(const job *j, dist_errbuf *eb) {
+  if (!j->src || !j->rq->src_mesh || dist_mesh_equal(&j->src->mesh, &j->src_mesh)) return 0;
+  char here[128], asked[128];
+  dist_mesh_format(&j->src->mesh, here, sizeof here);
+  dist_mesh_format(&j->src_mesh, asked, sizeof asked);
+  return dist_fail(eb, DIST_EUNAVAIL, "'%s' is on mesh %s here, the request says %s "
+                   "(resharded meanwhile?): open it again", j->rq->name, here, asked);
+}
+
+/* Everything applying needs, with nothing applied: j->out and j->param. */
+static int prepare(distd_server *s, const distd_call_info *ci, job *j, dist_errbuf *eb) {
+  const Dist__V1__ReshardRequest *rq = j->rq;
+  int rc = check_source(j, eb);
+  if (rc == 0 && !j->in_place) {
     distd_tensor *exists = NULL;
     if (distd_store_get(s->store, rq->dst_name, &exists, NULL) == 0) {
       distd_tensor_unref(exists);
       rc = dist_fail(eb, DIST_EEXIST, "tensor '%s' already exists", rq->dst_name);
     }
   }
-  distd_param_entry *param = NULL;
   distd_param_move move;
   memset(&move, 0, sizeof move);
-  if (rc == 0 && in_place)
-    rc = distd_param_move_begin(s, rq->name, is_param, &src_mesh, &dst_mesh, dst_p, rq->op_id,
-                                ci->deadline_ms, &move, eb);
+  if (rc == 0 && j->in_place)
+    rc = distd_param_move_begin(s, rq->name, j->is_param, &j->src_mesh, &j->dst_mesh, j->dst_p,
+                                rq->op_id, ci->deadline_ms, &move, eb);
   if (rc == 0)
-    rc = distd_reshard(s, src, &src_mesh, &dst_mesh, dst_p, dst_name, rq->op_id,
-                       ci->deadline_ms, &out, eb);
-  if (rc == 0 && in_place)
-    rc = distd_param_move_finish(s, &move, rq->name, out, &src_mesh, &dst_mesh, rq->op_id,
-                                 ci->deadline_ms, &param, eb);
+    rc = distd_reshard(s, j->src, &j->src_mesh, &j->dst_mesh, j->dst_p, j->dst_name,
+                       rq->op_id, ci->deadline_ms, &j->out, eb);
+  if (rc == 0 && j->in_place)
+    rc = distd_param_move_finish(s, &move, rq->name, j->out, &j->src_mesh, &j->dst_mesh,
+                                 rq->op_id, ci->deadline_ms, &j->param, eb);
   distd_param_move_free(&move);
-  if (rc == 0 && out) rc = distd_store_put(s->store, out, 1, eb);
-  if (rc == 0 && !out && !rq->dst_name[0]) /* moved off this rank */
-    distd_store_delete(s->store, rq->name, NULL);
-  if (rc == 0 && in_place) {
-    if (param) distd_param_install(s->params, param);
-    else distd_param_forget(s->params, rq->name);
-    param = NULL;
+  return rc;
+}
+
+/* Cannot fail: the tensor and the parameter entry are made. */
+static void apply(distd_server *s, job *j) {
+  if (j->out) distd_store_put(s->store, j->out, 1, NULL);
+  else if (!j->rq->dst_name[0]) /* moved off this rank */
+    distd_store_delete(s->store, j->rq->name, NULL);
+  if (!j->in_place) return;
+  if (j->param) distd_param_install(s->params, j->param);
+  else distd_param_forget(s->params, j->rq->name);
+  j->param = NULL;
+}
+
+/* The ranks the reshard runs on, the same list on each: the source mesh's,
+ * then the destination's that are not in it. */
+static int participants(const job *j, int *ranks) {
+  int n = 0;
+  for (int i = 0; i < j->src_mesh.nranks; i++) ranks[n++] = j->src_mesh.ranks[i];
+  for (int i = 0; i < j->dst_mesh.nranks; i++)
+    if (dist_mesh_index_of(&j->src_mesh, j->dst_mesh.ranks[i]) < 0)
+      ranks[n++] = j->dst_mesh.ranks[i];
+  return n;
+}
+
+/* Every rank of the reshard applies it or none does (vote.h). A rank that
+ * could not prepare its part first tells the others, which may be waiting
+ * for it in an exchange. */
+static int decide(distd_server *s, const distd_call_info *ci, const job *j, int verdict,
+                  dist_errbuf *eb) {
+  int *ranks = malloc(sizeof *ranks * (size_t)(j->src_mesh.nranks + j->dst_mesh.nranks));
+  if (!ranks) return verdict ? verdict : dist_fail(eb, DIST_ENOMEM, "out of memory");
+  int n = participants(j, ranks), ndim = j->src_mesh.ndim;
+  uint64_t op = j->rq->op_id;
+  if (verdict && n > 1) {
+    distd_reshard_abort(s, op, ndim, ranks, n, dist_errbuf_msg(eb));
+    if (j->in_place) distd_param_move_abort(s, op, ndim, ranks, n, dist_errbuf_msg(eb));
   }
-  distd_param_entry_free(param);
-  if (in_place) distd_param_release(s->params, rq->name, DISTD_HOLD_RESHARD);
-  if (rc == 0) {
-    dist_wire_meta *w = calloc(1, sizeof *w);
-    Dist__V1__ReshardReply rp = DIST__V1__RESHARD_REPLY__INIT;
-    if (out) {
-      distd_meta_describe(out, s->rank, w);
-      rp.meta = &w->meta;
-    }
-    *reply = dist_pb_to_bb(&rp.base);
-    free(w);
+  int rc = n > 1 ? distd_vote(s, ranks, n, distd_subop(op, DISTD_STEP_VOTE), ci->deadline_ms,
+                              "reshard", verdict, eb)
+                 : verdict;
+  free(ranks);
+  return rc;
+}
+
+static void reply_with(distd_server *s, const distd_tensor *out, grpc_byte_buffer **reply) {
+  dist_wire_meta *w = calloc(1, sizeof *w);
+  Dist__V1__ReshardReply rp = DIST__V1__RESHARD_REPLY__INIT;
+  if (out) {
+    distd_meta_describe(out, s->rank, w);
+    rp.meta = &w->meta;
   }
-  distd_tensor_unref(out);
-  distd_tensor_unref(src);
+  *reply = dist_pb_to_bb(&rp.base);
+  free(w);
+}
+
+DISTD_HANDLER(reshard) {
+  const Dist__V1__ReshardRequest *rq = (const void *)req;
+  job j = {.rq = rq, .dst_name = rq->dst_name[0] ? rq->dst_name : rq->name};
+  j.in_place = strcmp(j.dst_name, rq->name) == 0;
+  /* Held before its values are read: a push applied after that would be
+   * lost under the resharded values. */
+  int rc = j.in_place ? distd_param_hold(s->params, rq->name, ci->deadline_ms, &j.is_param, eb)
+                      : 0;
+  j.held = j.in_place && rc == 0;
+  if (rc == 0) distd_store_get(s->store, rq->name, &j.src, NULL);
+  /* Fails alike on every rank (it reads the request), so no vote is owed. */
+  dist_errbuf parse_eb = DIST_ERRBUF_INIT;
+  int prc = parse_target(s, rq, j.src, &j.dst_mesh, &j.src_mesh, j.dst_p, &parse_eb);
+  if (prc != 0 && rc == 0) *eb = parse_eb;
+  if (prc == 0) {
+    if (rc == 0) rc = prepare(s, ci, &j, eb);
+    rc = decide(s, ci, &j, rc, eb);
+  }
+  rc = rc ? rc : prc;
+  if (rc == 0) apply(s, &j);
+  distd_param_entry_free(j.param);
+  if (j.held) distd_param_release(s->params, rq->name, DISTD_HOLD_RESHARD);
+  if (rc == 0) reply_with(s, j.out, reply);
+  distd_tensor_unref(j.out);
+  distd_tensor_unref(j.src);
   return rc;
 }

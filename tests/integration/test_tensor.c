@@ -30,12 +30,14 @@ static void stop_cluster(void) {
 
 /* Every cluster gets its own id, so daemons left over from other runs on
  * recycled ports can never join it. */
-static void start_cluster(harness *h, int n) {
+static void start_cluster_with(harness *h, int n, const char *extra) {
   char id[64];
   snprintf(id, sizeof id, "tensor-test-%d-%ld", (int)getpid(), (long)(harness_now_s() * 1000));
-  const char *args[] = {"--cluster-id", id, NULL};
+  const char *args[] = {"--cluster-id", id, extra, NULL};
   harness_start(h, n, args);
 }
+
+static void start_cluster(harness *h, int n) { start_cluster_with(h, n, NULL); }
 
 /* ------------------------------------------------------------ layout model */
 
@@ -801,6 +803,102 @@ Test(concurrency, threads_working_on_different_tensors, .timeout = 120, .fini = 
   stop_cluster();
 }
 
+/* Puts data (n float64) as name, Replicate over mesh_text. */
+static void put_replicated(dist_client *c, const char *name, const double *data, int64_t n,
+                           const char *mesh_text) {
+  dist_mesh *mesh = NULL;
+  cr_assert_eq(dist_mesh_from_string(mesh_text, NULL, &mesh), 0);
+  dist_placement rep = DIST_REPLICATED;
+  dist_tensor *t = NULL;
+  cr_assert_eq(dist_shard_tensor(c, name, data, DIST_FLOAT64, 1, &n, mesh, &rep, &t), 0,
+               "%s", dist_errmsg(c));
+  dist_tensor_free(t);
+  dist_mesh_free(mesh);
+}
+
+/* t's logical value is want[0..n) (float64). */
+static void expect_full_f64(dist_client *c, const dist_tensor *t, const double *want, size_t n,
+                            const char *after) {
+  void *full = NULL;
+  size_t nbytes = 0;
+  cr_assert_eq(dist_full_tensor(c, t, &full, &nbytes), 0, "%s", dist_errmsg(c));
+  expect_bytes(full, nbytes, want, n * sizeof *want, DIST_FLOAT64, after);
+  free(full);
+}
+
+/* A client resharding "w" back and forth through three layouts, on its
+ * own connection, counting what became of each reshard. */
+typedef struct resharder {
+  harness *h;
+  int id, applied, refused, other;
+  char msg[300];
+} resharder;
+
+static void *reshard_loop(void *arg) {
+  resharder *r = arg;
+  dist_client *c = harness_client(r->h);
+  dist_placement layouts[3] = {DIST_REPLICATED, DIST_SHARD_DIM(0),
+                               DIST_PARTIAL_OF(DIST_REDUCE_SUM)};
+  for (int i = 0; i < 60 && !r->other; i++) {
+    dist_tensor *t = NULL;
+    int rc = dist_tensor_open(c, "w", &t);
+    if (rc == 0) rc = dist_reshard(c, t, NULL, &layouts[(i + r->id) % 3]);
+    if (rc == 0) {
+      r->applied++;
+    } else if (strstr(dist_errmsg(c), "being resharded by another request")) {
+      r->refused++;
+    } else {
+      r->other = rc;
+      snprintf(r->msg, sizeof r->msg, "%s", dist_errmsg(c));
+    }
+    dist_tensor_free(t);
+  }
+  dist_close(c);
+  return NULL;
+}
+
+/* Two clients reshard one tensor at once. The daemons may take two
+ * reshards in either order, so each reshard is applied by all of them or
+ * refused by all ("being resharded by another request"): afterwards every
+ * daemon holds the same layout and version, and the value is the one put. */
+Test(concurrency, clients_resharding_one_tensor_agree_on_every_reshard, .timeout = 120, .fini = stop_cluster) {
+  start_cluster(&cluster, 2);
+  dist_client *c = harness_client(&cluster);
+  double p0[8];
+  for (int i = 0; i < 8; i++) p0[i] = 1.5 * i - 2;
+  put_replicated(c, "w", p0, 8, "[0,1]");
+  resharder r[2] = {{&cluster, 0, 0, 0, 0, ""}, {&cluster, 1, 0, 0, 0, ""}};
+  pthread_t th[2];
+  for (int i = 0; i < 2; i++) pthread_create(&th[i], NULL, reshard_loop, &r[i]);
+  for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+  for (int i = 0; i < 2; i++)
+    cr_assert_eq(r[i].other, 0, "client %d: a reshard failed otherwise: %s", i, r[i].msg);
+  cr_assert_gt(r[0].applied + r[1].applied, 0);
+  dist_placement seen[2];
+  for (int rank = 0; rank < 2; rank++) {
+    dist_client *one = harness_client_rank(&cluster, rank, 5000);
+    dist_tensor *t = NULL;
+    cr_assert_eq(dist_tensor_open(one, "w", &t), 0, "%s", dist_errmsg(one));
+    seen[rank] = dist_tensor_placements(t)[0];
+    dist_tensor_free(t);
+    dist_close(one);
+  }
+  cr_assert(seen[0].kind == seen[1].kind && seen[0].dim == seen[1].dim,
+            "the daemons disagree on the layout after %d + %d reshards (%d + %d refused)",
+            r[0].applied, r[1].applied, r[0].refused, r[1].refused);
+  dist_tensor *t = NULL;
+  cr_assert_eq(dist_tensor_open(c, "w", &t), 0, "%s", dist_errmsg(c));
+  dist_tensor_piece *pieces = NULL;
+  int np = 0;
+  cr_assert_eq(dist_tensor_pieces(c, t, &pieces, &np), 0, "%s", dist_errmsg(c));
+  cr_assert_eq(pieces[0].version, pieces[1].version);
+  free(pieces);
+  expect_full_f64(c, t, p0, 8, "the racing reshards");
+  dist_tensor_free(t);
+  dist_close(c);
+  stop_cluster();
+}
+
 /* ------------------------------------------------------------ bad input */
 
 /* Puts "keep" ([10, 2] float32, Shard(0) over [0,1,2,3]) and returns the
@@ -894,6 +992,70 @@ Test(bad_input, each_is_a_clear_error_and_leaves_the_store_unchanged, .timeout =
   dist_mesh_free(m4);
   dist_mesh_free(m22);
   dist_mesh_free(m7);
+  dist_close(c);
+  stop_cluster();
+}
+
+/* Each daemon of [0,1] still holds "w" as put: Replicate (as that daemon
+ * alone describes it), with p0. */
+static void expect_w_as_put(harness *h, dist_client *c, const double *p0, int n,
+                            const char *after) {
+  for (int r = 0; r < 2; r++) {
+    dist_client *one = harness_client_rank(h, r, 5000);
+    dist_tensor *t = NULL;
+    cr_assert_eq(dist_tensor_open(one, "w", &t), 0, "%s", dist_errmsg(one));
+    cr_assert_eq(dist_tensor_placements(t)[0].kind, DIST_REPLICATE,
+                 "rank %d changed 'w' to other placements after %s", r, after);
+    void *piece = NULL;
+    size_t nbytes = 0;
+    int64_t shape[1];
+    cr_assert_eq(dist_dtensor_to_local(c, t, r, &piece, &nbytes, shape), 0, "%s",
+                 dist_errmsg(c));
+    expect_bytes(piece, nbytes, p0, (size_t)n * sizeof *p0, DIST_FLOAT64, after);
+    free(piece);
+    dist_tensor_free(t);
+    dist_close(one);
+  }
+}
+
+/* A reshard one daemon cannot afford, the others can (it has another
+ * tensor of its own), is applied by none of them: a rank holding the new
+ * layout while another holds the old would make every later read wrong.
+ * Replicate -> Partial exchanges no data, so nothing else would stop the
+ * ranks that could; Shard -> Replicate does, and the refusal reaches the
+ * other daemon at once. */
+Test(bad_input, a_reshard_one_daemon_cannot_afford_is_applied_by_none, .timeout = 120, .fini = stop_cluster) {
+  start_cluster_with(&cluster, 2, "--memory-limit=400");
+  dist_client *c = harness_client(&cluster);
+  double fill[25] = {0}, p0[16];
+  for (int i = 0; i < 16; i++) p0[i] = i + 0.5;
+  put_replicated(c, "fill", fill, 25, "[1]");
+  put_replicated(c, "w", p0, 16, "[0,1]");
+  dist_tensor *t = NULL;
+  cr_assert_eq(dist_tensor_open(c, "w", &t), 0, "%s", dist_errmsg(c));
+  dist_placement sum = DIST_PARTIAL_OF(DIST_REDUCE_SUM);
+  int rc = dist_reshard(c, t, NULL, &sum);
+  EXPECT_ERR(c, rc, DIST_ENOMEM, "rank 1", "a reshard over rank 1's memory limit");
+  expect_w_as_put(&cluster, c, p0, 16, "a reshard over rank 1's memory limit");
+  /* One that needs an exchange (Shard -> Replicate gathers): the daemon
+   * that cannot afford it tells the other, which would otherwise wait for
+   * its rows until the peer timeout (5 s here). */
+  dist_placement s0 = DIST_SHARD_DIM(0), rep = DIST_REPLICATED;
+  cr_assert_eq(dist_tensor_delete(c, "fill"), 0, "%s", dist_errmsg(c));
+  cr_assert_eq(dist_reshard(c, t, NULL, &s0), 0, "%s", dist_errmsg(c));
+  put_replicated(c, "fill", fill, 25, "[1]");
+  double t0 = harness_now_s();
+  rc = dist_reshard(c, t, NULL, &rep);
+  double took = harness_now_s() - t0;
+  EXPECT_ERR(c, rc, DIST_ENOMEM, "rank 1", "a gathering reshard over rank 1's memory limit");
+  cr_assert_lt(took, 2.5, "the refusal took %.1f s", took);
+  /* With room made, the same reshards are applied by both. */
+  cr_assert_eq(dist_tensor_delete(c, "fill"), 0, "%s", dist_errmsg(c));
+  cr_assert_eq(dist_reshard(c, t, NULL, &rep), 0, "%s", dist_errmsg(c));
+  expect_w_as_put(&cluster, c, p0, 16, "a gathering reshard once room was made");
+  cr_assert_eq(dist_reshard(c, t, NULL, &sum), 0, "%s", dist_errmsg(c));
+  expect_full_f64(c, t, p0, 16, "the reshard once room was made");
+  dist_tensor_free(t);
   dist_close(c);
   stop_cluster();
 }

@@ -1,0 +1,63 @@
+/* Verdicts on a request, exchanged between the daemons it was sent to:
+ * see vote.h. */
+#include "vote.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "coll.h"
+
+/* One daemon's verdict: 0 or its error code, with the error's message. */
+typedef struct ballot {
+  int64_t code;
+  char reason[sizeof(((dist_errbuf *)0)->msg) - sizeof(int64_t)];
+} ballot;
+
+/* The ballot whose reason to report: the first refusal that is not a
+ * cancellation (a rank that aborted the request's exchanges refused it for
+ * a reason; the ranks it aborted only echo it), else the first refusal;
+ * -1 when every daemon said yes. */
+static int cause_of(const ballot *all, int n) {
+  int first = -1;
+  for (int i = 0; i < n; i++) {
+    if (all[i].code == 0) continue;
+    if (all[i].code != DIST_ECANCELED) return i;
+    if (first < 0) first = i;
+  }
+  return first;
+}
+
+int distd_vote(distd_server *s, const int *ranks, int n, uint64_t op_id, int64_t deadline_ms,
+               const char *what, int verdict, dist_errbuf *eb) {
+  ballot mine = {.code = verdict};
+  ballot *all = calloc((size_t)n, sizeof *all);
+  size_t *counts = calloc((size_t)n, sizeof *counts);
+  if (!all || !counts) {
+    free(all);
+    free(counts);
+    return verdict ? verdict : dist_fail(eb, DIST_ENOMEM, "out of memory voting on a %s", what);
+  }
+  if (verdict) snprintf(mine.reason, sizeof mine.reason, "%s", dist_errbuf_msg(eb));
+  for (int i = 0; i < n; i++) counts[i] = sizeof(ballot);
+  /* A refusal stands whatever the exchange does: its own message is kept. */
+  dist_errbuf scratch = DIST_ERRBUF_INIT, *xeb = verdict ? &scratch : eb;
+  distd_coll c;
+  int rc = distd_coll_init(&c, s->peers, op_id, ranks, n, deadline_ms, xeb);
+  if (rc == 0) rc = distd_allgather(&c, &mine, all, counts, DIST_UINT8, xeb);
+  int cause = rc == 0 ? cause_of(all, n) : -1;
+  /* This daemon's own error stands, unless it only echoes another's. */
+  int adopt = cause >= 0 && (!verdict || (verdict == DIST_ECANCELED &&
+                                          all[cause].code != DIST_ECANCELED));
+  if (rc != 0 && !verdict)
+    dist_errbuf_prefix(eb, "%s not applied here: the daemons could not exchange "
+                       "their verdicts: ", what);
+  else if (adopt)
+    rc = dist_fail(eb, (int)all[cause].code, "rank %d refused this %s, so no daemon "
+                   "applied it: %.*s", ranks[cause], what, (int)sizeof all[cause].reason,
+                   all[cause].reason);
+  else
+    rc = verdict;
+  free(all);
+  free(counts);
+  return rc;
+}

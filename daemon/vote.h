@@ -1,0 +1,28 @@
+/* A request that several daemons received under one op id is applied by
+ * all of them or by none: a parameter's push or configure (param.proto),
+ * a reshard. Each daemon prepares it, making every check and allocation
+ * applying needs; the daemons exchange their verdicts over the data plane;
+ * each applies it only when every verdict is yes. A daemon that said no
+ * keeps its own error; the others fail with the same code and a message
+ * naming the rank that refused and its reason, so the client learns why
+ * whichever reply it reads.
+ *
+ * Without a coordinator that outlives failures, one window stays open, as
+ * in any two-phase commit: a daemon lost after every verdict was exchanged
+ * may not have applied what the others did (its state is gone with it). */
+#ifndef DISTD_VOTE_H
+#define DISTD_VOTE_H
+
+#include <stdint.h>
+
+#include "server.h"
+
+/* Run by every daemon of ranks[0..n) (the same list on each) with the same
+ * op_id, which no other exchange of the request uses (subop.h). verdict is
+ * 0 when this daemon prepared `what` ("push", "reshard"), else its error
+ * code (its message in eb). Returns 0 when every daemon said yes;
+ * otherwise an error, described in eb. */
+int distd_vote(distd_server *s, const int *ranks, int n, uint64_t op_id, int64_t deadline_ms,
+               const char *what, int verdict, dist_errbuf *eb);
+
+#endif
