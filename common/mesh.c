@@ -149,6 +149,11 @@ static int split_names(char *buf, const char **names, dist_errbuf *eb) {
   return n;
 }
 
+int dist_mesh_of_rank(dist_mesh_desc *m, int rank, dist_errbuf *eb) {
+  int one = 1;
+  return dist_mesh_init(m, 1, &one, &rank, NULL, eb);
+}
+
 int dist_mesh_parse(dist_mesh_desc *m, const char *text, const char *names,
                     dist_errbuf *eb) {
   mesh_parser mp = {.p = text};

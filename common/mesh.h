@@ -24,6 +24,9 @@ typedef struct dist_mesh_desc {
 int dist_mesh_init(dist_mesh_desc *m, int ndim, const int *shape,
                    const int *ranks, const char *const *dim_names,
                    dist_errbuf *eb);
+/* The one-rank mesh [rank]: where a result that stays on the daemon that
+ * made it lives (an exchange's output, an expert's activations). */
+int dist_mesh_of_rank(dist_mesh_desc *m, int rank, dist_errbuf *eb);
 /* Parses "[0,1]" or "[[0,1],[2,3]]" (nested lists give the shape), and
  * "dp,mp" style names (NULL for defaults). */
 int dist_mesh_parse(dist_mesh_desc *m, const char *text, const char *names,

@@ -172,8 +172,8 @@ static int new_local(distd_server *s, const char *name, dist_dtype dt,
                      const dist_shape *shape, distd_tensor **out,
                      dist_errbuf *eb) {
   dist_mesh_desc mesh;
-  int one = 1, me = s->rank, rc;
-  if ((rc = dist_mesh_init(&mesh, 1, &one, &me, NULL, eb)) != 0) return rc;
+  int rc = dist_mesh_of_rank(&mesh, s->rank, eb);
+  if (rc != 0) return rc;
   dist_placement p = DIST_REPLICATED;
   return distd_tensor_new(s->store, name, dt, shape, &mesh, &p, s->rank, out, eb);
 }

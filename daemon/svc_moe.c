@@ -84,8 +84,8 @@ static int new_output_tensor(distd_server *s, const xreq *rq, const input *in,
                              uint64_t rows, distd_tensor **out,
                              dist_errbuf *eb) {
   dist_mesh_desc mesh;
-  int shape1 = 1, me = s->rank, rc;
-  if ((rc = dist_mesh_init(&mesh, 1, &shape1, &me, NULL, eb)) != 0) return rc;
+  int rc = dist_mesh_of_rank(&mesh, s->rank, eb);
+  if (rc != 0) return rc;
   dist_shape global = {2, {(int64_t)rows, (int64_t)in->width}};
   dist_placement p = DIST_REPLICATED;
   return distd_tensor_new(s->store, rq->out_name, in->dtype, &global, &mesh,

@@ -272,8 +272,7 @@ static dist_tensor *result_handle(const entry *e, int64_t rows) {
   snprintf(h->name, sizeof h->name, "%s", e->y);
   h->dtype = e->dt;
   h->shape = (dist_shape){2, {rows, e->d_model}};
-  int one = 1;
-  dist_mesh_init(&h->mesh.d, 1, &one, &e->parts.ranks[0], NULL, NULL);
+  dist_mesh_of_rank(&h->mesh.d, e->parts.ranks[0], NULL);
   h->placements[0] = DIST_REPLICATED;
   return h;
 }
@@ -426,8 +425,7 @@ static int add_tensors(dist_tape *t, const slot *acc, slot *more, slot *sum) {
     dist_placement rep = DIST_REPLICATED;
     for (int i = 0; rc == 0 && i < sum->ranks.n; i++) {
       dist_mesh_desc one;
-      int shape1 = 1;
-      dist_mesh_init(&one, 1, &shape1, &sum->ranks.ranks[i], NULL, NULL);
+      dist_mesh_of_rank(&one, sum->ranks.ranks[i], NULL);
       rc = dist_grad_add(c, acc->t.name, more->t.name, &one, &rep, name, &out);
       dist_tensor_free(out), out = NULL;
     }
@@ -466,11 +464,11 @@ static int store_per_rank(dist_client *c, const char *name, const void *const *p
                           const int64_t *const *shapes, int ndim, dist_dtype dt,
                           const rank_set *ranks, dist_tensor **out) {
   dist_placement rep = DIST_REPLICATED;
-  int n = c->spmd_rank >= 0 ? 1 : ranks->n, rc = 0, shape1 = 1;
+  int n = c->spmd_rank >= 0 ? 1 : ranks->n, rc = 0;
   for (int k = 0; rc == 0 && k < n; k++) {
     int r = c->spmd_rank >= 0 ? c->spmd_rank : ranks->ranks[k];
     dist_mesh one;
-    dist_mesh_init(&one.d, 1, &shape1, &r, NULL, NULL);
+    dist_mesh_of_rank(&one.d, r, NULL);
     dist_tensor_free(*out), *out = NULL;
     rc = dist_dtensor_from_local(c, name, &pieces[k], dt, ndim, &shapes[k], &one, &rep, out);
   }

@@ -44,6 +44,17 @@ Test(mesh, parse_1d_default_names) {
   cr_expect_str_eq(e.dim_names[1], "d1");
 }
 
+/* An exchange's output lives on the mesh of the daemon that made it. */
+Test(mesh, one_rank_mesh_equals_its_parsed_form) {
+  dist_mesh_desc m;
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  cr_assert_eq(dist_mesh_of_rank(&m, 3, &eb), 0, "%s", eb.msg);
+  dist_mesh_desc parsed = mesh_of("[3]", NULL);
+  cr_expect(dist_mesh_equal(&m, &parsed));
+  cr_expect_eq(dist_mesh_index_of(&m, 3), 0);
+  cr_expect_eq(dist_mesh_of_rank(&m, -1, &eb), DIST_EINVAL);
+}
+
 Test(mesh, parse_2d_with_names_and_format) {
   dist_mesh_desc m = mesh_of(" [ [4, 6 ,8],\n [5,7,9] ] ", "dp, mp");
   cr_expect_eq(m.ndim, 2);
