@@ -551,6 +551,12 @@ static hold *drop_hold(distd_params *p, const char *name, distd_hold_kind kind) 
   return h;
 }
 
+/* Another reshard that reads or replaces name runs here. */
+static int resharded_meanwhile(const distd_params *p, const char *name, dist_errbuf *eb) {
+  return dist_fail(eb, DIST_EUNAVAIL, "'%s' is being resharded by another request on rank "
+                   "%d; reshard again once that is done (nothing was changed)", name, p->rank);
+}
+
 /* A reshard waits for a configure of the same name to be over (it ends
  * within its own deadline: its vote does not wait for holds). A second
  * reshard of the name is refused rather than made to wait: the other
@@ -566,9 +572,8 @@ int distd_param_hold(distd_params *p, const char *name, int64_t deadline_ms, int
   if (find_hold(p, name, DISTD_HOLD_CONFIGURE)) {
     rc = dist_fail(eb, DIST_EUNAVAIL, "'%s' was still being configured at the deadline; "
                    "reshard again (nothing was changed)", name);
-  } else if (find_hold(p, name, DISTD_HOLD_RESHARD)) {
-    rc = dist_fail(eb, DIST_EUNAVAIL, "'%s' is being resharded by another request on rank "
-                   "%d; reshard again once that is done (nothing was changed)", name, p->rank);
+  } else if (find_hold(p, name, DISTD_HOLD_RESHARD) || find_hold(p, name, DISTD_HOLD_READ)) {
+    rc = resharded_meanwhile(p, name, eb);
   } else if ((rc = add_hold(p, name, DISTD_HOLD_RESHARD, eb)) == 0) {
     *is_param = quiesce(p, name, "resharded", deadline_ms, &timed_out) != NULL;
     if (timed_out) {
@@ -581,9 +586,18 @@ int distd_param_hold(distd_params *p, const char *name, int64_t deadline_ms, int
   return rc;
 }
 
+int distd_param_hold_read(distd_params *p, const char *name, dist_errbuf *eb) {
+  pthread_mutex_lock(&p->mu);
+  int rc = find_hold(p, name, DISTD_HOLD_RESHARD) ? resharded_meanwhile(p, name, eb)
+                                                  : add_hold(p, name, DISTD_HOLD_READ, eb);
+  pthread_mutex_unlock(&p->mu);
+  return rc;
+}
+
 int distd_param_claim(distd_params *p, const char *name, dist_errbuf *eb) {
   pthread_mutex_lock(&p->mu);
-  hold **other = find_hold(p, name, -1);
+  hold **other = find_hold(p, name, DISTD_HOLD_RESHARD);
+  if (!other) other = find_hold(p, name, DISTD_HOLD_CONFIGURE);
   int rc = other ? dist_fail(eb, DIST_EUNAVAIL, "'%s' is being %s on rank %d; configure it "
                              "again once that is done (nothing was changed)", name,
                              (*other)->kind == DISTD_HOLD_RESHARD ? "resharded" : "configured",

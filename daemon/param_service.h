@@ -128,10 +128,11 @@ int distd_param_pending(distd_params *p, const char *name);
  * replace, nor a reshard carry the state a configure is about to reset.
  * Each takes a hold on the name for as long as it runs, and releases it
  * (distd_param_release with its kind) when it is over. */
-typedef enum { DISTD_HOLD_RESHARD, DISTD_HOLD_CONFIGURE } distd_hold_kind;
+typedef enum { DISTD_HOLD_RESHARD, DISTD_HOLD_CONFIGURE, DISTD_HOLD_READ } distd_hold_kind;
 
 /* An in-place reshard of name: waits until no configure of name runs
- * here, then holds it; refused at once while another reshard holds it.
+ * here, then holds it; refused at once while another reshard reads or
+ * replaces it.
  * Meanwhile name's pushes are refused (DIST_EUNAVAIL):
  * one applied would be lost under the resharded values; pushes already
  * staged are waited for. *is_param says whether name is a parameter. Fails
@@ -139,6 +140,10 @@ typedef enum { DISTD_HOLD_RESHARD, DISTD_HOLD_CONFIGURE } distd_hold_kind;
  * a staged push was still unsettled at deadline_ms. */
 int distd_param_hold(distd_params *p, const char *name, int64_t deadline_ms, int *is_param,
                      dist_errbuf *eb);
+/* A reshard of name into another name reads it: refused at once
+ * (DIST_EUNAVAIL) while an in-place reshard of name runs here, whose
+ * result the daemons could read on one side of and not the other. */
+int distd_param_hold_read(distd_params *p, const char *name, dist_errbuf *eb);
 /* A configure or tune of name: refused at once (DIST_EUNAVAIL, naming what
  * runs) while name is being resharded or configured here. It does not
  * wait, because a configure's vote waits for the other daemons, where the

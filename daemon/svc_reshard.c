@@ -40,7 +40,7 @@ typedef struct job {
   const Dist__V1__ReshardRequest *rq;
   const char *dst_name;
   int in_place;
-  int held;     /* this request holds the name (distd_param_hold) */
+  int held;     /* this request holds the name (distd_param_hold, _hold_read) */
   int is_param;
   dist_mesh_desc src_mesh, dst_mesh;
   dist_placement dst_p[DIST_MAX_MESH_DIMS];
@@ -147,8 +147,8 @@ DISTD_HANDLER(reshard) {
   /* Held before its values are read: a push applied after that would be
    * lost under the resharded values. */
   int rc = j.in_place ? distd_param_hold(s->params, rq->name, ci->deadline_ms, &j.is_param, eb)
-                      : 0;
-  j.held = j.in_place && rc == 0;
+                      : distd_param_hold_read(s->params, rq->name, eb);
+  j.held = rc == 0;
   if (rc == 0) distd_store_get(s->store, rq->name, &j.src, NULL);
   /* Fails alike on every rank (it reads the request), so no vote is owed. */
   dist_errbuf parse_eb = DIST_ERRBUF_INIT;
@@ -161,7 +161,8 @@ DISTD_HANDLER(reshard) {
   rc = rc ? rc : prc;
   if (rc == 0) apply(s, &j);
   distd_param_entry_free(j.param);
-  if (j.held) distd_param_release(s->params, rq->name, DISTD_HOLD_RESHARD);
+  if (j.held)
+    distd_param_release(s->params, rq->name, j.in_place ? DISTD_HOLD_RESHARD : DISTD_HOLD_READ);
   if (rc == 0) reply_with(s, j.out, reply);
   distd_tensor_unref(j.out);
   distd_tensor_unref(j.src);
