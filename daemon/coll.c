@@ -341,7 +341,7 @@ static int untrack(distd_peers *p, uint64_t serial, int rc, const dist_errbuf *w
 }
 
 static uint64_t track_coll(const distd_coll *c, const char *kind, uint64_t bytes) {
-  return track(c->peers, kind, c->op_id, c->group, c->size, bytes);
+  return track(c->peers, c->kind ? c->kind : kind, c->op_id, c->group, c->size, bytes);
 }
 
 static size_t total(const size_t *counts, int n) {

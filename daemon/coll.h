@@ -20,6 +20,9 @@ typedef struct distd_coll {
   int size;         /* group size */
   int me;           /* this rank's index in group */
   int64_t deadline_ms;
+  /* What `distctl ops` and the collective metrics call it, when it is a
+   * step of something else (a "vote"); NULL: the collective's own name. */
+  const char *kind;
 } distd_coll;
 
 /* Fills c for this daemon; fails when this rank is not in group or a rank is

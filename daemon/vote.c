@@ -43,6 +43,7 @@ int distd_vote(distd_server *s, const int *ranks, int n, uint64_t op_id, int64_t
   dist_errbuf scratch = DIST_ERRBUF_INIT, *xeb = verdict ? &scratch : eb;
   distd_coll c;
   int rc = distd_coll_init(&c, s->peers, op_id, ranks, n, deadline_ms, xeb);
+  c.kind = "vote";
   if (rc == 0) rc = distd_allgather(&c, &mine, all, counts, DIST_UINT8, xeb);
   int cause = rc == 0 ? cause_of(all, n) : -1;
   /* This daemon's own error stands, unless it only echoes another's. */

@@ -201,6 +201,44 @@ Test(inspect, metrics_count_collectives_and_pass_promtool, .timeout = 120) {
 }
 
 /* Rank j sends (i+1)*(j+1) one-element rows to rank i. */
+/* The ops of `kind` in rank r's list ("in_flight" or "recent"). */
+static size_t count_kind(json_t *ops_json, int r, const char *list, const char *kind) {
+  json_t *rank = json_array_get(json_object_get(ops_json, "ranks"), (size_t)r);
+  json_t *ops = json_object_get(rank, list), *o;
+  size_t i, n = 0;
+  json_array_foreach(ops, i, o) {
+    n += strcmp(json_string_value(json_object_get(o, "kind")), kind) == 0;
+  }
+  return n;
+}
+
+/* A reshard's exchange of verdicts (every daemon applies it or none does)
+ * is shown and counted as a "vote", not as an all-gather the user never
+ * asked for. */
+Test(inspect, a_reshard_shows_its_vote_under_its_own_name, .timeout = 120) {
+  harness h;
+  harness_start(&h, 2, NULL);
+  dist_client *c = harness_client(&h);
+  float w0[8] = {0};
+  int64_t shape[1] = {8};
+  dist_tensor *t = harness_put(c, "w", DIST_FLOAT32, w0, 1, shape, "[0,1]", "Shard(0)");
+  dist_placement rep = DIST_REPLICATED;
+  cr_assert_eq(dist_reshard(c, t, NULL, &rep), 0, "%s", dist_errmsg(c));
+  json_t *j = distctl_json(&h, "ops --json");
+  for (int r = 0; r < 2; r++) {
+    cr_assert_eq(count_kind(j, r, "recent", "vote"), 1, "rank %d", r);
+    cr_assert_eq(count_kind(j, r, "recent", "all_gather"), 0, "rank %d", r);
+  }
+  json_decref(j);
+  char *text = distctl(&h, "metrics --rank 1", 0);
+  cr_assert(strstr(text, "distd_collectives_total{kind=\"vote\",result=\"ok\"} 1"), "%s",
+            text);
+  free(text);
+  dist_tensor_free(t);
+  dist_close(c);
+  harness_stop(&h);
+}
+
 Test(inspect, experts_show_tokens_routed_by_global_scatter, .timeout = 120) {
   harness h;
   harness_start(&h, 3, NULL);
