@@ -807,3 +807,36 @@ Test(param, configures_during_reshards_are_applied_or_refused_never_lost) {
   dist_tensor_free(t);
   dist_close(c);
 }
+
+/* A parameter's reshard that one daemon cannot afford (another tensor
+ * fills its memory) is applied by neither: both keep the parameter as it
+ * was, with its optimizer state, and the next updates are the reference's.
+ * Once there is room the same reshard goes through. */
+Test(param, a_reshard_one_daemon_cannot_afford_keeps_the_parameter_everywhere) {
+  dist_client *c = start_with(2, "--memory-limit=1000");
+  dist_param_opts o = adam(0.05, 2);
+  ref r;
+  double fill[70] = {0};
+  int64_t fs[1] = {70};
+  dist_tensor_free(put(c, "fill", DIST_FLOAT64, fill, 1, fs, "[1]", "Replicate()"));
+  dist_tensor *t = adam_w(c, 8, 2, "[0,1]", &o, &r);
+  train_steps(c, "w", DIST_FLOAT64, &r, &o, 1, 2, 1e-12);
+  dist_placement s1 = DIST_SHARD_DIM(1);
+  cr_assert_eq(dist_reshard(c, t, NULL, &s1), DIST_ENOMEM, "%s", dist_errmsg(c));
+  cr_assert(strstr(dist_errmsg(c), "rank 1"), "%s", dist_errmsg(c));
+  for (int rank = 0; rank < 2; rank++) {
+    dist_client *one = harness_client_rank(&cluster, rank, 5000);
+    dist_tensor *seen = NULL;
+    cr_assert_eq(dist_tensor_open(one, "w", &seen), 0, "%s", dist_errmsg(one));
+    cr_assert_eq(dist_tensor_placements(seen)[0].dim, 0, "rank %d resharded 'w'", rank);
+    dist_tensor_free(seen);
+    dist_close(one);
+  }
+  train_steps(c, "w", DIST_FLOAT64, &r, &o, 3, 4, 1e-12);
+  cr_assert_eq(dist_tensor_delete(c, "fill"), 0, "%s", dist_errmsg(c));
+  cr_assert_eq(dist_reshard(c, t, NULL, &s1), 0, "%s", dist_errmsg(c));
+  train_steps(c, "w", DIST_FLOAT64, &r, &o, 5, 6, 1e-12);
+  ref_free(&r);
+  dist_tensor_free(t);
+  dist_close(c);
+}
