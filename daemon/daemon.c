@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "experts.h"
+#include "holds.h"
 #include "http.h"
 #include "log.h"
 #include "memory.h"
@@ -121,7 +122,8 @@ static int create_registries(distd_server *s, dist_errbuf *eb) {
   s->programs = distd_registry_new(0);
   s->experts = distd_experts_new();
   s->params = distd_params_new(s->rank);
-  if (!s->programs || !s->experts || !s->params)
+  s->holds = distd_holds_new(s->rank);
+  if (!s->programs || !s->experts || !s->params || !s->holds)
     return dist_fail(eb, DIST_ENOMEM, "out of memory creating the program, "
                      "expert and parameter registries");
   return 0;
@@ -132,9 +134,11 @@ static void free_registries(distd_server *s) {
   distd_registry_free(s->programs);
   distd_experts_free(s->experts);
   distd_params_free(s->params);
+  distd_holds_free(s->holds);
   s->programs = NULL;
   s->experts = NULL;
   s->params = NULL;
+  s->holds = NULL;
 }
 
 int distd_start(distd_server *s, dist_errbuf *eb) {

@@ -38,19 +38,10 @@ struct distd_param_entry {
 };
 typedef struct distd_param_entry param;
 
-/* A request changing a name's layout (an in-place reshard) or its
- * configuration (a configure or tune), for as long as it runs. */
-typedef struct hold {
-  char name[DISTD_NAME_MAX];
-  distd_hold_kind kind;
-  struct hold *next;
-} hold;
-
 struct distd_params {
-  pthread_mutex_t mu;   /* the lists and every parameter's state */
+  pthread_mutex_t mu;   /* the list and every parameter's state */
   pthread_cond_t updated;
   param *head;
-  hold *holds;
   int rank;             /* this daemon's rank */
 };
 
@@ -83,11 +74,6 @@ static void release_state(param *q) {
 
 void distd_params_free(distd_params *p) {
   if (!p) return;
-  while (p->holds) {
-    hold *h = p->holds;
-    p->holds = h->next;
-    free(h);
-  }
   while (p->head) {
     param *q = p->head;
     p->head = q->next;
@@ -520,99 +506,24 @@ int distd_param_pending(distd_params *p, const char *name) {
   return n;
 }
 
-/* The first hold of `kind` on name (any kind: -1), or NULL. Called with mu
- * held. */
-static hold **find_hold(distd_params *p, const char *name, int kind) {
-  for (hold **at = &p->holds; *at; at = &(*at)->next)
-    if (strcmp((*at)->name, name) == 0 && (kind < 0 || (int)(*at)->kind == kind)) return at;
-  return NULL;
-}
-
-static int add_hold(distd_params *p, const char *name, distd_hold_kind kind,
-                    dist_errbuf *eb) {
-  hold *h = calloc(1, sizeof *h);
-  if (!h) return dist_fail(eb, DIST_ENOMEM, "out of memory holding '%s'", name);
-  snprintf(h->name, sizeof h->name, "%s", name);
-  h->kind = kind;
-  h->next = p->holds;
-  p->holds = h;
-  return 0;
-}
-
-/* Unlinks the first hold of `kind` on name and returns it (NULL: none);
- * a parameter no longer held by any reshard takes pushes again. Called
- * with mu held. */
-static hold *drop_hold(distd_params *p, const char *name, distd_hold_kind kind) {
-  hold **at = find_hold(p, name, (int)kind), *h = at ? *at : NULL;
-  if (h) *at = h->next;
-  param *q = find(p, name);
-  if (q && kind == DISTD_HOLD_RESHARD && !find_hold(p, name, DISTD_HOLD_RESHARD))
-    q->held_for = NULL;
-  return h;
-}
-
-/* Another reshard that reads or replaces name runs here. */
-static int resharded_meanwhile(const distd_params *p, const char *name, dist_errbuf *eb) {
-  return dist_fail(eb, DIST_EUNAVAIL, "'%s' is being resharded by another request on rank "
-                   "%d; reshard again once that is done (nothing was changed)", name, p->rank);
-}
-
-/* A reshard waits for a configure of the same name to be over (it ends
- * within its own deadline: its vote does not wait for holds). A second
- * reshard of the name is refused rather than made to wait: the other
- * daemons may have taken the two in the other order, and each would wait
- * for the other's part of the one it runs. */
 int distd_param_hold(distd_params *p, const char *name, int64_t deadline_ms, int *is_param,
                      dist_errbuf *eb) {
-  int timed_out = 0, rc;
-  *is_param = 0;
+  int timed_out = 0;
   pthread_mutex_lock(&p->mu);
-  while (find_hold(p, name, DISTD_HOLD_CONFIGURE) && distd_now_ms() < deadline_ms)
-    distd_cond_wait_until_ms(&p->updated, &p->mu, deadline_ms);
-  if (find_hold(p, name, DISTD_HOLD_CONFIGURE)) {
-    rc = dist_fail(eb, DIST_EUNAVAIL, "'%s' was still being configured at the deadline; "
-                   "reshard again (nothing was changed)", name);
-  } else if (find_hold(p, name, DISTD_HOLD_RESHARD) || find_hold(p, name, DISTD_HOLD_READ)) {
-    rc = resharded_meanwhile(p, name, eb);
-  } else if ((rc = add_hold(p, name, DISTD_HOLD_RESHARD, eb)) == 0) {
-    *is_param = quiesce(p, name, "resharded", deadline_ms, &timed_out) != NULL;
-    if (timed_out) {
-      free(drop_hold(p, name, DISTD_HOLD_RESHARD));
-      rc = dist_fail(eb, DIST_EUNAVAIL, "a push to parameter '%s' was still being "
-                     "applied at the deadline; reshard again (nothing was changed)", name);
-    }
-  }
+  param *q = quiesce(p, name, "resharded", deadline_ms, &timed_out);
+  if (timed_out) q->held_for = NULL;
   pthread_mutex_unlock(&p->mu);
-  return rc;
+  *is_param = q != NULL;
+  if (!timed_out) return 0;
+  return dist_fail(eb, DIST_EUNAVAIL, "a push to parameter '%s' was still being applied at "
+                   "the deadline; reshard again (nothing was changed)", name);
 }
 
-int distd_param_hold_read(distd_params *p, const char *name, dist_errbuf *eb) {
+void distd_param_release(distd_params *p, const char *name) {
   pthread_mutex_lock(&p->mu);
-  int rc = find_hold(p, name, DISTD_HOLD_RESHARD) ? resharded_meanwhile(p, name, eb)
-                                                  : add_hold(p, name, DISTD_HOLD_READ, eb);
+  param *q = find(p, name);
+  if (q) q->held_for = NULL;
   pthread_mutex_unlock(&p->mu);
-  return rc;
-}
-
-int distd_param_claim(distd_params *p, const char *name, dist_errbuf *eb) {
-  pthread_mutex_lock(&p->mu);
-  hold **other = find_hold(p, name, DISTD_HOLD_RESHARD);
-  if (!other) other = find_hold(p, name, DISTD_HOLD_CONFIGURE);
-  int rc = other ? dist_fail(eb, DIST_EUNAVAIL, "'%s' is being %s on rank %d; configure it "
-                             "again once that is done (nothing was changed)", name,
-                             (*other)->kind == DISTD_HOLD_RESHARD ? "resharded" : "configured",
-                             p->rank)
-                 : add_hold(p, name, DISTD_HOLD_CONFIGURE, eb);
-  pthread_mutex_unlock(&p->mu);
-  return rc;
-}
-
-void distd_param_release(distd_params *p, const char *name, distd_hold_kind kind) {
-  pthread_mutex_lock(&p->mu);
-  hold *h = drop_hold(p, name, kind);
-  pthread_cond_broadcast(&p->updated);
-  pthread_mutex_unlock(&p->mu);
-  free(h);
 }
 
 static int by_name(const void *a, const void *b) {

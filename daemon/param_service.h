@@ -123,33 +123,16 @@ int distd_param_pull(distd_params *p, distd_store *st, const char *name,
  * an asynchronous parameter); -1 when name is not a parameter. */
 int distd_param_pending(distd_params *p, const char *name);
 
-/* Requests that change a name's layout or configuration are ordered, so
- * that a configure cannot be prepared for the layout a reshard is about to
- * replace, nor a reshard carry the state a configure is about to reset.
- * Each takes a hold on the name for as long as it runs, and releases it
- * (distd_param_release with its kind) when it is over. */
-typedef enum { DISTD_HOLD_RESHARD, DISTD_HOLD_CONFIGURE, DISTD_HOLD_READ } distd_hold_kind;
-
-/* An in-place reshard of name: waits until no configure of name runs
- * here, then holds it; refused at once while another reshard reads or
- * replaces it.
- * Meanwhile name's pushes are refused (DIST_EUNAVAIL):
- * one applied would be lost under the resharded values; pushes already
- * staged are waited for. *is_param says whether name is a parameter. Fails
- * (DIST_EUNAVAIL), holding nothing, when refused or when the configure or
- * a staged push was still unsettled at deadline_ms. */
+/* While an in-place reshard of name runs, its pushes are refused
+ * (DIST_EUNAVAIL): one applied meanwhile would be lost under the resharded
+ * values. Pushes already staged are waited for, until deadline_ms; then it
+ * fails, holding nothing. *is_param says whether name is a parameter. The
+ * caller holds the name (holds.h) and calls distd_param_release when the
+ * reshard is over (a no-op once it installed a new entry or dropped the
+ * parameter). */
 int distd_param_hold(distd_params *p, const char *name, int64_t deadline_ms, int *is_param,
                      dist_errbuf *eb);
-/* A reshard of name into another name reads it: refused at once
- * (DIST_EUNAVAIL) while an in-place reshard of name runs here, whose
- * result the daemons could read on one side of and not the other. */
-int distd_param_hold_read(distd_params *p, const char *name, dist_errbuf *eb);
-/* A configure or tune of name: refused at once (DIST_EUNAVAIL, naming what
- * runs) while name is being resharded or configured here. It does not
- * wait, because a configure's vote waits for the other daemons, where the
- * reshard may be waiting for this daemon's part of it. */
-int distd_param_claim(distd_params *p, const char *name, dist_errbuf *eb);
-void distd_param_release(distd_params *p, const char *name, distd_hold_kind kind);
+void distd_param_release(distd_params *p, const char *name);
 
 /* One parameter as this daemon holds it, for inspection. */
 typedef struct distd_param_info {

@@ -19,6 +19,7 @@ typedef struct distd_rpc distd_rpc;
 typedef struct distd_program_registry distd_program_registry;
 typedef struct distd_experts distd_experts;
 typedef struct distd_params distd_params;
+typedef struct distd_holds distd_holds;
 
 typedef struct distd_server {
   distd_config cfg;
@@ -43,6 +44,7 @@ typedef struct distd_server {
   distd_program_registry *programs;
   distd_experts *experts;
   distd_params *params;
+  distd_holds *holds; /* requests on one name, ordered (holds.h) */
   int ops_in_flight; /* RPCs being handled (atomic) */
   uint64_t calls_done; /* RPCs handled so far (atomic; memory.h) */
   int grpc_initialized;

@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "holds.h"
 #include "methods.h"
 #include "metrics.h"
 #include "param.pb-c.h"
@@ -88,9 +89,9 @@ DISTD_HANDLER(param_configure) {
   distd_param_cfg cfg;
   if (distd_param_cfg_from_pb(rq, &cfg, eb) != 0) return eb->code;
   /* Held while it runs: no reshard of the name starts meanwhile here. */
-  int refused = distd_param_claim(s->params, rq->name, eb);
+  int refused = distd_holds_take(s->holds, rq->name, DISTD_HOLD_CONFIGURE, ci->deadline_ms, eb);
   int rc = configure_here(s, ci, rq, &cfg, refused, eb);
-  if (!refused) distd_param_release(s->params, rq->name, DISTD_HOLD_CONFIGURE);
+  if (!refused) distd_holds_release(s->holds, rq->name, DISTD_HOLD_CONFIGURE);
   if (rc != 0) return rc;
   distd_tensor *t = NULL;
   if (distd_store_get(s->store, rq->name, &t, eb) != 0) return eb->code;

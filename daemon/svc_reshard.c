@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "holds.h"
 #include "methods.h"
 #include "param_reshard.h"
 #include "pbuf.h"
@@ -40,7 +41,7 @@ typedef struct job {
   const Dist__V1__ReshardRequest *rq;
   const char *dst_name;
   int in_place;
-  int held;     /* this request holds the name (distd_param_hold, _hold_read) */
+  int held;     /* this request holds the name (holds.h) */
   int is_param;
   dist_mesh_desc src_mesh, dst_mesh;
   dist_placement dst_p[DIST_MAX_MESH_DIMS];
@@ -52,7 +53,10 @@ typedef struct job {
 /* The reshard must start from the layout the client asked about: a tensor
  * resharded or put since (a stale handle) would make the ranks run
  * different plans. */
-static int check_source(const job *j, dist_errbuf *eb) {
+static int check_source(const job *j, int rank, dist_errbuf *eb) {
+  if (!j->src && dist_mesh_index_of(&j->src_mesh, rank) >= 0) /* deleted here meanwhile? */
+    return dist_fail(eb, DIST_ENOTFOUND, "tensor '%s' not found on rank %d, which its mesh "
+                     "names", j->rq->name, rank);
   if (!j->src || !j->rq->src_mesh || dist_mesh_equal(&j->src->mesh, &j->src_mesh)) return 0;
   char here[128], asked[128];
   dist_mesh_format(&j->src->mesh, here, sizeof here);
@@ -64,7 +68,7 @@ static int check_source(const job *j, dist_errbuf *eb) {
 /* Everything applying needs, with nothing applied: j->out and j->param. */
 static int prepare(distd_server *s, const distd_call_info *ci, job *j, dist_errbuf *eb) {
   const Dist__V1__ReshardRequest *rq = j->rq;
-  int rc = check_source(j, eb);
+  int rc = check_source(j, s->rank, eb);
   if (rc == 0 && !j->in_place) {
     distd_tensor *exists = NULL;
     if (distd_store_get(s->store, rq->dst_name, &exists, NULL) == 0) {
@@ -146,9 +150,14 @@ DISTD_HANDLER(reshard) {
   j.in_place = strcmp(j.dst_name, rq->name) == 0;
   /* Held before its values are read: a push applied after that would be
    * lost under the resharded values. */
-  int rc = j.in_place ? distd_param_hold(s->params, rq->name, ci->deadline_ms, &j.is_param, eb)
-                      : distd_param_hold_read(s->params, rq->name, eb);
+  distd_hold_kind kind = j.in_place ? DISTD_HOLD_RESHARD : DISTD_HOLD_READ;
+  int rc = distd_holds_take(s->holds, rq->name, kind, ci->deadline_ms, eb);
   j.held = rc == 0;
+  if (rc == 0 && j.in_place &&
+      (rc = distd_param_hold(s->params, rq->name, ci->deadline_ms, &j.is_param, eb)) != 0) {
+    distd_holds_release(s->holds, rq->name, kind);
+    j.held = 0;
+  }
   if (rc == 0) distd_store_get(s->store, rq->name, &j.src, NULL);
   /* Fails alike on every rank (it reads the request), so no vote is owed. */
   dist_errbuf parse_eb = DIST_ERRBUF_INIT;
@@ -161,8 +170,8 @@ DISTD_HANDLER(reshard) {
   rc = rc ? rc : prc;
   if (rc == 0) apply(s, &j);
   distd_param_entry_free(j.param);
-  if (j.held)
-    distd_param_release(s->params, rq->name, j.in_place ? DISTD_HOLD_RESHARD : DISTD_HOLD_READ);
+  if (j.held && j.in_place) distd_param_release(s->params, rq->name);
+  if (j.held) distd_holds_release(s->holds, rq->name, kind);
   if (rc == 0) reply_with(s, j.out, reply);
   distd_tensor_unref(j.out);
   distd_tensor_unref(j.src);

@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "coll.h"
+#include "holds.h"
 #include "methods.h"
 #include "param_service.h"
 #include "pbuf.h"
@@ -312,12 +313,17 @@ DISTD_HANDLER(tensor_show) {
 }
 
 DISTD_HANDLER(tensor_delete) {
-  (void)ci;
   const Dist__V1__TensorDeleteRequest *rq = (const void *)req;
-  if (distd_store_delete(s->store, rq->name, eb) != 0) return eb->code;
+  /* Not while a reshard reads or replaces it: the reshard would put it
+   * back here, after a daemon where it came later deleted the result. */
+  if (distd_holds_take(s->holds, rq->name, DISTD_HOLD_DELETE, ci->deadline_ms, eb) != 0)
+    return eb->code;
+  int rc = distd_store_delete(s->store, rq->name, eb);
   /* Its optimizer state goes with it: a new tensor of that name starts as
    * plain values, not as the old parameter's continuation. */
-  distd_param_forget(s->params, rq->name);
+  if (rc == 0) distd_param_forget(s->params, rq->name);
+  distd_holds_release(s->holds, rq->name, DISTD_HOLD_DELETE);
+  if (rc != 0) return rc;
   Dist__V1__TensorDeleteReply rp = DIST__V1__TENSOR_DELETE_REPLY__INIT;
   *reply = dist_pb_to_bb(&rp.base);
   return 0;

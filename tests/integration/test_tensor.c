@@ -826,6 +826,18 @@ static void expect_full_f64(dist_client *c, const dist_tensor *t, const double *
   free(full);
 }
 
+/* Whether daemon r holds name, as that daemon alone describes it; *first
+ * (may be NULL) gets its placement on the first mesh dim. */
+static int held_on_rank(harness *h, int r, const char *name, dist_placement *first) {
+  dist_client *one = harness_client_rank(h, r, 5000);
+  dist_tensor *t = NULL;
+  int held = dist_tensor_open(one, name, &t) == 0;
+  if (held && first) *first = dist_tensor_placements(t)[0];
+  dist_tensor_free(t);
+  dist_close(one);
+  return held;
+}
+
 /* A client resharding "w" back and forth through three layouts, on its
  * own connection, counting what became of each reshard. */
 typedef struct resharder {
@@ -875,14 +887,8 @@ Test(concurrency, clients_resharding_one_tensor_agree_on_every_reshard, .timeout
     cr_assert_eq(r[i].other, 0, "client %d: a reshard failed otherwise: %s", i, r[i].msg);
   cr_assert_gt(r[0].applied + r[1].applied, 0);
   dist_placement seen[2];
-  for (int rank = 0; rank < 2; rank++) {
-    dist_client *one = harness_client_rank(&cluster, rank, 5000);
-    dist_tensor *t = NULL;
-    cr_assert_eq(dist_tensor_open(one, "w", &t), 0, "%s", dist_errmsg(one));
-    seen[rank] = dist_tensor_placements(t)[0];
-    dist_tensor_free(t);
-    dist_close(one);
-  }
+  for (int rank = 0; rank < 2; rank++)
+    cr_assert(held_on_rank(&cluster, rank, "w", &seen[rank]), "rank %d lost 'w'", rank);
   cr_assert(seen[0].kind == seen[1].kind && seen[0].dim == seen[1].dim,
             "the daemons disagree on the layout after %d + %d reshards (%d + %d refused)",
             r[0].applied, r[1].applied, r[0].refused, r[1].refused);
@@ -895,6 +901,64 @@ Test(concurrency, clients_resharding_one_tensor_agree_on_every_reshard, .timeout
   free(pieces);
   expect_full_f64(c, t, p0, 8, "the racing reshards");
   dist_tensor_free(t);
+  dist_close(c);
+  stop_cluster();
+}
+
+/* Reshards "w" in place until *stop, on its own connection; any outcome. */
+typedef struct churner {
+  harness *h;
+  volatile int *stop;
+  int applied;
+} churner;
+
+static void *churn_loop(void *arg) {
+  churner *ch = arg;
+  dist_client *c = harness_client(ch->h);
+  dist_placement layouts[2] = {DIST_SHARD_DIM(0), DIST_REPLICATED};
+  for (int i = 0; !*ch->stop; i++) {
+    dist_tensor *t = NULL;
+    if (dist_tensor_open(c, "w", &t) == 0 && dist_reshard(c, t, NULL, &layouts[i % 2]) == 0)
+      ch->applied++;
+    dist_tensor_free(t);
+  }
+  dist_close(c);
+  return NULL;
+}
+
+/* How many daemons of the cluster hold "w". */
+static int holders_of_w(harness *h) {
+  int n = 0;
+  for (int r = 0; r < h->n; r++) n += held_on_rank(h, r, "w", NULL);
+  return n;
+}
+
+/* A tensor deleted while another client reshards it is gone from every
+ * daemon: a reshard that read it before the delete reached one daemon
+ * must not put its result back there (the delete waits for the reshard
+ * on that daemon, and a reshard that finds it gone fails everywhere). */
+Test(concurrency, a_tensor_deleted_mid_reshard_stays_deleted_everywhere, .timeout = 120, .fini = stop_cluster) {
+  start_cluster(&cluster, 2);
+  dist_client *c = harness_client(&cluster);
+  double p0[64];
+  for (int i = 0; i < 64; i++) p0[i] = i;
+  int reshards = 0;
+  for (int round = 0; round < 20; round++) {
+    put_replicated(c, "w", p0, 64, "[0,1]");
+    volatile int stop = 0;
+    churner ch = {&cluster, &stop, 0};
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, churn_loop, &ch), 0);
+    harness_sleep_ms(2 + round % 7);
+    int rc = dist_tensor_delete(c, "w");
+    stop = 1;
+    pthread_join(th, NULL);
+    reshards += ch.applied;
+    cr_assert_eq(rc, 0, "round %d: %s", round, dist_errmsg(c));
+    cr_assert_eq(holders_of_w(&cluster), 0, "round %d: 'w' came back after its delete (%d "
+                 "reshards applied)", round, ch.applied);
+  }
+  cr_assert_gt(reshards, 0);
   dist_close(c);
   stop_cluster();
 }

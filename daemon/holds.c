@@ -1,0 +1,126 @@
+/* The holds on names: see holds.h. */
+#include "holds.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "clock.h"
+#include "store.h"
+
+typedef enum { FREE, WAIT, REFUSE } verdict;
+
+/* What a request taking a hold (row) does about one already held (column).
+ * Reshards and configures wait for other daemons, so what meets them is
+ * refused, except a delete, which waits for nothing but them and so may
+ * wait; a reshard waits for a configure (whose vote waits for no hold) and
+ * for a delete. */
+static const verdict rules[DISTD_HOLD_KINDS][DISTD_HOLD_KINDS] = {
+    /*                       RESHARD  READ    CONFIGURE DELETE */
+    [DISTD_HOLD_RESHARD] = {REFUSE, REFUSE, WAIT, WAIT},
+    [DISTD_HOLD_READ] = {REFUSE, FREE, FREE, WAIT},
+    [DISTD_HOLD_CONFIGURE] = {REFUSE, FREE, REFUSE, REFUSE},
+    [DISTD_HOLD_DELETE] = {WAIT, WAIT, WAIT, FREE},
+};
+
+/* For messages: what a hold's request is doing, and what to do again. */
+static const char *const doing[DISTD_HOLD_KINDS] = {
+    [DISTD_HOLD_RESHARD] = "resharded by another request",
+    [DISTD_HOLD_READ] = "resharded by another request",
+    [DISTD_HOLD_CONFIGURE] = "configured",
+    [DISTD_HOLD_DELETE] = "deleted",
+};
+static const char *const verb[DISTD_HOLD_KINDS] = {
+    [DISTD_HOLD_RESHARD] = "reshard",
+    [DISTD_HOLD_READ] = "reshard",
+    [DISTD_HOLD_CONFIGURE] = "configure",
+    [DISTD_HOLD_DELETE] = "delete",
+};
+
+typedef struct hold {
+  char name[DISTD_NAME_MAX];
+  distd_hold_kind kind;
+  struct hold *next;
+} hold;
+
+struct distd_holds {
+  pthread_mutex_t mu;
+  pthread_cond_t released;
+  hold *head;
+  int rank;
+};
+
+distd_holds *distd_holds_new(int rank) {
+  distd_holds *h = calloc(1, sizeof *h);
+  if (!h) return NULL;
+  pthread_mutex_init(&h->mu, NULL);
+  distd_cond_init_monotonic(&h->released);
+  h->rank = rank;
+  return h;
+}
+
+void distd_holds_free(distd_holds *h) {
+  if (!h) return;
+  while (h->head) {
+    hold *x = h->head;
+    h->head = x->next;
+    free(x);
+  }
+  pthread_cond_destroy(&h->released);
+  pthread_mutex_destroy(&h->mu);
+  free(h);
+}
+
+/* The first hold on name that a request of `kind` must act on as `what`
+ * (WAIT or REFUSE), or NULL. Called with mu held. */
+static const hold *first(const distd_holds *h, const char *name, distd_hold_kind kind,
+                         verdict what) {
+  for (const hold *x = h->head; x; x = x->next)
+    if (rules[kind][x->kind] == what && strcmp(x->name, name) == 0) return x;
+  return NULL;
+}
+
+int distd_holds_take(distd_holds *h, const char *name, distd_hold_kind kind,
+                     int64_t deadline_ms, dist_errbuf *eb) {
+  pthread_mutex_lock(&h->mu);
+  const hold *in_way = first(h, name, kind, REFUSE);
+  while (!in_way && first(h, name, kind, WAIT) && distd_now_ms() < deadline_ms) {
+    distd_cond_wait_until_ms(&h->released, &h->mu, deadline_ms);
+    in_way = first(h, name, kind, REFUSE);
+  }
+  const hold *waited = in_way ? NULL : first(h, name, kind, WAIT);
+  int rc = 0;
+  if (in_way)
+    rc = dist_fail(eb, DIST_EUNAVAIL, "'%s' is being %s on rank %d; %s it again once that "
+                   "is done (nothing was changed)", name, doing[in_way->kind], h->rank,
+                   verb[kind]);
+  else if (waited)
+    rc = dist_fail(eb, DIST_EUNAVAIL, "'%s' was still being %s on rank %d at the deadline; "
+                   "%s it again (nothing was changed)", name, doing[waited->kind], h->rank,
+                   verb[kind]);
+  hold *mine = rc ? NULL : calloc(1, sizeof *mine);
+  if (!rc && !mine) rc = dist_fail(eb, DIST_ENOMEM, "out of memory holding '%s'", name);
+  if (mine) {
+    snprintf(mine->name, sizeof mine->name, "%s", name);
+    mine->kind = kind;
+    mine->next = h->head;
+    h->head = mine;
+  }
+  pthread_mutex_unlock(&h->mu);
+  return rc;
+}
+
+void distd_holds_release(distd_holds *h, const char *name, distd_hold_kind kind) {
+  hold *gone = NULL;
+  pthread_mutex_lock(&h->mu);
+  for (hold **at = &h->head; *at; at = &(*at)->next)
+    if ((*at)->kind == kind && strcmp((*at)->name, name) == 0) {
+      gone = *at;
+      *at = gone->next;
+      break;
+    }
+  pthread_cond_broadcast(&h->released);
+  pthread_mutex_unlock(&h->mu);
+  free(gone);
+}

@@ -1,0 +1,46 @@
+/* Requests that read or change one stored name, ordered on each daemon.
+ *
+ * An in-place reshard replaces a tensor (and a parameter's state), a
+ * reshard into another name reads it, a configure or tune resets or
+ * changes a parameter, a delete drops both. Each takes a hold on the name
+ * for as long as it runs, so that none acts on what another is replacing:
+ * a configure prepared for the layout a reshard replaces, or a tensor
+ * deleted while a reshard reads it and then put back by the reshard.
+ *
+ * Whether a request waits for a hold or is refused at once follows one
+ * rule: it may wait only for holds whose requests do not wait for other
+ * daemons (a configure's vote, a reshard's exchanges), or two daemons that
+ * took two requests in opposite orders would wait for each other until the
+ * deadline. The table is in holds.c. */
+#ifndef DISTD_HOLDS_H
+#define DISTD_HOLDS_H
+
+#include <stdint.h>
+
+#include "errbuf.h"
+
+typedef struct distd_holds distd_holds;
+
+typedef enum {
+  DISTD_HOLD_RESHARD,   /* an in-place reshard */
+  DISTD_HOLD_READ,      /* a reshard into another name, of its source */
+  DISTD_HOLD_CONFIGURE, /* a parameter's configure or tune */
+  DISTD_HOLD_DELETE,
+  DISTD_HOLD_KINDS
+} distd_hold_kind;
+
+/* The holds of the daemon of rank `rank` (named in messages); NULL when
+ * out of memory. */
+distd_holds *distd_holds_new(int rank);
+void distd_holds_free(distd_holds *h); /* NULL is a no-op */
+
+/* Takes a hold of `kind` on name, after waiting (until deadline_ms,
+ * distd_now_ms clock) for the holds it waits for. Fails with DIST_EUNAVAIL
+ * and a message naming what runs, holding nothing, when a hold refuses it
+ * or one it waits for is still there at the deadline. */
+int distd_holds_take(distd_holds *h, const char *name, distd_hold_kind kind,
+                     int64_t deadline_ms, dist_errbuf *eb);
+/* Releases one hold of `kind` on name, taken before. */
+void distd_holds_release(distd_holds *h, const char *name, distd_hold_kind kind);
+
+#endif

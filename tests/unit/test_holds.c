@@ -1,0 +1,110 @@
+/* The holds that order requests on one name in a daemon (holds.h): for
+ * every pair of kinds, whether the second request is refused, waits or
+ * goes ahead, with the rule written out here from the reasons in holds.h
+ * rather than read from holds.c's table; a wait ends when the hold is
+ * released, or at the deadline with nothing held. */
+#include <criterion/criterion.h>
+#include <pthread.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "clock.h"
+#include "holds.h"
+
+static distd_holds *h;
+
+static void setup(void) { h = distd_holds_new(3); }
+static void teardown(void) { distd_holds_free(h); }
+
+TestSuite(holds, .init = setup, .fini = teardown, .timeout = 60);
+
+#define R DISTD_HOLD_RESHARD
+#define RD DISTD_HOLD_READ
+#define C DISTD_HOLD_CONFIGURE
+#define D DISTD_HOLD_DELETE
+static const char *const names[] = {"reshard", "read", "configure", "delete"};
+
+typedef enum { GOES, WAITS, REFUSED } outcome;
+
+/* A request that waits for other daemons (reshard, configure) may not wait
+ * for another such request; a delete waits for nothing but local holds. */
+static outcome expected(distd_hold_kind taking, distd_hold_kind held) {
+  if (taking == D) return held == D ? GOES : WAITS;
+  if (held == D) return taking == C ? REFUSED : WAITS;
+  if (taking == R) return held == C ? WAITS : REFUSED;
+  if (taking == RD) return held == R ? REFUSED : GOES;
+  return held == RD ? GOES : REFUSED; /* a configure */
+}
+
+/* What taking `taking` on "w" does while `held` is held, with a 150 ms
+ * deadline. */
+static outcome observe(distd_hold_kind taking, distd_hold_kind held, dist_errbuf *eb) {
+  cr_assert_eq(distd_holds_take(h, "w", held, distd_now_ms() + 1000, eb), 0, "%s", eb->msg);
+  int64_t t0 = distd_now_ms();
+  int rc = distd_holds_take(h, "w", taking, t0 + 150, eb);
+  int64_t took = distd_now_ms() - t0;
+  if (rc == 0) distd_holds_release(h, "w", taking);
+  distd_holds_release(h, "w", held);
+  if (rc == 0) return GOES;
+  cr_assert_eq(rc, DIST_EUNAVAIL, "%s", eb->msg);
+  cr_expect(strstr(eb->msg, "rank 3") && strstr(eb->msg, "nothing was changed"), "%s",
+            eb->msg);
+  return took >= 140 ? WAITS : REFUSED;
+}
+
+Test(holds, every_pair_of_kinds_follows_the_rule) {
+  for (distd_hold_kind taking = 0; taking < DISTD_HOLD_KINDS; taking++)
+    for (distd_hold_kind held = 0; held < DISTD_HOLD_KINDS; held++) {
+      dist_errbuf eb = DIST_ERRBUF_INIT;
+      outcome got = observe(taking, held, &eb), want = expected(taking, held);
+      cr_expect_eq(got, want, "%s while a %s runs: got %d, want %d (%s)", names[taking],
+                   names[held], got, want, eb.msg);
+    }
+}
+
+Test(holds, other_names_are_free_and_messages_say_what_runs) {
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  cr_assert_eq(distd_holds_take(h, "w", R, distd_now_ms() + 1000, &eb), 0, "%s", eb.msg);
+  cr_expect_eq(distd_holds_take(h, "v", R, distd_now_ms() + 1000, &eb), 0, "%s", eb.msg);
+  distd_holds_release(h, "v", R);
+  cr_expect_eq(distd_holds_take(h, "w", R, distd_now_ms() + 1000, &eb), DIST_EUNAVAIL);
+  cr_expect(strstr(eb.msg, "'w' is being resharded by another request on rank 3; reshard "
+                   "it again"), "%s", eb.msg);
+  cr_expect_eq(distd_holds_take(h, "w", C, distd_now_ms() + 1000, &eb), DIST_EUNAVAIL);
+  cr_expect(strstr(eb.msg, "configure it again"), "%s", eb.msg);
+  distd_holds_release(h, "w", R);
+}
+
+/* Releases "w"'s configure hold after 200 ms. */
+static void *release_later(void *arg) {
+  (void)arg;
+  usleep(200 * 1000);
+  distd_holds_release(h, "w", C);
+  return NULL;
+}
+
+Test(holds, a_wait_ends_when_the_hold_is_released) {
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  cr_assert_eq(distd_holds_take(h, "w", C, distd_now_ms() + 1000, &eb), 0, "%s", eb.msg);
+  pthread_t th;
+  cr_assert_eq(pthread_create(&th, NULL, release_later, NULL), 0);
+  int64_t t0 = distd_now_ms();
+  cr_expect_eq(distd_holds_take(h, "w", R, t0 + 10000, &eb), 0, "%s", eb.msg);
+  int64_t waited = distd_now_ms() - t0;
+  pthread_join(th, NULL);
+  cr_expect_geq(waited, 150, "held after %lld ms, before the configure ended",
+                (long long)waited);
+  cr_expect_lt(waited, 5000, "held only near the deadline (%lld ms)", (long long)waited);
+  distd_holds_release(h, "w", R);
+}
+
+Test(holds, a_wait_that_times_out_leaves_nothing_held) {
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  cr_assert_eq(distd_holds_take(h, "w", C, distd_now_ms() + 1000, &eb), 0, "%s", eb.msg);
+  cr_expect_eq(distd_holds_take(h, "w", R, distd_now_ms() + 100, &eb), DIST_EUNAVAIL);
+  cr_expect(strstr(eb.msg, "still being configured on rank 3 at the deadline"), "%s", eb.msg);
+  distd_holds_release(h, "w", C);
+  cr_expect_eq(distd_holds_take(h, "w", C, distd_now_ms() + 100, &eb), 0,
+               "the timed-out reshard left a hold: %s", eb.msg);
+  distd_holds_release(h, "w", C);
+}
