@@ -919,7 +919,7 @@ static void *churn_loop(void *arg) {
   for (int i = 0; !*ch->stop; i++) {
     dist_tensor *t = NULL;
     if (dist_tensor_open(c, "w", &t) == 0 && dist_reshard(c, t, NULL, &layouts[i % 2]) == 0)
-      ch->applied++;
+      __atomic_add_fetch(&ch->applied, 1, __ATOMIC_RELAXED);
     dist_tensor_free(t);
   }
   dist_close(c);
@@ -949,7 +949,12 @@ Test(concurrency, a_tensor_deleted_mid_reshard_stays_deleted_everywhere, .timeou
     churner ch = {&cluster, &stop, 0};
     pthread_t th;
     cr_assert_eq(pthread_create(&th, NULL, churn_loop, &ch), 0);
-    harness_sleep_ms(2 + round % 7);
+    /* Once it reshards (slowly under ASan), the delete lands while it
+     * runs its next reshard or between two. */
+    double until = harness_now_s() + 10;
+    while (__atomic_load_n(&ch.applied, __ATOMIC_RELAXED) == 0 && harness_now_s() < until)
+      harness_sleep_ms(1);
+    harness_sleep_ms(round % 7);
     int rc = dist_tensor_delete(c, "w");
     stop = 1;
     pthread_join(th, NULL);
