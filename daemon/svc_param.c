@@ -11,7 +11,6 @@
 #include "param_service.h"
 #include "pbuf.h"
 #include "reshard.h"
-#include "subop.h"
 #include "tensor_meta.h"
 #include "vote.h"
 
@@ -75,7 +74,8 @@ static int configure_here(distd_server *s, const distd_call_info *ci,
   else if (rc == 0)
     rc = distd_param_configure(s->store, rq->name, cfg, rq->with_state ? &restore : NULL,
                                &e, eb);
-  if (vote && distd_vote(s, mesh.ranks, mesh.nranks, distd_subop(rq->op_id, DISTD_STEP_VOTE), ci->deadline_ms, "configure", rc, eb) &&
+  if (vote &&
+      distd_vote(s, mesh.ranks, mesh.nranks, rq->op_id, ci->deadline_ms, "configure", rc, eb) &&
       rc == 0)
     rc = eb->code;
   if (rc == 0 && rq->keep_state) rc = distd_param_tune(s->params, rq->name, cfg, 1, eb);
@@ -187,7 +187,8 @@ DISTD_HANDLER(param_push) {
   }
   distd_push_ticket tk;
   if (rc == 0) rc = distd_param_stage(s->params, s->store, &spec, &tk, eb);
-  if (vote && distd_vote(s, mesh.ranks, mesh.nranks, distd_subop(rq->op_id, DISTD_STEP_VOTE), ci->deadline_ms, "push", rc, eb) != 0 &&
+  if (vote &&
+      distd_vote(s, mesh.ranks, mesh.nranks, rq->op_id, ci->deadline_ms, "push", rc, eb) != 0 &&
       rc == 0) {
     distd_param_abort(s->params, &tk);
     rc = eb->code;

@@ -10,7 +10,6 @@
 #include "param_reshard.h"
 #include "pbuf.h"
 #include "reshard.h"
-#include "subop.h"
 #include "tensor_meta.h"
 #include "vote.h"
 
@@ -126,8 +125,7 @@ static int decide(distd_server *s, const distd_call_info *ci, const job *j, int 
     distd_reshard_abort(s, op, ndim, ranks, n, dist_errbuf_msg(eb));
     if (j->in_place) distd_param_move_abort(s, op, ndim, ranks, n, dist_errbuf_msg(eb));
   }
-  int rc = n > 1 ? distd_vote(s, ranks, n, distd_subop(op, DISTD_STEP_VOTE), ci->deadline_ms,
-                              "reshard", verdict, eb)
+  int rc = n > 1 ? distd_vote(s, ranks, n, op, ci->deadline_ms, "reshard", verdict, eb)
                  : verdict;
   free(ranks);
   return rc;

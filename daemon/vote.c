@@ -6,6 +6,7 @@
 #include <stdlib.h>
 
 #include "coll.h"
+#include "subop.h"
 
 /* One daemon's verdict: 0 or its error code, with the error's message. */
 typedef struct ballot {
@@ -42,7 +43,8 @@ int distd_vote(distd_server *s, const int *ranks, int n, uint64_t op_id, int64_t
   /* A refusal stands whatever the exchange does: its own message is kept. */
   dist_errbuf scratch = DIST_ERRBUF_INIT, *xeb = verdict ? &scratch : eb;
   distd_coll c;
-  int rc = distd_coll_init(&c, s->peers, op_id, ranks, n, deadline_ms, xeb);
+  int rc = distd_coll_init(&c, s->peers, distd_subop(op_id, DISTD_STEP_VOTE), ranks, n,
+                           deadline_ms, xeb);
   c.kind = "vote";
   if (rc == 0) rc = distd_allgather(&c, &mine, all, counts, DIST_UINT8, xeb);
   int cause = rc == 0 ? cause_of(all, n) : -1;

@@ -17,11 +17,11 @@
 
 #include "server.h"
 
-/* Run by every daemon of ranks[0..n) (the same list on each) with the same
- * op_id, which no other exchange of the request uses (subop.h). verdict is
- * 0 when this daemon prepared `what` ("push", "reshard"), else its error
- * code (its message in eb). Returns 0 when every daemon said yes;
- * otherwise an error, described in eb. */
+/* Run by every daemon of ranks[0..n) (the same list on each) for the
+ * request of op id op_id; the verdicts travel under its vote step
+ * (DISTD_STEP_VOTE, subop.h). verdict is 0 when this daemon prepared `what`
+ * ("push", "reshard"), else its error code (its message in eb). Returns 0
+ * when every daemon said yes; otherwise an error, described in eb. */
 int distd_vote(distd_server *s, const int *ranks, int n, uint64_t op_id, int64_t deadline_ms,
                const char *what, int verdict, dist_errbuf *eb);
 
