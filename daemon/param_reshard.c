@@ -20,8 +20,8 @@ static int check_pending(distd_server *s, const char *name, const dist_mesh_desc
   size_t counts[DIST_MAX_MESH_RANKS];
   for (int i = 0; i < n; i++) counts[i] = 1;
   distd_coll c;
-  int rc = distd_coll_init(&c, s->peers, distd_subop(op_id, DISTD_STEP_PARAM_PENDING), src_mesh->ranks, n,
-                           deadline_ms, eb);
+  int rc = distd_coll_init(&c, s->peers, distd_subop(op_id, DISTD_STEP_PARAM_PENDING),
+                           src_mesh->ranks, n, deadline_ms, eb);
   if (rc == 0) rc = distd_allgather(&c, &mine, all, counts, DIST_INT64, eb);
   for (int i = 0; rc == 0 && i < n; i++)
     if (all[i] > 0)
@@ -129,6 +129,11 @@ int distd_param_move_begin(distd_server *s, const char *name, int held,
   return tell_destination(s, src_mesh, dst_mesh, op_id, deadline_ms, rc, m, eb);
 }
 
+/* The op id state buffer k's own reshard runs under. */
+static uint64_t state_op(uint64_t op_id, int k) {
+  return distd_subop(op_id, DISTD_STEP_PARAM_STATE + DISTD_STEP_RESHARD_SPAN * (unsigned)k);
+}
+
 /* Reshards state buffer k, laid out as the parameter was (m->snap.tensor;
  * NULL on a rank only in the destination mesh), to the destination. */
 static int reshard_buffer(distd_server *s, const distd_param_move *m, int k,
@@ -143,8 +148,8 @@ static int reshard_buffer(distd_server *s, const distd_param_move *m, int k,
     if (rc != 0) return rc;
     memcpy(t->data, m->snap.state[k], t->nbytes);
   }
-  int rc = distd_reshard(s, t, src_mesh, dst_mesh, m->dst_p, name,
-                         distd_subop(op_id, DISTD_STEP_PARAM_STATE + DISTD_STEP_RESHARD_SPAN * (unsigned)k), deadline_ms, moved, eb);
+  int rc = distd_reshard(s, t, src_mesh, dst_mesh, m->dst_p, name, state_op(op_id, k),
+                         deadline_ms, moved, eb);
   distd_tensor_unref(t);
   return rc;
 }
@@ -177,7 +182,5 @@ void distd_param_move_abort(distd_server *s, uint64_t op_id, int ndim, const int
   distd_abort_op(s->peers, distd_subop(op_id, DISTD_STEP_PARAM_PENDING), ranks, n, why);
   distd_abort_op(s->peers, distd_subop(op_id, DISTD_STEP_PARAM_NOTE), ranks, n, why);
   for (int k = 0; k < DISTD_OPTIM_STATE_MAX; k++)
-    distd_reshard_abort(s, distd_subop(op_id, DISTD_STEP_PARAM_STATE +
-                                                  DISTD_STEP_RESHARD_SPAN * (unsigned)k),
-                        ndim, ranks, n, why);
+    distd_reshard_abort(s, state_op(op_id, k), ndim, ranks, n, why);
 }

@@ -107,8 +107,8 @@ static int reduce_partials(distd_server *s, distd_tensor *t,
     int group[DIST_MAX_MESH_RANKS];
     int n = dist_mesh_group(&t->mesh, t->mesh.ranks[idx], d, group);
     distd_coll c;
-    int rc = distd_coll_init(&c, s->peers, distd_subop(op, DISTD_STEP_RESHARD_REDUCE + (unsigned)d),
-                             group, n, deadline, eb);
+    uint64_t step = distd_subop(op, DISTD_STEP_RESHARD_REDUCE + (unsigned)d);
+    int rc = distd_coll_init(&c, s->peers, step, group, n, deadline, eb);
     if (rc == 0)
       rc = distd_allreduce(&c, t->data, t->nbytes / dist_dtype_size(t->dtype),
                            t->dtype, p->reduce, eb);
@@ -204,35 +204,48 @@ fail:
   return rc;
 }
 
+int distd_reshard_ranks(const dist_mesh_desc *src_mesh, const dist_mesh_desc *dst_mesh,
+                        int *ranks) {
+  int n = 0;
+  for (int i = 0; i < dst_mesh->nranks; i++) ranks[n++] = dst_mesh->ranks[i];
+  for (int i = 0; i < src_mesh->nranks; i++)
+    if (dist_mesh_index_of(dst_mesh, src_mesh->ranks[i]) < 0) ranks[n++] = src_mesh->ranks[i];
+  return n;
+}
+
+/* The op ids of the exchanges of a reshard run under op_id, from a mesh of
+ * ndim dims: the cross-mesh move, one all-reduce per mesh dim that stops
+ * being Partial, the layout exchange. Returns how many, at most
+ * RESHARD_STEPS_MAX. */
+enum { RESHARD_STEPS_MAX = 2 + DIST_MAX_MESH_DIMS };
+static int reshard_steps(uint64_t op_id, int ndim, uint64_t *ids) {
+  int n = 0;
+  ids[n++] = distd_subop(op_id, DISTD_STEP_RESHARD_MOVE);
+  for (int d = 0; d < ndim; d++)
+    ids[n++] = distd_subop(op_id, DISTD_STEP_RESHARD_REDUCE + (unsigned)d);
+  ids[n++] = distd_subop(op_id, DISTD_STEP_RESHARD_LAYOUT);
+  return n;
+}
+
 /* Registers the reshard in the daemon's operations registry (ops.h) for
- * `distctl ops`, watching the op ids of each of its steps. The group shown
- * is the destination mesh, then source ranks not in it. */
+ * `distctl ops`, watching the op ids of each of its steps. */
 static uint64_t track_reshard(distd_ops *ops, const dist_mesh_desc *src_mesh,
                               const dist_mesh_desc *dst_mesh, uint64_t op_id,
                               uint64_t bytes) {
-  int group[DISTD_OPS_GROUP_MAX], n = 0;
-  const dist_mesh_desc *meshes[2] = {dst_mesh, src_mesh};
-  for (int m = 0; m < 2; m++)
-    for (int i = 0; meshes[m] && i < meshes[m]->nranks && n < DISTD_OPS_GROUP_MAX; i++) {
-      int r = meshes[m]->ranks[i], seen = 0;
-      for (int k = 0; k < n && !seen; k++) seen = group[k] == r;
-      if (!seen) group[n++] = r;
-    }
+  int group[2 * DIST_MAX_MESH_RANKS];
+  int n = distd_reshard_ranks(src_mesh, dst_mesh, group);
   uint64_t serial = distd_ops_begin(ops, "reshard", op_id, group, n, bytes);
-  distd_ops_watch(ops, serial, distd_subop(op_id, DISTD_STEP_RESHARD_MOVE));
-  distd_ops_watch(ops, serial, distd_subop(op_id, DISTD_STEP_RESHARD_LAYOUT));
-  for (int d = 0; src_mesh && d < src_mesh->ndim; d++)
-    distd_ops_watch(ops, serial, distd_subop(op_id, DISTD_STEP_RESHARD_REDUCE + (unsigned)d));
+  uint64_t steps[RESHARD_STEPS_MAX];
+  int nsteps = reshard_steps(op_id, src_mesh->ndim, steps);
+  for (int i = 0; i < nsteps; i++) distd_ops_watch(ops, serial, steps[i]);
   return serial;
 }
 
 void distd_reshard_abort(distd_server *s, uint64_t op_id, int ndim, const int *ranks, int n,
                          const char *why) {
-  distd_abort_op(s->peers, distd_subop(op_id, DISTD_STEP_RESHARD_MOVE), ranks, n, why);
-  for (int d = 0; d < ndim; d++)
-    distd_abort_op(s->peers, distd_subop(op_id, DISTD_STEP_RESHARD_REDUCE + (unsigned)d), ranks,
-                   n, why);
-  distd_abort_op(s->peers, distd_subop(op_id, DISTD_STEP_RESHARD_LAYOUT), ranks, n, why);
+  uint64_t steps[RESHARD_STEPS_MAX];
+  int nsteps = reshard_steps(op_id, ndim, steps);
+  for (int i = 0; i < nsteps; i++) distd_abort_op(s->peers, steps[i], ranks, n, why);
 }
 
 int distd_reshard(distd_server *s, distd_tensor *src,

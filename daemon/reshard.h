@@ -31,6 +31,12 @@ int distd_reshard(distd_server *s, distd_tensor *src,
                   const char *dst_name, uint64_t op_id, int64_t deadline_ms,
                   distd_tensor **out, dist_errbuf *eb);
 
+/* The ranks a reshard runs on, the same list on every one of them: the
+ * destination mesh's, then the source mesh's not in it. ranks has room for
+ * both meshes' ranks; returns how many. */
+int distd_reshard_ranks(const dist_mesh_desc *src_mesh, const dist_mesh_desc *dst_mesh,
+                        int *ranks);
+
 /* Tells ranks[0..n) that this rank's part of the reshard under op_id (of
  * a tensor on a mesh of ndim dims) will not come, so that none of them
  * waits for it in any of the reshard's exchanges (why is the reason they

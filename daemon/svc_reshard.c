@@ -101,17 +101,6 @@ static void apply(distd_server *s, job *j) {
   j->param = NULL;
 }
 
-/* The ranks the reshard runs on, the same list on each: the source mesh's,
- * then the destination's that are not in it. */
-static int participants(const job *j, int *ranks) {
-  int n = 0;
-  for (int i = 0; i < j->src_mesh.nranks; i++) ranks[n++] = j->src_mesh.ranks[i];
-  for (int i = 0; i < j->dst_mesh.nranks; i++)
-    if (dist_mesh_index_of(&j->src_mesh, j->dst_mesh.ranks[i]) < 0)
-      ranks[n++] = j->dst_mesh.ranks[i];
-  return n;
-}
-
 /* Every rank of the reshard applies it or none does (vote.h). A rank that
  * could not prepare its part first tells the others, which may be waiting
  * for it in an exchange. */
@@ -119,7 +108,7 @@ static int decide(distd_server *s, const distd_call_info *ci, const job *j, int 
                   dist_errbuf *eb) {
   int *ranks = malloc(sizeof *ranks * (size_t)(j->src_mesh.nranks + j->dst_mesh.nranks));
   if (!ranks) return verdict ? verdict : dist_fail(eb, DIST_ENOMEM, "out of memory");
-  int n = participants(j, ranks), ndim = j->src_mesh.ndim;
+  int n = distd_reshard_ranks(&j->src_mesh, &j->dst_mesh, ranks), ndim = j->src_mesh.ndim;
   uint64_t op = j->rq->op_id;
   if (verdict && n > 1) {
     distd_reshard_abort(s, op, ndim, ranks, n, dist_errbuf_msg(eb));
