@@ -11,7 +11,8 @@
  * A parameter with pushes pending for an unfinished synchronous update on
  * any rank of its mesh is not resharded: the pushes would be lost, and the
  * trainers that made them would wait for an update that never comes. While
- * the reshard runs, the parameter's pushes are refused (distd_param_hold). */
+ * the reshard runs, the parameter's pushes are refused
+ * (distd_param_pause_pushes). */
 #ifndef DISTD_PARAM_RESHARD_H
 #define DISTD_PARAM_RESHARD_H
 

@@ -506,8 +506,8 @@ int distd_param_pending(distd_params *p, const char *name) {
   return n;
 }
 
-int distd_param_hold(distd_params *p, const char *name, int64_t deadline_ms, int *is_param,
-                     dist_errbuf *eb) {
+int distd_param_pause_pushes(distd_params *p, const char *name, int64_t deadline_ms,
+                             int *is_param, dist_errbuf *eb) {
   int timed_out = 0;
   pthread_mutex_lock(&p->mu);
   param *q = quiesce(p, name, "resharded", deadline_ms, &timed_out);
@@ -519,7 +519,7 @@ int distd_param_hold(distd_params *p, const char *name, int64_t deadline_ms, int
                    "the deadline; reshard again (nothing was changed)", name);
 }
 
-void distd_param_release(distd_params *p, const char *name) {
+void distd_param_resume_pushes(distd_params *p, const char *name) {
   pthread_mutex_lock(&p->mu);
   param *q = find(p, name);
   if (q) q->held_for = NULL;

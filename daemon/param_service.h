@@ -126,13 +126,13 @@ int distd_param_pending(distd_params *p, const char *name);
 /* While an in-place reshard of name runs, its pushes are refused
  * (DIST_EUNAVAIL): one applied meanwhile would be lost under the resharded
  * values. Pushes already staged are waited for, until deadline_ms; then it
- * fails, holding nothing. *is_param says whether name is a parameter. The
- * caller holds the name (holds.h) and calls distd_param_release when the
- * reshard is over (a no-op once it installed a new entry or dropped the
- * parameter). */
-int distd_param_hold(distd_params *p, const char *name, int64_t deadline_ms, int *is_param,
-                     dist_errbuf *eb);
-void distd_param_release(distd_params *p, const char *name);
+ * fails, pausing nothing. *is_param says whether name is a parameter. The
+ * caller holds the name (holds.h) and calls distd_param_resume_pushes when
+ * the reshard is over (a no-op once it installed a new entry or dropped
+ * the parameter). */
+int distd_param_pause_pushes(distd_params *p, const char *name, int64_t deadline_ms,
+                             int *is_param, dist_errbuf *eb);
+void distd_param_resume_pushes(distd_params *p, const char *name);
 
 /* One parameter as this daemon holds it, for inspection. */
 typedef struct distd_param_info {

@@ -141,7 +141,8 @@ DISTD_HANDLER(reshard) {
   int rc = distd_holds_take(s->holds, rq->name, kind, ci->deadline_ms, eb);
   j.held = rc == 0;
   if (rc == 0 && j.in_place &&
-      (rc = distd_param_hold(s->params, rq->name, ci->deadline_ms, &j.is_param, eb)) != 0) {
+      (rc = distd_param_pause_pushes(s->params, rq->name, ci->deadline_ms, &j.is_param,
+                                     eb)) != 0) {
     distd_holds_release(s->holds, rq->name, kind);
     j.held = 0;
   }
@@ -157,7 +158,7 @@ DISTD_HANDLER(reshard) {
   rc = rc ? rc : prc;
   if (rc == 0) apply(s, &j);
   distd_param_entry_free(j.param);
-  if (j.held && j.in_place) distd_param_release(s->params, rq->name);
+  if (j.held && j.in_place) distd_param_resume_pushes(s->params, rq->name);
   if (j.held) distd_holds_release(s->holds, rq->name, kind);
   if (rc == 0) reply_with(s, j.out, reply);
   distd_tensor_unref(j.out);
