@@ -113,7 +113,8 @@ static int run_ops(const distctl_global *g, int argc, char **argv) {
     ok[r] = dist_ops(c, r, recent ? (int)recent : 1, &rep[r]) == 0;
     if (ok[r] && !recent) rep[r].n_recent = 0;
     if (!ok[r]) down++, distctl_fail("rank %d: %s", r, dist_errmsg(c));
-    json_array_append_new(ranks, ok[r] ? ops_rank_json(&rep[r]) : distctl_down_json(c, r, dist_errmsg(c)));
+    json_array_append_new(ranks, ok[r] ? ops_rank_json(&rep[r])
+                                       : distctl_down_json(c, r, dist_errmsg(c)));
   }
   if (g->json)
     distctl_print_json(json_pack("{s:i,s:i,s:o}", "world_size", n, "down", down, "ranks", ranks));

@@ -85,11 +85,6 @@ int dist_grad_add(dist_client *c, const char *a, const char *b, const dist_mesh_
  * does. Gradients on different meshes are refused. */
 int dist_grad_sum(dist_client *c, const char *of, const dist_tensor *acc,
                   dist_tensor *more, const char *out_name, dist_tensor **out);
-/* param_api.c: makes `name` a parameter configured as cfg says (its
- * optimizer, reduce, consistency and trainers; the rest is ignored) with
- * restored state: nstate buffers of the parameter's global shape and dtype
- * (each daemon gets its slice) and `step` updates applied. How a checkpoint
- * restored onto another layout through the client keeps its state. */
 /* The most state buffers an optimizer keeps per parameter (Adam's m and v;
  * the daemon's DISTD_OPTIM_STATE_MAX). */
 #define DIST_OPTIM_STATE_MAX 2
@@ -98,6 +93,11 @@ struct Dist__V1__ParamConfigureRequest;
  * optimizer set). */
 void dist_param_opts_from_pb(const struct Dist__V1__ParamConfigureRequest *rq,
                              dist_param_opts *o);
+/* param_api.c: makes `name` a parameter configured as cfg says (its
+ * optimizer, reduce, consistency and trainers; the rest is ignored) with
+ * restored state: nstate buffers of the parameter's global shape and dtype
+ * (each daemon gets its slice) and `step` updates applied. How a checkpoint
+ * restored onto another layout through the client keeps its state. */
 int dist_param_configure_restored(dist_client *c, const char *name,
                                   const struct Dist__V1__ParamConfigureRequest *cfg,
                                   const void *const *whole, int nstate, uint64_t step);
