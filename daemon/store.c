@@ -159,7 +159,7 @@ int distd_store_put(distd_store *s, distd_tensor *t, int replace,
   return put(s, t, replace, 0, eb);
 }
 
-void distd_store_restore(distd_store *s, distd_tensor *t) {
+void distd_store_put_versioned(distd_store *s, distd_tensor *t) {
   put(s, t, 1, 1, NULL); /* replacing never fails */
 }
 

@@ -56,10 +56,11 @@ void distd_tensor_unref(distd_tensor *t); /* NULL is a no-op */
  * set to the old version + 1. */
 int distd_store_put(distd_store *s, distd_tensor *t, int replace,
                     dist_errbuf *eb);
-/* Inserts or replaces t keeping the version it carries (a checkpoint
- * restore: every rank gets the saved version, whatever it held before, so
- * the pieces of one tensor agree again even on a daemon that restarted). */
-void distd_store_restore(distd_store *s, distd_tensor *t);
+/* Inserts or replaces t keeping the version it carries: a version the
+ * daemons agreed on, so that the pieces of one tensor carry one version
+ * whatever each daemon held before (a checkpoint restore, even on a daemon
+ * that restarted; a reshard onto ranks that did not hold the tensor). */
+void distd_store_put_versioned(distd_store *s, distd_tensor *t);
 /* A new reference to the named tensor, or DIST_ENOTFOUND. */
 int distd_store_get(distd_store *s, const char *name, distd_tensor **out,
                     dist_errbuf *eb);

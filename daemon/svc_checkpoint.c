@@ -174,7 +174,7 @@ static int load_all(distd_server *s, const Dist__V1__CheckpointLoadRequest *rq,
   }
   if (rc == 0) rc = distd_ckpt_params_read(f, rq->file, s->store, t, (int)n, params, eb);
   for (size_t i = 0; i < n && rc == 0 && !rq->verify_only; i++) {
-    distd_store_restore(s->store, t[i]);
+    distd_store_put_versioned(s->store, t[i]);
     if (params[i]) distd_param_install(s->params, params[i]), (*nparams)++;
     else distd_param_forget(s->params, t[i]->name);
     params[i] = NULL;

@@ -75,7 +75,8 @@ static int configure_here(distd_server *s, const distd_call_info *ci,
     rc = distd_param_configure(s->store, rq->name, cfg, rq->with_state ? &restore : NULL,
                                &e, eb);
   if (vote &&
-      distd_vote(s, mesh.ranks, mesh.nranks, rq->op_id, ci->deadline_ms, "configure", rc, eb) &&
+      distd_vote(s, mesh.ranks, mesh.nranks, rq->op_id, ci->deadline_ms, "configure", rc, NULL,
+                 eb) &&
       rc == 0)
     rc = eb->code;
   if (rc == 0 && rq->keep_state) rc = distd_param_tune(s->params, rq->name, cfg, 1, eb);
@@ -188,7 +189,7 @@ DISTD_HANDLER(param_push) {
   distd_push_ticket tk;
   if (rc == 0) rc = distd_param_stage(s->params, s->store, &spec, &tk, eb);
   if (vote &&
-      distd_vote(s, mesh.ranks, mesh.nranks, rq->op_id, ci->deadline_ms, "push", rc, eb) != 0 &&
+      distd_vote(s, mesh.ranks, mesh.nranks, rq->op_id, ci->deadline_ms, "push", rc, NULL, eb) != 0 &&
       rc == 0) {
     distd_param_abort(s->params, &tk);
     rc = eb->code;

@@ -46,6 +46,8 @@ typedef struct job {
   dist_placement dst_p[DIST_MAX_MESH_DIMS];
   distd_tensor *src;
   distd_tensor *out;        /* NULL on a rank that holds no piece afterwards */
+  uint64_t version;         /* of what out replaces here, then the highest on any
+                               rank (vote.h): out is stored as the next one */
   distd_param_entry *param; /* the parameter to install with out */
 } job;
 
@@ -92,7 +94,10 @@ static int prepare(distd_server *s, const distd_call_info *ci, job *j, dist_errb
 
 /* Cannot fail: the tensor and the parameter entry are made. */
 static void apply(distd_server *s, job *j) {
-  if (j->out) distd_store_put(s->store, j->out, 1, NULL);
+  if (j->out) {
+    j->out->version = j->version + 1;
+    distd_store_put_versioned(s->store, j->out);
+  }
   else if (!j->rq->dst_name[0]) /* moved off this rank */
     distd_store_delete(s->store, j->rq->name, NULL);
   if (!j->in_place) return;
@@ -104,7 +109,7 @@ static void apply(distd_server *s, job *j) {
 /* Every rank of the reshard applies it or none does (vote.h). A rank that
  * could not prepare its part first tells the others, which may be waiting
  * for it in an exchange. */
-static int decide(distd_server *s, const distd_call_info *ci, const job *j, int verdict,
+static int decide(distd_server *s, const distd_call_info *ci, job *j, int verdict,
                   dist_errbuf *eb) {
   int *ranks = malloc(sizeof *ranks * (size_t)(j->src_mesh.nranks + j->dst_mesh.nranks));
   if (!ranks) return verdict ? verdict : dist_fail(eb, DIST_ENOMEM, "out of memory");
@@ -114,7 +119,11 @@ static int decide(distd_server *s, const distd_call_info *ci, const job *j, int 
     distd_reshard_abort(s, op, ndim, ranks, n, dist_errbuf_msg(eb));
     if (j->in_place) distd_param_move_abort(s, op, ndim, ranks, n, dist_errbuf_msg(eb));
   }
-  int rc = n > 1 ? distd_vote(s, ranks, n, op, ci->deadline_ms, "reshard", verdict, eb)
+  /* A reshard into another name stores a new tensor (prepare refused one
+   * that exists). */
+  j->version = j->in_place && j->src ? j->src->version : 0;
+  int rc = n > 1 ? distd_vote(s, ranks, n, op, ci->deadline_ms, "reshard", verdict, &j->version,
+                              eb)
                  : verdict;
   free(ranks);
   return rc;

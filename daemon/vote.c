@@ -8,10 +8,15 @@
 #include "coll.h"
 #include "subop.h"
 
-/* One daemon's verdict: 0 or its error code, with the error's message. */
+/* One daemon's verdict: 0 or its error code, with the error's message, and
+ * the version of what the request replaces there. The version came in
+ * 0.2.1, at the end, so that 0.2.0 daemons (which read those bytes as the
+ * end of the reason, always NUL) and newer ones still understand each
+ * other's verdicts. */
 typedef struct ballot {
   int64_t code;
-  char reason[sizeof(((dist_errbuf *)0)->msg) - sizeof(int64_t)];
+  char reason[sizeof(((dist_errbuf *)0)->msg) - 2 * sizeof(int64_t)];
+  uint64_t version;
 } ballot;
 
 /* The ballot whose reason to report: the first refusal that is not a
@@ -28,9 +33,16 @@ static int cause_of(const ballot *all, int n) {
   return first;
 }
 
+static uint64_t highest_version(const ballot *all, int n) {
+  uint64_t v = 0;
+  for (int i = 0; i < n; i++)
+    if (all[i].version > v) v = all[i].version;
+  return v;
+}
+
 int distd_vote(distd_server *s, const int *ranks, int n, uint64_t op_id, int64_t deadline_ms,
-               const char *what, int verdict, dist_errbuf *eb) {
-  ballot mine = {.code = verdict};
+               const char *what, int verdict, uint64_t *version, dist_errbuf *eb) {
+  ballot mine = {.code = verdict, .version = version ? *version : 0};
   ballot *all = calloc((size_t)n, sizeof *all);
   size_t *counts = calloc((size_t)n, sizeof *counts);
   if (!all || !counts) {
@@ -60,6 +72,7 @@ int distd_vote(distd_server *s, const int *ranks, int n, uint64_t op_id, int64_t
                    all[cause].reason);
   else
     rc = verdict;
+  if (rc == 0 && version) *version = highest_version(all, n);
   free(all);
   free(counts);
   return rc;

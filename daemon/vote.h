@@ -21,8 +21,14 @@
  * request of op id op_id; the verdicts travel under its vote step
  * (DISTD_STEP_VOTE, subop.h). verdict is 0 when this daemon prepared `what`
  * ("push", "reshard"), else its error code (its message in eb). Returns 0
- * when every daemon said yes; otherwise an error, described in eb. */
+ * when every daemon said yes; otherwise an error, described in eb.
+ *
+ * version, when not NULL, is this daemon's version of the tensor the
+ * request replaces (0: it holds none); on success it becomes the highest of
+ * every daemon's, so that all can store the result under one version even
+ * when some held the tensor and others did not (a reshard onto a mesh that
+ * shares some ranks with the old one). */
 int distd_vote(distd_server *s, const int *ranks, int n, uint64_t op_id, int64_t deadline_ms,
-               const char *what, int verdict, dist_errbuf *eb);
+               const char *what, int verdict, uint64_t *version, dist_errbuf *eb);
 
 #endif

@@ -310,6 +310,25 @@ static void check_pieces(dist_client *c, const dist_tensor *t, const tcase *tc,
   }
 }
 
+/* Every daemon of t's mesh holds its piece at one version, newer than
+ * `than`: a checkpoint refuses a tensor whose versions differ. */
+static uint64_t expect_one_version(dist_client *c, const dist_tensor *t, uint64_t than,
+                                   const char *what) {
+  dist_tensor_piece *pieces = NULL;
+  int n = 0;
+  cr_assert_eq(dist_tensor_pieces(c, t, &pieces, &n), 0, "%s: %s", what, dist_errmsg(c));
+  for (int i = 0; i < n; i++) {
+    cr_assert_eq(pieces[i].version, pieces[0].version, "%s: rank %d is at version %llu, "
+                 "rank %d at %llu", what, pieces[i].rank, (unsigned long long)pieces[i].version,
+                 pieces[0].rank, (unsigned long long)pieces[0].version);
+    cr_assert_gt(pieces[i].version, than, "%s: rank %d is still at version %llu", what,
+                 pieces[i].rank, (unsigned long long)pieces[i].version);
+  }
+  uint64_t v = pieces[0].version;
+  free(pieces);
+  return v;
+}
+
 /* Creates the source (dtensor_from_local for partial sources, shard_tensor
  * otherwise), checks it, reshards and checks the result. */
 static void run_case(dist_client *c, const tcase *tc, int id) {
@@ -337,10 +356,12 @@ static void run_case(dist_client *c, const tcase *tc, int id) {
   cr_assert_eq(rc, 0, "%s: create: %s", what, dist_errmsg(c));
   if (!partial) check_pieces(c, t, tc, &from, &from, &s, what);
   check_full(c, t, &s, tc->dt, what);
+  uint64_t v = expect_one_version(c, t, 0, what);
   cr_assert_eq(dist_reshard(c, t, to_mesh, to.p), 0, "%s: reshard: %s", what,
                dist_errmsg(c));
   check_full(c, t, &s, tc->dt, what);
   check_pieces(c, t, tc, &from, &to, &s, what);
+  expect_one_version(c, t, v, what);
   cr_assert_eq(dist_tensor_delete(c, name), 0, "%s: delete: %s", what, dist_errmsg(c));
   dist_tensor_free(t);
   dist_mesh_free(mesh);
@@ -455,6 +476,8 @@ Test(reshard, across_meshes_of_the_same_shape, .timeout = 240, .fini = stop_clus
       {"[0,1]", "Partial(sum)", "Replicate()", DIST_FLOAT64, 1, {9}, "[2,3]"},
       {"[0,1]", "Replicate()", "Shard(1)", DIST_INT32, 2, {3, 3}, "[3,2]"},
       {"[1,2]", "Shard(0)", "Shard(0)", DIST_FLOAT32, 1, {5}, "[2,3]"},
+      {"[0,1]", "Replicate()", "Shard(0)", DIST_FLOAT32, 2, {5, 3}, "[1,2]"},
+      {"[0,1]", "Shard(0)", "Shard(1)", DIST_INT64, 2, {4, 4}, "[1,0]"},
       {M22, "Shard(0),Replicate()", "Replicate(),Shard(1)", DIST_FLOAT32, 2, {10, 5},
        "[[2,3],[0,1]]"},
   };
