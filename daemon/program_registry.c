@@ -167,12 +167,29 @@ int distd_registry_keep(distd_program_registry *r, distd_kept_invocation *k,
   return rc;
 }
 
-int distd_registry_take(distd_program_registry *r, uint64_t id,
-                        distd_kept_invocation **out, dist_errbuf *eb) {
+void distd_registry_fill(distd_program_registry *r, uint64_t id, distd_invocation *inv,
+                         distd_input_origin *origins) {
+  pthread_mutex_lock(&r->mu);
+  distd_kept_invocation *k = find_kept(r, id);
+  if (k && !k->inv) {
+    k->inv = inv;
+    k->origins = origins;
+    inv = NULL;
+    origins = NULL;
+  }
+  pthread_mutex_unlock(&r->mu);
+  distd_invocation_release(inv);
+  free(origins);
+}
+
+/* Unlinks invocation id (a reserved place too, when `reserved`); NULL when
+ * there is none. */
+static distd_kept_invocation *unlink_kept(distd_program_registry *r, uint64_t id,
+                                          int reserved) {
   pthread_mutex_lock(&r->mu);
   drop_kept_where(r, 0, distd_now_s());
   distd_kept_invocation **pp = &r->kept;
-  while (*pp && (*pp)->id != id) pp = &(*pp)->next;
+  while (*pp && ((*pp)->id != id || (!reserved && !(*pp)->inv))) pp = &(*pp)->next;
   distd_kept_invocation *k = *pp;
   if (k) {
     *pp = k->next;
@@ -180,22 +197,26 @@ int distd_registry_take(distd_program_registry *r, uint64_t id,
     r->live--;
   }
   pthread_mutex_unlock(&r->mu);
-  *out = k;
-  if (!k)
-    return dist_fail(eb, DIST_ENOTFOUND,
-                     "invocation %llu is not kept on this daemon: it was "
-                     "never made, already backpropagated, released, its "
-                     "program released, or it expired",
-                     (unsigned long long)id);
-  return 0;
+  return k;
+}
+
+static int not_kept(uint64_t id, dist_errbuf *eb) {
+  return dist_fail(eb, DIST_ENOTFOUND, "invocation %llu is not kept on this daemon: it was "
+                   "never made, already backpropagated, released, its program released, "
+                   "or it expired", (unsigned long long)id);
+}
+
+int distd_registry_take(distd_program_registry *r, uint64_t id,
+                        distd_kept_invocation **out, dist_errbuf *eb) {
+  *out = unlink_kept(r, id, 0);
+  return *out ? 0 : not_kept(id, eb);
 }
 
 int distd_registry_release(distd_program_registry *r, uint64_t id,
                            dist_errbuf *eb) {
-  distd_kept_invocation *k = NULL;
-  int rc = distd_registry_take(r, id, &k, eb);
+  distd_kept_invocation *k = unlink_kept(r, id, 1);
   distd_kept_invocation_free(k);
-  return rc;
+  return k ? 0 : not_kept(id, eb);
 }
 
 int distd_registry_live(distd_program_registry *r) {

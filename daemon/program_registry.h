@@ -58,15 +58,25 @@ int distd_registry_remove(distd_program_registry *r, uint64_t handle,
                           dist_errbuf *eb);
 
 /* Keeps k (taking ownership of it and its fields) under k->id; an id in use
- * or a full table is an error and k is then freed. Sets k->expires. */
+ * or a full table is an error and k is then freed. Sets k->expires.
+ *
+ * k->inv may be NULL: the place is reserved, counted against the limit,
+ * for an invocation that the daemons have yet to agree to store (its
+ * outputs are stored by all of them or by none). distd_registry_fill puts
+ * the invocation in; distd_registry_release gives the place up. */
 int distd_registry_keep(distd_program_registry *r, distd_kept_invocation *k,
                         dist_errbuf *eb);
+/* Puts inv and origins (taking them) into the place reserved under id;
+ * frees them when the place is gone (its program was released meanwhile,
+ * or it expired). Cannot fail. */
+void distd_registry_fill(distd_program_registry *r, uint64_t id, distd_invocation *inv,
+                         distd_input_origin *origins);
 /* Removes invocation id and hands it over (free with
  * distd_kept_invocation_free), or DIST_ENOTFOUND with a message saying why
- * it may be gone. */
+ * it may be gone (a reserved place is not handed over). */
 int distd_registry_take(distd_program_registry *r, uint64_t id,
                         distd_kept_invocation **out, dist_errbuf *eb);
-/* Takes and frees invocation id. */
+/* Takes and frees invocation id, or gives up its reserved place. */
 int distd_registry_release(distd_program_registry *r, uint64_t id,
                            dist_errbuf *eb);
 /* Live invocations (for tests and metrics). */
