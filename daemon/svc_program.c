@@ -3,45 +3,28 @@
  *
  * Invoke turns each argument into a local value (a stored tensor's local
  * piece, or bytes), runs the program with the engine (daemon/program/), and
- * stores each output as a distributed tensor with its out_dist_attrs. The
- * invocation is kept in the registry for Backward, which stores the input
- * gradients as distributed tensors on the inputs' meshes. */
+ * makes each output a distributed tensor with its out_dist_attrs; the
+ * daemons invoked store them all or none (vote.h). The invocation is kept
+ * in the registry for Backward, which stores the input gradients as
+ * distributed tensors on the inputs' meshes. */
 #include <stdlib.h>
 #include <string.h>
 
-#include "coll.h"
 #include "methods.h"
 #include "pbuf.h"
+#include "peer.h"
 #include "program.h"
+#include "program_outputs.h"
 #include "program_registry.h"
 #include "store.h"
 #include "tensor_meta.h"
+#include "vote.h"
 #include "wire.h"
 
-/* An output's (or gradient's) mesh and placements, parsed and checked. */
-typedef struct dist_attr {
-  dist_mesh_desc mesh;
-  dist_placement placements[DIST_MAX_MESH_DIMS];
-} dist_attr;
-
-static int parse_attr(distd_server *s, const Dist__V1__Mesh *mesh,
-                      Dist__V1__Placement *const *pl, size_t npl,
-                      dist_attr *a, dist_errbuf *eb) {
-  if (dist_mesh_from_pb(mesh, &a->mesh, eb) != 0) return eb->code;
-  if (distd_mesh_check_world(s, &a->mesh, eb) != 0) return eb->code;
-  if (npl != (size_t)a->mesh.ndim)
-    return dist_fail(eb, DIST_EINVAL, "%zu placements for a mesh of %d dims",
-                     npl, a->mesh.ndim);
-  if (dist_placements_from_pb(pl, npl, a->placements, eb) != 0) return eb->code;
-  if (dist_mesh_index_of(&a->mesh, s->rank) < 0)
-    return dist_fail(eb, DIST_EINVAL, "rank %d is not in the mesh", s->rank);
-  return 0;
-}
-
 static int parse_out_attr(distd_server *s, const Dist__V1__Program *pb,
-                          size_t k, dist_attr *a, dist_errbuf *eb) {
+                          size_t k, distd_attr *a, dist_errbuf *eb) {
   const Dist__V1__DistAttr *d = pb->out_dist_attrs[k];
-  int rc = parse_attr(s, d->mesh, d->placements, d->n_placements, a, eb);
+  int rc = distd_attr_parse(s, d->mesh, d->placements, d->n_placements, a, eb);
   if (rc) dist_errbuf_prefix(eb, "out_dist_attrs[%zu]: ", k);
   return rc;
 }
@@ -57,7 +40,7 @@ DISTD_HANDLER(program_register) {
   if (rc) return rc;
   const Dist__V1__Program *pb = distd_program_message(p);
   for (size_t k = 0; k < pb->n_out_dist_attrs; k++) {
-    dist_attr a;
+    distd_attr a;
     if ((rc = parse_out_attr(s, pb, k, &a, eb))) {
       distd_program_free(p);
       return rc;
@@ -151,149 +134,18 @@ static int bind_args(distd_server *s, const Dist__V1__Program *pb,
 
 /* ---------------------------------------------------------------- outputs */
 
-/* Only a Shard over more than one rank makes the global extent depend on
- * the other ranks' pieces. */
-static int needs_exchange(const dist_attr *a) {
-  for (int md = 0; md < a->mesh.ndim; md++)
-    if (a->placements[md].kind == DIST_SHARD && a->mesh.shape[md] > 1) return 1;
-  return 0;
-}
-
-enum { XWORDS = 2 + DIST_MAX_DIMS };
-
-static void unpack_shape(const int64_t *w, dist_shape *s) {
-  s->ndim = (int)w[1];
-  for (int d = 0; d < s->ndim && d < DIST_MAX_DIMS; d++) s->dims[d] = w[2 + d];
-}
-
-/* The global extent of a sharded dim is the sum of the pieces of the ranks
- * at coordinate 0 on every mesh dim that does not shard it. */
-static void derive_global(const dist_attr *a, const int64_t *all,
-                          dist_shape *global) {
-  unpack_shape(all, global);
-  for (int d = 0; d < global->ndim; d++) {
-    int64_t sum = 0;
-    int sharded = 0;
-    for (int i = 0; i < a->mesh.nranks; i++) {
-      int coords[DIST_MAX_MESH_DIMS], on_axis = 1;
-      dist_mesh_coords(&a->mesh, i, coords);
-      for (int md = 0; md < a->mesh.ndim; md++) {
-        int shards_d = a->placements[md].kind == DIST_SHARD &&
-                       a->placements[md].dim == d;
-        sharded |= shards_d;
-        if (!shards_d && coords[md] != 0) on_axis = 0;
-      }
-      dist_shape piece;
-      unpack_shape(&all[i * XWORDS], &piece);
-      if (on_axis && d < piece.ndim) sum += piece.dims[d];
-    }
-    if (sharded) global->dims[d] = sum;
-  }
-}
-
-static int check_fit(const dist_attr *a, const int64_t *all,
-                     const dist_shape *global, dist_errbuf *eb) {
-  for (int i = 0; i < a->mesh.nranks; i++) {
-    int coords[DIST_MAX_MESH_DIMS];
-    int64_t off[DIST_MAX_DIMS];
-    dist_shape want, got;
-    dist_mesh_coords(&a->mesh, i, coords);
-    dist_local_box(&a->mesh, a->placements, global, coords, &want, off);
-    unpack_shape(&all[i * XWORDS], &got);
-    if (!dist_shape_equal(&want, &got)) {
-      char gs[96], ws[96], hs[96];
-      dist_shape_format(&got, hs, sizeof hs);
-      dist_shape_format(&want, ws, sizeof ws);
-      dist_shape_format(global, gs, sizeof gs);
-      return dist_fail(eb, DIST_EMISMATCH, "local outputs do not fit the "
-                       "placements: rank %d made %s, but global shape %s "
-                       "gives it %s", a->mesh.ranks[i], hs, gs, ws);
-    }
-  }
-  return 0;
-}
-
-/* dtensor_from_local's shape exchange over the output's mesh: every rank
- * sends its verdict and local shape, so all accept or all refuse. */
-static int exchange_shapes(distd_server *s, const dist_attr *a, uint64_t op_id,
-                           int64_t deadline, int verdict,
-                           const dist_shape *local, dist_shape *global,
-                           dist_errbuf *eb) {
-  int n = a->mesh.nranks;
-  int64_t mine[XWORDS] = {verdict, local ? local->ndim : 0};
-  for (int d = 0; local && d < local->ndim; d++) mine[2 + d] = local->dims[d];
-  int64_t *all = calloc((size_t)n * XWORDS, sizeof *all);
-  size_t *counts = calloc((size_t)n, sizeof *counts);
-  for (int i = 0; i < n; i++) counts[i] = XWORDS;
-  distd_coll c;
-  int rc = distd_coll_init(&c, s->peers, op_id, a->mesh.ranks, n, deadline, eb);
-  if (rc == 0) rc = distd_allgather(&c, mine, all, counts, DIST_INT64, eb);
-  for (int i = 0; rc == 0 && i < n; i++)
-    if (all[i * XWORDS] != 0 && a->mesh.ranks[i] != s->rank)
-      rc = dist_fail(eb, (int)all[i * XWORDS], "rank %d failed its part of "
-                     "the invocation (%s)", a->mesh.ranks[i],
-                     dist_err_name((int)all[i * XWORDS]));
-  if (rc == 0 && verdict == 0) {
-    derive_global(a, all, global);
-    rc = check_fit(a, all, global, eb);
-  }
-  free(all);
-  free(counts);
-  return rc;
-}
-
 /* Stores one local value as a distributed tensor whose global shape is
- * `global`; the piece this rank gets must be exactly v. */
+ * `global` (a gradient: each daemon stores its own). */
 static int store_value(distd_server *s, const char *name, const distd_tval *v,
-                       const dist_shape *global, const dist_attr *a,
+                       const dist_shape *global, const distd_attr *a,
                        int replace, distd_tensor **out, dist_errbuf *eb) {
+  uint64_t version = 0;
   distd_tensor *t = NULL;
-  int rc = distd_tensor_new(s->store, name, v->dtype, global, &a->mesh,
-                            a->placements, s->rank, &t, eb);
-  if (rc) return rc;
-  if (!dist_shape_equal(&t->local, &v->shape)) {
-    char ls[96], gs[96], ps[160];
-    dist_shape_format(&v->shape, ls, sizeof ls);
-    dist_shape_format(global, gs, sizeof gs);
-    dist_placements_format(a->placements, a->mesh.ndim, ps, sizeof ps);
-    rc = dist_fail(eb, DIST_EMISMATCH, "local value %s does not fit %s of "
-                   "global shape %s on rank %d", ls, ps, gs, s->rank);
-  }
-  if (rc == 0) {
-    memcpy(t->data, v->data, t->nbytes);
-    rc = distd_store_put(s->store, t, replace, eb);
-  }
+  int rc = distd_value_tensor(s, name, v, global, a, replace, &t, &version, eb);
+  if (rc == 0) rc = distd_store_put(s->store, t, replace, eb);
   if (rc == 0) *out = t;
   else distd_tensor_unref(t);
   return rc;
-}
-
-/* The global shape of output k: the local shape unless it is sharded, in
- * which case the mesh's daemons exchange shapes (also when this rank
- * failed, so the others learn it instead of waiting). */
-static int output_global(distd_server *s, const distd_call_info *ci,
-                         const dist_attr *a, uint64_t op_id, int verdict,
-                         const distd_tval *v, dist_shape *global,
-                         dist_errbuf *eb) {
-  if (!needs_exchange(a)) {
-    if (verdict) return verdict;
-    *global = v->shape;
-    for (int md = 0; md < a->mesh.ndim; md++)
-      if (a->placements[md].kind == DIST_SHARD &&
-          a->placements[md].dim >= v->shape.ndim)
-        return dist_fail(eb, DIST_EINVAL, "Shard(%d) of a %d-d output",
-                         a->placements[md].dim, v->shape.ndim);
-    return 0;
-  }
-  dist_errbuf peer_eb = DIST_ERRBUF_INIT;
-  if (verdict == 0 &&
-      dist_placements_check(&a->mesh, a->placements, a->mesh.ndim,
-                            v->shape.ndim, eb) != 0)
-    verdict = eb->code;
-  int rc = exchange_shapes(s, a, op_id, ci->deadline_ms, verdict,
-                           v ? &v->shape : NULL, global,
-                           verdict ? &peer_eb : eb);
-  return verdict ? verdict : rc;
 }
 
 typedef struct out_set {
@@ -301,11 +153,14 @@ typedef struct out_set {
   distd_tensor **tensors;
   dist_wire_meta *w;
   Dist__V1__TensorMeta **metas;
+  uint64_t version; /* the highest the outputs' names have (vote.h) */
 } out_set;
 
-static void out_set_free(distd_server *s, out_set *o, int failed) {
+/* stored: o's tensors were stored, and are removed again (a failed
+ * backward). */
+static void out_set_free(distd_server *s, out_set *o, int stored_and_failed) {
   for (size_t k = 0; k < o->n; k++) {
-    if (failed && o->tensors[k])
+    if (stored_and_failed && o->tensors[k])
       distd_store_delete(s->store, o->tensors[k]->name, NULL);
     distd_tensor_unref(o->tensors[k]);
   }
@@ -314,16 +169,16 @@ static void out_set_free(distd_server *s, out_set *o, int failed) {
   free(o->metas);
 }
 
-/* Stores every output; on failure removes the ones already stored. Goes
- * through every output's exchange even after a failure so peers are told. */
-static int store_outputs(distd_server *s, const distd_call_info *ci,
-                         const Dist__V1__Program *pb,
-                         const Dist__V1__ProgramInvokeRequest *rq,
-                         distd_invocation *inv, int verdict, out_set *o,
-                         dist_errbuf *eb) {
+/* Makes every output, storing none. Goes through every output's shape
+ * exchange even after a failure, so that the peers are told. */
+static int make_outputs(distd_server *s, const distd_call_info *ci,
+                        const Dist__V1__Program *pb,
+                        const Dist__V1__ProgramInvokeRequest *rq,
+                        distd_invocation *inv, int verdict, out_set *o,
+                        dist_errbuf *eb) {
   int rc = verdict;
   for (size_t k = 0; k < pb->n_outputs; k++) {
-    dist_attr a;
+    distd_attr a;
     dist_shape global;
     const distd_tval *v = inv ? distd_invocation_output(inv, k) : NULL;
     int prc = parse_out_attr(s, pb, k, &a, rc ? NULL : eb);
@@ -331,17 +186,27 @@ static int store_outputs(distd_server *s, const distd_call_info *ci,
       rc = rc ? rc : prc;
       continue;
     }
-    int grc = output_global(s, ci, &a, rq->op_id + 1 + k, rc, v, &global, eb);
+    int grc = distd_value_global(s, ci->deadline_ms, &a, rq->op_id + 1 + k, rc, v, &global,
+                                 eb);
     if (rc || grc) {
       if (!rc) dist_errbuf_prefix(eb, "output %zu: ", k);
       rc = rc ? rc : grc;
       continue;
     }
-    rc = store_value(s, rq->out_names[k], v, &global, &a, rq->replace,
-                     &o->tensors[k], eb);
+    rc = distd_value_tensor(s, rq->out_names[k], v, &global, &a, rq->replace,
+                            &o->tensors[k], &o->version, eb);
     if (rc) dist_errbuf_prefix(eb, "output %zu ('%s'): ", k, rq->out_names[k]);
   }
   return rc;
+}
+
+/* Cannot fail: every output is made, and each gets the version after the
+ * highest any daemon had, so that its pieces agree. */
+static void store_outputs(distd_server *s, out_set *o) {
+  for (size_t k = 0; k < o->n; k++) {
+    o->tensors[k]->version = o->version + 1;
+    distd_store_put_versioned(s->store, o->tensors[k]);
+  }
 }
 
 static int check_out_names(const Dist__V1__Program *pb,
@@ -433,53 +298,115 @@ static int run_local(distd_server *s, distd_program *p,
   return rc;
 }
 
-static int keep_invocation(distd_server *s, const Dist__V1__ProgramInvokeRequest *rq,
-                           distd_invocation *inv, distd_input_origin *origins,
-                           dist_errbuf *eb) {
-  distd_kept_invocation *k = calloc(1, sizeof *k);
-  if (!k) {
-    distd_invocation_release(inv);
-    free(origins);
-    return dist_fail(eb, DIST_ENOMEM, "out of memory keeping an invocation");
+/* The daemons the request says were invoked, when this daemon is one of
+ * them and each is a rank of the world, none twice; else 0: no vote (a
+ * client before 0.2.1 sends none). */
+static int request_ranks(const distd_server *s, const Dist__V1__ProgramInvokeRequest *rq,
+                         int *ranks) {
+  int me = 0;
+  if (rq->n_ranks > DIST_MAX_MESH_RANKS) return 0;
+  for (size_t i = 0; i < rq->n_ranks; i++) {
+    if (rq->ranks[i] >= (uint32_t)s->world_size) return 0;
+    for (size_t j = 0; j < i; j++)
+      if (rq->ranks[j] == rq->ranks[i]) return 0;
+    ranks[i] = (int)rq->ranks[i];
+    me |= ranks[i] == s->rank;
   }
+  return me ? (int)rq->n_ranks : 0;
+}
+
+/* The request's ranks must be the program's outputs' (libdist sends those,
+ * in order of first mention): a vote among others would wait for daemons
+ * that never vote. */
+static int check_ranks(const Dist__V1__Program *pb, const int *ranks, int n,
+                       dist_errbuf *eb) {
+  int want[DIST_MAX_MESH_RANKS], m = 0;
+  for (size_t k = 0; k < pb->n_out_dist_attrs; k++) {
+    dist_mesh_desc mesh;
+    if (dist_mesh_from_pb(pb->out_dist_attrs[k]->mesh, &mesh, NULL) != 0) continue;
+    for (int i = 0; i < mesh.nranks; i++) {
+      int seen = 0;
+      for (int j = 0; j < m; j++) seen |= want[j] == mesh.ranks[i];
+      if (!seen && m < DIST_MAX_MESH_RANKS) want[m++] = mesh.ranks[i];
+    }
+  }
+  if (m == n && memcmp(want, ranks, sizeof *ranks * (size_t)n) == 0) return 0;
+  return dist_fail(eb, DIST_EINVAL, "ranks: the request names %d daemons to store the "
+                   "outputs, not the %d of the outputs' meshes in their order", n, m);
+}
+
+/* Without the program this daemon makes no outputs, but the others may be
+ * waiting for it in the outputs' shape exchanges and in the vote: it ends
+ * the first and votes no in the second, so they fail now, naming why. */
+static int refuse_unknown(distd_server *s, const distd_call_info *ci,
+                          const Dist__V1__ProgramInvokeRequest *rq, int rc, dist_errbuf *eb) {
+  int ranks[DIST_MAX_MESH_RANKS];
+  int n = request_ranks(s, rq, ranks);
+  if (n < 2) return rc;
+  for (size_t k = 0; k < rq->n_out_names && k < DIST_MAX_MESH_RANKS; k++)
+    distd_abort_op(s->peers, rq->op_id + 1 + k, ranks, n, dist_errbuf_msg(eb));
+  return distd_vote(s, ranks, n, rq->op_id, ci->deadline_ms, "invocation", rc, NULL, eb);
+}
+
+/* A place in the registry for the invocation, taken before the vote: a
+ * full table refuses the invocation on every daemon, instead of failing it
+ * here after the others stored its outputs. */
+static int reserve_invocation(distd_server *s, const Dist__V1__ProgramInvokeRequest *rq,
+                              dist_errbuf *eb) {
+  distd_kept_invocation *k = calloc(1, sizeof *k);
+  if (!k) return dist_fail(eb, DIST_ENOMEM, "out of memory keeping an invocation");
   k->id = rq->op_id;
   k->handle = rq->handle;
-  k->inv = inv;
-  k->origins = origins;
   return distd_registry_keep(s->programs, k, eb);
+}
+
+/* Makes the outputs and reserves the invocation's place; stores them and
+ * fills it if every daemon invoked could. */
+static int invoke(distd_server *s, const distd_call_info *ci, distd_program *p,
+                  const Dist__V1__ProgramInvokeRequest *rq, const int *ranks, int n,
+                  out_set *o, grpc_byte_buffer **reply, dist_errbuf *eb) {
+  const Dist__V1__Program *pb = distd_program_message(p);
+  distd_invocation *inv = NULL;
+  distd_input_origin *origins = calloc(pb->n_inputs + 1, sizeof *origins);
+  int verdict = origins ? run_local(s, p, rq, origins, &inv, eb)
+                        : dist_fail(eb, DIST_ENOMEM, "out of memory");
+  verdict = make_outputs(s, ci, pb, rq, inv, verdict, o, eb);
+  int reserved = verdict == 0 && !rq->no_grad;
+  if (reserved && (verdict = reserve_invocation(s, rq, eb)) != 0) reserved = 0;
+  int rc = n > 1 && o->n ? distd_vote(s, ranks, n, rq->op_id, ci->deadline_ms, "invocation",
+                                      verdict, &o->version, eb)
+                         : verdict;
+  if (rc == 0) {
+    store_outputs(s, o);
+    reply_invoke(s, rq, inv, o, reply); /* packed: independent of inv */
+  }
+  if (rc == 0 && reserved) {
+    distd_registry_fill(s->programs, rq->op_id, inv, origins);
+    inv = NULL;
+    origins = NULL;
+  } else if (reserved) {
+    distd_registry_release(s->programs, rq->op_id, NULL);
+  }
+  distd_invocation_release(inv);
+  free(origins);
+  return rc;
 }
 
 DISTD_HANDLER(program_invoke) {
   const Dist__V1__ProgramInvokeRequest *rq = (const void *)req;
   distd_program *p = NULL;
-  distd_invocation *inv = NULL;
-  distd_input_origin *origins = NULL;
-  out_set o = {0};
   int rc = distd_registry_get(s->programs, rq->handle, &p, eb);
-  if (rc) return rc; /* no program: no outputs, so no exchange either */
+  if (rc) return refuse_unknown(s, ci, rq, rc, eb);
   const Dist__V1__Program *pb = distd_program_message(p);
-  o.n = pb->n_outputs;
+  int ranks[DIST_MAX_MESH_RANKS], n = request_ranks(s, rq, ranks);
+  out_set o = {.n = pb->n_outputs};
   o.tensors = calloc(o.n + 1, sizeof *o.tensors);
   o.w = calloc(o.n + 1, sizeof *o.w);
   o.metas = calloc(o.n + 1, sizeof *o.metas);
-  origins = calloc(pb->n_inputs + 1, sizeof *origins);
-  int verdict = run_local(s, p, rq, origins, &inv, eb);
-  rc = store_outputs(s, ci, pb, rq, inv, verdict, &o, eb);
-  if (rc) goto out;
-  reply_invoke(s, rq, inv, &o, reply); /* packed: independent of inv */
-  if (!rq->no_grad) {
-    rc = keep_invocation(s, rq, inv, origins, eb); /* takes inv either way */
-    inv = NULL;
-    origins = NULL;
-    if (rc) {
-      grpc_byte_buffer_destroy(*reply);
-      *reply = NULL;
-    }
-  }
-out:
-  out_set_free(s, &o, rc != 0);
-  distd_invocation_release(inv);
-  free(origins);
+  if (!o.tensors || !o.w || !o.metas) rc = dist_fail(eb, DIST_ENOMEM, "out of memory");
+  if (rc == 0 && rq->n_ranks) rc = check_ranks(pb, ranks, n, eb);
+  if (rc == 0) rc = invoke(s, ci, p, rq, ranks, n, &o, reply, eb);
+  out_set_free(s, &o, 0);
   distd_program_free(p);
   return rc;
 }
@@ -511,7 +438,7 @@ static int out_grads_of(distd_server *s, const distd_invocation *inv,
 /* The mesh and placements input i's gradient is stored with: the input's
  * grad_placements, or else the input tensor's own. */
 static int grad_attr(const Dist__V1__ProgramInput *in,
-                     const distd_input_origin *o, dist_attr *a,
+                     const distd_input_origin *o, distd_attr *a,
                      dist_errbuf *eb) {
   a->mesh = o->mesh;
   memcpy(a->placements, o->placements, sizeof a->placements);
@@ -538,7 +465,7 @@ static int store_grads(distd_server *s, const distd_kept_invocation *k,
     const distd_tval *g = distd_invocation_input_grad(k->inv, i);
     const Dist__V1__ProgramInput *in = pb->inputs[i];
     if (!g || !rq->grad_names[i][0]) continue;
-    dist_attr a;
+    distd_attr a;
     int rc = k->origins[i].is_tensor
                  ? grad_attr(in, &k->origins[i], &a, eb)
                  : dist_fail(eb, DIST_EINVAL, "not a distributed tensor: "

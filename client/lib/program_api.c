@@ -738,25 +738,32 @@ static int build(dist_program *p, built *b) {
 /* Where p runs: SPMD, this trainer's daemon; a single client, every rank
  * of the out_dist_attrs meshes (all daemons when there are none, so the
  * daemons can report the count mismatch). */
+/* The ranks of the outputs' meshes, each once, in order of first mention
+ * (the daemons derive the same list from the program). */
+static int output_ranks(const dist_program *p, int *ranks) {
+  int n = 0;
+  for (int a = 0; a < p->n_attrs; a++) {
+    const dist_mesh_desc *m = &p->attrs[a]->mesh;
+    for (int i = 0; i < m->nranks; i++) {
+      int seen = 0;
+      for (int j = 0; j < n; j++) seen |= ranks[j] == m->ranks[i];
+      if (!seen && n < DIST_MAX_MESH_RANKS) ranks[n++] = m->ranks[i];
+    }
+  }
+  return n;
+}
+
 static int program_targets(dist_client *c, const dist_program *p,
                            int *targets) {
   if (c->spmd_rank >= 0) {
     targets[0] = c->spmd_rank;
     return 1;
   }
-  int n = 0;
-  for (int a = 0; a < p->n_attrs; a++) {
-    const dist_mesh_desc *m = &p->attrs[a]->mesh;
-    for (int i = 0; i < m->nranks; i++) {
-      int seen = 0;
-      for (int j = 0; j < n; j++) seen |= targets[j] == m->ranks[i];
-      if (m->ranks[i] >= c->n)
-        return dist_client_fail(c, DIST_EINVAL, "out_dist_attr %d names rank "
-                                "%d, but the client knows %d daemons", a,
-                                m->ranks[i], c->n);
-      if (!seen) targets[n++] = m->ranks[i];
-    }
-  }
+  int n = output_ranks(p, targets);
+  for (int i = 0; i < n; i++)
+    if (targets[i] >= c->n)
+      return dist_client_fail(c, DIST_EINVAL, "an out_dist_attr names rank %d, but the "
+                              "client knows %d daemons", targets[i], c->n);
   for (int r = 0; n == 0 && r < c->n; r++) targets[r] = r;
   return n ? n : c->n;
 }
@@ -1084,7 +1091,14 @@ int dist_local_layer_call(dist_client *c, dist_program *p, const dist_arg *args,
     names[k] = v->out_names[k];
   }
   if ((rc = build_invoke(c, p, &f, args, rq))) goto out;
+  /* Every daemon invoked, so that they store the outputs all or none. */
+  int vote_ranks[DIST_MAX_MESH_RANKS];
+  uint32_t vote_ranks_pb[DIST_MAX_MESH_RANKS];
+  int nvote = output_ranks(p, vote_ranks);
+  for (int i = 0; i < nvote; i++) vote_ranks_pb[i] = (uint32_t)vote_ranks[i];
   for (int i = 0; i < f.n; i++) {
+    rq[i].n_ranks = (size_t)nvote;
+    rq[i].ranks = vote_ranks_pb;
     rq[i].op_id = id;
     rq[i].n_out_names = (size_t)p->n_outputs;
     rq[i].out_names = names;

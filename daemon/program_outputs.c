@@ -1,0 +1,165 @@
+/* Local values made distributed tensors: see program_outputs.h. */
+#include "program_outputs.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "coll.h"
+#include "tensor_meta.h"
+#include "wire.h"
+
+int distd_attr_parse(distd_server *s, const Dist__V1__Mesh *mesh,
+                     Dist__V1__Placement *const *pl, size_t npl, distd_attr *a,
+                     dist_errbuf *eb) {
+  if (dist_mesh_from_pb(mesh, &a->mesh, eb) != 0) return eb->code;
+  if (distd_mesh_check_world(s, &a->mesh, eb) != 0) return eb->code;
+  if (npl != (size_t)a->mesh.ndim)
+    return dist_fail(eb, DIST_EINVAL, "%zu placements for a mesh of %d dims",
+                     npl, a->mesh.ndim);
+  if (dist_placements_from_pb(pl, npl, a->placements, eb) != 0) return eb->code;
+  if (dist_mesh_index_of(&a->mesh, s->rank) < 0)
+    return dist_fail(eb, DIST_EINVAL, "rank %d is not in the mesh", s->rank);
+  return 0;
+}
+
+/* Only a Shard over more than one rank makes the global extent depend on
+ * the other ranks' pieces. */
+static int needs_exchange(const distd_attr *a) {
+  for (int md = 0; md < a->mesh.ndim; md++)
+    if (a->placements[md].kind == DIST_SHARD && a->mesh.shape[md] > 1) return 1;
+  return 0;
+}
+
+enum { XWORDS = 2 + DIST_MAX_DIMS };
+
+static void unpack_shape(const int64_t *w, dist_shape *s) {
+  s->ndim = (int)w[1];
+  for (int d = 0; d < s->ndim && d < DIST_MAX_DIMS; d++) s->dims[d] = w[2 + d];
+}
+
+/* The global extent of a sharded dim is the sum of the pieces of the ranks
+ * at coordinate 0 on every mesh dim that does not shard it. */
+static void derive_global(const distd_attr *a, const int64_t *all,
+                          dist_shape *global) {
+  unpack_shape(all, global);
+  for (int d = 0; d < global->ndim; d++) {
+    int64_t sum = 0;
+    int sharded = 0;
+    for (int i = 0; i < a->mesh.nranks; i++) {
+      int coords[DIST_MAX_MESH_DIMS], on_axis = 1;
+      dist_mesh_coords(&a->mesh, i, coords);
+      for (int md = 0; md < a->mesh.ndim; md++) {
+        int shards_d = a->placements[md].kind == DIST_SHARD &&
+                       a->placements[md].dim == d;
+        sharded |= shards_d;
+        if (!shards_d && coords[md] != 0) on_axis = 0;
+      }
+      dist_shape piece;
+      unpack_shape(&all[i * XWORDS], &piece);
+      if (on_axis && d < piece.ndim) sum += piece.dims[d];
+    }
+    if (sharded) global->dims[d] = sum;
+  }
+}
+
+static int check_fit(const distd_attr *a, const int64_t *all,
+                     const dist_shape *global, dist_errbuf *eb) {
+  for (int i = 0; i < a->mesh.nranks; i++) {
+    int coords[DIST_MAX_MESH_DIMS];
+    int64_t off[DIST_MAX_DIMS];
+    dist_shape want, got;
+    dist_mesh_coords(&a->mesh, i, coords);
+    dist_local_box(&a->mesh, a->placements, global, coords, &want, off);
+    unpack_shape(&all[i * XWORDS], &got);
+    if (!dist_shape_equal(&want, &got)) {
+      char gs[96], ws[96], hs[96];
+      dist_shape_format(&got, hs, sizeof hs);
+      dist_shape_format(&want, ws, sizeof ws);
+      dist_shape_format(global, gs, sizeof gs);
+      return dist_fail(eb, DIST_EMISMATCH, "local outputs do not fit the "
+                       "placements: rank %d made %s, but global shape %s "
+                       "gives it %s", a->mesh.ranks[i], hs, gs, ws);
+    }
+  }
+  return 0;
+}
+
+/* dtensor_from_local's shape exchange over the output's mesh: every rank
+ * sends its verdict and local shape, so all accept or all refuse. */
+static int exchange_shapes(distd_server *s, const distd_attr *a, uint64_t op_id,
+                           int64_t deadline, int verdict,
+                           const dist_shape *local, dist_shape *global,
+                           dist_errbuf *eb) {
+  int n = a->mesh.nranks;
+  int64_t mine[XWORDS] = {verdict, local ? local->ndim : 0};
+  for (int d = 0; local && d < local->ndim; d++) mine[2 + d] = local->dims[d];
+  int64_t *all = calloc((size_t)n * XWORDS, sizeof *all);
+  size_t *counts = calloc((size_t)n, sizeof *counts);
+  for (int i = 0; i < n; i++) counts[i] = XWORDS;
+  distd_coll c;
+  int rc = distd_coll_init(&c, s->peers, op_id, a->mesh.ranks, n, deadline, eb);
+  if (rc == 0) rc = distd_allgather(&c, mine, all, counts, DIST_INT64, eb);
+  for (int i = 0; rc == 0 && i < n; i++)
+    if (all[i * XWORDS] != 0 && a->mesh.ranks[i] != s->rank)
+      rc = dist_fail(eb, (int)all[i * XWORDS], "rank %d failed its part of "
+                     "the invocation (%s)", a->mesh.ranks[i],
+                     dist_err_name((int)all[i * XWORDS]));
+  if (rc == 0 && verdict == 0) {
+    derive_global(a, all, global);
+    rc = check_fit(a, all, global, eb);
+  }
+  free(all);
+  free(counts);
+  return rc;
+}
+
+int distd_value_tensor(distd_server *s, const char *name, const distd_tval *v,
+                       const dist_shape *global, const distd_attr *a, int replace,
+                       distd_tensor **out, uint64_t *version, dist_errbuf *eb) {
+  distd_tensor *t = NULL;
+  if (distd_store_get(s->store, name, &t, NULL) == 0) {
+    uint64_t had = t->version;
+    distd_tensor_unref(t);
+    if (!replace) return dist_fail(eb, DIST_EEXIST, "tensor '%s' already exists", name);
+    if (had > *version) *version = had;
+  }
+  int rc = distd_tensor_new(s->store, name, v->dtype, global, &a->mesh,
+                            a->placements, s->rank, &t, eb);
+  if (rc) return rc;
+  if (!dist_shape_equal(&t->local, &v->shape)) {
+    char ls[96], gs[96], ps[160];
+    dist_shape_format(&v->shape, ls, sizeof ls);
+    dist_shape_format(global, gs, sizeof gs);
+    dist_placements_format(a->placements, a->mesh.ndim, ps, sizeof ps);
+    distd_tensor_unref(t);
+    return dist_fail(eb, DIST_EMISMATCH, "local value %s does not fit %s of "
+                     "global shape %s on rank %d", ls, ps, gs, s->rank);
+  }
+  memcpy(t->data, v->data, t->nbytes);
+  *out = t;
+  return 0;
+}
+
+int distd_value_global(distd_server *s, int64_t deadline_ms, const distd_attr *a,
+                       uint64_t op_id, int verdict, const distd_tval *v, dist_shape *global,
+                       dist_errbuf *eb) {
+  if (!needs_exchange(a)) {
+    if (verdict) return verdict;
+    *global = v->shape;
+    for (int md = 0; md < a->mesh.ndim; md++)
+      if (a->placements[md].kind == DIST_SHARD &&
+          a->placements[md].dim >= v->shape.ndim)
+        return dist_fail(eb, DIST_EINVAL, "Shard(%d) of a %d-d output",
+                         a->placements[md].dim, v->shape.ndim);
+    return 0;
+  }
+  dist_errbuf peer_eb = DIST_ERRBUF_INIT;
+  if (verdict == 0 &&
+      dist_placements_check(&a->mesh, a->placements, a->mesh.ndim,
+                            v->shape.ndim, eb) != 0)
+    verdict = eb->code;
+  int rc = exchange_shapes(s, a, op_id, deadline_ms, verdict,
+                           v ? &v->shape : NULL, global,
+                           verdict ? &peer_eb : eb);
+  return verdict ? verdict : rc;
+}

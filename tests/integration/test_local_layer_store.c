@@ -1,0 +1,214 @@
+/* A LocalLayer call stores its outputs on every daemon it ran on or on
+ * none (the daemons vote, program.proto): a name taken on one daemon, one
+ * daemon over its memory limit, one daemon that lost the program. Each test
+ * fails against a daemon that stored its outputs alone. */
+#include <criterion/criterion.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+
+static harness cluster;
+
+static void stop_cluster(void) {
+  if (cluster.n > 0) harness_stop(&cluster);
+  cluster.n = 0;
+}
+
+TestSuite(local_layer_store, .fini = stop_cluster, .timeout = 120);
+
+static const double x0[4] = {1.5, -2, 0.25, 8};
+
+/* y = x + x, Replicate on [0, 1] (or Shard(0) when sharded: the daemons
+ * then exchange the output's local shapes before the vote). */
+static dist_program *doubler(int sharded) {
+  dist_program *p = NULL;
+  cr_assert_eq(dist_program_new("doubler", &p), 0);
+  int x = dist_input_dtensor(p, "x", DIST_FLOAT64);
+  dist_program_output(p, dist_op_add(p, x, x));
+  dist_mesh *m = NULL;
+  cr_assert_eq(dist_mesh_from_string("[0,1]", NULL, &m), 0);
+  dist_placement pl = sharded ? (dist_placement)DIST_SHARD_DIM(0) : DIST_REPLICATED;
+  cr_assert_eq(dist_program_out_dist_attr(p, m, &pl, NULL), 0);
+  dist_mesh_free(m);
+  return p;
+}
+
+/* Calls p on "x" with outputs named `out` (NULL: the default name). */
+static int call(dist_client *c, dist_program *p, const char *out, int replace) {
+  dist_tensor *x = NULL, *y = NULL;
+  int rc = dist_tensor_open(c, "x", &x);
+  dist_arg args[1] = {{x, NULL}};
+  const char *names[1] = {out};
+  dist_call_opts o = DIST_CALL_OPTS_INIT;
+  o.out_names = out ? names : NULL;
+  o.replace = replace;
+  o.no_grad = 1;
+  dist_invocation *inv = NULL;
+  if (rc == 0) rc = dist_local_layer_call(c, p, args, 1, &o, &inv, &y);
+  dist_invocation_free(inv);
+  dist_tensor_free(y);
+  dist_tensor_free(x);
+  return rc;
+}
+
+/* Daemon r's own view of name: 0 with its mesh's size and its piece there
+ * (read through the cluster's client c; Replicate, so the whole value:
+ * float64, n of them, want) checked, or the error code opening it. */
+static int held_on(dist_client *c, int r, const char *name, int mesh_size,
+                   const double *want, int n) {
+  dist_client *one = harness_client_rank(&cluster, r, 5000);
+  dist_tensor *t = NULL;
+  int rc = dist_tensor_open(one, name, &t);
+  if (rc == 0) {
+    cr_assert_eq(dist_mesh_size(dist_tensor_mesh(t)), mesh_size, "rank %d: '%s'", r, name);
+    void *data = NULL;
+    size_t nbytes = 0;
+    int64_t shape[DIST_MAX_DIMS];
+    cr_assert_eq(dist_dtensor_to_local(c, t, r, &data, &nbytes, shape), 0, "%s",
+                 dist_errmsg(c));
+    cr_assert_eq(nbytes, sizeof *want * (size_t)n, "rank %d: '%s'", r, name);
+    cr_assert_eq(memcmp(data, want, nbytes), 0, "rank %d: '%s' changed", r, name);
+    free(data);
+  }
+  dist_tensor_free(t);
+  dist_close(one);
+  return rc;
+}
+
+/* Every piece of name at one version, above `than`. */
+static void expect_one_version(dist_client *c, const char *name, uint64_t than) {
+  dist_tensor *t = NULL;
+  cr_assert_eq(dist_tensor_open(c, name, &t), 0, "%s", dist_errmsg(c));
+  dist_tensor_piece *pieces = NULL;
+  int n = 0;
+  cr_assert_eq(dist_tensor_pieces(c, t, &pieces, &n), 0, "%s", dist_errmsg(c));
+  for (int i = 0; i < n; i++)
+    cr_assert(pieces[i].version == pieces[0].version && pieces[i].version > than,
+              "'%s': rank %d at version %llu, rank %d at %llu", name, pieces[i].rank,
+              (unsigned long long)pieces[i].version, pieces[0].rank,
+              (unsigned long long)pieces[0].version);
+  free(pieces);
+  dist_tensor_free(t);
+}
+
+typedef struct trainer {
+  dist_client *c;
+  int replace;
+  int rc;
+  char msg[512];
+} trainer;
+
+static void *spmd_call(void *arg) {
+  trainer *tr = arg;
+  dist_program *p = doubler(0);
+  tr->rc = dist_program_register(tr->c, p);
+  if (tr->rc == 0) tr->rc = call(tr->c, p, "taken", tr->replace);
+  snprintf(tr->msg, sizeof tr->msg, "%s", dist_errmsg(tr->c));
+  dist_program_free(p);
+  return NULL;
+}
+
+static void run_trainers(trainer *tr, int replace) {
+  pthread_t th[2];
+  for (int r = 0; r < 2; r++) {
+    tr[r].replace = replace;
+    pthread_create(&th[r], NULL, spmd_call, &tr[r]);
+  }
+  for (int r = 0; r < 2; r++) pthread_join(th[r], NULL);
+}
+
+/* SPMD: each trainer hears only from its own daemon, so rank 0's trainer
+ * went on with an output that rank 1 never stored. */
+Test(local_layer_store, an_output_name_taken_on_one_daemon_is_stored_by_none) {
+  harness_start(&cluster, 2, NULL);
+  dist_client *c = harness_client(&cluster);
+  int64_t n4 = 4, n3 = 3;
+  static const double taken[3] = {7, 7, 7}, twice[4] = {3, -4, 0.5, 16};
+  dist_tensor_free(harness_put(c, "x", DIST_FLOAT64, x0, 1, &n4, "[0,1]", "Replicate()"));
+  dist_tensor_free(harness_put(c, "taken", DIST_FLOAT64, taken, 1, &n3, "[1]",
+                               "Replicate()"));
+  trainer tr[2] = {{.c = harness_spmd_client(&cluster, 0, "store-job")},
+                   {.c = harness_spmd_client(&cluster, 1, "store-job")}};
+  run_trainers(tr, 0);
+  for (int r = 0; r < 2; r++) {
+    cr_assert_eq(tr[r].rc, DIST_EEXIST, "trainer %d: %s", r, tr[r].msg);
+    cr_assert(strstr(tr[r].msg, "'taken' already exists"), "trainer %d: %s", r, tr[r].msg);
+  }
+  cr_assert(strstr(tr[0].msg, "rank 1 refused this invocation"), "%s", tr[0].msg);
+  cr_assert_eq(held_on(c, 0, "taken", 0, NULL, 0), DIST_ENOTFOUND, "rank 0 stored the output");
+  cr_assert_eq(held_on(c, 1, "taken", 1, taken, 3), 0, "rank 1 lost its own 'taken'");
+  /* Replacing it, both store it, at one version past rank 1's. */
+  run_trainers(tr, 1);
+  for (int r = 0; r < 2; r++) cr_assert_eq(tr[r].rc, 0, "trainer %d: %s", r, tr[r].msg);
+  cr_assert_eq(held_on(c, 0, "taken", 2, twice, 4), 0);
+  cr_assert_eq(held_on(c, 1, "taken", 2, twice, 4), 0);
+  expect_one_version(c, "taken", 1);
+  for (int r = 0; r < 2; r++) dist_close(tr[r].c);
+  dist_close(c);
+}
+
+/* Single client: libdist undid the call on the daemons that had stored,
+ * deleting what the output replaced there, so "y" was gone from rank 0
+ * and kept on rank 1. */
+Test(local_layer_store, an_output_one_daemon_cannot_afford_keeps_the_old_value_everywhere) {
+  const char *args[] = {"--memory-limit=400", NULL};
+  harness_start(&cluster, 2, args);
+  dist_client *c = harness_client(&cluster);
+  int64_t n4 = 4, n40 = 40;
+  static const double y0[4] = {-1, -2, -3, -4};
+  double fill[40] = {0};
+  dist_tensor_free(harness_put(c, "x", DIST_FLOAT64, x0, 1, &n4, "[0,1]", "Replicate()"));
+  dist_tensor_free(harness_put(c, "y", DIST_FLOAT64, y0, 1, &n4, "[0,1]", "Replicate()"));
+  /* Rank 1 holds 32 + 32 + 320 of its 400 bytes: the new y (32 more
+   * while the old one is held) does not fit there, and does on rank 0. */
+  dist_tensor_free(harness_put(c, "fill", DIST_FLOAT64, fill, 1, &n40, "[1]", "Replicate()"));
+  dist_program *p = doubler(0);
+  cr_assert_eq(dist_program_register(c, p), 0, "%s", dist_errmsg(c));
+  int rc = call(c, p, "y", 1);
+  cr_assert_eq(rc, DIST_ENOMEM, "%s: %s", dist_err_name(rc), dist_errmsg(c));
+  cr_assert(strstr(dist_errmsg(c), "rank 1"), "%s", dist_errmsg(c));
+  for (int r = 0; r < 2; r++)
+    cr_assert_eq(held_on(c, r, "y", 2, y0, 4), 0, "rank %d lost 'y'", r);
+  expect_one_version(c, "y", 0);
+  /* With room on rank 1, the same call replaces y on both. */
+  static const double twice[4] = {3, -4, 0.5, 16};
+  cr_assert_eq(dist_tensor_delete(c, "fill"), 0, "%s", dist_errmsg(c));
+  cr_assert_eq(call(c, p, "y", 1), 0, "%s", dist_errmsg(c));
+  for (int r = 0; r < 2; r++) cr_assert_eq(held_on(c, r, "y", 2, twice, 4), 0);
+  expect_one_version(c, "y", 1);
+  dist_program_free(p);
+  dist_close(c);
+}
+
+/* A daemon restarted since the program was registered does not know it.
+ * With a sharded output, rank 0 used to wait for rank 1's local shape
+ * until the client's deadline (30 s); now rank 1 ends that exchange and
+ * votes no, and rank 0 fails at once, naming why. */
+Test(local_layer_store, a_daemon_that_lost_the_program_fails_the_others_at_once) {
+  harness_start(&cluster, 2, NULL);
+  dist_client *c = harness_client(&cluster);
+  int64_t n4 = 4;
+  dist_tensor_free(harness_put(c, "x", DIST_FLOAT64, x0, 1, &n4, "[0,1]", "Replicate()"));
+  dist_program *p = doubler(1);
+  cr_assert_eq(dist_program_register(c, p), 0, "%s", dist_errmsg(c));
+  cr_assert_eq(call(c, p, "y", 0), 0, "%s", dist_errmsg(c));
+  harness_kill(&cluster, 1, SIGKILL);
+  harness_start_rank(&cluster, 1, NULL);
+  for (int r = 0; r < 2; r++)
+    cr_assert(harness_wait_connected(&cluster, r, 1, 20000), "rank %d did not reconnect", r);
+  /* The restarted daemon lost x too; put it back there only. */
+  dist_tensor_free(harness_put(c, "x", DIST_FLOAT64, x0, 1, &n4, "[1]", "Replicate()"));
+  double t0 = harness_now_s();
+  int rc = call(c, p, "z", 0);
+  double took = harness_now_s() - t0;
+  cr_assert_eq(rc, DIST_ENOTFOUND, "%s: %s", dist_err_name(rc), dist_errmsg(c));
+  cr_assert(strstr(dist_errmsg(c), "unknown program handle"), "%s", dist_errmsg(c));
+  cr_assert_lt(took, 3.0, "the call took %.1f s", took);
+  cr_assert_eq(held_on(c, 0, "z", 0, NULL, 0), DIST_ENOTFOUND, "rank 0 stored 'z'");
+  dist_program_free(p);
+  dist_close(c);
+}
