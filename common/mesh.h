@@ -73,4 +73,17 @@ void dist_local_box(const dist_mesh_desc *m, const dist_placement *p,
                     const dist_shape *global, const int *coords,
                     dist_shape *local, int64_t *offset);
 
+/* dtensor_from_local, given every rank's local piece (pieces[i] is that of
+ * m->ranks[i]): the global shape they make. A tensor dim that mesh dims
+ * shard is the sum of the pieces of the ranks at coordinate 0 on every
+ * other mesh dim; any other dim is the first piece's. */
+void dist_global_of_pieces(const dist_mesh_desc *m, const dist_placement *p,
+                           const dist_shape *pieces, dist_shape *global);
+/* The mesh index of the first piece that is not the box the split rule
+ * gives its rank under `global` (*want is then that box), or -1 when every
+ * piece fits. */
+int dist_first_misfit(const dist_mesh_desc *m, const dist_placement *p,
+                      const dist_shape *global, const dist_shape *pieces,
+                      dist_shape *want);
+
 #endif

@@ -62,6 +62,41 @@ void dist_local_box(const dist_mesh_desc *m, const dist_placement *p,
   }
 }
 
+/* ---- dtensor_from_local ------------------------------------------------- */
+
+void dist_global_of_pieces(const dist_mesh_desc *m, const dist_placement *p,
+                           const dist_shape *pieces, dist_shape *global) {
+  *global = pieces[0];
+  for (int d = 0; d < global->ndim; d++) {
+    int64_t sum = 0;
+    int sharded = 0;
+    for (int i = 0; i < m->nranks; i++) {
+      int coords[DIST_MAX_MESH_DIMS], on_axis = 1;
+      dist_mesh_coords(m, i, coords);
+      for (int md = 0; md < m->ndim; md++) {
+        int shards_d = p[md].kind == DIST_SHARD && p[md].dim == d;
+        sharded |= shards_d;
+        if (!shards_d && coords[md] != 0) on_axis = 0;
+      }
+      if (on_axis && d < pieces[i].ndim) sum += pieces[i].dims[d];
+    }
+    if (sharded) global->dims[d] = sum;
+  }
+}
+
+int dist_first_misfit(const dist_mesh_desc *m, const dist_placement *p,
+                      const dist_shape *global, const dist_shape *pieces,
+                      dist_shape *want) {
+  for (int i = 0; i < m->nranks; i++) {
+    int coords[DIST_MAX_MESH_DIMS];
+    int64_t offset[DIST_MAX_DIMS];
+    dist_mesh_coords(m, i, coords);
+    dist_local_box(m, p, global, coords, want, offset);
+    if (!dist_shape_equal(want, &pieces[i])) return i;
+  }
+  return -1;
+}
+
 /* ---- checking ---------------------------------------------------------- */
 
 int dist_placements_check(const dist_mesh_desc *m, const dist_placement *p,

@@ -32,56 +32,30 @@ static int needs_exchange(const distd_attr *a) {
 
 enum { XWORDS = 2 + DIST_MAX_DIMS };
 
-static void unpack_shape(const int64_t *w, dist_shape *s) {
-  s->ndim = (int)w[1];
-  for (int d = 0; d < s->ndim && d < DIST_MAX_DIMS; d++) s->dims[d] = w[2 + d];
-}
-
-/* The global extent of a sharded dim is the sum of the pieces of the ranks
- * at coordinate 0 on every mesh dim that does not shard it. */
-static void derive_global(const distd_attr *a, const int64_t *all,
-                          dist_shape *global) {
-  unpack_shape(all, global);
-  for (int d = 0; d < global->ndim; d++) {
-    int64_t sum = 0;
-    int sharded = 0;
-    for (int i = 0; i < a->mesh.nranks; i++) {
-      int coords[DIST_MAX_MESH_DIMS], on_axis = 1;
-      dist_mesh_coords(&a->mesh, i, coords);
-      for (int md = 0; md < a->mesh.ndim; md++) {
-        int shards_d = a->placements[md].kind == DIST_SHARD &&
-                       a->placements[md].dim == d;
-        sharded |= shards_d;
-        if (!shards_d && coords[md] != 0) on_axis = 0;
-      }
-      dist_shape piece;
-      unpack_shape(&all[i * XWORDS], &piece);
-      if (on_axis && d < piece.ndim) sum += piece.dims[d];
-    }
-    if (sharded) global->dims[d] = sum;
+/* The global shape the exchanged pieces make; every piece must then be
+ * exactly what the split rule gives its rank. */
+static int derive_global(const distd_attr *a, const int64_t *all, dist_shape *global,
+                         dist_errbuf *eb) {
+  int n = a->mesh.nranks, rc = 0;
+  dist_shape *pieces = calloc((size_t)n, sizeof *pieces), want;
+  if (!pieces) return dist_fail(eb, DIST_ENOMEM, "out of memory");
+  for (int i = 0; i < n; i++) {
+    const int64_t *w = &all[i * XWORDS];
+    pieces[i].ndim = (int)w[1];
+    for (int d = 0; d < pieces[i].ndim && d < DIST_MAX_DIMS; d++) pieces[i].dims[d] = w[2 + d];
   }
-}
-
-static int check_fit(const distd_attr *a, const int64_t *all,
-                     const dist_shape *global, dist_errbuf *eb) {
-  for (int i = 0; i < a->mesh.nranks; i++) {
-    int coords[DIST_MAX_MESH_DIMS];
-    int64_t off[DIST_MAX_DIMS];
-    dist_shape want, got;
-    dist_mesh_coords(&a->mesh, i, coords);
-    dist_local_box(&a->mesh, a->placements, global, coords, &want, off);
-    unpack_shape(&all[i * XWORDS], &got);
-    if (!dist_shape_equal(&want, &got)) {
-      char gs[96], ws[96], hs[96];
-      dist_shape_format(&got, hs, sizeof hs);
-      dist_shape_format(&want, ws, sizeof ws);
-      dist_shape_format(global, gs, sizeof gs);
-      return dist_fail(eb, DIST_EMISMATCH, "local outputs do not fit the "
-                       "placements: rank %d made %s, but global shape %s "
-                       "gives it %s", a->mesh.ranks[i], hs, gs, ws);
-    }
+  dist_global_of_pieces(&a->mesh, a->placements, pieces, global);
+  int bad = dist_first_misfit(&a->mesh, a->placements, global, pieces, &want);
+  if (bad >= 0) {
+    char gs[96], ws[96], hs[96];
+    dist_shape_format(&pieces[bad], hs, sizeof hs);
+    dist_shape_format(&want, ws, sizeof ws);
+    dist_shape_format(global, gs, sizeof gs);
+    rc = dist_fail(eb, DIST_EMISMATCH, "local outputs do not fit the placements: rank %d "
+                   "made %s, but global shape %s gives it %s", a->mesh.ranks[bad], hs, gs, ws);
   }
-  return 0;
+  free(pieces);
+  return rc;
 }
 
 /* dtensor_from_local's shape exchange over the output's mesh: every rank
@@ -104,10 +78,7 @@ static int exchange_shapes(distd_server *s, const distd_attr *a, uint64_t op_id,
       rc = dist_fail(eb, (int)all[i * XWORDS], "rank %d failed its part of "
                      "the invocation (%s)", a->mesh.ranks[i],
                      dist_err_name((int)all[i * XWORDS]));
-  if (rc == 0 && verdict == 0) {
-    derive_global(a, all, global);
-    rc = check_fit(a, all, global, eb);
-  }
+  if (rc == 0 && verdict == 0) rc = derive_global(a, all, global, eb);
   free(all);
   free(counts);
   return rc;

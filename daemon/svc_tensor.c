@@ -66,60 +66,37 @@ static int check_agreement(const distd_meta *m, const int64_t *all,
   return 0;
 }
 
-static void unpack_shape(const int64_t *w, dist_shape *s) {
-  s->ndim = (int)w[1];
-  for (int i = 0; i < s->ndim && i < DIST_MAX_DIMS; i++) s->dims[i] = w[2 + i];
+/* Every rank's local shape from the exchange, in mesh order; NULL when
+ * out of memory. */
+static dist_shape *unpack_pieces(const int64_t *all, int n) {
+  dist_shape *pieces = calloc((size_t)n, sizeof *pieces);
+  for (int i = 0; pieces && i < n; i++) {
+    const int64_t *w = &all[i * EXCHANGE_WORDS];
+    pieces[i].ndim = (int)w[1];
+    for (int d = 0; d < pieces[i].ndim && d < DIST_MAX_DIMS; d++) pieces[i].dims[d] = w[2 + d];
+  }
+  return pieces;
 }
 
-/* The global extent of every tensor dim: the sum of the pieces along the
- * mesh dims that shard it (ranks at coordinate 0 on every other mesh dim),
- * or any piece's extent when no mesh dim shards it. */
-static void derive_global(const distd_meta *m, const int64_t *all,
-                          dist_shape *global) {
-  unpack_shape(&all[0], global);
-  for (int d = 0; d < global->ndim; d++) {
-    int64_t sum = 0;
-    int sharded = 0;
-    for (int i = 0; i < m->mesh.nranks; i++) {
-      int coords[DIST_MAX_MESH_DIMS], on_axis = 1;
-      dist_mesh_coords(&m->mesh, i, coords);
-      for (int md = 0; md < m->mesh.ndim; md++) {
-        int shards_d = m->placements[md].kind == DIST_SHARD &&
-                       m->placements[md].dim == d;
-        sharded |= shards_d;
-        if (!shards_d && coords[md] != 0) on_axis = 0;
-      }
-      dist_shape piece;
-      unpack_shape(&all[i * EXCHANGE_WORDS], &piece);
-      if (on_axis) sum += piece.dims[d];
-    }
-    if (sharded) global->dims[d] = sum;
+/* The global shape the pieces make; every piece must then be exactly what
+ * the split rule gives its rank. */
+static int derive_global(distd_meta *m, const int64_t *all, dist_errbuf *eb) {
+  dist_shape *pieces = unpack_pieces(all, m->mesh.nranks), want;
+  if (!pieces) return dist_fail(eb, DIST_ENOMEM, "out of memory");
+  dist_global_of_pieces(&m->mesh, m->placements, pieces, &m->global);
+  int bad = dist_first_misfit(&m->mesh, m->placements, &m->global, pieces, &want), rc = 0;
+  if (bad >= 0) {
+    char gs[96], ws[96], hs[96], ps[160];
+    dist_shape_format(&pieces[bad], hs, sizeof hs);
+    dist_shape_format(&want, ws, sizeof ws);
+    dist_shape_format(&m->global, gs, sizeof gs);
+    dist_placements_format(m->placements, m->mesh.ndim, ps, sizeof ps);
+    rc = dist_fail(eb, DIST_EMISMATCH, "local pieces do not fit the placements %s: rank %d "
+                   "holds %s, but global shape %s gives it %s",
+                   ps, m->mesh.ranks[bad], hs, gs, ws);
   }
-}
-
-/* Every piece must be exactly what the split rule gives its rank. */
-static int check_pieces_fit(const distd_meta *m, const int64_t *all,
-                            const dist_shape *global, dist_errbuf *eb) {
-  for (int i = 0; i < m->mesh.nranks; i++) {
-    int coords[DIST_MAX_MESH_DIMS];
-    int64_t offset[DIST_MAX_DIMS];
-    dist_shape want, got;
-    dist_mesh_coords(&m->mesh, i, coords);
-    dist_local_box(&m->mesh, m->placements, global, coords, &want, offset);
-    unpack_shape(&all[i * EXCHANGE_WORDS], &got);
-    if (!dist_shape_equal(&want, &got)) {
-      char gs[96], ws[96], hs[96], ps[160];
-      dist_shape_format(&got, hs, sizeof hs);
-      dist_shape_format(&want, ws, sizeof ws);
-      dist_shape_format(global, gs, sizeof gs);
-      dist_placements_format(m->placements, m->mesh.ndim, ps, sizeof ps);
-      return dist_fail(eb, DIST_EMISMATCH,
-                       "local pieces do not fit the placements %s: rank %d "
-                       "holds %s, but global shape %s gives it %s",
-                       ps, m->mesh.ranks[i], hs, gs, ws);
-    }
-  }
-  return 0;
+  free(pieces);
+  return rc;
 }
 
 /* dtensor_from_local: the mesh's daemons exchange their local shapes and
@@ -150,8 +127,7 @@ static int exchange_local_shapes(distd_server *s, uint64_t op_id,
   }
   rc = check_agreement(m, all, eb);
   if (rc != 0) goto out;
-  derive_global(m, all, &m->global);
-  rc = check_pieces_fit(m, all, &m->global, eb);
+  rc = derive_global(m, all, eb);
 out:
   free(all);
   free(counts);

@@ -377,3 +377,40 @@ Test(placements, partial_dim_is_the_first_partial_mesh_dim) {
   cr_assert_eq(dist_placements_partial_dim(p, np), 1);
   cr_assert_eq(dist_placements_partial_dim(p, 1), -1); /* only the first np count */
 }
+
+/* ---- dtensor_from_local: the global shape of local pieces --------------- */
+
+static dist_shape shape2(int64_t a, int64_t b) { return (dist_shape){2, {a, b}}; }
+
+/* [[0,1],[2,3]] with Shard(0) on the first mesh dim and Shard(1) on the
+ * second: a [10, 5] tensor is held as rows 5/5 and columns 3/2. */
+Test(pieces, a_2x2_mesh_sums_each_sharded_dim_along_its_axis) {
+  dist_mesh_desc m = mesh_of("[[0,1],[2,3]]", NULL);
+  dist_placement p[2] = {DIST_SHARD_DIM(0), DIST_SHARD_DIM(1)};
+  dist_shape pieces[4] = {shape2(5, 3), shape2(5, 2), shape2(5, 3), shape2(5, 2)}, g, want;
+  dist_global_of_pieces(&m, p, pieces, &g);
+  cr_assert(dist_shape_equal(&g, &(dist_shape){2, {10, 5}}), "[%lld, %lld]",
+            (long long)g.dims[0], (long long)g.dims[1]);
+  cr_assert_eq(dist_first_misfit(&m, p, &g, pieces, &want), -1);
+  /* Replicate on the second mesh dim: rank 1's copy is not added. */
+  p[1] = DIST_REPLICATED;
+  dist_shape rep[4] = {shape2(5, 5), shape2(5, 5), shape2(5, 5), shape2(5, 5)};
+  dist_global_of_pieces(&m, p, rep, &g);
+  cr_assert(dist_shape_equal(&g, &(dist_shape){2, {10, 5}}));
+}
+
+/* 10 rows over 4 ranks must be 3, 3, 3, 1: 3, 3, 2, 2 sums to 10 too, and
+ * the first rank that differs is named with what it should hold. */
+Test(pieces, pieces_off_the_split_rule_name_the_first_misfit) {
+  dist_mesh_desc m = mesh_of("[0,1,2,3]", NULL);
+  dist_placement s0 = DIST_SHARD_DIM(0);
+  dist_shape good[4] = {shape2(3, 2), shape2(3, 2), shape2(3, 2), shape2(1, 2)};
+  dist_shape bad[4] = {shape2(3, 2), shape2(3, 2), shape2(2, 2), shape2(2, 2)}, g, want;
+  dist_global_of_pieces(&m, &s0, good, &g);
+  cr_assert_eq(g.dims[0], 10);
+  cr_assert_eq(dist_first_misfit(&m, &s0, &g, good, &want), -1);
+  dist_global_of_pieces(&m, &s0, bad, &g);
+  cr_assert_eq(g.dims[0], 10);
+  cr_assert_eq(dist_first_misfit(&m, &s0, &g, bad, &want), 2);
+  cr_assert(dist_shape_equal(&want, &(dist_shape){2, {3, 2}}));
+}
