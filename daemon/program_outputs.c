@@ -134,3 +134,41 @@ int distd_value_global(distd_server *s, int64_t deadline_ms, const distd_attr *a
                            verdict ? &peer_eb : eb);
   return verdict ? verdict : rc;
 }
+
+int distd_made_init(distd_made *m, size_t n, dist_errbuf *eb) {
+  memset(m, 0, sizeof *m);
+  m->n = n;
+  m->tensors = calloc(n + 1, sizeof *m->tensors);
+  m->w = calloc(n + 1, sizeof *m->w);
+  m->metas = calloc(n + 1, sizeof *m->metas);
+  if (m->tensors && m->w && m->metas) return 0;
+  return dist_fail(eb, DIST_ENOMEM, "out of memory");
+}
+
+void distd_made_store(distd_server *s, distd_made *m) {
+  for (size_t k = 0; k < m->n; k++) {
+    if (!m->tensors[k]) continue;
+    m->tensors[k]->version = m->version + 1;
+    distd_store_put_versioned(s->store, m->tensors[k]);
+  }
+}
+
+void distd_made_free(distd_made *m) {
+  for (size_t k = 0; m->tensors && k < m->n; k++) distd_tensor_unref(m->tensors[k]);
+  free(m->tensors);
+  free(m->w);
+  free(m->metas);
+}
+
+int distd_vote_ranks(const distd_server *s, const uint32_t *named, size_t n, int *ranks) {
+  int me = 0;
+  if (n > DIST_MAX_MESH_RANKS) return 0;
+  for (size_t i = 0; i < n; i++) {
+    if (named[i] >= (uint32_t)s->world_size) return 0;
+    for (size_t j = 0; j < i; j++)
+      if (named[j] == named[i]) return 0;
+    ranks[i] = (int)named[i];
+    me |= ranks[i] == s->rank;
+  }
+  return me ? (int)n : 0;
+}

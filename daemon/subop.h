@@ -24,6 +24,10 @@ enum distd_step {
    * run under base + k * DISTD_STEP_RESHARD_SPAN never meets this one. */
   DISTD_STEP_RESHARD_SPAN = 20,
 
+  /* A LocalLayer backward's verdicts (svc_program_backward.c), under this
+   * step of the invocation id, clear of the invocation's own vote. */
+  DISTD_STEP_BACKWARD = 40,
+
   /* The verdicts on a request applied by all or by none (vote.h): a
    * parameter's push or configure sent to every daemon of its mesh, after
    * the gradient's own reshard; a reshard, after its state's. */

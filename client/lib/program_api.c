@@ -74,6 +74,8 @@ struct dist_invocation {
   int *input_is_tensor;
   char (*out_names)[256];
   int backward_done;
+  int nvote;                /* the daemons that store its outputs and */
+  uint32_t *vote_ranks;     /* gradients all or none (program.proto) */
   kept_value *outs;  /* n * n_outputs, with keep_local_values */
   kept_value *grads; /* n * n_inputs, with keep_local_values */
 };
@@ -960,7 +962,11 @@ static dist_invocation *invocation_new(const dist_program *p, int n,
   v->n_outputs = p->n_outputs;
   v->input_is_tensor = calloc((size_t)p->n_inputs + 1, sizeof(int));
   v->out_names = calloc((size_t)p->n_outputs + 1, sizeof *v->out_names);
-  if (!v->input_is_tensor || !v->out_names) {
+  int ranks[DIST_MAX_MESH_RANKS];
+  v->nvote = output_ranks(p, ranks);
+  v->vote_ranks = calloc((size_t)v->nvote + 1, sizeof *v->vote_ranks);
+  for (int i = 0; v->vote_ranks && i < v->nvote; i++) v->vote_ranks[i] = (uint32_t)ranks[i];
+  if (!v->input_is_tensor || !v->out_names || !v->vote_ranks) {
     dist_invocation_free(v);
     return NULL;
   }
@@ -980,6 +986,7 @@ void dist_invocation_free(dist_invocation *inv) {
   free(inv->grads);
   free(inv->input_is_tensor);
   free(inv->out_names);
+  free(inv->vote_ranks);
   free(inv);
 }
 
@@ -1091,14 +1098,9 @@ int dist_local_layer_call(dist_client *c, dist_program *p, const dist_arg *args,
     names[k] = v->out_names[k];
   }
   if ((rc = build_invoke(c, p, &f, args, rq))) goto out;
-  /* Every daemon invoked, so that they store the outputs all or none. */
-  int vote_ranks[DIST_MAX_MESH_RANKS];
-  uint32_t vote_ranks_pb[DIST_MAX_MESH_RANKS];
-  int nvote = output_ranks(p, vote_ranks);
-  for (int i = 0; i < nvote; i++) vote_ranks_pb[i] = (uint32_t)vote_ranks[i];
   for (int i = 0; i < f.n; i++) {
-    rq[i].n_ranks = (size_t)nvote;
-    rq[i].ranks = vote_ranks_pb;
+    rq[i].n_ranks = (size_t)v->nvote;
+    rq[i].ranks = v->vote_ranks;
     rq[i].op_id = id;
     rq[i].n_out_names = (size_t)p->n_outputs;
     rq[i].out_names = names;
@@ -1190,6 +1192,8 @@ static int build_backward(dist_client *c, dist_invocation *v, fanout *f,
       if (rc) return rc;
     }
     rq[i].invocation_id = v->id;
+    rq[i].n_ranks = (size_t)v->nvote;
+    rq[i].ranks = v->vote_ranks;
     rq[i].n_out_grads = out_grads ? (size_t)v->n_outputs : 0;
     rq[i].out_grads = f->args[i].ptrs;
     rq[i].n_grad_names = (size_t)v->n_inputs;

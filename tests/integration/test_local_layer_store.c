@@ -212,3 +212,50 @@ Test(local_layer_store, a_daemon_that_lost_the_program_fails_the_others_at_once)
   dist_program_free(p);
   dist_close(c);
 }
+
+/* Backward stores the input gradients the same way: a gradient name taken
+ * on rank 1 only is stored by neither daemon (rank 0 used to keep its
+ * piece), and with replace by both, at one version. */
+Test(local_layer_store, a_gradient_name_taken_on_one_daemon_is_stored_by_none) {
+  harness_start(&cluster, 2, NULL);
+  dist_client *c = harness_client(&cluster);
+  int64_t n4 = 4, n3 = 3;
+  static const double taken[3] = {7, 7, 7}, twos[4] = {2, 2, 2, 2};
+  dist_tensor_free(harness_put(c, "x", DIST_FLOAT64, x0, 1, &n4, "[0,1]", "Replicate()"));
+  dist_tensor_free(harness_put(c, "gx", DIST_FLOAT64, taken, 1, &n3, "[1]", "Replicate()"));
+  dist_program *p = doubler(0);
+  cr_assert_eq(dist_program_register(c, p), 0, "%s", dist_errmsg(c));
+  const char *names[1] = {"gx"};
+  dist_backward_opts bo = DIST_BACKWARD_OPTS_INIT;
+  bo.grad_names = names;
+  for (int replace = 0; replace < 2; replace++) {
+    dist_tensor *x = NULL, *y = NULL, *g = NULL;
+    cr_assert_eq(dist_tensor_open(c, "x", &x), 0, "%s", dist_errmsg(c));
+    dist_arg args[1] = {{x, NULL}};
+    dist_invocation *inv = NULL;
+    cr_assert_eq(dist_local_layer_call(c, p, args, 1, NULL, &inv, &y), 0, "%s",
+                 dist_errmsg(c));
+    /* d(sum of y = x + x)/dx = 2, given y's gradient of ones. */
+    static const double ones[4] = {1, 1, 1, 1};
+    dist_value v[2] = {{ones, DIST_FLOAT64, 1, {4}}, {ones, DIST_FLOAT64, 1, {4}}};
+    dist_arg og[1] = {{NULL, v}};
+    bo.replace = replace;
+    int rc = dist_backward(c, inv, og, &bo, &g);
+    if (!replace) {
+      cr_assert_eq(rc, DIST_EEXIST, "%s: %s", dist_err_name(rc), dist_errmsg(c));
+      cr_assert(strstr(dist_errmsg(c), "'gx' already exists"), "%s", dist_errmsg(c));
+      cr_assert_eq(held_on(c, 0, "gx", 0, NULL, 0), DIST_ENOTFOUND, "rank 0 stored 'gx'");
+      cr_assert_eq(held_on(c, 1, "gx", 1, taken, 3), 0, "rank 1 lost its own 'gx'");
+    } else {
+      cr_assert_eq(rc, 0, "%s", dist_errmsg(c));
+      for (int r = 0; r < 2; r++) cr_assert_eq(held_on(c, r, "gx", 2, twos, 4), 0);
+      expect_one_version(c, "gx", 1);
+    }
+    dist_tensor_free(g);
+    dist_invocation_free(inv);
+    dist_tensor_free(y);
+    dist_tensor_free(x);
+  }
+  dist_program_free(p);
+  dist_close(c);
+}

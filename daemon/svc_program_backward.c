@@ -1,0 +1,160 @@
+/* dist.v1.Program/Backward: the gradients of a kept invocation's inputs,
+ * stored as distributed tensors on the inputs' meshes (see the service
+ * comment in proto/dist/v1/program.proto). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "methods.h"
+#include "pbuf.h"
+#include "program.h"
+#include "program_outputs.h"
+#include "program_registry.h"
+#include "program_values.h"
+#include "subop.h"
+#include "vote.h"
+#include "wire.h"
+
+static int out_grads_of(distd_server *s, const distd_invocation *inv,
+                        const Dist__V1__ProgramBackwardRequest *rq,
+                        distd_tval **g, dist_errbuf *eb) {
+  size_t n = distd_invocation_n_outputs(inv);
+  if (rq->n_out_grads != n)
+    return dist_fail(eb, DIST_EINVAL, "%zu output gradients for %zu outputs",
+                     rq->n_out_grads, n);
+  for (size_t k = 0; k < n; k++) {
+    const Dist__V1__ProgramArg *a = rq->out_grads[k];
+    int rc = 0;
+    if (a->tensor && a->tensor[0])
+      rc = distd_value_from_tensor(s, a->tensor, &g[k], NULL, eb);
+    else if (a->n_shape || a->data.len)
+      rc = distd_value_from_arg(a, &g[k], eb);
+    if (rc) {
+      dist_errbuf_prefix(eb, "gradient of output %zu: ", k);
+      return rc;
+    }
+  }
+  return 0;
+}
+
+/* The mesh and placements input i's gradient is stored with: the input's
+ * grad_placements, or else the input tensor's own. */
+static int grad_attr(const Dist__V1__ProgramInput *in,
+                     const distd_input_origin *o, distd_attr *a,
+                     dist_errbuf *eb) {
+  a->mesh = o->mesh;
+  memcpy(a->placements, o->placements, sizeof a->placements);
+  if (!in->n_grad_placements) return 0;
+  if (in->n_grad_placements != (size_t)o->mesh.ndim)
+    return dist_fail(eb, DIST_EINVAL, "%zu grad placements for a mesh of %d "
+                     "dims", in->n_grad_placements, o->mesh.ndim);
+  if (dist_placements_from_pb(in->grad_placements, in->n_grad_placements,
+                              a->placements, eb) != 0)
+    return eb->code;
+  return dist_placements_check(&a->mesh, a->placements, a->mesh.ndim,
+                               o->global.ndim, eb);
+}
+
+/* Makes the gradient of every DTENSOR_LOCAL input that has one and a
+ * name, storing none: a distributed tensor of the input's global shape,
+ * whose piece on this rank is the local gradient (no communication). */
+static int make_grads(distd_server *s, const distd_kept_invocation *k,
+                      const Dist__V1__ProgramBackwardRequest *rq, distd_made *o,
+                      dist_errbuf *eb) {
+  const Dist__V1__Program *pb =
+      distd_program_message(distd_invocation_program(k->inv));
+  for (size_t i = 0; i < pb->n_inputs && i < rq->n_grad_names; i++) {
+    const distd_tval *g = distd_invocation_input_grad(k->inv, i);
+    const Dist__V1__ProgramInput *in = pb->inputs[i];
+    if (!g || !rq->grad_names[i][0]) continue;
+    distd_attr a;
+    int rc = k->origins[i].is_tensor
+                 ? grad_attr(in, &k->origins[i], &a, eb)
+                 : dist_fail(eb, DIST_EINVAL, "not a distributed tensor: "
+                             "its gradient has no mesh (use return_values)");
+    if (rc == 0)
+      rc = distd_value_tensor(s, rq->grad_names[i], g, &k->origins[i].global, &a,
+                              rq->replace, &o->tensors[i], &o->version, eb);
+    if (rc) {
+      dist_errbuf_prefix(eb, "gradient of input %zu%s%s%s: ", i,
+                         in->name[0] ? " ('" : "", in->name,
+                         in->name[0] ? "')" : "");
+      return rc;
+    }
+  }
+  return 0;
+}
+
+static void reply_backward(distd_server *s, const distd_kept_invocation *k,
+                           const Dist__V1__ProgramBackwardRequest *rq,
+                           distd_made *o, grpc_byte_buffer **reply) {
+  Dist__V1__ProgramBackwardReply rp = DIST__V1__PROGRAM_BACKWARD_REPLY__INIT;
+  distd_value_set vs;
+  protobuf_c_boolean *has = calloc(o->n + 1, sizeof *has);
+  distd_values_init(&vs, rq->return_values ? o->n : 0);
+  for (size_t i = 0; i < o->n; i++) {
+    const distd_tval *g = distd_invocation_input_grad(k->inv, i);
+    dist__v1__tensor_meta__init(&o->w[i].meta);
+    if (o->tensors[i]) distd_meta_describe(o->tensors[i], s->rank, &o->w[i]);
+    o->metas[i] = &o->w[i].meta;
+    has[i] = g != NULL;
+    if (rq->return_values) distd_values_set(&vs, i, g);
+  }
+  rp.n_grads = rp.n_has_grad = o->n;
+  rp.grads = o->metas;
+  rp.has_grad = has;
+  rp.n_values = vs.n;
+  rp.values = vs.ptrs;
+  *reply = dist_pb_to_bb(&rp.base);
+  distd_values_free(&vs);
+  free(has);
+}
+
+/* Whether the request stores any gradient: only then do the daemons vote
+ * (a backward that only returns values changes nothing they hold). */
+static int stores_grads(const Dist__V1__ProgramBackwardRequest *rq) {
+  for (size_t i = 0; i < rq->n_grad_names; i++)
+    if (rq->grad_names[i][0]) return 1;
+  return 0;
+}
+
+/* Runs backward on the invocation and makes the gradients it stores. */
+static int backward(distd_server *s, const distd_kept_invocation *k,
+                    const Dist__V1__ProgramBackwardRequest *rq, distd_made *o,
+                    dist_errbuf *eb) {
+  size_t n_out = distd_invocation_n_outputs(k->inv);
+  distd_tval **grads = calloc(n_out + 1, sizeof *grads);
+  int rc = grads ? 0 : dist_fail(eb, DIST_ENOMEM, "out of memory");
+  if (rc == 0 && rq->n_out_grads) rc = out_grads_of(s, k->inv, rq, grads, eb);
+  if (rc == 0 &&
+      (rc = distd_invocation_backward(k->inv, rq->n_out_grads ? grads : NULL, eb)) != 0)
+    dist_errbuf_prefix(eb, "backward of invocation %llu: ",
+                       (unsigned long long)rq->invocation_id);
+  if (rc == 0) rc = distd_made_init(o, distd_program_n_inputs(distd_invocation_program(k->inv)),
+                                    eb);
+  if (rc == 0) rc = make_grads(s, k, rq, o, eb);
+  for (size_t j = 0; grads && j < n_out; j++) distd_tval_unref(grads[j]);
+  free(grads);
+  return rc;
+}
+
+/* The gradients are stored by every daemon of the request's ranks or by
+ * none, as an invocation's outputs are; the vote runs under a step of the
+ * invocation id of its own. */
+DISTD_HANDLER(program_backward) {
+  const Dist__V1__ProgramBackwardRequest *rq = (const void *)req;
+  int ranks[DIST_MAX_MESH_RANKS], n = distd_vote_ranks(s, rq->ranks, rq->n_ranks, ranks);
+  int vote = n > 1 && stores_grads(rq);
+  uint64_t op = distd_subop(rq->invocation_id, DISTD_STEP_BACKWARD);
+  distd_kept_invocation *k = NULL;
+  distd_made o = {0};
+  int rc = distd_registry_take(s->programs, rq->invocation_id, &k, eb);
+  if (rc == 0) rc = backward(s, k, rq, &o, eb);
+  if (vote) rc = distd_vote(s, ranks, n, op, ci->deadline_ms, "backward", rc, &o.version, eb);
+  if (rc == 0) {
+    distd_made_store(s, &o);
+    reply_backward(s, k, rq, &o, reply);
+  }
+  distd_made_free(&o);
+  distd_kept_invocation_free(k); /* backward runs once: nothing is kept */
+  return rc;
+}
