@@ -325,3 +325,38 @@ dist_tensor *harness_put(dist_client *c, const char *name, dist_dtype dt, const 
   dist_mesh_free(mesh);
   return t;
 }
+
+static void *churn_loop(void *arg) {
+  harness_churn *ch = arg;
+  dist_client *c = harness_client(ch->h);
+  dist_placement layouts[2] = {DIST_SHARD_DIM(0), DIST_REPLICATED};
+  for (int i = 0; !ch->stop; i++) {
+    dist_tensor *t = NULL;
+    if (dist_tensor_open(c, ch->name, &t) == 0 &&
+        dist_reshard(c, t, NULL, &layouts[i % 2]) == 0)
+      __atomic_add_fetch(&ch->applied, 1, __ATOMIC_RELAXED);
+    dist_tensor_free(t);
+  }
+  dist_close(c);
+  return NULL;
+}
+
+void harness_churn_start(harness_churn *ch, harness *h, const char *name) {
+  memset(ch, 0, sizeof *ch);
+  ch->h = h;
+  snprintf(ch->name, sizeof ch->name, "%s", name);
+  cr_assert_eq(pthread_create(&ch->thread, NULL, churn_loop, ch), 0);
+}
+
+int harness_churn_wait_started(harness_churn *ch, int timeout_ms) {
+  double until = harness_now_s() + timeout_ms / 1000.0;
+  while (__atomic_load_n(&ch->applied, __ATOMIC_RELAXED) == 0 && harness_now_s() < until)
+    harness_sleep_ms(1);
+  return __atomic_load_n(&ch->applied, __ATOMIC_RELAXED) > 0;
+}
+
+int harness_churn_stop(harness_churn *ch) {
+  ch->stop = 1;
+  pthread_join(ch->thread, NULL);
+  return ch->applied;
+}

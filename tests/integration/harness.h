@@ -4,6 +4,7 @@
 #ifndef DIST_TEST_HARNESS_H
 #define DIST_TEST_HARNESS_H
 
+#include <pthread.h>
 #include <sys/types.h>
 
 #include "dist/dist.h"
@@ -62,6 +63,23 @@ void harness_sleep_ms(int ms);
 /* Waits until every *counters[i] (updated by other threads with atomic
  * increments) is above 0, for at most timeout_ms; 1 if they all are. */
 int harness_wait_all_positive(int *const *counters, int n, int timeout_ms);
+/* A client of its own resharding one tensor in place, alternately to
+ * Shard(0) and Replicate() on its mesh, until harness_churn_stop; it
+ * counts the reshards applied (any other outcome is allowed). */
+typedef struct harness_churn {
+  harness *h;
+  char name[64];
+  volatile int stop;
+  int applied;
+  pthread_t thread;
+} harness_churn;
+void harness_churn_start(harness_churn *ch, harness *h, const char *name);
+/* Waits, bounded by timeout_ms, until the churner applied a reshard; 1 if
+ * it did. */
+int harness_churn_wait_started(harness_churn *ch, int timeout_ms);
+/* Stops the churner; returns the reshards it applied. */
+int harness_churn_stop(harness_churn *ch);
+
 /* Size of rank r's log now, to look only at what it logs afterwards. */
 long harness_log_size(const harness *h, int r);
 /* Waits, bounded by timeout_ms, until rank r's log from byte `from` on

@@ -928,27 +928,6 @@ Test(concurrency, clients_resharding_one_tensor_agree_on_every_reshard, .timeout
   stop_cluster();
 }
 
-/* Reshards "w" in place until *stop, on its own connection; any outcome. */
-typedef struct churner {
-  harness *h;
-  volatile int *stop;
-  int applied;
-} churner;
-
-static void *churn_loop(void *arg) {
-  churner *ch = arg;
-  dist_client *c = harness_client(ch->h);
-  dist_placement layouts[2] = {DIST_SHARD_DIM(0), DIST_REPLICATED};
-  for (int i = 0; !*ch->stop; i++) {
-    dist_tensor *t = NULL;
-    if (dist_tensor_open(c, "w", &t) == 0 && dist_reshard(c, t, NULL, &layouts[i % 2]) == 0)
-      __atomic_add_fetch(&ch->applied, 1, __ATOMIC_RELAXED);
-    dist_tensor_free(t);
-  }
-  dist_close(c);
-  return NULL;
-}
-
 /* How many daemons of the cluster hold "w". */
 static int holders_of_w(harness *h) {
   int n = 0;
@@ -968,23 +947,18 @@ Test(concurrency, a_tensor_deleted_mid_reshard_stays_deleted_everywhere, .timeou
   int reshards = 0;
   for (int round = 0; round < 20; round++) {
     put_replicated(c, "w", p0, 64, "[0,1]");
-    volatile int stop = 0;
-    churner ch = {&cluster, &stop, 0};
-    pthread_t th;
-    cr_assert_eq(pthread_create(&th, NULL, churn_loop, &ch), 0);
+    harness_churn ch;
+    harness_churn_start(&ch, &cluster, "w");
     /* Once it reshards (slowly under ASan), the delete lands while it
      * runs its next reshard or between two. */
-    double until = harness_now_s() + 10;
-    while (__atomic_load_n(&ch.applied, __ATOMIC_RELAXED) == 0 && harness_now_s() < until)
-      harness_sleep_ms(1);
+    harness_churn_wait_started(&ch, 10000);
     harness_sleep_ms(round % 7);
     int rc = dist_tensor_delete(c, "w");
-    stop = 1;
-    pthread_join(th, NULL);
-    reshards += ch.applied;
+    int applied = harness_churn_stop(&ch);
+    reshards += applied;
     cr_assert_eq(rc, 0, "round %d: %s", round, dist_errmsg(c));
     cr_assert_eq(holders_of_w(&cluster), 0, "round %d: 'w' came back after its delete (%d "
-                 "reshards applied)", round, ch.applied);
+                 "reshards applied)", round, applied);
   }
   cr_assert_gt(reshards, 0);
   dist_close(c);
