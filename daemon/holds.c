@@ -13,15 +13,18 @@ typedef enum { FREE, WAIT, REFUSE } verdict;
 
 /* What a request taking a hold (row) does about one already held (column).
  * Reshards and configures wait for other daemons, so what meets them is
- * refused, except a delete, which waits for nothing but them and so may
- * wait; a reshard waits for a configure (whose vote waits for no hold) and
- * for a delete. */
+ * refused, except a delete or a restore, which wait for nothing but them
+ * and so may wait; a reshard waits for a configure (whose vote waits for
+ * no hold) and for a delete. A restore waits for every other hold and
+ * everything waits for it: it only loads files, and takes its names all at
+ * once, so it never holds one while it waits. */
 static const verdict rules[DISTD_HOLD_KINDS][DISTD_HOLD_KINDS] = {
-    /*                       RESHARD  READ    CONFIGURE DELETE */
-    [DISTD_HOLD_RESHARD] = {REFUSE, REFUSE, WAIT, WAIT},
-    [DISTD_HOLD_READ] = {REFUSE, FREE, FREE, WAIT},
-    [DISTD_HOLD_CONFIGURE] = {REFUSE, FREE, REFUSE, REFUSE},
-    [DISTD_HOLD_DELETE] = {WAIT, WAIT, WAIT, FREE},
+    /*                       RESHARD  READ    CONFIGURE DELETE RESTORE */
+    [DISTD_HOLD_RESHARD] = {REFUSE, REFUSE, WAIT, WAIT, WAIT},
+    [DISTD_HOLD_READ] = {REFUSE, FREE, FREE, WAIT, WAIT},
+    [DISTD_HOLD_CONFIGURE] = {REFUSE, FREE, REFUSE, REFUSE, WAIT},
+    [DISTD_HOLD_DELETE] = {WAIT, WAIT, WAIT, FREE, WAIT},
+    [DISTD_HOLD_RESTORE] = {WAIT, WAIT, WAIT, WAIT, WAIT},
 };
 
 /* For messages: what a hold's request is doing, and what to do again. */
@@ -30,12 +33,14 @@ static const char *const doing[DISTD_HOLD_KINDS] = {
     [DISTD_HOLD_READ] = "resharded by another request",
     [DISTD_HOLD_CONFIGURE] = "configured",
     [DISTD_HOLD_DELETE] = "deleted",
+    [DISTD_HOLD_RESTORE] = "restored from a checkpoint",
 };
 static const char *const verb[DISTD_HOLD_KINDS] = {
     [DISTD_HOLD_RESHARD] = "reshard",
     [DISTD_HOLD_READ] = "reshard",
     [DISTD_HOLD_CONFIGURE] = "configure",
     [DISTD_HOLD_DELETE] = "delete",
+    [DISTD_HOLD_RESTORE] = "restore",
 };
 
 typedef struct hold {
@@ -72,43 +77,72 @@ void distd_holds_free(distd_holds *h) {
   free(h);
 }
 
-/* The first hold on name that a request of `kind` must act on as `what`
- * (WAIT or REFUSE), or NULL. Called with mu held. */
-static const hold *first(const distd_holds *h, const char *name, distd_hold_kind kind,
-                         verdict what) {
+/* The first hold on one of names that a request of `kind` must act on as
+ * `what` (WAIT or REFUSE), or NULL. Called with mu held. */
+static const hold *first(const distd_holds *h, const char *const *names, size_t n,
+                         distd_hold_kind kind, verdict what) {
   for (const hold *x = h->head; x; x = x->next)
-    if (rules[kind][x->kind] == what && strcmp(x->name, name) == 0) return x;
+    for (size_t i = 0; i < n; i++)
+      if (rules[kind][x->kind] == what && strcmp(x->name, names[i]) == 0) return x;
   return NULL;
+}
+
+/* Adds a hold of kind on each of names; 0 or DIST_ENOMEM (none added).
+ * Called with mu held. */
+static int add_all(distd_holds *h, const char *const *names, size_t n, distd_hold_kind kind,
+                   dist_errbuf *eb) {
+  hold *added = NULL;
+  for (size_t i = 0; i < n; i++) {
+    hold *mine = calloc(1, sizeof *mine);
+    if (!mine) {
+      while (added) {
+        hold *x = added;
+        added = x->next;
+        free(x);
+      }
+      return dist_fail(eb, DIST_ENOMEM, "out of memory holding '%s'", names[i]);
+    }
+    snprintf(mine->name, sizeof mine->name, "%s", names[i]);
+    mine->kind = kind;
+    mine->next = added;
+    added = mine;
+  }
+  while (added) {
+    hold *x = added;
+    added = x->next;
+    x->next = h->head;
+    h->head = x;
+  }
+  return 0;
+}
+
+int distd_holds_take_all(distd_holds *h, const char *const *names, size_t n,
+                         distd_hold_kind kind, int64_t deadline_ms, dist_errbuf *eb) {
+  pthread_mutex_lock(&h->mu);
+  const hold *in_way = first(h, names, n, kind, REFUSE);
+  while (!in_way && first(h, names, n, kind, WAIT) && distd_now_ms() < deadline_ms) {
+    distd_cond_wait_until_ms(&h->released, &h->mu, deadline_ms);
+    in_way = first(h, names, n, kind, REFUSE);
+  }
+  const hold *waited = in_way ? NULL : first(h, names, n, kind, WAIT);
+  int rc = 0;
+  if (in_way)
+    rc = dist_fail(eb, DIST_EUNAVAIL, "'%s' is being %s on rank %d; %s it again once that "
+                   "is done (nothing was changed)", in_way->name, doing[in_way->kind],
+                   h->rank, verb[kind]);
+  else if (waited)
+    rc = dist_fail(eb, DIST_EUNAVAIL, "'%s' was still being %s on rank %d at the deadline; "
+                   "%s it again (nothing was changed)", waited->name, doing[waited->kind],
+                   h->rank, verb[kind]);
+  else
+    rc = add_all(h, names, n, kind, eb);
+  pthread_mutex_unlock(&h->mu);
+  return rc;
 }
 
 int distd_holds_take(distd_holds *h, const char *name, distd_hold_kind kind,
                      int64_t deadline_ms, dist_errbuf *eb) {
-  pthread_mutex_lock(&h->mu);
-  const hold *in_way = first(h, name, kind, REFUSE);
-  while (!in_way && first(h, name, kind, WAIT) && distd_now_ms() < deadline_ms) {
-    distd_cond_wait_until_ms(&h->released, &h->mu, deadline_ms);
-    in_way = first(h, name, kind, REFUSE);
-  }
-  const hold *waited = in_way ? NULL : first(h, name, kind, WAIT);
-  int rc = 0;
-  if (in_way)
-    rc = dist_fail(eb, DIST_EUNAVAIL, "'%s' is being %s on rank %d; %s it again once that "
-                   "is done (nothing was changed)", name, doing[in_way->kind], h->rank,
-                   verb[kind]);
-  else if (waited)
-    rc = dist_fail(eb, DIST_EUNAVAIL, "'%s' was still being %s on rank %d at the deadline; "
-                   "%s it again (nothing was changed)", name, doing[waited->kind], h->rank,
-                   verb[kind]);
-  hold *mine = rc ? NULL : calloc(1, sizeof *mine);
-  if (!rc && !mine) rc = dist_fail(eb, DIST_ENOMEM, "out of memory holding '%s'", name);
-  if (mine) {
-    snprintf(mine->name, sizeof mine->name, "%s", name);
-    mine->kind = kind;
-    mine->next = h->head;
-    h->head = mine;
-  }
-  pthread_mutex_unlock(&h->mu);
-  return rc;
+  return distd_holds_take_all(h, &name, 1, kind, deadline_ms, eb);
 }
 
 void distd_holds_release(distd_holds *h, const char *name, distd_hold_kind kind) {

@@ -15,6 +15,7 @@
 #ifndef DISTD_HOLDS_H
 #define DISTD_HOLDS_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "errbuf.h"
@@ -26,6 +27,7 @@ typedef enum {
   DISTD_HOLD_READ,      /* a reshard into another name, of its source */
   DISTD_HOLD_CONFIGURE, /* a parameter's configure or tune */
   DISTD_HOLD_DELETE,
+  DISTD_HOLD_RESTORE,   /* a checkpoint restore, of every name it loads */
   DISTD_HOLD_KINDS
 } distd_hold_kind;
 
@@ -40,6 +42,11 @@ void distd_holds_free(distd_holds *h); /* NULL is a no-op */
  * or one it waits for is still there at the deadline. */
 int distd_holds_take(distd_holds *h, const char *name, distd_hold_kind kind,
                      int64_t deadline_ms, dist_errbuf *eb);
+/* distd_holds_take for every one of names[0..n) at once: it waits until
+ * none of them has a hold it waits for, holding none meanwhile, so that a
+ * request holding one of them never waits for it. */
+int distd_holds_take_all(distd_holds *h, const char *const *names, size_t n,
+                         distd_hold_kind kind, int64_t deadline_ms, dist_errbuf *eb);
 /* Releases one hold of `kind` on name, taken before. */
 void distd_holds_release(distd_holds *h, const char *name, distd_hold_kind kind);
 

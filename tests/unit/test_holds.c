@@ -22,13 +22,17 @@ TestSuite(holds, .init = setup, .fini = teardown, .timeout = 60);
 #define RD DISTD_HOLD_READ
 #define C DISTD_HOLD_CONFIGURE
 #define D DISTD_HOLD_DELETE
-static const char *const names[] = {"reshard", "read", "configure", "delete"};
+#define RS DISTD_HOLD_RESTORE
+static const char *const names[] = {"reshard", "read", "configure", "delete", "restore"};
 
 typedef enum { GOES, WAITS, REFUSED } outcome;
 
 /* A request that waits for other daemons (reshard, configure) may not wait
- * for another such request; a delete waits for nothing but local holds. */
+ * for another such request; a delete waits for nothing but local holds; a
+ * restore neither, and holds nothing while it waits, so it waits for every
+ * hold and every request waits for it. */
 static outcome expected(distd_hold_kind taking, distd_hold_kind held) {
+  if (taking == RS || held == RS) return WAITS;
   if (taking == D) return held == D ? GOES : WAITS;
   if (held == D) return taking == C ? REFUSED : WAITS;
   if (taking == R) return held == C ? WAITS : REFUSED;
@@ -107,4 +111,48 @@ Test(holds, a_wait_that_times_out_leaves_nothing_held) {
   cr_expect_eq(distd_holds_take(h, "w", C, distd_now_ms() + 100, &eb), 0,
                "the timed-out reshard left a hold: %s", eb.msg);
   distd_holds_release(h, "w", C);
+}
+
+typedef struct restorer {
+  int rc;
+  int64_t took;
+} restorer;
+
+static void *restore_a_and_b(void *arg) {
+  restorer *r = arg;
+  const char *both[2] = {"a", "b"};
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  int64_t t0 = distd_now_ms();
+  int rc = distd_holds_take_all(h, both, 2, RS, t0 + 10000, &eb);
+  r->took = distd_now_ms() - t0;
+  __atomic_store_n(&r->rc, rc, __ATOMIC_RELEASE);
+  return NULL;
+}
+
+/* A restore of "a" and "b" waiting for a reshard of "a" holds neither
+ * meanwhile: a reshard of "b" goes ahead, and the restore takes both once
+ * both reshards end. */
+Test(holds, a_restore_takes_its_names_at_once_and_none_while_it_waits) {
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  cr_assert_eq(distd_holds_take(h, "a", R, distd_now_ms() + 1000, &eb), 0, "%s", eb.msg);
+  restorer r = {-1, 0};
+  pthread_t th;
+  cr_assert_eq(pthread_create(&th, NULL, restore_a_and_b, &r), 0);
+  usleep(100 * 1000);
+  cr_expect_eq(distd_holds_take(h, "b", R, distd_now_ms() + 50, &eb), 0,
+               "the waiting restore held 'b': %s", eb.msg);
+  distd_holds_release(h, "a", R);
+  usleep(100 * 1000);
+  cr_expect_eq(__atomic_load_n(&r.rc, __ATOMIC_ACQUIRE), -1,
+               "the restore took 'b' while a reshard held it");
+  distd_holds_release(h, "b", R);
+  pthread_join(th, NULL);
+  cr_expect_eq(r.rc, 0);
+  cr_expect_geq(r.took, 150);
+  cr_expect_eq(distd_holds_take(h, "b", C, distd_now_ms() + 50, &eb), DIST_EUNAVAIL,
+               "the restore does not hold 'b'");
+  cr_expect(strstr(eb.msg, "'b' was still being restored from a checkpoint on rank 3"), "%s",
+            eb.msg);
+  distd_holds_release(h, "a", RS);
+  distd_holds_release(h, "b", RS);
 }
