@@ -4,6 +4,7 @@
 
 #include "checkpoint.h"
 #include "checkpoint.pb-c.h"
+#include "holds.h"
 #include "methods.h"
 #include "param_ckpt.h"
 #include "param_pb.h"
@@ -202,15 +203,36 @@ static int open_file(const char *dir, const char *file, const char *sha256, void
   return rc;
 }
 
+/* Holds (holds.h) every name a load replaces, for as long as it runs: a
+ * reshard of one of them runs before it or after it on this daemon, never
+ * across it (a reshard whose daemons then start from different versions
+ * is refused by all of them, svc_reshard.c). */
+static int hold_names(distd_server *s, const Dist__V1__CheckpointLoadRequest *rq,
+                      int64_t deadline_ms, const char ***names, dist_errbuf *eb) {
+  *names = calloc(rq->n_tensors + 1, sizeof **names);
+  if (!*names) return dist_fail(eb, DIST_ENOMEM, "out of memory");
+  for (size_t i = 0; i < rq->n_tensors; i++) (*names)[i] = rq->tensors[i]->name;
+  return distd_holds_take_all(s->holds, *names, rq->n_tensors, DISTD_HOLD_RESTORE,
+                              deadline_ms, eb);
+}
+
+static void release_names(distd_server *s, const char **names, size_t n) {
+  for (size_t i = 0; i < n; i++) distd_holds_release(s->holds, names[i], DISTD_HOLD_RESTORE);
+}
+
 DISTD_HANDLER(checkpoint_load) {
-  (void)ci;
   const Dist__V1__CheckpointLoadRequest *rq = (const void *)req;
   void *bytes = NULL;
   dist_st_file *f = NULL;
   uint64_t loaded = 0;
   uint32_t nparams = 0;
+  const char **names = NULL;
   int rc = open_file(rq->dir, rq->file, rq->sha256, &bytes, &f, eb);
+  int held = rc == 0 && !rq->verify_only;
+  if (held && (rc = hold_names(s, rq, ci->deadline_ms, &names, eb)) != 0) held = 0;
   if (rc == 0) rc = load_all(s, rq, f, &loaded, &nparams, eb);
+  if (held) release_names(s, names, rq->n_tensors);
+  free(names);
   if (rc == 0) {
     Dist__V1__CheckpointLoadReply rp = DIST__V1__CHECKPOINT_LOAD_REPLY__INIT;
     rp.bytes = loaded;

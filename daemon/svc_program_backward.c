@@ -149,7 +149,9 @@ DISTD_HANDLER(program_backward) {
   distd_made o = {0};
   int rc = distd_registry_take(s->programs, rq->invocation_id, &k, eb);
   if (rc == 0) rc = backward(s, k, rq, &o, eb);
-  if (vote) rc = distd_vote(s, ranks, n, op, ci->deadline_ms, "backward", rc, &o.version, eb);
+  distd_vote_versions versions = {.mine = o.version};
+  if (vote) rc = distd_vote(s, ranks, n, op, ci->deadline_ms, "backward", rc, &versions, eb);
+  if (vote) o.version = versions.highest;
   if (rc == 0) {
     distd_made_store(s, &o);
     reply_backward(s, k, rq, &o, reply);

@@ -46,8 +46,7 @@ typedef struct job {
   dist_placement dst_p[DIST_MAX_MESH_DIMS];
   distd_tensor *src;
   distd_tensor *out;        /* NULL on a rank that holds no piece afterwards */
-  uint64_t version;         /* of what out replaces here, then the highest on any
-                               rank (vote.h): out is stored as the next one */
+  distd_vote_versions versions; /* of the source, on every rank (vote.h) */
   distd_param_entry *param; /* the parameter to install with out */
 } job;
 
@@ -94,16 +93,28 @@ static int prepare(distd_server *s, const distd_call_info *ci, job *j, dist_errb
 
 /* Cannot fail: the tensor and the parameter entry are made. */
 static void apply(distd_server *s, job *j) {
-  if (j->out) {
-    j->out->version = j->version + 1;
+  if (j->out) { /* in place: past every rank's; into another name: a new tensor */
+    j->out->version = j->in_place ? j->versions.highest + 1 : 1;
     distd_store_put_versioned(s->store, j->out);
-  }
-  else if (!j->rq->dst_name[0]) /* moved off this rank */
+  } else if (!j->rq->dst_name[0]) { /* moved off this rank */
     distd_store_delete(s->store, j->rq->name, NULL);
+  }
   if (!j->in_place) return;
   if (j->param) distd_param_install(s->params, j->param);
   else distd_param_forget(s->params, j->rq->name);
   j->param = NULL;
+}
+
+/* The ranks holding the source must hold one version of it, or they would
+ * have resharded pieces of two states: a restore (or another change that
+ * does not wait for the reshard) reached some of them before it and others
+ * after. Every rank sees the same versions, so all refuse together. */
+static int check_versions(const job *j, dist_errbuf *eb) {
+  if (j->versions.lowest == j->versions.highest) return 0;
+  return dist_fail(eb, DIST_EUNAVAIL, "'%s' changed on some daemons while it was resharded "
+                   "(version %llu on one, %llu on another): reshard it again (nothing was "
+                   "changed)", j->rq->name, (unsigned long long)j->versions.lowest,
+                   (unsigned long long)j->versions.highest);
 }
 
 /* Every rank of the reshard applies it or none does (vote.h). A rank that
@@ -119,14 +130,12 @@ static int decide(distd_server *s, const distd_call_info *ci, job *j, int verdic
     distd_reshard_abort(s, op, ndim, ranks, n, dist_errbuf_msg(eb));
     if (j->in_place) distd_param_move_abort(s, op, ndim, ranks, n, dist_errbuf_msg(eb));
   }
-  /* A reshard into another name stores a new tensor (prepare refused one
-   * that exists). */
-  j->version = j->in_place && j->src ? j->src->version : 0;
-  int rc = n > 1 ? distd_vote(s, ranks, n, op, ci->deadline_ms, "reshard", verdict, &j->version,
+  j->versions.mine = j->versions.highest = j->versions.lowest = j->src ? j->src->version : 0;
+  int rc = n > 1 ? distd_vote(s, ranks, n, op, ci->deadline_ms, "reshard", verdict, &j->versions,
                               eb)
                  : verdict;
   free(ranks);
-  return rc;
+  return rc ? rc : check_versions(j, eb);
 }
 
 static void reply_with(distd_server *s, const distd_tensor *out, grpc_byte_buffer **reply) {

@@ -9,7 +9,7 @@
 #include "subop.h"
 
 /* One daemon's verdict: 0 or its error code, with the error's message, and
- * the version of what the request replaces there. The version came in
+ * the version of what the request reads or replaces there. The version came in
  * 0.2.1, at the end, so that 0.2.0 daemons (which read those bytes as the
  * end of the reason, always NUL) and newer ones still understand each
  * other's verdicts. */
@@ -33,16 +33,17 @@ static int cause_of(const ballot *all, int n) {
   return first;
 }
 
-static uint64_t highest_version(const ballot *all, int n) {
-  uint64_t v = 0;
-  for (int i = 0; i < n; i++)
-    if (all[i].version > v) v = all[i].version;
-  return v;
+static void count_versions(const ballot *all, int n, distd_vote_versions *v) {
+  v->highest = v->lowest = 0;
+  for (int i = 0; i < n; i++) {
+    if (all[i].version > v->highest) v->highest = all[i].version;
+    if (all[i].version && (!v->lowest || all[i].version < v->lowest)) v->lowest = all[i].version;
+  }
 }
 
 int distd_vote(distd_server *s, const int *ranks, int n, uint64_t op_id, int64_t deadline_ms,
-               const char *what, int verdict, uint64_t *version, dist_errbuf *eb) {
-  ballot mine = {.code = verdict, .version = version ? *version : 0};
+               const char *what, int verdict, distd_vote_versions *versions, dist_errbuf *eb) {
+  ballot mine = {.code = verdict, .version = versions ? versions->mine : 0};
   ballot *all = calloc((size_t)n, sizeof *all);
   size_t *counts = calloc((size_t)n, sizeof *counts);
   if (!all || !counts) {
@@ -72,7 +73,7 @@ int distd_vote(distd_server *s, const int *ranks, int n, uint64_t op_id, int64_t
                    all[cause].reason);
   else
     rc = verdict;
-  if (rc == 0 && version) *version = highest_version(all, n);
+  if (rc == 0 && versions) count_versions(all, n, versions);
   free(all);
   free(counts);
   return rc;

@@ -17,18 +17,26 @@
 
 #include "server.h"
 
+/* The daemons' versions of the tensor a request reads or replaces. With
+ * the highest, every daemon can store the result under one version even
+ * when some held the tensor and others did not (a reshard onto a mesh that
+ * shares some ranks with the old one); with the lowest, a request can see
+ * that its daemons did not start from one state (a restore reached some
+ * of them first). */
+typedef struct distd_vote_versions {
+  uint64_t mine;    /* in: this daemon's version (0: it holds none) */
+  uint64_t highest; /* out: the highest of every daemon's */
+  uint64_t lowest;  /* out: the lowest of the daemons that hold one (0: none
+                       does) */
+} distd_vote_versions;
+
 /* Run by every daemon of ranks[0..n) (the same list on each) for the
  * request of op id op_id; the verdicts travel under its vote step
  * (DISTD_STEP_VOTE, subop.h). verdict is 0 when this daemon prepared `what`
  * ("push", "reshard"), else its error code (its message in eb). Returns 0
  * when every daemon said yes; otherwise an error, described in eb.
- *
- * version, when not NULL, is this daemon's version of the tensor the
- * request replaces (0: it holds none); on success it becomes the highest of
- * every daemon's, so that all can store the result under one version even
- * when some held the tensor and others did not (a reshard onto a mesh that
- * shares some ranks with the old one). */
+ * versions may be NULL. */
 int distd_vote(distd_server *s, const int *ranks, int n, uint64_t op_id, int64_t deadline_ms,
-               const char *what, int verdict, uint64_t *version, dist_errbuf *eb);
+               const char *what, int verdict, distd_vote_versions *versions, dist_errbuf *eb);
 
 #endif

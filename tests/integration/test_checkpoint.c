@@ -220,6 +220,52 @@ Test(checkpoint, a_tensor_resharded_onto_overlapping_meshes_is_saved_and_restore
   dist_close(c);
 }
 
+/* Daemon r's own placement of "w" on its first mesh dim; fails the test
+ * when it does not hold "w". */
+static dist_placement placement_on(int r) {
+  dist_client *one = harness_client_rank(&cluster, r, 5000);
+  dist_tensor *t = NULL;
+  cr_assert_eq(dist_tensor_open(one, "w", &t), 0, "rank %d: %s", r, dist_errmsg(one));
+  dist_placement p = dist_tensor_placements(t)[0];
+  dist_tensor_free(t);
+  dist_close(one);
+  return p;
+}
+
+/* A restore while another client reshards the tensor. A daemon that put
+ * the restored pieces between another's reshard steps would run the
+ * reshard on pieces of two layouts: the daemons would then disagree on
+ * the layout, or hold values that were never put. Each daemon orders the
+ * restore after a reshard it runs (holds.h), and a reshard whose daemons
+ * start from different versions is refused by all of them. */
+Test(checkpoint, a_restore_racing_reshards_leaves_one_layout_and_the_saved_value) {
+  dist_client *c = start(2);
+  double p0[64];
+  for (int i = 0; i < 64; i++) p0[i] = 0.5 * i - 3;
+  int64_t n = 64;
+  dist_tensor_free(put(c, "w", DIST_FLOAT64, p0, 1, &n, "[0,1]", "Replicate()"));
+  const char *dir = make_dir();
+  cr_assert_eq(dist_checkpoint_save(c, dir, NULL, NULL), 0, "%s", dist_errmsg(c));
+  int reshards = 0;
+  for (int round = 0; round < 20; round++) {
+    harness_churn ch;
+    harness_churn_start(&ch, &cluster, "w");
+    harness_churn_wait_started(&ch, 10000);
+    harness_sleep_ms(round % 7);
+    int rc = dist_checkpoint_restore(c, dir, NULL, NULL);
+    int applied = harness_churn_stop(&ch);
+    reshards += applied;
+    cr_assert_eq(rc, 0, "round %d: %s", round, dist_errmsg(c));
+    dist_placement p[2] = {placement_on(0), placement_on(1)};
+    cr_assert(p[0].kind == p[1].kind && p[0].dim == p[1].dim,
+              "round %d: the daemons disagree on the layout after %d reshards", round,
+              applied);
+    expect_value(c, "w", p0, sizeof p0);
+  }
+  cr_assert_gt(reshards, 0);
+  dist_close(c);
+}
+
 static char *manifest_text(void) {
   char path[512];
   snprintf(path, sizeof path, "%s/manifest.json", ckpt_dir);
