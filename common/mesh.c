@@ -218,6 +218,15 @@ int dist_mesh_index_of(const dist_mesh_desc *m, int rank) {
   return -1;
 }
 
+int dist_ranks_union_add(int *ranks, int n, int max, const dist_mesh_desc *m) {
+  for (int i = 0; i < m->nranks && n < max; i++) {
+    int seen = 0;
+    for (int j = 0; j < n && !seen; j++) seen = ranks[j] == m->ranks[i];
+    if (!seen) ranks[n++] = m->ranks[i];
+  }
+  return n;
+}
+
 void dist_mesh_coords(const dist_mesh_desc *m, int idx, int *coords) {
   for (int d = m->ndim - 1; d >= 0; d--) {
     coords[d] = idx % m->shape[d];

@@ -37,6 +37,11 @@ int dist_mesh_equal(const dist_mesh_desc *a, const dist_mesh_desc *b);
 int dist_mesh_same_shape(const dist_mesh_desc *a, const dist_mesh_desc *b);
 /* Index of rank in m->ranks, or -1. */
 int dist_mesh_index_of(const dist_mesh_desc *m, int rank);
+/* Appends to ranks[0..n) those of m's ranks it lacks, in m's order, while
+ * it has fewer than max; returns the new count. Called mesh after mesh, it
+ * makes their union in order of first mention, the same list on every
+ * daemon that makes it from the same meshes. */
+int dist_ranks_union_add(int *ranks, int n, int max, const dist_mesh_desc *m);
 /* Coordinates of the rank at flat index idx. */
 void dist_mesh_coords(const dist_mesh_desc *m, int idx, int *coords);
 /* The ranks sharing every coordinate of `rank` except along mesh dim `dim`,

@@ -206,11 +206,9 @@ fail:
 
 int distd_reshard_ranks(const dist_mesh_desc *src_mesh, const dist_mesh_desc *dst_mesh,
                         int *ranks) {
-  int n = 0;
-  for (int i = 0; i < dst_mesh->nranks; i++) ranks[n++] = dst_mesh->ranks[i];
-  for (int i = 0; i < src_mesh->nranks; i++)
-    if (dist_mesh_index_of(dst_mesh, src_mesh->ranks[i]) < 0) ranks[n++] = src_mesh->ranks[i];
-  return n;
+  int max = dst_mesh->nranks + src_mesh->nranks;
+  return dist_ranks_union_add(ranks, dist_ranks_union_add(ranks, 0, max, dst_mesh), max,
+                              src_mesh);
 }
 
 /* The op ids of the exchanges of a reshard run under op_id, from a mesh of

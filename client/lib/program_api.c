@@ -744,14 +744,8 @@ static int build(dist_program *p, built *b) {
  * (the daemons derive the same list from the program). */
 static int output_ranks(const dist_program *p, int *ranks) {
   int n = 0;
-  for (int a = 0; a < p->n_attrs; a++) {
-    const dist_mesh_desc *m = &p->attrs[a]->mesh;
-    for (int i = 0; i < m->nranks; i++) {
-      int seen = 0;
-      for (int j = 0; j < n; j++) seen |= ranks[j] == m->ranks[i];
-      if (!seen && n < DIST_MAX_MESH_RANKS) ranks[n++] = m->ranks[i];
-    }
-  }
+  for (int a = 0; a < p->n_attrs; a++)
+    n = dist_ranks_union_add(ranks, n, DIST_MAX_MESH_RANKS, &p->attrs[a]->mesh);
   return n;
 }
 

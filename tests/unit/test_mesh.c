@@ -414,3 +414,15 @@ Test(pieces, pieces_off_the_split_rule_name_the_first_misfit) {
   cr_assert_eq(dist_first_misfit(&m, &s0, &g, bad, &want), 2);
   cr_assert(dist_shape_equal(&want, &(dist_shape){2, {3, 2}}));
 }
+
+/* ---- the union of meshes' ranks ------------------------------------------ */
+
+Test(mesh, union_of_ranks_in_order_of_first_mention) {
+  dist_mesh_desc a = mesh_of("[[3,1],[0,2]]", NULL), b = mesh_of("[2,5,1]", NULL);
+  int ranks[8], n = dist_ranks_union_add(ranks, 0, 8, &a);
+  n = dist_ranks_union_add(ranks, n, 8, &b);
+  cr_assert_eq(n, 5);
+  int want[5] = {3, 1, 0, 2, 5};
+  cr_assert_arr_eq(ranks, want, sizeof want);
+  cr_assert_eq(dist_ranks_union_add(ranks, 0, 2, &b), 2, "stops at max");
+}
