@@ -250,41 +250,37 @@ static void init_part(const distd_expert_init *in, int p, const void **data,
 
 /* The parameter p of local expert e and its zeroed gradient, into the
  * store. */
-static int create_param(distd_server *s, const distd_expert_layer_cfg *c,
-                        int e, int p, uint64_t seed, const distd_expert_init *init,
-                        int replace, dist_errbuf *eb) {
+/* Makes expert e's parameter p (from init, or drawn from seed) and its
+ * zeroed gradient as entries 2i and 2i + 1 of d->staged; stores neither. */
+static int make_param(distd_server *s, distd_expert_draft *d, int e, int p, size_t i,
+                      uint64_t seed, const distd_expert_init *init, dist_errbuf *eb) {
+  const distd_expert_layer_cfg *c = &d->cfg;
   char name[DISTD_NAME_MAX], gname[DISTD_NAME_MAX];
   param_name(name, sizeof name, c, e, p, 0);
   param_name(gname, sizeof gname, c, e, p, 1);
   dist_shape shape = param_shape(c, p);
-  distd_tensor *t = NULL, *g = NULL;
-  int rc = new_local(s, name, c->dtype, &shape, &t, eb);
-  if (rc == 0) rc = new_local(s, gname, c->dtype, &shape, &g, eb);
-  if (rc != 0) goto out;
+  distd_tensor **t = &d->staged.tensors[2 * i], **g = &d->staged.tensors[2 * i + 1];
+  int rc = new_local(s, name, c->dtype, &shape, t, eb);
+  if (rc == 0) rc = new_local(s, gname, c->dtype, &shape, g, eb);
+  if (rc != 0) return rc;
+  distd_staged_note_version(s->store, &d->staged, name);
+  distd_staged_note_version(s->store, &d->staged, gname);
   if (init) {
     const void *data;
     size_t len;
     init_part(&init[e], p, &data, &len);
-    if (len != t->nbytes || (len && !data)) {
-      rc = dist_fail(eb, DIST_EMISMATCH, "initial %s of expert %d has %zu bytes, "
-                     "expected %zu", param_suffix[p], c->first_expert + e, len,
-                     t->nbytes);
-      goto out;
-    }
-    memcpy(t->data, data, len);
-  } else {
-    int64_t fan_in = p == W1 || p == B1 ? c->d_model : c->d_hidden;
-    for (int64_t i = 0; i < dist_shape_numel(&shape); i++)
-      dist_elem_set(t->data, c->dtype, (size_t)i,
-                    distd_expert_seed_value(seed, c->first_expert + e, p,
-                                            (uint64_t)i, fan_in));
+    if (len != (*t)->nbytes || (len && !data))
+      return dist_fail(eb, DIST_EMISMATCH, "initial %s of expert %d has %zu bytes, "
+                       "expected %zu", param_suffix[p], c->first_expert + e, len,
+                       (*t)->nbytes);
+    memcpy((*t)->data, data, len);
+    return 0;
   }
-  if ((rc = distd_store_put(s->store, t, replace, eb)) == 0)
-    rc = distd_store_put(s->store, g, replace, eb);
-out:
-  distd_tensor_unref(t);
-  distd_tensor_unref(g);
-  return rc;
+  int64_t fan_in = p == W1 || p == B1 ? c->d_model : c->d_hidden;
+  for (int64_t k = 0; k < dist_shape_numel(&shape); k++)
+    dist_elem_set((*t)->data, c->dtype, (size_t)k,
+                  distd_expert_seed_value(seed, c->first_expert + e, p, (uint64_t)k, fan_in));
+  return 0;
 }
 
 static int check_free_names(distd_server *s, const distd_expert_layer_cfg *c,
@@ -322,52 +318,51 @@ void distd_experts_names_free(char **names, int n) {
   free(names);
 }
 
-/* The layer entry for c: found (replace) or added. */
-static int claim_layer(distd_experts *x, const distd_expert_layer_cfg *c,
-                       int replace, layer **out, dist_errbuf *eb) {
-  int rc = 0;
-  pthread_mutex_lock(&x->mu);
-  layer *l = x->head;
-  while (l && strcmp(l->cfg.name, c->name) != 0) l = l->next;
-  if (l && !replace) {
-    rc = dist_fail(eb, DIST_EEXIST, "expert layer '%s' already exists", c->name);
-  } else if (!l) {
-    if ((l = calloc(1, sizeof *l))) {
-      l->cfg = *c;
-      pthread_mutex_init(&l->mu, NULL);
-      l->next = x->head;
-      x->head = l;
-    } else {
-      rc = dist_fail(eb, DIST_ENOMEM, "out of memory");
-    }
-  }
-  pthread_mutex_unlock(&x->mu);
-  *out = l;
+int distd_experts_draft(distd_experts *x, distd_server *s, const distd_expert_layer_cfg *cfg,
+                        uint64_t seed, const distd_expert_init *init, int replace,
+                        distd_expert_draft *d, dist_errbuf *eb) {
+  memset(d, 0, sizeof *d);
+  d->cfg = *cfg;
+  int rc = check_cfg(cfg, eb);
+  if (rc == 0 && !replace && find_layer(x, cfg->name))
+    rc = dist_fail(eb, DIST_EEXIST, "expert layer '%s' already exists", cfg->name);
+  if (rc == 0 && !replace) rc = check_free_names(s, cfg, eb);
+  if (rc == 0 && !(d->fresh = calloc(1, sizeof *d->fresh)))
+    rc = dist_fail(eb, DIST_ENOMEM, "out of memory");
+  if (rc == 0) rc = list_names(cfg, &d->names, &d->nnames, eb);
+  if (rc == 0) rc = distd_staged_init(&d->staged, 2 * (size_t)d->nnames, eb);
+  size_t i = 0;
+  for (int e = 0; rc == 0 && e < cfg->experts; e++)
+    for (int p = 0; rc == 0 && p < NPARAM; p++)
+      if (has_param(cfg, p)) rc = make_param(s, d, e, p, i++, seed, init, eb);
   return rc;
 }
 
-int distd_experts_create(distd_experts *x, distd_server *s,
-                         const distd_expert_layer_cfg *cfg, uint64_t seed,
-                         const distd_expert_init *init, int replace,
-                         char ***names, int *nnames, dist_errbuf *eb) {
-  layer *l = NULL;
-  int rc = check_cfg(cfg, eb);
-  if (rc == 0 && !replace) rc = check_free_names(s, cfg, eb);
-  if (rc == 0) rc = claim_layer(x, cfg, replace, &l, eb);
-  if (rc != 0) return rc;
+void distd_experts_install(distd_experts *x, distd_server *s, distd_expert_draft *d) {
+  pthread_mutex_lock(&x->mu);
+  layer *l = x->head;
+  while (l && strcmp(l->cfg.name, d->cfg.name) != 0) l = l->next;
+  if (!l) { /* new: the entry made with the draft */
+    l = d->fresh;
+    d->fresh = NULL;
+    l->cfg = d->cfg;
+    pthread_mutex_init(&l->mu, NULL);
+    l->next = x->head;
+    x->head = l;
+  }
+  pthread_mutex_unlock(&x->mu);
   pthread_mutex_lock(&l->mu);
   drop_kept(x, l, 0);
-  l->cfg = *cfg;
-  for (int e = 0; rc == 0 && e < cfg->experts; e++)
-    for (int p = 0; rc == 0 && p < NPARAM; p++)
-      if (has_param(cfg, p))
-        rc = create_param(s, cfg, e, p, seed, init, replace, eb);
+  l->cfg = d->cfg;
+  distd_staged_store(s->store, &d->staged);
   pthread_mutex_unlock(&l->mu);
-  if (rc == 0 && names && (rc = list_names(cfg, names, nnames, eb)) != 0) {
-    distd_experts_names_free(*names, *nnames);
-    *names = NULL;
-  }
-  return rc;
+}
+
+void distd_expert_draft_free(distd_expert_draft *d) {
+  distd_staged_free(&d->staged);
+  distd_experts_names_free(d->names, d->nnames);
+  free(d->fresh);
+  memset(d, 0, sizeof *d);
 }
 
 /* ---------------------------------------------------------------- FFN math */

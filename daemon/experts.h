@@ -65,16 +65,28 @@ distd_experts *distd_experts_new(void);
  * to the store: call it before the store is freed. NULL is a no-op. */
 void distd_experts_free(distd_experts *x);
 
-/* Checks cfg and creates the layer's parameters and zeroed gradients in
- * s's store, from init (cfg->experts entries) or, when init is NULL, drawn
- * from seed (distd_expert_seed_value). An existing layer or tensor is an
- * error unless replace, which also drops the layer's kept invocations.
- * names (may be NULL) gets a malloc'd array of the parameter names
- * (*nnames of them, each malloc'd; free with distd_experts_names_free). */
-int distd_experts_create(distd_experts *x, distd_server *s,
-                         const distd_expert_layer_cfg *cfg, uint64_t seed,
-                         const distd_expert_init *init, int replace,
-                         char ***names, int *nnames, dist_errbuf *eb);
+/* A layer's parameters and zeroed gradients, made but not yet stored, so
+ * that the daemons of the layer create it all or none (vote.h). */
+typedef struct distd_expert_draft {
+  distd_expert_layer_cfg cfg;
+  distd_staged staged;    /* each parameter, then its gradient */
+  char **names;           /* the parameters' names */
+  int nnames;
+  struct layer *fresh;    /* the registry entry, should the layer be new */
+} distd_expert_draft;
+
+/* Checks cfg and makes the layer's parameters, from init (cfg->experts
+ * entries) or, when init is NULL, drawn from seed
+ * (distd_expert_seed_value), and their zeroed gradients; stores nothing.
+ * An existing layer or tensor is an error unless replace. Free d with
+ * distd_expert_draft_free whatever it returns. */
+int distd_experts_draft(distd_experts *x, distd_server *s, const distd_expert_layer_cfg *cfg,
+                        uint64_t seed, const distd_expert_init *init, int replace,
+                        distd_expert_draft *d, dist_errbuf *eb);
+/* Cannot fail: stores d's tensors and registers the layer, dropping the
+ * kept invocations of the layer it replaces. */
+void distd_experts_install(distd_experts *x, distd_server *s, distd_expert_draft *d);
+void distd_expert_draft_free(distd_expert_draft *d);
 void distd_experts_names_free(char **names, int n);
 
 /* The seed's value for element idx of tensor `which` (0 w1, 1 b1, 2 w2,

@@ -86,13 +86,12 @@ static int exchange_shapes(distd_server *s, const distd_attr *a, uint64_t op_id,
 
 int distd_value_tensor(distd_server *s, const char *name, const distd_tval *v,
                        const dist_shape *global, const distd_attr *a, int replace,
-                       distd_tensor **out, uint64_t *version, dist_errbuf *eb) {
+                       distd_staged *b, size_t k, dist_errbuf *eb) {
   distd_tensor *t = NULL;
   if (distd_store_get(s->store, name, &t, NULL) == 0) {
-    uint64_t had = t->version;
     distd_tensor_unref(t);
     if (!replace) return dist_fail(eb, DIST_EEXIST, "tensor '%s' already exists", name);
-    if (had > *version) *version = had;
+    distd_staged_note_version(s->store, b, name);
   }
   int rc = distd_tensor_new(s->store, name, v->dtype, global, &a->mesh,
                             a->placements, s->rank, &t, eb);
@@ -107,7 +106,7 @@ int distd_value_tensor(distd_server *s, const char *name, const distd_tval *v,
                      "global shape %s on rank %d", ls, ps, gs, s->rank);
   }
   memcpy(t->data, v->data, t->nbytes);
-  *out = t;
+  b->tensors[k] = t;
   return 0;
 }
 
@@ -135,40 +134,20 @@ int distd_value_global(distd_server *s, int64_t deadline_ms, const distd_attr *a
   return verdict ? verdict : rc;
 }
 
-int distd_made_init(distd_made *m, size_t n, dist_errbuf *eb) {
-  memset(m, 0, sizeof *m);
-  m->n = n;
-  m->tensors = calloc(n + 1, sizeof *m->tensors);
-  m->w = calloc(n + 1, sizeof *m->w);
-  m->metas = calloc(n + 1, sizeof *m->metas);
-  if (m->tensors && m->w && m->metas) return 0;
-  return dist_fail(eb, DIST_ENOMEM, "out of memory");
-}
-
-void distd_made_store(distd_server *s, distd_made *m) {
-  for (size_t k = 0; k < m->n; k++) {
-    if (!m->tensors[k]) continue;
-    m->tensors[k]->version = m->version + 1;
-    distd_store_put_versioned(s->store, m->tensors[k]);
+Dist__V1__TensorMeta **distd_staged_describe(distd_server *s, const distd_staged *b,
+                                            dist_wire_meta **w) {
+  Dist__V1__TensorMeta **metas = calloc(b->n + 1, sizeof *metas);
+  *w = calloc(b->n + 1, sizeof **w);
+  if (!metas || !*w) {
+    free(metas);
+    free(*w);
+    *w = NULL;
+    return NULL;
   }
-}
-
-void distd_made_free(distd_made *m) {
-  for (size_t k = 0; m->tensors && k < m->n; k++) distd_tensor_unref(m->tensors[k]);
-  free(m->tensors);
-  free(m->w);
-  free(m->metas);
-}
-
-int distd_vote_ranks(const distd_server *s, const uint32_t *named, size_t n, int *ranks) {
-  int me = 0;
-  if (n > DIST_MAX_MESH_RANKS) return 0;
-  for (size_t i = 0; i < n; i++) {
-    if (named[i] >= (uint32_t)s->world_size) return 0;
-    for (size_t j = 0; j < i; j++)
-      if (named[j] == named[i]) return 0;
-    ranks[i] = (int)named[i];
-    me |= ranks[i] == s->rank;
+  for (size_t k = 0; k < b->n; k++) {
+    dist__v1__tensor_meta__init(&(*w)[k].meta);
+    if (b->tensors[k]) distd_meta_describe(b->tensors[k], s->rank, &(*w)[k]);
+    metas[k] = &(*w)[k].meta;
   }
-  return me ? (int)n : 0;
+  return metas;
 }

@@ -34,35 +34,18 @@ int distd_value_global(distd_server *s, int64_t deadline_ms, const distd_attr *a
                        uint64_t op_id, int verdict, const distd_tval *v, dist_shape *global,
                        dist_errbuf *eb);
 
-/* A new tensor `name` of global shape `global` laid out as a, whose piece
- * on this rank is exactly v; not stored. Without replace a tensor stored
- * as `name` is refused. *version rises to the version `name` has here. */
+/* Makes b->tensors[k], a new tensor `name` of global shape `global` laid
+ * out as a, whose piece on this rank is exactly v; not stored. Without
+ * replace a tensor stored as `name` is refused; with it, b->version rises
+ * to that tensor's version. */
 int distd_value_tensor(distd_server *s, const char *name, const distd_tval *v,
                        const dist_shape *global, const distd_attr *a, int replace,
-                       distd_tensor **out, uint64_t *version, dist_errbuf *eb);
+                       distd_staged *b, size_t k, dist_errbuf *eb);
 
-
-/* Tensors made from local values (an invocation's outputs, a backward's
- * input gradients), stored together once every daemon invoked could make
- * its own (the daemons vote, vote.h). */
-typedef struct distd_made {
-  size_t n;
-  distd_tensor **tensors;       /* NULL where nothing is stored */
-  dist_wire_meta *w;            /* the reply's descriptions */
-  Dist__V1__TensorMeta **metas;
-  uint64_t version;             /* the highest the names have (vote.h) */
-} distd_made;
-
-int distd_made_init(distd_made *m, size_t n, dist_errbuf *eb);
-/* Cannot fail: stores every tensor made, each at the version after the
- * highest any daemon had, so that the pieces of each agree. */
-void distd_made_store(distd_server *s, distd_made *m);
-void distd_made_free(distd_made *m);
-
-/* The daemons a request names to vote on storing what it makes (its
- * `ranks`), when this daemon is one of them, each is a rank of the world
- * and none is named twice; else 0: no vote (a client before 0.2.1 sends
- * none). */
-int distd_vote_ranks(const distd_server *s, const uint32_t *named, size_t n, int *ranks);
+/* Descriptions of b's tensors for a reply, an empty one where b has none;
+ * *w holds them: free(*w) and the array returned once the reply is packed.
+ * NULL when out of memory. */
+Dist__V1__TensorMeta **distd_staged_describe(distd_server *s, const distd_staged *b,
+                                            dist_wire_meta **w);
 
 #endif

@@ -163,6 +163,34 @@ void distd_store_put_versioned(distd_store *s, distd_tensor *t) {
   put(s, t, 1, 1, NULL); /* replacing never fails */
 }
 
+int distd_staged_init(distd_staged *b, size_t n, dist_errbuf *eb) {
+  b->n = n;
+  b->version = 0;
+  b->tensors = calloc(n + 1, sizeof *b->tensors);
+  return b->tensors ? 0 : dist_fail(eb, DIST_ENOMEM, "out of memory");
+}
+
+void distd_staged_note_version(distd_store *s, distd_staged *b, const char *name) {
+  distd_tensor *t = NULL;
+  if (distd_store_get(s, name, &t, NULL) != 0) return;
+  if (t->version > b->version) b->version = t->version;
+  distd_tensor_unref(t);
+}
+
+void distd_staged_store(distd_store *s, distd_staged *b) {
+  for (size_t k = 0; k < b->n; k++) {
+    if (!b->tensors[k]) continue;
+    b->tensors[k]->version = b->version + 1;
+    distd_store_put_versioned(s, b->tensors[k]);
+  }
+}
+
+void distd_staged_free(distd_staged *b) {
+  for (size_t k = 0; b->tensors && k < b->n; k++) distd_tensor_unref(b->tensors[k]);
+  free(b->tensors);
+  b->tensors = NULL;
+}
+
 int distd_store_get(distd_store *s, const char *name, distd_tensor **out,
                     dist_errbuf *eb) {
   pthread_mutex_lock(&s->mu);

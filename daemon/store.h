@@ -61,6 +61,24 @@ int distd_store_put(distd_store *s, distd_tensor *t, int replace,
  * whatever each daemon held before (a checkpoint restore, even on a daemon
  * that restarted; a reshard onto ranks that did not hold the tensor). */
 void distd_store_put_versioned(distd_store *s, distd_tensor *t);
+/* Tensors made to be stored together once every daemon concerned could
+ * make its own (they vote first, vote.h): a LocalLayer call's outputs, a
+ * backward's gradients, an expert layer's parameters. version is the
+ * highest the names had before, on any daemon. */
+typedef struct distd_staged {
+  size_t n;
+  distd_tensor **tensors; /* NULL entries are skipped */
+  uint64_t version;
+} distd_staged;
+
+int distd_staged_init(distd_staged *b, size_t n, dist_errbuf *eb);
+/* Raises b->version to name's version here, when the store holds name. */
+void distd_staged_note_version(distd_store *s, distd_staged *b, const char *name);
+/* Cannot fail: stores every tensor of b, each at b->version + 1, so that
+ * the pieces of each carry one version on every daemon. */
+void distd_staged_store(distd_store *s, distd_staged *b);
+void distd_staged_free(distd_staged *b); /* and the references it holds */
+
 /* A new reference to the named tensor, or DIST_ENOTFOUND. */
 int distd_store_get(distd_store *s, const char *name, distd_tensor **out,
                     dist_errbuf *eb);

@@ -9,6 +9,7 @@
 #include "moe.pb-c.h"
 #include "pbuf.h"
 #include "tensor_meta.h"
+#include "vote.h"
 
 static int parse_cfg(const Dist__V1__ExpertLayerCreateRequest *rq,
                      distd_expert_layer_cfg *c, dist_errbuf *eb) {
@@ -48,24 +49,27 @@ static int parse_init(const Dist__V1__ExpertLayerCreateRequest *rq,
   return 0;
 }
 
+/* Every daemon of the layer makes its experts, then they vote, and each
+ * installs them only if all could. */
 DISTD_HANDLER(expert_layer_create) {
-  (void)ci;
   const Dist__V1__ExpertLayerCreateRequest *rq = (const void *)req;
   distd_expert_layer_cfg cfg;
   distd_expert_init *init = NULL;
-  char **names = NULL;
-  int n = 0, rc = parse_cfg(rq, &cfg, eb);
+  distd_expert_draft d;
+  memset(&d, 0, sizeof d);
+  int ranks[DIST_MAX_MESH_RANKS], n = distd_vote_ranks(s, rq->ranks, rq->n_ranks, ranks);
+  int rc = parse_cfg(rq, &cfg, eb);
   if (rc == 0) rc = parse_init(rq, &init, eb);
-  if (rc == 0)
-    rc = distd_experts_create(s->experts, s, &cfg, rq->seed, init, rq->replace,
-                              &names, &n, eb);
+  if (rc == 0) rc = distd_experts_draft(s->experts, s, &cfg, rq->seed, init, rq->replace, &d, eb);
+  if (n > 1) rc = distd_vote(s, ranks, n, rq->op_id, ci->deadline_ms, "expert layer", rc, NULL, eb);
   if (rc == 0) {
+    distd_experts_install(s->experts, s, &d);
     Dist__V1__ExpertLayerCreateReply rp = DIST__V1__EXPERT_LAYER_CREATE_REPLY__INIT;
-    rp.n_tensors = (size_t)n;
-    rp.tensors = names;
+    rp.n_tensors = (size_t)d.nnames;
+    rp.tensors = d.names;
     *reply = dist_pb_to_bb(&rp.base);
   }
-  distd_experts_names_free(names, n);
+  distd_expert_draft_free(&d);
   free(init);
   return rc;
 }

@@ -63,7 +63,7 @@ DISTD_HANDLER(program_register) {
 static int make_outputs(distd_server *s, const distd_call_info *ci,
                         const Dist__V1__Program *pb,
                         const Dist__V1__ProgramInvokeRequest *rq,
-                        distd_invocation *inv, int verdict, distd_made *o,
+                        distd_invocation *inv, int verdict, distd_staged *o,
                         dist_errbuf *eb) {
   int rc = verdict;
   for (size_t k = 0; k < pb->n_outputs; k++) {
@@ -83,7 +83,7 @@ static int make_outputs(distd_server *s, const distd_call_info *ci,
       continue;
     }
     rc = distd_value_tensor(s, rq->out_names[k], v, &global, &a, rq->replace,
-                            &o->tensors[k], &o->version, eb);
+                            o, k, eb);
     if (rc) dist_errbuf_prefix(eb, "output %zu ('%s'): ", k, rq->out_names[k]);
   }
   return rc;
@@ -104,23 +104,23 @@ static int check_out_names(const Dist__V1__Program *pb,
 /* ---------------------------------------------------------------- replies */
 
 static void reply_invoke(distd_server *s, const Dist__V1__ProgramInvokeRequest *rq,
-                         distd_invocation *inv, distd_made *o,
+                         distd_invocation *inv, distd_staged *o,
                          grpc_byte_buffer **reply) {
   Dist__V1__ProgramInvokeReply rp = DIST__V1__PROGRAM_INVOKE_REPLY__INIT;
   distd_value_set vs;
+  dist_wire_meta *w = NULL;
   distd_values_init(&vs, rq->return_values ? o->n : 0);
-  for (size_t k = 0; k < o->n; k++) {
-    distd_meta_describe(o->tensors[k], s->rank, &o->w[k]);
-    o->metas[k] = &o->w[k].meta;
-    if (rq->return_values) distd_values_set(&vs, k, distd_invocation_output(inv, k));
-  }
-  rp.n_outputs = o->n;
-  rp.outputs = o->metas;
+  for (size_t k = 0; rq->return_values && k < o->n; k++)
+    distd_values_set(&vs, k, distd_invocation_output(inv, k));
+  rp.outputs = distd_staged_describe(s, o, &w);
+  rp.n_outputs = rp.outputs ? o->n : 0;
   rp.n_values = vs.n;
   rp.values = vs.ptrs;
   rp.invocation_id = rq->op_id;
   *reply = dist_pb_to_bb(&rp.base);
   distd_values_free(&vs);
+  free(rp.outputs);
+  free(w);
 }
 
 /* ---------------------------------------------------------------- Invoke */
@@ -152,12 +152,8 @@ static int check_ranks(const Dist__V1__Program *pb, const int *ranks, int n,
   int want[DIST_MAX_MESH_RANKS], m = 0;
   for (size_t k = 0; k < pb->n_out_dist_attrs; k++) {
     dist_mesh_desc mesh;
-    if (dist_mesh_from_pb(pb->out_dist_attrs[k]->mesh, &mesh, NULL) != 0) continue;
-    for (int i = 0; i < mesh.nranks; i++) {
-      int seen = 0;
-      for (int j = 0; j < m; j++) seen |= want[j] == mesh.ranks[i];
-      if (!seen && m < DIST_MAX_MESH_RANKS) want[m++] = mesh.ranks[i];
-    }
+    if (dist_mesh_from_pb(pb->out_dist_attrs[k]->mesh, &mesh, NULL) == 0)
+      m = dist_ranks_union_add(want, m, DIST_MAX_MESH_RANKS, &mesh);
   }
   if (m == n && memcmp(want, ranks, sizeof *ranks * (size_t)n) == 0) return 0;
   return dist_fail(eb, DIST_EINVAL, "ranks: the request names %d daemons to store the "
@@ -193,7 +189,7 @@ static int reserve_invocation(distd_server *s, const Dist__V1__ProgramInvokeRequ
  * fills it if every daemon invoked could. */
 static int invoke(distd_server *s, const distd_call_info *ci, distd_program *p,
                   const Dist__V1__ProgramInvokeRequest *rq, const int *ranks, int n,
-                  distd_made *o, grpc_byte_buffer **reply, dist_errbuf *eb) {
+                  distd_staged *o, grpc_byte_buffer **reply, dist_errbuf *eb) {
   const Dist__V1__Program *pb = distd_program_message(p);
   distd_invocation *inv = NULL;
   distd_input_origin *origins = calloc(pb->n_inputs + 1, sizeof *origins);
@@ -208,7 +204,7 @@ static int invoke(distd_server *s, const distd_call_info *ci, distd_program *p,
                          : verdict;
   if (n > 1 && o->n) o->version = versions.highest;
   if (rc == 0) {
-    distd_made_store(s, o);
+    distd_staged_store(s->store, o);
     reply_invoke(s, rq, inv, o, reply); /* packed: independent of inv */
   }
   if (rc == 0 && reserved) {
@@ -230,11 +226,11 @@ DISTD_HANDLER(program_invoke) {
   if (rc) return refuse_unknown(s, ci, rq, rc, eb);
   const Dist__V1__Program *pb = distd_program_message(p);
   int ranks[DIST_MAX_MESH_RANKS], n = distd_vote_ranks(s, rq->ranks, rq->n_ranks, ranks);
-  distd_made o;
-  rc = distd_made_init(&o, pb->n_outputs, eb);
+  distd_staged o;
+  rc = distd_staged_init(&o, pb->n_outputs, eb);
   if (rc == 0 && rq->n_ranks) rc = check_ranks(pb, ranks, n, eb);
   if (rc == 0) rc = invoke(s, ci, p, rq, ranks, n, &o, reply, eb);
-  distd_made_free(&o);
+  distd_staged_free(&o);
   distd_program_free(p);
   return rc;
 }

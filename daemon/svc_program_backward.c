@@ -58,7 +58,7 @@ static int grad_attr(const Dist__V1__ProgramInput *in,
  * name, storing none: a distributed tensor of the input's global shape,
  * whose piece on this rank is the local gradient (no communication). */
 static int make_grads(distd_server *s, const distd_kept_invocation *k,
-                      const Dist__V1__ProgramBackwardRequest *rq, distd_made *o,
+                      const Dist__V1__ProgramBackwardRequest *rq, distd_staged *o,
                       dist_errbuf *eb) {
   const Dist__V1__Program *pb =
       distd_program_message(distd_invocation_program(k->inv));
@@ -73,7 +73,7 @@ static int make_grads(distd_server *s, const distd_kept_invocation *k,
                              "its gradient has no mesh (use return_values)");
     if (rc == 0)
       rc = distd_value_tensor(s, rq->grad_names[i], g, &k->origins[i].global, &a,
-                              rq->replace, &o->tensors[i], &o->version, eb);
+                              rq->replace, o, i, eb);
     if (rc) {
       dist_errbuf_prefix(eb, "gradient of input %zu%s%s%s: ", i,
                          in->name[0] ? " ('" : "", in->name,
@@ -86,26 +86,26 @@ static int make_grads(distd_server *s, const distd_kept_invocation *k,
 
 static void reply_backward(distd_server *s, const distd_kept_invocation *k,
                            const Dist__V1__ProgramBackwardRequest *rq,
-                           distd_made *o, grpc_byte_buffer **reply) {
+                           distd_staged *o, grpc_byte_buffer **reply) {
   Dist__V1__ProgramBackwardReply rp = DIST__V1__PROGRAM_BACKWARD_REPLY__INIT;
   distd_value_set vs;
+  dist_wire_meta *w = NULL;
   protobuf_c_boolean *has = calloc(o->n + 1, sizeof *has);
   distd_values_init(&vs, rq->return_values ? o->n : 0);
-  for (size_t i = 0; i < o->n; i++) {
+  for (size_t i = 0; has && i < o->n; i++) {
     const distd_tval *g = distd_invocation_input_grad(k->inv, i);
-    dist__v1__tensor_meta__init(&o->w[i].meta);
-    if (o->tensors[i]) distd_meta_describe(o->tensors[i], s->rank, &o->w[i]);
-    o->metas[i] = &o->w[i].meta;
     has[i] = g != NULL;
     if (rq->return_values) distd_values_set(&vs, i, g);
   }
-  rp.n_grads = rp.n_has_grad = o->n;
-  rp.grads = o->metas;
+  rp.grads = distd_staged_describe(s, o, &w);
+  rp.n_grads = rp.n_has_grad = rp.grads && has ? o->n : 0;
   rp.has_grad = has;
   rp.n_values = vs.n;
   rp.values = vs.ptrs;
   *reply = dist_pb_to_bb(&rp.base);
   distd_values_free(&vs);
+  free(rp.grads);
+  free(w);
   free(has);
 }
 
@@ -119,7 +119,7 @@ static int stores_grads(const Dist__V1__ProgramBackwardRequest *rq) {
 
 /* Runs backward on the invocation and makes the gradients it stores. */
 static int backward(distd_server *s, const distd_kept_invocation *k,
-                    const Dist__V1__ProgramBackwardRequest *rq, distd_made *o,
+                    const Dist__V1__ProgramBackwardRequest *rq, distd_staged *o,
                     dist_errbuf *eb) {
   size_t n_out = distd_invocation_n_outputs(k->inv);
   distd_tval **grads = calloc(n_out + 1, sizeof *grads);
@@ -129,8 +129,8 @@ static int backward(distd_server *s, const distd_kept_invocation *k,
       (rc = distd_invocation_backward(k->inv, rq->n_out_grads ? grads : NULL, eb)) != 0)
     dist_errbuf_prefix(eb, "backward of invocation %llu: ",
                        (unsigned long long)rq->invocation_id);
-  if (rc == 0) rc = distd_made_init(o, distd_program_n_inputs(distd_invocation_program(k->inv)),
-                                    eb);
+  if (rc == 0) rc = distd_staged_init(o, distd_program_n_inputs(distd_invocation_program(k->inv)),
+                                     eb);
   if (rc == 0) rc = make_grads(s, k, rq, o, eb);
   for (size_t j = 0; grads && j < n_out; j++) distd_tval_unref(grads[j]);
   free(grads);
@@ -146,17 +146,17 @@ DISTD_HANDLER(program_backward) {
   int vote = n > 1 && stores_grads(rq);
   uint64_t op = distd_subop(rq->invocation_id, DISTD_STEP_BACKWARD);
   distd_kept_invocation *k = NULL;
-  distd_made o = {0};
+  distd_staged o = {0};
   int rc = distd_registry_take(s->programs, rq->invocation_id, &k, eb);
   if (rc == 0) rc = backward(s, k, rq, &o, eb);
   distd_vote_versions versions = {.mine = o.version};
   if (vote) rc = distd_vote(s, ranks, n, op, ci->deadline_ms, "backward", rc, &versions, eb);
   if (vote) o.version = versions.highest;
   if (rc == 0) {
-    distd_made_store(s, &o);
+    distd_staged_store(s->store, &o);
     reply_backward(s, k, rq, &o, reply);
   }
-  distd_made_free(&o);
+  distd_staged_free(&o);
   distd_kept_invocation_free(k); /* backward runs once: nothing is kept */
   return rc;
 }

@@ -78,3 +78,16 @@ int distd_vote(distd_server *s, const int *ranks, int n, uint64_t op_id, int64_t
   free(counts);
   return rc;
 }
+
+int distd_vote_ranks(const distd_server *s, const uint32_t *named, size_t n, int *ranks) {
+  int me = 0;
+  if (n > DIST_MAX_MESH_RANKS) return 0;
+  for (size_t i = 0; i < n; i++) {
+    if (named[i] >= (uint32_t)s->world_size) return 0;
+    for (size_t j = 0; j < i; j++)
+      if (named[j] == named[i]) return 0;
+    ranks[i] = (int)named[i];
+    me |= ranks[i] == s->rank;
+  }
+  return me ? (int)n : 0;
+}

@@ -39,4 +39,10 @@ typedef struct distd_vote_versions {
 int distd_vote(distd_server *s, const int *ranks, int n, uint64_t op_id, int64_t deadline_ms,
                const char *what, int verdict, distd_vote_versions *versions, dist_errbuf *eb);
 
+/* The daemons a request names to vote on what it changes (its
+ * `ranks`), when this daemon is one of them, each is a rank of the world
+ * and none is named twice; else 0: no vote (a client before 0.2.1 sends
+ * none). */
+int distd_vote_ranks(const distd_server *s, const uint32_t *named, size_t n, int *ranks);
+
 #endif

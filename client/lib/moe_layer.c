@@ -136,8 +136,15 @@ static int create_experts(dist_client *c, dist_moe_layer *l,
     rc = dist_client_fail(c, DIST_ENOMEM, "out of memory");
     goto out;
   }
+  /* Every daemon of the group, so that they create the layer all or none. */
+  uint64_t op_id = dist_next_op_id(c);
+  uint32_t ranks[DIST_MAX_MESH_RANKS];
+  for (int i = 0; i < l->W; i++) ranks[i] = (uint32_t)l->group[i];
   for (int k = 0; k < l->n; k++) {
     dist__v1__expert_layer_create_request__init(&rq[k]);
+    rq[k].op_id = op_id;
+    rq[k].n_ranks = (size_t)l->W;
+    rq[k].ranks = ranks;
     rq[k].layer = l->name;
     rq[k].experts = (uint32_t)l->E;
     rq[k].first_expert = (uint32_t)(l->pos[k] * l->E);

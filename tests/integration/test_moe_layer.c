@@ -425,6 +425,44 @@ Test(experts, seeded_weights_are_bounded_and_reproducible) {
   harness_stop(&h);
 }
 
+/* Daemon r's own answer to whether it holds name. */
+static int held_by(harness *h, int r, const char *name) {
+  dist_client *one = harness_client_rank(h, r, 5000);
+  dist_tensor *t = NULL;
+  int held = dist_tensor_open(one, name, &t) == 0;
+  dist_tensor_free(t);
+  dist_close(one);
+  return held;
+}
+
+/* A layer one daemon cannot create (one of its expert's names is taken
+ * there) is created by neither: rank 0 used to keep its experts, so the
+ * next create without replace failed on rank 0 too. */
+Test(experts, a_layer_one_daemon_cannot_create_exists_nowhere) {
+  harness h;
+  harness_start(&h, 2, NULL);
+  dist_client *c = harness_client(&h);
+  float taken[4] = {0};
+  int64_t n4 = 4;
+  dist_tensor_free(harness_put(c, "moe.expert2.w1", DIST_FLOAT32, taken, 1, &n4, "[1]",
+                               "Replicate()"));
+  dist_moe_layer_opts o = DIST_MOE_LAYER_OPTS_INIT;
+  o.experts_per_rank = 2, o.d_model = 4, o.d_hidden = 3, o.seed = 7;
+  dist_moe_layer *l = NULL;
+  int rc = dist_moe_layer_create(c, "moe", &o, &l);
+  cr_assert_eq(rc, DIST_EEXIST, "%s: %s", dist_err_name(rc), dist_errmsg(c));
+  cr_assert(strstr(dist_errmsg(c), "'moe.expert2.w1' already exists"), "%s", dist_errmsg(c));
+  cr_assert_null(l);
+  cr_assert(!held_by(&h, 0, "moe.expert0.w1"), "rank 0 created its experts");
+  cr_assert(!held_by(&h, 0, "moe.expert1.w2.grad"), "rank 0 created its experts");
+  cr_assert_eq(dist_tensor_delete(c, "moe.expert2.w1"), 0, "%s", dist_errmsg(c));
+  cr_assert_eq(dist_moe_layer_create(c, "moe", &o, &l), 0, "%s", dist_errmsg(c));
+  cr_assert(held_by(&h, 0, "moe.expert0.w1") && held_by(&h, 1, "moe.expert3.w2"));
+  dist_moe_layer_free(l);
+  dist_close(c);
+  harness_stop(&h);
+}
+
 /* ---------------------------------------------------------------- the layer */
 
 #define MAXR 4
