@@ -248,8 +248,6 @@ static void init_part(const distd_expert_init *in, int p, const void **data,
   *len = n[p];
 }
 
-/* The parameter p of local expert e and its zeroed gradient, into the
- * store. */
 /* Makes expert e's parameter p (from init, or drawn from seed) and its
  * zeroed gradient as entries 2i and 2i + 1 of d->staged; stores neither. */
 static int make_param(distd_server *s, distd_expert_draft *d, int e, int p, size_t i,

@@ -189,7 +189,8 @@ DISTD_HANDLER(param_push) {
   distd_push_ticket tk;
   if (rc == 0) rc = distd_param_stage(s->params, s->store, &spec, &tk, eb);
   if (vote &&
-      distd_vote(s, mesh.ranks, mesh.nranks, rq->op_id, ci->deadline_ms, "push", rc, NULL, eb) != 0 &&
+      distd_vote(s, mesh.ranks, mesh.nranks, rq->op_id, ci->deadline_ms, "push", rc, NULL,
+                 eb) != 0 &&
       rc == 0) {
     distd_param_abort(s->params, &tk);
     rc = eb->code;
