@@ -65,13 +65,17 @@ distd_holds *distd_holds_new(int rank) {
   return h;
 }
 
+static void free_list(hold *x) {
+  while (x) {
+    hold *next = x->next;
+    free(x);
+    x = next;
+  }
+}
+
 void distd_holds_free(distd_holds *h) {
   if (!h) return;
-  while (h->head) {
-    hold *x = h->head;
-    h->head = x->next;
-    free(x);
-  }
+  free_list(h->head);
   pthread_cond_destroy(&h->released);
   pthread_mutex_destroy(&h->mu);
   free(h);
@@ -91,27 +95,22 @@ static const hold *first(const distd_holds *h, const char *const *names, size_t 
  * Called with mu held. */
 static int add_all(distd_holds *h, const char *const *names, size_t n, distd_hold_kind kind,
                    dist_errbuf *eb) {
-  hold *added = NULL;
+  hold *added = NULL, *last = NULL;
   for (size_t i = 0; i < n; i++) {
     hold *mine = calloc(1, sizeof *mine);
     if (!mine) {
-      while (added) {
-        hold *x = added;
-        added = x->next;
-        free(x);
-      }
+      free_list(added);
       return dist_fail(eb, DIST_ENOMEM, "out of memory holding '%s'", names[i]);
     }
     snprintf(mine->name, sizeof mine->name, "%s", names[i]);
     mine->kind = kind;
     mine->next = added;
     added = mine;
+    if (!last) last = mine;
   }
-  while (added) {
-    hold *x = added;
-    added = x->next;
-    x->next = h->head;
-    h->head = x;
+  if (last) { /* the new holds go in front of the others, in one piece */
+    last->next = h->head;
+    h->head = added;
   }
   return 0;
 }
@@ -145,16 +144,24 @@ int distd_holds_take(distd_holds *h, const char *name, distd_hold_kind kind,
   return distd_holds_take_all(h, &name, 1, kind, deadline_ms, eb);
 }
 
-void distd_holds_release(distd_holds *h, const char *name, distd_hold_kind kind) {
+void distd_holds_release_all(distd_holds *h, const char *const *names, size_t n,
+                             distd_hold_kind kind) {
   hold *gone = NULL;
   pthread_mutex_lock(&h->mu);
-  for (hold **at = &h->head; *at; at = &(*at)->next)
-    if ((*at)->kind == kind && strcmp((*at)->name, name) == 0) {
-      gone = *at;
-      *at = gone->next;
-      break;
-    }
+  for (size_t i = 0; i < n; i++)
+    for (hold **at = &h->head; *at; at = &(*at)->next)
+      if ((*at)->kind == kind && strcmp((*at)->name, names[i]) == 0) {
+        hold *x = *at;
+        *at = x->next;
+        x->next = gone;
+        gone = x;
+        break;
+      }
   pthread_cond_broadcast(&h->released);
   pthread_mutex_unlock(&h->mu);
-  free(gone);
+  free_list(gone);
+}
+
+void distd_holds_release(distd_holds *h, const char *name, distd_hold_kind kind) {
+  distd_holds_release_all(h, &name, 1, kind);
 }

@@ -49,5 +49,9 @@ int distd_holds_take_all(distd_holds *h, const char *const *names, size_t n,
                          distd_hold_kind kind, int64_t deadline_ms, dist_errbuf *eb);
 /* Releases one hold of `kind` on name, taken before. */
 void distd_holds_release(distd_holds *h, const char *name, distd_hold_kind kind);
+/* distd_holds_release for every one of names[0..n), taken with
+ * distd_holds_take_all. */
+void distd_holds_release_all(distd_holds *h, const char *const *names, size_t n,
+                             distd_hold_kind kind);
 
 #endif

@@ -216,10 +216,6 @@ static int hold_names(distd_server *s, const Dist__V1__CheckpointLoadRequest *rq
                               deadline_ms, eb);
 }
 
-static void release_names(distd_server *s, const char **names, size_t n) {
-  for (size_t i = 0; i < n; i++) distd_holds_release(s->holds, names[i], DISTD_HOLD_RESTORE);
-}
-
 DISTD_HANDLER(checkpoint_load) {
   const Dist__V1__CheckpointLoadRequest *rq = (const void *)req;
   void *bytes = NULL;
@@ -231,7 +227,7 @@ DISTD_HANDLER(checkpoint_load) {
   int held = rc == 0 && !rq->verify_only;
   if (held && (rc = hold_names(s, rq, ci->deadline_ms, &names, eb)) != 0) held = 0;
   if (rc == 0) rc = load_all(s, rq, f, &loaded, &nparams, eb);
-  if (held) release_names(s, names, rq->n_tensors);
+  if (held) distd_holds_release_all(s->holds, names, rq->n_tensors, DISTD_HOLD_RESTORE);
   free(names);
   if (rc == 0) {
     Dist__V1__CheckpointLoadReply rp = DIST__V1__CHECKPOINT_LOAD_REPLY__INIT;
