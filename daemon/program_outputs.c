@@ -87,12 +87,9 @@ static int exchange_shapes(distd_server *s, const distd_attr *a, uint64_t op_id,
 int distd_value_tensor(distd_server *s, const char *name, const distd_tval *v,
                        const dist_shape *global, const distd_attr *a, int replace,
                        distd_staged *b, size_t k, dist_errbuf *eb) {
+  if (distd_staged_note_version(s->store, b, name) && !replace)
+    return dist_fail(eb, DIST_EEXIST, "tensor '%s' already exists", name);
   distd_tensor *t = NULL;
-  if (distd_store_get(s->store, name, &t, NULL) == 0) {
-    distd_tensor_unref(t);
-    if (!replace) return dist_fail(eb, DIST_EEXIST, "tensor '%s' already exists", name);
-    distd_staged_note_version(s->store, b, name);
-  }
   int rc = distd_tensor_new(s->store, name, v->dtype, global, &a->mesh,
                             a->placements, s->rank, &t, eb);
   if (rc) return rc;

@@ -35,9 +35,9 @@ int distd_value_global(distd_server *s, int64_t deadline_ms, const distd_attr *a
                        dist_errbuf *eb);
 
 /* Makes b->tensors[k], a new tensor `name` of global shape `global` laid
- * out as a, whose piece on this rank is exactly v; not stored. Without
- * replace a tensor stored as `name` is refused; with it, b->version rises
- * to that tensor's version. */
+ * out as a, whose piece on this rank is exactly v; not stored. b->version
+ * rises to the version of a tensor stored as `name`, which is refused
+ * without replace. */
 int distd_value_tensor(distd_server *s, const char *name, const distd_tval *v,
                        const dist_shape *global, const distd_attr *a, int replace,
                        distd_staged *b, size_t k, dist_errbuf *eb);
