@@ -198,11 +198,9 @@ static int invoke(distd_server *s, const distd_call_info *ci, distd_program *p,
   verdict = make_outputs(s, ci, pb, rq, inv, verdict, o, eb);
   int reserved = verdict == 0 && !rq->no_grad;
   if (reserved && (verdict = reserve_invocation(s, rq, eb)) != 0) reserved = 0;
-  distd_vote_versions versions = {.mine = o->version};
-  int rc = n > 1 && o->n ? distd_vote(s, ranks, n, rq->op_id, ci->deadline_ms, "invocation",
-                                      verdict, &versions, eb)
-                         : verdict;
-  if (n > 1 && o->n) o->version = versions.highest;
+  /* A program without outputs has no out_dist_attrs, so no ranks vote. */
+  int rc = distd_vote_staged(s, ranks, n, rq->op_id, ci->deadline_ms, "invocation", verdict, o,
+                             eb);
   if (rc == 0) {
     distd_staged_store(s->store, o);
     reply_invoke(s, rq, inv, o, reply); /* packed: independent of inv */

@@ -143,15 +143,13 @@ static int backward(distd_server *s, const distd_kept_invocation *k,
 DISTD_HANDLER(program_backward) {
   const Dist__V1__ProgramBackwardRequest *rq = (const void *)req;
   int ranks[DIST_MAX_MESH_RANKS], n = distd_vote_ranks(s, rq->ranks, rq->n_ranks, ranks);
-  int vote = n > 1 && stores_grads(rq);
   uint64_t op = distd_subop(rq->invocation_id, DISTD_STEP_BACKWARD);
   distd_kept_invocation *k = NULL;
   distd_staged o = {0};
   int rc = distd_registry_take(s->programs, rq->invocation_id, &k, eb);
   if (rc == 0) rc = backward(s, k, rq, &o, eb);
-  distd_vote_versions versions = {.mine = o.version};
-  if (vote) rc = distd_vote(s, ranks, n, op, ci->deadline_ms, "backward", rc, &versions, eb);
-  if (vote) o.version = versions.highest;
+  if (stores_grads(rq))
+    rc = distd_vote_staged(s, ranks, n, op, ci->deadline_ms, "backward", rc, &o, eb);
   if (rc == 0) {
     distd_staged_store(s->store, &o);
     reply_backward(s, k, rq, &o, reply);

@@ -79,6 +79,16 @@ int distd_vote(distd_server *s, const int *ranks, int n, uint64_t op_id, int64_t
   return rc;
 }
 
+int distd_vote_staged(distd_server *s, const int *ranks, int n, uint64_t op_id,
+                      int64_t deadline_ms, const char *what, int verdict, distd_staged *staged,
+                      dist_errbuf *eb) {
+  if (n <= 1) return verdict;
+  distd_vote_versions v = {.mine = staged->version};
+  int rc = distd_vote(s, ranks, n, op_id, deadline_ms, what, verdict, &v, eb);
+  if (rc == 0) staged->version = v.highest;
+  return rc;
+}
+
 int distd_vote_ranks(const distd_server *s, const uint32_t *named, size_t n, int *ranks) {
   int me = 0;
   if (n > DIST_MAX_MESH_RANKS) return 0;

@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 #include "server.h"
+#include "store.h"
 
 /* The daemons' versions of the tensor a request reads or replaces. With
  * the highest, every daemon can store the result under one version even
@@ -38,6 +39,14 @@ typedef struct distd_vote_versions {
  * versions may be NULL. */
 int distd_vote(distd_server *s, const int *ranks, int n, uint64_t op_id, int64_t deadline_ms,
                const char *what, int verdict, distd_vote_versions *versions, dist_errbuf *eb);
+
+/* distd_vote on storing `staged` (store.h): each daemon's staged version
+ * goes with its verdict, and on yes staged->version becomes the highest,
+ * so that every daemon stores the tensors at one version. One daemon
+ * alone (n <= 1) has nobody to ask: it returns verdict. */
+int distd_vote_staged(distd_server *s, const int *ranks, int n, uint64_t op_id,
+                      int64_t deadline_ms, const char *what, int verdict, distd_staged *staged,
+                      dist_errbuf *eb);
 
 /* The daemons a request names to vote on what it changes (its
  * `ranks`), when this daemon is one of them, each is a rank of the world
