@@ -737,9 +737,6 @@ static int build(dist_program *p, built *b) {
   return 0;
 }
 
-/* Where p runs: SPMD, this trainer's daemon; a single client, every rank
- * of the out_dist_attrs meshes (all daemons when there are none, so the
- * daemons can report the count mismatch). */
 /* The ranks of the outputs' meshes, each once, in order of first mention
  * (the daemons derive the same list from the program). */
 static int output_ranks(const dist_program *p, int *ranks) {
@@ -749,6 +746,9 @@ static int output_ranks(const dist_program *p, int *ranks) {
   return n;
 }
 
+/* Where p runs: SPMD, this trainer's daemon; a single client, every rank
+ * of the out_dist_attrs meshes (all daemons when there are none, so the
+ * daemons can report the count mismatch). */
 static int program_targets(dist_client *c, const dist_program *p,
                            int *targets) {
   if (c->spmd_rank >= 0) {
