@@ -360,3 +360,11 @@ int harness_churn_stop(harness_churn *ch) {
   pthread_join(ch->thread, NULL);
   return ch->applied;
 }
+
+int harness_open_on(harness *h, int r, const char *name, dist_tensor **t) {
+  dist_client *one = harness_client_rank(h, r, 5000);
+  *t = NULL;
+  int rc = dist_tensor_open(one, name, t);
+  dist_close(one);
+  return rc;
+}

@@ -52,6 +52,10 @@ const char *harness_reference_script(void);
  * DIST_RANK, DIST_WORLD_SIZE, DIST_CLUSTER and DIST_JOB_ID=job set (call it
  * from one thread: it sets the environment). */
 dist_client *harness_spmd_client(harness *h, int rank, const char *job);
+/* name as daemon r alone describes it, asked through a client of that
+ * daemon only: 0 and *t (free with dist_tensor_free), or the error code
+ * opening it (*t NULL). */
+int harness_open_on(harness *h, int r, const char *name, dist_tensor **t);
 /* dist_shard_tensor of data with the mesh and placements written as text
  * ("[[0,1],[2,3]]", "Shard(0),Replicate()"); fails the test on error. */
 dist_tensor *harness_put(dist_client *c, const char *name, dist_dtype dt, const void *data,

@@ -223,12 +223,11 @@ Test(checkpoint, a_tensor_resharded_onto_overlapping_meshes_is_saved_and_restore
 /* Daemon r's own placement of "w" on its first mesh dim; fails the test
  * when it does not hold "w". */
 static dist_placement placement_on(int r) {
-  dist_client *one = harness_client_rank(&cluster, r, 5000);
   dist_tensor *t = NULL;
-  cr_assert_eq(dist_tensor_open(one, "w", &t), 0, "rank %d: %s", r, dist_errmsg(one));
+  int rc = harness_open_on(&cluster, r, "w", &t);
+  cr_assert_eq(rc, 0, "rank %d: %s", r, dist_err_name(rc));
   dist_placement p = dist_tensor_placements(t)[0];
   dist_tensor_free(t);
-  dist_close(one);
   return p;
 }
 

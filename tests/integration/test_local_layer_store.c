@@ -60,9 +60,8 @@ static int call(dist_client *c, dist_program *p, const char *out, int replace) {
  * float64, n of them, want) checked, or the error code opening it. */
 static int held_on(dist_client *c, int r, const char *name, int mesh_size,
                    const double *want, int n) {
-  dist_client *one = harness_client_rank(&cluster, r, 5000);
   dist_tensor *t = NULL;
-  int rc = dist_tensor_open(one, name, &t);
+  int rc = harness_open_on(&cluster, r, name, &t);
   if (rc == 0) {
     cr_assert_eq(dist_mesh_size(dist_tensor_mesh(t)), mesh_size, "rank %d: '%s'", r, name);
     void *data = NULL;
@@ -75,7 +74,6 @@ static int held_on(dist_client *c, int r, const char *name, int mesh_size,
     free(data);
   }
   dist_tensor_free(t);
-  dist_close(one);
   return rc;
 }
 

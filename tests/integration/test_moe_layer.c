@@ -427,11 +427,9 @@ Test(experts, seeded_weights_are_bounded_and_reproducible) {
 
 /* Daemon r's own answer to whether it holds name. */
 static int held_by(harness *h, int r, const char *name) {
-  dist_client *one = harness_client_rank(h, r, 5000);
   dist_tensor *t = NULL;
-  int held = dist_tensor_open(one, name, &t) == 0;
+  int held = harness_open_on(h, r, name, &t) == 0;
   dist_tensor_free(t);
-  dist_close(one);
   return held;
 }
 

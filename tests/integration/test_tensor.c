@@ -852,12 +852,10 @@ static void expect_full_f64(dist_client *c, const dist_tensor *t, const double *
 /* Whether daemon r holds name, as that daemon alone describes it; *first
  * (may be NULL) gets its placement on the first mesh dim. */
 static int held_on_rank(harness *h, int r, const char *name, dist_placement *first) {
-  dist_client *one = harness_client_rank(h, r, 5000);
   dist_tensor *t = NULL;
-  int held = dist_tensor_open(one, name, &t) == 0;
+  int held = harness_open_on(h, r, name, &t) == 0;
   if (held && first) *first = dist_tensor_placements(t)[0];
   dist_tensor_free(t);
-  dist_close(one);
   return held;
 }
 
@@ -1067,9 +1065,8 @@ Test(bad_input, each_is_a_clear_error_and_leaves_the_store_unchanged, .timeout =
 static void expect_w_as_put(harness *h, dist_client *c, const double *p0, int n,
                             const char *after) {
   for (int r = 0; r < 2; r++) {
-    dist_client *one = harness_client_rank(h, r, 5000);
     dist_tensor *t = NULL;
-    cr_assert_eq(dist_tensor_open(one, "w", &t), 0, "%s", dist_errmsg(one));
+    cr_assert_eq(harness_open_on(h, r, "w", &t), 0, "rank %d lost 'w' after %s", r, after);
     cr_assert_eq(dist_tensor_placements(t)[0].kind, DIST_REPLICATE,
                  "rank %d changed 'w' to other placements after %s", r, after);
     void *piece = NULL;
@@ -1080,7 +1077,6 @@ static void expect_w_as_put(harness *h, dist_client *c, const double *p0, int n,
     expect_bytes(piece, nbytes, p0, (size_t)n * sizeof *p0, DIST_FLOAT64, after);
     free(piece);
     dist_tensor_free(t);
-    dist_close(one);
   }
 }
 
