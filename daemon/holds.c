@@ -12,19 +12,21 @@
 typedef enum { FREE, WAIT, REFUSE } verdict;
 
 /* What a request taking a hold (row) does about one already held (column).
- * Reshards and configures wait for other daemons, so what meets them is
- * refused, except a delete or a restore, which wait for nothing but them
- * and so may wait; a reshard waits for a configure (whose vote waits for
- * no hold) and for a delete. A restore waits for every other hold and
- * everything waits for it: it only loads files, and takes its names all at
- * once, so it never holds one while it waits. */
+ * Reshards, configures and restores wait for other daemons (their
+ * exchanges and votes), so what meets them is refused, except a delete,
+ * which waits for nothing but local holds and so may wait; a reshard waits
+ * for a configure (whose vote waits for no hold) and for a delete. A
+ * restore takes its names all at once, holding none while it waits, and
+ * so may wait for every hold but another restore's: two restores that
+ * reached two daemons in opposite orders would each hold what the other
+ * waits for. */
 static const verdict rules[DISTD_HOLD_KINDS][DISTD_HOLD_KINDS] = {
     /*                       RESHARD  READ    CONFIGURE DELETE RESTORE */
-    [DISTD_HOLD_RESHARD] = {REFUSE, REFUSE, WAIT, WAIT, WAIT},
-    [DISTD_HOLD_READ] = {REFUSE, FREE, FREE, WAIT, WAIT},
-    [DISTD_HOLD_CONFIGURE] = {REFUSE, FREE, REFUSE, REFUSE, WAIT},
+    [DISTD_HOLD_RESHARD] = {REFUSE, REFUSE, WAIT, WAIT, REFUSE},
+    [DISTD_HOLD_READ] = {REFUSE, FREE, FREE, WAIT, REFUSE},
+    [DISTD_HOLD_CONFIGURE] = {REFUSE, FREE, REFUSE, REFUSE, REFUSE},
     [DISTD_HOLD_DELETE] = {WAIT, WAIT, WAIT, FREE, WAIT},
-    [DISTD_HOLD_RESTORE] = {WAIT, WAIT, WAIT, WAIT, WAIT},
+    [DISTD_HOLD_RESTORE] = {WAIT, WAIT, WAIT, WAIT, REFUSE},
 };
 
 /* For messages: what a hold's request is doing, and what to do again. */

@@ -2,16 +2,19 @@
  *
  * An in-place reshard replaces a tensor (and a parameter's state), a
  * reshard into another name reads it, a configure or tune resets or
- * changes a parameter, a delete drops both. Each takes a hold on the name
- * for as long as it runs, so that none acts on what another is replacing:
- * a configure prepared for the layout a reshard replaces, or a tensor
- * deleted while a reshard reads it and then put back by the reshard.
+ * changes a parameter, a delete drops both, a checkpoint restore replaces
+ * or drops every name it loads. Each takes a hold on the name for as long
+ * as it runs, so that none acts on what another is replacing: a configure
+ * prepared for the layout a reshard replaces, or a tensor deleted while a
+ * reshard reads it and then put back by the reshard.
  *
  * Whether a request waits for a hold or is refused at once follows one
- * rule: it may wait only for holds whose requests do not wait for other
- * daemons (a configure's vote, a reshard's exchanges), or two daemons that
- * took two requests in opposite orders would wait for each other until the
- * deadline. The table is in holds.c. */
+ * rule: two requests that each wait for other daemons while holding (a
+ * reshard's exchanges; a configure's or a restore's vote) must not both
+ * wait for each other's holds, or two daemons that took them in opposite
+ * orders would wait for each other until the deadline. Of two such kinds,
+ * at most one waits for the other, and the other refuses it. The table is
+ * in holds.c. */
 #ifndef DISTD_HOLDS_H
 #define DISTD_HOLDS_H
 

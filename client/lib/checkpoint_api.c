@@ -1,6 +1,6 @@
 /* Checkpoints from the client's side: ask every daemon to write its pieces,
- * then switch the manifest; on restore, have every daemon verify its file
- * before any of them loads, then reshard as asked. */
+ * then switch the manifest; on restore, have the daemons load their files
+ * all or none, then reshard as asked. */
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -391,64 +391,103 @@ static int select_tensors(dist_client *c, const ckpt_manifest *m,
   return 0;
 }
 
-/* One Load per rank with a file: verify_only first on all, then for real. */
-static int load_ranks(dist_client *c, const char *dir, const ckpt_manifest *m,
-                      const char *chosen, int verify_only,
-                      const dist_checkpoint_opts *o, uint64_t *total) {
-  dist_wire_meta *w = calloc((size_t)m->ntensors + 1, sizeof *w);
-  Dist__V1__TensorMeta **metas = calloc((size_t)m->ntensors + 1, sizeof *metas);
-  int rc = 0;
-  for (int r = 0; r < m->nfiles && r < c->n && rc == 0; r++) {
-    Dist__V1__CheckpointLoadRequest rq = DIST__V1__CHECKPOINT_LOAD_REQUEST__INIT;
-    rq.dir = (char *)dir;
-    rq.file = m->file[r];
-    rq.sha256 = m->sha[r];
-    rq.verify_only = verify_only;
-    rq.tensors = metas;
-    for (int i = 0; i < m->ntensors; i++) {
-      const dist_tensor *t = &m->tensors[i].t;
-      if (chosen[i] != CKPT_LOAD || dist_mesh_index_of(&t->mesh.d, r) < 0) continue;
-      dist_meta_to_pb(t->name, t->dtype, &t->shape, &t->mesh.d, t->placements,
-                      &w[rq.n_tensors]);
-      w[rq.n_tensors].meta.version = m->tensors[i].version;
-      metas[rq.n_tensors] = &w[rq.n_tensors].meta;
-      rq.n_tensors++;
+/* Rank r's Load: the pieces of the chosen tensors its file holds, and the
+ * chosen tensors it has no piece of, to drop (pieces of an older layout
+ * there would otherwise outlive the restore). */
+typedef struct rank_load {
+  Dist__V1__CheckpointLoadRequest rq;
+  dist_wire_meta *w;
+  Dist__V1__TensorMeta **metas;
+  char **drop;
+} rank_load;
+
+static int rank_load_build(rank_load *l, const char *dir, const ckpt_manifest *m,
+                           const char *chosen, int r) {
+  dist__v1__checkpoint_load_request__init(&l->rq);
+  l->w = calloc((size_t)m->ntensors + 1, sizeof *l->w);
+  l->metas = calloc((size_t)m->ntensors + 1, sizeof *l->metas);
+  l->drop = calloc((size_t)m->ntensors + 1, sizeof *l->drop);
+  if (!l->w || !l->metas || !l->drop) return DIST_ENOMEM;
+  l->rq.dir = (char *)dir;
+  l->rq.file = r < m->nfiles ? m->file[r] : "";
+  l->rq.sha256 = r < m->nfiles ? m->sha[r] : "";
+  l->rq.tensors = l->metas;
+  l->rq.drop = l->drop;
+  for (int i = 0; i < m->ntensors; i++) {
+    const dist_tensor *t = &m->tensors[i].t;
+    if (chosen[i] != CKPT_LOAD) continue;
+    if (dist_mesh_index_of(&t->mesh.d, r) < 0) {
+      l->drop[l->rq.n_drop++] = (char *)t->name;
+      continue;
     }
-    if (rq.n_tensors == 0) continue;
-    ProtobufCMessage *rp = NULL;
-    rc = dist_call_one(c, r, "/dist.v1.Checkpoint/Load", &rq.base,
-                       &dist__v1__checkpoint_load_reply__descriptor, &rp);
-    if (rc == 0) {
-      uint64_t b = ((Dist__V1__CheckpointLoadReply *)rp)->bytes;
-      *total += b;
-      progress(o, verify_only ? "verify" : "load", r, r + 1,
-               m->nfiles < c->n ? m->nfiles : c->n, b);
-    }
-    if (rp) protobuf_c_message_free_unpacked(rp, NULL);
+    dist_wire_meta *w = &l->w[l->rq.n_tensors];
+    dist_meta_to_pb(t->name, t->dtype, &t->shape, &t->mesh.d, t->placements, w);
+    w->meta.version = m->tensors[i].version;
+    l->metas[l->rq.n_tensors++] = &w->meta;
   }
-  free(metas);
-  free(w);
+  return 0;
+}
+
+static void rank_load_free(rank_load *l) {
+  free(l->w);
+  free(l->metas);
+  free(l->drop);
+}
+
+/* One Load to every daemon with pieces to load or drop, all under one op
+ * id: the daemons vote, and each applies its part only when every one of
+ * them can (daemon/vote.h), so a load that fails anywhere, even after the
+ * files were checked, changes no daemon. */
+static int load_ranks(dist_client *c, const char *dir, const ckpt_manifest *m,
+                      const char *chosen, const dist_checkpoint_opts *o, uint64_t *total) {
+  rank_load *l = calloc((size_t)c->n + 1, sizeof *l);
+  dist_call *calls = calloc((size_t)c->n + 1, sizeof *calls);
+  uint32_t *ranks = calloc((size_t)c->n + 1, sizeof *ranks);
+  int n = 0, rc = l && calls && ranks ? 0 : dist_client_fail(c, DIST_ENOMEM, "out of memory");
+  for (int r = 0; r < c->n && rc == 0; r++) {
+    if (rank_load_build(&l[r], dir, m, chosen, r) != 0)
+      rc = dist_client_fail(c, DIST_ENOMEM, "out of memory");
+    else if (l[r].rq.n_tensors + l[r].rq.n_drop > 0)
+      calls[n].target = r, calls[n].request = &l[r].rq.base, ranks[n++] = (uint32_t)r;
+  }
+  uint64_t op_id = dist_next_op_id(c);
+  for (int k = 0; k < n && rc == 0; k++) {
+    l[calls[k].target].rq.op_id = op_id;
+    l[calls[k].target].rq.n_ranks = (size_t)n;
+    l[calls[k].target].rq.ranks = ranks;
+  }
+  if (rc == 0 && n > 0)
+    rc = dist_call_many(c, "/dist.v1.Checkpoint/Load",
+                        &dist__v1__checkpoint_load_reply__descriptor, calls, n);
+  for (int k = 0; k < n && rc == 0; k++) {
+    uint64_t b = ((Dist__V1__CheckpointLoadReply *)calls[k].reply)->bytes;
+    *total += b;
+    progress(o, "load", calls[k].target, k + 1, n, b);
+  }
+  if (calls) dist_calls_free(calls, n);
+  for (int r = 0; l && r < c->n; r++) rank_load_free(&l[r]);
+  free(ranks);
+  free(calls);
+  free(l);
   return rc;
 }
 
-/* Removes `name` from every daemon outside mesh m (all daemons when m is
- * NULL): pieces of an older layout there would otherwise outlive the
+/* Removes `name` from every daemon, before its value is put onto a mesh of
+ * another shape: pieces of the older layout would otherwise outlive the
  * restore. A daemon that holds none answers "not found", which is fine. */
-static void delete_outside(dist_client *c, const char *name, const dist_mesh_desc *m) {
+static void delete_everywhere(dist_client *c, const char *name) {
   Dist__V1__TensorDeleteRequest rq = DIST__V1__TENSOR_DELETE_REQUEST__INIT;
   rq.name = (char *)name;
   dist_call *calls = calloc((size_t)c->n + 1, sizeof *calls);
-  int n = 0;
-  for (int r = 0; r < c->n; r++)
-    if (!m || dist_mesh_index_of(m, r) < 0) {
-      calls[n].target = r;
-      calls[n++].request = &rq.base;
-    }
+  for (int r = 0; r < c->n; r++) {
+    calls[r].target = r;
+    calls[r].request = &rq.base;
+  }
   dist_errbuf keep = c->err;
   dist_call_many(c, "/dist.v1.Dist/TensorDelete",
-                 &dist__v1__tensor_delete_reply__descriptor, calls, n);
+                 &dist__v1__tensor_delete_reply__descriptor, calls, c->n);
   c->err = keep;
-  dist_calls_free(calls, n);
+  dist_calls_free(calls, c->n);
   free(calls);
 }
 
@@ -467,7 +506,7 @@ static int relayout(dist_client *c, const dist_tensor *saved_t,
     rc = dist_reshard(c, t, mesh, o->placements);
   } else {
     rc = dist_full_tensor(c, t, &full, &nbytes);
-    if (rc == 0) delete_outside(c, saved_t->name, NULL);
+    if (rc == 0) delete_everywhere(c, saved_t->name);
     if (rc == 0)
       rc = dist_shard_tensor(c, saved_t->name, full, t->dtype, t->shape.ndim,
                              t->shape.dims, mesh, o->placements, &moved);
@@ -492,7 +531,7 @@ static int loses_state(const dist_tensor *saved_t, const dist_checkpoint_opts *o
 static int store_rebuilt(dist_client *c, const dist_tensor *saved_t, const void *full,
                          const ckpt_state *state, const dist_checkpoint_opts *o) {
   dist_tensor *t = NULL;
-  delete_outside(c, saved_t->name, NULL);
+  delete_everywhere(c, saved_t->name);
   int rc = dist_shard_tensor(c, saved_t->name, full, saved_t->dtype, saved_t->shape.ndim,
                              saved_t->shape.dims, o->mesh, o->placements, &t);
   dist_tensor_free(t);
@@ -540,7 +579,6 @@ int dist_checkpoint_restore(dist_client *c, const char *dir,
   void **full = NULL;
   size_t *full_bytes = NULL;
   ckpt_state *state = NULL;
-  uint64_t verified = 0;
   int rc = read_manifest(c, dir, &m);
   if (rc == 0) {
     chosen = calloc((size_t)m.ntensors + 1, 1);
@@ -549,13 +587,11 @@ int dist_checkpoint_restore(dist_client *c, const char *dir,
     state = calloc((size_t)m.ntensors + 1, sizeof *state);
     rc = select_tensors(c, &m, opts, chosen);
   }
-  /* Every file is checked before any store changes: the daemons verify
-   * their own, and the pieces of tensors to rebuild are read whole. */
-  if (rc == 0) rc = load_ranks(c, dir, &m, chosen, 1, opts, &verified);
+  /* Every file is checked before any store changes: the pieces of tensors
+   * to rebuild are read whole first, then the daemons check their own
+   * files and load them, all or none. */
   if (rc == 0) rc = dist_ckpt_read_whole(c, dir, &m, chosen, opts, full, full_bytes, state);
-  for (int i = 0; rc == 0 && i < m.ntensors; i++)
-    if (chosen[i] == CKPT_LOAD) delete_outside(c, m.tensors[i].t.name, &m.tensors[i].t.mesh.d);
-  if (rc == 0) rc = load_ranks(c, dir, &m, chosen, 0, opts, &info->bytes);
+  if (rc == 0) rc = load_ranks(c, dir, &m, chosen, opts, &info->bytes);
   for (int i = 0; rc == 0 && i < m.ntensors; i++) {
     if (chosen[i]) rc = finish_one(c, &m, i, chosen[i], full[i], &state[i], opts, info);
     if (chosen[i] == CKPT_REBUILD) info->bytes += full_bytes[i];

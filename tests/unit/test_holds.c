@@ -27,12 +27,14 @@ static const char *const names[] = {"reshard", "read", "configure", "delete", "r
 
 typedef enum { GOES, WAITS, REFUSED } outcome;
 
-/* A request that waits for other daemons (reshard, configure) may not wait
- * for another such request; a delete waits for nothing but local holds; a
- * restore neither, and holds nothing while it waits, so it waits for every
- * hold and every request waits for it. */
+/* A request that waits for other daemons (reshard, configure, restore)
+ * may not wait for another such request; a delete waits for nothing but
+ * local holds; a restore holds nothing while it waits, so it may wait for
+ * every hold but another restore's, which waits for other daemons while
+ * holding. */
 static outcome expected(distd_hold_kind taking, distd_hold_kind held) {
-  if (taking == RS || held == RS) return WAITS;
+  if (held == RS) return taking == D ? WAITS : REFUSED;
+  if (taking == RS) return WAITS;
   if (taking == D) return held == D ? GOES : WAITS;
   if (held == D) return taking == C ? REFUSED : WAITS;
   if (taking == R) return held == C ? WAITS : REFUSED;
@@ -151,7 +153,7 @@ Test(holds, a_restore_takes_its_names_at_once_and_none_while_it_waits) {
   cr_expect_geq(r.took, 150);
   cr_expect_eq(distd_holds_take(h, "b", C, distd_now_ms() + 50, &eb), DIST_EUNAVAIL,
                "the restore does not hold 'b'");
-  cr_expect(strstr(eb.msg, "'b' was still being restored from a checkpoint on rank 3"), "%s",
+  cr_expect(strstr(eb.msg, "'b' is being restored from a checkpoint on rank 3"), "%s",
             eb.msg);
   distd_holds_release(h, "a", RS);
   distd_holds_release(h, "b", RS);

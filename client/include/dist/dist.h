@@ -897,8 +897,8 @@ typedef struct dist_checkpoint_opts {
    * (NULL = as saved) */
   const dist_mesh *mesh;
   const dist_placement *placements;
-  /* called after each daemon's part ("save", "verify", "load"), and with
-   * phase "reshard" per tensor (rank -1) */
+  /* called after each daemon's part ("save", "load"), and with phase
+   * "rebuild" or "reshard" per tensor (rank -1) */
   dist_checkpoint_progress_fn progress;
   void *progress_arg;
 } dist_checkpoint_opts;
@@ -921,8 +921,10 @@ typedef struct dist_checkpoint_info {
 int dist_checkpoint_save(dist_client *c, const char *dir,
                          const dist_checkpoint_opts *opts,
                          dist_checkpoint_info *info);
-/* Restores onto the saved layout, after every file was verified: a
- * corrupt, truncated or missing file fails with the store unchanged. Then,
+/* Restores onto the saved layout, on every daemon or none: each checks
+ * its file and loads it only when all can, so a corrupt, truncated or
+ * missing file, or a daemon out of memory, fails with every store
+ * unchanged (daemons before 0.2.2 load one by one). Then,
  * with opts->mesh / placements, reshards each tensor (same-shape meshes in
  * the daemons). A tensor going onto a mesh of another shape, or saved on
  * ranks the cluster no longer has (a smaller cluster; opts->mesh needed),
