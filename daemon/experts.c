@@ -261,8 +261,8 @@ static int make_param(distd_server *s, distd_expert_draft *d, int e, int p, size
   int rc = new_local(s, name, c->dtype, &shape, t, eb);
   if (rc == 0) rc = new_local(s, gname, c->dtype, &shape, g, eb);
   if (rc != 0) return rc;
-  distd_staged_note_version(s->store, &d->staged, name);
-  distd_staged_note_version(s->store, &d->staged, gname);
+  distd_staged_note_version(s->store, &d->staged, name, NULL);
+  distd_staged_note_version(s->store, &d->staged, gname, NULL);
   if (init) {
     const void *data;
     size_t len;

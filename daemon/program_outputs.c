@@ -84,11 +84,32 @@ static int exchange_shapes(distd_server *s, const distd_attr *a, uint64_t op_id,
   return rc;
 }
 
+/* A tensor the output replaces must lie within the output's mesh: on a
+ * rank outside it, no daemon would replace its piece, which would outlive
+ * the replacement as a second layout of the name. */
+static int check_replaced(const char *name, const dist_mesh_desc *held,
+                          const dist_mesh_desc *out, dist_errbuf *eb) {
+  for (int i = 0; i < held->nranks; i++) {
+    if (dist_mesh_index_of(out, held->ranks[i]) >= 0) continue;
+    char was[128], will[128];
+    dist_mesh_format(held, was, sizeof was);
+    dist_mesh_format(out, will, sizeof will);
+    return dist_fail(eb, DIST_EEXIST, "'%s' is held on mesh %s, and the output replacing it "
+                     "goes onto %s, without rank %d, whose piece would stay: delete '%s' "
+                     "first, or name the output otherwise", name, was, will, held->ranks[i],
+                     name);
+  }
+  return 0;
+}
+
 int distd_value_tensor(distd_server *s, const char *name, const distd_tval *v,
                        const dist_shape *global, const distd_attr *a, int replace,
                        distd_staged *b, size_t k, dist_errbuf *eb) {
-  if (distd_staged_note_version(s->store, b, name) && !replace)
-    return dist_fail(eb, DIST_EEXIST, "tensor '%s' already exists", name);
+  dist_mesh_desc held;
+  if (distd_staged_note_version(s->store, b, name, &held)) {
+    if (!replace) return dist_fail(eb, DIST_EEXIST, "tensor '%s' already exists", name);
+    if (check_replaced(name, &held, &a->mesh, eb) != 0) return eb->code;
+  }
   distd_tensor *t = NULL;
   int rc = distd_tensor_new(s->store, name, v->dtype, global, &a->mesh,
                             a->placements, s->rank, &t, eb);

@@ -170,10 +170,12 @@ int distd_staged_init(distd_staged *b, size_t n, dist_errbuf *eb) {
   return b->tensors ? 0 : dist_fail(eb, DIST_ENOMEM, "out of memory");
 }
 
-int distd_staged_note_version(distd_store *s, distd_staged *b, const char *name) {
+int distd_staged_note_version(distd_store *s, distd_staged *b, const char *name,
+                              dist_mesh_desc *held_mesh) {
   distd_tensor *t = NULL;
   if (distd_store_get(s, name, &t, NULL) != 0) return 0;
   if (t->version > b->version) b->version = t->version;
+  if (held_mesh) *held_mesh = t->mesh;
   distd_tensor_unref(t);
   return 1;
 }

@@ -73,8 +73,10 @@ typedef struct distd_staged {
 
 int distd_staged_init(distd_staged *b, size_t n, dist_errbuf *eb);
 /* Raises b->version to name's version here, when the store holds name;
- * returns whether it does. */
-int distd_staged_note_version(distd_store *s, distd_staged *b, const char *name);
+ * returns whether it does, with the held tensor's mesh in *held_mesh
+ * (may be NULL). */
+int distd_staged_note_version(distd_store *s, distd_staged *b, const char *name,
+                              dist_mesh_desc *held_mesh);
 /* Cannot fail: stores every tensor of b, each at b->version + 1, so that
  * the pieces of each carry one version on every daemon. */
 void distd_staged_store(distd_store *s, distd_staged *b);

@@ -149,6 +149,36 @@ Test(local_layer_store, an_output_name_taken_on_one_daemon_is_stored_by_none) {
   dist_close(c);
 }
 
+/* An output may replace a tensor only within its own mesh: y on [0,1,2]
+ * replaced by an output on [0,1] left rank 2's piece of the old y, a
+ * second layout of the name. Now every daemon refuses, naming rank 2, and y
+ * stays whole; onto a mesh that covers it, the replacement goes through. */
+Test(local_layer_store, an_output_replacing_a_tensor_beyond_its_mesh_is_refused) {
+  harness_start(&cluster, 3, NULL);
+  dist_client *c = harness_client(&cluster);
+  int64_t n4 = 4;
+  static const double y0[4] = {-1, -2, -3, -4}, twice[4] = {3, -4, 0.5, 16};
+  dist_tensor_free(harness_put(c, "x", DIST_FLOAT64, x0, 1, &n4, "[0,1]", "Replicate()"));
+  dist_tensor_free(harness_put(c, "y", DIST_FLOAT64, y0, 1, &n4, "[0,1,2]", "Replicate()"));
+  dist_program *p = doubler(0);
+  cr_assert_eq(dist_program_register(c, p), 0, "%s", dist_errmsg(c));
+  int rc = call(c, p, "y", 1);
+  cr_assert_eq(rc, DIST_EEXIST, "%s: %s", dist_err_name(rc), dist_errmsg(c));
+  cr_assert(strstr(dist_errmsg(c), "without rank 2, whose piece would stay"), "%s",
+            dist_errmsg(c));
+  for (int r = 0; r < 3; r++)
+    cr_assert_eq(held_on(c, r, "y", 3, y0, 4), 0, "rank %d: 'y' changed", r);
+  expect_one_version(c, "y", 0);
+  cr_assert_eq(dist_tensor_delete(c, "y"), 0, "%s", dist_errmsg(c));
+  dist_tensor_free(harness_put(c, "y", DIST_FLOAT64, y0, 1, &n4, "[1]", "Replicate()"));
+  cr_assert_eq(call(c, p, "y", 1), 0, "%s", dist_errmsg(c));
+  for (int r = 0; r < 2; r++) cr_assert_eq(held_on(c, r, "y", 2, twice, 4), 0);
+  cr_assert_eq(held_on(c, 2, "y", 0, NULL, 0), DIST_ENOTFOUND);
+  expect_one_version(c, "y", 1);
+  dist_program_free(p);
+  dist_close(c);
+}
+
 /* Single client: libdist undid the call on the daemons that had stored,
  * deleting what the output replaced there, so "y" was gone from rank 0
  * and kept on rank 1. */

@@ -631,7 +631,10 @@ typedef struct dist_arg {
 
 typedef struct dist_call_opts {
   const char *const *out_names; /* one per output; NULL: "<program>.<id>.out<k>" */
-  int replace;                  /* outputs may overwrite existing tensors */
+  int replace;                  /* outputs may overwrite existing tensors,
+                                   each held within the output's mesh (on
+                                   other ranks its pieces would stay:
+                                   DIST_EEXIST names such a rank) */
   int keep_local_values;        /* keep every rank's local outputs in the
                                    invocation (dist_invocation_local_output) */
   int no_grad;                  /* no backward will follow: the daemons keep
@@ -657,7 +660,7 @@ int dist_invocation_local_output(const dist_invocation *inv, int k, int rank,
 
 typedef struct dist_backward_opts {
   const char *const *grad_names; /* one per input; NULL: "<out0>.grad<i>" */
-  int replace;
+  int replace;                   /* as dist_call_opts.replace */
   int keep_local_values;         /* keep local input gradients:
                                     dist_invocation_local_grad */
 } dist_backward_opts;
