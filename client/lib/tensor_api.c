@@ -52,27 +52,76 @@ static void batch_free(put_batch *b) {
   free(b->pieces);
 }
 
-/* Sends the batch; on a partial failure removes what was created, so a
- * failed put leaves nothing behind. */
-static int batch_send(dist_client *c, put_batch *b, dist_tensor **out) {
+/* Removes the pieces the batch created. */
+static void undo_puts(dist_client *c, put_batch *b) {
+  dist_errbuf keep = c->err;
+  for (int i = 0; i < b->n; i++)
+    if (b->calls[i].reply && !b->reqs[i].replace) {
+      Dist__V1__TensorDeleteRequest d = DIST__V1__TENSOR_DELETE_REQUEST__INIT;
+      ProtobufCMessage *r = NULL;
+      d.name = b->reqs[i].meta->name;
+      dist_call_one(c, b->targets[i], "/dist.v1.Dist/TensorDelete", &d.base,
+                    &dist__v1__tensor_delete_reply__descriptor, &r);
+      if (r) protobuf_c_message_free_unpacked(r, NULL);
+    }
+  c->err = keep;
+}
+
+/* The daemons of a put's mesh refuse a name they hold; this asks the
+ * others, where the name may live on under another mesh: it would then
+ * mean two tensors, and an open or a delete would meet only one of them.
+ * Pieces that each live on their own daemon's one-rank mesh under one
+ * name are per-rank values (a kept exchange result, the tape's per-rank
+ * gradients), so a one-rank put meeting a one-rank tensor is no clash.
+ * Asked after the put, so that of two clients putting one name onto
+ * disjoint meshes at once, at least one sees the other's. A daemon that
+ * does not answer is not counted. */
+static int held_elsewhere(dist_client *c, const char *name, const dist_mesh_desc *m) {
+  Dist__V1__TensorShowRequest rq = DIST__V1__TENSOR_SHOW_REQUEST__INIT;
+  rq.name = (char *)name;
+  dist_call *calls = calloc((size_t)c->n + 1, sizeof *calls);
+  if (!calls) return dist_client_fail(c, DIST_ENOMEM, "out of memory");
+  int n = 0, rc = 0;
+  for (int r = 0; r < c->n; r++)
+    if (dist_mesh_index_of(m, r) < 0) calls[n].target = r, calls[n++].request = &rq.base;
+  dist_errbuf keep = c->err;
+  if (n > 0)
+    dist_call_many(c, "/dist.v1.Dist/TensorShow", &dist__v1__tensor_show_reply__descriptor,
+                   calls, n);
+  c->err = keep;
+  for (int k = 0; k < n && rc == 0; k++) {
+    const Dist__V1__TensorShowReply *rp = (const void *)calls[k].reply;
+    if (!rp || !rp->meta) continue;
+    dist_tensor *t = tensor_from_meta(rp->meta);
+    if (m->nranks == 1 && t->mesh.d.nranks == 1) {
+      dist_tensor_free(t);
+      continue;
+    }
+    char there[128];
+    dist_mesh_format(&t->mesh.d, there, sizeof there);
+    rc = dist_client_fail(c, DIST_EEXIST, "tensor '%s' already exists on rank %d (mesh %s): "
+                          "delete it first", name, calls[k].target, there);
+    dist_tensor_free(t);
+  }
+  dist_calls_free(calls, n);
+  free(calls);
+  return rc;
+}
+
+/* Sends the batch; on a partial failure, or when the name is held outside
+ * the mesh, removes what was created, so a failed put leaves nothing
+ * behind. */
+static int batch_send(dist_client *c, put_batch *b, const dist_mesh_desc *mesh,
+                      dist_tensor **out) {
   for (int i = 0; i < b->n; i++) {
     b->calls[i].target = b->targets[i];
     b->calls[i].request = &b->reqs[i].base;
   }
   int rc = dist_call_many(c, "/dist.v1.Dist/TensorPut",
                           &dist__v1__tensor_put_reply__descriptor, b->calls, b->n);
+  if (rc == 0) rc = held_elsewhere(c, b->reqs[0].meta->name, mesh);
   if (rc != 0) {
-    dist_errbuf keep = c->err;
-    for (int i = 0; i < b->n; i++)
-      if (b->calls[i].reply && !b->reqs[i].replace) {
-        Dist__V1__TensorDeleteRequest d = DIST__V1__TENSOR_DELETE_REQUEST__INIT;
-        ProtobufCMessage *r = NULL;
-        d.name = b->reqs[i].meta->name;
-        dist_call_one(c, b->targets[i], "/dist.v1.Dist/TensorDelete", &d.base,
-                      &dist__v1__tensor_delete_reply__descriptor, &r);
-        if (r) protobuf_c_message_free_unpacked(r, NULL);
-      }
-    c->err = keep;
+    undo_puts(c, b);
     return rc;
   }
   *out = tensor_from_meta(((Dist__V1__TensorPutReply *)b->calls[0].reply)->meta);
@@ -130,7 +179,7 @@ int dist_shard_tensor(dist_client *c, const char *name, const void *data,
     b.reqs[i].data.data = b.pieces[i];
     b.reqs[i].data.len = bytes;
   }
-  int rc = batch_send(c, &b, out);
+  int rc = batch_send(c, &b, &mesh->d, out);
   batch_free(&b);
   return rc;
 }
@@ -168,7 +217,7 @@ int dist_dtensor_from_local(dist_client *c, const char *name,
     b.reqs[i].data.data = (uint8_t *)pieces[k];
     b.reqs[i].data.len = (size_t)dist_shape_numel(&local) * dist_dtype_size(dt);
   }
-  int rc = batch_send(c, &b, out);
+  int rc = batch_send(c, &b, &mesh->d, out);
   batch_free(&b);
   return rc;
 }

@@ -228,8 +228,9 @@ Test(local_layer_store, a_daemon_that_lost_the_program_fails_the_others_at_once)
   harness_start_rank(&cluster, 1, NULL);
   for (int r = 0; r < 2; r++)
     cr_assert(harness_wait_connected(&cluster, r, 1, 20000), "rank %d did not reconnect", r);
-  /* The restarted daemon lost x too; put it back there only. */
-  dist_tensor_free(harness_put(c, "x", DIST_FLOAT64, x0, 1, &n4, "[1]", "Replicate()"));
+  /* The restarted daemon lost x too: put it back, as a whole. */
+  dist_tensor_delete(c, "x"); /* rank 1 answers "not found" */
+  dist_tensor_free(harness_put(c, "x", DIST_FLOAT64, x0, 1, &n4, "[0,1]", "Replicate()"));
   double t0 = harness_now_s();
   int rc = call(c, p, "z", 0);
   double took = harness_now_s() - t0;

@@ -1037,6 +1037,34 @@ Test(bad_input, each_is_a_clear_error_and_leaves_the_store_unchanged, .timeout =
   EXPECT_ERR(c, rc, DIST_EEXIST, "'keep'", "name that exists");
   expect_keep_unchanged(&cluster, c, ref, "put of a name that exists");
 
+  /* A name held on daemons outside the new mesh only: before, the put
+   * went through, and the name meant two tensors (an open and a listing
+   * saw rank 0's, a delete removed it, and rank 3's came back). */
+  dist_mesh *m3 = NULL, *m01 = NULL;
+  dist_mesh_from_string("[3]", NULL, &m3);
+  dist_mesh_from_string("[0,1]", NULL, &m01);
+  dist_placement rep = DIST_REPLICATED;
+  cr_assert_eq(dist_shard_tensor(c, "apart", ref, DIST_FLOAT32, 2, shape, m3, &rep, &t), 0,
+               "%s", dist_errmsg(c));
+  dist_tensor_free(t);
+  rc = dist_shard_tensor(c, "apart", ref, DIST_FLOAT32, 2, shape, m01, &s0, &t);
+  EXPECT_ERR(c, rc, DIST_EEXIST, "'apart' already exists on rank 3 (mesh [3])",
+             "put of a name held outside the mesh");
+  int64_t half[2] = {5, 2};
+  const int64_t *halves[2] = {half, half};
+  const void *pieces[2] = {ref, ref + 10};
+  rc = dist_dtensor_from_local(c, "apart", pieces, DIST_FLOAT32, 2, halves, m01, &s0, &t);
+  EXPECT_ERR(c, rc, DIST_EEXIST, "rank 3", "from_local of a name held outside the mesh");
+  for (int r = 0; r < 3; r++)
+    cr_assert_eq(harness_open_on(&cluster, r, "apart", &t), DIST_ENOTFOUND,
+                 "rank %d kept a piece of the refused put", r);
+  cr_assert_eq(harness_open_on(&cluster, 3, "apart", &t), 0, "rank 3 lost 'apart'");
+  cr_assert_eq(dist_mesh_size(dist_tensor_mesh(t)), 1);
+  dist_tensor_free(t);
+  cr_assert_eq(dist_tensor_delete(c, "apart"), 0, "%s", dist_errmsg(c));
+  dist_mesh_free(m3);
+  dist_mesh_free(m01);
+
   rc = dist_tensor_open(c, "nope", &t);
   EXPECT_ERR(c, rc, DIST_ENOTFOUND, "'nope'", "open of a name that does not exist");
   rc = dist_tensor_delete(c, "nope");

@@ -201,7 +201,13 @@ void dist_placements_format(const dist_placement *p, int n, char *buf,
 /* ---------------------------------------------------------------- tensors */
 
 /* shard_tensor: the client holds the whole tensor (row-major, shape[ndim]);
- * each daemon of the mesh receives only its piece. */
+ * each daemon of the mesh receives only its piece. Names are the
+ * cluster's: a name any daemon holds, in the mesh or outside it, is
+ * refused (DIST_EEXIST naming the rank), with nothing put; except that
+ * one-rank tensors of one name on different daemons are per-rank values
+ * (as an exchange result kept in the daemons). Two clients putting one
+ * name onto disjoint meshes at once may both be refused, never both
+ * succeed. dtensor_from_local likewise. */
 int dist_shard_tensor(dist_client *c, const char *name, const void *data,
                       dist_dtype dt, int ndim, const int64_t *shape,
                       const dist_mesh *mesh, const dist_placement *placements,
