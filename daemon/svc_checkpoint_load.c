@@ -110,6 +110,7 @@ static int build_pieces(distd_server *s, load_job *j, dist_errbuf *eb) {
   j->t = calloc(n + 1, sizeof *j->t);
   j->params = calloc(n + 1, sizeof *j->params);
   if (!j->t || !j->params) return dist_fail(eb, DIST_ENOMEM, "out of memory");
+  if (n == 0) return 0; /* only drops: there may be no file */
   for (size_t i = 0; i < n; i++) {
     int rc = piece_from_file(s, rq->tensors[i], j->f, rq->file, &j->t[i], eb);
     if (rc != 0) return rc;

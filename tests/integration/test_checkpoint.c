@@ -584,6 +584,35 @@ Test(checkpoint, a_restore_drops_pieces_outside_the_saved_mesh_only_when_it_appl
   dist_close(c);
 }
 
+/* A checkpoint of two daemons restored into a cluster of three: the third
+ * has no file of it, and drops its piece of a tensor the checkpoint puts
+ * on the first two only (it used to crash there, reading no file). */
+Test(checkpoint, a_bigger_cluster_drops_pieces_where_the_checkpoint_has_no_file) {
+  char dir[] = "/tmp/distd-ckpt-XXXXXX";
+  cr_assert_not_null(mkdtemp(dir));
+  dist_client *c = start(2);
+  double saved[6] = {1, 2, 3, 4, 5, 6}, later[6] = {-1, -2, -3, -4, -5, -6};
+  int64_t n = 6;
+  dist_tensor_free(put(c, "w", DIST_FLOAT64, saved, 1, &n, "[0,1]", "Replicate()"));
+  dist_checkpoint_info info;
+  cr_assert_eq(dist_checkpoint_save(c, dir, NULL, &info), 0, "%s", dist_errmsg(c));
+  cr_assert_eq(info.nfiles, 2);
+  dist_close(c);
+  stop_cluster();
+  c = start(3);
+  dist_tensor_free(put(c, "w", DIST_FLOAT64, later, 1, &n, "[0,1,2]", "Replicate()"));
+  cr_assert_eq(dist_checkpoint_restore(c, dir, NULL, NULL), 0, "%s", dist_errmsg(c));
+  dist_tensor *t = NULL;
+  cr_assert_eq(harness_open_on(&cluster, 2, "w", &t), DIST_ENOTFOUND,
+               "rank 2 keeps a piece of the older layout");
+  expect_value(c, "w", saved, sizeof saved);
+  expect_layout(c, "w", "[Replicate()]", 2, 0);
+  dist_close(c);
+  char cmd[128];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  harness_run(cmd, NULL, NULL, 10);
+}
+
 Test(checkpoint, bad_requests_are_refused) {
   dist_client *c = start(2);
   put_three(c);
