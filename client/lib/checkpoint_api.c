@@ -391,6 +391,29 @@ static int select_tensors(dist_client *c, const ckpt_manifest *m,
   return 0;
 }
 
+/* The layout asked for must fit every tensor restored, checked before any
+ * daemon loads: a restore that stopped at a tensor it does not fit would
+ * leave those before it moved and the rest as saved. */
+static int check_target(dist_client *c, const ckpt_manifest *m, const char *chosen,
+                        const dist_checkpoint_opts *o) {
+  if (!o || !o->placements) return 0;
+  int targets[DIST_MAX_MESH_RANKS];
+  if (o->mesh && dist_targets(c, &o->mesh->d, targets) < 0) {
+    dist_errbuf why = c->err;
+    return dist_client_fail(c, why.code, "restore onto the mesh asked: %s (nothing was "
+                            "restored)", dist_errbuf_msg(&why));
+  }
+  for (int i = 0; i < m->ntensors; i++) {
+    const dist_tensor *t = &m->tensors[i].t;
+    const dist_mesh_desc *md = o->mesh ? &o->mesh->d : &t->mesh.d;
+    dist_errbuf eb = DIST_ERRBUF_INIT;
+    if (chosen[i] && dist_placements_check(md, o->placements, md->ndim, t->shape.ndim, &eb))
+      return dist_client_fail(c, eb.code, "restore of '%s' onto the placements asked: %s "
+                              "(nothing was restored)", t->name, dist_errbuf_msg(&eb));
+  }
+  return 0;
+}
+
 /* Rank r's Load: the pieces of the chosen tensors its file holds, and the
  * chosen tensors it has no piece of, to drop (pieces of an older layout
  * there would otherwise outlive the restore). */
@@ -590,11 +613,19 @@ int dist_checkpoint_restore(dist_client *c, const char *dir,
   /* Every file is checked before any store changes: the pieces of tensors
    * to rebuild are read whole first, then the daemons check their own
    * files and load them, all or none. */
+  if (rc == 0) rc = check_target(c, &m, chosen, opts);
   if (rc == 0) rc = dist_ckpt_read_whole(c, dir, &m, chosen, opts, full, full_bytes, state);
   if (rc == 0) rc = load_ranks(c, dir, &m, chosen, opts, &info->bytes);
   for (int i = 0; rc == 0 && i < m.ntensors; i++) {
     if (chosen[i]) rc = finish_one(c, &m, i, chosen[i], full[i], &state[i], opts, info);
     if (chosen[i] == CKPT_REBUILD) info->bytes += full_bytes[i];
+    if (rc != 0) /* past the loads: say what the store now holds */
+      dist_errbuf_prefix(&c->err, "the daemons loaded the checkpoint's files, then '%s' "
+                         "could not be %s: the tensors before it are as asked, the rest "
+                         "as loaded (saved layout) or, those rebuilt from the files, not "
+                         "restored%s; restore again: ", m.tensors[i].t.name,
+                         chosen[i] == CKPT_REBUILD ? "rebuilt" : "moved to the layout asked",
+                         chosen[i] == CKPT_REBUILD ? " (this one may be gone)" : "");
   }
   info->nfiles = m.nfiles;
   for (int i = 0; full && i < m.ntensors; i++) free(full[i]);

@@ -613,6 +613,42 @@ Test(checkpoint, a_bigger_cluster_drops_pieces_where_the_checkpoint_has_no_file)
   harness_run(cmd, NULL, NULL, 10);
 }
 
+/* Placements that do not fit one of the tensors restored are refused
+ * before any daemon loads: the restore used to load every file and move
+ * "a" to Shard(1), then stop at 1-d "b", leaving a store that was neither
+ * as before nor as asked. */
+Test(checkpoint, a_layout_that_fits_not_every_tensor_changes_nothing) {
+  dist_client *c = start(2);
+  put_three(c);
+  make_dir();
+  cr_assert_eq(dist_checkpoint_save(c, ckpt_dir, NULL, NULL), 0, "%s", dist_errmsg(c));
+  float a1[15];
+  for (int i = 0; i < 15; i++) a1[i] = 7.0f * (float)i;
+  int64_t sa[2] = {5, 3};
+  dist_tensor_free(put(c, "a", DIST_FLOAT32, a1, 2, sa, "[0,1]", "Shard(0)"));
+  dist_checkpoint_opts o = DIST_CHECKPOINT_OPTS_INIT;
+  dist_placement s1 = DIST_SHARD_DIM(1);
+  o.placements = &s1;
+  int rc = dist_checkpoint_restore(c, ckpt_dir, &o, NULL);
+  cr_assert_eq(rc, DIST_EINVAL, "%s: %s", dist_err_name(rc), dist_errmsg(c));
+  cr_assert(strstr(dist_errmsg(c), "'b'") && strstr(dist_errmsg(c), "Shard(1)"), "%s",
+            dist_errmsg(c));
+  expect_value(c, "a", a1, sizeof a1);
+  expect_layout(c, "a", "[Shard(0)]", 2, 0);
+  /* A mesh naming a rank the cluster lacks, likewise. */
+  dist_mesh *m7 = NULL;
+  cr_assert_eq(dist_mesh_from_string("[0,7]", NULL, &m7), 0);
+  dist_placement rep = DIST_REPLICATED;
+  o.mesh = m7;
+  o.placements = &rep;
+  rc = dist_checkpoint_restore(c, ckpt_dir, &o, NULL);
+  cr_assert_eq(rc, DIST_EINVAL, "%s: %s", dist_err_name(rc), dist_errmsg(c));
+  cr_assert(strstr(dist_errmsg(c), "rank 7"), "%s", dist_errmsg(c));
+  expect_value(c, "a", a1, sizeof a1);
+  dist_mesh_free(m7);
+  dist_close(c);
+}
+
 Test(checkpoint, bad_requests_are_refused) {
   dist_client *c = start(2);
   put_three(c);

@@ -944,7 +944,10 @@ int dist_checkpoint_save(dist_client *c, const char *dir,
  * reductions is refused over missing ranks, and otherwise moved through
  * the client from the restored daemons). Existing tensors of those names
  * are replaced; a tensor saved without optimizer state is no longer a
- * parameter afterwards. */
+ * parameter afterwards. Placements or a mesh that do not fit every tensor
+ * restored are refused before anything loads. The moves after the load
+ * are one reshard or put per tensor: one that fails there (a daemon out
+ * of memory) leaves those before it moved, and the error says so. */
 int dist_checkpoint_restore(dist_client *c, const char *dir,
                             const dist_checkpoint_opts *opts,
                             dist_checkpoint_info *info);
