@@ -288,15 +288,16 @@ static int parse_manifest(dist_client *c, const char *dir, const char *text,
                           ckpt_manifest *m) {
   json_error_t jerr;
   json_t *doc = json_loads(text, 0, &jerr), *files, *tensors;
-  const char *format;
+  const char *format, *id = "";
   int rc = 0;
-  if (!doc || json_unpack(doc, "{s:s, s:o, s:o}", "format", &format, "files", &files,
-                          "tensors", &tensors) != 0 ||
+  if (!doc || json_unpack(doc, "{s:s, s:o, s:o, s?s}", "format", &format, "files", &files,
+                          "tensors", &tensors, "checkpoint_id", &id) != 0 ||
       strcmp(format, MANIFEST_FORMAT) != 0 || !json_is_array(files) ||
       !json_is_array(tensors)) {
     rc = bad_manifest(c, dir, doc ? "missing format, files or tensors" : jerr.text);
     goto out;
   }
+  snprintf(m->id, sizeof m->id, "%s", id);
   m->nfiles = (int)json_array_size(files);
   m->ntensors = (int)json_array_size(tensors);
   m->file = calloc((size_t)m->nfiles + 1, sizeof *m->file);
@@ -628,6 +629,7 @@ int dist_checkpoint_restore(dist_client *c, const char *dir,
                          chosen[i] == CKPT_REBUILD ? " (this one may be gone)" : "");
   }
   info->nfiles = m.nfiles;
+  snprintf(info->id, sizeof info->id, "%s", m.id);
   for (int i = 0; full && i < m.ntensors; i++) free(full[i]);
   for (int i = 0; state && i < m.ntensors; i++) dist_ckpt_state_free(&state[i]);
   free(state);

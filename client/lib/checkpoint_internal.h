@@ -14,6 +14,7 @@ typedef struct ckpt_entry {
 } ckpt_entry;
 
 typedef struct ckpt_manifest {
+  char id[80]; /* checkpoint_id ("" in a manifest without one) */
   int nfiles, ntensors;
   char (*file)[256];
   char (*sha)[80];

@@ -601,7 +601,9 @@ Test(checkpoint, a_bigger_cluster_drops_pieces_where_the_checkpoint_has_no_file)
   stop_cluster();
   c = start(3);
   dist_tensor_free(put(c, "w", DIST_FLOAT64, later, 1, &n, "[0,1,2]", "Replicate()"));
-  cr_assert_eq(dist_checkpoint_restore(c, dir, NULL, NULL), 0, "%s", dist_errmsg(c));
+  dist_checkpoint_info restored;
+  cr_assert_eq(dist_checkpoint_restore(c, dir, NULL, &restored), 0, "%s", dist_errmsg(c));
+  cr_assert_str_eq(restored.id, info.id, "the restore names the checkpoint it restored");
   dist_tensor *t = NULL;
   cr_assert_eq(harness_open_on(&cluster, 2, "w", &t), DIST_ENOTFOUND,
                "rank 2 keeps a piece of the older layout");
