@@ -914,7 +914,7 @@ typedef struct dist_checkpoint_opts {
 #define DIST_CHECKPOINT_OPTS_INIT {NULL, 0, NULL, NULL, NULL, NULL}
 
 typedef struct dist_checkpoint_info {
-  char id[80];
+  char id[80]; /* the checkpoint saved, or restored */
   int ntensors, nfiles;
   uint64_t bytes;
   /* Parameters saved or restored with their optimizer state (configuration,
