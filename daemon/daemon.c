@@ -156,6 +156,9 @@ int distd_start(distd_server *s, dist_errbuf *eb) {
   int rc = start_peers(s, &tls, eb);
   if (rc == 0) rc = distd_ops_attach(s, eb);
   if (rc == 0) rc = start_http(s, eb);
+  /* Before the first RPC can be served: Info packs it, and a write during
+   * the packing changes the message's size under protobuf-c. */
+  snprintf(s->grpc_address, sizeof s->grpc_address, "%s", s->cfg.listen);
   if (rc == 0) {
     grpc_init();
     s->grpc_initialized = 1;
@@ -163,7 +166,6 @@ int distd_start(distd_server *s, dist_errbuf *eb) {
   }
   distd_tls_files_free(&tls);
   if (rc != 0) return -1;
-  snprintf(s->grpc_address, sizeof s->grpc_address, "%s", s->cfg.listen);
   pthread_create(&s->loop_thread, NULL, loop_main, s);
   start_watchdog(s);
   start_memory_tick(s);
