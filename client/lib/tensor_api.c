@@ -92,16 +92,13 @@ static int held_elsewhere(dist_client *c, const char *name, const dist_mesh_desc
   for (int k = 0; k < n && rc == 0; k++) {
     const Dist__V1__TensorShowReply *rp = (const void *)calls[k].reply;
     if (!rp || !rp->meta) continue;
-    dist_tensor *t = tensor_from_meta(rp->meta);
-    if (m->nranks == 1 && t->mesh.d.nranks == 1) {
-      dist_tensor_free(t);
-      continue;
-    }
+    dist_mesh_desc held = {0};
+    if (rp->meta->mesh) dist_mesh_from_pb(rp->meta->mesh, &held, NULL);
+    if (m->nranks == 1 && held.nranks == 1) continue;
     char there[128];
-    dist_mesh_format(&t->mesh.d, there, sizeof there);
+    dist_mesh_format(&held, there, sizeof there);
     rc = dist_client_fail(c, DIST_EEXIST, "tensor '%s' already exists on rank %d (mesh %s): "
                           "delete it first", name, calls[k].target, there);
-    dist_tensor_free(t);
   }
   dist_calls_free(calls, n);
   free(calls);
