@@ -12,21 +12,23 @@
 typedef enum { FREE, WAIT, REFUSE } verdict;
 
 /* What a request taking a hold (row) does about one already held (column).
- * Reshards, configures and restores wait for other daemons (their
+ * Reshards, configures, restores and puts wait for other daemons (their
  * exchanges and votes), so what meets them is refused, except a delete,
  * which waits for nothing but local holds and so may wait; a reshard waits
  * for a configure (whose vote waits for no hold) and for a delete. A
  * restore takes its names all at once, holding none while it waits, and
  * so may wait for every hold but another restore's: two restores that
  * reached two daemons in opposite orders would each hold what the other
- * waits for. */
+ * waits for. A put leaves a reshard's source alone (the reshard holds its
+ * own reference) and refuses, or is refused by, what changes the name. */
 static const verdict rules[DISTD_HOLD_KINDS][DISTD_HOLD_KINDS] = {
-    /*                       RESHARD  READ    CONFIGURE DELETE RESTORE */
-    [DISTD_HOLD_RESHARD] = {REFUSE, REFUSE, WAIT, WAIT, REFUSE},
-    [DISTD_HOLD_READ] = {REFUSE, FREE, FREE, WAIT, REFUSE},
-    [DISTD_HOLD_CONFIGURE] = {REFUSE, FREE, REFUSE, REFUSE, REFUSE},
-    [DISTD_HOLD_DELETE] = {WAIT, WAIT, WAIT, FREE, WAIT},
-    [DISTD_HOLD_RESTORE] = {WAIT, WAIT, WAIT, WAIT, REFUSE},
+    /*                       RESHARD  READ    CONFIGURE DELETE RESTORE PUT */
+    [DISTD_HOLD_RESHARD] = {REFUSE, REFUSE, WAIT, WAIT, REFUSE, REFUSE},
+    [DISTD_HOLD_READ] = {REFUSE, FREE, FREE, WAIT, REFUSE, FREE},
+    [DISTD_HOLD_CONFIGURE] = {REFUSE, FREE, REFUSE, REFUSE, REFUSE, REFUSE},
+    [DISTD_HOLD_DELETE] = {WAIT, WAIT, WAIT, FREE, WAIT, WAIT},
+    [DISTD_HOLD_RESTORE] = {WAIT, WAIT, WAIT, WAIT, REFUSE, WAIT},
+    [DISTD_HOLD_PUT] = {REFUSE, FREE, REFUSE, WAIT, REFUSE, REFUSE},
 };
 
 /* For messages: what a hold's request is doing, and what to do again. */
@@ -36,6 +38,7 @@ static const char *const doing[DISTD_HOLD_KINDS] = {
     [DISTD_HOLD_CONFIGURE] = "configured",
     [DISTD_HOLD_DELETE] = "deleted",
     [DISTD_HOLD_RESTORE] = "restored from a checkpoint",
+    [DISTD_HOLD_PUT] = "put by another request",
 };
 static const char *const verb[DISTD_HOLD_KINDS] = {
     [DISTD_HOLD_RESHARD] = "reshard",
@@ -43,6 +46,7 @@ static const char *const verb[DISTD_HOLD_KINDS] = {
     [DISTD_HOLD_CONFIGURE] = "configure",
     [DISTD_HOLD_DELETE] = "delete",
     [DISTD_HOLD_RESTORE] = "restore",
+    [DISTD_HOLD_PUT] = "put",
 };
 
 typedef struct hold {

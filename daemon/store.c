@@ -74,10 +74,11 @@ void distd_store_release(distd_store *s, size_t bytes) {
   pthread_mutex_unlock(&s->mu);
 }
 
-int distd_tensor_new(distd_store *s, const char *name, dist_dtype dt,
-                     const dist_shape *global, const dist_mesh_desc *mesh,
-                     const dist_placement *p, int rank, distd_tensor **out,
-                     dist_errbuf *eb) {
+/* The tensor, with its memory reserved here unless `reserved` says it
+ * already is (and is the piece's size). */
+static int tensor_make(distd_store *s, const char *name, dist_dtype dt, const dist_shape *global,
+                       const dist_mesh_desc *mesh, const dist_placement *p, int rank,
+                       int reserved, distd_tensor **out, dist_errbuf *eb) {
   if (strlen(name) >= DISTD_NAME_MAX)
     return dist_fail(eb, DIST_EINVAL, "tensor name longer than %d bytes",
                      DISTD_NAME_MAX - 1);
@@ -99,7 +100,7 @@ int distd_tensor_new(distd_store *s, const char *name, dist_dtype dt,
   }
   t->nbytes = (size_t)dist_shape_numel(&t->local) * dist_dtype_size(dt);
   if (idx < 0) t->nbytes = 0;
-  int rc = distd_store_reserve(s, t->nbytes, eb);
+  int rc = reserved ? 0 : distd_store_reserve(s, t->nbytes, eb);
   if (rc != 0) {
     free(t);
     return rc;
@@ -109,6 +110,30 @@ int distd_tensor_new(distd_store *s, const char *name, dist_dtype dt,
   t->owner = s;
   *out = t;
   return 0;
+}
+
+int distd_tensor_new(distd_store *s, const char *name, dist_dtype dt,
+                     const dist_shape *global, const dist_mesh_desc *mesh,
+                     const dist_placement *p, int rank, distd_tensor **out,
+                     dist_errbuf *eb) {
+  return tensor_make(s, name, dt, global, mesh, p, rank, 0, out, eb);
+}
+
+int distd_tensor_new_reserved(distd_store *s, size_t reserved, const char *name,
+                              dist_dtype dt, const dist_shape *global,
+                              const dist_mesh_desc *mesh, const dist_placement *p, int rank,
+                              distd_tensor **out, dist_errbuf *eb) {
+  int rc = tensor_make(s, name, dt, global, mesh, p, rank, 1, out, eb);
+  if (rc == 0 && (*out)->nbytes != reserved) {
+    size_t nbytes = (*out)->nbytes;
+    (*out)->nbytes = reserved; /* so that the unref releases the reservation */
+    distd_tensor_unref(*out);
+    *out = NULL;
+    return dist_fail(eb, DIST_EINTERNAL, "'%s' needs %zu bytes here, not the %zu reserved",
+                     name, nbytes, reserved);
+  }
+  if (rc != 0) distd_store_release(s, reserved);
+  return rc;
 }
 
 void distd_tensor_ref(distd_tensor *t) {

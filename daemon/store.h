@@ -48,6 +48,13 @@ int distd_tensor_new(distd_store *s, const char *name, dist_dtype dt,
                      const dist_shape *global, const dist_mesh_desc *mesh,
                      const dist_placement *p, int rank, distd_tensor **out,
                      dist_errbuf *eb);
+/* distd_tensor_new for a piece whose memory was reserved before
+ * (distd_store_reserve of exactly its size): the reservation passes to the
+ * tensor, or is released when this fails. */
+int distd_tensor_new_reserved(distd_store *s, size_t reserved, const char *name,
+                              dist_dtype dt, const dist_shape *global,
+                              const dist_mesh_desc *mesh, const dist_placement *p, int rank,
+                              distd_tensor **out, dist_errbuf *eb);
 void distd_tensor_ref(distd_tensor *t);
 void distd_tensor_unref(distd_tensor *t); /* NULL is a no-op */
 

@@ -10,6 +10,7 @@
 #include "reshard.h"
 #include "store.h"
 #include "tensor_meta.h"
+#include "vote.h"
 
 /* What each rank contributes to dtensor_from_local's shape exchange: its
  * own verdict (0 or a dist_err), its local shape, its dtype and a
@@ -136,15 +137,13 @@ out:
 
 /* This rank's own checks before anything is allocated. */
 static int local_verdict(distd_server *s, const Dist__V1__TensorPutRequest *rq,
-                         distd_meta *m, const dist_shape *shape,
-                         dist_errbuf *eb) {
+                         const distd_meta *m, const dist_shape *shape, dist_errbuf *eb) {
   distd_tensor *old = NULL;
   if (!rq->replace && distd_store_get(s->store, m->name, &old, NULL) == 0) {
     distd_tensor_unref(old);
     return dist_fail(eb, DIST_EEXIST, "tensor '%s' already exists", m->name);
   }
-  if (dist_placements_check(&m->mesh, m->placements, m->mesh.ndim, shape->ndim,
-                            eb) != 0)
+  if (dist_placements_check(&m->mesh, m->placements, m->mesh.ndim, shape->ndim, eb) != 0)
     return eb->code;
   size_t bytes = (size_t)dist_shape_numel(&m->local) * dist_dtype_size(m->dtype);
   if (rq->derive_global_shape && rq->data.len != bytes)
@@ -153,10 +152,6 @@ static int local_verdict(distd_server *s, const Dist__V1__TensorPutRequest *rq,
                      "%s elements needs %zu",
                      rq->data.len, (long long)dist_shape_numel(&m->local),
                      dist_dtype_name(m->dtype), bytes);
-  /* Check the limit now so every rank refuses together (a concurrent put
-   * may still take the memory before the allocation; that one fails alone). */
-  if (distd_store_reserve(s->store, bytes, eb) != 0) return eb->code;
-  distd_store_release(s->store, bytes);
   return 0;
 }
 
@@ -171,9 +166,10 @@ static int reply_meta(distd_server *s, const distd_tensor *t,
   return 0;
 }
 
-static int store_piece(distd_server *s, const distd_meta *m,
-                       const ProtobufCBinaryData *data, int replace,
-                       distd_tensor **out, dist_errbuf *eb) {
+/* shard_tensor: this rank's piece of the global shape given, made before
+ * the vote so that a yes means it is in memory. */
+static int piece_of_global(distd_server *s, const distd_meta *m, const ProtobufCBinaryData *data,
+                           distd_tensor **out, dist_errbuf *eb) {
   distd_tensor *t = NULL;
   int rc = distd_tensor_new(s->store, m->name, m->dtype, &m->global, &m->mesh,
                             m->placements, s->rank, &t, eb);
@@ -191,9 +187,59 @@ static int store_piece(distd_server *s, const distd_meta *m,
                      want, data->len);
   }
   if (data->len) memcpy(t->data, data->data, data->len); /* empty: NULL */
-  rc = distd_store_put(s->store, t, replace, eb);
-  if (rc == 0) *out = t;
-  else distd_tensor_unref(t);
+  *out = t;
+  return 0;
+}
+
+/* dtensor_from_local: the shape exchange is the vote; the piece's memory
+ * is reserved before it, so that a request arriving meanwhile cannot take
+ * it from one daemon after all agreed. */
+static int piece_from_local(distd_server *s, const distd_call_info *ci,
+                            const Dist__V1__TensorPutRequest *rq, distd_meta *m, int verdict,
+                            distd_tensor **out, dist_errbuf *eb) {
+  size_t bytes = rq->data.len;
+  if (verdict == 0 && distd_store_reserve(s->store, bytes, eb) != 0) verdict = eb->code;
+  dist_errbuf peer_eb = DIST_ERRBUF_INIT;
+  int rc = exchange_local_shapes(s, rq->op_id, ci->deadline_ms, m, verdict,
+                                 verdict ? &peer_eb : eb);
+  if (verdict != 0) return verdict;
+  if (rc != 0) {
+    distd_store_release(s->store, bytes);
+    return rc;
+  }
+  rc = distd_tensor_new_reserved(s->store, bytes, m->name, m->dtype, &m->global, &m->mesh,
+                                 m->placements, s->rank, out, eb);
+  if (rc == 0 && bytes) memcpy((*out)->data, rq->data.data, bytes);
+  return rc;
+}
+
+/* The put, under its hold on the name: every daemon of the mesh makes its
+ * piece, and they store them only when all could (a client before 0.2.3
+ * sends shard_tensor's puts without an op id, and gets no vote). Stored
+ * at one version on every daemon. The hold keeps other puts, reshards,
+ * restores and deletes of the name out; a LocalLayer output of the name
+ * stored meanwhile is replaced, on every daemon alike. */
+static int put_held(distd_server *s, const distd_call_info *ci,
+                    const Dist__V1__TensorPutRequest *rq, distd_meta *m,
+                    grpc_byte_buffer **reply, dist_errbuf *eb) {
+  distd_staged st;
+  if (distd_staged_init(&st, 1, eb) != 0) return eb->code;
+  const dist_shape *shape = rq->derive_global_shape ? &m->local : &m->global;
+  int verdict = local_verdict(s, rq, m, shape, eb), rc;
+  if (verdict == 0 && rq->replace) distd_staged_note_version(s->store, &st, m->name, NULL);
+  if (rq->derive_global_shape) {
+    rc = piece_from_local(s, ci, rq, m, verdict, &st.tensors[0], eb);
+  } else {
+    if (verdict == 0) verdict = piece_of_global(s, m, &rq->data, &st.tensors[0], eb);
+    rc = rq->op_id ? distd_vote_staged(s, m->mesh.ranks, m->mesh.nranks, rq->op_id,
+                                       ci->deadline_ms, "put", verdict, &st, eb)
+                   : verdict;
+  }
+  if (rc == 0) {
+    distd_staged_store(s->store, &st);
+    reply_meta(s, st.tensors[0], reply);
+  }
+  distd_staged_free(&st);
   return rc;
 }
 
@@ -205,22 +251,11 @@ DISTD_HANDLER(tensor_put) {
   if (dist_mesh_index_of(&m.mesh, s->rank) < 0)
     return dist_fail(eb, DIST_EINVAL, "rank %d is not in the mesh of '%s'",
                      s->rank, m.name);
-  const dist_shape *shape = rq->derive_global_shape ? &m.local : &m.global;
-  int verdict = local_verdict(s, rq, &m, shape, eb);
-  if (rq->derive_global_shape) {
-    dist_errbuf peer_eb = DIST_ERRBUF_INIT;
-    int rc = exchange_local_shapes(s, rq->op_id, ci->deadline_ms, &m, verdict,
-                                   verdict ? &peer_eb : eb);
-    if (rc != 0) return verdict ? verdict : rc;
-  } else if (verdict != 0) {
-    return verdict;
-  }
-  distd_tensor *t = NULL;
-  int rc = store_piece(s, &m, &rq->data, rq->replace, &t, eb);
-  if (rc != 0) return rc;
-  reply_meta(s, t, reply);
-  distd_tensor_unref(t);
-  return 0;
+  if (distd_holds_take(s->holds, m.name, DISTD_HOLD_PUT, ci->deadline_ms, eb) != 0)
+    return eb->code;
+  int rc = put_held(s, ci, rq, &m, reply, eb);
+  distd_holds_release(s->holds, m.name, DISTD_HOLD_PUT);
+  return rc;
 }
 
 DISTD_HANDLER(tensor_get) {

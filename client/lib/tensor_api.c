@@ -105,8 +105,9 @@ static int held_elsewhere(dist_client *c, const char *name, const dist_mesh_desc
   return rc;
 }
 
-/* Sends the batch; on a partial failure, or when the name is held outside
- * the mesh, removes what was created, so a failed put leaves nothing
+/* Sends the batch; when the name is held outside the mesh, or on a
+ * partial failure (daemons before 0.2.3 store a shard_tensor piece without
+ * voting), removes what was created, so a failed put leaves nothing
  * behind. */
 static int batch_send(dist_client *c, put_batch *b, const dist_mesh_desc *mesh,
                       dist_tensor **out) {
@@ -157,7 +158,10 @@ int dist_shard_tensor(dist_client *c, const char *name, const void *data,
   int targets[DIST_MAX_MESH_RANKS];
   int n = dist_targets(c, &mesh->d, targets);
   if (n < 0) return n;
+  if (n == 0)
+    return dist_client_fail(c, DIST_EINVAL, "rank %d is not in the mesh", c->spmd_rank);
   batch_init(&b, n);
+  uint64_t op = dist_next_op_id(c); /* the daemons vote under it */
   size_t elem = dist_dtype_size(dt);
   for (int i = 0; i < n; i++) {
     int idx = dist_mesh_index_of(&mesh->d, targets[i]), coords[DIST_MAX_MESH_DIMS];
@@ -173,6 +177,7 @@ int dist_shard_tensor(dist_client *c, const char *name, const void *data,
     dist__v1__tensor_put_request__init(&b.reqs[i]);
     dist_meta_to_pb(name, dt, &global, &mesh->d, placements, &b.w[i]);
     b.reqs[i].meta = &b.w[i].meta;
+    b.reqs[i].op_id = op;
     b.reqs[i].data.data = b.pieces[i];
     b.reqs[i].data.len = bytes;
   }

@@ -212,28 +212,33 @@ static size_t count_kind(json_t *ops_json, int r, const char *list, const char *
   return n;
 }
 
-/* A reshard's exchange of verdicts (every daemon applies it or none does)
- * is shown and counted as a "vote", not as an all-gather the user never
- * asked for. */
-Test(inspect, a_reshard_shows_its_vote_under_its_own_name, .timeout = 120) {
+/* The exchange of verdicts of a put and of a reshard (every daemon applies
+ * it or none does) is shown and counted as a "vote", not as an all-gather
+ * the user never asked for. */
+static void expect_votes(harness *h, int want) {
+  json_t *j = distctl_json(h, "ops --json");
+  for (int r = 0; r < 2; r++) {
+    cr_assert_eq(count_kind(j, r, "recent", "vote"), want, "rank %d", r);
+    cr_assert_eq(count_kind(j, r, "recent", "all_gather"), 0, "rank %d", r);
+  }
+  json_decref(j);
+  char *text = distctl(h, "metrics --rank 1", 0), line[96];
+  snprintf(line, sizeof line, "distd_collectives_total{kind=\"vote\",result=\"ok\"} %d", want);
+  cr_assert(strstr(text, line), "%s", text);
+  free(text);
+}
+
+Test(inspect, a_put_and_a_reshard_show_their_votes_under_their_own_name, .timeout = 120) {
   harness h;
   harness_start(&h, 2, NULL);
   dist_client *c = harness_client(&h);
   float w0[8] = {0};
   int64_t shape[1] = {8};
   dist_tensor *t = harness_put(c, "w", DIST_FLOAT32, w0, 1, shape, "[0,1]", "Shard(0)");
+  expect_votes(&h, 1);
   dist_placement rep = DIST_REPLICATED;
   cr_assert_eq(dist_reshard(c, t, NULL, &rep), 0, "%s", dist_errmsg(c));
-  json_t *j = distctl_json(&h, "ops --json");
-  for (int r = 0; r < 2; r++) {
-    cr_assert_eq(count_kind(j, r, "recent", "vote"), 1, "rank %d", r);
-    cr_assert_eq(count_kind(j, r, "recent", "all_gather"), 0, "rank %d", r);
-  }
-  json_decref(j);
-  char *text = distctl(&h, "metrics --rank 1", 0);
-  cr_assert(strstr(text, "distd_collectives_total{kind=\"vote\",result=\"ok\"} 1"), "%s",
-            text);
-  free(text);
+  expect_votes(&h, 2);
   dist_tensor_free(t);
   dist_close(c);
   harness_stop(&h);

@@ -722,6 +722,61 @@ Test(spmd, trainers_build_reshard_and_read_a_tensor, .timeout = 120, .fini = sto
   stop_cluster();
 }
 
+/* Records a trainer's put that must fail with `want`. */
+static void expect_refusal(trainer *tr, int rc, int want) {
+  tr->ok = rc == want;
+  snprintf(tr->msg, sizeof tr->msg, "%s: %s", dist_err_name(rc), dist_errmsg(tr->c));
+}
+
+/* shard_tensor of "taken" onto [0,1] from one SPMD trainer. */
+static void *spmd_put_taken(void *arg) {
+  trainer *tr = arg;
+  float whole[4] = {1, 2, 3, 4};
+  int64_t shape[1] = {4};
+  dist_mesh *mesh = NULL;
+  dist_mesh_from_string("[0,1]", NULL, &mesh);
+  dist_placement p = DIST_SHARD_DIM(0);
+  dist_tensor *t = NULL;
+  int rc = dist_shard_tensor(tr->c, "taken", whole, DIST_FLOAT32, 1, shape, mesh, &p, &t);
+  expect_refusal(tr, rc, DIST_EEXIST);
+  dist_tensor_free(t);
+  dist_mesh_free(mesh);
+  return NULL;
+}
+
+/* SPMD trainers each put their own piece; one daemon refuses (it holds
+ * the name as a per-rank value), so neither stores it. Before 0.2.3
+ * rank 0 stored its piece and its trainer was told the put succeeded. A
+ * trainer whose rank is not in the mesh is told so. */
+Test(bad_input, an_spmd_put_one_daemon_refuses_is_stored_by_none, .timeout = 120, .fini = stop_cluster) {
+  start_cluster(&cluster, 3);
+  dist_client *c = harness_client(&cluster);
+  float mine[1] = {7};
+  dist_tensor_free(harness_put(c, "taken", DIST_FLOAT32, mine, 1, (int64_t[]){1}, "[1]",
+                               "Replicate()"));
+  trainer tr[2];
+  memset(tr, 0, sizeof tr);
+  for (int r = 0; r < 2; r++) tr[r].c = spmd_client(&cluster, r, "spmd-taken"), tr[r].rank = r;
+  run_trainers(tr, 2, spmd_put_taken);
+  for (int r = 0; r < 2; r++) {
+    cr_expect(tr[r].ok, "trainer %d: %s", r, tr[r].msg);
+    cr_expect(strstr(tr[r].msg, "'taken' already exists"), "trainer %d: %s", r, tr[r].msg);
+    dist_close(tr[r].c);
+  }
+  dist_tensor *t = NULL;
+  cr_assert_eq(harness_open_on(&cluster, 0, "taken", &t), DIST_ENOTFOUND,
+               "rank 0 stored its piece of a put rank 1 refused");
+  cr_assert_eq(harness_open_on(&cluster, 1, "taken", &t), 0, "rank 1 lost its own 'taken'");
+  cr_assert_eq(dist_mesh_size(dist_tensor_mesh(t)), 1);
+  dist_tensor_free(t);
+  trainer outside = {.c = spmd_client(&cluster, 2, "spmd-taken-2"), .rank = 2};
+  spmd_put_taken(&outside);
+  cr_expect(strstr(outside.msg, "EINVAL: rank 2 is not in the mesh"), "%s", outside.msg);
+  dist_close(outside.c);
+  dist_close(c);
+  stop_cluster();
+}
+
 static void *spmd_mixed_dtypes(void *arg) {
   trainer *tr = arg;
   int64_t shape[1] = {2};
@@ -733,8 +788,7 @@ static void *spmd_mixed_dtypes(void *arg) {
   dist_placement p = DIST_SHARD_DIM(0);
   dist_tensor *t = NULL;
   int rc = dist_dtensor_from_local(tr->c, "mixed", pp, tr->dt[tr->rank], 1, sp, mesh, &p, &t);
-  tr->ok = rc == DIST_EMISMATCH;
-  snprintf(tr->msg, sizeof tr->msg, "%s: %s", dist_err_name(rc), dist_errmsg(tr->c));
+  expect_refusal(tr, rc, DIST_EMISMATCH);
   dist_tensor_free(t);
   dist_mesh_free(mesh);
   return NULL;
@@ -1239,6 +1293,55 @@ static void *reshard_until_failure(void *arg) {
   free(piece);
   dist_mesh_free(mesh);
   return NULL;
+}
+
+/* A client that dies after sending its shard_tensor to some daemons of
+ * the mesh, modelled by sending rank 0's piece of a [0,1] tensor to rank 0
+ * alone, leaves no piece behind: rank 0 waits for rank 1's verdict, which
+ * never comes, and fails at the deadline, saying so (the daemon gives up
+ * a little before its client). Before 0.2.3 rank 0 stored its
+ * piece, and the name half-existed with nobody left to remove it. */
+Test(failure, a_put_that_reaches_part_of_its_mesh_stores_nothing, .timeout = 120, .fini = stop_cluster) {
+  start_cluster(&cluster, 2);
+  dist_client *c0 = harness_client_rank(&cluster, 0, 1500);
+  float whole[4] = {1, 2, 3, 4};
+  dist_shape global = {1, {4}};
+  dist_mesh_desc mesh;
+  dist_placement s0 = DIST_SHARD_DIM(0);
+  cr_assert_eq(dist_mesh_parse(&mesh, "[0,1]", NULL, NULL), 0);
+  dist_wire_meta *w = calloc(1, sizeof *w);
+  dist_meta_to_pb("half", DIST_FLOAT32, &global, &mesh, &s0, w);
+  Dist__V1__TensorPutRequest rq = DIST__V1__TENSOR_PUT_REQUEST__INIT;
+  rq.meta = &w->meta;
+  rq.op_id = 4242;
+  rq.data.data = (uint8_t *)whole; /* rank 0's piece: the first two */
+  rq.data.len = 2 * sizeof *whole;
+  ProtobufCMessage *reply = NULL;
+  double t0 = harness_now_s();
+  int rc = dist_call_one(c0, 0, "/dist.v1.Dist/TensorPut", &rq.base,
+                         &dist__v1__tensor_put_reply__descriptor, &reply);
+  double took = harness_now_s() - t0;
+  if (reply) protobuf_c_message_free_unpacked(reply, NULL);
+  free(w);
+  cr_assert_neq(rc, 0, "a put that rank 1 never received was stored by rank 0");
+  cr_assert(strstr(dist_errmsg(c0), "not applied") && strstr(dist_errmsg(c0), "rank 1"),
+            "the error does not say what rank 0 waited for: %s", dist_errmsg(c0));
+  cr_assert_lt(took, 10, "the put failed only after %.1f s", took);
+  dist_tensor *t = NULL;
+  cr_assert_eq(harness_open_on(&cluster, 0, "half", &t), DIST_ENOTFOUND,
+               "rank 0 kept its piece of a put rank 1 never received");
+  dist_close(c0);
+  /* Nothing is left held either: the whole put goes through. */
+  dist_client *c = harness_client(&cluster);
+  t = harness_put(c, "half", DIST_FLOAT32, whole, 1, (int64_t[]){4}, "[0,1]", "Shard(0)");
+  void *full = NULL;
+  size_t nbytes = 0;
+  cr_assert_eq(dist_full_tensor(c, t, &full, &nbytes), 0, "%s", dist_errmsg(c));
+  expect_bytes(full, nbytes, whole, sizeof whole, DIST_FLOAT32, "the put made again");
+  free(full);
+  dist_tensor_free(t);
+  dist_close(c);
+  stop_cluster();
 }
 
 Test(failure, a_peer_killed_mid_reshard_fails_every_survivor_naming_it, .timeout = 120, .fini = stop_cluster) {
