@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "auth.h"
+#include "hash.h"
 #include "log.h"
 #include "metrics.h"
 #include "pbuf.h"
@@ -186,12 +187,6 @@ static void peer_host_key(const call_ctx *c, char *key, size_t len) {
   gpr_free(peer);
 }
 
-static uint64_t fnv1a(const char *s, size_t n) {
-  uint64_t h = 1469598103934665603ull;
-  for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)s[i]) * 1099511628211ull;
-  return h;
-}
-
 static int reject(call_ctx *c, const char *reason, int code, dist_errbuf *eb,
                   const char *fmt, const char *method) {
   if (c->rpc->srv->metrics) distd_metrics_auth_rejected(c->rpc->srv->metrics, reason);
@@ -239,7 +234,7 @@ static int authorize(call_ctx *c, const distd_method *m, char *key, size_t len,
                      dist_errbuf *eb) {
   const char *token = NULL;
   size_t tlen = call_token(c, &token);
-  if (tlen) snprintf(key, len, "token:%016llx", (unsigned long long)fnv1a(token, tlen));
+  if (tlen) snprintf(key, len, "token:%016llx", (unsigned long long)dist_fnv1a(token, tlen));
   else peer_host_key(c, key, len);
   if (m->access == DISTD_ACCESS_OPEN) return 0;
   int role = current_role(c->rpc, token, tlen);

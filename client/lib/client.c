@@ -11,6 +11,7 @@
 
 #include "client_internal.h"
 #include "cluster.h"
+#include "hash.h"
 #include "pbuf.h"
 
 static __thread char connect_error[512];
@@ -227,9 +228,8 @@ int dist_connect_cluster(const char *path, const dist_opts *opts,
 /* SPMD trainers of one launch share DIST_JOB_ID, so their op ids agree. */
 static uint64_t job_op_base(void) {
   const char *job = getenv("DIST_JOB_ID");
-  uint64_t h = 1469598103934665603ull;
-  for (const char *p = job ? job : "default"; *p; p++) h = (h ^ (unsigned char)*p) * 1099511628211ull;
-  return h;
+  if (!job) job = "default";
+  return dist_fnv1a(job, strlen(job));
 }
 
 int dist_init_from_env(dist_client **out) {
