@@ -370,23 +370,53 @@ int dist_tensor_open(dist_client *c, const char *name, dist_tensor **out) {
   return rc;
 }
 
+/* The error of a delete sent to every daemon for per-rank values: "not
+ * found" is fine on a daemon that held none, not on the one opened. */
+static int per_rank_delete_result(dist_client *c, const dist_call *calls, int n, int opened) {
+  for (int i = 0; i < n; i++) {
+    int code = calls[i].err.code;
+    if (code && (code != DIST_ENOTFOUND || calls[i].target == opened))
+      return dist_client_fail(c, code, "rank %d: %s", calls[i].target,
+                              dist_errbuf_msg(&calls[i].err));
+  }
+  c->err = (dist_errbuf)DIST_ERRBUF_INIT;
+  return 0;
+}
+
+/* Deletes the tensor from the daemons of its mesh (in SPMD mode, from
+ * this trainer's). A single client deleting per-rank values (the name on
+ * one-rank meshes) deletes them from every daemon, so the name is gone. */
 int dist_tensor_delete(dist_client *c, const char *name) {
   dist_tensor *t = NULL;
   int rc = dist_tensor_open(c, name, &t);
   if (rc != 0) return rc;
-  int targets[DIST_MAX_MESH_RANKS];
-  int n = dist_targets(c, &t->mesh.d, targets);
+  int per_rank = c->spmd_rank < 0 && t->mesh.d.nranks == 1;
+  int opened = t->mesh.d.ranks[0];
+  int n = per_rank ? c->n : t->mesh.d.nranks;
+  int *targets = calloc((size_t)n + 1, sizeof *targets);
+  dist_call *calls = calloc((size_t)n + 1, sizeof *calls);
+  if (!targets || !calls) {
+    rc = dist_client_fail(c, DIST_ENOMEM, "out of memory deleting '%s'", name);
+    goto out;
+  }
+  if (per_rank)
+    for (int r = 0; r < n; r++) targets[r] = r;
+  else if ((n = dist_targets(c, &t->mesh.d, targets)) < 0)
+    rc = n, n = 0;
   Dist__V1__TensorDeleteRequest rq = DIST__V1__TENSOR_DELETE_REQUEST__INIT;
   rq.name = (char *)name;
-  dist_call *calls = calloc((size_t)n + 1, sizeof *calls);
   for (int i = 0; i < n; i++) {
     calls[i].target = targets[i];
     calls[i].request = &rq.base;
   }
-  rc = dist_call_many(c, "/dist.v1.Dist/TensorDelete",
-                      &dist__v1__tensor_delete_reply__descriptor, calls, n);
+  if (rc == 0)
+    rc = dist_call_many(c, "/dist.v1.Dist/TensorDelete",
+                        &dist__v1__tensor_delete_reply__descriptor, calls, n);
+  if (per_rank) rc = per_rank_delete_result(c, calls, n, opened);
   dist_calls_free(calls, n);
+out:
   free(calls);
+  free(targets);
   dist_tensor_free(t);
   return rc;
 }
@@ -441,10 +471,33 @@ out:
   return rc;
 }
 
-static int by_name(const void *a, const void *b) {
-  return strcmp((*(dist_tensor *const *)a)->name, (*(dist_tensor *const *)b)->name);
+/* By name, then by mesh ranks: the pieces of one tensor sort together,
+ * and per-rank values of one name follow each other in rank order. */
+static int by_name_then_mesh(const void *a, const void *b) {
+  const dist_mesh_desc *x = &(*(dist_tensor *const *)a)->mesh.d;
+  const dist_mesh_desc *y = &(*(dist_tensor *const *)b)->mesh.d;
+  int c = strcmp((*(dist_tensor *const *)a)->name, (*(dist_tensor *const *)b)->name);
+  for (int i = 0; c == 0 && i < x->nranks && i < y->nranks; i++)
+    c = (x->ranks[i] > y->ranks[i]) - (x->ranks[i] < y->ranks[i]);
+  return c != 0 ? c : (x->nranks > y->nranks) - (x->nranks < y->nranks);
 }
 
+/* Every daemon's tensors, one handle per piece described; *total pieces. */
+static dist_tensor **every_piece(dist_call *calls, int n, int *total) {
+  size_t count = 0;
+  for (int i = 0; i < n; i++) count += ((Dist__V1__TensorListReply *)calls[i].reply)->n_tensors;
+  dist_tensor **all = calloc(count + 1, sizeof *all);
+  *total = 0;
+  for (int i = 0; all && i < n; i++) {
+    const Dist__V1__TensorListReply *rp = (const void *)calls[i].reply;
+    for (size_t k = 0; k < rp->n_tensors; k++) all[(*total)++] = tensor_from_meta(rp->tensors[k]);
+  }
+  return all;
+}
+
+/* Each daemon describes the pieces it holds; the pieces of one tensor (one
+ * name, one mesh) make one entry. Per-rank values, one name on several
+ * one-rank meshes, make one entry per rank. */
 int dist_tensor_list(dist_client *c, dist_tensor ***out, int *n) {
   *out = NULL;
   *n = 0;
@@ -457,21 +510,21 @@ int dist_tensor_list(dist_client *c, dist_tensor ***out, int *n) {
   int rc = dist_call_many(c, "/dist.v1.Dist/TensorList",
                           &dist__v1__tensor_list_reply__descriptor, calls, c->n);
   if (rc != 0) goto out;
-  size_t total = 0;
-  for (int i = 0; i < c->n; i++)
-    total += ((Dist__V1__TensorListReply *)calls[i].reply)->n_tensors;
-  dist_tensor **list = calloc(total + 1, sizeof *list);
-  int count = 0;
-  for (int i = 0; i < c->n; i++) {
-    const Dist__V1__TensorListReply *rp = (const void *)calls[i].reply;
-    for (size_t k = 0; k < rp->n_tensors; k++) {
-      int seen = 0;
-      for (int j = 0; j < count && !seen; j++)
-        seen = strcmp(list[j]->name, rp->tensors[k]->name) == 0;
-      if (!seen) list[count++] = tensor_from_meta(rp->tensors[k]);
-    }
+  int total = 0, count = 0;
+  dist_tensor **list = every_piece(calls, c->n, &total);
+  if (!list) {
+    rc = dist_client_fail(c, DIST_ENOMEM, "out of memory listing tensors");
+    goto out;
   }
-  qsort(list, (size_t)count, sizeof *list, by_name);
+  qsort(list, (size_t)total, sizeof *list, by_name_then_mesh);
+  for (int i = 0; i < total; i++) {
+    const dist_tensor *kept = count ? list[count - 1] : NULL;
+    if (kept && strcmp(kept->name, list[i]->name) == 0 &&
+        dist_mesh_equal(&kept->mesh.d, &list[i]->mesh.d))
+      dist_tensor_free(list[i]);
+    else
+      list[count++] = list[i];
+  }
   *out = list;
   *n = count;
 out:

@@ -104,12 +104,15 @@ static void sq_chain_stop(sq_chain *s) {
   harness_stop(&s->h);
 }
 
-/* Tensors whose name starts with prefix, over every daemon. */
+/* Names that start with prefix, over every daemon (per-rank values of
+ * one name, listed once per rank, count once). */
 static int count_named(dist_client *c, const char *prefix) {
   dist_tensor **list = NULL;
   int n = 0, k = 0;
   cr_assert_eq(dist_tensor_list(c, &list, &n), 0, "%s", dist_errmsg(c));
-  for (int i = 0; i < n; i++) k += strncmp(dist_tensor_name(list[i]), prefix, strlen(prefix)) == 0;
+  for (int i = 0; i < n; i++)
+    k += strncmp(dist_tensor_name(list[i]), prefix, strlen(prefix)) == 0 &&
+         (i == 0 || strcmp(dist_tensor_name(list[i]), dist_tensor_name(list[i - 1])) != 0);
   dist_tensor_list_free(list, n);
   return k;
 }

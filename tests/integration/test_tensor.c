@@ -1556,3 +1556,42 @@ Test(distctl, put_show_reshard_get_list_rm, .timeout = 180, .fini = stop_cluster
   json_decref(j);
   stop_cluster();
 }
+
+/* Per-rank values, one name on several one-rank meshes, are listed once
+ * per rank with each rank's own shape and bytes, and removed together;
+ * before, the listing showed the name once, as the first daemon to answer
+ * held it, and a remove took rank 0's value only. */
+Test(distctl, per_rank_values_are_listed_once_per_rank, .timeout = 120, .fini = stop_cluster) {
+  start_cluster(&cluster, 3);
+  dist_client *c = harness_client(&cluster);
+  float one[1] = {1}, two[2] = {2, 3}, three[3] = {4, 5, 6};
+  dist_tensor_free(harness_put(c, "g", DIST_FLOAT32, two, 1, (int64_t[]){2}, "[2]", "Replicate()"));
+  dist_tensor_free(harness_put(c, "g", DIST_FLOAT32, one, 1, (int64_t[]){1}, "[0]", "Replicate()"));
+  dist_tensor_free(harness_put(c, "w", DIST_FLOAT32, three, 1, (int64_t[]){3}, "[0,1,2]",
+                               "Replicate()"));
+  dist_close(c);
+  json_t *j = distctl_json(&cluster, "%s --json", "tensors");
+  cr_assert_eq(json_array_size(j), 3, "tensors: %zu entries", json_array_size(j));
+  const char *names[3] = {"g", "g", "w"};
+  int rank0[3] = {0, 2, 0}, len[3] = {1, 2, 3}, bytes[3] = {4, 8, 36};
+  for (size_t i = 0; i < 3; i++) {
+    json_t *e = json_array_get(j, i);
+    cr_assert_str_eq(json_string_value(json_object_get(e, "name")), names[i], "entry %zu", i);
+    json_t *ranks = json_object_get(json_object_get(e, "mesh"), "ranks");
+    cr_assert_eq(json_integer_value(json_array_get(ranks, 0)), rank0[i], "entry %zu", i);
+    cr_assert_eq(json_integer_value(json_array_get(json_object_get(e, "shape"), 0)), len[i],
+                 "entry %zu", i);
+    cr_assert_eq(json_integer_value(json_object_get(e, "bytes")), bytes[i], "entry %zu", i);
+  }
+  json_decref(j);
+  /* Removing the name removes every rank's value (before, rank 0's only). */
+  char *out = NULL, *err = NULL;
+  int rc = distctl(&cluster, &out, &err, "tensor rm g");
+  cr_assert_eq(rc, 0, "rm g: exit %d: %s", rc, err);
+  free(out), free(err);
+  j = distctl_json(&cluster, "%s --json", "tensors");
+  cr_assert_eq(json_array_size(j), 1, "tensors after rm g: %zu entries", json_array_size(j));
+  cr_assert_str_eq(json_string_value(json_object_get(json_array_get(j, 0), "name")), "w");
+  json_decref(j);
+  stop_cluster();
+}

@@ -241,7 +241,9 @@ int dist_reshard(dist_client *c, dist_tensor *t, const dist_mesh *mesh,
                  const dist_placement *placements);
 /* A handle to an existing tensor, by name (asks the daemons). */
 int dist_tensor_open(dist_client *c, const char *name, dist_tensor **out);
-/* Deletes the tensor in the daemons; the handle stays valid to free. */
+/* Deletes the tensor in the daemons of its mesh (SPMD: in this trainer's).
+ * A single client deleting a name held as per-rank values deletes every
+ * rank's. */
 int dist_tensor_delete(dist_client *c, const char *name);
 void dist_tensor_free(dist_tensor *t);
 
@@ -258,9 +260,10 @@ typedef struct dist_tensor_piece {
  * *out is a malloc'd array (free()) of *n entries in mesh order. */
 int dist_tensor_pieces(dist_client *c, const dist_tensor *t,
                        dist_tensor_piece **out, int *n);
-/* Every tensor any daemon of the client holds, once per name, sorted by
- * name. *out is a malloc'd array of handles: free with
- * dist_tensor_list_free. */
+/* Every tensor any daemon of the client holds, once per name and mesh,
+ * sorted by name: a name held as per-rank values (each on its own
+ * daemon's one-rank mesh) is listed once per rank, in rank order. *out is
+ * a malloc'd array of handles: free with dist_tensor_list_free. */
 int dist_tensor_list(dist_client *c, dist_tensor ***out, int *n);
 void dist_tensor_list_free(dist_tensor **list, int n);
 
