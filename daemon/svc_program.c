@@ -200,7 +200,7 @@ static int invoke(distd_server *s, const distd_call_info *ci, distd_program *p,
   if (reserved && (verdict = reserve_invocation(s, rq, eb)) != 0) reserved = 0;
   /* A program without outputs has no out_dist_attrs, so no ranks vote. */
   int rc = distd_vote_staged(s, ranks, n, rq->op_id, ci->deadline_ms, "invocation", verdict, o,
-                             eb);
+                             0, eb);
   if (rc == 0) {
     distd_staged_store(s->store, o);
     reply_invoke(s, rq, inv, o, reply); /* packed: independent of inv */

@@ -149,7 +149,7 @@ DISTD_HANDLER(program_backward) {
   int rc = distd_registry_take(s->programs, rq->invocation_id, &k, eb);
   if (rc == 0) rc = backward(s, k, rq, &o, eb);
   if (stores_grads(rq))
-    rc = distd_vote_staged(s, ranks, n, op, ci->deadline_ms, "backward", rc, &o, eb);
+    rc = distd_vote_staged(s, ranks, n, op, ci->deadline_ms, "backward", rc, &o, 0, eb);
   if (rc == 0) {
     distd_staged_store(s->store, &o);
     reply_backward(s, k, rq, &o, reply);

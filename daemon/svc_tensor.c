@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "coll.h"
+#include "hash.h"
 #include "holds.h"
 #include "methods.h"
 #include "param_service.h"
@@ -19,9 +20,8 @@
 enum { EXCHANGE_WORDS = 4 + DIST_MAX_DIMS, EX_DTYPE = 2 + DIST_MAX_DIMS,
        EX_LAYOUT = 3 + DIST_MAX_DIMS };
 
-/* FNV-1a over the mesh and placements, field by field (no padding bytes). */
+/* A digest of the mesh and placements, field by field (no padding bytes). */
 static int64_t layout_fingerprint(const distd_meta *m) {
-  uint64_t h = 1469598103934665603ull;
   int64_t words[3 + DIST_MAX_MESH_DIMS * 4 + DIST_MAX_MESH_RANKS];
   int n = 0;
   words[n++] = m->mesh.ndim;
@@ -33,9 +33,20 @@ static int64_t layout_fingerprint(const distd_meta *m) {
     words[n++] = m->placements[i].kind == DIST_PARTIAL ? m->placements[i].reduce : 0;
   }
   for (int i = 0; i < m->mesh.nranks; i++) words[n++] = m->mesh.ranks[i];
-  const unsigned char *b = (const unsigned char *)words;
-  for (size_t i = 0; i < sizeof(int64_t) * (size_t)n; i++) h = (h ^ b[i]) * 1099511628211ull;
-  return (int64_t)(h >> 1);
+  return (int64_t)(dist_fnv1a(words, sizeof *words * (size_t)n) >> 1);
+}
+
+/* What a shard_tensor put describes (dtype, global shape, mesh,
+ * placements), for its vote: SPMD trainers each describe the tensor on
+ * their own, and must agree. Never 0 (no digest). */
+static uint64_t put_digest(const distd_meta *m) {
+  int64_t words[3 + DIST_MAX_DIMS];
+  int n = 0;
+  words[n++] = layout_fingerprint(m);
+  words[n++] = m->dtype;
+  words[n++] = m->global.ndim;
+  for (int d = 0; d < m->global.ndim; d++) words[n++] = m->global.dims[d];
+  return dist_fnv1a(words, sizeof *words * (size_t)n) | 1;
 }
 
 static void pack_exchange(int64_t *w, int status, const distd_meta *m) {
@@ -232,7 +243,7 @@ static int put_held(distd_server *s, const distd_call_info *ci,
   } else {
     if (verdict == 0) verdict = piece_of_global(s, m, &rq->data, &st.tensors[0], eb);
     rc = rq->op_id ? distd_vote_staged(s, m->mesh.ranks, m->mesh.nranks, rq->op_id,
-                                       ci->deadline_ms, "put", verdict, &st, eb)
+                                       ci->deadline_ms, "put", verdict, &st, put_digest(m), eb)
                    : verdict;
   }
   if (rc == 0) {

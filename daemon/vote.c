@@ -4,6 +4,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "coll.h"
 #include "subop.h"
@@ -12,7 +13,9 @@
  * the version of what the request reads or replaces there. The version came in
  * 0.2.1, at the end, so that 0.2.0 daemons (which read those bytes as the
  * end of the reason, always NUL) and newer ones still understand each
- * other's verdicts. */
+ * other's verdicts. A yes has no message: since 0.2.3 its first 8 bytes
+ * carry the request's digest (distd_vote_versions), which older daemons
+ * never read. */
 typedef struct ballot {
   int64_t code;
   char reason[sizeof(((dist_errbuf *)0)->msg) - 2 * sizeof(int64_t)];
@@ -31,6 +34,24 @@ static int cause_of(const ballot *all, int n) {
     if (first < 0) first = i;
   }
   return first;
+}
+
+static uint64_t digest_of(const ballot *b) {
+  uint64_t d;
+  memcpy(&d, b->reason, sizeof d);
+  return d;
+}
+
+/* The first daemon whose yes came with a digest other than the first
+ * one's, or -1: SPMD trainers that described one request differently. */
+static int differing_digest(const ballot *all, int n) {
+  int first = -1;
+  for (int i = 0; i < n; i++) {
+    if (!digest_of(&all[i])) continue;
+    if (first < 0) first = i;
+    else if (digest_of(&all[i]) != digest_of(&all[first])) return i;
+  }
+  return -1;
 }
 
 static void count_versions(const ballot *all, int n, distd_vote_versions *v) {
@@ -52,6 +73,7 @@ int distd_vote(distd_server *s, const int *ranks, int n, uint64_t op_id, int64_t
     return verdict ? verdict : dist_fail(eb, DIST_ENOMEM, "out of memory voting on a %s", what);
   }
   if (verdict) snprintf(mine.reason, sizeof mine.reason, "%s", dist_errbuf_msg(eb));
+  else if (versions) memcpy(mine.reason, &versions->digest, sizeof versions->digest);
   for (int i = 0; i < n; i++) counts[i] = sizeof(ballot);
   /* A refusal stands whatever the exchange does: its own message is kept. */
   dist_errbuf scratch = DIST_ERRBUF_INIT, *xeb = verdict ? &scratch : eb;
@@ -73,6 +95,11 @@ int distd_vote(distd_server *s, const int *ranks, int n, uint64_t op_id, int64_t
                    all[cause].reason);
   else
     rc = verdict;
+  int differs = rc == 0 ? differing_digest(all, n) : -1;
+  if (differs >= 0)
+    rc = dist_fail(eb, DIST_EMISMATCH, "ranks %d and %d were sent different descriptions "
+                   "of this %s (dtype, shape, mesh or placements), so no daemon applied it",
+                   ranks[0], ranks[differs], what);
   if (rc == 0 && versions) count_versions(all, n, versions);
   free(all);
   free(counts);
@@ -81,9 +108,9 @@ int distd_vote(distd_server *s, const int *ranks, int n, uint64_t op_id, int64_t
 
 int distd_vote_staged(distd_server *s, const int *ranks, int n, uint64_t op_id,
                       int64_t deadline_ms, const char *what, int verdict, distd_staged *staged,
-                      dist_errbuf *eb) {
+                      uint64_t digest, dist_errbuf *eb) {
   if (n <= 1) return verdict;
-  distd_vote_versions v = {.mine = staged->version};
+  distd_vote_versions v = {.mine = staged->version, .digest = digest};
   int rc = distd_vote(s, ranks, n, op_id, deadline_ms, what, verdict, &v, eb);
   if (rc == 0) staged->version = v.highest;
   return rc;

@@ -29,6 +29,10 @@ typedef struct distd_vote_versions {
   uint64_t highest; /* out: the highest of every daemon's */
   uint64_t lowest;  /* out: the lowest of the daemons that hold one (0: none
                        does) */
+  uint64_t digest;  /* in: a digest of the request as this daemon read it
+                       (0: none); daemons that were sent the request by
+                       several SPMD trainers vote no when two digests
+                       differ */
 } distd_vote_versions;
 
 /* Run by every daemon of ranks[0..n) (the same list on each) for the
@@ -42,11 +46,12 @@ int distd_vote(distd_server *s, const int *ranks, int n, uint64_t op_id, int64_t
 
 /* distd_vote on storing `staged` (store.h): each daemon's staged version
  * goes with its verdict, and on yes staged->version becomes the highest,
- * so that every daemon stores the tensors at one version. One daemon
- * alone (n <= 1) has nobody to ask: it returns verdict. */
+ * so that every daemon stores the tensors at one version. digest as in
+ * distd_vote_versions. One daemon alone (n <= 1) has nobody to ask: it
+ * returns verdict. */
 int distd_vote_staged(distd_server *s, const int *ranks, int n, uint64_t op_id,
                       int64_t deadline_ms, const char *what, int verdict, distd_staged *staged,
-                      dist_errbuf *eb);
+                      uint64_t digest, dist_errbuf *eb);
 
 /* The daemons a request names to vote on what it changes (its
  * `ranks`), when this daemon is one of them, each is a rank of the world

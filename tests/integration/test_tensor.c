@@ -641,6 +641,9 @@ typedef struct trainer {
   dist_client *c;
   int rank;
   dist_dtype dt[4]; /* per rank, for the dtype-mismatch case */
+  const char *name; /* for spmd_shard_put */
+  int64_t rows;
+  int want;
   int ok;
   char msg[512];
   double failed_at;
@@ -728,17 +731,18 @@ static void expect_refusal(trainer *tr, int rc, int want) {
   snprintf(tr->msg, sizeof tr->msg, "%s: %s", dist_err_name(rc), dist_errmsg(tr->c));
 }
 
-/* shard_tensor of "taken" onto [0,1] from one SPMD trainer. */
-static void *spmd_put_taken(void *arg) {
+/* shard_tensor of tr->name, tr->rows float32 rows, onto [0,1] from one
+ * SPMD trainer, which must fail with tr->want. */
+static void *spmd_shard_put(void *arg) {
   trainer *tr = arg;
-  float whole[4] = {1, 2, 3, 4};
-  int64_t shape[1] = {4};
+  float whole[6] = {1, 2, 3, 4, 5, 6};
+  int64_t shape[1] = {tr->rows};
   dist_mesh *mesh = NULL;
   dist_mesh_from_string("[0,1]", NULL, &mesh);
   dist_placement p = DIST_SHARD_DIM(0);
   dist_tensor *t = NULL;
-  int rc = dist_shard_tensor(tr->c, "taken", whole, DIST_FLOAT32, 1, shape, mesh, &p, &t);
-  expect_refusal(tr, rc, DIST_EEXIST);
+  int rc = dist_shard_tensor(tr->c, tr->name, whole, DIST_FLOAT32, 1, shape, mesh, &p, &t);
+  expect_refusal(tr, rc, tr->want);
   dist_tensor_free(t);
   dist_mesh_free(mesh);
   return NULL;
@@ -756,8 +760,11 @@ Test(bad_input, an_spmd_put_one_daemon_refuses_is_stored_by_none, .timeout = 120
                                "Replicate()"));
   trainer tr[2];
   memset(tr, 0, sizeof tr);
-  for (int r = 0; r < 2; r++) tr[r].c = spmd_client(&cluster, r, "spmd-taken"), tr[r].rank = r;
-  run_trainers(tr, 2, spmd_put_taken);
+  for (int r = 0; r < 2; r++) {
+    tr[r] = (trainer){.c = spmd_client(&cluster, r, "spmd-taken"), .rank = r, .name = "taken",
+                      .rows = 4, .want = DIST_EEXIST};
+  }
+  run_trainers(tr, 2, spmd_shard_put);
   for (int r = 0; r < 2; r++) {
     cr_expect(tr[r].ok, "trainer %d: %s", r, tr[r].msg);
     cr_expect(strstr(tr[r].msg, "'taken' already exists"), "trainer %d: %s", r, tr[r].msg);
@@ -769,11 +776,35 @@ Test(bad_input, an_spmd_put_one_daemon_refuses_is_stored_by_none, .timeout = 120
   cr_assert_eq(harness_open_on(&cluster, 1, "taken", &t), 0, "rank 1 lost its own 'taken'");
   cr_assert_eq(dist_mesh_size(dist_tensor_mesh(t)), 1);
   dist_tensor_free(t);
-  trainer outside = {.c = spmd_client(&cluster, 2, "spmd-taken-2"), .rank = 2};
-  spmd_put_taken(&outside);
+  trainer outside = {.c = spmd_client(&cluster, 2, "spmd-taken-2"), .rank = 2, .name = "taken",
+                     .rows = 4, .want = DIST_EINVAL};
+  spmd_shard_put(&outside);
   cr_expect(strstr(outside.msg, "EINVAL: rank 2 is not in the mesh"), "%s", outside.msg);
   dist_close(outside.c);
   dist_close(c);
+  stop_cluster();
+}
+
+/* SPMD trainers that describe one tensor differently: each daemon could
+ * store what its own trainer sent, pieces of two different tensors under
+ * one name; the vote compares what each daemon was sent, and neither
+ * stores. */
+Test(bad_input, spmd_puts_of_different_shapes_are_refused_everywhere, .timeout = 120, .fini = stop_cluster) {
+  start_cluster(&cluster, 2);
+  trainer tr[2];
+  memset(tr, 0, sizeof tr);
+  for (int r = 0; r < 2; r++) { /* 4 rows from trainer 0, 6 from trainer 1 */
+    tr[r] = (trainer){.c = spmd_client(&cluster, r, "spmd-disagree"), .rank = r, .name = "d",
+                      .rows = 4 + 2 * r, .want = DIST_EMISMATCH};
+  }
+  run_trainers(tr, 2, spmd_shard_put);
+  for (int r = 0; r < 2; r++) {
+    cr_expect(tr[r].ok, "trainer %d: %s", r, tr[r].msg);
+    cr_expect(strstr(tr[r].msg, "ranks 0 and 1 were sent different descriptions"),
+              "trainer %d: %s", r, tr[r].msg);
+    dist_close(tr[r].c);
+  }
+  expect_store(&cluster, "", "puts of different shapes");
   stop_cluster();
 }
 
