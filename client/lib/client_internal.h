@@ -63,6 +63,12 @@ int dist_call_one(dist_client *c, int target, const char *method,
                   const ProtobufCMessageDescriptor *reply_desc,
                   ProtobufCMessage **reply);
 
+/* DIST_EEXIST, naming the rank and its mesh, when a daemon outside m
+ * holds name (a one-rank m meeting a one-rank tensor is no clash: per-rank
+ * values); else 0. A daemon that does not answer is not counted
+ * (tensor_api.c). */
+int dist_held_elsewhere(dist_client *c, const char *name, const dist_mesh_desc *m);
+
 /* The next op id: identical across SPMD trainers that issue the same
  * sequence of collective operations. */
 uint64_t dist_next_op_id(dist_client *c);

@@ -1063,6 +1063,19 @@ static int build_invoke(dist_client *c, const dist_program *p, fanout *f,
   return 0;
 }
 
+/* A name the caller chose for an output must not be held by a daemon
+ * outside the output's mesh: the daemons of the call see only their own
+ * (ARCHITECTURE.md, "Names"). Asked before the call, so that a refusal
+ * changes nothing; names libdist makes up are new. */
+static int check_out_names(dist_client *c, const dist_program *p, char *const *names) {
+  if (p->n_attrs != p->n_outputs) return 0; /* the daemons report the count */
+  for (int k = 0; k < p->n_outputs; k++) {
+    int rc = dist_held_elsewhere(c, names[k], &p->attrs[k]->mesh);
+    if (rc) return rc;
+  }
+  return 0;
+}
+
 int dist_local_layer_call(dist_client *c, dist_program *p, const dist_arg *args,
                           int nargs, const dist_call_opts *opts,
                           dist_invocation **inv, dist_tensor **outs) {
@@ -1091,6 +1104,7 @@ int dist_local_layer_call(dist_client *c, dist_program *p, const dist_arg *args,
                   p->name, (unsigned long long)id, k);
     names[k] = v->out_names[k];
   }
+  if (o.out_names && (rc = check_out_names(c, p, names))) goto out;
   if ((rc = build_invoke(c, p, &f, args, rq))) goto out;
   for (int i = 0; i < f.n; i++) {
     rq[i].n_ranks = (size_t)v->nvote;

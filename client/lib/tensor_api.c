@@ -67,16 +67,24 @@ static void undo_puts(dist_client *c, put_batch *b) {
   c->err = keep;
 }
 
-/* The daemons of a put's mesh refuse a name they hold; this asks the
- * others, where the name may live on under another mesh: it would then
- * mean two tensors, and an open or a delete would meet only one of them.
- * Pieces that each live on their own daemon's one-rank mesh under one
- * name are per-rank values (a kept exchange result, the tape's per-rank
- * gradients), so a one-rank put meeting a one-rank tensor is no clash.
- * Asked after the put, so that of two clients putting one name onto
- * disjoint meshes at once, at least one sees the other's. A daemon that
- * does not answer is not counted. */
-static int held_elsewhere(dist_client *c, const char *name, const dist_mesh_desc *m) {
+/* The daemons of a put's mesh refuse a name they hold (those of a
+ * LocalLayer call refuse one they could not wholly replace); this asks the
+ * others, where the name may live on under a mesh disjoint from m: it
+ * would then mean two tensors, and an open or a delete would meet only
+ * one of them. A held mesh that shares a rank with m is for m's daemons
+ * to judge. Pieces that each live on their own daemon's one-rank mesh
+ * under one name are per-rank values (a kept exchange result, the tape's
+ * per-rank gradients), so a one-rank put meeting a one-rank tensor is no
+ * clash. A put asks after storing, so that of two clients putting one
+ * name onto disjoint meshes at once, at least one sees the other's. A
+ * daemon that does not answer is not counted. */
+static int meshes_share_a_rank(const dist_mesh_desc *a, const dist_mesh_desc *b) {
+  for (int i = 0; i < a->nranks; i++)
+    if (dist_mesh_index_of(b, a->ranks[i]) >= 0) return 1;
+  return 0;
+}
+
+int dist_held_elsewhere(dist_client *c, const char *name, const dist_mesh_desc *m) {
   Dist__V1__TensorShowRequest rq = DIST__V1__TENSOR_SHOW_REQUEST__INIT;
   rq.name = (char *)name;
   dist_call *calls = calloc((size_t)c->n + 1, sizeof *calls);
@@ -94,7 +102,7 @@ static int held_elsewhere(dist_client *c, const char *name, const dist_mesh_desc
     if (!rp || !rp->meta) continue;
     dist_mesh_desc held = {0};
     if (rp->meta->mesh) dist_mesh_from_pb(rp->meta->mesh, &held, NULL);
-    if (m->nranks == 1 && held.nranks == 1) continue;
+    if ((m->nranks == 1 && held.nranks == 1) || meshes_share_a_rank(&held, m)) continue;
     char there[128];
     dist_mesh_format(&held, there, sizeof there);
     rc = dist_client_fail(c, DIST_EEXIST, "tensor '%s' already exists on rank %d (mesh %s): "
@@ -117,7 +125,7 @@ static int batch_send(dist_client *c, put_batch *b, const dist_mesh_desc *mesh,
   }
   int rc = dist_call_many(c, "/dist.v1.Dist/TensorPut",
                           &dist__v1__tensor_put_reply__descriptor, b->calls, b->n);
-  if (rc == 0) rc = held_elsewhere(c, b->reqs[0].meta->name, mesh);
+  if (rc == 0) rc = dist_held_elsewhere(c, b->reqs[0].meta->name, mesh);
   if (rc != 0) {
     undo_puts(c, b);
     return rc;

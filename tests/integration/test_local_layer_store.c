@@ -152,7 +152,8 @@ Test(local_layer_store, an_output_name_taken_on_one_daemon_is_stored_by_none) {
 /* An output may replace a tensor only within its own mesh: y on [0,1,2]
  * replaced by an output on [0,1] left rank 2's piece of the old y, a
  * second layout of the name. Now every daemon refuses, naming rank 2, and y
- * stays whole; onto a mesh that covers it, the replacement goes through. */
+ * stays whole; onto a mesh that covers it, the replacement goes through.
+ * A name held only outside the output's mesh is refused too. */
 Test(local_layer_store, an_output_replacing_a_tensor_beyond_its_mesh_is_refused) {
   harness_start(&cluster, 3, NULL);
   dist_client *c = harness_client(&cluster);
@@ -175,6 +176,17 @@ Test(local_layer_store, an_output_replacing_a_tensor_beyond_its_mesh_is_refused)
   for (int r = 0; r < 2; r++) cr_assert_eq(held_on(c, r, "y", 2, twice, 4), 0);
   cr_assert_eq(held_on(c, 2, "y", 0, NULL, 0), DIST_ENOTFOUND);
   expect_one_version(c, "y", 1);
+  /* A name held only outside the output's mesh: no daemon of the call
+   * holds it, and before, the output went through, one name then meaning
+   * two tensors. */
+  dist_tensor_free(harness_put(c, "z", DIST_FLOAT64, y0, 1, &n4, "[2]", "Replicate()"));
+  rc = call(c, p, "z", 1);
+  cr_assert_eq(rc, DIST_EEXIST, "%s: %s", dist_err_name(rc), dist_errmsg(c));
+  cr_assert(strstr(dist_errmsg(c), "'z' already exists on rank 2 (mesh [2])"), "%s",
+            dist_errmsg(c));
+  for (int r = 0; r < 2; r++)
+    cr_assert_eq(held_on(c, r, "z", 0, NULL, 0), DIST_ENOTFOUND, "rank %d stored 'z'", r);
+  cr_assert_eq(held_on(c, 2, "z", 1, y0, 4), 0, "rank 2's 'z' changed");
   dist_program_free(p);
   dist_close(c);
 }
