@@ -169,7 +169,10 @@ int dist_shard_tensor(dist_client *c, const char *name, const void *data,
   if (n == 0)
     return dist_client_fail(c, DIST_EINVAL, "rank %d is not in the mesh", c->spmd_rank);
   batch_init(&b, n);
-  uint64_t op = dist_next_op_id(c); /* the daemons vote under it */
+  /* The daemons vote under it. A one-rank mesh has nobody to vote with,
+   * and takes none: an SPMD trainer putting a value of its own must not
+   * move its op ids ahead of the other trainers'. */
+  uint64_t op = mesh->d.nranks > 1 ? dist_next_op_id(c) : 0;
   size_t elem = dist_dtype_size(dt);
   for (int i = 0; i < n; i++) {
     int idx = dist_mesh_index_of(&mesh->d, targets[i]), coords[DIST_MAX_MESH_DIMS];
