@@ -122,6 +122,23 @@ void dist_calls_free(dist_call *calls, int n) {
     if (calls[i].reply) protobuf_c_message_free_unpacked(calls[i].reply, NULL);
 }
 
+int dist_call_all(dist_client *c, const char *method, const ProtobufCMessageDescriptor *reply_desc,
+                  const ProtobufCMessage *request, const int *targets, int n, dist_call **out) {
+  *out = calloc((size_t)(n > 0 ? n : 0) + 1, sizeof **out);
+  if (!*out) return dist_client_fail(c, DIST_ENOMEM, "out of memory calling %d daemons", n);
+  for (int i = 0; i < n; i++) {
+    (*out)[i].target = targets ? targets[i] : i;
+    (*out)[i].request = request;
+  }
+  return dist_call_many(c, method, reply_desc, *out, n > 0 ? n : 0);
+}
+
+void dist_calls_release(dist_call *calls, int n) {
+  if (!calls) return;
+  dist_calls_free(calls, n > 0 ? n : 0);
+  free(calls);
+}
+
 int dist_call_one(dist_client *c, int target, const char *method,
                   const ProtobufCMessage *request,
                   const ProtobufCMessageDescriptor *reply_desc,

@@ -502,17 +502,12 @@ static int load_ranks(dist_client *c, const char *dir, const ckpt_manifest *m,
 static void delete_everywhere(dist_client *c, const char *name) {
   Dist__V1__TensorDeleteRequest rq = DIST__V1__TENSOR_DELETE_REQUEST__INIT;
   rq.name = (char *)name;
-  dist_call *calls = calloc((size_t)c->n + 1, sizeof *calls);
-  for (int r = 0; r < c->n; r++) {
-    calls[r].target = r;
-    calls[r].request = &rq.base;
-  }
+  dist_call *calls = NULL;
   dist_errbuf keep = c->err;
-  dist_call_many(c, "/dist.v1.Dist/TensorDelete",
-                 &dist__v1__tensor_delete_reply__descriptor, calls, c->n);
+  dist_call_all(c, "/dist.v1.Dist/TensorDelete", &dist__v1__tensor_delete_reply__descriptor,
+                &rq.base, NULL, c->n, &calls);
   c->err = keep;
-  dist_calls_free(calls, c->n);
-  free(calls);
+  dist_calls_release(calls, c->n);
 }
 
 /* Moves a restored tensor to the requested layout: in the daemons when the

@@ -57,6 +57,13 @@ int dist_call_many(dist_client *c, const char *method,
                    const ProtobufCMessageDescriptor *reply_desc,
                    dist_call *calls, int n);
 void dist_calls_free(dist_call *calls, int n);
+/* dist_call_many of one request to each of targets[0..n) (NULL: ranks
+ * 0..n-1). *calls holds the replies and each call's error, or is NULL
+ * when out of memory; free it with dist_calls_release. */
+int dist_call_all(dist_client *c, const char *method, const ProtobufCMessageDescriptor *reply_desc,
+                  const ProtobufCMessage *request, const int *targets, int n, dist_call **calls);
+/* dist_calls_free, then the array (NULL is a no-op). */
+void dist_calls_release(dist_call *calls, int n);
 /* One call to one daemon. */
 int dist_call_one(dist_client *c, int target, const char *method,
                   const ProtobufCMessage *request,

@@ -51,17 +51,6 @@ static uint64_t lowest_version(dist_call *calls, int n) {
   return v == UINT64_MAX ? 0 : v;
 }
 
-/* One request per target, all the same message. */
-static int fan_out(dist_client *c, const char *method,
-                   const ProtobufCMessageDescriptor *reply_desc,
-                   const ProtobufCMessage *rq, const int *targets, int n,
-                   dist_call *calls) {
-  for (int i = 0; i < n; i++) {
-    calls[i].target = targets[i];
-    calls[i].request = rq;
-  }
-  return dist_call_many(c, method, reply_desc, calls, n);
-}
 
 /* rq to every daemon of t's mesh; with whole state buffers, each daemon's
  * request carries its slices of them. */
@@ -249,11 +238,11 @@ int dist_param_push_local(dist_client *c, const char *name, int trainer,
   rq.trainer = (uint32_t)trainer;
   rq.data.data = (uint8_t *)piece;
   rq.data.len = nbytes;
-  dist_call call;
-  int rc = fan_out(c, "/dist.v1.Param/PushGrad",
-                   &dist__v1__param_push_reply__descriptor, &rq.base, &rank, 1, &call);
-  if (rc == 0 && version) *version = lowest_version(&call, 1);
-  dist_calls_free(&call, 1);
+  dist_call *call = NULL;
+  int rc = dist_call_all(c, "/dist.v1.Param/PushGrad", &dist__v1__param_push_reply__descriptor,
+                         &rq.base, &rank, 1, &call);
+  if (rc == 0 && version) *version = lowest_version(call, 1);
+  dist_calls_release(call, 1);
   return rc;
 }
 
@@ -271,25 +260,19 @@ int dist_param_push_tensor(dist_client *c, const char *name, int trainer,
   rq.op_id = dist_next_op_id(c);
   dist_wire_meta *wire = calloc(1, sizeof *wire);
   int targets[DIST_MAX_MESH_RANKS];
-  dist_call *calls = calloc(DIST_MAX_MESH_RANKS, sizeof *calls);
-  if (!wire || !calls) {
-    free(wire);
-    free(calls);
+  if (!wire) {
     dist_tensor_free(t);
     return dist_client_fail(c, DIST_ENOMEM, "out of memory pushing to '%s'", name);
   }
   dist_mesh_to_pb(&t->mesh.d, wire);
   rq.mesh = &wire->mesh;
   int n = dist_targets(c, &t->mesh.d, targets);
-  if (n >= 0) {
-    rc = fan_out(c, "/dist.v1.Param/PushGrad",
-                 &dist__v1__param_push_reply__descriptor, &rq.base, targets, n, calls);
-    if (rc == 0 && version) *version = lowest_version(calls, n);
-    dist_calls_free(calls, n);
-  } else {
-    rc = n;
-  }
-  free(calls);
+  dist_call *calls = NULL;
+  rc = n < 0 ? n
+             : dist_call_all(c, "/dist.v1.Param/PushGrad", &dist__v1__param_push_reply__descriptor,
+                             &rq.base, targets, n, &calls);
+  if (rc == 0 && version) *version = lowest_version(calls, n);
+  dist_calls_release(calls, n);
   free(wire);
   dist_tensor_free(t);
   return rc;
@@ -347,18 +330,17 @@ int dist_param_pull(dist_client *c, const char *name, uint64_t min_version,
   rq.name = (char *)name;
   rq.min_version = min_version;
   int n = t->mesh.d.nranks;
-  dist_call *calls = calloc((size_t)n + 1, sizeof *calls);
+  dist_call *calls = NULL;
   size_t bytes = (size_t)dist_shape_numel(&t->shape) * dist_dtype_size(t->dtype);
   void *out = malloc(bytes + 1);
-  rc = fan_out(c, "/dist.v1.Param/Pull", &dist__v1__param_pull_reply__descriptor,
-               &rq.base, t->mesh.d.ranks, n, calls);
+  rc = dist_call_all(c, "/dist.v1.Param/Pull", &dist__v1__param_pull_reply__descriptor,
+                     &rq.base, t->mesh.d.ranks, n, &calls);
   if (rc == 0) rc = assemble(c, t, calls, n, out, version);
   if (rc == 0) {
     *data = out, out = NULL;
     *nbytes = bytes;
   }
-  dist_calls_free(calls, n);
-  free(calls);
+  dist_calls_release(calls, n);
   free(out);
   dist_tensor_free(t);
   return rc;

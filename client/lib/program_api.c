@@ -788,18 +788,14 @@ int dist_program_register(dist_client *c, dist_program *p) {
   if (build(p, &b)) return dist_client_fail(c, DIST_ENOMEM, "out of memory");
   int targets[DIST_MAX_MESH_RANKS];
   int n = program_targets(c, p, targets), rc = n < 0 ? n : 0;
-  dist_call *calls = calloc((size_t)(n > 0 ? n : 0) + 1, sizeof *calls);
+  dist_call *calls = NULL;
   Dist__V1__ProgramRegisterRequest rq = DIST__V1__PROGRAM_REGISTER_REQUEST__INIT;
   rq.program = &b.pb;
   rq.invocation_ttl_seconds = p->invocation_ttl;
-  for (int i = 0; i < n; i++) {
-    calls[i].target = targets[i];
-    calls[i].request = &rq.base;
-  }
   if (rc == 0)
-    rc = dist_call_many(c, LL_METHOD("RegisterProgram"),
-                        &dist__v1__program_register_reply__descriptor, calls, n);
-  for (int i = 0; i < n; i++) {
+    rc = dist_call_all(c, LL_METHOD("RegisterProgram"),
+                       &dist__v1__program_register_reply__descriptor, &rq.base, targets, n, &calls);
+  for (int i = 0; calls && i < n; i++) {
     const Dist__V1__ProgramRegisterReply *r = (const void *)calls[i].reply;
     if (r && rc != 0) release_on(c, &targets[i], 1, &r->handle, 0);
     if (r && rc == 0) {
@@ -808,8 +804,7 @@ int dist_program_register(dist_client *c, dist_program *p) {
     }
   }
   if (rc == 0) p->nranks = n;
-  dist_calls_free(calls, n > 0 ? n : 0);
-  free(calls);
+  dist_calls_release(calls, n);
   built_free(&b);
   return rc;
 }

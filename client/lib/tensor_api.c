@@ -87,17 +87,16 @@ static int meshes_share_a_rank(const dist_mesh_desc *a, const dist_mesh_desc *b)
 int dist_held_elsewhere(dist_client *c, const char *name, const dist_mesh_desc *m) {
   Dist__V1__TensorShowRequest rq = DIST__V1__TENSOR_SHOW_REQUEST__INIT;
   rq.name = (char *)name;
-  dist_call *calls = calloc((size_t)c->n + 1, sizeof *calls);
-  if (!calls) return dist_client_fail(c, DIST_ENOMEM, "out of memory");
-  int n = 0, rc = 0;
+  int *outside = calloc((size_t)c->n + 1, sizeof *outside), n = 0, rc = 0;
+  if (!outside) return dist_client_fail(c, DIST_ENOMEM, "out of memory");
   for (int r = 0; r < c->n; r++)
-    if (dist_mesh_index_of(m, r) < 0) calls[n].target = r, calls[n++].request = &rq.base;
+    if (dist_mesh_index_of(m, r) < 0) outside[n++] = r;
   dist_errbuf keep = c->err;
-  if (n > 0)
-    dist_call_many(c, "/dist.v1.Dist/TensorShow", &dist__v1__tensor_show_reply__descriptor,
-                   calls, n);
+  dist_call *calls = NULL;
+  dist_call_all(c, "/dist.v1.Dist/TensorShow", &dist__v1__tensor_show_reply__descriptor,
+                &rq.base, outside, n, &calls);
   c->err = keep;
-  for (int k = 0; k < n && rc == 0; k++) {
+  for (int k = 0; calls && k < n && rc == 0; k++) {
     const Dist__V1__TensorShowReply *rp = (const void *)calls[k].reply;
     if (!rp || !rp->meta) continue;
     dist_mesh_desc held = {0};
@@ -108,8 +107,8 @@ int dist_held_elsewhere(dist_client *c, const char *name, const dist_mesh_desc *
     rc = dist_client_fail(c, DIST_EEXIST, "tensor '%s' already exists on rank %d (mesh %s): "
                           "delete it first", name, calls[k].target, there);
   }
-  dist_calls_free(calls, n);
-  free(calls);
+  dist_calls_release(calls, n);
+  free(outside);
   return rc;
 }
 
@@ -235,21 +234,6 @@ int dist_dtensor_from_local(dist_client *c, const char *name,
   return rc;
 }
 
-/* TensorGet to the given daemons with one op id; replies in calls. */
-static int get_from(dist_client *c, const dist_tensor *t, int full, int *targets,
-                    int n, dist_call *calls, Dist__V1__TensorGetRequest *rq) {
-  dist__v1__tensor_get_request__init(rq);
-  rq->name = (char *)t->name;
-  rq->full = full;
-  rq->op_id = full ? dist_next_op_id(c) : 0;
-  for (int i = 0; i < n; i++) {
-    calls[i].target = targets[i];
-    calls[i].request = &rq->base;
-  }
-  return dist_call_many(c, "/dist.v1.Dist/TensorGet",
-                        &dist__v1__tensor_get_reply__descriptor, calls, n);
-}
-
 static void take_data(const Dist__V1__TensorGetReply *rp, void **data,
                       size_t *nbytes, int64_t *shape) {
   *data = malloc(rp->data.len + 1);
@@ -258,18 +242,29 @@ static void take_data(const Dist__V1__TensorGetReply *rp, void **data,
   for (size_t d = 0; shape && d < rp->n_shape; d++) shape[d] = (int64_t)rp->shape[d];
 }
 
+/* TensorGet to the given daemons with one op id; the first reply's data
+ * (and shape, when asked) is the result. */
+static int get_from(dist_client *c, const dist_tensor *t, int full, const int *targets, int n,
+                    void **data, size_t *nbytes, int64_t *shape) {
+  Dist__V1__TensorGetRequest rq = DIST__V1__TENSOR_GET_REQUEST__INIT;
+  rq.name = (char *)t->name;
+  rq.full = full;
+  rq.op_id = full ? dist_next_op_id(c) : 0;
+  dist_call *calls = NULL;
+  int rc = dist_call_all(c, "/dist.v1.Dist/TensorGet", &dist__v1__tensor_get_reply__descriptor,
+                         &rq.base, targets, n, &calls);
+  if (rc == 0) take_data((Dist__V1__TensorGetReply *)calls[0].reply, data, nbytes, shape);
+  dist_calls_release(calls, n);
+  return rc;
+}
+
 int dist_dtensor_to_local(dist_client *c, const dist_tensor *t, int rank,
                           void **data, size_t *nbytes, int64_t *shape) {
   *data = NULL;
   if (rank < 0) rank = c->spmd_rank;
   if (rank < 0 || rank >= c->n)
     return dist_client_fail(c, DIST_EINVAL, "no daemon of rank %d", rank);
-  dist_call call;
-  Dist__V1__TensorGetRequest rq;
-  int rc = get_from(c, t, 0, &rank, 1, &call, &rq);
-  if (rc == 0) take_data((Dist__V1__TensorGetReply *)call.reply, data, nbytes, shape);
-  dist_calls_free(&call, 1);
-  return rc;
+  return get_from(c, t, 0, &rank, 1, data, nbytes, shape);
 }
 
 int dist_full_tensor(dist_client *c, const dist_tensor *t, void **data,
@@ -278,13 +273,7 @@ int dist_full_tensor(dist_client *c, const dist_tensor *t, void **data,
   int targets[DIST_MAX_MESH_RANKS];
   int n = dist_targets(c, &t->mesh.d, targets);
   if (n <= 0) return n < 0 ? n : dist_client_fail(c, DIST_EINVAL, "not in the mesh");
-  dist_call *calls = calloc((size_t)n, sizeof *calls);
-  Dist__V1__TensorGetRequest rq;
-  int rc = get_from(c, t, 1, targets, n, calls, &rq);
-  if (rc == 0) take_data((Dist__V1__TensorGetReply *)calls[0].reply, data, nbytes, NULL);
-  dist_calls_free(calls, n);
-  free(calls);
-  return rc;
+  return get_from(c, t, 1, targets, n, data, nbytes, NULL);
 }
 
 /* Reshard goes to every rank of both meshes. */
@@ -324,19 +313,14 @@ int dist_reshard(dist_client *c, dist_tensor *t, const dist_mesh *mesh,
   rq.placements = w[0].placement_ptrs;
   dist_mesh_to_pb(&t->mesh.d, &w[1]);
   rq.src_mesh = &w[1].mesh;
-  dist_call *calls = calloc((size_t)n, sizeof *calls);
-  for (int i = 0; i < n; i++) {
-    calls[i].target = targets[i];
-    calls[i].request = &rq.base;
-  }
-  int rc = dist_call_many(c, "/dist.v1.Dist/Reshard",
-                          &dist__v1__reshard_reply__descriptor, calls, n);
+  dist_call *calls = NULL;
+  int rc = dist_call_all(c, "/dist.v1.Dist/Reshard", &dist__v1__reshard_reply__descriptor,
+                         &rq.base, targets, n, &calls);
   if (rc == 0) {
     t->mesh.d = *dst;
     memcpy(t->placements, placements, sizeof *placements * (size_t)dst->ndim);
   }
-  dist_calls_free(calls, n);
-  free(calls);
+  dist_calls_release(calls, n);
   free(w);
   free(targets);
   return rc;
@@ -350,13 +334,10 @@ int dist_tensor_open(dist_client *c, const char *name, dist_tensor **out) {
   Dist__V1__TensorShowRequest rq = DIST__V1__TENSOR_SHOW_REQUEST__INIT;
   rq.name = (char *)name;
   int n = c->spmd_rank >= 0 ? 1 : c->n;
-  dist_call *calls = calloc((size_t)n + 1, sizeof *calls);
-  for (int i = 0; i < n; i++) {
-    calls[i].target = c->spmd_rank >= 0 ? c->spmd_rank : i;
-    calls[i].request = &rq.base;
-  }
-  int rc = dist_call_many(c, "/dist.v1.Dist/TensorShow",
-                          &dist__v1__tensor_show_reply__descriptor, calls, n);
+  dist_call *calls = NULL;
+  int rc = dist_call_all(c, "/dist.v1.Dist/TensorShow", &dist__v1__tensor_show_reply__descriptor,
+                         &rq.base, c->spmd_rank >= 0 ? &c->spmd_rank : NULL, n, &calls);
+  if (!calls) return rc;
   for (int i = 0; i < n && !*out; i++)
     if (calls[i].reply && ((Dist__V1__TensorShowReply *)calls[i].reply)->meta)
       *out = tensor_from_meta(((Dist__V1__TensorShowReply *)calls[i].reply)->meta);
@@ -376,8 +357,7 @@ int dist_tensor_open(dist_client *c, const char *name, dist_tensor **out) {
         break;
       }
   }
-  dist_calls_free(calls, n);
-  free(calls);
+  dist_calls_release(calls, n);
   return rc;
 }
 
@@ -401,33 +381,17 @@ int dist_tensor_delete(dist_client *c, const char *name) {
   dist_tensor *t = NULL;
   int rc = dist_tensor_open(c, name, &t);
   if (rc != 0) return rc;
-  int per_rank = c->spmd_rank < 0 && t->mesh.d.nranks == 1;
-  int opened = t->mesh.d.ranks[0];
-  int n = per_rank ? c->n : t->mesh.d.nranks;
-  int *targets = calloc((size_t)n + 1, sizeof *targets);
-  dist_call *calls = calloc((size_t)n + 1, sizeof *calls);
-  if (!targets || !calls) {
-    rc = dist_client_fail(c, DIST_ENOMEM, "out of memory deleting '%s'", name);
-    goto out;
-  }
-  if (per_rank)
-    for (int r = 0; r < n; r++) targets[r] = r;
-  else if ((n = dist_targets(c, &t->mesh.d, targets)) < 0)
-    rc = n, n = 0;
+  int per_rank = c->spmd_rank < 0 && t->mesh.d.nranks == 1, targets[DIST_MAX_MESH_RANKS];
+  int n = per_rank ? c->n : dist_targets(c, &t->mesh.d, targets);
   Dist__V1__TensorDeleteRequest rq = DIST__V1__TENSOR_DELETE_REQUEST__INIT;
   rq.name = (char *)name;
-  for (int i = 0; i < n; i++) {
-    calls[i].target = targets[i];
-    calls[i].request = &rq.base;
-  }
-  if (rc == 0)
-    rc = dist_call_many(c, "/dist.v1.Dist/TensorDelete",
-                        &dist__v1__tensor_delete_reply__descriptor, calls, n);
-  if (per_rank) rc = per_rank_delete_result(c, calls, n, opened);
-  dist_calls_free(calls, n);
-out:
-  free(calls);
-  free(targets);
+  dist_call *calls = NULL;
+  rc = n < 0 ? n
+             : dist_call_all(c, "/dist.v1.Dist/TensorDelete",
+                             &dist__v1__tensor_delete_reply__descriptor, &rq.base,
+                             per_rank ? NULL : targets, n, &calls);
+  if (per_rank && calls) rc = per_rank_delete_result(c, calls, n, t->mesh.d.ranks[0]);
+  dist_calls_release(calls, n);
   dist_tensor_free(t);
   return rc;
 }
@@ -453,13 +417,9 @@ int dist_tensor_pieces(dist_client *c, const dist_tensor *t,
                               "knows %d daemon%s", m->ranks[i], c->n, c->n == 1 ? "" : "s");
   Dist__V1__TensorShowRequest rq = DIST__V1__TENSOR_SHOW_REQUEST__INIT;
   rq.name = (char *)t->name;
-  dist_call *calls = calloc((size_t)m->nranks + 1, sizeof *calls);
-  for (int i = 0; i < m->nranks; i++) {
-    calls[i].target = m->ranks[i];
-    calls[i].request = &rq.base;
-  }
-  int rc = dist_call_many(c, "/dist.v1.Dist/TensorShow",
-                          &dist__v1__tensor_show_reply__descriptor, calls, m->nranks);
+  dist_call *calls = NULL;
+  int rc = dist_call_all(c, "/dist.v1.Dist/TensorShow", &dist__v1__tensor_show_reply__descriptor,
+                         &rq.base, m->ranks, m->nranks, &calls);
   if (rc != 0) goto out;
   dist_tensor_piece *p = calloc((size_t)m->nranks + 1, sizeof *p);
   for (int i = 0; i < m->nranks; i++) {
@@ -477,8 +437,7 @@ int dist_tensor_pieces(dist_client *c, const dist_tensor *t,
   *out = p;
   *n = m->nranks;
 out:
-  dist_calls_free(calls, m->nranks);
-  free(calls);
+  dist_calls_release(calls, m->nranks);
   return rc;
 }
 
@@ -513,13 +472,9 @@ int dist_tensor_list(dist_client *c, dist_tensor ***out, int *n) {
   *out = NULL;
   *n = 0;
   Dist__V1__TensorListRequest rq = DIST__V1__TENSOR_LIST_REQUEST__INIT;
-  dist_call *calls = calloc((size_t)c->n + 1, sizeof *calls);
-  for (int i = 0; i < c->n; i++) {
-    calls[i].target = i;
-    calls[i].request = &rq.base;
-  }
-  int rc = dist_call_many(c, "/dist.v1.Dist/TensorList",
-                          &dist__v1__tensor_list_reply__descriptor, calls, c->n);
+  dist_call *calls = NULL;
+  int rc = dist_call_all(c, "/dist.v1.Dist/TensorList", &dist__v1__tensor_list_reply__descriptor,
+                         &rq.base, NULL, c->n, &calls);
   if (rc != 0) goto out;
   int total = 0, count = 0;
   dist_tensor **list = every_piece(calls, c->n, &total);
@@ -539,8 +494,7 @@ int dist_tensor_list(dist_client *c, dist_tensor ***out, int *n) {
   *out = list;
   *n = count;
 out:
-  dist_calls_free(calls, c->n);
-  free(calls);
+  dist_calls_release(calls, c->n);
   return rc;
 }
 
