@@ -43,13 +43,14 @@ static uint64_t digest_of(const ballot *b) {
 }
 
 /* The first daemon whose yes came with a digest other than the first
- * one's, or -1: SPMD trainers that described one request differently. */
-static int differing_digest(const ballot *all, int n) {
-  int first = -1;
+ * digest's (from daemon *first), or -1: SPMD trainers that described one
+ * request differently. */
+static int differing_digest(const ballot *all, int n, int *first) {
+  *first = -1;
   for (int i = 0; i < n; i++) {
     if (!digest_of(&all[i])) continue;
-    if (first < 0) first = i;
-    else if (digest_of(&all[i]) != digest_of(&all[first])) return i;
+    if (*first < 0) *first = i;
+    else if (digest_of(&all[i]) != digest_of(&all[*first])) return i;
   }
   return -1;
 }
@@ -95,11 +96,11 @@ int distd_vote(distd_server *s, const int *ranks, int n, uint64_t op_id, int64_t
                    all[cause].reason);
   else
     rc = verdict;
-  int differs = rc == 0 ? differing_digest(all, n) : -1;
+  int first = -1, differs = rc == 0 ? differing_digest(all, n, &first) : -1;
   if (differs >= 0)
     rc = dist_fail(eb, DIST_EMISMATCH, "ranks %d and %d were sent different descriptions "
                    "of this %s (dtype, shape, mesh or placements), so no daemon applied it",
-                   ranks[0], ranks[differs], what);
+                   ranks[first], ranks[differs], what);
   if (rc == 0 && versions) count_versions(all, n, versions);
   free(all);
   free(counts);
