@@ -19,16 +19,18 @@ typedef enum { FREE, WAIT, REFUSE } verdict;
  * restore takes its names all at once, holding none while it waits, and
  * so may wait for every hold but another restore's: two restores that
  * reached two daemons in opposite orders would each hold what the other
- * waits for. A put leaves a reshard's source alone (the reshard holds its
- * own reference) and refuses, or is refused by, what changes the name. */
+ * waits for. A put, and a LocalLayer call storing its outputs, leave a
+ * reshard's source alone (the reshard holds its own reference) and refuse,
+ * or are refused by, what changes the name. */
 static const verdict rules[DISTD_HOLD_KINDS][DISTD_HOLD_KINDS] = {
-    /*                       RESHARD  READ    CONFIGURE DELETE RESTORE PUT */
-    [DISTD_HOLD_RESHARD] = {REFUSE, REFUSE, WAIT, WAIT, REFUSE, REFUSE},
-    [DISTD_HOLD_READ] = {REFUSE, FREE, FREE, WAIT, REFUSE, FREE},
-    [DISTD_HOLD_CONFIGURE] = {REFUSE, FREE, REFUSE, REFUSE, REFUSE, REFUSE},
-    [DISTD_HOLD_DELETE] = {WAIT, WAIT, WAIT, FREE, WAIT, WAIT},
-    [DISTD_HOLD_RESTORE] = {WAIT, WAIT, WAIT, WAIT, REFUSE, WAIT},
-    [DISTD_HOLD_PUT] = {REFUSE, FREE, REFUSE, WAIT, REFUSE, REFUSE},
+    /*                       RESHARD  READ    CONFIGURE DELETE RESTORE PUT   OUTPUT */
+    [DISTD_HOLD_RESHARD] = {REFUSE, REFUSE, WAIT, WAIT, REFUSE, REFUSE, REFUSE},
+    [DISTD_HOLD_READ] = {REFUSE, FREE, FREE, WAIT, REFUSE, FREE, FREE},
+    [DISTD_HOLD_CONFIGURE] = {REFUSE, FREE, REFUSE, REFUSE, REFUSE, REFUSE, REFUSE},
+    [DISTD_HOLD_DELETE] = {WAIT, WAIT, WAIT, FREE, WAIT, WAIT, WAIT},
+    [DISTD_HOLD_RESTORE] = {WAIT, WAIT, WAIT, WAIT, REFUSE, WAIT, WAIT},
+    [DISTD_HOLD_PUT] = {REFUSE, FREE, REFUSE, WAIT, REFUSE, REFUSE, REFUSE},
+    [DISTD_HOLD_OUTPUT] = {REFUSE, FREE, REFUSE, WAIT, REFUSE, REFUSE, REFUSE},
 };
 
 /* For messages: what a hold's request is doing, and what to do again. */
@@ -39,6 +41,7 @@ static const char *const doing[DISTD_HOLD_KINDS] = {
     [DISTD_HOLD_DELETE] = "deleted",
     [DISTD_HOLD_RESTORE] = "restored from a checkpoint",
     [DISTD_HOLD_PUT] = "put by another request",
+    [DISTD_HOLD_OUTPUT] = "stored by a LocalLayer call",
 };
 static const char *const verb[DISTD_HOLD_KINDS] = {
     [DISTD_HOLD_RESHARD] = "reshard",
@@ -47,6 +50,7 @@ static const char *const verb[DISTD_HOLD_KINDS] = {
     [DISTD_HOLD_DELETE] = "delete",
     [DISTD_HOLD_RESTORE] = "restore",
     [DISTD_HOLD_PUT] = "put",
+    [DISTD_HOLD_OUTPUT] = "call the layer with",
 };
 
 typedef struct hold {

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "holds.h"
 #include "methods.h"
 #include "pbuf.h"
 #include "peer.h"
@@ -186,15 +187,22 @@ static int reserve_invocation(distd_server *s, const Dist__V1__ProgramInvokeRequ
 }
 
 /* Makes the outputs and reserves the invocation's place; stores them and
- * fills it if every daemon invoked could. */
+ * fills it if every daemon invoked could. The output names are held
+ * meanwhile (holds.h), so that no put, reshard or restore of one of them
+ * lands between this daemon's checks and its store; a name held by one
+ * of those is this daemon's no. */
 static int invoke(distd_server *s, const distd_call_info *ci, distd_program *p,
                   const Dist__V1__ProgramInvokeRequest *rq, const int *ranks, int n,
                   distd_staged *o, grpc_byte_buffer **reply, dist_errbuf *eb) {
   const Dist__V1__Program *pb = distd_program_message(p);
+  const char *const *names = (const char *const *)rq->out_names;
   distd_invocation *inv = NULL;
   distd_input_origin *origins = calloc(pb->n_inputs + 1, sizeof *origins);
-  int verdict = origins ? run_local(s, p, rq, origins, &inv, eb)
-                        : dist_fail(eb, DIST_ENOMEM, "out of memory");
+  int held = distd_holds_take_all(s->holds, names, rq->n_out_names, DISTD_HOLD_OUTPUT,
+                                  ci->deadline_ms, eb);
+  int verdict = held ? held
+                : origins ? run_local(s, p, rq, origins, &inv, eb)
+                          : dist_fail(eb, DIST_ENOMEM, "out of memory");
   verdict = make_outputs(s, ci, pb, rq, inv, verdict, o, eb);
   int reserved = verdict == 0 && !rq->no_grad;
   if (reserved && (verdict = reserve_invocation(s, rq, eb)) != 0) reserved = 0;
@@ -212,6 +220,7 @@ static int invoke(distd_server *s, const distd_call_info *ci, distd_program *p,
   } else if (reserved) {
     distd_registry_release(s->programs, rq->op_id, NULL);
   }
+  if (!held) distd_holds_release_all(s->holds, names, rq->n_out_names, DISTD_HOLD_OUTPUT);
   distd_invocation_release(inv);
   free(origins);
   return rc;

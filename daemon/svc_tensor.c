@@ -227,9 +227,9 @@ static int piece_from_local(distd_server *s, const distd_call_info *ci,
 /* The put, under its hold on the name: every daemon of the mesh makes its
  * piece, and they store them only when all could (a client before 0.2.3
  * sends shard_tensor's puts without an op id, and gets no vote); a
- * shard_tensor put is stored at one version on every daemon. The hold keeps other puts, reshards,
- * restores and deletes of the name out; a LocalLayer output of the name
- * stored meanwhile is replaced, on every daemon alike. */
+ * shard_tensor put is stored at one version on every daemon. The hold
+ * keeps other puts, LocalLayer outputs, reshards, restores and deletes of
+ * the name out. */
 static int put_held(distd_server *s, const distd_call_info *ci,
                     const Dist__V1__TensorPutRequest *rq, distd_meta *m,
                     grpc_byte_buffer **reply, dist_errbuf *eb) {

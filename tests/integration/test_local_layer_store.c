@@ -300,3 +300,36 @@ Test(local_layer_store, a_gradient_name_taken_on_one_daemon_is_stored_by_none) {
   dist_program_free(p);
   dist_close(c);
 }
+
+/* A put of an output's name that reaches a daemon while the call waits for
+ * the others' verdicts is refused there: the call holds its output names.
+ * Before, the put went through between the call's checks and its store,
+ * and the call then replaced it. */
+Test(local_layer_store, a_put_of_an_output_name_while_the_call_votes_is_refused) {
+  harness_start(&cluster, 2, NULL);
+  dist_client *c = harness_client(&cluster);
+  int64_t n4 = 4, n1 = 1;
+  static const double twice[4] = {3, -4, 0.5, 16}, seven[1] = {7};
+  dist_tensor_free(harness_put(c, "x", DIST_FLOAT64, x0, 1, &n4, "[0,1]", "Replicate()"));
+  trainer tr[2] = {{.c = harness_spmd_client(&cluster, 0, "hold-job")},
+                   {.c = harness_spmd_client(&cluster, 1, "hold-job")}};
+  pthread_t first;
+  cr_assert_eq(pthread_create(&first, NULL, spmd_call, &tr[0]), 0);
+  /* Trainer 0's call runs on rank 0 and waits there for rank 1's verdict. */
+  harness_sleep_ms(500);
+  dist_mesh *m0 = NULL;
+  dist_placement rep = DIST_REPLICATED;
+  cr_assert_eq(dist_mesh_from_string("[0]", NULL, &m0), 0);
+  dist_tensor *t = NULL;
+  int rc = dist_shard_tensor(c, "taken", seven, DIST_FLOAT64, 1, &n1, m0, &rep, &t);
+  cr_assert_eq(rc, DIST_EUNAVAIL, "%s: %s", dist_err_name(rc), dist_errmsg(c));
+  cr_assert(strstr(dist_errmsg(c), "'taken' is being stored by a LocalLayer call on rank 0"),
+            "%s", dist_errmsg(c));
+  spmd_call(&tr[1]);
+  pthread_join(first, NULL);
+  for (int r = 0; r < 2; r++) cr_assert_eq(tr[r].rc, 0, "trainer %d: %s", r, tr[r].msg);
+  for (int r = 0; r < 2; r++) cr_assert_eq(held_on(c, r, "taken", 2, twice, 4), 0);
+  for (int r = 0; r < 2; r++) dist_close(tr[r].c);
+  dist_mesh_free(m0);
+  dist_close(c);
+}

@@ -24,22 +24,25 @@ TestSuite(holds, .init = setup, .fini = teardown, .timeout = 60);
 #define D DISTD_HOLD_DELETE
 #define RS DISTD_HOLD_RESTORE
 #define P DISTD_HOLD_PUT
-static const char *const names[] = {"reshard", "read", "configure", "delete", "restore", "put"};
+#define O DISTD_HOLD_OUTPUT
+static const char *const names[] = {"reshard", "read",  "configure", "delete",
+                                    "restore", "put", "output"};
 
 typedef enum { GOES, WAITS, REFUSED } outcome;
 
 /* A request that waits for other daemons (reshard, configure, restore,
- * put) may not wait for another such request; a delete waits for nothing
- * but local holds; a restore holds nothing while it waits, so it may wait
- * for every hold but another restore's, which waits for other daemons
- * while holding. A put and a reshard's read of its source do not touch
- * each other. */
+ * put, a LocalLayer call's outputs) may not wait for another such
+ * request; a delete waits for nothing but local holds; a restore holds
+ * nothing while it waits, so it may wait for every hold but another
+ * restore's, which waits for other daemons while holding. A put or an
+ * output and a reshard's read of its source do not touch each other. */
 static outcome expected(distd_hold_kind taking, distd_hold_kind held) {
   if (held == RS) return taking == D ? WAITS : REFUSED;
   if (taking == RS) return WAITS;
   if (taking == D) return held == D ? GOES : WAITS;
   if (held == D) return taking == C ? REFUSED : WAITS;
-  if (taking == P || held == P) return taking == RD || held == RD ? GOES : REFUSED;
+  int stores = taking == P || held == P || taking == O || held == O;
+  if (stores) return taking == RD || held == RD ? GOES : REFUSED;
   if (taking == R) return held == C ? WAITS : REFUSED;
   if (taking == RD) return held == R ? REFUSED : GOES;
   return held == RD ? GOES : REFUSED; /* a configure */
