@@ -34,7 +34,8 @@ typedef enum {
   DISTD_HOLD_DELETE,
   DISTD_HOLD_RESTORE,   /* a checkpoint restore, of every name it loads */
   DISTD_HOLD_PUT,       /* a put (shard_tensor, dtensor_from_local), voted */
-  DISTD_HOLD_OUTPUT,    /* a LocalLayer call, of the names it stores, voted */
+  DISTD_HOLD_OUTPUT,    /* a LocalLayer call or backward, of the names it
+                           stores, voted */
   DISTD_HOLD_KINDS
 } distd_hold_kind;
 

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "holds.h"
 #include "methods.h"
 #include "pbuf.h"
 #include "program.h"
@@ -137,16 +138,34 @@ static int backward(distd_server *s, const distd_kept_invocation *k,
   return rc;
 }
 
+/* The names the gradients are stored under (the non-empty grad_names),
+ * in *n; NULL when out of memory. */
+static const char **stored_names(const Dist__V1__ProgramBackwardRequest *rq, size_t *n) {
+  const char **names = calloc(rq->n_grad_names + 1, sizeof *names);
+  *n = 0;
+  for (size_t i = 0; names && i < rq->n_grad_names; i++)
+    if (rq->grad_names[i][0]) names[(*n)++] = rq->grad_names[i];
+  return names;
+}
+
 /* The gradients are stored by every daemon of the request's ranks or by
- * none, as an invocation's outputs are; the vote runs under a step of the
- * invocation id of its own. */
+ * none, as an invocation's outputs are, their names held meanwhile as the
+ * outputs' are; the vote runs under a step of the invocation id of its
+ * own. The kept invocation is taken first, so that every daemon has used
+ * it up whatever the verdict (backward runs once). */
 DISTD_HANDLER(program_backward) {
   const Dist__V1__ProgramBackwardRequest *rq = (const void *)req;
   int ranks[DIST_MAX_MESH_RANKS], n = distd_vote_ranks(s, rq->ranks, rq->n_ranks, ranks);
   uint64_t op = distd_subop(rq->invocation_id, DISTD_STEP_BACKWARD);
   distd_kept_invocation *k = NULL;
   distd_staged o = {0};
-  int rc = distd_registry_take(s->programs, rq->invocation_id, &k, eb);
+  size_t nheld = 0;
+  const char **names = stored_names(rq, &nheld);
+  int rc = distd_registry_take(s->programs, rq->invocation_id, &k, eb), held = -1;
+  if (rc == 0)
+    rc = held = names ? distd_holds_take_all(s->holds, names, nheld, DISTD_HOLD_OUTPUT,
+                                             ci->deadline_ms, eb)
+                      : dist_fail(eb, DIST_ENOMEM, "out of memory");
   if (rc == 0) rc = backward(s, k, rq, &o, eb);
   if (stores_grads(rq))
     rc = distd_vote_staged(s, ranks, n, op, ci->deadline_ms, "backward", rc, &o, 0, eb);
@@ -154,6 +173,8 @@ DISTD_HANDLER(program_backward) {
     distd_staged_store(s->store, &o);
     reply_backward(s, k, rq, &o, reply);
   }
+  if (held == 0) distd_holds_release_all(s->holds, names, nheld, DISTD_HOLD_OUTPUT);
+  free(names);
   distd_staged_free(&o);
   distd_kept_invocation_free(k); /* backward runs once: nothing is kept */
   return rc;

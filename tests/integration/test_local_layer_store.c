@@ -301,6 +301,23 @@ Test(local_layer_store, a_gradient_name_taken_on_one_daemon_is_stored_by_none) {
   dist_close(c);
 }
 
+/* A put of name onto [0] is refused: rank 0 holds it for a LocalLayer
+ * call or backward waiting for rank 1's verdict. */
+static void expect_put_refused_while_held(dist_client *c, const char *name) {
+  static const double seven[1] = {7};
+  int64_t n1 = 1;
+  dist_mesh *m0 = NULL;
+  dist_placement rep = DIST_REPLICATED;
+  cr_assert_eq(dist_mesh_from_string("[0]", NULL, &m0), 0);
+  dist_tensor *t = NULL;
+  int rc = dist_shard_tensor(c, name, seven, DIST_FLOAT64, 1, &n1, m0, &rep, &t);
+  cr_assert_eq(rc, DIST_EUNAVAIL, "%s: %s", dist_err_name(rc), dist_errmsg(c));
+  char want[128];
+  snprintf(want, sizeof want, "'%s' is being stored by a LocalLayer call on rank 0", name);
+  cr_assert(strstr(dist_errmsg(c), want), "%s", dist_errmsg(c));
+  dist_mesh_free(m0);
+}
+
 /* A put of an output's name that reaches a daemon while the call waits for
  * the others' verdicts is refused there: the call holds its output names.
  * Before, the put went through between the call's checks and its store,
@@ -308,8 +325,8 @@ Test(local_layer_store, a_gradient_name_taken_on_one_daemon_is_stored_by_none) {
 Test(local_layer_store, a_put_of_an_output_name_while_the_call_votes_is_refused) {
   harness_start(&cluster, 2, NULL);
   dist_client *c = harness_client(&cluster);
-  int64_t n4 = 4, n1 = 1;
-  static const double twice[4] = {3, -4, 0.5, 16}, seven[1] = {7};
+  int64_t n4 = 4;
+  static const double twice[4] = {3, -4, 0.5, 16};
   dist_tensor_free(harness_put(c, "x", DIST_FLOAT64, x0, 1, &n4, "[0,1]", "Replicate()"));
   trainer tr[2] = {{.c = harness_spmd_client(&cluster, 0, "hold-job")},
                    {.c = harness_spmd_client(&cluster, 1, "hold-job")}};
@@ -317,19 +334,91 @@ Test(local_layer_store, a_put_of_an_output_name_while_the_call_votes_is_refused)
   cr_assert_eq(pthread_create(&first, NULL, spmd_call, &tr[0]), 0);
   /* Trainer 0's call runs on rank 0 and waits there for rank 1's verdict. */
   harness_sleep_ms(500);
-  dist_mesh *m0 = NULL;
-  dist_placement rep = DIST_REPLICATED;
-  cr_assert_eq(dist_mesh_from_string("[0]", NULL, &m0), 0);
-  dist_tensor *t = NULL;
-  int rc = dist_shard_tensor(c, "taken", seven, DIST_FLOAT64, 1, &n1, m0, &rep, &t);
-  cr_assert_eq(rc, DIST_EUNAVAIL, "%s: %s", dist_err_name(rc), dist_errmsg(c));
-  cr_assert(strstr(dist_errmsg(c), "'taken' is being stored by a LocalLayer call on rank 0"),
-            "%s", dist_errmsg(c));
+  expect_put_refused_while_held(c, "taken");
   spmd_call(&tr[1]);
   pthread_join(first, NULL);
   for (int r = 0; r < 2; r++) cr_assert_eq(tr[r].rc, 0, "trainer %d: %s", r, tr[r].msg);
   for (int r = 0; r < 2; r++) cr_assert_eq(held_on(c, r, "taken", 2, twice, 4), 0);
   for (int r = 0; r < 2; r++) dist_close(tr[r].c);
-  dist_mesh_free(m0);
+  dist_close(c);
+}
+
+/* loss = sum(x * x), Partial(sum) on [0,1]. */
+static dist_program *square_sum(void) {
+  dist_program *p = NULL;
+  cr_assert_eq(dist_program_new("square_sum", &p), 0);
+  int x = dist_input_dtensor(p, "x", DIST_FLOAT64);
+  dist_program_output(p, dist_op_sum(p, dist_op_mul(p, x, x), NULL, 0, 0));
+  dist_mesh *m = NULL;
+  cr_assert_eq(dist_mesh_from_string("[0,1]", NULL, &m), 0);
+  dist_placement psum = DIST_PARTIAL_OF(DIST_REDUCE_SUM);
+  cr_assert_eq(dist_program_out_dist_attr(p, m, &psum, NULL), 0);
+  dist_mesh_free(m);
+  return p;
+}
+
+/* One SPMD trainer: square_sum on "x", then its backward storing "gx". */
+static void *spmd_backward(void *arg) {
+  trainer *tr = arg;
+  dist_program *p = square_sum();
+  dist_tensor *x = NULL, *loss = NULL, *gx = NULL;
+  dist_invocation *inv = NULL;
+  tr->rc = dist_program_register(tr->c, p);
+  if (tr->rc == 0) tr->rc = dist_tensor_open(tr->c, "x", &x);
+  dist_arg args[1] = {{x, NULL}};
+  if (tr->rc == 0) tr->rc = dist_local_layer_call(tr->c, p, args, 1, NULL, &inv, &loss);
+  const char *names[1] = {"gx"};
+  dist_backward_opts bo = DIST_BACKWARD_OPTS_INIT;
+  bo.grad_names = names;
+  if (tr->rc == 0) tr->rc = dist_backward(tr->c, inv, NULL, &bo, &gx);
+  snprintf(tr->msg, sizeof tr->msg, "%s", dist_errmsg(tr->c));
+  dist_tensor_free(gx), dist_tensor_free(loss), dist_tensor_free(x);
+  dist_invocation_free(inv);
+  dist_program_free(p);
+  return NULL;
+}
+
+/* The same for a backward's stored gradients: a put of "gx" while the
+ * backward votes is refused. */
+Test(local_layer_store, a_put_of_a_gradient_name_while_the_backward_votes_is_refused) {
+  harness_start(&cluster, 2, NULL);
+  dist_client *c = harness_client(&cluster);
+  int64_t n4 = 4;
+  dist_tensor_free(harness_put(c, "x", DIST_FLOAT64, x0, 1, &n4, "[0,1]", "Replicate()"));
+  trainer tr[2] = {{.c = harness_spmd_client(&cluster, 0, "grad-hold-job")},
+                   {.c = harness_spmd_client(&cluster, 1, "grad-hold-job")}};
+  pthread_t first;
+  cr_assert_eq(pthread_create(&first, NULL, spmd_backward, &tr[0]), 0);
+  /* Trainer 0's call votes with rank 1 first: rank 1's call goes in a
+   * thread too, and trainer 1 stops before its backward. */
+  harness_sleep_ms(300);
+  dist_program *p = square_sum();
+  dist_tensor *x = NULL, *loss = NULL;
+  dist_invocation *inv = NULL;
+  cr_assert_eq(dist_program_register(tr[1].c, p), 0, "%s", dist_errmsg(tr[1].c));
+  cr_assert_eq(dist_tensor_open(tr[1].c, "x", &x), 0, "%s", dist_errmsg(tr[1].c));
+  dist_arg args[1] = {{x, NULL}};
+  cr_assert_eq(dist_local_layer_call(tr[1].c, p, args, 1, NULL, &inv, &loss), 0, "%s",
+               dist_errmsg(tr[1].c));
+  /* Trainer 0's backward now waits on rank 0 for rank 1's verdict. */
+  harness_sleep_ms(500);
+  expect_put_refused_while_held(c, "gx");
+  const char *names[1] = {"gx"};
+  dist_backward_opts bo = DIST_BACKWARD_OPTS_INIT;
+  bo.grad_names = names;
+  dist_tensor *gx = NULL;
+  cr_assert_eq(dist_backward(tr[1].c, inv, NULL, &bo, &gx), 0, "%s", dist_errmsg(tr[1].c));
+  pthread_join(first, NULL);
+  cr_assert_eq(tr[0].rc, 0, "trainer 0: %s", tr[0].msg);
+  for (int r = 0; r < 2; r++) {
+    dist_tensor *t = NULL;
+    cr_assert_eq(harness_open_on(&cluster, r, "gx", &t), 0, "rank %d has no 'gx'", r);
+    cr_assert_eq(dist_mesh_size(dist_tensor_mesh(t)), 2, "rank %d: the put's 'gx'", r);
+    dist_tensor_free(t);
+  }
+  dist_tensor_free(gx), dist_tensor_free(loss), dist_tensor_free(x);
+  dist_invocation_free(inv);
+  dist_program_free(p);
+  for (int r = 0; r < 2; r++) dist_close(tr[r].c);
   dist_close(c);
 }
