@@ -133,6 +133,15 @@ static int batch_send(dist_client *c, put_batch *b, const dist_mesh_desc *mesh,
   return 0;
 }
 
+/* The daemons a put goes to (dist_targets); an SPMD trainer outside the
+ * mesh has no piece to put, which is an error. */
+static int put_targets(dist_client *c, const dist_mesh_desc *mesh, int *targets) {
+  int n = dist_targets(c, mesh, targets);
+  if (n == 0)
+    return dist_client_fail(c, DIST_EINVAL, "rank %d is not in the mesh", c->spmd_rank);
+  return n;
+}
+
 static size_t local_numel(const dist_shape *s) { return (size_t)dist_shape_numel(s); }
 
 /* The logical value of shard_tensor is the tensor given, so along a Partial
@@ -163,10 +172,8 @@ int dist_shard_tensor(dist_client *c, const char *name, const void *data,
   if (check_placements(c, mesh, placements, ndim) != 0) return c->err.code;
   put_batch b;
   int targets[DIST_MAX_MESH_RANKS];
-  int n = dist_targets(c, &mesh->d, targets);
+  int n = put_targets(c, &mesh->d, targets);
   if (n < 0) return n;
-  if (n == 0)
-    return dist_client_fail(c, DIST_EINVAL, "rank %d is not in the mesh", c->spmd_rank);
   batch_init(&b, n);
   /* The daemons vote under it. A one-rank mesh has nobody to vote with,
    * and takes none: an SPMD trainer putting a value of its own must not
@@ -205,10 +212,8 @@ int dist_dtensor_from_local(dist_client *c, const char *name,
     return dist_client_fail(c, DIST_EINVAL, "%d dims (0 to %d allowed)", ndim, DIST_MAX_DIMS);
   if (check_placements(c, mesh, placements, ndim) != 0) return c->err.code;
   int targets[DIST_MAX_MESH_RANKS];
-  int n = dist_targets(c, &mesh->d, targets);
+  int n = put_targets(c, &mesh->d, targets);
   if (n < 0) return n;
-  if (n == 0)
-    return dist_client_fail(c, DIST_EINVAL, "rank %d is not in the mesh", c->spmd_rank);
   put_batch b;
   batch_init(&b, n);
   uint64_t op = dist_next_op_id(c);
