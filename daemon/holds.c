@@ -19,9 +19,10 @@ typedef enum { FREE, WAIT, REFUSE } verdict;
  * restore takes its names all at once, holding none while it waits, and
  * so may wait for every hold but another restore's: two restores that
  * reached two daemons in opposite orders would each hold what the other
- * waits for. A put, and a LocalLayer call storing its outputs, leave a
- * reshard's source alone (the reshard holds its own reference) and refuse,
- * or are refused by, what changes the name. */
+ * waits for. A put, and a LocalLayer call or backward storing its outputs
+ * or gradients, leave a reshard's source alone (the reshard holds its own
+ * reference) and refuse, or are refused by, what changes the name; the two
+ * kinds differ only in what their messages say. */
 static const verdict rules[DISTD_HOLD_KINDS][DISTD_HOLD_KINDS] = {
     /*                       RESHARD  READ    CONFIGURE DELETE RESTORE PUT   OUTPUT */
     [DISTD_HOLD_RESHARD] = {REFUSE, REFUSE, WAIT, WAIT, REFUSE, REFUSE, REFUSE},
