@@ -281,54 +281,57 @@ static int make_param(distd_server *s, distd_expert_draft *d, int e, int p, size
   return 0;
 }
 
-static int check_free_names(distd_server *s, const distd_expert_layer_cfg *c,
+static int check_free_names(distd_server *s, const distd_expert_draft *d,
                             dist_errbuf *eb) {
+  for (int i = 0; i < d->nnames; i++)
+    if (exists(s, d->names[i]))
+      return dist_fail(eb, DIST_EEXIST, "tensor '%s' already exists", d->names[i]);
+  return 0;
+}
+
+/* Every parameter's name, then every gradient's. */
+static int list_names(const distd_expert_layer_cfg *c, distd_expert_draft *d,
+                      dist_errbuf *eb) {
   char name[DISTD_NAME_MAX];
-  for (int e = 0; e < c->experts; e++)
-    for (int p = 0; p < NPARAM; p++)
-      for (int grad = 0; grad < 2; grad++) {
+  int nparams = c->bias ? NPARAM : NPARAM / 2;
+  d->names = calloc((size_t)c->experts * NPARAM * 2, sizeof *d->names);
+  if (!d->names) return dist_fail(eb, DIST_ENOMEM, "out of memory");
+  d->nparams = c->experts * nparams;
+  for (int grad = 0; grad < 2; grad++)
+    for (int e = 0; e < c->experts; e++)
+      for (int p = 0; p < NPARAM; p++) {
         if (!has_param(c, p)) continue;
         param_name(name, sizeof name, c, e, p, grad);
-        if (exists(s, name))
-          return dist_fail(eb, DIST_EEXIST, "tensor '%s' already exists", name);
+        if (!(d->names[d->nnames++] = strdup(name)))
+          return dist_fail(eb, DIST_ENOMEM, "out of memory");
       }
   return 0;
 }
 
-static int list_names(const distd_expert_layer_cfg *c, char ***names, int *n,
-                      dist_errbuf *eb) {
-  char name[DISTD_NAME_MAX];
-  *names = calloc((size_t)c->experts * NPARAM, sizeof **names);
-  *n = 0;
-  if (!*names) return dist_fail(eb, DIST_ENOMEM, "out of memory");
-  for (int e = 0; e < c->experts; e++)
-    for (int p = 0; p < NPARAM; p++) {
-      if (!has_param(c, p)) continue;
-      param_name(name, sizeof name, c, e, p, 0);
-      if (!((*names)[(*n)++] = strdup(name)))
-        return dist_fail(eb, DIST_ENOMEM, "out of memory");
-    }
-  return 0;
-}
-
-void distd_experts_names_free(char **names, int n) {
+static void names_free(char **names, int n) {
   for (int i = 0; names && i < n; i++) free(names[i]);
   free(names);
 }
 
-int distd_experts_draft(distd_experts *x, distd_server *s, const distd_expert_layer_cfg *cfg,
-                        uint64_t seed, const distd_expert_init *init, int replace,
-                        distd_expert_draft *d, dist_errbuf *eb) {
+int distd_experts_name(const distd_expert_layer_cfg *cfg, distd_expert_draft *d,
+                       dist_errbuf *eb) {
   memset(d, 0, sizeof *d);
   d->cfg = *cfg;
   int rc = check_cfg(cfg, eb);
-  if (rc == 0 && !replace && find_layer(x, cfg->name))
+  return rc == 0 ? list_names(cfg, d, eb) : rc;
+}
+
+int distd_experts_draft(distd_experts *x, distd_server *s, uint64_t seed,
+                        const distd_expert_init *init, int replace, distd_expert_draft *d,
+                        dist_errbuf *eb) {
+  const distd_expert_layer_cfg *cfg = &d->cfg;
+  int rc = 0;
+  if (!replace && find_layer(x, cfg->name))
     rc = dist_fail(eb, DIST_EEXIST, "expert layer '%s' already exists", cfg->name);
-  if (rc == 0 && !replace) rc = check_free_names(s, cfg, eb);
+  if (rc == 0 && !replace) rc = check_free_names(s, d, eb);
   if (rc == 0 && !(d->fresh = calloc(1, sizeof *d->fresh)))
     rc = dist_fail(eb, DIST_ENOMEM, "out of memory");
-  if (rc == 0) rc = list_names(cfg, &d->names, &d->nnames, eb);
-  if (rc == 0) rc = distd_staged_init(&d->staged, 2 * (size_t)d->nnames, eb);
+  if (rc == 0) rc = distd_staged_init(&d->staged, (size_t)d->nnames, eb);
   size_t i = 0;
   for (int e = 0; rc == 0 && e < cfg->experts; e++)
     for (int p = 0; rc == 0 && p < NPARAM; p++)
@@ -358,7 +361,7 @@ void distd_experts_install(distd_experts *x, distd_server *s, distd_expert_draft
 
 void distd_expert_draft_free(distd_expert_draft *d) {
   distd_staged_free(&d->staged);
-  distd_experts_names_free(d->names, d->nnames);
+  names_free(d->names, d->nnames);
   free(d->fresh);
   memset(d, 0, sizeof *d);
 }

@@ -70,24 +70,30 @@ void distd_experts_free(distd_experts *x);
 typedef struct distd_expert_draft {
   distd_expert_layer_cfg cfg;
   distd_staged staged;    /* each parameter, then its gradient */
-  char **names;           /* the parameters' names */
+  char **names;           /* every name it stores: the parameters', then the
+                             gradients' */
   int nnames;
+  int nparams;            /* names[0..nparams) are the parameters' */
   struct layer *fresh;    /* the registry entry, should the layer be new */
 } distd_expert_draft;
 
-/* Checks cfg and makes the layer's parameters, from init (cfg->experts
- * entries) or, when init is NULL, drawn from seed
+/* Checks cfg and starts d: the names a creation of it stores, so that a
+ * caller can hold them (holds.h) before distd_experts_draft checks that
+ * they are free. Free d with distd_expert_draft_free whatever it
+ * returns. */
+int distd_experts_name(const distd_expert_layer_cfg *cfg, distd_expert_draft *d,
+                       dist_errbuf *eb);
+/* Makes the parameters of d (named by distd_experts_name), from init
+ * (cfg->experts entries) or, when init is NULL, drawn from seed
  * (distd_expert_seed_value), and their zeroed gradients; stores nothing.
- * An existing layer or tensor is an error unless replace. Free d with
- * distd_expert_draft_free whatever it returns. */
-int distd_experts_draft(distd_experts *x, distd_server *s, const distd_expert_layer_cfg *cfg,
-                        uint64_t seed, const distd_expert_init *init, int replace,
-                        distd_expert_draft *d, dist_errbuf *eb);
+ * An existing layer or tensor is an error unless replace. */
+int distd_experts_draft(distd_experts *x, distd_server *s, uint64_t seed,
+                        const distd_expert_init *init, int replace, distd_expert_draft *d,
+                        dist_errbuf *eb);
 /* Cannot fail: stores d's tensors and registers the layer, dropping the
  * kept invocations of the layer it replaces. */
 void distd_experts_install(distd_experts *x, distd_server *s, distd_expert_draft *d);
 void distd_expert_draft_free(distd_expert_draft *d);
-void distd_experts_names_free(char **names, int n);
 
 /* The seed's value for element idx of tensor `which` (0 w1, 1 b1, 2 w2,
  * 3 b2) of expert `expert`: uniform in [-1/sqrt(fan_in), 1/sqrt(fan_in)). */

@@ -19,20 +19,27 @@ typedef enum { FREE, WAIT, REFUSE } verdict;
  * restore takes its names all at once, holding none while it waits, and
  * so may wait for every hold but another restore's: two restores that
  * reached two daemons in opposite orders would each hold what the other
- * waits for. A put, and a LocalLayer call or backward storing its outputs
- * or gradients, leave a reshard's source alone (the reshard holds its own
- * reference) and refuse, or are refused by, what changes the name; the two
- * kinds differ only in what their messages say. */
-static const verdict rules[DISTD_HOLD_KINDS][DISTD_HOLD_KINDS] = {
-    /*                       RESHARD  READ    CONFIGURE DELETE RESTORE PUT   OUTPUT */
-    [DISTD_HOLD_RESHARD] = {REFUSE, REFUSE, WAIT, WAIT, REFUSE, REFUSE, REFUSE},
-    [DISTD_HOLD_READ] = {REFUSE, FREE, FREE, WAIT, REFUSE, FREE, FREE},
-    [DISTD_HOLD_CONFIGURE] = {REFUSE, FREE, REFUSE, REFUSE, REFUSE, REFUSE, REFUSE},
-    [DISTD_HOLD_DELETE] = {WAIT, WAIT, WAIT, FREE, WAIT, WAIT, WAIT},
-    [DISTD_HOLD_RESTORE] = {WAIT, WAIT, WAIT, WAIT, REFUSE, WAIT, WAIT},
-    [DISTD_HOLD_PUT] = {REFUSE, FREE, REFUSE, WAIT, REFUSE, REFUSE, REFUSE},
-    [DISTD_HOLD_OUTPUT] = {REFUSE, FREE, REFUSE, WAIT, REFUSE, REFUSE, REFUSE},
+ * waits for. A put leaves a reshard's source alone (the reshard holds its
+ * own reference) and refuses, or is refused by, what changes the name. */
+static const verdict rules[DISTD_HOLD_PUT + 1][DISTD_HOLD_PUT + 1] = {
+    /*                       RESHARD  READ    CONFIGURE DELETE RESTORE PUT */
+    [DISTD_HOLD_RESHARD] = {REFUSE, REFUSE, WAIT, WAIT, REFUSE, REFUSE},
+    [DISTD_HOLD_READ] = {REFUSE, FREE, FREE, WAIT, REFUSE, FREE},
+    [DISTD_HOLD_CONFIGURE] = {REFUSE, FREE, REFUSE, REFUSE, REFUSE, REFUSE},
+    [DISTD_HOLD_DELETE] = {WAIT, WAIT, WAIT, FREE, WAIT, WAIT},
+    [DISTD_HOLD_RESTORE] = {WAIT, WAIT, WAIT, WAIT, REFUSE, WAIT},
+    [DISTD_HOLD_PUT] = {REFUSE, FREE, REFUSE, WAIT, REFUSE, REFUSE},
 };
+
+/* A LocalLayer call or backward storing its outputs or gradients, and an
+ * expert layer's creation storing its parameters, store a voted result as
+ * a put does, and follow its rules; they are kinds of their own only for
+ * what their messages say. */
+static verdict rule(distd_hold_kind taking, distd_hold_kind held) {
+  if (taking > DISTD_HOLD_PUT) taking = DISTD_HOLD_PUT;
+  if (held > DISTD_HOLD_PUT) held = DISTD_HOLD_PUT;
+  return rules[taking][held];
+}
 
 /* For messages: what a hold's request is doing, and what to do again. */
 static const char *const doing[DISTD_HOLD_KINDS] = {
@@ -43,6 +50,7 @@ static const char *const doing[DISTD_HOLD_KINDS] = {
     [DISTD_HOLD_RESTORE] = "restored from a checkpoint",
     [DISTD_HOLD_PUT] = "put by another request",
     [DISTD_HOLD_OUTPUT] = "stored by a LocalLayer call",
+    [DISTD_HOLD_EXPERTS] = "created as an expert layer's parameter",
 };
 static const char *const verb[DISTD_HOLD_KINDS] = {
     [DISTD_HOLD_RESHARD] = "reshard",
@@ -52,6 +60,7 @@ static const char *const verb[DISTD_HOLD_KINDS] = {
     [DISTD_HOLD_RESTORE] = "restore",
     [DISTD_HOLD_PUT] = "put",
     [DISTD_HOLD_OUTPUT] = "call the layer with",
+    [DISTD_HOLD_EXPERTS] = "create the expert layer with",
 };
 
 typedef struct hold {
@@ -98,7 +107,7 @@ static const hold *first(const distd_holds *h, const char *const *names, size_t 
                          distd_hold_kind kind, verdict what) {
   for (const hold *x = h->head; x; x = x->next)
     for (size_t i = 0; i < n; i++)
-      if (rules[kind][x->kind] == what && strcmp(x->name, names[i]) == 0) return x;
+      if (rule(kind, x->kind) == what && strcmp(x->name, names[i]) == 0) return x;
   return NULL;
 }
 

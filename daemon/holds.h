@@ -3,8 +3,8 @@
  * An in-place reshard replaces a tensor (and a parameter's state), a
  * reshard into another name reads it, a configure or tune resets or
  * changes a parameter, a delete drops both, a checkpoint restore replaces
- * or drops every name it loads, a put or a LocalLayer call stores one once
- * its daemons agreed.
+ * or drops every name it loads, a put, a LocalLayer call or an expert
+ * layer's creation stores one once its daemons agreed.
  * Each takes a hold on the name for as long
  * as it runs, so that none acts on what another is replacing: a configure
  * prepared for the layout a reshard replaces, or a tensor deleted while a
@@ -36,6 +36,8 @@ typedef enum {
   DISTD_HOLD_PUT,       /* a put (shard_tensor, dtensor_from_local), voted */
   DISTD_HOLD_OUTPUT,    /* a LocalLayer call or backward, of the names it
                            stores, voted */
+  DISTD_HOLD_EXPERTS,   /* an expert layer's creation, of its parameters and
+                           their gradients, voted */
   DISTD_HOLD_KINDS
 } distd_hold_kind;
 

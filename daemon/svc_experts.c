@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "experts.h"
+#include "holds.h"
 #include "methods.h"
 #include "moe.pb-c.h"
 #include "pbuf.h"
@@ -50,7 +51,10 @@ static int parse_init(const Dist__V1__ExpertLayerCreateRequest *rq,
 }
 
 /* Every daemon of the layer makes its experts, then they vote, and each
- * installs them only if all could. */
+ * installs them only if all could. The names it stores are held meanwhile
+ * (holds.h), so that no put, reshard or restore of one of them lands
+ * between this daemon's check that they are free and its store; a name
+ * held by one of those is this daemon's no. */
 DISTD_HANDLER(expert_layer_create) {
   const Dist__V1__ExpertLayerCreateRequest *rq = (const void *)req;
   distd_expert_layer_cfg cfg;
@@ -60,15 +64,21 @@ DISTD_HANDLER(expert_layer_create) {
   int ranks[DIST_MAX_MESH_RANKS], n = distd_vote_ranks(s, rq->ranks, rq->n_ranks, ranks);
   int rc = parse_cfg(rq, &cfg, eb);
   if (rc == 0) rc = parse_init(rq, &init, eb);
-  if (rc == 0) rc = distd_experts_draft(s->experts, s, &cfg, rq->seed, init, rq->replace, &d, eb);
+  if (rc == 0) rc = distd_experts_name(&cfg, &d, eb);
+  const char *const *names = (const char *const *)d.names;
+  int held = rc ? rc : distd_holds_take_all(s->holds, names, (size_t)d.nnames,
+                                             DISTD_HOLD_EXPERTS, ci->deadline_ms, eb);
+  if (rc == 0) rc = held;
+  if (rc == 0) rc = distd_experts_draft(s->experts, s, rq->seed, init, rq->replace, &d, eb);
   if (n > 1) rc = distd_vote(s, ranks, n, rq->op_id, ci->deadline_ms, "expert layer", rc, NULL, eb);
   if (rc == 0) {
     distd_experts_install(s->experts, s, &d);
     Dist__V1__ExpertLayerCreateReply rp = DIST__V1__EXPERT_LAYER_CREATE_REPLY__INIT;
-    rp.n_tensors = (size_t)d.nnames;
+    rp.n_tensors = (size_t)d.nparams;
     rp.tensors = d.names;
     *reply = dist_pb_to_bb(&rp.base);
   }
+  if (held == 0) distd_holds_release_all(s->holds, names, (size_t)d.nnames, DISTD_HOLD_EXPERTS);
   distd_expert_draft_free(&d);
   free(init);
   return rc;

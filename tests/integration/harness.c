@@ -311,18 +311,26 @@ int harness_log_wait(const harness *h, int r, long from, const char *const *need
   return log_has(h, r, from, needles);
 }
 
-dist_tensor *harness_put(dist_client *c, const char *name, dist_dtype dt, const void *data,
-                         int ndim, const int64_t *shape, const char *mesh_text,
-                         const char *placements) {
+int harness_try_put(dist_client *c, const char *name, dist_dtype dt, const void *data, int ndim,
+                    const int64_t *shape, const char *mesh_text, const char *placements,
+                    dist_tensor **t) {
   dist_mesh *mesh = NULL;
   dist_placement p[DIST_MAX_MESH_DIMS];
-  dist_tensor *t = NULL;
+  *t = NULL;
   cr_assert_eq(dist_mesh_from_string(mesh_text, NULL, &mesh), 0, "mesh %s", mesh_text);
   cr_assert_gt(dist_parse_placements(placements, p, DIST_MAX_MESH_DIMS), 0, "placements %s",
                placements);
-  cr_assert_eq(dist_shard_tensor(c, name, data, dt, ndim, shape, mesh, p, &t), 0, "%s",
-               dist_errmsg(c));
+  int rc = dist_shard_tensor(c, name, data, dt, ndim, shape, mesh, p, t);
   dist_mesh_free(mesh);
+  return rc;
+}
+
+dist_tensor *harness_put(dist_client *c, const char *name, dist_dtype dt, const void *data,
+                         int ndim, const int64_t *shape, const char *mesh_text,
+                         const char *placements) {
+  dist_tensor *t = NULL;
+  cr_assert_eq(harness_try_put(c, name, dt, data, ndim, shape, mesh_text, placements, &t), 0,
+               "%s", dist_errmsg(c));
   return t;
 }
 

@@ -57,7 +57,12 @@ dist_client *harness_spmd_client(harness *h, int rank, const char *job);
  * opening it (*t NULL). */
 int harness_open_on(harness *h, int r, const char *name, dist_tensor **t);
 /* dist_shard_tensor of data with the mesh and placements written as text
- * ("[[0,1],[2,3]]", "Shard(0),Replicate()"); fails the test on error. */
+ * ("[[0,1],[2,3]]", "Shard(0),Replicate()"): its result, and *t (NULL on
+ * error). */
+int harness_try_put(dist_client *c, const char *name, dist_dtype dt, const void *data, int ndim,
+                    const int64_t *shape, const char *mesh_text, const char *placements,
+                    dist_tensor **t);
+/* harness_try_put that fails the test on error. */
 dist_tensor *harness_put(dist_client *c, const char *name, dist_dtype dt, const void *data,
                          int ndim, const int64_t *shape, const char *mesh_text,
                          const char *placements);

@@ -306,16 +306,12 @@ Test(local_layer_store, a_gradient_name_taken_on_one_daemon_is_stored_by_none) {
 static void expect_put_refused_while_held(dist_client *c, const char *name) {
   static const double seven[1] = {7};
   int64_t n1 = 1;
-  dist_mesh *m0 = NULL;
-  dist_placement rep = DIST_REPLICATED;
-  cr_assert_eq(dist_mesh_from_string("[0]", NULL, &m0), 0);
   dist_tensor *t = NULL;
-  int rc = dist_shard_tensor(c, name, seven, DIST_FLOAT64, 1, &n1, m0, &rep, &t);
+  int rc = harness_try_put(c, name, DIST_FLOAT64, seven, 1, &n1, "[0]", "Replicate()", &t);
   cr_assert_eq(rc, DIST_EUNAVAIL, "%s: %s", dist_err_name(rc), dist_errmsg(c));
   char want[128];
   snprintf(want, sizeof want, "'%s' is being stored by a LocalLayer call on rank 0", name);
   cr_assert(strstr(dist_errmsg(c), want), "%s", dist_errmsg(c));
-  dist_mesh_free(m0);
 }
 
 /* A put of an output's name that reaches a daemon while the call waits for

@@ -461,6 +461,58 @@ Test(experts, a_layer_one_daemon_cannot_create_exists_nowhere) {
   harness_stop(&h);
 }
 
+/* One SPMD trainer creating layer "moe" (2 experts per rank, seeded). */
+typedef struct creator {
+  dist_client *c;
+  int rc;
+  char msg[512];
+} creator;
+
+static void *spmd_create(void *arg) {
+  creator *cr = arg;
+  dist_moe_layer_opts o = DIST_MOE_LAYER_OPTS_INIT;
+  o.experts_per_rank = 2, o.d_model = 4, o.d_hidden = 3, o.seed = 7;
+  dist_moe_layer *l = NULL;
+  cr->rc = dist_moe_layer_create(cr->c, "moe", &o, &l);
+  snprintf(cr->msg, sizeof cr->msg, "%s", dist_errmsg(cr->c));
+  dist_moe_layer_free(l);
+  return NULL;
+}
+
+/* A put of a parameter's name that reaches a daemon while the layer's
+ * creation waits there for the others' verdicts is refused: the creation
+ * holds the names it stores. Before, the put went through after the
+ * creation checked the name was free, and the creation then replaced it. */
+Test(experts, a_put_of_a_parameter_name_while_the_layer_votes_is_refused) {
+  harness h;
+  harness_start(&h, 2, NULL);
+  dist_client *c = harness_client(&h);
+  creator cr[2] = {{.c = harness_spmd_client(&h, 0, "experts-job")},
+                   {.c = harness_spmd_client(&h, 1, "experts-job")}};
+  pthread_t first;
+  cr_assert_eq(pthread_create(&first, NULL, spmd_create, &cr[0]), 0);
+  /* Trainer 0's create runs on rank 0 and waits there for rank 1's verdict. */
+  harness_sleep_ms(500);
+  static const double seven[1] = {7};
+  int64_t n1 = 1;
+  dist_tensor *t = NULL;
+  int rc = harness_try_put(c, "moe.expert0.w1.grad", DIST_FLOAT64, seven, 1, &n1, "[0]",
+                           "Replicate()", &t);
+  cr_assert_eq(rc, DIST_EUNAVAIL, "%s: %s", dist_err_name(rc), dist_errmsg(c));
+  cr_assert(strstr(dist_errmsg(c), "'moe.expert0.w1.grad' is being created as an expert "
+                   "layer's parameter on rank 0"), "%s", dist_errmsg(c));
+  spmd_create(&cr[1]);
+  pthread_join(first, NULL);
+  for (int r = 0; r < 2; r++) cr_assert_eq(cr[r].rc, 0, "trainer %d: %s", r, cr[r].msg);
+  cr_assert_eq(harness_open_on(&h, 0, "moe.expert0.w1.grad", &t), 0);
+  cr_expect_eq(dist_tensor_dtype(t), DIST_FLOAT32, "the layer's gradient, not the put");
+  cr_expect_eq(dist_tensor_ndim(t), 2);
+  dist_tensor_free(t);
+  for (int r = 0; r < 2; r++) dist_close(cr[r].c);
+  dist_close(c);
+  harness_stop(&h);
+}
+
 /* ---------------------------------------------------------------- the layer */
 
 #define MAXR 4

@@ -25,8 +25,9 @@ TestSuite(holds, .init = setup, .fini = teardown, .timeout = 60);
 #define RS DISTD_HOLD_RESTORE
 #define P DISTD_HOLD_PUT
 #define O DISTD_HOLD_OUTPUT
-static const char *const names[] = {"reshard", "read",  "configure", "delete",
-                                    "restore", "put", "output"};
+#define E DISTD_HOLD_EXPERTS
+static const char *const names[] = {"reshard", "read",   "configure", "delete",
+                                    "restore", "put",    "output",    "experts"};
 
 typedef enum { GOES, WAITS, REFUSED } outcome;
 
@@ -34,14 +35,16 @@ typedef enum { GOES, WAITS, REFUSED } outcome;
  * put, a LocalLayer call's outputs) may not wait for another such
  * request; a delete waits for nothing but local holds; a restore holds
  * nothing while it waits, so it may wait for every hold but another
- * restore's, which waits for other daemons while holding. A put or an
- * output and a reshard's read of its source do not touch each other. */
+ * restore's, which waits for other daemons while holding. What stores a
+ * voted result (a put, an output, an expert layer's parameters) and a
+ * reshard's read of its source do not touch each other. */
 static outcome expected(distd_hold_kind taking, distd_hold_kind held) {
   if (held == RS) return taking == D ? WAITS : REFUSED;
   if (taking == RS) return WAITS;
   if (taking == D) return held == D ? GOES : WAITS;
   if (held == D) return taking == C ? REFUSED : WAITS;
-  int stores = taking == P || held == P || taking == O || held == O;
+  int stores = taking == P || held == P || taking == O || held == O || taking == E ||
+               held == E;
   if (stores) return taking == RD || held == RD ? GOES : REFUSED;
   if (taking == R) return held == C ? WAITS : REFUSED;
   if (taking == RD) return held == R ? REFUSED : GOES;
