@@ -496,23 +496,10 @@ static int load_ranks(dist_client *c, const char *dir, const ckpt_manifest *m,
   return rc;
 }
 
-/* Removes `name` from every daemon, before its value is put onto a mesh of
- * another shape: pieces of the older layout would otherwise outlive the
- * restore. A daemon that holds none answers "not found", which is fine. */
-static void delete_everywhere(dist_client *c, const char *name) {
-  Dist__V1__TensorDeleteRequest rq = DIST__V1__TENSOR_DELETE_REQUEST__INIT;
-  rq.name = (char *)name;
-  dist_call *calls = NULL;
-  dist_errbuf keep = c->err;
-  dist_call_all(c, "/dist.v1.Dist/TensorDelete", &dist__v1__tensor_delete_reply__descriptor,
-                &rq.base, NULL, c->n, &calls);
-  c->err = keep;
-  dist_calls_release(calls, c->n);
-}
-
 /* Moves a restored tensor to the requested layout: in the daemons when the
  * meshes have the same shape, else through the client (full value, then
- * shard_tensor onto the new mesh). */
+ * a replacing shard_tensor onto the new mesh, which leaves the loaded
+ * tensor as it was when it fails). */
 static int relayout(dist_client *c, const dist_tensor *saved_t,
                     const dist_checkpoint_opts *o) {
   const dist_mesh *mesh = o->mesh ? o->mesh : &saved_t->mesh;
@@ -525,10 +512,9 @@ static int relayout(dist_client *c, const dist_tensor *saved_t,
     rc = dist_reshard(c, t, mesh, o->placements);
   } else {
     rc = dist_full_tensor(c, t, &full, &nbytes);
-    if (rc == 0) delete_everywhere(c, saved_t->name);
     if (rc == 0)
-      rc = dist_shard_tensor(c, saved_t->name, full, t->dtype, t->shape.ndim,
-                             t->shape.dims, mesh, o->placements, &moved);
+      rc = dist_shard_tensor_replacing(c, saved_t->name, full, t->dtype, t->shape.ndim,
+                                       t->shape.dims, mesh, o->placements, &moved);
   }
   free(full);
   dist_tensor_free(moved);
@@ -546,13 +532,13 @@ static int loses_state(const dist_tensor *saved_t, const dist_checkpoint_opts *o
 }
 
 /* Stores the whole value of a CKPT_REBUILD tensor onto the restore's mesh, in
- * place of any tensor of that name. */
+ * place of any tensor of that name, which stays as it was if that fails. */
 static int store_rebuilt(dist_client *c, const dist_tensor *saved_t, const void *full,
                          const ckpt_state *state, const dist_checkpoint_opts *o) {
   dist_tensor *t = NULL;
-  delete_everywhere(c, saved_t->name);
-  int rc = dist_shard_tensor(c, saved_t->name, full, saved_t->dtype, saved_t->shape.ndim,
-                             saved_t->shape.dims, o->mesh, o->placements, &t);
+  int rc = dist_shard_tensor_replacing(c, saved_t->name, full, saved_t->dtype,
+                                       saved_t->shape.ndim, saved_t->shape.dims, o->mesh,
+                                       o->placements, &t);
   dist_tensor_free(t);
   if (rc == 0 && state->found && !loses_state(saved_t, o)) {
     Dist__V1__ParamConfigureRequest cfg = state->cfg;
@@ -618,10 +604,9 @@ int dist_checkpoint_restore(dist_client *c, const char *dir,
     if (rc != 0) /* past the loads: say what the store now holds */
       dist_errbuf_prefix(&c->err, "the daemons loaded the checkpoint's files, then '%s' "
                          "could not be %s: the tensors before it are as asked, the rest "
-                         "as loaded (saved layout) or, those rebuilt from the files, not "
-                         "restored%s; restore again: ", m.tensors[i].t.name,
-                         chosen[i] == CKPT_REBUILD ? "rebuilt" : "moved to the layout asked",
-                         chosen[i] == CKPT_REBUILD ? " (this one may be gone)" : "");
+                         "as loaded (saved layout) or, those to rebuild from the files, "
+                         "as before the restore; restore again: ", m.tensors[i].t.name,
+                         chosen[i] == CKPT_REBUILD ? "rebuilt" : "moved to the layout asked");
   }
   info->nfiles = m.nfiles;
   snprintf(info->id, sizeof info->id, "%s", m.id);

@@ -75,6 +75,15 @@ int dist_call_one(dist_client *c, int target, const char *method,
  * values); else 0. A daemon that does not answer is not counted
  * (tensor_api.c). */
 int dist_held_elsewhere(dist_client *c, const char *name, const dist_mesh_desc *m);
+/* dist_shard_tensor in place of any tensor of that name: the daemons of
+ * mesh replace theirs when all of them can (each holds both meanwhile),
+ * and then those outside it drop theirs. On failure the older tensor is
+ * as it was, unless the message says its pieces outside the mesh were not
+ * all deleted. */
+int dist_shard_tensor_replacing(dist_client *c, const char *name, const void *data,
+                                dist_dtype dt, int ndim, const int64_t *shape,
+                                const dist_mesh *mesh, const dist_placement *placements,
+                                dist_tensor **out);
 
 /* The next op id: identical across SPMD trainers that issue the same
  * sequence of collective operations. */

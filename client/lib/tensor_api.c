@@ -84,13 +84,20 @@ static int meshes_share_a_rank(const dist_mesh_desc *a, const dist_mesh_desc *b)
   return 0;
 }
 
+/* The cluster's ranks outside m, in outside[] (room for c->n); how many. */
+static int ranks_outside(const dist_client *c, const dist_mesh_desc *m, int *outside) {
+  int n = 0;
+  for (int r = 0; r < c->n; r++)
+    if (dist_mesh_index_of(m, r) < 0) outside[n++] = r;
+  return n;
+}
+
 int dist_held_elsewhere(dist_client *c, const char *name, const dist_mesh_desc *m) {
   Dist__V1__TensorShowRequest rq = DIST__V1__TENSOR_SHOW_REQUEST__INIT;
   rq.name = (char *)name;
-  int *outside = calloc((size_t)c->n + 1, sizeof *outside), n = 0, rc = 0;
+  int *outside = calloc((size_t)c->n + 1, sizeof *outside), rc = 0;
   if (!outside) return dist_client_fail(c, DIST_ENOMEM, "out of memory");
-  for (int r = 0; r < c->n; r++)
-    if (dist_mesh_index_of(m, r) < 0) outside[n++] = r;
+  int n = ranks_outside(c, m, outside);
   dist_errbuf keep = c->err;
   dist_call *calls = NULL;
   dist_call_all(c, "/dist.v1.Dist/TensorShow", &dist__v1__tensor_show_reply__descriptor,
@@ -112,19 +119,58 @@ int dist_held_elsewhere(dist_client *c, const char *name, const dist_mesh_desc *
   return rc;
 }
 
-/* Sends the batch; when the name is held outside the mesh, or on a
- * partial failure (daemons before 0.2.3 store a shard_tensor piece without
- * voting), removes what was created, so a failed put leaves nothing
- * behind. */
-static int batch_send(dist_client *c, put_batch *b, const dist_mesh_desc *mesh,
+/* The first error of a delete sent to several daemons, naming its rank;
+ * "not found" is fine on a daemon that held none, not on `opened` (-1:
+ * none), the one the tensor was found on. */
+static int delete_result(dist_client *c, const dist_call *calls, int n, int opened) {
+  for (int i = 0; i < n; i++) {
+    int code = calls[i].err.code;
+    if (code && (code != DIST_ENOTFOUND || calls[i].target == opened))
+      return dist_client_fail(c, code, "rank %d: %s", calls[i].target,
+                              dist_errbuf_msg(&calls[i].err));
+  }
+  c->err = (dist_errbuf)DIST_ERRBUF_INIT;
+  return 0;
+}
+
+/* After a replacing put onto m, deletes the name from the daemons outside
+ * m: pieces of an older layout left there would make it mean two
+ * tensors. */
+static int drop_outside(dist_client *c, const char *name, const dist_mesh_desc *m) {
+  int *outside = calloc((size_t)c->n + 1, sizeof *outside);
+  if (!outside) return dist_client_fail(c, DIST_ENOMEM, "out of memory");
+  int n = ranks_outside(c, m, outside);
+  Dist__V1__TensorDeleteRequest rq = DIST__V1__TENSOR_DELETE_REQUEST__INIT;
+  rq.name = (char *)name;
+  dist_call *calls = NULL;
+  int rc = n ? dist_call_all(c, "/dist.v1.Dist/TensorDelete",
+                             &dist__v1__tensor_delete_reply__descriptor, &rq.base, outside, n,
+                             &calls)
+             : 0;
+  if (calls) rc = delete_result(c, calls, n, -1);
+  if (rc != 0)
+    dist_errbuf_prefix(&c->err, "'%s' was stored, but its older pieces outside the new mesh "
+                       "were not all deleted: ", name);
+  dist_calls_release(calls, n);
+  free(outside);
+  return rc;
+}
+
+/* Sends the batch. A new name held outside the mesh, or a partial failure
+ * (daemons before 0.2.3 store a shard_tensor piece without voting),
+ * removes what was created, so a failed put leaves nothing behind. A
+ * replacing put then drops the name outside the mesh. */
+static int batch_send(dist_client *c, put_batch *b, const dist_mesh_desc *mesh, int replace,
                       dist_tensor **out) {
   for (int i = 0; i < b->n; i++) {
     b->calls[i].target = b->targets[i];
     b->calls[i].request = &b->reqs[i].base;
+    b->reqs[i].replace = replace != 0;
   }
+  const char *name = b->reqs[0].meta->name;
   int rc = dist_call_many(c, "/dist.v1.Dist/TensorPut",
                           &dist__v1__tensor_put_reply__descriptor, b->calls, b->n);
-  if (rc == 0) rc = dist_held_elsewhere(c, b->reqs[0].meta->name, mesh);
+  if (rc == 0) rc = replace ? drop_outside(c, name, mesh) : dist_held_elsewhere(c, name, mesh);
   if (rc != 0) {
     undo_puts(c, b);
     return rc;
@@ -160,10 +206,9 @@ static void as_partial_piece(const dist_mesh_desc *m, const dist_placement *p,
     }
 }
 
-int dist_shard_tensor(dist_client *c, const char *name, const void *data,
-                      dist_dtype dt, int ndim, const int64_t *shape,
-                      const dist_mesh *mesh, const dist_placement *placements,
-                      dist_tensor **out) {
+static int shard_put(dist_client *c, const char *name, const void *data, dist_dtype dt,
+                     int ndim, const int64_t *shape, const dist_mesh *mesh,
+                     const dist_placement *placements, int replace, dist_tensor **out) {
   *out = NULL;
   dist_shape global = {ndim, {0}};
   if (ndim < 0 || ndim > DIST_MAX_DIMS)
@@ -198,9 +243,23 @@ int dist_shard_tensor(dist_client *c, const char *name, const void *data,
     b.reqs[i].data.data = b.pieces[i];
     b.reqs[i].data.len = bytes;
   }
-  int rc = batch_send(c, &b, &mesh->d, out);
+  int rc = batch_send(c, &b, &mesh->d, replace, out);
   batch_free(&b);
   return rc;
+}
+
+int dist_shard_tensor(dist_client *c, const char *name, const void *data,
+                      dist_dtype dt, int ndim, const int64_t *shape,
+                      const dist_mesh *mesh, const dist_placement *placements,
+                      dist_tensor **out) {
+  return shard_put(c, name, data, dt, ndim, shape, mesh, placements, 0, out);
+}
+
+int dist_shard_tensor_replacing(dist_client *c, const char *name, const void *data,
+                                dist_dtype dt, int ndim, const int64_t *shape,
+                                const dist_mesh *mesh, const dist_placement *placements,
+                                dist_tensor **out) {
+  return shard_put(c, name, data, dt, ndim, shape, mesh, placements, 1, out);
 }
 
 int dist_dtensor_from_local(dist_client *c, const char *name,
@@ -234,7 +293,7 @@ int dist_dtensor_from_local(dist_client *c, const char *name,
     b.reqs[i].data.data = (uint8_t *)pieces[k];
     b.reqs[i].data.len = (size_t)dist_shape_numel(&local) * dist_dtype_size(dt);
   }
-  int rc = batch_send(c, &b, &mesh->d, out);
+  int rc = batch_send(c, &b, &mesh->d, 0, out);
   batch_free(&b);
   return rc;
 }
@@ -366,19 +425,6 @@ int dist_tensor_open(dist_client *c, const char *name, dist_tensor **out) {
   return rc;
 }
 
-/* The error of a delete sent to every daemon for per-rank values: "not
- * found" is fine on a daemon that held none, not on the one opened. */
-static int per_rank_delete_result(dist_client *c, const dist_call *calls, int n, int opened) {
-  for (int i = 0; i < n; i++) {
-    int code = calls[i].err.code;
-    if (code && (code != DIST_ENOTFOUND || calls[i].target == opened))
-      return dist_client_fail(c, code, "rank %d: %s", calls[i].target,
-                              dist_errbuf_msg(&calls[i].err));
-  }
-  c->err = (dist_errbuf)DIST_ERRBUF_INIT;
-  return 0;
-}
-
 /* Deletes the tensor from the daemons of its mesh (in SPMD mode, from
  * this trainer's). A single client deleting per-rank values (the name on
  * one-rank meshes) deletes them from every daemon, so the name is gone. */
@@ -395,7 +441,7 @@ int dist_tensor_delete(dist_client *c, const char *name) {
              : dist_call_all(c, "/dist.v1.Dist/TensorDelete",
                              &dist__v1__tensor_delete_reply__descriptor, &rq.base,
                              per_rank ? NULL : targets, n, &calls);
-  if (per_rank && calls) rc = per_rank_delete_result(c, calls, n, t->mesh.d.ranks[0]);
+  if (per_rank && calls) rc = delete_result(c, calls, n, t->mesh.d.ranks[0]);
   dist_calls_release(calls, n);
   dist_tensor_free(t);
   return rc;

@@ -185,6 +185,21 @@ Test(checkpoint, restore_onto_other_placements_and_meshes) {
   cr_assert_eq(dist_checkpoint_restore(c, dir, &o, &info), 0, "%s", dist_errmsg(c));
   expect_layout(c, "a", "[Shard(0)]", 3, 0);
   expect_value(c, "a", a0, sizeof a0);
+  /* A mesh of another size without the saved ranks: they keep no piece. */
+  dist_mesh *m2 = NULL;
+  cr_assert_eq(dist_mesh_from_string("[2]", NULL, &m2), 0);
+  o.mesh = m2;
+  o.placements = &rep;
+  cr_assert_eq(dist_checkpoint_restore(c, dir, &o, &info), 0, "%s", dist_errmsg(c));
+  expect_layout(c, "a", "[Replicate()]", 1, 2);
+  expect_value(c, "a", a0, sizeof a0);
+  for (int r = 0; r < 2; r++) {
+    dist_tensor *t = NULL;
+    cr_expect_eq(harness_open_on(&cluster, r, "a", &t), DIST_ENOTFOUND, "rank %d kept a piece",
+                 r);
+    dist_tensor_free(t);
+  }
+  dist_mesh_free(m2);
   dist_mesh_free(m21);
   dist_mesh_free(m3);
   dist_close(c);
@@ -1009,6 +1024,68 @@ Test(checkpoint, restore_onto_fewer_daemons_than_saved, .timeout = 240) {
   dist_close(c);
   snprintf(args, sizeof args, "rm -rf %s", tmp);
   cr_assert_eq(system(args), 0);
+}
+
+/* A rebuilt tensor that does not fit on its new mesh leaves the tensor of
+ * that name as it was before the restore. The rebuild used to delete it
+ * everywhere first, and the name was then gone. */
+Test(checkpoint, a_rebuild_that_does_not_fit_leaves_the_tensor_as_it_was, .timeout = 240) {
+  dist_client *c = start(4);
+  enum { N = 8192 }; /* float64: 64 KiB, 16 KiB per piece */
+  static double saved[N], filler[9216];
+  for (int i = 0; i < N; i++) saved[i] = 0.5 * i - 3;
+  int64_t n = N, nf = 9216, n4 = 4;
+  dist_tensor_free(put(c, "big", DIST_FLOAT64, saved, 1, &n, "[0,1,2,3]", "Shard(0)"));
+  char dir[] = "/tmp/ckpt-fit-XXXXXX"; /* outlives the cluster */
+  cr_assert(mkdtemp(dir));
+  cr_assert_eq(dist_checkpoint_save(c, dir, NULL, NULL), 0, "%s", dist_errmsg(c));
+  dist_close(c);
+  stop_cluster();
+
+  /* 96 KiB per daemon: the filler's 72 KiB leave no room for a 32 KiB
+   * half of "big", with or without the 32 bytes it holds now. */
+  snprintf(cluster_id, sizeof cluster_id, "ckpt-fit-%d", (int)getpid());
+  const char *args[] = {"--cluster-id", cluster_id, "--memory-limit=96KiB", NULL};
+  harness_start(&cluster, 2, args);
+  c = harness_client(&cluster);
+  static const double before[4] = {1, 2, 3, 4};
+  dist_tensor_free(put(c, "big", DIST_FLOAT64, before, 1, &n4, "[0,1]", "Replicate()"));
+  dist_tensor_free(put(c, "filler", DIST_FLOAT64, filler, 1, &nf, "[0,1]", "Replicate()"));
+  dist_mesh *m2 = NULL;
+  cr_assert_eq(dist_mesh_from_string("[0,1]", NULL, &m2), 0);
+  dist_placement s0 = DIST_SHARD_DIM(0);
+  const char *only_big[] = {"big"};
+  dist_checkpoint_opts o = DIST_CHECKPOINT_OPTS_INIT;
+  o.tensors = only_big, o.ntensors = 1, o.mesh = m2, o.placements = &s0;
+  int rc = dist_checkpoint_restore(c, dir, &o, NULL);
+  cr_assert_eq(rc, DIST_ENOMEM, "%s: %s", dist_err_name(rc), dist_errmsg(c));
+  cr_assert(strstr(dist_errmsg(c), "'big' could not be rebuilt") &&
+            strstr(dist_errmsg(c), "memory limit"), "%s", dist_errmsg(c));
+  expect_value(c, "big", before, sizeof before);
+  expect_layout(c, "big", "[Replicate()]", 2, 0);
+
+  /* With room, the same restore replaces it. */
+  cr_assert_eq(dist_tensor_delete(c, "filler"), 0, "%s", dist_errmsg(c));
+  cr_assert_eq(dist_checkpoint_restore(c, dir, &o, NULL), 0, "%s", dist_errmsg(c));
+  expect_layout(c, "big", "[Shard(0)]", 2, 0);
+  /* Piece by piece: gathering the whole value would not fit. */
+  dist_tensor *t = NULL;
+  cr_assert_eq(dist_tensor_open(c, "big", &t), 0, "%s", dist_errmsg(c));
+  for (int r = 0; r < 2; r++) {
+    void *data = NULL;
+    size_t nbytes = 0;
+    cr_assert_eq(dist_dtensor_to_local(c, t, r, &data, &nbytes, NULL), 0, "%s",
+                 dist_errmsg(c));
+    cr_assert_eq(nbytes, sizeof saved / 2);
+    cr_assert_eq(memcmp(data, saved + r * N / 2, nbytes), 0, "rank %d's half differs", r);
+    free(data);
+  }
+  dist_tensor_free(t);
+  dist_mesh_free(m2);
+  dist_close(c);
+  char rm[64];
+  snprintf(rm, sizeof rm, "rm -rf %s", dir);
+  cr_assert_eq(system(rm), 0);
 }
 
 /* Parameters saved on four daemons and restored onto two keep their
