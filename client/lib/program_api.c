@@ -1113,6 +1113,11 @@ int dist_local_layer_call(dist_client *c, dist_program *p, const dist_arg *args,
   }
   rc = dist_call_many(c, LL_METHOD("Invoke"),
                       &dist__v1__program_invoke_reply__descriptor, f.calls, f.n);
+  /* Asked again once stored, as a put asks: of a call and a put of one
+   * name onto disjoint meshes at once, at least one then sees the other.
+   * A replacing call cannot be undone without losing what it replaced, so
+   * it is asked before only. */
+  if (!rc && o.out_names && !o.replace) rc = check_out_names(c, p, names);
   if (rc) {
     undo_call(c, &f, id);
     goto out;

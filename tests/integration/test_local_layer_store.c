@@ -339,6 +339,93 @@ Test(local_layer_store, a_put_of_an_output_name_while_the_call_votes_is_refused)
   dist_close(c);
 }
 
+/* One SPMD trainer's call of a doubler on x, both made before. */
+typedef struct registered {
+  trainer tr;
+  dist_program *p;
+  dist_tensor *x;
+} registered;
+
+static void *call_registered(void *arg) {
+  registered *g = arg;
+  dist_arg args[1] = {{g->x, NULL}};
+  const char *names[1] = {"taken"};
+  dist_call_opts o = DIST_CALL_OPTS_INIT;
+  o.out_names = names;
+  o.no_grad = 1;
+  dist_invocation *inv = NULL;
+  dist_tensor *y = NULL;
+  g->tr.rc = dist_local_layer_call(g->tr.c, g->p, args, 1, &o, &inv, &y);
+  snprintf(g->tr.msg, sizeof g->tr.msg, "%s", dist_errmsg(g->tr.c));
+  dist_invocation_free(inv);
+  dist_tensor_free(y);
+  return NULL;
+}
+
+/* Waits (bounded, 10 s) until daemon r runs a vote; 1 if it does. */
+static int vote_running_on(dist_client *c, int r) {
+  for (double t0 = harness_now_s(); harness_now_s() - t0 < 10; harness_sleep_ms(20)) {
+    dist_ops_report rep;
+    if (dist_ops(c, r, 1, &rep) != 0) continue;
+    int found = 0;
+    for (int i = 0; i < rep.n_in_flight; i++) found |= strcmp(rep.ops[i].kind, "vote") == 0;
+    dist_ops_report_free(&rep);
+    if (found) return 1;
+  }
+  return 0;
+}
+
+/* A put of an output's name onto a mesh disjoint from the call's, landing
+ * after the call checked the name and before it stored: the put then sees
+ * no output, so the call, asking again once stored, sees the put and
+ * undoes itself. Before, both went through and the name meant two
+ * tensors. Rank 1's daemon is stopped meanwhile, so that both trainers'
+ * calls wait after their checks. */
+Test(local_layer_store, a_put_onto_another_mesh_racing_the_call_leaves_one_tensor) {
+  harness_start(&cluster, 3, NULL);
+  dist_client *c = harness_client(&cluster);
+  int64_t n4 = 4;
+  static const double y0[4] = {-1, -2, -3, -4};
+  dist_tensor_free(harness_put(c, "x", DIST_FLOAT64, x0, 1, &n4, "[0,1]", "Replicate()"));
+  registered g[2];
+  pthread_t th[2];
+  for (int r = 0; r < 2; r++) {
+    g[r] = (registered){{.c = harness_spmd_client(&cluster, r, "race-job")}, doubler(0), NULL};
+    cr_assert_eq(dist_program_register(g[r].tr.c, g[r].p), 0, "%s", dist_errmsg(g[r].tr.c));
+    cr_assert_eq(dist_tensor_open(g[r].tr.c, "x", &g[r].x), 0, "%s", dist_errmsg(g[r].tr.c));
+  }
+  cr_assert_eq(kill(cluster.pids[1], SIGSTOP), 0);
+  for (int r = 0; r < 2; r++) cr_assert_eq(pthread_create(&th[r], NULL, call_registered, &g[r]), 0);
+  /* Trainer 0 is past its check once rank 0 votes; trainer 1, on the same
+   * path, is at its stopped daemon. */
+  cr_assert(vote_running_on(c, 0), "rank 0 never voted");
+  harness_sleep_ms(200);
+  /* The put's own check cannot reach rank 1 within its 1.5 s, and counts
+   * only rank 0, which holds nothing yet. */
+  dist_opts quick = DIST_OPTS_INIT;
+  quick.timeout_ms = 1500;
+  dist_client *putter = NULL;
+  cr_assert_eq(dist_connect_cluster(cluster.cluster_file, &quick, &putter), 0);
+  dist_tensor_free(harness_put(putter, "taken", DIST_FLOAT64, y0, 1, &n4, "[2]",
+                               "Replicate()"));
+  cr_assert_eq(kill(cluster.pids[1], SIGCONT), 0);
+  for (int r = 0; r < 2; r++) pthread_join(th[r], NULL);
+  for (int r = 0; r < 2; r++) {
+    cr_assert_eq(g[r].tr.rc, DIST_EEXIST, "trainer %d: %s", r, g[r].tr.msg);
+    cr_assert(strstr(g[r].tr.msg, "'taken' already exists on rank 2 (mesh [2])"), "%s",
+              g[r].tr.msg);
+    cr_assert_eq(held_on(c, r, "taken", 0, NULL, 0), DIST_ENOTFOUND, "rank %d kept it", r);
+  }
+  cr_assert_eq(held_on(c, 2, "taken", 1, y0, 4), 0, "rank 2's 'taken' changed");
+  for (int r = 0; r < 2; r++) {
+    dist_tensor_free(g[r].x);
+    dist_program_free(g[r].p);
+    dist_close(g[r].tr.c);
+  }
+  dist_close(putter);
+  dist_close(c);
+}
+
 /* loss = sum(x * x), Partial(sum) on [0,1]. */
 static dist_program *square_sum(void) {
   dist_program *p = NULL;
