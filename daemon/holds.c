@@ -66,6 +66,7 @@ static const char *const verb[DISTD_HOLD_KINDS] = {
 typedef struct hold {
   char name[DISTD_NAME_MAX];
   distd_hold_kind kind;
+  uint64_t batch; /* the same for every hold one take made */
   struct hold *next;
 } hold;
 
@@ -73,6 +74,7 @@ struct distd_holds {
   pthread_mutex_t mu;
   pthread_cond_t released;
   hold *head;
+  uint64_t batches; /* the last batch given out */
   int rank;
 };
 
@@ -111,10 +113,11 @@ static const hold *first(const distd_holds *h, const char *const *names, size_t 
   return NULL;
 }
 
-/* Adds a hold of kind on each of names; 0 or DIST_ENOMEM (none added).
- * Called with mu held. */
+/* Adds a hold of kind on each of names, as one new batch (*batch); 0 or
+ * DIST_ENOMEM (none added). Called with mu held. */
 static int add_all(distd_holds *h, const char *const *names, size_t n, distd_hold_kind kind,
-                   dist_errbuf *eb) {
+                   uint64_t *batch, dist_errbuf *eb) {
+  *batch = ++h->batches;
   hold *added = NULL, *last = NULL;
   for (size_t i = 0; i < n; i++) {
     hold *mine = calloc(1, sizeof *mine);
@@ -124,6 +127,7 @@ static int add_all(distd_holds *h, const char *const *names, size_t n, distd_hol
     }
     snprintf(mine->name, sizeof mine->name, "%s", names[i]);
     mine->kind = kind;
+    mine->batch = *batch;
     mine->next = added;
     added = mine;
     if (!last) last = mine;
@@ -136,7 +140,8 @@ static int add_all(distd_holds *h, const char *const *names, size_t n, distd_hol
 }
 
 int distd_holds_take_all(distd_holds *h, const char *const *names, size_t n,
-                         distd_hold_kind kind, int64_t deadline_ms, dist_errbuf *eb) {
+                         distd_hold_kind kind, int64_t deadline_ms, uint64_t *batch,
+                         dist_errbuf *eb) {
   pthread_mutex_lock(&h->mu);
   const hold *in_way = first(h, names, n, kind, REFUSE);
   while (!in_way && first(h, names, n, kind, WAIT) && distd_now_ms() < deadline_ms) {
@@ -154,34 +159,58 @@ int distd_holds_take_all(distd_holds *h, const char *const *names, size_t n,
                    "%s it again (nothing was changed)", waited->name, doing[waited->kind],
                    h->rank, verb[kind]);
   else
-    rc = add_all(h, names, n, kind, eb);
+    rc = add_all(h, names, n, kind, batch, eb);
   pthread_mutex_unlock(&h->mu);
   return rc;
 }
 
 int distd_holds_take(distd_holds *h, const char *name, distd_hold_kind kind,
                      int64_t deadline_ms, dist_errbuf *eb) {
-  return distd_holds_take_all(h, &name, 1, kind, deadline_ms, eb);
+  uint64_t batch;
+  return distd_holds_take_all(h, &name, 1, kind, deadline_ms, &batch, eb);
 }
 
-void distd_holds_release_all(distd_holds *h, const char *const *names, size_t n,
-                             distd_hold_kind kind) {
+/* Unlinks every hold `which` picks (with arg) and frees them, waking the
+ * requests that wait. */
+static void release_where(distd_holds *h, int (*which)(const hold *, const void *),
+                          const void *arg, int just_one) {
   hold *gone = NULL;
   pthread_mutex_lock(&h->mu);
-  for (size_t i = 0; i < n; i++)
-    for (hold **at = &h->head; *at; at = &(*at)->next)
-      if ((*at)->kind == kind && strcmp((*at)->name, names[i]) == 0) {
-        hold *x = *at;
-        *at = x->next;
-        x->next = gone;
-        gone = x;
-        break;
-      }
+  for (hold **at = &h->head; *at;) {
+    hold *x = *at;
+    if (!which(x, arg)) {
+      at = &x->next;
+      continue;
+    }
+    *at = x->next;
+    x->next = gone;
+    gone = x;
+    if (just_one) break;
+  }
   pthread_cond_broadcast(&h->released);
   pthread_mutex_unlock(&h->mu);
   free_list(gone);
 }
 
+typedef struct named {
+  const char *name;
+  distd_hold_kind kind;
+} named;
+
+static int is_named(const hold *x, const void *arg) {
+  const named *n = arg;
+  return x->kind == n->kind && strcmp(x->name, n->name) == 0;
+}
+
+static int in_batch(const hold *x, const void *arg) {
+  return x->batch == *(const uint64_t *)arg;
+}
+
 void distd_holds_release(distd_holds *h, const char *name, distd_hold_kind kind) {
-  distd_holds_release_all(h, &name, 1, kind);
+  named n = {name, kind};
+  release_where(h, is_named, &n, 1);
+}
+
+void distd_holds_release_batch(distd_holds *h, uint64_t batch) {
+  release_where(h, in_batch, &batch, 0);
 }

@@ -54,14 +54,15 @@ int distd_holds_take(distd_holds *h, const char *name, distd_hold_kind kind,
                      int64_t deadline_ms, dist_errbuf *eb);
 /* distd_holds_take for every one of names[0..n) at once: it waits until
  * none of them has a hold it waits for, holding none meanwhile, so that a
- * request holding one of them never waits for it. */
+ * request holding one of them never waits for it. On success *batch names
+ * the holds for distd_holds_release_batch. */
 int distd_holds_take_all(distd_holds *h, const char *const *names, size_t n,
-                         distd_hold_kind kind, int64_t deadline_ms, dist_errbuf *eb);
-/* Releases one hold of `kind` on name, taken before. */
+                         distd_hold_kind kind, int64_t deadline_ms, uint64_t *batch,
+                         dist_errbuf *eb);
+/* Releases one hold of `kind` on name, taken with distd_holds_take. */
 void distd_holds_release(distd_holds *h, const char *name, distd_hold_kind kind);
-/* distd_holds_release for every one of names[0..n), taken with
- * distd_holds_take_all. */
-void distd_holds_release_all(distd_holds *h, const char *const *names, size_t n,
-                             distd_hold_kind kind);
+/* Releases the holds one distd_holds_take_all took, in one pass however
+ * many names it held (an expert layer holds a few per expert). */
+void distd_holds_release_batch(distd_holds *h, uint64_t batch);
 
 #endif

@@ -70,7 +70,8 @@ typedef struct load_job {
   distd_param_entry **params;  /* their optimizer state, when saved with it */
   const char **names;          /* rq->tensors' names, then rq->drop */
   size_t nnames;
-  int held;                    /* names are held (holds.h) */
+  int held;                    /* names are held (holds.h), as batch */
+  uint64_t batch;
   uint64_t bytes_loaded;
   uint32_t nparams;
 } load_job;
@@ -96,7 +97,7 @@ static int hold_names(distd_server *s, load_job *j, int64_t deadline_ms, dist_er
   for (size_t i = 0; i < rq->n_tensors; i++) j->names[j->nnames++] = rq->tensors[i]->name;
   for (size_t i = 0; i < rq->n_drop; i++) j->names[j->nnames++] = rq->drop[i];
   int rc = distd_holds_take_all(s->holds, j->names, j->nnames, DISTD_HOLD_RESTORE,
-                                deadline_ms, eb);
+                                deadline_ms, &j->batch, eb);
   j->held = rc == 0;
   return rc;
 }
@@ -147,7 +148,7 @@ static void apply(distd_server *s, load_job *j) {
 }
 
 static void load_job_free(distd_server *s, load_job *j) {
-  if (j->held) distd_holds_release_all(s->holds, j->names, j->nnames, DISTD_HOLD_RESTORE);
+  if (j->held) distd_holds_release_batch(s->holds, j->batch);
   for (size_t i = 0; j->t && i < j->rq->n_tensors; i++) {
     distd_param_entry_free(j->params[i]);
     distd_tensor_unref(j->t[i]);

@@ -65,9 +65,10 @@ DISTD_HANDLER(expert_layer_create) {
   int rc = parse_cfg(rq, &cfg, eb);
   if (rc == 0) rc = parse_init(rq, &init, eb);
   if (rc == 0) rc = distd_experts_name(&cfg, &d, eb);
-  const char *const *names = (const char *const *)d.names;
-  int held = rc ? rc : distd_holds_take_all(s->holds, names, (size_t)d.nnames,
-                                             DISTD_HOLD_EXPERTS, ci->deadline_ms, eb);
+  uint64_t batch = 0;
+  int held = rc ? rc : distd_holds_take_all(s->holds, (const char *const *)d.names,
+                                             (size_t)d.nnames, DISTD_HOLD_EXPERTS,
+                                             ci->deadline_ms, &batch, eb);
   if (rc == 0) rc = held;
   if (rc == 0) rc = distd_experts_draft(s->experts, s, rq->seed, init, rq->replace, &d, eb);
   if (n > 1) rc = distd_vote(s, ranks, n, rq->op_id, ci->deadline_ms, "expert layer", rc, NULL, eb);
@@ -78,7 +79,7 @@ DISTD_HANDLER(expert_layer_create) {
     rp.tensors = d.names;
     *reply = dist_pb_to_bb(&rp.base);
   }
-  if (held == 0) distd_holds_release_all(s->holds, names, (size_t)d.nnames, DISTD_HOLD_EXPERTS);
+  if (held == 0) distd_holds_release_batch(s->holds, batch);
   distd_expert_draft_free(&d);
   free(init);
   return rc;

@@ -198,8 +198,9 @@ static int invoke(distd_server *s, const distd_call_info *ci, distd_program *p,
   const char *const *names = (const char *const *)rq->out_names;
   distd_invocation *inv = NULL;
   distd_input_origin *origins = calloc(pb->n_inputs + 1, sizeof *origins);
+  uint64_t batch = 0;
   int held = distd_holds_take_all(s->holds, names, rq->n_out_names, DISTD_HOLD_OUTPUT,
-                                  ci->deadline_ms, eb);
+                                  ci->deadline_ms, &batch, eb);
   int verdict = held ? held
                 : origins ? run_local(s, p, rq, origins, &inv, eb)
                           : dist_fail(eb, DIST_ENOMEM, "out of memory");
@@ -220,7 +221,7 @@ static int invoke(distd_server *s, const distd_call_info *ci, distd_program *p,
   } else if (reserved) {
     distd_registry_release(s->programs, rq->op_id, NULL);
   }
-  if (!held) distd_holds_release_all(s->holds, names, rq->n_out_names, DISTD_HOLD_OUTPUT);
+  if (!held) distd_holds_release_batch(s->holds, batch);
   distd_invocation_release(inv);
   free(origins);
   return rc;

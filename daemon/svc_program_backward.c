@@ -162,9 +162,10 @@ DISTD_HANDLER(program_backward) {
   size_t nheld = 0;
   const char **names = stored_names(rq, &nheld);
   int rc = distd_registry_take(s->programs, rq->invocation_id, &k, eb), held = -1;
+  uint64_t batch = 0;
   if (rc == 0)
     rc = held = names ? distd_holds_take_all(s->holds, names, nheld, DISTD_HOLD_OUTPUT,
-                                             ci->deadline_ms, eb)
+                                             ci->deadline_ms, &batch, eb)
                       : dist_fail(eb, DIST_ENOMEM, "out of memory");
   if (rc == 0) rc = backward(s, k, rq, &o, eb);
   if (stores_grads(rq))
@@ -173,7 +174,7 @@ DISTD_HANDLER(program_backward) {
     distd_staged_store(s->store, &o);
     reply_backward(s, k, rq, &o, reply);
   }
-  if (held == 0) distd_holds_release_all(s->holds, names, nheld, DISTD_HOLD_OUTPUT);
+  if (held == 0) distd_holds_release_batch(s->holds, batch);
   free(names);
   distd_staged_free(&o);
   distd_kept_invocation_free(k); /* backward runs once: nothing is kept */

@@ -5,6 +5,7 @@
  * released, or at the deadline with nothing held. */
 #include <criterion/criterion.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -127,6 +128,7 @@ Test(holds, a_wait_that_times_out_leaves_nothing_held) {
 typedef struct restorer {
   int rc;
   int64_t took;
+  uint64_t batch;
 } restorer;
 
 static void *restore_a_and_b(void *arg) {
@@ -134,7 +136,7 @@ static void *restore_a_and_b(void *arg) {
   const char *both[2] = {"a", "b"};
   dist_errbuf eb = DIST_ERRBUF_INIT;
   int64_t t0 = distd_now_ms();
-  int rc = distd_holds_take_all(h, both, 2, RS, t0 + 10000, &eb);
+  int rc = distd_holds_take_all(h, both, 2, RS, t0 + 10000, &r->batch, &eb);
   r->took = distd_now_ms() - t0;
   __atomic_store_n(&r->rc, rc, __ATOMIC_RELEASE);
   return NULL;
@@ -146,7 +148,7 @@ static void *restore_a_and_b(void *arg) {
 Test(holds, a_restore_takes_its_names_at_once_and_none_while_it_waits) {
   dist_errbuf eb = DIST_ERRBUF_INIT;
   cr_assert_eq(distd_holds_take(h, "a", R, distd_now_ms() + 1000, &eb), 0, "%s", eb.msg);
-  restorer r = {-1, 0};
+  restorer r = {-1, 0, 0};
   pthread_t th;
   cr_assert_eq(pthread_create(&th, NULL, restore_a_and_b, &r), 0);
   usleep(100 * 1000);
@@ -164,6 +166,35 @@ Test(holds, a_restore_takes_its_names_at_once_and_none_while_it_waits) {
                "the restore does not hold 'b'");
   cr_expect(strstr(eb.msg, "'b' is being restored from a checkpoint on rank 3"), "%s",
             eb.msg);
-  distd_holds_release(h, "a", RS);
-  distd_holds_release(h, "b", RS);
+  distd_holds_release_batch(h, r.batch);
+  cr_expect_eq(distd_holds_take(h, "b", C, distd_now_ms() + 50, &eb), 0, "%s", eb.msg);
+  distd_holds_release(h, "b", C);
+}
+
+/* A batch is released whole and alone, and in one pass: an expert layer
+ * holds a few names per expert, and releasing 100k names one by one took
+ * minutes. */
+Test(holds, a_batch_releases_its_own_names_only) {
+  enum { N = 100000 };
+  static char storage[N][24];
+  static const char *many[N];
+  for (int i = 0; i < N; i++) {
+    snprintf(storage[i], sizeof storage[i], "moe.expert%d.w1", i);
+    many[i] = storage[i];
+  }
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  uint64_t mine = 0, other = 0;
+  const char *c_only[1] = {"c"};
+  cr_assert_eq(distd_holds_take_all(h, c_only, 1, O, distd_now_ms() + 1000, &other, &eb), 0);
+  cr_assert_eq(distd_holds_take_all(h, many, N, E, distd_now_ms() + 1000, &mine, &eb), 0);
+  cr_assert_neq(mine, other);
+  int64_t t0 = distd_now_ms();
+  distd_holds_release_batch(h, mine);
+  cr_expect_lt(distd_now_ms() - t0, 2000, "releasing %d names took %lld ms", N,
+               (long long)(distd_now_ms() - t0));
+  cr_expect_eq(distd_holds_take(h, many[N - 1], C, distd_now_ms() + 50, &eb), 0, "%s", eb.msg);
+  distd_holds_release(h, many[N - 1], C);
+  cr_expect_eq(distd_holds_take(h, "c", C, distd_now_ms() + 50, &eb), DIST_EUNAVAIL,
+               "the other batch's hold went too");
+  distd_holds_release_batch(h, other);
 }
