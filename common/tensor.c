@@ -50,6 +50,28 @@ int dist_dtype_is_float(dist_dtype dt) {
   return dtype_valid(dt) && dtype_table[dt].is_float;
 }
 
+int dist_shape_make(int ndim, const int64_t *dims, dist_shape *out, dist_errbuf *eb) {
+  if (ndim < 0 || ndim > DIST_MAX_DIMS)
+    return dist_fail(eb, DIST_EINVAL, "%d dims (0 to %d allowed)", ndim, DIST_MAX_DIMS);
+  int64_t elements = 1;
+  out->ndim = ndim;
+  for (int d = 0; d < ndim; d++) {
+    if (dims[d] < 0)
+      return dist_fail(eb, DIST_EINVAL, "dim %d is negative (%lld)", d, (long long)dims[d]);
+    if (dims[d] > DIST_MAX_ELEMENTS)
+      return dist_fail(eb, DIST_EINVAL, "dim %d of size %lld is too large", d,
+                       (long long)dims[d]);
+    /* Checking each dim alone let [2^32, 2^32] through, whose element
+     * count wraps to 0. */
+    if (dims[d] > DIST_MAX_ELEMENTS / elements) /* elements >= 1 */
+      return dist_fail(eb, DIST_EINVAL, "shape has more than 2^48 elements (dims 0 to %d)",
+                       d);
+    if (dims[d] > 0) elements *= dims[d];
+    out->dims[d] = dims[d];
+  }
+  return 0;
+}
+
 int64_t dist_shape_numel(const dist_shape *s) {
   int64_t n = 1;
   for (int d = 0; d < s->ndim; d++) n *= s->dims[d];

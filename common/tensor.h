@@ -22,6 +22,13 @@ const char *dist_dtype_name(dist_dtype dt);
 dist_dtype dist_dtype_parse(const char *name);
 int dist_dtype_is_float(dist_dtype dt);
 
+/* The most elements a shape may describe. Each dim is bounded by it, and so
+ * is the product of the non-empty dims: element and byte counts (numel
+ * times at most 8) and strides then fit in an int64_t. */
+#define DIST_MAX_ELEMENTS (1ll << 48)
+/* ndim dims as a shape: 0 to DIST_MAX_DIMS dims, each non-negative, at
+ * most DIST_MAX_ELEMENTS elements in all. Errors name the dim. */
+int dist_shape_make(int ndim, const int64_t *dims, dist_shape *out, dist_errbuf *eb);
 /* Number of elements (1 for ndim 0). */
 int64_t dist_shape_numel(const dist_shape *s);
 int dist_shape_equal(const dist_shape *a, const dist_shape *b);

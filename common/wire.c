@@ -59,29 +59,18 @@ int dist_placements_from_pb(Dist__V1__Placement *const *pb, size_t n,
   return 0;
 }
 
-/* The most elements a shape may describe. Each dim is bounded by it, and so
- * is the product of the non-empty dims: element and byte counts (numel times
- * at most 8) and strides then fit in an int64_t. Checking each dim alone
- * let [2^32, 2^32] through, whose element count wraps to 0. */
-#define MAX_ELEMENTS (1ull << 48)
-
 int dist_shape_from_pb(const uint64_t *dims, size_t n, dist_shape *s,
                        dist_errbuf *eb) {
   if (n > DIST_MAX_DIMS)
     return dist_fail(eb, DIST_EINVAL, "%zu dims (at most %d)", n, DIST_MAX_DIMS);
-  uint64_t elements = 1;
-  s->ndim = (int)n;
+  int64_t signed_dims[DIST_MAX_DIMS];
   for (size_t i = 0; i < n; i++) {
-    if (dims[i] > MAX_ELEMENTS)
+    if (dims[i] > (uint64_t)DIST_MAX_ELEMENTS) /* before it turns negative */
       return dist_fail(eb, DIST_EINVAL, "dim %zu of size %llu is too large", i,
                        (unsigned long long)dims[i]);
-    s->dims[i] = (int64_t)dims[i];
-    if (dims[i] > MAX_ELEMENTS / elements) /* elements >= 1 */
-      return dist_fail(eb, DIST_EINVAL,
-                       "shape has more than 2^48 elements (dims 0 to %zu)", i);
-    if (dims[i] > 0) elements *= dims[i];
+    signed_dims[i] = (int64_t)dims[i];
   }
-  return 0;
+  return dist_shape_make((int)n, signed_dims, s, eb);
 }
 
 int dist_dtype_from_pb(int pb, dist_dtype *dt, dist_errbuf *eb) {

@@ -210,10 +210,10 @@ static int shard_put(dist_client *c, const char *name, const void *data, dist_dt
                      int ndim, const int64_t *shape, const dist_mesh *mesh,
                      const dist_placement *placements, int replace, dist_tensor **out) {
   *out = NULL;
-  dist_shape global = {ndim, {0}};
-  if (ndim < 0 || ndim > DIST_MAX_DIMS)
-    return dist_client_fail(c, DIST_EINVAL, "%d dims (0 to %d allowed)", ndim, DIST_MAX_DIMS);
-  memcpy(global.dims, shape, sizeof *shape * (size_t)ndim);
+  dist_shape global;
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  if (dist_shape_make(ndim, shape, &global, &eb) != 0)
+    return dist_client_fail(c, eb.code, "shard_tensor '%s': %s", name, dist_errbuf_msg(&eb));
   if (check_placements(c, mesh, placements, ndim) != 0) return c->err.code;
   put_batch b;
   int targets[DIST_MAX_MESH_RANKS];
@@ -232,7 +232,11 @@ static int shard_put(dist_client *c, const char *name, const void *data, dist_dt
     dist_mesh_coords(&mesh->d, idx, coords);
     dist_local_box(&mesh->d, placements, &global, coords, &local, offset);
     size_t bytes = (size_t)dist_shape_numel(&local) * elem;
-    b.pieces[i] = malloc(bytes + 1);
+    if (!(b.pieces[i] = malloc(bytes + 1))) {
+      batch_free(&b);
+      return dist_client_fail(c, DIST_ENOMEM, "shard_tensor '%s': no memory for rank %d's "
+                              "piece of %zu bytes", name, targets[i], bytes);
+    }
     dist_copy_box_out(b.pieces[i], data, &global, offset, &local, elem);
     as_partial_piece(&mesh->d, placements, coords, b.pieces[i], local_numel(&local), dt);
     b.targets[i] = targets[i];
@@ -273,14 +277,21 @@ int dist_dtensor_from_local(dist_client *c, const char *name,
   int targets[DIST_MAX_MESH_RANKS];
   int n = put_targets(c, &mesh->d, targets);
   if (n < 0) return n;
+  dist_shape locals[DIST_MAX_MESH_RANKS];
+  for (int i = 0; i < n; i++) {
+    int k = c->spmd_rank >= 0 ? 0 : i; /* SPMD: our one piece */
+    dist_errbuf eb = DIST_ERRBUF_INIT;
+    if (dist_shape_make(ndim, shapes[k], &locals[i], &eb) != 0)
+      return dist_client_fail(c, eb.code, "dtensor_from_local '%s': rank %d's piece: %s",
+                              name, targets[i], dist_errbuf_msg(&eb));
+  }
   put_batch b;
   batch_init(&b, n);
   uint64_t op = dist_next_op_id(c);
   dist_shape global = {ndim, {0}};
   for (int i = 0; i < n; i++) {
-    int k = c->spmd_rank >= 0 ? 0 : i; /* SPMD: our one piece */
-    dist_shape local = {ndim, {0}};
-    memcpy(local.dims, shapes[k], sizeof(int64_t) * (size_t)ndim);
+    int k = c->spmd_rank >= 0 ? 0 : i;
+    const dist_shape local = locals[i];
     b.targets[i] = targets[i];
     dist__v1__tensor_put_request__init(&b.reqs[i]);
     dist_meta_to_pb(name, dt, &global, &mesh->d, placements, &b.w[i]);

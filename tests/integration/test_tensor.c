@@ -1118,6 +1118,23 @@ Test(bad_input, each_is_a_clear_error_and_leaves_the_store_unchanged, .timeout =
   /* The C API takes one placement per mesh dim by construction; a wrong
    * count is checked by the daemons (next test) and distctl (last test). */
 
+  /* Shapes the client cannot cut into pieces: it crashed (a negative or
+   * overflowing byte count, an unchecked malloc) before. */
+  int64_t negative[2] = {10, -2}, huge[1] = {(int64_t)1 << 62}, big[1] = {(int64_t)1 << 44};
+  rc = dist_shard_tensor(c, "x", ref, DIST_FLOAT32, 2, negative, m4, &s0, &t);
+  EXPECT_ERR(c, rc, DIST_EINVAL, "dim 1 is negative (-2)", "a negative dim");
+  rc = dist_shard_tensor(c, "x", ref, DIST_FLOAT32, 1, huge, m4, &s0, &t);
+  EXPECT_ERR(c, rc, DIST_EINVAL, "too large", "a dim over 2^48");
+  rc = dist_shard_tensor(c, "x", ref, DIST_FLOAT32, 1, big, m4, &s0, &t);
+  EXPECT_ERR(c, rc, DIST_ENOMEM, "no memory for rank 0's piece", "pieces beyond memory");
+  int64_t ok_piece[2] = {5, 2}, bad_piece[2] = {-1, 2};
+  const int64_t *some_bad[4] = {ok_piece, bad_piece, ok_piece, ok_piece};
+  const void *four[4] = {ref, ref, ref, ref};
+  rc = dist_dtensor_from_local(c, "x", four, DIST_FLOAT32, 2, some_bad, m4, &s0, &t);
+  EXPECT_ERR(c, rc, DIST_EINVAL, "rank 1's piece: dim 0 is negative (-1)",
+             "a piece of negative size");
+  expect_keep_unchanged(&cluster, c, ref, "bad shapes");
+
   rc = dist_shard_tensor(c, "keep", ref, DIST_FLOAT32, 2, shape, m4, &s0, &t);
   EXPECT_ERR(c, rc, DIST_EEXIST, "'keep'", "name that exists");
   expect_keep_unchanged(&cluster, c, ref, "put of a name that exists");
