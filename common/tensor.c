@@ -3,6 +3,7 @@
 #include "fileio.h"
 #include "tensor.h"
 
+#include <jansson.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -48,6 +49,20 @@ dist_dtype dist_dtype_parse(const char *name) {
 
 int dist_dtype_is_float(dist_dtype dt) {
   return dtype_valid(dt) && dtype_table[dt].is_float;
+}
+
+int dist_name_check(const char *name, dist_errbuf *eb) {
+  size_t len = name ? strlen(name) : 0;
+  if (len == 0) return dist_fail(eb, DIST_EINVAL, "a tensor name cannot be empty");
+  if (len > DIST_NAME_LEN_MAX)
+    return dist_fail(eb, DIST_EINVAL, "tensor name '%.32s...' has %zu bytes, at most %d "
+                     "allowed", name, len, DIST_NAME_LEN_MAX);
+  if (strcmp(name, "__metadata__") == 0)
+    return dist_fail(eb, DIST_EINVAL, "'__metadata__' is reserved (checkpoint files use it)");
+  json_t *utf8 = json_stringn(name, len); /* NULL unless valid UTF-8 */
+  if (!utf8) return dist_fail(eb, DIST_EINVAL, "tensor name is not valid UTF-8");
+  json_decref(utf8);
+  return 0;
 }
 
 int dist_shape_make(int ndim, const int64_t *dims, dist_shape *out, dist_errbuf *eb) {

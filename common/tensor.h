@@ -22,6 +22,14 @@ const char *dist_dtype_name(dist_dtype dt);
 dist_dtype dist_dtype_parse(const char *name);
 int dist_dtype_is_float(dist_dtype dt);
 
+/* The longest tensor name, in bytes, without its NUL. */
+#define DIST_NAME_LEN_MAX 255
+/* Whether name may name a tensor: 1 to DIST_NAME_LEN_MAX bytes of UTF-8
+ * (gRPC strings and JSON carry nothing else) other than "__metadata__",
+ * the key safetensors keeps for itself (a checkpoint could not hold it).
+ * The error names what is wrong. */
+int dist_name_check(const char *name, dist_errbuf *eb);
+
 /* The most elements a shape may describe. Each dim is bounded by it, and so
  * is the product of the non-empty dims: element and byte counts (numel
  * times at most 8) and strides then fit in an int64_t. */

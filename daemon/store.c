@@ -79,9 +79,8 @@ void distd_store_release(distd_store *s, size_t bytes) {
 static int tensor_make(distd_store *s, const char *name, dist_dtype dt, const dist_shape *global,
                        const dist_mesh_desc *mesh, const dist_placement *p, int rank,
                        int reserved, distd_tensor **out, dist_errbuf *eb) {
-  if (strlen(name) >= DISTD_NAME_MAX)
-    return dist_fail(eb, DIST_EINVAL, "tensor name longer than %d bytes",
-                     DISTD_NAME_MAX - 1);
+  /* "" is a private buffer's, never stored; any other name may be. */
+  if (name[0] && dist_name_check(name, eb) != 0) return eb->code;
   distd_tensor *t = calloc(1, sizeof *t);
   snprintf(t->name, sizeof t->name, "%s", name);
   t->dtype = dt;

@@ -14,7 +14,7 @@
 #include "mesh.h"
 #include "tensor.h"
 
-#define DISTD_NAME_MAX 256
+#define DISTD_NAME_MAX (DIST_NAME_LEN_MAX + 1) /* a name and its NUL */
 
 typedef struct distd_tensor {
   char name[DISTD_NAME_MAX];

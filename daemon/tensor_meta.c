@@ -7,12 +7,8 @@
 int distd_meta_parse(distd_server *s, const Dist__V1__TensorMeta *pb,
                      distd_meta *m, dist_errbuf *eb) {
   if (!pb) return dist_fail(eb, DIST_EINVAL, "tensor description missing");
-  if (!pb->name || !pb->name[0])
-    return dist_fail(eb, DIST_EINVAL, "tensor name is empty");
-  if (strlen(pb->name) >= sizeof m->name)
-    return dist_fail(eb, DIST_EINVAL, "tensor name longer than %zu bytes",
-                     sizeof m->name - 1);
-  strcpy(m->name, pb->name);
+  if (dist_name_check(pb->name, eb) != 0) return eb->code;
+  strcpy(m->name, pb->name); /* fits: DIST_NAME_LEN_MAX < DISTD_NAME_MAX */
   if (dist_dtype_from_pb((int)pb->dtype, &m->dtype, eb) != 0) return eb->code;
   if (dist_mesh_from_pb(pb->mesh, &m->mesh, eb) != 0) return eb->code;
   if (distd_mesh_check_world(s, &m->mesh, eb) != 0) return eb->code;

@@ -75,6 +75,9 @@ int dist_call_one(dist_client *c, int target, const char *method,
  * values); else 0. A daemon that does not answer is not counted
  * (tensor_api.c). */
 int dist_held_elsewhere(dist_client *c, const char *name, const dist_mesh_desc *m);
+/* dist_name_check on a name the caller chose for a tensor `what` makes
+ * ("shard_tensor", "output 0"): before a buffer cuts it short. */
+int dist_client_check_name(dist_client *c, const char *what, const char *name);
 /* dist_shard_tensor in place of any tensor of that name: the daemons of
  * mesh replace theirs when all of them can (each holds both meanwhile),
  * and then those outside it drop theirs. On failure the older tensor is

@@ -1093,6 +1093,12 @@ int dist_local_layer_call(dist_client *c, dist_program *p, const dist_arg *args,
     rc = dist_client_fail(c, DIST_ENOMEM, "out of memory");
     goto out;
   }
+  for (int k = 0; o.out_names && k < p->n_outputs && !rc; k++) {
+    char what[32];
+    snprintf(what, sizeof what, "output %d", k);
+    rc = dist_client_check_name(c, what, o.out_names[k]);
+  }
+  if (rc) goto out;
   for (int k = 0; k < p->n_outputs; k++) {
     if (o.out_names) snprintf(v->out_names[k], sizeof v->out_names[k], "%s", o.out_names[k]);
     else snprintf(v->out_names[k], sizeof v->out_names[k], "%s.%llu.out%d",
@@ -1234,6 +1240,13 @@ int dist_backward(dist_client *c, dist_invocation *inv,
     rc = dist_client_fail(c, DIST_ENOMEM, "out of memory");
     goto out;
   }
+  for (int j = 0; o.grad_names && j < inv->n_inputs && !rc; j++) {
+    char what[32];
+    snprintf(what, sizeof what, "gradient %d", j);
+    if (o.grad_names[j] && o.grad_names[j][0])
+      rc = dist_client_check_name(c, what, o.grad_names[j]);
+  }
+  if (rc) goto out;
   for (int j = 0; j < inv->n_inputs; j++) {
     if (o.grad_names) snprintf(buf[j], sizeof buf[j], "%s", o.grad_names[j] ? o.grad_names[j] : "");
     else if (inv->input_is_tensor[j])

@@ -17,6 +17,13 @@ static dist_tensor *tensor_from_meta(const Dist__V1__TensorMeta *m) {
   return t;
 }
 
+int dist_client_check_name(dist_client *c, const char *what, const char *name) {
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  if (dist_name_check(name, &eb) != 0)
+    return dist_client_fail(c, eb.code, "%s: %s", what, dist_errbuf_msg(&eb));
+  return 0;
+}
+
 static int check_placements(dist_client *c, const dist_mesh *mesh,
                             const dist_placement *p, int ndim) {
   dist_errbuf eb = DIST_ERRBUF_INIT;
@@ -210,6 +217,7 @@ static int shard_put(dist_client *c, const char *name, const void *data, dist_dt
                      int ndim, const int64_t *shape, const dist_mesh *mesh,
                      const dist_placement *placements, int replace, dist_tensor **out) {
   *out = NULL;
+  if (dist_client_check_name(c, "shard_tensor", name) != 0) return c->err.code;
   dist_shape global;
   dist_errbuf eb = DIST_ERRBUF_INIT;
   if (dist_shape_make(ndim, shape, &global, &eb) != 0)
@@ -271,6 +279,7 @@ int dist_dtensor_from_local(dist_client *c, const char *name,
                             const int64_t *const *shapes, const dist_mesh *mesh,
                             const dist_placement *placements, dist_tensor **out) {
   *out = NULL;
+  if (dist_client_check_name(c, "dtensor_from_local", name) != 0) return c->err.code;
   if (ndim < 0 || ndim > DIST_MAX_DIMS)
     return dist_client_fail(c, DIST_EINVAL, "%d dims (0 to %d allowed)", ndim, DIST_MAX_DIMS);
   if (check_placements(c, mesh, placements, ndim) != 0) return c->err.code;

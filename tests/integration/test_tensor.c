@@ -1135,6 +1135,29 @@ Test(bad_input, each_is_a_clear_error_and_leaves_the_store_unchanged, .timeout =
              "a piece of negative size");
   expect_keep_unchanged(&cluster, c, ref, "bad shapes");
 
+  /* Names the store could not give back: one of 256 bytes was cut to 255
+   * (two such names then meant one tensor, and neither could be opened);
+   * "__metadata__" made every checkpoint save fail; bytes that are not
+   * UTF-8 vanished from distctl's JSON. */
+  char long_name[300];
+  memset(long_name, 'k', 256);
+  long_name[256] = 0;
+  rc = dist_shard_tensor(c, long_name, ref, DIST_FLOAT32, 2, shape, m4, &s0, &t);
+  EXPECT_ERR(c, rc, DIST_EINVAL, "has 256 bytes, at most 255", "a name of 256 bytes");
+  rc = dist_shard_tensor(c, "__metadata__", ref, DIST_FLOAT32, 2, shape, m4, &s0, &t);
+  EXPECT_ERR(c, rc, DIST_EINVAL, "reserved", "the name safetensors keeps");
+  rc = dist_shard_tensor(c, "bad\xffname", ref, DIST_FLOAT32, 2, shape, m4, &s0, &t);
+  EXPECT_ERR(c, rc, DIST_EINVAL, "not valid UTF-8", "a name that is not UTF-8");
+  rc = dist_dtensor_from_local(c, "", four, DIST_FLOAT32, 2, some_bad, m4, &s0, &t);
+  EXPECT_ERR(c, rc, DIST_EINVAL, "cannot be empty", "an empty name");
+  long_name[255] = 0; /* the longest allowed, and UTF-8 of more than one byte */
+  memcpy(long_name, "\xc3\xa9t\xc3\xa9", 6);
+  cr_assert_eq(dist_shard_tensor(c, long_name, ref, DIST_FLOAT32, 2, shape, m4, &s0, &t), 0,
+               "%s", dist_errmsg(c));
+  dist_tensor_free(t);
+  cr_assert_eq(dist_tensor_delete(c, long_name), 0, "%s", dist_errmsg(c));
+  expect_keep_unchanged(&cluster, c, ref, "bad names");
+
   rc = dist_shard_tensor(c, "keep", ref, DIST_FLOAT32, 2, shape, m4, &s0, &t);
   EXPECT_ERR(c, rc, DIST_EEXIST, "'keep'", "name that exists");
   expect_keep_unchanged(&cluster, c, ref, "put of a name that exists");
@@ -1298,6 +1321,10 @@ Test(bad_input, the_daemons_check_what_libdist_would_have_refused, .timeout = 12
   EXPECT_ERR(c, rc, DIST_EMISMATCH, "float64", "daemon: bytes that do not fit the dtype");
   rc = raw_put(c, "keep", DIST_FLOAT32, &global, M4, "Shard(0)", piece, 24);
   cr_assert_neq(rc, 0, "a put over an existing name succeeded");
+  rc = raw_put(c, "__metadata__", DIST_FLOAT32, &global, M4, "Shard(0)", piece, 24);
+  EXPECT_ERR(c, rc, DIST_EINVAL, "reserved", "daemon: the name safetensors keeps");
+  rc = raw_put(c, "\xc3(", DIST_FLOAT32, &global, M4, "Shard(0)", piece, 24);
+  EXPECT_ERR(c, rc, DIST_EINVAL, "not valid UTF-8", "daemon: a name that is not UTF-8");
   expect_keep_unchanged(&cluster, c, ref, "raw puts the daemons refused");
   dist_close(c);
   stop_cluster();
