@@ -46,16 +46,25 @@ static int start(dist_client *c, grpc_completion_queue *cq, const char *method,
   return grpc_call_start_batch(st->call, ops, 6, st, NULL) == GRPC_CALL_OK ? 0 : -1;
 }
 
+/* Whether status details are a daemon's own explanation ("EUNAVAIL: 'w'
+ * is being resharded ..."), which starts with the code's name, rather
+ * than gRPC's word for a channel or a deadline. */
+static int from_daemon(const char *details, int code) {
+  const char *name = dist_err_name(code);
+  return strncmp(details, name, strlen(name)) == 0;
+}
+
 static void finish(dist_client *c, dist_call *dc, call_state *st,
                    const ProtobufCMessageDescriptor *reply_desc) {
   char *details = grpc_slice_to_c_string(st->details);
   if (st->status != GRPC_STATUS_OK) {
     dist_status_parse(st->status, details, &dc->err);
-    if (st->status == GRPC_STATUS_UNAVAILABLE && dc->err.code == DIST_EUNAVAIL)
+    if (st->status == GRPC_STATUS_UNAVAILABLE && dc->err.code == DIST_EUNAVAIL &&
+        !from_daemon(details, DIST_EUNAVAIL))
       dist_fail(&dc->err, DIST_EUNAVAIL, "cannot reach distd at %s: %s",
                 c->endpoints[dc->target], details);
     else if (st->status == GRPC_STATUS_DEADLINE_EXCEEDED && dc->err.code == DIST_ETIMEDOUT &&
-             strncmp(details, "ETIMEDOUT", 9) != 0)
+             !from_daemon(details, DIST_ETIMEDOUT))
       dist_fail(&dc->err, DIST_ETIMEDOUT,
                 "no answer from distd at %s within %lld ms", c->endpoints[dc->target],
                 (long long)c->timeout_ms);

@@ -312,6 +312,8 @@ static void expect_put_refused_while_held(dist_client *c, const char *name) {
   char want[128];
   snprintf(want, sizeof want, "'%s' is being stored by a LocalLayer call on rank 0", name);
   cr_assert(strstr(dist_errmsg(c), want), "%s", dist_errmsg(c));
+  /* The daemon answered: its refusal is no unreachable daemon. */
+  cr_assert(!strstr(dist_errmsg(c), "cannot reach"), "%s", dist_errmsg(c));
 }
 
 /* A put of an output's name that reaches a daemon while the call waits for
