@@ -279,7 +279,9 @@ DISTD_HANDLER(tensor_get) {
     for (int i = 0; i < t->mesh.ndim; i++) rep[i] = DIST_REPLICATED;
     int rc = distd_reshard(s, t, &t->mesh, &t->mesh, rep, t->name, rq->op_id,
                            ci->deadline_ms, &full, eb);
-    if (rc != 0) {
+    if (rc != 0) { /* the others may wait for this rank's part: tell them */
+      distd_reshard_abort(s, rq->op_id, t->mesh.ndim, t->mesh.ranks, t->mesh.nranks,
+                          dist_errbuf_msg(eb));
       distd_tensor_unref(t);
       return rc;
     }

@@ -83,6 +83,32 @@ static void finish(dist_client *c, dist_call *dc, call_state *st,
   grpc_call_unref(st->call);
 }
 
+/* The failed call whose error to report, or -1: the first, unless another
+ * failed for a reason of its own while it was cancelled, by the abort a
+ * failing daemon sends its peers (ECANCELED, "rank 1 aborted ..."). */
+static int cause(const dist_call *calls, int n) {
+  int first = -1;
+  for (int i = 0; i < n; i++) {
+    if (calls[i].err.code == 0) continue;
+    if (calls[i].err.code != DIST_ECANCELED) return i;
+    if (first < 0) first = i;
+  }
+  return first;
+}
+
+/* Records call's error on c, naming its rank and address once. */
+static int fail_with(dist_client *c, const dist_call *call) {
+  const char *msg = dist_errbuf_msg(&call->err);
+  char named[300];
+  snprintf(named, sizeof named, "rank %d (%s)", call->target, c->endpoints[call->target]);
+  if (strstr(msg, named)) return dist_client_fail(c, call->err.code, "%s", msg);
+  /* "cannot reach distd at HOST:PORT" names the address, not the rank. */
+  if (strstr(msg, c->endpoints[call->target]))
+    return dist_client_fail(c, call->err.code, "rank %d: %s", call->target, msg);
+  return dist_client_fail(c, call->err.code, "rank %d (%s): %s", call->target,
+                          c->endpoints[call->target], msg);
+}
+
 int dist_call_many(dist_client *c, const char *method,
                    const ProtobufCMessageDescriptor *reply_desc,
                    dist_call *calls, int n) {
@@ -110,20 +136,8 @@ int dist_call_many(dist_client *c, const char *method,
   }
   grpc_completion_queue_destroy(cq);
   free(st);
-  for (int i = 0; i < n; i++)
-    if (calls[i].err.code != 0) {
-      const char *msg = dist_errbuf_msg(&calls[i].err);
-      char named[300];
-      snprintf(named, sizeof named, "rank %d (%s)", calls[i].target,
-               c->endpoints[calls[i].target]);
-      if (strstr(msg, named)) return dist_client_fail(c, calls[i].err.code, "%s", msg);
-      /* "cannot reach distd at HOST:PORT" names the address, not the rank. */
-      if (strstr(msg, c->endpoints[calls[i].target]))
-        return dist_client_fail(c, calls[i].err.code, "rank %d: %s", calls[i].target, msg);
-      return dist_client_fail(c, calls[i].err.code, "rank %d (%s): %s",
-                              calls[i].target, c->endpoints[calls[i].target], msg);
-    }
-  return 0;
+  int i = cause(calls, n);
+  return i < 0 ? 0 : fail_with(c, &calls[i]);
 }
 
 void dist_calls_free(dist_call *calls, int n) {

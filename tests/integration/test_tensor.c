@@ -1264,6 +1264,15 @@ Test(bad_input, a_reshard_one_daemon_cannot_afford_is_applied_by_none, .timeout 
   double took = harness_now_s() - t0;
   EXPECT_ERR(c, rc, DIST_ENOMEM, "rank 1", "a gathering reshard over rank 1's memory limit");
   cr_assert_lt(took, 2.5, "the refusal took %.1f s", took);
+  /* Reading the whole value gathers it too: rank 0 waited for rank 1's
+   * rows until the peer timeout, and then named no cause. */
+  void *whole = NULL;
+  size_t nbytes = 0;
+  t0 = harness_now_s();
+  rc = dist_full_tensor(c, t, &whole, &nbytes);
+  took = harness_now_s() - t0;
+  EXPECT_ERR(c, rc, DIST_ENOMEM, "memory limit", "a full read over rank 1's memory limit");
+  cr_assert_lt(took, 2.5, "the refusal took %.1f s", took);
   /* With room made, the same reshards are applied by both. */
   cr_assert_eq(dist_tensor_delete(c, "fill"), 0, "%s", dist_errmsg(c));
   cr_assert_eq(dist_reshard(c, t, NULL, &rep), 0, "%s", dist_errmsg(c));
