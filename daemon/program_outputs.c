@@ -6,6 +6,7 @@
 
 #include "coll.h"
 #include "tensor_meta.h"
+#include "vote.h"
 #include "wire.h"
 
 int distd_attr_parse(distd_server *s, const Dist__V1__Mesh *mesh,
@@ -61,12 +62,13 @@ static int derive_global(const distd_attr *a, const int64_t *all, dist_shape *gl
 /* dtensor_from_local's shape exchange over the output's mesh: every rank
  * sends its verdict and local shape, so all accept or all refuse. */
 static int exchange_shapes(distd_server *s, const distd_attr *a, uint64_t op_id,
-                           int64_t deadline, int verdict,
+                           int64_t deadline, int verdict, const char *why,
                            const dist_shape *local, dist_shape *global,
                            dist_errbuf *eb) {
   int n = a->mesh.nranks;
   int64_t mine[XWORDS] = {verdict, local ? local->ndim : 0};
   for (int d = 0; local && d < local->ndim; d++) mine[2 + d] = local->dims[d];
+  if (verdict) distd_reason_pack(&mine[1], XWORDS - 1, why);
   int64_t *all = calloc((size_t)n * XWORDS, sizeof *all);
   size_t *counts = calloc((size_t)n, sizeof *counts);
   for (int i = 0; i < n; i++) counts[i] = XWORDS;
@@ -75,9 +77,9 @@ static int exchange_shapes(distd_server *s, const distd_attr *a, uint64_t op_id,
   if (rc == 0) rc = distd_allgather(&c, mine, all, counts, DIST_INT64, eb);
   for (int i = 0; rc == 0 && i < n; i++)
     if (all[i * XWORDS] != 0 && a->mesh.ranks[i] != s->rank)
-      rc = dist_fail(eb, (int)all[i * XWORDS], "rank %d failed its part of "
-                     "the invocation (%s)", a->mesh.ranks[i],
-                     dist_err_name((int)all[i * XWORDS]));
+      rc = distd_reason_fail(eb, (int)all[i * XWORDS], a->mesh.ranks[i],
+                             "failed its part of the invocation", &all[i * XWORDS + 1],
+                             XWORDS - 1);
   if (rc == 0 && verdict == 0) rc = derive_global(a, all, global, eb);
   free(all);
   free(counts);
@@ -147,7 +149,7 @@ int distd_value_global(distd_server *s, int64_t deadline_ms, const distd_attr *a
                             v->shape.ndim, eb) != 0)
     verdict = eb->code;
   int rc = exchange_shapes(s, a, op_id, deadline_ms, verdict,
-                           v ? &v->shape : NULL, global,
+                           verdict ? dist_errbuf_msg(eb) : NULL, v ? &v->shape : NULL, global,
                            verdict ? &peer_eb : eb);
   return verdict ? verdict : rc;
 }

@@ -49,11 +49,13 @@ static uint64_t put_digest(const distd_meta *m) {
   return dist_fnv1a(words, sizeof *words * (size_t)n) | 1;
 }
 
-static void pack_exchange(int64_t *w, int status, const distd_meta *m) {
+/* why: this rank's reason when status says no (vote.h). */
+static void pack_exchange(int64_t *w, int status, const char *why, const distd_meta *m) {
   memset(w, 0, sizeof(int64_t) * EXCHANGE_WORDS);
   w[0] = status;
   w[1] = m->local.ndim;
   for (int i = 0; i < m->local.ndim; i++) w[2 + i] = m->local.dims[i];
+  if (status) distd_reason_pack(&w[1], EX_DTYPE - 1, why);
   w[EX_DTYPE] = m->dtype;
   w[EX_LAYOUT] = layout_fingerprint(m);
 }
@@ -115,22 +117,23 @@ static int derive_global(distd_meta *m, const int64_t *all, dist_errbuf *eb) {
  * verdicts, so they all accept or all refuse the same tensor. */
 static int exchange_local_shapes(distd_server *s, uint64_t op_id,
                                  int64_t deadline, distd_meta *m, int verdict,
-                                 dist_errbuf *eb) {
+                                 const char *why, dist_errbuf *eb) {
   int n = m->mesh.nranks;
   int64_t mine[EXCHANGE_WORDS];
   int64_t *all = calloc((size_t)n * EXCHANGE_WORDS, sizeof *all);
   size_t *counts = calloc((size_t)n, sizeof *counts);
   for (int i = 0; i < n; i++) counts[i] = EXCHANGE_WORDS;
-  pack_exchange(mine, verdict, m);
+  pack_exchange(mine, verdict, why, m);
   distd_coll c;
   int rc = distd_coll_init(&c, s->peers, op_id, m->mesh.ranks, n, deadline, eb);
   if (rc == 0) rc = distd_allgather(&c, mine, all, counts, DIST_INT64, eb);
   if (rc != 0) goto out;
   for (int i = 0; i < n; i++)
     if (all[i * EXCHANGE_WORDS] != 0 && m->mesh.ranks[i] != s->rank) {
-      rc = dist_fail(eb, (int)all[i * EXCHANGE_WORDS],
-                     "rank %d refused its piece of '%s' (%s)", m->mesh.ranks[i],
-                     m->name, dist_err_name((int)all[i * EXCHANGE_WORDS]));
+      char did[300];
+      snprintf(did, sizeof did, "refused its piece of '%s'", m->name);
+      rc = distd_reason_fail(eb, (int)all[i * EXCHANGE_WORDS], m->mesh.ranks[i], did,
+                             &all[i * EXCHANGE_WORDS + 1], EX_DTYPE - 1);
       goto out;
     }
   if (verdict != 0) {
@@ -212,7 +215,7 @@ static int piece_from_local(distd_server *s, const distd_call_info *ci,
   if (verdict == 0 && distd_store_reserve(s->store, bytes, eb) != 0) verdict = eb->code;
   dist_errbuf peer_eb = DIST_ERRBUF_INIT;
   int rc = exchange_local_shapes(s, rq->op_id, ci->deadline_ms, m, verdict,
-                                 verdict ? &peer_eb : eb);
+                                 verdict ? dist_errbuf_msg(eb) : NULL, verdict ? &peer_eb : eb);
   if (verdict != 0) return verdict;
   if (rc != 0) {
     distd_store_release(s->store, bytes);

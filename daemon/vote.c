@@ -117,6 +117,23 @@ int distd_vote_staged(distd_server *s, const int *ranks, int n, uint64_t op_id,
   return rc;
 }
 
+void distd_reason_pack(int64_t *words, size_t nwords, const char *why) {
+  char text[8 * 16] = {0}; /* words hold bytes; built here, then copied */
+  size_t room = nwords * sizeof *words < sizeof text ? nwords * sizeof *words : sizeof text;
+  if (room) snprintf(text, room, "%s", why ? why : "");
+  memcpy(words, text, room);
+}
+
+int distd_reason_fail(dist_errbuf *eb, int code, int rank, const char *did,
+                      const int64_t *words, size_t nwords) {
+  char why[8 * 16 + 1] = {0};
+  size_t bytes = nwords * sizeof *words < sizeof why - 1 ? nwords * sizeof *words
+                                                         : sizeof why - 1;
+  memcpy(why, words, bytes); /* a peer's bytes: ended here whatever they hold */
+  if (!why[0]) return dist_fail(eb, code, "rank %d %s (%s)", rank, did, dist_err_name(code));
+  return dist_fail(eb, code, "rank %d %s: %s", rank, did, why);
+}
+
 int distd_vote_ranks(const distd_server *s, const uint32_t *named, size_t n, int *ranks) {
   int me = 0;
   if (n > DIST_MAX_MESH_RANKS) return 0;

@@ -53,6 +53,17 @@ int distd_vote_staged(distd_server *s, const int *ranks, int n, uint64_t op_id,
                       int64_t deadline_ms, const char *what, int verdict, distd_staged *staged,
                       uint64_t digest, dist_errbuf *eb);
 
+/* A shape exchange (dtensor_from_local, a LocalLayer output) carries each
+ * rank's verdict and then its local shape in int64 words; a rank that
+ * said no has no shape to send, and puts the start of its reason in those
+ * nwords words instead, so that the others can say why and not only which
+ * code. A daemon before 0.2.4 sends zeros there: an empty reason. */
+void distd_reason_pack(int64_t *words, size_t nwords, const char *why);
+/* "rank R <did>: <reason>" (or "(CODE)" without one) as eb's error, with
+ * the code R sent; words are R's nwords reason words. */
+int distd_reason_fail(dist_errbuf *eb, int code, int rank, const char *did,
+                      const int64_t *words, size_t nwords);
+
 /* The daemons a request names to vote on what it changes (its
  * `ranks`), when this daemon is one of them, each is a rank of the world
  * and none is named twice; else 0: no vote (a client before 0.2.1 sends

@@ -528,6 +528,35 @@ Test(local_layer_errors, wrong_shape_names_the_op_and_its_position, .timeout = 1
   err_teardown(&f);
 }
 
+/* A body that fails on one rank only (its piece cannot take the shape):
+ * the others said only "rank 1 failed its part of the invocation
+ * (EMISMATCH)", and the caller, reading rank 0's answer, learned no more.
+ * The reason now travels with the verdict. */
+Test(local_layer_errors, a_body_failing_on_one_rank_says_why_on_every_rank, .timeout = 120) {
+  err_fixture f;
+  err_setup(&f);
+  float odd[9] = {0};
+  dist_tensor *x3 = shard_logits(f.c, "odd", odd, 3, 3, f.m); /* pieces [2,3], [1,3] */
+  dist_program *p = NULL;
+  dist_program_new("reshaper", &p);
+  int x = dist_input_dtensor(p, "x", DIST_FLOAT32);
+  int64_t two_by_three[2] = {2, 3};
+  dist_program_output(p, dist_op_reshape(p, x, two_by_three, 2));
+  dist_placement s0 = DIST_SHARD_DIM(0);
+  dist_program_out_dist_attr(p, f.m, &s0, NULL);
+  cr_assert_eq(dist_program_register(f.c, p), 0, "%s", dist_errmsg(f.c));
+  dist_arg args[1] = {{x3, NULL}};
+  dist_invocation *inv = NULL;
+  dist_tensor *out = NULL;
+  int rc = dist_local_layer_call(f.c, p, args, 1, NULL, &inv, &out);
+  cr_assert_neq(rc, 0);
+  cr_assert(strstr(dist_errmsg(f.c), "reshape"), "%s", dist_errmsg(f.c));
+  cr_assert_null(inv);
+  dist_program_free(p);
+  dist_tensor_free(x3);
+  err_teardown(&f);
+}
+
 Test(local_layer_errors, invoke_with_unknown_handle_is_not_found, .timeout = 120) {
   err_fixture f;
   err_setup(&f);
