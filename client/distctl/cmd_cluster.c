@@ -8,20 +8,23 @@
 static int run_up(const distctl_global *g, int argc, char **argv) {
   (void)g;
   const char *dir = NULL, *v;
-  int n = 0, extra = argc, pin = 0;
+  long n = 0;
+  int extra = argc, pin = 0;
   for (int i = 0; i < argc; i++) {
     if (strcmp(argv[i], "--") == 0) {
       extra = i + 1;
       break;
     }
     if (strcmp(argv[i], "--pin") == 0) pin = 1;
-    else if ((v = distctl_opt(argc, argv, &i, "-n"))) n = atoi(v);
-    else if ((v = distctl_opt(argc, argv, &i, "--dir"))) dir = v;
+    else if ((v = distctl_opt(argc, argv, &i, "-n"))) {
+      if (distctl_number_opt(&distctl_cmd_cluster_up, "-n", v, 1, DISTCTL_MAX_DAEMONS, &n))
+        return 2;
+    } else if ((v = distctl_opt(argc, argv, &i, "--dir"))) dir = v;
     else return distctl_usage(&distctl_cmd_cluster_up, "unknown argument '%s'", argv[i]);
   }
   if (n <= 0) return distctl_usage(&distctl_cmd_cluster_up, "-n N (N >= 1) is required");
   if (!dir) return distctl_usage(&distctl_cmd_cluster_up, "--dir DIR is required");
-  return distctl_cluster_up(dir, n, 30000, 0, pin, argv + extra, argc - extra);
+  return distctl_cluster_up(dir, (int)n, 30000, 0, pin, argv + extra, argc - extra);
 }
 
 static int run_down(const distctl_global *g, int argc, char **argv) {

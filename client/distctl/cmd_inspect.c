@@ -23,14 +23,6 @@
 #define DEFAULT_RECENT 20
 #define HTTP_MAX (64u << 20) /* largest /metrics body accepted */
 
-static int parse_int(const char *v, long lo, long hi, long *out) {
-  char *end;
-  long x = strtol(v, &end, 10);
-  if (!*v || *end || x < lo || x > hi) return -1;
-  *out = x;
-  return 0;
-}
-
 static void format_ranks(const int *r, int n, char *buf, size_t len) {
   size_t used = 0;
   buf[0] = 0;
@@ -99,7 +91,7 @@ static int run_ops(const distctl_global *g, int argc, char **argv) {
   long recent = DEFAULT_RECENT;
   for (int i = 0; i < argc; i++) {
     const char *v = distctl_opt(argc, argv, &i, "--recent");
-    if (!v || parse_int(v, 0, 256, &recent) != 0)
+    if (!v || distctl_parse_long(v, 0, 256, &recent) != 0)
       return distctl_usage(&distctl_cmd_ops, "bad argument '%s'", argv[i]);
   }
   dist_client *c = distctl_connect(g);
@@ -330,7 +322,7 @@ static int run_metrics(const distctl_global *g, int argc, char **argv) {
   long rank = 0;
   for (int i = 0; i < argc; i++) {
     const char *v = distctl_opt(argc, argv, &i, "--rank");
-    if (!v || parse_int(v, 0, 1 << 20, &rank) != 0)
+    if (!v || distctl_parse_long(v, 0, 1 << 20, &rank) != 0)
       return distctl_usage(&distctl_cmd_metrics, "bad argument '%s'", argv[i]);
   }
   dist_client *c = distctl_connect(g);
@@ -476,7 +468,7 @@ static int parse_top_args(int argc, char **argv, long *iterations, double *inter
   for (int i = 0; i < argc; i++) {
     const char *v;
     if ((v = distctl_opt(argc, argv, &i, "--iterations"))) {
-      if (parse_int(v, 0, 1L << 30, iterations) != 0) return i;
+      if (distctl_parse_long(v, 0, 1L << 30, iterations) != 0) return i;
     } else if ((v = distctl_opt(argc, argv, &i, "--interval"))) {
       char *end;
       *interval = strtod(v, &end);

@@ -139,14 +139,16 @@ static int run_job(int n, const char *cluster, const char *log_dir, char **argv)
 
 static int run_launch(const distctl_global *g, int argc, char **argv) {
   const char *log_dir = "./log", *v;
-  int n = 0, prog = -1;
+  long n = 0;
+  int prog = -1;
   for (int i = 0; i < argc; i++) {
     if (strcmp(argv[i], "--") == 0) {
       prog = i + 1;
       break;
     }
-    if ((v = distctl_opt(argc, argv, &i, "-n"))) n = atoi(v);
-    else if ((v = distctl_opt(argc, argv, &i, "--log-dir"))) log_dir = v;
+    if ((v = distctl_opt(argc, argv, &i, "-n"))) {
+      if (distctl_number_opt(&distctl_cmd_launch, "-n", v, 1, MAX_RANKS, &n)) return 2;
+    } else if ((v = distctl_opt(argc, argv, &i, "--log-dir"))) log_dir = v;
     else return distctl_usage(&distctl_cmd_launch, "unknown argument '%s'", argv[i]);
   }
   if (n <= 0 || n > MAX_RANKS)
@@ -159,14 +161,14 @@ static int run_launch(const distctl_global *g, int argc, char **argv) {
   char local_dir[4096] = "", local_conf[4200];
   if (!cluster || !cluster[0]) { /* a local cluster just for this job */
     snprintf(local_dir, sizeof local_dir, "%s/cluster", log_dir);
-    if (distctl_cluster_up(local_dir, n, 30000, 1, 0, NULL, 0) != 0) return 1;
+    if (distctl_cluster_up(local_dir, (int)n, 30000, 1, 0, NULL, 0) != 0) return 1;
     snprintf(local_conf, sizeof local_conf, "%s/cluster.conf", local_dir);
     cluster = local_conf;
   }
   char abs_cluster[4300];
   if (!realpath(cluster, abs_cluster)) snprintf(abs_cluster, sizeof abs_cluster, "%s", cluster);
   signal(SIGPIPE, SIG_IGN);
-  int rc = run_job(n, abs_cluster, log_dir, argv + prog);
+  int rc = run_job((int)n, abs_cluster, log_dir, argv + prog);
   if (local_dir[0]) distctl_cluster_down(local_dir, 1);
   return rc;
 }

@@ -292,15 +292,6 @@ static int write_npy(const char *path, dist_dtype dt, int ndim,
   return 0;
 }
 
-/* Parses --rank as a non-negative integer. */
-static int parse_rank(const char *text, int *rank) {
-  char *end;
-  long v = strtol(text, &end, 10);
-  if (!text[0] || *end || v < 0 || v >= DIST_MAX_MESH_RANKS) return -1;
-  *rank = (int)v;
-  return 0;
-}
-
 static int get_value(dist_client *c, const tensor_args *a, int rank) {
   dist_tensor *t = NULL;
   void *data = NULL;
@@ -331,7 +322,7 @@ static int run_get(const distctl_global *g, int argc, char **argv) {
   static const char *const options[] = {"-o", "--output", "--rank", NULL};
   const distctl_command *cmd = &distctl_cmd_tensor_get;
   tensor_args a;
-  int rank = -1;
+  long rank = -1;
   int rc = parse_args(cmd, argc, argv, options, 1, 1, &a);
   if (rc != 0) return rc;
   if (!a.output) return distctl_usage(cmd, "missing -o OUT.npy");
@@ -339,15 +330,16 @@ static int run_get(const distctl_global *g, int argc, char **argv) {
     return distctl_usage(cmd, "--rank R reads a rank's piece: add --local");
   if (a.local_flag && !a.rank)
     return distctl_usage(cmd, "--local needs --rank R (whose piece to read)");
-  if (a.rank && parse_rank(a.rank, &rank) != 0)
-    return distctl_usage(cmd, "bad --rank '%s': a rank is an integer >= 0", a.rank);
+  if (a.rank && distctl_number_opt(cmd, "--rank", a.rank, 0, DIST_MAX_MESH_RANKS - 1,
+                                    &rank) != 0)
+    return 2;
   dist_client *c = distctl_connect(g);
   if (!c) return 1;
   if (rank >= dist_world_size(c)) {
-    rc = distctl_usage(cmd, "--rank %d: the cluster has ranks 0 to %d", rank,
+    rc = distctl_usage(cmd, "--rank %ld: the cluster has ranks 0 to %d", rank,
                        dist_world_size(c) - 1);
   } else {
-    rc = get_value(c, &a, rank);
+    rc = get_value(c, &a, (int)rank);
   }
   dist_close(c);
   return rc;

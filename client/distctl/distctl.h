@@ -48,6 +48,14 @@ json_t *distctl_down_json(dist_client *c, int rank, const char *error);
  * NULL when argv[*i] is not that option. Advances *i past a separate value. */
 const char *distctl_opt(int argc, char **argv, int *i, const char *name);
 
+/* Parses text as a whole decimal integer in [lo, hi]: 0, or -1 for
+ * anything else ("2x", "", out of range); atoi would take "2x" as 2. */
+int distctl_parse_long(const char *text, long lo, long hi, long *out);
+/* distctl_parse_long for the value of `option`; on a bad value prints
+ * which option and value, with cmd's usage line, and returns 2. */
+int distctl_number_opt(const distctl_command *cmd, const char *option,
+                       const char *text, long lo, long hi, long *out);
+
 extern const distctl_command distctl_cmd_status, distctl_cmd_peers,
     distctl_cmd_cluster_up, distctl_cmd_cluster_down, distctl_cmd_launch,
     distctl_cmd_tensor_put, distctl_cmd_tensor_get, distctl_cmd_tensor_show,

@@ -20,7 +20,7 @@
 #include "dist/dist.h"
 #include "distctl.h"
 
-#define MAX_DAEMONS 64
+#define MAX_DAEMONS DISTCTL_MAX_DAEMONS
 
 static void sleep_ms(int ms) {
   struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};

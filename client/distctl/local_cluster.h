@@ -3,6 +3,9 @@
 #ifndef DISTCTL_LOCAL_CLUSTER_H
 #define DISTCTL_LOCAL_CLUSTER_H
 
+/* The most daemons cluster up starts. */
+#define DISTCTL_MAX_DAEMONS 64
+
 /* Starts n daemons on free loopback ports with their files under dir
  * (cluster.conf, distd.<rank>.log, distd.<rank>.pid), detached from this
  * process, and waits (bounded by timeout_ms) until every daemon has all its

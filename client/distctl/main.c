@@ -31,15 +31,21 @@ static void usage(FILE *out) {
                "cluster file, else %s is used.\n", DIST_DEFAULT_ENDPOINT);
 }
 
-/* Global options may come before or after the command words. */
+/* The longest --timeout taken: a day, in ms. */
+#define MAX_TIMEOUT_MS 86400000L
+
+/* Global options may come before or after the command words. Returns 1
+ * when argv[*i] was one, 0 when not, -1 after printing a bad value. */
 static int take_global(distctl_global *g, int argc, char **argv, int *i) {
   const char *v;
   if (strcmp(argv[*i], "--json") == 0) return g->json = 1;
   if ((v = distctl_opt(argc, argv, i, "--cluster"))) return g->cluster = v, 1;
   if ((v = distctl_opt(argc, argv, i, "--endpoint"))) return g->endpoint = v, 1;
   if ((v = distctl_opt(argc, argv, i, "--timeout"))) {
-    g->timeout_ms = strtol(v, NULL, 10);
-    return 1;
+    if (distctl_parse_long(v, 1, MAX_TIMEOUT_MS, &g->timeout_ms) == 0) return 1;
+    fprintf(stderr, "distctl: bad --timeout '%s': milliseconds, an integer from 1 "
+            "to %ld\n", v, MAX_TIMEOUT_MS);
+    return -1;
   }
   if ((v = distctl_opt(argc, argv, i, "--tls-ca"))) return g->tls_ca = v, 1;
   if ((v = distctl_opt(argc, argv, i, "--tls-cert"))) return g->tls_cert = v, 1;
@@ -100,7 +106,9 @@ int main(int argc, char **argv) {
       rc = 0;
       goto out;
     }
-    if (!take_global(&g, argc, argv, &i)) rest[nrest++] = argv[i];
+    int taken = take_global(&g, argc, argv, &i);
+    if (taken < 0) goto out;
+    if (!taken) rest[nrest++] = argv[i];
   }
   if (g.token_file) {
     if (read_token_file(g.token_file, token, sizeof token) != 0) goto out;

@@ -1,3 +1,4 @@
+#include <errno.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,6 +50,22 @@ void distctl_print_json(json_t *j) {
   if (s) printf("%s\n", s);
   free(s);
   json_decref(j);
+}
+
+int distctl_parse_long(const char *text, long lo, long hi, long *out) {
+  char *end;
+  errno = 0;
+  long v = strtol(text, &end, 10);
+  if (!text[0] || *end || errno == ERANGE || v < lo || v > hi) return -1;
+  *out = v;
+  return 0;
+}
+
+int distctl_number_opt(const distctl_command *cmd, const char *option,
+                       const char *text, long lo, long hi, long *out) {
+  if (distctl_parse_long(text, lo, hi, out) == 0) return 0;
+  return distctl_usage(cmd, "bad %s '%s': an integer from %ld to %ld", option, text,
+                       lo, hi);
 }
 
 const char *distctl_opt(int argc, char **argv, int *i, const char *name) {

@@ -235,6 +235,50 @@ Test(distctl, cluster_up_status_json_and_down, .timeout = 120) {
   cr_assert_eq(system(cmd), 0);
 }
 
+/* distctl ARGS against cluster h: its exit status; stderr in *err. */
+static int distctl_on(harness *h, char **err, const char *args) {
+  char cmd[1024];
+  snprintf(cmd, sizeof cmd, "%s --cluster %s %s", harness_distctl(), h->cluster_file, args);
+  return harness_run(cmd, NULL, err, 60);
+}
+
+/* Exit 2 naming option and value; before, strtol without an end check and
+ * atoi took "abc" as 0 (ignored), "-5" as "no timeout" and "2x" as 2. */
+static void expect_bad_number(harness *h, const char *args, const char *option,
+                              const char *value) {
+  char *err = NULL;
+  int rc = distctl_on(h, &err, args);
+  if (rc == 0 && strstr(args, "cluster up")) { /* stop what the bug started */
+    char down[600];
+    snprintf(down, sizeof down, "%s cluster down --dir %s/up", harness_distctl(), h->dir);
+    harness_run(down, NULL, NULL, 30);
+  }
+  cr_assert_eq(rc, 2, "distctl %s: exit %d: %s", args, rc, err);
+  cr_assert(strstr(err, option) && strstr(err, value), "distctl %s: %s", args, err);
+  free(err);
+}
+
+Test(distctl, bad_numbers_are_refused_naming_the_option_and_value, .timeout = 120) {
+  harness h;
+  harness_start(&h, 1, NULL);
+  char args[600];
+  expect_bad_number(&h, "--timeout abc status", "--timeout", "'abc'");
+  expect_bad_number(&h, "--timeout=-5 status", "--timeout", "'-5'");
+  expect_bad_number(&h, "status --timeout 10ms", "--timeout", "'10ms'");
+  snprintf(args, sizeof args, "launch -n 2x --log-dir %s/log -- true", h.dir);
+  expect_bad_number(&h, args, "-n", "'2x'");
+  snprintf(args, sizeof args, "cluster up -n 2x --dir %s/up", h.dir);
+  expect_bad_number(&h, args, "-n", "'2x'");
+  snprintf(args, sizeof args, "%s/up", h.dir);
+  cr_assert_neq(access(args, F_OK), 0, "cluster up made %s before refusing -n", args);
+  expect_bad_number(&h, "tensor get t -o x.npy --rank 1z --local", "--rank", "'1z'");
+  /* A good value still works. */
+  char *err = NULL;
+  cr_assert_eq(distctl_on(&h, &err, "--timeout 5000 status"), 0, "%s", err);
+  free(err);
+  harness_stop(&h);
+}
+
 /* The CPUs a thread may run on, as /proc shows them ("0", "0-1"); out
  * holds 64 bytes. */
 static void cpus_of_thread(pid_t pid, const char *tid, char *out) {
