@@ -90,6 +90,36 @@ static const distctl_command *find(int argc, char **argv, int first, int *words)
   return NULL;
 }
 
+/* The second words of the commands whose first word is verb, as
+ * "put, get, ...". Returns how many there are (0: verb takes none). */
+static int subcommands_of(const char *verb, char *buf, size_t len) {
+  size_t vlen = strlen(verb), used = 0;
+  int n = 0;
+  buf[0] = 0;
+  for (int i = 0; i < NCOMMANDS; i++) {
+    const char *name = commands[i]->name;
+    if (strncmp(name, verb, vlen) != 0 || name[vlen] != ' ') continue;
+    if (used < len)
+      used += (size_t)snprintf(buf + used, len - used, "%s%s", n ? ", " : "", name + vlen + 1);
+    n++;
+  }
+  return n;
+}
+
+/* No command matched: a verb with subcommands ("tensor", "checkpoint")
+ * says which subcommand is missing or unknown, and lists the valid ones. */
+static int unknown_command(int argc, char **argv) {
+  char subs[256];
+  if (subcommands_of(argv[0], subs, sizeof subs) == 0)
+    fprintf(stderr, "distctl: unknown command '%s' (see distctl --help)\n", argv[0]);
+  else if (argc < 2)
+    fprintf(stderr, "distctl %s: missing subcommand (one of: %s)\n", argv[0], subs);
+  else
+    fprintf(stderr, "distctl %s: unknown subcommand '%s' (one of: %s)\n", argv[0],
+            argv[1], subs);
+  return 2;
+}
+
 int main(int argc, char **argv) {
   distctl_global g = {.cluster = NULL};
   static char token[1024];
@@ -122,7 +152,7 @@ int main(int argc, char **argv) {
   int words = 0;
   const distctl_command *cmd = find(nrest, rest, 0, &words);
   if (!cmd) {
-    fprintf(stderr, "distctl: unknown command '%s' (see distctl --help)\n", rest[0]);
+    rc = unknown_command(nrest, rest);
     goto out;
   }
   rc = cmd->run(&g, nrest - words, rest + words);

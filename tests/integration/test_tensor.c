@@ -1679,3 +1679,33 @@ Test(distctl, per_rank_values_are_listed_once_per_rank, .timeout = 120, .fini = 
   json_decref(j);
   stop_cluster();
 }
+
+/* distctl ARGS must exit 2 with every needle in its stderr. */
+static void expect_usage_error(harness *h, const char *args, const char *const *needles) {
+  char *out = NULL, *err = NULL;
+  int rc = distctl(h, &out, &err, "%s", args);
+  cr_assert_eq(rc, 2, "distctl %s: exit %d: %s", args, rc, err);
+  for (int i = 0; needles[i]; i++)
+    cr_assert(err && strstr(err, needles[i]), "distctl %s: no '%s' in: %s", args,
+              needles[i], err);
+  free(out), free(err);
+}
+
+/* A verb with subcommands names the one missing or unknown and lists the
+ * valid ones; before, both said "unknown command 'tensor'". */
+Test(distctl, a_missing_or_unknown_subcommand_is_named_with_the_valid_ones, .timeout = 60,
+     .fini = stop_cluster) {
+  start_cluster(&cluster, 1);
+  expect_usage_error(&cluster, "tensor foo",
+                     (const char *[]){"unknown subcommand 'foo'", "put, get, show, reshard, rm",
+                                      NULL});
+  expect_usage_error(&cluster, "tensor", (const char *[]){"tensor: missing subcommand",
+                                                          "put, get", NULL});
+  expect_usage_error(&cluster, "checkpoint nope",
+                     (const char *[]){"unknown subcommand 'nope'", "save, restore", NULL});
+  expect_usage_error(&cluster, "cluster", (const char *[]){"missing subcommand", "up, down",
+                                                           NULL});
+  expect_usage_error(&cluster, "param", (const char *[]){"missing subcommand", "tune", NULL});
+  expect_usage_error(&cluster, "bogus", (const char *[]){"unknown command 'bogus'", NULL});
+  stop_cluster();
+}
