@@ -77,47 +77,11 @@ static int parse_args(const distctl_command *cmd, int argc, char **argv,
   return 0;
 }
 
-/* --mesh, --dim-names and --placements, checked against each other. */
+/* The layout options of a tensor_args, parsed (distctl_parse_layout). */
 static int parse_layout(const distctl_command *cmd, const tensor_args *a,
-                        dist_mesh **mesh, dist_placement *p) {
-  dist_errbuf eb = DIST_ERRBUF_INIT;
-  int np = 0;
-  *mesh = NULL;
-  if (a->dim_names && !a->mesh) return distctl_usage(cmd, "--dim-names needs --mesh");
-  if (a->mesh) {
-    dist_mesh_desc d;
-    if (dist_mesh_parse(&d, a->mesh, a->dim_names, &eb) != 0)
-      return distctl_usage(cmd, "bad --mesh '%s': %s", a->mesh, dist_errbuf_msg(&eb));
-    const char *names[DIST_MAX_MESH_DIMS];
-    for (int i = 0; i < d.ndim; i++) names[i] = d.dim_names[i];
-    if (dist_mesh_new(d.ndim, d.shape, d.ranks, names, mesh) != 0)
-      return distctl_usage(cmd, "bad --mesh '%s'", a->mesh);
-  }
-  if (dist_placements_parse(a->placements, p, DIST_MAX_MESH_DIMS, &np, &eb) != 0) {
-    dist_mesh_free(*mesh);
-    *mesh = NULL;
-    return distctl_usage(cmd, "bad --placements '%s': %s", a->placements,
-                         dist_errbuf_msg(&eb));
-  }
-  if (*mesh && np != dist_mesh_ndim(*mesh)) {
-    int nd = dist_mesh_ndim(*mesh);
-    dist_mesh_free(*mesh);
-    *mesh = NULL;
-    return distctl_usage(cmd, "--placements gives %d placement%s, but the mesh "
-                         "has %d dim%s", np, np == 1 ? "" : "s", nd, nd == 1 ? "" : "s");
-  }
-  return 0;
-}
-
-/* Every Shard(d) must name a dim of the tensor. */
-static int check_shard_dims(const distctl_command *cmd, const dist_placement *p,
-                            int np, int tensor_ndim) {
-  for (int i = 0; i < np; i++)
-    if (p[i].kind == DIST_SHARD && (p[i].dim < 0 || p[i].dim >= tensor_ndim))
-      return distctl_usage(cmd, "--placements: Shard(%d) on mesh dim %d is out of "
-                           "range for a tensor of %d dim%s", p[i].dim, i,
-                           tensor_ndim, tensor_ndim == 1 ? "" : "s");
-  return 0;
+                        dist_mesh **mesh, dist_placement *p, int *np) {
+  distctl_layout_text text = {a->mesh, a->dim_names, a->placements};
+  return distctl_parse_layout(cmd, &text, mesh, p, np);
 }
 
 /* The dtype the user asked for with --dtype (bfloat16 is stored as '<u2'
@@ -163,9 +127,10 @@ static int put_whole(dist_client *c, const tensor_args *a, dist_dtype want) {
   dist_mesh *mesh = NULL;
   dist_tensor *t = NULL;
   dist_placement p[DIST_MAX_MESH_DIMS];
-  int rc = parse_layout(cmd, a, &mesh, p);
+  int np;
+  int rc = parse_layout(cmd, a, &mesh, p, &np);
   if (rc == 0) rc = read_npy(a->file, want, &dt, &shape, &data, &nbytes);
-  if (rc == 0) rc = check_shard_dims(cmd, p, dist_mesh_ndim(mesh), shape.ndim);
+  if (rc == 0) rc = distctl_check_shard_dims(cmd, p, np, shape.ndim, "the tensor");
   if (rc != 0) goto out;
   if (dist_shard_tensor(c, a->name, data, dt, shape.ndim, shape.dims, mesh, p, &t) != 0)
     rc = distctl_fail("tensor put %s: %s", a->name, dist_errmsg(c));
@@ -226,7 +191,8 @@ static int put_local(dist_client *c, const tensor_args *a, dist_dtype want) {
   local_pieces *lp = calloc(1, sizeof *lp);
   char *list = strdup(a->local);
   char **files = calloc(DIST_MAX_MESH_RANKS + 2, sizeof *files);
-  int rc = parse_layout(cmd, a, &mesh, p);
+  int np;
+  int rc = parse_layout(cmd, a, &mesh, p, &np);
   if (rc != 0) goto out;
   int n = split_files(list, files, DIST_MAX_MESH_RANKS);
   if (n != dist_mesh_size(mesh)) {
@@ -236,7 +202,7 @@ static int put_local(dist_client *c, const tensor_args *a, dist_dtype want) {
     goto out;
   }
   rc = read_pieces(files, n, want, lp);
-  if (rc == 0) rc = check_shard_dims(cmd, p, dist_mesh_ndim(mesh), lp->ndim);
+  if (rc == 0) rc = distctl_check_shard_dims(cmd, p, np, lp->ndim, "the tensor");
   if (rc != 0) goto out;
   if (dist_dtensor_from_local(c, a->name, (const void *const *)lp->data, lp->dt,
                               lp->ndim, lp->shapes, mesh, p, &t) != 0)
@@ -352,6 +318,18 @@ const distctl_command distctl_cmd_tensor_get = {
 
 /* ---------------------------------------------------------------- reshard */
 
+/* The placements must fit the tensor: one per dim of its mesh (the one
+ * given, else its own) and Shard(d) of its dims, checked here so that a
+ * misfit is a usage error as for put. */
+static int check_reshard_fits(const dist_tensor *t, const dist_mesh *mesh,
+                              const dist_placement *p, int np) {
+  const distctl_command *cmd = &distctl_cmd_tensor_reshard;
+  if (!mesh &&
+      distctl_check_count(cmd, np, dist_mesh_ndim(dist_tensor_mesh(t)), "the tensor's mesh"))
+    return 2;
+  return distctl_check_shard_dims(cmd, p, np, dist_tensor_ndim(t), "the tensor");
+}
+
 static int run_reshard(const distctl_global *g, int argc, char **argv) {
   static const char *const options[] = {"--mesh", "--dim-names", "--placements", NULL};
   const distctl_command *cmd = &distctl_cmd_tensor_reshard;
@@ -359,17 +337,20 @@ static int run_reshard(const distctl_global *g, int argc, char **argv) {
   dist_mesh *mesh = NULL;
   dist_tensor *t = NULL;
   dist_placement p[DIST_MAX_MESH_DIMS];
+  int np;
   int rc = parse_args(cmd, argc, argv, options, 0, 1, &a);
   if (rc != 0) return rc;
   if (!a.placements) return distctl_usage(cmd, "missing --placements");
-  rc = parse_layout(cmd, &a, &mesh, p);
+  rc = parse_layout(cmd, &a, &mesh, p, &np);
   if (rc != 0) return rc;
   dist_client *c = distctl_connect(g);
   if (!c) {
     rc = 1;
     goto out;
   }
-  if (dist_tensor_open(c, a.name, &t) != 0 || dist_reshard(c, t, mesh, p) != 0)
+  if (dist_tensor_open(c, a.name, &t) != 0)
+    rc = distctl_fail("tensor reshard %s: %s", a.name, dist_errmsg(c));
+  else if ((rc = check_reshard_fits(t, mesh, p, np)) == 0 && dist_reshard(c, t, mesh, p) != 0)
     rc = distctl_fail("tensor reshard %s: %s", a.name, dist_errmsg(c));
   dist_close(c);
 out:

@@ -56,6 +56,26 @@ int distctl_parse_long(const char *text, long lo, long hi, long *out);
 int distctl_number_opt(const distctl_command *cmd, const char *option,
                        const char *text, long lo, long hi, long *out);
 
+/* --mesh, --dim-names and --placements as given (mesh, dim_names NULL
+ * when not). */
+typedef struct distctl_layout_text {
+  const char *mesh, *dim_names, *placements;
+} distctl_layout_text;
+/* Parses a layout: *mesh (NULL without --mesh: the tensor keeps its own),
+ * p[DIST_MAX_MESH_DIMS] and *np, the placements given. With --mesh the
+ * count must match its dims. Returns 0, or 2 after a usage error (*mesh
+ * NULL then). */
+int distctl_parse_layout(const distctl_command *cmd, const distctl_layout_text *text,
+                         dist_mesh **mesh, dist_placement *p, int *np);
+/* Placements that cannot fit are usage errors (0 or 2): np must be the
+ * mesh's ndim (mesh_whose names the mesh in the message: "the mesh",
+ * "the tensor's mesh"), and every Shard(d) must name a dim of a tensor of
+ * tensor_ndim dims (tensor_what: "the tensor", "'w'"). */
+int distctl_check_count(const distctl_command *cmd, int np, int mesh_ndim,
+                        const char *mesh_whose);
+int distctl_check_shard_dims(const distctl_command *cmd, const dist_placement *p, int np,
+                             int tensor_ndim, const char *tensor_what);
+
 extern const distctl_command distctl_cmd_status, distctl_cmd_peers,
     distctl_cmd_cluster_up, distctl_cmd_cluster_down, distctl_cmd_launch,
     distctl_cmd_tensor_put, distctl_cmd_tensor_get, distctl_cmd_tensor_show,

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "distctl.h"
+#include "mesh.h"
 
 int distctl_fail(const char *fmt, ...) {
   va_list ap;
@@ -80,4 +81,61 @@ const char *distctl_opt(int argc, char **argv, int *i, const char *name) {
 json_t *distctl_down_json(dist_client *c, int rank, const char *error) {
   return json_pack("{s:i,s:s,s:s}", "rank", rank, "endpoint", dist_endpoint(c, rank),
                    "error", error);
+}
+
+static const char *plural(int n) { return n == 1 ? "" : "s"; }
+
+/* --mesh with its --dim-names as a mesh. Returns 0 or 2 (usage). */
+static int parse_mesh(const distctl_command *cmd, const char *text, const char *dim_names,
+                      dist_mesh **mesh) {
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  dist_mesh_desc d;
+  if (dist_mesh_parse(&d, text, dim_names, &eb) != 0)
+    return distctl_usage(cmd, "bad --mesh '%s': %s", text, dist_errbuf_msg(&eb));
+  const char *names[DIST_MAX_MESH_DIMS];
+  for (int i = 0; i < d.ndim; i++) names[i] = d.dim_names[i];
+  if (dist_mesh_new(d.ndim, d.shape, d.ranks, names, mesh) != 0)
+    return distctl_usage(cmd, "bad --mesh '%s'", text);
+  return 0;
+}
+
+int distctl_parse_layout(const distctl_command *cmd, const distctl_layout_text *text,
+                         dist_mesh **mesh, dist_placement *p, int *np) {
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  *mesh = NULL;
+  *np = 0;
+  /* Slots past the count hold no placement any check accepts: a reader
+   * that trusts a mesh's ndim over *np fails instead of reading garbage. */
+  for (int i = 0; i < DIST_MAX_MESH_DIMS; i++)
+    p[i] = (dist_placement){(dist_placement_kind)-1, -1, DIST_REDUCE_SUM};
+  if (text->dim_names && !text->mesh) return distctl_usage(cmd, "--dim-names needs --mesh");
+  if (text->mesh && parse_mesh(cmd, text->mesh, text->dim_names, mesh) != 0) return 2;
+  int rc = 0;
+  if (dist_placements_parse(text->placements, p, DIST_MAX_MESH_DIMS, np, &eb) != 0)
+    rc = distctl_usage(cmd, "bad --placements '%s': %s", text->placements,
+                       dist_errbuf_msg(&eb));
+  else if (*mesh)
+    rc = distctl_check_count(cmd, *np, dist_mesh_ndim(*mesh), "the mesh");
+  if (rc != 0) {
+    dist_mesh_free(*mesh);
+    *mesh = NULL;
+  }
+  return rc;
+}
+
+int distctl_check_count(const distctl_command *cmd, int np, int mesh_ndim,
+                        const char *mesh_whose) {
+  if (np == mesh_ndim) return 0;
+  return distctl_usage(cmd, "--placements gives %d placement%s, but %s has %d dim%s", np,
+                       plural(np), mesh_whose, mesh_ndim, plural(mesh_ndim));
+}
+
+int distctl_check_shard_dims(const distctl_command *cmd, const dist_placement *p, int np,
+                             int tensor_ndim, const char *tensor_what) {
+  for (int i = 0; i < np; i++)
+    if (p[i].kind == DIST_SHARD && (p[i].dim < 0 || p[i].dim >= tensor_ndim))
+      return distctl_usage(cmd, "--placements: Shard(%d) on mesh dim %d is out of range for "
+                           "%s of %d dim%s", p[i].dim, i, tensor_what, tensor_ndim,
+                           plural(tensor_ndim));
+  return 0;
 }

@@ -1709,3 +1709,53 @@ Test(distctl, a_missing_or_unknown_subcommand_is_named_with_the_valid_ones, .tim
   expect_usage_error(&cluster, "bogus", (const char *[]){"unknown command 'bogus'", NULL});
   stop_cluster();
 }
+
+/* Writes a 3x4 float32 .npy (0, 1, ... 11) into the cluster's directory;
+ * path holds 400 bytes. */
+static void write_small_npy(harness *h, char *path) {
+  float v[12];
+  for (int i = 0; i < 12; i++) v[i] = (float)i;
+  dist_shape s = {2, {3, 4}};
+  snprintf(path, 400, "%s/small.npy", h->dir);
+  cr_assert_eq(dist_npy_write(path, DIST_FLOAT32, &s, v, NULL), 0);
+}
+
+static void expect_placements(harness *h, const char *name, const char *want) {
+  json_t *j = distctl_json(h, "tensor show %s --json", name);
+  char *got = json_dumps(json_object_get(j, "placements"), JSON_COMPACT);
+  cr_assert_str_eq(got, want, "%s", name);
+  free(got);
+  json_decref(j);
+}
+
+/* Without --mesh, reshard checked no placement count against the tensor's
+ * mesh: too few went to dist_reshard with uninitialised placements, '' was
+ * taken, extras were dropped. And placements that cannot fit the tensor
+ * are a usage error (2) as for put, not a failed operation (1). */
+Test(distctl, reshard_placements_must_fit_the_tensor_and_its_mesh, .timeout = 120,
+     .fini = stop_cluster) {
+  start_cluster(&cluster, 2);
+  char in[400], *out = NULL, *err = NULL;
+  write_small_npy(&cluster, in);
+  int rc = distctl(&cluster, &out, &err, "tensor put m %s --mesh \"[[0,1]]\" "
+                   "--placements \"Replicate(),Shard(1)\"", in);
+  cr_assert_eq(rc, 0, "put: exit %d: %s", rc, err);
+  free(out), free(err);
+  const char *const too_few[] = {"gives 1 placement,", "the tensor's mesh has 2 dims", NULL};
+  expect_usage_error(&cluster, "tensor reshard m --placements \"Shard(0)\"", too_few);
+  const char *const none[] = {"gives 0 placements", "the tensor's mesh has 2 dims", NULL};
+  expect_usage_error(&cluster, "tensor reshard m --placements \"\"", none);
+  const char *const too_many[] = {"gives 4 placements", "the tensor's mesh has 2 dims", NULL};
+  expect_usage_error(&cluster, "tensor reshard m --placements "
+                     "\"Shard(1),Replicate(),Partial(sum),Shard(0)\"", too_many);
+  const char *const shard9[] = {"Shard(9)", "2 dims", NULL};
+  expect_usage_error(&cluster, "tensor reshard m --placements \"Shard(9),Replicate()\"", shard9);
+  expect_usage_error(&cluster, "tensor reshard m --mesh \"[[1,0]]\" --placements "
+                     "\"Replicate(),Shard(9)\"", shard9);
+  expect_placements(&cluster, "m", "[\"Replicate()\",\"Shard(1)\"]");
+  rc = distctl(&cluster, &out, &err, "tensor reshard m --placements \"Shard(0),Replicate()\"");
+  cr_assert_eq(rc, 0, "good reshard: exit %d: %s", rc, err);
+  free(out), free(err);
+  expect_placements(&cluster, "m", "[\"Shard(0)\",\"Replicate()\"]");
+  stop_cluster();
+}
