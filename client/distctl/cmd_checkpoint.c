@@ -11,7 +11,6 @@
 #include <unistd.h>
 
 #include "distctl.h"
-#include "mesh.h"
 
 typedef struct ckpt_args {
   const char *dir, *tensors, *mesh, *dim_names, *placements;
@@ -100,27 +99,59 @@ static void print_result(const distctl_global *g, const char *what,
          info->nfiles == 1 ? "" : "s", b, info->id[0] ? ", id " : "", info->id);
 }
 
-/* Builds the target layout of a restore. Returns 0 or 2 (usage). */
-static int parse_layout(const distctl_command *cmd, const ckpt_args *a,
-                        dist_mesh **mesh, dist_placement *p) {
-  dist_errbuf eb = DIST_ERRBUF_INIT;
-  int np = 0;
-  if (a->mesh) {
-    dist_mesh_desc d;
-    if (dist_mesh_parse(&d, a->mesh, a->dim_names, &eb) != 0)
-      return distctl_usage(cmd, "bad --mesh '%s': %s", a->mesh, dist_errbuf_msg(&eb));
-    const char *names[DIST_MAX_MESH_DIMS];
-    for (int i = 0; i < d.ndim; i++) names[i] = d.dim_names[i];
-    if (dist_mesh_new(d.ndim, d.shape, d.ranks, names, mesh) != 0)
-      return distctl_usage(cmd, "bad --mesh '%s'", a->mesh);
+/* Whether a restore limited to names (n of them; none: all) takes name. */
+static int restores(const char *name, char **names, int n) {
+  for (int i = 0; i < n; i++)
+    if (strcmp(names[i], name) == 0) return 1;
+  return n == 0;
+}
+
+/* The placements must fit one saved tensor: one per dim of its saved mesh
+ * (unless --mesh replaces it, checked at parsing) and Shard(d) of its
+ * dims. Returns 0 or 2. */
+static int check_saved_tensor(const distctl_command *cmd, json_t *t, const dist_placement *p,
+                              int np, int new_mesh) {
+  const char *name = json_string_value(json_object_get(t, "name"));
+  json_t *mesh_shape = json_object_get(json_object_get(t, "mesh"), "shape");
+  if (!name || !json_is_array(mesh_shape)) return 0; /* libdist names a bad manifest */
+  char whose[300], what[300];
+  snprintf(whose, sizeof whose, "the saved mesh of '%.255s'", name);
+  snprintf(what, sizeof what, "'%.255s'", name);
+  if (!new_mesh && distctl_check_count(cmd, np, (int)json_array_size(mesh_shape), whose))
+    return 2;
+  return distctl_check_shard_dims(cmd, p, np, (int)json_array_size(json_object_get(t, "shape")),
+                                  what);
+}
+
+/* Placements that cannot fit a tensor the restore takes are a usage
+ * error, as for tensor put: the count is checked against each tensor's
+ * saved mesh, which only DIR/manifest.json knows. Where this host cannot
+ * read it (the daemons may see DIR on a filesystem we do not), libdist
+ * still refuses placements that do not fit, naming the tensor. */
+static int check_saved_layouts(const distctl_command *cmd, const char *dir, char **names,
+                               int n, const dist_placement *p, int np, int new_mesh) {
+  char path[4200];
+  snprintf(path, sizeof path, "%s/manifest.json", dir);
+  json_t *doc = json_load_file(path, 0, NULL), *t;
+  size_t i;
+  int rc = 0;
+  json_array_foreach(json_object_get(doc, "tensors"), i, t) {
+    const char *name = json_string_value(json_object_get(t, "name"));
+    if (rc == 0 && name && restores(name, names, n))
+      rc = check_saved_tensor(cmd, t, p, np, new_mesh);
   }
-  if (dist_placements_parse(a->placements, p, DIST_MAX_MESH_DIMS, &np, &eb) != 0)
-    return distctl_usage(cmd, "bad --placements '%s': %s", a->placements,
-                         dist_errbuf_msg(&eb));
-  if (*mesh && np != dist_mesh_ndim(*mesh))
-    return distctl_usage(cmd, "--placements gives %d placements, the mesh has %d "
-                         "dims", np, dist_mesh_ndim(*mesh));
-  return 0;
+  json_decref(doc);
+  return rc;
+}
+
+/* A restore's --mesh and --placements, checked against the tensors it
+ * takes (names, n of them; none: all). Returns 0 or 2. */
+static int restore_layout(const distctl_command *cmd, const ckpt_args *a, const char *dir,
+                          char **names, int n, dist_mesh **mesh, dist_placement *p) {
+  distctl_layout_text text = {a->mesh, a->dim_names, a->placements};
+  int np;
+  if (distctl_parse_layout(cmd, &text, mesh, p, &np) != 0) return 2;
+  return check_saved_layouts(cmd, dir, names, n, p, np, *mesh != NULL);
 }
 
 static int run(const distctl_command *cmd, const distctl_global *g, int argc,
@@ -134,7 +165,6 @@ static int run(const distctl_command *cmd, const distctl_global *g, int argc,
   dist_checkpoint_info info;
   char **names = NULL, *names_text = NULL, *dir = NULL;
   int n = 0, rc = 2;
-  if (restore && a.placements && parse_layout(cmd, &a, &mesh, p) != 0) goto out;
   if (a.tensors) {
     names = split_names(a.tensors, &n, &names_text);
     if (n == 0) {
@@ -144,14 +174,16 @@ static int run(const distctl_command *cmd, const distctl_global *g, int argc,
     o.tensors = (const char *const *)names;
     o.ntensors = n;
   }
-  o.mesh = mesh;
-  o.placements = a.placements ? p : NULL;
-  o.progress = show_progress;
-  rc = 1;
   if (!(dir = absolute_dir(a.dir))) {
     rc = distctl_fail("cannot resolve '%s': %s", a.dir, strerror(errno));
     goto out;
   }
+  if (restore && a.placements && restore_layout(cmd, &a, dir, names, n, &mesh, p) != 0)
+    goto out;
+  o.mesh = mesh;
+  o.placements = a.placements ? p : NULL;
+  o.progress = show_progress;
+  rc = 1;
   if (!(c = distctl_connect(g))) goto out;
   int err = restore ? dist_checkpoint_restore(c, dir, &o, &info)
                     : dist_checkpoint_save(c, dir, &o, &info);

@@ -691,6 +691,55 @@ Test(checkpoint, bad_requests_are_refused) {
   dist_close(c);
 }
 
+/* distctl ARGS must exit 2 with needle in its stderr. */
+static void expect_distctl_usage(const char *args, const char *needle) {
+  char *out = NULL, *err = NULL;
+  int rc = run_distctl(args, &out, &err);
+  cr_assert_eq(rc, 2, "distctl %s: exit %d: %s", args, rc, err);
+  cr_assert(err && strstr(err, needle), "distctl %s: no '%s' in: %s", args, needle, err);
+  free(out);
+  free(err);
+}
+
+/* Without --mesh, restore --placements was never counted against the saved
+ * meshes: one placement for a 2-d mesh went out with an uninitialised
+ * second, and extras were dropped. It is a usage error naming the tensor,
+ * and only the tensors restored count. */
+Test(checkpoint, restore_placements_are_counted_against_each_saved_mesh) {
+  dist_client *c = start(2);
+  put_three(c);
+  float m0[12] = {0};
+  int64_t sm[2] = {3, 4};
+  dist_tensor_free(put(c, "m", DIST_FLOAT32, m0, 2, sm, "[[0,1]]", "Replicate(),Shard(1)"));
+  char args[600];
+  snprintf(args, sizeof args, "checkpoint save %s", make_dir());
+  char *out = NULL, *err = NULL;
+  cr_assert_eq(run_distctl(args, &out, &err), 0, "save: %s", err);
+  free(out);
+  free(err);
+  cr_assert_eq(dist_tensor_delete(c, "m"), 0, "%s", dist_errmsg(c));
+  snprintf(args, sizeof args, "checkpoint restore %s --placements \"Shard(0)\"", ckpt_dir);
+  expect_distctl_usage(args, "--placements gives 1 placement, but the saved mesh of 'm' has "
+                       "2 dims");
+  dist_tensor *t = NULL;
+  cr_assert_neq(dist_tensor_open(c, "m", &t), 0, "m was restored");
+  snprintf(args, sizeof args, "checkpoint restore %s --tensors m --placements "
+           "\"Shard(1),Replicate(),Shard(0)\"", ckpt_dir);
+  expect_distctl_usage(args, "gives 3 placements, but the saved mesh of 'm' has 2 dims");
+  snprintf(args, sizeof args, "checkpoint restore %s --tensors a --placements \"Shard(9)\"",
+           ckpt_dir);
+  expect_distctl_usage(args, "Shard(9) on mesh dim 0 is out of range for 'a' of 2 dims");
+  /* a and b have 1-d meshes: one placement fits them. */
+  snprintf(args, sizeof args, "checkpoint restore %s --tensors a,b --placements "
+           "\"Replicate()\"", ckpt_dir);
+  cr_assert_eq(run_distctl(args, &out, &err), 0, "restore a,b: %s", err);
+  free(out);
+  free(err);
+  expect_layout(c, "a", "[Replicate()]", 2, 0);
+  expect_value(c, "a", a0, sizeof a0);
+  dist_close(c);
+}
+
 /* ---- parameters: their optimizer state travels with the checkpoint ---- */
 
 static float grad_at(int step, int i) { return sinf(0.37f * (float)i + 0.5f * (float)step); }
