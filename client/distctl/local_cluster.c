@@ -174,10 +174,56 @@ static void cpu_of(int rank, char *out, size_t len) {
   snprintf(out, len, "%d", n ? cpus[rank % n] : 0);
 }
 
+/* Only signal a pid that is still a distd: the pid may have been reused. */
+static int is_distd(pid_t pid) {
+  char path[64], cmd[PATH_MAX] = {0};
+  snprintf(path, sizeof path, "/proc/%d/cmdline", (int)pid);
+  FILE *f = fopen(path, "r");
+  if (!f) return 0;
+  size_t n = fread(cmd, 1, sizeof cmd - 1, f);
+  fclose(f);
+  cmd[n] = 0;
+  const char *base = strrchr(cmd, '/');
+  return strcmp(base ? base + 1 : cmd, "distd") == 0;
+}
+
+/* The pid daemon `rank` of dir was started as, or 0 without a pid file. */
+static pid_t recorded_pid(const char *dir, int rank) {
+  char path[PATH_MAX];
+  snprintf(path, sizeof path, "%s/distd.%d.pid", dir, rank);
+  FILE *f = fopen(path, "r");
+  if (!f) return 0;
+  int pid = 0;
+  if (fscanf(f, "%d", &pid) != 1 || pid < 0) pid = 0;
+  fclose(f);
+  return (pid_t)pid;
+}
+
+/* Whether pid runs and is still a distd (not a reused pid). */
+static int distd_alive(pid_t pid) { return pid > 0 && kill(pid, 0) == 0 && is_distd(pid); }
+
+/* A cluster up over a cluster that still runs would overwrite its
+ * cluster.conf and pid files, and cluster down could no longer stop it.
+ * Stale pid files (daemons gone) do not count. Returns 0 or 1. */
+static int refuse_running(const char *dir) {
+  char pids[16 * MAX_DAEMONS] = "";
+  size_t used = 0;
+  for (int r = 0; r < MAX_DAEMONS; r++) {
+    pid_t pid = recorded_pid(dir, r);
+    if (distd_alive(pid) && used < sizeof pids)
+      used += (size_t)snprintf(pids + used, sizeof pids - used, "%s%d", used ? ", " : "",
+                               (int)pid);
+  }
+  if (!used) return 0;
+  return distctl_fail("a cluster is already running in %s (pids %s): distctl cluster down "
+                      "--dir %s first", dir, pids, dir);
+}
+
 int distctl_cluster_up(const char *dir, int n, int timeout_ms, int quiet, int pin,
                        char **extra_args, int nextra) {
   if (n < 1 || n > MAX_DAEMONS)
     return distctl_fail("-n %d: between 1 and %d daemons", n, MAX_DAEMONS);
+  if (refuse_running(dir) != 0) return 1;
   if (mkdir(dir, 0755) != 0 && errno != EEXIST)
     return distctl_fail("cannot create %s: %s", dir, strerror(errno));
   int ports[3 * MAX_DAEMONS];
@@ -212,19 +258,6 @@ int distctl_cluster_up(const char *dir, int n, int timeout_ms, int quiet, int pi
   return 0;
 }
 
-/* Only signal a pid that is still a distd: the pid may have been reused. */
-static int is_distd(pid_t pid) {
-  char path[64], cmd[PATH_MAX] = {0};
-  snprintf(path, sizeof path, "/proc/%d/cmdline", (int)pid);
-  FILE *f = fopen(path, "r");
-  if (!f) return 0;
-  size_t n = fread(cmd, 1, sizeof cmd - 1, f);
-  fclose(f);
-  cmd[n] = 0;
-  const char *base = strrchr(cmd, '/');
-  return strcmp(base ? base + 1 : cmd, "distd") == 0;
-}
-
 static void stop_pid(pid_t pid) {
   kill(pid, SIGTERM);
   for (int waited = 0; waited < 10000; waited += 50) {
@@ -236,20 +269,27 @@ static void stop_pid(pid_t pid) {
 }
 
 int distctl_cluster_down(const char *dir, int quiet) {
-  int stopped = 0;
+  struct stat sb;
+  if (stat(dir, &sb) != 0)
+    return distctl_fail("no cluster in %s: %s", dir,
+                        errno == ENOENT ? "no such directory" : strerror(errno));
+  if (!S_ISDIR(sb.st_mode)) return distctl_fail("no cluster in %s: not a directory", dir);
+  int stopped = 0, recorded = 0;
   for (int r = 0; r < MAX_DAEMONS; r++) {
-    char path[PATH_MAX];
-    snprintf(path, sizeof path, "%s/distd.%d.pid", dir, r);
-    FILE *f = fopen(path, "r");
-    if (!f) continue;
-    int pid = 0;
-    if (fscanf(f, "%d", &pid) == 1 && pid > 0 && is_distd(pid)) {
+    pid_t pid = recorded_pid(dir, r);
+    if (!pid) continue;
+    recorded++;
+    if (distd_alive(pid)) {
       stop_pid(pid);
       stopped++;
     }
-    fclose(f);
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/distd.%d.pid", dir, r);
     unlink(path);
   }
+  if (!recorded)
+    return distctl_fail("no cluster in %s: no distd.<rank>.pid file (not a cluster up "
+                        "directory, or already down)", dir);
   if (!quiet) fprintf(stderr, "distctl: stopped %d daemon%s in %s\n", stopped,
                       stopped == 1 ? "" : "s", dir);
   return 0;

@@ -279,6 +279,83 @@ Test(distctl, bad_numbers_are_refused_naming_the_option_and_value, .timeout = 12
   harness_stop(&h);
 }
 
+/* The first line of a file (empty when missing); buf holds 256 bytes. */
+static void first_line(const char *path, char *buf) {
+  FILE *f = fopen(path, "r");
+  buf[0] = 0;
+  if (f && !fgets(buf, 256, f)) buf[0] = 0;
+  if (f) fclose(f);
+}
+
+/* distctl cluster VERB --dir dir ARGS: its exit status; stderr in *err. */
+static int cluster_cmd(const char *verb, const char *dir, const char *args, char **err) {
+  char cmd[1024];
+  snprintf(cmd, sizeof cmd, "%s cluster %s --dir %s %s", harness_distctl(), verb, dir, args);
+  return harness_run(cmd, NULL, err, 60);
+}
+
+/* A second cluster up into a directory whose cluster runs overwrote its
+ * cluster.conf and pid files, orphaning the first daemons; a stale pid
+ * file must not block a new one. */
+Test(distctl, cluster_up_refuses_a_directory_whose_cluster_still_runs, .timeout = 120) {
+  char dir[] = "/tmp/distctl-twice-XXXXXX", c[64], pid_path[128], conf_path[128];
+  cr_assert(mkdtemp(dir));
+  snprintf(c, sizeof c, "%s/c", dir);
+  snprintf(pid_path, sizeof pid_path, "%s/distd.0.pid", c);
+  snprintf(conf_path, sizeof conf_path, "%s/cluster.conf", c);
+  char *err = NULL, pid_before[256], conf_before[256], pid_after[256], conf_after[256];
+  cr_assert_eq(cluster_cmd("up", c, "-n 1", &err), 0, "cluster up: %s", err);
+  free(err);
+  first_line(pid_path, pid_before);
+  first_line(conf_path, conf_before);
+  pid_t first = (pid_t)atoi(pid_before);
+  int rc = cluster_cmd("up", c, "-n 1", &err);
+  first_line(pid_path, pid_after);
+  first_line(conf_path, conf_after);
+  if (rc == 0) { /* the bug orphaned the first daemon (ours): stop both */
+    kill(first, SIGKILL);
+    cluster_cmd("down", c, "", NULL);
+  }
+  cr_assert_neq(rc, 0, "a second cluster up over a running one succeeded");
+  cr_assert(strstr(err, "already running") && strstr(err, "cluster down --dir"), "%s", err);
+  char want[64];
+  snprintf(want, sizeof want, "pids %d)", (int)first);
+  cr_assert(strstr(err, want), "%s", err);
+  free(err);
+  cr_assert_str_eq(pid_after, pid_before, "the pid file was rewritten");
+  cr_assert_str_eq(conf_after, conf_before, "cluster.conf was rewritten");
+  cr_assert_eq(cluster_cmd("down", c, "", &err), 0, "cluster down: %s", err);
+  cr_assert(strstr(err, "stopped 1 daemon"), "%s", err);
+  free(err);
+  cr_assert_neq(kill(first, 0), 0, "the first daemon still runs after down");
+  /* A pid file naming a process that is no distd (this test) is stale. */
+  FILE *f = fopen(pid_path, "w");
+  cr_assert(f);
+  fprintf(f, "%d\n", (int)getpid());
+  fclose(f);
+  cr_assert_eq(cluster_cmd("up", c, "-n 1", &err), 0, "up over a stale pid file: %s", err);
+  free(err);
+  cr_assert_eq(cluster_cmd("down", c, "", &err), 0, "cluster down: %s", err);
+  free(err);
+  snprintf(want, sizeof want, "rm -rf %s", dir);
+  cr_assert_eq(system(want), 0);
+}
+
+/* cluster down of a directory with no cluster said "stopped 0 daemons"
+ * and exit 0, hiding a mistyped --dir. */
+Test(distctl, cluster_down_without_a_cluster_fails_naming_the_directory, .timeout = 60) {
+  char dir[] = "/tmp/distctl-nodown-XXXXXX", missing[64], *err = NULL;
+  cr_assert(mkdtemp(dir));
+  snprintf(missing, sizeof missing, "%s/nonexistent", dir);
+  cr_assert_eq(cluster_cmd("down", missing, "", &err), 1, "%s", err);
+  cr_assert(strstr(err, missing) && strstr(err, "no such directory"), "%s", err);
+  free(err);
+  cr_assert_eq(cluster_cmd("down", dir, "", &err), 1, "%s", err);
+  cr_assert(strstr(err, "no cluster in") && strstr(err, "pid file"), "%s", err);
+  free(err);
+  cr_assert_eq(rmdir(dir), 0);
+}
+
 /* The CPUs a thread may run on, as /proc shows them ("0", "0-1"); out
  * holds 64 bytes. */
 static void cpus_of_thread(pid_t pid, const char *tid, char *out) {
