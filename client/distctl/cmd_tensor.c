@@ -258,6 +258,26 @@ static int write_npy(const char *path, dist_dtype dt, int ndim,
   return 0;
 }
 
+static int mesh_has_rank(const dist_mesh *m, int rank) {
+  for (int i = 0; i < dist_mesh_size(m); i++)
+    if (dist_mesh_rank_at(m, i) == rank) return 1;
+  return 0;
+}
+
+/* Reading rank's piece failed with code: a rank outside the tensor's mesh
+ * answers "not found", which reads as if the tensor did not exist; say
+ * that rank holds no piece instead. (A per-rank value is asked of the rank
+ * whatever mesh the handle shows, so only a failed read gets here.) */
+static int local_read_failed(dist_client *c, const dist_tensor *t, int rank, int code) {
+  const dist_mesh *m = dist_tensor_mesh(t);
+  if (code != DIST_ENOTFOUND || mesh_has_rank(m, rank))
+    return distctl_fail("tensor get %s: %s", dist_tensor_name(t), dist_errmsg(c));
+  char mesh[512];
+  dist_mesh_to_string(m, mesh, sizeof mesh);
+  return distctl_fail("tensor get: rank %d holds no piece of '%s' (its mesh is %s)", rank,
+                      dist_tensor_name(t), mesh);
+}
+
 static int get_value(dist_client *c, const tensor_args *a, int rank) {
   dist_tensor *t = NULL;
   void *data = NULL;
@@ -268,9 +288,12 @@ static int get_value(dist_client *c, const tensor_args *a, int rank) {
     rc = distctl_fail("tensor get %s: %s", a->name, dist_errmsg(c));
     goto out;
   }
-  int ndim = dist_tensor_ndim(t);
-  if (rank >= 0 ? dist_dtensor_to_local(c, t, rank, &data, &nbytes, shape) != 0
-                : dist_full_tensor(c, t, &data, &nbytes) != 0) {
+  int ndim = dist_tensor_ndim(t), code;
+  if (rank >= 0 && (code = dist_dtensor_to_local(c, t, rank, &data, &nbytes, shape)) != 0) {
+    rc = local_read_failed(c, t, rank, code);
+    goto out;
+  }
+  if (rank < 0 && dist_full_tensor(c, t, &data, &nbytes) != 0) {
     rc = distctl_fail("tensor get %s: %s", a->name, dist_errmsg(c));
     goto out;
   }

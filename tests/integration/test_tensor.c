@@ -1759,3 +1759,46 @@ Test(distctl, reshard_placements_must_fit_the_tensor_and_its_mesh, .timeout = 12
   expect_placements(&cluster, "m", "[\"Shard(0)\",\"Replicate()\"]");
   stop_cluster();
 }
+
+/* The float32 .npy at path must hold exactly want. */
+static void expect_npy_f32(const char *path, const float *want, size_t nbytes,
+                           const char *what) {
+  dist_dtype dt = DIST_DTYPE_INVALID;
+  dist_shape got;
+  void *data = NULL;
+  size_t n = 0;
+  cr_assert_eq(dist_npy_read(path, &dt, &got, &data, &n, NULL), 0, "%s", what);
+  cr_assert_eq(dt, DIST_FLOAT32, "%s", what);
+  expect_bytes(data, n, want, nbytes, DIST_FLOAT32, what);
+  free(data);
+}
+
+/* A rank outside the tensor's mesh has no piece to give: that used to read
+ * "tensor 't' not found", as if there were no t at all. A per-rank value
+ * (its own one-rank mesh on each daemon) is still read from the rank
+ * asked. */
+Test(distctl, get_local_from_a_rank_outside_the_mesh_says_it_holds_no_piece, .timeout = 120,
+     .fini = stop_cluster) {
+  start_cluster(&cluster, 3);
+  char in[400], piece[400], *out = NULL, *err = NULL;
+  write_small_npy(&cluster, in);
+  snprintf(piece, sizeof piece, "%s/piece.npy", cluster.dir);
+  int rc = distctl(&cluster, &out, &err, "tensor put t %s --mesh \"[0,1]\" "
+                   "--placements \"Shard(0)\"", in);
+  cr_assert_eq(rc, 0, "put: exit %d: %s", rc, err);
+  free(out), free(err);
+  rc = distctl(&cluster, &out, &err, "tensor get t --rank 2 --local -o %s", piece);
+  cr_assert_eq(rc, 1, "get --rank 2: exit %d: %s", rc, err);
+  cr_assert(err && strstr(err, "rank 2 holds no piece of 't' (its mesh is [0, 1])"), "%s", err);
+  free(out), free(err);
+  dist_client *c = harness_client(&cluster);
+  float two[2] = {2, 3}, one[1] = {1};
+  dist_tensor_free(harness_put(c, "g", DIST_FLOAT32, one, 1, (int64_t[]){1}, "[0]", "Replicate()"));
+  dist_tensor_free(harness_put(c, "g", DIST_FLOAT32, two, 1, (int64_t[]){2}, "[2]", "Replicate()"));
+  dist_close(c);
+  rc = distctl(&cluster, &out, &err, "tensor get g --rank 2 --local -o %s", piece);
+  cr_assert_eq(rc, 0, "get g --rank 2: exit %d: %s", rc, err);
+  free(out), free(err);
+  expect_npy_f32(piece, two, sizeof two, "rank 2's own g");
+  stop_cluster();
+}
