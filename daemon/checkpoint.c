@@ -112,6 +112,11 @@ static int af_close(atomic_file *f, int commit, const char *dir, char *hex,
   return rc;
 }
 
+/* "rank<r>.<id>.safetensors": the name of rank r's file of checkpoint id. */
+static void rank_file_name(char *file, size_t len, int rank, const char *id) {
+  snprintf(file, len, "rank%d.%s.safetensors", rank, id);
+}
+
 int distd_ckpt_write_rank(const char *dir, const char *id, int rank,
                           const dist_st_tensor *entries, int n,
                           const char *const *extra_meta, int nextra, char *file,
@@ -120,7 +125,7 @@ int distd_ckpt_write_rank(const char *dir, const char *id, int rank,
   if (mkdir(dir, 0755) != 0 && errno != EEXIST)
     return dist_fail(eb, DIST_EIO, "cannot create %s: %s", dir, strerror(errno));
   if (nextra > 4) return dist_fail(eb, DIST_EINVAL, "too much checkpoint metadata");
-  snprintf(file, file_len, "rank%d.%s.safetensors", rank, id);
+  rank_file_name(file, file_len, rank, id);
   char rank_s[16];
   snprintf(rank_s, sizeof rank_s, "%d", rank);
   const char *meta[14] = {"format", "distd", "rank", rank_s, "checkpoint", id};
@@ -229,6 +234,18 @@ static int is_ours(const char *name) {
        (n > 16 && !strcmp(name + n - 16, ".safetensors.tmp"))))
     return 1;
   return !strcmp(name, DISTD_CKPT_MANIFEST ".tmp");
+}
+
+int distd_ckpt_discard(const char *dir, const char *id, int rank) {
+  char file[256], path[4096];
+  rank_file_name(file, sizeof file, rank, id);
+  int removed = 0;
+  snprintf(path, sizeof path, "%s/%s", dir, file);
+  removed += unlink(path) == 0;
+  snprintf(path, sizeof path, "%s/%s.tmp", dir, file);
+  removed += unlink(path) == 0;
+  if (removed) fsync_dir(dir);
+  return removed;
 }
 
 int distd_ckpt_remove_stale(const char *dir, char *const *keep, size_t nkeep) {

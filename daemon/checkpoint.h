@@ -38,6 +38,9 @@ int distd_ckpt_read_manifest(const char *dir, char **text, dist_errbuf *eb);
 /* Reads DIR/file whole (malloc'd) and checks its sha256 against want_hex. */
 int distd_ckpt_read_file(const char *dir, const char *file, const char *want_hex,
                          void **bytes, size_t *len, dist_errbuf *eb);
+/* Removes DIR/rank<rank>.<id>.safetensors and its temp file, the file of
+ * a save that failed, and nothing else; returns how many were removed. */
+int distd_ckpt_discard(const char *dir, const char *id, int rank);
 /* Removes rank files (rank*.safetensors) and leftover temp files of DIR
  * that keep[0..nkeep) does not name; returns how many were removed. */
 int distd_ckpt_remove_stale(const char *dir, char *const *keep, size_t nkeep);

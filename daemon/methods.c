@@ -53,6 +53,7 @@ const distd_method distd_methods[] = {
     SERVICE_METHOD(Checkpoint, Manifest, checkpoint_manifest_request, checkpoint_manifest, W),
     SERVICE_METHOD(Checkpoint, Load, checkpoint_load_request, checkpoint_load, W),
     SERVICE_METHOD(Checkpoint, Read, checkpoint_read_request, checkpoint_read, W),
+    SERVICE_METHOD(Checkpoint, Discard, checkpoint_discard_request, checkpoint_discard, W),
 };
 #undef R
 #undef W

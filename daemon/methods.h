@@ -67,5 +67,6 @@ DISTD_HANDLER(checkpoint_commit);
 DISTD_HANDLER(checkpoint_manifest);
 DISTD_HANDLER(checkpoint_load);
 DISTD_HANDLER(checkpoint_read);
+DISTD_HANDLER(checkpoint_discard);
 
 #endif

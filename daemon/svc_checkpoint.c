@@ -1,4 +1,5 @@
-/* dist.v1.Checkpoint, writing side: Save / Commit / Manifest (checkpoint.h).
+/* dist.v1.Checkpoint, writing side: Save / Commit / Discard / Manifest
+ * (checkpoint.h).
  * Load and Read are in svc_checkpoint_load.c. */
 #include <stdlib.h>
 #include <string.h>
@@ -63,12 +64,15 @@ static grpc_byte_buffer *save_reply(distd_server *s, distd_tensor **t,
   return out;
 }
 
+static int check_dir_and_id(const char *dir, const char *id, dist_errbuf *eb) {
+  if (distd_ckpt_check_dir(dir, eb) != 0) return eb->code;
+  return distd_ckpt_check_id(id, eb);
+}
+
 DISTD_HANDLER(checkpoint_save) {
   (void)ci;
   const Dist__V1__CheckpointSaveRequest *rq = (const void *)req;
-  if (distd_ckpt_check_dir(rq->dir, eb) != 0 ||
-      distd_ckpt_check_id(rq->checkpoint_id, eb) != 0)
-    return eb->code;
+  if (check_dir_and_id(rq->dir, rq->checkpoint_id, eb) != 0) return eb->code;
   distd_tensor **t = NULL;
   int n = 0;
   pick_tensors(s, rq, &t, &n);
@@ -106,6 +110,16 @@ DISTD_HANDLER(checkpoint_commit) {
   Dist__V1__CheckpointCommitReply rp = DIST__V1__CHECKPOINT_COMMIT_REPLY__INIT;
   rp.removed = (uint32_t)distd_ckpt_remove_stale(rq->dir, rq->keep_files,
                                                  rq->n_keep_files);
+  *reply = dist_pb_to_bb(&rp.base);
+  return 0;
+}
+
+DISTD_HANDLER(checkpoint_discard) {
+  (void)ci;
+  const Dist__V1__CheckpointDiscardRequest *rq = (const void *)req;
+  if (check_dir_and_id(rq->dir, rq->checkpoint_id, eb) != 0) return eb->code;
+  Dist__V1__CheckpointDiscardReply rp = DIST__V1__CHECKPOINT_DISCARD_REPLY__INIT;
+  rp.removed = (uint32_t)distd_ckpt_discard(rq->dir, rq->checkpoint_id, s->rank);
   *reply = dist_pb_to_bb(&rp.base);
   return 0;
 }

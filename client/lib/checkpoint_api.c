@@ -60,9 +60,10 @@ static json_t *tensor_json(const dist_tensor *t, uint64_t version, int with_stat
                    "optimizer_state", with_state);
 }
 
-/* What the daemons wrote, one reply per rank. */
+/* What the daemons wrote, one reply per rank; asked: the ranks 0..asked-1
+ * sent a Save (each may have written its file). */
 typedef struct saved {
-  int n;
+  int n, asked;
   Dist__V1__CheckpointSaveReply **replies;
 } saved;
 
@@ -115,6 +116,10 @@ static int add_tensor(dist_client *c, json_t *tensors, const saved *sv,
   return 0;
 }
 
+static int not_found(dist_client *c, const char *name) {
+  return dist_client_fail(c, DIST_ENOTFOUND, "tensor '%s' not found", name);
+}
+
 static int build_manifest(dist_client *c, const char *id, const saved *sv,
                           const dist_checkpoint_opts *o, char **text,
                           dist_checkpoint_info *info) {
@@ -130,8 +135,7 @@ static int build_manifest(dist_client *c, const char *id, const saved *sv,
       rc = add_tensor(c, tensors, sv, rp->tensors[k], info);
   }
   for (int i = 0; o && i < o->ntensors && rc == 0; i++)
-    if (!json_object_get(tensors, o->tensors[i]))
-      rc = dist_client_fail(c, DIST_ENOTFOUND, "tensor '%s' not found", o->tensors[i]);
+    if (!json_object_get(tensors, o->tensors[i])) rc = not_found(c, o->tensors[i]);
   const char *k;
   json_t *v;
   json_object_foreach(tensors, k, v) json_array_append(list, v);
@@ -158,6 +162,7 @@ static int save_ranks(dist_client *c, const char *dir, const char *id,
   /* One daemon after the other, so progress is exact. */
   for (int r = 0; r < c->n; r++) {
     ProtobufCMessage *rp = NULL;
+    sv->asked = r + 1;
     int rc = dist_call_one(c, r, "/dist.v1.Checkpoint/Save", &rq.base,
                            &dist__v1__checkpoint_save_reply__descriptor, &rp);
     if (rc != 0) {
@@ -204,19 +209,55 @@ static int check_dir(dist_client *c, const char *dir) {
                           "an absolute path", dir ? dir : "(null)");
 }
 
+/* The tensors named must exist before any daemon writes: a save refused
+ * for a name wrote nothing. (One deleted meanwhile still fails in
+ * build_manifest, and discard takes the files back.) */
+static int check_names(dist_client *c, const dist_checkpoint_opts *o) {
+  if (!o || o->ntensors == 0) return 0;
+  dist_tensor **list = NULL;
+  int n = 0, rc = dist_tensor_list(c, &list, &n);
+  for (int i = 0; rc == 0 && i < o->ntensors; i++) {
+    int found = 0;
+    for (int k = 0; k < n && !found; k++) found = strcmp(list[k]->name, o->tensors[i]) == 0;
+    if (!found) rc = not_found(c, o->tensors[i]);
+  }
+  dist_tensor_list_free(list, n);
+  return rc;
+}
+
+/* A save that failed before its commit removes the files it wrote, on the
+ * ranks it asked, keeping the failure's message. A daemon removes only
+ * this save's id, never the files of the checkpoint in place; one that
+ * cannot be reached (or predates Discard) keeps its file until the next
+ * save's commit. */
+static void discard(dist_client *c, const char *dir, const char *id, int asked) {
+  if (asked == 0) return;
+  dist_errbuf why = c->err;
+  Dist__V1__CheckpointDiscardRequest rq = DIST__V1__CHECKPOINT_DISCARD_REQUEST__INIT;
+  rq.dir = (char *)dir;
+  rq.checkpoint_id = (char *)id;
+  dist_call *calls = NULL;
+  dist_call_all(c, "/dist.v1.Checkpoint/Discard", &dist__v1__checkpoint_discard_reply__descriptor,
+                &rq.base, NULL, asked, &calls);
+  dist_calls_release(calls, asked);
+  c->err = why;
+}
+
 int dist_checkpoint_save(dist_client *c, const char *dir,
                          const dist_checkpoint_opts *opts,
                          dist_checkpoint_info *info) {
   dist_checkpoint_info local;
   if (!info) info = &local;
   memset(info, 0, sizeof *info);
-  if (check_dir(c, dir) != 0) return c->err.code;
+  if (check_dir(c, dir) != 0 || check_names(c, opts) != 0) return c->err.code;
   make_id(info->id, sizeof info->id);
-  saved sv = {0, NULL};
+  saved sv = {0, 0, NULL};
   char *manifest = NULL;
   int rc = save_ranks(c, dir, info->id, opts, &sv);
   if (rc == 0) rc = build_manifest(c, info->id, &sv, opts, &manifest, info);
-  if (rc == 0) rc = commit(c, dir, manifest, &sv);
+  /* A commit that failed may have switched the manifest: its files stay. */
+  if (rc != 0) discard(c, dir, info->id, sv.asked);
+  else rc = commit(c, dir, manifest, &sv);
   free(manifest);
   saved_free(&sv);
   return rc;

@@ -50,6 +50,7 @@ static const ProtobufCMessageDescriptor *const requests[] = {
     &dist__v1__checkpoint_manifest_request__descriptor,
     &dist__v1__checkpoint_load_request__descriptor,
     &dist__v1__checkpoint_read_request__descriptor,
+    &dist__v1__checkpoint_discard_request__descriptor,
     &dist__v1__param_list_request__descriptor,
 };
 #define NREQUESTS (sizeof requests / sizeof requests[0])

@@ -462,12 +462,14 @@ Test(checkpoint, interrupted_save_leaves_the_previous_checkpoint_intact) {
   char *after = manifest_text();
   cr_assert_str_eq(after, before, "the manifest was not switched");
   free(after);
-  cr_assert_eq(count_rank_files(), 3, "the old pair and rank 0's orphan");
+  /* Rank 0's new file is discarded (it used to stay, an orphan, until the
+   * next good save). */
+  cr_assert_eq(count_rank_files(), 2, "the old pair only");
   c = restart_all(c);
   cr_assert_eq(dist_checkpoint_restore(c, dir, NULL, &info), 0, "%s", dist_errmsg(c));
   cr_assert_str_eq(info.id, first.id, "the restore names the first checkpoint");
   expect_three(c); /* the first checkpoint's values, not a1 */
-  /* The next good save removes the orphan and the old files. */
+  /* The next good save removes the old files. */
   cr_assert_eq(dist_checkpoint_save(c, dir, NULL, &info), 0, "%s", dist_errmsg(c));
   cr_assert_eq(count_rank_files(), 2);
   cr_assert_str_neq(info.id, first.id);
@@ -737,6 +739,37 @@ Test(checkpoint, restore_placements_are_counted_against_each_saved_mesh) {
   free(err);
   expect_layout(c, "a", "[Replicate()]", 2, 0);
   expect_value(c, "a", a0, sizeof a0);
+  dist_close(c);
+}
+
+/* A save naming a tensor that does not exist used to fail only after every
+ * daemon wrote its file: a new DIR was left with rank files and no
+ * manifest, an existing one with a stray set beside the checkpoint. The
+ * names are checked before any daemon writes. */
+Test(checkpoint, a_save_naming_a_missing_tensor_writes_nothing) {
+  dist_client *c = start(2);
+  put_three(c);
+  char fresh[500], args[700];
+  snprintf(fresh, sizeof fresh, "%s/fresh", cluster.dir);
+  snprintf(args, sizeof args, "checkpoint save %s --tensors a,nope", fresh);
+  char *out = NULL, *err = NULL;
+  cr_assert_eq(run_distctl(args, &out, &err), 1, "%s", err);
+  cr_assert(strstr(err, "tensor 'nope' not found"), "%s", err);
+  free(out);
+  free(err);
+  cr_assert_neq(access(fresh, F_OK), 0, "the failed save created %s", fresh);
+  make_dir();
+  cr_assert_eq(dist_checkpoint_save(c, ckpt_dir, NULL, NULL), 0, "%s", dist_errmsg(c));
+  char *before = manifest_text();
+  snprintf(args, sizeof args, "checkpoint save %s --tensors nope,b", ckpt_dir);
+  cr_assert_eq(run_distctl(args, &out, &err), 1, "%s", err);
+  free(out);
+  free(err);
+  char *after = manifest_text();
+  cr_assert_str_eq(after, before);
+  cr_assert_eq(count_rank_files(), 2, "the checkpoint's pair only");
+  free(before);
+  free(after);
   dist_close(c);
 }
 

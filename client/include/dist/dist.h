@@ -929,7 +929,10 @@ typedef struct dist_checkpoint_info {
   int nparams, params_reset;
 } dist_checkpoint_info;
 
-/* dir must be absolute. info may be NULL. */
+/* dir must be absolute. info may be NULL. The names in opts->tensors are
+ * checked before any daemon writes; a save that fails later, before the
+ * manifest is switched, removes the files it wrote (daemons that cannot be
+ * reached keep theirs until the next save's commit). */
 int dist_checkpoint_save(dist_client *c, const char *dir,
                          const dist_checkpoint_opts *opts,
                          dist_checkpoint_info *info);
