@@ -1,14 +1,21 @@
 /* The public ProcessMesh and placement helpers, over common/mesh.c. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "client_internal.h"
 
-int dist_mesh_new(int ndim, const int *shape, const int *ranks,
-                  const char *const *dim_names, dist_mesh **out) {
-  dist_mesh *m = calloc(1, sizeof *m);
-  int rc = dist_mesh_init(&m->d, ndim, shape, ranks, dim_names, NULL);
+/* The mesh constructors have no client to keep a message in: the last
+ * failure's is kept per thread, as connect's is. */
+static __thread char mesh_error[512];
+
+const char *dist_last_mesh_error(void) { return mesh_error; }
+
+/* Hands out m when rc is 0, else frees it and keeps eb's message. */
+static int mesh_result(int rc, const dist_errbuf *eb, dist_mesh *m,
+                       dist_mesh **out) {
   if (rc != 0) {
+    snprintf(mesh_error, sizeof mesh_error, "%s", dist_errbuf_msg(eb));
     free(m);
     m = NULL;
   }
@@ -16,16 +23,30 @@ int dist_mesh_new(int ndim, const int *shape, const int *ranks,
   return rc;
 }
 
+int dist_mesh_new(int ndim, const int *shape, const int *ranks,
+                  const char *const *dim_names, dist_mesh **out) {
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  dist_mesh *m = calloc(1, sizeof *m);
+  int rc = 0;
+  /* dist_mesh_init takes 0 dims for the sub-mesh of a 1-d mesh, but the
+   * daemons take meshes of 1 dim or more: one made here could not be used. */
+  if (ndim < 1)
+    rc = dist_fail(&eb, DIST_EINVAL, "mesh: %d dims (1 to %d allowed)", ndim,
+                   DIST_MAX_MESH_DIMS);
+  else if (!m)
+    rc = dist_fail(&eb, DIST_ENOMEM, "out of memory");
+  else
+    rc = dist_mesh_init(&m->d, ndim, shape, ranks, dim_names, &eb);
+  return mesh_result(rc, &eb, m, out);
+}
+
 int dist_mesh_from_string(const char *text, const char *dim_names,
                           dist_mesh **out) {
+  dist_errbuf eb = DIST_ERRBUF_INIT;
   dist_mesh *m = calloc(1, sizeof *m);
-  int rc = dist_mesh_parse(&m->d, text, dim_names, NULL);
-  if (rc != 0) {
-    free(m);
-    m = NULL;
-  }
-  *out = m;
-  return rc;
+  int rc = m ? dist_mesh_parse(&m->d, text, dim_names, &eb)
+             : dist_fail(&eb, DIST_ENOMEM, "out of memory");
+  return mesh_result(rc, &eb, m, out);
 }
 
 void dist_mesh_free(dist_mesh *m) { free(m); }
@@ -43,14 +64,11 @@ const char *dist_mesh_dim_name(const dist_mesh *m, int dim) {
 
 int dist_mesh_get_submesh(const dist_mesh *m, const char *dim_name, int index,
                           dist_mesh **out) {
+  dist_errbuf eb = DIST_ERRBUF_INIT;
   dist_mesh *s = calloc(1, sizeof *s);
-  int rc = dist_mesh_submesh(&m->d, dim_name, index, &s->d, NULL);
-  if (rc != 0) {
-    free(s);
-    s = NULL;
-  }
-  *out = s;
-  return rc;
+  int rc = s ? dist_mesh_submesh(&m->d, dim_name, index, &s->d, &eb)
+             : dist_fail(&eb, DIST_ENOMEM, "out of memory");
+  return mesh_result(rc, &eb, s, out);
 }
 
 void dist_mesh_to_string(const dist_mesh *m, char *buf, size_t len) {

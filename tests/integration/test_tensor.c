@@ -1239,6 +1239,27 @@ static void expect_w_as_put(harness *h, dist_client *c, const double *p0, int n,
  * Replicate -> Partial exchanges no data, so nothing else would stop the
  * ranks that could; Shard -> Replicate does, and the refusal reaches the
  * other daemon at once. */
+/* Every daemon refuses a mesh of no dims; dist_mesh_new used to make one
+ * (of one rank), so the mistake only showed at the first use. */
+Test(bad_input, a_mesh_of_no_dims_is_refused_when_made) {
+  int shape[1] = {2}, ranks[2] = {0, 1};
+  dist_mesh *m = (dist_mesh *)&m;
+  cr_expect_eq(dist_mesh_new(0, shape, ranks, NULL, &m), DIST_EINVAL);
+  cr_expect_null(m);
+  cr_expect(strstr(dist_last_mesh_error(), "0 dims") != NULL, "message: '%s'",
+            dist_last_mesh_error());
+  cr_expect_eq(dist_mesh_new(-1, shape, ranks, NULL, &m), DIST_EINVAL);
+  cr_expect_null(m);
+  /* The other constructors keep their reasons too. */
+  cr_expect_eq(dist_mesh_from_string("[0,0]", NULL, &m), DIST_EINVAL);
+  cr_expect(strstr(dist_last_mesh_error(), "rank 0 appears twice") != NULL,
+            "message: '%s'", dist_last_mesh_error());
+  cr_assert_eq(dist_mesh_new(1, shape, ranks, NULL, &m), 0);
+  cr_expect_eq(dist_mesh_ndim(m), 1);
+  cr_expect_eq(dist_mesh_size(m), 2);
+  dist_mesh_free(m);
+}
+
 Test(bad_input, a_reshard_one_daemon_cannot_afford_is_applied_by_none, .timeout = 120, .fini = stop_cluster) {
   start_cluster_with(&cluster, 2, "--memory-limit=400");
   dist_client *c = harness_client(&cluster);

@@ -173,12 +173,16 @@ void dist_experts_report_free(dist_experts_report *r); /* NULL is a no-op */
 
 /* ---------------------------------------------------------------- meshes */
 
-/* A ProcessMesh: shape, ranks in row-major order, optional dim names. */
+/* A ProcessMesh: shape (1 to DIST_MAX_MESH_DIMS dims), ranks in row-major
+ * order, optional dim names. */
 int dist_mesh_new(int ndim, const int *shape, const int *ranks,
                   const char *const *dim_names, dist_mesh **out);
 /* "[[0,1],[2,3]]" with names "dp,mp" (NULL for d0, d1, ...). */
 int dist_mesh_from_string(const char *text, const char *dim_names,
                           dist_mesh **out);
+/* Why the last mesh constructor (dist_mesh_new, dist_mesh_from_string,
+ * dist_mesh_get_submesh) that failed on this thread failed. */
+const char *dist_last_mesh_error(void);
 void dist_mesh_free(dist_mesh *m);
 int dist_mesh_ndim(const dist_mesh *m);
 int dist_mesh_dim_size(const dist_mesh *m, int dim);
