@@ -112,10 +112,9 @@ static int infer_create(const Dist__V1__ProgramNode *n, const distd_vmeta *in,
   }
   case DIST__V1__OP_KIND__OP_ARANGE: {
     int64_t cnt;
-    double step = n->step == 0 ? 1 : n->step;
-    int ints = integral(n->scalar) && integral(n->end) && integral(step);
+    int ints = integral(n->scalar) && integral(n->end) && integral(n->step);
     out->dtype = distd_node_dtype(n, ints ? DIST_INT64 : DIST_FLOAT32);
-    int rc = distd_arange_count(n->scalar, n->end, step, &cnt, eb);
+    int rc = distd_arange_count(n->scalar, n->end, n->step, &cnt, eb);
     out->shape = (dist_shape){1, {cnt}};
     return rc;
   }

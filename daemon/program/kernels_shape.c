@@ -173,7 +173,10 @@ int distd_k_full(dist_dtype dt, const dist_shape *shape, double v,
 
 int distd_arange_count(double start, double end, double step, int64_t *n,
                        dist_errbuf *eb) {
-  if (step == 0 || !isfinite(step) || !isfinite(start) || !isfinite(end))
+  if (step == 0) /* numpy and Paddle refuse it too: there is no end */
+    return dist_fail(eb, DIST_EINVAL, "step is 0: arange(%g, %g, 0) never "
+                     "reaches its end", start, end);
+  if (!isfinite(step) || !isfinite(start) || !isfinite(end))
     return dist_fail(eb, DIST_EINVAL, "arange(%g, %g, %g) is not finite",
                      start, end, step);
   double c = ceil((end - start) / step);

@@ -13,8 +13,7 @@ static int forward_create(const Dist__V1__ProgramNode *n, distd_tval *const *in,
   if (rc) return rc;
   switch (n->op) {
   case DIST__V1__OP_KIND__OP_ARANGE:
-    return distd_k_arange(m.dtype, n->scalar, n->end, n->step == 0 ? 1 : n->step,
-                          out, eb);
+    return distd_k_arange(m.dtype, n->scalar, n->end, n->step, out, eb);
   case DIST__V1__OP_KIND__OP_CONSTANT: {
     distd_tval *d = NULL;
     dist_shape one = {0, {0}};

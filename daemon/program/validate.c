@@ -106,6 +106,16 @@ static int check_input_decl(const Dist__V1__ProgramInput *in, size_t i,
   return 0;
 }
 
+/* arange's length needs no shapes: a bad step is refused at registration
+ * rather than at the first call. */
+static int check_arange(const Dist__V1__ProgramNode *n, size_t i,
+                        dist_errbuf *eb) {
+  int64_t count;
+  if (n->op != DIST__V1__OP_KIND__OP_ARANGE) return 0;
+  int rc = distd_arange_count(n->scalar, n->end, n->step, &count, eb);
+  return rc ? distd_node_fail(eb, rc, i, n) : 0;
+}
+
 static int check_node(const Dist__V1__ProgramNode *n, size_t i,
                       size_t n_defined, dist_errbuf *eb) {
   const distd_op_info *info = distd_op_info_get(n->op);
@@ -130,7 +140,7 @@ static int check_node(const Dist__V1__ProgramNode *n, size_t i,
     return FAILN(DIST_EINVAL, "no target dtype");
   if (n->n_shape > DIST_MAX_DIMS || n->n_axes > DIST_MAX_DIMS)
     return FAILN(DIST_EINVAL, "more than %d dims", DIST_MAX_DIMS);
-  return 0;
+  return check_arange(n, i, eb);
 }
 
 static int copy_message(const Dist__V1__Program *pb, Dist__V1__Program **out,

@@ -468,6 +468,17 @@ static int call_one(err_fixture *f, dist_program *p, int out_value,
   return rc;
 }
 
+/* call_one is refused with code, and the message names what and detail. */
+static void expect_call_refused(err_fixture *f, dist_program *p, int out_value,
+                                const dist_tensor *arg, int code,
+                                const char *what, const char *detail) {
+  dist_invocation *inv = NULL;
+  cr_assert_eq(call_one(f, p, out_value, arg, &inv), code, "%s", dist_errmsg(f->c));
+  cr_assert(strstr(dist_errmsg(f->c), what), "%s", dist_errmsg(f->c));
+  cr_assert(strstr(dist_errmsg(f->c), detail), "%s", dist_errmsg(f->c));
+  cr_assert_null(inv);
+}
+
 Test(local_layer_errors, output_count_mismatch_names_both_counts, .timeout = 120) {
   err_fixture f;
   err_setup(&f);
@@ -493,13 +504,10 @@ Test(local_layer_errors, wrong_dtype_names_the_op_and_its_position, .timeout = 1
   int xi = dist_input_dtensor(p, "xi", DIST_DTYPE_INVALID);
   int half = dist_op_full_like(p, dist_op_cast(p, xi, DIST_FLOAT32), 0.5);
   int bad = dist_op_add(p, xi, half); /* int64 + float32 */
-  dist_invocation *inv = NULL;
-  cr_assert_eq(call_one(&f, p, dist_op_sum(p, bad, NULL, 0, 0), f.xi, &inv),
-               DIST_EMISMATCH);
-  cr_assert(strstr(dist_errmsg(f.c), "node 2 (add)"), "%s", dist_errmsg(f.c));
-  cr_assert(strstr(dist_errmsg(f.c), "int64 vs float32"), "%s", dist_errmsg(f.c));
-  cr_assert_null(inv);
+  expect_call_refused(&f, p, dist_op_sum(p, bad, NULL, 0, 0), f.xi, DIST_EMISMATCH,
+                      "node 2 (add)", "int64 vs float32");
   dist_program_free(p);
+  dist_invocation *inv = NULL;
   /* A declared input dtype is checked too. */
   dist_program_new("typed", &p);
   int x = dist_input_dtensor(p, "x", DIST_FLOAT32);
@@ -635,6 +643,39 @@ Test(local_layer_errors, builder_errors_are_sticky_and_reported_at_register,
   dist_program_free(p);
   dist_program_free(NULL);
   dist_invocation_free(NULL);
+}
+
+/* numpy and Paddle refuse arange(0, 10, 0); the daemons took step 0 as 1
+ * and returned 0..9. */
+Test(local_layer_errors, arange_of_step_0_is_refused_at_register, .timeout = 120) {
+  err_fixture f;
+  err_setup(&f);
+  dist_program *p = NULL;
+  dist_program_new("arange0", &p);
+  dist_input_dtensor(p, "x", DIST_FLOAT32);
+  expect_call_refused(&f, p, dist_op_arange(p, 0, 10, 0, DIST_FLOAT32), f.x,
+                      DIST_EINVAL, "node 0 (arange)", "step is 0");
+  dist_program_free(p);
+  /* A step that is not 0 still runs: [0, 3, 6, 9] on each of the 2 ranks,
+   * read back as their Partial(sum). */
+  dist_program_new("arange3", &p);
+  dist_input_dtensor(p, "x", DIST_FLOAT32);
+  dist_placement psum = DIST_PARTIAL_OF(DIST_REDUCE_SUM);
+  dist_program_output(p, dist_op_arange(p, 0, 10, 3, DIST_FLOAT32));
+  dist_program_out_dist_attr(p, f.m, &psum, NULL);
+  cr_assert_eq(dist_program_register(f.c, p), 0, "%s", dist_errmsg(f.c));
+  dist_arg args[1] = {{f.x, NULL}};
+  dist_tensor *out = NULL;
+  dist_invocation *inv = NULL;
+  cr_assert_eq(dist_local_layer_call(f.c, p, args, 1, NULL, &inv, &out), 0, "%s",
+               dist_errmsg(f.c));
+  float *got = full_of(f.c, out, 4);
+  for (int i = 0; i < 4; i++) cr_expect_eq(got[i], 2.0f * (float)(3 * i), "elem %d", i);
+  free(got);
+  dist_tensor_free(out);
+  dist_invocation_free(inv);
+  dist_program_free(p);
+  err_teardown(&f);
 }
 
 /* What backward needs expires with the program's invocation TTL. */

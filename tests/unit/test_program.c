@@ -378,6 +378,24 @@ Test(program_errors, value_used_before_defined) {
   pbb_free(&b);
 }
 
+Test(program_errors, arange_of_step_0_is_refused_at_registration) {
+  pb_build b;
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  distd_program *p = NULL;
+  pbb_init(&b);
+  pbb_node(&b, OP(ARANGE), PB_END);
+  b.last->end = 10; /* start (scalar) 0, step 0: as numpy, no end */
+  pbb_output(&b, 0);
+  cr_assert_eq(distd_program_new(&b.prog, &p, &eb), DIST_EINVAL);
+  cr_assert_null(p);
+  cr_assert_str_eq(eb.msg, "node 0 (arange): step is 0: arange(0, 10, 0) never "
+                   "reaches its end");
+  b.last->step = -2.5; /* any other step is fine: [0, 10) by -2.5 is empty */
+  cr_assert_eq(distd_program_new(&b.prog, &p, &eb), 0, "%s", eb.msg);
+  distd_program_free(p);
+  pbb_free(&b);
+}
+
 Test(program_errors, backward_without_gradients_needs_a_scalar_output) {
   pb_build b;
   dist_errbuf eb = DIST_ERRBUF_INIT;
