@@ -323,14 +323,44 @@ int dist_op_set_label(dist_program *p, int id, const char *label) {
 
 /* ---------------------------------------------------------------- ops */
 
+/* The generic builders take an op kind of their own family only. The
+ * daemons cannot refuse another: with one operand, add is add(x, 0) and a
+ * reduce of kind add would run as that, returning x. */
+static int is_binary_kind(dist_op_kind op) {
+  return (op >= DIST_OP_ADD && op <= DIST_OP_MINIMUM) ||
+         (op >= DIST_OP_EQ && op <= DIST_OP_LOGICAL_OR);
+}
+
+static int is_unary_kind(dist_op_kind op) {
+  return op == DIST_OP_LOGICAL_NOT || (op >= DIST_OP_EXP && op <= DIST_OP_TANH);
+}
+
+static int is_reduce_kind(dist_op_kind op) {
+  return op >= DIST_OP_SUM && op <= DIST_OP_MIN;
+}
+
+static const char binary_family[] =
+    "a binary elementwise op (DIST_OP_ADD ... DIST_OP_LOGICAL_OR)";
+
+static int check_kind(dist_program *p, const char *builder, dist_op_kind op,
+                      int (*fits)(dist_op_kind), const char *family) {
+  if (p->err || fits(op)) return p->err;
+  return bfail(p, DIST_EINVAL, "%s: op kind %d is not %s", builder, (int)op,
+               family);
+}
+
 int dist_op_binary(dist_program *p, dist_op_kind op, int a, int b) {
   int ins[2] = {a, b};
+  if (check_kind(p, "dist_op_binary", op, is_binary_kind, binary_family))
+    return p->err;
   return add_node(p, op, ins, 2, NULL);
 }
 
 int dist_op_binary_scalar(dist_program *p, dist_op_kind op, int a,
                           double scalar, int scalar_first) {
   bnode *n = NULL;
+  if (check_kind(p, "dist_op_binary_scalar", op, is_binary_kind, binary_family))
+    return p->err;
   int id = add_node(p, op, &a, 1, &n);
   if (id >= 0) {
     n->pb.scalar = scalar;
@@ -390,6 +420,9 @@ int dist_op_where(dist_program *p, int cond, int a, int b) {
 }
 
 int dist_op_unary(dist_program *p, dist_op_kind op, int x) {
+  if (check_kind(p, "dist_op_unary", op, is_unary_kind,
+                 "a unary op (DIST_OP_EXP ... DIST_OP_TANH, DIST_OP_LOGICAL_NOT)"))
+    return p->err;
   return add_node(p, op, &x, 1, NULL);
 }
 
@@ -418,6 +451,9 @@ int dist_op_gelu(dist_program *p, int x, int approximate) {
 int dist_op_reduce(dist_program *p, dist_op_kind op, int x,
                    const int64_t *axes, int naxes, int keepdim) {
   bnode *n = NULL;
+  if (check_kind(p, "dist_op_reduce", op, is_reduce_kind,
+                 "a reduction (DIST_OP_SUM, DIST_OP_MEAN, DIST_OP_MAX or DIST_OP_MIN)"))
+    return p->err;
   int id = add_node(p, op, &x, 1, &n);
   if (id < 0) return id;
   n->pb.axes = dup_i64(axes, naxes > 0 ? naxes : 0);

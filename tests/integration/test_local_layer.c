@@ -678,6 +678,48 @@ Test(local_layer_errors, arange_of_step_0_is_refused_at_register, .timeout = 120
   err_teardown(&f);
 }
 
+/* The generic builders used to take any op kind: dist_op_reduce of kind add
+ * ran as add(x, 0) and returned x unchanged. */
+Test(local_layer_errors, generic_builders_refuse_an_op_of_another_family,
+     .timeout = 60) {
+  struct {
+    const char *builder;
+    dist_op_kind kind;
+  } cases[] = {
+      {"dist_op_reduce", DIST_OP_ADD},    {"dist_op_reduce", DIST_OP_EXP},
+      {"dist_op_unary", DIST_OP_ADD},     {"dist_op_unary", DIST_OP_SUM},
+      {"dist_op_binary", DIST_OP_EXP},    {"dist_op_binary", DIST_OP_WHERE},
+      {"dist_op_binary_scalar", DIST_OP_EXP}, {"dist_op_binary_scalar", DIST_OP_MAX},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    dist_program *p = NULL;
+    cr_assert_eq(dist_program_new("family", &p), 0);
+    int x = dist_input_dtensor(p, "x", DIST_FLOAT32);
+    const char *b = cases[i].builder;
+    dist_op_kind k = cases[i].kind;
+    int id = !strcmp(b, "dist_op_reduce")  ? dist_op_reduce(p, k, x, NULL, 0, 0)
+             : !strcmp(b, "dist_op_unary") ? dist_op_unary(p, k, x)
+             : !strcmp(b, "dist_op_binary") ? dist_op_binary(p, k, x, x)
+                                            : dist_op_binary_scalar(p, k, x, 2.0, 0);
+    cr_expect_eq(id, DIST_EINVAL, "%s of kind %d", b, (int)k);
+    char want[64];
+    snprintf(want, sizeof want, "%s: op kind %d is not", b, (int)k);
+    cr_expect(strstr(dist_program_errmsg(p), want), "%s", dist_program_errmsg(p));
+    dist_program_free(p);
+  }
+  /* Each family's own kinds still build. */
+  dist_program *p = NULL;
+  cr_assert_eq(dist_program_new("family", &p), 0);
+  int x = dist_input_dtensor(p, "x", DIST_FLOAT32);
+  cr_expect_geq(dist_op_reduce(p, DIST_OP_MEAN, x, NULL, 0, 0), 0);
+  cr_expect_geq(dist_op_unary(p, DIST_OP_TANH, x), 0);
+  cr_expect_geq(dist_op_unary(p, DIST_OP_LOGICAL_NOT, x), 0);
+  cr_expect_geq(dist_op_binary(p, DIST_OP_LOGICAL_OR, x, x), 0);
+  cr_expect_geq(dist_op_binary_scalar(p, DIST_OP_MINIMUM, x, 1.0, 1), 0);
+  cr_expect_str_empty(dist_program_errmsg(p));
+  dist_program_free(p);
+}
+
 /* What backward needs expires with the program's invocation TTL. */
 Test(local_layer_errors, kept_invocations_expire_after_the_ttl, .timeout = 120) {
   err_fixture f;

@@ -503,7 +503,8 @@ int dist_input_set_grad_placements(dist_program *p, int id,
 /* Labels the node computing value id (shown in errors). */
 int dist_op_set_label(dist_program *p, int id, const char *label);
 
-/* Elementwise, numpy broadcasting; both operands the same dtype. */
+/* Elementwise, numpy broadcasting; both operands the same dtype. op is
+ * one of DIST_OP_ADD ... DIST_OP_LOGICAL_OR. */
 int dist_op_binary(dist_program *p, dist_op_kind op, int a, int b);
 /* op(a, scalar), or op(scalar, a) with scalar_first. */
 int dist_op_binary_scalar(dist_program *p, dist_op_kind op, int a,
@@ -534,7 +535,8 @@ int dist_op_scalar_div(dist_program *p, double s, int a);  /* s / a */
 int dist_op_logical_not(dist_program *p, int a);
 int dist_op_where(dist_program *p, int cond, int a, int b);
 
-/* One operand, float dtypes (abs, neg, relu also integers). */
+/* One operand, float dtypes (abs, neg, relu also integers). op is one of
+ * DIST_OP_EXP ... DIST_OP_TANH or DIST_OP_LOGICAL_NOT. */
 int dist_op_unary(dist_program *p, dist_op_kind op, int x);
 int dist_op_exp(dist_program *p, int x);
 int dist_op_log(dist_program *p, int x);
@@ -547,7 +549,8 @@ int dist_op_silu(dist_program *p, int x);
 int dist_op_sigmoid(dist_program *p, int x);
 int dist_op_tanh(dist_program *p, int x);
 
-/* Reductions over axes (naxes 0: all), with keepdim. */
+/* Reductions over axes (naxes 0: all), with keepdim. op is DIST_OP_SUM,
+ * DIST_OP_MEAN, DIST_OP_MAX or DIST_OP_MIN. */
 int dist_op_reduce(dist_program *p, dist_op_kind op, int x,
                    const int64_t *axes, int naxes, int keepdim);
 int dist_op_sum(dist_program *p, int x, const int64_t *axes, int naxes,
