@@ -150,6 +150,110 @@ void dist_reduce_finish(void *acc, size_t n, dist_dtype dt, dist_reduce op,
   }
 }
 
+/* ---- exact integer average ---------------------------------------------
+ * The sum of k integers need not fit their type (3 x 2e9 in int32), and
+ * int64 has no wider type to add in. So each element keeps the floor
+ * quotient and the remainder by k of what was added: sum = k * quot + rem,
+ * 0 <= rem < k. rem never leaves [0, k); quot may wrap while parts are
+ * added, but ends at floor(sum / k), which lies between the parts' least
+ * and greatest, so the wrapping arithmetic ends exact. */
+
+static void avg_cell_add(dist_int_avg *c, int64_t x, int64_t k) {
+  int64_t q = x / k, r = x % k;
+  if (r < 0) { /* C truncates: step to the floor */
+    q--;
+    r += k;
+  }
+  c->rem += r;
+  if (c->rem >= k) { /* k > 1 here: q < INT64_MAX */
+    c->rem -= k;
+    q++;
+  }
+  c->quot = (int64_t)((uint64_t)c->quot + (uint64_t)q);
+}
+
+/* sum / k truncated toward zero, as C integer division. */
+static int64_t avg_cell_value(const dist_int_avg *c) {
+  return c->quot + (c->quot < 0 && c->rem != 0);
+}
+
+#define DEFINE_INT_AVG(NAME, T)                                               \
+  static void int_avg_add_##NAME(dist_int_avg *acc, const char *in, size_t n, \
+                                 int64_t k) {                                 \
+    for (size_t i = 0; i < n; i++) {                                          \
+      T v;                                                                    \
+      memcpy(&v, in + i * sizeof v, sizeof v);                                \
+      avg_cell_add(&acc[i], v, k);                                            \
+    }                                                                         \
+  }                                                                           \
+  /* Cell i is read before element i is written: out may be acc itself. */    \
+  static void int_avg_store_##NAME(char *out, const dist_int_avg *acc,        \
+                                   size_t n) {                                \
+    for (size_t i = 0; i < n; i++) {                                          \
+      T v = (T)avg_cell_value(&acc[i]);                                       \
+      memcpy(out + i * sizeof v, &v, sizeof v);                               \
+    }                                                                         \
+  }
+
+DEFINE_INT_AVG(i8, int8_t)
+DEFINE_INT_AVG(u8, uint8_t)
+DEFINE_INT_AVG(i32, int32_t)
+DEFINE_INT_AVG(i64, int64_t)
+
+int dist_reduce_is_int_avg(dist_dtype dt, dist_reduce op) {
+  return op == DIST_REDUCE_AVG && (dt == DIST_INT8 || dt == DIST_UINT8 ||
+                                   dt == DIST_INT32 || dt == DIST_INT64);
+}
+
+void dist_int_avg_add(dist_int_avg *acc, const void *in, size_t n,
+                      dist_dtype dt, int k) {
+  switch (dt) {
+    case DIST_INT8: int_avg_add_i8(acc, in, n, k); break;
+    case DIST_UINT8: int_avg_add_u8(acc, in, n, k); break;
+    case DIST_INT32: int_avg_add_i32(acc, in, n, k); break;
+    case DIST_INT64: int_avg_add_i64(acc, in, n, k); break;
+    default: break;
+  }
+}
+
+void dist_int_avg_store(void *out, const dist_int_avg *acc, size_t n,
+                        dist_dtype dt) {
+  switch (dt) {
+    case DIST_INT8: int_avg_store_i8(out, acc, n); break;
+    case DIST_UINT8: int_avg_store_u8(out, acc, n); break;
+    case DIST_INT32: int_avg_store_i32(out, acc, n); break;
+    case DIST_INT64: int_avg_store_i64(out, acc, n); break;
+    default: break;
+  }
+}
+
+/* CHUNK elements at a time through cells on the stack. */
+static void int_avg_parts(char *acc, const char *rest, int k, size_t n,
+                          dist_dtype dt) {
+  size_t es = dist_dtype_size(dt), bytes = n * es;
+  dist_int_avg cells[CHUNK];
+  for (size_t done = 0; done < n; done += CHUNK) {
+    size_t m = n - done < CHUNK ? n - done : CHUNK;
+    memset(cells, 0, m * sizeof cells[0]);
+    dist_int_avg_add(cells, acc + done * es, m, dt, k);
+    for (int s = 0; s < k - 1; s++)
+      dist_int_avg_add(cells, rest + (size_t)s * bytes + done * es, m, dt, k);
+    dist_int_avg_store(acc + done * es, cells, m, dt);
+  }
+}
+
+void dist_reduce_parts(void *acc, const void *rest, int k, size_t n,
+                       dist_dtype dt, dist_reduce op) {
+  if (k > 1 && dist_reduce_is_int_avg(dt, op)) {
+    int_avg_parts(acc, rest, k, n, dt);
+    return;
+  }
+  size_t bytes = n * dist_dtype_size(dt);
+  for (int s = 0; s < k - 1; s++)
+    dist_reduce_into(acc, (const char *)rest + (size_t)s * bytes, n, dt, op);
+  dist_reduce_finish(acc, n, dt, op, k);
+}
+
 /* The identity of op as a double, stored through dist_elem_set (which
  * saturates -inf/+inf to an integer type's limits). */
 static double identity_value(dist_dtype dt, dist_reduce op) {

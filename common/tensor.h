@@ -56,12 +56,38 @@ void dist_elem_set(void *buf, dist_dtype dt, size_t i, double v);
 
 /* acc[i] = acc[i] (op) in[i] for n elements. AVG accumulates like SUM (the
  * caller divides once with dist_reduce_finish). ANY/ALL treat non-zero as
- * true and store 0/1. Every dtype is supported. */
+ * true and store 0/1. Every dtype is supported. An integer AVG sums in the
+ * dtype here, which wraps: use dist_reduce_parts or dist_int_avg. */
 void dist_reduce_into(void *acc, const void *in, size_t n, dist_dtype dt,
                       dist_reduce op);
 /* For AVG divides acc by k; no-op for the other reductions. */
 void dist_reduce_finish(void *acc, size_t n, dist_dtype dt, dist_reduce op,
                         int k);
+/* acc (n elements, holding the first of k parts) gets the k - 1 others,
+ * which follow each other in rest, folded in that order, and is finished
+ * for k. Floats and the other reductions are dist_reduce_into and
+ * dist_reduce_finish; an integer AVG is exact (dist_int_avg). */
+void dist_reduce_parts(void *acc, const void *rest, int k, size_t n,
+                       dist_dtype dt, dist_reduce op);
+
+/* Partial(avg) of an integer dtype, exactly: the sum of the k parts need
+ * not fit the dtype (nor int64). A cell per element, zeroed before the
+ * first part, keeps the quotient and remainder by k of what was added.
+ * The average is the sum / k truncated toward zero, as C integer division
+ * and a LocalLayer's integer div (program.proto) do: int32 avg(2e9, 2e9,
+ * 2e9) is 2e9, avg(-7, 0) is -3. */
+typedef struct dist_int_avg {
+  int64_t quot, rem;
+} dist_int_avg;
+/* AVG of an int8, uint8, int32 or int64 dtype. */
+int dist_reduce_is_int_avg(dist_dtype dt, dist_reduce op);
+/* Adds n elements of a part (any alignment) to n cells, for k parts. */
+void dist_int_avg_add(dist_int_avg *acc, const void *in, size_t n,
+                      dist_dtype dt, int k);
+/* The n averages into out, in dt; out may be acc itself (narrowing in
+ * place). */
+void dist_int_avg_store(void *out, const dist_int_avg *acc, size_t n,
+                        dist_dtype dt);
 /* Fills n elements with the identity of op (0 for sum, 1 for prod, the
  * lowest value for max, ...). */
 void dist_reduce_identity(void *buf, size_t n, dist_dtype dt, dist_reduce op);

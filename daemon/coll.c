@@ -166,9 +166,7 @@ static void post_scatter_reduce(const distd_coll *c, distd_xfer *x, const char *
 /* acc (n elements, already holding this member's part) gets every slot. */
 static void reduce_slots(const distd_coll *c, void *acc, const char *tmp, size_t n,
                          dist_dtype dt, dist_reduce op) {
-  size_t bytes = n * dist_dtype_size(dt);
-  for (int s = 0; s < c->size - 1; s++) dist_reduce_into(acc, tmp + (size_t)s * bytes, n, dt, op);
-  dist_reduce_finish(acc, n, dt, op, c->size);
+  dist_reduce_parts(acc, tmp, c->size, n, dt, op); /* exact integer avg */
 }
 
 static int reduce_scatter_run(const distd_coll *c, const void *in, void *out, const size_t *counts,
@@ -217,8 +215,7 @@ static int allreduce_direct(const distd_coll *c, void *buf, size_t count, dist_d
     distd_xfer_send(x, c->group[rotated(c, k)], TAG_STEP1, buf, bytes);
   if ((rc = finish(c, x, eb))) goto out;
   if (bytes) memcpy(buf, tmp, bytes);
-  for (int j = 1; j < c->size; j++) dist_reduce_into(buf, tmp + (size_t)j * bytes, count, dt, op);
-  dist_reduce_finish(buf, count, dt, op, c->size);
+  dist_reduce_parts(buf, tmp + bytes, c->size, count, dt, op);
 out:
   distd_xfer_free(x);
   free(tmp);

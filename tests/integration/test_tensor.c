@@ -519,6 +519,74 @@ Test(shard_tensor, partial_placements_keep_the_logical_value, .timeout = 120, .f
   stop_cluster();
 }
 
+/* A Partial(avg) tensor of dt over [0,1,2] from three pieces of n elements:
+ * its whole value, read at once and again after a reshard to `to`, must be
+ * want. */
+static void expect_partial_avg(dist_client *c, dist_dtype dt, const void *const *pieces,
+                               int64_t n, const void *want, const char *to) {
+  dist_mesh *mesh = NULL;
+  dist_mesh_from_string("[0,1,2]", NULL, &mesh);
+  dist_placement avg = DIST_PARTIAL_OF(DIST_REDUCE_AVG), dst;
+  cr_assert_eq(dist_parse_placements(to, &dst, 1), 1);
+  const int64_t *shapes[3] = {&n, &n, &n};
+  dist_tensor *t = NULL;
+  cr_assert_eq(dist_dtensor_from_local(c, "avg", pieces, dt, 1, shapes, mesh, &avg, &t), 0,
+               "%s", dist_errmsg(c));
+  size_t bytes = (size_t)n * dist_dtype_size(dt);
+  for (int step = 0; step < 2; step++) {
+    if (step == 1)
+      cr_assert_eq(dist_reshard(c, t, NULL, &dst), 0, "%s", dist_errmsg(c));
+    void *data = NULL;
+    size_t got = 0;
+    cr_assert_eq(dist_full_tensor(c, t, &data, &got), 0, "%s", dist_errmsg(c));
+    expect_bytes(data, got, want, bytes, dt, step ? to : "Partial(avg)");
+    free(data);
+  }
+  cr_assert_eq(dist_tensor_delete(c, "avg"), 0, "%s", dist_errmsg(c));
+  dist_tensor_free(t);
+  dist_mesh_free(mesh);
+}
+
+/* Partial(avg) of integers: the daemons summed in the dtype, which wraps,
+ * and divided then (int32 avg(2e9, 2e9, 2e9) read 568344234). The average
+ * is exact now, truncated toward zero as C divides; computed here in a
+ * wider type. */
+Test(reshard, integer_partial_avg_is_exact, .timeout = 120, .fini = stop_cluster) {
+  start_cluster(&cluster, 3);
+  dist_client *c = harness_client(&cluster);
+  const uint8_t u8[3][1] = {{200}, {100}, {4}}, u8_avg[1] = {101};
+  expect_partial_avg(c, DIST_UINT8, (const void *[]){u8[0], u8[1], u8[2]}, 1, u8_avg,
+                     "Replicate()");
+  const int8_t i8[3][2] = {{-100, 127}, {-100, 127}, {-27, 126}}, i8_avg[2] = {-75, 126};
+  expect_partial_avg(c, DIST_INT8, (const void *[]){i8[0], i8[1], i8[2]}, 2, i8_avg,
+                     "Replicate()");
+  __extension__ typedef __int128 wide;
+  const int64_t i64[3][1] = {{INT64_MAX}, {INT64_MAX}, {INT64_MAX - 5}};
+  int64_t i64_avg[1] = {(int64_t)(((wide)INT64_MAX * 3 - 5) / 3)};
+  expect_partial_avg(c, DIST_INT64, (const void *[]){i64[0], i64[1], i64[2]}, 1, i64_avg,
+                     "Shard(0)");
+  /* 6000 int32 x 2 peers is past the direct all-reduce: the reduce-scatter
+   * path averages too. Signs alternate, so negative sums truncate up. */
+  enum { N = 6000 };
+  int32_t *p32[3], *want = malloc(N * sizeof *want);
+  for (int r = 0; r < 3; r++) p32[r] = malloc(N * sizeof *p32[r]);
+  for (int i = 0; i < N; i++) {
+    int64_t sum = 0;
+    for (int r = 0; r < 3; r++) {
+      p32[r][i] = (i % 2 ? -1 : 1) * (2000000000 - (i * 31 + r * 17) % 1000);
+      sum += p32[r][i];
+    }
+    want[i] = (int32_t)(sum / 3);
+  }
+  const void *pieces[3] = {p32[0], p32[1], p32[2]};
+  expect_partial_avg(c, DIST_INT32, pieces, N, want, "Replicate()");
+  expect_partial_avg(c, DIST_INT32, pieces, N, want, "Shard(0)");
+  for (int r = 0; r < 3; r++) free(p32[r]);
+  free(want);
+  dist_close(c);
+  stop_cluster();
+}
+
 /* ------------------------------------------------------------ dtensor_from_local */
 
 /* Names of the tensors daemon r holds, comma-joined. */

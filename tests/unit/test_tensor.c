@@ -361,6 +361,151 @@ Test(reduce, integer_sum_wraps_without_undefined_behaviour) {
   cr_expect_eq(c, -2);
 }
 
+/* ---- exact integer average ---------------------------------------------- */
+
+static const dist_dtype int_dtypes[] = {DIST_INT8, DIST_UINT8, DIST_INT32, DIST_INT64};
+
+static int64_t int_at(const char *buf, dist_dtype dt, size_t i) {
+  switch (dt) {
+    case DIST_INT8: { int8_t v; memcpy(&v, buf + i, 1); return v; }
+    case DIST_UINT8: { uint8_t v; memcpy(&v, buf + i, 1); return v; }
+    case DIST_INT32: { int32_t v; memcpy(&v, buf + 4 * i, 4); return v; }
+    default: { int64_t v; memcpy(&v, buf + 8 * i, 8); return v; }
+  }
+}
+
+static void int_put(char *buf, dist_dtype dt, size_t i, int64_t v) {
+  int8_t i8 = (int8_t)v;
+  uint8_t u8 = (uint8_t)v;
+  int32_t i32 = (int32_t)v;
+  switch (dt) {
+    case DIST_INT8: memcpy(buf + i, &i8, 1); break;
+    case DIST_UINT8: memcpy(buf + i, &u8, 1); break;
+    case DIST_INT32: memcpy(buf + 4 * i, &i32, 4); break;
+    default: memcpy(buf + 8 * i, &v, 8); break;
+  }
+}
+
+/* Values over the dtype's whole range, its least and greatest often. */
+static int64_t int_sample(dist_dtype dt, uint64_t *seed) {
+  *seed = *seed * 6364136223846793005u + 1442695040888963407u;
+  uint64_t r = *seed ^ (*seed >> 29);
+  int64_t lo = dt == DIST_INT8 ? INT8_MIN : dt == DIST_UINT8 ? 0
+               : dt == DIST_INT32 ? INT32_MIN : INT64_MIN;
+  int64_t hi = dt == DIST_INT8 ? INT8_MAX : dt == DIST_UINT8 ? UINT8_MAX
+               : dt == DIST_INT32 ? INT32_MAX : INT64_MAX;
+  if (r % 5 == 0) return (r / 5) % 2 ? hi : lo;
+  if (dt == DIST_INT64) return (int64_t)r;
+  return lo + (int64_t)(r % (uint64_t)(hi - lo + 1));
+}
+
+/* The average as the test computes it: a 128-bit sum, divided as C does
+ * (truncating toward zero). */
+__extension__ typedef __int128 wide_int;
+static int64_t wide_avg(const int64_t *parts, int k) {
+  wide_int sum = 0;
+  for (int j = 0; j < k; j++) sum += parts[j];
+  return (int64_t)(sum / k);
+}
+
+/* k parts of n elements of dt, the first in acc, the others after one
+ * another in rest (one byte off alignment, as in a received frame), and
+ * the expected averages in want. */
+static void int_parts(dist_dtype dt, int k, size_t n, char *acc, char *rest,
+                      int64_t *want, uint64_t seed) {
+  int64_t parts[16];
+  for (size_t i = 0; i < n; i++) {
+    for (int j = 0; j < k; j++) {
+      parts[j] = int_sample(dt, &seed);
+      int_put(j ? rest + (size_t)(j - 1) * n * dist_dtype_size(dt) : acc, dt, i, parts[j]);
+    }
+    want[i] = wide_avg(parts, k);
+  }
+}
+
+Test(reduce, integer_avg_of_parts_is_exact_and_truncates_toward_zero) {
+  enum { N = 600 }; /* more than one chunk of cells */
+  static const int ks[] = {2, 3, 5, 16};
+  for (size_t t = 0; t < sizeof int_dtypes / sizeof int_dtypes[0]; t++)
+    for (size_t q = 0; q < sizeof ks / sizeof ks[0]; q++) {
+      dist_dtype dt = int_dtypes[t];
+      int k = ks[q];
+      size_t es = dist_dtype_size(dt);
+      char *acc = malloc(N * es + 1), *rest = malloc((size_t)(k - 1) * N * es + 2);
+      int64_t *want = malloc(N * sizeof *want);
+      int_parts(dt, k, N, acc, rest + 1, want, 1234u + 77u * t + q);
+      dist_reduce_parts(acc, rest + 1, k, N, dt, DIST_REDUCE_AVG);
+      for (size_t i = 0; i < N; i++)
+        cr_assert_eq(int_at(acc, dt, i), want[i], "%s k=%d elem %zu: got %lld want %lld",
+                     dist_dtype_name(dt), k, i, (long long)int_at(acc, dt, i),
+                     (long long)want[i]);
+      free(acc);
+      free(rest);
+      free(want);
+    }
+}
+
+Test(reduce, integer_avg_of_the_audit_cases) {
+  int32_t i32[3] = {2000000000, 2000000000, 2000000000};
+  dist_reduce_parts(i32, i32 + 1, 3, 1, DIST_INT32, DIST_REDUCE_AVG);
+  cr_expect_eq(i32[0], 2000000000);
+  uint8_t u8[3] = {200, 100, 4};
+  dist_reduce_parts(u8, u8 + 1, 3, 1, DIST_UINT8, DIST_REDUCE_AVG);
+  cr_expect_eq(u8[0], 101);
+  int8_t i8[3] = {-100, -100, -27}; /* -227 / 3 = -75.67 */
+  dist_reduce_parts(i8, i8 + 1, 3, 1, DIST_INT8, DIST_REDUCE_AVG);
+  cr_expect_eq(i8[0], -75);
+  int64_t i64[2] = {-7, 0}, big[2] = {INT64_MAX, INT64_MAX - 1};
+  dist_reduce_parts(i64, i64 + 1, 2, 1, DIST_INT64, DIST_REDUCE_AVG);
+  cr_expect_eq(i64[0], -3);
+  dist_reduce_parts(big, big + 1, 2, 1, DIST_INT64, DIST_REDUCE_AVG);
+  cr_expect_eq(big[0], INT64_MAX - 1);
+}
+
+/* Parts that arrive one at a time (a checkpoint's pieces) go into cells,
+ * narrowed in place at the end. */
+Test(reduce, integer_avg_cells_take_parts_one_at_a_time) {
+  enum { N = 300, K = 7 };
+  for (size_t t = 0; t < sizeof int_dtypes / sizeof int_dtypes[0]; t++) {
+    dist_dtype dt = int_dtypes[t];
+    size_t es = dist_dtype_size(dt);
+    char *first = malloc(N * es + 1), *rest = malloc((K - 1) * N * es + 1);
+    int64_t want[N];
+    int_parts(dt, K, N, first, rest, want, 99u + t);
+    dist_int_avg *cells = calloc(N, sizeof *cells);
+    dist_int_avg_add(cells, first, N, dt, K);
+    for (int j = 0; j < K - 1; j++) dist_int_avg_add(cells, rest + (size_t)j * N * es, N, dt, K);
+    dist_int_avg_store(cells, cells, N, dt);
+    for (size_t i = 0; i < N; i++)
+      cr_assert_eq(int_at((const char *)cells, dt, i), want[i], "%s elem %zu",
+                   dist_dtype_name(dt), i);
+    free(cells);
+    free(first);
+    free(rest);
+  }
+}
+
+/* Every other dtype and op reduces the parts as dist_reduce_into and
+ * dist_reduce_finish do, bit for bit. */
+Test(reduce, parts_match_reduce_into_for_the_rest) {
+  enum { N = 37, K = 4 };
+  for (size_t t = 0; t < NDTYPES; t++)
+    for (size_t r = 0; r < NREDUCES; r++) {
+      dist_dtype dt = all_dtypes[t];
+      dist_reduce op = all_reduces[r];
+      if (dist_reduce_is_int_avg(dt, op)) continue;
+      size_t es = dist_dtype_size(dt);
+      _Alignas(8) char parts[K * N * 8], want[N * 8];
+      for (int j = 0; j < K; j++)
+        for (int i = 0; i < N; i++) dist_elem_set(parts + (size_t)j * N * es, dt, (size_t)i, sample(dt, j, i));
+      memcpy(want, parts, N * es);
+      for (int j = 1; j < K; j++) dist_reduce_into(want, parts + (size_t)j * N * es, N, dt, op);
+      dist_reduce_finish(want, N, dt, op, K);
+      dist_reduce_parts(parts, parts + N * es, K, N, dt, op);
+      cr_assert_arr_eq(parts, want, N * es, "%s %s", dist_dtype_name(dt), dist_reduce_name(op));
+    }
+}
+
 Test(reduce, float_max_propagates_nan) {
   float a[2] = {1.0f, NAN}, b[2] = {NAN, 2.0f};
   dist_reduce_into(a, b, 2, DIST_FLOAT32, DIST_REDUCE_MAX);

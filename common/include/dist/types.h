@@ -25,6 +25,13 @@ typedef enum {
   DIST_FLOAT64 = 9
 } dist_dtype;
 
+/* How Partial values combine. Integers wrap in sum and prod, as NCCL's do;
+ * avg of an integer dtype is exact: the sum of the k values, taken without
+ * wrapping, divided by k and truncated toward zero as C divides (int32
+ * avg(2e9, 2e9, 2e9) is 2e9, avg(-7, 0) is -3). A reshard averages a
+ * tensor Partial(avg) on several mesh dims one mesh dim at a time,
+ * truncating each time; a checkpoint rebuilt in the client averages all
+ * its pieces at once, which can differ by one. */
 typedef enum {
   DIST_REDUCE_SUM = 0,
   DIST_REDUCE_MAX = 1,
