@@ -39,16 +39,29 @@ static int partial_pieces(const dist_tensor *t) {
   return k;
 }
 
-/* Reduces piece (shaped box) into the box at offset of full. */
-static int reduce_box_in(void *full, const dist_shape *shape, const int64_t *offset,
-                         const void *piece, const dist_shape *box, dist_dtype dt,
-                         dist_reduce op) {
-  size_t es = dist_dtype_size(dt), n = (size_t)dist_shape_numel(box);
+/* An integer Partial(avg) is rebuilt exactly: the sum of its pieces need
+ * not fit the dtype, so until the last piece is in, its whole buffer holds
+ * a dist_int_avg cell per element (16 bytes), narrowed in place at the
+ * end. */
+static int int_avg_cells(const dist_tensor *t) {
+  dist_reduce op;
+  return dist_ckpt_partial_reduce(t, &op) > 0 && dist_reduce_is_int_avg(t->dtype, op);
+}
+
+/* Reduces piece (shaped box) into the box at offset of t's whole value. */
+static int reduce_box_in(void *full, const dist_tensor *t, const int64_t *offset,
+                         const void *piece, const dist_shape *box, dist_reduce op) {
+  int cells = int_avg_cells(t);
+  size_t es = cells ? sizeof(dist_int_avg) : dist_dtype_size(t->dtype);
+  size_t n = (size_t)dist_shape_numel(box);
   void *acc = malloc(n * es + 1);
   if (!acc) return DIST_ENOMEM;
-  dist_copy_box_out(acc, full, shape, offset, box, es);
-  dist_reduce_into(acc, piece, n, dt, op);
-  dist_copy_box_in(full, shape, offset, acc, box, es);
+  dist_copy_box_out(acc, full, &t->shape, offset, box, es);
+  if (cells)
+    dist_int_avg_add(acc, piece, n, t->dtype, partial_pieces(t));
+  else
+    dist_reduce_into(acc, piece, n, t->dtype, op);
+  dist_copy_box_in(full, &t->shape, offset, acc, box, es);
   free(acc);
   return 0;
 }
@@ -92,7 +105,7 @@ static int place_piece(dist_client *c, const ckpt_entry *e, int k,
     dist_copy_box_in(full, &e->t.shape, offset, pc->data.data, &local, es);
     return 0;
   }
-  if (reduce_box_in(full, &e->t.shape, offset, pc->data.data, &local, e->t.dtype, op))
+  if (reduce_box_in(full, &e->t, offset, pc->data.data, &local, op))
     return dist_client_fail(c, DIST_ENOMEM, "out of memory reducing '%s'", e->t.name);
   return 0;
 }
@@ -210,13 +223,16 @@ int dist_ckpt_read_whole(dist_client *c, const char *dir, const ckpt_manifest *m
   for (int i = 0; i < m->ntensors && rc == 0; i++) {
     if (how[i] != CKPT_REBUILD) continue;
     const dist_tensor *t = &m->tensors[i].t;
-    nbytes[i] = (size_t)dist_shape_numel(&t->shape) * dist_dtype_size(t->dtype);
-    if (!(full[i] = malloc(nbytes[i] + 1)))
+    size_t numel = (size_t)dist_shape_numel(&t->shape);
+    nbytes[i] = numel * dist_dtype_size(t->dtype);
+    full[i] = int_avg_cells(t) ? calloc(numel + 1, sizeof(dist_int_avg)) /* none added */
+                               : malloc(nbytes[i] + 1);
+    if (!full[i])
       rc = dist_client_fail(c, DIST_ENOMEM, "no memory for the %zu bytes of '%s'",
                             nbytes[i], t->name);
     dist_reduce op;
-    if (rc == 0 && dist_ckpt_partial_reduce(t, &op) > 0) /* pieces reduce into it */
-      dist_reduce_identity(full[i], (size_t)dist_shape_numel(&t->shape), t->dtype, op);
+    if (rc == 0 && !int_avg_cells(t) && dist_ckpt_partial_reduce(t, &op) > 0)
+      dist_reduce_identity(full[i], numel, t->dtype, op); /* pieces reduce into it */
   }
   for (int r = 0; r < m->nfiles && rc == 0; r++) {
     uint64_t bytes = 0;
@@ -227,10 +243,13 @@ int dist_ckpt_read_whole(dist_client *c, const char *dir, const ckpt_manifest *m
   }
   for (int i = 0; i < m->ntensors && rc == 0; i++) {
     const dist_tensor *t = &m->tensors[i].t;
+    size_t numel = (size_t)dist_shape_numel(&t->shape);
     dist_reduce op;
-    if (how[i] == CKPT_REBUILD && dist_ckpt_partial_reduce(t, &op) > 0) /* avg divides */
-      dist_reduce_finish(full[i], (size_t)dist_shape_numel(&t->shape), t->dtype, op,
-                         partial_pieces(t));
+    if (how[i] != CKPT_REBUILD || dist_ckpt_partial_reduce(t, &op) <= 0) continue;
+    if (int_avg_cells(t))
+      dist_int_avg_store(full[i], full[i], numel, t->dtype);
+    else /* avg divides */
+      dist_reduce_finish(full[i], numel, t->dtype, op, partial_pieces(t));
   }
   return rc;
 }

@@ -974,20 +974,37 @@ Test(checkpoint, a_deleted_parameter_leaves_no_state_behind) {
 /* ---- restoring onto fewer daemons than saved ---- */
 
 /* name from one piece per rank of mesh_text, in mesh order (f32). */
-static void put_pieces(dist_client *c, const char *name, const float *const *pieces,
-                       int ndim, const int64_t *piece_shape, const char *mesh_text,
-                       const char *placements_text) {
+static void put_pieces(dist_client *c, const char *name, dist_dtype dt,
+                       const void *const *pieces, int ndim, const int64_t *piece_shape,
+                       const char *mesh_text, const char *placements_text) {
   dist_mesh *m = NULL;
   dist_placement pl[DIST_MAX_MESH_DIMS];
   cr_assert_eq(dist_mesh_from_string(mesh_text, NULL, &m), 0);
   cr_assert_gt(dist_parse_placements(placements_text, pl, DIST_MAX_MESH_DIMS), 0);
   const int64_t *shapes[4] = {piece_shape, piece_shape, piece_shape, piece_shape};
   dist_tensor *t = NULL;
-  cr_assert_eq(dist_dtensor_from_local(c, name, (const void *const *)pieces, DIST_FLOAT32,
-                                       ndim, shapes, m, pl, &t),
+  cr_assert_eq(dist_dtensor_from_local(c, name, pieces, dt, ndim, shapes, m, pl, &t),
                0, "%s", dist_errmsg(c));
   dist_tensor_free(t);
   dist_mesh_free(m);
+}
+
+/* Closes c, replaces the cluster by one of 2 daemons and restores the
+ * checkpoint in dir onto mesh [1,0] with Shard(0); returns the new client. */
+static dist_client *restore_onto_two(dist_client *c, const char *dir,
+                                     dist_checkpoint_info *info) {
+  dist_close(c);
+  stop_cluster();
+  c = start(2);
+  dist_mesh *m2 = NULL;
+  cr_assert_eq(dist_mesh_from_string("[1,0]", NULL, &m2), 0);
+  dist_placement s0 = DIST_SHARD_DIM(0);
+  dist_checkpoint_opts o = DIST_CHECKPOINT_OPTS_INIT;
+  o.mesh = m2;
+  o.placements = &s0;
+  cr_assert_eq(dist_checkpoint_restore(c, dir, &o, info), 0, "%s", dist_errmsg(c));
+  dist_mesh_free(m2);
+  return c;
 }
 
 static int count_tensors(dist_client *c) {
@@ -1012,15 +1029,15 @@ Test(checkpoint, restore_onto_fewer_daemons_than_saved, .timeout = 240) {
   dist_tensor_free(put(c, "y", DIST_INT64, y0, 2, sy, "[[0,1],[2,3]]",
                        "Shard(1),Replicate()"));
   static const float p2[3] = {1, 2, 3}, p3[3] = {10, 20, 30}, p_sum[3] = {11, 22, 33};
-  const float *p_pieces[2] = {p2, p3};
-  put_pieces(c, "p", p_pieces, 1, sp, "[2,3]", "Partial(sum)");
+  const void *p_pieces[2] = {p2, p3};
+  put_pieces(c, "p", DIST_FLOAT32, p_pieces, 1, sp, "[2,3]", "Partial(sum)");
   static const float q0[3] = {1, 9, -4}, q1[3] = {5, 2, -7}, q2[3] = {0, 0, 8},
                      q3[3] = {-1, 6, 3}, q_max[6] = {5, 9, -4, 0, 6, 8};
-  const float *q_pieces[4] = {q0, q1, q2, q3};
+  const void *q_pieces[4] = {q0, q1, q2, q3};
   int64_t sq[2] = {1, 3};
-  put_pieces(c, "q", q_pieces, 2, sq, "[[0,1],[2,3]]", "Shard(0),Partial(max)");
+  put_pieces(c, "q", DIST_FLOAT32, q_pieces, 2, sq, "[[0,1],[2,3]]", "Shard(0),Partial(max)");
   /* r: a sum of maxima or a maximum of sums? Not defined: refused. */
-  put_pieces(c, "r", q_pieces, 1, sp, "[[0,1],[2,3]]", "Partial(sum),Partial(max)");
+  put_pieces(c, "r", DIST_FLOAT32, q_pieces, 1, sp, "[[0,1],[2,3]]", "Partial(sum),Partial(max)");
   dist_tensor_free(put(c, "z", DIST_FLOAT32, p0, 1, sp, "[3,1]", "Shard(0)"));
   char tmp[] = "/tmp/ckpt-fewer-XXXXXX";
   cr_assert(mkdtemp(tmp));
@@ -1108,6 +1125,40 @@ Test(checkpoint, restore_onto_fewer_daemons_than_saved, .timeout = 240) {
   cr_assert_eq(system(args), 0);
 }
 
+/* Integer Partial(avg) pieces rebuilt in the client average exactly, as
+ * the daemons' reshard does: the sum of the pieces used to wrap in the
+ * dtype (four int32 near 2e9), and was divided then. Expectations are
+ * computed here in int64, truncated toward zero as C divides. */
+Test(checkpoint, integer_partial_avg_rebuilt_onto_fewer_daemons_is_exact, .timeout = 240) {
+  dist_client *c = start(4);
+  int32_t a[4][2];
+  int32_t a_avg[2];
+  for (int i = 0; i < 2; i++) {
+    int64_t sum = 0;
+    for (int r = 0; r < 4; r++) sum += a[r][i] = (i ? -1 : 1) * (2000000000 - (r == 3));
+    a_avg[i] = (int32_t)(sum / 4);
+  }
+  int64_t sa[1] = {2}, sb[2] = {1, 3};
+  put_pieces(c, "a", DIST_INT32, (const void *[]){a[0], a[1], a[2], a[3]}, 1, sa,
+             "[0,1,2,3]", "Partial(avg)");
+  /* Rows by mesh dim 0, each the average of a pair of ranks. */
+  static const uint8_t b[4][3] = {{250, 3, 1}, {251, 0, 2}, {100, 200, 255}, {102, 255, 254}};
+  uint8_t b_avg[6];
+  for (int i = 0; i < 6; i++) b_avg[i] = (uint8_t)((b[i / 3 * 2][i % 3] + b[i / 3 * 2 + 1][i % 3]) / 2);
+  put_pieces(c, "b", DIST_UINT8, (const void *[]){b[0], b[1], b[2], b[3]}, 2, sb,
+             "[[0,1],[2,3]]", "Shard(0),Partial(avg)");
+  char tmp[] = "/tmp/ckpt-avg-XXXXXX";
+  cr_assert(mkdtemp(tmp));
+  cr_assert_eq(dist_checkpoint_save(c, tmp, NULL, NULL), 0, "%s", dist_errmsg(c));
+  c = restore_onto_two(c, tmp, NULL);
+  expect_value(c, "a", a_avg, sizeof a_avg);
+  expect_value(c, "b", b_avg, sizeof b_avg);
+  dist_close(c);
+  char rm[64];
+  snprintf(rm, sizeof rm, "rm -rf %s", tmp);
+  cr_assert_eq(system(rm), 0);
+}
+
 /* A rebuilt tensor that does not fit on its new mesh leaves the tensor of
  * that name as it was before the restore. The rebuild used to delete it
  * everywhere first, and the name was then gone. */
@@ -1187,23 +1238,12 @@ Test(checkpoint, parameters_restored_onto_fewer_daemons_keep_their_state, .timeo
   push_step(c, 5);
   pull(c, "w", want_w, sizeof want_w);
   pull(c, "v", want_v, sizeof want_v);
-  dist_close(c);
-  stop_cluster();
-
-  c = start(2);
-  dist_mesh *m2 = NULL;
-  cr_assert_eq(dist_mesh_from_string("[1,0]", NULL, &m2), 0);
-  dist_placement s0 = DIST_SHARD_DIM(0);
-  dist_checkpoint_opts o = DIST_CHECKPOINT_OPTS_INIT;
-  o.mesh = m2;
-  o.placements = &s0;
   dist_checkpoint_info info;
-  cr_assert_eq(dist_checkpoint_restore(c, tmp, &o, &info), 0, "%s", dist_errmsg(c));
+  c = restore_onto_two(c, tmp, &info);
   cr_assert_eq(info.nparams, 2);
   cr_assert_eq(info.params_reset, 0);
   expect_layout(c, "w", "[Shard(0)]", 2, 1);
   expect_resumed(c, want_w, want_v, "lost its state on the way to two daemons");
-  dist_mesh_free(m2);
   dist_close(c);
   char cmd[100];
   snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
