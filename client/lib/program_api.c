@@ -305,6 +305,15 @@ static int add_node(dist_program *p, int op, const int *ins, int n_in,
   return id;
 }
 
+/* A count the caller gives (operands, dims, axes, values): a negative one
+ * was taken as 0, so reshape(x, shape, -1) made a scalar, and concat's
+ * overran the heap. */
+static int check_count(dist_program *p, const char *op, const char *what,
+                       int n, int least) {
+  if (p->err || n >= least) return p->err;
+  return bfail(p, DIST_EINVAL, "%s: %d %s (at least %d)", op, n, what, least);
+}
+
 static int64_t *dup_i64(const int64_t *v, int n) {
   int64_t *d = malloc(sizeof(int64_t) * ((size_t)n + 1));
   if (d && n > 0) memcpy(d, v, sizeof(int64_t) * (size_t)n);
@@ -454,9 +463,10 @@ int dist_op_reduce(dist_program *p, dist_op_kind op, int x,
   if (check_kind(p, "dist_op_reduce", op, is_reduce_kind,
                  "a reduction (DIST_OP_SUM, DIST_OP_MEAN, DIST_OP_MAX or DIST_OP_MIN)"))
     return p->err;
+  if (check_count(p, "dist_op_reduce", "axes", naxes, 0)) return p->err;
   int id = add_node(p, op, &x, 1, &n);
   if (id < 0) return id;
-  n->pb.axes = dup_i64(axes, naxes > 0 ? naxes : 0);
+  n->pb.axes = dup_i64(axes, naxes);
   n->pb.n_axes = naxes > 0 ? (size_t)naxes : 0;
   n->pb.keepdim = keepdim != 0;
   return id;
@@ -522,26 +532,28 @@ int dist_op_matmul(dist_program *p, int a, int b, int trans_a, int trans_b) {
 
 int dist_op_reshape(dist_program *p, int x, const int64_t *shape, int ndim) {
   bnode *n = NULL;
+  if (check_count(p, "dist_op_reshape", "dims", ndim, 0)) return p->err;
   int id = add_node(p, DIST__V1__OP_KIND__OP_RESHAPE, &x, 1, &n);
   if (id < 0) return id;
   n->pb.shape = dup_i64(shape, ndim);
-  n->pb.n_shape = ndim > 0 ? (size_t)ndim : 0;
+  n->pb.n_shape = (size_t)ndim;
   return id;
 }
 
 int dist_op_transpose(dist_program *p, int x, const int64_t *perm, int nperm) {
   bnode *n = NULL;
+  if (check_count(p, "dist_op_transpose", "perm entries", nperm, 0)) return p->err;
   int id = add_node(p, DIST__V1__OP_KIND__OP_TRANSPOSE, &x, 1, &n);
   if (id < 0) return id;
   n->pb.perm = dup_i64(perm, nperm);
-  n->pb.n_perm = nperm > 0 ? (size_t)nperm : 0;
+  n->pb.n_perm = (size_t)nperm;
   return id;
 }
 
 static void set_slice_attrs(bnode *n, const int64_t *axes,
                             const int64_t *starts, const int64_t *ends,
                             const int64_t *steps, int k) {
-  size_t m = k > 0 ? (size_t)k : 0;
+  size_t m = (size_t)k; /* checked by the callers */
   n->pb.axes = dup_i64(axes, k);
   n->pb.starts = dup_i64(starts, k);
   n->pb.ends = dup_i64(ends, k);
@@ -556,6 +568,7 @@ int dist_op_slice(dist_program *p, int x, const int64_t *axes,
                   const int64_t *starts, const int64_t *ends,
                   const int64_t *steps, int k) {
   bnode *n = NULL;
+  if (check_count(p, "dist_op_slice", "axes", k, 0)) return p->err;
   int id = add_node(p, DIST__V1__OP_KIND__OP_SLICE, &x, 1, &n);
   if (id >= 0) set_slice_attrs(n, axes, starts, ends, steps, k);
   return id;
@@ -566,6 +579,7 @@ int dist_op_set_slice(dist_program *p, int x, int v, double scalar,
                       const int64_t *ends, const int64_t *steps, int k) {
   int ins[2] = {x, v};
   bnode *n = NULL;
+  if (check_count(p, "dist_op_set_slice", "axes", k, 0)) return p->err;
   int id = add_node(p, DIST__V1__OP_KIND__OP_SET_SLICE, ins, v >= 0 ? 2 : 1, &n);
   if (id < 0) return id;
   n->pb.scalar = scalar;
@@ -575,6 +589,7 @@ int dist_op_set_slice(dist_program *p, int x, int v, double scalar,
 
 int dist_op_concat(dist_program *p, const int *xs, int count, int64_t axis) {
   bnode *n = NULL;
+  if (check_count(p, "dist_op_concat", "operands", count, 1)) return p->err;
   int id = add_node(p, DIST__V1__OP_KIND__OP_CONCAT, xs, count, &n);
   if (id >= 0) n->pb.axis = axis;
   return id;
@@ -590,13 +605,16 @@ int dist_op_cast(dist_program *p, int x, dist_dtype dt) {
 static int creation(dist_program *p, int op, const int *x, dist_dtype dt,
                     const int64_t *shape, int ndim, double value) {
   bnode *n = NULL;
+  const char *builder = op == DIST__V1__OP_KIND__OP_CONSTANT ? "dist_op_constant"
+                                                            : "dist_op_full";
+  if (check_count(p, builder, "dims", ndim, 0)) return p->err;
   int id = add_node(p, op, x, x ? 1 : 0, &n);
   if (id < 0) return id;
   n->pb.dtype = (Dist__V1__DType)dt;
   n->pb.scalar = value;
   if (shape || ndim > 0) {
     n->pb.shape = dup_i64(shape, ndim);
-    n->pb.n_shape = ndim > 0 ? (size_t)ndim : 0;
+    n->pb.n_shape = (size_t)ndim;
   }
   return id;
 }

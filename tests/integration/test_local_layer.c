@@ -720,6 +720,34 @@ Test(local_layer_errors, generic_builders_refuse_an_op_of_another_family,
   dist_program_free(p);
 }
 
+/* A negative count was taken as 0 (reshape to a scalar, transpose
+ * reversing every dim, a slice of nothing), and concat's overran the heap. */
+Test(local_layer_errors, builders_refuse_negative_counts, .timeout = 60) {
+  static const char *const builders[] = {
+      "dist_op_concat", "dist_op_reshape", "dist_op_transpose", "dist_op_slice",
+      "dist_op_set_slice", "dist_op_full", "dist_op_constant", "dist_op_reduce"};
+  int64_t dims[1] = {1};
+  double one = 1;
+  for (int i = 0; i < (int)(sizeof builders / sizeof builders[0]); i++) {
+    dist_program *p = NULL;
+    cr_assert_eq(dist_program_new("counts", &p), 0);
+    int x = dist_input_dtensor(p, "x", DIST_FLOAT32);
+    int id = i == 0   ? dist_op_concat(p, &x, -1, 0)
+             : i == 1 ? dist_op_reshape(p, x, dims, -1)
+             : i == 2 ? dist_op_transpose(p, x, dims, -1)
+             : i == 3 ? dist_op_slice(p, x, dims, dims, dims, NULL, -1)
+             : i == 4 ? dist_op_set_slice(p, x, -1, 0, dims, dims, dims, NULL, -1)
+             : i == 5 ? dist_op_full(p, DIST_FLOAT32, dims, -1, 0)
+             : i == 6 ? dist_op_constant(p, DIST_FLOAT32, dims, -1, &one, 1)
+                      : dist_op_reduce(p, DIST_OP_SUM, x, dims, -1, 0);
+    cr_expect_eq(id, DIST_EINVAL, "%s", builders[i]);
+    cr_expect(strstr(dist_program_errmsg(p), builders[i]) &&
+              strstr(dist_program_errmsg(p), "-1"), "%s: '%s'", builders[i],
+              dist_program_errmsg(p));
+    dist_program_free(p);
+  }
+}
+
 /* What backward needs expires with the program's invocation TTL. */
 Test(local_layer_errors, kept_invocations_expire_after_the_ttl, .timeout = 120) {
   err_fixture f;
