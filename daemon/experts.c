@@ -293,10 +293,8 @@ static int check_free_names(distd_server *s, const distd_expert_draft *d,
 static int list_names(const distd_expert_layer_cfg *c, distd_expert_draft *d,
                       dist_errbuf *eb) {
   char name[DISTD_NAME_MAX];
-  int nparams = c->bias ? NPARAM : NPARAM / 2;
   d->names = calloc((size_t)c->experts * NPARAM * 2, sizeof *d->names);
   if (!d->names) return dist_fail(eb, DIST_ENOMEM, "out of memory");
-  d->nparams = c->experts * nparams;
   for (int grad = 0; grad < 2; grad++)
     for (int e = 0; e < c->experts; e++)
       for (int p = 0; p < NPARAM; p++) {
@@ -305,6 +303,7 @@ static int list_names(const distd_expert_layer_cfg *c, distd_expert_draft *d,
         if (!(d->names[d->nnames++] = strdup(name)))
           return dist_fail(eb, DIST_ENOMEM, "out of memory");
       }
+  d->nparams = d->nnames / 2; /* one gradient per parameter */
   return 0;
 }
 
