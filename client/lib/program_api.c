@@ -1112,6 +1112,20 @@ static int build_invoke(dist_client *c, const dist_program *p, fanout *f,
   return 0;
 }
 
+/* dist_client_check_name on each of names[0..n), the caller's names for a
+ * call's outputs or a backward's gradients ("output 1: ..."); with
+ * optional, a NULL or "" entry (a gradient not to store) is skipped. */
+static int check_chosen_names(dist_client *c, const char *kind, const char *const *names, int n,
+                              int optional) {
+  for (int i = 0; i < n; i++) {
+    if (optional && (!names[i] || !names[i][0])) continue;
+    char what[32];
+    snprintf(what, sizeof what, "%s %d", kind, i);
+    if (dist_client_check_name(c, what, names[i]) != 0) return c->err.code;
+  }
+  return 0;
+}
+
 /* A name the caller chose for an output must not be held by a daemon
  * outside the output's mesh: the daemons of the call see only their own
  * (ARCHITECTURE.md, "Names"). Asked before the call, so that a refusal
@@ -1147,12 +1161,8 @@ int dist_local_layer_call(dist_client *c, dist_program *p, const dist_arg *args,
     rc = dist_client_fail(c, DIST_ENOMEM, "out of memory");
     goto out;
   }
-  for (int k = 0; o.out_names && k < p->n_outputs && !rc; k++) {
-    char what[32];
-    snprintf(what, sizeof what, "output %d", k);
-    rc = dist_client_check_name(c, what, o.out_names[k]);
-  }
-  if (rc) goto out;
+  if (o.out_names && (rc = check_chosen_names(c, "output", o.out_names, p->n_outputs, 0)))
+    goto out;
   for (int k = 0; k < p->n_outputs; k++) {
     if (o.out_names) snprintf(v->out_names[k], sizeof v->out_names[k], "%s", o.out_names[k]);
     else snprintf(v->out_names[k], sizeof v->out_names[k], "%s.%llu.out%d",
@@ -1294,13 +1304,8 @@ int dist_backward(dist_client *c, dist_invocation *inv,
     rc = dist_client_fail(c, DIST_ENOMEM, "out of memory");
     goto out;
   }
-  for (int j = 0; o.grad_names && j < inv->n_inputs && !rc; j++) {
-    char what[32];
-    snprintf(what, sizeof what, "gradient %d", j);
-    if (o.grad_names[j] && o.grad_names[j][0])
-      rc = dist_client_check_name(c, what, o.grad_names[j]);
-  }
-  if (rc) goto out;
+  if (o.grad_names && (rc = check_chosen_names(c, "gradient", o.grad_names, inv->n_inputs, 1)))
+    goto out;
   for (int j = 0; j < inv->n_inputs; j++) {
     if (o.grad_names) snprintf(buf[j], sizeof buf[j], "%s", o.grad_names[j] ? o.grad_names[j] : "");
     else if (inv->input_is_tensor[j])
