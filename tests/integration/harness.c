@@ -225,9 +225,13 @@ void harness_stop(harness *h) {
               WIFEXITED(status) ? "exit status" : "signal",
               WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
   }
-  char cmd[400];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", h->dir);
-  if (system(cmd) != 0) fprintf(stderr, "cannot remove %s\n", h->dir);
+  if (harness_remove_dir(h->dir) != 0) fprintf(stderr, "cannot remove %s\n", h->dir);
+}
+
+int harness_remove_dir(const char *dir) {
+  char cmd[4200];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  return harness_run(cmd, NULL, NULL, 30);
 }
 
 static char *slurp(const char *path) {

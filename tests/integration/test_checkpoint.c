@@ -627,9 +627,7 @@ Test(checkpoint, a_bigger_cluster_drops_pieces_where_the_checkpoint_has_no_file)
   expect_value(c, "w", saved, sizeof saved);
   expect_layout(c, "w", "[Replicate()]", 2, 0);
   dist_close(c);
-  char cmd[128];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-  harness_run(cmd, NULL, NULL, 10);
+  harness_remove_dir(dir);
 }
 
 /* Placements that do not fit one of the tensors restored are refused
@@ -1121,8 +1119,7 @@ Test(checkpoint, restore_onto_fewer_daemons_than_saved, .timeout = 240) {
   expect_value(c, "y", y0, sizeof y0);
   dist_mesh_free(m2);
   dist_close(c);
-  snprintf(args, sizeof args, "rm -rf %s", tmp);
-  cr_assert_eq(system(args), 0);
+  cr_assert_eq(harness_remove_dir(tmp), 0);
 }
 
 /* Integer Partial(avg) pieces rebuilt in the client average exactly, as
@@ -1154,9 +1151,7 @@ Test(checkpoint, integer_partial_avg_rebuilt_onto_fewer_daemons_is_exact, .timeo
   expect_value(c, "a", a_avg, sizeof a_avg);
   expect_value(c, "b", b_avg, sizeof b_avg);
   dist_close(c);
-  char rm[64];
-  snprintf(rm, sizeof rm, "rm -rf %s", tmp);
-  cr_assert_eq(system(rm), 0);
+  cr_assert_eq(harness_remove_dir(tmp), 0);
 }
 
 /* A rebuilt tensor that does not fit on its new mesh leaves the tensor of
@@ -1216,9 +1211,7 @@ Test(checkpoint, a_rebuild_that_does_not_fit_leaves_the_tensor_as_it_was, .timeo
   dist_tensor_free(t);
   dist_mesh_free(m2);
   dist_close(c);
-  char rm[64];
-  snprintf(rm, sizeof rm, "rm -rf %s", dir);
-  cr_assert_eq(system(rm), 0);
+  cr_assert_eq(harness_remove_dir(dir), 0);
 }
 
 /* Parameters saved on four daemons and restored onto two keep their
@@ -1245,7 +1238,5 @@ Test(checkpoint, parameters_restored_onto_fewer_daemons_keep_their_state, .timeo
   expect_layout(c, "w", "[Shard(0)]", 2, 1);
   expect_resumed(c, want_w, want_v, "lost its state on the way to two daemons");
   dist_close(c);
-  char cmd[100];
-  snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
-  cr_assert_eq(system(cmd), 0);
+  cr_assert_eq(harness_remove_dir(tmp), 0);
 }

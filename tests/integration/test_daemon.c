@@ -231,8 +231,7 @@ Test(distctl, cluster_up_status_json_and_down, .timeout = 120) {
   snprintf(cmd, sizeof cmd, "DIST_CLUSTER=%s/c/cluster.conf %s --timeout 1000 status",
            dir, harness_distctl());
   cr_assert_eq(harness_run(cmd, NULL, NULL, 30), 1, "daemons still answer after down");
-  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-  cr_assert_eq(system(cmd), 0);
+  cr_assert_eq(harness_remove_dir(dir), 0);
 }
 
 /* distctl ARGS against cluster h: its exit status; stderr in *err. */
@@ -337,8 +336,7 @@ Test(distctl, cluster_up_refuses_a_directory_whose_cluster_still_runs, .timeout 
   free(err);
   cr_assert_eq(cluster_cmd("down", c, "", &err), 0, "cluster down: %s", err);
   free(err);
-  snprintf(want, sizeof want, "rm -rf %s", dir);
-  cr_assert_eq(system(want), 0);
+  cr_assert_eq(harness_remove_dir(dir), 0);
 }
 
 /* cluster down of a directory with no cluster said "stopped 0 daemons"
@@ -402,8 +400,7 @@ Test(distctl, cluster_up_pin_keeps_every_thread_of_daemon_r_on_cpu_r, .timeout =
   }
   snprintf(cmd, sizeof cmd, "%s cluster down --dir %s/c", harness_distctl(), dir);
   cr_assert_eq(harness_run(cmd, NULL, NULL, 30), 0);
-  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-  cr_assert_eq(system(cmd), 0);
+  cr_assert_eq(harness_remove_dir(dir), 0);
 }
 
 Test(distctl, a_cpu_affinity_the_daemon_may_not_use_is_refused_by_name) {
@@ -445,8 +442,7 @@ Test(distctl, launch_stops_everything_when_a_rank_fails, .timeout = 120) {
   fclose(f);
   free(out);
   free(err);
-  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-  cr_assert_eq(system(cmd), 0);
+  cr_assert_eq(harness_remove_dir(dir), 0);
 }
 
 Test(daemon, metrics_endpoint_is_valid_prometheus_text, .timeout = 60) {
@@ -515,8 +511,6 @@ Test(daemon, daemons_die_with_a_test_process_that_never_stopped_them, .timeout =
     if (alive) harness_sleep_ms(20);
   }
   if (alive) kill(h.pids[0], SIGKILL); /* we started it, and it must not stay */
-  char cmd[400];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", h.dir);
-  cr_expect_eq(system(cmd), 0);
+  cr_expect_eq(harness_remove_dir(h.dir), 0);
   cr_assert(!alive, "distd %d still runs 10 s after its test process exited", (int)h.pids[0]);
 }

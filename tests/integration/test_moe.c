@@ -51,9 +51,7 @@ static void gen_cases(char *dir, size_t len, int n, int seed, const char *extra)
 }
 
 static void rm_rf(const char *dir) {
-  char cmd[600];
-  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-  harness_run(cmd, NULL, NULL, 30);
+  harness_remove_dir(dir);
 }
 
 static int by_name(const void *a, const void *b) {

@@ -809,7 +809,6 @@ Test(moe_layer, example_matches_one_process_under_distctl_launch, .timeout = 120
   cr_expect_leq(d, 1e-4, "%s", out);
   cr_expect(strstr(out, "loss went down"), "%s", out);
   free(out), free(err);
-  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-  harness_run(cmd, NULL, NULL, 10);
+  harness_remove_dir(dir);
   harness_stop(&h);
 }

@@ -76,9 +76,7 @@ static void make_certs(void) {
 }
 
 static void remove_certs(void) {
-  char cmd[300];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", certs);
-  if (system(cmd) != 0) fprintf(stderr, "cannot remove %s\n", certs);
+  if (harness_remove_dir(certs) != 0) fprintf(stderr, "cannot remove %s\n", certs);
 }
 
 static const char *cert_path(const char *name) {
