@@ -21,7 +21,9 @@ typedef enum {
   DIST_FRAME_HELLO = 1,     /* payload: dist_hello */
   DIST_FRAME_HELLO_ACK = 2, /* no payload */
   DIST_FRAME_HELLO_REJECT = 3, /* payload: reason text */
-  DIST_FRAME_DATA = 4,      /* payload: bytes for (op_id, src_rank, tag) */
+  DIST_FRAME_DATA = 4,      /* payload: bytes for (op_id, src_rank, tag);
+                               aux: the op's signature, 0 for none
+                               (daemon/op_signature.h, since 0.2.5) */
   DIST_FRAME_ABORT = 5,     /* payload: reason text; aux: -(dist_err code);
                                fails op_id on the receiver */
   DIST_FRAME_PING = 6,      /* aux: sender's timestamp */

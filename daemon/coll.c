@@ -65,6 +65,7 @@ static distd_xfer *new_xfer(const distd_coll *c, dist_errbuf *eb) {
   distd_xfer *x = distd_xfer_new(c->peers, c->op_id);
   if (!x) dist_fail(eb, DIST_ENOMEM, "out of memory for op %llu",
                     (unsigned long long)c->op_id);
+  else distd_xfer_sign(x, c->signature, c->name_signature);
   return x;
 }
 

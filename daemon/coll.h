@@ -23,6 +23,10 @@ typedef struct distd_coll {
   /* What `distctl ops` and the collective metrics call it, when it is a
    * step of something else (a "vote"); NULL: the collective's own name. */
   const char *kind;
+  /* What the members must agree on beyond byte counts, carried by every
+   * frame of the collective (distd_xfer_sign); 0: nothing more. */
+  uint64_t signature;
+  distd_signature_namer name_signature;
 } distd_coll;
 
 /* Fills c for this daemon; fails when this rank is not in group or a rank is

@@ -243,6 +243,8 @@ static int exchange_run(const distd_moe_args *a, const void *in, void *out,
     rc = dist_fail(eb, DIST_ENOMEM, "out of memory starting %s", op_name(a->dir));
     goto out;
   }
+  distd_xfer_sign(hx, a->signature, a->name_signature);
+  distd_xfer_sign(dx, a->signature, a->name_signature);
   plan p;
   make_plan(a, offs, &p);
   build_header(a, mine);
@@ -264,12 +266,13 @@ static int exchange_run(const distd_moe_args *a, const void *in, void *out,
    * rows that follow them are read straight into place (the counts'
    * length, hlen, is known). */
   distd_xfer_then(hx, dx);
+  distd_xfer *last = hx; /* the one waited on last: its failure is told */
   rc = distd_xfer_wait(hx, a->deadline_ms, eb);
   if (rc == 0) rc = check_headers(a, theirs, their_len, eb);
-  if (rc == 0) rc = distd_xfer_wait(dx, a->deadline_ms, eb);
-  /* Both xfers carry the op id, so an ABORT from a peer failed dx too and
+  if (rc == 0) last = dx, rc = distd_xfer_wait(dx, a->deadline_ms, eb);
+  /* Both xfers carry the op id, so an ABORT from a peer failed both and
    * distd_xfer_abort does not echo it. */
-  if (rc != 0) distd_xfer_abort(dx, a->group, a->size, eb->msg);
+  if (rc != 0) distd_xfer_abort(last, a->group, a->size, eb->msg);
 out:
   distd_xfer_free(hx);
   distd_xfer_free(dx);

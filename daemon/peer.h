@@ -113,6 +113,16 @@ int distd_peers_connected_count(distd_peers *p);
 /* A set of transfers belonging to one operation. Thread-safe with respect to
  * the loop; one xfer is used by one thread. */
 distd_xfer *distd_xfer_new(distd_peers *p, uint64_t op_id);
+/* Names a signature for error messages ("all_reduce(float32, sum)"). */
+typedef void (*distd_signature_namer)(uint64_t signature, char *out, size_t n);
+/* Signs x's frames with what its members must agree on beyond byte counts
+ * (an SPMD collective's kind, dtype, reduce op): sends carry signature in
+ * the DATA header's aux, and a frame for one of x's receives whose
+ * signature differs fails x with DIST_EMISMATCH naming both ranks and,
+ * through name, both signatures. 0 (the default, and what daemons before
+ * 0.2.5 send) is never compared: those frames are only checked for length.
+ * Call before the first send or receive. */
+void distd_xfer_sign(distd_xfer *x, uint64_t signature, distd_signature_namer name);
 /* Queues len bytes of buf to dst under tag. buf stays owned by the caller
  * and must stay valid until distd_xfer_wait returns. dst may be this rank
  * (a local copy into the matching receive of the same xfer). */

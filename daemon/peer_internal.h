@@ -157,6 +157,7 @@ typedef struct unexpected {
   uint32_t tag;
   uint8_t *data;
   size_t len;
+  uint64_t signature; /* the header's aux */
   int complete;
   recv_slot *claim; /* posted while the frame was still arriving */
 } unexpected;
@@ -268,6 +269,8 @@ struct distd_xfer {
   int64_t moved_ms; /* when bytes last moved for it (distd_xfer_moved) */
   int aborted_by;   /* rank whose ABORT failed it, or -1 */
   distd_xfer *then; /* distd_xfer_then: waited on next, frames follow */
+  uint64_t signature; /* distd_xfer_sign; 0: unsigned */
+  distd_signature_namer name_signature;
   dist_errbuf err; /* err.code != 0 once failed */
 };
 
@@ -428,6 +431,13 @@ void distd_conn_watch_read(conn *c, int on);
 void distd_xfer_fail(distd_xfer *x, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 void distd_xfer_send_done(send_item *it);
+/* 1 when a frame from src signed `signature` cannot be for x (both signed,
+ * differently): x has then failed with DIST_EMISMATCH. */
+int distd_xfer_signature_clash(distd_xfer *x, int src, uint64_t signature);
+/* The same for a frame no receive was posted for yet, against every live
+ * transfer of its op: a member that will never post the receive (it runs
+ * another collective, with other tags) still fails at once. */
+int distd_signature_clash_live(distd_peers *p, uint64_t op_id, int src, uint64_t signature);
 recv_slot *distd_find_posted_recv(distd_peers *p, uint64_t op_id, int src,
                                   uint32_t tag);
 /* The receive the driver's transfer most likely gets next from src, for

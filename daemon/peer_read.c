@@ -45,6 +45,7 @@ static int data_target(conn *c, const dist_frame_header *h) {
   c->rmode = M_DISCARD;
   if (distd_remembered_find(p, h->op_id)) return 0;
   recv_slot *s = distd_find_posted_recv(p, h->op_id, c->rank, h->tag);
+  if (s && distd_xfer_signature_clash(s->x, c->rank, h->aux)) return 0;
   if (s && !s->any_buf && s->len != h->length) {
     distd_xfer_fail(s->x, DIST_EPROTO,
                     "rank %d sent %llu bytes for op %llu tag %u, but rank %d expects %zu",
@@ -68,6 +69,7 @@ static int data_target(conn *c, const dist_frame_header *h) {
     c->rmode = M_RECV;
     return 0;
   }
+  if (distd_signature_clash_live(p, h->op_id, c->rank, h->aux)) return 0;
   if (hold_for_receive(c, h)) return 1;
   if (h->length > 0 && p->unexpected_bytes + h->length > p->unexpected_limit) return 1;
   unexpected *u = calloc(1, sizeof *u);
@@ -81,7 +83,7 @@ static int data_target(conn *c, const dist_frame_header *h) {
     return 0;
   }
   *u = (unexpected){.op_id = h->op_id, .src = c->rank, .tag = h->tag,
-                    .data = data, .len = h->length};
+                    .data = data, .len = h->length, .signature = h->aux};
   dlist_push(&p->unexpected, &u->link);
   p->unexpected_bytes += h->length;
   c->unexp = u;

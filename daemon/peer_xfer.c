@@ -90,6 +90,31 @@ void distd_xfer_fail(distd_xfer *x, int code, const char *fmt, ...) {
   wake(x);
 }
 
+static void name_signature(const distd_xfer *x, uint64_t signature, char *out, size_t n) {
+  if (x->name_signature) x->name_signature(signature, out, n);
+  else snprintf(out, n, "signature %#llx", (unsigned long long)signature);
+}
+
+int distd_xfer_signature_clash(distd_xfer *x, int src, uint64_t signature) {
+  if (!signature || !x->signature || signature == x->signature) return 0;
+  char theirs[96], ours[96];
+  name_signature(x, signature, theirs, sizeof theirs);
+  name_signature(x, x->signature, ours, sizeof ours);
+  distd_xfer_fail(x, DIST_EMISMATCH, "rank %d runs op %llu as %s, but rank %d as %s", src,
+                  (unsigned long long)x->op_id, theirs, x->p->rank, ours);
+  return 1;
+}
+
+int distd_signature_clash_live(distd_peers *p, uint64_t op_id, int src, uint64_t signature) {
+  int clash = 0;
+  if (!signature) return 0;
+  for (dlist *pos = p->xfers.next; pos != &p->xfers; pos = pos->next) {
+    distd_xfer *x = dlist_entry(pos, distd_xfer, link);
+    if (x->op_id == op_id && !x->err.code) clash |= distd_xfer_signature_clash(x, src, signature);
+  }
+  return clash;
+}
+
 void distd_xfer_send_done(send_item *it) {
   distd_xfer *x = it->x;
   dlist_remove(&it->xlink);
@@ -324,6 +349,11 @@ distd_xfer *distd_xfer_new(distd_peers *p, uint64_t op_id) {
   return x;
 }
 
+void distd_xfer_sign(distd_xfer *x, uint64_t signature, distd_signature_namer name) {
+  x->signature = signature;
+  x->name_signature = name;
+}
+
 static int check_rank(distd_xfer *x, int rank, const char *what) {
   if (rank >= 0 && rank < x->p->world) return 0;
   distd_xfer_fail(x, DIST_EINVAL, "%s rank %d, outside the world of %d", what, rank,
@@ -406,7 +436,7 @@ static void queue_send(distd_xfer *x, int dst, uint32_t tag, const void *buf, si
   }
   send_item *it = calloc(1, sizeof *it);
   dist_frame_header h = {DIST_FRAME_MAGIC, DIST_FRAME_VERSION, DIST_FRAME_DATA,
-                         x->op_id, (uint32_t)p->rank, tag, len, 0};
+                         x->op_id, (uint32_t)p->rank, tag, len, x->signature};
   dist_frame_encode(&h, it->hdr);
   it->payload = buf;
   it->len = len;
@@ -465,6 +495,10 @@ static void recv_from_self(distd_xfer *x, recv_slot *s) {
 static void post_recv(distd_xfer *x, recv_slot *s) {
   distd_peers *p = x->p;
   unexpected *u = find_unexpected(p, x->op_id, s->src, s->tag);
+  if (u && distd_xfer_signature_clash(x, s->src, u->signature)) {
+    free(s); /* the failure dropped u with the op's other kept-aside frames */
+    return;
+  }
   if (u && !s->any_buf && u->len != s->len) {
     distd_xfer_fail(x, DIST_EPROTO,
                     "rank %d sent %zu bytes for op %llu tag %u, but rank %d expects %zu",

@@ -13,6 +13,7 @@
 #include "coll.h"
 #include "methods.h"
 #include "moe_scatter.h"
+#include "op_signature.h"
 #include "pbuf.h"
 #include "wire.h"
 
@@ -140,7 +141,8 @@ static int exec_global_scatter(const distd_coll *c, op *o, dist_errbuf *eb) {
   distd_moe_args a = {.peers = c->peers, .op_id = c->op_id, .dir = DISTD_MOE_SCATTER,
                       .group = c->group, .size = c->size, .me = c->me, .experts = 1,
                       .local_count = o->la, .global_count = o->lb, .row_bytes = o->elem,
-                      .deadline_ms = c->deadline_ms};
+                      .deadline_ms = c->deadline_ms, .signature = c->signature,
+                      .name_signature = c->name_signature};
   return distd_moe_exchange(&a, o->rq->data.data, o->out, eb);
 }
 
@@ -152,7 +154,11 @@ static int prep_broadcast(const distd_coll *c, op *o, dist_errbuf *eb) {
     if (c->group[i] == (int)o->rq->root) o->root = i;
   if (o->root < 0)
     return dist_fail(eb, DIST_EINVAL, "broadcast root %u is not in the group", o->rq->root);
-  return alloc_out(o, o->n * o->elem, eb);
+  /* Two members that each take themselves for the root only send, so
+   * neither would see the other's signature; in a barrier, signed with
+   * the root, every member hears from every other. */
+  int rc = distd_barrier(c, eb);
+  return rc ? rc : alloc_out(o, o->n * o->elem, eb);
 }
 
 static int exec_broadcast(const distd_coll *c, op *o, dist_errbuf *eb) {
@@ -256,6 +262,26 @@ static int point_to_point(distd_server *s, const distd_call_info *ci, op *o,
                                    o->out_len, ci->deadline_ms, eb);
 }
 
+/* The request's signature (op_signature.h): trainers that disagree on the
+ * collective, its dtype, reduce op or root fail at their first frame. */
+static uint64_t signature_of(const op *o) {
+  static const distd_sig_kind kinds[] = {
+      [DIST__V1__COLLECTIVE_REQUEST__KIND__ALL_REDUCE] = DISTD_SIG_ALL_REDUCE,
+      [DIST__V1__COLLECTIVE_REQUEST__KIND__ALL_GATHER] = DISTD_SIG_ALL_GATHER,
+      [DIST__V1__COLLECTIVE_REQUEST__KIND__REDUCE_SCATTER] = DISTD_SIG_REDUCE_SCATTER,
+      [DIST__V1__COLLECTIVE_REQUEST__KIND__ALL_TO_ALL] = DISTD_SIG_ALL_TO_ALL,
+      [DIST__V1__COLLECTIVE_REQUEST__KIND__BROADCAST] = DISTD_SIG_BROADCAST,
+      [DIST__V1__COLLECTIVE_REQUEST__KIND__BARRIER] = DISTD_SIG_BARRIER,
+      [DIST__V1__COLLECTIVE_REQUEST__KIND__GLOBAL_SCATTER] = DISTD_SIG_GLOBAL_SCATTER,
+  };
+  int k = (int)o->rq->kind;
+  if (k < 0 || k >= (int)(sizeof kinds / sizeof kinds[0]) || !kinds[k]) return 0;
+  int reduces = kinds[k] == DISTD_SIG_ALL_REDUCE || kinds[k] == DISTD_SIG_REDUCE_SCATTER;
+  return distd_op_signature(kinds[k], kinds[k] == DISTD_SIG_BARRIER ? DIST_DTYPE_INVALID : o->dt,
+                            reduces ? (int)o->rq->reduce : -1,
+                            kinds[k] == DISTD_SIG_BROADCAST ? (int)o->rq->root : -1);
+}
+
 static int group_run(distd_server *s, const distd_call_info *ci, op *o, double *times,
                      dist_errbuf *eb) {
   const creq *rq = o->rq;
@@ -264,6 +290,8 @@ static int group_run(distd_server *s, const distd_call_info *ci, op *o, double *
   for (int i = 0; i < n; i++) group[i] = rq->n_group ? (int)rq->group[i] : i;
   distd_coll c;
   int rc = distd_coll_init(&c, s->peers, rq->op_id, group, n, ci->deadline_ms, eb);
+  c.signature = signature_of(o);
+  c.name_signature = distd_op_signature_name;
   return rc ? rc : run(&c, o, times, eb);
 }
 

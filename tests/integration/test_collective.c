@@ -1,0 +1,170 @@
+/* SPMD collectives whose trainers disagree on what the bytes mean: the
+ * same byte count, but another dtype, reduce op, root or collective. Each
+ * must fail on every trainer, naming both ranks and both descriptions,
+ * well before the deadline; and the daemons must then serve the next
+ * collective. Two daemons, one trainer thread per rank. */
+#include <criterion/criterion.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+
+static harness cluster;
+
+static void stop_cluster(void) { harness_stop(&cluster); }
+
+/* What one trainer calls; `count` elements of `dt` (16 bytes per rank
+ * unless big). */
+typedef enum { ALL_REDUCE, ALL_GATHER, BROADCAST, GLOBAL_SCATTER } call_kind;
+
+typedef struct call {
+  call_kind kind;
+  dist_dtype dt;
+  dist_reduce op; /* ALL_REDUCE */
+  int root;       /* BROADCAST */
+} call;
+
+typedef struct trainer {
+  dist_client *c;
+  int rank;
+  call what;
+  size_t bytes;
+  int rc;
+  double seconds;
+  char msg[600];
+} trainer;
+
+static int run_global_scatter(trainer *t, void *buf) {
+  /* One expert per rank, rows of 8 bytes: 2 rows to each rank. */
+  int64_t d_model = 8 / (int64_t)dist_dtype_size(t->what.dt), counts[2] = {2, 2};
+  const int64_t *lc[1] = {counts}, *gc[1] = {counts};
+  const void *x[1] = {buf};
+  void *out[1] = {NULL};
+  int64_t out_rows[1] = {0};
+  int rc = dist_global_scatter(t->c, x, NULL, t->what.dt, d_model, lc, gc, 1, NULL, 0, NULL,
+                               out, out_rows);
+  free(out[0]);
+  return rc;
+}
+
+static void *trainer_main(void *arg) {
+  trainer *t = arg;
+  size_t count = t->bytes / dist_dtype_size(t->what.dt);
+  void *buf = calloc(1, t->bytes), *gathered = calloc(2, t->bytes);
+  double t0 = harness_now_s();
+  switch (t->what.kind) {
+  case ALL_REDUCE:
+    t->rc = dist_all_reduce(t->c, buf, count, t->what.dt, t->what.op, NULL, 0);
+    break;
+  case ALL_GATHER:
+    t->rc = dist_all_gather(t->c, buf, count, gathered, t->what.dt, NULL, 0);
+    break;
+  case BROADCAST:
+    t->rc = dist_broadcast(t->c, buf, count, t->what.dt, t->what.root, NULL, 0);
+    break;
+  case GLOBAL_SCATTER:
+    t->rc = run_global_scatter(t, buf);
+    break;
+  }
+  t->seconds = harness_now_s() - t0;
+  snprintf(t->msg, sizeof t->msg, "%s", dist_errmsg(t->c));
+  free(buf);
+  free(gathered);
+  return NULL;
+}
+
+static void run_pair(const char *job, call a, call b, size_t bytes, trainer tr[2]) {
+  pthread_t th[2];
+  const call what[2] = {a, b};
+  for (int r = 0; r < 2; r++) {
+    tr[r] = (trainer){.c = harness_spmd_client(&cluster, r, job), .rank = r, .what = what[r],
+                      .bytes = bytes};
+    pthread_create(&th[r], NULL, trainer_main, &tr[r]);
+  }
+  for (int r = 0; r < 2; r++) pthread_join(th[r], NULL);
+  for (int r = 0; r < 2; r++) dist_close(tr[r].c);
+}
+
+/* Every trainer fails with EMISMATCH within 4 s (a peer silent for 5 s
+ * would fail it too, but as a timeout),
+ * and its message names both ranks and both descriptions. */
+static void expect_clash(call a, call b, size_t bytes, const char *desc_a, const char *desc_b) {
+  static int serial;
+  char job[64];
+  snprintf(job, sizeof job, "clash-%d", ++serial);
+  trainer tr[2];
+  run_pair(job, a, b, bytes, tr);
+  for (int r = 0; r < 2; r++) {
+    cr_log_info("rank %d: %s: %s", r, dist_err_name(tr[r].rc), tr[r].msg);
+    cr_expect_eq(tr[r].rc, DIST_EMISMATCH, "%s vs %s, rank %d: %s: %s", desc_a, desc_b, r,
+                 dist_err_name(tr[r].rc), tr[r].msg);
+    cr_expect(strstr(tr[r].msg, desc_a) && strstr(tr[r].msg, desc_b),
+              "rank %d does not name both %s and %s: %s", r, desc_a, desc_b, tr[r].msg);
+    cr_expect(strstr(tr[r].msg, "rank 0") && strstr(tr[r].msg, "rank 1"),
+              "rank %d does not name both ranks: %s", r, tr[r].msg);
+    cr_expect_lt(tr[r].seconds, 4.0, "rank %d took %.1f s", r, tr[r].seconds);
+  }
+}
+
+/* The next collective after a clash is served, with the right sum. */
+static void expect_served(void) {
+  static int serial;
+  char job[64];
+  snprintf(job, sizeof job, "after-%d", ++serial);
+  dist_client *c[2];
+  pthread_t th[2];
+  trainer tr[2];
+  for (int r = 0; r < 2; r++) {
+    c[r] = harness_spmd_client(&cluster, r, job);
+    tr[r] = (trainer){.c = c[r], .rank = r,
+                      .what = {ALL_REDUCE, DIST_INT32, DIST_REDUCE_SUM, 0}, .bytes = 16};
+    pthread_create(&th[r], NULL, trainer_main, &tr[r]);
+  }
+  for (int r = 0; r < 2; r++) pthread_join(th[r], NULL);
+  for (int r = 0; r < 2; r++) {
+    cr_expect_eq(tr[r].rc, 0, "rank %d: %s", r, tr[r].msg);
+    dist_close(c[r]);
+  }
+}
+
+typedef struct clash_case {
+  call a, b;
+  size_t bytes;
+  const char *desc_a, *desc_b;
+} clash_case;
+
+#define F32_SUM {ALL_REDUCE, DIST_FLOAT32, DIST_REDUCE_SUM, 0}
+static const clash_case clashes[] = {
+    {F32_SUM, {ALL_REDUCE, DIST_INT32, DIST_REDUCE_SUM, 0}, 16, "all_reduce(float32, sum)",
+     "all_reduce(int32, sum)"},
+    /* 16 MiB: frames that arrive before or while their receive is posted */
+    {F32_SUM, {ALL_REDUCE, DIST_INT32, DIST_REDUCE_SUM, 0}, 16u << 20,
+     "all_reduce(float32, sum)", "all_reduce(int32, sum)"},
+    {F32_SUM, {ALL_REDUCE, DIST_FLOAT32, DIST_REDUCE_MAX, 0}, 16, "all_reduce(float32, sum)",
+     "all_reduce(float32, max)"},
+    /* 1 MiB takes the two-round algorithm: reduce-scatter, then all-gather */
+    {F32_SUM, {ALL_REDUCE, DIST_FLOAT32, DIST_REDUCE_MAX, 0}, 1u << 20,
+     "all_reduce(float32, sum)", "all_reduce(float32, max)"},
+    /* each takes itself for the root: only senders, unless checked */
+    {{BROADCAST, DIST_INT64, DIST_REDUCE_SUM, 0}, {BROADCAST, DIST_INT64, DIST_REDUCE_SUM, 1},
+     16, "broadcast(int64, root 0)", "broadcast(int64, root 1)"},
+    {{ALL_GATHER, DIST_FLOAT64, DIST_REDUCE_SUM, 0}, {ALL_GATHER, DIST_INT64, DIST_REDUCE_SUM, 0},
+     16, "all_gather(float64)", "all_gather(int64)"},
+    /* another collective, whose frames have other tags and lengths */
+    {{ALL_REDUCE, DIST_INT32, DIST_REDUCE_SUM, 0}, {ALL_GATHER, DIST_INT32, DIST_REDUCE_SUM, 0},
+     16, "all_reduce(int32, sum)", "all_gather(int32)"},
+    {{GLOBAL_SCATTER, DIST_FLOAT32, DIST_REDUCE_SUM, 0},
+     {GLOBAL_SCATTER, DIST_INT32, DIST_REDUCE_SUM, 0}, 32, "global_scatter(float32)",
+     "global_scatter(int32)"},
+};
+
+Test(disagree, on_dtype_reduce_op_root_or_collective, .timeout = 240, .fini = stop_cluster) {
+  harness_start(&cluster, 2, NULL);
+  for (size_t i = 0; i < sizeof clashes / sizeof clashes[0]; i++) {
+    const clash_case *k = &clashes[i];
+    expect_clash(k->a, k->b, k->bytes, k->desc_a, k->desc_b);
+    expect_served();
+  }
+}
