@@ -154,7 +154,13 @@ void distd_unexpected_free(distd_peers *p, unexpected *u) {
 
 void distd_unexpected_finished(distd_peers *p, unexpected *u) {
   recv_slot *s = u->claim;
-  if (!s) return;
+  if (!s) {
+    /* Its op failed while it arrived (drop_unexpected_of passed it by):
+     * kept, it would count against unexpected_limit until the daemon
+     * stops. */
+    if (distd_remembered_find(p, u->op_id)) distd_unexpected_free(p, u);
+    return;
+  }
   u->claim = NULL;
   s->claimed = NULL;
   deliver_unexpected(s, u);

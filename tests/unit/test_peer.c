@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "peer_fixture.h"
+#include "peer_internal.h" /* planting a kept-aside frame */
 
 static uint8_t *pattern(size_t n, unsigned seed) {
   uint8_t *b = malloc(n ? n : 1);
@@ -426,6 +427,35 @@ Test(peer, kept_aside_data_is_freed_with_the_peers) {
   usleep(100 * 1000);
   free(src);
   fix_teardown(&f); /* ASan checks nothing leaked */
+}
+
+/* A frame still arriving when its op fails (here: a receive of another
+ * length) is dropped once whole, instead of holding its bytes against the
+ * kept-aside limit for good. The frame is planted as the reader would
+ * have left it halfway, so that the order of events is certain. */
+Test(peer, a_kept_aside_frame_of_a_failed_op_is_dropped_once_whole) {
+  peer_fixture f;
+  fix_setup(&f, 2);
+  distd_peers *p = f.r[1].peers;
+  unexpected *u = calloc(1, sizeof *u);
+  *u = (unexpected){.op_id = 45, .src = 0, .tag = 0, .data = malloc(100), .len = 100};
+  pthread_mutex_lock(&p->mu);
+  dlist_push(&p->unexpected, &u->link);
+  p->unexpected_bytes += u->len;
+  pthread_mutex_unlock(&p->mu);
+  uint8_t dst[50];
+  distd_xfer *r = distd_xfer_new(p, 45);
+  distd_xfer_recv(r, 0, 0, dst, sizeof dst);
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  cr_assert_eq(distd_xfer_wait(r, in_ms(5000), &eb), DIST_EPROTO, "%s", eb.msg);
+  distd_xfer_free(r);
+  pthread_mutex_lock(&p->mu);
+  u->complete = 1; /* what finish_payload does with the last byte */
+  distd_unexpected_finished(p, u);
+  size_t kept = p->unexpected_bytes;
+  pthread_mutex_unlock(&p->mu);
+  cr_assert_eq(kept, 0, "%zu bytes of a failed op still kept aside", kept);
+  fix_teardown(&f);
 }
 
 /* ---- errors ---- */
