@@ -217,6 +217,15 @@ static int shard_put(dist_client *c, const char *name, const void *data, dist_dt
                      int ndim, const int64_t *shape, const dist_mesh *mesh,
                      const dist_placement *placements, int replace, dist_tensor **out) {
   *out = NULL;
+  int targets[DIST_MAX_MESH_RANKS];
+  int n = put_targets(c, &mesh->d, targets);
+  if (n < 0) return n;
+  /* The daemons vote under it. A one-rank mesh has nobody to vote with,
+   * and takes none: an SPMD trainer putting a value of its own must not
+   * move its op ids ahead of the other trainers'. Taken before the checks
+   * of the arguments: a trainer that refuses the put keeps counting in
+   * step with the others. */
+  uint64_t op = mesh->d.nranks > 1 ? dist_next_op_id(c) : 0;
   if (dist_client_check_name(c, "shard_tensor", name) != 0) return c->err.code;
   dist_shape global;
   dist_errbuf eb = DIST_ERRBUF_INIT;
@@ -224,14 +233,7 @@ static int shard_put(dist_client *c, const char *name, const void *data, dist_dt
     return dist_client_fail(c, eb.code, "shard_tensor '%s': %s", name, dist_errbuf_msg(&eb));
   if (check_placements(c, mesh, placements, ndim) != 0) return c->err.code;
   put_batch b;
-  int targets[DIST_MAX_MESH_RANKS];
-  int n = put_targets(c, &mesh->d, targets);
-  if (n < 0) return n;
   batch_init(&b, n);
-  /* The daemons vote under it. A one-rank mesh has nobody to vote with,
-   * and takes none: an SPMD trainer putting a value of its own must not
-   * move its op ids ahead of the other trainers'. */
-  uint64_t op = mesh->d.nranks > 1 ? dist_next_op_id(c) : 0;
   size_t elem = dist_dtype_size(dt);
   for (int i = 0; i < n; i++) {
     int idx = dist_mesh_index_of(&mesh->d, targets[i]), coords[DIST_MAX_MESH_DIMS];
@@ -279,13 +281,14 @@ int dist_dtensor_from_local(dist_client *c, const char *name,
                             const int64_t *const *shapes, const dist_mesh *mesh,
                             const dist_placement *placements, dist_tensor **out) {
   *out = NULL;
+  int targets[DIST_MAX_MESH_RANKS];
+  int n = put_targets(c, &mesh->d, targets);
+  if (n < 0) return n;
+  uint64_t op = dist_next_op_id(c); /* before the checks, as in shard_put */
   if (dist_client_check_name(c, "dtensor_from_local", name) != 0) return c->err.code;
   if (ndim < 0 || ndim > DIST_MAX_DIMS)
     return dist_client_fail(c, DIST_EINVAL, "%d dims (0 to %d allowed)", ndim, DIST_MAX_DIMS);
   if (check_placements(c, mesh, placements, ndim) != 0) return c->err.code;
-  int targets[DIST_MAX_MESH_RANKS];
-  int n = put_targets(c, &mesh->d, targets);
-  if (n < 0) return n;
   dist_shape locals[DIST_MAX_MESH_RANKS];
   for (int i = 0; i < n; i++) {
     int k = c->spmd_rank >= 0 ? 0 : i; /* SPMD: our one piece */
@@ -296,7 +299,6 @@ int dist_dtensor_from_local(dist_client *c, const char *name,
   }
   put_batch b;
   batch_init(&b, n);
-  uint64_t op = dist_next_op_id(c);
   dist_shape global = {ndim, {0}};
   for (int i = 0; i < n; i++) {
     int k = c->spmd_rank >= 0 ? 0 : i;

@@ -712,7 +712,7 @@ typedef struct trainer {
   const char *name; /* for spmd_shard_put */
   int64_t rows;
   int want;
-  int ok;
+  int ok, rc;
   char msg[512];
   double failed_at;
 } trainer;
@@ -909,6 +909,52 @@ Test(bad_input, spmd_pieces_of_different_dtypes_are_refused_everywhere, .timeout
     dist_close(tr[r].c);
   }
   expect_store(&cluster, "", "pieces of different dtypes");
+  stop_cluster();
+}
+
+/* A put libdist refuses on trainer 0 (a reserved name) and sends from
+ * trainer 1, timed; then an all-reduce of both trainers, which meets only
+ * when both took the put's op id. */
+static void *spmd_refused_put_then_reduce(void *arg) {
+  trainer *tr = arg;
+  double t0 = harness_now_s();
+  spmd_shard_put(tr);
+  tr->failed_at = harness_now_s() - t0;
+  int put_ok = tr->ok;
+  int32_t v = tr->rank + 1;
+  tr->rc = dist_all_reduce(tr->c, &v, 1, DIST_INT32, DIST_REDUCE_SUM, NULL, 0);
+  if (tr->rc != 0 || v != 3)
+    snprintf(tr->msg + strlen(tr->msg), sizeof tr->msg - strlen(tr->msg),
+             "; then all_reduce: %s, %d", dist_errmsg(tr->c), (int)v);
+  tr->ok = put_ok && tr->rc == 0 && v == 3;
+  return NULL;
+}
+
+/* Two trainers: trainer 0 names the put "__metadata__", trainer 1 "good"
+ * and has a deadline of timeout_ms; trainer 0's is three times that, for
+ * its all-reduce waits for trainer 1's put to end. */
+static void run_refused_put(trainer *tr, const char *job, long timeout_ms) {
+  start_cluster(&cluster, 2);
+  for (int r = 0; r < 2; r++) {
+    tr[r] = (trainer){.c = spmd_client(&cluster, r, job), .rank = r,
+                      .name = r ? "good" : "__metadata__", .rows = 4, .want = DIST_EINVAL};
+    tr[r].c->timeout_ms = r ? timeout_ms : 3 * timeout_ms;
+  }
+  run_trainers(tr, 2, spmd_refused_put_then_reduce);
+}
+
+/* Before, the refusing trainer did not take the put's op id, so every
+ * later operation of the two trainers ran under different ids, and none
+ * met again. */
+Test(spmd, a_put_one_trainer_refuses_keeps_the_op_ids_in_step, .timeout = 60, .fini = stop_cluster) {
+  trainer tr[2];
+  run_refused_put(tr, "spmd-refused-step", 3000);
+  cr_expect(strstr(tr[0].msg, "EINVAL: shard_tensor: "), "trainer 0: %s", tr[0].msg);
+  for (int r = 0; r < 2; r++) {
+    cr_expect_eq(tr[r].rc, 0, "trainer %d: %s", r, tr[r].msg);
+    dist_close(tr[r].c);
+  }
+  expect_store(&cluster, "", "a put one trainer refused");
   stop_cluster();
 }
 
