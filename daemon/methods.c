@@ -34,6 +34,7 @@ const distd_method distd_methods[] = {
     DIST_METHOD(Collective, collective_request, collective, W),
     DIST_METHOD(Ops, ops_request, ops, R),
     DIST_METHOD(Experts, experts_request, experts, R),
+    DIST_METHOD(OpAbort, op_abort_request, op_abort, W),
     SERVICE_METHOD(Moe, GlobalScatter, global_exchange_request, global_scatter, W),
     SERVICE_METHOD(Moe, GlobalGather, global_exchange_request, global_gather, W),
     SERVICE_METHOD(Moe, ExpertLayerCreate, expert_layer_create_request, expert_layer_create, W),

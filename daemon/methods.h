@@ -30,6 +30,8 @@ DISTD_HANDLER(tensor_show);
 DISTD_HANDLER(tensor_delete);
 DISTD_HANDLER(reshard);
 DISTD_HANDLER(collective);
+/* An SPMD trainer's refusal of an operation (svc_op_abort.c). */
+DISTD_HANDLER(op_abort);
 DISTD_HANDLER(global_scatter);
 DISTD_HANDLER(global_gather);
 /* Expert shards (svc_experts.c). */

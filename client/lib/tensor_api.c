@@ -213,6 +213,17 @@ static void as_partial_piece(const dist_mesh_desc *m, const dist_placement *p,
     }
 }
 
+/* shard_tensor's own checks of its arguments; *global gets the shape. */
+static int check_put_args(dist_client *c, const char *name, int ndim, const int64_t *shape,
+                          const dist_mesh *mesh, const dist_placement *placements,
+                          dist_shape *global) {
+  if (dist_client_check_name(c, "shard_tensor", name) != 0) return c->err.code;
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  if (dist_shape_make(ndim, shape, global, &eb) != 0)
+    return dist_client_fail(c, eb.code, "shard_tensor '%s': %s", name, dist_errbuf_msg(&eb));
+  return check_placements(c, mesh, placements, ndim);
+}
+
 static int shard_put(dist_client *c, const char *name, const void *data, dist_dtype dt,
                      int ndim, const int64_t *shape, const dist_mesh *mesh,
                      const dist_placement *placements, int replace, dist_tensor **out) {
@@ -224,14 +235,11 @@ static int shard_put(dist_client *c, const char *name, const void *data, dist_dt
    * and takes none: an SPMD trainer putting a value of its own must not
    * move its op ids ahead of the other trainers'. Taken before the checks
    * of the arguments: a trainer that refuses the put keeps counting in
-   * step with the others. */
+   * step with the others, and tells them. */
   uint64_t op = mesh->d.nranks > 1 ? dist_next_op_id(c) : 0;
-  if (dist_client_check_name(c, "shard_tensor", name) != 0) return c->err.code;
   dist_shape global;
-  dist_errbuf eb = DIST_ERRBUF_INIT;
-  if (dist_shape_make(ndim, shape, &global, &eb) != 0)
-    return dist_client_fail(c, eb.code, "shard_tensor '%s': %s", name, dist_errbuf_msg(&eb));
-  if (check_placements(c, mesh, placements, ndim) != 0) return c->err.code;
+  if (check_put_args(c, name, ndim, shape, mesh, placements, &global) != 0)
+    return dist_spmd_refused(c, op, &mesh->d);
   put_batch b;
   batch_init(&b, n);
   size_t elem = dist_dtype_size(dt);
@@ -244,8 +252,9 @@ static int shard_put(dist_client *c, const char *name, const void *data, dist_dt
     size_t bytes = (size_t)dist_shape_numel(&local) * elem;
     if (!(b.pieces[i] = malloc(bytes + 1))) {
       batch_free(&b);
-      return dist_client_fail(c, DIST_ENOMEM, "shard_tensor '%s': no memory for rank %d's "
-                              "piece of %zu bytes", name, targets[i], bytes);
+      dist_client_fail(c, DIST_ENOMEM, "shard_tensor '%s': no memory for rank %d's "
+                       "piece of %zu bytes", name, targets[i], bytes);
+      return dist_spmd_refused(c, op, &mesh->d);
     }
     dist_copy_box_out(b.pieces[i], data, &global, offset, &local, elem);
     as_partial_piece(&mesh->d, placements, coords, b.pieces[i], local_numel(&local), dt);
@@ -276,6 +285,26 @@ int dist_shard_tensor_replacing(dist_client *c, const char *name, const void *da
   return shard_put(c, name, data, dt, ndim, shape, mesh, placements, 1, out);
 }
 
+/* dtensor_from_local's own checks of its arguments; locals[i] gets the
+ * shape of the piece for targets[i]. */
+static int check_local_args(dist_client *c, const char *name, int ndim,
+                            const int64_t *const *shapes, const dist_mesh *mesh,
+                            const dist_placement *placements, const int *targets, int n,
+                            dist_shape *locals) {
+  if (dist_client_check_name(c, "dtensor_from_local", name) != 0) return c->err.code;
+  if (ndim < 0 || ndim > DIST_MAX_DIMS)
+    return dist_client_fail(c, DIST_EINVAL, "%d dims (0 to %d allowed)", ndim, DIST_MAX_DIMS);
+  if (check_placements(c, mesh, placements, ndim) != 0) return c->err.code;
+  for (int i = 0; i < n; i++) {
+    int k = c->spmd_rank >= 0 ? 0 : i; /* SPMD: our one piece */
+    dist_errbuf eb = DIST_ERRBUF_INIT;
+    if (dist_shape_make(ndim, shapes[k], &locals[i], &eb) != 0)
+      return dist_client_fail(c, eb.code, "dtensor_from_local '%s': rank %d's piece: %s",
+                              name, targets[i], dist_errbuf_msg(&eb));
+  }
+  return 0;
+}
+
 int dist_dtensor_from_local(dist_client *c, const char *name,
                             const void *const *pieces, dist_dtype dt, int ndim,
                             const int64_t *const *shapes, const dist_mesh *mesh,
@@ -285,18 +314,9 @@ int dist_dtensor_from_local(dist_client *c, const char *name,
   int n = put_targets(c, &mesh->d, targets);
   if (n < 0) return n;
   uint64_t op = dist_next_op_id(c); /* before the checks, as in shard_put */
-  if (dist_client_check_name(c, "dtensor_from_local", name) != 0) return c->err.code;
-  if (ndim < 0 || ndim > DIST_MAX_DIMS)
-    return dist_client_fail(c, DIST_EINVAL, "%d dims (0 to %d allowed)", ndim, DIST_MAX_DIMS);
-  if (check_placements(c, mesh, placements, ndim) != 0) return c->err.code;
   dist_shape locals[DIST_MAX_MESH_RANKS];
-  for (int i = 0; i < n; i++) {
-    int k = c->spmd_rank >= 0 ? 0 : i; /* SPMD: our one piece */
-    dist_errbuf eb = DIST_ERRBUF_INIT;
-    if (dist_shape_make(ndim, shapes[k], &locals[i], &eb) != 0)
-      return dist_client_fail(c, eb.code, "dtensor_from_local '%s': rank %d's piece: %s",
-                              name, targets[i], dist_errbuf_msg(&eb));
-  }
+  if (check_local_args(c, name, ndim, shapes, mesh, placements, targets, n, locals) != 0)
+    return dist_spmd_refused(c, op, &mesh->d);
   put_batch b;
   batch_init(&b, n);
   dist_shape global = {ndim, {0}};

@@ -711,6 +711,7 @@ typedef struct trainer {
   dist_dtype dt[4]; /* per rank, for the dtype-mismatch case */
   const char *name; /* for spmd_shard_put */
   int64_t rows;
+  int local; /* spmd_shard_put: by dtensor_from_local, tr->rows its piece's */
   int want;
   int ok, rc;
   char msg[512];
@@ -799,17 +800,22 @@ static void expect_refusal(trainer *tr, int rc, int want) {
   snprintf(tr->msg, sizeof tr->msg, "%s: %s", dist_err_name(rc), dist_errmsg(tr->c));
 }
 
-/* shard_tensor of tr->name, tr->rows float32 rows, onto [0,1] from one
- * SPMD trainer, which must fail with tr->want. */
+/* shard_tensor (tr->local: dtensor_from_local) of tr->name, tr->rows
+ * float32 rows, Shard(0) onto [0,1] from one SPMD trainer, which must fail
+ * with tr->want. */
 static void *spmd_shard_put(void *arg) {
   trainer *tr = arg;
   float whole[6] = {1, 2, 3, 4, 5, 6};
   int64_t shape[1] = {tr->rows};
+  const int64_t *sp[1] = {shape};
+  const void *pp[1] = {whole};
   dist_mesh *mesh = NULL;
   dist_mesh_from_string("[0,1]", NULL, &mesh);
   dist_placement p = DIST_SHARD_DIM(0);
   dist_tensor *t = NULL;
-  int rc = dist_shard_tensor(tr->c, tr->name, whole, DIST_FLOAT32, 1, shape, mesh, &p, &t);
+  int rc = tr->local
+               ? dist_dtensor_from_local(tr->c, tr->name, pp, DIST_FLOAT32, 1, sp, mesh, &p, &t)
+               : dist_shard_tensor(tr->c, tr->name, whole, DIST_FLOAT32, 1, shape, mesh, &p, &t);
   expect_refusal(tr, rc, tr->want);
   dist_tensor_free(t);
   dist_mesh_free(mesh);
@@ -912,9 +918,9 @@ Test(bad_input, spmd_pieces_of_different_dtypes_are_refused_everywhere, .timeout
   stop_cluster();
 }
 
-/* A put libdist refuses on trainer 0 (a reserved name) and sends from
- * trainer 1, timed; then an all-reduce of both trainers, which meets only
- * when both took the put's op id. */
+/* A put libdist refuses on trainer 0 and sends from trainer 1,
+ * timed; then an all-reduce of both trainers, which meets only when both
+ * took the put's op id. */
 static void *spmd_refused_put_then_reduce(void *arg) {
   trainer *tr = arg;
   double t0 = harness_now_s();
@@ -930,14 +936,16 @@ static void *spmd_refused_put_then_reduce(void *arg) {
   return NULL;
 }
 
-/* Two trainers: trainer 0 names the put "__metadata__", trainer 1 "good"
+/* Two trainers: trainer 0 names a shard_tensor "__metadata__" (local:
+ * gives its dtensor_from_local piece -1 rows), trainer 1 makes a good one
  * and has a deadline of timeout_ms; trainer 0's is three times that, for
  * its all-reduce waits for trainer 1's put to end. */
-static void run_refused_put(trainer *tr, const char *job, long timeout_ms) {
+static void run_refused_put(trainer *tr, const char *job, long timeout_ms, int local) {
   start_cluster(&cluster, 2);
   for (int r = 0; r < 2; r++) {
-    tr[r] = (trainer){.c = spmd_client(&cluster, r, job), .rank = r,
-                      .name = r ? "good" : "__metadata__", .rows = 4, .want = DIST_EINVAL};
+    tr[r] = (trainer){.c = spmd_client(&cluster, r, job), .rank = r, .local = local,
+                      .name = r || local ? "good" : "__metadata__",
+                      .rows = r || !local ? 2 : -1, .want = DIST_EINVAL};
     tr[r].c->timeout_ms = r ? timeout_ms : 3 * timeout_ms;
   }
   run_trainers(tr, 2, spmd_refused_put_then_reduce);
@@ -948,7 +956,7 @@ static void run_refused_put(trainer *tr, const char *job, long timeout_ms) {
  * met again. */
 Test(spmd, a_put_one_trainer_refuses_keeps_the_op_ids_in_step, .timeout = 60, .fini = stop_cluster) {
   trainer tr[2];
-  run_refused_put(tr, "spmd-refused-step", 3000);
+  run_refused_put(tr, "spmd-refused-step", 3000, 0);
   cr_expect(strstr(tr[0].msg, "EINVAL: shard_tensor: "), "trainer 0: %s", tr[0].msg);
   for (int r = 0; r < 2; r++) {
     cr_expect_eq(tr[r].rc, 0, "trainer %d: %s", r, tr[r].msg);
@@ -956,6 +964,37 @@ Test(spmd, a_put_one_trainer_refuses_keeps_the_op_ids_in_step, .timeout = 60, .f
   }
   expect_store(&cluster, "", "a put one trainer refused");
   stop_cluster();
+}
+
+/* Trainer 1 was told at once that rank 0 refused, and why (`reason`),
+ * both trainers' all-reduce met afterwards, and no daemon stored it. */
+static void expect_told_at_once(trainer *tr, const char *reason) {
+  cr_expect_lt(tr[1].failed_at, 3.0, "trainer 1 waited %.1f s: %s", tr[1].failed_at, tr[1].msg);
+  cr_expect(strstr(tr[1].msg, "rank 0 aborted op") && strstr(tr[1].msg, reason),
+            "trainer 1: %s", tr[1].msg);
+  for (int r = 0; r < 2; r++) {
+    cr_expect_eq(tr[r].rc, 0, "trainer %d: %s", r, tr[r].msg);
+    dist_close(tr[r].c);
+  }
+  expect_store(&cluster, "", "a put one trainer refused");
+  stop_cluster();
+}
+
+/* Before, the refusing trainer's daemon never heard of the put, and the
+ * other daemon waited for its verdict until the deadline. */
+Test(spmd, a_put_one_trainer_refuses_fails_the_other_at_once, .timeout = 90, .fini = stop_cluster) {
+  trainer tr[2];
+  run_refused_put(tr, "spmd-refused-abort", 10000, 0);
+  expect_told_at_once(tr, "'__metadata__' is reserved");
+}
+
+Test(spmd, a_from_local_one_trainer_refuses_fails_the_other_at_once, .timeout = 90,
+     .fini = stop_cluster) {
+  trainer tr[2];
+  run_refused_put(tr, "spmd-refused-local", 10000, 1);
+  cr_expect(strstr(tr[0].msg, "EINVAL: dtensor_from_local 'good': rank 0's piece"),
+            "trainer 0: %s", tr[0].msg);
+  expect_told_at_once(tr, "rank 0's piece");
 }
 
 /* ------------------------------------------------------------ concurrency */

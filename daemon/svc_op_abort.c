@@ -1,0 +1,41 @@
+/* OpAbort: an SPMD trainer refused an operation itself, after taking its
+ * op id, so this daemon will never run its part. The operation's other
+ * daemons would wait for that part until their deadline; told here, each
+ * fails at once naming this rank and the trainer's reason. */
+#include <stdio.h>
+
+#include "dist.pb-c.h"
+#include "methods.h"
+#include "pbuf.h"
+#include "peer.h"
+#include "reshard.h"
+#include "subop.h"
+#include "vote.h"
+
+/* The request does not say which operation it was, so every exchange an
+ * operation's daemons may wait on first is aborted: the op id itself (a
+ * collective, a shape exchange), its vote and backward steps, and a
+ * reshard's steps. Ids nobody runs are remembered a while, then dropped. */
+static void abort_every_first_step(distd_server *s, uint64_t op_id, const int *ranks, int n,
+                                   const char *why) {
+  distd_abort_op(s->peers, op_id, ranks, n, why);
+  distd_abort_op(s->peers, distd_subop(op_id, DISTD_STEP_VOTE), ranks, n, why);
+  distd_abort_op(s->peers, distd_subop(op_id, DISTD_STEP_BACKWARD), ranks, n, why);
+  distd_reshard_abort(s, op_id, DIST_MAX_MESH_DIMS, ranks, n, why);
+}
+
+DISTD_HANDLER(op_abort) {
+  (void)ci;
+  const Dist__V1__OpAbortRequest *rq = (const void *)req;
+  int ranks[DIST_MAX_MESH_RANKS];
+  int n = distd_vote_ranks(s, rq->ranks, rq->n_ranks, ranks);
+  if (!rq->op_id || n == 0)
+    return dist_fail(eb, DIST_EINVAL, "OpAbort needs an op id and its ranks, rank %d "
+                     "among them, each once", s->rank);
+  char why[600];
+  snprintf(why, sizeof why, "its trainer refused it: %s", rq->reason ? rq->reason : "");
+  abort_every_first_step(s, rq->op_id, ranks, n, why);
+  Dist__V1__OpAbortReply rp = DIST__V1__OP_ABORT_REPLY__INIT;
+  *reply = dist_pb_to_bb(&rp.base);
+  return 0;
+}
