@@ -92,11 +92,13 @@ int dist_shard_tensor_replacing(dist_client *c, const char *name, const void *da
  * sequence of collective operations. */
 uint64_t dist_next_op_id(dist_client *c);
 /* spmd_refuse.c: c->err's code, after an SPMD trainer refused the
- * operation under op_id on mesh m itself (c->err says why): its daemon
- * tells the mesh's other daemons, so that their trainers fail at once
+ * operation under op_id of the daemons ranks[0..n) itself (c->err says
+ * why): its daemon tells the others, so that their trainers fail at once
  * instead of waiting for this rank until their deadline. A single client,
- * op_id 0 or a one-rank mesh only returns the code. */
-int dist_spmd_refused(dist_client *c, uint64_t op_id, const dist_mesh_desc *m);
+ * op_id 0 or a single rank only returns the code. */
+int dist_spmd_refused(dist_client *c, uint64_t op_id, const uint32_t *ranks, int n);
+/* dist_spmd_refused of an operation on the ranks of mesh m. */
+int dist_spmd_refused_on(dist_client *c, uint64_t op_id, const dist_mesh_desc *m);
 /* Records an error on c and returns code. */
 int dist_client_fail(dist_client *c, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

@@ -103,6 +103,16 @@ static int take_results(dist_client *c, const exchange_args *a, dist_call *calls
   return 0;
 }
 
+static int check_exchange_args(dist_client *c, const exchange_args *a) {
+  if (a->experts < 1 || !a->local_count || !a->global_count ||
+      (!a->x && !(a->opts && a->opts->x_name)) || a->d_model < 0 ||
+      (a->d_model == 0 && !(a->opts && a->opts->x_name)))
+    return dist_client_fail(c, DIST_EINVAL, "%s needs x (or opts->x_name), d_model "
+                            "> 0, both counts and n_experts >= 1",
+                            a->dir == SCATTER ? "global_scatter" : "global_gather");
+  return 0;
+}
+
 static int exchange(dist_client *c, const exchange_args *a, const int *group,
                     int group_size, void **out, int64_t *out_rows) {
   uint32_t *ranks = calloc(DIST_MAX_MESH_RANKS, sizeof *ranks);
@@ -116,17 +126,15 @@ static int exchange(dist_client *c, const exchange_args *a, const int *group,
   }
   if ((rc = resolve_group(c, group, group_size, ranks, &size)) != 0) goto out;
   if ((n = participants(c, ranks, size, pos)) < 0) { rc = n; goto out; }
-  if (a->experts < 1 || !a->local_count || !a->global_count ||
-      (!a->x && !(a->opts && a->opts->x_name)) || a->d_model < 0 ||
-      (a->d_model == 0 && !(a->opts && a->opts->x_name))) {
-    rc = dist_client_fail(c, DIST_EINVAL, "%s needs x (or opts->x_name), d_model "
-                          "> 0, both counts and n_experts >= 1",
-                          a->dir == SCATTER ? "global_scatter" : "global_gather");
+  /* Taken before the arguments are checked: an SPMD trainer that refuses
+   * the exchange stays in step with the others, and tells them. */
+  uint64_t op_id = dist_next_op_id(c);
+  if ((rc = check_exchange_args(c, a)) != 0) {
+    dist_spmd_refused(c, op_id, ranks, size);
     goto out;
   }
   rqs = calloc((size_t)n, sizeof *rqs);
   calls = calloc((size_t)n, sizeof *calls);
-  uint64_t op_id = dist_next_op_id(c);
   for (int k = 0; k < n; k++) {
     dist__v1__global_exchange_request__init(&rqs[k]);
     fill_request(&rqs[k], a, k, op_id, ranks, size);
@@ -172,7 +180,7 @@ int dist_global_gather(dist_client *c, const void *const *x,
 
 /* SPMD: member j's block j*E..j*E+E-1 of local_count goes to member j; what
  * arrives from member s is exactly global_count[s*E .. s*E+E-1]. */
-static int count_all_to_all(dist_client *c, const int64_t *local, int experts,
+static int count_all_to_all(dist_client *c, uint64_t op_id, const int64_t *local, int experts,
                             uint32_t *ranks, int size, int64_t *global) {
   uint64_t *counts = calloc((size_t)size, sizeof *counts);
   if (!counts) return dist_client_fail(c, DIST_ENOMEM, "out of memory");
@@ -180,7 +188,7 @@ static int count_all_to_all(dist_client *c, const int64_t *local, int experts,
   size_t bytes = (size_t)size * (size_t)experts * sizeof(int64_t);
   Dist__V1__CollectiveRequest rq = DIST__V1__COLLECTIVE_REQUEST__INIT;
   rq.kind = DIST__V1__COLLECTIVE_REQUEST__KIND__ALL_TO_ALL;
-  rq.op_id = dist_next_op_id(c);
+  rq.op_id = op_id;
   rq.n_group = (size_t)size;
   rq.group = ranks;
   rq.dtype = DIST__V1__DTYPE__INT64;
@@ -211,14 +219,19 @@ int dist_count_global(dist_client *c, const int64_t *const *local_count,
   int pos[1], size = 0, rc, E = n_experts;
   if (!ranks) return dist_client_fail(c, DIST_ENOMEM, "out of memory");
   if ((rc = resolve_group(c, group, group_size, ranks, &size)) != 0) goto out;
+  uint64_t op_id = 0; /* SPMD: taken before the checks, as in exchange */
+  if (c->spmd_rank >= 0) {
+    if ((rc = participants(c, ranks, size, pos)) < 0) goto out;
+    op_id = dist_next_op_id(c);
+  }
   if (E < 1 || !local_count || !global_count) {
     rc = dist_client_fail(c, DIST_EINVAL, "count_global needs n_experts >= 1 "
                           "and both count arrays");
+    dist_spmd_refused(c, op_id, ranks, size);
     goto out;
   }
-  if (c->spmd_rank >= 0) {
-    if ((rc = participants(c, ranks, size, pos)) < 0) goto out;
-    rc = count_all_to_all(c, local_count[0], E, ranks, size, global_count[0]);
+  if (op_id) {
+    rc = count_all_to_all(c, op_id, local_count[0], E, ranks, size, global_count[0]);
     goto out;
   }
   for (int r = 0; r < size; r++)

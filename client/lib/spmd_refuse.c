@@ -4,15 +4,13 @@
  * (OpAbort), and they fail at once, naming this rank and its reason. */
 #include "client_internal.h"
 
-int dist_spmd_refused(dist_client *c, uint64_t op_id, const dist_mesh_desc *m) {
-  if (c->spmd_rank < 0 || !op_id || m->nranks < 2) return c->err.code;
+int dist_spmd_refused(dist_client *c, uint64_t op_id, const uint32_t *ranks, int n) {
+  if (c->spmd_rank < 0 || !op_id || n < 2) return c->err.code;
   dist_errbuf refusal = c->err;
-  uint32_t ranks[DIST_MAX_MESH_RANKS];
-  for (int i = 0; i < m->nranks; i++) ranks[i] = (uint32_t)m->ranks[i];
   Dist__V1__OpAbortRequest rq = DIST__V1__OP_ABORT_REQUEST__INIT;
   rq.op_id = op_id;
-  rq.n_ranks = (size_t)m->nranks;
-  rq.ranks = ranks;
+  rq.n_ranks = (size_t)n;
+  rq.ranks = (uint32_t *)ranks;
   rq.reason = refusal.msg;
   ProtobufCMessage *rp = NULL;
   /* A daemon before 0.2.5 does not know OpAbort: the others then wait as
@@ -22,4 +20,10 @@ int dist_spmd_refused(dist_client *c, uint64_t op_id, const dist_mesh_desc *m) {
   if (rp) protobuf_c_message_free_unpacked(rp, NULL);
   c->err = refusal;
   return refusal.code;
+}
+
+int dist_spmd_refused_on(dist_client *c, uint64_t op_id, const dist_mesh_desc *m) {
+  uint32_t ranks[DIST_MAX_MESH_RANKS];
+  for (int i = 0; i < m->nranks; i++) ranks[i] = (uint32_t)m->ranks[i];
+  return dist_spmd_refused(c, op_id, ranks, m->nranks);
 }

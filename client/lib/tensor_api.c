@@ -239,7 +239,7 @@ static int shard_put(dist_client *c, const char *name, const void *data, dist_dt
   uint64_t op = mesh->d.nranks > 1 ? dist_next_op_id(c) : 0;
   dist_shape global;
   if (check_put_args(c, name, ndim, shape, mesh, placements, &global) != 0)
-    return dist_spmd_refused(c, op, &mesh->d);
+    return dist_spmd_refused_on(c, op, &mesh->d);
   put_batch b;
   batch_init(&b, n);
   size_t elem = dist_dtype_size(dt);
@@ -254,7 +254,7 @@ static int shard_put(dist_client *c, const char *name, const void *data, dist_dt
       batch_free(&b);
       dist_client_fail(c, DIST_ENOMEM, "shard_tensor '%s': no memory for rank %d's "
                        "piece of %zu bytes", name, targets[i], bytes);
-      return dist_spmd_refused(c, op, &mesh->d);
+      return dist_spmd_refused_on(c, op, &mesh->d);
     }
     dist_copy_box_out(b.pieces[i], data, &global, offset, &local, elem);
     as_partial_piece(&mesh->d, placements, coords, b.pieces[i], local_numel(&local), dt);
@@ -316,7 +316,7 @@ int dist_dtensor_from_local(dist_client *c, const char *name,
   uint64_t op = dist_next_op_id(c); /* before the checks, as in shard_put */
   dist_shape locals[DIST_MAX_MESH_RANKS];
   if (check_local_args(c, name, ndim, shapes, mesh, placements, targets, n, locals) != 0)
-    return dist_spmd_refused(c, op, &mesh->d);
+    return dist_spmd_refused_on(c, op, &mesh->d);
   put_batch b;
   batch_init(&b, n);
   dist_shape global = {ndim, {0}};

@@ -385,6 +385,73 @@ Test(moe, count_global_is_the_transpose_of_local_counts, .timeout = 60) {
   harness_stop(&h);
 }
 
+/* An SPMD trainer of [0,1] whose global_scatter and count_global name
+ * `experts` experts (0: libdist refuses both), each timed, then an
+ * all-reduce of both trainers, which meets only when both took the op ids
+ * of the refused calls. */
+typedef struct refusing {
+  dist_client *c;
+  int rank, experts, reduced;
+  double took[2];
+  char msg[2][512];
+} refusing;
+
+static void *scatter_and_count(void *arg) {
+  refusing *t = arg;
+  float x[4] = {1, 2, 3, 4};
+  int64_t lc[2] = {1, 1}, gc[2] = {1, 1}, got[2];
+  const void *xs[1] = {x};
+  const int64_t *lcs[1] = {lc}, *gcs[1] = {gc};
+  int64_t *gots[1] = {got}, rows[1];
+  void *out[1] = {NULL};
+  double t0 = harness_now_s();
+  dist_global_scatter(t->c, xs, NULL, DIST_FLOAT32, 2, lcs, gcs, t->experts, NULL, 0, NULL,
+                      out, rows);
+  t->took[0] = harness_now_s() - t0;
+  snprintf(t->msg[0], sizeof t->msg[0], "%s", dist_errmsg(t->c));
+  free(out[0]);
+  t0 = harness_now_s();
+  dist_count_global(t->c, lcs, t->experts, NULL, 0, gots);
+  t->took[1] = harness_now_s() - t0;
+  snprintf(t->msg[1], sizeof t->msg[1], "%s", dist_errmsg(t->c));
+  int32_t v = 1;
+  t->reduced = dist_all_reduce(t->c, &v, 1, DIST_INT32, DIST_REDUCE_SUM, NULL, 0) == 0 && v == 2;
+  return NULL;
+}
+
+/* Trainer 0 refuses; trainer 1 has a deadline of 10 s, trainer 0 30 s, for
+ * it waits in its all-reduce for trainer 1's calls to end. */
+static void run_refusing_pair(harness *h, refusing *t) {
+  pthread_t th[2];
+  for (int r = 0; r < 2; r++) {
+    t[r] = (refusing){.c = harness_spmd_client(h, r, "moe-refused"), .rank = r, .experts = r};
+    t[r].c->timeout_ms = r ? 10000 : 30000;
+  }
+  for (int r = 0; r < 2; r++) pthread_create(&th[r], NULL, scatter_and_count, &t[r]);
+  for (int r = 0; r < 2; r++) pthread_join(th[r], NULL);
+}
+
+/* Before, trainer 1 waited for rank 0's part until its deadline (5 s of
+ * silence), and the trainers' op ids were apart from then on. */
+Test(moe, an_exchange_one_spmd_trainer_refuses_fails_the_other_at_once, .timeout = 90) {
+  harness h;
+  harness_start(&h, 2, NULL);
+  refusing t[2];
+  run_refusing_pair(&h, t);
+  for (int k = 0; k < 2; k++) {
+    cr_expect(strstr(t[0].msg[k], "n_experts >= 1"), "trainer 0: %s", t[0].msg[k]);
+    cr_expect_lt(t[1].took[k], 3.0, "call %d: trainer 1 waited %.1f s: %s", k, t[1].took[k],
+                 t[1].msg[k]);
+    cr_expect(strstr(t[1].msg[k], "rank 0 aborted op") && strstr(t[1].msg[k], "n_experts >= 1"),
+              "call %d: trainer 1: %s", k, t[1].msg[k]);
+  }
+  for (int r = 0; r < 2; r++) {
+    cr_expect(t[r].reduced, "trainer %d: the all-reduce after the refused calls failed", r);
+    dist_close(t[r].c);
+  }
+  harness_stop(&h);
+}
+
 /* Raw calls to each daemon, so every rank's own answer can be checked. */
 static void call_each(dist_client *c, const char *method, int W,
                       Dist__V1__GlobalExchangeRequest *rqs, dist_call *calls) {
