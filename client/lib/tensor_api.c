@@ -396,22 +396,40 @@ static int union_targets(dist_client *c, const dist_mesh_desc *a,
   return n;
 }
 
+/* dist_spmd_refused of a reshard: to the daemons of both meshes (those
+ * of the cluster: a destination may name others, which is the refusal). */
+static int refuse_reshard(dist_client *c, uint64_t op, const dist_mesh_desc *src,
+                          const dist_mesh_desc *dst) {
+  uint32_t *ranks = calloc(2 * DIST_MAX_MESH_RANKS, sizeof *ranks);
+  int n = 0;
+  for (int i = 0; ranks && i < src->nranks; i++) ranks[n++] = (uint32_t)src->ranks[i];
+  for (int i = 0; ranks && i < dst->nranks; i++)
+    if (dst->ranks[i] < c->n && dist_mesh_index_of(src, dst->ranks[i]) < 0)
+      ranks[n++] = (uint32_t)dst->ranks[i];
+  int rc = ranks ? dist_spmd_refused(c, op, ranks, n) : c->err.code;
+  free(ranks);
+  return rc;
+}
+
 int dist_reshard(dist_client *c, dist_tensor *t, const dist_mesh *mesh,
                  const dist_placement *placements) {
   const dist_mesh_desc *dst = mesh ? &mesh->d : &t->mesh.d;
+  /* Taken before the checks, as in shard_put (every SPMD trainer takes
+   * part in a reshard: one outside both meshes asks its daemon too). */
+  uint64_t op = dist_next_op_id(c);
   if (check_placements(c, mesh ? mesh : &t->mesh, placements, t->shape.ndim) != 0)
-    return c->err.code;
+    return refuse_reshard(c, op, &t->mesh.d, dst);
   int *targets = calloc(2 * DIST_MAX_MESH_RANKS, sizeof *targets);
   /* Every rank of the destination must be a daemon the client knows. */
   if (dist_targets(c, dst, targets) < 0) {
     free(targets);
-    return c->err.code;
+    return refuse_reshard(c, op, &t->mesh.d, dst);
   }
   int n = union_targets(c, &t->mesh.d, dst, targets);
   dist_wire_meta *w = calloc(2, sizeof *w);
   Dist__V1__ReshardRequest rq = DIST__V1__RESHARD_REQUEST__INIT;
   rq.name = t->name;
-  rq.op_id = dist_next_op_id(c);
+  rq.op_id = op;
   dist_mesh_to_pb(dst, &w[0]);
   dist_placements_to_pb(placements, dst->ndim, &w[0]);
   rq.mesh = &w[0].mesh;

@@ -712,6 +712,7 @@ typedef struct trainer {
   const char *name; /* for spmd_shard_put */
   int64_t rows;
   int local; /* spmd_shard_put: by dtensor_from_local, tr->rows its piece's */
+  int reshard; /* spmd_refused_then_reduce: put tr->name, then reshard it */
   int want;
   int ok, rc;
   char msg[512];
@@ -918,13 +919,29 @@ Test(bad_input, spmd_pieces_of_different_dtypes_are_refused_everywhere, .timeout
   stop_cluster();
 }
 
-/* A put libdist refuses on trainer 0 and sends from trainer 1,
- * timed; then an all-reduce of both trainers, which meets only when both
- * took the put's op id. */
-static void *spmd_refused_put_then_reduce(void *arg) {
+/* Reshards the tensor tr->name to Replicate() (trainer 0: to Shard(1),
+ * which libdist refuses for a 1-d tensor); it must fail with tr->want. */
+static void spmd_reshard(trainer *tr) {
+  dist_tensor *t = NULL;
+  int rc = dist_tensor_open(tr->c, tr->name, &t);
+  dist_placement p = tr->rank ? DIST_REPLICATED : DIST_SHARD_DIM(1);
+  if (rc == 0) rc = dist_reshard(tr->c, t, NULL, &p);
+  expect_refusal(tr, rc, tr->want);
+  dist_tensor_free(t);
+}
+
+/* A put (tr->reshard: a reshard after a good put) libdist refuses on
+ * trainer 0 and sends from trainer 1, timed; then an all-reduce of both
+ * trainers, which meets only when both took the refused op's id. */
+static void *spmd_refused_then_reduce(void *arg) {
   trainer *tr = arg;
+  if (tr->reshard) {
+    spmd_shard_put(tr);
+    if (!tr->ok) return NULL;
+    tr->want = DIST_EINVAL;
+  }
   double t0 = harness_now_s();
-  spmd_shard_put(tr);
+  tr->reshard ? spmd_reshard(tr) : (void)spmd_shard_put(tr);
   tr->failed_at = harness_now_s() - t0;
   int put_ok = tr->ok;
   int32_t v = tr->rank + 1;
@@ -948,7 +965,35 @@ static void run_refused_put(trainer *tr, const char *job, long timeout_ms, int l
                       .rows = r || !local ? 2 : -1, .want = DIST_EINVAL};
     tr[r].c->timeout_ms = r ? timeout_ms : 3 * timeout_ms;
   }
-  run_trainers(tr, 2, spmd_refused_put_then_reduce);
+  run_trainers(tr, 2, spmd_refused_then_reduce);
+}
+
+/* Before, the refusing trainer took no op id for the reshard, and the
+ * other daemon waited for its part until the deadline (5 s of silence). */
+Test(spmd, a_reshard_one_trainer_refuses_fails_the_other_at_once, .timeout = 90,
+     .fini = stop_cluster) {
+  trainer tr[2];
+  start_cluster(&cluster, 2);
+  for (int r = 0; r < 2; r++) {
+    tr[r] = (trainer){.c = spmd_client(&cluster, r, "spmd-refused-reshard"), .rank = r,
+                      .reshard = 1, .name = "r", .rows = 2};
+    tr[r].c->timeout_ms = r ? 10000 : 30000; /* trainer 0 waits for trainer 1's reshard */
+  }
+  run_trainers(tr, 2, spmd_refused_then_reduce);
+  cr_expect(strstr(tr[0].msg, "EINVAL: "), "trainer 0: %s", tr[0].msg);
+  const char *reason = strchr(tr[0].msg, ' ') + 1; /* past "EINVAL: " */
+  cr_expect_lt(tr[1].failed_at, 3.0, "trainer 1 waited %.1f s: %s", tr[1].failed_at, tr[1].msg);
+  cr_expect(strstr(tr[1].msg, "rank 0 aborted op") && strstr(tr[1].msg, reason),
+            "trainer 1: %s; trainer 0's reason: %s", tr[1].msg, reason);
+  for (int r = 0; r < 2; r++) {
+    cr_expect_eq(tr[r].rc, 0, "trainer %d: %s", r, tr[r].msg);
+    dist_tensor *t = NULL;
+    cr_expect_eq(harness_open_on(&cluster, r, "r", &t), 0, "rank %d lost 'r'", r);
+    if (t) cr_expect_eq(dist_tensor_placements(t)[0].kind, DIST_SHARD, "rank %d resharded", r);
+    dist_tensor_free(t);
+    dist_close(tr[r].c);
+  }
+  stop_cluster();
 }
 
 /* Before, the refusing trainer did not take the put's op id, so every
