@@ -12,6 +12,10 @@
 #include "subop.h"
 #include "vote.h"
 
+/* A LocalLayer call takes one op id per output; as when the program is
+ * unknown (svc_program.c), the first this many are aborted at the most. */
+#define DISTD_ABORT_MORE_IDS_MAX DIST_MAX_MESH_RANKS
+
 /* The request does not say which operation it was, so every exchange an
  * operation's daemons may wait on first is aborted: the op id itself (a
  * collective, a shape exchange), its vote and backward steps, and a
@@ -29,12 +33,13 @@ DISTD_HANDLER(op_abort) {
   const Dist__V1__OpAbortRequest *rq = (const void *)req;
   int ranks[DIST_MAX_MESH_RANKS];
   int n = distd_vote_ranks(s, rq->ranks, rq->n_ranks, ranks);
-  if (!rq->op_id || n == 0)
-    return dist_fail(eb, DIST_EINVAL, "OpAbort needs an op id and its ranks, rank %d "
-                     "among them, each once", s->rank);
+  if (!rq->op_id || n == 0 || rq->more_ids > DISTD_ABORT_MORE_IDS_MAX)
+    return dist_fail(eb, DIST_EINVAL, "OpAbort needs an op id, at most %d more, and its "
+                     "ranks, rank %d among them, each once", DISTD_ABORT_MORE_IDS_MAX, s->rank);
   char why[600];
   snprintf(why, sizeof why, "its trainer refused it: %s", rq->reason ? rq->reason : "");
   abort_every_first_step(s, rq->op_id, ranks, n, why);
+  for (uint32_t k = 1; k <= rq->more_ids; k++) distd_abort_op(s->peers, rq->op_id + k, ranks, n, why);
   Dist__V1__OpAbortReply rp = DIST__V1__OP_ABORT_REPLY__INIT;
   *reply = dist_pb_to_bb(&rp.base);
   return 0;

@@ -97,6 +97,10 @@ uint64_t dist_next_op_id(dist_client *c);
  * instead of waiting for this rank until their deadline. A single client,
  * op_id 0 or a single rank only returns the code. */
 int dist_spmd_refused(dist_client *c, uint64_t op_id, const uint32_t *ranks, int n);
+/* dist_spmd_refused of an operation that took op ids op_id to op_id +
+ * more_ids (a LocalLayer call). */
+int dist_spmd_refused_ids(dist_client *c, uint64_t op_id, uint32_t more_ids,
+                          const uint32_t *ranks, int n);
 /* dist_spmd_refused of an operation on the ranks of mesh m. */
 int dist_spmd_refused_on(dist_client *c, uint64_t op_id, const dist_mesh_desc *m);
 /* Records an error on c and returns code. */

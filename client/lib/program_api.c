@@ -1139,6 +1139,30 @@ static int check_out_names(dist_client *c, const dist_program *p, char *const *n
   return 0;
 }
 
+/* The call's output names and requests, made and checked before any is
+ * sent. */
+static int prepare_call(dist_client *c, const dist_program *p, const dist_call_opts *o,
+                        const dist_arg *args, fanout *f, dist_invocation *v, char **names,
+                        Dist__V1__ProgramInvokeRequest *rq) {
+  int rc;
+  if (o->out_names && (rc = check_chosen_names(c, "output", o->out_names, p->n_outputs, 0)))
+    return rc;
+  for (int k = 0; k < p->n_outputs; k++) {
+    if (o->out_names) snprintf(v->out_names[k], sizeof v->out_names[k], "%s", o->out_names[k]);
+    else snprintf(v->out_names[k], sizeof v->out_names[k], "%s.%llu.out%d",
+                  p->name, (unsigned long long)v->id, k);
+    names[k] = v->out_names[k];
+  }
+  if (o->out_names && (rc = check_out_names(c, p, names))) return rc;
+  return build_invoke(c, p, f, args, rq);
+}
+
+/* An SPMD trainer refused its call: the daemons that store the outputs
+ * would wait for its part in each output's shape exchange and the vote. */
+static void refuse_call(dist_client *c, const dist_program *p, const dist_invocation *v) {
+  dist_spmd_refused_ids(c, v->id, (uint32_t)p->n_outputs, v->vote_ranks, v->nvote);
+}
+
 int dist_local_layer_call(dist_client *c, dist_program *p, const dist_arg *args,
                           int nargs, const dist_call_opts *opts,
                           dist_invocation **inv, dist_tensor **outs) {
@@ -1161,16 +1185,10 @@ int dist_local_layer_call(dist_client *c, dist_program *p, const dist_arg *args,
     rc = dist_client_fail(c, DIST_ENOMEM, "out of memory");
     goto out;
   }
-  if (o.out_names && (rc = check_chosen_names(c, "output", o.out_names, p->n_outputs, 0)))
+  if ((rc = prepare_call(c, p, &o, args, &f, v, names, rq))) {
+    refuse_call(c, p, v);
     goto out;
-  for (int k = 0; k < p->n_outputs; k++) {
-    if (o.out_names) snprintf(v->out_names[k], sizeof v->out_names[k], "%s", o.out_names[k]);
-    else snprintf(v->out_names[k], sizeof v->out_names[k], "%s.%llu.out%d",
-                  p->name, (unsigned long long)id, k);
-    names[k] = v->out_names[k];
   }
-  if (o.out_names && (rc = check_out_names(c, p, names))) goto out;
-  if ((rc = build_invoke(c, p, &f, args, rq))) goto out;
   for (int i = 0; i < f.n; i++) {
     rq[i].n_ranks = (size_t)v->nvote;
     rq[i].ranks = v->vote_ranks;

@@ -4,11 +4,13 @@
  * (OpAbort), and they fail at once, naming this rank and its reason. */
 #include "client_internal.h"
 
-int dist_spmd_refused(dist_client *c, uint64_t op_id, const uint32_t *ranks, int n) {
+int dist_spmd_refused_ids(dist_client *c, uint64_t op_id, uint32_t more_ids,
+                          const uint32_t *ranks, int n) {
   if (c->spmd_rank < 0 || !op_id || n < 2) return c->err.code;
   dist_errbuf refusal = c->err;
   Dist__V1__OpAbortRequest rq = DIST__V1__OP_ABORT_REQUEST__INIT;
   rq.op_id = op_id;
+  rq.more_ids = more_ids;
   rq.n_ranks = (size_t)n;
   rq.ranks = (uint32_t *)ranks;
   rq.reason = refusal.msg;
@@ -20,6 +22,10 @@ int dist_spmd_refused(dist_client *c, uint64_t op_id, const uint32_t *ranks, int
   if (rp) protobuf_c_message_free_unpacked(rp, NULL);
   c->err = refusal;
   return refusal.code;
+}
+
+int dist_spmd_refused(dist_client *c, uint64_t op_id, const uint32_t *ranks, int n) {
+  return dist_spmd_refused_ids(c, op_id, 0, ranks, n);
 }
 
 int dist_spmd_refused_on(dist_client *c, uint64_t op_id, const dist_mesh_desc *m) {

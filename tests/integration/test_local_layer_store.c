@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "client_internal.h"
 #include "harness.h"
 
 static harness cluster;
@@ -96,15 +97,20 @@ static void expect_one_version(dist_client *c, const char *name, uint64_t than) 
 typedef struct trainer {
   dist_client *c;
   int replace;
+  const char *out; /* the output's name; NULL: "taken" */
+  int sharded;     /* the doubler's output Shard(0) */
   int rc;
   char msg[512];
+  double took; /* seconds the call took */
 } trainer;
 
 static void *spmd_call(void *arg) {
   trainer *tr = arg;
-  dist_program *p = doubler(0);
+  dist_program *p = doubler(tr->sharded);
   tr->rc = dist_program_register(tr->c, p);
-  if (tr->rc == 0) tr->rc = call(tr->c, p, "taken", tr->replace);
+  double t0 = harness_now_s();
+  if (tr->rc == 0) tr->rc = call(tr->c, p, tr->out ? tr->out : "taken", tr->replace);
+  tr->took = harness_now_s() - t0;
   snprintf(tr->msg, sizeof tr->msg, "%s", dist_errmsg(tr->c));
   dist_program_free(p);
   return NULL;
@@ -145,6 +151,33 @@ Test(local_layer_store, an_output_name_taken_on_one_daemon_is_stored_by_none) {
   cr_assert_eq(held_on(c, 0, "taken", 2, twice, 4), 0);
   cr_assert_eq(held_on(c, 1, "taken", 2, twice, 4), 0);
   expect_one_version(c, "taken", 1);
+  for (int r = 0; r < 2; r++) dist_close(tr[r].c);
+  dist_close(c);
+}
+
+/* Trainer 0's libdist refuses its output name. Before, trainer 1's
+ * daemon waited for rank 0's part until the deadline (5 s of silence):
+ * its verdict, or first (sharded) the output's shape, under the output's
+ * own op id. */
+Test(local_layer_store, a_call_one_spmd_trainer_refuses_fails_the_other_at_once) {
+  harness_start(&cluster, 2, NULL);
+  dist_client *c = harness_client(&cluster);
+  int64_t n4 = 4;
+  dist_tensor_free(harness_put(c, "x", DIST_FLOAT64, x0, 1, &n4, "[0,1]", "Replicate()"));
+  trainer tr[2] = {{.c = harness_spmd_client(&cluster, 0, "refuse-job"), .out = "__metadata__"},
+                   {.c = harness_spmd_client(&cluster, 1, "refuse-job"), .out = "y"}};
+  tr[1].c->timeout_ms = 10000;
+  for (int sharded = 0; sharded < 2; sharded++) {
+    tr[0].sharded = tr[1].sharded = sharded;
+    run_trainers(tr, 0);
+    cr_expect_eq(tr[0].rc, DIST_EINVAL, "trainer 0: %s", tr[0].msg);
+    cr_expect_lt(tr[1].took, 3.0, "sharded %d: trainer 1 waited %.1f s: %s", sharded,
+                 tr[1].took, tr[1].msg);
+    cr_expect(strstr(tr[1].msg, "rank 0 aborted op") && strstr(tr[1].msg, "is reserved"),
+              "sharded %d: trainer 1: %s", sharded, tr[1].msg);
+    for (int r = 0; r < 2; r++)
+      cr_expect_eq(held_on(c, r, "y", 0, NULL, 0), DIST_ENOTFOUND, "rank %d stored 'y'", r);
+  }
   for (int r = 0; r < 2; r++) dist_close(tr[r].c);
   dist_close(c);
 }
