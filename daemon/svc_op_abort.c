@@ -18,13 +18,15 @@
 
 /* The request does not say which operation it was, so every exchange an
  * operation's daemons may wait on first is aborted: the op id itself (a
- * collective, a shape exchange), its vote and backward steps, and a
- * reshard's steps. Ids nobody runs are remembered a while, then dropped. */
+ * collective, a shape exchange), its vote, the vote of a LocalLayer
+ * backward of the invocation op_id, and a reshard's steps. Ids nobody
+ * runs are remembered a while, then dropped. */
 static void abort_every_first_step(distd_server *s, uint64_t op_id, const int *ranks, int n,
                                    const char *why) {
   distd_abort_op(s->peers, op_id, ranks, n, why);
   distd_abort_op(s->peers, distd_subop(op_id, DISTD_STEP_VOTE), ranks, n, why);
-  distd_abort_op(s->peers, distd_subop(op_id, DISTD_STEP_BACKWARD), ranks, n, why);
+  uint64_t backward = distd_subop(op_id, DISTD_STEP_BACKWARD);
+  distd_abort_op(s->peers, distd_subop(backward, DISTD_STEP_VOTE), ranks, n, why);
   distd_reshard_abort(s, op_id, DIST_MAX_MESH_DIMS, ranks, n, why);
 }
 

@@ -1302,6 +1302,26 @@ static int build_backward(dist_client *c, dist_invocation *v, fanout *f,
   return 0;
 }
 
+/* The backward's gradient names (in buf) and requests, made and checked
+ * before any is sent. */
+static int prepare_backward(dist_client *c, dist_invocation *inv, fanout *f,
+                            const dist_arg *out_grads, const dist_backward_opts *o,
+                            char **names, char (*buf)[256],
+                            Dist__V1__ProgramBackwardRequest *rq) {
+  int rc;
+  if (o->grad_names &&
+      (rc = check_chosen_names(c, "gradient", o->grad_names, inv->n_inputs, 1)))
+    return rc;
+  for (int j = 0; j < inv->n_inputs; j++) {
+    if (o->grad_names)
+      snprintf(buf[j], sizeof *buf, "%s", o->grad_names[j] ? o->grad_names[j] : "");
+    else if (inv->input_is_tensor[j])
+      snprintf(buf[j], sizeof *buf, "%s.grad%d", inv->out_names[0], j);
+    names[j] = buf[j];
+  }
+  return build_backward(c, inv, f, out_grads, names, o, rq);
+}
+
 int dist_backward(dist_client *c, dist_invocation *inv,
                   const dist_arg *out_grads, const dist_backward_opts *opts,
                   dist_tensor **grads) {
@@ -1322,15 +1342,11 @@ int dist_backward(dist_client *c, dist_invocation *inv,
     rc = dist_client_fail(c, DIST_ENOMEM, "out of memory");
     goto out;
   }
-  if (o.grad_names && (rc = check_chosen_names(c, "gradient", o.grad_names, inv->n_inputs, 1)))
+  if ((rc = prepare_backward(c, inv, &f, out_grads, &o, names, buf, rq))) {
+    /* The daemons storing gradients wait for this rank's verdict. */
+    dist_spmd_refused(c, inv->id, inv->vote_ranks, inv->nvote);
     goto out;
-  for (int j = 0; j < inv->n_inputs; j++) {
-    if (o.grad_names) snprintf(buf[j], sizeof buf[j], "%s", o.grad_names[j] ? o.grad_names[j] : "");
-    else if (inv->input_is_tensor[j])
-      snprintf(buf[j], sizeof buf[j], "%s.grad%d", inv->out_names[0], j);
-    names[j] = buf[j];
   }
-  if ((rc = build_backward(c, inv, &f, out_grads, names, &o, rq))) goto out;
   rc = dist_call_many(c, LL_METHOD("Backward"),
                       &dist__v1__program_backward_reply__descriptor, f.calls, f.n);
   inv->backward_done = 1; /* the daemons freed the invocation either way */

@@ -155,18 +155,28 @@ Test(local_layer_store, an_output_name_taken_on_one_daemon_is_stored_by_none) {
   dist_close(c);
 }
 
+/* Two daemons holding "x", and two SPMD trainers of job: trainer 0 names
+ * what it stores "__metadata__", which libdist refuses, trainer 1 `name`
+ * (with a deadline of 10 s). Returns a single client of both daemons. */
+static dist_client *start_refusing_pair(trainer *tr, const char *job, const char *name) {
+  harness_start(&cluster, 2, NULL);
+  dist_client *c = harness_client(&cluster);
+  int64_t n4 = 4;
+  dist_tensor_free(harness_put(c, "x", DIST_FLOAT64, x0, 1, &n4, "[0,1]", "Replicate()"));
+  for (int r = 0; r < 2; r++)
+    tr[r] = (trainer){.c = harness_spmd_client(&cluster, r, job),
+                      .out = r ? name : "__metadata__"};
+  tr[1].c->timeout_ms = 10000;
+  return c;
+}
+
 /* Trainer 0's libdist refuses its output name. Before, trainer 1's
  * daemon waited for rank 0's part until the deadline (5 s of silence):
  * its verdict, or first (sharded) the output's shape, under the output's
  * own op id. */
 Test(local_layer_store, a_call_one_spmd_trainer_refuses_fails_the_other_at_once) {
-  harness_start(&cluster, 2, NULL);
-  dist_client *c = harness_client(&cluster);
-  int64_t n4 = 4;
-  dist_tensor_free(harness_put(c, "x", DIST_FLOAT64, x0, 1, &n4, "[0,1]", "Replicate()"));
-  trainer tr[2] = {{.c = harness_spmd_client(&cluster, 0, "refuse-job"), .out = "__metadata__"},
-                   {.c = harness_spmd_client(&cluster, 1, "refuse-job"), .out = "y"}};
-  tr[1].c->timeout_ms = 10000;
+  trainer tr[2];
+  dist_client *c = start_refusing_pair(tr, "refuse-job", "y");
   for (int sharded = 0; sharded < 2; sharded++) {
     tr[0].sharded = tr[1].sharded = sharded;
     run_trainers(tr, 0);
@@ -475,7 +485,8 @@ static dist_program *square_sum(void) {
   return p;
 }
 
-/* One SPMD trainer: square_sum on "x", then its backward storing "gx". */
+/* One SPMD trainer: square_sum on "x", then its backward storing "gx"
+ * (tr->out when set), timed. */
 static void *spmd_backward(void *arg) {
   trainer *tr = arg;
   dist_program *p = square_sum();
@@ -485,15 +496,36 @@ static void *spmd_backward(void *arg) {
   if (tr->rc == 0) tr->rc = dist_tensor_open(tr->c, "x", &x);
   dist_arg args[1] = {{x, NULL}};
   if (tr->rc == 0) tr->rc = dist_local_layer_call(tr->c, p, args, 1, NULL, &inv, &loss);
-  const char *names[1] = {"gx"};
+  const char *names[1] = {tr->out ? tr->out : "gx"};
   dist_backward_opts bo = DIST_BACKWARD_OPTS_INIT;
   bo.grad_names = names;
+  double t0 = harness_now_s();
   if (tr->rc == 0) tr->rc = dist_backward(tr->c, inv, NULL, &bo, &gx);
+  tr->took = harness_now_s() - t0;
   snprintf(tr->msg, sizeof tr->msg, "%s", dist_errmsg(tr->c));
   dist_tensor_free(gx), dist_tensor_free(loss), dist_tensor_free(x);
   dist_invocation_free(inv);
   dist_program_free(p);
   return NULL;
+}
+
+/* Trainer 0's libdist refuses its gradient's name. Before, trainer 1's
+ * daemon waited for rank 0's verdict until the deadline (5 s of silence). */
+Test(local_layer_store, a_backward_one_spmd_trainer_refuses_fails_the_other_at_once) {
+  trainer tr[2];
+  dist_client *c = start_refusing_pair(tr, "grad-refuse", "g");
+  pthread_t th[2];
+  for (int r = 0; r < 2; r++) cr_assert_eq(pthread_create(&th[r], NULL, spmd_backward, &tr[r]), 0);
+  for (int r = 0; r < 2; r++) pthread_join(th[r], NULL);
+  cr_expect_eq(tr[0].rc, DIST_EINVAL, "trainer 0: %s", tr[0].msg);
+  cr_expect_lt(tr[1].took, 3.0, "trainer 1 waited %.1f s: %s", tr[1].took, tr[1].msg);
+  cr_expect(strstr(tr[1].msg, "rank 0 aborted op") && strstr(tr[1].msg, "is reserved"),
+            "trainer 1: %s", tr[1].msg);
+  for (int r = 0; r < 2; r++) {
+    cr_expect_eq(held_on(c, r, "g", 0, NULL, 0), DIST_ENOTFOUND, "rank %d stored 'g'", r);
+    dist_close(tr[r].c);
+  }
+  dist_close(c);
 }
 
 /* The same for a backward's stored gradients: a put of "gx" while the
