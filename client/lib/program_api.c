@@ -1157,10 +1157,15 @@ static int prepare_call(dist_client *c, const dist_program *p, const dist_call_o
   return build_invoke(c, p, f, args, rq);
 }
 
-/* An SPMD trainer refused its call: the daemons that store the outputs
- * would wait for its part in each output's shape exchange and the vote. */
-static void refuse_call(dist_client *c, const dist_program *p, const dist_invocation *v) {
-  dist_spmd_refused_ids(c, v->id, (uint32_t)p->n_outputs, v->vote_ranks, v->nvote);
+/* c->err's code, after an SPMD trainer refused its call of p under id:
+ * the daemons that store the outputs would wait for its part in each
+ * output's shape exchange and in the vote. */
+static int refuse_call(dist_client *c, const dist_program *p, uint64_t id) {
+  int ranks[DIST_MAX_MESH_RANKS];
+  uint32_t named[DIST_MAX_MESH_RANKS];
+  int n = output_ranks(p, ranks);
+  for (int i = 0; i < n; i++) named[i] = (uint32_t)ranks[i];
+  return dist_spmd_refused_ids(c, id, (uint32_t)p->n_outputs, named, n);
 }
 
 int dist_local_layer_call(dist_client *c, dist_program *p, const dist_arg *args,
@@ -1170,14 +1175,15 @@ int dist_local_layer_call(dist_client *c, dist_program *p, const dist_arg *args,
   if (opts) o = *opts;
   *inv = NULL;
   for (int k = 0; outs && k < p->n_outputs; k++) outs[k] = NULL;
-  if (check_call(c, p, nargs)) return c->err.code;
+  /* The invocation id, then one op id per output's shape exchange, taken
+   * before the checks: a trainer that refuses the call stays in step. */
+  uint64_t id = dist_next_op_id(c);
+  for (int k = 0; k < p->n_outputs; k++) dist_next_op_id(c);
+  if (check_call(c, p, nargs)) return refuse_call(c, p, id);
   fanout f;
   dist_invocation *v = NULL;
   Dist__V1__ProgramInvokeRequest *rq = NULL;
   char **names = calloc((size_t)p->n_outputs + 1, sizeof *names);
-  /* The invocation id, then one op id per output's shape exchange. */
-  uint64_t id = dist_next_op_id(c);
-  for (int k = 0; k < p->n_outputs; k++) dist_next_op_id(c);
   int rc = fanout_init(c, p, &f, p->n_inputs);
   if (!rc && !(v = invocation_new(p, f.n, id, c->spmd_rank))) rc = DIST_ENOMEM;
   if (!rc && !(rq = calloc((size_t)f.n + 1, sizeof *rq))) rc = DIST_ENOMEM;
@@ -1186,7 +1192,7 @@ int dist_local_layer_call(dist_client *c, dist_program *p, const dist_arg *args,
     goto out;
   }
   if ((rc = prepare_call(c, p, &o, args, &f, v, names, rq))) {
-    refuse_call(c, p, v);
+    refuse_call(c, p, id);
     goto out;
   }
   for (int i = 0; i < f.n; i++) {

@@ -38,22 +38,27 @@ static dist_program *doubler(int sharded) {
   return p;
 }
 
-/* Calls p on "x" with outputs named `out` (NULL: the default name). */
-static int call(dist_client *c, dist_program *p, const char *out, int replace) {
+/* Calls p on "x" (nargs arguments: "x" twice for 2) with outputs named
+ * `out` (NULL: the default name). */
+static int call_n(dist_client *c, dist_program *p, const char *out, int replace, int nargs) {
   dist_tensor *x = NULL, *y = NULL;
   int rc = dist_tensor_open(c, "x", &x);
-  dist_arg args[1] = {{x, NULL}};
+  dist_arg args[2] = {{x, NULL}, {x, NULL}};
   const char *names[1] = {out};
   dist_call_opts o = DIST_CALL_OPTS_INIT;
   o.out_names = out ? names : NULL;
   o.replace = replace;
   o.no_grad = 1;
   dist_invocation *inv = NULL;
-  if (rc == 0) rc = dist_local_layer_call(c, p, args, 1, &o, &inv, &y);
+  if (rc == 0) rc = dist_local_layer_call(c, p, args, nargs, &o, &inv, &y);
   dist_invocation_free(inv);
   dist_tensor_free(y);
   dist_tensor_free(x);
   return rc;
+}
+
+static int call(dist_client *c, dist_program *p, const char *out, int replace) {
+  return call_n(c, p, out, replace, 1);
 }
 
 /* Daemon r's own view of name: 0 with its mesh's size and its piece there
@@ -99,6 +104,7 @@ typedef struct trainer {
   int replace;
   const char *out; /* the output's name; NULL: "taken" */
   int sharded;     /* the doubler's output Shard(0) */
+  int nargs;       /* arguments given to the call; 0: 1 */
   int rc;
   char msg[512];
   double took; /* seconds the call took */
@@ -109,7 +115,9 @@ static void *spmd_call(void *arg) {
   dist_program *p = doubler(tr->sharded);
   tr->rc = dist_program_register(tr->c, p);
   double t0 = harness_now_s();
-  if (tr->rc == 0) tr->rc = call(tr->c, p, tr->out ? tr->out : "taken", tr->replace);
+  if (tr->rc == 0)
+    tr->rc = call_n(tr->c, p, tr->out ? tr->out : "taken", tr->replace,
+                    tr->nargs ? tr->nargs : 1);
   tr->took = harness_now_s() - t0;
   snprintf(tr->msg, sizeof tr->msg, "%s", dist_errmsg(tr->c));
   dist_program_free(p);
@@ -507,6 +515,29 @@ static void *spmd_backward(void *arg) {
   dist_invocation_free(inv);
   dist_program_free(p);
   return NULL;
+}
+
+/* Trainer 0 gives the doubler two arguments, which libdist refuses
+ * before it took the call's op ids: trainer 1 waited for it until the
+ * deadline, and every later call of the two trainers ran under different
+ * op ids. */
+Test(local_layer_store, a_call_with_too_many_arguments_keeps_the_trainers_in_step) {
+  trainer tr[2];
+  dist_client *c = start_refusing_pair(tr, "nargs-job", "y");
+  tr[0] = (trainer){.c = tr[0].c, .out = "y", .nargs = 2};
+  run_trainers(tr, 0);
+  cr_expect(tr[0].rc == DIST_EINVAL && strstr(tr[0].msg, "takes 1 inputs, 2 arguments"),
+            "trainer 0: %s", tr[0].msg);
+  cr_expect_lt(tr[1].took, 3.0, "trainer 1 waited %.1f s: %s", tr[1].took, tr[1].msg);
+  cr_expect(strstr(tr[1].msg, "rank 0 aborted op") && strstr(tr[1].msg, "2 arguments"),
+            "trainer 1: %s", tr[1].msg);
+  tr[0].nargs = 0;
+  run_trainers(tr, 0);
+  for (int r = 0; r < 2; r++) {
+    cr_expect_eq(tr[r].rc, 0, "the next call: trainer %d: %s", r, tr[r].msg);
+    dist_close(tr[r].c);
+  }
+  dist_close(c);
 }
 
 /* Trainer 0's libdist refuses its gradient's name. Before, trainer 1's
