@@ -123,10 +123,10 @@ static void fill_weights(const dist_moe_layer *l, const dist_expert_weights *w,
   }
 }
 
-/* One create request per driven position; weights (may be NULL) has n*E
- * entries. */
+/* One create request per driven position, under op_id; weights (may be
+ * NULL) has n*E entries. */
 static int create_experts(dist_client *c, dist_moe_layer *l,
-                          const dist_moe_layer_opts *o) {
+                          const dist_moe_layer_opts *o, uint64_t op_id) {
   Dist__V1__ExpertLayerCreateRequest *rq = calloc((size_t)l->n, sizeof *rq);
   Dist__V1__ExpertWeights *w = calloc((size_t)(l->n * l->E) + 1, sizeof *w);
   Dist__V1__ExpertWeights **wp = calloc((size_t)(l->n * l->E) + 1, sizeof *wp);
@@ -137,7 +137,6 @@ static int create_experts(dist_client *c, dist_moe_layer *l,
     goto out;
   }
   /* Every daemon of the group, so that they create the layer all or none. */
-  uint64_t op_id = dist_next_op_id(c);
   uint32_t ranks[DIST_MAX_MESH_RANKS];
   for (int i = 0; i < l->W; i++) ranks[i] = (uint32_t)l->group[i];
   for (int k = 0; k < l->n; k++) {
@@ -171,24 +170,44 @@ out:
   return rc;
 }
 
+/* check_opts, then l's shape from o, and its top_k against its experts. */
+static int check_layer(dist_client *c, const char *name, const dist_moe_layer_opts *o,
+                       dist_moe_layer *l) {
+  int rc = check_opts(c, name, o);
+  if (rc != 0) return rc;
+  snprintf(l->name, sizeof l->name, "%s", name);
+  l->E = o->experts_per_rank, l->K = o->top_k, l->bias = o->bias != 0;
+  l->dm = o->d_model, l->dh = o->d_hidden, l->dt = o->dtype, l->act = o->activation;
+  l->NE = l->W * l->E;
+  if (l->K > l->NE)
+    return dist_client_fail(c, DIST_EINVAL, "MoE layer '%s': top_k %d is more than "
+                            "the %d experts", name, l->K, l->NE);
+  return 0;
+}
+
+/* dist_spmd_refused to the layer's group. */
+static void refuse_layer(dist_client *c, const dist_moe_layer *l, uint64_t op_id) {
+  uint32_t ranks[DIST_MAX_MESH_RANKS];
+  for (int i = 0; i < l->W; i++) ranks[i] = (uint32_t)l->group[i];
+  dist_spmd_refused(c, op_id, ranks, l->W);
+}
+
 int dist_moe_layer_create(dist_client *c, const char *name,
                           const dist_moe_layer_opts *opts,
                           dist_moe_layer **out) {
   dist_moe_layer_opts def = DIST_MOE_LAYER_OPTS_INIT;
   const dist_moe_layer_opts *o = opts ? opts : &def;
   *out = NULL;
-  int rc = check_opts(c, name, o);
-  if (rc != 0) return rc;
   dist_moe_layer *l = calloc(1, sizeof *l);
   if (!l) return dist_client_fail(c, DIST_ENOMEM, "out of memory");
-  snprintf(l->name, sizeof l->name, "%s", name);
-  l->E = o->experts_per_rank, l->K = o->top_k, l->bias = o->bias != 0;
-  l->dm = o->d_model, l->dh = o->d_hidden, l->dt = o->dtype, l->act = o->activation;
-  if ((rc = resolve(c, l, o->group, o->group_size)) != 0) goto fail;
-  l->NE = l->W * l->E;
-  if (l->K > l->NE) {
-    rc = dist_client_fail(c, DIST_EINVAL, "MoE layer '%s': top_k %d is more than "
-                          "the %d experts", name, l->K, l->NE);
+  int rc = resolve(c, l, o->group, o->group_size);
+  if (rc != 0) goto fail;
+  /* The group's daemons create it under this op id. Taken before the
+   * checks: a trainer that refuses the layer stays in step with the
+   * others, and tells them. */
+  uint64_t op_id = dist_next_op_id(c);
+  if ((rc = check_layer(c, name, o, l)) != 0) {
+    refuse_layer(c, l, op_id);
     goto fail;
   }
   l->parts = calloc((size_t)l->n, sizeof *l->parts);
@@ -197,7 +216,7 @@ int dist_moe_layer_create(dist_client *c, const char *name,
     rc = dist_client_fail(c, DIST_ENOMEM, "out of memory");
     goto fail;
   }
-  if ((rc = create_experts(c, l, o)) != 0) goto fail;
+  if ((rc = create_experts(c, l, o, op_id)) != 0) goto fail;
   *out = l;
   return 0;
 fail:

@@ -461,19 +461,25 @@ Test(experts, a_layer_one_daemon_cannot_create_exists_nowhere) {
   harness_stop(&h);
 }
 
-/* One SPMD trainer creating layer "moe" (2 experts per rank, seeded). */
+/* One SPMD trainer creating layer "moe" (2 experts per rank, seeded),
+ * timed. */
 typedef struct creator {
   dist_client *c;
+  int top_k; /* 0: the default */
   int rc;
   char msg[512];
+  double took;
 } creator;
 
 static void *spmd_create(void *arg) {
   creator *cr = arg;
   dist_moe_layer_opts o = DIST_MOE_LAYER_OPTS_INIT;
   o.experts_per_rank = 2, o.d_model = 4, o.d_hidden = 3, o.seed = 7;
+  if (cr->top_k) o.top_k = cr->top_k;
   dist_moe_layer *l = NULL;
+  double t0 = harness_now_s();
   cr->rc = dist_moe_layer_create(cr->c, "moe", &o, &l);
+  cr->took = harness_now_s() - t0;
   snprintf(cr->msg, sizeof cr->msg, "%s", dist_errmsg(cr->c));
   dist_moe_layer_free(l);
   return NULL;
@@ -511,6 +517,34 @@ Test(experts, a_put_of_a_parameter_name_while_the_layer_votes_is_refused) {
   dist_tensor_free(t);
   for (int r = 0; r < 2; r++) dist_close(cr[r].c);
   dist_close(c);
+  harness_stop(&h);
+}
+
+/* Trainer 0 asks for top_k 9 of 4 experts, which libdist refused before
+ * it took the creation's op id: trainer 1 waited for rank 0's verdict until
+ * the deadline, and the two trainers' op ids stayed apart. */
+Test(experts, a_layer_one_spmd_trainer_refuses_fails_the_other_at_once) {
+  harness h;
+  harness_start(&h, 2, NULL);
+  creator cr[2] = {{.c = harness_spmd_client(&h, 0, "refuse-layer"), .top_k = 9},
+                   {.c = harness_spmd_client(&h, 1, "refuse-layer")}};
+  cr[1].c->timeout_ms = 10000;
+  pthread_t th[2];
+  for (int round = 0; round < 2; round++) { /* then both good */
+    for (int r = 0; r < 2; r++) cr_assert_eq(pthread_create(&th[r], NULL, spmd_create, &cr[r]), 0);
+    for (int r = 0; r < 2; r++) pthread_join(th[r], NULL);
+    if (round == 1) break;
+    cr_expect(cr[0].rc == DIST_EINVAL && strstr(cr[0].msg, "top_k 9"), "trainer 0: %s", cr[0].msg);
+    cr_expect_lt(cr[1].took, 3.0, "trainer 1 waited %.1f s: %s", cr[1].took, cr[1].msg);
+    cr_expect(strstr(cr[1].msg, "rank 0 aborted op") && strstr(cr[1].msg, "top_k 9"),
+              "trainer 1: %s", cr[1].msg);
+    for (int r = 0; r < 2; r++) cr_expect(!held_by(&h, r, "moe.expert0.w1"), "rank %d", r);
+    cr[0].top_k = 0;
+  }
+  for (int r = 0; r < 2; r++) {
+    cr_expect_eq(cr[r].rc, 0, "then: trainer %d: %s", r, cr[r].msg);
+    dist_close(cr[r].c);
+  }
   harness_stop(&h);
 }
 
