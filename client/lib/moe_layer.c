@@ -368,11 +368,18 @@ static void free_rows(void **rows, int n) {
   for (int k = 0; k < n; k++) free(rows[k]), rows[k] = NULL;
 }
 
-/* Gates every part and derives the global counts. */
-static int route(dist_client *c, dist_moe_layer *l, const void *const *x,
-                 const int64_t *tokens) {
-  const int64_t *lc[DIST_MAX_MESH_RANKS];
-  int64_t *gc[DIST_MAX_MESH_RANKS];
+/* c->err's code after this trainer refused a forward or backward of l
+ * before its first exchange: the group's other daemons fail that exchange
+ * under its op id, and their trainers skip the rest of the pass as this
+ * one does, so that all stay in step. */
+static int refuse_pass(dist_client *c, const dist_moe_layer *l) {
+  refuse_layer(c, l, dist_next_op_id(c));
+  return c->err.code;
+}
+
+/* Gates every part. */
+static int gate_parts(dist_client *c, dist_moe_layer *l, const void *const *x,
+                      const int64_t *tokens) {
   for (int k = 0; k < l->n; k++) {
     part *p = &l->parts[k];
     part_clear(p);
@@ -384,6 +391,15 @@ static int route(dist_client *c, dist_moe_layer *l, const void *const *x,
     to_double(x[k], l->dt, p->x, (size_t)(tokens[k] * l->dm));
     if (gate_part(l, p) != 0) return dist_client_fail(c, DIST_ENOMEM, "out of memory");
   }
+  return 0;
+}
+
+/* Gates every part and derives the global counts. */
+static int route(dist_client *c, dist_moe_layer *l, const void *const *x,
+                 const int64_t *tokens) {
+  const int64_t *lc[DIST_MAX_MESH_RANKS];
+  int64_t *gc[DIST_MAX_MESH_RANKS];
+  if (gate_parts(c, l, x, tokens) != 0) return refuse_pass(c, l);
   count_arrays(l, lc, NULL, gc);
   return dist_count_global(c, lc, l->E, l->group, l->W, gc);
 }
@@ -406,9 +422,11 @@ int dist_moe_layer_forward(dist_client *c, dist_moe_layer *l,
                            const void *gate_w, void **y) {
   void *rows[DIST_MAX_MESH_RANKS] = {0}, *outs[DIST_MAX_MESH_RANKS] = {0};
   l->forwarded = 0;
-  if (!x || !tokens || !gate_w || !y)
-    return dist_client_fail(c, DIST_EINVAL, "MoE layer '%s': forward needs x, "
-                            "tokens, gate_w and y", l->name);
+  if (!x || !tokens || !gate_w || !y) {
+    dist_client_fail(c, DIST_EINVAL, "MoE layer '%s': forward needs x, tokens, gate_w "
+                     "and y", l->name);
+    return refuse_pass(c, l);
+  }
   to_double(gate_w, l->dt, l->gate, (size_t)(l->dm * l->NE));
   int rc = route(c, l, x, tokens);
   for (int k = 0; rc == 0 && k < l->n; k++)
@@ -509,11 +527,13 @@ int dist_moe_layer_backward(dist_client *c, dist_moe_layer *l,
                             void *grad_gate) {
   void *rows[DIST_MAX_MESH_RANKS] = {0}, *dxs[DIST_MAX_MESH_RANKS] = {0};
   double *dgw[DIST_MAX_MESH_RANKS] = {0}, *dgate = NULL;
-  if (!l->forwarded || !grad_y)
-    return dist_client_fail(c, DIST_EINVAL, "MoE layer '%s': backward needs "
-                            "grad_y and a forward first (one backward per "
-                            "forward)", l->name);
+  if (!l->forwarded || !grad_y) {
+    dist_client_fail(c, DIST_EINVAL, "MoE layer '%s': backward needs grad_y and a "
+                     "forward first (one backward per forward)", l->name);
+    return refuse_pass(c, l);
+  }
   int rc = backward_parts(c, l, grad_y, rows, dgw);
+  if (rc != 0) refuse_pass(c, l);
   if (rc == 0) rc = exchange_and_run(c, l, rows, 1, dxs);
   if (rc == 0) l->have_grads = 1, l->forwarded = 0;
   if (rc == 0 && grad_gate &&

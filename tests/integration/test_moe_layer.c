@@ -465,7 +465,8 @@ Test(experts, a_layer_one_daemon_cannot_create_exists_nowhere) {
  * timed. */
 typedef struct creator {
   dist_client *c;
-  int top_k; /* 0: the default */
+  int top_k;      /* 0: the default */
+  int64_t tokens; /* spmd_forward's; -1: libdist refuses the forward */
   int rc;
   char msg[512];
   double took;
@@ -543,6 +544,53 @@ Test(experts, a_layer_one_spmd_trainer_refuses_fails_the_other_at_once) {
   }
   for (int r = 0; r < 2; r++) {
     cr_expect_eq(cr[r].rc, 0, "then: trainer %d: %s", r, cr[r].msg);
+    dist_close(cr[r].c);
+  }
+  harness_stop(&h);
+}
+
+/* One SPMD trainer: layer "moe" as spmd_create makes it, then a forward
+ * of cr->tokens tokens (its message and time in cr), then an all-reduce
+ * of both trainers (cr->rc: its result). */
+static void *spmd_forward(void *arg) {
+  creator *cr = arg;
+  dist_moe_layer_opts o = DIST_MOE_LAYER_OPTS_INIT;
+  o.experts_per_rank = 2, o.d_model = 4, o.d_hidden = 3, o.seed = 7;
+  dist_moe_layer *l = NULL;
+  float x[8] = {0}, gate[16] = {0};
+  const void *xs[1] = {x};
+  void *ys[1] = {NULL};
+  int rc = dist_moe_layer_create(cr->c, "moe", &o, &l);
+  double t0 = harness_now_s();
+  if (rc == 0) dist_moe_layer_forward(cr->c, l, xs, &cr->tokens, gate, ys);
+  cr->took = harness_now_s() - t0;
+  snprintf(cr->msg, sizeof cr->msg, "%s", dist_errmsg(cr->c));
+  int32_t v = 1;
+  cr->rc = dist_all_reduce(cr->c, &v, 1, DIST_INT32, DIST_REDUCE_SUM, NULL, 0) || v != 2;
+  free(ys[0]);
+  dist_moe_layer_free(l);
+  return NULL;
+}
+
+/* Trainer 0's forward has -1 tokens, which libdist refused before the
+ * forward's count exchange: trainer 1 waited for it until the deadline,
+ * and the two trainers' op ids stayed apart. */
+Test(experts, a_forward_one_spmd_trainer_refuses_fails_the_other_at_once) {
+  harness h;
+  harness_start(&h, 2, NULL);
+  creator cr[2] = {{.c = harness_spmd_client(&h, 0, "refuse-forward"), .tokens = -1},
+                   {.c = harness_spmd_client(&h, 1, "refuse-forward"), .tokens = 2}};
+  cr[0].c->timeout_ms = 30000; /* its all-reduce waits for trainer 1's forward */
+  cr[1].c->timeout_ms = 10000;
+  pthread_t th[2];
+  for (int r = 0; r < 2; r++) cr_assert_eq(pthread_create(&th[r], NULL, spmd_forward, &cr[r]), 0);
+  for (int r = 0; r < 2; r++) pthread_join(th[r], NULL);
+  cr_expect(strstr(cr[0].msg, "rank 0 has -1 tokens"), "trainer 0: %s", cr[0].msg);
+  cr_expect_lt(cr[1].took, 3.0, "trainer 1 waited %.1f s: %s", cr[1].took, cr[1].msg);
+  cr_expect(strstr(cr[1].msg, "rank 0 aborted op") && strstr(cr[1].msg, "-1 tokens"),
+            "trainer 1: %s", cr[1].msg);
+  for (int r = 0; r < 2; r++) {
+    cr_expect_eq(cr[r].rc, 0, "trainer %d: the all-reduce after the forward failed", r);
     dist_close(cr[r].c);
   }
   harness_stop(&h);
