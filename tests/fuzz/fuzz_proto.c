@@ -52,6 +52,8 @@ static const ProtobufCMessageDescriptor *const requests[] = {
     &dist__v1__checkpoint_read_request__descriptor,
     &dist__v1__checkpoint_discard_request__descriptor,
     &dist__v1__param_list_request__descriptor,
+    /* Last, so that the checked-in seeds' first bytes keep their message. */
+    &dist__v1__op_abort_request__descriptor,
 };
 #define NREQUESTS (sizeof requests / sizeof requests[0])
 
