@@ -221,13 +221,13 @@ void distd_staged_free(distd_staged *b) {
 int distd_store_get(distd_store *s, const char *name, distd_tensor **out,
                     dist_errbuf *eb) {
   pthread_mutex_lock(&s->mu);
-  entry **e = find(s, name);
-  if (*e) {
-    *out = (*e)->t;
+  entry *e = *find(s, name); /* read under the lock: a delete may free it */
+  if (e) {
+    *out = e->t;
     distd_tensor_ref(*out);
   }
   pthread_mutex_unlock(&s->mu);
-  if (!*e) return dist_fail(eb, DIST_ENOTFOUND, "tensor '%s' not found", name);
+  if (!e) return dist_fail(eb, DIST_ENOTFOUND, "tensor '%s' not found", name);
   return 0;
 }
 
