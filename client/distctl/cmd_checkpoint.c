@@ -144,14 +144,14 @@ static int check_saved_layouts(const distctl_command *cmd, const char *dir, char
   return rc;
 }
 
-/* A restore's --mesh and --placements, checked against the tensors it
- * takes (names, n of them; none: all). Returns 0 or 2. */
+/* A restore's --mesh and --placements (*np of them), checked against the
+ * tensors it takes (names, n of them; none: all). Returns 0 or 2. */
 static int restore_layout(const distctl_command *cmd, const ckpt_args *a, const char *dir,
-                          char **names, int n, dist_mesh **mesh, dist_placement *p) {
+                          char **names, int n, dist_mesh **mesh, dist_placement *p,
+                          int *np) {
   distctl_layout_text text = {a->mesh, a->dim_names, a->placements};
-  int np;
-  if (distctl_parse_layout(cmd, &text, mesh, p, &np) != 0) return 2;
-  return check_saved_layouts(cmd, dir, names, n, p, np, *mesh != NULL);
+  if (distctl_parse_layout(cmd, &text, mesh, p, np) != 0) return 2;
+  return check_saved_layouts(cmd, dir, names, n, p, *np, *mesh != NULL);
 }
 
 static int run(const distctl_command *cmd, const distctl_global *g, int argc,
@@ -178,7 +178,8 @@ static int run(const distctl_command *cmd, const distctl_global *g, int argc,
     rc = distctl_fail("cannot resolve '%s': %s", a.dir, strerror(errno));
     goto out;
   }
-  if (restore && a.placements && restore_layout(cmd, &a, dir, names, n, &mesh, p) != 0)
+  if (restore && a.placements &&
+      restore_layout(cmd, &a, dir, names, n, &mesh, p, &o.nplacements) != 0)
     goto out;
   o.mesh = mesh;
   o.placements = a.placements ? p : NULL;

@@ -449,6 +449,13 @@ static int check_target(dist_client *c, const ckpt_manifest *m, const char *chos
     const dist_tensor *t = &m->tensors[i].t;
     const dist_mesh_desc *md = o->mesh ? &o->mesh->d : &t->mesh.d;
     dist_errbuf eb = DIST_ERRBUF_INIT;
+    /* Only md->ndim placements are used: extras would be dropped unseen. */
+    if (chosen[i] && o->nplacements != md->ndim)
+      return dist_client_fail(c, DIST_EINVAL, "restore of '%s' onto %d placement%s: %s "
+                              "has %d dim%s (nothing was restored)", t->name,
+                              o->nplacements, o->nplacements == 1 ? "" : "s",
+                              o->mesh ? "the mesh asked" : "its saved mesh", md->ndim,
+                              md->ndim == 1 ? "" : "s");
     if (chosen[i] && dist_placements_check(md, o->placements, md->ndim, t->shape.ndim, &eb))
       return dist_client_fail(c, eb.code, "restore of '%s' onto the placements asked: %s "
                               "(nothing was restored)", t->name, dist_errbuf_msg(&eb));

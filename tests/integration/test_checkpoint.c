@@ -167,6 +167,7 @@ Test(checkpoint, restore_onto_other_placements_and_meshes) {
   /* Same mesh, other placements. */
   dist_placement rep = DIST_REPLICATED, s1 = DIST_SHARD_DIM(1);
   o.placements = &rep;
+  o.nplacements = 1;
   cr_assert_eq(dist_checkpoint_restore(c, dir, &o, &info), 0, "%s", dist_errmsg(c));
   expect_layout(c, "a", "[Replicate()]", 2, 0);
   expect_value(c, "a", a0, sizeof a0);
@@ -646,6 +647,7 @@ Test(checkpoint, a_layout_that_fits_not_every_tensor_changes_nothing) {
   dist_checkpoint_opts o = DIST_CHECKPOINT_OPTS_INIT;
   dist_placement s1 = DIST_SHARD_DIM(1);
   o.placements = &s1;
+  o.nplacements = 1;
   int rc = dist_checkpoint_restore(c, ckpt_dir, &o, NULL);
   cr_assert_eq(rc, DIST_EINVAL, "%s: %s", dist_err_name(rc), dist_errmsg(c));
   cr_assert(strstr(dist_errmsg(c), "'b'") && strstr(dist_errmsg(c), "Shard(1)"), "%s",
@@ -737,6 +739,48 @@ Test(checkpoint, restore_placements_are_counted_against_each_saved_mesh) {
   free(err);
   expect_layout(c, "a", "[Replicate()]", 2, 0);
   expect_value(c, "a", a0, sizeof a0);
+  dist_close(c);
+}
+
+/* libdist used only the first ndim placements of a restore's, one per
+ * dim of the mesh: extras were dropped unseen, and distctl counted them
+ * only where it could read DIR/manifest.json. Any other count is refused
+ * before anything loads, naming the tensor. */
+Test(checkpoint, a_restore_given_more_or_fewer_placements_than_mesh_dims_restores_nothing) {
+  dist_client *c = start(2);
+  put_three(c);
+  cr_assert_eq(dist_checkpoint_save(c, make_dir(), NULL, NULL), 0, "%s", dist_errmsg(c));
+  float a1[15];
+  for (int i = 0; i < 15; i++) a1[i] = 3.0f * (float)i;
+  int64_t sa[2] = {5, 3};
+  dist_tensor_free(put(c, "a", DIST_FLOAT32, a1, 2, sa, "[0,1]", "Shard(0)"));
+  dist_placement two[2] = {DIST_REPLICATED, DIST_SHARD_DIM(1)};
+  dist_checkpoint_opts o = DIST_CHECKPOINT_OPTS_INIT;
+  o.tensors = (const char *[]){"a"};
+  o.ntensors = 1;
+  o.placements = two;
+  o.nplacements = 2;
+  int rc = dist_checkpoint_restore(c, ckpt_dir, &o, NULL);
+  cr_assert_eq(rc, DIST_EINVAL, "%s: %s", dist_err_name(rc), dist_errmsg(c));
+  cr_assert(strstr(dist_errmsg(c), "restore of 'a' onto 2 placements: its saved mesh has "
+                   "1 dim (nothing was restored)"), "%s", dist_errmsg(c));
+  expect_value(c, "a", a1, sizeof a1);
+  expect_layout(c, "a", "[Shard(0)]", 2, 0);
+  /* Too few for a 2-d mesh asked, likewise. */
+  dist_mesh *m2d = NULL;
+  cr_assert_eq(dist_mesh_from_string("[[0,1]]", NULL, &m2d), 0);
+  o.mesh = m2d;
+  o.nplacements = 1;
+  rc = dist_checkpoint_restore(c, ckpt_dir, &o, NULL);
+  cr_assert_eq(rc, DIST_EINVAL, "%s: %s", dist_err_name(rc), dist_errmsg(c));
+  cr_assert(strstr(dist_errmsg(c), "'a' onto 1 placement: the mesh asked has 2 dims"), "%s",
+            dist_errmsg(c));
+  expect_value(c, "a", a1, sizeof a1);
+  o.nplacements = 2;
+  cr_assert_eq(dist_checkpoint_restore(c, ckpt_dir, &o, NULL), 0, "%s", dist_errmsg(c));
+  expect_layout(c, "a", "[Replicate(), Shard(1)]", 2, 0);
+  expect_value(c, "a", a0, sizeof a0);
+  dist_mesh_free(m2d);
   dist_close(c);
 }
 
@@ -1000,6 +1044,7 @@ static dist_client *restore_onto_two(dist_client *c, const char *dir,
   dist_checkpoint_opts o = DIST_CHECKPOINT_OPTS_INIT;
   o.mesh = m2;
   o.placements = &s0;
+  o.nplacements = 1;
   cr_assert_eq(dist_checkpoint_restore(c, dir, &o, info), 0, "%s", dist_errmsg(c));
   dist_mesh_free(m2);
   return c;
@@ -1063,6 +1108,7 @@ Test(checkpoint, restore_onto_fewer_daemons_than_saved, .timeout = 240) {
   dist_placement s0 = DIST_SHARD_DIM(0);
   o.mesh = m2;
   o.placements = &s0;
+  o.nplacements = 1;
   const char *only_r[] = {"r"};
   o.tensors = only_r;
   cr_assert_eq(dist_checkpoint_restore(c, tmp, &o, NULL), DIST_ENOTSUP);
@@ -1185,6 +1231,7 @@ Test(checkpoint, a_rebuild_that_does_not_fit_leaves_the_tensor_as_it_was, .timeo
   const char *only_big[] = {"big"};
   dist_checkpoint_opts o = DIST_CHECKPOINT_OPTS_INIT;
   o.tensors = only_big, o.ntensors = 1, o.mesh = m2, o.placements = &s0;
+  o.nplacements = 1;
   int rc = dist_checkpoint_restore(c, dir, &o, NULL);
   cr_assert_eq(rc, DIST_ENOMEM, "%s: %s", dist_err_name(rc), dist_errmsg(c));
   cr_assert(strstr(dist_errmsg(c), "'big' could not be rebuilt") &&

@@ -913,15 +913,18 @@ typedef struct dist_checkpoint_opts {
   const char *const *tensors; /* names; NULL = every tensor (the whole store) */
   int ntensors;
   /* restore: move every restored tensor to this mesh / these placements
-   * (NULL = as saved) */
+   * (NULL = as saved). nplacements counts placements: one per dim of mesh,
+   * or without mesh of each restored tensor's saved mesh; any other count
+   * is refused, naming the tensor, before anything loads. */
   const dist_mesh *mesh;
   const dist_placement *placements;
+  int nplacements;
   /* called after each daemon's part ("save", "load"), and with phase
    * "rebuild" or "reshard" per tensor (rank -1) */
   dist_checkpoint_progress_fn progress;
   void *progress_arg;
 } dist_checkpoint_opts;
-#define DIST_CHECKPOINT_OPTS_INIT {NULL, 0, NULL, NULL, NULL, NULL}
+#define DIST_CHECKPOINT_OPTS_INIT {NULL, 0, NULL, NULL, 0, NULL, NULL}
 
 typedef struct dist_checkpoint_info {
   char id[80]; /* the checkpoint saved, or restored */
