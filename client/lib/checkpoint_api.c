@@ -209,6 +209,23 @@ static int check_dir(dist_client *c, const char *dir) {
                           "an absolute path", dir ? dir : "(null)");
 }
 
+/* opts->tensors names opts->ntensors tensors, or is NULL for every one
+ * with a count of 0. Anything else is the caller's mistake: a save read
+ * the names past the list (or through NULL) and crashed, a restore took no
+ * tensor and reported success. */
+static int check_list(dist_client *c, const dist_checkpoint_opts *o) {
+  int n = o ? o->ntensors : 0;
+  if (o && (o->tensors ? n < 1 : n != 0))
+    return dist_client_fail(c, DIST_EINVAL, "checkpoint options: ntensors = %d with "
+                            "tensors %s: give the names and their count, or NULL and 0 "
+                            "for every tensor", n, o->tensors ? "set" : "NULL");
+  for (int i = 0; i < n; i++)
+    if (!o->tensors[i])
+      return dist_client_fail(c, DIST_EINVAL, "checkpoint options: tensor name %d of %d "
+                              "is NULL", i, n);
+  return 0;
+}
+
 /* The tensors named must exist before any daemon writes: a save refused
  * for a name wrote nothing. (One deleted meanwhile still fails in
  * build_manifest, and discard takes the files back.) */
@@ -249,7 +266,8 @@ int dist_checkpoint_save(dist_client *c, const char *dir,
   dist_checkpoint_info local;
   if (!info) info = &local;
   memset(info, 0, sizeof *info);
-  if (check_dir(c, dir) != 0 || check_names(c, opts) != 0) return c->err.code;
+  if (check_dir(c, dir) != 0 || check_list(c, opts) != 0 || check_names(c, opts) != 0)
+    return c->err.code;
   make_id(info->id, sizeof info->id);
   saved sv = {0, 0, NULL};
   char *manifest = NULL;
@@ -623,7 +641,7 @@ int dist_checkpoint_restore(dist_client *c, const char *dir,
   dist_checkpoint_info local;
   if (!info) info = &local;
   memset(info, 0, sizeof *info);
-  if (check_dir(c, dir) != 0) return c->err.code;
+  if (check_dir(c, dir) != 0 || check_list(c, opts) != 0) return c->err.code;
   if (opts && opts->mesh && !opts->placements)
     return dist_client_fail(c, DIST_EINVAL, "restore onto a mesh needs placements");
   ckpt_manifest m;

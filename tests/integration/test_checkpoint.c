@@ -784,6 +784,42 @@ Test(checkpoint, a_restore_given_more_or_fewer_placements_than_mesh_dims_restore
   dist_close(c);
 }
 
+/* A count that disagreed with the list of names crashed a save (reading
+ * names past the list, or through NULL) and made a restore take nothing
+ * and report success. Both refuse it, with nothing written or loaded. */
+Test(checkpoint, a_tensor_count_that_disagrees_with_the_names_is_refused) {
+  dist_client *c = start(2);
+  put_three(c);
+  dist_checkpoint_opts o = DIST_CHECKPOINT_OPTS_INIT;
+  const char *only_a[] = {"a"};
+  struct {
+    const char *const *tensors;
+    int n;
+  } bad[] = {{NULL, 1}, {only_a, -1}, {only_a, 0}};
+  for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+    o.tensors = bad[k].tensors;
+    o.ntensors = bad[k].n;
+    int rc = dist_checkpoint_save(c, make_dir(), &o, NULL);
+    cr_assert_eq(rc, DIST_EINVAL, "case %zu: %s: %s", k, dist_err_name(rc), dist_errmsg(c));
+    cr_assert(strstr(dist_errmsg(c), "give the names and their count"), "%s", dist_errmsg(c));
+    cr_assert_neq(access(ckpt_dir, F_OK), 0, "case %zu: the refused save wrote %s", k,
+                  ckpt_dir);
+  }
+  cr_assert_eq(dist_checkpoint_save(c, ckpt_dir, NULL, NULL), 0, "%s", dist_errmsg(c));
+  float a1[15] = {0};
+  int64_t sa[2] = {5, 3};
+  dist_tensor_free(put(c, "a", DIST_FLOAT32, a1, 2, sa, "[0,1]", "Shard(0)"));
+  o.tensors = only_a;
+  o.ntensors = 0;
+  int rc = dist_checkpoint_restore(c, ckpt_dir, &o, NULL);
+  cr_assert_eq(rc, DIST_EINVAL, "%s: %s", dist_err_name(rc), dist_errmsg(c));
+  expect_value(c, "a", a1, sizeof a1);
+  o.ntensors = 1;
+  cr_assert_eq(dist_checkpoint_restore(c, ckpt_dir, &o, NULL), 0, "%s", dist_errmsg(c));
+  expect_value(c, "a", a0, sizeof a0);
+  dist_close(c);
+}
+
 /* A save naming a tensor that does not exist used to fail only after every
  * daemon wrote its file: a new DIR was left with rank files and no
  * manifest, an existing one with a stray set beside the checkpoint. The

@@ -910,7 +910,9 @@ typedef void (*dist_checkpoint_progress_fn)(void *arg, const char *phase,
                                             int rank, int done, int total,
                                             uint64_t bytes);
 typedef struct dist_checkpoint_opts {
-  const char *const *tensors; /* names; NULL = every tensor (the whole store) */
+  /* ntensors names (at least one); NULL and 0 = every tensor (the whole
+   * store). Other counts are refused (DIST_EINVAL). */
+  const char *const *tensors;
   int ntensors;
   /* restore: move every restored tensor to this mesh / these placements
    * (NULL = as saved). nplacements counts placements: one per dim of mesh,
