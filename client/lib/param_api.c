@@ -111,10 +111,11 @@ static int configure_from_opts(dist_client *c, const char *name, const dist_para
   Dist__V1__ParamConfigureRequest rq = DIST__V1__PARAM_CONFIGURE_REQUEST__INIT;
   rq.name = (char *)name;
   rq.optimizer = &opt;
+  /* Passed as given, so the daemons refuse what is out of range and name
+   * it: an unknown mode was taken as SYNC, and trainers -3 named as 0. */
   rq.reduce = (Dist__V1__ReduceOp)o->reduce;
-  rq.consistency = o->consistency == DIST_PARAM_ASYNC ? DIST__V1__CONSISTENCY__ASYNC
-                                                      : DIST__V1__CONSISTENCY__SYNC;
-  rq.trainers = o->trainers > 0 ? (uint32_t)o->trainers : 0;
+  rq.consistency = (Dist__V1__Consistency)o->consistency;
+  rq.trainers = (uint32_t)o->trainers;
   rq.keep_state = keep_state;
   if ((rc = fill_optimizer(c, o, &opt)) == 0) rc = configure_ranks(c, t, &rq, NULL, 0);
   dist_tensor_free(t);

@@ -400,6 +400,33 @@ Test(param, integer_parameters_and_bad_options_are_refused) {
   dist_close(c);
 }
 
+/* libdist sent any consistency but ASYNC as SYNC, and trainers below 1 as
+ * 0: an unknown mode configured a synchronous parameter, and trainers -3
+ * was refused as "trainers = 0". Both go to the daemons as given, which
+ * refuse them by their value, configuring nothing. */
+Test(param, an_unknown_mode_or_negative_trainers_is_refused_by_its_value) {
+  dist_client *c = start(2);
+  double d[4] = {1, 2, 3, 4};
+  int64_t shape[1] = {4};
+  dist_tensor_free(put(c, "d", DIST_FLOAT64, d, 1, shape, "[0,1]", "Shard(0)"));
+  dist_param_opts o = DIST_PARAM_OPTS_INIT;
+  o.consistency = (dist_consistency)7;
+  cr_assert_eq(dist_param_configure(c, "d", &o), DIST_EINVAL, "%s", dist_errmsg(c));
+  cr_assert(strstr(dist_errmsg(c), "unknown consistency mode 7"), "%s", dist_errmsg(c));
+  o.consistency = DIST_PARAM_SYNC;
+  o.trainers = -3;
+  cr_assert_eq(dist_param_configure(c, "d", &o), DIST_EINVAL, "%s", dist_errmsg(c));
+  cr_assert(strstr(dist_errmsg(c), "trainers = -3: must be 1 to 65536"), "%s",
+            dist_errmsg(c));
+  for (int r = 0; r < 2; r++) {
+    dist_params_report rep;
+    cr_assert_eq(dist_params(c, r, &rep), 0, "%s", dist_errmsg(c));
+    cr_assert_eq(rep.n, 0, "rank %d holds a parameter configured from bad options", r);
+    dist_params_report_free(&rep);
+  }
+  dist_close(c);
+}
+
 /* Parameter "w", rows x cols float64 Shard(0) over mesh_text, configured
  * with o; r is its reference, from the same initial values. */
 static dist_tensor *adam_w(dist_client *c, int rows, int cols, const char *mesh_text,
