@@ -89,14 +89,12 @@ int dist_layer_add(dist_layer *parent, const char *name, dist_layer *child) {
 layer_param *dist_layer_new_param(dist_layer *l, const char *name,
                                   int is_buffer, int ndim,
                                   const int64_t *shape, const float *data) {
-  if (l->sharded || ndim < 0 || ndim > DIST_MAX_DIMS ||
-      !valid_part(name, sizeof l->params->name, 0) || has_name(l, name))
+  dist_shape s;
+  /* dist_shape_make bounds the element count: [2^22, 2^22, 2^20] wrapped
+   * to 0 elements, a parameter of that shape over a 4-byte buffer. */
+  if (l->sharded || !valid_part(name, sizeof l->params->name, 0) || has_name(l, name) ||
+      dist_shape_make(ndim, shape, &s, NULL) != 0)
     return NULL;
-  dist_shape s = {ndim, {0}};
-  for (int d = 0; d < ndim; d++) {
-    if (shape[d] < 0) return NULL;
-    s.dims[d] = shape[d];
-  }
   size_t n = (size_t)dist_shape_numel(&s);
   float *init = calloc(n + 1, sizeof *init);
   layer_param *p = realloc(l->params, sizeof *p * (size_t)(l->n_params + 1));

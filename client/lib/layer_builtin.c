@@ -45,10 +45,18 @@ static void fill_ones(layer_param *p) {
 
 /* ---------------------------------------------------------------- constructors */
 
+/* A weight of rows x cols elements, positive and within the shape bound:
+ * their product, taken unchecked, wrapped ([2^32, 2^32] became 0) and the
+ * constructor filled a buffer of another size. */
+static int weight_shape_ok(int64_t rows, int64_t cols) {
+  dist_shape s;
+  return rows > 0 && cols > 0 && dist_shape_make(2, (int64_t[]){rows, cols}, &s, NULL) == 0;
+}
+
 int dist_layer_linear(int64_t in, int64_t out, int bias, uint64_t seed,
                       dist_layer **l) {
   *l = NULL;
-  if (in <= 0 || out <= 0) return DIST_EINVAL;
+  if (!weight_shape_ok(in, out)) return DIST_EINVAL;
   dist_layer *x = dist_layer_alloc(LAYER_LINEAR, "linear");
   int64_t ws[2] = {in, out}, bs[1] = {out};
   layer_param *w = x ? dist_layer_new_param(x, "weight", 0, 2, ws, NULL) : NULL;
@@ -70,7 +78,7 @@ int dist_layer_linear(int64_t in, int64_t out, int bias, uint64_t seed,
 int dist_layer_embedding(int64_t num, int64_t dim, uint64_t seed,
                          dist_layer **l) {
   *l = NULL;
-  if (num <= 0 || dim <= 0) return DIST_EINVAL;
+  if (!weight_shape_ok(num, dim)) return DIST_EINVAL;
   dist_layer *x = dist_layer_alloc(LAYER_EMBEDDING, "embedding");
   int64_t ws[2] = {num, dim};
   layer_param *w = x ? dist_layer_new_param(x, "weight", 0, 2, ws, NULL) : NULL;
@@ -86,7 +94,7 @@ int dist_layer_embedding(int64_t num, int64_t dim, uint64_t seed,
 
 static int norm_layer(layer_kind kind, int64_t dim, double eps, dist_layer **l) {
   *l = NULL;
-  if (dim <= 0 || !(eps >= 0)) return DIST_EINVAL;
+  if (!weight_shape_ok(1, dim) || !(eps >= 0)) return DIST_EINVAL;
   dist_layer *x = dist_layer_alloc(kind, kind == LAYER_LAYER_NORM ? "layer_norm"
                                                                    : "rms_norm");
   int64_t s[1] = {dim};

@@ -734,6 +734,29 @@ Test(shard_layer, a_shard_fn_placing_a_missing_dim_fails_and_stores_nothing,
   harness_stop(&h);
 }
 
+/* Element counts were multiplied unchecked: [2^33, 2^31] and
+ * [2^22, 2^22, 2^20] wrapped to 0 elements and were accepted over a
+ * 4-byte buffer (signed overflow, UBSan's report). They are refused, the
+ * tree unchanged. */
+Test(shard_layer, shapes_whose_element_count_overflows_are_refused) {
+  const int64_t big = (int64_t)1 << 33, wide = (int64_t)1 << 31;
+  dist_layer *l = NULL;
+  cr_assert_eq(dist_layer_linear(big, wide, 0, 1, &l), DIST_EINVAL);
+  cr_assert_null(l);
+  cr_assert_eq(dist_layer_embedding(big, wide, 1, &l), DIST_EINVAL);
+  cr_assert_null(l);
+  cr_assert_eq(dist_layer_layer_norm((int64_t)1 << 50, 1e-5, &l), DIST_EINVAL, "not ENOMEM");
+  cr_assert_null(l);
+  cr_assert_eq(dist_layer_sequence(&l), 0);
+  int64_t huge[3] = {1 << 22, 1 << 22, 1 << 20}, fine[1] = {4};
+  cr_assert_eq(dist_layer_add_param(l, "p", 3, huge, NULL), DIST_EINVAL);
+  cr_assert_eq(dist_layer_add_buffer(l, "b", 3, huge, NULL), DIST_EINVAL);
+  cr_assert_eq(dist_layer_n_params(l), 0);
+  cr_assert_eq(dist_layer_add_param(l, "p", 1, fine, NULL), 0);
+  cr_assert_eq(dist_layer_n_params(l), 1);
+  dist_layer_free(l);
+}
+
 Test(shard_layer, a_mesh_outside_the_cluster_fails_and_stores_nothing,
      .timeout = 120) {
   harness h;

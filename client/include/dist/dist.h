@@ -1002,7 +1002,9 @@ int dist_checkpoint_restore(dist_client *c, const char *dir,
  * splitmix64 stream seeded with the constructor's seed: value i is
  * bound * (2 * u - 1) with u = (splitmix64 output >> 11) * 2^-53, the
  * weight first (row-major), then the bias; bound = 1/sqrt(in) for Linear,
- * 1 for Embedding. dist_layer_fill_uniform gives the same numbers. */
+ * 1 for Embedding. dist_layer_fill_uniform gives the same numbers.
+ * A size below 1, or a shape of more than 2^48 elements (as for any
+ * tensor), is refused with DIST_EINVAL. */
 typedef struct dist_layer dist_layer;
 
 int dist_layer_linear(int64_t in, int64_t out, int bias, uint64_t seed,
