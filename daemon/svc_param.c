@@ -101,6 +101,18 @@ DISTD_HANDLER(param_configure) {
   return 0;
 }
 
+/* Names what differs: a mesh of the same size was "on its mesh" alike. */
+static int gradient_mismatch(const distd_tensor *g, const distd_tensor *p, dist_errbuf *eb) {
+  char gs[96], ps[96], gm[256], pm[256];
+  dist_shape_format(&g->global, gs, sizeof gs);
+  dist_shape_format(&p->global, ps, sizeof ps);
+  dist_mesh_format(&g->mesh, gm, sizeof gm);
+  dist_mesh_format(&p->mesh, pm, sizeof pm);
+  return dist_fail(eb, DIST_EMISMATCH, "gradient '%s' (%s %s on mesh %s) does not match "
+                   "parameter '%s' (%s %s on mesh %s)", g->name, dist_dtype_name(g->dtype),
+                   gs, gm, p->name, dist_dtype_name(p->dtype), ps, pm);
+}
+
 /* The stored gradient `grad_name`, converted to the parameter's placements
  * when it has others (Partial gradients are reduced here). Every daemon of
  * the mesh runs this with the same op id; the checks use metadata every
@@ -110,17 +122,16 @@ static int stored_gradient(distd_server *s, const distd_call_info *ci,
                            distd_tensor **out, dist_errbuf *eb) {
   distd_tensor *g = NULL, *p = NULL;
   int rc;
-  if ((rc = distd_store_get(s->store, rq->grad_name, &g, eb)) != 0) goto out;
   if ((rc = distd_store_get(s->store, rq->name, &p, eb)) != 0) goto out;
+  /* A gradient stored on other ranks only was "tensor not found". */
+  if ((rc = distd_store_get(s->store, rq->grad_name, &g, eb)) != 0) {
+    dist_errbuf_prefix(eb, "gradient for '%s' (it must be stored on the parameter's "
+                       "mesh): ", p->name);
+    goto out;
+  }
   if (g->dtype != p->dtype || !dist_shape_equal(&g->global, &p->global) ||
       !dist_mesh_equal(&g->mesh, &p->mesh)) {
-    char gs[96], ps[96];
-    dist_shape_format(&g->global, gs, sizeof gs);
-    dist_shape_format(&p->global, ps, sizeof ps);
-    rc = dist_fail(eb, DIST_EMISMATCH, "gradient '%s' (%s %s) does not match "
-                   "parameter '%s' (%s %s on its mesh)", g->name,
-                   dist_dtype_name(g->dtype), gs, p->name,
-                   dist_dtype_name(p->dtype), ps);
+    rc = gradient_mismatch(g, p, eb);
     goto out;
   }
   if (memcmp(g->placements, p->placements,

@@ -349,6 +349,30 @@ Test(param, gradient_with_wrong_shape_is_refused_and_changes_nothing) {
   dist_close(c);
 }
 
+/* A stored gradient on another mesh was refused as "tensor not found"
+ * (where the parameter's daemon holds none of it) or with dtypes and
+ * shapes that agree ("float64 [4] on its mesh" both sides). The errors
+ * name the meshes; nothing is counted. */
+Test(param, a_stored_gradient_on_another_mesh_is_refused_naming_the_meshes) {
+  double p0[4], now[4], g[4] = {1, 1, 1, 1};
+  int64_t shape[1] = {4};
+  uint64_t v0, v;
+  dist_client *c = sgd_param(1, DIST_PARAM_SYNC, p0);
+  pull_now(c, "w", now, 4, &v0);
+  dist_tensor_free(put(c, "g_swapped", DIST_FLOAT64, g, 1, shape, "[1,0]", "Shard(0)"));
+  cr_assert_eq(dist_param_push_tensor(c, "w", 0, "g_swapped", &v), DIST_EMISMATCH);
+  cr_assert(strstr(dist_errmsg(c), "(float64 [4] on mesh [1, 0]) does not match parameter "
+                   "'w' (float64 [4] on mesh [0, 1])"), "%s", dist_errmsg(c));
+  dist_tensor_free(put(c, "g_one", DIST_FLOAT64, g, 1, shape, "[1]", "Replicate()"));
+  cr_assert_eq(dist_param_push_tensor(c, "w", 0, "g_one", &v), DIST_ENOTFOUND);
+  cr_assert(strstr(dist_errmsg(c), "gradient for 'w' (it must be stored on the parameter's "
+                   "mesh): tensor 'g_one' not found"), "%s", dist_errmsg(c));
+  pull_now(c, "w", now, 4, &v);
+  cr_assert_eq(v, v0, "an update was applied");
+  cr_assert_eq(memcmp(now, p0, sizeof now), 0);
+  dist_close(c);
+}
+
 /* A data-parallel gradient as the daemons hold it: Partial(sum) over the
  * mesh, each rank's piece its own contribution; it is reduced before the
  * update is applied to the replicated parameter. */
