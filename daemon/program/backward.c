@@ -56,14 +56,23 @@ static int accumulate(distd_tval **slot, const distd_tval *v, distd_tval *g,
   return 0;
 }
 
+/* Says which half of "a single one-element output" fails: a program with
+ * one output of [2, 3] was told it "has 1 outputs". */
+static int no_scalar_output(const Dist__V1__Program *pb, const distd_invocation *inv,
+                            dist_errbuf *eb) {
+  char shape[128] = "";
+  if (pb->n_outputs == 1) dist_shape_format(&inv->outputs[0]->shape, shape, sizeof shape);
+  return dist_fail(eb, DIST_EINVAL, "backward without output gradients needs a single "
+                   "one-element output; the program has %zu outputs%s%s", pb->n_outputs,
+                   shape[0] ? ", of shape " : "", shape);
+}
+
 static int seed(distd_invocation *inv, distd_tval *const *out_grads,
                 distd_tval **grads, dist_errbuf *eb) {
   const Dist__V1__Program *pb = inv->prog->pb;
   if (!out_grads) {
     if (pb->n_outputs != 1 || inv->outputs[0]->numel != 1)
-      return dist_fail(eb, DIST_EINVAL, "backward without output gradients "
-                       "needs a single one-element output; the program has "
-                       "%zu outputs", pb->n_outputs);
+      return no_scalar_output(pb, inv, eb);
     distd_tval *one = NULL;
     const distd_tval *o = inv->outputs[0];
     int rc = distd_k_full(o->dtype, &o->shape, 1, &one, eb);

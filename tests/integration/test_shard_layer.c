@@ -814,3 +814,32 @@ Test(shard_layer, a_gradient_of_the_wrong_shape_is_refused_and_changes_nothing,
   dist_close(c);
   harness_stop(&h);
 }
+
+/* A backward without output gradients of a layer whose one output is not
+ * a scalar was refused as "needs a single one-element output; the
+ * program has 1 outputs", which reads as satisfied. The error gives the
+ * output's shape; the step is left for a backward with gradients. */
+Test(shard_layer, a_backward_without_gradients_of_a_non_scalar_output_names_its_shape,
+     .timeout = 120) {
+  float x[8];
+  int64_t xs[2] = {2, 4};
+  dist_placement rep = DIST_REPLICATED;
+  dist_layer *l = linear(4, 3, 1, 5);
+  dist_mesh *m = line_mesh(2);
+  fill(x, 8, 3);
+  harness h;
+  harness_start(&h, 2, NULL);
+  dist_client *c = harness_client(&h);
+  cr_assert_eq(dist_shard_layer(c, l, m, NULL, NULL, NULL, NULL), 0, "%s", dist_errmsg(c));
+  dist_tensor *in = put(c, "x", x, 2, xs, m, &rep), *out = NULL;
+  cr_assert_eq(dist_layer_forward(c, l, &in, 1, &out, 1), 1, "%s", dist_errmsg(c));
+  cr_assert_eq(dist_layer_backward(c, l, NULL, NULL), DIST_EINVAL);
+  cr_assert(strstr(dist_errmsg(c), "one-element output; the program has 1 outputs, of "
+                   "shape [2, 3]"), "%s", dist_errmsg(c));
+  dist_tensor_free(out);
+  dist_tensor_free(in);
+  cr_assert_eq(dist_layer_destroy(c, l), 0, "%s", dist_errmsg(c));
+  dist_mesh_free(m);
+  dist_close(c);
+  harness_stop(&h);
+}
