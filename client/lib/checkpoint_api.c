@@ -79,12 +79,34 @@ static int saved_with_state(const Dist__V1__CheckpointSaveReply *rp, const char 
   return 0;
 }
 
+/* Each rank reports the tensors it holds, so a name comes back once per
+ * rank of its mesh, the same each time. Per-rank values (one name, each
+ * daemon's piece on its own one-rank mesh) come back on different meshes:
+ * the one manifest entry kept the first, and a restore lost the others
+ * unseen. */
+static int same_tensor(dist_client *c, json_t *prev, const dist_tensor *t) {
+  json_t *mine = tensor_json(t, 0, 0);
+  json_t *a = json_object_get(prev, "mesh"), *b = json_object_get(mine, "mesh");
+  int rc = 0;
+  if (!json_equal(a, b)) {
+    char *ra = json_dumps(json_object_get(a, "ranks"), JSON_COMPACT),
+         *rb = json_dumps(json_object_get(b, "ranks"), JSON_COMPACT);
+    rc = dist_client_fail(c, DIST_ENOTSUP, "'%s' is held as per-rank values (on mesh %s, "
+                          "on mesh %s, ...): a checkpoint keeps one tensor per name; save "
+                          "the others by name", t->name, ra, rb);
+    free(ra);
+    free(rb);
+  }
+  json_decref(mine);
+  return rc;
+}
+
 /* Every rank of a tensor's mesh must have written its piece, at the same
  * version, else the checkpoint would not hold the tensor. It holds the
  * optimizer state of a parameter when every rank wrote its share. */
 static int add_tensor(dist_client *c, json_t *tensors, const saved *sv,
                       const Dist__V1__TensorMeta *m, dist_checkpoint_info *info) {
-  if (json_object_get(tensors, m->name)) return 0;
+  json_t *prev = json_object_get(tensors, m->name);
   dist_tensor t;
   memset(&t, 0, sizeof t);
   snprintf(t.name, sizeof t.name, "%s", m->name);
@@ -93,6 +115,7 @@ static int add_tensor(dist_client *c, json_t *tensors, const saved *sv,
   if (!m->mesh || dist_mesh_from_pb(m->mesh, &t.mesh.d, NULL) != 0)
     return dist_client_fail(c, DIST_EPROTO, "'%s' came back without its mesh", m->name);
   dist_placements_from_pb(m->placements, m->n_placements, t.placements, NULL);
+  if (prev) return same_tensor(c, prev, &t);
   int with_state = 1;
   for (int i = 0; i < t.mesh.d.nranks; i++) {
     int r = t.mesh.d.ranks[i], found = 0;

@@ -820,6 +820,31 @@ Test(checkpoint, a_tensor_count_that_disagrees_with_the_names_is_refused) {
   dist_close(c);
 }
 
+/* Per-rank values (one name, each daemon's piece on its own one-rank
+ * mesh) were saved as one tensor on rank 0's mesh: the save succeeded and
+ * a restore brought back rank 0's piece only. The save is refused, naming
+ * the tensor, and leaves no manifest; the other tensors save by name. */
+Test(checkpoint, per_rank_values_are_refused_not_saved_as_rank_0s_piece) {
+  dist_client *c = start(2);
+  put_three(c);
+  float v0[2] = {1, 2}, v1[2] = {30, 40};
+  int64_t shape[1] = {2};
+  dist_tensor_free(harness_put(c, "pr", DIST_FLOAT32, v0, 1, shape, "[0]", "Replicate()"));
+  dist_tensor_free(harness_put(c, "pr", DIST_FLOAT32, v1, 1, shape, "[1]", "Replicate()"));
+  int rc = dist_checkpoint_save(c, make_dir(), NULL, NULL);
+  cr_assert_eq(rc, DIST_ENOTSUP, "%s: %s", dist_err_name(rc), dist_errmsg(c));
+  cr_assert(strstr(dist_errmsg(c), "'pr' is held as per-rank values (on mesh [0], on mesh "
+                   "[1], ...)"), "%s", dist_errmsg(c));
+  char mpath[500];
+  snprintf(mpath, sizeof mpath, "%s/manifest.json", ckpt_dir);
+  cr_assert_neq(access(mpath, F_OK), 0, "the refused save wrote a manifest");
+  dist_checkpoint_opts o = DIST_CHECKPOINT_OPTS_INIT;
+  o.tensors = (const char *[]){"a", "b", "c"};
+  o.ntensors = 3;
+  cr_assert_eq(dist_checkpoint_save(c, ckpt_dir, &o, NULL), 0, "%s", dist_errmsg(c));
+  dist_close(c);
+}
+
 /* A save naming a tensor that does not exist used to fail only after every
  * daemon wrote its file: a new DIR was left with rank files and no
  * manifest, an existing one with a stray set beside the checkpoint. The

@@ -942,7 +942,9 @@ typedef struct dist_checkpoint_info {
 } dist_checkpoint_info;
 
 /* dir must be absolute. info may be NULL. The names in opts->tensors are
- * checked before any daemon writes; a save that fails later, before the
+ * checked before any daemon writes. A name held as per-rank values (each
+ * daemon's own one-rank tensor) is refused (DIST_ENOTSUP): a checkpoint
+ * keeps one tensor per name. A save that fails after the writes, before the
  * manifest is switched, removes the files it wrote (daemons that cannot be
  * reached keep theirs until the next save's commit). */
 int dist_checkpoint_save(dist_client *c, const char *dir,
