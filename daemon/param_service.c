@@ -366,6 +366,18 @@ static int check_made_for(const param *q, const distd_push_spec *spec, dist_errb
                    "was changed)", q->name, now_p, now_m);
 }
 
+/* A push to a daemon outside the parameter's mesh was told "not a
+ * parameter (configure it ...)" of a parameter configured on its mesh. */
+static int not_a_param(distd_store *st, const char *name, dist_errbuf *eb) {
+  distd_tensor *t = NULL;
+  if (distd_store_get(st, name, &t, NULL) != 0)
+    return dist_fail(eb, DIST_ENOTFOUND, "this daemon holds no piece of '%s': push to "
+                     "the daemons of its mesh", name);
+  distd_tensor_unref(t);
+  return dist_fail(eb, DIST_ENOTFOUND, "'%s' is not a parameter (configure it with an "
+                   "optimizer first)", name);
+}
+
 int distd_param_stage(distd_params *p, distd_store *st, const distd_push_spec *spec,
                       distd_push_ticket *tk, dist_errbuf *eb) {
   memset(tk, 0, sizeof *tk);
@@ -374,8 +386,7 @@ int distd_param_stage(distd_params *p, distd_store *st, const distd_push_spec *s
   pthread_mutex_lock(&p->mu);
   param *q = find(p, spec->name);
   if (!q) {
-    rc = dist_fail(eb, DIST_ENOTFOUND, "'%s' is not a parameter (configure it "
-                   "with an optimizer first)", spec->name);
+    rc = not_a_param(st, spec->name, eb);
     goto out;
   }
   if (q->held_for) {

@@ -373,6 +373,31 @@ Test(param, a_stored_gradient_on_another_mesh_is_refused_naming_the_meshes) {
   dist_close(c);
 }
 
+/* A piece pushed to a daemon outside the parameter's mesh was refused as
+ * "'w' is not a parameter (configure it with an optimizer first)", of a
+ * parameter configured on its mesh. The error says that daemon holds no
+ * piece of it; nothing is counted. */
+Test(param, a_push_to_a_daemon_outside_the_mesh_says_it_holds_no_piece) {
+  dist_client *c = start(3);
+  double p0[2] = {1, 2}, g[1] = {1}, now[2];
+  int64_t shape[1] = {2};
+  dist_tensor_free(put(c, "w", DIST_FLOAT64, p0, 1, shape, "[0,1]", "Shard(0)"));
+  dist_param_opts o = DIST_PARAM_OPTS_INIT;
+  cr_assert_eq(dist_param_configure(c, "w", &o), 0, "%s", dist_errmsg(c));
+  uint64_t v0, v;
+  pull_now(c, "w", now, 2, &v0);
+  cr_assert_eq(dist_param_push_local(c, "w", 0, 2, g, sizeof g, &v), DIST_ENOTFOUND);
+  cr_assert(strstr(dist_errmsg(c), "this daemon holds no piece of 'w': push to the daemons "
+                   "of its mesh"), "%s", dist_errmsg(c));
+  double p1[2] = {3, 4};
+  dist_tensor_free(put(c, "plain", DIST_FLOAT64, p1, 1, shape, "[2]", "Replicate()"));
+  cr_assert_eq(dist_param_push_local(c, "plain", 0, 2, g, sizeof g, &v), DIST_ENOTFOUND);
+  cr_assert(strstr(dist_errmsg(c), "'plain' is not a parameter"), "%s", dist_errmsg(c));
+  pull_now(c, "w", now, 2, &v);
+  cr_assert_eq(v, v0, "an update was applied");
+  dist_close(c);
+}
+
 /* A data-parallel gradient as the daemons hold it: Partial(sum) over the
  * mesh, each rank's piece its own contribution; it is reduced before the
  * update is applied to the replicated parameter. */
