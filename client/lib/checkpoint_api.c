@@ -345,11 +345,13 @@ static int parse_tensor(json_t *j, ckpt_entry *e) {
   /* Absent in checkpoints from before optimizer state was kept. */
   e->with_state = json_is_true(json_object_get(j, "optimizer_state"));
   if ((e->t.dtype = dist_dtype_parse(dtype)) == DIST_DTYPE_INVALID) return -1;
-  if (!json_is_array(shape) || json_array_size(shape) > DIST_MAX_DIMS) return -1;
-  e->t.shape.ndim = (int)json_array_size(shape);
-  for (int d = 0; d < e->t.shape.ndim; d++)
-    if ((e->t.shape.dims[d] = json_integer_value(json_array_get(shape, (size_t)d))) < 0)
-      return -1;
+  int64_t dims[DIST_MAX_DIMS];
+  int ndim = (int)json_array_size(shape);
+  if (!json_is_array(shape) || ndim > DIST_MAX_DIMS) return -1;
+  for (int d = 0; d < ndim; d++) dims[d] = json_integer_value(json_array_get(shape, (size_t)d));
+  /* Bounded as every tensor's: [2^32, 2^32] counted its elements past
+   * int64 (signed overflow) when rebuilt in the client. */
+  if (dist_shape_make(ndim, dims, &e->t.shape, NULL) != 0) return -1;
   if (parse_mesh(mesh, &e->t.mesh.d) != 0) return -1;
   char text[512] = "";
   for (size_t i = 0; i < json_array_size(pl); i++) {

@@ -845,6 +845,37 @@ Test(checkpoint, per_rank_values_are_refused_not_saved_as_rank_0s_piece) {
   dist_close(c);
 }
 
+/* A manifest whose shape counts more elements than int64 holds ([2^32,
+ * 2^32]) overflowed in the client (UBSan's report) on the way to a
+ * rebuild. It is a malformed manifest, refused with the store unchanged. */
+Test(checkpoint, a_manifest_shape_past_the_element_bound_is_refused) {
+  dist_client *c = start(2);
+  put_three(c);
+  cr_assert_eq(dist_checkpoint_save(c, make_dir(), NULL, NULL), 0, "%s", dist_errmsg(c));
+  char mpath[500];
+  snprintf(mpath, sizeof mpath, "%s/manifest.json", ckpt_dir);
+  json_t *doc = json_load_file(mpath, 0, NULL), *t;
+  size_t i;
+  json_array_foreach(json_object_get(doc, "tensors"), i, t)
+    json_object_set_new(t, "shape", json_pack("[I, I]", (json_int_t)1 << 32,
+                                              (json_int_t)1 << 32));
+  cr_assert_eq(json_dump_file(doc, mpath, 0), 0);
+  json_decref(doc);
+  dist_mesh *m0 = NULL;
+  cr_assert_eq(dist_mesh_from_string("[0]", NULL, &m0), 0);
+  dist_checkpoint_opts o = DIST_CHECKPOINT_OPTS_INIT;
+  o.mesh = m0;
+  o.placements = (dist_placement[]){DIST_REPLICATED};
+  o.nplacements = 1;
+  int rc = dist_checkpoint_restore(c, ckpt_dir, &o, NULL);
+  cr_assert_eq(rc, DIST_EINVAL, "%s: %s", dist_err_name(rc), dist_errmsg(c));
+  cr_assert(strstr(dist_errmsg(c), "a tensors entry is malformed"), "%s", dist_errmsg(c));
+  expect_three(c);
+  expect_layout(c, "a", "[Shard(0)]", 2, 0);
+  dist_mesh_free(m0);
+  dist_close(c);
+}
+
 /* A save naming a tensor that does not exist used to fail only after every
  * daemon wrote its file: a new DIR was left with rank files and no
  * manifest, an existing one with a stray set beside the checkpoint. The
