@@ -283,18 +283,39 @@ const dist_tensor *dist_layer_grad_tensor(const dist_layer *l, const char *path)
 
 typedef int (*param_visit)(dist_client *c, layer_param *p, void *arg);
 
-/* Every parameter (not buffer) of the tree, stopping at the first error. */
-static int each_param(dist_client *c, dist_layer *l, param_visit fn, void *arg) {
+/* Every parameter (not buffer) of the tree, stopping at the first error;
+ * *done counts those fn went through. */
+static int each_param(dist_client *c, dist_layer *l, param_visit fn, void *arg, int *done) {
   for (int i = 0; i < l->n_params; i++) {
     if (l->params[i].is_buffer || !l->params[i].tensor) continue;
     int rc = fn(c, &l->params[i], arg);
     if (rc) return rc;
+    ++*done;
   }
   for (int i = 0; i < l->n_children; i++) {
-    int rc = each_param(c, l->children[i], fn, arg);
+    int rc = each_param(c, l->children[i], fn, arg, done);
     if (rc) return rc;
   }
   return 0;
+}
+
+static int count_one(dist_client *c, layer_param *p, void *arg) {
+  (void)c, (void)p, (void)arg;
+  return 0;
+}
+
+/* each_param over the root. The service takes each parameter's request on
+ * its own, so one refused (a daemon's memory limit) leaves those before
+ * it changed: the error says how many, where it said nothing of them. */
+static int each_param_of(dist_client *c, dist_layer *l, param_visit fn, void *arg,
+                         const char *done_what) {
+  int total = 0, done = 0;
+  each_param(c, l, count_one, NULL, &total);
+  int rc = each_param(c, l, fn, arg, &done);
+  if (rc && done > 0)
+    dist_errbuf_prefix(&c->err, "layer '%s': %d of %d parameters %s before this "
+                       "failure, and stay so: ", l->name, done, total, done_what);
+  return rc;
 }
 
 static int configure_one(dist_client *c, layer_param *p, void *arg) {
@@ -316,12 +337,12 @@ static int require_sharded(dist_client *c, const dist_layer *l) {
 int dist_layer_configure_optimizer(dist_client *c, dist_layer *l,
                                    const dist_param_opts *opts) {
   if (require_sharded(c, l)) return c->err.code;
-  return each_param(c, l, configure_one, (void *)opts);
+  return each_param_of(c, l, configure_one, (void *)opts, "were configured");
 }
 
 int dist_layer_step(dist_client *c, dist_layer *l, int trainer) {
   if (require_sharded(c, l)) return c->err.code;
-  return each_param(c, l, push_one, &trainer);
+  return each_param_of(c, l, push_one, &trainer, "were stepped (or had no gradient)");
 }
 
 int dist_layer_push_grad(dist_client *c, dist_layer *l, const char *path,

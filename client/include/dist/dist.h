@@ -1125,7 +1125,9 @@ const dist_tensor *dist_layer_grad_tensor(const dist_layer *l, const char *path)
 /* The parameter service for every parameter of a sharded root (buffers are
  * not trained): configure each with opts, push each stored gradient
  * (dist_param_push_tensor as `trainer`), or push a whole gradient of one
- * parameter from the client (the size must match its shape). */
+ * parameter from the client (the size must match its shape). Each
+ * parameter is configured or pushed on its own: one refused (a daemon's
+ * memory limit) leaves those before it done, and the error says how many. */
 int dist_layer_configure_optimizer(dist_client *c, dist_layer *l,
                                    const dist_param_opts *opts);
 int dist_layer_step(dist_client *c, dist_layer *l, int trainer);
