@@ -149,7 +149,9 @@ int distd_param_prepare(distd_store *st, const distd_tensor *t,
     return rc;
   }
   take_layout(q, t);
-  for (int i = 0; state && i < distd_optim_state_count(&cfg->optim); i++)
+  /* An empty shard's state arrives as NULL (protobuf's empty bytes), and
+   * memcpy from NULL is undefined even for 0 bytes. */
+  for (int i = 0; state && t->nbytes && i < distd_optim_state_count(&cfg->optim); i++)
     memcpy(q->state[i], state[i], t->nbytes);
   q->step = step;
   *out = q;

@@ -845,6 +845,21 @@ Test(checkpoint, per_rank_values_are_refused_not_saved_as_rank_0s_piece) {
   dist_close(c);
 }
 
+/* dist_checkpoint_restore of the whole checkpoint in ckpt_dir onto
+ * mesh_text, Replicate(). */
+static int restore_replicated_on(dist_client *c, const char *mesh_text,
+                                 dist_checkpoint_info *info) {
+  dist_mesh *m = NULL;
+  cr_assert_eq(dist_mesh_from_string(mesh_text, NULL, &m), 0);
+  dist_checkpoint_opts o = DIST_CHECKPOINT_OPTS_INIT;
+  o.mesh = m;
+  o.placements = (dist_placement[]){DIST_REPLICATED};
+  o.nplacements = 1;
+  int rc = dist_checkpoint_restore(c, ckpt_dir, &o, info);
+  dist_mesh_free(m);
+  return rc;
+}
+
 /* A manifest whose shape counts more elements than int64 holds ([2^32,
  * 2^32]) overflowed in the client (UBSan's report) on the way to a
  * rebuild. It is a malformed manifest, refused with the store unchanged. */
@@ -861,18 +876,36 @@ Test(checkpoint, a_manifest_shape_past_the_element_bound_is_refused) {
                                               (json_int_t)1 << 32));
   cr_assert_eq(json_dump_file(doc, mpath, 0), 0);
   json_decref(doc);
-  dist_mesh *m0 = NULL;
-  cr_assert_eq(dist_mesh_from_string("[0]", NULL, &m0), 0);
-  dist_checkpoint_opts o = DIST_CHECKPOINT_OPTS_INIT;
-  o.mesh = m0;
-  o.placements = (dist_placement[]){DIST_REPLICATED};
-  o.nplacements = 1;
-  int rc = dist_checkpoint_restore(c, ckpt_dir, &o, NULL);
+  int rc = restore_replicated_on(c, "[0]", NULL);
   cr_assert_eq(rc, DIST_EINVAL, "%s: %s", dist_err_name(rc), dist_errmsg(c));
   cr_assert(strstr(dist_errmsg(c), "a tensors entry is malformed"), "%s", dist_errmsg(c));
   expect_three(c);
   expect_layout(c, "a", "[Shard(0)]", 2, 0);
-  dist_mesh_free(m0);
+  dist_close(c);
+}
+
+/* A parameter with no elements, restored with its Adam state onto another
+ * mesh: its empty state buffers reach the daemon as NULL, which copied
+ * them with memcpy from NULL (UBSan's report, and under the sanitizers
+ * halting on it, a dead daemon). It restores, its step kept. */
+Test(checkpoint, an_empty_parameter_restores_with_its_state_onto_another_mesh) {
+  dist_client *c = start(2);
+  float none[1] = {0};
+  int64_t shape[2] = {0, 4};
+  dist_tensor_free(put(c, "z", DIST_FLOAT32, none, 2, shape, "[0,1]", "Shard(0)"));
+  dist_param_opts adam = DIST_PARAM_OPTS_INIT;
+  adam.optimizer = DIST_OPT_ADAM;
+  cr_assert_eq(dist_param_configure(c, "z", &adam), 0, "%s", dist_errmsg(c));
+  cr_assert_eq(dist_param_push(c, "z", 0, none, 0, NULL), 0, "%s", dist_errmsg(c));
+  cr_assert_eq(dist_checkpoint_save(c, make_dir(), NULL, NULL), 0, "%s", dist_errmsg(c));
+  dist_checkpoint_info info;
+  cr_assert_eq(restore_replicated_on(c, "[1]", &info), 0, "%s", dist_errmsg(c));
+  cr_assert_eq(info.nparams, 1);
+  dist_params_report rep;
+  cr_assert_eq(dist_params(c, 1, &rep), 0, "%s", dist_errmsg(c));
+  cr_assert(rep.n == 1 && strcmp(rep.params[0].name, "z") == 0 && rep.params[0].step == 1,
+            "rank 1 holds %d parameters", rep.n);
+  dist_params_report_free(&rep);
   dist_close(c);
 }
 
