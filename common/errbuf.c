@@ -17,7 +17,9 @@ int dist_fail(dist_errbuf *eb, int code, const char *fmt, ...) {
 
 void dist_errbuf_prefix(dist_errbuf *eb, const char *fmt, ...) {
   if (!eb) return;
-  char prefix[128], old[sizeof eb->msg];
+  /* As long as the message: a 128-byte prefix cut the restore's "what the
+   * store now holds" at "the rest as loade", before "restore again". */
+  char prefix[sizeof eb->msg], old[sizeof eb->msg];
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(prefix, sizeof prefix, fmt, ap);
