@@ -93,6 +93,10 @@ static int check_config(const distd_tensor *t, const distd_param_cfg *cfg,
     return dist_fail(eb, DIST_ENOTSUP, "parameter '%s' has a Partial placement "
                      "on mesh dim %d: reshard it to Shard or Replicate first",
                      t->name, partial);
+  /* An unknown one by its value: it read "by sum or avg, not invalid". */
+  if (cfg->reduce < DIST_REDUCE_SUM || cfg->reduce > DIST_REDUCE_ALL)
+    return dist_fail(eb, DIST_EINVAL, "gradients are reduced over trainers by "
+                     "sum or avg, not by unknown reduction %d", (int)cfg->reduce);
   if (cfg->reduce != DIST_REDUCE_SUM && cfg->reduce != DIST_REDUCE_AVG)
     return dist_fail(eb, DIST_EINVAL, "gradients are reduced over trainers by "
                      "sum or avg, not %s", dist_reduce_name(cfg->reduce));

@@ -452,7 +452,8 @@ Test(param, integer_parameters_and_bad_options_are_refused) {
 /* libdist sent any consistency but ASYNC as SYNC, and trainers below 1 as
  * 0: an unknown mode configured a synchronous parameter, and trainers -3
  * was refused as "trainers = 0". Both go to the daemons as given, which
- * refuse them by their value, configuring nothing. */
+ * refuse them by their value, configuring nothing; an unknown reduction
+ * too, which was named "invalid". */
 Test(param, an_unknown_mode_or_negative_trainers_is_refused_by_its_value) {
   dist_client *c = start(2);
   double d[4] = {1, 2, 3, 4};
@@ -466,6 +467,11 @@ Test(param, an_unknown_mode_or_negative_trainers_is_refused_by_its_value) {
   o.trainers = -3;
   cr_assert_eq(dist_param_configure(c, "d", &o), DIST_EINVAL, "%s", dist_errmsg(c));
   cr_assert(strstr(dist_errmsg(c), "trainers = -3: must be 1 to 65536"), "%s",
+            dist_errmsg(c));
+  o.trainers = 1;
+  o.reduce = (dist_reduce)99;
+  cr_assert_eq(dist_param_configure(c, "d", &o), DIST_EINVAL, "%s", dist_errmsg(c));
+  cr_assert(strstr(dist_errmsg(c), "by sum or avg, not by unknown reduction 99"), "%s",
             dist_errmsg(c));
   for (int r = 0; r < 2; r++) {
     dist_params_report rep;
