@@ -39,6 +39,12 @@ int distd_op_is_logical(distd_op op) {
 #define F_SUB(x, y) ((x) - (y))
 #define F_MUL(x, y) ((x) * (y))
 #define F_DIV(x, y) ((x) / (y))
+/* maximum/minimum propagate NaN from either side (numpy, torch, Paddle);
+ * a bare x > y ? x : y would return y for maximum(NaN, y). */
+#define F_MAX(x, y) ((x) > (y) || (x) != (x) ? (x) : (y))
+#define F_MIN(x, y) ((x) < (y) || (x) != (x) ? (x) : (y))
+#define I_MAX(x, y) ((x) > (y) ? (x) : (y))
+#define I_MIN(x, y) ((x) < (y) ? (x) : (y))
 
 static int64_t ipow(int64_t x, int64_t e) {
   if (e < 0) return x == 1 ? 1 : x == -1 ? (e % 2 ? -1 : 1) : 0;
@@ -79,7 +85,7 @@ static int64_t ipow(int64_t x, int64_t e) {
     }                                                                         \
   } while (0)
 
-#define DEF_BINARY_ROW(NAME, T, ADD, SUB, MUL, DIV, POW)                      \
+#define DEF_BINARY_ROW(NAME, T, ADD, SUB, MUL, DIV, POW, MAX, MIN)            \
   static void NAME(distd_op op, int64_t n, const T *restrict a, int64_t sa,   \
                    const T *restrict b, int64_t sb, void *restrict out) {     \
     T *restrict o = out;                                                      \
@@ -90,12 +96,8 @@ static int64_t ipow(int64_t x, int64_t e) {
     case DIST__V1__OP_KIND__OP_MUL: LOOP2(T, T, o, MUL(x, y)); break;         \
     case DIST__V1__OP_KIND__OP_DIV: LOOP2(T, T, o, DIV(x, y)); break;         \
     case DIST__V1__OP_KIND__OP_POW: LOOP2(T, T, o, POW(x, y)); break;         \
-    case DIST__V1__OP_KIND__OP_MAXIMUM:                                       \
-      LOOP2(T, T, o, x > y ? x : y);                                          \
-      break;                                                                  \
-    case DIST__V1__OP_KIND__OP_MINIMUM:                                       \
-      LOOP2(T, T, o, x < y ? x : y);                                          \
-      break;                                                                  \
+    case DIST__V1__OP_KIND__OP_MAXIMUM: LOOP2(T, T, o, MAX(x, y)); break;     \
+    case DIST__V1__OP_KIND__OP_MINIMUM: LOOP2(T, T, o, MIN(x, y)); break;     \
     case DIST__V1__OP_KIND__OP_EQ: LOOP2(T, uint8_t, ob, x == y); break;      \
     case DIST__V1__OP_KIND__OP_NE: LOOP2(T, uint8_t, ob, x != y); break;      \
     case DIST__V1__OP_KIND__OP_LT: LOOP2(T, uint8_t, ob, x < y); break;       \
@@ -112,9 +114,9 @@ static int64_t ipow(int64_t x, int64_t e) {
     }                                                                         \
   }
 
-DEF_BINARY_ROW(row_f32, float, F_ADD, F_SUB, F_MUL, F_DIV, powf)
-DEF_BINARY_ROW(row_f64, double, F_ADD, F_SUB, F_MUL, F_DIV, pow)
-DEF_BINARY_ROW(row_i64, int64_t, I_ADD, I_SUB, I_MUL, I_DIV, ipow)
+DEF_BINARY_ROW(row_f32, float, F_ADD, F_SUB, F_MUL, F_DIV, powf, F_MAX, F_MIN)
+DEF_BINARY_ROW(row_f64, double, F_ADD, F_SUB, F_MUL, F_DIV, pow, F_MAX, F_MIN)
+DEF_BINARY_ROW(row_i64, int64_t, I_ADD, I_SUB, I_MUL, I_DIV, ipow, I_MAX, I_MIN)
 
 static void binary_rows(distd_op op, dist_dtype ct, distd_tval *a,
                         distd_tval *b, void *out, size_t out_esz,

@@ -206,6 +206,27 @@ Test(kernels, integer_division_by_zero_gives_zero) {
   distd_tval_unref(o);
 }
 
+/* numpy.maximum / numpy.minimum: a NaN on either side gives NaN. */
+Test(kernels, maximum_and_minimum_propagate_nan) {
+  static const dist_dtype fl[] = {DIST_FLOAT32, DIST_FLOAT64, DIST_FLOAT16, DIST_BFLOAT16};
+  double av[4] = {NAN, 1, NAN, 2}, bv[4] = {1, NAN, NAN, 3};
+  double want_max[4] = {NAN, NAN, NAN, 3}, want_min[4] = {NAN, NAN, NAN, 2};
+  for (size_t d = 0; d < sizeof fl / sizeof fl[0]; d++) {
+    distd_tval *a = make_vals(fl[d], shp(1, 4), av), *b = make_vals(fl[d], shp(1, 4), bv);
+    distd_tval *mx = NULL, *mn = NULL;
+    cr_assert_eq(distd_k_binary(OP(MAXIMUM), a, b, &mx, NULL), 0);
+    cr_assert_eq(distd_k_binary(OP(MINIMUM), a, b, &mn, NULL), 0);
+    for (int64_t i = 0; i < 4; i++) {
+      expect_close(mx, i, want_max[i], 0, "maximum");
+      expect_close(mn, i, want_min[i], 0, "minimum");
+    }
+    distd_tval_unref(a);
+    distd_tval_unref(b);
+    distd_tval_unref(mx);
+    distd_tval_unref(mn);
+  }
+}
+
 Test(kernels, logical_not_and_where_broadcast) {
   double cv[3] = {1, 0, 1};
   distd_tval *c = make_vals(DIST_BOOL, shp(2, 3, 1), cv);
