@@ -56,6 +56,14 @@ void distd_slice_shape(const distd_slice *s, dist_shape *out);
 
 /* ------------------------------------------------------- elementwise */
 
+/* max/min that propagate NaN from either side (numpy, torch, Paddle): a
+ * bare x > y ? x : y returns y for max(NaN, y). The integer forms need no
+ * NaN test. */
+#define DISTD_FMAX(x, y) ((x) > (y) || (x) != (x) ? (x) : (y))
+#define DISTD_FMIN(x, y) ((x) < (y) || (x) != (x) ? (x) : (y))
+#define DISTD_IMAX(x, y) ((x) > (y) ? (x) : (y))
+#define DISTD_IMIN(x, y) ((x) < (y) ? (x) : (y))
+
 int distd_op_is_compare(distd_op op);
 int distd_op_is_logical(distd_op op);
 int distd_k_binary(distd_op op, distd_tval *a, distd_tval *b,

@@ -39,12 +39,6 @@ int distd_op_is_logical(distd_op op) {
 #define F_SUB(x, y) ((x) - (y))
 #define F_MUL(x, y) ((x) * (y))
 #define F_DIV(x, y) ((x) / (y))
-/* maximum/minimum propagate NaN from either side (numpy, torch, Paddle);
- * a bare x > y ? x : y would return y for maximum(NaN, y). */
-#define F_MAX(x, y) ((x) > (y) || (x) != (x) ? (x) : (y))
-#define F_MIN(x, y) ((x) < (y) || (x) != (x) ? (x) : (y))
-#define I_MAX(x, y) ((x) > (y) ? (x) : (y))
-#define I_MIN(x, y) ((x) < (y) ? (x) : (y))
 
 static int64_t ipow(int64_t x, int64_t e) {
   if (e < 0) return x == 1 ? 1 : x == -1 ? (e % 2 ? -1 : 1) : 0;
@@ -114,9 +108,9 @@ static int64_t ipow(int64_t x, int64_t e) {
     }                                                                         \
   }
 
-DEF_BINARY_ROW(row_f32, float, F_ADD, F_SUB, F_MUL, F_DIV, powf, F_MAX, F_MIN)
-DEF_BINARY_ROW(row_f64, double, F_ADD, F_SUB, F_MUL, F_DIV, pow, F_MAX, F_MIN)
-DEF_BINARY_ROW(row_i64, int64_t, I_ADD, I_SUB, I_MUL, I_DIV, ipow, I_MAX, I_MIN)
+DEF_BINARY_ROW(row_f32, float, F_ADD, F_SUB, F_MUL, F_DIV, powf, DISTD_FMAX, DISTD_FMIN)
+DEF_BINARY_ROW(row_f64, double, F_ADD, F_SUB, F_MUL, F_DIV, pow, DISTD_FMAX, DISTD_FMIN)
+DEF_BINARY_ROW(row_i64, int64_t, I_ADD, I_SUB, I_MUL, I_DIV, ipow, DISTD_IMAX, DISTD_IMIN)
 
 static void binary_rows(distd_op op, dist_dtype ct, distd_tval *a,
                         distd_tval *b, void *out, size_t out_esz,

@@ -26,7 +26,7 @@ static int is_sum(distd_op op) {
 }
 
 /* One contiguous row: sum (ACC carries across blocks) or max/min. */
-#define DEF_ROW_REDUCE(NAME, T, LANE, ACC)                                    \
+#define DEF_ROW_REDUCE(NAME, T, LANE, ACC, MAX, MIN)                          \
   static T NAME(distd_op op, const T *x, int64_t n) {                         \
     if (is_sum(op)) {                                                         \
       ACC total = 0;                                                          \
@@ -51,20 +51,20 @@ static int is_sum(distd_op op) {
     if (mx)                                                                   \
       for (; j + LANES <= n; j += LANES)                                      \
         for (int l = 0; l < LANES; l++)                                       \
-          acc[l] = x[j + l] > acc[l] ? x[j + l] : acc[l];                     \
+          acc[l] = MAX(x[j + l], acc[l]);                                     \
     else                                                                      \
       for (; j + LANES <= n; j += LANES)                                      \
         for (int l = 0; l < LANES; l++)                                       \
-          acc[l] = x[j + l] < acc[l] ? x[j + l] : acc[l];                     \
+          acc[l] = MIN(x[j + l], acc[l]);                                     \
     T r = acc[0];                                                             \
     for (int l = 1; l < LANES; l++)                                           \
-      r = mx ? (acc[l] > r ? acc[l] : r) : (acc[l] < r ? acc[l] : r);         \
-    for (; j < n; j++) r = mx ? (x[j] > r ? x[j] : r) : (x[j] < r ? x[j] : r);  \
+      r = mx ? MAX(acc[l], r) : MIN(acc[l], r);                               \
+    for (; j < n; j++) r = mx ? MAX(x[j], r) : MIN(x[j], r);                  \
     return r;                                                                 \
   }
 
 /* R rows of `inner` elements into one row; tmp has inner ACC slots. */
-#define DEF_INNER_REDUCE(NAME, T, ACC)                                        \
+#define DEF_INNER_REDUCE(NAME, T, ACC, MAX, MIN)                              \
   static void NAME(distd_op op, const T *x, int64_t R, int64_t inner,        \
                    ACC *tmp, T *out) {                                        \
     if (is_sum(op)) {                                                         \
@@ -82,20 +82,19 @@ static int is_sum(distd_op op) {
     for (int64_t r = 1; r < R; r++) {                                         \
       const T *p = x + r * inner;                                             \
       if (op == DIST__V1__OP_KIND__OP_MAX)                                    \
-        for (int64_t i = 0; i < inner; i++)                                   \
-          out[i] = p[i] > out[i] ? p[i] : out[i];                             \
+        for (int64_t i = 0; i < inner; i++) out[i] = MAX(p[i], out[i]);       \
       else                                                                    \
-        for (int64_t i = 0; i < inner; i++)                                   \
-          out[i] = p[i] < out[i] ? p[i] : out[i];                             \
+        for (int64_t i = 0; i < inner; i++) out[i] = MIN(p[i], out[i]);       \
     }                                                                         \
   }
 
-DEF_ROW_REDUCE(row_f32, float, float, double)
-DEF_ROW_REDUCE(row_f64, double, double, double)
-DEF_ROW_REDUCE(row_i64, int64_t, uint64_t, uint64_t)
-DEF_INNER_REDUCE(inner_f32, float, double)
-DEF_INNER_REDUCE(inner_f64, double, double)
-DEF_INNER_REDUCE(inner_i64, int64_t, uint64_t)
+/* max/min propagate NaN as numpy does (DISTD_FMAX). */
+DEF_ROW_REDUCE(row_f32, float, float, double, DISTD_FMAX, DISTD_FMIN)
+DEF_ROW_REDUCE(row_f64, double, double, double, DISTD_FMAX, DISTD_FMIN)
+DEF_ROW_REDUCE(row_i64, int64_t, uint64_t, uint64_t, DISTD_IMAX, DISTD_IMIN)
+DEF_INNER_REDUCE(inner_f32, float, double, DISTD_FMAX, DISTD_FMIN)
+DEF_INNER_REDUCE(inner_f64, double, double, DISTD_FMAX, DISTD_FMIN)
+DEF_INNER_REDUCE(inner_i64, int64_t, uint64_t, DISTD_IMAX, DISTD_IMIN)
 
 #define RUN_REDUCE(T, ROW, INNER, ACC)                                        \
   do {                                                                        \

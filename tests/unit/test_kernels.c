@@ -366,6 +366,36 @@ Test(kernels, reductions_over_axes_with_keepdim) {
         }
 }
 
+/* One NaN makes max and min NaN (numpy), whether it sits in a vector lane
+ * (5) or the tail (37) of a contiguous row, or in a reduced column. */
+static void check_max_min_nan(dist_dtype dt, int64_t nan_at) {
+  double v[40];
+  for (int i = 0; i < 40; i++) v[i] = i;
+  v[nan_at] = NAN;
+  distd_tval *row = make_vals(dt, shp(1, 40), v), *cols = make_vals(dt, shp(2, 20, 2), v);
+  int64_t a0[] = {0};
+  for (distd_op op = OP(MAX); op <= OP(MIN); op++) {
+    distd_tval *o = NULL;
+    cr_assert_eq(distd_k_reduce(op, row, NULL, 0, 0, &o, NULL), 0);
+    expect_close(o, 0, NAN, 0, distd_op_name(op));
+    distd_tval_unref(o);
+    cr_assert_eq(distd_k_reduce(op, cols, a0, 1, 0, &o, NULL), 0);
+    /* numpy: x.reshape(20, 2).max(0) = [38, nan] (min: [0, nan]) */
+    expect_close(o, nan_at % 2, NAN, 0, distd_op_name(op));
+    expect_close(o, 1 - nan_at % 2, op == OP(MAX) ? 38 + (1 - nan_at % 2) : 1 - nan_at % 2,
+                 0, distd_op_name(op));
+    distd_tval_unref(o);
+  }
+  distd_tval_unref(row);
+  distd_tval_unref(cols);
+}
+
+Test(kernels, max_and_min_reductions_propagate_nan) {
+  check_max_min_nan(DIST_FLOAT32, 5);
+  check_max_min_nan(DIST_FLOAT64, 37);
+  check_max_min_nan(DIST_FLOAT16, 37);
+}
+
 Test(kernels, float32_sum_of_many_elements_is_accurate) {
   distd_tval *x = make_fn(DIST_FLOAT32, shp(1, 1000003), gen_rand), *o = NULL;
   cr_assert_eq(distd_k_reduce(OP(SUM), x, NULL, 0, 0, &o, NULL), 0);
