@@ -186,9 +186,16 @@ int distd_shape_concat(const dist_shape *const *xs, int n, int64_t axis,
 }
 
 /* Python's slice.indices(): clamps start/end to the dim for the step's
- * direction and counts the elements. */
-static void resolve_one(int64_t dim, int64_t start, int64_t end, int64_t step,
-                        int64_t *s0, int64_t *cnt) {
+ * direction and counts the elements. A step longer than the dim picks at
+ * most one element, as a step of the dim itself does: *step is clamped to
+ * that so that neither the count below nor the kernels' strides (stride *
+ * step) overflow for steps like INT64_MAX. */
+static void resolve_one(int64_t dim, int64_t start, int64_t end,
+                        int64_t *stepp, int64_t *s0, int64_t *cnt) {
+  int64_t lim = dim > 0 ? dim : 1;
+  if (*stepp > lim) *stepp = lim;
+  if (*stepp < -lim) *stepp = -lim;
+  int64_t step = *stepp;
   if (start < 0) start += dim;
   if (end < 0) end += dim;
   if (step > 0) {
@@ -232,7 +239,7 @@ int distd_slice_resolve(const dist_shape *x, const int64_t *axes, size_t naxes,
     int64_t step = nsteps ? steps[i] : 1;
     if (step == 0) return dist_fail(eb, DIST_EINVAL, "slice step is 0");
     s.step[a] = step;
-    resolve_one(x->dims[a], starts[i], ends[i], step, &s.start[a],
+    resolve_one(x->dims[a], starts[i], ends[i], &s.step[a], &s.start[a],
                 &s.count[a]);
   }
   *out = s;

@@ -643,6 +643,23 @@ Test(kernels, slice_with_steps_negative_indices_and_empty) {
   distd_tval_unref(x);
 }
 
+/* Steps far longer than the dim pick one element, as python does; the
+ * count and the strides must not overflow on the way. numpy:
+ * arange(24).reshape(4, 6)[1:4:2**63-1, 3:-2**63:-2**63] == [[9]]. */
+Test(kernels, slice_with_steps_near_int64_limits) {
+  distd_tval *x = make_fn(DIST_INT64, shp(2, 4, 6), gen_iota), *o = NULL;
+  distd_slice s;
+  int64_t axes[2] = {0, 1}, st[2] = {1, 3}, en[2] = {4, INT64_MIN};
+  int64_t stp[2] = {INT64_MAX, INT64_MIN};
+  cr_assert_eq(distd_slice_resolve(&x->shape, axes, 2, st, 2, en, 2, stp, 2, &s, NULL), 0);
+  cr_assert_eq(distd_k_slice(x, &s, &o, NULL), 0);
+  cr_assert_eq(o->shape.dims[0], 1);
+  cr_assert_eq(o->shape.dims[1], 1);
+  cr_assert_eq(at(o, 0), 9);
+  distd_tval_unref(o);
+  distd_tval_unref(x);
+}
+
 Test(kernels, set_slice_scalar_and_broadcast_tensor) {
   distd_tval *x = make_fn(DIST_FLOAT32, shp(1, 10), gen_iota), *o = NULL;
   distd_tval *one = NULL;
