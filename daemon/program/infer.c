@@ -81,16 +81,11 @@ static int infer_reduce(const Dist__V1__ProgramNode *n, const distd_vmeta *in,
                             eb);
 }
 
+/* Bounded like every tensor's shape (dist_shape_make): an element count
+ * that wraps would allocate a few elements for a huge shape. */
 static int shape_from_attr(const Dist__V1__ProgramNode *n, dist_shape *s,
                            dist_errbuf *eb) {
-  s->ndim = (int)n->n_shape;
-  for (size_t d = 0; d < n->n_shape; d++) {
-    if (n->shape[d] < 0)
-      return dist_fail(eb, DIST_EINVAL, "dim %zu is %lld", d,
-                       (long long)n->shape[d]);
-    s->dims[d] = n->shape[d];
-  }
-  return 0;
+  return dist_shape_make((int)n->n_shape, n->shape, s, eb);
 }
 
 static int integral(double v) { return v == floor(v); }

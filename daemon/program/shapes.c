@@ -108,7 +108,6 @@ int distd_shape_reshape(const dist_shape *x, const int64_t *dims, size_t n,
     return dist_fail(eb, DIST_EINVAL, "%zu dims, at most %d", n, DIST_MAX_DIMS);
   dist_shape r = {(int)n, {0}};
   int infer = -1;
-  int64_t known = 1;
   for (size_t i = 0; i < n; i++) {
     if (dims[i] == -1) {
       if (infer >= 0) return dist_fail(eb, DIST_EINVAL, "more than one -1");
@@ -119,9 +118,13 @@ int distd_shape_reshape(const dist_shape *x, const int64_t *dims, size_t n,
       return dist_fail(eb, DIST_EINVAL, "dim %lld is negative",
                        (long long)dims[i]);
     r.dims[i] = dims[i];
-    known *= dims[i];
   }
-  int64_t numel = dist_shape_numel(x);
+  dist_shape lit; /* the literal dims (-1 as 1), bounded before multiplying */
+  memcpy(lit.dims, r.dims, sizeof lit.dims);
+  if (infer >= 0) lit.dims[infer] = 1;
+  int rc = dist_shape_make(r.ndim, lit.dims, &lit, eb);
+  if (rc) return rc;
+  int64_t known = dist_shape_numel(&lit), numel = dist_shape_numel(x);
   if (infer >= 0) {
     if (known == 0 || numel % known != 0)
       return dist_fail(eb, DIST_EMISMATCH, "cannot reshape %s (%lld elements)"

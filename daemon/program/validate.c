@@ -277,6 +277,14 @@ static int check_input_meta(const Dist__V1__ProgramInput *in, size_t i,
   return 0;
 }
 
+/* Every value's shape within the bound of a tensor (dist_shape_make), so
+ * that no later element count wraps: a declared input, a broadcast or a
+ * concat could exceed it otherwise. */
+static int meta_size_ok(const distd_vmeta *m, dist_errbuf *eb) {
+  dist_shape s;
+  return dist_shape_make(m->shape.ndim, m->shape.dims, &s, eb);
+}
+
 int distd_program_infer(const distd_program *p, const distd_vmeta *inputs,
                         distd_vmeta *values, dist_errbuf *eb) {
   const Dist__V1__Program *pb = p->pb;
@@ -289,6 +297,10 @@ int distd_program_infer(const distd_program *p, const distd_vmeta *inputs,
       continue;
     }
     if ((rc = check_input_meta(pb->inputs[i], i, &inputs[i], eb))) goto out;
+    if ((rc = meta_size_ok(&inputs[i], eb))) {
+      dist_errbuf_prefix(eb, "input %zu: ", i);
+      goto out;
+    }
     v[i] = inputs[i];
   }
   for (size_t i = 0; i < pb->n_nodes; i++) {
@@ -296,7 +308,10 @@ int distd_program_infer(const distd_program *p, const distd_vmeta *inputs,
     distd_vmeta in[DISTD_MAX_NODE_INPUTS + 1];
     int n_in;
     distd_node_input_metas(n, v, in, &n_in, eb);
-    if ((rc = distd_infer_node(n, in, n_in, v + p->node_first_value[i], eb))) {
+    int first = p->node_first_value[i], n_out = distd_op_info_get(n->op)->n_out;
+    rc = distd_infer_node(n, in, n_in, v + first, eb);
+    for (int k = 0; !rc && k < n_out; k++) rc = meta_size_ok(&v[first + k], eb);
+    if (rc) {
       distd_node_fail(eb, rc, i, n);
       goto out;
     }

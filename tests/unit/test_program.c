@@ -300,13 +300,19 @@ Test(program_errors, output_count_differs_from_out_dist_attrs) {
   pbb_free(&b);
 }
 
+/* A new program whose first input is a VALUE of dtype dt and shape [n]. */
+static uint32_t init_with_1d_input(pb_build *b, Dist__V1__DType dt, long long n) {
+  pbb_init(b);
+  uint32_t x = pbb_input(b, KIND(VALUE), dt);
+  pbb_input_shape(b, x, 1, n);
+  return x;
+}
+
 Test(program_errors, wrong_dtype_names_op_and_position) {
   pb_build b;
   dist_errbuf eb = DIST_ERRBUF_INIT;
   distd_program *p = NULL;
-  pbb_init(&b);
-  uint32_t x = pbb_input(&b, KIND(VALUE), F32);
-  pbb_input_shape(&b, x, 1, 4LL);
+  uint32_t x = init_with_1d_input(&b, F32, 4);
   uint32_t r = pbb_input(&b, KIND(RANK), 0);
   uint32_t e = pbb_node(&b, OP(EXP), x, PB_END);
   uint32_t s = pbb_node(&b, OP(ADD), e, r, PB_END); /* float32 + int64 */
@@ -394,6 +400,30 @@ Test(program_errors, arange_of_step_0_is_refused_at_registration) {
   cr_assert_eq(distd_program_new(&b.prog, &p, &eb), 0, "%s", eb.msg);
   distd_program_free(p);
   pbb_free(&b);
+}
+
+/* Registers a one-node program on a declared [8] int64 input; the node's
+ * shape is too large: refused at registration, not allocated wrapped. */
+static void expect_too_large(Dist__V1__OpKind op, const char *want) {
+  pb_build b;
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  distd_program *p = NULL;
+  uint32_t x = init_with_1d_input(&b, I64, 8);
+  uint32_t y = pbb_node(&b, op, x, PB_END);
+  if (op == OP(ONE_HOT)) b.last->num_classes = 1LL << 62; /* 8 * 2^62 wraps to 0 */
+  if (op == OP(FULL)) b.last->n_inputs = 0;
+  if (op != OP(ONE_HOT)) pbb_shape(&b, 2, (1LL << 62) + 2, 4LL); /* wraps to 8 */
+  pbb_output(&b, y);
+  cr_assert_eq(distd_program_new(&b.prog, &p, &eb), DIST_EINVAL, "%s", eb.msg);
+  cr_assert_null(p);
+  cr_assert(strstr(eb.msg, want), "%s", eb.msg);
+  pbb_free(&b);
+}
+
+Test(program_errors, shapes_whose_element_count_wraps_are_refused) {
+  expect_too_large(OP(FULL), "node 0 (full): dim 0 of size 4611686018427387906 is too large");
+  expect_too_large(OP(RESHAPE), "node 0 (reshape): dim 0 of size");
+  expect_too_large(OP(ONE_HOT), "node 0 (one_hot): dim 1 of size 4611686018427387904 is too large");
 }
 
 Test(program_errors, backward_without_gradients_needs_a_scalar_output) {
