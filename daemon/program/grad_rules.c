@@ -202,8 +202,12 @@ static void grad_reduce(gctx *c, const Dist__V1__ProgramNode *n,
     gx = g_expand(c, g_view(c, g, &ks), &x->shape);
     break;
   case DIST__V1__OP_KIND__OP_MEAN: {
+    /* The count in x's dtype would be inf in float16 past 65504 (g / inf
+     * = 0): divide in the compute dtype; accumulate casts back. */
     double cnt = (double)x->numel / (double)(y->numel ? y->numel : 1);
-    gx = g_expand(c, DIV(g_view(c, g, &ks), g_scalar(c, dt, cnt)), &x->shape);
+    dist_dtype ct = distd_compute_dtype(dt);
+    gx = g_expand(c, DIV(g_cast(c, g_view(c, g, &ks), ct), g_scalar(c, ct, cnt)),
+                  &x->shape);
     break;
   }
   case DIST__V1__OP_KIND__OP_MAX:

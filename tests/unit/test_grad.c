@@ -346,11 +346,16 @@ Test(grad, topk_values) {
     }
 }
 
-Test(grad, float32_input_gets_float32_gradient) {
+/* op over all of an [n] input of dtype dt filled with 0.5, backward from
+ * the scalar: each input gradient must be `want` (relative tol), in dt. */
+static void expect_uniform_grad(distd_op op, dist_dtype dt, int64_t n,
+                                double want, double tol) {
   pb_build b;
-  double v[3] = {1, 2, 3};
-  distd_tval *in[1] = {vals(DIST_FLOAT32, shp(1, 3), v)};
-  one_node(&b, OP(SUM), 1, in);
+  double *v = malloc(sizeof(double) * (size_t)n);
+  for (int64_t i = 0; i < n; i++) v[i] = 0.5;
+  distd_tval *in[1] = {vals(dt, shp(1, (int)n), v)};
+  free(v);
+  one_node(&b, op, 1, in);
   distd_program *p = NULL;
   distd_invocation *inv = NULL;
   distd_run_env env = {0};
@@ -358,9 +363,23 @@ Test(grad, float32_input_gets_float32_gradient) {
   cr_assert_eq(distd_program_run(p, &env, in, &inv, NULL), 0);
   cr_assert_eq(distd_invocation_backward(inv, NULL, NULL), 0);
   distd_tval *g = distd_invocation_input_grad(inv, 0);
-  cr_assert_eq(g->dtype, DIST_FLOAT32);
-  for (int i = 0; i < 3; i++) cr_assert_eq(((float *)g->data)[i], 1.0f);
+  cr_assert_eq(g->dtype, dt);
+  for (int64_t i = 0; i < n; i++) {
+    double gi = dist_elem_get(g->data, dt, (size_t)i);
+    cr_assert(fabs(gi - want) <= tol * want, "grad[%lld] = %g, expected %g",
+              (long long)i, gi, want);
+  }
   distd_invocation_release(inv);
   distd_program_free(p);
   done(&b, in, 1);
+}
+
+Test(grad, float32_input_gets_float32_gradient) {
+  expect_uniform_grad(OP(SUM), DIST_FLOAT32, 3, 1.0, 0);
+}
+
+/* float16 tops out at 65504: the gradient of a mean over 70000 elements
+ * is 1/70000 (float16 1.4305e-05), not g / inf = 0. */
+Test(grad, float16_mean_of_more_elements_than_float16_counts) {
+  expect_uniform_grad(OP(MEAN), DIST_FLOAT16, 70000, 1.0 / 70000, 2e-3);
 }
