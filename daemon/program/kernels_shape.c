@@ -201,27 +201,26 @@ int distd_k_arange(dist_dtype dt, double start, double end, double step,
 
 /* -------------------------------------------------------------- topk */
 
+/* A sort key: floats compare as double (v), integers as int64 (iv) so
+ * that values past 2^53 keep their order; the other field is 0. */
 typedef struct ranked {
   double v;
+  int64_t iv;
   int64_t i;
 } ranked;
 
-/* NaN ranks above everything (as torch); ties go to the lower index. */
-static int rank_desc(const void *pa, const void *pb) {
-  const ranked *a = pa, *b = pb;
+/* By value (ties by lower index); NaN ranks above everything (as torch). */
+static int rank_cmp(const ranked *a, const ranked *b, int desc) {
   int an = isnan(a->v), bn = isnan(b->v);
-  if (an != bn) return an ? -1 : 1;
-  if (!an && a->v != b->v) return a->v > b->v ? -1 : 1;
+  if (an != bn) return an == desc ? -1 : 1;
+  int sign = desc ? 1 : -1; /* a < b: a after b when descending */
+  if (!an && a->v != b->v) return a->v < b->v ? sign : -sign;
+  if (a->iv != b->iv) return a->iv < b->iv ? sign : -sign;
   return a->i < b->i ? -1 : a->i > b->i;
 }
 
-static int rank_asc(const void *pa, const void *pb) {
-  const ranked *a = pa, *b = pb;
-  int an = isnan(a->v), bn = isnan(b->v);
-  if (an != bn) return an ? 1 : -1;
-  if (!an && a->v != b->v) return a->v < b->v ? -1 : 1;
-  return a->i < b->i ? -1 : a->i > b->i;
-}
+static int rank_desc(const void *a, const void *b) { return rank_cmp(a, b, 1); }
+static int rank_asc(const void *a, const void *b) { return rank_cmp(a, b, 0); }
 
 /* Moves axis last (perm), or back (inverse) */
 static void last_perm(int ndim, int axis, int *perm, int *inv) {
@@ -232,9 +231,34 @@ static void last_perm(int ndim, int axis, int *perm, int *inv) {
   for (int d = 0; d < ndim; d++) inv[perm[d]] = d;
 }
 
+/* Ranks the rows of xt (x with axis moved last) by their keys kt and
+ * copies the k chosen elements of xt into v, their positions into ix. */
+static void topk_rows(const distd_tval *xt, const distd_tval *kt, int64_t n,
+                      int64_t k, int smallest, ranked *buf, distd_tval *v,
+                      distd_tval *ix) {
+  int64_t rows = n && k ? xt->numel / n : 0;
+  size_t esz = dist_dtype_size(xt->dtype);
+  int fl = kt->dtype == DIST_FLOAT64;
+  for (int64_t r = 0; r < rows; r++) {
+    for (int64_t j = 0; j < n; j++) {
+      int64_t at = r * n + j;
+      buf[j] = fl ? (ranked){((const double *)kt->data)[at], 0, j}
+                  : (ranked){0, ((const int64_t *)kt->data)[at], j};
+    }
+    qsort(buf, (size_t)n, sizeof *buf, smallest ? rank_asc : rank_desc);
+    for (int64_t j = 0; j < k; j++) {
+      memcpy((char *)v->data + (size_t)(r * k + j) * esz,
+             (const char *)xt->data + (size_t)(r * n + buf[j].i) * esz, esz);
+      ((int64_t *)ix->data)[r * k + j] = buf[j].i;
+    }
+  }
+}
+
+/* The values are copied from x, never through a double (int64 past 2^53
+ * would round). */
 int distd_k_topk(distd_tval *x, int64_t k, int axis, int smallest,
                  distd_tval **values, distd_tval **indices, dist_errbuf *eb) {
-  distd_tval *x64 = NULL, *xt = NULL, *v = NULL, *ix = NULL;
+  distd_tval *xt = NULL, *kt = NULL, *v = NULL, *ix = NULL;
   ranked *buf = NULL;
   int perm[DIST_MAX_DIMS], inv[DIST_MAX_DIMS], rc = 0;
   *values = *indices = NULL;
@@ -244,41 +268,29 @@ int distd_k_topk(distd_tval *x, int64_t k, int axis, int smallest,
     return dist_fail(eb, DIST_EINVAL, "k = %lld out of range [0, %lld]",
                      (long long)k, (long long)n);
   last_perm(nd, axis, perm, inv);
-  if ((rc = distd_tval_cast(x, DIST_FLOAT64, &x64, eb)) ||
-      (rc = distd_k_transpose(x64, perm, &xt, eb)))
+  dist_dtype key = dist_dtype_is_float(x->dtype) ? DIST_FLOAT64 : DIST_INT64;
+  if ((rc = distd_k_transpose(x, perm, &xt, eb)) ||
+      (rc = distd_tval_cast(xt, key, &kt, eb)))
     goto out;
   dist_shape ts = xt->shape;
   ts.dims[nd - 1] = k;
-  int64_t rows = n && k ? xt->numel / n : 0;
-  if ((rc = distd_tval_new_uninit(DIST_FLOAT64, &ts, &v, eb)) ||
+  if ((rc = distd_tval_new_uninit(x->dtype, &ts, &v, eb)) ||
       (rc = distd_tval_new_uninit(DIST_INT64, &ts, &ix, eb)))
     goto out;
   if (n && !(buf = malloc(sizeof *buf * (size_t)n))) {
     rc = dist_fail(eb, DIST_ENOMEM, "out of memory");
     goto out;
   }
-  for (int64_t r = 0; r < rows; r++) {
-    const double *p = (const double *)xt->data + r * n;
-    for (int64_t j = 0; j < n; j++) buf[j] = (ranked){p[j], j};
-    qsort(buf, (size_t)n, sizeof *buf, smallest ? rank_asc : rank_desc);
-    for (int64_t j = 0; j < k; j++) {
-      ((double *)v->data)[r * k + j] = buf[j].v;
-      ((int64_t *)ix->data)[r * k + j] = buf[j].i;
-    }
-  }
-  distd_tval *vt = NULL;
-  if ((rc = distd_k_transpose(v, inv, &vt, eb))) goto out;
-  rc = distd_tval_cast(vt, x->dtype, values, eb);
-  distd_tval_unref(vt);
-  if (!rc) rc = distd_k_transpose(ix, inv, indices, eb);
-  if (rc) {
+  topk_rows(xt, kt, n, k, smallest, buf, v, ix);
+  if ((rc = distd_k_transpose(v, inv, values, eb))) goto out;
+  if ((rc = distd_k_transpose(ix, inv, indices, eb))) {
     distd_tval_unref(*values);
     *values = NULL;
   }
 out:
   free(buf);
-  distd_tval_unref(x64);
   distd_tval_unref(xt);
+  distd_tval_unref(kt);
   distd_tval_unref(v);
   distd_tval_unref(ix);
   return rc;

@@ -784,6 +784,26 @@ Test(kernels, topk_largest_smallest_along_axes_with_ties) {
   distd_tval_unref(x);
 }
 
+/* int64 values past 2^53 are not doubles: ranked and returned exactly.
+ * numpy: x = [2^53+1, 2^53+2, 5, 2^53]; largest 3 by a stable argsort of
+ * -x: values [2^53+2, 2^53+1, 2^53], indices [1, 0, 3]. */
+Test(kernels, topk_of_int64_beyond_double_precision) {
+  double zeros[4] = {0};
+  distd_tval *x = make_vals(DIST_INT64, shp(1, 4), zeros), *val = NULL, *idx = NULL;
+  int64_t big = (int64_t)1 << 53, xv[4] = {big + 1, big + 2, 5, big};
+  memcpy(x->data, xv, sizeof xv);
+  cr_assert_eq(distd_k_topk(x, 3, 0, 0, &val, &idx, NULL), 0);
+  int64_t ev[3] = {big + 2, big + 1, big}, ei[3] = {1, 0, 3};
+  for (int i = 0; i < 3; i++) {
+    cr_assert_eq(((int64_t *)val->data)[i], ev[i], "value %d: %lld", i,
+                 (long long)((int64_t *)val->data)[i]);
+    cr_assert_eq(((int64_t *)idx->data)[i], ei[i], "index %d", i);
+  }
+  distd_tval_unref(val);
+  distd_tval_unref(idx);
+  distd_tval_unref(x);
+}
+
 Test(kernels, one_hot_and_out_of_range_index) {
   double v[4] = {0, 3, 1, 3};
   distd_tval *x = make_vals(DIST_INT32, shp(2, 2, 2), v), *o = NULL;
