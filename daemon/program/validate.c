@@ -138,6 +138,11 @@ static int check_node(const Dist__V1__ProgramNode *n, size_t i,
     return FAILN(DIST_EINVAL, "unknown dtype %d", (int)n->dtype);
   if (n->op == DIST__V1__OP_KIND__OP_CAST && n->dtype == 0)
     return FAILN(DIST_EINVAL, "no target dtype");
+  /* The kernel writes its output for the three reductions only. */
+  if (n->op == DIST__V1__OP_KIND__OP_CROSS_ENTROPY &&
+      ((int)n->reduction < 0 ||
+       (int)n->reduction > DIST__V1__REDUCTION__REDUCTION_NONE))
+    return FAILN(DIST_EINVAL, "unknown reduction %d", (int)n->reduction);
   if (n->n_shape > DIST_MAX_DIMS || n->n_axes > DIST_MAX_DIMS)
     return FAILN(DIST_EINVAL, "more than %d dims", DIST_MAX_DIMS);
   return check_arange(n, i, eb);

@@ -308,18 +308,24 @@ static uint32_t init_with_1d_input(pb_build *b, Dist__V1__DType dt, long long n)
   return x;
 }
 
-Test(program_errors, wrong_dtype_names_op_and_position) {
-  pb_build b;
+/* Registering b fails with rc and exactly msg; frees b. */
+static void expect_refused(pb_build *b, int rc, const char *msg) {
   dist_errbuf eb = DIST_ERRBUF_INIT;
   distd_program *p = NULL;
+  cr_assert_eq(distd_program_new(&b->prog, &p, &eb), rc, "%s", eb.msg);
+  cr_assert_null(p);
+  cr_assert_str_eq(eb.msg, msg);
+  pbb_free(b);
+}
+
+Test(program_errors, wrong_dtype_names_op_and_position) {
+  pb_build b;
   uint32_t x = init_with_1d_input(&b, F32, 4);
   uint32_t r = pbb_input(&b, KIND(RANK), 0);
   uint32_t e = pbb_node(&b, OP(EXP), x, PB_END);
   uint32_t s = pbb_node(&b, OP(ADD), e, r, PB_END); /* float32 + int64 */
   pbb_output(&b, s);
-  cr_assert_eq(distd_program_new(&b.prog, &p, &eb), DIST_EMISMATCH);
-  cr_assert_str_eq(eb.msg, "node 1 (add): dtypes differ: float32 vs int64");
-  pbb_free(&b);
+  expect_refused(&b, DIST_EMISMATCH, "node 1 (add): dtypes differ: float32 vs int64");
 }
 
 Test(program_errors, wrong_shape_names_op_and_position) {
@@ -424,6 +430,17 @@ Test(program_errors, shapes_whose_element_count_wraps_are_refused) {
   expect_too_large(OP(FULL), "node 0 (full): dim 0 of size 4611686018427387906 is too large");
   expect_too_large(OP(RESHAPE), "node 0 (reshape): dim 0 of size");
   expect_too_large(OP(ONE_HOT), "node 0 (one_hot): dim 1 of size 4611686018427387904 is too large");
+}
+
+/* An enum value the message may carry but no kernel knows: the loss would
+ * otherwise be uninitialized memory. */
+Test(program_errors, cross_entropy_of_unknown_reduction_is_refused) {
+  pb_build b;
+  uint32_t logits = init_with_1d_input(&b, F32, 3);
+  uint32_t labels = pbb_input(&b, KIND(VALUE), I64);
+  pbb_output(&b, pbb_node(&b, OP(CROSS_ENTROPY), logits, labels, PB_END));
+  b.last->reduction = 3;
+  expect_refused(&b, DIST_EINVAL, "node 0 (cross_entropy): unknown reduction 3");
 }
 
 Test(program_errors, backward_without_gradients_needs_a_scalar_output) {
