@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "program_int.h"
+#include "wire.h"
 
 #define FAILN(rc, ...) distd_node_fail(eb, dist_fail(eb, rc, __VA_ARGS__), i, n)
 
@@ -99,11 +100,16 @@ static int check_input_decl(const Dist__V1__ProgramInput *in, size_t i,
   if (in->n_shape > DIST_MAX_DIMS)
     return dist_fail(eb, DIST_EINVAL, "input %zu: %zu dims, at most %d", i,
                      in->n_shape, DIST_MAX_DIMS);
-  if (in->kind == DIST__V1__PROGRAM_INPUT__KIND__COORD &&
-      (!in->mesh || in->mesh_dim >= in->mesh->n_shape))
+  if (in->kind != DIST__V1__PROGRAM_INPUT__KIND__COORD) return 0;
+  if (!in->mesh || in->mesh_dim >= in->mesh->n_shape)
     return dist_fail(eb, DIST_EINVAL, "input %zu: COORD needs a mesh with "
                      "dim %u", i, in->mesh_dim);
-  return 0;
+  /* Checked as every mesh is: a dim of size 0 would divide by zero when
+   * the coordinate is computed. */
+  dist_mesh_desc m;
+  int rc = dist_mesh_from_pb(in->mesh, &m, eb);
+  if (rc) dist_errbuf_prefix(eb, "input %zu: ", i);
+  return rc;
 }
 
 /* arange's length needs no shapes: a bad step is refused at registration

@@ -251,22 +251,29 @@ Test(program, moe_gradients_match_finite_differences) {
   distd_program_free(p);
 }
 
+/* A program returning its COORD input along dim of the mesh shape/ranks
+ * (borrowed until pbb_free). */
+static void coord_program(pb_build *b, size_t ndim, uint32_t *shape,
+                          size_t nranks, uint32_t *ranks, uint32_t dim) {
+  pbb_init(b);
+  uint32_t c = pbb_input(b, KIND(COORD), 0);
+  Dist__V1__Mesh *m = pbb_alloc(b, sizeof *m);
+  dist__v1__mesh__init(m);
+  m->n_shape = ndim;
+  m->shape = shape;
+  m->n_ranks = nranks;
+  m->ranks = ranks;
+  b->inputs[0]->mesh = m;
+  b->inputs[0]->mesh_dim = dim;
+  pbb_output(b, c);
+}
+
 Test(program, coord_input_is_the_mesh_coordinate) {
   pb_build b;
   dist_errbuf eb = DIST_ERRBUF_INIT;
   distd_program *p = NULL;
-  pbb_init(&b);
-  uint32_t c = pbb_input(&b, KIND(COORD), 0);
-  Dist__V1__Mesh *m = pbb_alloc(&b, sizeof *m);
-  dist__v1__mesh__init(m);
   uint32_t shape[2] = {2, 3}, ranks[6] = {5, 4, 3, 2, 1, 0};
-  m->n_shape = 2;
-  m->shape = shape;
-  m->n_ranks = 6;
-  m->ranks = ranks;
-  b.inputs[0]->mesh = m;
-  b.inputs[0]->mesh_dim = 1;
-  pbb_output(&b, c);
+  coord_program(&b, 2, shape, 6, ranks, 1);
   cr_assert_eq(distd_program_new(&b.prog, &p, &eb), 0, "%s", eb.msg);
   pbb_free(&b);
   for (uint32_t r = 0; r < 6; r++) {
@@ -441,6 +448,18 @@ Test(program_errors, cross_entropy_of_unknown_reduction_is_refused) {
   pbb_output(&b, pbb_node(&b, OP(CROSS_ENTROPY), logits, labels, PB_END));
   b.last->reduction = 3;
   expect_refused(&b, DIST_EINVAL, "node 0 (cross_entropy): unknown reduction 3");
+}
+
+/* A COORD input's mesh is checked as every mesh is: a dim of size 0 would
+ * divide by zero when the coordinate is computed, and a shape that does
+ * not hold the ranks gives coordinates of no mesh. */
+Test(program_errors, coord_input_of_a_malformed_mesh_is_refused) {
+  pb_build b;
+  uint32_t zero[1] = {0}, two[1] = {2}, ranks[4] = {0, 1, 2, 3};
+  coord_program(&b, 1, zero, 1, ranks, 0);
+  expect_refused(&b, DIST_EINVAL, "input 0: mesh: dim 0 has size 0");
+  coord_program(&b, 1, two, 4, ranks, 0);
+  expect_refused(&b, DIST_EINVAL, "input 0: mesh: shape holds 2 ranks, 4 given");
 }
 
 Test(program_errors, backward_without_gradients_needs_a_scalar_output) {
