@@ -251,10 +251,28 @@ SAT(uint8_t, 0, UINT8_MAX)
 SAT(int32_t, INT32_MIN, INT32_MAX)
 SAT(int64_t, INT64_MIN, INT64_MAX)
 
+/* d as a float for a further rounding to float16/bfloat16: truncated, with
+ * the last bit set when inexact ("round to odd"), so that the second
+ * rounding gives d rounded once. A plain (float)d rounds twice:
+ * 1 + 2^-11 + 2^-40 became the half-way case 1 + 2^-11, then 1 in
+ * float16 instead of 1 + 2^-10. */
+static inline float float_odd(double d) {
+  float f = (float)d;
+  if ((double)f == d || d != d) return f;
+  if (fabs((double)f) > fabs(d)) f = nextafterf(f, 0.0f);
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  u |= 1;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
 /* Every conversion goes through one of two carriers: int64 between integer
  * types (exact), double otherwise. The loops are per (src, dst) pair so
  * they stay free of per-element switches. */
-#define STORE_ALL(LOADEXPR, ISINT)                                            \
+/* NARROW(v): v as the float a 16-bit float is rounded from: (float) when
+ * that is exact (16-bit and 32-bit float sources), float_odd otherwise. */
+#define STORE_ALL(LOADEXPR, ISINT, NARROW)                                    \
   switch (ddt) {                                                              \
   case DIST_BOOL:                                                             \
     for (int64_t i = 0; i < n; i++) ((uint8_t *)dst)[i] = (LOADEXPR) != 0;    \
@@ -280,11 +298,11 @@ SAT(int64_t, INT64_MIN, INT64_MAX)
     break;                                                                    \
   case DIST_FLOAT16:                                                          \
     for (int64_t i = 0; i < n; i++)                                           \
-      ((uint16_t *)dst)[i] = dist_float_to_half((float)(LOADEXPR));           \
+      ((uint16_t *)dst)[i] = dist_float_to_half(NARROW(LOADEXPR));            \
     break;                                                                    \
   case DIST_BFLOAT16:                                                         \
     for (int64_t i = 0; i < n; i++)                                           \
-      ((uint16_t *)dst)[i] = dist_float_to_bf16((float)(LOADEXPR));           \
+      ((uint16_t *)dst)[i] = dist_float_to_bf16(NARROW(LOADEXPR));            \
     break;                                                                    \
   case DIST_FLOAT32:                                                          \
     for (int64_t i = 0; i < n; i++) ((float *)dst)[i] = (float)(LOADEXPR);    \
@@ -303,18 +321,20 @@ void distd_convert(void *dst, dist_dtype ddt, const void *src, dist_dtype sdt,
   }
   switch (sdt) {
   case DIST_BOOL:
-  case DIST_UINT8: STORE_ALL(((const uint8_t *)src)[i], 1); break;
-  case DIST_INT8: STORE_ALL(((const int8_t *)src)[i], 1); break;
-  case DIST_INT32: STORE_ALL(((const int32_t *)src)[i], 1); break;
-  case DIST_INT64: STORE_ALL(((const int64_t *)src)[i], 1); break;
+  case DIST_UINT8: STORE_ALL(((const uint8_t *)src)[i], 1, (float)); break;
+  case DIST_INT8: STORE_ALL(((const int8_t *)src)[i], 1, (float)); break;
+  case DIST_INT32: STORE_ALL(((const int32_t *)src)[i], 1, float_odd); break;
+  case DIST_INT64: STORE_ALL(((const int64_t *)src)[i], 1, float_odd); break;
   case DIST_FLOAT16:
-    STORE_ALL((double)dist_half_to_float(((const uint16_t *)src)[i]), 0);
+    STORE_ALL((double)dist_half_to_float(((const uint16_t *)src)[i]), 0,
+              (float));
     break;
   case DIST_BFLOAT16:
-    STORE_ALL((double)dist_bf16_to_float(((const uint16_t *)src)[i]), 0);
+    STORE_ALL((double)dist_bf16_to_float(((const uint16_t *)src)[i]), 0,
+              (float));
     break;
-  case DIST_FLOAT32: STORE_ALL(((const float *)src)[i], 0); break;
-  case DIST_FLOAT64: STORE_ALL(((const double *)src)[i], 0); break;
+  case DIST_FLOAT32: STORE_ALL(((const float *)src)[i], 0, (float)); break;
+  case DIST_FLOAT64: STORE_ALL(((const double *)src)[i], 0, float_odd); break;
   default: break;
   }
 }

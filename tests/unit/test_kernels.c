@@ -724,6 +724,32 @@ Test(kernels, cast_between_every_dtype_pair) {
     }
 }
 
+/* A cast to float16/bfloat16 rounds once, from the exact value: through
+ * float first, these land on a half-way case and round to even (down).
+ * float16: numpy float64(1 + 2^-11 + 2^-40).astype(float16) is 0x3c01.
+ * bfloat16 (8 significant bits): 1 + 2^-8 + 2^-40 is above the half-way
+ * point 1 + 2^-8, so 0x3f81; int64 2^24 + 2^16 + 1 likewise 0x4b81. */
+static void expect_bits(dist_dtype s, double v, dist_dtype d, uint16_t want) {
+  distd_tval *x = make_vals(s, shp(1, 1), &v), *o = NULL;
+  cr_assert_eq(distd_tval_cast(x, d, &o, NULL), 0);
+  uint16_t got = ((uint16_t *)o->data)[0];
+  cr_assert_eq(got, want, "%s %.17g -> %s: 0x%04x, expected 0x%04x",
+               dist_dtype_name(s), v, dist_dtype_name(d), got, want);
+  distd_tval_unref(x);
+  distd_tval_unref(o);
+}
+
+Test(kernels, cast_to_16_bit_floats_rounds_once) {
+  expect_bits(DIST_FLOAT64, 1 + ldexp(1, -11) + ldexp(1, -40), DIST_FLOAT16, 0x3c01);
+  expect_bits(DIST_FLOAT64, -1 - ldexp(1, -11) - ldexp(1, -40), DIST_FLOAT16, 0xbc01);
+  expect_bits(DIST_FLOAT64, 1 + ldexp(1, -8) + ldexp(1, -40), DIST_BFLOAT16, 0x3f81);
+  expect_bits(DIST_INT64, 16842753, DIST_BFLOAT16, 0x4b81);
+  expect_bits(DIST_FLOAT64, 1 + ldexp(1, -11), DIST_FLOAT16, 0x3c00); /* a tie: even */
+  expect_bits(DIST_FLOAT64, 1e300, DIST_FLOAT16, 0x7c00);
+  expect_bits(DIST_FLOAT64, -1e300, DIST_BFLOAT16, 0xff80);
+  expect_bits(DIST_FLOAT64, 1e-300, DIST_FLOAT16, 0x0000);
+}
+
 Test(kernels, full_arange_and_expand) {
   distd_tval *o = NULL;
   dist_shape s = shp(2, 2, 3);
