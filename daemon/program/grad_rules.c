@@ -150,10 +150,14 @@ static void grad_binary(gctx *c, distd_op op, distd_tval *a, distd_tval *b,
       gb = g_unary(c, DIST__V1__OP_KIND__OP_NEG, DIV(MUL(g, y), b));
     break;
   case DIST__V1__OP_KIND__OP_POW:
-    /* d/da = b a^(b-1); d/db = y log(a), taken as 0 where a <= 0. */
-    if (need[0])
-      ga = MUL(g, MUL(b, g_bin(c, DIST__V1__OP_KIND__OP_POW, a,
-                               SUB(b, g_scalar(c, dt, 1)))));
+    /* d/da = b a^(b-1), 0 where b = 0 (a^0 is constant; at a = 0 the
+     * formula is 0 * inf); d/db = y log(a), taken as 0 where a <= 0. */
+    if (need[0]) {
+      distd_tval *zero = g_scalar(c, dt, 0);
+      distd_tval *d = MUL(b, g_bin(c, DIST__V1__OP_KIND__OP_POW, a,
+                                   SUB(b, g_scalar(c, dt, 1))));
+      ga = MUL(g, g_where(c, g_bin(c, DIST__V1__OP_KIND__OP_EQ, b, zero), zero, d));
+    }
     if (need[1]) {
       distd_tval *pos = g_bin(c, DIST__V1__OP_KIND__OP_GT, a, g_scalar(c, dt, 0));
       distd_tval *la = g_unary(c, DIST__V1__OP_KIND__OP_LOG,

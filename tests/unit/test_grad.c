@@ -207,17 +207,25 @@ Test(grad, reductions_over_axes) {
       }
 }
 
+/* Registers b, runs it on in and backpropagates gout (NULL: from the
+ * scalar output). The caller releases the invocation and frees *p. */
+static distd_invocation *run_backward(pb_build *b, distd_tval **in,
+                                      distd_tval *gout, distd_program **p) {
+  distd_invocation *inv = NULL;
+  distd_run_env env = {0};
+  cr_assert_eq(distd_program_new(&b->prog, p, NULL), 0);
+  cr_assert_eq(distd_program_run(*p, &env, in, &inv, NULL), 0);
+  cr_assert_eq(distd_invocation_backward(inv, gout ? &gout : NULL, NULL), 0);
+  return inv;
+}
+
 Test(grad, max_ties_share_the_gradient) {
   pb_build b;
   double v[4] = {1, 3, 3, 2};
   distd_tval *in[1] = {vals(DIST_FLOAT64, shp(1, 4), v)};
   one_node(&b, OP(MAX), 1, in);
   distd_program *p = NULL;
-  distd_invocation *inv = NULL;
-  distd_run_env env = {0};
-  cr_assert_eq(distd_program_new(&b.prog, &p, NULL), 0);
-  cr_assert_eq(distd_program_run(p, &env, in, &inv, NULL), 0);
-  cr_assert_eq(distd_invocation_backward(inv, NULL, NULL), 0);
+  distd_invocation *inv = run_backward(&b, in, NULL, &p);
   double *g = distd_invocation_input_grad(inv, 0)->data;
   cr_assert(g[0] == 0 && g[1] == 0.5 && g[2] == 0.5 && g[3] == 0);
   distd_invocation_release(inv);
@@ -357,11 +365,7 @@ static void expect_uniform_grad(distd_op op, dist_dtype dt, int64_t n,
   free(v);
   one_node(&b, op, 1, in);
   distd_program *p = NULL;
-  distd_invocation *inv = NULL;
-  distd_run_env env = {0};
-  cr_assert_eq(distd_program_new(&b.prog, &p, NULL), 0);
-  cr_assert_eq(distd_program_run(p, &env, in, &inv, NULL), 0);
-  cr_assert_eq(distd_invocation_backward(inv, NULL, NULL), 0);
+  distd_invocation *inv = run_backward(&b, in, NULL, &p);
   distd_tval *g = distd_invocation_input_grad(inv, 0);
   cr_assert_eq(g->dtype, dt);
   for (int64_t i = 0; i < n; i++) {
@@ -372,6 +376,32 @@ static void expect_uniform_grad(distd_op op, dist_dtype dt, int64_t n,
   distd_invocation_release(inv);
   distd_program_free(p);
   done(&b, in, 1);
+}
+
+/* a^b is 1 for every a when b = 0, so d/da is 0 there, also at a = 0
+ * where b * a^(b-1) is 0 * inf (torch gives 0 as well). d/db = y log a,
+ * taken as 0 at a = 0. By hand for a = [0, 0, 3], b = [0, 2, 0]. */
+Test(grad, pow_with_exponent_0_has_gradient_0) {
+  pb_build b;
+  double av[3] = {0, 0, 3}, bv[3] = {0, 2, 0};
+  distd_tval *in[2] = {vals(DIST_FLOAT64, shp(1, 3), av), vals(DIST_FLOAT64, shp(1, 3), bv)};
+  one_node(&b, OP(POW), 2, in);
+  distd_tval *ones = NULL;
+  dist_shape s3 = shp(1, 3);
+  cr_assert_eq(distd_k_full(DIST_FLOAT64, &s3, 1, &ones, NULL), 0);
+  distd_program *p = NULL;
+  distd_invocation *inv = run_backward(&b, in, ones, &p);
+  const double *ga = distd_invocation_input_grad(inv, 0)->data;
+  const double *gb = distd_invocation_input_grad(inv, 1)->data;
+  double want_a[3] = {0, 0, 0}, want_b[3] = {0, 0, log(3.0)};
+  for (int i = 0; i < 3; i++) {
+    cr_assert_eq(ga[i], want_a[i], "d/da[%d] = %g", i, ga[i]);
+    cr_assert_float_eq(gb[i], want_b[i], 1e-15, "d/db[%d] = %g", i, gb[i]);
+  }
+  distd_tval_unref(ones);
+  distd_invocation_release(inv);
+  distd_program_free(p);
+  done(&b, in, 2);
 }
 
 Test(grad, float32_input_gets_float32_gradient) {
