@@ -67,6 +67,13 @@ static int no_scalar_output(const Dist__V1__Program *pb, const distd_invocation 
                    shape[0] ? ", of shape " : "", shape);
 }
 
+/* An integer or bool output has no gradient to start from, given or 1. */
+static int check_float_output(const distd_tval *o, size_t i, dist_errbuf *eb) {
+  if (dist_dtype_is_float(o->dtype)) return 0;
+  return dist_fail(eb, DIST_EINVAL, "output %zu is %s: it has no gradient", i,
+                   dist_dtype_name(o->dtype));
+}
+
 static int seed(distd_invocation *inv, distd_tval *const *out_grads,
                 distd_tval **grads, dist_errbuf *eb) {
   const Dist__V1__Program *pb = inv->prog->pb;
@@ -75,7 +82,9 @@ static int seed(distd_invocation *inv, distd_tval *const *out_grads,
       return no_scalar_output(pb, inv, eb);
     distd_tval *one = NULL;
     const distd_tval *o = inv->outputs[0];
-    int rc = distd_k_full(o->dtype, &o->shape, 1, &one, eb);
+    int rc = check_float_output(o, 0, eb);
+    if (rc) return rc;
+    rc = distd_k_full(o->dtype, &o->shape, 1, &one, eb);
     return rc ? rc : accumulate(&grads[pb->outputs[0]], o, one, eb);
   }
   for (size_t i = 0; i < pb->n_outputs; i++) {
@@ -88,10 +97,9 @@ static int seed(distd_invocation *inv, distd_tval *const *out_grads,
       return dist_fail(eb, DIST_EMISMATCH, "gradient of output %zu has shape "
                        "%s, the output %s", i, a, b);
     }
-    if (!dist_dtype_is_float(o->dtype))
-      return dist_fail(eb, DIST_EINVAL, "output %zu is %s: it has no gradient",
-                       i, dist_dtype_name(o->dtype));
-    int rc = accumulate(&grads[pb->outputs[i]], o, distd_tval_ref(out_grads[i]),
+    int rc = check_float_output(o, i, eb);
+    if (rc) return rc;
+    rc = accumulate(&grads[pb->outputs[i]], o, distd_tval_ref(out_grads[i]),
                         eb);
     if (rc) return rc;
   }

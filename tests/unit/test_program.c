@@ -462,6 +462,30 @@ Test(program_errors, coord_input_of_a_malformed_mesh_is_refused) {
   expect_refused(&b, DIST_EINVAL, "input 0: mesh: shape holds 2 ranks, 4 given");
 }
 
+/* sum(x > 0) is an int64 count: backward from it is refused as it is
+ * with an explicit output gradient, rather than giving x zero gradients. */
+Test(program_errors, backward_from_an_integer_scalar_is_refused) {
+  pb_build b;
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  distd_program *p = NULL;
+  uint32_t x = init_with_1d_input(&b, F32, 3);
+  uint32_t pos = pbb_node(&b, OP(GT), x, PB_END);
+  pbb_output(&b, pbb_node(&b, OP(SUM), pos, PB_END));
+  cr_assert_eq(distd_program_new(&b.prog, &p, &eb), 0, "%s", eb.msg);
+  pbb_free(&b);
+  int64_t dims[1] = {3};
+  double v[3] = {1, -2, 3};
+  distd_tval *in[1] = {make(DIST_FLOAT32, 1, dims, v)};
+  distd_invocation *inv = NULL;
+  distd_run_env env = {0};
+  cr_assert_eq(distd_program_run(p, &env, in, &inv, &eb), 0, "%s", eb.msg);
+  cr_assert_eq(distd_invocation_backward(inv, NULL, &eb), DIST_EINVAL);
+  cr_assert_str_eq(eb.msg, "output 0 is int64: it has no gradient");
+  distd_invocation_release(inv);
+  distd_tval_unref(in[0]);
+  distd_program_free(p);
+}
+
 Test(program_errors, backward_without_gradients_needs_a_scalar_output) {
   pb_build b;
   dist_errbuf eb = DIST_ERRBUF_INIT;
