@@ -502,7 +502,7 @@ static void post_recv(distd_xfer *x, recv_slot *s) {
   distd_peers *p = x->p;
   unexpected *u = find_unexpected(p, x->op_id, s->src, s->tag);
   if (u && distd_xfer_signature_clash(x, s->src, u->signature)) {
-    free(s); /* the failure dropped u with the op's other kept-aside frames */
+    free(s); /* the failure dropped u, or drops it once whole (unexpected_finished) */
     return;
   }
   if (u && !s->any_buf && u->len != s->len) {

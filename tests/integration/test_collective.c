@@ -32,6 +32,7 @@ typedef struct trainer {
   call what;
   size_t bytes;
   int rc;
+  int32_t first; /* an int32 call's first element afterwards */
   double seconds;
   char msg[600];
 } trainer;
@@ -53,6 +54,8 @@ static void *trainer_main(void *arg) {
   trainer *t = arg;
   size_t count = t->bytes / dist_dtype_size(t->what.dt);
   void *buf = calloc(1, t->bytes), *gathered = calloc(2, t->bytes);
+  for (size_t i = 0; t->what.dt == DIST_INT32 && i < count; i++)
+    ((int32_t *)buf)[i] = t->rank + 1;
   double t0 = harness_now_s();
   switch (t->what.kind) {
   case ALL_REDUCE:
@@ -69,6 +72,7 @@ static void *trainer_main(void *arg) {
     break;
   }
   t->seconds = harness_now_s() - t0;
+  if (t->what.dt == DIST_INT32 && count) t->first = ((int32_t *)buf)[0];
   snprintf(t->msg, sizeof t->msg, "%s", dist_errmsg(t->c));
   free(buf);
   free(gathered);
@@ -113,19 +117,12 @@ static void expect_served(void) {
   static int serial;
   char job[64];
   snprintf(job, sizeof job, "after-%d", ++serial);
-  dist_client *c[2];
-  pthread_t th[2];
+  const call sum = {ALL_REDUCE, DIST_INT32, DIST_REDUCE_SUM, 0};
   trainer tr[2];
-  for (int r = 0; r < 2; r++) {
-    c[r] = harness_spmd_client(&cluster, r, job);
-    tr[r] = (trainer){.c = c[r], .rank = r,
-                      .what = {ALL_REDUCE, DIST_INT32, DIST_REDUCE_SUM, 0}, .bytes = 16};
-    pthread_create(&th[r], NULL, trainer_main, &tr[r]);
-  }
-  for (int r = 0; r < 2; r++) pthread_join(th[r], NULL);
+  run_pair(job, sum, sum, 16, tr);
   for (int r = 0; r < 2; r++) {
     cr_expect_eq(tr[r].rc, 0, "rank %d: %s", r, tr[r].msg);
-    dist_close(c[r]);
+    cr_expect_eq(tr[r].first, 3, "rank %d: 1 + 2 is %d", r, tr[r].first);
   }
 }
 
