@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "op_signature.h"
 #include "ops.h"
 #include "tensor.h"
 
@@ -65,7 +66,7 @@ static distd_xfer *new_xfer(const distd_coll *c, dist_errbuf *eb) {
   distd_xfer *x = distd_xfer_new(c->peers, c->op_id);
   if (!x) dist_fail(eb, DIST_ENOMEM, "out of memory for op %llu",
                     (unsigned long long)c->op_id);
-  else distd_xfer_sign(x, c->signature, c->name_signature);
+  else distd_xfer_sign(x, c->signature, distd_op_signature_name);
   return x;
 }
 

@@ -24,9 +24,9 @@ typedef struct distd_coll {
    * step of something else (a "vote"); NULL: the collective's own name. */
   const char *kind;
   /* What the members must agree on beyond byte counts, carried by every
-   * frame of the collective (distd_xfer_sign); 0: nothing more. */
+   * frame of the collective (distd_xfer_sign, op_signature.h); 0: nothing
+   * more. */
   uint64_t signature;
-  distd_signature_namer name_signature;
 } distd_coll;
 
 /* Fills c for this daemon; fails when this rank is not in group or a rank is

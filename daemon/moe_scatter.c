@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "op_signature.h"
 #include "ops.h"
 
 #define TAG_HEADER 0u
@@ -243,8 +244,8 @@ static int exchange_run(const distd_moe_args *a, const void *in, void *out,
     rc = dist_fail(eb, DIST_ENOMEM, "out of memory starting %s", op_name(a->dir));
     goto out;
   }
-  distd_xfer_sign(hx, a->signature, a->name_signature);
-  distd_xfer_sign(dx, a->signature, a->name_signature);
+  distd_xfer_sign(hx, a->signature, distd_op_signature_name);
+  distd_xfer_sign(dx, a->signature, distd_op_signature_name);
   plan p;
   make_plan(a, offs, &p);
   build_header(a, mine);

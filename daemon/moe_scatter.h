@@ -39,8 +39,8 @@ typedef struct distd_moe_args {
   size_t row_bytes;             /* d_model * dtype size */
   int64_t deadline_ms;          /* CLOCK_MONOTONIC ms */
   int gradient;                 /* backward traffic: not counted as tokens */
-  uint64_t signature;           /* distd_xfer_sign of both exchanges; 0: none */
-  distd_signature_namer name_signature;
+  uint64_t signature;           /* distd_xfer_sign of both exchanges
+                                   (op_signature.h); 0: none */
 } distd_moe_args;
 
 /* Checks a request before any transfer: counts of length W*E (E >= 1), none

@@ -34,6 +34,7 @@ typedef struct op {
 typedef struct kind_ops {
   int (*prepare)(const distd_coll *c, op *o, dist_errbuf *eb);
   int (*exec)(const distd_coll *c, op *o, dist_errbuf *eb);
+  distd_sig_kind sig; /* what its frames are signed as (signature_of) */
 } kind_ops;
 
 static size_t sum(const size_t *v, int n) {
@@ -141,8 +142,7 @@ static int exec_global_scatter(const distd_coll *c, op *o, dist_errbuf *eb) {
   distd_moe_args a = {.peers = c->peers, .op_id = c->op_id, .dir = DISTD_MOE_SCATTER,
                       .group = c->group, .size = c->size, .me = c->me, .experts = 1,
                       .local_count = o->la, .global_count = o->lb, .row_bytes = o->elem,
-                      .deadline_ms = c->deadline_ms, .signature = c->signature,
-                      .name_signature = c->name_signature};
+                      .deadline_ms = c->deadline_ms, .signature = c->signature};
   return distd_moe_exchange(&a, o->rq->data.data, o->out, eb);
 }
 
@@ -178,15 +178,22 @@ static int exec_barrier(const distd_coll *c, op *o, dist_errbuf *eb) {
 
 static const kind_ops *kind_of(int kind) {
   static const kind_ops kinds[] = {
-      [DIST__V1__COLLECTIVE_REQUEST__KIND__ALL_REDUCE] = {prep_all_reduce, exec_all_reduce},
-      [DIST__V1__COLLECTIVE_REQUEST__KIND__ALL_GATHER] = {prep_all_gather, exec_all_gather},
+      [DIST__V1__COLLECTIVE_REQUEST__KIND__ALL_REDUCE] = {prep_all_reduce, exec_all_reduce,
+                                                          DISTD_SIG_ALL_REDUCE},
+      [DIST__V1__COLLECTIVE_REQUEST__KIND__ALL_GATHER] = {prep_all_gather, exec_all_gather,
+                                                          DISTD_SIG_ALL_GATHER},
       [DIST__V1__COLLECTIVE_REQUEST__KIND__REDUCE_SCATTER] = {prep_reduce_scatter,
-                                                              exec_reduce_scatter},
-      [DIST__V1__COLLECTIVE_REQUEST__KIND__ALL_TO_ALL] = {prep_all_to_all, exec_all_to_all},
-      [DIST__V1__COLLECTIVE_REQUEST__KIND__BROADCAST] = {prep_broadcast, exec_broadcast},
-      [DIST__V1__COLLECTIVE_REQUEST__KIND__BARRIER] = {prep_nothing, exec_barrier},
+                                                              exec_reduce_scatter,
+                                                              DISTD_SIG_REDUCE_SCATTER},
+      [DIST__V1__COLLECTIVE_REQUEST__KIND__ALL_TO_ALL] = {prep_all_to_all, exec_all_to_all,
+                                                          DISTD_SIG_ALL_TO_ALL},
+      [DIST__V1__COLLECTIVE_REQUEST__KIND__BROADCAST] = {prep_broadcast, exec_broadcast,
+                                                         DISTD_SIG_BROADCAST},
+      [DIST__V1__COLLECTIVE_REQUEST__KIND__BARRIER] = {prep_nothing, exec_barrier,
+                                                       DISTD_SIG_BARRIER},
       [DIST__V1__COLLECTIVE_REQUEST__KIND__GLOBAL_SCATTER] = {prep_global_scatter,
-                                                              exec_global_scatter},
+                                                              exec_global_scatter,
+                                                              DISTD_SIG_GLOBAL_SCATTER},
   };
   if (kind < 0 || kind >= (int)(sizeof kinds / sizeof kinds[0]) || !kinds[kind].exec)
     return NULL;
@@ -265,21 +272,13 @@ static int point_to_point(distd_server *s, const distd_call_info *ci, op *o,
 /* The request's signature (op_signature.h): trainers that disagree on the
  * collective, its dtype, reduce op or root fail at their first frame. */
 static uint64_t signature_of(const op *o) {
-  static const distd_sig_kind kinds[] = {
-      [DIST__V1__COLLECTIVE_REQUEST__KIND__ALL_REDUCE] = DISTD_SIG_ALL_REDUCE,
-      [DIST__V1__COLLECTIVE_REQUEST__KIND__ALL_GATHER] = DISTD_SIG_ALL_GATHER,
-      [DIST__V1__COLLECTIVE_REQUEST__KIND__REDUCE_SCATTER] = DISTD_SIG_REDUCE_SCATTER,
-      [DIST__V1__COLLECTIVE_REQUEST__KIND__ALL_TO_ALL] = DISTD_SIG_ALL_TO_ALL,
-      [DIST__V1__COLLECTIVE_REQUEST__KIND__BROADCAST] = DISTD_SIG_BROADCAST,
-      [DIST__V1__COLLECTIVE_REQUEST__KIND__BARRIER] = DISTD_SIG_BARRIER,
-      [DIST__V1__COLLECTIVE_REQUEST__KIND__GLOBAL_SCATTER] = DISTD_SIG_GLOBAL_SCATTER,
-  };
-  int k = (int)o->rq->kind;
-  if (k < 0 || k >= (int)(sizeof kinds / sizeof kinds[0]) || !kinds[k]) return 0;
-  int reduces = kinds[k] == DISTD_SIG_ALL_REDUCE || kinds[k] == DISTD_SIG_REDUCE_SCATTER;
-  return distd_op_signature(kinds[k], kinds[k] == DISTD_SIG_BARRIER ? DIST_DTYPE_INVALID : o->dt,
+  const kind_ops *k = kind_of((int)o->rq->kind);
+  if (!k) return 0; /* run() refuses the request */
+  distd_sig_kind sig = k->sig;
+  int reduces = sig == DISTD_SIG_ALL_REDUCE || sig == DISTD_SIG_REDUCE_SCATTER;
+  return distd_op_signature(sig, sig == DISTD_SIG_BARRIER ? DIST_DTYPE_INVALID : o->dt,
                             reduces ? (int)o->rq->reduce : -1,
-                            kinds[k] == DISTD_SIG_BROADCAST ? (int)o->rq->root : -1);
+                            sig == DISTD_SIG_BROADCAST ? (int)o->rq->root : -1);
 }
 
 static int group_run(distd_server *s, const distd_call_info *ci, op *o, double *times,
@@ -291,7 +290,6 @@ static int group_run(distd_server *s, const distd_call_info *ci, op *o, double *
   distd_coll c;
   int rc = distd_coll_init(&c, s->peers, rq->op_id, group, n, ci->deadline_ms, eb);
   c.signature = signature_of(o);
-  c.name_signature = distd_op_signature_name;
   return rc ? rc : run(&c, o, times, eb);
 }
 

@@ -152,8 +152,7 @@ static int exchange(distd_server *s, const distd_call_info *ci, const xreq *rq,
                       rq->local_count, rq->global_count, row_bytes,
                       ci->deadline_ms, rq->gradient,
                       distd_op_signature(dir == DISTD_MOE_SCATTER ? DISTD_SIG_GLOBAL_SCATTER
-                                         : DISTD_SIG_GLOBAL_GATHER, in.dtype, -1, -1),
-                      distd_op_signature_name};
+                                         : DISTD_SIG_GLOBAL_GATHER, in.dtype, -1, -1)};
   if ((rc = distd_moe_exchange(&a, in.data, out, eb)) != 0) goto out;
   if (t && (rc = distd_store_put(s->store, t, rq->replace, eb)) != 0) goto out;
   rc = send_reply(s, t, out, out_rows, &in, reply);
