@@ -65,8 +65,7 @@ static int infer_reduce(const Dist__V1__ProgramNode *n, const distd_vmeta *in,
       op == DIST__V1__OP_KIND__OP_MAX || op == DIST__V1__OP_KIND__OP_MIN) {
     if (op == DIST__V1__OP_KIND__OP_MEAN && need_float(eb, in->dtype, "mean"))
       return DIST_EINVAL;
-    out->dtype = op == DIST__V1__OP_KIND__OP_SUM && in->dtype == DIST_BOOL
-                     ? DIST_INT64 : in->dtype;
+    out->dtype = distd_reduce_out_dtype(op, in->dtype);
     return distd_shape_reduce(&in->shape, n->axes, n->n_axes, n->keepdim,
                               &out->shape, NULL, eb);
   }

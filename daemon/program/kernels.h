@@ -87,6 +87,11 @@ int distd_k_sum_to(distd_tval *g, const dist_shape *shape, distd_tval **out,
 
 /* ------------------------------------------------------- reductions */
 
+/* The dtype of a reduction's result: Paddle's sum (SumRawInferMeta) gives
+ * int64 for bool and int32, so counts do not wrap; every other reduction and
+ * dtype keeps the input's. Both the registration's inference and the kernel
+ * use it. */
+dist_dtype distd_reduce_out_dtype(distd_op op, dist_dtype in);
 /* OP_SUM OP_MEAN OP_MAX OP_MIN. */
 int distd_k_reduce(distd_op op, distd_tval *x, const int64_t *axes,
                    size_t naxes, int keepdim, distd_tval **out,

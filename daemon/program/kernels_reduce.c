@@ -161,6 +161,12 @@ static void plan_reduce(const dist_shape *s, const uint8_t *red, int *perm,
     }
 }
 
+dist_dtype distd_reduce_out_dtype(distd_op op, dist_dtype in) {
+  if (op == DIST__V1__OP_KIND__OP_SUM && (in == DIST_BOOL || in == DIST_INT32))
+    return DIST_INT64;
+  return in;
+}
+
 int distd_k_reduce(distd_op op, distd_tval *x, const int64_t *axes,
                    size_t naxes, int keepdim, distd_tval **out,
                    dist_errbuf *eb) {
@@ -171,7 +177,7 @@ int distd_k_reduce(distd_op op, distd_tval *x, const int64_t *axes,
   int rc = distd_shape_reduce(&x->shape, axes, naxes, keepdim, &os, red, eb);
   if (rc) return rc;
   dist_dtype ct = distd_compute_dtype(x->dtype);
-  dist_dtype odt = x->dtype == DIST_BOOL && is_sum(op) ? DIST_INT64 : x->dtype;
+  dist_dtype odt = distd_reduce_out_dtype(op, x->dtype);
   int perm[DIST_MAX_DIMS], perm_needed;
   int64_t outer, R, inner;
   plan_reduce(&x->shape, red, perm, &perm_needed, &outer, &R, &inner);

@@ -430,6 +430,29 @@ Test(kernels, reductions_of_empty_tensors) {
   distd_tval_unref(x);
 }
 
+/* Paddle's sum (SumRawInferMeta) gives int64 for bool and int32 and keeps
+ * every other dtype; max and min always keep it. */
+Test(kernels, sum_of_bool_and_int32_is_int64_as_in_paddle) {
+  const double big[] = {2e9, 2e9, 2e9, -7};
+  distd_tval *x = make_vals(DIST_INT32, shp(2, 2, 2), big), *o = NULL;
+  int64_t a0[] = {0};
+  cr_assert_eq(distd_k_reduce(OP(SUM), x, a0, 1, 0, &o, NULL), 0);
+  cr_assert_eq(o->dtype, DIST_INT64);
+  cr_assert_eq(((int64_t *)o->data)[0], 4000000000LL, "no wrap in int32");
+  cr_assert_eq(((int64_t *)o->data)[1], 1999999993LL);
+  distd_tval_unref(o);
+  cr_assert_eq(distd_k_reduce(OP(MAX), x, NULL, 0, 0, &o, NULL), 0);
+  cr_assert_eq(o->dtype, DIST_INT32);
+  distd_tval_unref(o);
+  distd_tval_unref(x);
+  for (int d = DIST_BOOL; d <= DIST_FLOAT64; d++) {
+    dist_dtype want = d == DIST_BOOL || d == DIST_INT32 ? DIST_INT64 : d;
+    cr_assert_eq(distd_reduce_out_dtype(OP(SUM), d), want, "%s",
+                 dist_dtype_name(d));
+    cr_assert_eq(distd_reduce_out_dtype(OP(MIN), d), d);
+  }
+}
+
 Test(kernels, softmax_family_along_each_axis) {
   dist_dtype dts[] = {DIST_FLOAT32, DIST_FLOAT64};
   for (int d = 0; d < 2; d++)
