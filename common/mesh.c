@@ -241,15 +241,28 @@ static int flat_index(const dist_mesh_desc *m, const int *coords) {
 }
 
 int dist_mesh_group(const dist_mesh_desc *m, int rank, int dim, int *group) {
+  if (dim < 0 || dim >= m->ndim) return -1;
+  return dist_mesh_group_dims(m, rank, 1u << dim, group);
+}
+
+int dist_mesh_group_dims(const dist_mesh_desc *m, int rank, unsigned dims_mask,
+                         int *group) {
   int idx = dist_mesh_index_of(m, rank);
-  if (idx < 0 || dim < 0 || dim >= m->ndim) return -1;
-  int coords[DIST_MAX_MESH_DIMS];
+  if (idx < 0) return -1;
+  int coords[DIST_MAX_MESH_DIMS], n = 0;
   dist_mesh_coords(m, idx, coords);
-  for (int i = 0; i < m->shape[dim]; i++) {
-    coords[dim] = i;
-    group[i] = m->ranks[flat_index(m, coords)];
+  for (int d = 0; d < m->ndim; d++)
+    if (dims_mask & (1u << d)) coords[d] = 0;
+  for (;;) { /* an odometer over the masked dims, last dim fastest */
+    group[n++] = m->ranks[flat_index(m, coords)];
+    int d = m->ndim - 1;
+    for (; d >= 0; d--) {
+      if (!(dims_mask & (1u << d))) continue;
+      if (++coords[d] < m->shape[d]) break;
+      coords[d] = 0;
+    }
+    if (d < 0) return n;
   }
-  return m->shape[dim];
 }
 
 int dist_mesh_submesh(const dist_mesh_desc *m, const char *name, int index,

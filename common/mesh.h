@@ -48,6 +48,12 @@ void dist_mesh_coords(const dist_mesh_desc *m, int idx, int *coords);
  * in order: the group a collective over that mesh dim runs on. Returns the
  * group size, or -1 when rank is not in the mesh. */
 int dist_mesh_group(const dist_mesh_desc *m, int rank, int dim, int *group);
+/* The ranks sharing rank's coordinates on every dim not in dims_mask (bit d
+ * for mesh dim d): the group of a reduction over several dims at once, in
+ * row-major order of their coordinates. Returns its size, -1 if rank is
+ * not in m. */
+int dist_mesh_group_dims(const dist_mesh_desc *m, int rank, unsigned dims_mask,
+                         int *group);
 /* Sub-mesh by dim name and index (Paddle get_mesh_with_dim): the mesh with
  * dimension `name` fixed at `index`, which drops that dim. */
 int dist_mesh_submesh(const dist_mesh_desc *m, const char *name, int index,

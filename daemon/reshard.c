@@ -94,18 +94,35 @@ out:
   return rc;
 }
 
+/* The partial mesh dims of t that a reshard to dst_p reduces with avg,
+ * as a mask (bit d for dim d). */
+static unsigned avg_dims_reduced(const distd_tensor *t, const dist_placement *dst_p) {
+  unsigned mask = 0;
+  for (int d = 0; d < t->mesh.ndim; d++) {
+    const dist_placement *p = &t->placements[d];
+    if (p->kind == DIST_PARTIAL && p->reduce == DIST_REDUCE_AVG &&
+        !(dst_p[d].kind == DIST_PARTIAL && dst_p[d].reduce == DIST_REDUCE_AVG))
+      mask |= 1u << d;
+  }
+  return mask;
+}
+
 /* Step 2: a partial mesh dim whose target is not the same partial is
- * reduced along its group, in place in a private copy. */
+ * reduced along its group, in place in a private copy. The avg dims go in
+ * one all-reduce over all of them: an average of averages truncates an
+ * integer twice (avg(avg(1,0), avg(2,1)) is 0 where the four average to
+ * 1), and a checkpoint's rebuild averages them at once. */
 static int reduce_partials(distd_server *s, distd_tensor *t,
                            const dist_placement *dst_p, uint64_t op,
                            int64_t deadline, dist_errbuf *eb) {
-  int idx = dist_mesh_index_of(&t->mesh, s->rank);
+  unsigned avg_mask = avg_dims_reduced(t, dst_p);
   for (int d = 0; d < t->mesh.ndim; d++) {
     dist_placement *p = &t->placements[d];
     if (p->kind != DIST_PARTIAL) continue;
     if (dst_p[d].kind == DIST_PARTIAL && dst_p[d].reduce == p->reduce) continue;
+    unsigned dims = p->reduce == DIST_REDUCE_AVG ? avg_mask : 1u << d;
     int group[DIST_MAX_MESH_RANKS];
-    int n = dist_mesh_group(&t->mesh, t->mesh.ranks[idx], d, group);
+    int n = dist_mesh_group_dims(&t->mesh, s->rank, dims, group);
     distd_coll c;
     uint64_t step = distd_subop(op, DISTD_STEP_RESHARD_REDUCE + (unsigned)d);
     int rc = distd_coll_init(&c, s->peers, step, group, n, deadline, eb);
@@ -113,7 +130,8 @@ static int reduce_partials(distd_server *s, distd_tensor *t,
       rc = distd_allreduce(&c, t->data, t->nbytes / dist_dtype_size(t->dtype),
                            t->dtype, p->reduce, eb);
     if (rc != 0) return rc;
-    *p = DIST_REPLICATED;
+    for (int k = 0; k < t->mesh.ndim; k++)
+      if (dims & (1u << k)) t->placements[k] = DIST_REPLICATED;
   }
   return 0;
 }

@@ -519,23 +519,27 @@ Test(shard_tensor, partial_placements_keep_the_logical_value, .timeout = 120, .f
   stop_cluster();
 }
 
-/* A Partial(avg) tensor of dt over [0,1,2] from three pieces of n elements:
- * its whole value, read at once and again after a reshard to `to`, must be
- * want. */
-static void expect_partial_avg(dist_client *c, dist_dtype dt, const void *const *pieces,
-                               int64_t n, const void *want, const char *to) {
+/* A tensor of dt, Partial(avg) on every dim of mesh, from one piece of n
+ * elements per rank: its whole value, read at once and again after a
+ * reshard to `to`, must be want. */
+static void expect_partial_avg_on(dist_client *c, const char *mesh_str, dist_dtype dt,
+                                  const void *const *pieces, int64_t n,
+                                  const void *want, const char *to) {
   dist_mesh *mesh = NULL;
-  dist_mesh_from_string("[0,1,2]", NULL, &mesh);
-  dist_placement avg = DIST_PARTIAL_OF(DIST_REDUCE_AVG), dst;
-  cr_assert_eq(dist_parse_placements(to, &dst, 1), 1);
-  const int64_t *shapes[3] = {&n, &n, &n};
+  cr_assert_eq(dist_mesh_from_string(mesh_str, NULL, &mesh), 0);
+  int nd = dist_mesh_ndim(mesh), nranks = dist_mesh_size(mesh);
+  dist_placement avg[DIST_MAX_MESH_DIMS], dst[DIST_MAX_MESH_DIMS];
+  for (int d = 0; d < nd; d++) avg[d] = DIST_PARTIAL_OF(DIST_REDUCE_AVG);
+  cr_assert_eq(dist_parse_placements(to, dst, nd), nd);
+  const int64_t *shapes[DIST_MAX_MESH_RANKS];
+  for (int r = 0; r < nranks; r++) shapes[r] = &n;
   dist_tensor *t = NULL;
-  cr_assert_eq(dist_dtensor_from_local(c, "avg", pieces, dt, 1, shapes, mesh, &avg, &t), 0,
+  cr_assert_eq(dist_dtensor_from_local(c, "avg", pieces, dt, 1, shapes, mesh, avg, &t), 0,
                "%s", dist_errmsg(c));
   size_t bytes = (size_t)n * dist_dtype_size(dt);
   for (int step = 0; step < 2; step++) {
     if (step == 1)
-      cr_assert_eq(dist_reshard(c, t, NULL, &dst), 0, "%s", dist_errmsg(c));
+      cr_assert_eq(dist_reshard(c, t, NULL, dst), 0, "%s", dist_errmsg(c));
     void *data = NULL;
     size_t got = 0;
     cr_assert_eq(dist_full_tensor(c, t, &data, &got), 0, "%s", dist_errmsg(c));
@@ -545,6 +549,11 @@ static void expect_partial_avg(dist_client *c, dist_dtype dt, const void *const 
   cr_assert_eq(dist_tensor_delete(c, "avg"), 0, "%s", dist_errmsg(c));
   dist_tensor_free(t);
   dist_mesh_free(mesh);
+}
+
+static void expect_partial_avg(dist_client *c, dist_dtype dt, const void *const *pieces,
+                               int64_t n, const void *want, const char *to) {
+  expect_partial_avg_on(c, "[0,1,2]", dt, pieces, n, want, to);
 }
 
 /* Partial(avg) of integers: the daemons summed in the dtype, which wraps,
@@ -583,6 +592,26 @@ Test(reshard, integer_partial_avg_is_exact, .timeout = 120, .fini = stop_cluster
   expect_partial_avg(c, DIST_INT32, pieces, N, want, "Shard(0)");
   for (int r = 0; r < 3; r++) free(p32[r]);
   free(want);
+  dist_close(c);
+  stop_cluster();
+}
+
+/* Partial(avg) on both dims of a 2x2 mesh: the four parts average at once,
+ * truncated once, as a checkpoint's rebuild does. Reduced one dim at a time,
+ * (1, 2, 0, 1) read 0: avg(avg(1, 0), avg(2, 1)) = avg(0, 1). The second
+ * element's parts sum past int32. */
+Test(reshard, integer_partial_avg_on_two_dims_truncates_once, .timeout = 120,
+     .fini = stop_cluster) {
+  start_cluster(&cluster, 4);
+  dist_client *c = harness_client(&cluster);
+  const int32_t parts[4][2] = {{1, 2000000001}, {2, 2000000002},
+                               {0, 2000000003}, {1, -2000000000}};
+  int32_t want[2] = {1, (int32_t)((2000000001LL + 2000000002 + 2000000003 - 2000000000) / 4)};
+  const void *pieces[4] = {parts[0], parts[1], parts[2], parts[3]};
+  const char *to[] = {"Replicate(),Replicate()", "Shard(0),Replicate()",
+                      "Replicate(),Shard(0)"};
+  for (int i = 0; i < 3; i++)
+    expect_partial_avg_on(c, "[[0,1],[2,3]]", DIST_INT32, pieces, 2, want, to[i]);
   dist_close(c);
   stop_cluster();
 }

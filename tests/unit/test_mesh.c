@@ -158,6 +158,21 @@ Test(mesh, coords_and_groups_2d) {
   cr_expect_eq(dist_mesh_group(&m, 10, 2, g), -1);
 }
 
+/* Groups over several dims: the reduction of a Partial on all of them. */
+Test(mesh, group_over_several_dims) {
+  dist_mesh_desc m = mesh_of("[[[0,1],[2,3],[4,5]],[[6,7],[8,9],[10,11]]]", NULL);
+  int g[12];
+  cr_assert_eq(dist_mesh_group_dims(&m, 9, 0x7, g), 12);
+  for (int i = 0; i < 12; i++) cr_expect_eq(g[i], i);
+  cr_assert_eq(dist_mesh_group_dims(&m, 9, 0x5, g), 4); /* dims 0 and 2 */
+  cr_expect_arr_eq(g, ((int[]){2, 3, 8, 9}), 4 * sizeof(int));
+  cr_assert_eq(dist_mesh_group_dims(&m, 9, 0x6, g), 6); /* dims 1 and 2 */
+  cr_expect_arr_eq(g, ((int[]){6, 7, 8, 9, 10, 11}), 6 * sizeof(int));
+  cr_assert_eq(dist_mesh_group_dims(&m, 9, 0, g), 1);
+  cr_expect_eq(g[0], 9);
+  cr_expect_eq(dist_mesh_group_dims(&m, 12, 0x1, g), -1);
+}
+
 Test(mesh, submesh_by_dim_name) {
   dist_mesh_desc m = mesh_of("[[0,1,2],[3,4,5]]", "dp,mp"), s;
   dist_errbuf eb = DIST_ERRBUF_INIT;
