@@ -92,6 +92,11 @@ static const dist_cfg_option options[] = {
     OPT(tls_ca, DIST_CFG_STRING, "", 0, 0, NULL,
         "PEM CA certificate(s) that sign the other daemons' and the clients' "
         "certificates."),
+    OPT(tls_crl, DIST_CFG_STRING, "", 0, 0, NULL,
+        "PEM certificate revocation lists, one per issuer of the peers' and "
+        "clients' certificates (each issuer's certificate in tls_ca): a "
+        "revoked certificate is refused, as is one whose issuer has no "
+        "current CRL here. Empty: no revocation checks."),
     OPT(tls_client_auth, DIST_CFG_ENUM, "none", 0, 0, client_auth_modes,
         "Client certificates on the gRPC port: none, optional (verified when "
         "sent) or require (mutual TLS)."),

@@ -37,6 +37,7 @@ typedef struct distd_config {
   char *tls_cert;        /* PEM certificate of this daemon (gRPC and peers) */
   char *tls_key;         /* its private key */
   char *tls_ca;          /* CA that signs peers' and clients' certificates */
+  char *tls_crl;         /* PEM CRLs of tls_ca's issuers; "" = none */
   int tls_client_auth;   /* DISTD_CLIENT_AUTH_*: gRPC client certificates */
   int peer_tls;          /* DISTD_PEER_TLS_*: TLS on the data plane */
   char *auth_tokens_file; /* "TOKEN ROLE" lines; "" = no token checks */

@@ -151,7 +151,7 @@ int distd_start(distd_server *s, dist_errbuf *eb) {
   /* The certificate files are read once, for the data plane and gRPC. */
   distd_tls_files tls;
   if (distd_tls_check_config(&s->cfg, eb) != 0 ||
-      distd_tls_files_read(s->cfg.tls_cert, s->cfg.tls_key, s->cfg.tls_ca, &tls, eb) != 0)
+      distd_tls_files_read(&s->cfg, &tls, eb) != 0)
     return -1;
   int rc = start_peers(s, &tls, eb);
   if (rc == 0) rc = distd_ops_attach(s, eb);
@@ -183,7 +183,7 @@ static int reload_certs(distd_server *s, dist_errbuf *eb) {
   const distd_config *cfg = &s->cfg;
   void *peer_ctx = NULL;
   distd_tls_files tls;
-  int rc = distd_tls_files_read(cfg->tls_cert, cfg->tls_key, cfg->tls_ca, &tls, eb);
+  int rc = distd_tls_files_read(cfg, &tls, eb);
   if (rc == 0) rc = distd_peers_tls_load(s->peers, &tls, &peer_ctx, eb);
   if (rc == 0) rc = distd_rpc_reload_certs(s->rpc, &tls, eb);
   distd_tls_files_free(&tls);

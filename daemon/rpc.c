@@ -236,6 +236,11 @@ static int authorize(call_ctx *c, const distd_method *m, char *key, size_t len,
   size_t tlen = call_token(c, &token);
   if (tlen) snprintf(key, len, "token:%016llx", (unsigned long long)dist_fnv1a(token, tlen));
   else peer_host_key(c, key, len);
+  if (c->rpc->certs && distd_tls_grpc_check_call(c->rpc->certs, c->call, eb) != 0) {
+    if (c->rpc->srv->metrics) distd_metrics_auth_rejected(c->rpc->srv->metrics, "revoked_certificate");
+    dist_errbuf_prefix(eb, "%s: ", m->name);
+    return eb->code;
+  }
   if (m->access == DISTD_ACCESS_OPEN) return 0;
   int role = current_role(c->rpc, token, tlen);
   if (role < 0) return 0; /* no tokens file: no checks */

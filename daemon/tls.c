@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "cluster.h"
+#include "crl.h"
 #include "log.h"
 
 #define MAX_PEM (1 << 20)
@@ -43,14 +44,16 @@ static int read_pem(const char *path, const char *what, char **out, dist_errbuf 
   return 0;
 }
 
-int distd_tls_files_read(const char *cert, const char *key, const char *ca,
-                         distd_tls_files *out, dist_errbuf *eb) {
+int distd_tls_files_read(const distd_config *cfg, distd_tls_files *out,
+                         dist_errbuf *eb) {
   memset(out, 0, sizeof *out);
-  out->cert_path = cert, out->key_path = key, out->ca_path = ca;
-  if (!cert[0]) return 0;
-  int rc = read_pem(cert, "tls_cert", &out->cert, eb);
-  if (rc == 0) rc = read_pem(key, "tls_key", &out->key, eb);
-  if (rc == 0 && ca[0]) rc = read_pem(ca, "tls_ca", &out->ca, eb);
+  out->cert_path = cfg->tls_cert, out->key_path = cfg->tls_key;
+  out->ca_path = cfg->tls_ca, out->crl_path = cfg->tls_crl;
+  if (!cfg->tls_cert[0]) return 0;
+  int rc = read_pem(cfg->tls_cert, "tls_cert", &out->cert, eb);
+  if (rc == 0) rc = read_pem(cfg->tls_key, "tls_key", &out->key, eb);
+  if (rc == 0 && cfg->tls_ca[0]) rc = read_pem(cfg->tls_ca, "tls_ca", &out->ca, eb);
+  if (rc == 0 && cfg->tls_crl[0]) rc = read_pem(cfg->tls_crl, "tls_crl", &out->crl, eb);
   if (rc != 0) distd_tls_files_free(out);
   return rc;
 }
@@ -60,7 +63,8 @@ void distd_tls_files_free(distd_tls_files *f) {
   free(f->cert);
   free(f->key);
   free(f->ca);
-  f->cert = f->key = f->ca = NULL;
+  free(f->crl);
+  f->cert = f->key = f->ca = f->crl = NULL;
 }
 
 /* Fails with OpenSSL's first queued error, naming the setting and file. */
@@ -119,6 +123,19 @@ static int use_key(SSL_CTX *ctx, const char *pem) {
   return ok;
 }
 
+/* The CRLs of tls_crl in ctx's store, checked against tls_ca first. */
+static int use_crls(SSL_CTX *ctx, const distd_tls_files *f, const char *what,
+                    dist_errbuf *eb) {
+  distd_crl *crl = NULL;
+  if (distd_crl_parse(f->crl, f->ca, f->crl_path, &crl, eb) != 0) {
+    dist_errbuf_prefix(eb, "%s: ", what);
+    return eb->code;
+  }
+  int rc = distd_crl_add_to_store(crl, SSL_CTX_get_cert_store(ctx));
+  distd_crl_free(crl); /* the store holds its own references */
+  return rc == 0 ? 0 : load_fail(eb, what, "tls_crl", f->crl_path);
+}
+
 int distd_tls_ctx_load(void *ssl_ctx, const distd_tls_files *f, int with_ca,
                        const char *what, dist_errbuf *eb) {
   SSL_CTX *ctx = ssl_ctx;
@@ -133,6 +150,7 @@ int distd_tls_ctx_load(void *ssl_ctx, const distd_tls_files *f, int with_ca,
     return load_fail(eb, what, "tls_key does not match tls_cert:", f->key_path);
   if (with_ca && (!f->ca || !each_cert(ctx, f->ca, use_ca)))
     return load_fail(eb, what, "tls_ca", f->ca_path);
+  if (with_ca && f->crl) return use_crls(ctx, f, what, eb);
   return 0;
 }
 

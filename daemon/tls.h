@@ -15,17 +15,19 @@
  * rotation reads them cannot leave one side with the new certificate and
  * the other with the old, nor a certificate with another one's key. */
 typedef struct distd_tls_files {
-  const char *cert_path, *key_path, *ca_path; /* the settings, for messages */
-  char *cert, *key, *ca;                      /* NUL-terminated; NULL: not set */
+  const char *cert_path, *key_path, *ca_path, *crl_path; /* for messages */
+  char *cert, *key, *ca, *crl; /* NUL-terminated; NULL: not set */
 } distd_tls_files;
-/* Reads cert, key and ca (each "" = not set; all stay NULL without a
- * cert). Errors name the setting and its file. */
-int distd_tls_files_read(const char *cert, const char *key, const char *ca,
-                         distd_tls_files *out, dist_errbuf *eb);
+/* Reads the files cfg's tls_cert, tls_key, tls_ca and tls_crl name (each
+ * "" = not set; all stay NULL without a cert). Errors name the setting and
+ * its file. */
+int distd_tls_files_read(const distd_config *cfg, distd_tls_files *out,
+                         dist_errbuf *eb);
 void distd_tls_files_free(distd_tls_files *f); /* wipes the key */
 /* Loads f's certificate (the first in tls_cert, the rest its chain), its
- * key and, with with_ca, the CA that verifies peers into ssl_ctx (an
- * SSL_CTX *), checking that the key is the certificate's. Errors name the
+ * key and, with with_ca, the CA that verifies peers and the CRLs they are
+ * checked against (tls_crl) into ssl_ctx (an SSL_CTX *), checking that the
+ * key is the certificate's. Errors name the
  * setting and its file, after what ("data plane TLS"). */
 int distd_tls_ctx_load(void *ssl_ctx, const distd_tls_files *f, int with_ca,
                        const char *what, dist_errbuf *eb);
@@ -46,6 +48,12 @@ int distd_tls_grpc_server_creds(const distd_config *cfg, const distd_tls_files *
  * keep theirs. On failure nothing changes. */
 int distd_tls_grpc_reload(distd_tls_grpc *t, const distd_tls_files *f, dist_errbuf *eb);
 void distd_tls_grpc_free(distd_tls_grpc *t); /* NULL is a no-op */
+/* With tls_crl: refuses (DIST_EAUTH, saying why) a call whose client
+ * certificate is revoked or has no current CRL of its issuer. The CRLs of
+ * the last load apply to every call, on open connections too. */
+struct grpc_call;
+int distd_tls_grpc_check_call(distd_tls_grpc *t, struct grpc_call *call,
+                              dist_errbuf *eb);
 /* Checks the TLS settings hang together (a cert without a key, client auth
  * or peer TLS without a CA, ...), before anything starts. */
 int distd_tls_check_config(const distd_config *cfg, dist_errbuf *eb);

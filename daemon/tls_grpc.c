@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "crl.h"
 #include "tls.h"
 
 int distd_tls_check_config(const distd_config *cfg, dist_errbuf *eb) {
@@ -18,6 +19,9 @@ int distd_tls_check_config(const distd_config *cfg, dist_errbuf *eb) {
   if (cfg->tls_client_auth != DISTD_CLIENT_AUTH_NONE && !cfg->tls_ca[0])
     return dist_fail(eb, DIST_ECONFIG, "tls_client_auth needs tls_ca to verify client "
                      "certificates");
+  if (cfg->tls_crl[0] && (!has_cert || !cfg->tls_ca[0]))
+    return dist_fail(eb, DIST_ECONFIG, "tls_crl needs TLS and a CA: set tls_cert, tls_key "
+                     "and tls_ca");
   if (distd_config_peer_tls(cfg) && (!has_cert || !cfg->tls_ca[0]))
     return dist_fail(eb, DIST_ECONFIG, "peer_tls needs tls_cert, tls_key and tls_ca "
                      "(mutual TLS between daemons)");
@@ -42,6 +46,7 @@ struct distd_tls_grpc {
   int client_auth;
   pthread_mutex_t mu;
   grpc_ssl_server_certificate_config *next; /* for gRPC's next handshake */
+  distd_crl *crl; /* tls_crl, for every call from its load on; NULL: none */
 };
 
 /* f's certificate, key and CA as a certificate config for gRPC, after
@@ -79,18 +84,58 @@ static grpc_ssl_certificate_config_reload_status fetch_config(
 
 int distd_tls_grpc_reload(distd_tls_grpc *t, const distd_tls_files *f, dist_errbuf *eb) {
   grpc_ssl_server_certificate_config *fresh = NULL;
-  if (load_config(t->client_auth, f, &fresh, eb) != 0) return eb->code;
+  distd_crl *crl = NULL;
+  if (f->crl && distd_crl_parse(f->crl, f->ca, f->crl_path, &crl, eb) != 0) {
+    dist_errbuf_prefix(eb, "gRPC TLS: ");
+    return eb->code;
+  }
+  if (load_config(t->client_auth, f, &fresh, eb) != 0) {
+    distd_crl_free(crl);
+    return eb->code;
+  }
   pthread_mutex_lock(&t->mu);
   grpc_ssl_server_certificate_config *unused = t->next;
+  distd_crl *old_crl = t->crl;
   t->next = fresh;
+  t->crl = crl;
   pthread_mutex_unlock(&t->mu);
   if (unused) grpc_ssl_server_certificate_config_destroy(unused);
+  distd_crl_free(old_crl);
   return 0;
+}
+
+/* The client certificate gRPC verified for call, as PEM, or NULL. */
+static char *client_cert_pem(grpc_call *call, size_t *len) {
+  grpc_auth_context *ctx = grpc_call_auth_context(call);
+  if (!ctx) return NULL;
+  grpc_auth_property_iterator it = grpc_auth_context_find_properties_by_name(
+      ctx, GRPC_X509_PEM_CERT_PROPERTY_NAME);
+  const grpc_auth_property *p = grpc_auth_property_iterator_next(&it);
+  char *pem = p ? malloc(p->value_length) : NULL;
+  if (pem) memcpy(pem, p->value, p->value_length), *len = p->value_length;
+  grpc_auth_context_release(ctx);
+  return pem;
+}
+
+int distd_tls_grpc_check_call(distd_tls_grpc *t, grpc_call *call, dist_errbuf *eb) {
+  pthread_mutex_lock(&t->mu);
+  int checks = t->crl != NULL;
+  pthread_mutex_unlock(&t->mu);
+  if (!checks) return 0;
+  size_t len = 0;
+  char *pem = client_cert_pem(call, &len);
+  if (!pem) return 0; /* no client certificate: tls_client_auth decided */
+  pthread_mutex_lock(&t->mu); /* a reload may swap the CRLs meanwhile */
+  int rc = t->crl ? distd_crl_check_pem(t->crl, pem, len, eb) : 0;
+  pthread_mutex_unlock(&t->mu);
+  free(pem);
+  return rc;
 }
 
 void distd_tls_grpc_free(distd_tls_grpc *t) {
   if (!t) return;
   if (t->next) grpc_ssl_server_certificate_config_destroy(t->next);
+  distd_crl_free(t->crl);
   pthread_mutex_destroy(&t->mu);
   free(t);
 }

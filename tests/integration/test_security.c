@@ -56,6 +56,11 @@ static const char gen_script[] =
     "# a certificate the CA signed, but for rank 0, to be used by rank 1\n"
     "mk wrong DNS:distd-rank-0,DNS:localhost,IP:127.0.0.1 serverAuth,clientAuth\n"
     "mk client DNS:distd-client clientAuth\n"
+    "mk client2 DNS:distd-client clientAuth\n"
+    "# the CA's revocation database, for tls_crl (docs/security.md)\n"
+    "printf '[ca]\\ndefault_ca=d\\n[d]\\ndatabase=index.txt\\ncrlnumber=crlnumber\\n"
+    "default_md=sha256\\ndefault_crl_days=2\\n' > ca.cnf\n"
+    ": > index.txt && echo 01 > crlnumber\n"
     "printf '# test tokens\\n" RO_TOKEN " read-only\\n" RW_TOKEN " read-write\\n' > tokens\n"
     "chmod 600 *.key tokens\n";
 
@@ -505,6 +510,120 @@ Test(security, sighup_rotates_certificates_and_a_bad_key_keeps_them) {
   cr_assert(harness_log_wait(&h, 0, from, kept, 10000), "no refusal logged (%s)", h.dir);
   cr_assert(trusted_with(&h, 0, ca2), "a bad key dropped the certificates in use");
   harness_stop(&h);
+  remove_certs();
+}
+
+/* Revokes the certificate NAME.crt in the CA's database and writes the
+ * CA's new CRL to OUT (in certs). */
+static void revoke_cert(const char *name, const char *out) {
+  char cmd[400];
+  snprintf(cmd, sizeof cmd, "openssl ca -config ca.cnf -keyfile ca.key -cert ca.crt "
+           "-revoke %s.crt 2>/dev/null && openssl ca -config ca.cnf -keyfile ca.key "
+           "-cert ca.crt -gencrl -out %s.tmp 2>/dev/null && mv %s.tmp %s", name, out, out, out);
+  in_certs(cmd);
+}
+
+/* Info from rank 0 with the client certificate NAME; its error, "" when
+ * it was served. */
+static int info_as(harness *h, const char *name, char *err, size_t len) {
+  char crt[64], key[64];
+  snprintf(crt, sizeof crt, "%s.crt", name);
+  snprintf(key, sizeof key, "%s.key", name);
+  setenv("DIST_TLS_CERT", cert_path(crt), 1);
+  setenv("DIST_TLS_KEY", cert_path(key), 1);
+  dist_client *c = harness_client_rank(h, 0, 2000);
+  dist_daemon_info info;
+  int rc = dist_info(c, 0, &info);
+  if (rc == 0) dist_info_free(&info);
+  snprintf(err, len, "%s", rc ? dist_errmsg(c) : "");
+  dist_close(c);
+  return rc;
+}
+
+/* tls_crl on the gRPC port: a revoked client certificate is refused with
+ * its name, another one served; after SIGHUP the new CRL refuses calls on
+ * connections made before it too. */
+Test(security, revoked_client_certificates_are_refused_and_reloaded) {
+  make_certs();
+  use_tls_env();
+  revoke_cert("client2", "live.crl");
+  harness h;
+  const char *const certs_of[] = {"rank0"};
+  const char *const args[] = {"--tls-client-auth", "require", "--tls-crl",
+                              cert_path("live.crl"), NULL};
+  setenv("DIST_TLS_CERT", cert_path("client.crt"), 1); /* the harness polls */
+  setenv("DIST_TLS_KEY", cert_path("client.key"), 1);
+  start_cluster(&h, 1, certs_of, args, 1);
+  char err[600];
+  cr_assert_eq(info_as(&h, "client", err, sizeof err), 0, "%s", err);
+  cr_assert_eq(info_as(&h, "client2", err, sizeof err), DIST_EAUTH, "%s", err);
+  cr_assert(strstr(err, "the certificate /CN=client2 is revoked (tls_crl)"), "%s", err);
+
+  setenv("DIST_TLS_CERT", cert_path("client.crt"), 1);
+  setenv("DIST_TLS_KEY", cert_path("client.key"), 1);
+  dist_client *open = harness_client_rank(&h, 0, 2000);
+  dist_daemon_info info;
+  cr_assert_eq(dist_info(open, 0, &info), 0, "%s", dist_errmsg(open));
+  dist_info_free(&info);
+  revoke_cert("client", "live.crl");
+  long from = harness_log_size(&h, 0);
+  cr_assert_eq(kill(h.pids[0], SIGHUP), 0);
+  const char *const reloaded[] = {"reloaded TLS certificate", NULL};
+  cr_assert(harness_log_wait(&h, 0, from, reloaded, 10000), "no reload logged (%s)", h.dir);
+  cr_assert_eq(dist_info(open, 0, &info), DIST_EAUTH, "an open connection kept working");
+  cr_assert(strstr(dist_errmsg(open), "/CN=client is revoked"), "%s", dist_errmsg(open));
+  dist_close(open);
+  harness_stop(&h);
+  remove_certs();
+}
+
+/* tls_crl on the data plane: a daemon whose certificate is revoked cannot
+ * join its peers, and the reason is logged. */
+Test(security, a_daemon_with_a_revoked_certificate_cannot_join) {
+  make_certs();
+  use_tls_env();
+  revoke_cert("rank1", "ca.crl");
+  harness h;
+  const char *const certs_of[] = {"rank0", "rank1"};
+  const char *const args[] = {"--tls-crl", cert_path("ca.crl"), NULL};
+  start_cluster(&h, 2, certs_of, args, 0);
+  wait_serving(&h, 0);
+  const char *const why[] = {"certificate revoked", NULL};
+  cr_assert(harness_log_wait(&h, 0, 0, why, 10000),
+            "rank 0 did not log rank 1's revoked certificate (%s)", h.dir);
+  dist_client *c = harness_client_rank(&h, 0, 2000);
+  dist_daemon_info info;
+  cr_assert_eq(dist_info(c, 0, &info), 0, "%s", dist_errmsg(c));
+  for (int i = 0; i < info.npeers; i++)
+    cr_assert(info.peers[i].rank != 1 || !info.peers[i].connected,
+              "rank 1 got in with a revoked certificate");
+  dist_info_free(&info);
+  dist_close(c);
+  harness_stop(&h);
+  remove_certs();
+}
+
+/* A CRL that tls_ca did not sign, or tls_crl without TLS, stops the daemon
+ * at start, naming what is wrong. */
+Test(security, a_crl_of_another_ca_or_without_tls_stops_the_daemon) {
+  make_certs();
+  in_certs("mkdir ca2 && sh gen.sh ca2 && cd ca2 && openssl ca -config ca.cnf -keyfile "
+           "ca.key -cert ca.crt -gencrl -out ca.crl 2>/dev/null");
+  struct { const char *tls, *want; } cases[] = {
+      {"--tls-cert %s/rank0.crt --tls-key %s/rank0.key --tls-ca %s/ca.crt",
+       "the CRL of /CN=distd-test-ca is not signed by a certificate in tls_ca"},
+      {"", "tls_crl needs TLS and a CA"}};
+  for (int i = 0; i < 2; i++) {
+    char tls[900], cmd[1600], *err = NULL;
+    snprintf(tls, sizeof tls, cases[i].tls, certs, certs, certs);
+    int port = harness_free_port(), peer_port = harness_free_port();
+    snprintf(cmd, sizeof cmd, "%s --listen 127.0.0.1:%d --http-listen off --peers "
+             "\"127.0.0.1:%d 127.0.0.1:%d\" %s --tls-crl %s", harness_distd(), port, port,
+             peer_port, tls, cert_path("ca2/ca.crl"));
+    cr_assert_eq(harness_run(cmd, NULL, &err, 10), 1, "case %d: %s", i, err);
+    cr_assert(strstr(err, cases[i].want), "case %d: %s", i, err);
+    free(err);
+  }
   remove_certs();
 }
 
