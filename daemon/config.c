@@ -48,6 +48,12 @@ static const dist_cfg_option options[] = {
            MS_PER_HOUR,
            "Longest a wait on peers may go without a byte moving for it; the "
            "call then fails naming the ranks it waited on."),
+    OPT_AS("peer_unexpected_max_age", peer_unexpected_max_age_ms, DIST_CFG_DURATION, "0",
+           0, 24 * MS_PER_HOUR,
+           "Longest a frame that arrived before its receive is kept aside; "
+           "then it is dropped, logged and counted (a trainer that died "
+           "before calling never posts its receive). 0 means 10 times "
+           "peer_timeout."),
     OPT_AS("connect_backoff_min", connect_backoff_min_ms, DIST_CFG_DURATION,
            "100ms", 1, MS_PER_HOUR,
            "First wait before reconnecting to a peer that is down."),

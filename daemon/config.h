@@ -11,6 +11,10 @@
 
 #define DISTD_DEFAULT_PORT 7470 /* gRPC; the data plane takes +1, HTTP +2 */
 #define DISTD_DEFAULT_LISTEN "127.0.0.1:7470"
+/* peer_unexpected_max_age 0: this many peer_timeouts. A receive may be
+ * posted long after its frame came (the sender does not wait for it), but
+ * a trainer that lags its peers by ten silence timeouts is gone. */
+#define DISTD_UNEXPECTED_AGE_PER_TIMEOUT 10
 
 typedef struct distd_config {
   char *listen;        /* gRPC address, default 127.0.0.1:7470 */
@@ -23,6 +27,7 @@ typedef struct distd_config {
   uint64_t memory_limit;   /* tensor bytes; 0 = unlimited */
   uint64_t max_message_size;
   int64_t peer_timeout_ms;
+  int64_t peer_unexpected_max_age_ms; /* 0 = UNEXPECTED_AGE_PER_TIMEOUT x peer_timeout */
   int64_t connect_backoff_min_ms;
   int64_t connect_backoff_max_ms;
   int64_t peer_spin_us;

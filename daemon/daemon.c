@@ -80,6 +80,11 @@ static void start_memory_tick(distd_server *s) {
   event_add(memory_ev, &tv);
 }
 
+static int64_t unexpected_max_age_ms(const distd_config *cfg) {
+  if (cfg->peer_unexpected_max_age_ms > 0) return cfg->peer_unexpected_max_age_ms;
+  return DISTD_UNEXPECTED_AGE_PER_TIMEOUT * cfg->peer_timeout_ms;
+}
+
 static int start_peers(distd_server *s, const distd_tls_files *tls, dist_errbuf *eb) {
   distd_peers_opts po = {
       .rank = s->rank,
@@ -89,6 +94,7 @@ static int start_peers(distd_server *s, const distd_tls_files *tls, dist_errbuf 
       .backoff_min_ms = s->cfg.connect_backoff_min_ms,
       .backoff_max_ms = s->cfg.connect_backoff_max_ms,
       .unexpected_limit = 256u << 20,
+      .unexpected_max_age_ms = unexpected_max_age_ms(&s->cfg),
       .max_frame_size = s->cfg.max_frame_size,
       .silence_timeout_ms = s->cfg.peer_timeout_ms,
       .spin_us = s->cfg.peer_spin_us,

@@ -204,12 +204,14 @@ static int open_hold_timer(distd_peers *p, dist_errbuf *eb) {
 }
 
 /* Measures RTT on idle outbound connections (the answer comes back on the
- * same socket), and bounds handshakes. */
+ * same socket), bounds handshakes, and drops kept-aside frames whose
+ * receive did not come in time. */
 static void ping_cb(int fd, short what, void *arg) {
   (void)fd, (void)what;
   distd_peers *p = arg;
   pthread_mutex_lock(&p->mu);
   expire_handshakes(p);
+  distd_unexpected_expire(p, distd_now_ms());
   for (int r = 0; r < p->world; r++) {
     peer *pe = &p->peers[r];
     if (!pe->out || !pe->out->greeted || !dlist_empty(&pe->outq)) continue;
@@ -363,6 +365,7 @@ int distd_peers_start(distd_peers **out, struct event_base *base,
   p->backoff_max = opts->backoff_max_ms >= p->backoff_min ? opts->backoff_max_ms : 2000;
   if (p->backoff_max < p->backoff_min) p->backoff_max = p->backoff_min;
   p->unexpected_limit = opts->unexpected_limit ? opts->unexpected_limit : DEFAULT_UNEXPECTED_LIMIT;
+  p->unexpected_max_age_ms = opts->unexpected_max_age_ms > 0 ? opts->unexpected_max_age_ms : 0;
   p->max_frame = opts->max_frame_size ? opts->max_frame_size : DEFAULT_MAX_FRAME;
   p->silence_ms = opts->silence_timeout_ms;
   p->spin_us = opts->spin_us;

@@ -37,6 +37,12 @@ typedef struct distd_peers_opts {
   int64_t backoff_min_ms;
   int64_t backoff_max_ms;
   size_t unexpected_limit; /* bytes kept for not-yet-posted receives */
+  /* A whole frame kept aside this long without its receive is dropped
+   * (counted in distd_peer_stats, logged): its receive will most likely
+   * never come (the receiving trainer died before calling), and kept, it
+   * would count against unexpected_limit until the daemon stops. 0 keeps
+   * frames for good. */
+  int64_t unexpected_max_age_ms;
   /* Mutual TLS (docs/security.md) with these files; NULL (or no cert in
    * them) means plain TCP. Each daemon's certificate names its rank as
    * DNS:distd-rank-N. */
@@ -69,6 +75,8 @@ typedef struct distd_peer_stats {
   uint64_t bytes_sent, bytes_received;
   double rtt_seconds;  /* last PING round trip; 0 when unknown */
   uint32_t reconnects;
+  /* frames from the peer dropped after unexpected_max_age_ms kept aside */
+  uint64_t unexpected_expired, unexpected_expired_bytes;
   char congestion[16]; /* of the outbound connection, read from its socket */
   int send_buffer;     /* SO_SNDBUF of the outbound socket, SO_RCVBUF of the */
   int receive_buffer;  /* inbound one, as the kernel reports them; 0 if down */

@@ -158,6 +158,7 @@ typedef struct unexpected {
   uint8_t *data;
   size_t len;
   uint64_t signature; /* the header's aux */
+  int64_t kept_ms;    /* when it began to arrive (its age, distd_unexpected_expire) */
   int complete;
   recv_slot *claim; /* posted while the frame was still arriving */
 } unexpected;
@@ -283,6 +284,7 @@ struct distd_peers {
   uint64_t boot_id;
   int64_t backoff_min, backoff_max;
   size_t unexpected_limit, unexpected_bytes;
+  int64_t unexpected_max_age_ms;   /* 0: kept-aside frames never expire */
   size_t max_frame;                /* longest DATA payload accepted */
   int64_t silence_ms;              /* longest a wait may see no bytes move */
   int64_t spin_us;                 /* the driver polls this long before sleeping */
@@ -448,6 +450,9 @@ recv_slot *distd_guess_next_recv(distd_peers *p, int src, size_t *lead);
 void distd_recv_finished(recv_slot *s);
 void distd_unexpected_finished(distd_peers *p, unexpected *u);
 void distd_unexpected_free(distd_peers *p, unexpected *u);
+/* Drops the whole kept-aside frames older than unexpected_max_age_ms at
+ * now_ms; called by the loop's PING timer. */
+void distd_unexpected_expire(distd_peers *p, int64_t now_ms);
 const remembered_op *distd_remembered_find(distd_peers *p, uint64_t op_id);
 void distd_remember_op(distd_peers *p, uint64_t op_id, int aborted_by,
                        int code, const char *reason);

@@ -83,7 +83,8 @@ static int data_target(conn *c, const dist_frame_header *h) {
     return 0;
   }
   *u = (unexpected){.op_id = h->op_id, .src = c->rank, .tag = h->tag,
-                    .data = data, .len = h->length, .signature = h->aux};
+                    .data = data, .len = h->length, .signature = h->aux,
+                    .kept_ms = distd_now_ms()};
   dlist_push(&p->unexpected, &u->link);
   p->unexpected_bytes += h->length;
   c->unexp = u;

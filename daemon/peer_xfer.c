@@ -12,6 +12,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "log.h"
 #include "peer_batch.h"
 #include "peer_internal.h"
 
@@ -166,6 +167,33 @@ void distd_unexpected_finished(distd_peers *p, unexpected *u) {
   deliver_unexpected(s, u);
   one_done(s->x);
   distd_unexpected_free(p, u);
+}
+
+/* Counted against the peer that sent it, logged once (it is freed here). */
+static void drop_expired(distd_peers *p, unexpected *u, int64_t now_ms) {
+  peer *pe = &p->peers[u->src];
+  pe->stats.unexpected_expired++;
+  pe->stats.unexpected_expired_bytes += u->len;
+  log_warn("dropped %zu bytes rank %d sent for op %llu (tag %u): kept aside %lld ms "
+           "without a receive (peer_unexpected_max_age)", u->len, u->src,
+           (unsigned long long)u->op_id, u->tag, (long long)(now_ms - u->kept_ms));
+  distd_unexpected_free(p, u);
+}
+
+/* A frame whose receive is never posted (a broadcast root sent to a
+ * receiver whose trainer died before calling) would otherwise hold its
+ * bytes against unexpected_limit until the daemon stops, and past the
+ * limit its connection stops being read. Only whole frames go: one still
+ * arriving has a reader pointing into it. The list is in arrival order,
+ * so the first young frame ends the sweep. */
+void distd_unexpected_expire(distd_peers *p, int64_t now_ms) {
+  if (p->unexpected_max_age_ms <= 0) return;
+  dlist *pos, *tmp;
+  dlist_each_safe(pos, tmp, &p->unexpected) {
+    unexpected *u = dlist_entry(pos, unexpected, link);
+    if (now_ms - u->kept_ms < p->unexpected_max_age_ms) break;
+    if (u->complete && !u->claim) drop_expired(p, u, now_ms);
+  }
 }
 
 recv_slot *distd_find_posted_recv(distd_peers *p, uint64_t op_id, int src,

@@ -1,5 +1,6 @@
 /* Health, Info and the state-derived parts of /metrics and /readyz. */
 #include <event2/buffer.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -78,32 +79,47 @@ DISTD_HANDLER(info) {
   return 0;
 }
 
+/* Per-peer counters, read from distd_peer_stats. */
+static const struct peer_counter {
+  const char *name, *help;
+  size_t offset; /* of a uint64_t in distd_peer_stats */
+} peer_counters[] = {
+    {"distd_peer_bytes_sent_total", "Bytes sent to the peer on the data plane",
+     offsetof(distd_peer_stats, bytes_sent)},
+    {"distd_peer_bytes_received_total", "Bytes received from the peer on the data plane",
+     offsetof(distd_peer_stats, bytes_received)},
+    {"distd_peer_unexpected_expired_total",
+     "Frames from the peer kept aside longer than peer_unexpected_max_age without "
+     "their receive, and dropped",
+     offsetof(distd_peer_stats, unexpected_expired)},
+    {"distd_peer_unexpected_expired_bytes_total",
+     "Bytes of the frames from the peer dropped after peer_unexpected_max_age",
+     offsetof(distd_peer_stats, unexpected_expired_bytes)},
+};
+
+static uint64_t peer_counter_value(const distd_peer_stats *st, const struct peer_counter *pc) {
+  return *(const uint64_t *)((const char *)st + pc->offset);
+}
+
 static void write_peer_gauges(distd_server *s, struct evbuffer *out) {
+  distd_peer_stats *stats = calloc((size_t)s->world_size, sizeof *stats);
+  if (!stats) return;
+  for (int r = 0; r < s->world_size; r++)
+    if (r != s->rank) distd_peers_get_stats(s->peers, r, &stats[r]);
   distd_metrics_gauge_header(out, "distd_peer_connected", "gauge",
                              "1 when both directions to the peer are up");
-  for (int r = 0; r < s->world_size; r++) {
-    if (r == s->rank) continue;
-    distd_peer_stats st;
-    distd_peers_get_stats(s->peers, r, &st);
-    evbuffer_add_printf(out, "distd_peer_connected{peer=\"%d\"} %d\n", r,
-                        st.connected);
+  for (int r = 0; r < s->world_size; r++)
+    if (r != s->rank)
+      evbuffer_add_printf(out, "distd_peer_connected{peer=\"%d\"} %d\n", r, stats[r].connected);
+  for (size_t k = 0; k < sizeof peer_counters / sizeof peer_counters[0]; k++) {
+    const struct peer_counter *pc = &peer_counters[k];
+    distd_metrics_gauge_header(out, pc->name, "counter", pc->help);
+    for (int r = 0; r < s->world_size; r++)
+      if (r != s->rank)
+        evbuffer_add_printf(out, "%s{peer=\"%d\"} %llu\n", pc->name, r,
+                            (unsigned long long)peer_counter_value(&stats[r], pc));
   }
-  static const char *dirs[2] = {"sent", "received"};
-  for (int d = 0; d < 2; d++) {
-    char name[64];
-    snprintf(name, sizeof name, "distd_peer_bytes_%s_total", dirs[d]);
-    distd_metrics_gauge_header(out, name, "counter",
-                               d ? "Bytes received from the peer on the data plane"
-                                 : "Bytes sent to the peer on the data plane");
-    for (int r = 0; r < s->world_size; r++) {
-      if (r == s->rank) continue;
-      distd_peer_stats st;
-      distd_peers_get_stats(s->peers, r, &st);
-      evbuffer_add_printf(out, "%s{peer=\"%d\"} %llu\n", name, r,
-                          (unsigned long long)(d ? st.bytes_received
-                                                 : st.bytes_sent));
-    }
-  }
+  free(stats);
 }
 
 void distd_write_metrics(void *server, struct evbuffer *out) {

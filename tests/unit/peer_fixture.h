@@ -34,6 +34,7 @@ typedef struct peer_fixture {
   fix_rank r[FIX_MAX];
   char cluster_id[FIX_MAX][64];
   size_t unexpected_limit;
+  int64_t unexpected_max_age_ms; /* 0: kept-aside frames never expire */
   const char *congestion; /* NULL: the system default */
   size_t socket_buffer;   /* 0: the kernel's autotuning */
 } peer_fixture;
@@ -61,6 +62,7 @@ static inline void fix_start_rank(peer_fixture *f, int i) {
   distd_peers_opts o = {.rank = i, .world_size = f->n, .members = f->members,
                         .cluster_id = f->cluster_id[i], .backoff_min_ms = 20,
                         .backoff_max_ms = 200, .unexpected_limit = f->unexpected_limit,
+                        .unexpected_max_age_ms = f->unexpected_max_age_ms,
                         .congestion = f->congestion, .socket_buffer = f->socket_buffer,
                         .no_io_uring = getenv("DIST_TEST_NO_IO_URING") != NULL};
   dist_errbuf eb = DIST_ERRBUF_INIT;

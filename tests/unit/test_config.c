@@ -368,6 +368,7 @@ static const char *const default_dump =
     "memory_limit = 0\n"
     "max_message_size = 1G\n"
     "peer_timeout = 30s\n"
+    "peer_unexpected_max_age = 0ms\n"
     "connect_backoff_min = 100ms\n"
     "connect_backoff_max = 5s\n"
     "peer_spin_us = 5000\n"
@@ -405,6 +406,7 @@ Test(distd_config, no_arguments_gives_the_documented_defaults) {
   cr_assert_eq(cfg.memory_limit, 0);
   cr_assert_eq(cfg.max_message_size, 1ull << 30);
   cr_assert_eq(cfg.peer_timeout_ms, 30000);
+  cr_assert_eq(cfg.peer_unexpected_max_age_ms, 0, "0: tied to peer_timeout");
   cr_assert_eq(cfg.connect_backoff_min_ms, 100);
   cr_assert_eq(cfg.connect_backoff_max_ms, 5000);
   cr_assert_eq(cfg.rpc_threads, 8);
@@ -441,6 +443,7 @@ Test(distd_config, check_config_shows_values_from_every_source) {
                    "memory_limit = 0\n"
                    "max_message_size = 1G\n"
                    "peer_timeout = 90s\n"
+                   "peer_unexpected_max_age = 0ms\n"
                    "connect_backoff_min = 100ms\n"
                    "connect_backoff_max = 5s\n"
                    "peer_spin_us = 5000\n"

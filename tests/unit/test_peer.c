@@ -458,6 +458,98 @@ Test(peer, a_kept_aside_frame_of_a_failed_op_is_dropped_once_whole) {
   fix_teardown(&f);
 }
 
+/* Plants a whole frame of len bytes from src for op, kept aside since
+ * kept_ms, as the reader leaves one. */
+static unexpected *plant_kept(distd_peers *p, uint64_t op, int src, size_t len, int64_t kept_ms,
+                              int complete) {
+  unexpected *u = calloc(1, sizeof *u);
+  *u = (unexpected){.op_id = op, .src = src, .data = calloc(1, len), .len = len,
+                    .kept_ms = kept_ms, .complete = complete};
+  pthread_mutex_lock(&p->mu);
+  dlist_push(&p->unexpected, &u->link);
+  p->unexpected_bytes += len;
+  pthread_mutex_unlock(&p->mu);
+  return u;
+}
+
+static size_t kept_bytes(distd_peers *p) {
+  pthread_mutex_lock(&p->mu);
+  size_t n = p->unexpected_bytes;
+  pthread_mutex_unlock(&p->mu);
+  return n;
+}
+
+/* The sweep drops whole frames past the age only: a young one, and an
+ * old one still arriving (a reader writes into it), stay. */
+Test(peer, the_sweep_drops_whole_frames_older_than_the_age_only) {
+  peer_fixture f;
+  fix_prepare(&f, 2);
+  f.unexpected_max_age_ms = 60000; /* the loop's own sweeps, if one comes, do the same */
+  fix_start_all(&f);
+  distd_peers *p = f.r[1].peers;
+  int64_t now = distd_now_ms();
+  plant_kept(p, 60, 0, 100, now - 120000, 1);
+  unexpected *arriving = plant_kept(p, 61, 0, 200, now - 120000, 0);
+  plant_kept(p, 62, 0, 400, now - 1000, 1);
+  pthread_mutex_lock(&p->mu);
+  distd_unexpected_expire(p, now);
+  pthread_mutex_unlock(&p->mu);
+  cr_assert_eq(kept_bytes(p), 600, "kept %zu bytes, expected the 200 + 400 not dropped",
+               kept_bytes(p));
+  distd_peer_stats st;
+  distd_peers_get_stats(p, 0, &st);
+  cr_assert_eq(st.unexpected_expired, 1);
+  cr_assert_eq(st.unexpected_expired_bytes, 100);
+  pthread_mutex_lock(&p->mu);
+  arriving->complete = 1; /* whole now: the next sweep takes it */
+  distd_unexpected_expire(p, now);
+  pthread_mutex_unlock(&p->mu);
+  cr_assert_eq(kept_bytes(p), 400);
+  distd_peers_get_stats(p, 0, &st);
+  cr_assert_eq(st.unexpected_expired, 2);
+  cr_assert_eq(st.unexpected_expired_bytes, 300);
+  fix_teardown(&f);
+}
+
+/* Through the loop's timer: a frame whose receive never comes is dropped
+ * once it is older than the age, not before; one whose receive comes in
+ * time is delivered intact. */
+Test(peer, a_kept_aside_frame_without_its_receive_is_dropped_after_the_age) {
+  peer_fixture f;
+  fix_prepare(&f, 2);
+  f.unexpected_max_age_ms = 1500;
+  fix_start_all(&f);
+  cr_assert(fix_wait_connected(&f, 10000));
+  uint8_t *orphan = pattern(1000, 21), *kept = pattern(3000, 22), got[3000];
+  int64_t sent_ms = distd_now_ms();
+  distd_xfer *s = distd_xfer_new(f.r[0].peers, 70);
+  distd_xfer_send(s, 1, 0, orphan, 1000);
+  distd_xfer_send(s, 1, 1, kept, 3000);
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  cr_assert_eq(distd_xfer_wait(s, in_ms(5000), &eb), 0, "%s", eb.msg);
+  distd_xfer_free(s);
+  distd_peers *p = f.r[1].peers;
+  for (int64_t end = in_ms(1000); kept_bytes(p) < 4000 && distd_now_ms() < end;) usleep(5000);
+  cr_assert_eq(kept_bytes(p), 4000, "both frames kept aside");
+  distd_xfer *r = distd_xfer_new(p, 70);
+  distd_xfer_recv(r, 0, 1, got, sizeof got);
+  cr_assert_eq(distd_xfer_wait(r, in_ms(5000), &eb), 0, "%s", eb.msg);
+  cr_assert_eq(memcmp(got, kept, sizeof got), 0, "the frame received in time is intact");
+  distd_xfer_free(r);
+  distd_peer_stats st = {0};
+  for (int64_t end = in_ms(5000); distd_now_ms() < end; usleep(20000)) {
+    distd_peers_get_stats(p, 0, &st);
+    if (st.unexpected_expired) break;
+  }
+  int64_t after_ms = distd_now_ms() - sent_ms;
+  cr_assert_eq(st.unexpected_expired, 1, "the frame without a receive was not dropped in 5 s");
+  cr_assert_eq(st.unexpected_expired_bytes, 1000);
+  cr_assert_geq(after_ms, 1500, "dropped %lld ms after it was sent", (long long)after_ms);
+  cr_assert_eq(kept_bytes(p), 0, "%zu bytes still kept aside", kept_bytes(p));
+  free(orphan), free(kept);
+  fix_teardown(&f);
+}
+
 /* ---- errors ---- */
 
 Test(peer, wrong_length_fails_with_eproto_naming_both_ranks) {
