@@ -2,13 +2,16 @@
  * same byte count, but another dtype, reduce op, root or collective. Each
  * must fail on every trainer, naming both ranks and both descriptions,
  * well before the deadline; and the daemons must then serve the next
- * collective. Two daemons, one trainer thread per rank. */
+ * collective. Two daemons, one trainer thread per rank. A point-to-point
+ * send (a raw Collective request: libdist has no call for it) whose
+ * receive never comes is dropped after peer_unexpected_max_age. */
 #include <criterion/criterion.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "client_internal.h" /* dist_call_one: raw SEND / RECV requests */
 #include "harness.h"
 
 static harness cluster;
@@ -164,4 +167,73 @@ Test(disagree, on_dtype_reduce_op_root_or_collective, .timeout = 240, .fini = st
     expect_clash(k->a, k->b, k->bytes, k->desc_a, k->desc_b);
     expect_served();
   }
+}
+
+/* ---- point to point ---- */
+
+enum { P2P_BYTES = 16 };
+
+/* One side of a send/recv between ranks 0 and 1, made as a trainer's
+ * request to its own daemon, after delay_ms. */
+typedef struct p2p_side {
+  int rank, send, delay_ms;
+  uint64_t op_id;
+  dist_dtype dt;
+  int rc;
+  double seconds;
+  uint8_t got[P2P_BYTES];
+  char msg[600];
+} p2p_side;
+
+static const uint8_t p2p_payload[P2P_BYTES] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
+
+static void *p2p_main(void *arg) {
+  p2p_side *sd = arg;
+  harness_sleep_ms(sd->delay_ms);
+  dist_client *c = harness_client_rank(&cluster, sd->rank, 10000);
+  Dist__V1__CollectiveRequest rq = DIST__V1__COLLECTIVE_REQUEST__INIT;
+  rq.kind = sd->send ? DIST__V1__COLLECTIVE_REQUEST__KIND__SEND
+                     : DIST__V1__COLLECTIVE_REQUEST__KIND__RECV;
+  rq.op_id = sd->op_id;
+  rq.root = (uint32_t)(1 - sd->rank);
+  rq.dtype = (Dist__V1__DType)sd->dt; /* the wire numbers dtypes as dist_dtype */
+  if (sd->send) rq.data = (ProtobufCBinaryData){P2P_BYTES, (uint8_t *)p2p_payload};
+  else rq.count = P2P_BYTES / dist_dtype_size(sd->dt);
+  ProtobufCMessage *rp = NULL;
+  double t0 = harness_now_s();
+  sd->rc = dist_call_one(c, 0, "/dist.v1.Dist/Collective", &rq.base,
+                         &dist__v1__collective_reply__descriptor, &rp);
+  sd->seconds = harness_now_s() - t0;
+  const ProtobufCBinaryData *data = rp ? &((Dist__V1__CollectiveReply *)rp)->data : NULL;
+  if (sd->rc == 0 && data && data->len == P2P_BYTES) memcpy(sd->got, data->data, P2P_BYTES);
+  snprintf(sd->msg, sizeof sd->msg, "%s", dist_errmsg(c));
+  if (rp) protobuf_c_message_free_unpacked(rp, NULL);
+  dist_close(c);
+  return NULL;
+}
+
+/* A frame whose receive never comes (the receiving trainer died before
+ * calling) is dropped after peer_unexpected_max_age, logged once with
+ * its op id and sender, and counted in /metrics. */
+Test(kept_aside, a_send_never_received_is_dropped_after_the_age, .timeout = 120,
+     .fini = stop_cluster) {
+  const char *const args[] = {"--peer-unexpected-max-age=1s", NULL};
+  harness_start(&cluster, 2, args);
+  long from = harness_log_size(&cluster, 1);
+  p2p_side sender = {.rank = 0, .send = 1, .op_id = 0x7100, .dt = DIST_FLOAT32};
+  p2p_main(&sender);
+  cr_assert_eq(sender.rc, 0, "%s", sender.msg);
+  char op[64];
+  snprintf(op, sizeof op, "op %llu", 0x7100ull);
+  const char *const needles[] = {"dropped 16 bytes rank 0 sent for", op, NULL};
+  cr_expect(harness_log_wait(&cluster, 1, from, needles, 10000),
+            "rank 1 did not log dropping the frame of %s", op);
+  char cmd[600], *out = NULL, *err = NULL;
+  snprintf(cmd, sizeof cmd, "%s --cluster %s --timeout 10000 metrics --rank 1",
+           harness_distctl(), cluster.cluster_file);
+  cr_assert_eq(harness_run(cmd, &out, &err, 60), 0, "distctl metrics: %s", err ? err : "");
+  cr_expect(strstr(out, "distd_peer_unexpected_expired_total{peer=\"0\"} 1\n") &&
+                strstr(out, "distd_peer_unexpected_expired_bytes_total{peer=\"0\"} 16\n"),
+            "rank 1's metrics do not count the dropped frame:\n%s", out);
+  free(out), free(err);
 }
