@@ -310,10 +310,17 @@ static int barrier_run(const distd_coll *c, dist_errbuf *eb) {
   return rc;
 }
 
+/* Signed with the dtype, so that a receive of another dtype than was sent
+ * (same byte count) fails with both named instead of reinterpreting the
+ * bytes; a sender whose frame left before the receive saw it has
+ * succeeded by then, and only learns of it through the ABORT if it still
+ * waits. */
 static int point_to_point(distd_peers *p, uint64_t op_id, int peer, const void *sbuf,
-                          void *rbuf, size_t bytes, int64_t deadline_ms, dist_errbuf *eb) {
+                          void *rbuf, size_t bytes, dist_dtype dt, int64_t deadline_ms,
+                          dist_errbuf *eb) {
   distd_xfer *x = distd_xfer_new(p, op_id);
   if (!x) return dist_fail(eb, DIST_ENOMEM, "out of memory");
+  distd_xfer_sign(x, distd_op_signature(DISTD_SIG_P2P, dt, -1, -1), distd_op_signature_name);
   if (sbuf) distd_xfer_send(x, peer, TAG_P2P, sbuf, bytes);
   else distd_xfer_recv(x, peer, TAG_P2P, rbuf, bytes);
   int rc = distd_xfer_finish(x, deadline_ms, &peer, 1, eb);
@@ -400,17 +407,17 @@ int distd_barrier(const distd_coll *c, dist_errbuf *eb) {
 }
 
 int distd_send_to(distd_peers *p, uint64_t op_id, int dst, const void *buf, size_t bytes,
-                  int64_t deadline_ms, dist_errbuf *eb) {
+                  dist_dtype dt, int64_t deadline_ms, dist_errbuf *eb) {
   dist_errbuf why = DIST_ERRBUF_INIT;
   uint64_t serial = track(p, "send", op_id, &dst, 1, bytes);
-  int rc = point_to_point(p, op_id, dst, buf ? buf : "", NULL, bytes, deadline_ms, &why);
+  int rc = point_to_point(p, op_id, dst, buf ? buf : "", NULL, bytes, dt, deadline_ms, &why);
   return untrack(p, serial, rc, &why, eb);
 }
 
 int distd_recv_from(distd_peers *p, uint64_t op_id, int src, void *buf, size_t bytes,
-                    int64_t deadline_ms, dist_errbuf *eb) {
+                    dist_dtype dt, int64_t deadline_ms, dist_errbuf *eb) {
   dist_errbuf why = DIST_ERRBUF_INIT;
   uint64_t serial = track(p, "recv", op_id, &src, 1, bytes);
-  int rc = point_to_point(p, op_id, src, NULL, buf, bytes, deadline_ms, &why);
+  int rc = point_to_point(p, op_id, src, NULL, buf, bytes, dt, deadline_ms, &why);
   return untrack(p, serial, rc, &why, eb);
 }

@@ -58,10 +58,13 @@ int distd_alltoallv(const distd_coll *c, const void *send,
 int distd_broadcast(const distd_coll *c, void *buf, size_t count,
                     dist_dtype dt, int root, dist_errbuf *eb);
 int distd_barrier(const distd_coll *c, dist_errbuf *eb);
-/* Point to point between two global ranks (no group needed). */
+/* Point to point between two global ranks (no group needed). The frame
+ * is signed with dt (op_signature.h): a receive whose dt differs from
+ * the send's fails with DIST_EMISMATCH naming both ranks and dtypes. The
+ * send may have succeeded by then (its bytes were written). */
 int distd_send_to(distd_peers *p, uint64_t op_id, int dst, const void *buf,
-                  size_t bytes, int64_t deadline_ms, dist_errbuf *eb);
+                  size_t bytes, dist_dtype dt, int64_t deadline_ms, dist_errbuf *eb);
 int distd_recv_from(distd_peers *p, uint64_t op_id, int src, void *buf,
-                    size_t bytes, int64_t deadline_ms, dist_errbuf *eb);
+                    size_t bytes, dist_dtype dt, int64_t deadline_ms, dist_errbuf *eb);
 
 #endif

@@ -16,6 +16,7 @@ static const char *const kind_names[DISTD_SIG_KINDS] = {
     [DISTD_SIG_REDUCE_SCATTER] = "reduce_scatter", [DISTD_SIG_ALL_TO_ALL] = "all_to_all",
     [DISTD_SIG_BROADCAST] = "broadcast",           [DISTD_SIG_BARRIER] = "barrier",
     [DISTD_SIG_GLOBAL_SCATTER] = "global_scatter", [DISTD_SIG_GLOBAL_GATHER] = "global_gather",
+    [DISTD_SIG_P2P] = "p2p",
 };
 
 uint64_t distd_op_signature(distd_sig_kind kind, dist_dtype dt, int reduce, int root) {

@@ -1,5 +1,6 @@
 /* What the SPMD members of one collective must agree on beyond byte
- * counts: the collective, the dtype, the reduce op, the root. Each trainer
+ * counts: the collective, the dtype, the reduce op, the root; a
+ * point-to-point send and its receive, on the dtype. Each trainer
  * describes the op to its own daemon, so two of them can ask for, say, a
  * float32 sum and an int32 max over buffers of one size; without a check
  * the bytes would add up to values that mean nothing. The signature rides
@@ -22,6 +23,7 @@ typedef enum {
   DISTD_SIG_BARRIER,
   DISTD_SIG_GLOBAL_SCATTER,
   DISTD_SIG_GLOBAL_GATHER,
+  DISTD_SIG_P2P, /* a send and its receive: the dtype */
   DISTD_SIG_KINDS
 } distd_sig_kind;
 

@@ -263,10 +263,10 @@ static int point_to_point(distd_server *s, const distd_call_info *ci, op *o,
                      ? "send" : "recv", rq->root);
   if (rq->kind == DIST__V1__COLLECTIVE_REQUEST__KIND__SEND)
     return distd_send_to(s->peers, rq->op_id, (int)rq->root, rq->data.data,
-                         rq->data.len, ci->deadline_ms, eb);
+                         rq->data.len, o->dt, ci->deadline_ms, eb);
   int rc = alloc_out(o, rq->count * o->elem, eb);
   return rc ? rc : distd_recv_from(s->peers, rq->op_id, (int)rq->root, o->out,
-                                   o->out_len, ci->deadline_ms, eb);
+                                   o->out_len, o->dt, ci->deadline_ms, eb);
 }
 
 /* The request's signature (op_signature.h): trainers that disagree on the

@@ -2,9 +2,10 @@
  * same byte count, but another dtype, reduce op, root or collective. Each
  * must fail on every trainer, naming both ranks and both descriptions,
  * well before the deadline; and the daemons must then serve the next
- * collective. Two daemons, one trainer thread per rank. A point-to-point
- * send (a raw Collective request: libdist has no call for it) whose
- * receive never comes is dropped after peer_unexpected_max_age. */
+ * collective. Two daemons, one trainer thread per rank. Point-to-point
+ * send and receive (raw Collective requests: libdist has no call for
+ * them) likewise, and a sent frame whose receive never comes is dropped
+ * after peer_unexpected_max_age. */
 #include <criterion/criterion.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -210,6 +211,48 @@ static void *p2p_main(void *arg) {
   if (rp) protobuf_c_message_free_unpacked(rp, NULL);
   dist_close(c);
   return NULL;
+}
+
+/* Rank 0 sends P2P_BYTES as send_dt, rank 1 receives them as recv_dt;
+ * the side posted second waits first_ms. */
+static void run_p2p(uint64_t op_id, dist_dtype send_dt, dist_dtype recv_dt, int recv_first,
+                    p2p_side sd[2]) {
+  const int first_ms = 300;
+  sd[0] = (p2p_side){.rank = 0, .send = 1, .op_id = op_id, .dt = send_dt,
+                     .delay_ms = recv_first ? first_ms : 0};
+  sd[1] = (p2p_side){.rank = 1, .send = 0, .op_id = op_id, .dt = recv_dt,
+                     .delay_ms = recv_first ? 0 : first_ms};
+  pthread_t th[2];
+  for (int r = 0; r < 2; r++) pthread_create(&th[r], NULL, p2p_main, &sd[r]);
+  for (int r = 0; r < 2; r++) pthread_join(th[r], NULL);
+  for (int r = 0; r < 2; r++) cr_log_info("p2p rank %d: %s: %s", r, dist_err_name(sd[r].rc), sd[r].msg);
+}
+
+/* The receiver fails with EMISMATCH naming both ranks and both dtypes,
+ * long before its deadline. The sender may have finished before the
+ * receiver saw its frame (success); if not, it fails the same way. */
+static void expect_p2p_clash(uint64_t op_id, int recv_first) {
+  p2p_side sd[2];
+  run_p2p(op_id, DIST_FLOAT32, DIST_INT32, recv_first, sd);
+  char want[200];
+  snprintf(want, sizeof want, "rank 0 runs op %llu as p2p(float32), but rank 1 as p2p(int32)",
+           (unsigned long long)op_id);
+  cr_expect_eq(sd[1].rc, DIST_EMISMATCH, "receiver: %s: %s", dist_err_name(sd[1].rc), sd[1].msg);
+  cr_expect(strstr(sd[1].msg, want), "the receiver's error does not say '%s': %s", want,
+            sd[1].msg);
+  cr_expect_lt(sd[1].seconds, 4.0, "the receiver took %.1f s", sd[1].seconds);
+  cr_expect(sd[0].rc == 0 || (sd[0].rc == DIST_EMISMATCH && strstr(sd[0].msg, want)),
+            "sender: %s: %s", dist_err_name(sd[0].rc), sd[0].msg);
+}
+
+Test(disagree, p2p_send_and_recv_on_dtype, .timeout = 120, .fini = stop_cluster) {
+  harness_start(&cluster, 2, NULL);
+  expect_p2p_clash(0x7001, 1); /* the frame meets its posted receive */
+  expect_p2p_clash(0x7002, 0); /* the frame was kept aside, the sender done */
+  p2p_side sd[2];
+  run_p2p(0x7003, DIST_FLOAT32, DIST_FLOAT32, 1, sd);
+  for (int r = 0; r < 2; r++) cr_expect_eq(sd[r].rc, 0, "agreeing p2p, rank %d: %s", r, sd[r].msg);
+  cr_expect_eq(memcmp(sd[1].got, p2p_payload, P2P_BYTES), 0, "the receiver got other bytes");
 }
 
 /* A frame whose receive never comes (the receiving trainer died before

@@ -261,11 +261,11 @@ static int broadcast_barrier_p2p_body(rank_ctx *c) {
   int token = c->rank * 11, got = -1;
   distd_peers *p = c->f->r[c->rank].peers;
   if (!rc && c->rank % 2 == 0) {
-    rc = distd_send_to(p, 15, next, &token, sizeof token, dl, &eb);
-    if (!rc) rc = distd_recv_from(p, 15, prev, &got, sizeof got, dl, &eb);
+    rc = distd_send_to(p, 15, next, &token, sizeof token, DIST_INT32, dl, &eb);
+    if (!rc) rc = distd_recv_from(p, 15, prev, &got, sizeof got, DIST_INT32, dl, &eb);
   } else if (!rc) {
-    rc = distd_recv_from(p, 15, prev, &got, sizeof got, dl, &eb);
-    if (!rc) rc = distd_send_to(p, 15, next, &token, sizeof token, dl, &eb);
+    rc = distd_recv_from(p, 15, prev, &got, sizeof got, DIST_INT32, dl, &eb);
+    if (!rc) rc = distd_send_to(p, 15, next, &token, sizeof token, DIST_INT32, dl, &eb);
   }
   if (!rc && got != prev * 11) rc = dist_fail(&eb, -1, "p2p: got %d from rank %d", got, prev);
   if (rc) snprintf(c->msg, sizeof c->msg, "%s", eb.msg);
@@ -315,6 +315,43 @@ Test(coll, allreduce_over_a_subgroup_of_the_world) {
   cr_assert_str_eq(eb.msg, "rank 1 is not in the collective's group");
   int outside[2] = {1, 7};
   cr_assert_eq(distd_coll_init(&coll, f.r[1].peers, 21, outside, 2, 0, &eb), DIST_EINVAL);
+  fix_teardown(&f);
+}
+
+/* ---- point to point: the receive's dtype must be the send's ---- */
+
+enum { P2P_ELEMS = 1 << 17 }; /* 1 MiB of 8-byte elements: held, then written in parts */
+
+/* Rank 1 posts its receive as int64 first; rank 0 sends float64 later. */
+static int p2p_dtype_body(rank_ctx *c) {
+  distd_peers *p = c->f->r[c->rank].peers;
+  double *buf = calloc(P2P_ELEMS, sizeof *buf);
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  int64_t dl = distd_now_ms() + 20000;
+  if (c->rank == 0) {
+    usleep(100 * 1000);
+    c->rc = distd_send_to(p, 40, 1, buf, P2P_ELEMS * sizeof *buf, DIST_FLOAT64, dl, &eb);
+  } else {
+    c->rc = distd_recv_from(p, 40, 0, buf, P2P_ELEMS * sizeof *buf, DIST_INT64, dl, &eb);
+  }
+  snprintf(c->msg, sizeof c->msg, "%s", eb.msg);
+  free(buf);
+  return 0;
+}
+
+Test(coll, a_p2p_receive_of_another_dtype_fails_naming_both) {
+  peer_fixture f;
+  fix_setup(&f, 2);
+  rank_ctx ctx[FIX_MAX];
+  run_ranks(&f, p2p_dtype_body, ctx);
+  const char *want = "rank 0 runs op 40 as p2p(float64), but rank 1 as p2p(int64)";
+  cr_expect_eq(ctx[1].rc, DIST_EMISMATCH, "receiver: %s", ctx[1].msg);
+  cr_expect(strstr(ctx[1].msg, want), "receiver: '%s' expected: %s", want, ctx[1].msg);
+  cr_expect_lt(ctx[1].elapsed_ms, 10000, "the receiver waited %lld ms",
+               (long long)ctx[1].elapsed_ms);
+  /* Its bytes may all be written before the receiver reads the header. */
+  cr_expect(ctx[0].rc == 0 || (ctx[0].rc == DIST_EMISMATCH && strstr(ctx[0].msg, want)),
+            "sender: %s", ctx[0].msg);
   fix_teardown(&f);
 }
 
