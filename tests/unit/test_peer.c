@@ -486,6 +486,7 @@ Test(peer, the_sweep_drops_whole_frames_older_than_the_age_only) {
   fix_prepare(&f, 2);
   f.unexpected_max_age_ms = 60000; /* the loop's own sweeps, if one comes, do the same */
   fix_start_all(&f);
+  cr_assert(fix_wait_connected(&f, 10000));
   distd_peers *p = f.r[1].peers;
   int64_t now = distd_now_ms();
   plant_kept(p, 60, 0, 100, now - 120000, 1);
