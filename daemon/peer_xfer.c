@@ -169,14 +169,21 @@ void distd_unexpected_finished(distd_peers *p, unexpected *u) {
   distd_unexpected_free(p, u);
 }
 
-/* Counted against the peer that sent it, logged once (it is freed here). */
-static void drop_expired(distd_peers *p, unexpected *u, int64_t now_ms) {
+/* Frames named one by one in the log per sweep; the rest are summed up
+ * in one line, so that a dead receiver of many small frames does not
+ * flood the log. */
+#define EXPIRED_NAMED_PER_SWEEP 8
+
+/* Counted against the peer that sent it, logged (named) at most once:
+ * it is freed here. */
+static void drop_expired(distd_peers *p, unexpected *u, int64_t now_ms, int named) {
   peer *pe = &p->peers[u->src];
   pe->stats.unexpected_expired++;
   pe->stats.unexpected_expired_bytes += u->len;
-  log_warn("dropped %zu bytes rank %d sent for op %llu (tag %u): kept aside %lld ms "
-           "without a receive (peer_unexpected_max_age)", u->len, u->src,
-           (unsigned long long)u->op_id, u->tag, (long long)(now_ms - u->kept_ms));
+  if (named)
+    log_warn("dropped %zu bytes rank %d sent for op %llu (tag %u): kept aside %lld ms "
+             "without a receive (peer_unexpected_max_age)", u->len, u->src,
+             (unsigned long long)u->op_id, u->tag, (long long)(now_ms - u->kept_ms));
   distd_unexpected_free(p, u);
 }
 
@@ -188,12 +195,19 @@ static void drop_expired(distd_peers *p, unexpected *u, int64_t now_ms) {
  * so the first young frame ends the sweep. */
 void distd_unexpected_expire(distd_peers *p, int64_t now_ms) {
   if (p->unexpected_max_age_ms <= 0) return;
+  size_t dropped = 0, unnamed_bytes = 0;
   dlist *pos, *tmp;
   dlist_each_safe(pos, tmp, &p->unexpected) {
     unexpected *u = dlist_entry(pos, unexpected, link);
     if (now_ms - u->kept_ms < p->unexpected_max_age_ms) break;
-    if (u->complete && !u->claim) drop_expired(p, u, now_ms);
+    if (!u->complete || u->claim) continue;
+    int named = dropped++ < EXPIRED_NAMED_PER_SWEEP;
+    if (!named) unnamed_bytes += u->len;
+    drop_expired(p, u, now_ms, named);
   }
+  if (dropped > EXPIRED_NAMED_PER_SWEEP)
+    log_warn("dropped %zu more frames (%zu bytes) kept aside without a receive "
+             "(peer_unexpected_max_age)", dropped - EXPIRED_NAMED_PER_SWEEP, unnamed_bytes);
 }
 
 recv_slot *distd_find_posted_recv(distd_peers *p, uint64_t op_id, int src,

@@ -512,6 +512,31 @@ Test(peer, the_sweep_drops_whole_frames_older_than_the_age_only) {
   fix_teardown(&f);
 }
 
+/* More frames past the age than the log names one by one: every one is
+ * still dropped and counted, by the peer that sent it. */
+Test(peer, a_sweep_drops_every_old_frame_however_many) {
+  peer_fixture f;
+  fix_prepare(&f, 3);
+  f.unexpected_max_age_ms = 60000;
+  fix_start_all(&f);
+  cr_assert(fix_wait_connected(&f, 10000));
+  distd_peers *p = f.r[2].peers;
+  int64_t now = distd_now_ms();
+  enum { FRAMES = 30 };
+  for (int k = 0; k < FRAMES; k++) plant_kept(p, 80 + (uint64_t)k, k % 2, 10, now - 90000, 1);
+  pthread_mutex_lock(&p->mu);
+  distd_unexpected_expire(p, now);
+  pthread_mutex_unlock(&p->mu);
+  cr_assert_eq(kept_bytes(p), 0, "%zu bytes still kept aside", kept_bytes(p));
+  for (int src = 0; src < 2; src++) {
+    distd_peer_stats st;
+    distd_peers_get_stats(p, src, &st);
+    cr_expect_eq(st.unexpected_expired, FRAMES / 2, "from rank %d", src);
+    cr_expect_eq(st.unexpected_expired_bytes, FRAMES / 2 * 10, "from rank %d", src);
+  }
+  fix_teardown(&f);
+}
+
 /* Through the loop's timer: a frame whose receive never comes is dropped
  * once it is older than the age, not before; one whose receive comes in
  * time is delivered intact. */
