@@ -479,22 +479,32 @@ static size_t kept_bytes(distd_peers *p) {
   return n;
 }
 
+/* n connected ranks whose kept-aside frames expire after age_ms. */
+static void setup_with_max_age(peer_fixture *f, int n, int64_t age_ms) {
+  fix_prepare(f, n);
+  f->unexpected_max_age_ms = age_ms;
+  fix_start_all(f);
+  cr_assert(fix_wait_connected(f, 10000), "%d ranks did not connect within 10 s", n);
+}
+
+/* One sweep at now_ms, as the loop's timer makes it. */
+static void sweep(distd_peers *p, int64_t now_ms) {
+  pthread_mutex_lock(&p->mu);
+  distd_unexpected_expire(p, now_ms);
+  pthread_mutex_unlock(&p->mu);
+}
+
 /* The sweep drops whole frames past the age only: a young one, and an
  * old one still arriving (a reader writes into it), stay. */
 Test(peer, the_sweep_drops_whole_frames_older_than_the_age_only) {
   peer_fixture f;
-  fix_prepare(&f, 2);
-  f.unexpected_max_age_ms = 60000; /* the loop's own sweeps, if one comes, do the same */
-  fix_start_all(&f);
-  cr_assert(fix_wait_connected(&f, 10000));
+  setup_with_max_age(&f, 2, 60000); /* the loop's own sweeps, if one comes, do the same */
   distd_peers *p = f.r[1].peers;
   int64_t now = distd_now_ms();
   plant_kept(p, 60, 0, 100, now - 120000, 1);
   unexpected *arriving = plant_kept(p, 61, 0, 200, now - 120000, 0);
   plant_kept(p, 62, 0, 400, now - 1000, 1);
-  pthread_mutex_lock(&p->mu);
-  distd_unexpected_expire(p, now);
-  pthread_mutex_unlock(&p->mu);
+  sweep(p, now);
   cr_assert_eq(kept_bytes(p), 600, "kept %zu bytes, expected the 200 + 400 not dropped",
                kept_bytes(p));
   distd_peer_stats st;
@@ -503,8 +513,8 @@ Test(peer, the_sweep_drops_whole_frames_older_than_the_age_only) {
   cr_assert_eq(st.unexpected_expired_bytes, 100);
   pthread_mutex_lock(&p->mu);
   arriving->complete = 1; /* whole now: the next sweep takes it */
-  distd_unexpected_expire(p, now);
   pthread_mutex_unlock(&p->mu);
+  sweep(p, now);
   cr_assert_eq(kept_bytes(p), 400);
   distd_peers_get_stats(p, 0, &st);
   cr_assert_eq(st.unexpected_expired, 2);
@@ -516,17 +526,12 @@ Test(peer, the_sweep_drops_whole_frames_older_than_the_age_only) {
  * still dropped and counted, by the peer that sent it. */
 Test(peer, a_sweep_drops_every_old_frame_however_many) {
   peer_fixture f;
-  fix_prepare(&f, 3);
-  f.unexpected_max_age_ms = 60000;
-  fix_start_all(&f);
-  cr_assert(fix_wait_connected(&f, 10000));
+  setup_with_max_age(&f, 3, 60000);
   distd_peers *p = f.r[2].peers;
   int64_t now = distd_now_ms();
   enum { FRAMES = 30 };
   for (int k = 0; k < FRAMES; k++) plant_kept(p, 80 + (uint64_t)k, k % 2, 10, now - 90000, 1);
-  pthread_mutex_lock(&p->mu);
-  distd_unexpected_expire(p, now);
-  pthread_mutex_unlock(&p->mu);
+  sweep(p, now);
   cr_assert_eq(kept_bytes(p), 0, "%zu bytes still kept aside", kept_bytes(p));
   for (int src = 0; src < 2; src++) {
     distd_peer_stats st;
@@ -542,10 +547,7 @@ Test(peer, a_sweep_drops_every_old_frame_however_many) {
  * time is delivered intact. */
 Test(peer, a_kept_aside_frame_without_its_receive_is_dropped_after_the_age) {
   peer_fixture f;
-  fix_prepare(&f, 2);
-  f.unexpected_max_age_ms = 1500;
-  fix_start_all(&f);
-  cr_assert(fix_wait_connected(&f, 10000));
+  setup_with_max_age(&f, 2, 1500);
   uint8_t *orphan = pattern(1000, 21), *kept = pattern(3000, 22), got[3000];
   int64_t sent_ms = distd_now_ms();
   distd_xfer *s = distd_xfer_new(f.r[0].peers, 70);
