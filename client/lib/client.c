@@ -37,6 +37,16 @@ int dist_client_fail(dist_client *c, int code, const char *fmt, ...) {
   return code;
 }
 
+int dist_client_null_arg(dist_client *c, const char *func, const char *arg) {
+  return dist_client_fail(c, DIST_EINVAL, "%s: %s is NULL", func, arg);
+}
+
+int dist_client_check_rank(dist_client *c, const char *func, int rank) {
+  if (rank >= 0 && rank < c->n) return 0;
+  return dist_client_fail(c, DIST_EINVAL, "%s: no daemon of rank %d (cluster of %d)", func,
+                          rank, c->n);
+}
+
 #define MAX_PEM (1 << 20)
 
 /* An option, else its environment variable; "" means "not set" either way

@@ -76,8 +76,13 @@ int dist_call_one(dist_client *c, int target, const char *method,
  * (tensor_api.c). */
 int dist_held_elsewhere(dist_client *c, const char *name, const dist_mesh_desc *m);
 /* dist_name_check on a name the caller chose for a tensor `what` makes
- * ("shard_tensor", "output 0"): before a buffer cuts it short. */
+ * ("shard_tensor", "output 0"), or names to look up: before a buffer cuts
+ * it short. A NULL name is "WHAT: name is NULL". */
 int dist_client_check_name(dist_client *c, const char *what, const char *name);
+/* A name to look up (a tensor or parameter that may exist): NULL, empty
+ * and over-long names no daemon can hold are refused, naming func; names
+ * older daemons allowed (not UTF-8, "__metadata__") stay reachable. */
+int dist_client_check_lookup(dist_client *c, const char *func, const char *name);
 /* dist_shard_tensor in place of any tensor of that name: the daemons of
  * mesh replace theirs when all of them can (each holds both meanwhile),
  * and then those outside it drop theirs. On failure the older tensor is
@@ -106,6 +111,16 @@ int dist_spmd_refused_on(dist_client *c, uint64_t op_id, const dist_mesh_desc *m
 /* Records an error on c and returns code. */
 int dist_client_fail(dist_client *c, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* DIST_EINVAL recorded on c as "FUNC: ARG is NULL": a public call given a
+ * NULL pointer it must read or write through says which, rather than
+ * crashing. Use through DIST_NEED. */
+int dist_client_null_arg(dist_client *c, const char *func, const char *arg);
+/* 0 when rank names a daemon of c, else DIST_EINVAL recorded as "FUNC: no
+ * daemon of rank R (cluster of N)". */
+int dist_client_check_rank(dist_client *c, const char *func, int rank);
+/* 0 when pointer arg is set, else dist_client_null_arg naming it and the
+ * calling function: `if (DIST_NEED(c, grad)) return c->err.code;`. */
+#define DIST_NEED(c, arg) ((arg) ? 0 : dist_client_null_arg((c), __func__, #arg))
 /* The daemons an operation on mesh m goes to: every rank of the mesh in a
  * single client, this trainer's own daemon in SPMD. */
 int dist_targets(dist_client *c, const dist_mesh_desc *m, int *targets);

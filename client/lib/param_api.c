@@ -41,6 +41,16 @@ void dist_param_opts_from_pb(const Dist__V1__ParamConfigureRequest *rq, dist_par
   o->trainers = (int)rq->trainers;
 }
 
+/* The checks every push shares, named after the public call `func`: the
+ * parameter's name, and a trainer number the daemons' uint32 would turn
+ * into 4294967295. */
+static int check_push(dist_client *c, const char *func, const char *name, int trainer) {
+  if (dist_client_check_lookup(c, func, name) != 0) return c->err.code;
+  if (trainer < 0)
+    return dist_client_fail(c, DIST_EINVAL, "%s: trainer %d is negative", func, trainer);
+  return 0;
+}
+
 /* The lowest version any daemon reports (replies of kind Push). */
 static uint64_t lowest_version(dist_call *calls, int n) {
   uint64_t v = UINT64_MAX;
@@ -100,11 +110,12 @@ static int configure_ranks(dist_client *c, const dist_tensor *t,
 }
 
 /* Configure, or with keep_state tune (param.proto), from opts. */
-static int configure_from_opts(dist_client *c, const char *name, const dist_param_opts *opts,
-                               int keep_state) {
+static int configure_from_opts(dist_client *c, const char *func, const char *name,
+                               const dist_param_opts *opts, int keep_state) {
   dist_param_opts def = DIST_PARAM_OPTS_INIT;
   const dist_param_opts *o = opts ? opts : &def;
   dist_tensor *t = NULL;
+  if (dist_client_check_lookup(c, func, name) != 0) return c->err.code;
   int rc = dist_tensor_open(c, name, &t);
   if (rc != 0) return rc;
   Dist__V1__OptimizerConfig opt = DIST__V1__OPTIMIZER_CONFIG__INIT;
@@ -123,13 +134,12 @@ static int configure_from_opts(dist_client *c, const char *name, const dist_para
 }
 
 int dist_param_configure(dist_client *c, const char *name, const dist_param_opts *opts) {
-  return configure_from_opts(c, name, opts, 0);
+  return configure_from_opts(c, __func__, name, opts, 0);
 }
 
 int dist_param_tune(dist_client *c, const char *name, const dist_param_opts *opts) {
-  if (!opts)
-    return dist_client_fail(c, DIST_EINVAL, "tuning '%s' needs its new options", name);
-  return configure_from_opts(c, name, opts, 1);
+  if (!opts) return dist_client_null_arg(c, __func__, "opts (the new options)");
+  return configure_from_opts(c, __func__, name, opts, 1);
 }
 
 int dist_param_configure_restored(dist_client *c, const char *name,
@@ -172,6 +182,8 @@ static void *slice_for(const dist_tensor *t, int rank, const void *grad,
 
 int dist_param_push(dist_client *c, const char *name, int trainer,
                     const void *grad, size_t nbytes, uint64_t *version) {
+  if (check_push(c, __func__, name, trainer)) return c->err.code;
+  if (!grad && nbytes) return dist_client_null_arg(c, __func__, "grad");
   dist_tensor *t = NULL;
   int rc = dist_tensor_open(c, name, &t);
   if (rc != 0) return rc;
@@ -230,10 +242,10 @@ out:
 int dist_param_push_local(dist_client *c, const char *name, int trainer,
                           int rank, const void *piece, size_t nbytes,
                           uint64_t *version) {
+  if (check_push(c, __func__, name, trainer)) return c->err.code;
+  if (!piece && nbytes) return dist_client_null_arg(c, __func__, "piece");
   if (rank < 0) rank = c->spmd_rank;
-  if (rank < 0 || rank >= c->n)
-    return dist_client_fail(c, DIST_EINVAL, "push to rank %d: the cluster has "
-                            "%d daemons", rank, c->n);
+  if (dist_client_check_rank(c, __func__, rank) != 0) return c->err.code;
   Dist__V1__ParamPushRequest rq = DIST__V1__PARAM_PUSH_REQUEST__INIT;
   rq.name = (char *)name;
   rq.trainer = (uint32_t)trainer;
@@ -249,6 +261,8 @@ int dist_param_push_local(dist_client *c, const char *name, int trainer,
 
 int dist_param_push_tensor(dist_client *c, const char *name, int trainer,
                            const char *grad_name, uint64_t *version) {
+  if (check_push(c, __func__, name, trainer)) return c->err.code;
+  if (!grad_name) return dist_client_null_arg(c, __func__, "grad_name");
   dist_tensor *t = NULL;
   int rc = dist_tensor_open(c, name, &t);
   if (rc != 0) return rc;
@@ -309,7 +323,9 @@ static int assemble(dist_client *c, const dist_tensor *t, dist_call *calls,
 
 int dist_param_pull(dist_client *c, const char *name, uint64_t min_version,
                     void **data, size_t *nbytes, uint64_t *version) {
+  if (DIST_NEED(c, data) || DIST_NEED(c, nbytes)) return c->err.code;
   *data = NULL;
+  if (dist_client_check_lookup(c, __func__, name) != 0) return c->err.code;
   dist_tensor *t = NULL;
   int rc = dist_tensor_open(c, name, &t);
   if (rc != 0) return rc;

@@ -18,9 +18,19 @@ static dist_tensor *tensor_from_meta(const Dist__V1__TensorMeta *m) {
 }
 
 int dist_client_check_name(dist_client *c, const char *what, const char *name) {
+  if (!name) return dist_client_null_arg(c, what, "name");
   dist_errbuf eb = DIST_ERRBUF_INIT;
   if (dist_name_check(name, &eb) != 0)
     return dist_client_fail(c, eb.code, "%s: %s", what, dist_errbuf_msg(&eb));
+  return 0;
+}
+
+int dist_client_check_lookup(dist_client *c, const char *func, const char *name) {
+  if (!name) return dist_client_null_arg(c, func, "name");
+  size_t len = strlen(name);
+  if (len == 0 || len > DIST_NAME_LEN_MAX)
+    return dist_client_fail(c, DIST_EINVAL, "%s: tensor name of %zu bytes (1 to %d allowed)",
+                            func, len, DIST_NAME_LEN_MAX);
   return 0;
 }
 
