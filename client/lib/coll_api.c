@@ -12,12 +12,26 @@ static int own_daemon(dist_client *c, const char *what) {
   return c->spmd_rank;
 }
 
+/* A group given must have 1 to DIST_MAX_MESH_RANKS members (NULL: every
+ * rank, group_size ignored). */
+static int check_group(dist_client *c, const char *func, const int *group, int group_size) {
+  if (group && (group_size < 1 || group_size > DIST_MAX_MESH_RANKS))
+    return dist_client_fail(c, DIST_EINVAL, "%s: group_size %d (1 to %d allowed)", func,
+                            group_size, DIST_MAX_MESH_RANKS);
+  return 0;
+}
+
+/* A buffer of count elements the call reads or writes: NULL only when
+ * empty. */
+static int check_buffer(dist_client *c, const char *func, const char *arg, const void *buf,
+                        size_t count) {
+  return buf || count == 0 ? 0 : dist_client_null_arg(c, func, arg);
+}
+
 static int collective(dist_client *c, Dist__V1__CollectiveRequest *rq,
                       const int *group, int group_size, void *out,
                       size_t out_len) {
-  uint32_t g[DIST_MAX_MESH_RANKS];
-  if (group_size > DIST_MAX_MESH_RANKS)
-    return dist_client_fail(c, DIST_EINVAL, "group of %d ranks is too large", group_size);
+  uint32_t g[DIST_MAX_MESH_RANKS]; /* check_group bounds group_size */
   for (int i = 0; group && i < group_size; i++) g[i] = (uint32_t)group[i];
   rq->n_group = group ? (size_t)group_size : 0;
   rq->group = g;
@@ -39,7 +53,9 @@ static int collective(dist_client *c, Dist__V1__CollectiveRequest *rq,
 
 int dist_all_reduce(dist_client *c, void *buf, size_t count, dist_dtype dt,
                     dist_reduce op, const int *group, int group_size) {
-  if (own_daemon(c, "all_reduce") < 0) return c->err.code;
+  if (own_daemon(c, "all_reduce") < 0 || check_buffer(c, __func__, "buf", buf, count) ||
+      check_group(c, __func__, group, group_size))
+    return c->err.code;
   Dist__V1__CollectiveRequest rq = DIST__V1__COLLECTIVE_REQUEST__INIT;
   rq.kind = DIST__V1__COLLECTIVE_REQUEST__KIND__ALL_REDUCE;
   rq.dtype = (Dist__V1__DType)dt;
@@ -51,7 +67,9 @@ int dist_all_reduce(dist_client *c, void *buf, size_t count, dist_dtype dt,
 
 int dist_all_gather(dist_client *c, const void *in, size_t count, void *out,
                     dist_dtype dt, const int *group, int group_size) {
-  if (own_daemon(c, "all_gather") < 0) return c->err.code;
+  if (own_daemon(c, "all_gather") < 0 || check_buffer(c, __func__, "in", in, count) ||
+      check_buffer(c, __func__, "out", out, count) || check_group(c, __func__, group, group_size))
+    return c->err.code;
   Dist__V1__CollectiveRequest rq = DIST__V1__COLLECTIVE_REQUEST__INIT;
   rq.kind = DIST__V1__COLLECTIVE_REQUEST__KIND__ALL_GATHER;
   rq.dtype = (Dist__V1__DType)dt;
@@ -63,7 +81,9 @@ int dist_all_gather(dist_client *c, const void *in, size_t count, void *out,
 
 int dist_broadcast(dist_client *c, void *buf, size_t count, dist_dtype dt,
                    int root, const int *group, int group_size) {
-  if (own_daemon(c, "broadcast") < 0) return c->err.code;
+  if (own_daemon(c, "broadcast") < 0 || check_buffer(c, __func__, "buf", buf, count) ||
+      check_group(c, __func__, group, group_size))
+    return c->err.code;
   Dist__V1__CollectiveRequest rq = DIST__V1__COLLECTIVE_REQUEST__INIT;
   rq.kind = DIST__V1__COLLECTIVE_REQUEST__KIND__BROADCAST;
   rq.dtype = (Dist__V1__DType)dt;

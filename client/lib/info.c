@@ -37,9 +37,9 @@ static void copy_info(const Dist__V1__InfoReply *rp, dist_daemon_info *out) {
 }
 
 int dist_info(dist_client *c, int rank, dist_daemon_info *out) {
+  if (DIST_NEED(c, out)) return c->err.code;
   memset(out, 0, sizeof *out);
-  if (rank < 0 || rank >= c->n)
-    return dist_client_fail(c, DIST_EINVAL, "no daemon of rank %d (cluster of %d)", rank, c->n);
+  if (dist_client_check_rank(c, __func__, rank) != 0) return c->err.code;
   Dist__V1__InfoRequest rq = DIST__V1__INFO_REQUEST__INIT;
   ProtobufCMessage *rp = NULL;
   int rc = dist_call_one(c, rank, "/dist.v1.Dist/Info", &rq.base,
@@ -56,6 +56,7 @@ void dist_info_free(dist_daemon_info *info) {
 }
 
 int dist_health(dist_client *c, int rank) {
+  if (dist_client_check_rank(c, __func__, rank) != 0) return c->err.code;
   Grpc__Health__V1__HealthCheckRequest rq = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
   ProtobufCMessage *rp = NULL;
   int rc = dist_call_one(c, rank, "/grpc.health.v1.Health/Check", &rq.base,

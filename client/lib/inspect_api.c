@@ -8,11 +8,11 @@
 
 /* One inspection call to daemon `rank`; *reply to free with
  * protobuf_c_message_free_unpacked. */
-static int ask_rank(dist_client *c, int rank, const char *method, const ProtobufCMessage *rq,
-                    const ProtobufCMessageDescriptor *reply_desc, ProtobufCMessage **reply) {
+static int ask_rank(dist_client *c, const char *func, int rank, const char *method,
+                    const ProtobufCMessage *rq, const ProtobufCMessageDescriptor *reply_desc,
+                    ProtobufCMessage **reply) {
   *reply = NULL;
-  if (rank < 0 || rank >= c->n)
-    return dist_client_fail(c, DIST_EINVAL, "no daemon of rank %d (cluster of %d)", rank, c->n);
+  if (dist_client_check_rank(c, func, rank) != 0) return c->err.code;
   return dist_call_one(c, rank, method, rq, reply_desc, reply);
 }
 
@@ -47,11 +47,12 @@ static int copy_ops(dist_client *c, const Dist__V1__OpsReply *rp, dist_ops_repor
 }
 
 int dist_ops(dist_client *c, int rank, int recent, dist_ops_report *out) {
+  if (DIST_NEED(c, out)) return c->err.code;
   memset(out, 0, sizeof *out);
   Dist__V1__OpsRequest rq = DIST__V1__OPS_REQUEST__INIT;
   rq.recent = recent > 0 ? (uint32_t)recent : 0;
   ProtobufCMessage *rp = NULL;
-  int rc = ask_rank(c, rank, "/dist.v1.Dist/Ops", &rq.base, &dist__v1__ops_reply__descriptor,
+  int rc = ask_rank(c, __func__, rank, "/dist.v1.Dist/Ops", &rq.base, &dist__v1__ops_reply__descriptor,
                     &rp);
   if (rc == 0) rc = copy_ops(c, (const Dist__V1__OpsReply *)rp, out);
   if (rp) protobuf_c_message_free_unpacked(rp, NULL);
@@ -80,10 +81,11 @@ static int copy_experts(dist_client *c, const Dist__V1__ExpertsReply *rp,
 }
 
 int dist_experts(dist_client *c, int rank, dist_experts_report *out) {
+  if (DIST_NEED(c, out)) return c->err.code;
   memset(out, 0, sizeof *out);
   Dist__V1__ExpertsRequest rq = DIST__V1__EXPERTS_REQUEST__INIT;
   ProtobufCMessage *rp = NULL;
-  int rc = ask_rank(c, rank, "/dist.v1.Dist/Experts", &rq.base,
+  int rc = ask_rank(c, __func__, rank, "/dist.v1.Dist/Experts", &rq.base,
                     &dist__v1__experts_reply__descriptor, &rp);
   if (rc == 0) rc = copy_experts(c, (const Dist__V1__ExpertsReply *)rp, out);
   if (rp) protobuf_c_message_free_unpacked(rp, NULL);
@@ -122,10 +124,11 @@ static int copy_params(dist_client *c, int rank, const Dist__V1__ParamListReply 
 }
 
 int dist_params(dist_client *c, int rank, dist_params_report *out) {
+  if (DIST_NEED(c, out)) return c->err.code;
   memset(out, 0, sizeof *out);
   Dist__V1__ParamListRequest rq = DIST__V1__PARAM_LIST_REQUEST__INIT;
   ProtobufCMessage *rp = NULL;
-  int rc = ask_rank(c, rank, "/dist.v1.Param/List", &rq.base,
+  int rc = ask_rank(c, __func__, rank, "/dist.v1.Param/List", &rq.base,
                     &dist__v1__param_list_reply__descriptor, &rp);
   if (rc == 0) rc = copy_params(c, rank, (const Dist__V1__ParamListReply *)rp, out);
   if (rp) protobuf_c_message_free_unpacked(rp, NULL);

@@ -162,6 +162,7 @@ int dist_layer_set_param(dist_layer *l, const char *path, const void *data,
   layer_param *p = dist_layer_param_by_path(l, path);
   if (!p) return DIST_ENOTFOUND;
   if (!p->init || p->tensor) return DIST_EINVAL; /* sharded already */
+  if (!data && nbytes) return DIST_EINVAL;       /* nothing to copy from */
   if (nbytes != (size_t)dist_shape_numel(&p->shape) * sizeof(float))
     return DIST_EMISMATCH;
   memcpy(p->init, data, nbytes);

@@ -11,6 +11,12 @@ static __thread char mesh_error[512];
 
 const char *dist_last_mesh_error(void) { return mesh_error; }
 
+/* DIST_EINVAL kept as the thread's mesh error, "FUNC: ARG is NULL". */
+static int mesh_null_arg(const char *func, const char *arg) {
+  snprintf(mesh_error, sizeof mesh_error, "%s: %s is NULL", func, arg);
+  return DIST_EINVAL;
+}
+
 /* Hands out m when rc is 0, else frees it and keeps eb's message. */
 static int mesh_result(int rc, const dist_errbuf *eb, dist_mesh *m,
                        dist_mesh **out) {
@@ -25,6 +31,9 @@ static int mesh_result(int rc, const dist_errbuf *eb, dist_mesh *m,
 
 int dist_mesh_new(int ndim, const int *shape, const int *ranks,
                   const char *const *dim_names, dist_mesh **out) {
+  if (!out) return mesh_null_arg(__func__, "out");
+  if (!shape) return mesh_null_arg(__func__, "shape");
+  if (!ranks) return mesh_null_arg(__func__, "ranks");
   dist_errbuf eb = DIST_ERRBUF_INIT;
   dist_mesh *m = calloc(1, sizeof *m);
   int rc = 0;
@@ -42,6 +51,8 @@ int dist_mesh_new(int ndim, const int *shape, const int *ranks,
 
 int dist_mesh_from_string(const char *text, const char *dim_names,
                           dist_mesh **out) {
+  if (!out) return mesh_null_arg(__func__, "out");
+  if (!text) return mesh_null_arg(__func__, "text");
   dist_errbuf eb = DIST_ERRBUF_INIT;
   dist_mesh *m = calloc(1, sizeof *m);
   int rc = m ? dist_mesh_parse(&m->d, text, dim_names, &eb)
@@ -64,6 +75,9 @@ const char *dist_mesh_dim_name(const dist_mesh *m, int dim) {
 
 int dist_mesh_get_submesh(const dist_mesh *m, const char *dim_name, int index,
                           dist_mesh **out) {
+  if (!out) return mesh_null_arg(__func__, "out");
+  if (!m) return mesh_null_arg(__func__, "m");
+  if (!dim_name) return mesh_null_arg(__func__, "dim_name");
   dist_errbuf eb = DIST_ERRBUF_INIT;
   dist_mesh *s = calloc(1, sizeof *s);
   int rc = s ? dist_mesh_submesh(&m->d, dim_name, index, &s->d, &eb)
@@ -76,7 +90,11 @@ void dist_mesh_to_string(const dist_mesh *m, char *buf, size_t len) {
 }
 
 int dist_parse_placements(const char *text, dist_placement *out, int max) {
+  if (!text) return mesh_null_arg(__func__, "text");
+  if (!out) return mesh_null_arg(__func__, "out");
   int n = 0;
-  int rc = dist_placements_parse(text, out, max, &n, NULL);
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  int rc = dist_placements_parse(text, out, max, &n, &eb);
+  if (rc != 0) snprintf(mesh_error, sizeof mesh_error, "%s", dist_errbuf_msg(&eb));
   return rc != 0 ? rc : n;
 }

@@ -797,6 +797,7 @@ static const slot *grad_slot(dist_tape *t, const char *name) {
 }
 
 int dist_tape_grad(dist_tape *t, const char *name, dist_tensor **out) {
+  if (DIST_NEED(t->c, out)) return t->c->err.code;
   *out = NULL;
   const slot *s = grad_slot(t, name);
   if (!s) return DIST_ENOTFOUND;
@@ -808,6 +809,7 @@ int dist_tape_grad(dist_tape *t, const char *name, dist_tensor **out) {
 
 int dist_tape_grad_local(dist_tape *t, const char *name, int rank, void **data,
                          size_t *nbytes, int64_t *shape) {
+  if (DIST_NEED(t->c, data)) return t->c->err.code;
   *data = NULL;
   const slot *s = grad_slot(t, name);
   if (!s) return DIST_ENOTFOUND;

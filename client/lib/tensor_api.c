@@ -224,19 +224,25 @@ static void as_partial_piece(const dist_mesh_desc *m, const dist_placement *p,
 }
 
 /* shard_tensor's own checks of its arguments; *global gets the shape. */
-static int check_put_args(dist_client *c, const char *name, int ndim, const int64_t *shape,
-                          const dist_mesh *mesh, const dist_placement *placements,
-                          dist_shape *global) {
+static int check_put_args(dist_client *c, const char *name, const void *data, int ndim,
+                          const int64_t *shape, const dist_mesh *mesh,
+                          const dist_placement *placements, dist_shape *global) {
   if (dist_client_check_name(c, "shard_tensor", name) != 0) return c->err.code;
+  if (!shape && ndim > 0) return dist_client_null_arg(c, "dist_shard_tensor", "shape");
+  if (!placements) return dist_client_null_arg(c, "dist_shard_tensor", "placements");
   dist_errbuf eb = DIST_ERRBUF_INIT;
   if (dist_shape_make(ndim, shape, global, &eb) != 0)
     return dist_client_fail(c, eb.code, "shard_tensor '%s': %s", name, dist_errbuf_msg(&eb));
+  if (!data && dist_shape_numel(global) > 0)
+    return dist_client_null_arg(c, "dist_shard_tensor", "data");
   return check_placements(c, mesh, placements, ndim);
 }
 
 static int shard_put(dist_client *c, const char *name, const void *data, dist_dtype dt,
                      int ndim, const int64_t *shape, const dist_mesh *mesh,
                      const dist_placement *placements, int replace, dist_tensor **out) {
+  if (!out) return dist_client_null_arg(c, "dist_shard_tensor", "out");
+  if (!mesh) return dist_client_null_arg(c, "dist_shard_tensor", "mesh");
   *out = NULL;
   int targets[DIST_MAX_MESH_RANKS];
   int n = put_targets(c, &mesh->d, targets);
@@ -248,7 +254,7 @@ static int shard_put(dist_client *c, const char *name, const void *data, dist_dt
    * step with the others, and tells them. */
   uint64_t op = mesh->d.nranks > 1 ? dist_next_op_id(c) : 0;
   dist_shape global;
-  if (check_put_args(c, name, ndim, shape, mesh, placements, &global) != 0)
+  if (check_put_args(c, name, data, ndim, shape, mesh, placements, &global) != 0)
     return dist_spmd_refused_on(c, op, &mesh->d);
   put_batch b;
   batch_init(&b, n);
@@ -297,20 +303,28 @@ int dist_shard_tensor_replacing(dist_client *c, const char *name, const void *da
 
 /* dtensor_from_local's own checks of its arguments; locals[i] gets the
  * shape of the piece for targets[i]. */
-static int check_local_args(dist_client *c, const char *name, int ndim,
-                            const int64_t *const *shapes, const dist_mesh *mesh,
+static int check_local_args(dist_client *c, const char *name, const void *const *pieces,
+                            int ndim, const int64_t *const *shapes, const dist_mesh *mesh,
                             const dist_placement *placements, const int *targets, int n,
                             dist_shape *locals) {
+  static const char func[] = "dist_dtensor_from_local";
   if (dist_client_check_name(c, "dtensor_from_local", name) != 0) return c->err.code;
   if (ndim < 0 || ndim > DIST_MAX_DIMS)
     return dist_client_fail(c, DIST_EINVAL, "%d dims (0 to %d allowed)", ndim, DIST_MAX_DIMS);
+  if (!pieces) return dist_client_null_arg(c, func, "pieces");
+  if (!shapes) return dist_client_null_arg(c, func, "shapes");
+  if (!placements) return dist_client_null_arg(c, func, "placements");
   if (check_placements(c, mesh, placements, ndim) != 0) return c->err.code;
   for (int i = 0; i < n; i++) {
     int k = c->spmd_rank >= 0 ? 0 : i; /* SPMD: our one piece */
     dist_errbuf eb = DIST_ERRBUF_INIT;
+    if (!shapes[k] && ndim > 0)
+      return dist_client_fail(c, DIST_EINVAL, "%s: shapes[%d] is NULL", func, k);
     if (dist_shape_make(ndim, shapes[k], &locals[i], &eb) != 0)
       return dist_client_fail(c, eb.code, "dtensor_from_local '%s': rank %d's piece: %s",
                               name, targets[i], dist_errbuf_msg(&eb));
+    if (!pieces[k] && dist_shape_numel(&locals[i]) > 0)
+      return dist_client_fail(c, DIST_EINVAL, "%s: pieces[%d] is NULL", func, k);
   }
   return 0;
 }
@@ -319,13 +333,14 @@ int dist_dtensor_from_local(dist_client *c, const char *name,
                             const void *const *pieces, dist_dtype dt, int ndim,
                             const int64_t *const *shapes, const dist_mesh *mesh,
                             const dist_placement *placements, dist_tensor **out) {
+  if (DIST_NEED(c, out) || DIST_NEED(c, mesh)) return c->err.code;
   *out = NULL;
   int targets[DIST_MAX_MESH_RANKS];
   int n = put_targets(c, &mesh->d, targets);
   if (n < 0) return n;
   uint64_t op = dist_next_op_id(c); /* before the checks, as in shard_put */
   dist_shape locals[DIST_MAX_MESH_RANKS];
-  if (check_local_args(c, name, ndim, shapes, mesh, placements, targets, n, locals) != 0)
+  if (check_local_args(c, name, pieces, ndim, shapes, mesh, placements, targets, n, locals) != 0)
     return dist_spmd_refused_on(c, op, &mesh->d);
   put_batch b;
   batch_init(&b, n);
@@ -376,15 +391,16 @@ static int get_from(dist_client *c, const dist_tensor *t, int full, const int *t
 
 int dist_dtensor_to_local(dist_client *c, const dist_tensor *t, int rank,
                           void **data, size_t *nbytes, int64_t *shape) {
+  if (DIST_NEED(c, t) || DIST_NEED(c, data) || DIST_NEED(c, nbytes)) return c->err.code;
   *data = NULL;
   if (rank < 0) rank = c->spmd_rank;
-  if (rank < 0 || rank >= c->n)
-    return dist_client_fail(c, DIST_EINVAL, "no daemon of rank %d", rank);
+  if (dist_client_check_rank(c, __func__, rank) != 0) return c->err.code;
   return get_from(c, t, 0, &rank, 1, data, nbytes, shape);
 }
 
 int dist_full_tensor(dist_client *c, const dist_tensor *t, void **data,
                      size_t *nbytes) {
+  if (DIST_NEED(c, t) || DIST_NEED(c, data) || DIST_NEED(c, nbytes)) return c->err.code;
   *data = NULL;
   int targets[DIST_MAX_MESH_RANKS];
   int n = dist_targets(c, &t->mesh.d, targets);
@@ -423,10 +439,17 @@ static int refuse_reshard(dist_client *c, uint64_t op, const dist_mesh_desc *src
 
 int dist_reshard(dist_client *c, dist_tensor *t, const dist_mesh *mesh,
                  const dist_placement *placements) {
+  /* No op id yet: nothing to tell SPMD peers about a handle that is not
+   * there; a NULL placements is refused below, in step with them. */
+  if (DIST_NEED(c, t)) return c->err.code;
   const dist_mesh_desc *dst = mesh ? &mesh->d : &t->mesh.d;
   /* Taken before the checks, as in shard_put (every SPMD trainer takes
    * part in a reshard: one outside both meshes asks its daemon too). */
   uint64_t op = dist_next_op_id(c);
+  if (!placements) {
+    dist_client_null_arg(c, __func__, "placements");
+    return refuse_reshard(c, op, &t->mesh.d, dst);
+  }
   if (check_placements(c, mesh ? mesh : &t->mesh, placements, t->shape.ndim) != 0)
     return refuse_reshard(c, op, &t->mesh.d, dst);
   int *targets = calloc(2 * DIST_MAX_MESH_RANKS, sizeof *targets);
@@ -464,7 +487,9 @@ int dist_reshard(dist_client *c, dist_tensor *t, const dist_mesh *mesh,
  * (a mesh of [2, 3], or one resharded there); the first that holds it
  * answers. SPMD trainers ask their own daemon. */
 int dist_tensor_open(dist_client *c, const char *name, dist_tensor **out) {
+  if (DIST_NEED(c, out)) return c->err.code;
   *out = NULL;
+  if (dist_client_check_lookup(c, __func__, name) != 0) return c->err.code;
   Dist__V1__TensorShowRequest rq = DIST__V1__TENSOR_SHOW_REQUEST__INIT;
   rq.name = (char *)name;
   int n = c->spmd_rank >= 0 ? 1 : c->n;
@@ -499,6 +524,7 @@ int dist_tensor_open(dist_client *c, const char *name, dist_tensor **out) {
  * this trainer's). A single client deleting per-rank values (the name on
  * one-rank meshes) deletes them from every daemon, so the name is gone. */
 int dist_tensor_delete(dist_client *c, const char *name) {
+  if (dist_client_check_lookup(c, __func__, name) != 0) return c->err.code;
   dist_tensor *t = NULL;
   int rc = dist_tensor_open(c, name, &t);
   if (rc != 0) return rc;
@@ -529,6 +555,7 @@ const dist_placement *dist_tensor_placements(const dist_tensor *t) { return t->p
  * tensor is not a collective. */
 int dist_tensor_pieces(dist_client *c, const dist_tensor *t,
                        dist_tensor_piece **out, int *n) {
+  if (DIST_NEED(c, t) || DIST_NEED(c, out) || DIST_NEED(c, n)) return c->err.code;
   *out = NULL;
   *n = 0;
   const dist_mesh_desc *m = &t->mesh.d;
@@ -590,6 +617,7 @@ static dist_tensor **every_piece(dist_call *calls, int n, int *total) {
  * name, one mesh) make one entry. Per-rank values, one name on several
  * one-rank meshes, make one entry per rank. */
 int dist_tensor_list(dist_client *c, dist_tensor ***out, int *n) {
+  if (DIST_NEED(c, out) || DIST_NEED(c, n)) return c->err.code;
   *out = NULL;
   *n = 0;
   Dist__V1__TensorListRequest rq = DIST__V1__TENSOR_LIST_REQUEST__INIT;

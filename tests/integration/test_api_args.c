@@ -97,3 +97,154 @@ Test(api_args, param_configure_tune_and_pull_refuse_null_arguments) {
                 "dist_param_pull: name is NULL");
   dist_close(c);
 }
+
+Test(api_args, tensor_puts_refuse_null_data_shape_mesh_placements_and_out) {
+  dist_client *c = start_with_param();
+  double x[4] = {0};
+  int64_t shape[1] = {4};
+  dist_mesh *m = NULL;
+  dist_placement p[1];
+  cr_assert_eq(dist_mesh_from_string("[0,1]", NULL, &m), 0);
+  cr_assert_eq(dist_parse_placements("Shard(0)", p, 1), 1);
+  dist_tensor *t = NULL;
+  expect_einval(c, dist_shard_tensor(c, "x", NULL, DIST_FLOAT64, 1, shape, m, p, &t),
+                "dist_shard_tensor: data is NULL");
+  expect_einval(c, dist_shard_tensor(c, "x", x, DIST_FLOAT64, 1, NULL, m, p, &t),
+                "dist_shard_tensor: shape is NULL");
+  expect_einval(c, dist_shard_tensor(c, "x", x, DIST_FLOAT64, 1, shape, NULL, p, &t),
+                "dist_shard_tensor: mesh is NULL");
+  expect_einval(c, dist_shard_tensor(c, "x", x, DIST_FLOAT64, 1, shape, m, NULL, &t),
+                "dist_shard_tensor: placements is NULL");
+  expect_einval(c, dist_shard_tensor(c, "x", x, DIST_FLOAT64, 1, shape, m, p, NULL),
+                "dist_shard_tensor: out is NULL");
+  expect_einval(c, dist_shard_tensor(c, NULL, x, DIST_FLOAT64, 1, shape, m, p, &t),
+                "shard_tensor: name is NULL");
+  const int64_t piece_shape[1] = {2};
+  const int64_t *shapes[2] = {piece_shape, piece_shape};
+  const void *pieces[2] = {x, NULL};
+  expect_einval(c, dist_dtensor_from_local(c, "x", pieces, DIST_FLOAT64, 1, shapes, m, p, &t),
+                "dist_dtensor_from_local: pieces[1] is NULL");
+  expect_einval(c, dist_dtensor_from_local(c, "x", NULL, DIST_FLOAT64, 1, shapes, m, p, &t),
+                "dist_dtensor_from_local: pieces is NULL");
+  expect_einval(c, dist_dtensor_from_local(c, "x", pieces, DIST_FLOAT64, 1, NULL, m, p, &t),
+                "dist_dtensor_from_local: shapes is NULL");
+  /* Nothing was put. */
+  cr_assert_eq(dist_tensor_open(c, "x", &t), DIST_ENOTFOUND, "%s", dist_errmsg(c));
+  dist_mesh_free(m);
+  dist_close(c);
+}
+
+Test(api_args, tensor_reads_and_lookups_refuse_null_pointers_bad_ranks_and_long_names) {
+  dist_client *c = start_with_param();
+  dist_tensor *w = NULL;
+  cr_assert_eq(dist_tensor_open(c, "w", &w), 0, "%s", dist_errmsg(c));
+  void *data = NULL;
+  size_t nbytes = 0;
+  int64_t shape[1];
+  expect_einval(c, dist_full_tensor(c, w, NULL, &nbytes), "dist_full_tensor: data is NULL");
+  expect_einval(c, dist_full_tensor(c, NULL, &data, &nbytes), "dist_full_tensor: t is NULL");
+  expect_einval(c, dist_dtensor_to_local(c, w, 0, &data, NULL, shape),
+                "dist_dtensor_to_local: nbytes is NULL");
+  expect_einval(c, dist_dtensor_to_local(c, w, 9, &data, &nbytes, shape),
+                "dist_dtensor_to_local: no daemon of rank 9 (cluster of 2)");
+  expect_einval(c, dist_reshard(c, w, NULL, NULL), "dist_reshard: placements is NULL");
+  expect_einval(c, dist_reshard(c, NULL, NULL, NULL), "dist_reshard: t is NULL");
+  dist_tensor *t = NULL;
+  expect_einval(c, dist_tensor_open(c, NULL, &t), "dist_tensor_open: name is NULL");
+  expect_einval(c, dist_tensor_open(c, "w", NULL), "dist_tensor_open: out is NULL");
+  expect_einval(c, dist_tensor_open(c, long_name(), &t),
+                "dist_tensor_open: tensor name of 256 bytes");
+  expect_einval(c, dist_tensor_delete(c, NULL), "dist_tensor_delete: name is NULL");
+  dist_tensor_piece *pieces = NULL;
+  int n = 0;
+  expect_einval(c, dist_tensor_pieces(c, w, NULL, &n), "dist_tensor_pieces: out is NULL");
+  expect_einval(c, dist_tensor_pieces(c, w, &pieces, NULL), "dist_tensor_pieces: n is NULL");
+  expect_einval(c, dist_tensor_list(c, NULL, &n), "dist_tensor_list: out is NULL");
+  dist_tensor_free(w);
+  dist_close(c);
+}
+
+Test(api_args, inspection_calls_refuse_null_reports_and_ranks_outside_the_cluster) {
+  dist_client *c = start_with_param();
+  dist_daemon_info info;
+  expect_einval(c, dist_info(c, 0, NULL), "dist_info: out is NULL");
+  expect_einval(c, dist_info(c, 2, &info), "dist_info: no daemon of rank 2 (cluster of 2)");
+  expect_einval(c, dist_health(c, 2), "dist_health: no daemon of rank 2 (cluster of 2)");
+  expect_einval(c, dist_health(c, -1), "dist_health: no daemon of rank -1");
+  expect_einval(c, dist_ops(c, 0, 0, NULL), "dist_ops: out is NULL");
+  expect_einval(c, dist_experts(c, 0, NULL), "dist_experts: out is NULL");
+  expect_einval(c, dist_params(c, 0, NULL), "dist_params: out is NULL");
+  dist_params_report rep;
+  expect_einval(c, dist_params(c, 2, &rep), "dist_params: no daemon of rank 2 (cluster of 2)");
+  dist_close(c);
+}
+
+Test(api_args, collectives_refuse_null_buffers_and_bad_group_sizes) {
+  char id[64];
+  snprintf(id, sizeof id, "api-args-coll-%d", (int)getpid());
+  const char *args[] = {"--cluster-id", id, NULL};
+  harness_start(&cluster, 2, args);
+  dist_client *c = harness_spmd_client(&cluster, 0, "api-args");
+  double buf[4] = {0};
+  int group[2] = {0, 1};
+  expect_einval(c, dist_all_reduce(c, NULL, 4, DIST_FLOAT64, DIST_REDUCE_SUM, NULL, 0),
+                "dist_all_reduce: buf is NULL");
+  expect_einval(c, dist_all_reduce(c, buf, 4, DIST_FLOAT64, DIST_REDUCE_SUM, group, 0),
+                "dist_all_reduce: group_size 0 (1 to");
+  expect_einval(c, dist_all_reduce(c, buf, 4, DIST_FLOAT64, DIST_REDUCE_SUM, group, -3),
+                "dist_all_reduce: group_size -3");
+  expect_einval(c, dist_all_gather(c, buf, 2, NULL, DIST_FLOAT64, NULL, 0),
+                "dist_all_gather: out is NULL");
+  expect_einval(c, dist_all_gather(c, NULL, 2, buf, DIST_FLOAT64, NULL, 0),
+                "dist_all_gather: in is NULL");
+  expect_einval(c, dist_broadcast(c, NULL, 4, DIST_FLOAT64, 0, NULL, 0),
+                "dist_broadcast: buf is NULL");
+  dist_close(c);
+}
+
+/* No client: the message is the thread's dist_last_mesh_error. */
+static void expect_mesh_einval(int rc, const char *want) {
+  cr_assert_eq(rc, DIST_EINVAL, "rc %d (%s), wanted EINVAL with '%s'", rc,
+               dist_last_mesh_error(), want);
+  cr_assert(strstr(dist_last_mesh_error(), want), "'%s' does not say '%s'",
+            dist_last_mesh_error(), want);
+}
+
+Test(api_args, mesh_constructors_and_placement_parsing_refuse_null_pointers) {
+  int shape[1] = {2}, ranks[2] = {0, 1};
+  dist_mesh *m = NULL;
+  dist_placement p[2];
+  expect_mesh_einval(dist_mesh_new(1, NULL, ranks, NULL, &m), "dist_mesh_new: shape is NULL");
+  expect_mesh_einval(dist_mesh_new(1, shape, NULL, NULL, &m), "dist_mesh_new: ranks is NULL");
+  expect_mesh_einval(dist_mesh_new(1, shape, ranks, NULL, NULL), "dist_mesh_new: out is NULL");
+  expect_mesh_einval(dist_mesh_from_string(NULL, NULL, &m),
+                     "dist_mesh_from_string: text is NULL");
+  cr_assert_eq(dist_mesh_from_string("[0,1]", "dp", &m), 0, "%s", dist_last_mesh_error());
+  dist_mesh *sub = NULL;
+  expect_mesh_einval(dist_mesh_get_submesh(m, NULL, 0, &sub),
+                     "dist_mesh_get_submesh: dim_name is NULL");
+  expect_mesh_einval(dist_parse_placements(NULL, p, 2), "dist_parse_placements: text is NULL");
+  expect_mesh_einval(dist_parse_placements("Shard(0)", NULL, 2),
+                     "dist_parse_placements: out is NULL");
+  expect_mesh_einval(dist_parse_placements("Shard(0),Replicate()", p, 1),
+                     "more than 1 given");
+  dist_mesh_free(m);
+}
+
+Test(api_args, tape_gradients_and_layer_values_refuse_null_pointers) {
+  dist_client *c = start_with_param();
+  dist_tape *t = NULL;
+  cr_assert_eq(dist_tape_new(c, &t), 0, "%s", dist_errmsg(c));
+  size_t nbytes = 0;
+  expect_einval(c, dist_tape_grad(t, "w", NULL), "dist_tape_grad: out is NULL");
+  expect_einval(c, dist_tape_grad_local(t, "w", 0, NULL, &nbytes, NULL),
+                "dist_tape_grad_local: data is NULL");
+  dist_tape_free(t);
+  /* Layers before dist_shard_layer have no client to name it in: the
+   * code alone says so. */
+  dist_layer *l = NULL;
+  cr_assert_eq(dist_layer_linear(2, 2, 0, 1, &l), 0);
+  cr_assert_eq(dist_layer_set_param(l, "weight", NULL, 4 * sizeof(float)), DIST_EINVAL);
+  dist_layer_free(l);
+  dist_close(c);
+}

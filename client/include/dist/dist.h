@@ -181,7 +181,8 @@ int dist_mesh_new(int ndim, const int *shape, const int *ranks,
 int dist_mesh_from_string(const char *text, const char *dim_names,
                           dist_mesh **out);
 /* Why the last mesh constructor (dist_mesh_new, dist_mesh_from_string,
- * dist_mesh_get_submesh) that failed on this thread failed. */
+ * dist_mesh_get_submesh) or dist_parse_placements that failed on this
+ * thread failed. A NULL pointer argument fails with DIST_EINVAL naming it. */
 const char *dist_last_mesh_error(void);
 void dist_mesh_free(dist_mesh *m);
 int dist_mesh_ndim(const dist_mesh *m);
