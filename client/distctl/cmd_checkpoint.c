@@ -20,12 +20,15 @@ static int parse_args(const distctl_command *cmd, int argc, char **argv,
                       int restore, ckpt_args *a) {
   memset(a, 0, sizeof *a);
   for (int i = 0; i < argc; i++) {
-    const char *v;
-    if ((v = distctl_opt(argc, argv, &i, "--tensors"))) a->tensors = v;
-    else if (restore && (v = distctl_opt(argc, argv, &i, "--mesh"))) a->mesh = v;
-    else if (restore && (v = distctl_opt(argc, argv, &i, "--dim-names"))) a->dim_names = v;
-    else if (restore && (v = distctl_opt(argc, argv, &i, "--placements"))) a->placements = v;
-    else if (argv[i][0] == '-' && argv[i][1])
+    int taken = distctl_opt_once(cmd, argc, argv, &i, "--tensors", &a->tensors);
+    if (!taken && restore) taken = distctl_opt_once(cmd, argc, argv, &i, "--mesh", &a->mesh);
+    if (!taken && restore)
+      taken = distctl_opt_once(cmd, argc, argv, &i, "--dim-names", &a->dim_names);
+    if (!taken && restore)
+      taken = distctl_opt_once(cmd, argc, argv, &i, "--placements", &a->placements);
+    if (taken == 2) return 2;
+    if (taken) continue;
+    if (argv[i][0] == '-' && argv[i][1])
       return distctl_usage(cmd, "unknown option '%s'", argv[i]);
     else if (a->dir) return distctl_usage(cmd, "unexpected argument '%s'", argv[i]);
     else a->dir = argv[i];

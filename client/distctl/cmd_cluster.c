@@ -7,7 +7,8 @@
 
 static int run_up(const distctl_global *g, int argc, char **argv) {
   (void)g;
-  const char *dir = NULL, *v;
+  const distctl_command *cmd = &distctl_cmd_cluster_up;
+  const char *dir = NULL, *count = NULL;
   long n = 0;
   int extra = argc, pin = 0;
   for (int i = 0; i < argc; i++) {
@@ -15,24 +16,27 @@ static int run_up(const distctl_global *g, int argc, char **argv) {
       extra = i + 1;
       break;
     }
+    int taken = distctl_opt_once(cmd, argc, argv, &i, "-n", &count);
+    if (!taken) taken = distctl_opt_once(cmd, argc, argv, &i, "--dir", &dir);
+    if (taken == 2) return 2;
+    if (taken) continue;
     if (strcmp(argv[i], "--pin") == 0) pin = 1;
-    else if ((v = distctl_opt(argc, argv, &i, "-n"))) {
-      if (distctl_number_opt(&distctl_cmd_cluster_up, "-n", v, 1, DISTCTL_MAX_DAEMONS, &n))
-        return 2;
-    } else if ((v = distctl_opt(argc, argv, &i, "--dir"))) dir = v;
-    else return distctl_usage(&distctl_cmd_cluster_up, "unknown argument '%s'", argv[i]);
+    else return distctl_usage(cmd, "unknown argument '%s'", argv[i]);
   }
-  if (n <= 0) return distctl_usage(&distctl_cmd_cluster_up, "-n N (N >= 1) is required");
-  if (!dir) return distctl_usage(&distctl_cmd_cluster_up, "--dir DIR is required");
+  if (!count) return distctl_usage(cmd, "-n N (N >= 1) is required");
+  if (distctl_number_opt(cmd, "-n", count, 1, DISTCTL_MAX_DAEMONS, &n)) return 2;
+  if (!dir) return distctl_usage(cmd, "--dir DIR is required");
   return distctl_cluster_up(dir, (int)n, 30000, 0, pin, argv + extra, argc - extra);
 }
 
 static int run_down(const distctl_global *g, int argc, char **argv) {
   (void)g;
-  const char *dir = NULL, *v;
+  const char *dir = NULL;
   for (int i = 0; i < argc; i++) {
-    if ((v = distctl_opt(argc, argv, &i, "--dir"))) dir = v;
-    else return distctl_usage(&distctl_cmd_cluster_down, "unknown argument '%s'", argv[i]);
+    int taken = distctl_opt_once(&distctl_cmd_cluster_down, argc, argv, &i, "--dir", &dir);
+    if (taken == 2) return 2;
+    if (!taken)
+      return distctl_usage(&distctl_cmd_cluster_down, "unknown argument '%s'", argv[i]);
   }
   if (!dir) return distctl_usage(&distctl_cmd_cluster_down, "--dir DIR is required");
   return distctl_cluster_down(dir, 0);

@@ -80,6 +80,18 @@ static void print_ops_table(const dist_ops_report *rep, const int *ok, int n) {
     }
 }
 
+/* Arguments that may hold only `option` (once): its value in *text, or
+ * NULL when not given. 0, or 2 after a usage error. */
+static int parse_one_option(const distctl_command *cmd, int argc, char **argv,
+                            const char *option, const char **text) {
+  for (int i = 0; i < argc; i++) {
+    int taken = distctl_opt_once(cmd, argc, argv, &i, option, text);
+    if (taken == 2) return 2;
+    if (!taken) return distctl_usage(cmd, "unknown argument '%s'", argv[i]);
+  }
+  return 0;
+}
+
 static json_t *ops_rank_json(const dist_ops_report *rep) {
   json_t *in = json_array(), *recent = json_array();
   for (int i = 0; i < rep->n_in_flight + rep->n_recent; i++)
@@ -89,11 +101,9 @@ static json_t *ops_rank_json(const dist_ops_report *rep) {
 
 static int run_ops(const distctl_global *g, int argc, char **argv) {
   long recent = DEFAULT_RECENT;
-  for (int i = 0; i < argc; i++) {
-    const char *v = distctl_opt(argc, argv, &i, "--recent");
-    if (!v || distctl_parse_long(v, 0, 256, &recent) != 0)
-      return distctl_usage(&distctl_cmd_ops, "bad argument '%s'", argv[i]);
-  }
+  const char *text = NULL;
+  if (parse_one_option(&distctl_cmd_ops, argc, argv, "--recent", &text) != 0) return 2;
+  if (text && distctl_number_opt(&distctl_cmd_ops, "--recent", text, 0, 256, &recent)) return 2;
   dist_client *c = distctl_connect(g);
   if (!c) return 1;
   int n = dist_world_size(c), down = 0;
@@ -104,7 +114,7 @@ static int run_ops(const distctl_global *g, int argc, char **argv) {
     /* recent = 0 asks for none here: the RPC's 0 means "all kept". */
     ok[r] = dist_ops(c, r, recent ? (int)recent : 1, &rep[r]) == 0;
     if (ok[r] && !recent) rep[r].n_recent = 0;
-    if (!ok[r]) down++, distctl_fail("rank %d: %s", r, dist_errmsg(c));
+    if (!ok[r]) down++, distctl_rank_fail(c, r);
     json_array_append_new(ranks, ok[r] ? ops_rank_json(&rep[r])
                                        : distctl_down_json(c, r, dist_errmsg(c)));
   }
@@ -160,7 +170,7 @@ static int run_experts(const distctl_global *g, int argc, char **argv) {
     dist_experts_report rep;
     if (dist_experts(c, r, &rep) != 0) {
       down++;
-      distctl_fail("rank %d: %s", r, dist_errmsg(c));
+      distctl_rank_fail(c, r);
       json_array_append_new(ranks, distctl_down_json(c, r, dist_errmsg(c)));
       continue;
     }
@@ -320,11 +330,10 @@ static json_t *samples_json(char *text) {
 
 static int run_metrics(const distctl_global *g, int argc, char **argv) {
   long rank = 0;
-  for (int i = 0; i < argc; i++) {
-    const char *v = distctl_opt(argc, argv, &i, "--rank");
-    if (!v || distctl_parse_long(v, 0, 1 << 20, &rank) != 0)
-      return distctl_usage(&distctl_cmd_metrics, "bad argument '%s'", argv[i]);
-  }
+  const char *text = NULL;
+  if (parse_one_option(&distctl_cmd_metrics, argc, argv, "--rank", &text) != 0) return 2;
+  if (text && distctl_number_opt(&distctl_cmd_metrics, "--rank", text, 0, 1 << 20, &rank))
+    return 2;
   dist_client *c = distctl_connect(g);
   if (!c) return 1;
   dist_daemon_info info;
@@ -332,7 +341,7 @@ static int run_metrics(const distctl_global *g, int argc, char **argv) {
   long timeout = g->timeout_ms > 0 ? g->timeout_ms : 10000;
   int rc = 1;
   if (dist_info(c, (int)rank, &info) != 0) {
-    distctl_fail("rank %ld: %s", rank, dist_errmsg(c));
+    distctl_rank_fail(c, rank);
     goto out;
   }
   if (!info.http_address[0]) {
@@ -464,27 +473,28 @@ static void pause_seconds(double s) {
   }
 }
 
+/* --iterations and --interval (each once); 0, or 2 after a usage error. */
 static int parse_top_args(int argc, char **argv, long *iterations, double *interval) {
+  const distctl_command *cmd = &distctl_cmd_top;
+  const char *its = NULL, *every = NULL;
   for (int i = 0; i < argc; i++) {
-    const char *v;
-    if ((v = distctl_opt(argc, argv, &i, "--iterations"))) {
-      if (distctl_parse_long(v, 0, 1L << 30, iterations) != 0) return i;
-    } else if ((v = distctl_opt(argc, argv, &i, "--interval"))) {
-      char *end;
-      *interval = strtod(v, &end);
-      if (!*v || *end || !(*interval >= 0.05 && *interval <= 3600)) return i;
-    } else {
-      return i;
-    }
+    int taken = distctl_opt_once(cmd, argc, argv, &i, "--iterations", &its);
+    if (!taken) taken = distctl_opt_once(cmd, argc, argv, &i, "--interval", &every);
+    if (taken == 2) return 2;
+    if (!taken) return distctl_usage(cmd, "unknown argument '%s'", argv[i]);
   }
-  return -1;
+  if (its && distctl_number_opt(cmd, "--iterations", its, 0, 1L << 30, iterations)) return 2;
+  char *end = NULL;
+  if (every) *interval = strtod(every, &end);
+  if (every && (!*every || *end || !(*interval >= 0.05 && *interval <= 3600)))
+    return distctl_usage(cmd, "bad --interval '%s': seconds, from 0.05 to 3600", every);
+  return 0;
 }
 
 static int run_top(const distctl_global *g, int argc, char **argv) {
   long iterations = 0;
   double interval = 1.0;
-  int bad = parse_top_args(argc, argv, &iterations, &interval);
-  if (bad >= 0) return distctl_usage(&distctl_cmd_top, "bad argument '%s'", argv[bad]);
+  if (parse_top_args(argc, argv, &iterations, &interval) != 0) return 2;
   dist_client *c = distctl_connect(g);
   if (!c) return 1;
   int n = dist_world_size(c), tty = isatty(STDOUT_FILENO), rc = 0;

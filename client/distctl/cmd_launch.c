@@ -138,7 +138,8 @@ static int run_job(int n, const char *cluster, const char *log_dir, char **argv)
 }
 
 static int run_launch(const distctl_global *g, int argc, char **argv) {
-  const char *log_dir = "./log", *v;
+  const distctl_command *cmd = &distctl_cmd_launch;
+  const char *log_dir = NULL, *count = NULL;
   long n = 0;
   int prog = -1;
   for (int i = 0; i < argc; i++) {
@@ -146,13 +147,14 @@ static int run_launch(const distctl_global *g, int argc, char **argv) {
       prog = i + 1;
       break;
     }
-    if ((v = distctl_opt(argc, argv, &i, "-n"))) {
-      if (distctl_number_opt(&distctl_cmd_launch, "-n", v, 1, MAX_RANKS, &n)) return 2;
-    } else if ((v = distctl_opt(argc, argv, &i, "--log-dir"))) log_dir = v;
-    else return distctl_usage(&distctl_cmd_launch, "unknown argument '%s'", argv[i]);
+    int taken = distctl_opt_once(cmd, argc, argv, &i, "-n", &count);
+    if (!taken) taken = distctl_opt_once(cmd, argc, argv, &i, "--log-dir", &log_dir);
+    if (taken == 2) return 2;
+    if (!taken) return distctl_usage(cmd, "unknown argument '%s'", argv[i]);
   }
-  if (n <= 0 || n > MAX_RANKS)
-    return distctl_usage(&distctl_cmd_launch, "-n N (1 to %d) is required", MAX_RANKS);
+  if (!count) return distctl_usage(cmd, "-n N (1 to %d) is required", MAX_RANKS);
+  if (distctl_number_opt(cmd, "-n", count, 1, MAX_RANKS, &n)) return 2;
+  if (!log_dir) log_dir = "./log";
   if (prog < 0 || prog >= argc)
     return distctl_usage(&distctl_cmd_launch, "the program to run follows '--'");
   if (mkdir(log_dir, 0755) != 0 && errno != EEXIST)

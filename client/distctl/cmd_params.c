@@ -3,6 +3,7 @@
  * memory their state takes. A parameter whose daemons disagree on the
  * updates applied is named: its shards are no longer one model.
  * distctl param tune: new hyper-parameters, the state kept. */
+#include <math.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -99,7 +100,7 @@ static int run_params(const distctl_global *g, int argc, char **argv) {
   for (int r = 0; r < n; r++) {
     if (dist_params(c, r, &rep[r]) != 0) {
       down++;
-      distctl_fail("rank %d: %s", r, dist_errmsg(c));
+      distctl_rank_fail(c, r);
       json_array_append_new(ranks, distctl_down_json(c, r, dist_errmsg(c)));
       continue;
     }
@@ -151,27 +152,41 @@ static int current_opts(dist_client *c, const char *name, dist_param_opts *out) 
   int rank = dist_mesh_rank_at(dist_tensor_mesh(t), 0), found = 0;
   dist_tensor_free(t);
   dist_params_report rep;
-  if (dist_params(c, rank, &rep) != 0) return distctl_fail("rank %d: %s", rank, dist_errmsg(c));
+  if (dist_params(c, rank, &rep) != 0) return distctl_rank_fail(c, rank);
   for (int i = 0; i < rep.n && !found; i++)
     if (strcmp(rep.params[i].name, name) == 0) *out = rep.params[i].opts, found = 1;
   dist_params_report_free(&rep);
   return found ? 0 : distctl_fail("'%s' is not a parameter (configure it first)", name);
 }
 
+/* Takes argv[*i] when it is one of the tunables (each once) into its
+ * text; 1 when taken, 0 when not one, 2 after a usage error. */
+static int take_tunable(int argc, char **argv, int *i, const char **text) {
+  for (size_t k = 0; k < NTUNABLES; k++) {
+    int taken = distctl_opt_once(&distctl_cmd_param_tune, argc, argv, i, tunables[k].flag,
+                                 &text[k]);
+    if (taken) return taken;
+  }
+  return 0;
+}
+
 /* Reads the flags into values (set[i] when given); 2 on bad usage. */
 static int parse_tune(int argc, char **argv, double *values, int *set) {
+  const char *text[NTUNABLES] = {NULL};
   int any = 0;
   for (int i = 1; i < argc; i++) {
-    const char *v = NULL;
-    size_t k = 0;
-    for (; k < NTUNABLES && !v; k++) v = distctl_opt(argc, argv, &i, tunables[k].flag);
-    if (!v) return distctl_usage(&distctl_cmd_param_tune, "unexpected argument '%s'", argv[i]);
+    int taken = take_tunable(argc, argv, &i, text);
+    if (taken == 2) return 2;
+    if (!taken) return distctl_usage(&distctl_cmd_param_tune, "unexpected argument '%s'", argv[i]);
+  }
+  for (size_t k = 0; k < NTUNABLES; k++) {
+    if (!text[k]) continue;
     char *end = NULL;
-    values[k - 1] = strtod(v, &end);
-    if (end == v || *end)
-      return distctl_usage(&distctl_cmd_param_tune, "%s takes a number, not '%s'",
-                           tunables[k - 1].flag, v);
-    set[k - 1] = any = 1;
+    values[k] = strtod(text[k], &end);
+    if (end == text[k] || *end || !isfinite(values[k]))
+      return distctl_usage(&distctl_cmd_param_tune, "%s takes a finite number, not '%s'",
+                           tunables[k].flag, text[k]);
+    set[k] = any = 1;
   }
   return any ? 0 : distctl_usage(&distctl_cmd_param_tune, "nothing to change");
 }

@@ -38,14 +38,8 @@ static const char **slot(tensor_args *a, const char *name) {
 static int take_option(const distctl_command *cmd, int argc, char **argv,
                        int *i, const char *const *options, tensor_args *a) {
   for (int k = 0; options[k]; k++) {
-    size_t len = strlen(options[k]);
-    if (strncmp(argv[*i], options[k], len) != 0 ||
-        (argv[*i][len] && argv[*i][len] != '='))
-      continue;
-    const char *v = distctl_opt(argc, argv, i, options[k]);
-    if (!v) return distctl_usage(cmd, "option %s needs a value", options[k]);
-    *slot(a, options[k]) = v;
-    return 1;
+    int taken = distctl_opt_once(cmd, argc, argv, i, options[k], slot(a, options[k]));
+    if (taken) return taken;
   }
   return 0;
 }

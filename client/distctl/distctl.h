@@ -35,7 +35,8 @@ typedef struct distctl_command {
 dist_client *distctl_connect(const distctl_global *g);
 /* Prints "distctl: <message>" to stderr; returns 1. */
 int distctl_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-/* Prints "distctl <cmd>: <message>" and the usage line; returns 2. */
+/* Prints "distctl <cmd>: <message>" and the usage line; returns 2. cmd
+ * NULL (the global options): "distctl: <message>" and where help is. */
 int distctl_usage(const distctl_command *cmd, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 /* Prints j (compact = 0: indented) to stdout and drops the reference. */
@@ -47,6 +48,17 @@ json_t *distctl_down_json(dist_client *c, int rank, const char *error);
 /* Takes "--name value" or "--name=value" at argv[*i]; returns the value or
  * NULL when argv[*i] is not that option. Advances *i past a separate value. */
 const char *distctl_opt(int argc, char **argv, int *i, const char *name);
+
+/* The one way commands take an option with a value: when argv[*i] is
+ * `name` ("--name value" or "--name=value") stores the value in *slot and
+ * returns 1; 0 when argv[*i] is not that option; 2 after a usage error: the
+ * value is missing, or the option was given before (*slot set), which is
+ * refused naming it rather than the last one silently winning. */
+int distctl_opt_once(const distctl_command *cmd, int argc, char **argv, int *i,
+                     const char *name, const char **slot);
+/* "distctl: <message>" for a call that failed on daemon `rank`, naming the
+ * rank once: libdist's per-daemon errors already start with it. Returns 1. */
+int distctl_rank_fail(dist_client *c, long rank);
 
 /* Parses text as a whole decimal integer in [lo, hi]: 0, or -1 for
  * anything else ("2x", "", out of range); atoi would take "2x" as 2. */

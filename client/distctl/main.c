@@ -34,25 +34,30 @@ static void usage(FILE *out) {
 /* The longest --timeout taken: a day, in ms. */
 #define MAX_TIMEOUT_MS 86400000L
 
-/* Global options may come before or after the command words. Returns 1
- * when argv[*i] was one, 0 when not, -1 after printing a bad value. */
-static int take_global(distctl_global *g, int argc, char **argv, int *i) {
-  const char *v;
+/* Global options may come before or after the command words, each once
+ * (distctl_opt_once); --timeout's text goes to *timeout, parsed later.
+ * Returns 1 when argv[*i] was one, 0 when not, 2 after a usage error. */
+static int take_global(distctl_global *g, const char **timeout, int argc, char **argv, int *i) {
   if (strcmp(argv[*i], "--json") == 0) return g->json = 1;
-  if ((v = distctl_opt(argc, argv, i, "--cluster"))) return g->cluster = v, 1;
-  if ((v = distctl_opt(argc, argv, i, "--endpoint"))) return g->endpoint = v, 1;
-  if ((v = distctl_opt(argc, argv, i, "--timeout"))) {
-    if (distctl_parse_long(v, 1, MAX_TIMEOUT_MS, &g->timeout_ms) == 0) return 1;
-    fprintf(stderr, "distctl: bad --timeout '%s': milliseconds, an integer from 1 "
-            "to %ld\n", v, MAX_TIMEOUT_MS);
-    return -1;
+  const struct {
+    const char *name, **slot;
+  } options[] = {
+      {"--cluster", &g->cluster}, {"--endpoint", &g->endpoint}, {"--timeout", timeout},
+      {"--tls-ca", &g->tls_ca},   {"--tls-cert", &g->tls_cert}, {"--tls-key", &g->tls_key},
+      {"--token", &g->token},     {"--token-file", &g->token_file},
+  };
+  for (size_t k = 0; k < sizeof options / sizeof options[0]; k++) {
+    int taken = distctl_opt_once(NULL, argc, argv, i, options[k].name, options[k].slot);
+    if (taken) return taken;
   }
-  if ((v = distctl_opt(argc, argv, i, "--tls-ca"))) return g->tls_ca = v, 1;
-  if ((v = distctl_opt(argc, argv, i, "--tls-cert"))) return g->tls_cert = v, 1;
-  if ((v = distctl_opt(argc, argv, i, "--tls-key"))) return g->tls_key = v, 1;
-  if ((v = distctl_opt(argc, argv, i, "--token"))) return g->token = v, 1;
-  if ((v = distctl_opt(argc, argv, i, "--token-file"))) return g->token_file = v, 1;
   return 0;
+}
+
+/* --timeout as milliseconds; 0 when not given. 0, or 2 after a bad value. */
+static int parse_timeout(distctl_global *g, const char *text) {
+  if (!text || distctl_parse_long(text, 1, MAX_TIMEOUT_MS, &g->timeout_ms) == 0) return 0;
+  return distctl_usage(NULL, "bad --timeout '%s': milliseconds, an integer from 1 to %ld",
+                       text, MAX_TIMEOUT_MS);
 }
 
 /* The first word of the token file: the token stays off the command line,
@@ -123,7 +128,7 @@ static int unknown_command(int argc, char **argv) {
 int main(int argc, char **argv) {
   distctl_global g = {.cluster = NULL};
   static char token[1024];
-  g.cluster = getenv("DIST_CLUSTER");
+  const char *timeout = NULL;
   char **rest = calloc((size_t)argc + 1, sizeof *rest);
   int nrest = 0, rc = 2;
   for (int i = 1; i < argc; i++) {
@@ -136,10 +141,12 @@ int main(int argc, char **argv) {
       rc = 0;
       goto out;
     }
-    int taken = take_global(&g, argc, argv, &i);
-    if (taken < 0) goto out;
+    int taken = take_global(&g, &timeout, argc, argv, &i);
+    if (taken == 2) goto out;
     if (!taken) rest[nrest++] = argv[i];
   }
+  if (parse_timeout(&g, timeout) != 0) goto out;
+  if (!g.cluster) g.cluster = getenv("DIST_CLUSTER"); /* --cluster wins */
   if (g.token_file) {
     if (read_token_file(g.token_file, token, sizeof token) != 0) goto out;
     g.token = token;

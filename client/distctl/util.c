@@ -19,11 +19,21 @@ int distctl_fail(const char *fmt, ...) {
 int distctl_usage(const distctl_command *cmd, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  fprintf(stderr, "distctl %s: ", cmd->name);
+  fprintf(stderr, "distctl%s%s: ", cmd ? " " : "", cmd ? cmd->name : "");
   vfprintf(stderr, fmt, ap);
-  fprintf(stderr, "\nusage: distctl %s %s\n", cmd->name, cmd->usage);
+  if (cmd) fprintf(stderr, "\nusage: distctl %s %s\n", cmd->name, cmd->usage);
+  else fprintf(stderr, " (see distctl --help)\n");
   va_end(ap);
   return 2;
+}
+
+int distctl_rank_fail(dist_client *c, long rank) {
+  const char *msg = dist_errmsg(c);
+  char named[32];
+  int n = snprintf(named, sizeof named, "rank %ld", rank);
+  if (strncmp(msg, named, (size_t)n) == 0 && (msg[n] == ':' || msg[n] == ' '))
+    return distctl_fail("%s", msg);
+  return distctl_fail("%s: %s", named, msg);
 }
 
 dist_client *distctl_connect(const distctl_global *g) {
@@ -76,6 +86,17 @@ const char *distctl_opt(int argc, char **argv, int *i, const char *name) {
   if (argv[*i][n] != 0) return NULL;
   if (*i + 1 >= argc) return NULL;
   return argv[++*i];
+}
+
+int distctl_opt_once(const distctl_command *cmd, int argc, char **argv, int *i,
+                     const char *name, const char **slot) {
+  size_t n = strlen(name);
+  if (strncmp(argv[*i], name, n) != 0 || (argv[*i][n] && argv[*i][n] != '=')) return 0;
+  const char *v = distctl_opt(argc, argv, i, name);
+  if (!v) return distctl_usage(cmd, "option %s needs a value", name);
+  if (*slot) return distctl_usage(cmd, "option %s given twice ('%s', then '%s')", name, *slot, v);
+  *slot = v;
+  return 1;
 }
 
 json_t *distctl_down_json(dist_client *c, int rank, const char *error) {

@@ -1,0 +1,98 @@
+/* distctl's command lines: every option with a value is taken once (a
+ * repeated one is refused naming it, exit 2, where the last used to win
+ * silently), a missing or bad value is a usage error naming the option,
+ * and per-rank failures name the rank once. */
+#include <criterion/criterion.h>
+#include <jansson.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+static harness cluster;
+
+static void stop_cluster(void) {
+  if (cluster.n > 0) harness_stop(&cluster);
+  cluster.n = 0;
+}
+
+TestSuite(distctl_args, .fini = stop_cluster, .timeout = 120);
+
+/* Runs `distctl ARGS` (no cluster needed for usage errors: --endpoint
+ * points nowhere); asserts its exit status and that stderr says want. */
+static void expect_exit(const char *args, int want_rc, const char *want) {
+  char cmd[2048], *out = NULL, *err = NULL;
+  snprintf(cmd, sizeof cmd, "%s --endpoint 127.0.0.1:1 %s", harness_distctl(),
+           args);
+  int rc = harness_run(cmd, &out, &err, 30);
+  cr_assert_eq(rc, want_rc, "distctl %s exited %d, not %d: %s", args, rc, want_rc,
+               err ? err : "");
+  cr_assert(err && strstr(err, want), "distctl %s said '%s', not '%s'", args, err ? err : "",
+            want);
+  free(out);
+  free(err);
+}
+
+Test(distctl_args, a_repeated_option_is_refused_naming_it_in_every_command) {
+  const char *const cases[][2] = {
+      {"param tune w --lr 0.1 --lr 0.2", "option --lr given twice ('0.1', then '0.2')"},
+      {"param tune w --eps=1 --eps 2", "option --eps given twice"},
+      {"ops --recent 1 --recent 2", "option --recent given twice"},
+      {"metrics --rank 0 --rank=1", "option --rank given twice"},
+      {"top --interval 1 --interval 2", "option --interval given twice"},
+      {"tensor put w w.npy --mesh \"[0]\" --mesh \"[1]\" --placements \"Replicate()\"",
+       "option --mesh given twice"},
+      {"tensor get w -o a.npy --output b.npy", "option --output given twice"},
+      {"checkpoint save /tmp/c --tensors a --tensors b", "option --tensors given twice"},
+      {"cluster up -n 2 -n 3 --dir /tmp/x", "option -n given twice"},
+      {"cluster down --dir a --dir b", "option --dir given twice"},
+      {"launch -n 1 --log-dir a --log-dir b -- true", "option --log-dir given twice"},
+      {"--timeout 5 --timeout 6 status", "distctl: option --timeout given twice"},
+      {"--cluster a --cluster b status", "distctl: option --cluster given twice"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) expect_exit(cases[i][0], 2, cases[i][1]);
+}
+
+Test(distctl_args, missing_and_bad_values_are_usage_errors_naming_the_option) {
+  const char *const cases[][2] = {
+      {"ops --recent", "option --recent needs a value"},
+      {"ops --recent x", "bad --recent 'x': an integer from 0 to 256"},
+      {"ops --bogus", "unknown argument '--bogus'"},
+      {"metrics --rank -1", "bad --rank '-1'"},
+      {"top --interval 0.01", "bad --interval '0.01'"},
+      {"top --iterations", "option --iterations needs a value"},
+      {"param tune w --lr nan", "--lr takes a finite number, not 'nan'"},
+      {"param tune w --lr", "option --lr needs a value"},
+      {"cluster up --dir /tmp/x", "-n N (N >= 1) is required"},
+      {"launch -n 0 -- true", "bad -n '0'"},
+      {"--timeout abc status", "bad --timeout 'abc'"},
+      {"--cluster", "option --cluster needs a value"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) expect_exit(cases[i][0], 2, cases[i][1]);
+}
+
+/* The per-rank inspection verbs named a rank that did not answer twice
+ * ("rank 1: rank 1 (127.0.0.1:...): ..."). */
+Test(distctl_args, a_rank_that_does_not_answer_is_named_once) {
+  char id[64];
+  snprintf(id, sizeof id, "distctl-args-%d-%ld", (int)getpid(), (long)time(NULL));
+  const char *args[] = {"--cluster-id", id, NULL};
+  harness_start(&cluster, 2, args);
+  harness_kill(&cluster, 1, SIGKILL);
+  const char *verbs[] = {"params", "ops", "experts"};
+  for (size_t i = 0; i < 3; i++) {
+    char cmd[1024], *out = NULL, *err = NULL;
+    snprintf(cmd, sizeof cmd, "%s --cluster %s --timeout 3000 %s", harness_distctl(),
+             cluster.cluster_file, verbs[i]);
+    int rc = harness_run(cmd, &out, &err, 30);
+    cr_assert_eq(rc, 1, "distctl %s exited %d: %s", verbs[i], rc, err ? err : "");
+    cr_assert(err && strstr(err, "distctl: rank 1"), "%s: %s", verbs[i], err ? err : "");
+    cr_assert(!strstr(err, "rank 1: rank 1"), "distctl %s doubled the rank: %s", verbs[i], err);
+    free(out);
+    free(err);
+  }
+}
