@@ -5,8 +5,15 @@
 #include "distctl.h"
 #include "local_cluster.h"
 
+/* With --json, the cluster a script may now use. */
+static void print_cluster_json(const char *dir, long n) {
+  char conf[4200];
+  snprintf(conf, sizeof conf, "%s/cluster.conf", dir);
+  distctl_print_json(json_pack("{s:s, s:s, s:i}", "dir", dir, "cluster_file", conf,
+                               "world_size", (int)n));
+}
+
 static int run_up(const distctl_global *g, int argc, char **argv) {
-  (void)g;
   const distctl_command *cmd = &distctl_cmd_cluster_up;
   const char *dir = NULL, *count = NULL;
   long n = 0;
@@ -26,11 +33,12 @@ static int run_up(const distctl_global *g, int argc, char **argv) {
   if (!count) return distctl_usage(cmd, "-n N (N >= 1) is required");
   if (distctl_number_opt(cmd, "-n", count, 1, DISTCTL_MAX_DAEMONS, &n)) return 2;
   if (!dir) return distctl_usage(cmd, "--dir DIR is required");
-  return distctl_cluster_up(dir, (int)n, 30000, 0, pin, argv + extra, argc - extra);
+  int rc = distctl_cluster_up(dir, (int)n, 30000, 0, pin, argv + extra, argc - extra);
+  if (rc == 0 && g->json) print_cluster_json(dir, n);
+  return rc;
 }
 
 static int run_down(const distctl_global *g, int argc, char **argv) {
-  (void)g;
   const char *dir = NULL;
   for (int i = 0; i < argc; i++) {
     int taken = distctl_opt_once(&distctl_cmd_cluster_down, argc, argv, &i, "--dir", &dir);
@@ -39,7 +47,9 @@ static int run_down(const distctl_global *g, int argc, char **argv) {
       return distctl_usage(&distctl_cmd_cluster_down, "unknown argument '%s'", argv[i]);
   }
   if (!dir) return distctl_usage(&distctl_cmd_cluster_down, "--dir DIR is required");
-  return distctl_cluster_down(dir, 0);
+  int rc = distctl_cluster_down(dir, 0);
+  if (rc == 0 && g->json) distctl_print_json(json_pack("{s:s, s:b}", "dir", dir, "down", 1));
+  return rc;
 }
 
 const distctl_command distctl_cmd_cluster_up = {

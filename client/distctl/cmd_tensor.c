@@ -109,6 +109,21 @@ static int read_npy(const char *path, dist_dtype want, dist_dtype *dt,
   return 0;
 }
 
+/* The description `tensor show --json` prints, without the pieces. */
+static json_t *json_tensor(const dist_tensor *t);
+
+/* With --json, what a command that changed tensor `name` left behind, as
+ * the daemons now describe it (scripts read it rather than a silence).
+ * Returns rc. */
+static int print_changed(const distctl_global *g, dist_client *c, const char *name, int rc) {
+  if (rc != 0 || !g->json) return rc;
+  dist_tensor *t = NULL;
+  if (dist_tensor_open(c, name, &t) != 0) return distctl_fail("%s: %s", name, dist_errmsg(c));
+  distctl_print_json(json_tensor(t));
+  dist_tensor_free(t);
+  return 0;
+}
+
 /* ---------------------------------------------------------------- put */
 
 /* shard_tensor: the whole tensor from one file. */
@@ -228,6 +243,7 @@ static int run_put(const distctl_global *g, int argc, char **argv) {
   dist_client *c = distctl_connect(g);
   if (!c) return 1;
   rc = a.file ? put_whole(c, &a, want) : put_local(c, &a, want);
+  rc = print_changed(g, c, a.name, rc);
   dist_close(c);
   return rc;
 }
@@ -324,6 +340,9 @@ static int run_get(const distctl_global *g, int argc, char **argv) {
   } else {
     rc = get_value(c, &a, (int)rank);
   }
+  if (rc == 0 && g->json) /* what was written where, for scripts */
+    distctl_print_json(json_pack("{s:s, s:s, s:o}", "name", a.name, "output", a.output,
+                                 "rank", rank >= 0 ? json_integer(rank) : json_null()));
   dist_close(c);
   return rc;
 }
@@ -369,6 +388,7 @@ static int run_reshard(const distctl_global *g, int argc, char **argv) {
     rc = distctl_fail("tensor reshard %s: %s", a.name, dist_errmsg(c));
   else if ((rc = check_reshard_fits(t, mesh, p, np)) == 0 && dist_reshard(c, t, mesh, p) != 0)
     rc = distctl_fail("tensor reshard %s: %s", a.name, dist_errmsg(c));
+  rc = print_changed(g, c, a.name, rc);
   dist_close(c);
 out:
   dist_tensor_free(t);
@@ -393,6 +413,8 @@ static int run_rm(const distctl_global *g, int argc, char **argv) {
   if (!c) return 1;
   if (dist_tensor_delete(c, a.name) != 0)
     rc = distctl_fail("tensor rm %s: %s", a.name, dist_errmsg(c));
+  else if (g->json)
+    distctl_print_json(json_pack("{s:s, s:b}", "name", a.name, "deleted", 1));
   dist_close(c);
   return rc;
 }

@@ -1,7 +1,8 @@
 /* distctl's command lines: every option with a value is taken once (a
  * repeated one is refused naming it, exit 2, where the last used to win
  * silently), a missing or bad value is a usage error naming the option,
- * and per-rank failures name the rank once. */
+ * per-rank failures name the rank once, and the verbs that change tensors
+ * or clusters print their result with --json. */
 #include <criterion/criterion.h>
 #include <jansson.h>
 #include <signal.h>
@@ -95,4 +96,76 @@ Test(distctl_args, a_rank_that_does_not_answer_is_named_once) {
     free(out);
     free(err);
   }
+}
+
+/* The stdout of `distctl --json ARGS` as JSON (ARGS quote with double
+ * quotes: harness_run wraps the line in single ones). */
+static json_t *json_of(const char *args) {
+  char cmd[2048], *out = NULL, *err = NULL;
+  snprintf(cmd, sizeof cmd, "%s --cluster %s --timeout 10000 --json %s", harness_distctl(),
+           cluster.cluster_file, args);
+  int rc = harness_run(cmd, &out, &err, 60);
+  cr_assert_eq(rc, 0, "distctl %s exited %d: %s", args, rc, err ? err : "");
+  json_error_t je;
+  json_t *j = out ? json_loads(out, 0, &je) : NULL;
+  cr_assert(j, "distctl --json %s printed no JSON: '%s'", args, out ? out : "");
+  free(out);
+  free(err);
+  return j;
+}
+
+Test(distctl_args, tensor_put_get_reshard_and_rm_print_their_result_with_json) {
+  char id[64];
+  snprintf(id, sizeof id, "distctl-json-%d-%ld", (int)getpid(), (long)time(NULL));
+  const char *args[] = {"--cluster-id", id, NULL};
+  harness_start(&cluster, 2, args);
+  dist_client *c = harness_client(&cluster);
+  float v[4] = {1, 2, 3, 4};
+  int64_t shape[1] = {4};
+  dist_tensor_free(harness_put(c, "src", DIST_FLOAT32, v, 1, shape, "[0,1]", "Shard(0)"));
+  dist_close(c);
+  char npy[512], cmd[1024];
+  snprintf(npy, sizeof npy, "%s/v.npy", cluster.dir);
+  snprintf(cmd, sizeof cmd, "tensor get src -o %s", npy);
+  json_t *j = json_of(cmd);
+  cr_assert_str_eq(json_string_value(json_object_get(j, "output")), npy);
+  json_decref(j);
+  snprintf(cmd, sizeof cmd, "tensor put w %s --mesh \"[0,1]\" --placements \"Shard(0)\"", npy);
+  j = json_of(cmd);
+  cr_assert_str_eq(json_string_value(json_object_get(j, "name")), "w");
+  cr_assert_str_eq(json_string_value(json_array_get(json_object_get(j, "placements"), 0)),
+                   "Shard(0)");
+  json_decref(j);
+  j = json_of("tensor reshard w --placements \"Replicate()\"");
+  cr_assert_str_eq(json_string_value(json_array_get(json_object_get(j, "placements"), 0)),
+                   "Replicate()");
+  json_decref(j);
+  j = json_of("tensor rm w");
+  cr_assert(json_is_true(json_object_get(j, "deleted")));
+  json_decref(j);
+}
+
+Test(distctl_args, cluster_up_and_down_print_their_result_with_json) {
+  char dir[] = "/tmp/distctl-json-XXXXXX", cmd[1024], *out = NULL, *err = NULL;
+  cr_assert(mkdtemp(dir));
+  snprintf(cmd, sizeof cmd, "%s --json cluster up -n 1 --dir %s/c", harness_distctl(), dir);
+  int rc = harness_run(cmd, &out, &err, 60);
+  cr_assert_eq(rc, 0, "cluster up exited %d: %s", rc, err ? err : "");
+  json_t *j = json_loads(out ? out : "", 0, NULL);
+  cr_assert(j, "cluster up --json printed '%s'", out ? out : "");
+  cr_assert_eq(json_integer_value(json_object_get(j, "world_size")), 1);
+  cr_assert(strstr(json_string_value(json_object_get(j, "cluster_file")), "/c/cluster.conf"));
+  json_decref(j);
+  free(out);
+  free(err);
+  snprintf(cmd, sizeof cmd, "%s --json cluster down --dir %s/c", harness_distctl(), dir);
+  rc = harness_run(cmd, &out, &err, 60);
+  cr_assert_eq(rc, 0, "cluster down exited %d: %s", rc, err ? err : "");
+  j = json_loads(out ? out : "", 0, NULL);
+  cr_assert(j && json_is_true(json_object_get(j, "down")), "cluster down --json printed '%s'",
+            out ? out : "");
+  json_decref(j);
+  free(out);
+  free(err);
+  harness_remove_dir(dir);
 }
