@@ -98,6 +98,17 @@ const char *dist_program_errmsg(const dist_program *p) {
   return p ? p->errmsg : "";
 }
 
+/* An array argument `what` (named `arg`) of n entries: at least `least`,
+ * and a NULL list only when empty (it is copied from). */
+static int check_list(dist_program *p, const char *op, const char *what, const char *arg,
+                      const void *list, int n, int least) {
+  if (p->err) return p->err;
+  if (n < least) return bfail(p, DIST_EINVAL, "%s: %d %s (at least %d)", op, n, what, least);
+  if (!list && n > 0)
+    return bfail(p, DIST_EINVAL, "%s: %s is NULL with %d entries", op, arg, n);
+  return 0;
+}
+
 /* Every operand must be a value of p. */
 static int check_ids(dist_program *p, const char *op, const int *ids, int n) {
   if (p->err) return p->err;
@@ -247,6 +258,7 @@ int dist_input_set_shape(dist_program *p, int id, int ndim,
   if (!in) return p->err;
   if (ndim < 0 || ndim > DIST_MAX_DIMS)
     return bfail(p, DIST_EINVAL, "input shape: %d dims", ndim);
+  if (check_list(p, "dist_input_set_shape", "dims", "shape", shape, ndim, 0)) return p->err;
   free(in->shape);
   in->shape = malloc(sizeof(int64_t) * ((size_t)ndim + 1));
   if (ndim) memcpy(in->shape, shape, sizeof(int64_t) * (size_t)ndim);
@@ -268,6 +280,9 @@ int dist_input_set_grad_placements(dist_program *p, int id,
   if (!in) return p->err;
   if (n < 0 || n > DIST_MAX_MESH_DIMS)
     return bfail(p, DIST_EINVAL, "grad placements: %d given", n);
+  if (check_list(p, "dist_input_set_grad_placements", "placements", "placements", placements,
+                 n, 0))
+    return p->err;
   int i = p->values[id].input;
   if (!p->input_w[i] && !(p->input_w[i] = calloc(1, sizeof(dist_wire_meta))))
     return bfail(p, DIST_ENOMEM, "out of memory");
@@ -308,12 +323,6 @@ static int add_node(dist_program *p, int op, const int *ins, int n_in,
 /* A count the caller gives (operands, dims, axes, values): a negative one
  * was taken as 0, so reshape(x, shape, -1) made a scalar, and concat's
  * overran the heap. */
-static int check_count(dist_program *p, const char *op, const char *what,
-                       int n, int least) {
-  if (p->err || n >= least) return p->err;
-  return bfail(p, DIST_EINVAL, "%s: %d %s (at least %d)", op, n, what, least);
-}
-
 static int64_t *dup_i64(const int64_t *v, int n) {
   int64_t *d = malloc(sizeof(int64_t) * ((size_t)n + 1));
   if (d && n > 0) memcpy(d, v, sizeof(int64_t) * (size_t)n);
@@ -463,7 +472,7 @@ int dist_op_reduce(dist_program *p, dist_op_kind op, int x,
   if (check_kind(p, "dist_op_reduce", op, is_reduce_kind,
                  "a reduction (DIST_OP_SUM, DIST_OP_MEAN, DIST_OP_MAX or DIST_OP_MIN)"))
     return p->err;
-  if (check_count(p, "dist_op_reduce", "axes", naxes, 0)) return p->err;
+  if (check_list(p, "dist_op_reduce", "axes", "axes", axes, naxes, 0)) return p->err;
   int id = add_node(p, op, &x, 1, &n);
   if (id < 0) return id;
   n->pb.axes = dup_i64(axes, naxes);
@@ -532,7 +541,7 @@ int dist_op_matmul(dist_program *p, int a, int b, int trans_a, int trans_b) {
 
 int dist_op_reshape(dist_program *p, int x, const int64_t *shape, int ndim) {
   bnode *n = NULL;
-  if (check_count(p, "dist_op_reshape", "dims", ndim, 0)) return p->err;
+  if (check_list(p, "dist_op_reshape", "dims", "shape", shape, ndim, 0)) return p->err;
   int id = add_node(p, DIST__V1__OP_KIND__OP_RESHAPE, &x, 1, &n);
   if (id < 0) return id;
   n->pb.shape = dup_i64(shape, ndim);
@@ -542,7 +551,7 @@ int dist_op_reshape(dist_program *p, int x, const int64_t *shape, int ndim) {
 
 int dist_op_transpose(dist_program *p, int x, const int64_t *perm, int nperm) {
   bnode *n = NULL;
-  if (check_count(p, "dist_op_transpose", "perm entries", nperm, 0)) return p->err;
+  if (check_list(p, "dist_op_transpose", "perm entries", "perm", perm, nperm, 0)) return p->err;
   int id = add_node(p, DIST__V1__OP_KIND__OP_TRANSPOSE, &x, 1, &n);
   if (id < 0) return id;
   n->pb.perm = dup_i64(perm, nperm);
@@ -564,11 +573,20 @@ static void set_slice_attrs(bnode *n, const int64_t *axes,
   }
 }
 
+/* The lists of a slice, k entries each (steps may be NULL: 1). */
+static int check_slice(dist_program *p, const char *op, const int64_t *axes,
+                       const int64_t *starts, const int64_t *ends, int k) {
+  if (check_list(p, op, "axes", "axes", axes, k, 0) ||
+      check_list(p, op, "starts", "starts", starts, k, 0))
+    return p->err;
+  return check_list(p, op, "ends", "ends", ends, k, 0);
+}
+
 int dist_op_slice(dist_program *p, int x, const int64_t *axes,
                   const int64_t *starts, const int64_t *ends,
                   const int64_t *steps, int k) {
   bnode *n = NULL;
-  if (check_count(p, "dist_op_slice", "axes", k, 0)) return p->err;
+  if (check_slice(p, "dist_op_slice", axes, starts, ends, k)) return p->err;
   int id = add_node(p, DIST__V1__OP_KIND__OP_SLICE, &x, 1, &n);
   if (id >= 0) set_slice_attrs(n, axes, starts, ends, steps, k);
   return id;
@@ -579,7 +597,7 @@ int dist_op_set_slice(dist_program *p, int x, int v, double scalar,
                       const int64_t *ends, const int64_t *steps, int k) {
   int ins[2] = {x, v};
   bnode *n = NULL;
-  if (check_count(p, "dist_op_set_slice", "axes", k, 0)) return p->err;
+  if (check_slice(p, "dist_op_set_slice", axes, starts, ends, k)) return p->err;
   int id = add_node(p, DIST__V1__OP_KIND__OP_SET_SLICE, ins, v >= 0 ? 2 : 1, &n);
   if (id < 0) return id;
   n->pb.scalar = scalar;
@@ -589,7 +607,7 @@ int dist_op_set_slice(dist_program *p, int x, int v, double scalar,
 
 int dist_op_concat(dist_program *p, const int *xs, int count, int64_t axis) {
   bnode *n = NULL;
-  if (check_count(p, "dist_op_concat", "operands", count, 1)) return p->err;
+  if (check_list(p, "dist_op_concat", "operands", "xs", xs, count, 1)) return p->err;
   int id = add_node(p, DIST__V1__OP_KIND__OP_CONCAT, xs, count, &n);
   if (id >= 0) n->pb.axis = axis;
   return id;
@@ -607,7 +625,7 @@ static int creation(dist_program *p, int op, const int *x, dist_dtype dt,
   bnode *n = NULL;
   const char *builder = op == DIST__V1__OP_KIND__OP_CONSTANT ? "dist_op_constant"
                                                             : "dist_op_full";
-  if (check_count(p, builder, "dims", ndim, 0)) return p->err;
+  if (check_list(p, builder, "dims", "shape", shape, ndim, 0)) return p->err;
   int id = add_node(p, op, x, x ? 1 : 0, &n);
   if (id < 0) return id;
   n->pb.dtype = (Dist__V1__DType)dt;
@@ -650,6 +668,7 @@ int dist_op_arange(dist_program *p, double start, double end, double step,
 
 int dist_op_constant(dist_program *p, dist_dtype dt, const int64_t *shape,
                      int ndim, const double *values, int nvalues) {
+  if (check_list(p, "dist_op_constant", "values", "values", values, nvalues, 0)) return p->err;
   int id = creation(p, DIST__V1__OP_KIND__OP_CONSTANT, NULL, dt, shape, ndim, 0);
   if (id < 0) return id;
   bnode *n = p->nodes[p->values[id].node];

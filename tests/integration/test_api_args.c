@@ -248,3 +248,48 @@ Test(api_args, tape_gradients_and_layer_values_refuse_null_pointers) {
   dist_layer_free(l);
   dist_close(c);
 }
+
+/* Builder errors are sticky: each case gets a fresh program. */
+static void expect_builder_einval(dist_program *p, int rc, const char *want) {
+  cr_assert_eq(rc, DIST_EINVAL, "rc %d (%s), wanted EINVAL with '%s'", rc,
+               dist_program_errmsg(p), want);
+  cr_assert(strstr(dist_program_errmsg(p), want), "'%s' does not say '%s'",
+            dist_program_errmsg(p), want);
+  dist_program_free(p);
+}
+
+static dist_program *program_with_input(int *x) {
+  dist_program *p = NULL;
+  cr_assert_eq(dist_program_new("args", &p), 0);
+  *x = dist_input_dtensor(p, "x", DIST_FLOAT32);
+  cr_assert_geq(*x, 0, "%s", dist_program_errmsg(p));
+  return p;
+}
+
+Test(api_args, program_builders_refuse_null_lists_with_entries) {
+  int x;
+  const int64_t two[2] = {0, 1};
+  dist_program *p = program_with_input(&x);
+  expect_builder_einval(p, dist_op_reshape(p, x, NULL, 2), "dist_op_reshape: shape is NULL");
+  p = program_with_input(&x);
+  expect_builder_einval(p, dist_op_transpose(p, x, NULL, 2), "dist_op_transpose: perm is NULL");
+  p = program_with_input(&x);
+  expect_builder_einval(p, dist_op_sum(p, x, NULL, 1, 0), "dist_op_reduce: axes is NULL");
+  p = program_with_input(&x);
+  expect_builder_einval(p, dist_op_slice(p, x, two, NULL, two, NULL, 2),
+                        "dist_op_slice: starts is NULL");
+  p = program_with_input(&x);
+  expect_builder_einval(p, dist_op_concat(p, NULL, 2, 0), "dist_op_concat: xs is NULL");
+  p = program_with_input(&x);
+  expect_builder_einval(p, dist_op_constant(p, DIST_FLOAT32, two, 1, NULL, 2),
+                        "dist_op_constant: values is NULL");
+  p = program_with_input(&x);
+  expect_builder_einval(p, dist_op_full(p, DIST_FLOAT32, NULL, 2, 0),
+                        "dist_op_full: shape is NULL");
+  p = program_with_input(&x);
+  expect_builder_einval(p, dist_input_set_shape(p, x, 2, NULL),
+                        "dist_input_set_shape: shape is NULL");
+  p = program_with_input(&x);
+  expect_builder_einval(p, dist_input_set_grad_placements(p, x, NULL, 1),
+                        "dist_input_set_grad_placements: placements is NULL");
+}
