@@ -103,14 +103,32 @@ static int take_results(dist_client *c, const exchange_args *a, dist_call *calls
   return 0;
 }
 
-static int check_exchange_args(dist_client *c, const exchange_args *a) {
+/* The entries of the per-rank arrays for the n ranks this client speaks
+ * for: each is read (counts always, x and x_rows unless opts->x_name). */
+static int check_exchange_entries(dist_client *c, const char *what, const exchange_args *a,
+                                  int n) {
+  int rows_from_x = !(a->opts && a->opts->x_name);
+  for (int k = 0; k < n; k++) {
+    const char *bad = !a->local_count[k]                  ? "local_count"
+                      : !a->global_count[k]               ? "global_count"
+                      : rows_from_x && !a->x[k]           ? "x"
+                      : NULL;
+    if (bad) return dist_client_fail(c, DIST_EINVAL, "%s: %s[%d] is NULL", what, bad, k);
+    if (rows_from_x && a->x_rows && a->x_rows[k] < 0)
+      return dist_client_fail(c, DIST_EINVAL, "%s: x_rows[%d] is negative (%lld)", what, k,
+                              (long long)a->x_rows[k]);
+  }
+  return 0;
+}
+
+static int check_exchange_args(dist_client *c, const exchange_args *a, int n) {
+  const char *what = a->dir == SCATTER ? "global_scatter" : "global_gather";
   if (a->experts < 1 || !a->local_count || !a->global_count ||
       (!a->x && !(a->opts && a->opts->x_name)) || a->d_model < 0 ||
       (a->d_model == 0 && !(a->opts && a->opts->x_name)))
     return dist_client_fail(c, DIST_EINVAL, "%s needs x (or opts->x_name), d_model "
-                            "> 0, both counts and n_experts >= 1",
-                            a->dir == SCATTER ? "global_scatter" : "global_gather");
-  return 0;
+                            "> 0, both counts and n_experts >= 1", what);
+  return check_exchange_entries(c, what, a, n);
 }
 
 static int exchange(dist_client *c, const exchange_args *a, const int *group,
@@ -129,7 +147,7 @@ static int exchange(dist_client *c, const exchange_args *a, const int *group,
   /* Taken before the arguments are checked: an SPMD trainer that refuses
    * the exchange stays in step with the others, and tells them. */
   uint64_t op_id = dist_next_op_id(c);
-  if ((rc = check_exchange_args(c, a)) != 0) {
+  if ((rc = check_exchange_args(c, a, n)) != 0) {
     dist_spmd_refused(c, op_id, ranks, size);
     goto out;
   }

@@ -293,3 +293,25 @@ Test(api_args, program_builders_refuse_null_lists_with_entries) {
   expect_builder_einval(p, dist_input_set_grad_placements(p, x, NULL, 1),
                         "dist_input_set_grad_placements: placements is NULL");
 }
+
+Test(api_args, moe_exchanges_refuse_null_entries_and_negative_row_counts) {
+  dist_client *c = start_with_param();
+  float x0[2] = {1, 2}, x1[2] = {3, 4};
+  int64_t lc[2] = {1, 0}, gc[2] = {1, 0}, rows[2] = {-1, 1};
+  const void *xs[2] = {x0, NULL}, *both[2] = {x0, x1};
+  const int64_t *counts[2] = {lc, gc}, *holed[2] = {lc, NULL};
+  void *out[2] = {NULL, NULL};
+  expect_einval(c, dist_global_scatter(c, both, NULL, DIST_FLOAT32, 1, holed, counts, 1, NULL, 0,
+                                       NULL, out, NULL),
+                "global_scatter: local_count[1] is NULL");
+  expect_einval(c, dist_global_gather(c, both, NULL, DIST_FLOAT32, 1, counts, holed, 1, NULL, 0,
+                                      NULL, out, NULL),
+                "global_gather: global_count[1] is NULL");
+  expect_einval(c, dist_global_scatter(c, xs, NULL, DIST_FLOAT32, 1, counts, counts, 1, NULL, 0,
+                                       NULL, out, NULL),
+                "global_scatter: x[1] is NULL");
+  expect_einval(c, dist_global_scatter(c, both, rows, DIST_FLOAT32, 1, counts, counts, 1, NULL,
+                                       0, NULL, out, NULL),
+                "global_scatter: x_rows[0] is negative (-1)");
+  dist_close(c);
+}
