@@ -286,6 +286,7 @@ static void discard(dist_client *c, const char *dir, const char *id, int asked) 
 int dist_checkpoint_save(dist_client *c, const char *dir,
                          const dist_checkpoint_opts *opts,
                          dist_checkpoint_info *info) {
+  if (!c) return dist_no_client(__func__);
   dist_checkpoint_info local;
   if (!info) info = &local;
   memset(info, 0, sizeof *info);
@@ -663,6 +664,7 @@ static int finish_one(dist_client *c, const ckpt_manifest *m, int i, char how,
 int dist_checkpoint_restore(dist_client *c, const char *dir,
                             const dist_checkpoint_opts *opts,
                             dist_checkpoint_info *info) {
+  if (!c) return dist_no_client(__func__);
   dist_checkpoint_info local;
   if (!info) info = &local;
   memset(info, 0, sizeof *info);

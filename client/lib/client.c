@@ -37,6 +37,17 @@ int dist_client_fail(dist_client *c, int code, const char *fmt, ...) {
   return code;
 }
 
+/* Why the last call given a NULL client failed: there is no client to
+ * keep it in, so it is kept per thread, as connect's is. */
+static __thread char no_client_error[128];
+
+int dist_null_handle(const char *func, const char *arg) {
+  snprintf(no_client_error, sizeof no_client_error, "%s: %s is NULL", func, arg);
+  return DIST_EINVAL;
+}
+
+int dist_no_client(const char *func) { return dist_null_handle(func, "c"); }
+
 int dist_client_null_arg(dist_client *c, const char *func, const char *arg) {
   return dist_client_fail(c, DIST_EINVAL, "%s: %s is NULL", func, arg);
 }
@@ -279,12 +290,15 @@ void dist_close(dist_client *c) {
   client_closed();
 }
 
-const char *dist_errmsg(const dist_client *c) { return c->err.code ? c->err.msg : ""; }
-int dist_errcode(const dist_client *c) { return c->err.code; }
-int dist_world_size(const dist_client *c) { return c->n; }
-int dist_rank(const dist_client *c) { return c->spmd_rank; }
+const char *dist_errmsg(const dist_client *c) {
+  if (!c) return no_client_error;
+  return c->err.code ? c->err.msg : "";
+}
+int dist_errcode(const dist_client *c) { return c ? c->err.code : DIST_EINVAL; }
+int dist_world_size(const dist_client *c) { return c ? c->n : 0; }
+int dist_rank(const dist_client *c) { return c ? c->spmd_rank : -1; }
 const char *dist_endpoint(const dist_client *c, int rank) {
-  return rank >= 0 && rank < c->n ? c->endpoints[rank] : NULL;
+  return c && rank >= 0 && rank < c->n ? c->endpoints[rank] : NULL;
 }
 
 uint64_t dist_next_op_id(dist_client *c) { return c->op_base + ++c->op_seq; }

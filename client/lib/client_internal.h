@@ -111,6 +111,14 @@ int dist_spmd_refused_on(dist_client *c, uint64_t op_id, const dist_mesh_desc *m
 /* Records an error on c and returns code. */
 int dist_client_fail(dist_client *c, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* DIST_EINVAL for a public call `func` given no client (c NULL): the
+ * message, "FUNC: c is NULL", is the thread's dist_errmsg(NULL).
+ * Every public call taking a client starts `if (!c) return
+ * dist_no_client(__func__);`. */
+int dist_no_client(const char *func);
+/* The same for a NULL handle that would have led to the client (a tape):
+ * "FUNC: ARG is NULL", read with dist_errmsg(NULL). */
+int dist_null_handle(const char *func, const char *arg);
 /* DIST_EINVAL recorded on c as "FUNC: ARG is NULL": a public call given a
  * NULL pointer it must read or write through says which, rather than
  * crashing. Use through DIST_NEED. */

@@ -53,6 +53,7 @@ static int collective(dist_client *c, Dist__V1__CollectiveRequest *rq,
 
 int dist_all_reduce(dist_client *c, void *buf, size_t count, dist_dtype dt,
                     dist_reduce op, const int *group, int group_size) {
+  if (!c) return dist_no_client(__func__);
   if (own_daemon(c, "all_reduce") < 0 || check_buffer(c, __func__, "buf", buf, count) ||
       check_group(c, __func__, group, group_size))
     return c->err.code;
@@ -67,6 +68,7 @@ int dist_all_reduce(dist_client *c, void *buf, size_t count, dist_dtype dt,
 
 int dist_all_gather(dist_client *c, const void *in, size_t count, void *out,
                     dist_dtype dt, const int *group, int group_size) {
+  if (!c) return dist_no_client(__func__);
   if (own_daemon(c, "all_gather") < 0 || check_buffer(c, __func__, "in", in, count) ||
       check_buffer(c, __func__, "out", out, count) || check_group(c, __func__, group, group_size))
     return c->err.code;
@@ -81,6 +83,7 @@ int dist_all_gather(dist_client *c, const void *in, size_t count, void *out,
 
 int dist_broadcast(dist_client *c, void *buf, size_t count, dist_dtype dt,
                    int root, const int *group, int group_size) {
+  if (!c) return dist_no_client(__func__);
   if (own_daemon(c, "broadcast") < 0 || check_buffer(c, __func__, "buf", buf, count) ||
       check_group(c, __func__, group, group_size))
     return c->err.code;
@@ -94,6 +97,7 @@ int dist_broadcast(dist_client *c, void *buf, size_t count, dist_dtype dt,
 }
 
 int dist_barrier(dist_client *c) {
+  if (!c) return dist_no_client(__func__);
   if (own_daemon(c, "barrier") < 0) return c->err.code;
   Dist__V1__CollectiveRequest rq = DIST__V1__COLLECTIVE_REQUEST__INIT;
   rq.kind = DIST__V1__COLLECTIVE_REQUEST__KIND__BARRIER;

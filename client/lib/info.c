@@ -37,6 +37,7 @@ static void copy_info(const Dist__V1__InfoReply *rp, dist_daemon_info *out) {
 }
 
 int dist_info(dist_client *c, int rank, dist_daemon_info *out) {
+  if (!c) return dist_no_client(__func__);
   if (DIST_NEED(c, out)) return c->err.code;
   memset(out, 0, sizeof *out);
   if (dist_client_check_rank(c, __func__, rank) != 0) return c->err.code;
@@ -56,6 +57,7 @@ void dist_info_free(dist_daemon_info *info) {
 }
 
 int dist_health(dist_client *c, int rank) {
+  if (!c) return dist_no_client(__func__);
   if (dist_client_check_rank(c, __func__, rank) != 0) return c->err.code;
   Grpc__Health__V1__HealthCheckRequest rq = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
   ProtobufCMessage *rp = NULL;

@@ -47,6 +47,7 @@ static int copy_ops(dist_client *c, const Dist__V1__OpsReply *rp, dist_ops_repor
 }
 
 int dist_ops(dist_client *c, int rank, int recent, dist_ops_report *out) {
+  if (!c) return dist_no_client(__func__);
   if (DIST_NEED(c, out)) return c->err.code;
   memset(out, 0, sizeof *out);
   Dist__V1__OpsRequest rq = DIST__V1__OPS_REQUEST__INIT;
@@ -81,6 +82,7 @@ static int copy_experts(dist_client *c, const Dist__V1__ExpertsReply *rp,
 }
 
 int dist_experts(dist_client *c, int rank, dist_experts_report *out) {
+  if (!c) return dist_no_client(__func__);
   if (DIST_NEED(c, out)) return c->err.code;
   memset(out, 0, sizeof *out);
   Dist__V1__ExpertsRequest rq = DIST__V1__EXPERTS_REQUEST__INIT;
@@ -124,6 +126,7 @@ static int copy_params(dist_client *c, int rank, const Dist__V1__ParamListReply 
 }
 
 int dist_params(dist_client *c, int rank, dist_params_report *out) {
+  if (!c) return dist_no_client(__func__);
   if (DIST_NEED(c, out)) return c->err.code;
   memset(out, 0, sizeof *out);
   Dist__V1__ParamListRequest rq = DIST__V1__PARAM_LIST_REQUEST__INIT;

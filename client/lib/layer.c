@@ -262,6 +262,8 @@ int dist_layer_read_param(dist_client *c, const dist_layer *l,
 
 int dist_layer_read_grad(dist_client *c, const dist_layer *l, const char *path,
                          void **data, size_t *nbytes) {
+  if (!c) return dist_no_client(__func__);
+  if (DIST_NEED(c, l)) return c->err.code;
   const layer_param *p = dist_layer_param_by_path(l, path);
   *data = NULL;
   if (!p || !p->grad)
@@ -337,17 +339,23 @@ static int require_sharded(dist_client *c, const dist_layer *l) {
 
 int dist_layer_configure_optimizer(dist_client *c, dist_layer *l,
                                    const dist_param_opts *opts) {
+  if (!c) return dist_no_client(__func__);
+  if (DIST_NEED(c, l)) return c->err.code;
   if (require_sharded(c, l)) return c->err.code;
   return each_param_of(c, l, configure_one, (void *)opts, "were configured");
 }
 
 int dist_layer_step(dist_client *c, dist_layer *l, int trainer) {
+  if (!c) return dist_no_client(__func__);
+  if (DIST_NEED(c, l)) return c->err.code;
   if (require_sharded(c, l)) return c->err.code;
   return each_param_of(c, l, push_one, &trainer, "were stepped (or had no gradient)");
 }
 
 int dist_layer_push_grad(dist_client *c, dist_layer *l, const char *path,
                          int trainer, const void *grad, size_t nbytes) {
+  if (!c) return dist_no_client(__func__);
+  if (DIST_NEED(c, l)) return c->err.code;
   if (require_sharded(c, l)) return c->err.code;
   layer_param *p = dist_layer_param_by_path(l, path);
   if (!p || p->is_buffer)
@@ -384,7 +392,8 @@ static int unshard(dist_client *c, dist_layer *l) {
 }
 
 int dist_layer_destroy(dist_client *c, dist_layer *l) {
-  if (!l) return 0;
+  if (!l) return 0; /* documented as a no-op */
+  if (!c) return dist_no_client(__func__);
   int rc = dist_layer_release(c, l);
   int r = l->sharded ? unshard(c, l) : 0;
   dist_layer_free(l);

@@ -104,7 +104,8 @@ void dist_layer_step_free(dist_client *c, layer_step *s) {
 }
 
 int dist_layer_release(dist_client *c, dist_layer *l) {
-  if (!l || !l->step) return 0;
+  if (!l || !l->step) return 0; /* nothing to release: a no-op, NULL too */
+  if (!c) return dist_no_client(__func__);
   dist_layer_step_free(c, l->step);
   l->step = NULL;
   return 0;
@@ -335,6 +336,8 @@ static int forward_steps(fwd_ctx *x, dist_tensor *const *inputs, int n_in,
 int dist_layer_forward(dist_client *c, dist_layer *l,
                        dist_tensor *const *inputs, int n_inputs,
                        dist_tensor **out, int max_out) {
+  if (!c) return dist_no_client(__func__);
+  if (DIST_NEED(c, l)) return c->err.code;
   if (check_root(c, l)) return c->err.code;
   dist_layer_release(c, l);
   fwd_ctx x = {c, l, calloc(1, sizeof(layer_step))};
@@ -500,6 +503,8 @@ static int seed_grads(dist_client *c, layer_step *s, dist_tensor *const *out_gra
 
 int dist_layer_backward(dist_client *c, dist_layer *l,
                         dist_tensor *const *out_grads, dist_tensor **in_grads) {
+  if (!c) return dist_no_client(__func__);
+  if (DIST_NEED(c, l)) return c->err.code;
   layer_step *s = l->step;
   int rc = check_root(c, l);
   for (int i = 0; in_grads && s && i < s->n_in; i++) in_grads[i] = NULL;

@@ -156,6 +156,8 @@ static void mark_sharded(dist_layer *l) {
 int dist_shard_layer(dist_client *c, dist_layer *l, const dist_mesh *mesh,
                      dist_layer_shard_fn shard_fn, dist_layer_io_fn input_fn,
                      dist_layer_io_fn output_fn, void *user) {
+  if (!c) return dist_no_client(__func__);
+  if (DIST_NEED(c, l)) return c->err.code;
   if (!l || !mesh)
     return dist_client_fail(c, DIST_EINVAL, "dist_shard_layer needs a layer "
                             "and a mesh");

@@ -179,6 +179,7 @@ int dist_global_scatter(dist_client *c, const void *const *x,
                         const int *group, int group_size,
                         const dist_moe_opts *opts, void **out,
                         int64_t *out_rows) {
+  if (!c) return dist_no_client(__func__);
   exchange_args a = {SCATTER, x, x_rows, dt, d_model, local_count,
                      global_count, n_experts, opts};
   return exchange(c, &a, group, group_size, out, out_rows);
@@ -191,6 +192,7 @@ int dist_global_gather(dist_client *c, const void *const *x,
                        const int *group, int group_size,
                        const dist_moe_opts *opts, void **out,
                        int64_t *out_rows) {
+  if (!c) return dist_no_client(__func__);
   exchange_args a = {GATHER, x, x_rows, dt, d_model, local_count,
                      global_count, n_experts, opts};
   return exchange(c, &a, group, group_size, out, out_rows);
@@ -233,6 +235,7 @@ static int count_all_to_all(dist_client *c, uint64_t op_id, const int64_t *local
 int dist_count_global(dist_client *c, const int64_t *const *local_count,
                       int n_experts, const int *group, int group_size,
                       int64_t *const *global_count) {
+  if (!c) return dist_no_client(__func__);
   uint32_t *ranks = calloc(DIST_MAX_MESH_RANKS, sizeof *ranks);
   int pos[1], size = 0, rc, E = n_experts;
   if (!ranks) return dist_client_fail(c, DIST_ENOMEM, "out of memory");

@@ -195,6 +195,8 @@ static void refuse_layer(dist_client *c, const dist_moe_layer *l, uint64_t op_id
 int dist_moe_layer_create(dist_client *c, const char *name,
                           const dist_moe_layer_opts *opts,
                           dist_moe_layer **out) {
+  if (!c) return dist_no_client(__func__);
+  if (DIST_NEED(c, out)) return c->err.code;
   dist_moe_layer_opts def = DIST_MOE_LAYER_OPTS_INIT;
   const dist_moe_layer_opts *o = opts ? opts : &def;
   *out = NULL;
@@ -420,6 +422,8 @@ static void *combine(const dist_moe_layer *l, const part *p) {
 int dist_moe_layer_forward(dist_client *c, dist_moe_layer *l,
                            const void *const *x, const int64_t *tokens,
                            const void *gate_w, void **y) {
+  if (!c) return dist_no_client(__func__);
+  if (DIST_NEED(c, l)) return c->err.code;
   void *rows[DIST_MAX_MESH_RANKS] = {0}, *outs[DIST_MAX_MESH_RANKS] = {0};
   l->forwarded = 0;
   if (!x || !tokens || !gate_w || !y) {
@@ -525,6 +529,8 @@ static int backward_parts(dist_client *c, dist_moe_layer *l,
 int dist_moe_layer_backward(dist_client *c, dist_moe_layer *l,
                             const void *const *grad_y, void **grad_x,
                             void *grad_gate) {
+  if (!c) return dist_no_client(__func__);
+  if (DIST_NEED(c, l)) return c->err.code;
   void *rows[DIST_MAX_MESH_RANKS] = {0}, *dxs[DIST_MAX_MESH_RANKS] = {0};
   double *dgw[DIST_MAX_MESH_RANKS] = {0}, *dgate = NULL;
   if (!l->forwarded || !grad_y) {
@@ -599,6 +605,8 @@ static int push_one(dist_client *c, const char *name, const void *arg) {
 
 int dist_moe_layer_configure_optimizer(dist_client *c, dist_moe_layer *l,
                                        const struct dist_param_opts *opts) {
+  if (!c) return dist_no_client(__func__);
+  if (DIST_NEED(c, l)) return c->err.code;
   dist_param_opts o = DIST_PARAM_OPTS_INIT;
   if (opts) o = *opts;
   o.trainers = 1;
@@ -606,12 +614,16 @@ int dist_moe_layer_configure_optimizer(dist_client *c, dist_moe_layer *l,
 }
 
 int dist_moe_layer_step(dist_client *c, dist_moe_layer *l) {
+  if (!c) return dist_no_client(__func__);
+  if (DIST_NEED(c, l)) return c->err.code;
   int rc = each_param(c, l, push_one, NULL);
   if (rc == 0) l->have_grads = 0;
   return rc;
 }
 
 int dist_moe_layer_release(dist_client *c, dist_moe_layer *l) {
+  if (!c) return dist_no_client(__func__);
+  if (DIST_NEED(c, l)) return c->err.code;
   Dist__V1__ExpertReleaseRequest rq = DIST__V1__EXPERT_RELEASE_REQUEST__INIT;
   rq.layer = l->name;
   rq.invocation = INVOCATION;

@@ -134,10 +134,12 @@ static int configure_from_opts(dist_client *c, const char *func, const char *nam
 }
 
 int dist_param_configure(dist_client *c, const char *name, const dist_param_opts *opts) {
+  if (!c) return dist_no_client(__func__);
   return configure_from_opts(c, __func__, name, opts, 0);
 }
 
 int dist_param_tune(dist_client *c, const char *name, const dist_param_opts *opts) {
+  if (!c) return dist_no_client(__func__);
   if (!opts) return dist_client_null_arg(c, __func__, "opts (the new options)");
   return configure_from_opts(c, __func__, name, opts, 1);
 }
@@ -182,6 +184,7 @@ static void *slice_for(const dist_tensor *t, int rank, const void *grad,
 
 int dist_param_push(dist_client *c, const char *name, int trainer,
                     const void *grad, size_t nbytes, uint64_t *version) {
+  if (!c) return dist_no_client(__func__);
   if (check_push(c, __func__, name, trainer)) return c->err.code;
   if (!grad && nbytes) return dist_client_null_arg(c, __func__, "grad");
   dist_tensor *t = NULL;
@@ -242,6 +245,7 @@ out:
 int dist_param_push_local(dist_client *c, const char *name, int trainer,
                           int rank, const void *piece, size_t nbytes,
                           uint64_t *version) {
+  if (!c) return dist_no_client(__func__);
   if (check_push(c, __func__, name, trainer)) return c->err.code;
   if (!piece && nbytes) return dist_client_null_arg(c, __func__, "piece");
   if (rank < 0) rank = c->spmd_rank;
@@ -261,6 +265,7 @@ int dist_param_push_local(dist_client *c, const char *name, int trainer,
 
 int dist_param_push_tensor(dist_client *c, const char *name, int trainer,
                            const char *grad_name, uint64_t *version) {
+  if (!c) return dist_no_client(__func__);
   if (check_push(c, __func__, name, trainer)) return c->err.code;
   if (!grad_name) return dist_client_null_arg(c, __func__, "grad_name");
   dist_tensor *t = NULL;
@@ -323,6 +328,7 @@ static int assemble(dist_client *c, const dist_tensor *t, dist_call *calls,
 
 int dist_param_pull(dist_client *c, const char *name, uint64_t min_version,
                     void **data, size_t *nbytes, uint64_t *version) {
+  if (!c) return dist_no_client(__func__);
   if (DIST_NEED(c, data) || DIST_NEED(c, nbytes)) return c->err.code;
   *data = NULL;
   if (dist_client_check_lookup(c, __func__, name) != 0) return c->err.code;

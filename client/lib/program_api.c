@@ -854,6 +854,8 @@ static void release_on(dist_client *c, const int *targets, int n,
 }
 
 int dist_program_register(dist_client *c, dist_program *p) {
+  if (!c) return dist_no_client(__func__);
+  if (DIST_NEED(c, p)) return c->err.code;
   if (p->err)
     return dist_client_fail(c, p->err, "program '%s': %s", p->name, p->errmsg);
   if (p->nranks) dist_program_unregister(c, p);
@@ -889,6 +891,8 @@ int dist_program_set_invocation_ttl(dist_program *p, double seconds) {
 }
 
 int dist_program_unregister(dist_client *c, dist_program *p) {
+  if (!c) return dist_no_client(__func__);
+  if (DIST_NEED(c, p)) return c->err.code;
   if (!p->nranks) return 0;
   int rc = 0;
   for (int i = 0; i < p->nranks; i++) {
@@ -1190,6 +1194,8 @@ static int refuse_call(dist_client *c, const dist_program *p, uint64_t id) {
 int dist_local_layer_call(dist_client *c, dist_program *p, const dist_arg *args,
                           int nargs, const dist_call_opts *opts,
                           dist_invocation **inv, dist_tensor **outs) {
+  if (!c) return dist_no_client(__func__);
+  if (DIST_NEED(c, p)) return c->err.code;
   dist_call_opts o = DIST_CALL_OPTS_INIT;
   if (opts) o = *opts;
   *inv = NULL;
@@ -1350,6 +1356,8 @@ static int prepare_backward(dist_client *c, dist_invocation *inv, fanout *f,
 int dist_backward(dist_client *c, dist_invocation *inv,
                   const dist_arg *out_grads, const dist_backward_opts *opts,
                   dist_tensor **grads) {
+  if (!c) return dist_no_client(__func__);
+  if (DIST_NEED(c, inv)) return c->err.code;
   dist_backward_opts o = DIST_BACKWARD_OPTS_INIT;
   if (opts) o = *opts;
   for (int j = 0; grads && j < inv->n_inputs; j++) grads[j] = NULL;
@@ -1385,7 +1393,8 @@ out:
 }
 
 int dist_invocation_release(dist_client *c, dist_invocation *inv) {
-  if (!inv || inv->backward_done) return 0;
+  if (!inv || inv->backward_done) return 0; /* nothing kept: a no-op, NULL too */
+  if (!c) return dist_no_client(__func__);
   int rc = 0;
   for (int i = 0; i < inv->n; i++) {
     Dist__V1__ProgramReleaseRequest rq = DIST__V1__PROGRAM_RELEASE_REQUEST__INIT;

@@ -88,6 +88,8 @@ static atomic_uint_fast64_t tape_serial;
 /* ---------------------------------------------------------------- basics */
 
 int dist_tape_new(dist_client *c, dist_tape **out) {
+  if (!c) return dist_no_client(__func__);
+  if (DIST_NEED(c, out)) return c->err.code;
   dist_tape *t = calloc(1, sizeof *t);
   *out = NULL;
   if (!t) return dist_client_fail(c, DIST_ENOMEM, "out of memory");
@@ -310,11 +312,13 @@ static int record_exchange(dist_tape *t, entry_kind kind,
 
 int dist_tape_global_scatter(dist_tape *t, const dist_tape_exchange *a,
                              dist_tensor **out, int64_t *out_rows) {
+  if (!t) return dist_null_handle(__func__, "t");
   return record_exchange(t, SCATTER, a, out, out_rows);
 }
 
 int dist_tape_global_gather(dist_tape *t, const dist_tape_exchange *a,
                             dist_tensor **out, int64_t *out_rows) {
+  if (!t) return dist_null_handle(__func__, "t");
   return record_exchange(t, GATHER, a, out, out_rows);
 }
 
@@ -336,6 +340,7 @@ static int fill_layer(dist_tape *t, entry *e, const dist_program *p,
 int dist_tape_local_layer_call(dist_tape *t, dist_program *p,
                                const dist_arg *args, int nargs,
                                const dist_call_opts *opts, dist_tensor **outs) {
+  if (!t) return dist_null_handle(__func__, "t");
   int rc = usable(t, "LocalLayer call");
   if (rc) return rc;
   if (!outs) return dist_client_fail(t->c, DIST_EINVAL, "a LocalLayer call on "
@@ -360,6 +365,7 @@ int dist_tape_local_layer_call(dist_tape *t, dist_program *p,
 
 int dist_tape_reshard(dist_tape *t, dist_tensor *x, const dist_mesh *mesh,
                       const dist_placement *placements) {
+  if (!t) return dist_null_handle(__func__, "t");
   int rc = usable(t, "reshard");
   if (rc) return rc;
   if (!x) return dist_client_fail(t->c, DIST_EINVAL, "reshard on a tape needs a tensor");
@@ -769,6 +775,7 @@ static void clear_all(dist_tape *t) {
 
 int dist_tape_backward(dist_tape *t, const dist_tensor *const *outputs,
                        const dist_arg *grads, int n) {
+  if (!t) return dist_null_handle(__func__, "t");
   int rc = usable(t, "backward");
   if (rc) return rc;
   t->done = 1;
@@ -797,6 +804,7 @@ static const slot *grad_slot(dist_tape *t, const char *name) {
 }
 
 int dist_tape_grad(dist_tape *t, const char *name, dist_tensor **out) {
+  if (!t) return dist_null_handle(__func__, "t");
   if (DIST_NEED(t->c, out)) return t->c->err.code;
   *out = NULL;
   const slot *s = grad_slot(t, name);
@@ -809,6 +817,7 @@ int dist_tape_grad(dist_tape *t, const char *name, dist_tensor **out) {
 
 int dist_tape_grad_local(dist_tape *t, const char *name, int rank, void **data,
                          size_t *nbytes, int64_t *shape) {
+  if (!t) return dist_null_handle(__func__, "t");
   if (DIST_NEED(t->c, data)) return t->c->err.code;
   *data = NULL;
   const slot *s = grad_slot(t, name);

@@ -291,6 +291,7 @@ int dist_shard_tensor(dist_client *c, const char *name, const void *data,
                       dist_dtype dt, int ndim, const int64_t *shape,
                       const dist_mesh *mesh, const dist_placement *placements,
                       dist_tensor **out) {
+  if (!c) return dist_no_client(__func__);
   return shard_put(c, name, data, dt, ndim, shape, mesh, placements, 0, out);
 }
 
@@ -333,6 +334,7 @@ int dist_dtensor_from_local(dist_client *c, const char *name,
                             const void *const *pieces, dist_dtype dt, int ndim,
                             const int64_t *const *shapes, const dist_mesh *mesh,
                             const dist_placement *placements, dist_tensor **out) {
+  if (!c) return dist_no_client(__func__);
   if (DIST_NEED(c, out) || DIST_NEED(c, mesh)) return c->err.code;
   *out = NULL;
   int targets[DIST_MAX_MESH_RANKS];
@@ -391,6 +393,7 @@ static int get_from(dist_client *c, const dist_tensor *t, int full, const int *t
 
 int dist_dtensor_to_local(dist_client *c, const dist_tensor *t, int rank,
                           void **data, size_t *nbytes, int64_t *shape) {
+  if (!c) return dist_no_client(__func__);
   if (DIST_NEED(c, t) || DIST_NEED(c, data) || DIST_NEED(c, nbytes)) return c->err.code;
   *data = NULL;
   if (rank < 0) rank = c->spmd_rank;
@@ -400,6 +403,7 @@ int dist_dtensor_to_local(dist_client *c, const dist_tensor *t, int rank,
 
 int dist_full_tensor(dist_client *c, const dist_tensor *t, void **data,
                      size_t *nbytes) {
+  if (!c) return dist_no_client(__func__);
   if (DIST_NEED(c, t) || DIST_NEED(c, data) || DIST_NEED(c, nbytes)) return c->err.code;
   *data = NULL;
   int targets[DIST_MAX_MESH_RANKS];
@@ -439,6 +443,7 @@ static int refuse_reshard(dist_client *c, uint64_t op, const dist_mesh_desc *src
 
 int dist_reshard(dist_client *c, dist_tensor *t, const dist_mesh *mesh,
                  const dist_placement *placements) {
+  if (!c) return dist_no_client(__func__);
   /* No op id yet: nothing to tell SPMD peers about a handle that is not
    * there; a NULL placements is refused below, in step with them. */
   if (DIST_NEED(c, t)) return c->err.code;
@@ -487,6 +492,7 @@ int dist_reshard(dist_client *c, dist_tensor *t, const dist_mesh *mesh,
  * (a mesh of [2, 3], or one resharded there); the first that holds it
  * answers. SPMD trainers ask their own daemon. */
 int dist_tensor_open(dist_client *c, const char *name, dist_tensor **out) {
+  if (!c) return dist_no_client(__func__);
   if (DIST_NEED(c, out)) return c->err.code;
   *out = NULL;
   if (dist_client_check_lookup(c, __func__, name) != 0) return c->err.code;
@@ -524,6 +530,7 @@ int dist_tensor_open(dist_client *c, const char *name, dist_tensor **out) {
  * this trainer's). A single client deleting per-rank values (the name on
  * one-rank meshes) deletes them from every daemon, so the name is gone. */
 int dist_tensor_delete(dist_client *c, const char *name) {
+  if (!c) return dist_no_client(__func__);
   if (dist_client_check_lookup(c, __func__, name) != 0) return c->err.code;
   dist_tensor *t = NULL;
   int rc = dist_tensor_open(c, name, &t);
@@ -555,6 +562,7 @@ const dist_placement *dist_tensor_placements(const dist_tensor *t) { return t->p
  * tensor is not a collective. */
 int dist_tensor_pieces(dist_client *c, const dist_tensor *t,
                        dist_tensor_piece **out, int *n) {
+  if (!c) return dist_no_client(__func__);
   if (DIST_NEED(c, t) || DIST_NEED(c, out) || DIST_NEED(c, n)) return c->err.code;
   *out = NULL;
   *n = 0;
@@ -617,6 +625,7 @@ static dist_tensor **every_piece(dist_call *calls, int n, int *total) {
  * name, one mesh) make one entry. Per-rank values, one name on several
  * one-rank meshes, make one entry per rank. */
 int dist_tensor_list(dist_client *c, dist_tensor ***out, int *n) {
+  if (!c) return dist_no_client(__func__);
   if (DIST_NEED(c, out) || DIST_NEED(c, n)) return c->err.code;
   *out = NULL;
   *n = 0;

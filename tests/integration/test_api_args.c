@@ -315,3 +315,81 @@ Test(api_args, moe_exchanges_refuse_null_entries_and_negative_row_counts) {
                 "global_scatter: x_rows[0] is negative (-1)");
   dist_close(c);
 }
+
+/* rc is DIST_EINVAL and the thread's no-client message names call. */
+static void expect_no_client(int rc, const char *call) {
+  char want[128];
+  snprintf(want, sizeof want, "%s: c is NULL", call);
+  cr_assert_eq(rc, DIST_EINVAL, "%s: rc %d, wanted EINVAL", call, rc);
+  cr_assert_str_eq(dist_errmsg(NULL), want);
+}
+
+/* Every call taking a client, given none: no daemon is needed, as the
+ * client is checked before anything else is read. */
+Test(api_args, every_call_taking_a_client_refuses_a_null_one_naming_itself) {
+  double buf[2] = {0};
+  void *data = NULL;
+  size_t nbytes = 0;
+  dist_tensor *t = NULL;
+  dist_daemon_info info;
+  dist_ops_report ops;
+  dist_experts_report experts;
+  dist_params_report params;
+  dist_param_opts o = DIST_PARAM_OPTS_INIT;
+  expect_no_client(dist_all_reduce(NULL, buf, 2, DIST_FLOAT64, DIST_REDUCE_SUM, NULL, 0),
+                   "dist_all_reduce");
+  expect_no_client(dist_all_gather(NULL, buf, 1, buf, DIST_FLOAT64, NULL, 0), "dist_all_gather");
+  expect_no_client(dist_broadcast(NULL, buf, 2, DIST_FLOAT64, 0, NULL, 0), "dist_broadcast");
+  expect_no_client(dist_barrier(NULL), "dist_barrier");
+  expect_no_client(dist_info(NULL, 0, &info), "dist_info");
+  expect_no_client(dist_health(NULL, 0), "dist_health");
+  expect_no_client(dist_ops(NULL, 0, 0, &ops), "dist_ops");
+  expect_no_client(dist_experts(NULL, 0, &experts), "dist_experts");
+  expect_no_client(dist_params(NULL, 0, &params), "dist_params");
+  expect_no_client(dist_tensor_open(NULL, "w", &t), "dist_tensor_open");
+  expect_no_client(dist_tensor_delete(NULL, "w"), "dist_tensor_delete");
+  expect_no_client(dist_full_tensor(NULL, t, &data, &nbytes), "dist_full_tensor");
+  expect_no_client(dist_reshard(NULL, t, NULL, NULL), "dist_reshard");
+  expect_no_client(dist_shard_tensor(NULL, "w", buf, DIST_FLOAT64, 0, NULL, NULL, NULL, &t),
+                   "dist_shard_tensor");
+  expect_no_client(dist_param_configure(NULL, "w", &o), "dist_param_configure");
+  expect_no_client(dist_param_tune(NULL, "w", &o), "dist_param_tune");
+  expect_no_client(dist_param_push(NULL, "w", 0, buf, sizeof buf, NULL), "dist_param_push");
+  expect_no_client(dist_param_push_local(NULL, "w", 0, 0, buf, sizeof buf, NULL),
+                   "dist_param_push_local");
+  expect_no_client(dist_param_push_tensor(NULL, "w", 0, "g", NULL), "dist_param_push_tensor");
+  expect_no_client(dist_param_pull(NULL, "w", 0, &data, &nbytes, NULL), "dist_param_pull");
+  expect_no_client(dist_checkpoint_save(NULL, "/tmp/x", NULL, NULL), "dist_checkpoint_save");
+  expect_no_client(dist_checkpoint_restore(NULL, "/tmp/x", NULL, NULL),
+                   "dist_checkpoint_restore");
+  dist_tape *tape = NULL;
+  expect_no_client(dist_tape_new(NULL, &tape), "dist_tape_new");
+  /* The accessors answer for no client rather than crash. */
+  cr_assert_eq(dist_errcode(NULL), DIST_EINVAL);
+  cr_assert_eq(dist_world_size(NULL), 0);
+  cr_assert_eq(dist_rank(NULL), -1);
+  cr_assert_null(dist_endpoint(NULL, 0));
+}
+
+/* Handles that lead to the client: a NULL tape has no client to keep the
+ * message in (dist_errmsg(NULL) says it); a NULL layer, program or
+ * invocation is named on the client. */
+Test(api_args, null_tapes_layers_programs_and_invocations_are_named) {
+  dist_client *c = start_with_param();
+  dist_tensor *t = NULL;
+  cr_assert_eq(dist_tape_grad(NULL, "w", &t), DIST_EINVAL);
+  cr_assert_str_eq(dist_errmsg(NULL), "dist_tape_grad: t is NULL");
+  cr_assert_eq(dist_tape_backward(NULL, NULL, NULL, 0), DIST_EINVAL);
+  cr_assert_str_eq(dist_errmsg(NULL), "dist_tape_backward: t is NULL");
+  expect_einval(c, dist_tape_new(c, NULL), "dist_tape_new: out is NULL");
+  expect_einval(c, dist_layer_forward(c, NULL, NULL, 0, NULL, 0), "dist_layer_forward: l is NULL");
+  expect_einval(c, dist_layer_step(c, NULL, 0), "dist_layer_step: l is NULL");
+  expect_einval(c, dist_moe_layer_step(c, NULL), "dist_moe_layer_step: l is NULL");
+  expect_einval(c, dist_moe_layer_create(c, "m", NULL, NULL), "dist_moe_layer_create: out is NULL");
+  expect_einval(c, dist_program_register(c, NULL), "dist_program_register: p is NULL");
+  expect_einval(c, dist_local_layer_call(c, NULL, NULL, 0, NULL, NULL, NULL),
+                "dist_local_layer_call: p is NULL");
+  expect_einval(c, dist_backward(c, NULL, NULL, NULL, NULL), "dist_backward: inv is NULL");
+  cr_assert_eq(dist_layer_destroy(c, NULL), 0, "NULL stays a no-op");
+  dist_close(c);
+}

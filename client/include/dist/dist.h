@@ -69,7 +69,10 @@ void dist_close(dist_client *c);
  * setting is process-wide: DIST_KEEP_HEAP=0 in the environment leaves
  * malloc as it is. */
 
-/* The last error's message and code on c ("" and 0 when none). */
+/* The last error's message and code on c ("" and 0 when none). Every call
+ * taking a client refuses a NULL one with DIST_EINVAL; dist_errmsg(NULL)
+ * then says which call ("dist_info: c is NULL"), for the
+ * last such call of this thread. */
 const char *dist_errmsg(const dist_client *c);
 int dist_errcode(const dist_client *c);
 /* Message for failures before a client exists (connect). */
