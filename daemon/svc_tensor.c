@@ -6,6 +6,7 @@
 #include "hash.h"
 #include "holds.h"
 #include "methods.h"
+#include "op_refuse.h"
 #include "param_service.h"
 #include "pbuf.h"
 #include "reshard.h"
@@ -227,6 +228,17 @@ static int piece_from_local(distd_server *s, const distd_call_info *ci,
   return rc;
 }
 
+/* A put this daemon refuses before its vote (or its shape exchange): the
+ * other daemons of the mesh the request names, if it names one this rank
+ * is in, would wait for this rank's verdict until their deadline. */
+static int put_refused(distd_server *s, const Dist__V1__TensorPutRequest *rq, dist_errbuf *eb) {
+  dist_mesh_desc mesh;
+  if (rq->op_id && rq->meta && dist_mesh_from_pb(rq->meta->mesh, &mesh, NULL) == 0 &&
+      dist_mesh_index_of(&mesh, s->rank) >= 0)
+    distd_refuse_op(s, rq->op_id, 0, mesh.ranks, mesh.nranks, "its daemon", dist_errbuf_msg(eb));
+  return eb->code;
+}
+
 /* The put, under its hold on the name: every daemon of the mesh makes its
  * piece, and they store them only when all could (a client before 0.2.3
  * sends shard_tensor's puts without an op id, and gets no vote); a
@@ -237,7 +249,7 @@ static int put_held(distd_server *s, const distd_call_info *ci,
                     const Dist__V1__TensorPutRequest *rq, distd_meta *m,
                     grpc_byte_buffer **reply, dist_errbuf *eb) {
   distd_staged st;
-  if (distd_staged_init(&st, 1, eb) != 0) return eb->code;
+  if (distd_staged_init(&st, 1, eb) != 0) return put_refused(s, rq, eb);
   const dist_shape *shape = rq->derive_global_shape ? &m->local : &m->global;
   int verdict = local_verdict(s, rq, m, shape, eb), rc;
   if (verdict == 0 && rq->replace) distd_staged_note_version(s->store, &st, m->name, NULL);
@@ -261,12 +273,13 @@ DISTD_HANDLER(tensor_put) {
   const Dist__V1__TensorPutRequest *rq = (const void *)req;
   distd_meta m;
   memset(&m, 0, sizeof m);
-  if (distd_meta_parse(s, rq->meta, &m, eb) != 0) return eb->code;
+  if (distd_meta_parse(s, rq->meta, &m, eb) != 0) return put_refused(s, rq, eb);
+  /* Not refused for the others: they do not wait for a rank outside. */
   if (dist_mesh_index_of(&m.mesh, s->rank) < 0)
     return dist_fail(eb, DIST_EINVAL, "rank %d is not in the mesh of '%s'",
                      s->rank, m.name);
   if (distd_holds_take(s->holds, m.name, DISTD_HOLD_PUT, ci->deadline_ms, eb) != 0)
-    return eb->code;
+    return put_refused(s, rq, eb);
   int rc = put_held(s, ci, rq, &m, reply, eb);
   distd_holds_release(s->holds, m.name, DISTD_HOLD_PUT);
   return rc;

@@ -1071,6 +1071,84 @@ Test(spmd, a_from_local_one_trainer_refuses_fails_the_other_at_once, .timeout = 
   expect_told_at_once(tr, "rank 0's piece");
 }
 
+/* A put of `name` on [0,1] under its own op id, sent to rank 0 alone
+ * (raw, as a single client's half put): daemon 0 holds the name while it
+ * waits for rank 1's verdict, which never comes, until the deadline. */
+typedef struct blocker {
+  harness *h;
+  const char *name;
+  int rc;
+} blocker;
+
+static void *half_put(void *arg) {
+  blocker *b = arg;
+  dist_client *c = harness_client_rank(b->h, 0, 6000);
+  dist_mesh_desc mesh;
+  dist_placement p = DIST_SHARD_DIM(0);
+  cr_assert_eq(dist_mesh_parse(&mesh, "[0,1]", NULL, NULL), 0);
+  dist_shape global = {1, {2}};
+  dist_wire_meta *w = calloc(1, sizeof *w);
+  dist_meta_to_pb(b->name, DIST_FLOAT32, &global, &mesh, &p, w);
+  float piece = 1;
+  Dist__V1__TensorPutRequest rq = DIST__V1__TENSOR_PUT_REQUEST__INIT;
+  rq.meta = &w->meta;
+  rq.op_id = 0x4a1f9e7700000001ull; /* no trainer's */
+  rq.data.data = (uint8_t *)&piece;
+  rq.data.len = sizeof piece;
+  ProtobufCMessage *rp = NULL;
+  b->rc = dist_call_one(c, 0, "/dist.v1.Dist/TensorPut", &rq.base,
+                        &dist__v1__tensor_put_reply__descriptor, &rp);
+  if (rp) protobuf_c_message_free_unpacked(rp, NULL);
+  free(w);
+  dist_close(c);
+  return NULL;
+}
+
+/* SPMD trainers put "held" (local: by dtensor_from_local) while daemon 0
+ * holds the name for another put: daemon 0 refuses before its vote (or
+ * shape exchange), and trainer 1 must hear of it at once, naming rank 0
+ * and why; then both trainers' all-reduce meets. Before, daemon 1 waited
+ * for rank 0's verdict until trainer 1's deadline (10 s). */
+static void expect_daemon_refusal_told(int local) {
+  start_cluster(&cluster, 2);
+  blocker b = {.h = &cluster, .name = "held"};
+  pthread_t th;
+  pthread_create(&th, NULL, half_put, &b);
+  harness_sleep_ms(500); /* daemon 0 takes the hold */
+  trainer tr[2];
+  for (int r = 0; r < 2; r++) {
+    tr[r] = (trainer){.c = spmd_client(&cluster, r, local ? "held-local" : "held-put"),
+                      .rank = r, .local = local, .name = "held", .rows = 2,
+                      .want = DIST_EUNAVAIL};
+    tr[r].c->timeout_ms = r ? 10000 : 30000; /* trainer 0 waits for trainer 1's put */
+  }
+  run_trainers(tr, 2, spmd_refused_then_reduce);
+  const char *reason = "being put by another request";
+  cr_expect(strstr(tr[0].msg, reason), "trainer 0: %s", tr[0].msg);
+  cr_expect_lt(tr[1].failed_at, 3.0, "trainer 1 waited %.1f s: %s", tr[1].failed_at, tr[1].msg);
+  cr_expect(strstr(tr[1].msg, "rank 0 aborted op") && strstr(tr[1].msg, "its daemon refused it") &&
+                strstr(tr[1].msg, reason),
+            "trainer 1: %s", tr[1].msg);
+  for (int r = 0; r < 2; r++) {
+    cr_expect_eq(tr[r].rc, 0, "trainer %d's all-reduce after: %s", r, tr[r].msg);
+    dist_close(tr[r].c);
+  }
+  pthread_join(th, NULL);
+  cr_expect_neq(b.rc, 0, "the half put succeeded");
+  expect_store(&cluster, "", "a put daemon 0 refused");
+  stop_cluster();
+}
+
+Test(spmd, a_put_one_daemon_refuses_before_its_vote_fails_the_other_at_once, .timeout = 90,
+     .fini = stop_cluster) {
+  expect_daemon_refusal_told(0);
+}
+
+Test(spmd, a_from_local_one_daemon_refuses_before_its_exchange_fails_the_other_at_once,
+     .timeout = 90, .fini = stop_cluster) {
+  expect_daemon_refusal_told(1);
+}
+
 /* ------------------------------------------------------------ concurrency */
 
 typedef struct worker {
