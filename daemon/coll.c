@@ -56,7 +56,7 @@ static int check_dtype(dist_dtype dt, size_t *es, dist_errbuf *eb) {
   return 0;
 }
 
-static int check_reduce(dist_reduce op, dist_errbuf *eb) {
+int distd_check_reduce(dist_reduce op, dist_errbuf *eb) {
   if ((int)op < DIST_REDUCE_SUM || op > DIST_REDUCE_ALL)
     return dist_fail(eb, DIST_EINVAL, "invalid reduce op %d", (int)op);
   return 0;
@@ -177,7 +177,7 @@ static int reduce_scatter_run(const distd_coll *c, const void *in, void *out, co
   char *tmp = NULL;
   distd_xfer *x = NULL;
   int rc = check_dtype(dt, &es, eb);
-  if (rc || (rc = check_reduce(op, eb))) return rc;
+  if (rc || (rc = distd_check_reduce(op, eb))) return rc;
   size_t mine = counts[c->me] * es;
   if (!(off = malloc(sizeof *off * (size_t)c->size)) ||
       !(tmp = malloc(mine * (size_t)(c->size - 1) + 1)) || !(x = new_xfer(c, eb))) {
@@ -266,7 +266,7 @@ static int allreduce_run(const distd_coll *c, void *buf, size_t count, dist_dtyp
                     dist_reduce op, dist_errbuf *eb) {
   size_t es;
   int rc = check_dtype(dt, &es, eb);
-  if (rc || (rc = check_reduce(op, eb))) return rc;
+  if (rc || (rc = distd_check_reduce(op, eb))) return rc;
   if (c->size == 1) {
     dist_reduce_finish(buf, count, dt, op, 1);
     return 0;

@@ -35,6 +35,10 @@ int distd_coll_init(distd_coll *c, distd_peers *peers, uint64_t op_id,
                     const int *group, int size, int64_t deadline_ms,
                     dist_errbuf *eb);
 
+/* DIST_EINVAL unless op is a reduce op; else 0. A request is checked
+ * before its exchange, so that its refusal can be told to the group. */
+int distd_check_reduce(dist_reduce op, dist_errbuf *eb);
+
 /* In place: buf (count elements) becomes the reduction over the group.
  * AVG divides by the group size. */
 int distd_allreduce(const distd_coll *c, void *buf, size_t count,

@@ -13,6 +13,7 @@
 #include "coll.h"
 #include "methods.h"
 #include "moe_scatter.h"
+#include "op_refuse.h"
 #include "op_signature.h"
 #include "pbuf.h"
 #include "wire.h"
@@ -29,6 +30,9 @@ typedef struct op {
   int root;             /* BROADCAST: the root's index in the group */
   void *out;
   size_t out_len;
+  /* Set by a prepare before its first exchange: a failure from then on
+   * was told to the group by the exchange itself. */
+  int exchanged;
 } op;
 
 typedef struct kind_ops {
@@ -62,7 +66,8 @@ static int take_counts(const uint64_t *given, size_t ngiven, int size, size_t *c
 
 static int prep_all_reduce(const distd_coll *c, op *o, dist_errbuf *eb) {
   (void)c;
-  return alloc_out(o, o->n * o->elem, eb);
+  int rc = distd_check_reduce((dist_reduce)o->rq->reduce, eb);
+  return rc ? rc : alloc_out(o, o->n * o->elem, eb);
 }
 
 static int exec_all_reduce(const distd_coll *c, op *o, dist_errbuf *eb) {
@@ -76,6 +81,7 @@ static int prep_all_gather(const distd_coll *c, op *o, dist_errbuf *eb) {
   uint64_t mine = o->n, *all = calloc((size_t)c->size, sizeof *all);
   if (!all) return dist_fail(eb, DIST_ENOMEM, "out of memory");
   for (int i = 0; i < c->size; i++) o->a[i] = 1;
+  o->exchanged = 1;
   int rc = distd_allgather(c, &mine, all, o->a, DIST_INT64, eb);
   for (int i = 0; i < c->size; i++) o->b[i] = (size_t)all[i];
   free(all);
@@ -92,9 +98,10 @@ static int exec_all_gather(const distd_coll *c, op *o, dist_errbuf *eb) {
 
 static int prep_reduce_scatter(const distd_coll *c, op *o, dist_errbuf *eb) {
   const creq *rq = o->rq;
-  int rc = take_counts(rq->send_counts, rq->n_send_counts, c->size, o->a,
-                       "reduce_scatter", eb);
-  if (rc) return rc;
+  int rc = distd_check_reduce((dist_reduce)rq->reduce, eb);
+  if (rc || (rc = take_counts(rq->send_counts, rq->n_send_counts, c->size, o->a,
+                              "reduce_scatter", eb)))
+    return rc;
   if (sum(o->a, c->size) != o->n)
     return dist_fail(eb, DIST_EINVAL, "reduce_scatter: counts sum to %zu, data has %zu "
                      "elements", sum(o->a, c->size), o->n);
@@ -157,6 +164,7 @@ static int prep_broadcast(const distd_coll *c, op *o, dist_errbuf *eb) {
   /* Two members that each take themselves for the root only send, so
    * neither would see the other's signature; in a barrier, signed with
    * the root, every member hears from every other. */
+  o->exchanged = 1;
   int rc = distd_barrier(c, eb);
   return rc ? rc : alloc_out(o, o->n * o->elem, eb);
 }
@@ -228,8 +236,9 @@ static int repeat_exec(const distd_coll *c, const kind_ops *k, op *o, double *ti
   return 0;
 }
 
-/* Runs the collective (once, or as a benchmark); fills o->out and times. */
-static int run(const distd_coll *c, op *o, double *times, dist_errbuf *eb) {
+/* Checks the request and prepares the collective (counts, the result's
+ * memory). */
+static int prepare(const distd_coll *c, op *o, dist_errbuf *eb) {
   const kind_ops *k = kind_of((int)o->rq->kind);
   if (!k) return dist_fail(eb, DIST_EINVAL, "unknown collective kind %d", (int)o->rq->kind);
   if (o->rq->data.len % o->elem)
@@ -239,8 +248,13 @@ static int run(const distd_coll *c, op *o, double *times, dist_errbuf *eb) {
   o->a = calloc((size_t)c->size, sizeof *o->a);
   o->b = calloc((size_t)c->size, sizeof *o->b);
   if (!o->a || !o->b) return dist_fail(eb, DIST_ENOMEM, "out of memory");
-  int rc = k->prepare(c, o, eb);
-  if (rc) return rc;
+  return k->prepare(c, o, eb);
+}
+
+/* Runs the prepared collective (once, or as a benchmark); fills o->out
+ * and times. */
+static int run(const distd_coll *c, op *o, double *times, dist_errbuf *eb) {
+  const kind_ops *k = kind_of((int)o->rq->kind);
   return o->rq->repeat ? repeat_exec(c, k, o, times, eb) : k->exec(c, o, eb);
 }
 
@@ -252,28 +266,47 @@ static void op_free(op *o) {
   free(o->out);
 }
 
+/* ---- refusals ---- */
+
+static int is_point_to_point(const creq *rq) {
+  return rq->kind == DIST__V1__COLLECTIVE_REQUEST__KIND__SEND ||
+         rq->kind == DIST__V1__COLLECTIVE_REQUEST__KIND__RECV;
+}
+
+/* A collective this daemon refuses before its part (a request it cannot
+ * parse, counts that do not add up, a root outside the group): the others
+ * would wait for that part until their deadline; told, they fail at once
+ * naming this rank and eb's reason. Returns eb's code. */
+static int collective_refused(distd_server *s, const creq *rq, dist_errbuf *eb) {
+  if (!is_point_to_point(rq)) return distd_refuse_group(s, rq->op_id, rq->group, rq->n_group, eb);
+  int peer = (int)rq->root; /* one outside the world is skipped */
+  distd_refuse_op(s, rq->op_id, 0, &peer, 1, "its daemon", dist_errbuf_msg(eb));
+  return eb->code;
+}
+
 /* ---- point to point, and the handler ---- */
 
 static int point_to_point(distd_server *s, const distd_call_info *ci, op *o,
                           dist_errbuf *eb) {
   const creq *rq = o->rq;
-  if (rq->root >= (uint32_t)s->world_size || (int)rq->root == s->rank)
-    return dist_fail(eb, DIST_EINVAL, "%s: peer rank %u is not another daemon "
-                     "of this cluster", rq->kind == DIST__V1__COLLECTIVE_REQUEST__KIND__SEND
-                     ? "send" : "recv", rq->root);
+  if (rq->root >= (uint32_t)s->world_size || (int)rq->root == s->rank) {
+    dist_fail(eb, DIST_EINVAL, "%s: peer rank %u is not another daemon of this cluster",
+              rq->kind == DIST__V1__COLLECTIVE_REQUEST__KIND__SEND ? "send" : "recv", rq->root);
+    return collective_refused(s, rq, eb);
+  }
   if (rq->kind == DIST__V1__COLLECTIVE_REQUEST__KIND__SEND)
     return distd_send_to(s->peers, rq->op_id, (int)rq->root, rq->data.data,
                          rq->data.len, o->dt, ci->deadline_ms, eb);
-  int rc = alloc_out(o, rq->count * o->elem, eb);
-  return rc ? rc : distd_recv_from(s->peers, rq->op_id, (int)rq->root, o->out,
-                                   o->out_len, o->dt, ci->deadline_ms, eb);
+  if (alloc_out(o, rq->count * o->elem, eb) != 0) return collective_refused(s, rq, eb);
+  return distd_recv_from(s->peers, rq->op_id, (int)rq->root, o->out, o->out_len, o->dt,
+                         ci->deadline_ms, eb);
 }
 
 /* The request's signature (op_signature.h): trainers that disagree on the
  * collective, its dtype, reduce op or root fail at their first frame. */
 static uint64_t signature_of(const op *o) {
   const kind_ops *k = kind_of((int)o->rq->kind);
-  if (!k) return 0; /* run() refuses the request */
+  if (!k) return 0; /* prepare() refuses the request */
   distd_sig_kind sig = k->sig;
   int reduces = sig == DISTD_SIG_ALL_REDUCE || sig == DISTD_SIG_REDUCE_SCATTER;
   return distd_op_signature(sig, sig == DISTD_SIG_BARRIER ? DIST_DTYPE_INVALID : o->dt,
@@ -285,12 +318,18 @@ static int group_run(distd_server *s, const distd_call_info *ci, op *o, double *
                      dist_errbuf *eb) {
   const creq *rq = o->rq;
   int group[DIST_MAX_MESH_RANKS], n = rq->n_group ? (int)rq->n_group : s->world_size;
-  if (n > DIST_MAX_MESH_RANKS) return dist_fail(eb, DIST_EINVAL, "group too large");
+  if (rq->n_group > DIST_MAX_MESH_RANKS) {
+    dist_fail(eb, DIST_EINVAL, "group of %zu ranks (at most %d)", rq->n_group,
+              DIST_MAX_MESH_RANKS);
+    return collective_refused(s, rq, eb);
+  }
   for (int i = 0; i < n; i++) group[i] = rq->n_group ? (int)rq->group[i] : i;
   distd_coll c;
   int rc = distd_coll_init(&c, s->peers, rq->op_id, group, n, ci->deadline_ms, eb);
   c.signature = signature_of(o);
-  return rc ? rc : run(&c, o, times, eb);
+  if (rc == 0) rc = prepare(&c, o, eb);
+  if (rc) return o->exchanged ? rc : collective_refused(s, rq, eb);
+  return run(&c, o, times, eb);
 }
 
 DISTD_HANDLER(collective) {
@@ -300,12 +339,13 @@ DISTD_HANDLER(collective) {
   int rc = 0;
   if (rq->kind != DIST__V1__COLLECTIVE_REQUEST__KIND__BARRIER &&
       dist_dtype_from_pb((int)rq->dtype, &o.dt, eb) != 0)
-    return eb->code;
+    return collective_refused(s, rq, eb);
   o.elem = dist_dtype_size(o.dt);
-  if (rq->repeat && !(times = calloc(rq->repeat, sizeof *times)))
-    return dist_fail(eb, DIST_ENOMEM, "out of memory for %u timings", rq->repeat);
-  if (rq->kind == DIST__V1__COLLECTIVE_REQUEST__KIND__SEND ||
-      rq->kind == DIST__V1__COLLECTIVE_REQUEST__KIND__RECV) {
+  if (rq->repeat && !(times = calloc(rq->repeat, sizeof *times))) {
+    dist_fail(eb, DIST_ENOMEM, "out of memory for %u timings", rq->repeat);
+    return collective_refused(s, rq, eb);
+  }
+  if (is_point_to_point(rq)) {
     if (rq->repeat) rc = dist_fail(eb, DIST_EINVAL, "send/recv have no benchmark mode");
     else rc = point_to_point(s, ci, &o, eb);
   } else {

@@ -8,6 +8,7 @@
 #include "methods.h"
 #include "moe.pb-c.h"
 #include "moe_scatter.h"
+#include "op_refuse.h"
 #include "op_signature.h"
 #include "pbuf.h"
 #include "store.h"
@@ -121,7 +122,8 @@ static int exchange(distd_server *s, const distd_call_info *ci, const xreq *rq,
   distd_tensor *t = NULL;
   void *out = NULL;
   uint64_t out_rows = 0;
-  if ((rc = parse_group(s, rq, group, &size, &me, eb)) != 0) return rc;
+  if (parse_group(s, rq, group, &size, &me, eb) != 0)
+    return distd_refuse_group(s, rq->op_id, rq->group, rq->n_group, eb);
   size_t row_bytes = 0, out_bytes = 0;
   if ((rc = get_input(s, rq, &in, eb)) != 0) goto fail;
   row_bytes = (size_t)in.width * dist_dtype_size(in.dtype);
@@ -158,7 +160,7 @@ static int exchange(distd_server *s, const distd_call_info *ci, const xreq *rq,
   rc = send_reply(s, t, out, out_rows, &in, reply);
   goto out;
 fail:
-  distd_abort_op(s->peers, rq->op_id, group, size, eb->msg);
+  distd_refuse_op(s, rq->op_id, 0, group, size, "its daemon", dist_errbuf_msg(eb));
 out:
   if (!t) free(out);
   distd_tensor_unref(t);

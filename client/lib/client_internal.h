@@ -99,8 +99,10 @@ uint64_t dist_next_op_id(dist_client *c);
 /* spmd_refuse.c: c->err's code, after an SPMD trainer refused the
  * operation under op_id of the daemons ranks[0..n) itself (c->err says
  * why): its daemon tells the others, so that their trainers fail at once
- * instead of waiting for this rank until their deadline. A single client,
- * op_id 0 or a single rank only returns the code. */
+ * instead of waiting for this rank until their deadline. Ranks the client
+ * does not know are left out. A single client, op_id 0, a single rank, or
+ * a trainer whose rank is not among them (nobody waits for it) only
+ * returns the code. */
 int dist_spmd_refused(dist_client *c, uint64_t op_id, const uint32_t *ranks, int n);
 /* dist_spmd_refused of an operation that took op ids op_id to op_id +
  * more_ids (a LocalLayer call). */
@@ -108,6 +110,10 @@ int dist_spmd_refused_ids(dist_client *c, uint64_t op_id, uint32_t more_ids,
                           const uint32_t *ranks, int n);
 /* dist_spmd_refused of an operation on the ranks of mesh m. */
 int dist_spmd_refused_on(dist_client *c, uint64_t op_id, const dist_mesh_desc *m);
+/* dist_spmd_refused of an operation over group[0..group_size) (every
+ * rank when group is NULL; the first DIST_MAX_MESH_RANKS of a longer
+ * one), as the collectives and the MoE exchanges take their groups. */
+int dist_spmd_refused_group(dist_client *c, uint64_t op_id, const int *group, int group_size);
 /* Records an error on c and returns code. */
 int dist_client_fail(dist_client *c, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

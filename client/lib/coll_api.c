@@ -28,14 +28,18 @@ static int check_buffer(dist_client *c, const char *func, const char *arg, const
   return buf || count == 0 ? 0 : dist_client_null_arg(c, func, arg);
 }
 
-static int collective(dist_client *c, Dist__V1__CollectiveRequest *rq,
+/* Runs rq over group. Its op id was taken before the caller's argument
+ * checks, by every trainer (a member of the group or not), so that the
+ * trainers' op ids stay in step; refused (the checks failed, c->err says
+ * why), the refusal is told to the group, whose trainers fail at once. */
+static int collective(dist_client *c, Dist__V1__CollectiveRequest *rq, int refused,
                       const int *group, int group_size, void *out,
                       size_t out_len) {
+  if (refused) return dist_spmd_refused_group(c, rq->op_id, group, group_size);
   uint32_t g[DIST_MAX_MESH_RANKS]; /* check_group bounds group_size */
   for (int i = 0; group && i < group_size; i++) g[i] = (uint32_t)group[i];
   rq->n_group = group ? (size_t)group_size : 0;
   rq->group = g;
-  rq->op_id = dist_next_op_id(c);
   ProtobufCMessage *rp = NULL;
   int rc = dist_call_one(c, c->spmd_rank, "/dist.v1.Dist/Collective", &rq->base,
                          &dist__v1__collective_reply__descriptor, &rp);
@@ -54,46 +58,50 @@ static int collective(dist_client *c, Dist__V1__CollectiveRequest *rq,
 int dist_all_reduce(dist_client *c, void *buf, size_t count, dist_dtype dt,
                     dist_reduce op, const int *group, int group_size) {
   if (!c) return dist_no_client(__func__);
-  if (own_daemon(c, "all_reduce") < 0 || check_buffer(c, __func__, "buf", buf, count) ||
-      check_group(c, __func__, group, group_size))
-    return c->err.code;
+  if (own_daemon(c, "all_reduce") < 0) return c->err.code;
   Dist__V1__CollectiveRequest rq = DIST__V1__COLLECTIVE_REQUEST__INIT;
+  rq.op_id = dist_next_op_id(c);
+  int refused = check_buffer(c, __func__, "buf", buf, count) ||
+                check_group(c, __func__, group, group_size);
   rq.kind = DIST__V1__COLLECTIVE_REQUEST__KIND__ALL_REDUCE;
   rq.dtype = (Dist__V1__DType)dt;
   rq.reduce = (Dist__V1__ReduceOp)op;
   rq.data.data = buf;
   rq.data.len = count * dist_dtype_size(dt);
-  return collective(c, &rq, group, group_size, buf, rq.data.len);
+  return collective(c, &rq, refused, group, group_size, buf, rq.data.len);
 }
 
 int dist_all_gather(dist_client *c, const void *in, size_t count, void *out,
                     dist_dtype dt, const int *group, int group_size) {
   if (!c) return dist_no_client(__func__);
-  if (own_daemon(c, "all_gather") < 0 || check_buffer(c, __func__, "in", in, count) ||
-      check_buffer(c, __func__, "out", out, count) || check_group(c, __func__, group, group_size))
-    return c->err.code;
+  if (own_daemon(c, "all_gather") < 0) return c->err.code;
   Dist__V1__CollectiveRequest rq = DIST__V1__COLLECTIVE_REQUEST__INIT;
+  rq.op_id = dist_next_op_id(c);
+  int refused = check_buffer(c, __func__, "in", in, count) ||
+                check_buffer(c, __func__, "out", out, count) ||
+                check_group(c, __func__, group, group_size);
   rq.kind = DIST__V1__COLLECTIVE_REQUEST__KIND__ALL_GATHER;
   rq.dtype = (Dist__V1__DType)dt;
   rq.data.data = (uint8_t *)in;
   rq.data.len = count * dist_dtype_size(dt);
-  int members = group ? group_size : c->n;
-  return collective(c, &rq, group, group_size, out, rq.data.len * (size_t)members);
+  int members = refused ? 0 : group ? group_size : c->n;
+  return collective(c, &rq, refused, group, group_size, out, rq.data.len * (size_t)members);
 }
 
 int dist_broadcast(dist_client *c, void *buf, size_t count, dist_dtype dt,
                    int root, const int *group, int group_size) {
   if (!c) return dist_no_client(__func__);
-  if (own_daemon(c, "broadcast") < 0 || check_buffer(c, __func__, "buf", buf, count) ||
-      check_group(c, __func__, group, group_size))
-    return c->err.code;
+  if (own_daemon(c, "broadcast") < 0) return c->err.code;
   Dist__V1__CollectiveRequest rq = DIST__V1__COLLECTIVE_REQUEST__INIT;
+  rq.op_id = dist_next_op_id(c);
+  int refused = check_buffer(c, __func__, "buf", buf, count) ||
+                check_group(c, __func__, group, group_size);
   rq.kind = DIST__V1__COLLECTIVE_REQUEST__KIND__BROADCAST;
   rq.dtype = (Dist__V1__DType)dt;
   rq.root = (uint32_t)root;
   rq.data.data = buf;
   rq.data.len = count * dist_dtype_size(dt);
-  return collective(c, &rq, group, group_size, buf, rq.data.len);
+  return collective(c, &rq, refused, group, group_size, buf, rq.data.len);
 }
 
 int dist_barrier(dist_client *c) {
@@ -101,5 +109,6 @@ int dist_barrier(dist_client *c) {
   if (own_daemon(c, "barrier") < 0) return c->err.code;
   Dist__V1__CollectiveRequest rq = DIST__V1__COLLECTIVE_REQUEST__INIT;
   rq.kind = DIST__V1__COLLECTIVE_REQUEST__KIND__BARRIER;
-  return collective(c, &rq, NULL, 0, NULL, 0);
+  rq.op_id = dist_next_op_id(c);
+  return collective(c, &rq, 0, NULL, 0, NULL, 0);
 }

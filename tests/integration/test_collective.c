@@ -28,6 +28,8 @@ typedef struct call {
   dist_dtype dt;
   dist_reduce op; /* ALL_REDUCE */
   int root;       /* BROADCAST */
+  int group_size; /* ALL_REDUCE: 0 for every rank, else ranks 0,1,0,1... */
+  const int64_t *counts; /* GLOBAL_SCATTER: rows to each rank (NULL: 2, 2) */
 } call;
 
 typedef struct trainer {
@@ -43,8 +45,10 @@ typedef struct trainer {
 
 static int run_global_scatter(trainer *t, void *buf) {
   /* One expert per rank, rows of 8 bytes: 2 rows to each rank. */
-  int64_t d_model = 8 / (int64_t)dist_dtype_size(t->what.dt), counts[2] = {2, 2};
-  const int64_t *lc[1] = {counts}, *gc[1] = {counts};
+  static const int64_t two_each[2] = {2, 2};
+  int64_t d_model = 8 / (int64_t)dist_dtype_size(t->what.dt);
+  const int64_t *counts = t->what.counts ? t->what.counts : two_each;
+  const int64_t *lc[1] = {counts}, *gc[1] = {two_each};
   const void *x[1] = {buf};
   void *out[1] = {NULL};
   int64_t out_rows[1] = {0};
@@ -52,6 +56,13 @@ static int run_global_scatter(trainer *t, void *buf) {
                                out, out_rows);
   free(out[0]);
   return rc;
+}
+
+/* Ranks 0,1,0,1... for a group larger than any allowed. */
+static const int *alternating_group(void) {
+  static int g[2 * 1024];
+  for (int i = 0; i < 2 * 1024; i++) g[i] = i % 2;
+  return g;
 }
 
 static void *trainer_main(void *arg) {
@@ -63,7 +74,9 @@ static void *trainer_main(void *arg) {
   double t0 = harness_now_s();
   switch (t->what.kind) {
   case ALL_REDUCE:
-    t->rc = dist_all_reduce(t->c, buf, count, t->what.dt, t->what.op, NULL, 0);
+    t->rc = dist_all_reduce(t->c, buf, count, t->what.dt, t->what.op,
+                            t->what.group_size ? alternating_group() : NULL,
+                            t->what.group_size);
     break;
   case ALL_GATHER:
     t->rc = dist_all_gather(t->c, buf, count, gathered, t->what.dt, NULL, 0);
@@ -121,7 +134,7 @@ static void expect_served(void) {
   static int serial;
   char job[64];
   snprintf(job, sizeof job, "after-%d", ++serial);
-  const call sum = {ALL_REDUCE, DIST_INT32, DIST_REDUCE_SUM, 0};
+  const call sum = {ALL_REDUCE, DIST_INT32, DIST_REDUCE_SUM, 0, 0, NULL};
   trainer tr[2];
   run_pair(job, sum, sum, 16, tr);
   for (int r = 0; r < 2; r++) {
@@ -136,28 +149,28 @@ typedef struct clash_case {
   const char *desc_a, *desc_b;
 } clash_case;
 
-#define F32_SUM {ALL_REDUCE, DIST_FLOAT32, DIST_REDUCE_SUM, 0}
+#define F32_SUM {ALL_REDUCE, DIST_FLOAT32, DIST_REDUCE_SUM, 0, 0, NULL}
 static const clash_case clashes[] = {
-    {F32_SUM, {ALL_REDUCE, DIST_INT32, DIST_REDUCE_SUM, 0}, 16, "all_reduce(float32, sum)",
+    {F32_SUM, {ALL_REDUCE, DIST_INT32, DIST_REDUCE_SUM, 0, 0, NULL}, 16, "all_reduce(float32, sum)",
      "all_reduce(int32, sum)"},
     /* 16 MiB: frames that arrive before or while their receive is posted */
-    {F32_SUM, {ALL_REDUCE, DIST_INT32, DIST_REDUCE_SUM, 0}, 16u << 20,
+    {F32_SUM, {ALL_REDUCE, DIST_INT32, DIST_REDUCE_SUM, 0, 0, NULL}, 16u << 20,
      "all_reduce(float32, sum)", "all_reduce(int32, sum)"},
-    {F32_SUM, {ALL_REDUCE, DIST_FLOAT32, DIST_REDUCE_MAX, 0}, 16, "all_reduce(float32, sum)",
+    {F32_SUM, {ALL_REDUCE, DIST_FLOAT32, DIST_REDUCE_MAX, 0, 0, NULL}, 16, "all_reduce(float32, sum)",
      "all_reduce(float32, max)"},
     /* 1 MiB takes the two-round algorithm: reduce-scatter, then all-gather */
-    {F32_SUM, {ALL_REDUCE, DIST_FLOAT32, DIST_REDUCE_MAX, 0}, 1u << 20,
+    {F32_SUM, {ALL_REDUCE, DIST_FLOAT32, DIST_REDUCE_MAX, 0, 0, NULL}, 1u << 20,
      "all_reduce(float32, sum)", "all_reduce(float32, max)"},
     /* each takes itself for the root: only senders, unless checked */
-    {{BROADCAST, DIST_INT64, DIST_REDUCE_SUM, 0}, {BROADCAST, DIST_INT64, DIST_REDUCE_SUM, 1},
+    {{BROADCAST, DIST_INT64, DIST_REDUCE_SUM, 0, 0, NULL}, {BROADCAST, DIST_INT64, DIST_REDUCE_SUM, 1, 0, NULL},
      16, "broadcast(int64, root 0)", "broadcast(int64, root 1)"},
-    {{ALL_GATHER, DIST_FLOAT64, DIST_REDUCE_SUM, 0}, {ALL_GATHER, DIST_INT64, DIST_REDUCE_SUM, 0},
+    {{ALL_GATHER, DIST_FLOAT64, DIST_REDUCE_SUM, 0, 0, NULL}, {ALL_GATHER, DIST_INT64, DIST_REDUCE_SUM, 0, 0, NULL},
      16, "all_gather(float64)", "all_gather(int64)"},
     /* another collective, whose frames have other tags and lengths */
-    {{ALL_REDUCE, DIST_INT32, DIST_REDUCE_SUM, 0}, {ALL_GATHER, DIST_INT32, DIST_REDUCE_SUM, 0},
+    {{ALL_REDUCE, DIST_INT32, DIST_REDUCE_SUM, 0, 0, NULL}, {ALL_GATHER, DIST_INT32, DIST_REDUCE_SUM, 0, 0, NULL},
      16, "all_reduce(int32, sum)", "all_gather(int32)"},
-    {{GLOBAL_SCATTER, DIST_FLOAT32, DIST_REDUCE_SUM, 0},
-     {GLOBAL_SCATTER, DIST_INT32, DIST_REDUCE_SUM, 0}, 32, "global_scatter(float32)",
+    {{GLOBAL_SCATTER, DIST_FLOAT32, DIST_REDUCE_SUM, 0, 0, NULL},
+     {GLOBAL_SCATTER, DIST_INT32, DIST_REDUCE_SUM, 0, 0, NULL}, 32, "global_scatter(float32)",
      "global_scatter(int32)"},
 };
 
@@ -279,4 +292,49 @@ Test(kept_aside, a_send_never_received_is_dropped_after_the_age, .timeout = 120,
                 strstr(out, "distd_peer_unexpected_expired_bytes_total{peer=\"0\"} 16\n"),
             "rank 1's metrics do not count the dropped frame:\n%s", out);
   free(out), free(err);
+}
+
+/* Trainer 0's request is refused before its part, by its daemon (root,
+ * reduce op, counts) or by its libdist (a group over 1024 ranks): trainer
+ * 1 must fail at once, naming rank 0 and the reason, not after the peer
+ * timeout (5 s), and the next collective of both must be served. */
+typedef struct refusal_case {
+  call refused, good;
+  const char *reason;
+} refusal_case;
+
+static const int64_t negative_rows[2] = {-1, 5}; /* 4 rows in all, as x holds */
+
+#define I32_SUM {ALL_REDUCE, DIST_INT32, DIST_REDUCE_SUM, 0, 0, NULL}
+static const refusal_case refusals[] = {
+    {{BROADCAST, DIST_INT32, DIST_REDUCE_SUM, 5, 0, NULL},
+     {BROADCAST, DIST_INT32, DIST_REDUCE_SUM, 0, 0, NULL}, "broadcast root 5 is not in the group"},
+    {{ALL_REDUCE, DIST_INT32, (dist_reduce)99, 0, 0, NULL}, I32_SUM, "invalid reduce op 99"},
+    {{GLOBAL_SCATTER, DIST_INT32, DIST_REDUCE_SUM, 0, 0, negative_rows},
+     {GLOBAL_SCATTER, DIST_INT32, DIST_REDUCE_SUM, 0, 0, NULL}, "local_count[0] = -1 is negative"},
+    {{ALL_REDUCE, DIST_INT32, DIST_REDUCE_SUM, 0, 1025, NULL}, I32_SUM, "group_size 1025"},
+};
+
+static void expect_refusal_told(const refusal_case *k) {
+  static int serial;
+  char job[64];
+  snprintf(job, sizeof job, "refused-%d", ++serial);
+  trainer tr[2];
+  run_pair(job, k->refused, k->good, 32, tr); /* 4 rows of a global_scatter */
+  for (int r = 0; r < 2; r++) cr_log_info("rank %d: %s: %s", r, dist_err_name(tr[r].rc), tr[r].msg);
+  cr_expect(tr[0].rc != 0 && strstr(tr[0].msg, k->reason), "rank 0 (%s): %s", k->reason,
+            tr[0].msg);
+  cr_expect(tr[1].rc != 0 && strstr(tr[1].msg, "rank 0 aborted op") &&
+                strstr(tr[1].msg, k->reason),
+            "rank 1 is not told of rank 0's refusal (%s): %s", k->reason, tr[1].msg);
+  cr_expect_lt(tr[1].seconds, 2.0, "rank 1 waited %.1f s for %s: %s", tr[1].seconds, k->reason,
+               tr[1].msg);
+}
+
+Test(refused, before_its_part_fails_the_others_at_once, .timeout = 240, .fini = stop_cluster) {
+  harness_start(&cluster, 2, NULL);
+  for (size_t i = 0; i < sizeof refusals / sizeof refusals[0]; i++) {
+    expect_refusal_told(&refusals[i]);
+    expect_served();
+  }
 }
