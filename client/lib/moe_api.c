@@ -138,15 +138,19 @@ static int exchange(dist_client *c, const exchange_args *a, const int *group,
   Dist__V1__GlobalExchangeRequest *rqs = NULL;
   dist_call *calls = NULL;
   int size = 0, n = 0, rc;
+  /* Taken before the arguments are checked, and by every trainer, in the
+   * group or not: an SPMD trainer that refuses the exchange stays in step
+   * with the others, and tells them. */
+  uint64_t op_id = dist_next_op_id(c);
   if (!ranks || !pos) {
     rc = dist_client_fail(c, DIST_ENOMEM, "out of memory");
     goto out;
   }
-  if ((rc = resolve_group(c, group, group_size, ranks, &size)) != 0) goto out;
+  if ((rc = resolve_group(c, group, group_size, ranks, &size)) != 0) {
+    dist_spmd_refused_group(c, op_id, group, group_size);
+    goto out;
+  }
   if ((n = participants(c, ranks, size, pos)) < 0) { rc = n; goto out; }
-  /* Taken before the arguments are checked: an SPMD trainer that refuses
-   * the exchange stays in step with the others, and tells them. */
-  uint64_t op_id = dist_next_op_id(c);
   if ((rc = check_exchange_args(c, a, n)) != 0) {
     dist_spmd_refused(c, op_id, ranks, size);
     goto out;
@@ -236,15 +240,16 @@ int dist_count_global(dist_client *c, const int64_t *const *local_count,
                       int n_experts, const int *group, int group_size,
                       int64_t *const *global_count) {
   if (!c) return dist_no_client(__func__);
+  /* SPMD: taken before the checks, by every trainer, as in exchange */
+  uint64_t op_id = c->spmd_rank >= 0 ? dist_next_op_id(c) : 0;
   uint32_t *ranks = calloc(DIST_MAX_MESH_RANKS, sizeof *ranks);
   int pos[1], size = 0, rc, E = n_experts;
   if (!ranks) return dist_client_fail(c, DIST_ENOMEM, "out of memory");
-  if ((rc = resolve_group(c, group, group_size, ranks, &size)) != 0) goto out;
-  uint64_t op_id = 0; /* SPMD: taken before the checks, as in exchange */
-  if (c->spmd_rank >= 0) {
-    if ((rc = participants(c, ranks, size, pos)) < 0) goto out;
-    op_id = dist_next_op_id(c);
+  if ((rc = resolve_group(c, group, group_size, ranks, &size)) != 0) {
+    dist_spmd_refused_group(c, op_id, group, group_size);
+    goto out;
   }
+  if (op_id && (rc = participants(c, ranks, size, pos)) < 0) goto out;
   if (E < 1 || !local_count || !global_count) {
     rc = dist_client_fail(c, DIST_EINVAL, "count_global needs n_experts >= 1 "
                           "and both count arrays");

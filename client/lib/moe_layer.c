@@ -187,9 +187,7 @@ static int check_layer(dist_client *c, const char *name, const dist_moe_layer_op
 
 /* dist_spmd_refused to the layer's group. */
 static void refuse_layer(dist_client *c, const dist_moe_layer *l, uint64_t op_id) {
-  uint32_t ranks[DIST_MAX_MESH_RANKS];
-  for (int i = 0; i < l->W; i++) ranks[i] = (uint32_t)l->group[i];
-  dist_spmd_refused(c, op_id, ranks, l->W);
+  dist_spmd_refused_group(c, op_id, l->group, l->W);
 }
 
 int dist_moe_layer_create(dist_client *c, const char *name,
@@ -200,14 +198,20 @@ int dist_moe_layer_create(dist_client *c, const char *name,
   dist_moe_layer_opts def = DIST_MOE_LAYER_OPTS_INIT;
   const dist_moe_layer_opts *o = opts ? opts : &def;
   *out = NULL;
-  dist_moe_layer *l = calloc(1, sizeof *l);
-  if (!l) return dist_client_fail(c, DIST_ENOMEM, "out of memory");
-  int rc = resolve(c, l, o->group, o->group_size);
-  if (rc != 0) goto fail;
   /* The group's daemons create it under this op id. Taken before the
-   * checks: a trainer that refuses the layer stays in step with the
-   * others, and tells them. */
+   * checks, and by every trainer, in the group or not: a trainer that
+   * refuses the layer stays in step with the others, and tells them. */
   uint64_t op_id = dist_next_op_id(c);
+  dist_moe_layer *l = calloc(1, sizeof *l);
+  if (!l) {
+    dist_client_fail(c, DIST_ENOMEM, "out of memory");
+    return dist_spmd_refused_group(c, op_id, o->group, o->group_size);
+  }
+  int rc = resolve(c, l, o->group, o->group_size);
+  if (rc != 0) {
+    dist_spmd_refused_group(c, op_id, o->group, o->group_size);
+    goto fail;
+  }
   if ((rc = check_layer(c, name, o, l)) != 0) {
     refuse_layer(c, l, op_id);
     goto fail;

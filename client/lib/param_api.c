@@ -266,6 +266,11 @@ int dist_param_push_local(dist_client *c, const char *name, int trainer,
 int dist_param_push_tensor(dist_client *c, const char *name, int trainer,
                            const char *grad_name, uint64_t *version) {
   if (!c) return dist_no_client(__func__);
+  /* The gradient may be resharded, and the daemons apply the push all
+   * together or not at all (param.proto): both are exchanges of the mesh.
+   * Taken first, by every trainer: one whose daemon does not hold the
+   * parameter (outside its mesh) stays in step with the others. */
+  uint64_t op_id = dist_next_op_id(c);
   if (check_push(c, __func__, name, trainer)) return c->err.code;
   if (!grad_name) return dist_client_null_arg(c, __func__, "grad_name");
   dist_tensor *t = NULL;
@@ -275,9 +280,7 @@ int dist_param_push_tensor(dist_client *c, const char *name, int trainer,
   rq.name = (char *)name;
   rq.trainer = (uint32_t)trainer;
   rq.grad_name = (char *)grad_name;
-  /* The gradient may be resharded, and the daemons apply the push all
-   * together or not at all (param.proto): both are exchanges of the mesh. */
-  rq.op_id = dist_next_op_id(c);
+  rq.op_id = op_id;
   dist_wire_meta *wire = calloc(1, sizeof *wire);
   int targets[DIST_MAX_MESH_RANKS];
   if (!wire) {

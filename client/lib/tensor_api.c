@@ -196,10 +196,13 @@ static int batch_send(dist_client *c, put_batch *b, const dist_mesh_desc *mesh, 
   return 0;
 }
 
-/* The daemons a put goes to (dist_targets); an SPMD trainer outside the
- * mesh has no piece to put, which is an error. */
-static int put_targets(dist_client *c, const dist_mesh_desc *mesh, int *targets) {
+/* The daemons a put under op id op goes to (dist_targets). An SPMD
+ * trainer outside the mesh has no piece to put, which is an error (it
+ * took the op id as the others did, and nobody waits for it); a mesh
+ * naming a daemon the client does not know is refused to the others. */
+static int put_targets(dist_client *c, uint64_t op, const dist_mesh_desc *mesh, int *targets) {
   int n = dist_targets(c, mesh, targets);
+  if (n < 0) return dist_spmd_refused_on(c, op, mesh);
   if (n == 0)
     return dist_client_fail(c, DIST_EINVAL, "rank %d is not in the mesh", c->spmd_rank);
   return n;
@@ -244,15 +247,16 @@ static int shard_put(dist_client *c, const char *name, const void *data, dist_dt
   if (!out) return dist_client_null_arg(c, "dist_shard_tensor", "out");
   if (!mesh) return dist_client_null_arg(c, "dist_shard_tensor", "mesh");
   *out = NULL;
-  int targets[DIST_MAX_MESH_RANKS];
-  int n = put_targets(c, &mesh->d, targets);
-  if (n < 0) return n;
   /* The daemons vote under it. A one-rank mesh has nobody to vote with,
    * and takes none: an SPMD trainer putting a value of its own must not
    * move its op ids ahead of the other trainers'. Taken before the checks
-   * of the arguments: a trainer that refuses the put keeps counting in
-   * step with the others, and tells them. */
+   * of the arguments, and by every trainer, in the mesh or not: a trainer
+   * that refuses the put keeps counting in step with the others, and
+   * tells them. */
   uint64_t op = mesh->d.nranks > 1 ? dist_next_op_id(c) : 0;
+  int targets[DIST_MAX_MESH_RANKS];
+  int n = put_targets(c, op, &mesh->d, targets);
+  if (n < 0) return n;
   dist_shape global;
   if (check_put_args(c, name, data, ndim, shape, mesh, placements, &global) != 0)
     return dist_spmd_refused_on(c, op, &mesh->d);
@@ -337,10 +341,10 @@ int dist_dtensor_from_local(dist_client *c, const char *name,
   if (!c) return dist_no_client(__func__);
   if (DIST_NEED(c, out) || DIST_NEED(c, mesh)) return c->err.code;
   *out = NULL;
-  int targets[DIST_MAX_MESH_RANKS];
-  int n = put_targets(c, &mesh->d, targets);
-  if (n < 0) return n;
   uint64_t op = dist_next_op_id(c); /* before the checks, as in shard_put */
+  int targets[DIST_MAX_MESH_RANKS];
+  int n = put_targets(c, op, &mesh->d, targets);
+  if (n < 0) return n;
   dist_shape locals[DIST_MAX_MESH_RANKS];
   if (check_local_args(c, name, pieces, ndim, shapes, mesh, placements, targets, n, locals) != 0)
     return dist_spmd_refused_on(c, op, &mesh->d);
@@ -408,7 +412,12 @@ int dist_full_tensor(dist_client *c, const dist_tensor *t, void **data,
   *data = NULL;
   int targets[DIST_MAX_MESH_RANKS];
   int n = dist_targets(c, &t->mesh.d, targets);
-  if (n <= 0) return n < 0 ? n : dist_client_fail(c, DIST_EINVAL, "not in the mesh");
+  if (n == 0) { /* SPMD, outside the mesh: take the op id as the others do */
+    dist_next_op_id(c);
+    return dist_client_fail(c, DIST_EINVAL, "rank %d is not in the mesh of '%s'",
+                            c->spmd_rank, t->name);
+  }
+  if (n < 0) return n;
   return get_from(c, t, 1, targets, n, data, nbytes, NULL);
 }
 

@@ -338,3 +338,90 @@ Test(refused, before_its_part_fails_the_others_at_once, .timeout = 240, .fini = 
     expect_served();
   }
 }
+
+/* ------------------------------------------------ trainers outside the op */
+
+/* One of three trainers of a program that calls every operation on every
+ * trainer, though rank 2 is outside the put's mesh and the MoE group
+ * (global_scatter, count_global, an expert layer's creation). */
+typedef struct outside_trainer {
+  dist_client *c;
+  int rank;
+  int put_rc, scatter_rc, count_rc, layer_rc, reduce_rc;
+  int32_t sum;
+  double reduce_seconds;
+  char msg[600];
+} outside_trainer;
+
+static void note(outside_trainer *t, const char *what, int rc) {
+  size_t used = strlen(t->msg);
+  snprintf(t->msg + used, sizeof t->msg - used, "%s: %s %s; ", what, dist_err_name(rc),
+           rc ? dist_errmsg(t->c) : "");
+}
+
+static void *outside_main(void *arg) {
+  outside_trainer *t = arg;
+  float w[4] = {1, 2, 3, 4};
+  dist_mesh *mesh = NULL;
+  dist_mesh_from_string("[0,1]", NULL, &mesh);
+  dist_placement p = DIST_SHARD_DIM(0);
+  dist_tensor *tensor = NULL;
+  t->put_rc = dist_shard_tensor(t->c, "w", w, DIST_FLOAT32, 1, (int64_t[]){4}, mesh, &p, &tensor);
+  note(t, "put", t->put_rc);
+  static const int pair[2] = {0, 1};
+  int64_t two_each[2] = {2, 2}, global[2] = {0, 0}, rows[1] = {0};
+  const int64_t *lc[1] = {two_each}, *gc[1] = {two_each};
+  int64_t *gout[1] = {global};
+  int32_t x[4] = {1, 2, 3, 4};
+  const void *xs[1] = {x};
+  void *out[1] = {NULL};
+  t->scatter_rc = dist_global_scatter(t->c, xs, NULL, DIST_INT32, 1, lc, gc, 1, pair, 2, NULL,
+                                      out, rows);
+  note(t, "global_scatter", t->scatter_rc);
+  t->count_rc = dist_count_global(t->c, lc, 1, pair, 2, gout);
+  note(t, "count_global", t->count_rc);
+  dist_moe_layer_opts o = DIST_MOE_LAYER_OPTS_INIT;
+  o.d_model = 2, o.d_hidden = 3, o.group = pair, o.group_size = 2;
+  dist_moe_layer *layer = NULL;
+  t->layer_rc = dist_moe_layer_create(t->c, "moe", &o, &layer);
+  note(t, "moe_layer_create", t->layer_rc);
+  dist_moe_layer_free(layer);
+  t->sum = t->rank + 1;
+  double t0 = harness_now_s();
+  t->reduce_rc = dist_all_reduce(t->c, &t->sum, 1, DIST_INT32, DIST_REDUCE_SUM, NULL, 0);
+  t->reduce_seconds = harness_now_s() - t0;
+  note(t, "all_reduce", t->reduce_rc);
+  free(out[0]);
+  dist_tensor_free(tensor);
+  dist_mesh_free(mesh);
+  return NULL;
+}
+
+/* Rank 2 is told it is not in the mesh or the group, as before, but takes
+ * each op id as the others do: the all-reduce of all three that follows
+ * meets. Before, rank 2 took none of the four, and its all-reduce ran
+ * under an id the others had used for the put: all three timed out. */
+Test(outside, a_trainer_outside_the_mesh_or_group_stays_in_step, .timeout = 120,
+     .fini = stop_cluster) {
+  harness_start(&cluster, 3, NULL);
+  outside_trainer tr[3];
+  pthread_t th[3];
+  for (int r = 0; r < 3; r++) {
+    tr[r] = (outside_trainer){.c = harness_spmd_client(&cluster, r, "outside"), .rank = r};
+    pthread_create(&th[r], NULL, outside_main, &tr[r]);
+  }
+  for (int r = 0; r < 3; r++) pthread_join(th[r], NULL);
+  for (int r = 0; r < 3; r++) {
+    cr_log_info("rank %d: %s", r, tr[r].msg);
+    int want = r < 2 ? 0 : DIST_EINVAL;
+    cr_expect_eq(tr[r].put_rc, want, "rank %d: %s", r, tr[r].msg);
+    cr_expect_eq(tr[r].scatter_rc, want, "rank %d: %s", r, tr[r].msg);
+    cr_expect_eq(tr[r].count_rc, want, "rank %d: %s", r, tr[r].msg);
+    cr_expect_eq(tr[r].layer_rc, want, "rank %d: %s", r, tr[r].msg);
+    cr_expect_eq(tr[r].reduce_rc, 0, "rank %d: %s", r, tr[r].msg);
+    cr_expect_eq(tr[r].sum, 6, "rank %d: 1 + 2 + 3 is %d", r, (int)tr[r].sum);
+    cr_expect_lt(tr[r].reduce_seconds, 2.0, "rank %d's all-reduce took %.1f s", r,
+                 tr[r].reduce_seconds);
+    dist_close(tr[r].c);
+  }
+}

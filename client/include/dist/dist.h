@@ -11,7 +11,14 @@
  *  - SPMD: each trainer process (dist_init_from_env, as started by
  *    `distctl launch`) talks to its own daemon; the daemons match a
  *    collective by its op id, which trainers derive identically by counting
- *    the collectives they issue. */
+ *    the collectives they issue. So every trainer of the job calls every
+ *    operation that spans daemons, in the same order, also one whose
+ *    mesh or group it is not in: it takes the op id as the others do and
+ *    is told DIST_EINVAL ("not in the mesh", "not in the group"), while
+ *    nobody waits for it. (A shard_tensor onto a one-rank mesh takes no
+ *    op id on any trainer: a trainer may put values of its own alone.)
+ *    A trainer that refuses an operation, or whose daemon does before
+ *    its part, has the others fail at once naming its rank and why. */
 #ifndef DIST_DIST_H
 #define DIST_DIST_H
 
