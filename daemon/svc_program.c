@@ -12,6 +12,7 @@
 
 #include "holds.h"
 #include "methods.h"
+#include "op_refuse.h"
 #include "pbuf.h"
 #include "peer.h"
 #include "program.h"
@@ -161,6 +162,12 @@ static int check_ranks(const Dist__V1__Program *pb, const int *ranks, int n,
                    "outputs, not the %d of the outputs' meshes in their order", n, m);
 }
 
+/* How many of a refused invocation's output ids (op_id + 1 + k) are
+ * aborted: at most as many as OpAbort's (svc_op_abort.c). */
+static size_t refused_outputs(const Dist__V1__ProgramInvokeRequest *rq) {
+  return rq->n_out_names < DIST_MAX_MESH_RANKS ? rq->n_out_names : DIST_MAX_MESH_RANKS;
+}
+
 /* Without the program this daemon makes no outputs, but the others may be
  * waiting for it in the outputs' shape exchanges and in the vote: it ends
  * the first and votes no in the second, so they fail now, naming why. */
@@ -169,7 +176,7 @@ static int refuse_unknown(distd_server *s, const distd_call_info *ci,
   int ranks[DIST_MAX_MESH_RANKS];
   int n = distd_vote_ranks(s, rq->ranks, rq->n_ranks, ranks);
   if (n < 2) return rc;
-  for (size_t k = 0; k < rq->n_out_names && k < DIST_MAX_MESH_RANKS; k++)
+  for (size_t k = 0; k < refused_outputs(rq); k++)
     distd_abort_op(s->peers, rq->op_id + 1 + k, ranks, n, dist_errbuf_msg(eb));
   return distd_vote(s, ranks, n, rq->op_id, ci->deadline_ms, "invocation", rc, NULL, eb);
 }
@@ -238,6 +245,9 @@ DISTD_HANDLER(program_invoke) {
   rc = distd_staged_init(&o, pb->n_outputs, eb);
   if (rc == 0 && rq->n_ranks) rc = check_ranks(pb, ranks, n, eb);
   if (rc == 0) rc = invoke(s, ci, p, rq, ranks, n, &o, reply, eb);
+  else if (n >= 2) /* the others would wait for this rank's outputs and vote */
+    distd_refuse_op(s, rq->op_id, (uint32_t)refused_outputs(rq), ranks, n, "its daemon",
+                    dist_errbuf_msg(eb));
   distd_staged_free(&o);
   distd_program_free(p);
   return rc;

@@ -7,6 +7,7 @@
 
 #include "holds.h"
 #include "methods.h"
+#include "op_refuse.h"
 #include "param_reshard.h"
 #include "pbuf.h"
 #include "reshard.h"
@@ -149,6 +150,24 @@ static void reply_with(distd_server *s, const distd_tensor *out, grpc_byte_buffe
   free(w);
 }
 
+/* A reshard whose request this daemon cannot parse: a single client sends
+ * every daemon the same, and they all fail alike, but an SPMD trainer
+ * sends its own, and the other daemons of the meshes it names would wait
+ * for this rank's part until their deadline. */
+static void reshard_refused(distd_server *s, const job *j, const dist_errbuf *eb) {
+  int ranks[2 * DIST_MAX_MESH_RANKS], n = 0;
+  dist_mesh_desc m;
+  if (j->src) n = dist_ranks_union_add(ranks, n, 2 * DIST_MAX_MESH_RANKS, &j->src->mesh);
+  if (dist_mesh_from_pb(j->rq->src_mesh, &m, NULL) == 0)
+    n = dist_ranks_union_add(ranks, n, 2 * DIST_MAX_MESH_RANKS, &m);
+  if (dist_mesh_from_pb(j->rq->mesh, &m, NULL) == 0)
+    n = dist_ranks_union_add(ranks, n, 2 * DIST_MAX_MESH_RANKS, &m);
+  int member = 0; /* the others wait for none outside both meshes */
+  for (int i = 0; i < n; i++) member |= ranks[i] == s->rank;
+  if (j->rq->op_id && member && n > 1)
+    distd_refuse_op(s, j->rq->op_id, 0, ranks, n, "its daemon", dist_errbuf_msg(eb));
+}
+
 DISTD_HANDLER(reshard) {
   const Dist__V1__ReshardRequest *rq = (const void *)req;
   job j = {.rq = rq, .dst_name = rq->dst_name[0] ? rq->dst_name : rq->name};
@@ -165,10 +184,12 @@ DISTD_HANDLER(reshard) {
     j.held = 0;
   }
   if (rc == 0) distd_store_get(s->store, rq->name, &j.src, NULL);
-  /* Fails alike on every rank (it reads the request), so no vote is owed. */
+  /* A single client's request fails alike on every rank, so no vote is
+   * owed; the others are told (an SPMD trainer's may differ). */
   dist_errbuf parse_eb = DIST_ERRBUF_INIT;
   int prc = parse_target(s, rq, j.src, &j.dst_mesh, &j.src_mesh, j.dst_p, &parse_eb);
   if (prc != 0 && rc == 0) *eb = parse_eb;
+  if (prc != 0) reshard_refused(s, &j, &parse_eb);
   if (prc == 0) {
     if (rc == 0) rc = prepare(s, ci, &j, eb);
     rc = decide(s, ci, &j, rc, eb);

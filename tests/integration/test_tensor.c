@@ -997,6 +997,24 @@ static void run_refused_put(trainer *tr, const char *job, long timeout_ms, int l
   run_trainers(tr, 2, spmd_refused_then_reduce);
 }
 
+/* Trainer 1 was told at once that rank 0 refused the reshard of "r", and
+ * why (`reason`); both trainers' all-reduce met afterwards, and neither
+ * daemon resharded "r". */
+static void expect_reshard_refusal_told(trainer *tr, const char *reason) {
+  cr_expect_lt(tr[1].failed_at, 3.0, "trainer 1 waited %.1f s: %s", tr[1].failed_at, tr[1].msg);
+  cr_expect(strstr(tr[1].msg, "rank 0 aborted op") && strstr(tr[1].msg, reason),
+            "trainer 1: %s; trainer 0's reason: %s", tr[1].msg, reason);
+  for (int r = 0; r < 2; r++) {
+    cr_expect_eq(tr[r].rc, 0, "trainer %d's all-reduce after: %s", r, tr[r].msg);
+    dist_tensor *t = NULL;
+    cr_expect_eq(harness_open_on(&cluster, r, "r", &t), 0, "rank %d lost 'r'", r);
+    if (t) cr_expect_eq(dist_tensor_placements(t)[0].kind, DIST_SHARD, "rank %d resharded", r);
+    dist_tensor_free(t);
+    dist_close(tr[r].c);
+  }
+  stop_cluster();
+}
+
 /* Before, the refusing trainer took no op id for the reshard, and the
  * other daemon waited for its part until the deadline (5 s of silence). */
 Test(spmd, a_reshard_one_trainer_refuses_fails_the_other_at_once, .timeout = 90,
@@ -1011,18 +1029,7 @@ Test(spmd, a_reshard_one_trainer_refuses_fails_the_other_at_once, .timeout = 90,
   run_trainers(tr, 2, spmd_refused_then_reduce);
   cr_expect(strstr(tr[0].msg, "EINVAL: "), "trainer 0: %s", tr[0].msg);
   const char *reason = strchr(tr[0].msg, ' ') + 1; /* past "EINVAL: " */
-  cr_expect_lt(tr[1].failed_at, 3.0, "trainer 1 waited %.1f s: %s", tr[1].failed_at, tr[1].msg);
-  cr_expect(strstr(tr[1].msg, "rank 0 aborted op") && strstr(tr[1].msg, reason),
-            "trainer 1: %s; trainer 0's reason: %s", tr[1].msg, reason);
-  for (int r = 0; r < 2; r++) {
-    cr_expect_eq(tr[r].rc, 0, "trainer %d: %s", r, tr[r].msg);
-    dist_tensor *t = NULL;
-    cr_expect_eq(harness_open_on(&cluster, r, "r", &t), 0, "rank %d lost 'r'", r);
-    if (t) cr_expect_eq(dist_tensor_placements(t)[0].kind, DIST_SHARD, "rank %d resharded", r);
-    dist_tensor_free(t);
-    dist_close(tr[r].c);
-  }
-  stop_cluster();
+  expect_reshard_refusal_told(tr, reason);
 }
 
 /* Before, the refusing trainer did not take the put's op id, so every
@@ -1147,6 +1154,69 @@ Test(spmd, a_put_one_daemon_refuses_before_its_vote_fails_the_other_at_once, .ti
 Test(spmd, a_from_local_one_daemon_refuses_before_its_exchange_fails_the_other_at_once,
      .timeout = 90, .fini = stop_cluster) {
   expect_daemon_refusal_told(1);
+}
+
+/* A Reshard of `name` on [0,1] under this trainer's next op id, sent raw
+ * to its own daemon with no placements, which only the daemon checks. */
+static int raw_reshard_without_placements(dist_client *c, const char *name) {
+  dist_mesh_desc mesh;
+  cr_assert_eq(dist_mesh_parse(&mesh, "[0,1]", NULL, NULL), 0);
+  dist_wire_meta *w = calloc(1, sizeof *w);
+  dist_mesh_to_pb(&mesh, w);
+  Dist__V1__ReshardRequest rq = DIST__V1__RESHARD_REQUEST__INIT;
+  rq.name = (char *)name;
+  rq.op_id = dist_next_op_id(c);
+  rq.mesh = rq.src_mesh = &w->mesh;
+  ProtobufCMessage *rp = NULL;
+  int rc = dist_call_one(c, dist_rank(c), "/dist.v1.Dist/Reshard", &rq.base,
+                         &dist__v1__reshard_reply__descriptor, &rp);
+  if (rp) protobuf_c_message_free_unpacked(rp, NULL);
+  free(w);
+  return rc;
+}
+
+/* Both trainers put tr->name; trainer 0 then sends its daemon a reshard
+ * request the daemon cannot parse, trainer 1 a good one (timed); then
+ * both all-reduce. */
+static void *reshard_one_daemon_refuses(void *arg) {
+  trainer *tr = arg;
+  spmd_shard_put(tr);
+  if (!tr->ok) return NULL;
+  double t0 = harness_now_s();
+  int rc;
+  if (tr->rank == 0) {
+    rc = raw_reshard_without_placements(tr->c, tr->name);
+  } else {
+    dist_tensor *t = NULL;
+    dist_placement p = DIST_REPLICATED;
+    rc = dist_tensor_open(tr->c, tr->name, &t);
+    if (rc == 0) rc = dist_reshard(tr->c, t, NULL, &p);
+    dist_tensor_free(t);
+  }
+  tr->failed_at = harness_now_s() - t0;
+  snprintf(tr->msg, sizeof tr->msg, "%s: %s", dist_err_name(rc), dist_errmsg(tr->c));
+  int32_t v = tr->rank + 1;
+  tr->rc = dist_all_reduce(tr->c, &v, 1, DIST_INT32, DIST_REDUCE_SUM, NULL, 0);
+  if (tr->rc == 0 && v != 3) tr->rc = DIST_EPROTO;
+  return NULL;
+}
+
+/* Before, daemon 1 waited for rank 0's part of the reshard until the peer
+ * timeout (5 s): a single client sends every daemon the same request,
+ * which all fail alike, but SPMD trainers each send their own. */
+Test(spmd, a_reshard_one_daemon_cannot_parse_fails_the_other_at_once, .timeout = 90,
+     .fini = stop_cluster) {
+  start_cluster(&cluster, 2);
+  trainer tr[2];
+  for (int r = 0; r < 2; r++) {
+    tr[r] = (trainer){.c = spmd_client(&cluster, r, "reshard-unparsed"), .rank = r,
+                      .name = "r", .rows = 2};
+    tr[r].c->timeout_ms = r ? 10000 : 30000;
+  }
+  run_trainers(tr, 2, reshard_one_daemon_refuses);
+  const char *reason = "placements: 0 given, the mesh has 1 dims";
+  cr_expect(strstr(tr[0].msg, reason), "trainer 0: %s", tr[0].msg);
+  expect_reshard_refusal_told(tr, reason);
 }
 
 /* ------------------------------------------------------------ concurrency */
