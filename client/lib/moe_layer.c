@@ -349,6 +349,15 @@ static void count_arrays(const dist_moe_layer *l, const int64_t **lc,
   }
 }
 
+/* c->err's code after this trainer refused a forward or backward of l
+ * before its first exchange: the group's other daemons fail that exchange
+ * under its op id, and their trainers skip the rest of the pass as this
+ * one does, so that all stay in step. */
+static int refuse_pass(dist_client *c, const dist_moe_layer *l) {
+  refuse_layer(c, l, dist_next_op_id(c));
+  return c->err.code;
+}
+
 /* Scatter rows[k] (kept as "<layer>.moe_<into>"), run the experts, gather
  * "<layer>.moe_<from>" back: out[k] gets the gathered rows. */
 static int exchange_and_run(dist_client *c, dist_moe_layer *l, void **rows,
@@ -361,7 +370,9 @@ static int exchange_and_run(dist_client *c, dist_moe_layer *l, void **rows,
   dist_moe_opts so = {NULL, into, 1, backward}, go = {from, NULL, 0, backward};
   int rc = dist_global_scatter(c, (const void *const *)rows, NULL, l->dt, l->dm,
                                lc, gc, l->E, l->group, l->W, &so, NULL, NULL);
-  if (rc == 0) rc = run_experts(c, l, backward);
+  /* Experts its daemon refused to run: the others wait in the gather that
+   * follows, so it is refused to them, under the op id it would take. */
+  if (rc == 0 && run_experts(c, l, backward) != 0) return refuse_pass(c, l);
   if (rc == 0)
     rc = dist_global_gather(c, NULL, NULL, l->dt, l->dm, lc, gc, l->E, l->group,
                             l->W, &go, out, NULL);
@@ -374,14 +385,6 @@ static void free_rows(void **rows, int n) {
   for (int k = 0; k < n; k++) free(rows[k]), rows[k] = NULL;
 }
 
-/* c->err's code after this trainer refused a forward or backward of l
- * before its first exchange: the group's other daemons fail that exchange
- * under its op id, and their trainers skip the rest of the pass as this
- * one does, so that all stay in step. */
-static int refuse_pass(dist_client *c, const dist_moe_layer *l) {
-  refuse_layer(c, l, dist_next_op_id(c));
-  return c->err.code;
-}
 
 /* Gates every part. */
 static int gate_parts(dist_client *c, dist_moe_layer *l, const void *const *x,
