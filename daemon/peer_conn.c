@@ -95,10 +95,13 @@ static void purge_outq(peer *pe) {
   }
 }
 
-void distd_conn_lost(conn *c, const char *reason) {
+void distd_conn_lost(conn *c, const char *why) {
   distd_peers *p = c->p;
   peer *pe = distd_conn_peer(c);
   int was_greeted = c->greeted, outbound = c->outbound;
+  /* why may be c's own (its transport's error): c is freed below. */
+  char reason[sizeof c->tp_error];
+  snprintf(reason, sizeof reason, "%s", why);
   if (pe && outbound && pe->out == c) pe->out = NULL;
   if (pe && !outbound && pe->in == c) pe->in = NULL;
   distd_conn_free(c);
