@@ -104,17 +104,21 @@ int distd_tls_grpc_reload(distd_tls_grpc *t, const distd_tls_files *f, dist_errb
   return 0;
 }
 
-/* The client certificate gRPC verified for call, as PEM, or NULL. */
-static char *client_cert_pem(grpc_call *call, size_t *len) {
+/* The client certificate gRPC verified for call, as PEM, into *pem (NULL
+ * when the client sent none). -1 when it could not be copied. */
+static int client_cert_pem(grpc_call *call, char **pem, size_t *len) {
+  *pem = NULL;
+  *len = 0;
   grpc_auth_context *ctx = grpc_call_auth_context(call);
-  if (!ctx) return NULL;
+  if (!ctx) return 0;
   grpc_auth_property_iterator it = grpc_auth_context_find_properties_by_name(
       ctx, GRPC_X509_PEM_CERT_PROPERTY_NAME);
   const grpc_auth_property *p = grpc_auth_property_iterator_next(&it);
-  char *pem = p ? malloc(p->value_length) : NULL;
-  if (pem) memcpy(pem, p->value, p->value_length), *len = p->value_length;
+  int rc = 0;
+  if (p && (*pem = malloc(p->value_length + 1)) == NULL) rc = -1;
+  else if (p) memcpy(*pem, p->value, p->value_length), *len = p->value_length;
   grpc_auth_context_release(ctx);
-  return pem;
+  return rc;
 }
 
 int distd_tls_grpc_check_call(distd_tls_grpc *t, grpc_call *call, dist_errbuf *eb) {
@@ -122,8 +126,11 @@ int distd_tls_grpc_check_call(distd_tls_grpc *t, grpc_call *call, dist_errbuf *e
   int checks = t->crl != NULL;
   pthread_mutex_unlock(&t->mu);
   if (!checks) return 0;
+  char *pem = NULL;
   size_t len = 0;
-  char *pem = client_cert_pem(call, &len);
+  if (client_cert_pem(call, &pem, &len) != 0) /* refused, not let through unchecked */
+    return dist_fail(eb, DIST_ENOMEM, "out of memory checking the client certificate "
+                     "against tls_crl");
   if (!pem) return 0; /* no client certificate: tls_client_auth decided */
   pthread_mutex_lock(&t->mu); /* a reload may swap the CRLs meanwhile */
   int rc = t->crl ? distd_crl_check_pem(t->crl, pem, len, eb) : 0;
