@@ -145,9 +145,22 @@ Test(distctl_args, tensor_put_get_reshard_and_rm_print_their_result_with_json) {
   json_decref(j);
 }
 
-Test(distctl_args, cluster_up_and_down_print_their_result_with_json) {
-  char dir[] = "/tmp/distctl-json-XXXXXX", cmd[1024], *out = NULL, *err = NULL;
-  cr_assert(mkdtemp(dir));
+/* The cluster the next test starts: stopped and removed even when an
+ * assertion ends the test between up and down. */
+static char json_dir[] = "/tmp/distctl-json-XXXXXX";
+
+static void stop_json_cluster(void) {
+  char cmd[1024];
+  snprintf(cmd, sizeof cmd, "%s cluster down --dir %s/c", harness_distctl(), json_dir);
+  harness_run(cmd, NULL, NULL, 60); /* already down after a passing test */
+  harness_remove_dir(json_dir);
+}
+
+Test(distctl_args, cluster_up_and_down_print_their_result_with_json,
+     .fini = stop_json_cluster) {
+  char cmd[1024], *out = NULL, *err = NULL;
+  const char *dir = json_dir;
+  cr_assert(mkdtemp(json_dir));
   snprintf(cmd, sizeof cmd, "%s --json cluster up -n 1 --dir %s/c", harness_distctl(), dir);
   int rc = harness_run(cmd, &out, &err, 60);
   cr_assert_eq(rc, 0, "cluster up exited %d: %s", rc, err ? err : "");
@@ -167,5 +180,4 @@ Test(distctl_args, cluster_up_and_down_print_their_result_with_json) {
   json_decref(j);
   free(out);
   free(err);
-  harness_remove_dir(dir);
 }
