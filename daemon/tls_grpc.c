@@ -47,6 +47,9 @@ struct distd_tls_grpc {
   pthread_mutex_t mu;
   grpc_ssl_server_certificate_config *next; /* for gRPC's next handshake */
   distd_crl *crl; /* tls_crl, for every call from its load on; NULL: none */
+  /* tls_crl is set (read at start only): without it, a call is not
+   * checked and takes no lock. With it, every load has CRLs. */
+  int checks_crl;
 };
 
 /* f's certificate, key and CA as a certificate config for gRPC, after
@@ -122,10 +125,7 @@ static int client_cert_pem(grpc_call *call, char **pem, size_t *len) {
 }
 
 int distd_tls_grpc_check_call(distd_tls_grpc *t, grpc_call *call, dist_errbuf *eb) {
-  pthread_mutex_lock(&t->mu);
-  int checks = t->crl != NULL;
-  pthread_mutex_unlock(&t->mu);
-  if (!checks) return 0;
+  if (!t->checks_crl) return 0;
   char *pem = NULL;
   size_t len = 0;
   if (client_cert_pem(call, &pem, &len) != 0) /* refused, not let through unchecked */
@@ -159,6 +159,7 @@ int distd_tls_grpc_server_creds(const distd_config *cfg, const distd_tls_files *
   distd_tls_grpc *t = calloc(1, sizeof *t);
   if (!t) return dist_fail(eb, DIST_ENOMEM, "gRPC TLS: out of memory");
   t->client_auth = cfg->tls_client_auth != DISTD_CLIENT_AUTH_NONE;
+  t->checks_crl = cfg->tls_crl[0] != 0;
   pthread_mutex_init(&t->mu, NULL);
   /* gRPC fetches the first set when the port is added. */
   if (distd_tls_grpc_reload(t, f, eb) != 0) {
