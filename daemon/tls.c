@@ -54,6 +54,10 @@ int distd_tls_files_read(const distd_config *cfg, distd_tls_files *out,
   if (rc == 0) rc = read_pem(cfg->tls_key, "tls_key", &out->key, eb);
   if (rc == 0 && cfg->tls_ca[0]) rc = read_pem(cfg->tls_ca, "tls_ca", &out->ca, eb);
   if (rc == 0 && cfg->tls_crl[0]) rc = read_pem(cfg->tls_crl, "tls_crl", &out->crl, eb);
+  /* Parsed once here, for the gRPC port and the data plane: OpenSSL
+   * takes its time over each signature check. */
+  if (rc == 0 && out->crl)
+    rc = dist_crl_parse(out->crl, out->ca, cfg->tls_crl, &out->crls, eb);
   if (rc != 0) distd_tls_files_free(out);
   return rc;
 }
@@ -64,7 +68,9 @@ void distd_tls_files_free(distd_tls_files *f) {
   free(f->key);
   free(f->ca);
   free(f->crl);
+  dist_crl_free(f->crls);
   f->cert = f->key = f->ca = f->crl = NULL;
+  f->crls = NULL;
 }
 
 /* Fails with OpenSSL's first queued error, naming the setting and file. */
@@ -123,18 +129,6 @@ static int use_key(SSL_CTX *ctx, const char *pem) {
   return ok;
 }
 
-/* The CRLs of tls_crl in ctx's store, checked against tls_ca first. */
-static int use_crls(SSL_CTX *ctx, const distd_tls_files *f, const char *what,
-                    dist_errbuf *eb) {
-  distd_crl *crl = NULL;
-  if (distd_crl_parse(f->crl, f->ca, f->crl_path, &crl, eb) != 0) {
-    dist_errbuf_prefix(eb, "%s: ", what);
-    return eb->code;
-  }
-  int rc = distd_crl_add_to_store(crl, SSL_CTX_get_cert_store(ctx));
-  distd_crl_free(crl); /* the store holds its own references */
-  return rc == 0 ? 0 : load_fail(eb, what, "tls_crl", f->crl_path);
-}
 
 int distd_tls_ctx_load(void *ssl_ctx, const distd_tls_files *f, int with_ca,
                        const char *what, dist_errbuf *eb) {
@@ -150,7 +144,9 @@ int distd_tls_ctx_load(void *ssl_ctx, const distd_tls_files *f, int with_ca,
     return load_fail(eb, what, "tls_key does not match tls_cert:", f->key_path);
   if (with_ca && (!f->ca || !each_cert(ctx, f->ca, use_ca)))
     return load_fail(eb, what, "tls_ca", f->ca_path);
-  if (with_ca && f->crl) return use_crls(ctx, f, what, eb);
+  /* the store takes references of its own */
+  if (with_ca && f->crls && dist_crl_add_to_store(f->crls, SSL_CTX_get_cert_store(ctx)) != 0)
+    return load_fail(eb, what, "tls_crl", f->crl_path);
   return 0;
 }
 

@@ -8,6 +8,7 @@
 #include <stddef.h>
 
 #include "config.h"
+#include "crl.h"
 #include "errbuf.h"
 
 /* tls.c: the PEM files the TLS settings name, read once. The check, gRPC
@@ -17,10 +18,11 @@
 typedef struct distd_tls_files {
   const char *cert_path, *key_path, *ca_path, *crl_path; /* for messages */
   char *cert, *key, *ca, *crl; /* NUL-terminated; NULL: not set */
+  dist_crl *crls; /* crl parsed and checked against ca; NULL: not set */
 } distd_tls_files;
 /* Reads the files cfg's tls_cert, tls_key, tls_ca and tls_crl name (each
- * "" = not set; all stay NULL without a cert). Errors name the setting and
- * its file. */
+ * "" = not set; all stay NULL without a cert), and parses the CRLs.
+ * Errors name the setting and its file. */
 int distd_tls_files_read(const distd_config *cfg, distd_tls_files *out,
                          dist_errbuf *eb);
 void distd_tls_files_free(distd_tls_files *f); /* wipes the key */

@@ -46,7 +46,7 @@ struct distd_tls_grpc {
   int client_auth;
   pthread_mutex_t mu;
   grpc_ssl_server_certificate_config *next; /* for gRPC's next handshake */
-  distd_crl *crl; /* tls_crl, for every call from its load on; NULL: none */
+  dist_crl *crl; /* tls_crl, for every call from its load on; NULL: none */
   /* tls_crl is set (read at start only): without it, a call is not
    * checked and takes no lock. With it, every load has CRLs. */
   int checks_crl;
@@ -87,23 +87,16 @@ static grpc_ssl_certificate_config_reload_status fetch_config(
 
 int distd_tls_grpc_reload(distd_tls_grpc *t, const distd_tls_files *f, dist_errbuf *eb) {
   grpc_ssl_server_certificate_config *fresh = NULL;
-  distd_crl *crl = NULL;
-  if (f->crl && distd_crl_parse(f->crl, f->ca, f->crl_path, &crl, eb) != 0) {
-    dist_errbuf_prefix(eb, "gRPC TLS: ");
-    return eb->code;
-  }
-  if (load_config(t->client_auth, f, &fresh, eb) != 0) {
-    distd_crl_free(crl);
-    return eb->code;
-  }
+  if (load_config(t->client_auth, f, &fresh, eb) != 0) return eb->code;
+  dist_crl *crl = f->crls ? dist_crl_ref(f->crls) : NULL;
   pthread_mutex_lock(&t->mu);
   grpc_ssl_server_certificate_config *unused = t->next;
-  distd_crl *old_crl = t->crl;
+  dist_crl *old_crl = t->crl;
   t->next = fresh;
   t->crl = crl;
   pthread_mutex_unlock(&t->mu);
   if (unused) grpc_ssl_server_certificate_config_destroy(unused);
-  distd_crl_free(old_crl);
+  dist_crl_free(old_crl);
   return 0;
 }
 
@@ -133,7 +126,7 @@ int distd_tls_grpc_check_call(distd_tls_grpc *t, grpc_call *call, dist_errbuf *e
                      "against tls_crl");
   if (!pem) return 0; /* no client certificate: tls_client_auth decided */
   pthread_mutex_lock(&t->mu); /* a reload may swap the CRLs meanwhile */
-  int rc = t->crl ? distd_crl_check_pem(t->crl, pem, len, eb) : 0;
+  int rc = t->crl ? dist_crl_check_pem(t->crl, pem, len, eb) : 0;
   pthread_mutex_unlock(&t->mu);
   free(pem);
   return rc;
@@ -142,7 +135,7 @@ int distd_tls_grpc_check_call(distd_tls_grpc *t, grpc_call *call, dist_errbuf *e
 void distd_tls_grpc_free(distd_tls_grpc *t) {
   if (!t) return;
   if (t->next) grpc_ssl_server_certificate_config_destroy(t->next);
-  distd_crl_free(t->crl);
+  dist_crl_free(t->crl);
   pthread_mutex_destroy(&t->mu);
   free(t);
 }

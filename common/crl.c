@@ -6,6 +6,7 @@
 #include <openssl/pem.h>
 #include <openssl/x509.h>
 #include <openssl/x509_vfy.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,7 +14,7 @@
 #define MAX_CRLS 64
 #define ACCEPTED_CACHE 16
 
-/* A certificate distd_crl_check_pem let through, and the CRL that said so
+/* A certificate dist_crl_check_pem let through, and the CRL that said so
  * (its expiry is checked again at every hit). */
 typedef struct {
   char *pem;
@@ -21,7 +22,8 @@ typedef struct {
   int crl;
 } accepted;
 
-struct distd_crl {
+struct dist_crl {
+  atomic_int refs;
   X509_CRL *crls[MAX_CRLS];
   int n;
   /* OpenSSL 3.0 takes about half a millisecond to parse a certificate
@@ -31,14 +33,19 @@ struct distd_crl {
   int ok_next;
 };
 
-void distd_crl_free(distd_crl *c) {
-  if (!c) return;
+dist_crl *dist_crl_ref(dist_crl *c) {
+  atomic_fetch_add(&c->refs, 1);
+  return c;
+}
+
+void dist_crl_free(dist_crl *c) {
+  if (!c || atomic_fetch_sub(&c->refs, 1) > 1) return;
   for (int i = 0; i < c->n; i++) X509_CRL_free(c->crls[i]);
   for (int i = 0; i < ACCEPTED_CACHE; i++) free(c->ok[i].pem);
   free(c);
 }
 
-int distd_crl_count(const distd_crl *c) { return c ? c->n : 0; }
+int dist_crl_count(const dist_crl *c) { return c ? c->n : 0; }
 
 static void name_of(const X509_NAME *name, char *buf, int len) {
   if (!X509_NAME_oneline(name, buf, len)) snprintf(buf, (size_t)len, "?");
@@ -66,7 +73,7 @@ static int expired(const X509_CRL *crl) {
 }
 
 /* Takes crl into c once it checks out against ca_pem. */
-static int add_checked(distd_crl *c, X509_CRL *crl, const char *ca_pem,
+static int add_checked(dist_crl *c, X509_CRL *crl, const char *ca_pem,
                        const char *path, dist_errbuf *eb) {
   char issuer[256];
   name_of(X509_CRL_get_issuer(crl), issuer, sizeof issuer);
@@ -87,16 +94,17 @@ static int add_checked(distd_crl *c, X509_CRL *crl, const char *ca_pem,
   return 0;
 }
 
-int distd_crl_parse(const char *pem, const char *ca_pem, const char *path,
-                    distd_crl **out, dist_errbuf *eb) {
+int dist_crl_parse(const char *pem, const char *ca_pem, const char *path,
+                    dist_crl **out, dist_errbuf *eb) {
   *out = NULL;
   if (!ca_pem) return dist_fail(eb, DIST_ECONFIG, "tls_crl needs tls_ca");
-  distd_crl *c = calloc(1, sizeof *c);
+  dist_crl *c = calloc(1, sizeof *c);
   BIO *b = c ? BIO_new_mem_buf(pem, -1) : NULL;
   if (!b) {
     free(c);
     return dist_fail(eb, DIST_ENOMEM, "tls_crl %s: out of memory", path);
   }
+  atomic_init(&c->refs, 1);
   X509_CRL *crl;
   int rc = 0;
   ERR_clear_error();
@@ -108,14 +116,14 @@ int distd_crl_parse(const char *pem, const char *ca_pem, const char *path,
     rc = dist_fail(eb, DIST_ECONFIG, "tls_crl %s: no CRL in it (a PEM \"X509 CRL\")",
                    path);
   if (rc != 0) {
-    distd_crl_free(c);
+    dist_crl_free(c);
     return rc;
   }
   *out = c;
   return 0;
 }
 
-int distd_crl_add_to_store(const distd_crl *c, void *x509_store) {
+int dist_crl_add_to_store(const dist_crl *c, void *x509_store) {
   X509_STORE *store = x509_store;
   for (int i = 0; i < c->n; i++)
     if (X509_STORE_add_crl(store, c->crls[i]) != 1) return -1;
@@ -123,7 +131,7 @@ int distd_crl_add_to_store(const distd_crl *c, void *x509_store) {
 }
 
 /* The index of the CRL of cert's issuer, or -1. */
-static int crl_of_issuer(const distd_crl *c, const X509 *cert) {
+static int crl_of_issuer(const dist_crl *c, const X509 *cert) {
   for (int i = 0; i < c->n; i++)
     if (X509_NAME_cmp(X509_CRL_get_issuer(c->crls[i]), X509_get_issuer_name(cert)) == 0)
       return i;
@@ -132,7 +140,7 @@ static int crl_of_issuer(const distd_crl *c, const X509 *cert) {
 
 /* Why cert may not be used, in buf; 0 when it may (*by: the CRL that
  * says so). */
-static int refusal(const distd_crl *c, X509 *cert, int *by, char *buf, size_t len) {
+static int refusal(const dist_crl *c, X509 *cert, int *by, char *buf, size_t len) {
   char subject[256], issuer[256];
   name_of(X509_get_subject_name(cert), subject, sizeof subject);
   name_of(X509_get_issuer_name(cert), issuer, sizeof issuer);
@@ -153,7 +161,7 @@ static int refusal(const distd_crl *c, X509 *cert, int *by, char *buf, size_t le
 }
 
 /* 1 when pem was let through before and its CRL is still current. */
-static int accepted_before(const distd_crl *c, const char *pem, size_t len) {
+static int accepted_before(const dist_crl *c, const char *pem, size_t len) {
   for (int i = 0; i < ACCEPTED_CACHE; i++) {
     const accepted *a = &c->ok[i];
     if (a->pem && a->len == len && memcmp(a->pem, pem, len) == 0)
@@ -162,7 +170,7 @@ static int accepted_before(const distd_crl *c, const char *pem, size_t len) {
   return 0;
 }
 
-static void remember_accepted(distd_crl *c, const char *pem, size_t len, int crl) {
+static void remember_accepted(dist_crl *c, const char *pem, size_t len, int crl) {
   char *copy = malloc(len);
   if (!copy) return; /* it is parsed again next time */
   memcpy(copy, pem, len);
@@ -172,14 +180,14 @@ static void remember_accepted(distd_crl *c, const char *pem, size_t len, int crl
   *a = (accepted){copy, len, crl};
 }
 
-int distd_crl_check_pem(distd_crl *c, const char *cert_pem, size_t len,
+int dist_crl_check_pem(dist_crl *c, const char *cert_pem, size_t len,
                         dist_errbuf *eb) {
   if (accepted_before(c, cert_pem, len)) return 0;
   BIO *b = BIO_new_mem_buf(cert_pem, (int)len);
   X509 *cert = b ? PEM_read_bio_X509(b, NULL, NULL, NULL) : NULL;
   BIO_free(b);
   ERR_clear_error();
-  if (!cert) return dist_fail(eb, DIST_EAUTH, "the client certificate cannot be read");
+  if (!cert) return dist_fail(eb, DIST_EAUTH, "the certificate cannot be read");
   char why[700];
   int by = -1, refused = refusal(c, cert, &by, why, sizeof why);
   X509_free(cert);
