@@ -17,7 +17,7 @@ typedef struct distctl_global {
   long timeout_ms;      /* --timeout MS */
   /* --tls-ca/--tls-cert/--tls-key FILE, --token T / --token-file FILE; also
    * exported as DIST_TLS_CA, ... DIST_TOKEN for `distctl launch`. */
-  const char *tls_ca, *tls_cert, *tls_key, *token, *token_file;
+  const char *tls_ca, *tls_cert, *tls_key, *tls_crl, *token, *token_file;
 } distctl_global;
 
 typedef struct distctl_command {

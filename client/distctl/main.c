@@ -22,7 +22,7 @@ enum { NCOMMANDS = sizeof commands / sizeof commands[0] };
 
 static void usage(FILE *out) {
   fprintf(out, "usage: distctl [--cluster FILE | --endpoint HOST:PORT] [--json] "
-               "[--timeout MS]\n               [--tls-ca FILE [--tls-cert FILE --tls-key FILE]] "
+               "[--timeout MS]\n               [--tls-ca FILE [--tls-cert FILE --tls-key FILE] [--tls-crl FILE]] "
                "[--token-file FILE | --token TOKEN] COMMAND [ARGS]\n\ncommands:\n");
   for (int i = 0; i < NCOMMANDS; i++)
     fprintf(out, "  %-16s %s\n      %s\n", commands[i]->name, commands[i]->usage,
@@ -44,7 +44,7 @@ static int take_global(distctl_global *g, const char **timeout, int argc, char *
   } options[] = {
       {"--cluster", &g->cluster}, {"--endpoint", &g->endpoint}, {"--timeout", timeout},
       {"--tls-ca", &g->tls_ca},   {"--tls-cert", &g->tls_cert}, {"--tls-key", &g->tls_key},
-      {"--token", &g->token},     {"--token-file", &g->token_file},
+      {"--tls-crl", &g->tls_crl}, {"--token", &g->token},     {"--token-file", &g->token_file},
   };
   for (size_t k = 0; k < sizeof options / sizeof options[0]; k++) {
     int taken = distctl_opt_once(NULL, argc, argv, i, options[k].name, options[k].slot);
@@ -79,6 +79,7 @@ static void export_security(const distctl_global *g) {
   if (g->tls_ca) setenv("DIST_TLS_CA", g->tls_ca, 1);
   if (g->tls_cert) setenv("DIST_TLS_CERT", g->tls_cert, 1);
   if (g->tls_key) setenv("DIST_TLS_KEY", g->tls_key, 1);
+  if (g->tls_crl) setenv("DIST_TLS_CRL", g->tls_crl, 1);
   if (g->token) setenv("DIST_TOKEN", g->token, 1);
 }
 

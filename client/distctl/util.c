@@ -43,6 +43,7 @@ dist_client *distctl_connect(const distctl_global *g) {
   o.tls_ca = g->tls_ca; /* NULL: the environment's DIST_TLS_* / DIST_TOKEN */
   o.tls_cert = g->tls_cert;
   o.tls_key = g->tls_key;
+  o.tls_crl = g->tls_crl;
   o.token = g->token;
   int rc;
   if (g->endpoint || !g->cluster || !g->cluster[0])

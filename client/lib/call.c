@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "client_internal.h"
+#include "daemon_crl.h"
 #include "pbuf.h"
 #include "status.h"
 
@@ -54,6 +55,17 @@ static int from_daemon(const char *details, int code) {
   return strncmp(details, name, strlen(name)) == 0;
 }
 
+/* A daemon gRPC could not reach; when tls_crl refused its certificate,
+ * the reason (gRPC's details only say the handshake failed). */
+static void unreachable(dist_client *c, dist_call *dc, const char *details) {
+  const char *at = c->endpoints[dc->target];
+  char why[400];
+  if (c->daemon_crl && dist_daemon_crl_refusal(c->daemon_crl, dc->target, why, sizeof why))
+    dist_fail(&dc->err, DIST_EAUTH, "distd at %s is refused: %s", at, why);
+  else
+    dist_fail(&dc->err, DIST_EUNAVAIL, "cannot reach distd at %s: %s", at, details);
+}
+
 static void finish(dist_client *c, dist_call *dc, call_state *st,
                    const ProtobufCMessageDescriptor *reply_desc) {
   char *details = grpc_slice_to_c_string(st->details);
@@ -61,8 +73,7 @@ static void finish(dist_client *c, dist_call *dc, call_state *st,
     dist_status_parse(st->status, details, &dc->err);
     if (st->status == GRPC_STATUS_UNAVAILABLE && dc->err.code == DIST_EUNAVAIL &&
         !from_daemon(details, DIST_EUNAVAIL))
-      dist_fail(&dc->err, DIST_EUNAVAIL, "cannot reach distd at %s: %s",
-                c->endpoints[dc->target], details);
+      unreachable(c, dc, details);
     else if (st->status == GRPC_STATUS_DEADLINE_EXCEEDED && dc->err.code == DIST_ETIMEDOUT &&
              !from_daemon(details, DIST_ETIMEDOUT))
       dist_fail(&dc->err, DIST_ETIMEDOUT,

@@ -11,6 +11,7 @@
 
 #include "client_internal.h"
 #include "cluster.h"
+#include "daemon_crl.h"
 #include "hash.h"
 #include "pbuf.h"
 
@@ -85,37 +86,79 @@ static char *read_pem(const char *path, const char *what, int *rc) {
   return buf;
 }
 
+/* What the TLS settings name, read once for every channel. ca NULL:
+ * insecure. */
+typedef struct {
+  const char *ca_path;
+  char *ca, *cert, *key; /* PEM */
+  dist_daemon_crl *crl;  /* NULL without tls_crl */
+} tls_settings;
+
+static void tls_settings_free(tls_settings *t) {
+  if (t->key) memset(t->key, 0, strlen(t->key));
+  free(t->ca);
+  free(t->cert);
+  free(t->key);
+  dist_daemon_crl_release(t->crl);
+  memset(t, 0, sizeof *t);
+}
+
+/* tls_crl's CRLs, checked against the CA, for n daemons. */
+static int read_crl(const char *path, const char *ca_pem, int n, dist_daemon_crl **out) {
+  int rc = 0;
+  char *pem = read_pem(path, "tls_crl", &rc);
+  if (!pem) return rc;
+  dist_crl *crl = NULL;
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  rc = dist_crl_parse(pem, ca_pem, path, &crl, &eb);
+  free(pem);
+  if (rc != 0) return connect_fail(rc, "%s", dist_errbuf_msg(&eb));
+  *out = dist_daemon_crl_new(crl, n);
+  return *out ? 0 : connect_fail(DIST_ENOMEM, "tls_crl %s: out of memory", path);
+}
+
 /* TLS when a CA is given (opts or DIST_TLS_CA), with a client certificate
- * for mutual TLS when one is given too; insecure otherwise. */
-static int channel_creds(const dist_opts *o, grpc_channel_credentials **out) {
+ * for mutual TLS when one is given too, and the daemons' certificates
+ * checked against a CRL when tls_crl is; insecure otherwise. */
+static int tls_settings_read(const dist_opts *o, int n, tls_settings *t) {
   const char *ca = opt_or_env(o->tls_ca, "DIST_TLS_CA");
   const char *cert = opt_or_env(o->tls_cert, "DIST_TLS_CERT");
   const char *key = opt_or_env(o->tls_key, "DIST_TLS_KEY");
-  int rc = 0;
-  *out = NULL;
-  if (!ca) {
-    if (cert || key)
-      return connect_fail(DIST_ECONFIG, "a client certificate needs a CA too "
-                          "(tls_ca / DIST_TLS_CA / --tls-ca)");
-    *out = grpc_insecure_credentials_create();
-    return 0;
-  }
+  const char *crl = opt_or_env(o->tls_crl, "DIST_TLS_CRL");
+  memset(t, 0, sizeof *t);
+  if (!ca && (cert || key || crl))
+    return connect_fail(DIST_ECONFIG, "%s needs a CA too (tls_ca / DIST_TLS_CA / --tls-ca)",
+                        crl ? "tls_crl" : "a client certificate");
+  if (!ca) return 0;
   if (!cert != !key)
     return connect_fail(DIST_ECONFIG, "tls_cert and tls_key go together: only %s is set",
                         cert ? "tls_cert" : "tls_key");
-  char *ca_pem = read_pem(ca, "tls_ca", &rc);
-  char *cert_pem = ca_pem && cert ? read_pem(cert, "tls_cert", &rc) : NULL;
-  char *key_pem = cert_pem ? read_pem(key, "tls_key", &rc) : NULL;
-  if (rc == 0) {
-    grpc_ssl_pem_key_cert_pair pair = {key_pem, cert_pem};
-    *out = grpc_ssl_credentials_create_ex(ca_pem, cert ? &pair : NULL, NULL, NULL);
-    if (!*out) rc = connect_fail(DIST_ECONFIG, "gRPC refused the TLS settings (CA %s)", ca);
-  }
-  if (key_pem) memset(key_pem, 0, strlen(key_pem));
-  free(ca_pem);
-  free(cert_pem);
-  free(key_pem);
+  int rc = 0;
+  t->ca_path = ca;
+  t->ca = read_pem(ca, "tls_ca", &rc);
+  if (rc == 0 && cert) t->cert = read_pem(cert, "tls_cert", &rc);
+  if (rc == 0 && key) t->key = read_pem(key, "tls_key", &rc);
+  if (rc == 0 && crl) rc = read_crl(crl, t->ca, n, &t->crl);
+  if (rc != 0) tls_settings_free(t);
   return rc;
+}
+
+/* The credentials of the channel to rank's daemon: with tls_crl, each
+ * channel's say whose certificate it checks (daemon_crl.h). */
+static int channel_creds(const tls_settings *t, int rank, grpc_channel_credentials **out) {
+  if (!t->ca) {
+    *out = grpc_insecure_credentials_create();
+    return 0;
+  }
+  grpc_ssl_pem_key_cert_pair pair = {t->key, t->cert};
+  grpc_ssl_verify_peer_options verify = {0};
+  if (t->crl && dist_daemon_crl_verify_options(t->crl, rank, &verify) != 0)
+    return connect_fail(DIST_ENOMEM, "out of memory");
+  *out = grpc_ssl_credentials_create_ex(t->ca, t->cert ? &pair : NULL,
+                                        t->crl ? &verify : NULL, NULL);
+  if (*out) return 0;
+  dist_daemon_crl_verify_options_free(&verify);
+  return connect_fail(DIST_ECONFIG, "gRPC refused the TLS settings (CA %s)", t->ca_path);
 }
 
 static void set_token(dist_client *c, const dist_opts *o) {
@@ -185,26 +228,50 @@ static void client_closed(void) {
   if (last && heap_kept) malloc_trim(0);
 }
 
+/* Every channel's credentials, or none: one for all (*shared) unless the
+ * channels check certificates against a CRL. */
+static int all_creds(const tls_settings *t, int n, grpc_channel_credentials **creds,
+                     int *shared) {
+  *shared = t->crl == NULL;
+  if (*shared) n = 1;
+  for (int i = 0; i < n; i++) {
+    int rc = channel_creds(t, i, &creds[i]);
+    if (rc == 0) continue;
+    while (i-- > 0) grpc_channel_credentials_release(creds[i]);
+    return rc;
+  }
+  return 0;
+}
+
 static int open_client(const dist_member *members, int n, const dist_opts *opts,
                        dist_client **out) {
   dist_opts defaults = DIST_OPTS_INIT;
   if (!opts) opts = &defaults;
   grpc_init();
-  grpc_channel_credentials *creds = NULL;
-  int rc = channel_creds(opts, &creds);
+  tls_settings tls;
+  grpc_channel_credentials **creds = calloc((size_t)n, sizeof *creds);
+  int rc = creds ? tls_settings_read(opts, n, &tls) : connect_fail(DIST_ENOMEM, "out of memory");
+  int shared = 0;
+  if (rc == 0 && (rc = all_creds(&tls, n, creds, &shared)) != 0) tls_settings_free(&tls);
   if (rc != 0) {
+    free(creds);
     grpc_shutdown();
     return rc;
   }
   dist_client *c = calloc(1, sizeof *c);
   c->n = n;
+  c->daemon_crl = tls.crl; /* the client's reference */
+  tls.crl = NULL;
+  tls_settings_free(&tls);
   c->endpoints = calloc((size_t)n, sizeof *c->endpoints);
   c->channels = calloc((size_t)n, sizeof *c->channels);
   for (int i = 0; i < n; i++) {
     snprintf(c->endpoints[i], sizeof c->endpoints[i], "%s", members[i].grpc_addr);
-    c->channels[i] = open_channel(members[i].grpc_addr, creds);
+    c->channels[i] = open_channel(members[i].grpc_addr, creds[shared ? 0 : i]);
+    if (!shared) grpc_channel_credentials_release(creds[i]); /* the channel holds a ref */
   }
-  grpc_channel_credentials_release(creds); /* each channel holds its own ref */
+  if (shared) grpc_channel_credentials_release(creds[0]);
+  free(creds);
   set_token(c, opts);
   c->spmd_rank = -1;
   c->timeout_ms = opts->timeout_ms > 0 ? opts->timeout_ms : 30000;
@@ -285,6 +352,7 @@ void dist_close(dist_client *c) {
   }
   free(c->channels);
   free(c->endpoints);
+  dist_daemon_crl_release(c->daemon_crl);
   free(c);
   grpc_shutdown();
   client_closed();

@@ -25,6 +25,8 @@ struct dist_client {
    * token. The slices live as long as the client. */
   grpc_metadata auth_md;
   size_t auth_md_count;
+  /* tls_crl: why a daemon's certificate was refused; NULL without one */
+  struct dist_daemon_crl *daemon_crl;
 };
 
 struct dist_mesh {

@@ -603,6 +603,54 @@ Test(security, a_daemon_with_a_revoked_certificate_cannot_join) {
   remove_certs();
 }
 
+/* tls_crl in a client: a daemon whose certificate the CRL revokes is
+ * refused, naming it, while the other daemon is served; distctl takes it
+ * as --tls-crl. A CRL without a CA, or of another CA, is refused at
+ * connect. */
+Test(security, a_client_refuses_a_daemon_with_a_revoked_certificate) {
+  make_certs();
+  use_tls_env();
+  revoke_cert("rank1", "ca.crl");
+  harness h;
+  const char *const certs_of[] = {"rank0", "rank1"};
+  start_cluster(&h, 2, certs_of, NULL, 1); /* the daemons check no CRL */
+  setenv("DIST_TLS_CRL", cert_path("ca.crl"), 1);
+  dist_client *c = harness_client(&h);
+  dist_daemon_info info;
+  cr_assert_eq(dist_info(c, 0, &info), 0, "%s", dist_errmsg(c));
+  dist_info_free(&info);
+  cr_assert_eq(dist_info(c, 1, &info), DIST_EAUTH, "%s", dist_errmsg(c));
+  char want[200];
+  snprintf(want, sizeof want, "distd at 127.0.0.1:%d is refused: the certificate /CN=rank1 "
+           "is revoked (tls_crl)", h.grpc_port[1]);
+  cr_assert(strstr(dist_errmsg(c), want), "%s", dist_errmsg(c));
+  dist_close(c);
+
+  unsetenv("DIST_TLS_CRL");
+  char cmd[1200], *out = NULL, *err = NULL;
+  snprintf(cmd, sizeof cmd, "%s --cluster %s --tls-crl %s status", harness_distctl(),
+           h.cluster_file, cert_path("ca.crl"));
+  harness_run(cmd, &out, &err, 30);
+  cr_assert(strstr(out, "/CN=rank1 is revoked (tls_crl)") || strstr(err, "/CN=rank1 is revoked"),
+            "distctl did not name the revoked daemon: %s / %s", out, err);
+  free(out), free(err);
+
+  unsetenv("DIST_TLS_CA");
+  dist_opts o = DIST_OPTS_INIT;
+  o.tls_crl = cert_path("ca.crl");
+  c = NULL;
+  cr_assert_eq(dist_connect_cluster(h.cluster_file, &o, &c), DIST_ECONFIG);
+  cr_assert(strstr(dist_last_connect_error(), "tls_crl needs a CA too"), "%s",
+            dist_last_connect_error());
+  in_certs("mkdir ca2 && sh gen.sh ca2");
+  o.tls_ca = cert_path("ca2/ca.crt");
+  cr_assert_eq(dist_connect_cluster(h.cluster_file, &o, &c), DIST_ECONFIG);
+  cr_assert(strstr(dist_last_connect_error(), "is not signed by a certificate in tls_ca"), "%s",
+            dist_last_connect_error());
+  harness_stop(&h);
+  remove_certs();
+}
+
 /* A CRL that tls_ca did not sign, or tls_crl without TLS, stops the daemon
  * at start, naming what is wrong. */
 Test(security, a_crl_of_another_ca_or_without_tls_stops_the_daemon) {

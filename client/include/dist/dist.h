@@ -40,13 +40,16 @@ typedef struct dist_opts {
   int64_t timeout_ms;   /* deadline of every call; default 30 s */
   uint64_t op_id_base;  /* first op id; 0 = derived (see dist_init_from_env) */
   /* Security (docs/security.md). NULL means the environment's value:
-   * DIST_TLS_CA, DIST_TLS_CERT, DIST_TLS_KEY, DIST_TOKEN. */
+   * DIST_TLS_CA, DIST_TLS_CERT, DIST_TLS_KEY, DIST_TOKEN, DIST_TLS_CRL. */
   const char *tls_ca;   /* PEM CA path: connect with TLS, verify the daemon */
   const char *tls_cert; /* PEM client certificate path, for mutual TLS */
   const char *tls_key;  /* its private key */
   const char *token;    /* bearer token sent with every call */
+  /* PEM CRLs of the CA (and of any intermediate CA): a daemon whose
+   * certificate one of them revokes is refused (needs tls_ca) */
+  const char *tls_crl;
 } dist_opts;
-#define DIST_OPTS_INIT {30000, 0, NULL, NULL, NULL, NULL}
+#define DIST_OPTS_INIT {30000, 0, NULL, NULL, NULL, NULL, NULL}
 
 /* The embedded default endpoint of a lone daemon. */
 #define DIST_DEFAULT_ENDPOINT "127.0.0.1:7470"
