@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define MAX_CRLS 64
 #define ACCEPTED_CACHE 16
@@ -46,6 +47,21 @@ void dist_crl_free(dist_crl *c) {
 }
 
 int dist_crl_count(const dist_crl *c) { return c ? c->n : 0; }
+
+int64_t dist_asn1_time_unix(const void *asn1_time) {
+  struct tm tm;
+  if (!asn1_time || ASN1_TIME_to_tm(asn1_time, &tm) != 1) return 0;
+  return (int64_t)timegm(&tm);
+}
+
+int64_t dist_crl_next_update(const dist_crl *c) {
+  int64_t first = 0;
+  for (int i = 0; c && i < c->n; i++) {
+    int64_t t = dist_asn1_time_unix(X509_CRL_get0_nextUpdate(c->crls[i]));
+    if (t && (!first || t < first)) first = t;
+  }
+  return first;
+}
 
 static void name_of(const X509_NAME *name, char *buf, int len) {
   if (!X509_NAME_oneline(name, buf, len)) snprintf(buf, (size_t)len, "?");

@@ -12,6 +12,7 @@
 #define DIST_CRL_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "errbuf.h"
 
@@ -27,6 +28,13 @@ int dist_crl_parse(const char *pem, const char *ca_pem, const char *path,
 dist_crl *dist_crl_ref(dist_crl *c);
 void dist_crl_free(dist_crl *c); /* drops a reference; NULL is a no-op */
 int dist_crl_count(const dist_crl *c);
+/* The earliest next update of c's CRLs, in seconds since the epoch: past
+ * it, every certificate of that issuer is refused until a new CRL is
+ * loaded. 0 when none names one. */
+int64_t dist_crl_next_update(const dist_crl *c);
+/* An ASN1_TIME * (a CRL's next update, a certificate's notAfter) in
+ * seconds since the epoch; 0 when OpenSSL cannot read it. */
+int64_t dist_asn1_time_unix(const void *asn1_time);
 
 /* Adds the CRLs to x509_store (an X509_STORE *) and turns on the checking
  * of leaf certificates against them. 0, or -1 when OpenSSL refused. */

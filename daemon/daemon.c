@@ -147,6 +147,23 @@ static void free_registries(distd_server *s) {
   s->holds = NULL;
 }
 
+/* Certificates and CRLs stop working at a date of their own: past a CRL's
+ * next update every certificate of its issuer is refused. The dates go to
+ * /metrics for alerts, and the log warns a day (a CRL) or a week (the
+ * certificate) ahead. */
+static void note_tls_dates(distd_server *s, const distd_tls_files *f) {
+  int64_t crl = dist_crl_next_update(f->crls), now = (int64_t)time(NULL);
+  __atomic_store_n(&s->tls_cert_not_after, f->cert_not_after, __ATOMIC_RELAXED);
+  __atomic_store_n(&s->tls_crl_next_update, crl, __ATOMIC_RELAXED);
+  if (crl && crl - now < 86400)
+    log_warn("tls_crl %s: its next update is in %.1f h; past it every certificate of "
+             "its issuer is refused: write a new CRL and reload", f->crl_path,
+             (double)(crl - now) / 3600);
+  if (f->cert_not_after && f->cert_not_after - now < 7 * 86400)
+    log_warn("tls_cert %s expires in %.1f days: rotate it and reload", f->cert_path,
+             (double)(f->cert_not_after - now) / 86400);
+}
+
 int distd_start(distd_server *s, dist_errbuf *eb) {
   s->start_time = distd_now_s();
   evthread_use_pthreads();
@@ -170,6 +187,7 @@ int distd_start(distd_server *s, dist_errbuf *eb) {
     s->grpc_initialized = 1;
     rc = distd_rpc_start(s, distd_methods, distd_method_count, &tls, eb);
   }
+  if (rc == 0) note_tls_dates(s, &tls);
   distd_tls_files_free(&tls);
   if (rc != 0) return -1;
   pthread_create(&s->loop_thread, NULL, loop_main, s);
@@ -192,6 +210,7 @@ static int reload_certs(distd_server *s, dist_errbuf *eb) {
   int rc = distd_tls_files_read(cfg, &tls, eb);
   if (rc == 0) rc = distd_peers_tls_load(s->peers, &tls, &peer_ctx, eb);
   if (rc == 0) rc = distd_rpc_reload_certs(s->rpc, &tls, eb);
+  if (rc == 0) note_tls_dates(s, &tls);
   distd_tls_files_free(&tls);
   if (rc != 0) {
     distd_peers_tls_drop(peer_ctx);

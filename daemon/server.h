@@ -45,6 +45,9 @@ typedef struct distd_server {
   distd_experts *experts;
   distd_params *params;
   distd_holds *holds; /* requests on one name, ordered (holds.h) */
+  /* The TLS files in use, in seconds since the epoch (0: none), for
+   * /metrics: written at start and by a reload (atomic). */
+  int64_t tls_cert_not_after, tls_crl_next_update;
   int ops_in_flight; /* RPCs being handled (atomic) */
   uint64_t calls_done; /* RPCs handled so far (atomic; memory.h) */
   int grpc_initialized;

@@ -122,6 +122,15 @@ static void write_peer_gauges(distd_server *s, struct evbuffer *out) {
   free(stats);
 }
 
+/* A date gauge (seconds since the epoch), when there is one. */
+static void write_date(struct evbuffer *out, const char *name, const char *help,
+                       const int64_t *value) {
+  int64_t t = __atomic_load_n(value, __ATOMIC_RELAXED);
+  if (!t) return;
+  distd_metrics_gauge_header(out, name, "gauge", help);
+  evbuffer_add_printf(out, "%s %lld\n", name, (long long)t);
+}
+
 void distd_write_metrics(void *server, struct evbuffer *out) {
   distd_server *s = server;
   distd_metrics_write(s->metrics, out);
@@ -141,6 +150,12 @@ void distd_write_metrics(void *server, struct evbuffer *out) {
                              "Seconds since the daemon started");
   evbuffer_add_printf(out, "distd_uptime_seconds %.3f\n",
                       distd_now_s() - s->start_time);
+  write_date(out, "distd_tls_certificate_expiry_timestamp_seconds",
+             "When tls_cert expires (notAfter), in seconds since the epoch",
+             &s->tls_cert_not_after);
+  write_date(out, "distd_tls_crl_next_update_timestamp_seconds",
+             "The earliest next update of tls_crl's CRLs: past it, certificates of "
+             "that issuer are refused", &s->tls_crl_next_update);
   write_peer_gauges(s, out);
   distd_ops_write_metrics(s, out);
   distd_param_write_metrics(s, out);

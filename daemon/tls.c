@@ -44,6 +44,18 @@ static int read_pem(const char *path, const char *what, char **out, dist_errbuf 
   return 0;
 }
 
+/* The notAfter of the first certificate in pem (seconds since the
+ * epoch), 0 when it cannot be read; whether it loads is checked later. */
+static int64_t not_after(const char *pem) {
+  BIO *b = BIO_new_mem_buf(pem, -1);
+  X509 *x = b ? PEM_read_bio_X509(b, NULL, NULL, NULL) : NULL;
+  int64_t t = x ? dist_asn1_time_unix(X509_get0_notAfter(x)) : 0;
+  X509_free(x);
+  BIO_free(b);
+  ERR_clear_error();
+  return t;
+}
+
 int distd_tls_files_read(const distd_config *cfg, distd_tls_files *out,
                          dist_errbuf *eb) {
   memset(out, 0, sizeof *out);
@@ -58,6 +70,7 @@ int distd_tls_files_read(const distd_config *cfg, distd_tls_files *out,
    * takes its time over each signature check. */
   if (rc == 0 && out->crl)
     rc = dist_crl_parse(out->crl, out->ca, cfg->tls_crl, &out->crls, eb);
+  if (rc == 0) out->cert_not_after = not_after(out->cert);
   if (rc != 0) distd_tls_files_free(out);
   return rc;
 }

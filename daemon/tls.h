@@ -19,6 +19,7 @@ typedef struct distd_tls_files {
   const char *cert_path, *key_path, *ca_path, *crl_path; /* for messages */
   char *cert, *key, *ca, *crl; /* NUL-terminated; NULL: not set */
   dist_crl *crls; /* crl parsed and checked against ca; NULL: not set */
+  int64_t cert_not_after; /* the certificate's, in seconds since the epoch */
 } distd_tls_files;
 /* Reads the files cfg's tls_cert, tls_key, tls_ca and tls_crl name (each
  * "" = not set; all stay NULL without a cert), and parses the CRLs.

@@ -651,6 +651,48 @@ Test(security, a_client_refuses_a_daemon_with_a_revoked_certificate) {
   remove_certs();
 }
 
+/* The date openssl prints for a file (`openssl CMD -noout -in FILE` with
+ * FIELD=... on its output), in seconds since the epoch, by date(1). */
+static long long openssl_date(const char *cmd, const char *file) {
+  char line[700], *out = NULL;
+  snprintf(line, sizeof line, "cd '%s' && date -d \"$(openssl %s -noout -in %s | cut -d= -f2)\" "
+           "+%%s", certs, cmd, file);
+  cr_assert_eq(harness_run(line, &out, NULL, 30), 0, "%s", line);
+  long long t = atoll(out);
+  free(out);
+  cr_assert_gt(t, 0, "%s", line);
+  return t;
+}
+
+/* /metrics gives the certificate's expiry and the CRL's next update, as
+ * openssl reads them from the files; a CRL due within a day and a
+ * certificate within a week are warned of in the log. */
+Test(security, certificate_and_crl_dates_are_in_metrics_and_warned_of) {
+  make_certs();
+  use_tls_env();
+  in_certs("openssl ca -config ca.cnf -keyfile ca.key -cert ca.crt -gencrl -crlhours 5 "
+           "-out soon.crl 2>/dev/null");
+  harness h;
+  const char *const certs_of[] = {"rank0"};
+  const char *const args[] = {"--tls-crl", cert_path("soon.crl"), NULL};
+  start_cluster(&h, 1, certs_of, args, 1);
+  char *metrics = http_get(h.http_port[0], "/metrics");
+  char want[200];
+  snprintf(want, sizeof want, "distd_tls_certificate_expiry_timestamp_seconds %lld\n",
+           openssl_date("x509 -enddate", "rank0.crt"));
+  cr_assert(strstr(metrics, want), "no '%s' in %s", want, metrics);
+  snprintf(want, sizeof want, "distd_tls_crl_next_update_timestamp_seconds %lld\n",
+           openssl_date("crl -nextupdate", "soon.crl"));
+  cr_assert(strstr(metrics, want), "no '%s' in %s", want, metrics);
+  free(metrics);
+  const char *const crl_soon[] = {"its next update is in 5.0 h", NULL};
+  cr_assert(harness_log_wait(&h, 0, 0, crl_soon, 5000), "no CRL warning (%s)", h.dir);
+  const char *const cert_soon[] = {"expires in 2.0 days: rotate it and reload", NULL};
+  cr_assert(harness_log_wait(&h, 0, 0, cert_soon, 5000), "no certificate warning (%s)", h.dir);
+  harness_stop(&h);
+  remove_certs();
+}
+
 /* A CRL that tls_ca did not sign, or tls_crl without TLS, stops the daemon
  * at start, naming what is wrong. */
 Test(security, a_crl_of_another_ca_or_without_tls_stops_the_daemon) {
