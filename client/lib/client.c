@@ -103,20 +103,6 @@ static void tls_settings_free(tls_settings *t) {
   memset(t, 0, sizeof *t);
 }
 
-/* tls_crl's CRLs, checked against the CA, for n daemons. */
-static int read_crl(const char *path, const char *ca_pem, int n, dist_daemon_crl **out) {
-  int rc = 0;
-  char *pem = read_pem(path, "tls_crl", &rc);
-  if (!pem) return rc;
-  dist_crl *crl = NULL;
-  dist_errbuf eb = DIST_ERRBUF_INIT;
-  rc = dist_crl_parse(pem, ca_pem, path, &crl, &eb);
-  free(pem);
-  if (rc != 0) return connect_fail(rc, "%s", dist_errbuf_msg(&eb));
-  *out = dist_daemon_crl_new(crl, n);
-  return *out ? 0 : connect_fail(DIST_ENOMEM, "tls_crl %s: out of memory", path);
-}
-
 /* TLS when a CA is given (opts or DIST_TLS_CA), with a client certificate
  * for mutual TLS when one is given too, and the daemons' certificates
  * checked against a CRL when tls_crl is; insecure otherwise. */
@@ -138,7 +124,9 @@ static int tls_settings_read(const dist_opts *o, int n, tls_settings *t) {
   t->ca = read_pem(ca, "tls_ca", &rc);
   if (rc == 0 && cert) t->cert = read_pem(cert, "tls_cert", &rc);
   if (rc == 0 && key) t->key = read_pem(key, "tls_key", &rc);
-  if (rc == 0 && crl) rc = read_crl(crl, t->ca, n, &t->crl);
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  if (rc == 0 && crl && dist_daemon_crl_new(crl, t->ca, n, &t->crl, &eb) != 0)
+    rc = connect_fail(eb.code, "%s", dist_errbuf_msg(&eb));
   if (rc != 0) tls_settings_free(t);
   return rc;
 }

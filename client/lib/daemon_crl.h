@@ -16,9 +16,13 @@
 
 typedef struct dist_daemon_crl dist_daemon_crl;
 
-/* Takes crl (its reference), for a client of n daemons. NULL when out of
- * memory (crl is freed). */
-dist_daemon_crl *dist_daemon_crl_new(dist_crl *crl, int n);
+/* Reads the CRLs at path and checks them against ca_pem, for a client of
+ * n daemons. The file is read again at a handshake when it changed (its
+ * size, time or inode), so that a long-lived client takes a new CRL when
+ * it reconnects; a new file that does not parse leaves the CRLs read
+ * before in use. */
+int dist_daemon_crl_new(const char *path, const char *ca_pem, int n, dist_daemon_crl **out,
+                        dist_errbuf *eb);
 /* The verify options of the channel to rank's daemon, for
  * grpc_ssl_credentials_create_ex, whose credentials own them once made
  * (gRPC calls their destructor); else give them to

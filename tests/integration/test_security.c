@@ -651,6 +651,44 @@ Test(security, a_client_refuses_a_daemon_with_a_revoked_certificate) {
   remove_certs();
 }
 
+/* A client reads its CRL file again at a handshake when the file changed:
+ * a daemon revoked while the client runs is refused once the client
+ * reconnects to it (here, after the daemon restarts). */
+Test(security, a_client_takes_a_new_crl_when_it_reconnects) {
+  make_certs();
+  use_tls_env();
+  in_certs("openssl ca -config ca.cnf -keyfile ca.key -cert ca.crt -gencrl -out live.crl "
+           "2>/dev/null");
+  harness h;
+  const char *const certs_of[] = {"rank0", "rank1"};
+  start_cluster(&h, 2, certs_of, NULL, 1);
+  setenv("DIST_TLS_CRL", cert_path("live.crl"), 1);
+  dist_client *c = harness_client(&h);
+  unsetenv("DIST_TLS_CRL"); /* the harness's own clients check none */
+  dist_daemon_info info;
+  cr_assert_eq(dist_info(c, 0, &info), 0, "%s", dist_errmsg(c));
+  dist_info_free(&info);
+
+  revoke_cert("rank0", "live.crl");
+  cr_assert_neq(harness_kill(&h, 0, SIGKILL), -1);
+  start_rank(&h, 0, "rank0", NULL);
+  wait_serving(&h, 0);
+  int rc = 0;
+  for (int waited = 0; waited < 20000; waited += 100) { /* gRPC's reconnect backoff */
+    if ((rc = dist_info(c, 0, &info)) == 0) dist_info_free(&info);
+    if (rc == DIST_EAUTH) break;
+    harness_sleep_ms(100);
+  }
+  cr_assert_eq(rc, DIST_EAUTH, "the new CRL was not taken: %s", dist_errmsg(c));
+  cr_assert(strstr(dist_errmsg(c), "the certificate /CN=rank0 is revoked (tls_crl)"), "%s",
+            dist_errmsg(c));
+  cr_assert_eq(dist_info(c, 1, &info), 0, "%s", dist_errmsg(c));
+  dist_info_free(&info);
+  dist_close(c);
+  harness_stop(&h);
+  remove_certs();
+}
+
 /* The date openssl prints for a file (`openssl CMD -noout -in FILE` with
  * FIELD=... on its output), in seconds since the epoch, by date(1). */
 static long long openssl_date(const char *cmd, const char *file) {
