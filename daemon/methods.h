@@ -59,6 +59,7 @@ DISTD_HANDLER(program_release);
 /* Parameter service and checkpoints (helper h11). */
 DISTD_HANDLER(param_configure);
 DISTD_HANDLER(param_push);
+DISTD_HANDLER(param_push_batch);
 DISTD_HANDLER(param_pull);
 DISTD_HANDLER(param_list);
 /* Writes distd_param_state_bytes, distd_param_updates_total{param} and

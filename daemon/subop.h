@@ -37,6 +37,9 @@ enum distd_step {
   DISTD_STEP_PARAM_PENDING = 90,
   DISTD_STEP_PARAM_NOTE = 95,
   DISTD_STEP_PARAM_STATE = 100, /* + k * DISTD_STEP_RESHARD_SPAN */
+  /* A batch of pushes (svc_param_batch.c): push k's gradient reshard,
+   * then one vote for all of them at DISTD_STEP_VOTE. */
+  DISTD_STEP_PUSH_BATCH = 200, /* + k * DISTD_STEP_RESHARD_SPAN */
 };
 
 _Static_assert(DISTD_STEP_RESHARD_REDUCE + DIST_MAX_MESH_DIMS <= DISTD_STEP_RESHARD_LAYOUT,

@@ -11,6 +11,7 @@
 #include "param_service.h"
 #include "pbuf.h"
 #include "reshard.h"
+#include "svc_param.h"
 #include "tensor_meta.h"
 #include "vote.h"
 
@@ -113,13 +114,9 @@ static int gradient_mismatch(const distd_tensor *g, const distd_tensor *p, dist_
                    gs, gm, p->name, dist_dtype_name(p->dtype), ps, pm);
 }
 
-/* The stored gradient `grad_name`, converted to the parameter's placements
- * when it has others (Partial gradients are reduced here). Every daemon of
- * the mesh runs this with the same op id; the checks use metadata every
- * daemon has, so they all accept or all refuse. */
-static int stored_gradient(distd_server *s, const distd_call_info *ci,
-                           const Dist__V1__ParamPushRequest *rq,
-                           distd_tensor **out, dist_errbuf *eb) {
+int distd_push_stored_gradient(distd_server *s, const distd_call_info *ci,
+                               const Dist__V1__ParamPushRequest *rq, uint64_t op_id,
+                               distd_tensor **out, dist_errbuf *eb) {
   distd_tensor *g = NULL, *p = NULL;
   int rc;
   if ((rc = distd_store_get(s->store, rq->name, &p, eb)) != 0) goto out;
@@ -140,7 +137,7 @@ static int stored_gradient(distd_server *s, const distd_call_info *ci,
     goto out;
   }
   rc = distd_reshard(s, g, &g->mesh, &p->mesh, p->placements, rq->grad_name,
-                     rq->op_id, ci->deadline_ms, out, eb);
+                     op_id, ci->deadline_ms, out, eb);
 out:
   distd_tensor_unref(g);
   distd_tensor_unref(p);
@@ -166,12 +163,16 @@ static int sent_layout(distd_server *s, const Dist__V1__ParamPushRequest *rq,
   return 1;
 }
 
+void distd_push_reply_fill(const distd_push_result *res, Dist__V1__ParamPushReply *rp) {
+  rp->version = res->version;
+  rp->step = res->step;
+  rp->pending = (uint32_t)res->pending;
+  rp->applied = res->applied;
+}
+
 static void reply_push(const distd_push_result *res, grpc_byte_buffer **reply) {
   Dist__V1__ParamPushReply rp = DIST__V1__PARAM_PUSH_REPLY__INIT;
-  rp.version = res->version;
-  rp.step = res->step;
-  rp.pending = (uint32_t)res->pending;
-  rp.applied = res->applied;
+  distd_push_reply_fill(res, &rp);
   *reply = dist_pb_to_bb(&rp.base);
 }
 
@@ -191,7 +192,8 @@ DISTD_HANDLER(param_push) {
   int vote = sent && rq->op_id && mesh.nranks > 1, rc = 0;
   const void *grad = rq->data.data;
   distd_tensor *g = NULL;
-  if (rq->grad_name[0] && (rc = stored_gradient(s, ci, rq, &g, eb)) == 0) {
+  if (rq->grad_name[0] &&
+      (rc = distd_push_stored_gradient(s, ci, rq, rq->op_id, &g, eb)) == 0) {
     grad = g->data;
     spec.nbytes = g->nbytes;
     spec.mesh = &g->mesh; /* converted for the parameter's layout of then */

@@ -64,6 +64,12 @@ void dist_calls_free(dist_call *calls, int n);
  * when out of memory; free it with dist_calls_release. */
 int dist_call_all(dist_client *c, const char *method, const ProtobufCMessageDescriptor *reply_desc,
                   const ProtobufCMessage *request, const int *targets, int n, dist_call **calls);
+/* Pushes the stored gradients grads[k] to params[k] under op_id, as one
+ * step applied by every daemon of their meshes or by none
+ * (dist_param_push_tensors). */
+int dist_param_push_batch(dist_client *c, uint64_t op_id, int n,
+                          const dist_tensor *const *params, const char *const *grads,
+                          int trainer);
 /* dist_calls_free, then the array (NULL is a no-op). */
 void dist_calls_release(dist_call *calls, int n);
 /* One call to one daemon. */

@@ -325,10 +325,20 @@ static int configure_one(dist_client *c, layer_param *p, void *arg) {
   return dist_param_configure(c, p->tensor->name, arg);
 }
 
-static int push_one(dist_client *c, layer_param *p, void *arg) {
+/* The parameters a step pushes to, and their gradients' names. */
+typedef struct {
+  const dist_tensor **params;
+  const char **grads;
+  int n;
+} step_list;
+
+static int list_one(dist_client *c, layer_param *p, void *arg) {
+  (void)c;
+  step_list *s = arg;
   if (!p->grad) return 0; /* no gradient reached it */
-  return dist_param_push_tensor(c, p->tensor->name, *(int *)arg, p->grad->name,
-                                NULL);
+  s->params[s->n] = p->tensor;
+  s->grads[s->n++] = p->grad->name;
+  return 0;
 }
 
 static int require_sharded(dist_client *c, const dist_layer *l) {
@@ -345,11 +355,27 @@ int dist_layer_configure_optimizer(dist_client *c, dist_layer *l,
   return each_param_of(c, l, configure_one, (void *)opts, "were configured");
 }
 
+/* One step for every parameter with a gradient, applied by all of their
+ * daemons or by none (dist_param_push_tensors). */
 int dist_layer_step(dist_client *c, dist_layer *l, int trainer) {
   if (!c) return dist_no_client(__func__);
+  uint64_t op_id = dist_next_op_id(c); /* by every SPMD trainer, first */
   if (DIST_NEED(c, l)) return c->err.code;
   if (require_sharded(c, l)) return c->err.code;
-  return each_param_of(c, l, push_one, &trainer, "were stepped (or had no gradient)");
+  if (trainer < 0)
+    return dist_client_fail(c, DIST_EINVAL, "%s: trainer %d is negative", __func__, trainer);
+  int total = 0;
+  each_param(c, l, count_one, NULL, &total);
+  step_list s = {calloc((size_t)total + 1, sizeof *s.params),
+                 calloc((size_t)total + 1, sizeof *s.grads), 0};
+  int rc = s.params && s.grads ? 0 : dist_client_fail(c, DIST_ENOMEM, "out of memory");
+  int listed = 0;
+  if (rc == 0) each_param(c, l, list_one, &s, &listed);
+  if (rc == 0) rc = dist_param_push_batch(c, op_id, s.n, s.params, s.grads, trainer);
+  if (rc != 0) dist_errbuf_prefix(&c->err, "layer '%s': step refused: ", l->name);
+  free(s.params);
+  free(s.grads);
+  return rc;
 }
 
 int dist_layer_push_grad(dist_client *c, dist_layer *l, const char *path,

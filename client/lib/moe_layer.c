@@ -603,11 +603,44 @@ static int configure_one(dist_client *c, const char *name, const void *arg) {
   return dist_param_configure(c, name, arg);
 }
 
-static int push_one(dist_client *c, const char *name, const void *arg) {
-  char grad[300];
-  (void)arg;
-  snprintf(grad, sizeof grad, "%s.grad", name);
-  return dist_param_push_tensor(c, name, 0, grad, NULL);
+/* The names of a step's parameters and of their gradients
+ * ("<param>.grad"). */
+typedef struct {
+  char (*names)[256], (*grads)[300];
+  int n, cap;
+} step_names;
+
+static int list_one(dist_client *c, const char *name, const void *arg) {
+  step_names *s = (step_names *)arg;
+  if (s->n == s->cap)
+    return dist_client_fail(c, DIST_EPROTO, "more expert parameters than counted");
+  snprintf(s->names[s->n], sizeof s->names[s->n], "%s", name);
+  snprintf(s->grads[s->n], sizeof s->grads[s->n], "%s.grad", name);
+  s->n++;
+  return 0;
+}
+
+static int count_one(dist_client *c, const char *name, const void *arg) {
+  (void)c, (void)name;
+  ++*(int *)arg;
+  return 0;
+}
+
+/* Every expert parameter this client drives, as one step
+ * (dist_param_push_tensors): applied by all their daemons or by none. */
+static int push_all(dist_client *c, dist_moe_layer *l) {
+  step_names s = {0};
+  each_param(c, l, count_one, &s.cap);
+  s.names = calloc((size_t)s.cap + 1, sizeof *s.names);
+  s.grads = calloc((size_t)s.cap + 1, sizeof *s.grads);
+  const char **names = calloc((size_t)s.cap + 1, sizeof *names);
+  const char **grads = calloc((size_t)s.cap + 1, sizeof *grads);
+  int rc = s.names && s.grads && names && grads ? each_param(c, l, list_one, &s)
+                                                 : dist_client_fail(c, DIST_ENOMEM, "out of memory");
+  for (int k = 0; rc == 0 && k < s.n; k++) names[k] = s.names[k], grads[k] = s.grads[k];
+  if (rc == 0) rc = dist_param_push_tensors(c, s.n, names, grads, 0);
+  free(names), free(grads), free(s.names), free(s.grads);
+  return rc;
 }
 
 int dist_moe_layer_configure_optimizer(dist_client *c, dist_moe_layer *l,
@@ -623,7 +656,7 @@ int dist_moe_layer_configure_optimizer(dist_client *c, dist_moe_layer *l,
 int dist_moe_layer_step(dist_client *c, dist_moe_layer *l) {
   if (!c) return dist_no_client(__func__);
   if (DIST_NEED(c, l)) return c->err.code;
-  int rc = each_param(c, l, push_one, NULL);
+  int rc = push_all(c, l);
   if (rc == 0) l->have_grads = 0;
   return rc;
 }

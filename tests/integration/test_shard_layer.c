@@ -874,3 +874,59 @@ Test(shard_layer, a_configure_refused_part_way_says_how_many_parameters_it_confi
   dist_close(c);
   harness_stop(&h);
 }
+
+/* A layer's step is one batch: every parameter's push is applied, or none.
+ * Here the bias is configured for one trainer and the weight for two, so
+ * a step as trainer 1 is refused for the bias; pushed one at a time, the
+ * weight was updated before that refusal (asynchronous: at once), and the
+ * step made again as trainer 0 updated it twice. */
+Test(shard_layer, a_step_refused_for_one_parameter_changes_none, .timeout = 120) {
+  float x[8], dy[6];
+  int64_t xs[2] = {2, 4}, ys[2] = {2, 3};
+  dist_placement rep = DIST_REPLICATED;
+  dist_layer *l = linear(4, 3, 1, 5);
+  dist_mesh *m = line_mesh(2);
+  fill(x, 8, 3);
+  fill(dy, 6, 7);
+  harness h;
+  harness_start(&h, 2, NULL);
+  dist_client *c = harness_client(&h);
+  cr_assert_eq(dist_shard_layer(c, l, m, NULL, NULL, NULL, NULL), 0, "%s", dist_errmsg(c));
+  dist_tensor *in = put(c, "x", x, 2, xs, m, &rep), *out = NULL;
+  dist_tensor *gy = put(c, "dy", dy, 2, ys, m, &rep);
+  cr_assert_eq(dist_layer_forward(c, l, &in, 1, &out, 1), 1, "%s", dist_errmsg(c));
+  cr_assert_eq(dist_layer_backward(c, l, &gy, NULL), 0, "%s", dist_errmsg(c));
+  dist_param_opts o = DIST_PARAM_OPTS_INIT;
+  o.lr = 0.5;
+  o.consistency = DIST_PARAM_ASYNC;
+  o.trainers = 2;
+  cr_assert_eq(dist_param_configure(c, "linear.weight", &o), 0, "%s", dist_errmsg(c));
+  o.trainers = 1;
+  cr_assert_eq(dist_param_configure(c, "linear.bias", &o), 0, "%s", dist_errmsg(c));
+  float *w0 = read_param(c, l, "weight", 0, 12), *b0 = read_param(c, l, "bias", 0, 3);
+  float *dw = read_param(c, l, "weight", 1, 12), *db = read_param(c, l, "bias", 1, 3);
+
+  cr_assert_neq(dist_layer_step(c, l, 1), 0, "a step as trainer 1 of the bias's 1 went through");
+  cr_assert(strstr(dist_errmsg(c), "linear.bias") && strstr(dist_errmsg(c), "step refused"),
+            "%s", dist_errmsg(c));
+  float *w1 = read_param(c, l, "weight", 0, 12), *b1 = read_param(c, l, "bias", 0, 3);
+  cr_assert_eq(memcmp(w0, w1, sizeof(float) * 12), 0, "the weight moved in a refused step");
+  cr_assert_eq(memcmp(b0, b1, sizeof(float) * 3), 0, "the bias moved in a refused step");
+
+  cr_assert_eq(dist_layer_step(c, l, 0), 0, "%s", dist_errmsg(c));
+  double want_w[12], want_b[3];
+  for (int i = 0; i < 12; i++) want_w[i] = w0[i] - 0.5 * dw[i];
+  for (int i = 0; i < 3; i++) want_b[i] = b0[i] - 0.5 * db[i];
+  free(w1), free(b1);
+  w1 = read_param(c, l, "weight", 0, 12), b1 = read_param(c, l, "bias", 0, 3);
+  assert_all_close(w1, want_w, 12, 1e-6, "weight after one step");
+  assert_all_close(b1, want_b, 3, 1e-6, "bias after one step");
+  free(w0), free(b0), free(dw), free(db), free(w1), free(b1);
+  dist_tensor_free(out);
+  dist_tensor_free(gy);
+  dist_tensor_free(in);
+  cr_assert_eq(dist_layer_destroy(c, l), 0, "%s", dist_errmsg(c));
+  dist_mesh_free(m);
+  dist_close(c);
+  harness_stop(&h);
+}

@@ -441,7 +441,9 @@ struct dist_param_opts; /* the parameter service section, below */
 int dist_moe_layer_configure_optimizer(dist_client *c, dist_moe_layer *l,
                                        const struct dist_param_opts *opts);
 /* One optimizer step: pushes each expert's "<param>.grad" to its parameter
- * (dist_param_push_tensor), then zero_grad. SPMD trainers all call it. */
+ * as one step (dist_param_push_tensors: all applied or none), then
+ * zero_grad. SPMD trainers all call it; each pushes its own rank's
+ * experts, so the step is all-or-none on each daemon. */
 int dist_moe_layer_step(dist_client *c, dist_moe_layer *l);
 /* Drops what the daemons keep for the pending backward. */
 int dist_moe_layer_release(dist_client *c, dist_moe_layer *l);
@@ -886,6 +888,14 @@ int dist_param_push_local(dist_client *c, const char *name, int trainer,
  * Applied by every daemon of the mesh or by none, as dist_param_push. */
 int dist_param_push_tensor(dist_client *c, const char *name, int trainer,
                            const char *grad_name, uint64_t *version);
+/* dist_param_push_tensor for n parameters as one step: grad_names[k] to
+ * names[k]. Every daemon of their meshes applies every push, or none
+ * applies any (one refused, as by a trainer index out of range, a daemon's
+ * memory limit or a reshard meanwhile): a step refused for one parameter
+ * changes none, and can be made again. SPMD trainers each call it with
+ * the same lists. */
+int dist_param_push_tensors(dist_client *c, int n, const char *const *names,
+                            const char *const *grad_names, int trainer);
 /* The parameter's whole value once every daemon of its mesh holds version
  * >= min_version (0: now), waiting within the client's deadline. *data is
  * malloc'd (free()); *version (may be NULL) the lowest version seen. */
@@ -1137,11 +1147,13 @@ const dist_tensor *dist_layer_param_tensor(const dist_layer *l, const char *path
 const dist_tensor *dist_layer_grad_tensor(const dist_layer *l, const char *path);
 
 /* The parameter service for every parameter of a sharded root (buffers are
- * not trained): configure each with opts, push each stored gradient
- * (dist_param_push_tensor as `trainer`), or push a whole gradient of one
- * parameter from the client (the size must match its shape). Each
- * parameter is configured or pushed on its own: one refused (a daemon's
- * memory limit) leaves those before it done, and the error says how many. */
+ * not trained): configure each with opts, push every stored gradient as
+ * one step (dist_param_push_tensors as `trainer`: applied to every
+ * parameter or to none), or push a whole gradient of one parameter from
+ * the client (the size must match its shape). Each parameter is
+ * configured on its own: one refused (a daemon's memory limit) leaves
+ * those before it configured, and the error says how many; configuring
+ * again is safe. */
 int dist_layer_configure_optimizer(dist_client *c, dist_layer *l,
                                    const dist_param_opts *opts);
 int dist_layer_step(dist_client *c, dist_layer *l, int trainer);

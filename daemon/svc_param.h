@@ -1,0 +1,21 @@
+/* What the Param service's handlers share (svc_param.c, svc_param_batch.c):
+ * a push's stored gradient and its reply. */
+#ifndef DISTD_SVC_PARAM_H
+#define DISTD_SVC_PARAM_H
+
+#include "param.pb-c.h"
+#include "param_service.h"
+#include "rpc.h"
+#include "server.h"
+
+/* The stored gradient rq->grad_name, converted to the parameter's
+ * placements when it has others (Partial gradients are reduced here) under
+ * op id op_id. Every daemon of the parameter's mesh runs this with the same
+ * op id; the checks use metadata every daemon has, so they all accept or
+ * all refuse. *out is a new reference. */
+int distd_push_stored_gradient(distd_server *s, const distd_call_info *ci,
+                               const Dist__V1__ParamPushRequest *rq, uint64_t op_id,
+                               distd_tensor **out, dist_errbuf *eb);
+void distd_push_reply_fill(const distd_push_result *res, Dist__V1__ParamPushReply *rp);
+
+#endif
