@@ -219,15 +219,25 @@ static uint64_t derived_op_id(uint64_t op_id, uint64_t k) {
   return z ^ (z >> 31);
 }
 
+/* A member that refuses the op aborts it under the op id itself
+ * (op_refuse.h), but the steps below run under derived ids, which that
+ * abort does not reach. So the run's first exchange is under the op id, as
+ * a single run's is: a barrier, unless prepare exchanged under it already.
+ * Checked once per run, not per step or per frame; untimed. */
+static int barrier_under_op_id(const distd_coll *c, const op *o, dist_errbuf *eb) {
+  return o->exchanged ? 0 : distd_barrier(c, eb);
+}
+
 /* warmup + repeat execs, each after a barrier; times[] gets the timed ones. */
 static int repeat_exec(const distd_coll *c, const kind_ops *k, op *o, double *times,
                        dist_errbuf *eb) {
   uint32_t total = o->rq->warmup + o->rq->repeat;
+  int rc = barrier_under_op_id(c, o, eb);
+  if (rc) return rc;
   for (uint32_t i = 0; i < total; i++) {
     distd_coll step = *c;
     step.op_id = derived_op_id(c->op_id, 2 * (uint64_t)i);
-    int rc = distd_barrier(&step, eb);
-    if (rc) return rc;
+    if ((rc = distd_barrier(&step, eb))) return rc;
     step.op_id = derived_op_id(c->op_id, 2 * (uint64_t)i + 1);
     double t0 = distd_now_s();
     if ((rc = k->exec(&step, o, eb))) return rc;
@@ -346,8 +356,12 @@ DISTD_HANDLER(collective) {
     return collective_refused(s, rq, eb);
   }
   if (is_point_to_point(rq)) {
-    if (rq->repeat) rc = dist_fail(eb, DIST_EINVAL, "send/recv have no benchmark mode");
-    else rc = point_to_point(s, ci, &o, eb);
+    if (rq->repeat) {
+      dist_fail(eb, DIST_EINVAL, "send/recv have no benchmark mode");
+      rc = collective_refused(s, rq, eb); /* its peer would wait for it */
+    } else {
+      rc = point_to_point(s, ci, &o, eb);
+    }
   } else {
     rc = group_run(s, ci, &o, times, eb);
   }

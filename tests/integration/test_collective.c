@@ -191,6 +191,7 @@ enum { P2P_BYTES = 16 };
  * request to its own daemon, after delay_ms. */
 typedef struct p2p_side {
   int rank, send, delay_ms;
+  uint32_t repeat; /* benchmark mode, which send/recv do not have */
   uint64_t op_id;
   dist_dtype dt;
   int rc;
@@ -201,28 +202,47 @@ typedef struct p2p_side {
 
 static const uint8_t p2p_payload[P2P_BYTES] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
 
+/* What a raw Collective request (libdist sends no point-to-point or
+ * benchmark-mode ones) of rank's trainer to its own daemon came to. */
+typedef struct raw_result {
+  int rc;
+  double seconds;
+  char msg[600];
+  Dist__V1__CollectiveReply *reply; /* NULL unless rc is 0; the caller frees it */
+} raw_result;
+
+static void raw_collective(int rank, const Dist__V1__CollectiveRequest *rq, raw_result *out) {
+  dist_client *c = harness_client_rank(&cluster, rank, 10000);
+  ProtobufCMessage *rp = NULL;
+  double t0 = harness_now_s();
+  out->rc = dist_call_one(c, 0, "/dist.v1.Dist/Collective", &rq->base,
+                          &dist__v1__collective_reply__descriptor, &rp);
+  out->seconds = harness_now_s() - t0;
+  out->reply = (Dist__V1__CollectiveReply *)rp;
+  snprintf(out->msg, sizeof out->msg, "%s", dist_errmsg(c));
+  dist_close(c);
+}
+
 static void *p2p_main(void *arg) {
   p2p_side *sd = arg;
   harness_sleep_ms(sd->delay_ms);
-  dist_client *c = harness_client_rank(&cluster, sd->rank, 10000);
   Dist__V1__CollectiveRequest rq = DIST__V1__COLLECTIVE_REQUEST__INIT;
   rq.kind = sd->send ? DIST__V1__COLLECTIVE_REQUEST__KIND__SEND
                      : DIST__V1__COLLECTIVE_REQUEST__KIND__RECV;
   rq.op_id = sd->op_id;
   rq.root = (uint32_t)(1 - sd->rank);
+  rq.repeat = sd->repeat;
   rq.dtype = (Dist__V1__DType)sd->dt; /* the wire numbers dtypes as dist_dtype */
   if (sd->send) rq.data = (ProtobufCBinaryData){P2P_BYTES, (uint8_t *)p2p_payload};
   else rq.count = P2P_BYTES / dist_dtype_size(sd->dt);
-  ProtobufCMessage *rp = NULL;
-  double t0 = harness_now_s();
-  sd->rc = dist_call_one(c, 0, "/dist.v1.Dist/Collective", &rq.base,
-                         &dist__v1__collective_reply__descriptor, &rp);
-  sd->seconds = harness_now_s() - t0;
-  const ProtobufCBinaryData *data = rp ? &((Dist__V1__CollectiveReply *)rp)->data : NULL;
+  raw_result res;
+  raw_collective(sd->rank, &rq, &res);
+  sd->rc = res.rc;
+  sd->seconds = res.seconds;
+  const ProtobufCBinaryData *data = res.reply ? &res.reply->data : NULL;
   if (sd->rc == 0 && data && data->len == P2P_BYTES) memcpy(sd->got, data->data, P2P_BYTES);
-  snprintf(sd->msg, sizeof sd->msg, "%s", dist_errmsg(c));
-  if (rp) protobuf_c_message_free_unpacked(rp, NULL);
-  dist_close(c);
+  snprintf(sd->msg, sizeof sd->msg, "%s", res.msg);
+  if (res.reply) protobuf_c_message_free_unpacked(&res.reply->base, NULL);
   return NULL;
 }
 
@@ -337,6 +357,89 @@ Test(refused, before_its_part_fails_the_others_at_once, .timeout = 240, .fini = 
     expect_refusal_told(&refusals[i]);
     expect_served();
   }
+}
+
+/* ---- benchmark mode (repeat > 0), as bench/coll_bench.c asks for it ---- */
+
+enum { BENCH_REPEAT = 3 };
+
+typedef struct bench_side {
+  int rank;
+  uint64_t op_id;
+  uint32_t reduce;
+  raw_result res;
+} bench_side;
+
+static void *bench_main(void *arg) {
+  bench_side *b = arg;
+  static const int32_t four[4] = {1, 2, 3, 4};
+  Dist__V1__CollectiveRequest rq = DIST__V1__COLLECTIVE_REQUEST__INIT;
+  rq.kind = DIST__V1__COLLECTIVE_REQUEST__KIND__ALL_REDUCE;
+  rq.op_id = b->op_id;
+  rq.dtype = (Dist__V1__DType)DIST_INT32;
+  rq.reduce = b->reduce;
+  rq.data = (ProtobufCBinaryData){sizeof four, (uint8_t *)four};
+  rq.warmup = 1;
+  rq.repeat = BENCH_REPEAT;
+  raw_collective(b->rank, &rq, &b->res);
+  cr_log_info("bench rank %d: %s: %s", b->rank, dist_err_name(b->res.rc), b->res.msg);
+  return NULL;
+}
+
+/* A benchmark-mode all-reduce of ranks 0 and 1 under op_id, rank 0 asking
+ * for reduce op reduce0. */
+static void run_bench(uint64_t op_id, uint32_t reduce0, bench_side b[2]) {
+  pthread_t th[2];
+  for (int r = 0; r < 2; r++) {
+    b[r] = (bench_side){.rank = r, .op_id = op_id,
+                        .reduce = r == 0 ? reduce0 : (uint32_t)DIST_REDUCE_SUM};
+    pthread_create(&th[r], NULL, bench_main, &b[r]);
+  }
+  for (int r = 0; r < 2; r++) pthread_join(th[r], NULL);
+}
+
+/* Rank 0's daemon refuses its part of a benchmark run (reduce op 99): rank
+ * 1 must fail at once, told so under the request's op id. Before, rank 1
+ * ran its steps under derived ids, which the refusal did not reach, and
+ * waited for rank 0 until the peer timeout (5 s). The next benchmark run of
+ * both is served, with a time per repeat. */
+Test(refused, a_benchmark_run_fails_the_others_at_once, .timeout = 120, .fini = stop_cluster) {
+  harness_start(&cluster, 2, NULL);
+  bench_side b[2];
+  run_bench(0x7200, 99, b);
+  char told[200];
+  snprintf(told, sizeof told, "rank 0 aborted op %llu: its daemon refused it: invalid reduce op 99",
+           0x7200ull);
+  cr_expect(b[0].res.rc != 0 && strstr(b[0].res.msg, "invalid reduce op 99"), "rank 0: %s",
+            b[0].res.msg);
+  cr_expect(b[1].res.rc != 0 && strstr(b[1].res.msg, told), "rank 1 is not told '%s': %s", told,
+            b[1].res.msg);
+  cr_expect_lt(b[1].res.seconds, 2.0, "rank 1 waited %.1f s: %s", b[1].res.seconds, b[1].res.msg);
+  run_bench(0x7201, DIST_REDUCE_SUM, b);
+  for (int r = 0; r < 2; r++) {
+    cr_expect_eq(b[r].res.rc, 0, "then, rank %d: %s", r, b[r].res.msg);
+    cr_expect(b[r].res.reply && b[r].res.reply->n_op_seconds == BENCH_REPEAT,
+              "then, rank %d has no time per repeat", r);
+    if (b[r].res.reply) protobuf_c_message_free_unpacked(&b[r].res.reply->base, NULL);
+  }
+}
+
+/* A send asking for benchmark mode, which send/recv do not have, is
+ * refused by its daemon: the receiver must fail at once, told why, not
+ * after the peer timeout (5 s). */
+Test(refused, a_send_in_benchmark_mode_fails_its_receiver_at_once, .timeout = 120,
+     .fini = stop_cluster) {
+  harness_start(&cluster, 2, NULL);
+  p2p_side sd[2] = {{.rank = 0, .send = 1, .op_id = 0x7300, .dt = DIST_FLOAT32, .repeat = 2},
+                    {.rank = 1, .send = 0, .op_id = 0x7300, .dt = DIST_FLOAT32}};
+  pthread_t th[2];
+  for (int r = 0; r < 2; r++) pthread_create(&th[r], NULL, p2p_main, &sd[r]);
+  for (int r = 0; r < 2; r++) pthread_join(th[r], NULL);
+  const char *why = "send/recv have no benchmark mode";
+  cr_expect(sd[0].rc == DIST_EINVAL && strstr(sd[0].msg, why), "sender: %s", sd[0].msg);
+  cr_expect(sd[1].rc != 0 && strstr(sd[1].msg, "rank 0 aborted op") && strstr(sd[1].msg, why),
+            "the receiver is not told of the refusal: %s", sd[1].msg);
+  cr_expect_lt(sd[1].seconds, 2.0, "the receiver waited %.1f s: %s", sd[1].seconds, sd[1].msg);
 }
 
 /* ------------------------------------------------ trainers outside the op */
