@@ -528,3 +528,80 @@ Test(outside, a_trainer_outside_the_mesh_or_group_stays_in_step, .timeout = 120,
     dist_close(tr[r].c);
   }
 }
+
+/* One of three SPMD trainers reading tensor w in full and pushing g to
+ * parameter w, both on mesh [0, 1], then all-reducing with the others. */
+typedef struct mesh_user {
+  dist_client *c;
+  const dist_tensor *w; /* a handle opened by a client of the whole cluster */
+  int rank;
+  int full_rc, push_rc, reduce_rc;
+  float full[4];
+  int32_t sum;
+  double reduce_seconds;
+  char msg[600];
+} mesh_user;
+
+static void *mesh_user_main(void *arg) {
+  mesh_user *t = arg;
+  outside_trainer log = {.c = t->c}; /* note() writes its msg */
+  void *data = NULL;
+  size_t nbytes = 0;
+  t->full_rc = dist_full_tensor(t->c, t->w, &data, &nbytes);
+  note(&log, "full_tensor", t->full_rc);
+  if (t->full_rc == 0 && nbytes == sizeof t->full) memcpy(t->full, data, nbytes);
+  free(data);
+  uint64_t version = 0;
+  t->push_rc = dist_param_push_tensor(t->c, "w", 0, "g", &version);
+  note(&log, "push", t->push_rc);
+  t->sum = t->rank + 1;
+  double t0 = harness_now_s();
+  t->reduce_rc = dist_all_reduce(t->c, &t->sum, 1, DIST_INT32, DIST_REDUCE_SUM, NULL, 0);
+  t->reduce_seconds = harness_now_s() - t0;
+  note(&log, "all_reduce", t->reduce_rc);
+  snprintf(t->msg, sizeof t->msg, "%s", log.msg);
+  return NULL;
+}
+
+/* Rank 2 is outside w's mesh: its full_tensor and push fail, but each
+ * takes its op id as the others' do, so the all-reduce of all three that
+ * follows meets. Without the op ids taken, rank 2's all-reduce ran under
+ * the id of the others' full_tensor: all three failed. */
+Test(outside, a_full_tensor_or_push_outside_the_mesh_stays_in_step, .timeout = 120,
+     .fini = stop_cluster) {
+  harness_start(&cluster, 3, NULL);
+  dist_client *c = harness_client(&cluster);
+  static const float w0[4] = {1, 2, 3, 4}, g0[4] = {1, 1, 1, 1};
+  int64_t n4 = 4;
+  dist_tensor *w = harness_put(c, "w", DIST_FLOAT32, w0, 1, &n4, "[0,1]", "Replicate()");
+  dist_tensor_free(harness_put(c, "g", DIST_FLOAT32, g0, 1, &n4, "[0,1]", "Replicate()"));
+  dist_param_opts o = DIST_PARAM_OPTS_INIT;
+  cr_assert_eq(dist_param_configure(c, "w", &o), 0, "%s", dist_errmsg(c));
+  mesh_user tr[3];
+  pthread_t th[3];
+  for (int r = 0; r < 3; r++) {
+    tr[r] = (mesh_user){.c = harness_spmd_client(&cluster, r, "outside-mesh"), .w = w, .rank = r};
+    pthread_create(&th[r], NULL, mesh_user_main, &tr[r]);
+  }
+  for (int r = 0; r < 3; r++) pthread_join(th[r], NULL);
+  for (int r = 0; r < 3; r++) {
+    cr_log_info("rank %d: %s", r, tr[r].msg);
+    if (r < 2) {
+      cr_expect_eq(tr[r].full_rc, 0, "rank %d: %s", r, tr[r].msg);
+      cr_expect_eq(memcmp(tr[r].full, w0, sizeof w0), 0, "rank %d read another w", r);
+      cr_expect_eq(tr[r].push_rc, 0, "rank %d: %s", r, tr[r].msg);
+    } else {
+      cr_expect_eq(tr[r].full_rc, DIST_EINVAL, "rank 2: %s", tr[r].msg);
+      cr_expect(strstr(tr[r].msg, "rank 2 is not in the mesh of 'w'"), "rank 2: %s", tr[r].msg);
+      /* Its daemon, the only one it asks, does not hold w. */
+      cr_expect_eq(tr[r].push_rc, DIST_ENOTFOUND, "rank 2: %s", tr[r].msg);
+    }
+    cr_expect_eq(tr[r].reduce_rc, 0, "rank %d: %s", r, tr[r].msg);
+    cr_expect_eq(tr[r].sum, 6, "rank %d: 1 + 2 + 3 is %d", r, (int)tr[r].sum);
+    cr_expect_lt(tr[r].reduce_seconds, 2.0, "rank %d's all-reduce took %.1f s", r,
+                 tr[r].reduce_seconds);
+    dist_close(tr[r].c);
+  }
+  dist_tensor_free(w);
+  dist_close(c);
+}
