@@ -11,6 +11,7 @@
 
 #include "client_internal.h"
 #include "harness.h"
+#include "program.pb-c.h" /* raw Invoke requests */
 
 static harness cluster;
 
@@ -275,17 +276,26 @@ Test(local_layer_store, an_output_one_daemon_cannot_afford_keeps_the_old_value_e
   dist_close(c);
 }
 
+/* Two daemons holding "x", and the sharded doubler registered on both
+ * (*p) through the single client returned. */
+static dist_client *start_with_sharded_doubler(dist_program **p) {
+  harness_start(&cluster, 2, NULL);
+  dist_client *c = harness_client(&cluster);
+  int64_t n4 = 4;
+  dist_tensor_free(harness_put(c, "x", DIST_FLOAT64, x0, 1, &n4, "[0,1]", "Replicate()"));
+  *p = doubler(1);
+  cr_assert_eq(dist_program_register(c, *p), 0, "%s", dist_errmsg(c));
+  return c;
+}
+
 /* A daemon restarted since the program was registered does not know it.
  * With a sharded output, rank 0 used to wait for rank 1's local shape
  * until the client's deadline (30 s); now rank 1 ends that exchange and
  * votes no, and rank 0 fails at once, naming why. */
 Test(local_layer_store, a_daemon_that_lost_the_program_fails_the_others_at_once) {
-  harness_start(&cluster, 2, NULL);
-  dist_client *c = harness_client(&cluster);
+  dist_program *p = NULL;
+  dist_client *c = start_with_sharded_doubler(&p);
   int64_t n4 = 4;
-  dist_tensor_free(harness_put(c, "x", DIST_FLOAT64, x0, 1, &n4, "[0,1]", "Replicate()"));
-  dist_program *p = doubler(1);
-  cr_assert_eq(dist_program_register(c, p), 0, "%s", dist_errmsg(c));
   cr_assert_eq(call(c, p, "y", 0), 0, "%s", dist_errmsg(c));
   harness_kill(&cluster, 1, SIGKILL);
   harness_start_rank(&cluster, 1, NULL);
@@ -601,5 +611,78 @@ Test(local_layer_store, a_put_of_a_gradient_name_while_the_backward_votes_is_ref
   dist_invocation_free(inv);
   dist_program_free(p);
   for (int r = 0; r < 2; r++) dist_close(tr[r].c);
+  dist_close(c);
+}
+
+/* One daemon's part of a LocalLayer call as a raw Invoke request, for
+ * ranks libdist would never send. */
+typedef struct raw_invoke {
+  int rank;
+  uint64_t op_id;
+  uint32_t ranks[2]; /* the daemons the request says store the outputs */
+  int rc;
+  double took;
+  char msg[512];
+} raw_invoke;
+
+static void *raw_invoke_main(void *arg) {
+  raw_invoke *ri = arg;
+  dist_client *c = harness_client_rank(&cluster, ri->rank, 10000);
+  Dist__V1__ProgramArg x = DIST__V1__PROGRAM_ARG__INIT, *args[1] = {&x};
+  x.tensor = "x";
+  char *out_names[1] = {"y"};
+  Dist__V1__ProgramInvokeRequest rq = DIST__V1__PROGRAM_INVOKE_REQUEST__INIT;
+  rq.handle = 1; /* a fresh daemon numbers the programs it registers from 1 */
+  rq.op_id = ri->op_id;
+  rq.n_args = 1, rq.args = args;
+  rq.n_out_names = 1, rq.out_names = out_names;
+  rq.no_grad = 1, rq.replace = 1;
+  rq.n_ranks = 2, rq.ranks = ri->ranks;
+  ProtobufCMessage *rp = NULL;
+  double t0 = harness_now_s();
+  ri->rc = dist_call_one(c, 0, "/dist.v1.LocalLayer/Invoke", &rq.base,
+                         &dist__v1__program_invoke_reply__descriptor, &rp);
+  ri->took = harness_now_s() - t0;
+  snprintf(ri->msg, sizeof ri->msg, "%s", dist_errmsg(c));
+  if (rp) protobuf_c_message_free_unpacked(rp, NULL);
+  dist_close(c);
+  return NULL;
+}
+
+/* Both daemons' parts of one call under op_id; rank 0's request names the
+ * ranks rank0_ranks, rank 1's the right ones, [0, 1]. */
+static void run_raw_invokes(uint64_t op_id, const uint32_t rank0_ranks[2], raw_invoke ri[2]) {
+  pthread_t th[2];
+  for (int r = 0; r < 2; r++) {
+    ri[r] = (raw_invoke){.rank = r, .op_id = op_id, .ranks = {0, 1}};
+    if (r == 0) memcpy(ri[r].ranks, rank0_ranks, sizeof ri[r].ranks);
+    pthread_create(&th[r], NULL, raw_invoke_main, &ri[r]);
+  }
+  for (int r = 0; r < 2; r++) pthread_join(th[r], NULL);
+}
+
+/* Rank 0's daemon is asked to store the output with ranks [1, 0], not
+ * the output mesh's order, and refuses before its part: rank 1, waiting
+ * for rank 0's local shape of the sharded output, must fail at once,
+ * naming rank 0 and why, not after the peer timeout (5 s). The same call
+ * with the right ranks then goes through on both (which also shows
+ * handle 1 is the program's). */
+Test(local_layer_store, ranks_that_do_not_fit_the_program_fail_the_others_at_once) {
+  dist_program *p = NULL;
+  dist_client *c = start_with_sharded_doubler(&p);
+  static const uint32_t reversed[2] = {1, 0}, in_order[2] = {0, 1};
+  raw_invoke ri[2];
+  run_raw_invokes(0x8100, reversed, ri);
+  const char *why = "ranks: the request names 2 daemons to store the outputs";
+  cr_expect(ri[0].rc == DIST_EINVAL && strstr(ri[0].msg, why), "rank 0: %s", ri[0].msg);
+  cr_expect(ri[1].rc != 0 && strstr(ri[1].msg, "rank 0 aborted op") &&
+                strstr(ri[1].msg, "its daemon refused it") && strstr(ri[1].msg, why),
+            "rank 1 is not told of rank 0's refusal: %s", ri[1].msg);
+  cr_expect_lt(ri[1].took, 2.0, "rank 1 waited %.1f s: %s", ri[1].took, ri[1].msg);
+  for (int r = 0; r < 2; r++)
+    cr_expect_eq(held_on(c, r, "y", 0, NULL, 0), DIST_ENOTFOUND, "rank %d stored 'y'", r);
+  run_raw_invokes(0x8200, in_order, ri);
+  for (int r = 0; r < 2; r++) cr_expect_eq(ri[r].rc, 0, "then, rank %d: %s", r, ri[r].msg);
+  dist_program_free(p);
   dist_close(c);
 }
