@@ -467,6 +467,11 @@ typedef struct creator {
   dist_client *c;
   int top_k;      /* 0: the default */
   int64_t tokens; /* spmd_forward's; -1: libdist refuses the forward */
+  /* spmd_forward's: a parameter it deletes on its own daemon before the
+   * forward (whose experts that daemon then refuses to run), and how the
+   * delete went. */
+  const char *lose;
+  int lose_rc;
   int rc;
   char msg[512];
   double took;
@@ -561,6 +566,7 @@ static void *spmd_forward(void *arg) {
   const void *xs[1] = {x};
   void *ys[1] = {NULL};
   int rc = dist_moe_layer_create(cr->c, "moe", &o, &l);
+  if (rc == 0 && cr->lose) cr->lose_rc = dist_tensor_delete(cr->c, cr->lose);
   double t0 = harness_now_s();
   if (rc == 0) dist_moe_layer_forward(cr->c, l, xs, &cr->tokens, gate, ys);
   cr->took = harness_now_s() - t0;
@@ -572,6 +578,25 @@ static void *spmd_forward(void *arg) {
   return NULL;
 }
 
+/* Runs spmd_forward on both trainers, whose pass trainer 0 refuses
+ * (`why` says why): trainer 1 must fail at once, told of rank 0's
+ * refusal, and the all-reduce of both after the pass must meet. */
+static void expect_forward_refused_by_trainer_0(creator cr[2], const char *why) {
+  cr[0].c->timeout_ms = 30000; /* its all-reduce waits for trainer 1's forward */
+  cr[1].c->timeout_ms = 10000;
+  pthread_t th[2];
+  for (int r = 0; r < 2; r++) cr_assert_eq(pthread_create(&th[r], NULL, spmd_forward, &cr[r]), 0);
+  for (int r = 0; r < 2; r++) pthread_join(th[r], NULL);
+  cr_expect(strstr(cr[0].msg, why), "trainer 0: %s", cr[0].msg);
+  cr_expect_lt(cr[1].took, 3.0, "trainer 1 waited %.1f s: %s", cr[1].took, cr[1].msg);
+  cr_expect(strstr(cr[1].msg, "rank 0 aborted op") && strstr(cr[1].msg, why),
+            "trainer 1: %s", cr[1].msg);
+  for (int r = 0; r < 2; r++) {
+    cr_expect_eq(cr[r].rc, 0, "trainer %d: the all-reduce after the forward failed", r);
+    dist_close(cr[r].c);
+  }
+}
+
 /* Trainer 0's forward has -1 tokens, which libdist refused before the
  * forward's count exchange: trainer 1 waited for it until the deadline,
  * and the two trainers' op ids stayed apart. */
@@ -580,19 +605,24 @@ Test(experts, a_forward_one_spmd_trainer_refuses_fails_the_other_at_once) {
   harness_start(&h, 2, NULL);
   creator cr[2] = {{.c = harness_spmd_client(&h, 0, "refuse-forward"), .tokens = -1},
                    {.c = harness_spmd_client(&h, 1, "refuse-forward"), .tokens = 2}};
-  cr[0].c->timeout_ms = 30000; /* its all-reduce waits for trainer 1's forward */
-  cr[1].c->timeout_ms = 10000;
-  pthread_t th[2];
-  for (int r = 0; r < 2; r++) cr_assert_eq(pthread_create(&th[r], NULL, spmd_forward, &cr[r]), 0);
-  for (int r = 0; r < 2; r++) pthread_join(th[r], NULL);
-  cr_expect(strstr(cr[0].msg, "rank 0 has -1 tokens"), "trainer 0: %s", cr[0].msg);
-  cr_expect_lt(cr[1].took, 3.0, "trainer 1 waited %.1f s: %s", cr[1].took, cr[1].msg);
-  cr_expect(strstr(cr[1].msg, "rank 0 aborted op") && strstr(cr[1].msg, "-1 tokens"),
-            "trainer 1: %s", cr[1].msg);
-  for (int r = 0; r < 2; r++) {
-    cr_expect_eq(cr[r].rc, 0, "trainer %d: the all-reduce after the forward failed", r);
-    dist_close(cr[r].c);
-  }
+  expect_forward_refused_by_trainer_0(cr, "rank 0 has -1 tokens");
+  harness_stop(&h);
+}
+
+/* Rank 0's daemon refuses to run its experts (trainer 0 deleted one of
+ * their weights there after creating the layer), after the forward's
+ * scatter: trainer 0 refuses the gather that follows to the others, under
+ * the op id it would have taken. Before, trainer 1's gather waited for
+ * rank 0's rows until the peer timeout, and trainer 0's all-reduce then
+ * ran under the gather's op id. */
+Test(experts, a_pass_whose_experts_one_daemon_refused_fails_the_gather_at_once) {
+  harness h;
+  harness_start(&h, 2, NULL);
+  creator cr[2] = {{.c = harness_spmd_client(&h, 0, "refuse-experts"), .tokens = 2,
+                    .lose = "moe.expert0.w1"},
+                   {.c = harness_spmd_client(&h, 1, "refuse-experts"), .tokens = 2}};
+  expect_forward_refused_by_trainer_0(cr, "moe.expert0.w1");
+  cr_expect_eq(cr[0].lose_rc, 0, "deleting moe.expert0.w1 on rank 0 failed");
   harness_stop(&h);
 }
 
