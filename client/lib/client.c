@@ -40,11 +40,18 @@ int dist_client_fail(dist_client *c, int code, const char *fmt, ...) {
 
 /* Why the last call given a NULL client failed: there is no client to
  * keep it in, so it is kept per thread, as connect's is. */
-static __thread char no_client_error[128];
+static __thread char no_client_error[512];
+
+int dist_thread_fail(int code, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(no_client_error, sizeof no_client_error, fmt, ap);
+  va_end(ap);
+  return code;
+}
 
 int dist_null_handle(const char *func, const char *arg) {
-  snprintf(no_client_error, sizeof no_client_error, "%s: %s is NULL", func, arg);
-  return DIST_EINVAL;
+  return dist_thread_fail(DIST_EINVAL, "%s: %s is NULL", func, arg);
 }
 
 int dist_no_client(const char *func) { return dist_null_handle(func, "c"); }

@@ -130,9 +130,14 @@ int dist_client_fail(dist_client *c, int code, const char *fmt, ...)
  * Every public call taking a client starts `if (!c) return
  * dist_no_client(__func__);`. */
 int dist_no_client(const char *func);
-/* The same for a NULL handle that would have led to the client (a tape):
- * "FUNC: ARG is NULL", read with dist_errmsg(NULL). */
+/* The same for a NULL handle that would have led to the client (a tape),
+ * or given to a call that takes no client (a mesh, tensor, program, layer
+ * or invocation accessor, a builder): "FUNC: ARG is NULL", read with
+ * dist_errmsg(NULL). */
 int dist_null_handle(const char *func, const char *arg);
+/* code, with the message kept as the thread's dist_errmsg(NULL): how a
+ * call that takes no client (a layer builder) says why it failed. */
+int dist_thread_fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* DIST_EINVAL recorded on c as "FUNC: ARG is NULL": a public call given a
  * NULL pointer it must read or write through says which, rather than
  * crashing. Use through DIST_NEED. */

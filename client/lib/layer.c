@@ -57,8 +57,14 @@ static int valid_part(const char *s, size_t max, int allow_dots) {
   return 1;
 }
 
+/* The calls building a layer take no client: why one failed is the
+ * thread's dist_errmsg(NULL). */
+
 int dist_layer_set_name(dist_layer *l, const char *name) {
-  if (!valid_part(name, 101, 1)) return DIST_EINVAL;
+  if (!l) return dist_null_handle(__func__, "l");
+  if (!valid_part(name, 101, 1))
+    return dist_thread_fail(DIST_EINVAL, "%s: name '%s' is not 1 to 100 characters of "
+                            "[A-Za-z0-9_.-]", __func__, name ? name : "(null)");
   snprintf(l->name, sizeof l->name, "%s", name);
   return 0;
 }
@@ -71,14 +77,27 @@ static int has_name(const dist_layer *l, const char *name) {
   return 0;
 }
 
+/* Why child cannot go under parent as name (NULL when it can). */
+static const char *add_refusal(const dist_layer *parent, const char *name,
+                               const dist_layer *child) {
+  if (child->parent) return "child already has a parent";
+  if (child == parent) return "child is parent";
+  if (parent->sharded || child->sharded) return "a sharded layer takes no children and is no child";
+  if (!valid_part(name, sizeof child->child_name, 0)) return "name is not [A-Za-z0-9_-]+";
+  if (has_name(parent, name)) return "parent has a child or parameter of that name";
+  return NULL;
+}
+
 int dist_layer_add(dist_layer *parent, const char *name, dist_layer *child) {
-  if (!parent || !child || child->parent || child == parent || parent->sharded ||
-      child->sharded || !valid_part(name, sizeof child->child_name, 0) ||
-      has_name(parent, name))
-    return DIST_EINVAL;
+  if (!parent) return dist_null_handle(__func__, "parent");
+  if (!child) return dist_null_handle(__func__, "child");
+  const char *why = add_refusal(parent, name, child);
+  if (why)
+    return dist_thread_fail(DIST_EINVAL, "%s: '%s': %s", __func__, name ? name : "(null)",
+                            why);
   dist_layer **c = realloc(parent->children,
                            sizeof *c * (size_t)(parent->n_children + 1));
-  if (!c) return DIST_ENOMEM;
+  if (!c) return dist_thread_fail(DIST_ENOMEM, "%s: out of memory", __func__);
   parent->children = c;
   c[parent->n_children++] = child;
   child->parent = parent;
@@ -114,14 +133,37 @@ layer_param *dist_layer_new_param(dist_layer *l, const char *name,
   return p;
 }
 
+/* dist_layer_new_param for a public call, saying why one is refused. */
+static int add_param(const char *func, dist_layer *l, const char *name, int is_buffer,
+                     int ndim, const int64_t *shape, const float *data) {
+  dist_shape s;
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  if (!l) return dist_null_handle(func, "l");
+  const char *what = is_buffer ? "buffer" : "parameter";
+  const char *bad = name ? name : "(null)";
+  if (l->sharded)
+    return dist_thread_fail(DIST_EINVAL, "%s: '%s': the layer is sharded", func, bad);
+  if (!valid_part(name, sizeof l->params->name, 0))
+    return dist_thread_fail(DIST_EINVAL, "%s: %s name '%s' is not [A-Za-z0-9_-]+", func,
+                            what, bad);
+  if (has_name(l, name))
+    return dist_thread_fail(DIST_EINVAL, "%s: the layer has a child or parameter '%s'",
+                            func, name);
+  if (dist_shape_make(ndim, shape, &s, &eb) != 0)
+    return dist_thread_fail(DIST_EINVAL, "%s: '%s': %s", func, name, dist_errbuf_msg(&eb));
+  if (!dist_layer_new_param(l, name, is_buffer, ndim, shape, data))
+    return dist_thread_fail(DIST_ENOMEM, "%s: out of memory", func);
+  return 0;
+}
+
 int dist_layer_add_param(dist_layer *l, const char *name, int ndim,
                          const int64_t *shape, const float *data) {
-  return dist_layer_new_param(l, name, 0, ndim, shape, data) ? 0 : DIST_EINVAL;
+  return add_param(__func__, l, name, 0, ndim, shape, data);
 }
 
 int dist_layer_add_buffer(dist_layer *l, const char *name, int ndim,
                           const int64_t *shape, const float *data) {
-  return dist_layer_new_param(l, name, 1, ndim, shape, data) ? 0 : DIST_EINVAL;
+  return add_param(__func__, l, name, 1, ndim, shape, data);
 }
 
 layer_param *dist_layer_own_param(const dist_layer *l, const char *name) {
@@ -131,7 +173,8 @@ layer_param *dist_layer_own_param(const dist_layer *l, const char *name) {
 }
 
 dist_layer *dist_layer_find(dist_layer *l, const char *path) {
-  if (!l || !path) return NULL;
+  if (!l) return dist_null_handle(__func__, "l"), NULL;
+  if (!path) return dist_null_handle(__func__, "path"), NULL;
   while (*path) {
     const char *dot = strchr(path, '.');
     size_t n = dot ? (size_t)(dot - path) : strlen(path);
@@ -159,12 +202,17 @@ layer_param *dist_layer_param_by_path(const dist_layer *l, const char *path) {
 
 int dist_layer_set_param(dist_layer *l, const char *path, const void *data,
                          size_t nbytes) {
+  if (!l) return dist_null_handle(__func__, "l");
+  if (!path) return dist_null_handle(__func__, "path");
   layer_param *p = dist_layer_param_by_path(l, path);
-  if (!p) return DIST_ENOTFOUND;
-  if (!p->init || p->tensor) return DIST_EINVAL; /* sharded already */
-  if (!data && nbytes) return DIST_EINVAL;       /* nothing to copy from */
-  if (nbytes != (size_t)dist_shape_numel(&p->shape) * sizeof(float))
-    return DIST_EMISMATCH;
+  if (!p) return dist_thread_fail(DIST_ENOTFOUND, "%s: no parameter '%s'", __func__, path);
+  if (!p->init || p->tensor)
+    return dist_thread_fail(DIST_EINVAL, "%s: '%s' is sharded already", __func__, path);
+  if (!data && nbytes) return dist_null_handle(__func__, "data");
+  size_t want = (size_t)dist_shape_numel(&p->shape) * sizeof(float);
+  if (nbytes != want)
+    return dist_thread_fail(DIST_EMISMATCH, "%s: '%s' takes %zu bytes, %zu given", __func__,
+                            path, want, nbytes);
   memcpy(p->init, data, nbytes);
   return 0;
 }
@@ -205,14 +253,19 @@ static int walk_params(const dist_layer *l, const char *path, param_walk *w) {
 }
 
 int dist_layer_n_params(const dist_layer *l) {
+  if (!l) return dist_null_handle(__func__, "l"), -1;
   int n = l->n_params;
   for (int i = 0; i < l->n_children; i++) n += dist_layer_n_params(l->children[i]);
   return n;
 }
 
 int dist_layer_param_at(const dist_layer *l, int i, dist_layer_param_info *out) {
+  if (!l) return dist_null_handle(__func__, "l");
+  if (!out) return dist_null_handle(__func__, "out");
   param_walk w = {i, 0, out};
-  return i >= 0 && walk_params(l, "", &w) ? 0 : DIST_ENOTFOUND;
+  if (i >= 0 && walk_params(l, "", &w)) return 0;
+  return dist_thread_fail(DIST_ENOTFOUND, "%s: no parameter %d (the layer has %d)", __func__,
+                          i, w.seen);
 }
 
 /* ---------------------------------------------------------------- placing */
@@ -225,6 +278,8 @@ static dist_layer *root_of(dist_layer *l) {
 
 int dist_layer_place_param(dist_layer *l, const char *param,
                            const dist_placement *placements, int n) {
+  if (!l) return dist_null_handle(__func__, "l");
+  if (!placements) return dist_null_handle(__func__, "placements");
   dist_layer *root = root_of(l);
   layer_param *p = dist_layer_own_param(l, param ? param : "");
   if (!p)
@@ -245,17 +300,24 @@ int dist_layer_place_param(dist_layer *l, const char *param,
 
 /* ---------------------------------------------------------------- reading */
 
+/* What read_param says with no client (before dist_shard_layer) goes to
+ * the thread's dist_errmsg(NULL), as the building calls' does. */
 int dist_layer_read_param(dist_client *c, const dist_layer *l,
                           const char *path, void **data, size_t *nbytes) {
+  const char *none = !l ? "l" : !data ? "data" : !nbytes ? "nbytes" : NULL;
+  if (none) return c ? dist_client_null_arg(c, __func__, none) : dist_null_handle(__func__, none);
   const layer_param *p = dist_layer_param_by_path(l, path);
   *data = NULL;
   if (!p)
     return c ? dist_client_fail(c, DIST_ENOTFOUND, "layer has no parameter '%s'",
-                                path)
-             : DIST_ENOTFOUND;
+                                path ? path : "(null)")
+             : dist_thread_fail(DIST_ENOTFOUND, "%s: layer has no parameter '%s'", __func__,
+                                path ? path : "(null)");
   if (p->tensor) return dist_full_tensor(c, p->tensor, data, nbytes);
   *nbytes = (size_t)dist_shape_numel(&p->shape) * sizeof(float);
-  if (!(*data = malloc(*nbytes + 1))) return DIST_ENOMEM;
+  if (!(*data = malloc(*nbytes + 1)))
+    return c ? dist_client_fail(c, DIST_ENOMEM, "out of memory")
+             : dist_thread_fail(DIST_ENOMEM, "%s: out of memory", __func__);
   memcpy(*data, p->init, *nbytes);
   return 0;
 }
@@ -272,12 +334,15 @@ int dist_layer_read_grad(dist_client *c, const dist_layer *l, const char *path,
   return dist_full_tensor(c, p->grad, data, nbytes);
 }
 
+/* No layer: NULL, and dist_errmsg(NULL) says so. */
 const dist_tensor *dist_layer_param_tensor(const dist_layer *l, const char *path) {
+  if (!l) return dist_null_handle(__func__, "l"), NULL;
   const layer_param *p = dist_layer_param_by_path(l, path);
   return p ? p->tensor : NULL;
 }
 
 const dist_tensor *dist_layer_grad_tensor(const dist_layer *l, const char *path) {
+  if (!l) return dist_null_handle(__func__, "l"), NULL;
   const layer_param *p = dist_layer_param_by_path(l, path);
   return p ? p->grad : NULL;
 }

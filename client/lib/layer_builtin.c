@@ -36,6 +36,10 @@ static void fill_stream(uint64_t *state, float *out, size_t n, double bound) {
 }
 
 void dist_layer_fill_uniform(uint64_t seed, float *out, size_t n, double bound) {
+  if (!out && n) {
+    dist_null_handle(__func__, "out");
+    return;
+  }
   fill_stream(&seed, out, n, bound);
 }
 
@@ -48,22 +52,32 @@ static void fill_ones(layer_param *p) {
 /* A weight of rows x cols elements, positive and within the shape bound:
  * their product, taken unchecked, wrapped ([2^32, 2^32] became 0) and the
  * constructor filled a buffer of another size. */
-static int weight_shape_ok(int64_t rows, int64_t cols) {
+static int weight_refused(const char *func, int64_t rows, int64_t cols) {
   dist_shape s;
-  return rows > 0 && cols > 0 && dist_shape_make(2, (int64_t[]){rows, cols}, &s, NULL) == 0;
+  if (rows > 0 && cols > 0 && dist_shape_make(2, (int64_t[]){rows, cols}, &s, NULL) == 0)
+    return 0;
+  return dist_thread_fail(DIST_EINVAL, "%s: sizes %lld and %lld (each 1 or more, at most "
+                          "2^48 elements)", func, (long long)rows, (long long)cols);
+}
+
+/* The constructors take no client: why one failed is the thread's
+ * dist_errmsg(NULL). */
+static int no_memory(const char *func) {
+  return dist_thread_fail(DIST_ENOMEM, "%s: out of memory", func);
 }
 
 int dist_layer_linear(int64_t in, int64_t out, int bias, uint64_t seed,
                       dist_layer **l) {
+  if (!l) return dist_null_handle(__func__, "l");
   *l = NULL;
-  if (!weight_shape_ok(in, out)) return DIST_EINVAL;
+  if (weight_refused(__func__, in, out)) return DIST_EINVAL;
   dist_layer *x = dist_layer_alloc(LAYER_LINEAR, "linear");
   int64_t ws[2] = {in, out}, bs[1] = {out};
   layer_param *w = x ? dist_layer_new_param(x, "weight", 0, 2, ws, NULL) : NULL;
   layer_param *b = w && bias ? dist_layer_new_param(x, "bias", 0, 1, bs, NULL) : NULL;
   if (!w || (bias && !b)) {
     dist_layer_free(x);
-    return DIST_ENOMEM;
+    return no_memory(__func__);
   }
   x->in = in, x->out = out, x->bias = bias != 0;
   w = &x->params[0]; /* adding the bias may have moved the array */
@@ -77,14 +91,15 @@ int dist_layer_linear(int64_t in, int64_t out, int bias, uint64_t seed,
 
 int dist_layer_embedding(int64_t num, int64_t dim, uint64_t seed,
                          dist_layer **l) {
+  if (!l) return dist_null_handle(__func__, "l");
   *l = NULL;
-  if (!weight_shape_ok(num, dim)) return DIST_EINVAL;
+  if (weight_refused(__func__, num, dim)) return DIST_EINVAL;
   dist_layer *x = dist_layer_alloc(LAYER_EMBEDDING, "embedding");
   int64_t ws[2] = {num, dim};
   layer_param *w = x ? dist_layer_new_param(x, "weight", 0, 2, ws, NULL) : NULL;
   if (!w) {
     dist_layer_free(x);
-    return DIST_ENOMEM;
+    return no_memory(__func__);
   }
   x->in = num, x->out = dim;
   fill_stream(&seed, w->init, (size_t)(num * dim), 1.0);
@@ -92,9 +107,12 @@ int dist_layer_embedding(int64_t num, int64_t dim, uint64_t seed,
   return 0;
 }
 
-static int norm_layer(layer_kind kind, int64_t dim, double eps, dist_layer **l) {
+static int norm_layer(const char *func, layer_kind kind, int64_t dim, double eps,
+                      dist_layer **l) {
+  if (!l) return dist_null_handle(func, "l");
   *l = NULL;
-  if (!weight_shape_ok(1, dim) || !(eps >= 0)) return DIST_EINVAL;
+  if (weight_refused(func, 1, dim)) return DIST_EINVAL;
+  if (!(eps >= 0)) return dist_thread_fail(DIST_EINVAL, "%s: eps %g is negative", func, eps);
   dist_layer *x = dist_layer_alloc(kind, kind == LAYER_LAYER_NORM ? "layer_norm"
                                                                    : "rms_norm");
   int64_t s[1] = {dim};
@@ -104,7 +122,7 @@ static int norm_layer(layer_kind kind, int64_t dim, double eps, dist_layer **l) 
                        : NULL;
   if (!w || (kind == LAYER_LAYER_NORM && !b)) {
     dist_layer_free(x);
-    return DIST_ENOMEM;
+    return no_memory(func);
   }
   fill_ones(&x->params[0]); /* adding the bias may have moved the array */
   x->in = x->out = dim;
@@ -115,22 +133,26 @@ static int norm_layer(layer_kind kind, int64_t dim, double eps, dist_layer **l) 
 }
 
 int dist_layer_layer_norm(int64_t dim, double eps, dist_layer **l) {
-  return norm_layer(LAYER_LAYER_NORM, dim, eps, l);
+  return norm_layer(__func__, LAYER_LAYER_NORM, dim, eps, l);
 }
 
 int dist_layer_rms_norm(int64_t dim, double eps, dist_layer **l) {
-  return norm_layer(LAYER_RMS_NORM, dim, eps, l);
+  return norm_layer(__func__, LAYER_RMS_NORM, dim, eps, l);
 }
 
 int dist_layer_sequence(dist_layer **l) {
+  if (!l) return dist_null_handle(__func__, "l");
   *l = dist_layer_alloc(LAYER_SEQUENCE, "sequence");
-  return *l ? 0 : DIST_ENOMEM;
+  return *l ? 0 : no_memory(__func__);
 }
 
 int dist_layer_program(dist_program *p, int n_inputs, dist_layer **l) {
+  if (!l) return dist_null_handle(__func__, "l");
   *l = NULL;
-  if (!p || n_inputs < 0) return DIST_EINVAL;
-  if (!(*l = dist_layer_alloc(LAYER_PROGRAM, "program"))) return DIST_ENOMEM;
+  if (!p) return dist_null_handle(__func__, "p");
+  if (n_inputs < 0)
+    return dist_thread_fail(DIST_EINVAL, "%s: %d inputs", __func__, n_inputs);
+  if (!(*l = dist_layer_alloc(LAYER_PROGRAM, "program"))) return no_memory(__func__);
   (*l)->program = p;
   (*l)->n_inputs = n_inputs;
   return 0;

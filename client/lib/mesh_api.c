@@ -11,10 +11,12 @@ static __thread char mesh_error[512];
 
 const char *dist_last_mesh_error(void) { return mesh_error; }
 
-/* DIST_EINVAL kept as the thread's mesh error, "FUNC: ARG is NULL". */
+/* DIST_EINVAL kept as the thread's mesh error, "FUNC: ARG is NULL", and
+ * as dist_errmsg(NULL), where every other call given a NULL handle says so. */
 static int mesh_null_arg(const char *func, const char *arg) {
-  snprintf(mesh_error, sizeof mesh_error, "%s: %s is NULL", func, arg);
-  return DIST_EINVAL;
+  int rc = dist_null_handle(func, arg);
+  snprintf(mesh_error, sizeof mesh_error, "%s", dist_errmsg(NULL));
+  return rc;
 }
 
 /* Hands out m when rc is 0, else frees it and keeps eb's message. */
@@ -61,15 +63,26 @@ int dist_mesh_from_string(const char *text, const char *dim_names,
 }
 
 void dist_mesh_free(dist_mesh *m) { free(m); }
-int dist_mesh_ndim(const dist_mesh *m) { return m->d.ndim; }
+/* The accessors given no mesh return -1 (NULL for a name), which no mesh
+ * gives, and say why in dist_errmsg(NULL). */
+int dist_mesh_ndim(const dist_mesh *m) {
+  if (!m) return mesh_null_arg(__func__, "m"), -1;
+  return m->d.ndim;
+}
 int dist_mesh_dim_size(const dist_mesh *m, int dim) {
+  if (!m) return mesh_null_arg(__func__, "m"), -1;
   return dim >= 0 && dim < m->d.ndim ? m->d.shape[dim] : 0;
 }
-int dist_mesh_size(const dist_mesh *m) { return m->d.nranks; }
+int dist_mesh_size(const dist_mesh *m) {
+  if (!m) return mesh_null_arg(__func__, "m"), -1;
+  return m->d.nranks;
+}
 int dist_mesh_rank_at(const dist_mesh *m, int index) {
+  if (!m) return mesh_null_arg(__func__, "m"), -1;
   return index >= 0 && index < m->d.nranks ? m->d.ranks[index] : -1;
 }
 const char *dist_mesh_dim_name(const dist_mesh *m, int dim) {
+  if (!m) return mesh_null_arg(__func__, "m"), NULL;
   return dim >= 0 && dim < m->d.ndim ? m->d.dim_names[dim] : NULL;
 }
 
@@ -86,6 +99,12 @@ int dist_mesh_get_submesh(const dist_mesh *m, const char *dim_name, int index,
 }
 
 void dist_mesh_to_string(const dist_mesh *m, char *buf, size_t len) {
+  if (!buf || !len) return; /* nowhere to write */
+  buf[0] = '\0';
+  if (!m) {
+    mesh_null_arg(__func__, "m");
+    return;
+  }
   dist_mesh_format(&m->d, buf, len);
 }
 

@@ -571,11 +571,17 @@ int dist_moe_layer_backward(dist_client *c, dist_moe_layer *l,
 /* ---------------------------------------------------------------- training */
 
 void dist_moe_layer_zero_grad(dist_moe_layer *l) {
-  if (l) l->have_grads = 0;
+  if (!l) {
+    dist_null_handle(__func__, "l");
+    return;
+  }
+  l->have_grads = 0;
 }
 
 int dist_moe_layer_param_name(const dist_moe_layer *l, int expert,
                               const char *which, char *buf, size_t len) {
+  if (!l) return dist_null_handle(__func__, "l"), -1;
+  if (!buf && len) return dist_null_handle(__func__, "buf"), -1;
   int bias = which && (!strcmp(which, "b1") || !strcmp(which, "b2"));
   int weight = which && (!strcmp(which, "w1") || !strcmp(which, "w2"));
   if (expert < 0 || expert >= l->NE || (!weight && !(bias && l->bias))) return -1;

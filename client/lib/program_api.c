@@ -121,7 +121,11 @@ static int check_ids(dist_program *p, const char *op, const int *ids, int n) {
 
 /* ---------------------------------------------------------------- builder */
 
+/* Every builder refuses a NULL program first: with no program to keep the
+ * error in, it is the thread's dist_errmsg(NULL). */
+
 int dist_program_new(const char *name, dist_program **out) {
+  if (!out) return dist_null_handle(__func__, "out");
   dist_program *p = calloc(1, sizeof *p);
   *out = NULL;
   if (!p) return DIST_ENOMEM;
@@ -213,20 +217,24 @@ static int add_input(dist_program *p, int kind, const char *name,
 }
 
 int dist_input_dtensor(dist_program *p, const char *name, dist_dtype dt) {
+  if (!p) return dist_null_handle(__func__, "p");
   return add_input(p, DIST__V1__PROGRAM_INPUT__KIND__DTENSOR_LOCAL, name, dt,
                    NULL);
 }
 
 int dist_input_value(dist_program *p, const char *name, dist_dtype dt) {
+  if (!p) return dist_null_handle(__func__, "p");
   return add_input(p, DIST__V1__PROGRAM_INPUT__KIND__VALUE, name, dt, NULL);
 }
 
 int dist_input_rank(dist_program *p) {
+  if (!p) return dist_null_handle(__func__, "p");
   return add_input(p, DIST__V1__PROGRAM_INPUT__KIND__RANK, "rank",
                    DIST_INT64, NULL);
 }
 
 int dist_input_coord(dist_program *p, const dist_mesh *mesh, int dim) {
+  if (!p) return dist_null_handle(__func__, "p");
   if (!p->err && (!mesh || dim < 0 || dim >= mesh->d.ndim))
     return bfail(p, DIST_EINVAL, "coord input: mesh dim %d out of range", dim);
   Dist__V1__ProgramInput *in = NULL;
@@ -254,6 +262,7 @@ static Dist__V1__ProgramInput *input_of(dist_program *p, int id,
 
 int dist_input_set_shape(dist_program *p, int id, int ndim,
                          const int64_t *shape) {
+  if (!p) return dist_null_handle(__func__, "p");
   Dist__V1__ProgramInput *in = input_of(p, id, "input shape");
   if (!in) return p->err;
   if (ndim < 0 || ndim > DIST_MAX_DIMS)
@@ -268,6 +277,7 @@ int dist_input_set_shape(dist_program *p, int id, int ndim,
 }
 
 int dist_input_set_no_grad(dist_program *p, int id) {
+  if (!p) return dist_null_handle(__func__, "p");
   Dist__V1__ProgramInput *in = input_of(p, id, "no_grad");
   if (!in) return p->err;
   in->no_grad = 1;
@@ -276,6 +286,7 @@ int dist_input_set_no_grad(dist_program *p, int id) {
 
 int dist_input_set_grad_placements(dist_program *p, int id,
                                    const dist_placement *placements, int n) {
+  if (!p) return dist_null_handle(__func__, "p");
   Dist__V1__ProgramInput *in = input_of(p, id, "grad placements");
   if (!in) return p->err;
   if (n < 0 || n > DIST_MAX_MESH_DIMS)
@@ -330,6 +341,7 @@ static int64_t *dup_i64(const int64_t *v, int n) {
 }
 
 int dist_op_set_label(dist_program *p, int id, const char *label) {
+  if (!p) return dist_null_handle(__func__, "p");
   if (check_ids(p, "label", &id, 1)) return p->err;
   if (p->values[id].node < 0)
     return bfail(p, DIST_EINVAL, "label: value %d is an input", id);
@@ -368,6 +380,7 @@ static int check_kind(dist_program *p, const char *builder, dist_op_kind op,
 }
 
 int dist_op_binary(dist_program *p, dist_op_kind op, int a, int b) {
+  if (!p) return dist_null_handle(__func__, "p");
   int ins[2] = {a, b};
   if (check_kind(p, "dist_op_binary", op, is_binary_kind, binary_family))
     return p->err;
@@ -376,6 +389,7 @@ int dist_op_binary(dist_program *p, dist_op_kind op, int a, int b) {
 
 int dist_op_binary_scalar(dist_program *p, dist_op_kind op, int a,
                           double scalar, int scalar_first) {
+  if (!p) return dist_null_handle(__func__, "p");
   bnode *n = NULL;
   if (check_kind(p, "dist_op_binary_scalar", op, is_binary_kind, binary_family))
     return p->err;
@@ -389,6 +403,7 @@ int dist_op_binary_scalar(dist_program *p, dist_op_kind op, int a,
 
 #define BINARY(fn, OP)                                                  \
   int dist_op_##fn(dist_program *p, int a, int b) {                     \
+    if (!p) return dist_null_handle(__func__, "p");                     \
     return dist_op_binary(p, DIST_OP_##OP, a, b);                       \
   }
 BINARY(add, ADD)
@@ -410,6 +425,7 @@ BINARY(logical_or, LOGICAL_OR)
 
 #define WITH_SCALAR(fn, OP)                                             \
   int dist_op_##fn##_scalar(dist_program *p, int a, double s) {         \
+    if (!p) return dist_null_handle(__func__, "p");                     \
     return dist_op_binary_scalar(p, DIST_OP_##OP, a, s, 0);             \
   }
 WITH_SCALAR(add, ADD)
@@ -421,23 +437,28 @@ WITH_SCALAR(eq, EQ)
 #undef WITH_SCALAR
 
 int dist_op_scalar_sub(dist_program *p, double s, int a) {
+  if (!p) return dist_null_handle(__func__, "p");
   return dist_op_binary_scalar(p, DIST_OP_SUB, a, s, 1);
 }
 
 int dist_op_scalar_div(dist_program *p, double s, int a) {
+  if (!p) return dist_null_handle(__func__, "p");
   return dist_op_binary_scalar(p, DIST_OP_DIV, a, s, 1);
 }
 
 int dist_op_logical_not(dist_program *p, int a) {
+  if (!p) return dist_null_handle(__func__, "p");
   return add_node(p, DIST_OP_LOGICAL_NOT, &a, 1, NULL);
 }
 
 int dist_op_where(dist_program *p, int cond, int a, int b) {
+  if (!p) return dist_null_handle(__func__, "p");
   int ins[3] = {cond, a, b};
   return add_node(p, DIST_OP_WHERE, ins, 3, NULL);
 }
 
 int dist_op_unary(dist_program *p, dist_op_kind op, int x) {
+  if (!p) return dist_null_handle(__func__, "p");
   if (check_kind(p, "dist_op_unary", op, is_unary_kind,
                  "a unary op (DIST_OP_EXP ... DIST_OP_TANH, DIST_OP_LOGICAL_NOT)"))
     return p->err;
@@ -446,6 +467,7 @@ int dist_op_unary(dist_program *p, dist_op_kind op, int x) {
 
 #define UNARY(fn, OP)                                                   \
   int dist_op_##fn(dist_program *p, int x) {                            \
+    if (!p) return dist_null_handle(__func__, "p");                     \
     return dist_op_unary(p, DIST_OP_##OP, x);                           \
   }
 UNARY(exp, EXP)
@@ -460,6 +482,7 @@ UNARY(tanh, TANH)
 #undef UNARY
 
 int dist_op_gelu(dist_program *p, int x, int approximate) {
+  if (!p) return dist_null_handle(__func__, "p");
   bnode *n = NULL;
   int id = add_node(p, DIST_OP_GELU, &x, 1, &n);
   if (id >= 0) n->pb.approximate = approximate != 0;
@@ -468,6 +491,7 @@ int dist_op_gelu(dist_program *p, int x, int approximate) {
 
 int dist_op_reduce(dist_program *p, dist_op_kind op, int x,
                    const int64_t *axes, int naxes, int keepdim) {
+  if (!p) return dist_null_handle(__func__, "p");
   bnode *n = NULL;
   if (check_kind(p, "dist_op_reduce", op, is_reduce_kind,
                  "a reduction (DIST_OP_SUM, DIST_OP_MEAN, DIST_OP_MAX or DIST_OP_MIN)"))
@@ -484,6 +508,7 @@ int dist_op_reduce(dist_program *p, dist_op_kind op, int x,
 #define REDUCE(fn, OP)                                                  \
   int dist_op_##fn(dist_program *p, int x, const int64_t *axes,         \
                    int naxes, int keepdim) {                            \
+    if (!p) return dist_null_handle(__func__, "p");                     \
     return dist_op_reduce(p, DIST_OP_##OP, x, axes, naxes, keepdim);    \
   }
 REDUCE(sum, SUM)
@@ -503,20 +528,24 @@ static int axis_op(dist_program *p, int op, int x, int64_t axis, int keepdim) {
 }
 
 int dist_op_logsumexp(dist_program *p, int x, int64_t axis, int keepdim) {
+  if (!p) return dist_null_handle(__func__, "p");
   return axis_op(p, DIST__V1__OP_KIND__OP_LOGSUMEXP, x, axis, keepdim);
 }
 
 int dist_op_softmax(dist_program *p, int x, int64_t axis) {
+  if (!p) return dist_null_handle(__func__, "p");
   return axis_op(p, DIST__V1__OP_KIND__OP_SOFTMAX, x, axis, 0);
 }
 
 int dist_op_log_softmax(dist_program *p, int x, int64_t axis) {
+  if (!p) return dist_null_handle(__func__, "p");
   return axis_op(p, DIST__V1__OP_KIND__OP_LOG_SOFTMAX, x, axis, 0);
 }
 
 int dist_op_cross_entropy(dist_program *p, int logits, int labels, int mask,
                           dist_ce_reduction reduction, int use_ignore_index,
                           int64_t ignore_index) {
+  if (!p) return dist_null_handle(__func__, "p");
   int ins[3] = {logits, labels, mask};
   bnode *n = NULL;
   int id = add_node(p, DIST__V1__OP_KIND__OP_CROSS_ENTROPY, ins,
@@ -529,6 +558,7 @@ int dist_op_cross_entropy(dist_program *p, int logits, int labels, int mask,
 }
 
 int dist_op_matmul(dist_program *p, int a, int b, int trans_a, int trans_b) {
+  if (!p) return dist_null_handle(__func__, "p");
   int ins[2] = {a, b};
   bnode *n = NULL;
   int id = add_node(p, DIST__V1__OP_KIND__OP_MATMUL, ins, 2, &n);
@@ -540,6 +570,7 @@ int dist_op_matmul(dist_program *p, int a, int b, int trans_a, int trans_b) {
 }
 
 int dist_op_reshape(dist_program *p, int x, const int64_t *shape, int ndim) {
+  if (!p) return dist_null_handle(__func__, "p");
   bnode *n = NULL;
   if (check_list(p, "dist_op_reshape", "dims", "shape", shape, ndim, 0)) return p->err;
   int id = add_node(p, DIST__V1__OP_KIND__OP_RESHAPE, &x, 1, &n);
@@ -550,6 +581,7 @@ int dist_op_reshape(dist_program *p, int x, const int64_t *shape, int ndim) {
 }
 
 int dist_op_transpose(dist_program *p, int x, const int64_t *perm, int nperm) {
+  if (!p) return dist_null_handle(__func__, "p");
   bnode *n = NULL;
   if (check_list(p, "dist_op_transpose", "perm entries", "perm", perm, nperm, 0)) return p->err;
   int id = add_node(p, DIST__V1__OP_KIND__OP_TRANSPOSE, &x, 1, &n);
@@ -585,6 +617,7 @@ static int check_slice(dist_program *p, const char *op, const int64_t *axes,
 int dist_op_slice(dist_program *p, int x, const int64_t *axes,
                   const int64_t *starts, const int64_t *ends,
                   const int64_t *steps, int k) {
+  if (!p) return dist_null_handle(__func__, "p");
   bnode *n = NULL;
   if (check_slice(p, "dist_op_slice", axes, starts, ends, k)) return p->err;
   int id = add_node(p, DIST__V1__OP_KIND__OP_SLICE, &x, 1, &n);
@@ -595,6 +628,7 @@ int dist_op_slice(dist_program *p, int x, const int64_t *axes,
 int dist_op_set_slice(dist_program *p, int x, int v, double scalar,
                       const int64_t *axes, const int64_t *starts,
                       const int64_t *ends, const int64_t *steps, int k) {
+  if (!p) return dist_null_handle(__func__, "p");
   int ins[2] = {x, v};
   bnode *n = NULL;
   if (check_slice(p, "dist_op_set_slice", axes, starts, ends, k)) return p->err;
@@ -606,6 +640,7 @@ int dist_op_set_slice(dist_program *p, int x, int v, double scalar,
 }
 
 int dist_op_concat(dist_program *p, const int *xs, int count, int64_t axis) {
+  if (!p) return dist_null_handle(__func__, "p");
   bnode *n = NULL;
   if (check_list(p, "dist_op_concat", "operands", "xs", xs, count, 1)) return p->err;
   int id = add_node(p, DIST__V1__OP_KIND__OP_CONCAT, xs, count, &n);
@@ -614,6 +649,7 @@ int dist_op_concat(dist_program *p, const int *xs, int count, int64_t axis) {
 }
 
 int dist_op_cast(dist_program *p, int x, dist_dtype dt) {
+  if (!p) return dist_null_handle(__func__, "p");
   bnode *n = NULL;
   int id = add_node(p, DIST__V1__OP_KIND__OP_CAST, &x, 1, &n);
   if (id >= 0) n->pb.dtype = (Dist__V1__DType)dt;
@@ -639,23 +675,28 @@ static int creation(dist_program *p, int op, const int *x, dist_dtype dt,
 
 int dist_op_full(dist_program *p, dist_dtype dt, const int64_t *shape,
                  int ndim, double value) {
+  if (!p) return dist_null_handle(__func__, "p");
   return creation(p, DIST__V1__OP_KIND__OP_FULL, NULL, dt, shape, ndim, value);
 }
 
 int dist_op_zeros_like(dist_program *p, int x) {
+  if (!p) return dist_null_handle(__func__, "p");
   return creation(p, DIST__V1__OP_KIND__OP_ZEROS_LIKE, &x, 0, NULL, 0, 0);
 }
 
 int dist_op_ones_like(dist_program *p, int x) {
+  if (!p) return dist_null_handle(__func__, "p");
   return creation(p, DIST__V1__OP_KIND__OP_ONES_LIKE, &x, 0, NULL, 0, 0);
 }
 
 int dist_op_full_like(dist_program *p, int x, double value) {
+  if (!p) return dist_null_handle(__func__, "p");
   return creation(p, DIST__V1__OP_KIND__OP_FULL_LIKE, &x, 0, NULL, 0, value);
 }
 
 int dist_op_arange(dist_program *p, double start, double end, double step,
                    dist_dtype dt) {
+  if (!p) return dist_null_handle(__func__, "p");
   bnode *n = NULL;
   int id = add_node(p, DIST__V1__OP_KIND__OP_ARANGE, NULL, 0, &n);
   if (id < 0) return id;
@@ -668,6 +709,7 @@ int dist_op_arange(dist_program *p, double start, double end, double step,
 
 int dist_op_constant(dist_program *p, dist_dtype dt, const int64_t *shape,
                      int ndim, const double *values, int nvalues) {
+  if (!p) return dist_null_handle(__func__, "p");
   if (check_list(p, "dist_op_constant", "values", "values", values, nvalues, 0)) return p->err;
   int id = creation(p, DIST__V1__OP_KIND__OP_CONSTANT, NULL, dt, shape, ndim, 0);
   if (id < 0) return id;
@@ -680,6 +722,7 @@ int dist_op_constant(dist_program *p, dist_dtype dt, const int64_t *shape,
 
 int dist_op_topk(dist_program *p, int x, int64_t k, int64_t axis,
                  int smallest, int *values, int *indices) {
+  if (!p) return dist_null_handle(__func__, "p");
   bnode *n = NULL;
   int id = add_node(p, DIST__V1__OP_KIND__OP_TOPK, &x, 1, &n);
   if (id < 0) return id;
@@ -693,6 +736,7 @@ int dist_op_topk(dist_program *p, int x, int64_t k, int64_t axis,
 
 int dist_op_one_hot(dist_program *p, int x, int64_t num_classes,
                     dist_dtype dt) {
+  if (!p) return dist_null_handle(__func__, "p");
   bnode *n = NULL;
   int id = add_node(p, DIST__V1__OP_KIND__OP_ONE_HOT, &x, 1, &n);
   if (id < 0) return id;
@@ -704,6 +748,7 @@ int dist_op_one_hot(dist_program *p, int x, int64_t num_classes,
 /* ---------------------------------------------------------------- outputs */
 
 int dist_program_output(dist_program *p, int value) {
+  if (!p) return dist_null_handle(__func__, "p");
   if (check_ids(p, "output", &value, 1)) return p->err;
   if (grow((void **)&p->outputs, p->n_outputs, sizeof *p->outputs))
     return bfail(p, DIST_ENOMEM, "out of memory");
@@ -714,6 +759,7 @@ int dist_program_output(dist_program *p, int value) {
 int dist_program_out_dist_attr(dist_program *p, const dist_mesh *mesh,
                                const dist_placement *placements,
                                const dist_placement *grad_placements) {
+  if (!p) return dist_null_handle(__func__, "p");
   if (p->err) return p->err;
   if (!mesh || !placements)
     return bfail(p, DIST_EINVAL, "out_dist_attr %d: no mesh or placements",
@@ -742,11 +788,23 @@ int dist_program_out_dist_attr(dist_program *p, const dist_mesh *mesh,
   return 0;
 }
 
-int dist_program_nranks(const dist_program *p) { return p->nranks; }
-int dist_program_n_inputs(const dist_program *p) { return p->n_inputs; }
-int dist_program_n_outputs(const dist_program *p) { return p->n_outputs; }
+/* The accessors given no program return -1, which no program gives, and
+ * say why in dist_errmsg(NULL). */
+int dist_program_nranks(const dist_program *p) {
+  if (!p) return dist_null_handle(__func__, "p"), -1;
+  return p->nranks;
+}
+int dist_program_n_inputs(const dist_program *p) {
+  if (!p) return dist_null_handle(__func__, "p"), -1;
+  return p->n_inputs;
+}
+int dist_program_n_outputs(const dist_program *p) {
+  if (!p) return dist_null_handle(__func__, "p"), -1;
+  return p->n_outputs;
+}
 
 int dist_program_rank_at(const dist_program *p, int i) {
+  if (!p) return dist_null_handle(__func__, "p"), -1;
   return i >= 0 && i < p->nranks ? p->ranks[i] : -1;
 }
 
@@ -885,6 +943,7 @@ int dist_program_register(dist_client *c, dist_program *p) {
 }
 
 int dist_program_set_invocation_ttl(dist_program *p, double seconds) {
+  if (!p) return dist_null_handle(__func__, "p");
   if (seconds < 0) return bfail(p, DIST_EINVAL, "invocation ttl %g s", seconds);
   p->invocation_ttl = seconds;
   return 0;
@@ -1253,8 +1312,15 @@ out:
   return rc;
 }
 
-int dist_invocation_n_outputs(const dist_invocation *inv) { return inv->n_outputs; }
-int dist_invocation_n_inputs(const dist_invocation *inv) { return inv->n_inputs; }
+/* Given no invocation: -1, and dist_errmsg(NULL) says why. */
+int dist_invocation_n_outputs(const dist_invocation *inv) {
+  if (!inv) return dist_null_handle(__func__, "inv"), -1;
+  return inv->n_outputs;
+}
+int dist_invocation_n_inputs(const dist_invocation *inv) {
+  if (!inv) return dist_null_handle(__func__, "inv"), -1;
+  return inv->n_inputs;
+}
 
 static int kept_at(const dist_invocation *inv, const kept_value *table,
                    int per, int i, int rank, dist_value *out) {
@@ -1275,11 +1341,15 @@ static int kept_at(const dist_invocation *inv, const kept_value *table,
 
 int dist_invocation_local_output(const dist_invocation *inv, int k, int rank,
                                  dist_value *out) {
+  if (!inv) return dist_null_handle(__func__, "inv");
+  if (!out) return dist_null_handle(__func__, "out");
   return kept_at(inv, inv->outs, inv->n_outputs, k, rank, out);
 }
 
 int dist_invocation_local_grad(const dist_invocation *inv, int i, int rank,
                                dist_value *out) {
+  if (!inv) return dist_null_handle(__func__, "inv");
+  if (!out) return dist_null_handle(__func__, "out");
   return kept_at(inv, inv->grads, inv->n_inputs, i, rank, out);
 }
 

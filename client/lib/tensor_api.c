@@ -560,12 +560,32 @@ int dist_tensor_delete(dist_client *c, const char *name) {
 }
 
 void dist_tensor_free(dist_tensor *t) { free(t); }
-const char *dist_tensor_name(const dist_tensor *t) { return t->name; }
-dist_dtype dist_tensor_dtype(const dist_tensor *t) { return t->dtype; }
-int dist_tensor_ndim(const dist_tensor *t) { return t->shape.ndim; }
-const int64_t *dist_tensor_shape(const dist_tensor *t) { return t->shape.dims; }
-const dist_mesh *dist_tensor_mesh(const dist_tensor *t) { return &t->mesh; }
-const dist_placement *dist_tensor_placements(const dist_tensor *t) { return t->placements; }
+/* The accessors given no tensor return NULL (-1 for ndim, DIST_DTYPE_INVALID
+ * for the dtype) and say why in dist_errmsg(NULL). */
+const char *dist_tensor_name(const dist_tensor *t) {
+  if (!t) return dist_null_handle(__func__, "t"), NULL;
+  return t->name;
+}
+dist_dtype dist_tensor_dtype(const dist_tensor *t) {
+  if (!t) return dist_null_handle(__func__, "t"), DIST_DTYPE_INVALID;
+  return t->dtype;
+}
+int dist_tensor_ndim(const dist_tensor *t) {
+  if (!t) return dist_null_handle(__func__, "t"), -1;
+  return t->shape.ndim;
+}
+const int64_t *dist_tensor_shape(const dist_tensor *t) {
+  if (!t) return dist_null_handle(__func__, "t"), NULL;
+  return t->shape.dims;
+}
+const dist_mesh *dist_tensor_mesh(const dist_tensor *t) {
+  if (!t) return dist_null_handle(__func__, "t"), NULL;
+  return &t->mesh;
+}
+const dist_placement *dist_tensor_placements(const dist_tensor *t) {
+  if (!t) return dist_null_handle(__func__, "t"), NULL;
+  return t->placements;
+}
 
 /* TensorShow to every rank of t's mesh, even in SPMD mode: describing a
  * tensor is not a collective. */

@@ -241,10 +241,11 @@ Test(api_args, tape_gradients_and_layer_values_refuse_null_pointers) {
                 "dist_tape_grad_local: data is NULL");
   dist_tape_free(t);
   /* Layers before dist_shard_layer have no client to name it in: the
-   * code alone says so. */
+   * thread's dist_errmsg(NULL) does. */
   dist_layer *l = NULL;
   cr_assert_eq(dist_layer_linear(2, 2, 0, 1, &l), 0);
   cr_assert_eq(dist_layer_set_param(l, "weight", NULL, 4 * sizeof(float)), DIST_EINVAL);
+  cr_assert_str_eq(dist_errmsg(NULL), "dist_layer_set_param: data is NULL");
   dist_layer_free(l);
   dist_close(c);
 }

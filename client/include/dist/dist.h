@@ -82,7 +82,11 @@ void dist_close(dist_client *c);
 /* The last error's message and code on c ("" and 0 when none). Every call
  * taking a client refuses a NULL one with DIST_EINVAL; dist_errmsg(NULL)
  * then says which call ("dist_info: c is NULL"), for the
- * last such call of this thread. */
+ * last such call of this thread. The calls that take no client (the mesh,
+ * tensor, program, invocation and layer accessors and builders) keep their
+ * failures there too: a NULL handle fails with the call's error value
+ * (DIST_EINVAL, -1 or NULL, as each says) and "dist_mesh_ndim: m is
+ * NULL". */
 const char *dist_errmsg(const dist_client *c);
 int dist_errcode(const dist_client *c);
 /* Message for failures before a client exists (connect). */
@@ -198,6 +202,8 @@ int dist_mesh_from_string(const char *text, const char *dim_names,
  * thread failed. A NULL pointer argument fails with DIST_EINVAL naming it. */
 const char *dist_last_mesh_error(void);
 void dist_mesh_free(dist_mesh *m);
+/* The accessors return -1 (dist_mesh_dim_name NULL, dist_mesh_to_string
+ * "") for a NULL mesh, naming it in dist_errmsg(NULL). */
 int dist_mesh_ndim(const dist_mesh *m);
 int dist_mesh_dim_size(const dist_mesh *m, int dim);
 int dist_mesh_size(const dist_mesh *m);
@@ -285,6 +291,8 @@ int dist_tensor_pieces(dist_client *c, const dist_tensor *t,
 int dist_tensor_list(dist_client *c, dist_tensor ***out, int *n);
 void dist_tensor_list_free(dist_tensor **list, int n);
 
+/* For a NULL tensor: NULL, -1 for ndim, DIST_DTYPE_INVALID for the dtype;
+ * dist_errmsg(NULL) names the call. */
 const char *dist_tensor_name(const dist_tensor *t);
 dist_dtype dist_tensor_dtype(const dist_tensor *t);
 int dist_tensor_ndim(const dist_tensor *t);
@@ -432,7 +440,8 @@ int dist_moe_layer_forward(dist_client *c, dist_moe_layer *l,
 int dist_moe_layer_backward(dist_client *c, dist_moe_layer *l,
                             const void *const *grad_y, void **grad_x,
                             void *grad_gate);
-/* The next backward overwrites the expert gradients instead of adding. */
+/* The next backward overwrites the expert gradients instead of adding.
+ * NULL does nothing but name itself in dist_errmsg(NULL). */
 void dist_moe_layer_zero_grad(dist_moe_layer *l);
 /* Makes every expert parameter this client drives a parameter-service
  * parameter with opts (trainers forced to 1: each expert has one trainer,
@@ -448,7 +457,8 @@ int dist_moe_layer_step(dist_client *c, dist_moe_layer *l);
 /* Drops what the daemons keep for the pending backward. */
 int dist_moe_layer_release(dist_client *c, dist_moe_layer *l);
 /* The name of parameter which ("w1", "b1", "w2", "b2") of global expert
- * id; -1 when it does not exist or len is too small. */
+ * id; -1 when it does not exist or len is too small, and for a NULL l
+ * (named in dist_errmsg(NULL)). */
 int dist_moe_layer_param_name(const dist_moe_layer *l, int expert,
                               const char *which, char *buf, size_t len);
 /* Frees the handle (the daemons keep the experts). NULL is a no-op. */
@@ -490,12 +500,14 @@ typedef enum {
   DIST_CE_NONE = 2
 } dist_ce_reduction;
 
-/* An empty program named name (NULL: "program"; shown in errors). */
+/* An empty program named name (NULL: "program"; shown in errors). A
+ * builder given a NULL program returns DIST_EINVAL, and
+ * dist_errmsg(NULL) names it ("dist_op_add: p is NULL"). */
 int dist_program_new(const char *name, dist_program **out);
 /* Frees the builder and the client's record of its registration (the
  * daemons keep the program until dist_program_unregister). NULL is a no-op. */
 void dist_program_free(dist_program *p);
-/* The first builder error ("" when none). */
+/* The first builder error ("" when none, and for a NULL p). */
 const char *dist_program_errmsg(const dist_program *p);
 
 /* Inputs, in call order. dtype DIST_DTYPE_INVALID accepts any dtype. */
@@ -638,7 +650,8 @@ int dist_program_register(dist_client *c, dist_program *p);
  * backpropagated. */
 int dist_program_unregister(dist_client *c, dist_program *p);
 /* The ranks a registered program runs on (single client: VALUE arguments
- * are given per rank in this order); -1 out of range. */
+ * are given per rank in this order); -1 out of range. These and the two
+ * counts below return -1 for a NULL program. */
 int dist_program_nranks(const dist_program *p);
 int dist_program_rank_at(const dist_program *p, int i);
 /* The inputs and outputs declared so far. */
@@ -683,6 +696,7 @@ typedef struct dist_call_opts {
 int dist_local_layer_call(dist_client *c, dist_program *p, const dist_arg *args,
                           int nargs, const dist_call_opts *opts,
                           dist_invocation **inv, dist_tensor **outs);
+/* -1 for a NULL invocation. */
 int dist_invocation_n_outputs(const dist_invocation *inv);
 int dist_invocation_n_inputs(const dist_invocation *inv);
 /* With keep_local_values: output k's local value on `rank` (SPMD: -1 =
@@ -1030,7 +1044,12 @@ int dist_checkpoint_restore(dist_client *c, const char *dir,
  * weight first (row-major), then the bias; bound = 1/sqrt(in) for Linear,
  * 1 for Embedding. dist_layer_fill_uniform gives the same numbers.
  * A size below 1, or a shape of more than 2^48 elements (as for any
- * tensor), is refused with DIST_EINVAL. */
+ * tensor), is refused with DIST_EINVAL.
+ * The calls building or reading a layer without a client (constructors,
+ * set_name, add, add_param, set_param, n_params, param_at, ...) say why
+ * they failed in the thread's dist_errmsg(NULL); given a NULL layer they
+ * return DIST_EINVAL (-1 for dist_layer_n_params, NULL for dist_layer_find
+ * and the tensor accessors) naming it there. */
 typedef struct dist_layer dist_layer;
 
 int dist_layer_linear(int64_t in, int64_t out, int bias, uint64_t seed,
