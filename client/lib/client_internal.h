@@ -151,6 +151,12 @@ int dist_client_check_rank(dist_client *c, const char *func, int rank);
 /* The daemons an operation on mesh m goes to: every rank of the mesh in a
  * single client, this trainer's own daemon in SPMD. */
 int dist_targets(dist_client *c, const dist_mesh_desc *m, int *targets);
+/* call_args.c: 0 when args[0..n) (arr, to func) can be sent, each entry's
+ * values (nvalues of them where set) with data for their elements; else
+ * DIST_EINVAL on c naming the entry ("FUNC: args[1].values[0].data is
+ * NULL"). args may be NULL only when n is 0. */
+int dist_check_call_args(dist_client *c, const char *func, const char *arr,
+                         const dist_arg *args, int n, int nvalues);
 /* tensor_api.c: 1 when a and b lie on one mesh with the same placements. */
 int dist_same_layout(const dist_tensor *a, const dist_tensor *b);
 /* grad_add.c: out = a + b (b NULL: a copy of a) of stored tensors, as

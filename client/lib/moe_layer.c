@@ -426,6 +426,20 @@ static void *combine(const dist_moe_layer *l, const part *p) {
   return out;
 }
 
+/* Entry by entry, before anything is sent: rows[k] for each rank this
+ * client speaks for that has tokens (tokens[k] in forward, the forward's
+ * count in backward). A negative count is gate_parts' to refuse. */
+static int check_rows(dist_client *c, const dist_moe_layer *l, const char *func,
+                      const char *arr, const void *const *rows, const int64_t *tokens) {
+  for (int k = 0; k < l->n; k++) {
+    int64_t t = tokens ? tokens[k] : l->parts[k].T;
+    if (t > 0 && !rows[k])
+      return dist_client_fail(c, DIST_EINVAL, "%s: %s[%d] is NULL (rank %d has %lld tokens)",
+                              func, arr, k, l->group[l->pos[k]], (long long)t);
+  }
+  return 0;
+}
+
 int dist_moe_layer_forward(dist_client *c, dist_moe_layer *l,
                            const void *const *x, const int64_t *tokens,
                            const void *gate_w, void **y) {
@@ -438,6 +452,7 @@ int dist_moe_layer_forward(dist_client *c, dist_moe_layer *l,
                      "and y", l->name);
     return refuse_pass(c, l);
   }
+  if (check_rows(c, l, __func__, "x", x, tokens)) return refuse_pass(c, l);
   to_double(gate_w, l->dt, l->gate, (size_t)(l->dm * l->NE));
   int rc = route(c, l, x, tokens);
   for (int k = 0; rc == 0 && k < l->n; k++)
@@ -545,6 +560,7 @@ int dist_moe_layer_backward(dist_client *c, dist_moe_layer *l,
                      "forward first (one backward per forward)", l->name);
     return refuse_pass(c, l);
   }
+  if (check_rows(c, l, __func__, "grad_y", grad_y, NULL)) return refuse_pass(c, l);
   int rc = backward_parts(c, l, grad_y, rows, dgw);
   if (rc != 0) refuse_pass(c, l);
   if (rc == 0) rc = exchange_and_run(c, l, rows, 1, dxs);

@@ -1257,13 +1257,16 @@ int dist_local_layer_call(dist_client *c, dist_program *p, const dist_arg *args,
   if (DIST_NEED(c, p)) return c->err.code;
   dist_call_opts o = DIST_CALL_OPTS_INIT;
   if (opts) o = *opts;
-  *inv = NULL;
+  if (inv) *inv = NULL;
   for (int k = 0; outs && k < p->n_outputs; k++) outs[k] = NULL;
   /* The invocation id, then one op id per output's shape exchange, taken
    * before the checks: a trainer that refuses the call stays in step. */
   uint64_t id = dist_next_op_id(c);
   for (int k = 0; k < p->n_outputs; k++) dist_next_op_id(c);
-  if (check_call(c, p, nargs)) return refuse_call(c, p, id);
+  if (DIST_NEED(c, inv) || check_call(c, p, nargs) ||
+      dist_check_call_args(c, __func__, "args", args, nargs,
+                           c->spmd_rank >= 0 ? 1 : p->nranks))
+    return refuse_call(c, p, id);
   fanout f;
   dist_invocation *v = NULL;
   Dist__V1__ProgramInvokeRequest *rq = NULL;
@@ -1409,7 +1412,9 @@ static int prepare_backward(dist_client *c, dist_invocation *inv, fanout *f,
                             const dist_arg *out_grads, const dist_backward_opts *o,
                             char **names, char (*buf)[256],
                             Dist__V1__ProgramBackwardRequest *rq) {
-  int rc;
+  int rc = dist_check_call_args(c, "dist_backward", "out_grads", out_grads,
+                                out_grads ? inv->n_outputs : 0, c->spmd_rank >= 0 ? 1 : inv->n);
+  if (rc) return rc;
   if (o->grad_names &&
       (rc = check_chosen_names(c, "gradient", o->grad_names, inv->n_inputs, 1)))
     return rc;

@@ -394,3 +394,104 @@ Test(api_args, null_tapes_layers_programs_and_invocations_are_named) {
   cr_assert_eq(dist_layer_destroy(c, NULL), 0, "NULL stays a no-op");
   dist_close(c);
 }
+
+/* A MoE layer of one expert per daemon, d_model 2, float32. */
+static dist_moe_layer *small_moe_layer(dist_client *c) {
+  dist_moe_layer_opts o = DIST_MOE_LAYER_OPTS_INIT;
+  o.experts_per_rank = 1, o.d_model = 2, o.d_hidden = 2, o.seed = 3, o.top_k = 1;
+  dist_moe_layer *l = NULL;
+  cr_assert_eq(dist_moe_layer_create(c, "args_moe", &o, &l), 0, "%s", dist_errmsg(c));
+  return l;
+}
+
+/* The per-rank arrays are read entry by entry before anything is sent:
+ * before, a NULL x[k] was reported as "rank k has 1 tokens" and a NULL
+ * grad_y[k] as "out of memory or no grad_y". A refused pass leaves the
+ * layer usable. */
+Test(api_args, moe_layer_passes_name_a_null_entry) {
+  dist_client *c = start_with_param();
+  dist_moe_layer *l = small_moe_layer(c);
+  float x0[2] = {1, 2}, x1[2] = {3, -1}, gate[4] = {1, 0, 0, 1}, dy[2] = {1, 1};
+  int64_t tokens[2] = {1, 1};
+  const void *holed[2] = {x0, NULL}, *both[2] = {x0, x1};
+  const void *dys_holed[2] = {NULL, dy};
+  void *y[2] = {NULL, NULL};
+  expect_einval(c, dist_moe_layer_forward(c, l, holed, tokens, gate, y),
+                "dist_moe_layer_forward: x[1] is NULL");
+  cr_assert_eq(dist_moe_layer_forward(c, l, both, tokens, gate, y), 0, "%s", dist_errmsg(c));
+  free(y[0]), free(y[1]);
+  expect_einval(c, dist_moe_layer_backward(c, l, dys_holed, NULL, NULL),
+                "dist_moe_layer_backward: grad_y[0] is NULL");
+  cr_assert_eq(dist_moe_layer_release(c, l), 0, "%s", dist_errmsg(c));
+  dist_moe_layer_free(l);
+  dist_close(c);
+}
+
+/* y = 2 x, registered, output Shard(0) on both daemons; x a float64
+ * distributed tensor ("w": [4] Shard(0)) or, with values, a per-rank value. */
+static dist_program *doubling_program(dist_client *c, int values, dist_mesh **m) {
+  dist_program *p = NULL;
+  dist_placement s0 = DIST_SHARD_DIM(0);
+  cr_assert_eq(dist_mesh_from_string("[0,1]", NULL, m), 0);
+  cr_assert_eq(dist_program_new("doubling", &p), 0);
+  int x = values ? dist_input_value(p, "x", DIST_FLOAT64)
+                 : dist_input_dtensor(p, "x", DIST_FLOAT64);
+  dist_program_output(p, dist_op_mul_scalar(p, x, 2));
+  dist_program_out_dist_attr(p, *m, &s0, NULL);
+  cr_assert_eq(dist_program_register(c, p), 0, "%s", dist_errmsg(c));
+  return p;
+}
+
+/* A LocalLayer call's and a backward's argument arrays are read entry by
+ * entry before anything is sent; before, a value without data was read
+ * from NULL while its request was packed, and a NULL args or inv crashed
+ * the call. */
+Test(api_args, local_layer_call_and_backward_name_a_null_entry) {
+  dist_client *c = start_with_param();
+  dist_mesh *m = NULL;
+  dist_program *p = doubling_program(c, 0, &m);
+  dist_tensor *w = NULL, *out = NULL, *grads[1] = {NULL};
+  cr_assert_eq(dist_tensor_open(c, "w", &w), 0, "%s", dist_errmsg(c));
+  double g[2] = {1, 1};
+  dist_value holed[2] = {{g, DIST_FLOAT64, 1, {2}}, {NULL, DIST_FLOAT64, 1, {2}}};
+  dist_arg args[1] = {{w, NULL}}, grad_args[1] = {{NULL, holed}};
+  dist_invocation *inv = NULL;
+  expect_einval(c, dist_local_layer_call(c, p, NULL, 1, NULL, &inv, &out),
+                "dist_local_layer_call: args is NULL with 1 entries");
+  expect_einval(c, dist_local_layer_call(c, p, args, 1, NULL, NULL, &out),
+                "dist_local_layer_call: inv is NULL");
+  cr_assert_eq(dist_local_layer_call(c, p, args, 1, NULL, &inv, &out), 0, "%s", dist_errmsg(c));
+  expect_einval(c, dist_backward(c, inv, grad_args, NULL, grads),
+                "dist_backward: out_grads[0].values[1].data is NULL");
+  holed[1].ndim = 9;
+  expect_einval(c, dist_backward(c, inv, grad_args, NULL, grads),
+                "dist_backward: out_grads[0].values[1] has 9 dims");
+  /* Refused before it was sent: the daemons still hold the invocation. */
+  holed[1] = holed[0];
+  cr_assert_eq(dist_backward(c, inv, grad_args, NULL, grads), 0, "%s", dist_errmsg(c));
+  dist_tensor_free(grads[0]);
+  dist_invocation_free(inv);
+  dist_tensor_free(out);
+  dist_tensor_free(w);
+  dist_program_free(p);
+  dist_mesh_free(m);
+  dist_close(c);
+}
+
+/* A value argument's entries are read the same way on the call. */
+Test(api_args, local_layer_call_names_a_value_without_data) {
+  dist_client *c = start_with_param();
+  dist_mesh *m = NULL;
+  dist_program *p = doubling_program(c, 1, &m);
+  double d[2] = {1, 2};
+  dist_value vals[2] = {{NULL, DIST_FLOAT64, 1, {2}}, {d, DIST_FLOAT64, 1, {2}}};
+  dist_arg args[1] = {{NULL, vals}};
+  dist_invocation *inv = NULL;
+  dist_tensor *out = NULL;
+  expect_einval(c, dist_local_layer_call(c, p, args, 1, NULL, &inv, &out),
+                "dist_local_layer_call: args[0].values[0].data is NULL");
+  cr_assert_null(inv);
+  dist_program_free(p);
+  dist_mesh_free(m);
+  dist_close(c);
+}

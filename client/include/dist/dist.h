@@ -426,7 +426,10 @@ int dist_moe_layer_create(dist_client *c, const char *name,
 /* Forward: x[k] holds tokens[k] rows of d_model; gate_w is [d_model, NE]
  * (the same on every rank: replicate it). y[k] gets a malloc'd
  * [tokens[k], d_model] (free()). The layer keeps what backward needs until
- * the next forward (one step in flight per layer). */
+ * the next forward (one step in flight per layer). x and, in backward,
+ * grad_y are read entry by entry before anything is sent: a NULL entry of
+ * a rank with tokens is refused naming it ("x[1] is NULL"), to the other
+ * SPMD trainers too. */
 int dist_moe_layer_forward(dist_client *c, dist_moe_layer *l,
                            const void *const *x, const int64_t *tokens,
                            const void *gate_w, void **y);
@@ -692,7 +695,9 @@ typedef struct dist_call_opts {
  * dist_invocation_free) and outs[k] a new handle of output k, stored in the
  * daemons as a distributed tensor with out_dist_attrs[k]. opts may be NULL.
  * Every daemon runs with the same invocation id, so SPMD trainers must call
- * in the same order. */
+ * in the same order. args is read entry by entry before anything is sent:
+ * a value with elements but no data, or more than DIST_MAX_DIMS dims, is
+ * refused naming it ("args[1].values[0].data is NULL"). */
 int dist_local_layer_call(dist_client *c, dist_program *p, const dist_arg *args,
                           int nargs, const dist_call_opts *opts,
                           dist_invocation **inv, dist_tensor **outs);
@@ -719,7 +724,8 @@ typedef struct dist_backward_opts {
  * new handle of the gradient stored in the daemons (on the input's mesh
  * with its grad placements) or NULL for inputs without one (RANK, COORD,
  * VALUE, no_grad, integer dtypes). Backward runs once per invocation; the
- * daemons then free what they kept. opts may be NULL. */
+ * daemons then free what they kept. opts may be NULL. out_grads' values are
+ * checked as dist_local_layer_call's args are. */
 int dist_backward(dist_client *c, dist_invocation *inv,
                   const dist_arg *out_grads, const dist_backward_opts *opts,
                   dist_tensor **grads);
