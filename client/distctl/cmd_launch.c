@@ -2,7 +2,10 @@
  * trainers with DIST_RANK, DIST_WORLD_SIZE, DIST_CLUSTER and DIST_JOB_ID;
  * every rank's output goes to LOGDIR/workerlog.<rank>, rank 0's also to
  * the console. Without a cluster it runs one of N local daemons for the
- * job. If a rank fails, the others are stopped and the status is non-zero. */
+ * job. If a rank fails, the others are stopped and the status is non-zero.
+ * With --json, rank 0's console copy goes to stderr instead, and stdout
+ * holds only one JSON object at the end: each rank's exit status or
+ * signal, and the job's. */
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -24,8 +27,12 @@ typedef struct job {
   int n;
   pid_t pids[MAX_RANKS];   /* 0 once reaped */
   pid_t groups[MAX_RANKS]; /* each rank's process group, kept after it exits */
+  int status[MAX_RANKS];   /* each rank's wait status, once reaped */
+  int stopped[MAX_RANKS];  /* still running when a failure stopped the job */
   int console_fd; /* read end of rank 0's output pipe, -1 when closed */
   int log0_fd;
+  FILE *console;  /* where rank 0's copy goes: stdout, or stderr with --json */
+  int failed_rank; /* the first rank that failed, -1 when none */
 } job;
 
 static pid_t start_rank(int rank, int n, const char *cluster, const char *job_id,
@@ -61,9 +68,14 @@ static void pump_console(job *j, int timeout_ms) {
     j->console_fd = -1;
     return;
   }
-  fwrite(buf, 1, (size_t)n, stdout);
-  fflush(stdout);
+  fwrite(buf, 1, (size_t)n, j->console);
+  fflush(j->console);
   if (write(j->log0_fd, buf, (size_t)n) != n) { /* the console copy still went out */ }
+}
+
+/* The ranks still running when the job is stopped. */
+static void mark_stopped(job *j) {
+  for (int r = 0; r < j->n; r++) j->stopped[r] = j->pids[r] > 0;
 }
 
 static void signal_ranks(job *j, int sig) {
@@ -72,6 +84,12 @@ static void signal_ranks(job *j, int sig) {
 }
 
 #define STOP_GRACE_MS 5000
+
+/* A rank's exit status as a shell reports it: 128 + N when killed by
+ * signal N. */
+static int exit_code(int status) {
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
 
 /* Waits for every rank; returns the first failing rank's exit status. A
  * failure stops the other ranks' process groups: SIGTERM, then SIGKILL
@@ -96,12 +114,15 @@ static int supervise(job *j) {
     for (int r = 0; r < j->n; r++) {
       if (j->pids[r] != pid) continue;
       j->pids[r] = 0;
+      j->status[r] = status;
       running--;
-      int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      int code = exit_code(status);
       if (code != 0 && result == 0) {
         fprintf(stderr, "distctl launch: rank %d failed with status %d; stopping "
                 "the other ranks\n", r, code);
         result = code;
+        j->failed_rank = r;
+        mark_stopped(j);
         signal_ranks(j, SIGTERM);
         clock_gettime(CLOCK_MONOTONIC, &stop_at);
         stop_at.tv_sec += STOP_GRACE_MS / 1000;
@@ -116,8 +137,26 @@ static int supervise(job *j) {
   return result;
 }
 
-static int run_job(int n, const char *cluster, const char *log_dir, char **argv) {
-  job j = {.n = n, .console_fd = -1};
+/* launch --json: {"status", "ok", "failed_rank", "log_dir", "ranks": [{"rank",
+ * "exit_status", "signal" (killed only), "stopped" (by launch after
+ * another rank failed), "log"}]}. */
+static json_t *job_json(const job *j, int status, const char *log_dir) {
+  json_t *ranks = json_array();
+  for (int r = 0; r < j->n; r++) {
+    char log[4096];
+    snprintf(log, sizeof log, "%s/workerlog.%d", log_dir, r);
+    json_t *o = json_pack("{s:i, s:i, s:b, s:s}", "rank", r, "exit_status",
+                          exit_code(j->status[r]), "stopped", j->stopped[r], "log", log);
+    if (WIFSIGNALED(j->status[r])) json_object_set_new(o, "signal", json_integer(WTERMSIG(j->status[r])));
+    json_array_append_new(ranks, o);
+  }
+  return json_pack("{s:i, s:b, s:o, s:s, s:o}", "status", status, "ok", status == 0,
+                   "failed_rank", j->failed_rank >= 0 ? json_integer(j->failed_rank) : json_null(),
+                   "log_dir", log_dir, "ranks", ranks);
+}
+
+static int run_job(int n, const char *cluster, const char *log_dir, char **argv, int json) {
+  job j = {.n = n, .console_fd = -1, .console = json ? stderr : stdout, .failed_rank = -1};
   char job_id[64], log0[4096];
   snprintf(job_id, sizeof job_id, "%ld-%d", (long)time(NULL), (int)getpid());
   snprintf(log0, sizeof log0, "%s/workerlog.0", log_dir);
@@ -134,6 +173,7 @@ static int run_job(int n, const char *cluster, const char *log_dir, char **argv)
   close(fds[1]);
   int rc = supervise(&j);
   close(j.log0_fd);
+  if (json) distctl_print_json(job_json(&j, rc, log_dir));
   return rc;
 }
 
@@ -170,12 +210,14 @@ static int run_launch(const distctl_global *g, int argc, char **argv) {
   char abs_cluster[4300];
   if (!realpath(cluster, abs_cluster)) snprintf(abs_cluster, sizeof abs_cluster, "%s", cluster);
   signal(SIGPIPE, SIG_IGN);
-  int rc = run_job((int)n, abs_cluster, log_dir, argv + prog);
+  int rc = run_job((int)n, abs_cluster, log_dir, argv + prog, g->json);
   if (local_dir[0]) distctl_cluster_down(local_dir, 1);
   return rc;
 }
 
 const distctl_command distctl_cmd_launch = {
     "launch", "-n N [--log-dir DIR] -- PROGRAM [ARGS...]",
-    "run N trainer processes (a local cluster of N daemons unless --cluster)",
+    "run N trainer processes (a local cluster of N daemons unless --cluster); with\n"
+    "      --json rank 0's output goes to stderr and stdout gets one JSON object at the\n"
+    "      end: each rank's exit_status (and signal), the job's status",
     run_launch};

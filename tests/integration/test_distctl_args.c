@@ -2,7 +2,7 @@
  * repeated one is refused naming it, exit 2, where the last used to win
  * silently), a missing or bad value is a usage error naming the option,
  * per-rank failures name the rank once, and the verbs that change tensors
- * or clusters print their result with --json. */
+ * or clusters, and launch, print their result with --json. */
 #include <criterion/criterion.h>
 #include <jansson.h>
 #include <signal.h>
@@ -179,5 +179,65 @@ Test(distctl_args, cluster_up_and_down_print_their_result_with_json,
             out ? out : "");
   json_decref(j);
   free(out);
+  free(err);
+}
+
+static char launch_dir[] = "/tmp/distctl-launch-json-XXXXXX";
+
+static void remove_launch_dir(void) { harness_remove_dir(launch_dir); }
+
+/* `distctl --json launch -n 2` of a shell line (double quotes inside) in
+ * launch_dir's local cluster: its exit status; *j is the whole of its
+ * stdout parsed as JSON, *err its stderr. */
+static int launch_json(const char *line, json_t **j, char **err) {
+  char cmd[2048], *out = NULL;
+  snprintf(cmd, sizeof cmd, "%s --json launch -n 2 --log-dir %s/log -- sh -c \"%s\"",
+           harness_distctl(), launch_dir, line);
+  int rc = harness_run(cmd, &out, err, 90);
+  json_error_t je;
+  *j = json_loads(out ? out : "", 0, &je);
+  cr_assert(*j, "launch --json printed more or other than JSON (%s): '%s'", je.text,
+            out ? out : "");
+  free(out);
+  return rc;
+}
+
+/* Before, launch printed rank 0's output on stdout and never JSON. */
+Test(distctl_args, launch_prints_each_ranks_exit_status_as_json, .fini = remove_launch_dir) {
+  cr_assert(mkdtemp(launch_dir));
+  json_t *j = NULL;
+  char *err = NULL;
+  /* Rank 1 fails at once; rank 0 would sleep for a minute if not stopped. */
+  int rc = launch_json("echo rank \\$DIST_RANK of \\$DIST_WORLD_SIZE; "
+                       "if [ \\$DIST_RANK = 1 ]; then exit 3; fi; sleep 60", &j, &err);
+  cr_assert_eq(rc, 3, "launch exited %d: %s", rc, err ? err : "");
+  cr_assert(err && strstr(err, "rank 0 of 2"), "rank 0's output is not on stderr: %s", err);
+  cr_assert_eq(json_integer_value(json_object_get(j, "status")), 3);
+  cr_assert(json_is_false(json_object_get(j, "ok")));
+  cr_assert_eq(json_integer_value(json_object_get(j, "failed_rank")), 1);
+  json_t *ranks = json_object_get(j, "ranks");
+  cr_assert_eq(json_array_size(ranks), 2);
+  json_t *r0 = json_array_get(ranks, 0), *r1 = json_array_get(ranks, 1);
+  cr_assert_eq(json_integer_value(json_object_get(r1, "exit_status")), 3);
+  cr_assert_null(json_object_get(r1, "signal"), "rank 1 exited on its own");
+  cr_assert(json_is_false(json_object_get(r1, "stopped")));
+  cr_assert_eq(json_integer_value(json_object_get(r0, "signal")), SIGTERM);
+  cr_assert_eq(json_integer_value(json_object_get(r0, "exit_status")), 128 + SIGTERM);
+  cr_assert(json_is_true(json_object_get(r0, "stopped")));
+  cr_assert(strstr(json_string_value(json_object_get(r0, "log")), "/log/workerlog.0"));
+  json_decref(j);
+  free(err);
+  rc = launch_json("echo hello from \\$DIST_RANK", &j, &err);
+  cr_assert_eq(rc, 0, "launch exited %d: %s", rc, err ? err : "");
+  cr_assert(err && strstr(err, "hello from 0"), "rank 0's output is not on stderr: %s", err);
+  cr_assert_eq(json_integer_value(json_object_get(j, "status")), 0);
+  cr_assert(json_is_true(json_object_get(j, "ok")));
+  cr_assert(json_is_null(json_object_get(j, "failed_rank")));
+  for (int r = 0; r < 2; r++) {
+    json_t *o = json_array_get(json_object_get(j, "ranks"), (size_t)r);
+    cr_assert_eq(json_integer_value(json_object_get(o, "rank")), r);
+    cr_assert_eq(json_integer_value(json_object_get(o, "exit_status")), 0);
+  }
+  json_decref(j);
   free(err);
 }
