@@ -111,9 +111,7 @@ layer_param *dist_layer_new_param(dist_layer *l, const char *name,
   dist_shape s;
   /* dist_shape_make bounds the element count: [2^22, 2^22, 2^20] wrapped
    * to 0 elements, a parameter of that shape over a 4-byte buffer. */
-  if (l->sharded || !valid_part(name, sizeof l->params->name, 0) || has_name(l, name) ||
-      dist_shape_make(ndim, shape, &s, NULL) != 0)
-    return NULL;
+  if (dist_shape_make(ndim, shape, &s, NULL) != 0) return NULL;
   size_t n = (size_t)dist_shape_numel(&s);
   float *init = calloc(n + 1, sizeof *init);
   layer_param *p = realloc(l->params, sizeof *p * (size_t)(l->n_params + 1));
@@ -133,7 +131,8 @@ layer_param *dist_layer_new_param(dist_layer *l, const char *name,
   return p;
 }
 
-/* dist_layer_new_param for a public call, saying why one is refused. */
+/* dist_layer_new_param for a public call: the checks of the caller's
+ * name and layer, each refusal saying why. */
 static int add_param(const char *func, dist_layer *l, const char *name, int is_buffer,
                      int ndim, const int64_t *shape, const float *data) {
   dist_shape s;

@@ -110,7 +110,10 @@ struct dist_layer {
 /* ---------------------------------------------------------------- layer.c */
 
 dist_layer *dist_layer_alloc(layer_kind kind, const char *name);
-/* Adds a float32 parameter or buffer with a copy of data (NULL: zeros). */
+/* Adds a float32 parameter or buffer with a copy of data (NULL: zeros);
+ * NULL for a shape out of bounds or out of memory. The name, unique in l,
+ * and l, not yet sharded, are the caller's to check (the public calls'
+ * add_param does; the built-in constructors name their own). */
 layer_param *dist_layer_new_param(dist_layer *l, const char *name,
                                   int is_buffer, int ndim,
                                   const int64_t *shape, const float *data);
