@@ -52,8 +52,8 @@ static const dist_cfg_option options[] = {
            0, 24 * MS_PER_HOUR,
            "Longest a frame that arrived before its receive is kept aside; "
            "then it is dropped, logged and counted (a trainer that died "
-           "before calling never posts its receive). 0 means 10 times "
-           "peer_timeout."),
+           "before calling never posts its receive); a receive posted "
+           "later fails at once. 0 means 10 times peer_timeout."),
     OPT_AS("connect_backoff_min", connect_backoff_min_ms, DIST_CFG_DURATION,
            "100ms", 1, MS_PER_HOUR,
            "First wait before reconnecting to a peer that is down."),

@@ -375,6 +375,7 @@ int distd_peers_start(distd_peers **out, struct event_base *base,
   dlist_init(&p->pending_in);
   dlist_init(&p->xfers);
   dlist_init(&p->unexpected);
+  distd_dropped_init(&p->dropped);
   p->members = malloc(sizeof *p->members * (size_t)p->world);
   p->peers = calloc((size_t)p->world, sizeof *p->peers);
   p->pollfds = calloc(2 * (size_t)p->world + 1, sizeof *p->pollfds);

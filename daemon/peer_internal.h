@@ -47,6 +47,7 @@
 
 #include "frame.h"
 #include "peer.h"
+#include "peer_dropped.h"
 #include "peer_transport.h"
 
 /* Per-socket buffer for headers and small frames. A header read fills it,
@@ -306,6 +307,9 @@ struct distd_peers {
   dlist pending_in;
   dlist xfers;
   dlist unexpected;
+  /* kept-aside frames dropped unreceived, kept another
+   * unexpected_max_age so a late receive is told (peer_dropped.h) */
+  distd_dropped_frames dropped;
   remembered_op remembered[REMEMBERED_OPS];
   int remembered_next, remembered_used; /* used: slots ever written */
   /* the worker driving the sockets (see the top); NULL when none */

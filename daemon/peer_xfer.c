@@ -184,6 +184,7 @@ static void drop_expired(distd_peers *p, unexpected *u, int64_t now_ms, int name
     log_warn("dropped %zu bytes rank %d sent for op %llu (tag %u): kept aside %lld ms "
              "without a receive (peer_unexpected_max_age)", u->len, u->src,
              (unsigned long long)u->op_id, u->tag, (long long)(now_ms - u->kept_ms));
+  distd_dropped_note(&p->dropped, u->op_id, u->src, u->tag, now_ms - u->kept_ms, now_ms);
   distd_unexpected_free(p, u);
 }
 
@@ -195,6 +196,8 @@ static void drop_expired(distd_peers *p, unexpected *u, int64_t now_ms, int name
  * so the first young frame ends the sweep. */
 void distd_unexpected_expire(distd_peers *p, int64_t now_ms) {
   if (p->unexpected_max_age_ms <= 0) return;
+  /* Another max age: a receive that late belongs to a job long failed. */
+  distd_dropped_expire(&p->dropped, now_ms, p->unexpected_max_age_ms);
   size_t dropped = 0, unnamed_bytes = 0;
   dlist *pos, *tmp;
   dlist_each_safe(pos, tmp, &p->unexpected) {
@@ -539,10 +542,28 @@ static void recv_from_self(distd_xfer *x, recv_slot *s) {
   x->pending++;
 }
 
+/* A receive whose frame came, waited past peer_unexpected_max_age and was
+ * dropped (distd_unexpected_expire) would otherwise wait peer_timeout for
+ * a frame that will not come again. ETIMEDOUT, as that wait would have
+ * ended: the frame timed out, only sooner. */
+static int fail_if_dropped(distd_xfer *x, const recv_slot *s) {
+  distd_dropped_frame d;
+  if (!distd_dropped_take(&x->p->dropped, x->op_id, s->src, s->tag, &d)) return 0;
+  distd_xfer_fail(x, DIST_ETIMEDOUT,
+                  "the frame rank %d sent for op %llu (tag %u) was dropped after waiting "
+                  "%.1f s for this receive (peer_unexpected_max_age)",
+                  s->src, (unsigned long long)x->op_id, s->tag, (double)d.waited_ms / 1000.0);
+  return 1;
+}
+
 /* Matches against data kept aside first (oldest first), else waits. */
 static void post_recv(distd_xfer *x, recv_slot *s) {
   distd_peers *p = x->p;
   unexpected *u = find_unexpected(p, x->op_id, s->src, s->tag);
+  if (!u && fail_if_dropped(x, s)) {
+    free(s);
+    return;
+  }
   if (u && distd_xfer_signature_clash(x, s->src, u->signature)) {
     free(s); /* the failure dropped u, or drops it once whole (unexpected_finished) */
     return;

@@ -5,7 +5,8 @@
  * collective. Two daemons, one trainer thread per rank. Point-to-point
  * send and receive (raw Collective requests: libdist has no call for
  * them) likewise, and a sent frame whose receive never comes is dropped
- * after peer_unexpected_max_age. */
+ * after peer_unexpected_max_age, a receive posted after that failing at
+ * once. */
 #include <criterion/criterion.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -288,21 +289,28 @@ Test(disagree, p2p_send_and_recv_on_dtype, .timeout = 120, .fini = stop_cluster)
   cr_expect_eq(memcmp(sd[1].got, p2p_payload, P2P_BYTES), 0, "the receiver got other bytes");
 }
 
+/* Starts two daemons whose kept-aside frames expire after 1 s, sends
+ * P2P_BYTES from rank 0 to rank 1 for op_id, and waits for rank 1 to log
+ * dropping them unreceived; op gets "op <op_id>". */
+static int send_until_dropped(uint64_t op_id, char *op, size_t op_len) {
+  const char *const args[] = {"--peer-unexpected-max-age=1s", NULL};
+  harness_start(&cluster, 2, args);
+  long from = harness_log_size(&cluster, 1);
+  p2p_side sender = {.rank = 0, .send = 1, .op_id = op_id, .dt = DIST_FLOAT32};
+  p2p_main(&sender);
+  cr_assert_eq(sender.rc, 0, "%s", sender.msg);
+  snprintf(op, op_len, "op %llu", (unsigned long long)op_id);
+  const char *const needles[] = {"dropped 16 bytes rank 0 sent for", op, NULL};
+  return harness_log_wait(&cluster, 1, from, needles, 10000);
+}
+
 /* A frame whose receive never comes (the receiving trainer died before
  * calling) is dropped after peer_unexpected_max_age, logged once with
  * its op id and sender, and counted in /metrics. */
 Test(kept_aside, a_send_never_received_is_dropped_after_the_age, .timeout = 120,
      .fini = stop_cluster) {
-  const char *const args[] = {"--peer-unexpected-max-age=1s", NULL};
-  harness_start(&cluster, 2, args);
-  long from = harness_log_size(&cluster, 1);
-  p2p_side sender = {.rank = 0, .send = 1, .op_id = 0x7100, .dt = DIST_FLOAT32};
-  p2p_main(&sender);
-  cr_assert_eq(sender.rc, 0, "%s", sender.msg);
   char op[64];
-  snprintf(op, sizeof op, "op %llu", 0x7100ull);
-  const char *const needles[] = {"dropped 16 bytes rank 0 sent for", op, NULL};
-  cr_expect(harness_log_wait(&cluster, 1, from, needles, 10000),
+  cr_expect(send_until_dropped(0x7100, op, sizeof op),
             "rank 1 did not log dropping the frame of %s", op);
   char cmd[600], *out = NULL, *err = NULL;
   snprintf(cmd, sizeof cmd, "%s --cluster %s --timeout 10000 metrics --rank 1",
@@ -312,6 +320,23 @@ Test(kept_aside, a_send_never_received_is_dropped_after_the_age, .timeout = 120,
                 strstr(out, "distd_peer_unexpected_expired_bytes_total{peer=\"0\"} 16\n"),
             "rank 1's metrics do not count the dropped frame:\n%s", out);
   free(out), free(err);
+}
+
+/* A receive that comes after its frame was dropped fails at once, naming
+ * the sender, the op and the frame's wait, well before peer_timeout (5 s
+ * in the harness); before, it waited that out for a frame gone. */
+Test(kept_aside, a_receive_after_its_frame_was_dropped_fails_at_once, .timeout = 120,
+     .fini = stop_cluster) {
+  char op[64], want[160];
+  cr_assert(send_until_dropped(0x7200, op, sizeof op), "rank 1 did not drop the frame of %s", op);
+  p2p_side late = {.rank = 1, .send = 0, .op_id = 0x7200, .dt = DIST_FLOAT32};
+  p2p_main(&late);
+  snprintf(want, sizeof want, "the frame rank 0 sent for %s (tag ", op);
+  cr_expect_eq(late.rc, DIST_ETIMEDOUT, "%s: %s", dist_err_name(late.rc), late.msg);
+  cr_expect(strstr(late.msg, want) && strstr(late.msg, "was dropped after waiting") &&
+                strstr(late.msg, "for this receive (peer_unexpected_max_age)"),
+            "%s", late.msg);
+  cr_expect_lt(late.seconds, 2.0, "the late receive took %.1f s: %s", late.seconds, late.msg);
 }
 
 /* Trainer 0's request is refused before its part, by its daemon (root,

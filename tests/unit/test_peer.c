@@ -542,6 +542,37 @@ Test(peer, a_sweep_drops_every_old_frame_however_many) {
   fix_teardown(&f);
 }
 
+/* A receive posted after its frame was dropped fails at once, naming the
+ * sender, the op and how long the frame waited, not after the deadline;
+ * a receive of another tag of that op is not failed by it. */
+Test(peer, a_receive_posted_after_its_frame_was_dropped_fails_at_once) {
+  peer_fixture f;
+  setup_with_max_age(&f, 2, 60000);
+  distd_peers *p = f.r[1].peers;
+  int64_t now = distd_now_ms();
+  plant_kept(p, 90, 0, 16, now - 70000, 1);
+  sweep(p, now);
+  cr_assert_eq(kept_bytes(p), 0, "the planted frame was not dropped");
+  uint8_t got[16];
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  distd_xfer *other = distd_xfer_new(p, 90);
+  distd_xfer_recv(other, 0, 1, got, sizeof got);
+  cr_expect_eq(distd_xfer_wait(other, in_ms(300), &eb), DIST_ETIMEDOUT);
+  cr_expect(strstr(eb.msg, "timed out waiting for rank 0"), "tag 1 was never sent: %s", eb.msg);
+  distd_xfer_free(other);
+  int64_t t0 = distd_now_ms();
+  distd_xfer *r = distd_xfer_new(p, 90);
+  distd_xfer_recv(r, 0, 0, got, sizeof got);
+  eb = (dist_errbuf)DIST_ERRBUF_INIT;
+  cr_assert_eq(distd_xfer_wait(r, in_ms(10000), &eb), DIST_ETIMEDOUT, "%s", eb.msg);
+  int64_t took = distd_now_ms() - t0;
+  cr_expect(strstr(eb.msg, "the frame rank 0 sent for op 90 (tag 0) was dropped after waiting "
+                           "70.0 s for this receive (peer_unexpected_max_age)"), "%s", eb.msg);
+  cr_expect_lt(took, 1000, "failed after %lld ms of a 10 s deadline", (long long)took);
+  distd_xfer_free(r);
+  fix_teardown(&f);
+}
+
 /* Through the loop's timer: a frame whose receive never comes is dropped
  * once it is older than the age, not before; one whose receive comes in
  * time is delivered intact. */
