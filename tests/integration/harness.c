@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <criterion/criterion.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -226,6 +227,20 @@ void harness_stop(harness *h) {
               WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
   }
   if (harness_remove_dir(h->dir) != 0) fprintf(stderr, "cannot remove %s\n", h->dir);
+}
+
+int harness_count_files(const char *dir, const char *infix, const char *suffix) {
+  DIR *d = opendir(dir);
+  if (!d) return 0;
+  int n = 0;
+  size_t sl = strlen(suffix);
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    size_t l = strlen(e->d_name);
+    n += l >= sl && !strcmp(e->d_name + l - sl, suffix) && strstr(e->d_name, infix);
+  }
+  closedir(d);
+  return n;
 }
 
 int harness_remove_dir(const char *dir) {

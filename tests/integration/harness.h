@@ -66,6 +66,8 @@ int harness_try_put(dist_client *c, const char *name, dist_dtype dt, const void 
 dist_tensor *harness_put(dist_client *c, const char *name, dist_dtype dt, const void *data,
                          int ndim, const int64_t *shape, const char *mesh_text,
                          const char *placements);
+/* How many names in dir contain infix ("" for any) and end in suffix. */
+int harness_count_files(const char *dir, const char *infix, const char *suffix);
 /* rm -rf of dir, bounded (30 s); its exit status, as harness_run gives it. */
 int harness_remove_dir(const char *dir);
 /* CLOCK_MONOTONIC in seconds, and a sleep: for the tests' bounded waits. */

@@ -12,7 +12,6 @@
  * AddressSanitizer that is also the daemons' leak check). */
 #include <arpa/inet.h>
 #include <criterion/criterion.h>
-#include <dirent.h>
 #include <errno.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -442,21 +441,6 @@ static char *manifest_text(const char *dir) {
   return s;
 }
 
-/* Names in dir ending in suffix (and containing infix, may be ""). */
-static int count_files(const char *dir, const char *infix, const char *suffix) {
-  DIR *d = opendir(dir);
-  if (!d) return 0;
-  int n = 0;
-  size_t sl = strlen(suffix);
-  struct dirent *e;
-  while ((e = readdir(d))) {
-    size_t l = strlen(e->d_name);
-    n += l >= sl && !strcmp(e->d_name + l - sl, suffix) && strstr(e->d_name, infix);
-  }
-  closedir(d);
-  return n;
-}
-
 typedef struct saver {
   dist_client *c;
   const char *dir;
@@ -527,7 +511,7 @@ Test(faults, kill_mid_checkpoint_save_keeps_the_previous_checkpoint) {
   pthread_create(&th, NULL, save_checkpoint, &s);
   double at = 0;
   for (double until = harness_now_s() + 30; harness_now_s() < until && !at;) {
-    if (count_files(dir, "rank1.", ".safetensors.tmp") > 0) {
+    if (harness_count_files(dir, "rank1.", ".safetensors.tmp") > 0) {
       at = harness_now_s();
       harness_kill(&cluster, 1, SIGKILL);
     }
@@ -543,7 +527,7 @@ Test(faults, kill_mid_checkpoint_save_keeps_the_previous_checkpoint) {
   char *after = manifest_text(dir);
   cr_assert_str_eq(after, before, "the failed save changed manifest.json");
   free(after);
-  cr_assert_eq(count_files(dir, "", ".tmp") <= 1, 1,
+  cr_assert_eq(harness_count_files(dir, "", ".tmp") <= 1, 1,
                "survivors left temporary files behind");
   int survivors[2] = {0, 2};
   expect_served(survivors, 2, "the kill mid-save");
@@ -560,8 +544,8 @@ Test(faults, kill_mid_checkpoint_save_keeps_the_previous_checkpoint) {
   /* The next save succeeds and leaves exactly one file per rank. */
   dist_tensor_delete(c, "big");
   cr_assert_eq(dist_checkpoint_save(c, dir, NULL, &info), 0, "%s", dist_errmsg(c));
-  cr_assert_eq(count_files(dir, "rank", ".safetensors"), 3, "leftover checkpoint files");
-  cr_assert_eq(count_files(dir, "", ".tmp"), 0, "leftover temporary files");
+  cr_assert_eq(harness_count_files(dir, "rank", ".safetensors"), 3, "leftover checkpoint files");
+  cr_assert_eq(harness_count_files(dir, "", ".tmp"), 0, "leftover temporary files");
   free(before);
   dist_close(c);
   stop_cluster();
