@@ -6,6 +6,8 @@
 
 #include "checkpoint.h"
 #include "checkpoint.pb-c.h"
+#include "clock.h"
+#include "log.h"
 #include "methods.h"
 #include "param_ckpt.h"
 #include "pbuf.h"
@@ -69,8 +71,27 @@ static int check_dir_and_id(const char *dir, const char *id, dist_errbuf *eb) {
   return distd_ckpt_check_id(id, eb);
 }
 
+/* A file finished past the call's deadline belongs to a save that failed:
+ * this call fails, so no reply carries the file's name and sha256, and a
+ * manifest names only files whose Save replied. Nobody else would remove
+ * it until the next save's commit: the client's Discard could not reach a
+ * daemon frozen or stalled mid-write, or came before the file existed.
+ * The daemon's deadline falls a little before its client's (rpc.c), so
+ * the client has not been answered yet either way. */
+static int drop_if_late(distd_server *s, const distd_call_info *ci,
+                        const Dist__V1__CheckpointSaveRequest *rq, dist_errbuf *eb) {
+  long long late_ms = (long long)(distd_now_ms() - ci->deadline_ms);
+  if (late_ms < 0) return 0;
+  distd_ckpt_discard(rq->dir, rq->checkpoint_id, s->rank);
+  log_warn("checkpoint %s: removed rank %d's file in %s, written %lld ms past the "
+           "save's deadline (its client has given up on it)", rq->checkpoint_id, s->rank,
+           rq->dir, late_ms);
+  return dist_fail(eb, DIST_ETIMEDOUT, "rank %d wrote its file of checkpoint %s %lld ms "
+                   "past the call's deadline, and removed it", s->rank, rq->checkpoint_id,
+                   late_ms);
+}
+
 DISTD_HANDLER(checkpoint_save) {
-  (void)ci;
   const Dist__V1__CheckpointSaveRequest *rq = (const void *)req;
   if (check_dir_and_id(rq->dir, rq->checkpoint_id, eb) != 0) return eb->code;
   distd_tensor **t = NULL;
@@ -88,6 +109,7 @@ DISTD_HANDLER(checkpoint_save) {
                                extra, cc.optim_json ? 1 : 0, file, sizeof file, sha,
                                &bytes, eb);
   }
+  if (rc == 0) rc = drop_if_late(s, ci, rq, eb);
   if (rc == 0) *reply = save_reply(s, t, snap, n, file, sha, bytes);
   distd_ckpt_contents_free(&cc);
   for (int i = 0; i < n; i++) {
