@@ -50,6 +50,32 @@ static int check_vote_mesh(distd_server *s, const char *name, const dist_mesh_de
                               "request names (resharded meanwhile?): try again", name);
 }
 
+int distd_configure_prepare(distd_server *s, const Dist__V1__ParamConfigureRequest *rq,
+                            const distd_param_cfg *cfg, const dist_mesh_desc *vote_mesh,
+                            distd_configure_prep *p, dist_errbuf *eb) {
+  *p = (distd_configure_prep){.name = rq->name, .cfg = *cfg, .keep_state = rq->keep_state};
+  distd_param_restore restore = {.step = rq->step, .nstate = (int)rq->n_state};
+  for (size_t k = 0; k < rq->n_state && k < DISTD_OPTIM_STATE_MAX; k++) {
+    restore.state[k] = rq->state[k].data;
+    restore.nbytes[k] = rq->state[k].len;
+  }
+  if (vote_mesh && check_vote_mesh(s, rq->name, vote_mesh, eb) != 0) return eb->code;
+  if (rq->keep_state) /* checked here, applied once all agree */
+    return distd_param_tune(s->params, rq->name, cfg, 0, eb);
+  return distd_param_configure(s->store, rq->name, cfg, rq->with_state ? &restore : NULL,
+                               &p->entry, eb);
+}
+
+int distd_configure_finish(distd_server *s, distd_configure_prep *p, int apply,
+                           dist_errbuf *eb) {
+  int rc = 0;
+  if (apply && p->keep_state) rc = distd_param_tune(s->params, p->name, &p->cfg, 1, eb);
+  if (apply && rc == 0 && p->entry) distd_param_install(s->params, p->entry);
+  else distd_param_entry_free(p->entry);
+  p->entry = NULL;
+  return rc;
+}
+
 /* A configure (or tune, keep_state). `refused` is this daemon's verdict
  * before any check (0, or why it cannot take the request now): a refusal
  * still takes part in the vote, so that the other daemons refuse too
@@ -57,33 +83,21 @@ static int check_vote_mesh(distd_server *s, const char *name, const dist_mesh_de
 static int configure_here(distd_server *s, const distd_call_info *ci,
                           const Dist__V1__ParamConfigureRequest *rq,
                           const distd_param_cfg *cfg, int refused, dist_errbuf *eb) {
-  distd_param_restore restore = {.step = rq->step, .nstate = (int)rq->n_state};
-  for (size_t k = 0; k < rq->n_state && k < DISTD_OPTIM_STATE_MAX; k++) {
-    restore.state[k] = rq->state[k].data;
-    restore.nbytes[k] = rq->state[k].len;
-  }
   dist_mesh_desc mesh;
   int sent = vote_mesh(s, rq->mesh, rq->name, &mesh, eb);
   if (sent < 0) return eb->code;
   /* Sent to the whole mesh under one op id: applied by all or by none. */
   int vote = sent && rq->op_id && mesh.nranks > 1;
-  distd_param_entry *e = NULL;
-  int rc = refused;
-  if (rc == 0 && vote) rc = check_vote_mesh(s, rq->name, &mesh, eb);
-  if (rc == 0 && rq->keep_state) /* checked here, applied once all agree */
-    rc = distd_param_tune(s->params, rq->name, cfg, 0, eb);
-  else if (rc == 0)
-    rc = distd_param_configure(s->store, rq->name, cfg, rq->with_state ? &restore : NULL,
-                               &e, eb);
+  distd_configure_prep prep = {0};
+  int rc = refused ? refused
+                   : distd_configure_prepare(s, rq, cfg, vote ? &mesh : NULL, &prep, eb);
   if (vote &&
       distd_vote(s, mesh.ranks, mesh.nranks, rq->op_id, ci->deadline_ms, "configure", rc, NULL,
                  eb) &&
       rc == 0)
     rc = eb->code;
-  if (rc == 0 && rq->keep_state) rc = distd_param_tune(s->params, rq->name, cfg, 1, eb);
-  if (rc == 0 && e) distd_param_install(s->params, e);
-  else distd_param_entry_free(e);
-  return rc;
+  int done = distd_configure_finish(s, &prep, rc == 0, eb);
+  return rc ? rc : done;
 }
 
 DISTD_HANDLER(param_configure) {
