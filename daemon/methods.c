@@ -48,6 +48,8 @@ const distd_method distd_methods[] = {
     SERVICE_METHOD(Param, Configure, param_configure_request, param_configure, W),
     SERVICE_METHOD(Param, PushGrad, param_push_request, param_push, W),
     SERVICE_METHOD(Param, PushGradBatch, param_push_batch_request, param_push_batch, W),
+    SERVICE_METHOD(Param, ConfigureBatch, param_configure_batch_request, param_configure_batch,
+                   W),
     SERVICE_METHOD(Param, Pull, param_pull_request, param_pull, W),
     SERVICE_METHOD(Param, List, param_list_request, param_list, R),
     SERVICE_METHOD(Checkpoint, Save, checkpoint_save_request, checkpoint_save, W),

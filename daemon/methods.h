@@ -60,6 +60,7 @@ DISTD_HANDLER(program_release);
 DISTD_HANDLER(param_configure);
 DISTD_HANDLER(param_push);
 DISTD_HANDLER(param_push_batch);
+DISTD_HANDLER(param_configure_batch);
 DISTD_HANDLER(param_pull);
 DISTD_HANDLER(param_list);
 /* Writes distd_param_state_bytes, distd_param_updates_total{param} and

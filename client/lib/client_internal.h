@@ -186,5 +186,21 @@ void dist_param_opts_from_pb(const struct Dist__V1__ParamConfigureRequest *rq,
 int dist_param_configure_restored(dist_client *c, const char *name,
                                   const struct Dist__V1__ParamConfigureRequest *cfg,
                                   const void *const *whole, int nstate, uint64_t step);
+/* param_api.c: rq (with *opt as its optimizer) configuring as opts says
+ * (NULL: the defaults), or tuning with keep_state; name and mesh unset. */
+struct Dist__V1__OptimizerConfig;
+int dist_param_configure_request(dist_client *c, const dist_param_opts *opts, int keep_state,
+                                 struct Dist__V1__ParamConfigureRequest *rq,
+                                 struct Dist__V1__OptimizerConfig *opt);
+/* param_batch.c: every one of params configured as `how` says (its
+ * optimizer, reduce, consistency, trainers, keep_state) under op_id, by
+ * every daemon of their meshes or by none. */
+int dist_param_configure_batch(dist_client *c, uint64_t op_id, int n,
+                               const dist_tensor *const *params,
+                               const struct Dist__V1__ParamConfigureRequest *how);
+/* param_batch.c: dist_param_configure_batch of the parameters named
+ * names[0..n) (func's argument) with opts, under the next op id. */
+int dist_param_configure_named(dist_client *c, const char *func, int n,
+                               const char *const *names, const dist_param_opts *opts);
 
 #endif

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "layer_internal.h"
+#include "param.pb-c.h"
 
 static const char *const kind_names[] = {
     [LAYER_LINEAR] = "Linear",       [LAYER_EMBEDDING] = "Embedding",
@@ -371,38 +372,35 @@ static int count_one(dist_client *c, layer_param *p, void *arg) {
   return 0;
 }
 
-/* each_param over the root. The service takes each parameter's request on
- * its own, so one refused (a daemon's memory limit) leaves those before
- * it changed: the error says how many, where it said nothing of them. */
-static int each_param_of(dist_client *c, dist_layer *l, param_visit fn, void *arg,
-                         const char *done_what) {
-  int total = 0, done = 0;
-  each_param(c, l, count_one, NULL, &total);
-  int rc = each_param(c, l, fn, arg, &done);
-  if (rc && done > 0)
-    dist_errbuf_prefix(&c->err, "layer '%s': %d of %d parameters %s before this "
-                       "failure, and stay so: ", l->name, done, total, done_what);
-  return rc;
-}
-
-static int configure_one(dist_client *c, layer_param *p, void *arg) {
-  return dist_param_configure(c, p->tensor->name, arg);
-}
-
-/* The parameters a step pushes to, and their gradients' names. */
+/* The tree's stored parameters (not buffers), with their gradients'
+ * names; with need_grad only those a gradient reached. */
 typedef struct {
   const dist_tensor **params;
   const char **grads;
-  int n;
-} step_list;
+  int n, need_grad;
+} param_list;
 
 static int list_one(dist_client *c, layer_param *p, void *arg) {
   (void)c;
-  step_list *s = arg;
-  if (!p->grad) return 0; /* no gradient reached it */
+  param_list *s = arg;
+  if (s->need_grad && !p->grad) return 0;
   s->params[s->n] = p->tensor;
-  s->grads[s->n++] = p->grad->name;
+  s->grads[s->n++] = p->grad ? p->grad->name : NULL;
   return 0;
+}
+
+static int param_list_make(dist_client *c, dist_layer *l, int need_grad, param_list *s) {
+  int total = 0, listed = 0;
+  each_param(c, l, count_one, NULL, &total);
+  *s = (param_list){calloc((size_t)total + 1, sizeof *s->params),
+                    calloc((size_t)total + 1, sizeof *s->grads), 0, need_grad};
+  if (!s->params || !s->grads) return dist_client_fail(c, DIST_ENOMEM, "out of memory");
+  return each_param(c, l, list_one, s, &listed);
+}
+
+static void param_list_free(param_list *s) {
+  free(s->params);
+  free(s->grads);
 }
 
 static int require_sharded(dist_client *c, const dist_layer *l) {
@@ -411,12 +409,23 @@ static int require_sharded(dist_client *c, const dist_layer *l) {
                           "(dist_shard_layer)", l->name);
 }
 
+/* Every parameter configured as one batch (dist_param_configure_batch):
+ * by all of their daemons or by none. */
 int dist_layer_configure_optimizer(dist_client *c, dist_layer *l,
                                    const dist_param_opts *opts) {
   if (!c) return dist_no_client(__func__);
+  uint64_t op_id = dist_next_op_id(c); /* by every SPMD trainer, first */
   if (DIST_NEED(c, l)) return c->err.code;
   if (require_sharded(c, l)) return c->err.code;
-  return each_param_of(c, l, configure_one, (void *)opts, "were configured");
+  Dist__V1__OptimizerConfig opt;
+  Dist__V1__ParamConfigureRequest how;
+  param_list s = {0};
+  int rc = dist_param_configure_request(c, opts, 0, &how, &opt);
+  if (rc == 0) rc = param_list_make(c, l, 0, &s);
+  if (rc == 0) rc = dist_param_configure_batch(c, op_id, s.n, s.params, &how);
+  if (rc != 0) dist_errbuf_prefix(&c->err, "layer '%s': configure refused: ", l->name);
+  param_list_free(&s);
+  return rc;
 }
 
 /* One step for every parameter with a gradient, applied by all of their
@@ -428,17 +437,11 @@ int dist_layer_step(dist_client *c, dist_layer *l, int trainer) {
   if (require_sharded(c, l)) return c->err.code;
   if (trainer < 0)
     return dist_client_fail(c, DIST_EINVAL, "%s: trainer %d is negative", __func__, trainer);
-  int total = 0;
-  each_param(c, l, count_one, NULL, &total);
-  step_list s = {calloc((size_t)total + 1, sizeof *s.params),
-                 calloc((size_t)total + 1, sizeof *s.grads), 0};
-  int rc = s.params && s.grads ? 0 : dist_client_fail(c, DIST_ENOMEM, "out of memory");
-  int listed = 0;
-  if (rc == 0) each_param(c, l, list_one, &s, &listed);
+  param_list s;
+  int rc = param_list_make(c, l, 1, &s);
   if (rc == 0) rc = dist_param_push_batch(c, op_id, s.n, s.params, s.grads, trainer);
   if (rc != 0) dist_errbuf_prefix(&c->err, "layer '%s': step refused: ", l->name);
-  free(s.params);
-  free(s.grads);
+  param_list_free(&s);
   return rc;
 }
 

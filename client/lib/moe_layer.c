@@ -621,23 +621,22 @@ static int each_param(dist_client *c, dist_moe_layer *l,
   return 0;
 }
 
-static int configure_one(dist_client *c, const char *name, const void *arg) {
-  return dist_param_configure(c, name, arg);
-}
-
-/* The names of a step's parameters and of their gradients
- * ("<param>.grad"). */
+/* The names of the expert parameters this client drives and of their
+ * gradients ("<param>.grad"). */
 typedef struct {
   char (*names)[256], (*grads)[300];
+  const char **name_ptrs, **grad_ptrs;
   int n, cap;
-} step_names;
+} expert_names;
 
 static int list_one(dist_client *c, const char *name, const void *arg) {
-  step_names *s = (step_names *)arg;
+  expert_names *s = (expert_names *)arg;
   if (s->n == s->cap)
     return dist_client_fail(c, DIST_EPROTO, "more expert parameters than counted");
   snprintf(s->names[s->n], sizeof s->names[s->n], "%s", name);
   snprintf(s->grads[s->n], sizeof s->grads[s->n], "%s.grad", name);
+  s->name_ptrs[s->n] = s->names[s->n];
+  s->grad_ptrs[s->n] = s->grads[s->n];
   s->n++;
   return 0;
 }
@@ -648,23 +647,25 @@ static int count_one(dist_client *c, const char *name, const void *arg) {
   return 0;
 }
 
-/* Every expert parameter this client drives, as one step
- * (dist_param_push_tensors): applied by all their daemons or by none. */
-static int push_all(dist_client *c, dist_moe_layer *l) {
-  step_names s = {0};
-  each_param(c, l, count_one, &s.cap);
-  s.names = calloc((size_t)s.cap + 1, sizeof *s.names);
-  s.grads = calloc((size_t)s.cap + 1, sizeof *s.grads);
-  const char **names = calloc((size_t)s.cap + 1, sizeof *names);
-  const char **grads = calloc((size_t)s.cap + 1, sizeof *grads);
-  int rc = s.names && s.grads && names && grads ? each_param(c, l, list_one, &s)
-                                                 : dist_client_fail(c, DIST_ENOMEM, "out of memory");
-  for (int k = 0; rc == 0 && k < s.n; k++) names[k] = s.names[k], grads[k] = s.grads[k];
-  if (rc == 0) rc = dist_param_push_tensors(c, s.n, names, grads, 0);
-  free(names), free(grads), free(s.names), free(s.grads);
-  return rc;
+static void expert_names_free(expert_names *s) {
+  free(s->names), free(s->grads), free(s->name_ptrs), free(s->grad_ptrs);
 }
 
+static int expert_names_make(dist_client *c, dist_moe_layer *l, expert_names *s) {
+  *s = (expert_names){0};
+  each_param(c, l, count_one, &s->cap);
+  s->names = calloc((size_t)s->cap + 1, sizeof *s->names);
+  s->grads = calloc((size_t)s->cap + 1, sizeof *s->grads);
+  s->name_ptrs = calloc((size_t)s->cap + 1, sizeof *s->name_ptrs);
+  s->grad_ptrs = calloc((size_t)s->cap + 1, sizeof *s->grad_ptrs);
+  if (!s->names || !s->grads || !s->name_ptrs || !s->grad_ptrs)
+    return dist_client_fail(c, DIST_ENOMEM, "out of memory");
+  return each_param(c, l, list_one, s);
+}
+
+/* Every expert parameter this client drives configured (with one
+ * trainer) as one batch, then stepped as one: by all of their daemons or
+ * by none. */
 int dist_moe_layer_configure_optimizer(dist_client *c, dist_moe_layer *l,
                                        const struct dist_param_opts *opts) {
   if (!c) return dist_no_client(__func__);
@@ -672,13 +673,20 @@ int dist_moe_layer_configure_optimizer(dist_client *c, dist_moe_layer *l,
   dist_param_opts o = DIST_PARAM_OPTS_INIT;
   if (opts) o = *opts;
   o.trainers = 1;
-  return each_param(c, l, configure_one, &o);
+  expert_names s;
+  int rc = expert_names_make(c, l, &s);
+  if (rc == 0) rc = dist_param_configure_named(c, __func__, s.n, s.name_ptrs, &o);
+  expert_names_free(&s);
+  return rc;
 }
 
 int dist_moe_layer_step(dist_client *c, dist_moe_layer *l) {
   if (!c) return dist_no_client(__func__);
   if (DIST_NEED(c, l)) return c->err.code;
-  int rc = push_all(c, l);
+  expert_names s;
+  int rc = expert_names_make(c, l, &s);
+  if (rc == 0) rc = dist_param_push_tensors(c, s.n, s.name_ptrs, s.grad_ptrs, 0);
+  expert_names_free(&s);
   if (rc == 0) l->have_grads = 0;
   return rc;
 }

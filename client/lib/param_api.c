@@ -109,26 +109,36 @@ static int configure_ranks(dist_client *c, const dist_tensor *t,
   return rc;
 }
 
+int dist_param_configure_request(dist_client *c, const dist_param_opts *opts, int keep_state,
+                                 Dist__V1__ParamConfigureRequest *rq,
+                                 Dist__V1__OptimizerConfig *opt) {
+  dist_param_opts def = DIST_PARAM_OPTS_INIT;
+  const dist_param_opts *o = opts ? opts : &def;
+  dist__v1__optimizer_config__init(opt);
+  dist__v1__param_configure_request__init(rq);
+  rq->optimizer = opt;
+  /* Passed as given, so the daemons refuse what is out of range and name
+   * it: an unknown mode was taken as SYNC, and trainers -3 named as 0. */
+  rq->reduce = (Dist__V1__ReduceOp)o->reduce;
+  rq->consistency = (Dist__V1__Consistency)o->consistency;
+  rq->trainers = (uint32_t)o->trainers;
+  rq->keep_state = keep_state;
+  return fill_optimizer(c, o, opt);
+}
+
 /* Configure, or with keep_state tune (param.proto), from opts. */
 static int configure_from_opts(dist_client *c, const char *func, const char *name,
                                const dist_param_opts *opts, int keep_state) {
-  dist_param_opts def = DIST_PARAM_OPTS_INIT;
-  const dist_param_opts *o = opts ? opts : &def;
   dist_tensor *t = NULL;
   if (dist_client_check_lookup(c, func, name) != 0) return c->err.code;
   int rc = dist_tensor_open(c, name, &t);
   if (rc != 0) return rc;
-  Dist__V1__OptimizerConfig opt = DIST__V1__OPTIMIZER_CONFIG__INIT;
-  Dist__V1__ParamConfigureRequest rq = DIST__V1__PARAM_CONFIGURE_REQUEST__INIT;
-  rq.name = (char *)name;
-  rq.optimizer = &opt;
-  /* Passed as given, so the daemons refuse what is out of range and name
-   * it: an unknown mode was taken as SYNC, and trainers -3 named as 0. */
-  rq.reduce = (Dist__V1__ReduceOp)o->reduce;
-  rq.consistency = (Dist__V1__Consistency)o->consistency;
-  rq.trainers = (uint32_t)o->trainers;
-  rq.keep_state = keep_state;
-  if ((rc = fill_optimizer(c, o, &opt)) == 0) rc = configure_ranks(c, t, &rq, NULL, 0);
+  Dist__V1__OptimizerConfig opt;
+  Dist__V1__ParamConfigureRequest rq;
+  if ((rc = dist_param_configure_request(c, opts, keep_state, &rq, &opt)) == 0) {
+    rq.name = (char *)name;
+    rc = configure_ranks(c, t, &rq, NULL, 0);
+  }
   dist_tensor_free(t);
   return rc;
 }

@@ -1,6 +1,7 @@
-/* Stored gradients for several parameters as one step (param.proto,
- * ParamPushBatchRequest): every daemon of the parameters' meshes applies
- * every push, or none applies any. */
+/* Several parameters as one request, applied by every daemon of their
+ * meshes or by none (param.proto, ParamPushBatchRequest and
+ * ParamConfigureBatchRequest): a layer's optimizer step, and its
+ * configure. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -8,83 +9,131 @@
 #include "param.pb-c.h"
 #include "wire.h"
 
-/* Adds m's ranks not yet in ranks[0..*n). */
-static void add_ranks(const dist_mesh_desc *m, int *ranks, int *n) {
-  for (int i = 0; i < m->nranks; i++) {
-    int seen = 0;
-    for (int j = 0; j < *n && !seen; j++) seen = ranks[j] == m->ranks[i];
-    if (!seen) ranks[(*n)++] = m->ranks[i];
-  }
-}
-
-/* The request: one push per parameter, each with its mesh. */
+/* What every batch carries besides its items: each parameter's mesh, and
+ * the union of the meshes' ranks, which vote on it. */
 typedef struct {
-  Dist__V1__ParamPushBatchRequest rq;
-  Dist__V1__ParamPushRequest *pushes, **ptrs;
   dist_wire_meta *meshes;
   uint32_t *ranks;
-} batch;
+  dist_mesh_desc unioned; /* the same ranks, as a 1-d mesh for dist_targets */
+} batch_frame;
 
-static void batch_free(batch *b) {
-  free(b->pushes);
-  free(b->ptrs);
-  free(b->meshes);
-  free(b->ranks);
+/* Adds m's ranks not yet in u. */
+static void add_ranks(const dist_mesh_desc *m, dist_mesh_desc *u) {
+  for (int i = 0; i < m->nranks; i++) {
+    int seen = 0;
+    for (int j = 0; j < u->nranks && !seen; j++) seen = u->ranks[j] == m->ranks[i];
+    if (!seen) u->ranks[u->nranks++] = m->ranks[i];
+  }
 }
 
-static int batch_build(dist_client *c, uint64_t op_id, int n, const dist_tensor *const *params,
-                       const char *const *grads, int trainer, dist_mesh_desc *unioned,
-                       batch *b) {
-  memset(b, 0, sizeof *b);
-  b->pushes = calloc((size_t)n + 1, sizeof *b->pushes);
-  b->ptrs = calloc((size_t)n + 1, sizeof *b->ptrs);
-  b->meshes = calloc((size_t)n + 1, sizeof *b->meshes);
-  b->ranks = calloc(DIST_MAX_MESH_RANKS, sizeof *b->ranks);
-  if (!b->pushes || !b->ptrs || !b->meshes || !b->ranks)
-    return dist_client_fail(c, DIST_ENOMEM, "out of memory for a step of %d parameters", n);
-  memset(unioned, 0, sizeof *unioned);
-  int nranks = 0;
+static int frame_build(dist_client *c, int n, const dist_tensor *const *params,
+                       batch_frame *f) {
+  memset(f, 0, sizeof *f);
+  f->meshes = calloc((size_t)n + 1, sizeof *f->meshes);
+  f->ranks = calloc(DIST_MAX_MESH_RANKS, sizeof *f->ranks);
+  if (!f->meshes || !f->ranks)
+    return dist_client_fail(c, DIST_ENOMEM, "out of memory for a batch of %d parameters", n);
   for (int k = 0; k < n; k++) {
-    Dist__V1__ParamPushRequest *p = &b->pushes[k];
-    dist__v1__param_push_request__init(p);
-    p->name = (char *)params[k]->name;
-    p->grad_name = (char *)grads[k];
-    p->trainer = (uint32_t)trainer;
-    dist_mesh_to_pb(&params[k]->mesh.d, &b->meshes[k]);
-    p->mesh = &b->meshes[k].mesh;
-    b->ptrs[k] = p;
-    add_ranks(&params[k]->mesh.d, unioned->ranks, &nranks);
+    dist_mesh_to_pb(&params[k]->mesh.d, &f->meshes[k]);
+    add_ranks(&params[k]->mesh.d, &f->unioned);
   }
-  unioned->nranks = nranks;
-  for (int i = 0; i < nranks; i++) b->ranks[i] = (uint32_t)unioned->ranks[i];
-  dist__v1__param_push_batch_request__init(&b->rq);
-  b->rq.n_pushes = (size_t)n;
-  b->rq.pushes = b->ptrs;
-  b->rq.op_id = op_id;
-  b->rq.n_ranks = (size_t)nranks;
-  b->rq.ranks = b->ranks;
+  for (int i = 0; i < f->unioned.nranks; i++) f->ranks[i] = (uint32_t)f->unioned.ranks[i];
   return 0;
+}
+
+static void frame_free(batch_frame *f) {
+  free(f->meshes);
+  free(f->ranks);
+}
+
+/* request to every daemon of the union (single client), or to this
+ * trainer's when it is one of them (SPMD). */
+static int frame_send(dist_client *c, const batch_frame *f, const char *method,
+                      const ProtobufCMessageDescriptor *reply_desc,
+                      const ProtobufCMessage *request) {
+  int targets[DIST_MAX_MESH_RANKS];
+  int nt = dist_targets(c, &f->unioned, targets);
+  if (nt <= 0) return nt;
+  dist_call *calls = NULL;
+  int rc = dist_call_all(c, method, reply_desc, request, targets, nt, &calls);
+  dist_calls_release(calls, nt);
+  return rc;
 }
 
 int dist_param_push_batch(dist_client *c, uint64_t op_id, int n,
                           const dist_tensor *const *params, const char *const *grads,
                           int trainer) {
   if (n == 0) return 0;
-  batch b;
-  dist_mesh_desc unioned;
-  int targets[DIST_MAX_MESH_RANKS];
-  int rc = batch_build(c, op_id, n, params, grads, trainer, &unioned, &b);
-  /* every daemon of the union (single client), or this trainer's (SPMD) */
-  int nt = rc == 0 ? dist_targets(c, &unioned, targets) : 0;
-  if (nt < 0) rc = nt;
-  dist_call *calls = NULL;
-  if (rc == 0 && nt > 0)
-    rc = dist_call_all(c, "/dist.v1.Param/PushGradBatch",
-                       &dist__v1__param_push_batch_reply__descriptor, &b.rq.base, targets, nt,
-                       &calls);
-  dist_calls_release(calls, nt);
-  batch_free(&b);
+  batch_frame f;
+  Dist__V1__ParamPushRequest *items = calloc((size_t)n + 1, sizeof *items);
+  Dist__V1__ParamPushRequest **ptrs = calloc((size_t)n + 1, sizeof *ptrs);
+  int rc = frame_build(c, n, params, &f);
+  if (rc == 0 && (!items || !ptrs)) rc = dist_client_fail(c, DIST_ENOMEM, "out of memory");
+  for (int k = 0; rc == 0 && k < n; k++) {
+    dist__v1__param_push_request__init(&items[k]);
+    items[k].name = (char *)params[k]->name;
+    items[k].grad_name = (char *)grads[k];
+    items[k].trainer = (uint32_t)trainer;
+    items[k].mesh = &f.meshes[k].mesh;
+    ptrs[k] = &items[k];
+  }
+  Dist__V1__ParamPushBatchRequest rq = DIST__V1__PARAM_PUSH_BATCH_REQUEST__INIT;
+  rq.n_pushes = (size_t)n, rq.pushes = ptrs, rq.op_id = op_id;
+  rq.n_ranks = (size_t)f.unioned.nranks, rq.ranks = f.ranks;
+  if (rc == 0)
+    rc = frame_send(c, &f, "/dist.v1.Param/PushGradBatch",
+                    &dist__v1__param_push_batch_reply__descriptor, &rq.base);
+  frame_free(&f);
+  free(items);
+  free(ptrs);
   return rc;
+}
+
+int dist_param_configure_batch(dist_client *c, uint64_t op_id, int n,
+                               const dist_tensor *const *params,
+                               const Dist__V1__ParamConfigureRequest *how) {
+  if (n == 0) return 0;
+  batch_frame f;
+  Dist__V1__ParamConfigureRequest *items = calloc((size_t)n + 1, sizeof *items);
+  Dist__V1__ParamConfigureRequest **ptrs = calloc((size_t)n + 1, sizeof *ptrs);
+  int rc = frame_build(c, n, params, &f);
+  if (rc == 0 && (!items || !ptrs)) rc = dist_client_fail(c, DIST_ENOMEM, "out of memory");
+  for (int k = 0; rc == 0 && k < n; k++) {
+    items[k] = *how;
+    items[k].name = (char *)params[k]->name;
+    items[k].mesh = &f.meshes[k].mesh;
+    ptrs[k] = &items[k];
+  }
+  Dist__V1__ParamConfigureBatchRequest rq = DIST__V1__PARAM_CONFIGURE_BATCH_REQUEST__INIT;
+  rq.n_configures = (size_t)n, rq.configures = ptrs, rq.op_id = op_id;
+  rq.n_ranks = (size_t)f.unioned.nranks, rq.ranks = f.ranks;
+  if (rc == 0)
+    rc = frame_send(c, &f, "/dist.v1.Param/ConfigureBatch",
+                    &dist__v1__param_configure_batch_reply__descriptor, &rq.base);
+  frame_free(&f);
+  free(items);
+  free(ptrs);
+  return rc;
+}
+
+/* The stored parameters names[0..n) (func's argument), opened: *out
+ * (free with close_params). */
+static int open_params(dist_client *c, const char *func, int n, const char *const *names,
+                       dist_tensor ***out) {
+  dist_tensor **params = *out = calloc((size_t)n + 1, sizeof *params);
+  if (!params) return dist_client_fail(c, DIST_ENOMEM, "out of memory");
+  for (int k = 0; k < n; k++) {
+    if (!names[k]) return dist_client_fail(c, DIST_EINVAL, "%s: names[%d] is NULL", func, k);
+    if (dist_client_check_lookup(c, func, names[k]) != 0) return c->err.code;
+    int rc = dist_tensor_open(c, names[k], &params[k]);
+    if (rc != 0) return rc;
+  }
+  return 0;
+}
+
+static void close_params(dist_tensor **params, int n) {
+  for (int k = 0; params && k < n; k++) dist_tensor_free(params[k]);
+  free(params);
 }
 
 int dist_param_push_tensors(dist_client *c, int n, const char *const *names,
@@ -95,21 +144,28 @@ int dist_param_push_tensors(dist_client *c, int n, const char *const *names,
   if (n > 0 && (DIST_NEED(c, names) || DIST_NEED(c, grad_names))) return c->err.code;
   if (trainer < 0)
     return dist_client_fail(c, DIST_EINVAL, "%s: trainer %d is negative", __func__, trainer);
-  dist_tensor **params = calloc((size_t)n + 1, sizeof *params);
-  int rc = params ? 0 : dist_client_fail(c, DIST_ENOMEM, "out of memory");
-  for (int k = 0; rc == 0 && k < n; k++) {
-    if (!names[k] || !grad_names[k])
-      rc = dist_client_fail(c, DIST_EINVAL, "%s: %s[%d] is NULL", __func__,
-                            names[k] ? "grad_names" : "names", k);
-    else if (dist_client_check_lookup(c, __func__, names[k]) == 0)
-      rc = dist_tensor_open(c, names[k], &params[k]);
-    else
-      rc = c->err.code;
-  }
+  for (int k = 0; k < n; k++)
+    if (!grad_names[k])
+      return dist_client_fail(c, DIST_EINVAL, "%s: grad_names[%d] is NULL", __func__, k);
+  dist_tensor **params = NULL;
+  int rc = open_params(c, __func__, n, names, &params);
   if (rc == 0)
     rc = dist_param_push_batch(c, op_id, n, (const dist_tensor *const *)params, grad_names,
                                trainer);
-  for (int k = 0; params && k < n; k++) dist_tensor_free(params[k]);
-  free(params);
+  close_params(params, n);
+  return rc;
+}
+
+int dist_param_configure_named(dist_client *c, const char *func, int n,
+                               const char *const *names, const dist_param_opts *opts) {
+  uint64_t op_id = dist_next_op_id(c); /* by every SPMD trainer, first */
+  Dist__V1__OptimizerConfig opt;
+  Dist__V1__ParamConfigureRequest how;
+  dist_tensor **params = NULL;
+  int rc = dist_param_configure_request(c, opts, 0, &how, &opt);
+  if (rc == 0) rc = open_params(c, func, n, names, &params);
+  if (rc == 0)
+    rc = dist_param_configure_batch(c, op_id, n, (const dist_tensor *const *)params, &how);
+  close_params(params, n);
   return rc;
 }

@@ -844,12 +844,12 @@ Test(shard_layer, a_backward_without_gradients_of_a_non_scalar_output_names_its_
   harness_stop(&h);
 }
 
-/* Each parameter is configured on its own: with room in the daemons for
- * the weight's Adam state and not the bias's, configure_optimizer left the
- * weight configured and said only that 'lin.bias' did not fit. The error
- * says how many parameters were configured before it. */
-Test(shard_layer, a_configure_refused_part_way_says_how_many_parameters_it_configured,
-     .timeout = 120) {
+/* A layer's configure is one batch: with room in the daemons for the
+ * weight's Adam state and not the bias's, configure_optimizer left the
+ * weight configured (one parameter at a time) and said only that
+ * 'linear.bias' did not fit. Now neither is configured, and a configure
+ * that fits configures both. */
+Test(shard_layer, a_configure_refused_for_one_parameter_configures_none, .timeout = 120) {
   /* 48 + 12 bytes of values; the weight's state takes 3 * 48, the bias's
    * 3 * 12 more than the 20 left. */
   const char *limit[] = {"--memory-limit=224", NULL};
@@ -862,12 +862,18 @@ Test(shard_layer, a_configure_refused_part_way_says_how_many_parameters_it_confi
   dist_param_opts o = DIST_PARAM_OPTS_INIT;
   o.optimizer = DIST_OPT_ADAM;
   cr_assert_eq(dist_layer_configure_optimizer(c, l, &o), DIST_ENOMEM, "%s", dist_errmsg(c));
-  cr_assert(strstr(dist_errmsg(c), "layer 'linear': 1 of 2 parameters were configured "
-                   "before this failure") && strstr(dist_errmsg(c), "'linear.bias'"),
-            "%s", dist_errmsg(c));
+  cr_assert(strstr(dist_errmsg(c), "layer 'linear': configure refused") &&
+            strstr(dist_errmsg(c), "'linear.bias'"), "%s", dist_errmsg(c));
   dist_params_report rep;
-  cr_assert_eq(dist_params(c, 0, &rep), 0, "%s", dist_errmsg(c));
-  cr_assert(rep.n == 1 && strcmp(rep.params[0].name, "linear.weight") == 0);
+  for (int r = 0; r < 2; r++) {
+    cr_assert_eq(dist_params(c, r, &rep), 0, "%s", dist_errmsg(c));
+    cr_assert_eq(rep.n, 0, "rank %d configured %d parameters of a refused configure", r, rep.n);
+    dist_params_report_free(&rep);
+  }
+  o.optimizer = DIST_OPT_SGD; /* no state: it fits */
+  cr_assert_eq(dist_layer_configure_optimizer(c, l, &o), 0, "%s", dist_errmsg(c));
+  cr_assert_eq(dist_params(c, 1, &rep), 0, "%s", dist_errmsg(c));
+  cr_assert_eq(rep.n, 2);
   dist_params_report_free(&rep);
   cr_assert_eq(dist_layer_destroy(c, l), 0, "%s", dist_errmsg(c));
   dist_mesh_free(m);

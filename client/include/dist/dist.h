@@ -1172,13 +1172,12 @@ const dist_tensor *dist_layer_param_tensor(const dist_layer *l, const char *path
 const dist_tensor *dist_layer_grad_tensor(const dist_layer *l, const char *path);
 
 /* The parameter service for every parameter of a sharded root (buffers are
- * not trained): configure each with opts, push every stored gradient as
- * one step (dist_param_push_tensors as `trainer`: applied to every
- * parameter or to none), or push a whole gradient of one parameter from
- * the client (the size must match its shape). Each parameter is
- * configured on its own: one refused (a daemon's memory limit) leaves
- * those before it configured, and the error says how many; configuring
- * again is safe. */
+ * not trained): configure every one with opts, or push every stored
+ * gradient as one step (dist_param_push_tensors as `trainer`), each
+ * applied to every parameter or to none (one refused, as by a daemon's
+ * memory limit, changes none); or push a whole gradient of one parameter
+ * from the client (the size must match its shape). SPMD trainers each
+ * call the first two. */
 int dist_layer_configure_optimizer(dist_client *c, dist_layer *l,
                                    const dist_param_opts *opts);
 int dist_layer_step(dist_client *c, dist_layer *l, int trainer);
