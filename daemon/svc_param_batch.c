@@ -128,8 +128,8 @@ DISTD_HANDLER(param_push_batch) {
   size_t n = rq->n_pushes;
   batch_push *b = calloc(n + 1, sizeof *b);
   int verdict = 0;
-  if (n > MAX_BATCH) verdict = dist_fail(eb, DIST_EINVAL, "%zu pushes in one batch, "
-                                                "over %d", n, MAX_BATCH);
+  if (n > MAX_BATCH)
+    verdict = dist_fail(eb, DIST_EINVAL, "%zu pushes in one batch, over %d", n, MAX_BATCH);
   else if (!b) verdict = dist_fail(eb, DIST_ENOMEM, "out of memory for %zu pushes", n);
   for (size_t k = 0; b && n <= MAX_BATCH && k < n; k++)
     verdict = stage_push(s, ci, rq, k, ranks, nranks, &b[k], verdict, eb);
@@ -159,14 +159,15 @@ static int prepare_configure(distd_server *s, const Dist__V1__ParamConfigureBatc
   distd_param_cfg cfg;
   int rc = item_mesh(s, c->name, c->mesh, ranks, nranks, &b->mesh, &b->mine, eb);
   if (rc != 0 || !b->mine) return rc;
-  if (c->with_state) return dist_fail(eb, DIST_EINVAL, "'%s': a batch restores no state", c->name);
+  if (c->with_state)
+    return dist_fail(eb, DIST_EINVAL, "'%s': a batch restores no state", c->name);
   if (distd_param_cfg_from_pb(c, &cfg, eb) != 0) return eb->code;
   return distd_configure_prepare(s, c, &cfg, &b->mesh, &b->prep, eb);
 }
 
-/* Holds every name of the batch this daemon configures (at once, so that
- * two batches never wait for each other), as one configure holds its
- * name. 0 with *batch 0: nothing to hold. */
+/* Holds every name of the batch (at once, so that two batches never wait
+ * for each other), as one configure holds its name. 0 with *batch 0:
+ * nothing to hold. */
 static int hold_names(distd_server *s, const distd_call_info *ci,
                       const Dist__V1__ParamConfigureBatchRequest *rq, uint64_t *batch,
                       dist_errbuf *eb) {
@@ -191,8 +192,8 @@ DISTD_HANDLER(param_configure_batch) {
   batch_configure *b = calloc(n + 1, sizeof *b);
   uint64_t held = 0;
   int verdict = 0;
-  if (n > MAX_BATCH) verdict = dist_fail(eb, DIST_EINVAL, "%zu configures in one batch, "
-                                                "over %d", n, MAX_BATCH);
+  if (n > MAX_BATCH)
+    verdict = dist_fail(eb, DIST_EINVAL, "%zu configures in one batch, over %d", n, MAX_BATCH);
   else if (!b) verdict = dist_fail(eb, DIST_ENOMEM, "out of memory for %zu configures", n);
   else verdict = hold_names(s, ci, rq, &held, eb);
   for (size_t k = 0; b && n <= MAX_BATCH && k < n; k++)
