@@ -142,7 +142,6 @@ static int use_key(SSL_CTX *ctx, const char *pem) {
   return ok;
 }
 
-
 int distd_tls_ctx_load(void *ssl_ctx, const distd_tls_files *f, int with_ca,
                        const char *what, dist_errbuf *eb) {
   SSL_CTX *ctx = ssl_ctx;
