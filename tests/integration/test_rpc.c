@@ -1,0 +1,89 @@
+/* The control plane's account of a call: what a daemon logs and counts for
+ * a call its client gave up on while the daemon was frozen (SIGSTOP). */
+#include <criterion/criterion.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+
+static harness cluster;
+
+/* harness_stop resumes a daemon a failed test left frozen. */
+static void stop_cluster(void) {
+  if (cluster.n > 0) harness_stop(&cluster);
+  cluster.n = 0;
+}
+
+TestSuite(rpc, .fini = stop_cluster, .timeout = 120);
+
+/* Rank r's /metrics, through curl, bounded (malloc'd). */
+static char *metrics_of(int r) {
+  char cmd[200], *out = NULL, *err = NULL;
+  snprintf(cmd, sizeof cmd, "curl -sf --max-time 10 http://127.0.0.1:%d/metrics",
+           cluster.http_port[r]);
+  int rc = harness_run(cmd, &out, &err, 20);
+  cr_assert_eq(rc, 0, "curl /metrics of rank %d: %s", r, err ? err : "");
+  free(err);
+  return out;
+}
+
+/* How many calls of method a /metrics text counts with status code. */
+static long rpc_count(const char *metrics, const char *method, const char *code) {
+  char key[160];
+  snprintf(key, sizeof key, "distd_rpc_requests_total{method=\"%s\",code=\"%s\"} ", method,
+           code);
+  const char *at = strstr(metrics, key);
+  return at ? strtol(at + strlen(key), NULL, 10) : 0;
+}
+
+#define GIVEN_UP 4
+
+/* Calls its client gave up on while their daemon was frozen reach the
+ * daemon once it runs again. gRPC hands some over without their request
+ * (the client's cancellation came in with it), with a deadline counted
+ * from when the daemon read them; those used to fail as malformed
+ * requests (EINVAL, counted INVALID_ARGUMENT, logged at debug only).
+ * Others keep their request, and their deadline has passed (gRPC reads
+ * the clock of before the freeze). Either way no handler runs, and the
+ * daemon logs and counts each as cancelled or expired. */
+Test(rpc, calls_given_up_while_their_daemon_was_frozen_are_counted_as_cancelled) {
+  harness_start(&cluster, 1, NULL);
+  dist_client *c = harness_client_rank(&cluster, 0, 300);
+  dist_daemon_info info;
+  cr_assert_eq(dist_info(c, 0, &info), 0, "%s", dist_errmsg(c)); /* the channel is up */
+  dist_info_free(&info);
+  long from = harness_log_size(&cluster, 0);
+  kill(cluster.pids[0], SIGSTOP);
+  for (int i = 0; i < GIVEN_UP; i++) {
+    int rc = dist_info(c, 0, &info);
+    cr_assert_eq(rc, DIST_ETIMEDOUT, "Info to a frozen daemon: %s", dist_errmsg(c));
+  }
+  harness_sleep_ms(200); /* the client's last cancellation is on its way */
+  kill(cluster.pids[0], SIGCONT);
+  const char *const told[] = {"rpc Info not run: ", NULL};
+  cr_expect(harness_log_wait(&cluster, 0, from, told, 10000),
+            "the daemon did not log the Info calls as not run");
+  char *m = NULL;
+  long cancelled = 0, expired = 0;
+  for (double until = harness_now_s() + 10; !m || (cancelled + expired < GIVEN_UP &&
+                                                   harness_now_s() < until);) {
+    free(m);
+    harness_sleep_ms(50); /* the last calls may still be on their way out */
+    m = metrics_of(0);
+    cancelled = rpc_count(m, "Info", "CANCELLED");
+    expired = rpc_count(m, "Info", "DEADLINE_EXCEEDED");
+  }
+  cr_log_info("%ld cancelled, %ld expired", cancelled, expired);
+  cr_expect_eq(cancelled + expired, GIVEN_UP, "not every call given up on is counted as "
+               "cancelled or expired:\n%s", m);
+  cr_expect_eq(rpc_count(m, "Info", "INVALID_ARGUMENT"), 0, "a cancelled call counted as a "
+               "bad request:\n%s", m);
+  const char *const no_request[] = {"rpc Info not run: ECANCELED: no request arrived", NULL};
+  if (cancelled)
+    cr_expect(harness_log_wait(&cluster, 0, from, no_request, 10000),
+              "the daemon did not log a call as cancelled");
+  free(m);
+  dist_close(c);
+}
