@@ -57,7 +57,8 @@ const char *distctl_opt(int argc, char **argv, int *i, const char *name);
 int distctl_opt_once(const distctl_command *cmd, int argc, char **argv, int *i,
                      const char *name, const char **slot);
 /* "distctl: <message>" for a call that failed on daemon `rank`, naming the
- * rank once: libdist's per-daemon errors already start with it. Returns 1. */
+ * rank once: libdist's per-daemon errors already start with it (or, with
+ * --endpoint, name the daemon by its address). Returns 1. */
 int distctl_rank_fail(dist_client *c, long rank);
 
 /* Parses text as a whole decimal integer in [lo, hi]: 0, or -1 for

@@ -28,11 +28,14 @@ int distctl_usage(const distctl_command *cmd, const char *fmt, ...) {
 }
 
 int distctl_rank_fail(dist_client *c, long rank) {
-  const char *msg = dist_errmsg(c);
+  const char *msg = dist_errmsg(c), *at = dist_endpoint(c, (int)rank);
   char named[32];
   int n = snprintf(named, sizeof named, "rank %ld", rank);
   if (strncmp(msg, named, (size_t)n) == 0 && (msg[n] == ':' || msg[n] == ' '))
     return distctl_fail("%s", msg);
+  /* A client of one endpoint (--endpoint) names its daemon by address
+   * ("distd at HOST:PORT"): its position, 0, is not the daemon's rank. */
+  if (at && dist_world_size(c) == 1 && strstr(msg, at)) return distctl_fail("%s", msg);
   return distctl_fail("%s: %s", named, msg);
 }
 

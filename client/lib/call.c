@@ -107,17 +107,25 @@ static int cause(const dist_call *calls, int n) {
   return first;
 }
 
-/* Records call's error on c, naming its rank and address once. */
-static int fail_with(dist_client *c, const dist_call *call) {
-  const char *msg = dist_errbuf_msg(&call->err);
+const char *dist_daemon_label(const dist_client *c, int target, char *buf, size_t len) {
+  if (c->one_endpoint)
+    snprintf(buf, len, "distd at %s", c->endpoints[target]);
+  else
+    snprintf(buf, len, "rank %d (%s)", target, c->endpoints[target]);
+  return buf;
+}
+
+int dist_call_fail(dist_client *c, const dist_call *call) {
+  const char *msg = dist_errbuf_msg(&call->err), *at = c->endpoints[call->target];
   char named[300];
-  snprintf(named, sizeof named, "rank %d (%s)", call->target, c->endpoints[call->target]);
-  if (strstr(msg, named)) return dist_client_fail(c, call->err.code, "%s", msg);
-  /* "cannot reach distd at HOST:PORT" names the address, not the rank. */
-  if (strstr(msg, c->endpoints[call->target]))
+  dist_daemon_label(c, call->target, named, sizeof named);
+  /* "cannot reach distd at HOST:PORT" names the address, not the rank:
+   * enough for a client of one endpoint, which knows no rank. */
+  if (strstr(msg, named) || (c->one_endpoint && strstr(msg, at)))
+    return dist_client_fail(c, call->err.code, "%s", msg);
+  if (strstr(msg, at))
     return dist_client_fail(c, call->err.code, "rank %d: %s", call->target, msg);
-  return dist_client_fail(c, call->err.code, "rank %d (%s): %s", call->target,
-                          c->endpoints[call->target], msg);
+  return dist_client_fail(c, call->err.code, "%s: %s", named, msg);
 }
 
 int dist_call_many(dist_client *c, const char *method,
@@ -148,7 +156,7 @@ int dist_call_many(dist_client *c, const char *method,
   grpc_completion_queue_destroy(cq);
   free(st);
   int i = cause(calls, n);
-  return i < 0 ? 0 : fail_with(c, &calls[i]);
+  return i < 0 ? 0 : dist_call_fail(c, &calls[i]);
 }
 
 void dist_calls_free(dist_call *calls, int n) {

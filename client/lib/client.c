@@ -289,7 +289,9 @@ int dist_connect(const char *endpoint, const dist_opts *opts, dist_client **out)
     return connect_fail(DIST_EINVAL, "bad endpoint '%s'", endpoint);
   snprintf(m.grpc_addr, sizeof m.grpc_addr, "%s", endpoint);
   m.peer_addr[0] = 0;
-  return open_client(&m, 1, opts, out);
+  int rc = open_client(&m, 1, opts, out);
+  if (rc == 0) (*out)->one_endpoint = 1;
+  return rc;
 }
 
 int dist_connect_cluster(const char *path, const dist_opts *opts,

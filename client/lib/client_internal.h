@@ -17,6 +17,9 @@ struct dist_client {
   char (*endpoints)[256];
   grpc_channel **channels;
   int spmd_rank;             /* -1: single client */
+  /* Made by dist_connect for one endpoint: the daemon's rank is unknown,
+   * and errors name it by its address (dist_daemon_label). */
+  int one_endpoint;
   int64_t timeout_ms;
   uint64_t op_base;          /* op ids are op_base + sequence */
   uint64_t op_seq;
@@ -59,6 +62,13 @@ int dist_call_many(dist_client *c, const char *method,
                    const ProtobufCMessageDescriptor *reply_desc,
                    dist_call *calls, int n);
 void dist_calls_free(dist_call *calls, int n);
+/* How errors name daemon `target`, written to buf: "rank R (HOST:PORT)"
+ * for a client of a cluster, "distd at HOST:PORT" for a client of one
+ * endpoint, whose position in the client is not the daemon's rank.
+ * Returns buf. */
+const char *dist_daemon_label(const dist_client *c, int target, char *buf, size_t len);
+/* Records call's error on c, naming its daemon once; returns its code. */
+int dist_call_fail(dist_client *c, const dist_call *call);
 /* dist_call_many of one request to each of targets[0..n) (NULL: ranks
  * 0..n-1). *calls holds the replies and each call's error, or is NULL
  * when out of memory; free it with dist_calls_release. */

@@ -61,11 +61,13 @@ int dist_health(dist_client *c, int rank) {
   if (dist_client_check_rank(c, __func__, rank) != 0) return c->err.code;
   Grpc__Health__V1__HealthCheckRequest rq = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
   ProtobufCMessage *rp = NULL;
+  char named[300];
   int rc = dist_call_one(c, rank, "/grpc.health.v1.Health/Check", &rq.base,
                          &grpc__health__v1__health_check_response__descriptor, &rp);
   if (rc == 0 && ((Grpc__Health__V1__HealthCheckResponse *)rp)->status !=
                      GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING)
-    rc = dist_client_fail(c, DIST_EUNAVAIL, "rank %d is not serving", rank);
+    rc = dist_client_fail(c, DIST_EUNAVAIL, "%s is not serving",
+                          dist_daemon_label(c, rank, named, sizeof named));
   if (rp) protobuf_c_message_free_unpacked(rp, NULL);
   return rc;
 }

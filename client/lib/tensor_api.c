@@ -143,8 +143,7 @@ static int delete_result(dist_client *c, const dist_call *calls, int n, int open
   for (int i = 0; i < n; i++) {
     int code = calls[i].err.code;
     if (code && (code != DIST_ENOTFOUND || calls[i].target == opened))
-      return dist_client_fail(c, code, "rank %d: %s", calls[i].target,
-                              dist_errbuf_msg(&calls[i].err));
+      return dist_call_fail(c, &calls[i]);
   }
   c->err = (dist_errbuf)DIST_ERRBUF_INIT;
   return 0;
@@ -526,8 +525,7 @@ int dist_tensor_open(dist_client *c, const char *name, dist_tensor **out) {
      * reached may hold the tensor, and is the error worth reporting. */
     for (int i = 0; i < n; i++)
       if (calls[i].err.code && calls[i].err.code != DIST_ENOTFOUND) {
-        rc = dist_client_fail(c, calls[i].err.code, "rank %d (%s): %s", calls[i].target,
-                              c->endpoints[calls[i].target], dist_errbuf_msg(&calls[i].err));
+        rc = dist_call_fail(c, &calls[i]);
         break;
       }
   }

@@ -1,5 +1,6 @@
 /* The control plane's account of a call: what a daemon logs and counts for
- * a call its client gave up on while the daemon was frozen (SIGSTOP). */
+ * a call its client gave up on while the daemon was frozen (SIGSTOP), and
+ * how a client's errors name the daemon they come from. */
 #include <criterion/criterion.h>
 #include <signal.h>
 #include <stdio.h>
@@ -86,4 +87,44 @@ Test(rpc, calls_given_up_while_their_daemon_was_frozen_are_counted_as_cancelled)
               "the daemon did not log a call as cancelled");
   free(m);
   dist_close(c);
+}
+
+/* A client of one endpoint does not know the rank of the daemon there: it
+ * used to label rank 1's daemon "rank 0 (ADDR)", its own position, next to
+ * a message of that daemon's that may name the real rank 0. It names the
+ * daemon by its address; a client of the cluster file keeps "rank R". */
+Test(rpc, a_client_of_one_daemon_names_it_by_its_address) {
+  harness_start(&cluster, 2, NULL);
+  char want[96], old[96];
+  snprintf(want, sizeof want, "distd at 127.0.0.1:%d: ", cluster.grpc_port[1]);
+  snprintf(old, sizeof old, "rank 0 (127.0.0.1:%d)", cluster.grpc_port[1]);
+  dist_client *one = harness_client_rank(&cluster, 1, 5000);
+  dist_tensor *t = NULL;
+  cr_assert_eq(dist_tensor_open(one, "absent", &t), DIST_ENOTFOUND, "%s", dist_errmsg(one));
+  cr_expect(strncmp(dist_errmsg(one), want, strlen(want)) == 0 &&
+                !strstr(dist_errmsg(one), old),
+            "rank 1's daemon is not named by its address: %s", dist_errmsg(one));
+  dist_close(one);
+  dist_client *all = harness_client(&cluster);
+  snprintf(want, sizeof want, "rank 0 (127.0.0.1:%d): ", cluster.grpc_port[0]);
+  cr_assert_eq(dist_tensor_open(all, "absent", &t), DIST_ENOTFOUND, "%s", dist_errmsg(all));
+  cr_expect(strncmp(dist_errmsg(all), want, strlen(want)) == 0,
+            "a client of the cluster does not name rank 0: %s", dist_errmsg(all));
+  dist_close(all);
+}
+
+/* distctl --endpoint names the daemon it cannot reach by its address
+ * alone, not as "rank 0". */
+Test(rpc, distctl_with_one_endpoint_does_not_call_its_daemon_rank_0) {
+  int port = harness_free_port(); /* nobody listens there */
+  char cmd[400], *out = NULL, *err = NULL;
+  snprintf(cmd, sizeof cmd, "%s --endpoint 127.0.0.1:%d --timeout 2000 params",
+           harness_distctl(), port);
+  int rc = harness_run(cmd, &out, &err, 30);
+  cr_assert_eq(rc, 1, "distctl params exited %d: %s", rc, err ? err : "");
+  char want[96];
+  snprintf(want, sizeof want, "distctl: cannot reach distd at 127.0.0.1:%d", port);
+  cr_expect(err && strstr(err, want) && !strstr(err, "rank 0"), "%s", err ? err : "");
+  free(out);
+  free(err);
 }

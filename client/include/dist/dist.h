@@ -56,6 +56,9 @@ typedef struct dist_opts {
 
 /* Connects to one daemon at endpoint ("host:port"; NULL = the default). The
  * connection is made lazily; an unreachable daemon shows at the first call.
+ * The client does not know that daemon's rank: its errors name it by
+ * address ("distd at HOST:PORT: ..."), where a cluster's client says
+ * "rank R (HOST:PORT): ..."; calls that take a rank address it as 0.
  * opts may be NULL. On failure *out is NULL and the return says why. */
 int dist_connect(const char *endpoint, const dist_opts *opts, dist_client **out);
 /* Connects to every daemon of a cluster file (rank order). path NULL means
