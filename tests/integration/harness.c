@@ -194,6 +194,18 @@ int harness_kill(harness *h, int r, int sig) {
   return status;
 }
 
+int harness_freeze(harness *h, int r, int timeout_ms) {
+  int status;
+  if (h->pids[r] <= 0 || kill(h->pids[r], SIGSTOP) != 0) return 0;
+  /* kill returns before the daemon's threads have all stopped; waitpid
+   * reports the stop once the last one has. */
+  for (double until = harness_now_s() + timeout_ms / 1e3; harness_now_s() < until;
+       harness_sleep_ms(1))
+    if (waitpid(h->pids[r], &status, WUNTRACED | WNOHANG) == h->pids[r] && WIFSTOPPED(status))
+      return 1;
+  return 0;
+}
+
 dist_client *harness_client(harness *h) {
   dist_client *c = NULL;
   cr_assert_eq(dist_connect_cluster(h->cluster_file, NULL, &c), 0, "%s",

@@ -28,6 +28,10 @@ void harness_start_rank(harness *h, int r, const char *const *extra_args);
 /* SIGKILL / SIGTERM one daemon and reap it; returns its exit status as
  * waitpid gives it. */
 int harness_kill(harness *h, int r, int sig);
+/* Freezes rank r's daemon (SIGSTOP) and waits, bounded by timeout_ms,
+ * until every thread of it has stopped; 1 when it has. SIGCONT resumes
+ * it (harness_stop does too). */
+int harness_freeze(harness *h, int r, int timeout_ms);
 /* Waits, bounded by timeout_ms, until rank r sees `connected` peers. */
 int harness_wait_connected(harness *h, int r, int connected, int timeout_ms);
 /* A single client connected to the whole cluster. */

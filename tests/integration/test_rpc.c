@@ -56,7 +56,7 @@ Test(rpc, calls_given_up_while_their_daemon_was_frozen_are_counted_as_cancelled)
   cr_assert_eq(dist_info(c, 0, &info), 0, "%s", dist_errmsg(c)); /* the channel is up */
   dist_info_free(&info);
   long from = harness_log_size(&cluster, 0);
-  kill(cluster.pids[0], SIGSTOP);
+  cr_assert(harness_freeze(&cluster, 0, 5000), "rank 0 did not stop");
   for (int i = 0; i < GIVEN_UP; i++) {
     int rc = dist_info(c, 0, &info);
     cr_assert_eq(rc, DIST_ETIMEDOUT, "Info to a frozen daemon: %s", dist_errmsg(c));
