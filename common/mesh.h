@@ -72,9 +72,10 @@ int dist_placements_partial_dim(const dist_placement *p, int np);
 /* Parses "Shard(0),Replicate(),Partial(sum)" (also "Partial()" = sum). */
 int dist_placements_parse(const char *text, dist_placement *p, int max,
                           int *np, dist_errbuf *eb);
-/* "[Shard(0), Replicate()]" */
-void dist_placements_format(const dist_placement *p, int np, char *buf,
-                            size_t len);
+/* "[Shard(0), Replicate()]" into buf (len > 0); p holds np entries.
+ * libdist's public dist_placements_format checks its arguments first. */
+void dist_placements_text(const dist_placement *p, int np, char *buf,
+                          size_t len);
 const char *dist_reduce_name(dist_reduce r);
 int dist_reduce_parse(const char *name, dist_reduce *out);
 

@@ -232,8 +232,8 @@ int dist_placements_parse(const char *text, dist_placement *p, int max,
 
 /* ---- printing ---------------------------------------------------------- */
 
-void dist_placements_format(const dist_placement *p, int np, char *buf,
-                            size_t len) {
+void dist_placements_text(const dist_placement *p, int np, char *buf,
+                          size_t len) {
   if (len == 0) return;
   size_t pos = dist_appendf(buf, len, 0, "[");
   for (int i = 0; i < np; i++) {

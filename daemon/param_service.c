@@ -365,7 +365,7 @@ static int check_made_for(const param *q, const distd_push_spec *spec, dist_errb
                                    sizeof(dist_placement) * (size_t)q->mesh.ndim) == 0))
     return 0;
   char now_p[128], now_m[256];
-  dist_placements_format(q->placements, q->mesh.ndim, now_p, sizeof now_p);
+  dist_placements_text(q->placements, q->mesh.ndim, now_p, sizeof now_p);
   dist_mesh_format(&q->mesh, now_m, sizeof now_m);
   return dist_fail(eb, DIST_EUNAVAIL, "parameter '%s' was resharded since this push "
                    "was made for it (it is %s on mesh %s now): push again (nothing "

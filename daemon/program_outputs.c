@@ -120,7 +120,7 @@ int distd_value_tensor(distd_server *s, const char *name, const distd_tval *v,
     char ls[96], gs[96], ps[160];
     dist_shape_format(&v->shape, ls, sizeof ls);
     dist_shape_format(global, gs, sizeof gs);
-    dist_placements_format(a->placements, a->mesh.ndim, ps, sizeof ps);
+    dist_placements_text(a->placements, a->mesh.ndim, ps, sizeof ps);
     distd_tensor_unref(t);
     return dist_fail(eb, DIST_EMISMATCH, "local value %s does not fit %s of "
                      "global shape %s on rank %d", ls, ps, gs, s->rank);

@@ -105,7 +105,7 @@ static int derive_global(distd_meta *m, const int64_t *all, dist_errbuf *eb) {
     dist_shape_format(&pieces[bad], hs, sizeof hs);
     dist_shape_format(&want, ws, sizeof ws);
     dist_shape_format(&m->global, gs, sizeof gs);
-    dist_placements_format(m->placements, m->mesh.ndim, ps, sizeof ps);
+    dist_placements_text(m->placements, m->mesh.ndim, ps, sizeof ps);
     rc = dist_fail(eb, DIST_EMISMATCH, "local pieces do not fit the placements %s: rank %d "
                    "holds %s, but global shape %s gives it %s",
                    ps, m->mesh.ranks[bad], hs, gs, ws);

@@ -117,3 +117,13 @@ int dist_parse_placements(const char *text, dist_placement *out, int max) {
   if (rc != 0) snprintf(mesh_error, sizeof mesh_error, "%s", dist_errbuf_msg(&eb));
   return rc != 0 ? rc : n;
 }
+
+void dist_placements_format(const dist_placement *p, int n, char *buf, size_t len) {
+  if (!buf || !len) return; /* nowhere to write */
+  buf[0] = '\0';
+  if (!p && n > 0) {
+    mesh_null_arg(__func__, "p");
+    return;
+  }
+  dist_placements_text(p, n, buf, len);
+}

@@ -133,7 +133,7 @@ static void tensor_put(const Dist__V1__TensorPutRequest *rq) {
   if (!rq->derive_global_shape) check_pieces(&mesh, p, &global, dt);
   char text[256];
   dist_shape_format(&global, text, sizeof text);
-  dist_placements_format(p, mesh.ndim, text, sizeof text);
+  dist_placements_text(p, mesh.ndim, text, sizeof text);
 }
 
 static void reshard(const Dist__V1__ReshardRequest *rq) {

@@ -242,3 +242,18 @@ Test(api_handles, layer_builders_say_why_they_refuse) {
   dist_layer_free(child);
   dist_layer_free(seq);
 }
+
+/* dist_placements_format read p[0] of a NULL p given n > 0, and wrote
+ * through a NULL buf: both crashed the caller. */
+Test(api_handles, placements_format_refuses_a_null_array_with_entries) {
+  const dist_placement pl[2] = {DIST_SHARD_DIM(1), DIST_REPLICATED};
+  char buf[32] = "unchanged";
+  dist_placements_format(NULL, 2, buf, sizeof buf);
+  cr_assert_str_eq(buf, "", "the buffer holds no placements");
+  expect_named(DIST_EINVAL, DIST_EINVAL, "dist_placements_format", "p");
+  dist_placements_format(NULL, 0, buf, sizeof buf);
+  cr_assert_str_eq(buf, "[]", "no entries: nothing to read, the empty list");
+  dist_placements_format(pl, 2, NULL, 16); /* nowhere to write */
+  dist_placements_format(pl, 2, buf, sizeof buf);
+  cr_assert_str_eq(buf, "[Shard(1), Replicate()]");
+}

@@ -215,7 +215,7 @@ Test(placements, parse_and_format) {
   cr_expect_eq(p[2].kind, DIST_PARTIAL);
   cr_expect_eq(p[2].reduce, DIST_REDUCE_MAX);
   char buf[128];
-  dist_placements_format(p, n, buf, sizeof buf);
+  dist_placements_text(p, n, buf, sizeof buf);
   cr_expect_str_eq(buf, "[Shard(0), Replicate(), Partial(max)]");
   /* The printed form, spaces and Paddle's keyword spelling parse too. */
   cr_assert_eq(dist_placements_parse(buf, p, 8, &n, &eb), 0, "%s", eb.msg);

@@ -222,6 +222,9 @@ void dist_mesh_to_string(const dist_mesh *m, char *buf, size_t len);
 /* "Shard(0),Replicate(),Partial(sum)" -> placements; returns the count or a
  * negative error. */
 int dist_parse_placements(const char *text, dist_placement *out, int max);
+/* Writes "[Shard(0), Replicate()]" (n entries of p). A NULL p with n > 0
+ * writes "" and names p in dist_errmsg(NULL); a NULL buf or len 0 writes
+ * nothing. */
 void dist_placements_format(const dist_placement *p, int n, char *buf,
                             size_t len);
 
