@@ -2,6 +2,7 @@
  * parameters from shard_fn, reading them back, the parameter service for a
  * whole layer, and tearing it down. Sharding is layer_shard.c, the built-in
  * layers layer_builtin.c, forward and backward layer_run.c. */
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -276,6 +277,22 @@ static dist_layer *root_of(dist_layer *l) {
   return l;
 }
 
+/* A refusal of dist_layer_place_param: said at once in the thread's
+ * dist_errmsg(NULL), as the other layer calls without a client say theirs,
+ * and the root's first one kept for dist_shard_layer to report (shard_fn
+ * may return another code, or go on after it). */
+static int place_refused(dist_layer *root, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int place_refused(dist_layer *root, int code, const char *fmt, ...) {
+  char msg[sizeof root->place_err.msg];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  if (!root->place_err.code) dist_fail(&root->place_err, code, "%s", msg);
+  return dist_thread_fail(code, "dist_layer_place_param: %s", msg);
+}
+
 int dist_layer_place_param(dist_layer *l, const char *param,
                            const dist_placement *placements, int n) {
   if (!l) return dist_null_handle(__func__, "l");
@@ -283,16 +300,12 @@ int dist_layer_place_param(dist_layer *l, const char *param,
   dist_layer *root = root_of(l);
   layer_param *p = dist_layer_own_param(l, param ? param : "");
   if (!p)
-    return root->place_err.code
-               ? DIST_ENOTFOUND
-               : dist_fail(&root->place_err, DIST_ENOTFOUND, "shard_fn placed "
-                           "'%s', which this %s layer does not have",
-                           param ? param : "(null)", dist_layer_kind_name(l->kind));
+    return place_refused(root, DIST_ENOTFOUND, "shard_fn placed '%s', which this %s "
+                         "layer does not have", param ? param : "(null)",
+                         dist_layer_kind_name(l->kind));
   if (n < 1 || n > DIST_MAX_MESH_DIMS)
-    return root->place_err.code
-               ? DIST_EINVAL
-               : dist_fail(&root->place_err, DIST_EINVAL, "shard_fn placed '%s' "
-                           "with %d placements", param, n);
+    return place_refused(root, DIST_EINVAL, "shard_fn placed '%s' with %d placements",
+                         param, n);
   memcpy(p->placements, placements, sizeof *placements * (size_t)n);
   p->nplacements = n;
   return 0;

@@ -257,3 +257,23 @@ Test(api_handles, placements_format_refuses_a_null_array_with_entries) {
   dist_placements_format(pl, 2, buf, sizeof buf);
   cr_assert_str_eq(buf, "[Shard(1), Replicate()]");
 }
+
+/* dist_layer_place_param kept its refusals of a parameter it does not
+ * have, or a placement count out of range, for dist_shard_layer alone:
+ * called on its own it returned a bare code. Each now says why in
+ * dist_errmsg(NULL), a later one too (dist_shard_layer still reports the
+ * first, test_shard_layer `a_shard_fn_placing_a_missing_dim*`). */
+Test(api_handles, place_param_says_why_it_refuses) {
+  dist_layer *l = NULL;
+  const dist_placement pl[1] = {DIST_REPLICATED};
+  cr_assert_eq(dist_layer_linear(2, 2, 1, 1, &l), 0);
+  expect_said(dist_layer_place_param(l, "nope", pl, 1), DIST_ENOTFOUND,
+              "dist_layer_place_param: shard_fn placed 'nope', which this Linear layer does "
+              "not have");
+  expect_said(dist_layer_place_param(l, "weight", pl, 0), DIST_EINVAL,
+              "dist_layer_place_param: shard_fn placed 'weight' with 0 placements");
+  expect_said(dist_layer_place_param(l, "bias", pl, -1), DIST_EINVAL,
+              "dist_layer_place_param: shard_fn placed 'bias' with -1 placements");
+  cr_assert_eq(dist_layer_place_param(l, "bias", pl, 1), 0);
+  dist_layer_free(l);
+}

@@ -1131,7 +1131,11 @@ typedef int (*dist_layer_shard_fn)(const char *name, dist_layer *sublayer,
 typedef int (*dist_layer_io_fn)(dist_client *c, dist_tensor **tensors, int n,
                                 const dist_mesh *mesh, void *user);
 /* Placements (one per mesh dim, Replicate or Shard) of parameter or buffer
- * `param` of l itself; meant for shard_fn. Checked by dist_shard_layer. */
+ * `param` of l itself; meant for shard_fn. Checked by dist_shard_layer. A
+ * param l does not have (DIST_ENOTFOUND) or a count n outside 1 to
+ * DIST_MAX_MESH_DIMS (DIST_EINVAL) is refused saying why in
+ * dist_errmsg(NULL); dist_shard_layer reports the first such refusal of a
+ * shard_fn, whatever shard_fn returns. */
 int dist_layer_place_param(dist_layer *l, const char *param,
                            const dist_placement *placements, int n);
 
