@@ -1,5 +1,5 @@
-/* A LocalLayer call's or backward's argument array, read entry by entry
- * before anything is sent: a value without data would be read from NULL
+/* A LocalLayer call's or backward's argument array (and a tape backward's
+ * gradients), read entry by entry before anything is sent: a value without data would be read from NULL
  * while its request is packed, and a value of too many dims past its shape. */
 #include "client_internal.h"
 
@@ -23,14 +23,22 @@ static int check_value(dist_client *c, const char *func, const char *arr, int j,
   return 0;
 }
 
+int dist_check_arg_values(dist_client *c, const char *func, const char *arr, int j,
+                          const dist_value *values, int nvalues) {
+  for (int r = 0; values && r < nvalues; r++) {
+    int rc = check_value(c, func, arr, j, r, &values[r]);
+    if (rc) return rc;
+  }
+  return 0;
+}
+
 int dist_check_call_args(dist_client *c, const char *func, const char *arr,
                          const dist_arg *args, int n, int nvalues) {
   if (!args && n > 0)
     return dist_client_fail(c, DIST_EINVAL, "%s: %s is NULL with %d entries", func, arr, n);
-  for (int j = 0; j < n; j++)
-    for (int r = 0; args[j].values && r < nvalues; r++) {
-      int rc = check_value(c, func, arr, j, r, &args[j].values[r]);
-      if (rc) return rc;
-    }
+  for (int j = 0; j < n; j++) {
+    int rc = dist_check_arg_values(c, func, arr, j, args[j].values, nvalues);
+    if (rc) return rc;
+  }
   return 0;
 }

@@ -167,6 +167,10 @@ int dist_targets(dist_client *c, const dist_mesh_desc *m, int *targets);
  * NULL"). args may be NULL only when n is 0. */
 int dist_check_call_args(dist_client *c, const char *func, const char *arr,
                          const dist_arg *args, int n, int nvalues);
+/* The same check of one entry's values (arr[j].values, nvalues of them;
+ * NULL: none), for arrays whose entries hold different counts. */
+int dist_check_arg_values(dist_client *c, const char *func, const char *arr, int j,
+                          const dist_value *values, int nvalues);
 /* tensor_api.c: 1 when a and b lie on one mesh with the same placements. */
 int dist_same_layout(const dist_tensor *a, const dist_tensor *b);
 /* grad_add.c: out = a + b (b NULL: a copy of a) of stored tensors, as

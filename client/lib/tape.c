@@ -773,14 +773,52 @@ static void clear_all(dist_tape *t) {
   for (int i = 0; i < t->n_slots; i++) slot_clear(t, &t->slots[i]);
 }
 
+/* How many per-rank values a seed given for out is read as: SPMD one;
+ * else one per daemon holding a piece (an exchange's ranks, or out's mesh:
+ * store_seed reads these), or per rank of the LocalLayer call that made out
+ * (its dist_backward reads these), whichever is more. */
+static int seed_nvalues(dist_tape *t, const dist_tensor *out) {
+  if (t->c->spmd_rank >= 0) return 1;
+  const slot *local = find(t->locals, t->n_locals, out->name);
+  int n = local ? local->ranks.n : out->mesh.d.nranks;
+  for (int i = 0; i < t->n_entries; i++) {
+    const entry *e = &t->entries[i];
+    for (int k = 0; e->kind == LAYER && k < e->n_out; k++)
+      if (strcmp(e->outs[k].name, out->name) == 0 && e->nranks > n) n = e->nranks;
+  }
+  return n;
+}
+
+/* outputs and grads, read entry by entry before anything is sent or the
+ * tape marked done, so that a refusal leaves the tape as it was; before,
+ * a value without data was read from NULL by whichever step used it
+ * first, after the steps before it had run in the daemons. */
+static int check_backward_args(dist_tape *t, const dist_tensor *const *outputs,
+                               const dist_arg *grads, int n) {
+  const char *func = "dist_tape_backward";
+  if (n < 1)
+    return dist_client_fail(t->c, DIST_EINVAL, "%s: needs at least one output (n is %d)",
+                            func, n);
+  if (!outputs)
+    return dist_client_fail(t->c, DIST_EINVAL, "%s: outputs is NULL with %d entries", func, n);
+  for (int i = 0; i < n; i++) {
+    if (!outputs[i])
+      return dist_client_fail(t->c, DIST_EINVAL, "%s: outputs[%d] is NULL", func, i);
+    if (!grads || grads[i].tensor) continue; /* a stored gradient is the daemons' to check */
+    int rc = dist_check_arg_values(t->c, func, "grads", i, grads[i].values,
+                                   seed_nvalues(t, outputs[i]));
+    if (rc) return rc;
+  }
+  return 0;
+}
+
 int dist_tape_backward(dist_tape *t, const dist_tensor *const *outputs,
                        const dist_arg *grads, int n) {
   if (!t) return dist_null_handle(__func__, "t");
   int rc = usable(t, "backward");
+  if (rc == 0) rc = check_backward_args(t, outputs, grads, n);
   if (rc) return rc;
   t->done = 1;
-  if (n < 1 || !outputs)
-    rc = dist_client_fail(t->c, DIST_EINVAL, "backward needs at least one output");
   for (int i = 0; rc == 0 && i < n; i++)
     rc = seed(t, outputs[i], grads ? &grads[i] : NULL);
   for (int i = t->n_entries - 1; rc == 0 && i >= 0; i--)

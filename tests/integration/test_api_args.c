@@ -495,3 +495,51 @@ Test(api_args, local_layer_call_names_a_value_without_data) {
   dist_mesh_free(m);
   dist_close(c);
 }
+
+/* A tape backward's outputs and gradients are read entry by entry before
+ * anything is sent, and a refusal leaves the tape as it was. Before, a NULL
+ * output was "backward from '(null)'", a value without data was first read
+ * by whichever step used it (after the steps before it had run in the
+ * daemons), and either refusal spent the tape. */
+Test(api_args, tape_backward_names_a_null_output_or_value_and_keeps_the_tape) {
+  dist_client *c = start_with_param();
+  dist_mesh *m = NULL;
+  dist_program *p = doubling_program(c, 0, &m);
+  dist_tape *t = NULL;
+  dist_tensor *w = NULL, *y = NULL;
+  cr_assert_eq(dist_tensor_open(c, "w", &w), 0, "%s", dist_errmsg(c));
+  cr_assert_eq(dist_tape_new(c, &t), 0, "%s", dist_errmsg(c));
+  dist_arg args[1] = {{w, NULL}};
+  cr_assert_eq(dist_tape_local_layer_call(t, p, args, 1, NULL, &y), 0, "%s", dist_errmsg(c));
+  double g0[2] = {1, 2}, g1[2] = {3, 4};
+  dist_value dy[2] = {{g0, DIST_FLOAT64, 1, {2}}, {NULL, DIST_FLOAT64, 1, {2}}};
+  dist_arg grads[1] = {{NULL, dy}};
+  const dist_tensor *none[1] = {NULL}, *outs[1] = {y};
+  expect_einval(c, dist_tape_backward(t, none, grads, 1), "dist_tape_backward: outputs[0] is NULL");
+  expect_einval(c, dist_tape_backward(t, outs, grads, 1),
+                "dist_tape_backward: grads[0].values[1].data is NULL");
+  dy[1] = (dist_value){g1, DIST_FLOAT64, 9, {2}};
+  expect_einval(c, dist_tape_backward(t, outs, grads, 1),
+                "dist_tape_backward: grads[0].values[1] has 9 dims");
+  /* The tape still runs its one backward: y = 2 w, so each rank's piece
+   * of w's gradient is twice its dy. */
+  dy[1].ndim = 1;
+  cr_assert_eq(dist_tape_backward(t, outs, grads, 1), 0, "%s", dist_errmsg(c));
+  const double want[2][2] = {{2, 4}, {6, 8}};
+  for (int r = 0; r < 2; r++) {
+    void *data = NULL;
+    size_t nbytes = 0;
+    int64_t shape[DIST_MAX_DIMS];
+    cr_assert_eq(dist_tape_grad_local(t, "w", r, &data, &nbytes, shape), 0, "%s",
+                 dist_errmsg(c));
+    cr_assert_eq(nbytes, sizeof want[r]);
+    cr_assert_arr_eq(data, want[r], sizeof want[r], "rank %d's piece of w's gradient", r);
+    free(data);
+  }
+  dist_tape_free(t);
+  dist_tensor_free(y);
+  dist_tensor_free(w);
+  dist_program_free(p);
+  dist_mesh_free(m);
+  dist_close(c);
+}
