@@ -2,10 +2,10 @@
  * trainers with DIST_RANK, DIST_WORLD_SIZE, DIST_CLUSTER and DIST_JOB_ID;
  * every rank's output goes to LOGDIR/workerlog.<rank>, rank 0's also to
  * the console. Without a cluster it runs one of N local daemons for the
- * job. If a rank fails, the others are stopped and the status is non-zero.
- * With --json, rank 0's console copy goes to stderr instead, and stdout
- * holds only one JSON object at the end: each rank's exit status or
- * signal, and the job's. */
+ * job. If a rank fails, or cannot be started (fork fails), the others are
+ * stopped and the status is non-zero. With --json, rank 0's console copy
+ * goes to stderr instead, and stdout holds only one JSON object at the end:
+ * each rank's exit status or signal, and the job's. */
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -25,14 +25,18 @@
 
 typedef struct job {
   int n;
-  pid_t pids[MAX_RANKS];   /* 0 once reaped */
-  pid_t groups[MAX_RANKS]; /* each rank's process group, kept after it exits */
+  pid_t pids[MAX_RANKS];   /* 0 once reaped, and for a rank never started */
+  pid_t groups[MAX_RANKS]; /* each rank's process group, kept after it exits;
+                              0 for a rank never started */
   int status[MAX_RANKS];   /* each rank's wait status, once reaped */
   int stopped[MAX_RANKS];  /* still running when a failure stopped the job */
   int console_fd; /* read end of rank 0's output pipe, -1 when closed */
   int log0_fd;
   FILE *console;  /* where rank 0's copy goes: stdout, or stderr with --json */
   int failed_rank; /* the first rank that failed, -1 when none */
+  int result;      /* the first failing rank's exit status, 0 while none */
+  int start_errno; /* why failed_rank could not be started, 0 when it ran */
+  struct timespec stop_at; /* when stopped ranks get SIGKILL; 0 when not due */
 } job;
 
 static pid_t start_rank(int rank, int n, const char *cluster, const char *job_id,
@@ -91,18 +95,47 @@ static int exit_code(int status) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
-/* Waits for every rank; returns the first failing rank's exit status. A
- * failure stops the other ranks' process groups: SIGTERM, then SIGKILL
- * after STOP_GRACE_MS. */
+/* Stops the job after rank r failed with exit status code: the ranks
+ * still running get SIGTERM now, and SIGKILL after STOP_GRACE_MS. */
+static void stop_job(job *j, int r, int code) {
+  j->result = code;
+  j->failed_rank = r;
+  mark_stopped(j);
+  signal_ranks(j, SIGTERM);
+  clock_gettime(CLOCK_MONOTONIC, &j->stop_at);
+  j->stop_at.tv_sec += STOP_GRACE_MS / 1000;
+}
+
+/* The ranks started and not reaped yet. */
+static int count_running(const job *j) {
+  int running = 0;
+  for (int r = 0; r < j->n; r++) running += j->pids[r] > 0;
+  return running;
+}
+
+/* Records rank r's wait status; the first failure stops the job. */
+static void rank_ended(job *j, int r, int status) {
+  j->pids[r] = 0;
+  j->status[r] = status;
+  int code = exit_code(status);
+  if (code == 0 || j->result != 0) return;
+  fprintf(stderr, "distctl launch: rank %d failed with status %d; stopping "
+          "the other ranks\n", r, code);
+  stop_job(j, r, code);
+}
+
+/* Waits for every rank started; returns the job's status (0, or the first
+ * failure's). A failure stops the other ranks' process groups: SIGTERM,
+ * then SIGKILL after STOP_GRACE_MS. */
 static int supervise(job *j) {
-  int running = j->n, result = 0;
-  struct timespec stop_at = {0, 0}, now;
-  while (running > 0) {
+  struct timespec now;
+  while (count_running(j) > 0) {
     clock_gettime(CLOCK_MONOTONIC, &now);
-    if (stop_at.tv_sec && (now.tv_sec > stop_at.tv_sec ||
-                           (now.tv_sec == stop_at.tv_sec && now.tv_nsec > stop_at.tv_nsec))) {
+    if (j->stop_at.tv_sec && (now.tv_sec > j->stop_at.tv_sec ||
+                              (now.tv_sec == j->stop_at.tv_sec &&
+                               now.tv_nsec > j->stop_at.tv_nsec))) {
       signal_ranks(j, SIGKILL);
-      stop_at.tv_sec = 0;
+      j->stop_at.tv_sec = 0;
     }
     pump_console(j, 50);
     int status;
@@ -111,48 +144,62 @@ static int supervise(job *j) {
       if (j->console_fd < 0) { struct timespec ts = {0, 20000000}; nanosleep(&ts, NULL); }
       continue;
     }
-    for (int r = 0; r < j->n; r++) {
-      if (j->pids[r] != pid) continue;
-      j->pids[r] = 0;
-      j->status[r] = status;
-      running--;
-      int code = exit_code(status);
-      if (code != 0 && result == 0) {
-        fprintf(stderr, "distctl launch: rank %d failed with status %d; stopping "
-                "the other ranks\n", r, code);
-        result = code;
-        j->failed_rank = r;
-        mark_stopped(j);
-        signal_ranks(j, SIGTERM);
-        clock_gettime(CLOCK_MONOTONIC, &stop_at);
-        stop_at.tv_sec += STOP_GRACE_MS / 1000;
-      }
-    }
+    for (int r = 0; r < j->n; r++)
+      if (j->pids[r] == pid) rank_ended(j, r, status);
   }
   /* Whatever rank 0 started may still hold the console pipe: drain what is
    * there, but do not wait for it. */
   for (int i = 0; i < 20 && j->console_fd >= 0; i++) pump_console(j, 50);
   if (j->console_fd >= 0) close(j->console_fd);
-  if (result) signal_ranks(j, SIGKILL); /* strays of failed jobs */
-  return result;
+  if (j->result) signal_ranks(j, SIGKILL); /* strays of failed jobs */
+  return j->result;
 }
 
-/* launch --json: {"status", "ok", "failed_rank", "log_dir", "ranks": [{"rank",
- * "exit_status", "signal" (killed only), "stopped" (by launch after
- * another rank failed), "log"}]}. */
+/* One rank of launch --json: {"rank", "started", "stopped" (by launch
+ * after another rank failed), "log", "exit_status", "signal" (killed
+ * only)}; a rank never started has neither log nor exit status, and the one
+ * whose start failed says why in "error". */
+static json_t *rank_json(const job *j, int r, const char *log_dir) {
+  int started = j->groups[r] > 0;
+  json_t *o = json_pack("{s:i, s:b, s:b}", "rank", r, "started", started, "stopped",
+                        j->stopped[r]);
+  if (!started) {
+    if (r == j->failed_rank)
+      json_object_set_new(o, "error", json_sprintf("fork: %s", strerror(j->start_errno)));
+    return o;
+  }
+  json_object_set_new(o, "log", json_sprintf("%s/workerlog.%d", log_dir, r));
+  json_object_set_new(o, "exit_status", json_integer(exit_code(j->status[r])));
+  if (WIFSIGNALED(j->status[r])) json_object_set_new(o, "signal", json_integer(WTERMSIG(j->status[r])));
+  return o;
+}
+
+/* launch --json: {"status", "ok", "failed_rank", "log_dir", "ranks": [...]}. */
 static json_t *job_json(const job *j, int status, const char *log_dir) {
   json_t *ranks = json_array();
-  for (int r = 0; r < j->n; r++) {
-    char log[4096];
-    snprintf(log, sizeof log, "%s/workerlog.%d", log_dir, r);
-    json_t *o = json_pack("{s:i, s:i, s:b, s:s}", "rank", r, "exit_status",
-                          exit_code(j->status[r]), "stopped", j->stopped[r], "log", log);
-    if (WIFSIGNALED(j->status[r])) json_object_set_new(o, "signal", json_integer(WTERMSIG(j->status[r])));
-    json_array_append_new(ranks, o);
-  }
+  for (int r = 0; r < j->n; r++) json_array_append_new(ranks, rank_json(j, r, log_dir));
   return json_pack("{s:i, s:b, s:o, s:s, s:o}", "status", status, "ok", status == 0,
                    "failed_rank", j->failed_rank >= 0 ? json_integer(j->failed_rank) : json_null(),
                    "log_dir", log_dir, "ranks", ranks);
+}
+
+/* Starts ranks 0..n-1 in order. A rank that cannot be forked stops the
+ * job as a failing rank does (status 1): its pid, -1, could never be
+ * reaped, and the ranks already started would wait for it forever. */
+static void start_ranks(job *j, const char *cluster, const char *job_id,
+                        const char *log_dir, int console_w, char **argv) {
+  for (int r = 0; r < j->n; r++) {
+    pid_t pid = start_rank(r, j->n, cluster, job_id, log_dir, r == 0 ? console_w : -1, argv);
+    if (pid < 0) {
+      j->start_errno = errno;
+      fprintf(stderr, "distctl launch: cannot start rank %d: fork: %s; stopping the "
+              "ranks already started\n", r, strerror(j->start_errno));
+      stop_job(j, r, 1);
+      return;
+    }
+    setpgid(pid, pid); /* also here: no race with the child's own */
+    j->pids[r] = j->groups[r] = pid;
+  }
 }
 
 static int run_job(int n, const char *cluster, const char *log_dir, char **argv, int json) {
@@ -165,11 +212,7 @@ static int run_job(int n, const char *cluster, const char *log_dir, char **argv,
   if (j.log0_fd < 0 || pipe(fds) != 0)
     return distctl_fail("cannot write %s: %s", log0, strerror(errno));
   j.console_fd = fds[0];
-  for (int r = 0; r < n; r++) {
-    j.pids[r] = start_rank(r, n, cluster, job_id, log_dir, r == 0 ? fds[1] : -1, argv);
-    setpgid(j.pids[r], j.pids[r]); /* also here: no race with the child's own */
-    j.groups[r] = j.pids[r];
-  }
+  start_ranks(&j, cluster, job_id, log_dir, fds[1], argv);
   close(fds[1]);
   int rc = supervise(&j);
   close(j.log0_fd);

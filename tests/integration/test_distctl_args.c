@@ -241,3 +241,48 @@ Test(distctl_args, launch_prints_each_ranks_exit_status_as_json, .fini = remove_
   json_decref(j);
   free(err);
 }
+
+/* A rank whose fork fails: before, its pid (-1) was counted as running
+ * and never reaped, so launch waited forever once the other ranks ended.
+ * fork fails for real here: launch runs as a user of its own whose
+ * RLIMIT_NPROC of 2 lets it start rank 0 only (root ignores the limit, and
+ * the limit counts every process of the user, hence a uid no one else
+ * uses). Rank 0 would sleep for a minute if not stopped. */
+Test(distctl_args, a_rank_that_cannot_be_forked_stops_the_others, .fini = remove_launch_dir) {
+  if (geteuid() != 0) cr_skip_test("needs root, to run launch as a user whose limit holds");
+  cr_assert(mkdtemp(launch_dir));
+  int uid = 60000 + (int)(getpid() % 5000);
+  cr_assert_eq(chown(launch_dir, (uid_t)uid, (gid_t)uid), 0);
+  char cmd[2048], *out = NULL, *err = NULL;
+  snprintf(cmd, sizeof cmd,
+           "setpriv --reuid=%d --regid=%d --clear-groups prlimit --nproc=2 %s --json "
+           "--cluster %s/none.conf launch -n 3 --log-dir %s/log -- sleep 60",
+           uid, uid, harness_distctl(), launch_dir, launch_dir);
+  double t0 = harness_now_s();
+  int rc = harness_run(cmd, &out, &err, 60);
+  cr_assert_eq(rc, 1, "launch exited %d: %s", rc, err ? err : "");
+  cr_assert(harness_now_s() - t0 < 30, "rank 0 was not stopped (%.0f s)", harness_now_s() - t0);
+  cr_assert(err && strstr(err, "cannot start rank 1: fork: "), "%s", err ? err : "");
+  json_error_t je;
+  json_t *j = json_loads(out ? out : "", 0, &je);
+  cr_assert(j, "launch --json printed more or other than JSON (%s): '%s'", je.text, out);
+  cr_assert_eq(json_integer_value(json_object_get(j, "status")), 1);
+  cr_assert_eq(json_integer_value(json_object_get(j, "failed_rank")), 1);
+  json_t *ranks = json_object_get(j, "ranks");
+  cr_assert_eq(json_array_size(ranks), 3);
+  json_t *r0 = json_array_get(ranks, 0), *r1 = json_array_get(ranks, 1),
+         *r2 = json_array_get(ranks, 2);
+  cr_assert(json_is_true(json_object_get(r0, "started")));
+  cr_assert(json_is_true(json_object_get(r0, "stopped")));
+  cr_assert_eq(json_integer_value(json_object_get(r0, "signal")), SIGTERM);
+  cr_assert(json_is_false(json_object_get(r1, "started")));
+  const char *why = json_string_value(json_object_get(r1, "error"));
+  cr_assert(why && strncmp(why, "fork: ", 6) == 0, "rank 1 does not say why: %s",
+            why ? why : "(none)");
+  cr_assert_null(json_object_get(r1, "exit_status"), "rank 1 never ran");
+  cr_assert(json_is_false(json_object_get(r2, "started")));
+  cr_assert_null(json_object_get(r2, "error"), "rank 2 was never tried");
+  json_decref(j);
+  free(out);
+  free(err);
+}
