@@ -247,7 +247,8 @@ static int64_t *copy_counts(const int64_t *const *v, int n, size_t len) {
   return d;
 }
 
-static int fill_exchange(dist_tape *t, const dist_tape_exchange *a, entry *e) {
+static int fill_exchange(dist_tape *t, const char *func, const dist_tape_exchange *a,
+                         entry *e) {
   dist_client *c = t->c;
   int rc = copy_name(c, e->x, a->x_name, "x (x_name)");
   if (!rc) rc = copy_name(c, e->y, a->out_name, "the result (out_name)");
@@ -256,6 +257,11 @@ static int fill_exchange(dist_tape *t, const dist_tape_exchange *a, entry *e) {
   if (!a->local_count || !a->global_count || a->n_experts < 1 || a->d_model < 1)
     return dist_client_fail(c, DIST_EINVAL, "an exchange on a tape needs both "
                             "counts, n_experts >= 1 and d_model >= 1");
+  /* copy_counts reads these before dist_global_scatter checks them */
+  for (int k = 0; k < e->parts.n; k++)
+    if (!a->local_count[k] || !a->global_count[k])
+      return dist_client_fail(c, DIST_EINVAL, "%s: %s[%d] is NULL", func,
+                              a->local_count[k] ? "global_count" : "local_count", k);
   size_t len = (size_t)e->group_size * (size_t)a->n_experts;
   e->dt = a->dtype;
   e->d_model = a->d_model;
@@ -282,13 +288,15 @@ static dist_tensor *result_handle(const entry *e, int64_t rows) {
 static int record_exchange(dist_tape *t, entry_kind kind,
                            const dist_tape_exchange *a, dist_tensor **out,
                            int64_t *out_rows) {
+  const char *func = kind == SCATTER ? "dist_tape_global_scatter" : "dist_tape_global_gather";
   if (out) *out = NULL;
   int rc = usable(t, kind == SCATTER ? "global_scatter" : "global_gather");
+  if (!rc && !a) rc = dist_client_null_arg(t->c, func, "a");
   entry *e = rc ? NULL : new_entry(t);
   if (!rc && !e) rc = dist_client_fail(t->c, DIST_ENOMEM, "out of memory");
   if (!rc) {
     e->kind = kind;
-    rc = fill_exchange(t, a, e);
+    rc = fill_exchange(t, func, a, e);
   }
   int64_t rows[DIST_MAX_MESH_RANKS] = {0};
   if (!rc) {

@@ -543,3 +543,26 @@ Test(api_args, tape_backward_names_a_null_output_or_value_and_keeps_the_tape) {
   dist_mesh_free(m);
   dist_close(c);
 }
+
+/* A tape's exchange copied its counts' entries before dist_global_scatter
+ * could check them: a NULL entry, or a NULL a, crashed the trainer. */
+Test(api_args, tape_exchanges_name_a_null_argument_or_count_entry) {
+  dist_client *c = start_with_param();
+  dist_tape *t = NULL;
+  cr_assert_eq(dist_tape_new(c, &t), 0, "%s", dist_errmsg(c));
+  const int64_t counts[2] = {1, 0};
+  const int64_t *lcs[2] = {counts, NULL}, *gcs[2] = {counts, counts};
+  dist_tape_exchange a = {.x_name = "tx", .dtype = DIST_FLOAT32, .d_model = 2,
+                          .local_count = lcs, .global_count = gcs, .n_experts = 1,
+                          .out_name = "ty"};
+  expect_einval(c, dist_tape_global_scatter(t, NULL, NULL, NULL),
+                "dist_tape_global_scatter: a is NULL");
+  expect_einval(c, dist_tape_global_scatter(t, &a, NULL, NULL),
+                "dist_tape_global_scatter: local_count[1] is NULL");
+  lcs[1] = counts;
+  gcs[0] = NULL;
+  expect_einval(c, dist_tape_global_gather(t, &a, NULL, NULL),
+                "dist_tape_global_gather: global_count[0] is NULL");
+  dist_tape_free(t);
+  dist_close(c);
+}
