@@ -47,6 +47,11 @@ static pid_t start_rank(int rank, int n, const char *cluster, const char *job_id
   if (pid != 0) return pid;
   setpgid(0, 0); /* a group per rank: stopping it stops what the rank started */
   int fd = pipe_w >= 0 ? pipe_w : open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) { /* else its output would land in launch's own stdout */
+    fprintf(stderr, "distctl launch: rank %d: cannot write %s: %s\n", rank, log,
+            strerror(errno));
+    _exit(127);
+  }
   dup2(fd, 1);
   dup2(fd, 2);
   snprintf(v, sizeof v, "%d", rank);

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -282,6 +283,39 @@ Test(distctl_args, a_rank_that_cannot_be_forked_stops_the_others, .fini = remove
   cr_assert_null(json_object_get(r1, "exit_status"), "rank 1 never ran");
   cr_assert(json_is_false(json_object_get(r2, "started")));
   cr_assert_null(json_object_get(r2, "error"), "rank 2 was never tried");
+  json_decref(j);
+  free(out);
+  free(err);
+}
+
+/* A rank whose log cannot be opened (here a directory stands in its way)
+ * fails as a rank that cannot be run does (127), stopping the others.
+ * Before, the failed open was not checked: the rank ran on with launch's
+ * own stdout (its output broke launch --json's one object) and was not
+ * counted as failed, so rank 0 was not stopped either. */
+Test(distctl_args, a_rank_whose_log_cannot_be_written_fails, .fini = remove_launch_dir) {
+  cr_assert(mkdtemp(launch_dir));
+  char path[256], cmd[2048], *out = NULL, *err = NULL;
+  snprintf(path, sizeof path, "%s/log", launch_dir);
+  cr_assert_eq(mkdir(path, 0755), 0);
+  snprintf(path, sizeof path, "%s/log/workerlog.1", launch_dir);
+  cr_assert_eq(mkdir(path, 0755), 0);
+  snprintf(cmd, sizeof cmd,
+           "%s --json --cluster %s/none.conf launch -n 2 --log-dir %s/log -- sh -c "
+           "\"echo hello from \\$DIST_RANK; sleep 60\"",
+           harness_distctl(), launch_dir, launch_dir);
+  double t0 = harness_now_s();
+  int rc = harness_run(cmd, &out, &err, 60);
+  cr_assert_eq(rc, 127, "launch exited %d: %s", rc, err ? err : "");
+  cr_assert(harness_now_s() - t0 < 30, "rank 0 was not stopped (%.0f s)", harness_now_s() - t0);
+  cr_assert(err && strstr(err, "rank 1: cannot write ") && strstr(err, "Is a directory"), "%s",
+            err ? err : "");
+  json_error_t je;
+  json_t *j = json_loads(out ? out : "", 0, &je);
+  cr_assert(j, "launch --json printed more or other than JSON (%s): '%s'", je.text, out);
+  cr_assert_eq(json_integer_value(json_object_get(j, "failed_rank")), 1);
+  json_t *r1 = json_array_get(json_object_get(j, "ranks"), 1);
+  cr_assert_eq(json_integer_value(json_object_get(r1, "exit_status")), 127);
   json_decref(j);
   free(out);
   free(err);
