@@ -781,12 +781,11 @@ static void clear_all(dist_tape *t) {
   for (int i = 0; i < t->n_slots; i++) slot_clear(t, &t->slots[i]);
 }
 
-/* How many per-rank values a seed given for out is read as: SPMD one;
- * else one per daemon holding a piece (an exchange's ranks, or out's mesh:
+/* How many per-rank values a single client's seed for out is read as: one
+ * per daemon holding a piece (an exchange's ranks, or out's mesh:
  * store_seed reads these), or per rank of the LocalLayer call that made out
  * (its dist_backward reads these), whichever is more. */
 static int seed_nvalues(dist_tape *t, const dist_tensor *out) {
-  if (t->c->spmd_rank >= 0) return 1;
   const slot *local = find(t->locals, t->n_locals, out->name);
   int n = local ? local->ranks.n : out->mesh.d.nranks;
   for (int i = 0; i < t->n_entries; i++) {
@@ -799,8 +798,11 @@ static int seed_nvalues(dist_tape *t, const dist_tensor *out) {
 
 /* outputs and grads, read entry by entry before anything is sent or the
  * tape marked done, so that a refusal leaves the tape as it was; before,
- * a value without data was read from NULL by whichever step used it
- * first, after the steps before it had run in the daemons. */
+ * a value without data was first refused by whichever step read it, after
+ * the steps before it had run in the daemons. An SPMD trainer's values are
+ * left to that step: it aborts its op on the other trainers (OpAbort),
+ * which a refusal here, before any op, could not; they would wait out
+ * their deadline, and this trainer's op ids run behind theirs. */
 static int check_backward_args(dist_tape *t, const dist_tensor *const *outputs,
                                const dist_arg *grads, int n) {
   const char *func = "dist_tape_backward";
@@ -812,7 +814,8 @@ static int check_backward_args(dist_tape *t, const dist_tensor *const *outputs,
   for (int i = 0; i < n; i++) {
     if (!outputs[i])
       return dist_client_fail(t->c, DIST_EINVAL, "%s: outputs[%d] is NULL", func, i);
-    if (!grads || grads[i].tensor) continue; /* a stored gradient is the daemons' to check */
+    if (!grads || grads[i].tensor || t->c->spmd_rank >= 0)
+      continue; /* a stored gradient is the daemons' to check; SPMD: above */
     int rc = dist_check_arg_values(t->c, func, "grads", i, grads[i].values,
                                    seed_nvalues(t, outputs[i]));
     if (rc) return rc;

@@ -835,8 +835,10 @@ int dist_tape_reshard(dist_tape *t, dist_tensor *x, const dist_mesh *mesh,
  * (DIST_EINVAL). outputs and grads are read entry by entry before anything
  * is sent: a NULL output, or a value with elements but no data or more than
  * DIST_MAX_DIMS dims, is refused naming it ("grads[0].values[1].data is
- * NULL") and leaves the tape as it was. Invocations no gradient reaches are
- * released. On a later failure every gradient is dropped. */
+ * NULL") and leaves the tape as it was. (SPMD: a value is refused by the
+ * step that reads it, which aborts that step on the other trainers.)
+ * Invocations no gradient reaches are released. On a later failure every
+ * gradient is dropped. */
 int dist_tape_backward(dist_tape *t, const dist_tensor *const *outputs,
                        const dist_arg *grads, int n);
 /* The gradient of tensor `name` after backward: a new handle (free with
