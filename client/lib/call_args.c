@@ -1,6 +1,7 @@
 /* A LocalLayer call's or backward's argument array (and a tape backward's
- * gradients), read entry by entry before anything is sent: a value without data would be read from NULL
- * while its request is packed, and a value of too many dims past its shape. */
+ * gradients), read entry by entry before anything is sent: a value without
+ * data would be read from NULL while its request is packed, and a value of
+ * too many dims past its shape. */
 #include "client_internal.h"
 
 /* 0 when value v (args[j].values[r]) can be sent, else DIST_EINVAL on c
