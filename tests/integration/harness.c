@@ -365,6 +365,19 @@ dist_tensor *harness_put(dist_client *c, const char *name, dist_dtype dt, const 
   return t;
 }
 
+void harness_expect_value(dist_client *c, const char *name, const void *want,
+                          size_t nbytes) {
+  dist_tensor *t = NULL;
+  cr_assert_eq(dist_tensor_open(c, name, &t), 0, "%s: %s", name, dist_errmsg(c));
+  void *data = NULL;
+  size_t n = 0;
+  cr_assert_eq(dist_full_tensor(c, t, &data, &n), 0, "%s", dist_errmsg(c));
+  cr_assert_eq(n, nbytes, "%s: %zu bytes", name, n);
+  cr_assert_eq(memcmp(data, want, nbytes), 0, "%s differs", name);
+  free(data);
+  dist_tensor_free(t);
+}
+
 static void *churn_loop(void *arg) {
   harness_churn *ch = arg;
   dist_client *c = harness_client(ch->h);

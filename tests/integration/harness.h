@@ -70,6 +70,8 @@ int harness_try_put(dist_client *c, const char *name, dist_dtype dt, const void 
 dist_tensor *harness_put(dist_client *c, const char *name, dist_dtype dt, const void *data,
                          int ndim, const int64_t *shape, const char *mesh_text,
                          const char *placements);
+/* Fails the test unless tensor name's whole value is exactly want (nbytes). */
+void harness_expect_value(dist_client *c, const char *name, const void *want, size_t nbytes);
 /* How many names in dir contain infix ("" for any) and end in suffix. */
 int harness_count_files(const char *dir, const char *infix, const char *suffix);
 /* rm -rf of dir, bounded (30 s); its exit status, as harness_run gives it. */

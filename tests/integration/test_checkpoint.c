@@ -43,20 +43,6 @@ static dist_tensor *put(dist_client *c, const char *name, dist_dtype dt,
   return harness_put(c, name, dt, data, ndim, shape, mesh_text, placements);
 }
 
-/* The tensor's whole value must be exactly want (nbytes). */
-static void expect_value(dist_client *c, const char *name, const void *want,
-                         size_t nbytes) {
-  dist_tensor *t = NULL;
-  cr_assert_eq(dist_tensor_open(c, name, &t), 0, "%s: %s", name, dist_errmsg(c));
-  void *data = NULL;
-  size_t n = 0;
-  cr_assert_eq(dist_full_tensor(c, t, &data, &n), 0, "%s", dist_errmsg(c));
-  cr_assert_eq(n, nbytes, "%s: %zu bytes", name, n);
-  cr_assert_eq(memcmp(data, want, nbytes), 0, "%s differs", name);
-  free(data);
-  dist_tensor_free(t);
-}
-
 static void expect_layout(dist_client *c, const char *name, const char *placements,
                           int nranks, int first_rank) {
   dist_tensor *t = NULL;
@@ -81,7 +67,7 @@ static void expect_restore_refused(dist_client *c, const dist_checkpoint_opts *o
   cr_assert_eq(rc, DIST_EINVAL, "%s: %s", dist_err_name(rc), dist_errmsg(c));
   cr_assert(!needle || strstr(dist_errmsg(c), needle), "no '%s' in: %s", needle,
             dist_errmsg(c));
-  expect_value(c, name, want, nbytes);
+  harness_expect_value(c, name, want, nbytes);
 }
 
 static const char *make_dir(void) {
@@ -116,9 +102,9 @@ static void put_three(dist_client *c) {
 }
 
 static void expect_three(dist_client *c) {
-  expect_value(c, "a", a0, sizeof a0);
-  expect_value(c, "b", b0, sizeof b0);
-  expect_value(c, "c", c0, sizeof c0);
+  harness_expect_value(c, "a", a0, sizeof a0);
+  harness_expect_value(c, "b", b0, sizeof b0);
+  harness_expect_value(c, "c", c0, sizeof c0);
 }
 
 static int run_distctl(const char *args, char **out, char **err) {
@@ -182,7 +168,7 @@ Test(checkpoint, restore_onto_other_placements_and_meshes) {
   o.nplacements = 1;
   cr_assert_eq(dist_checkpoint_restore(c, dir, &o, &info), 0, "%s", dist_errmsg(c));
   expect_layout(c, "a", "[Replicate()]", 2, 0);
-  expect_value(c, "a", a0, sizeof a0);
+  harness_expect_value(c, "a", a0, sizeof a0);
   /* Another mesh of the same shape. */
   dist_mesh *m21 = NULL, *m3 = NULL;
   cr_assert_eq(dist_mesh_from_string("[2,1]", NULL, &m21), 0);
@@ -190,14 +176,14 @@ Test(checkpoint, restore_onto_other_placements_and_meshes) {
   o.placements = &s1;
   cr_assert_eq(dist_checkpoint_restore(c, dir, &o, &info), 0, "%s", dist_errmsg(c));
   expect_layout(c, "a", "[Shard(1)]", 2, 2);
-  expect_value(c, "a", a0, sizeof a0);
+  harness_expect_value(c, "a", a0, sizeof a0);
   /* A mesh of another size. */
   cr_assert_eq(dist_mesh_from_string("[0,1,2]", NULL, &m3), 0);
   o.mesh = m3;
   o.placements = (dist_placement[]){DIST_SHARD_DIM(0)};
   cr_assert_eq(dist_checkpoint_restore(c, dir, &o, &info), 0, "%s", dist_errmsg(c));
   expect_layout(c, "a", "[Shard(0)]", 3, 0);
-  expect_value(c, "a", a0, sizeof a0);
+  harness_expect_value(c, "a", a0, sizeof a0);
   /* A mesh of another size without the saved ranks: they keep no piece. */
   dist_mesh *m2 = NULL;
   cr_assert_eq(dist_mesh_from_string("[2]", NULL, &m2), 0);
@@ -205,7 +191,7 @@ Test(checkpoint, restore_onto_other_placements_and_meshes) {
   o.placements = &rep;
   cr_assert_eq(dist_checkpoint_restore(c, dir, &o, &info), 0, "%s", dist_errmsg(c));
   expect_layout(c, "a", "[Replicate()]", 1, 2);
-  expect_value(c, "a", a0, sizeof a0);
+  harness_expect_value(c, "a", a0, sizeof a0);
   for (int r = 0; r < 2; r++) {
     dist_tensor *t = NULL;
     cr_expect_eq(harness_open_on(&cluster, r, "a", &t), DIST_ENOTFOUND, "rank %d kept a piece",
@@ -289,7 +275,7 @@ Test(checkpoint, a_restore_racing_reshards_leaves_one_layout_and_the_saved_value
     cr_assert(p[0].kind == p[1].kind && p[0].dim == p[1].dim,
               "round %d: the daemons disagree on the layout after %d reshards", round,
               applied);
-    expect_value(c, "w", p0, sizeof p0);
+    harness_expect_value(c, "w", p0, sizeof p0);
   }
   cr_assert_gt(reshards, 0);
   dist_close(c);
@@ -507,7 +493,7 @@ static void expect_refused(dist_client *c, const char *word, const float *curren
   int rc = dist_checkpoint_restore(c, ckpt_dir, NULL, &info);
   cr_assert_neq(rc, 0);
   cr_assert(strstr(dist_errmsg(c), word), "message '%s' lacks '%s'", dist_errmsg(c), word);
-  expect_value(c, "a", current, 15 * sizeof(float));
+  harness_expect_value(c, "a", current, 15 * sizeof(float));
 }
 
 static void copy_file(const char *from, const char *to) {
@@ -603,13 +589,13 @@ Test(checkpoint, a_restore_drops_pieces_outside_the_saved_mesh_only_when_it_appl
   cr_assert_eq(harness_open_on(&cluster, 2, "w", &t), 0, "rank 2 lost its piece");
   cr_assert_eq(dist_mesh_size(dist_tensor_mesh(t)), 3);
   dist_tensor_free(t);
-  expect_value(c, "w", later, sizeof later);
+  harness_expect_value(c, "w", later, sizeof later);
   copy_file(good, path);
   unlink(good);
   cr_assert_eq(dist_checkpoint_restore(c, ckpt_dir, NULL, NULL), 0, "%s", dist_errmsg(c));
   cr_assert_eq(harness_open_on(&cluster, 2, "w", &t), DIST_ENOTFOUND,
                "rank 2 keeps a piece of the older layout");
-  expect_value(c, "w", saved, sizeof saved);
+  harness_expect_value(c, "w", saved, sizeof saved);
   expect_layout(c, "w", "[Replicate()]", 2, 0);
   dist_close(c);
 }
@@ -637,7 +623,7 @@ Test(checkpoint, a_bigger_cluster_drops_pieces_where_the_checkpoint_has_no_file)
   dist_tensor *t = NULL;
   cr_assert_eq(harness_open_on(&cluster, 2, "w", &t), DIST_ENOTFOUND,
                "rank 2 keeps a piece of the older layout");
-  expect_value(c, "w", saved, sizeof saved);
+  harness_expect_value(c, "w", saved, sizeof saved);
   expect_layout(c, "w", "[Replicate()]", 2, 0);
   dist_close(c);
   harness_remove_dir(dir);
@@ -744,7 +730,7 @@ Test(checkpoint, restore_placements_are_counted_against_each_saved_mesh) {
   free(out);
   free(err);
   expect_layout(c, "a", "[Replicate()]", 2, 0);
-  expect_value(c, "a", a0, sizeof a0);
+  harness_expect_value(c, "a", a0, sizeof a0);
   dist_close(c);
 }
 
@@ -779,7 +765,7 @@ Test(checkpoint, a_restore_given_more_or_fewer_placements_than_mesh_dims_restore
   o.nplacements = 2;
   cr_assert_eq(dist_checkpoint_restore(c, ckpt_dir, &o, NULL), 0, "%s", dist_errmsg(c));
   expect_layout(c, "a", "[Replicate(), Shard(1)]", 2, 0);
-  expect_value(c, "a", a0, sizeof a0);
+  harness_expect_value(c, "a", a0, sizeof a0);
   dist_mesh_free(m2d);
   dist_close(c);
 }
@@ -814,7 +800,7 @@ Test(checkpoint, a_tensor_count_that_disagrees_with_the_names_is_refused) {
   expect_restore_refused(c, &o, NULL, "a", a1, sizeof a1);
   o.ntensors = 1;
   cr_assert_eq(dist_checkpoint_restore(c, ckpt_dir, &o, NULL), 0, "%s", dist_errmsg(c));
-  expect_value(c, "a", a0, sizeof a0);
+  harness_expect_value(c, "a", a0, sizeof a0);
   dist_close(c);
 }
 
@@ -1241,8 +1227,8 @@ Test(checkpoint, restore_onto_fewer_daemons_than_saved, .timeout = 240) {
   o.tensors = p_and_q;
   o.ntensors = 2;
   cr_assert_eq(dist_checkpoint_restore(c, tmp, &o, NULL), 0, "%s", dist_errmsg(c));
-  expect_value(c, "p", p_sum, sizeof p_sum);
-  expect_value(c, "q", q_max, sizeof q_max);
+  harness_expect_value(c, "p", p_sum, sizeof p_sum);
+  harness_expect_value(c, "q", q_max, sizeof q_max);
   expect_layout(c, "q", "[Shard(0)]", 2, 1);
   dist_tensor_delete(c, "p");
   dist_tensor_delete(c, "q");
@@ -1268,8 +1254,8 @@ Test(checkpoint, restore_onto_fewer_daemons_than_saved, .timeout = 240) {
   dist_checkpoint_info info;
   cr_assert_eq(dist_checkpoint_restore(c, tmp, &o, &info), 0, "%s", dist_errmsg(c));
   cr_assert_eq(info.ntensors, 2);
-  expect_value(c, "x", x0, sizeof x0);
-  expect_value(c, "y", y0, sizeof y0);
+  harness_expect_value(c, "x", x0, sizeof x0);
+  harness_expect_value(c, "y", y0, sizeof y0);
   expect_layout(c, "x", "[Shard(0)]", 2, 1);
   expect_layout(c, "y", "[Shard(0)]", 2, 1);
 
@@ -1285,7 +1271,7 @@ Test(checkpoint, restore_onto_fewer_daemons_than_saved, .timeout = 240) {
   free(out);
   free(err);
   expect_layout(c, "y", "[Replicate()]", 2, 0);
-  expect_value(c, "y", y0, sizeof y0);
+  harness_expect_value(c, "y", y0, sizeof y0);
   dist_mesh_free(m2);
   dist_close(c);
   cr_assert_eq(harness_remove_dir(tmp), 0);
@@ -1317,8 +1303,8 @@ Test(checkpoint, integer_partial_avg_rebuilt_onto_fewer_daemons_is_exact, .timeo
   cr_assert(mkdtemp(tmp));
   cr_assert_eq(dist_checkpoint_save(c, tmp, NULL, NULL), 0, "%s", dist_errmsg(c));
   c = restore_onto_two(c, tmp, NULL);
-  expect_value(c, "a", a_avg, sizeof a_avg);
-  expect_value(c, "b", b_avg, sizeof b_avg);
+  harness_expect_value(c, "a", a_avg, sizeof a_avg);
+  harness_expect_value(c, "b", b_avg, sizeof b_avg);
   dist_close(c);
   cr_assert_eq(harness_remove_dir(tmp), 0);
 }
@@ -1362,7 +1348,7 @@ Test(checkpoint, a_rebuild_that_does_not_fit_leaves_the_tensor_as_it_was, .timeo
   /* The whole account of what the store holds, not its first 127 bytes. */
   cr_assert(strstr(dist_errmsg(c), "as before the restore; restore again: "), "%s",
             dist_errmsg(c));
-  expect_value(c, "big", before, sizeof before);
+  harness_expect_value(c, "big", before, sizeof before);
   expect_layout(c, "big", "[Replicate()]", 2, 0);
 
   /* With room, the same restore replaces it. */
