@@ -227,13 +227,35 @@ int distd_ckpt_read_file(const char *dir, const char *file, const char *want_hex
   return 0;
 }
 
-static int is_ours(const char *name) {
-  size_t n = strlen(name);
-  if (strncmp(name, "rank", 4) == 0 &&
-      ((n > 12 && !strcmp(name + n - 12, ".safetensors")) ||
-       (n > 16 && !strcmp(name + n - 16, ".safetensors.tmp"))))
-    return 1;
-  return !strcmp(name, DISTD_CKPT_MANIFEST ".tmp");
+int distd_ckpt_parse_file(const char *name, int *rank, char *id, size_t id_len) {
+  const char *p = name + 4, *dot;
+  char *end;
+  if (strncmp(name, "rank", 4) != 0 || *p < '0' || *p > '9') return 0;
+  long r = strtol(p, &end, 10);
+  if (*end != '.' || r > 1000000 || !(dot = strchr(end + 1, '.'))) return 0;
+  size_t n = (size_t)(dot - (end + 1));
+  if (n == 0 || n >= id_len) return 0;
+  if (strcmp(dot, ".safetensors") != 0 && strcmp(dot, ".safetensors.tmp") != 0) return 0;
+  memcpy(id, end + 1, n);
+  id[n] = 0;
+  *rank = (int)r;
+  return 1;
+}
+
+static int named(const char *name, char *const *keep, size_t nkeep) {
+  for (size_t i = 0; i < nkeep; i++)
+    if (!strcmp(keep[i], name)) return 1;
+  return 0;
+}
+
+/* Whether this daemon removes DIR/name (see distd_ckpt_remove_stale). */
+static int is_stale(const char *name, const distd_ckpt_stale_rule *rule) {
+  if (!strcmp(name, DISTD_CKPT_MANIFEST ".tmp")) return rule->rank == 0;
+  int r;
+  char id[80];
+  if (!distd_ckpt_parse_file(name, &r, id, sizeof id)) return 0;
+  if (r != rule->rank && r < rule->world_size) return 0;
+  return !named(name, rule->keep, rule->nkeep) && !rule->in_progress(rule->arg, id);
 }
 
 int distd_ckpt_discard(const char *dir, const char *id, int rank) {
@@ -248,16 +270,13 @@ int distd_ckpt_discard(const char *dir, const char *id, int rank) {
   return removed;
 }
 
-int distd_ckpt_remove_stale(const char *dir, char *const *keep, size_t nkeep) {
+int distd_ckpt_remove_stale(const char *dir, const distd_ckpt_stale_rule *rule) {
   DIR *d = opendir(dir);
   if (!d) return 0;
   int removed = 0;
   struct dirent *e;
   while ((e = readdir(d))) {
-    if (!is_ours(e->d_name)) continue;
-    int kept = 0;
-    for (size_t i = 0; i < nkeep && !kept; i++) kept = !strcmp(keep[i], e->d_name);
-    if (kept) continue;
+    if (!is_stale(e->d_name, rule)) continue;
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
     removed += unlink(path) == 0;

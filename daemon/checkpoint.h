@@ -41,8 +41,28 @@ int distd_ckpt_read_file(const char *dir, const char *file, const char *want_hex
 /* Removes DIR/rank<rank>.<id>.safetensors and its temp file, the file of
  * a save that failed, and nothing else; returns how many were removed. */
 int distd_ckpt_discard(const char *dir, const char *id, int rank);
-/* Removes rank files (rank*.safetensors) and leftover temp files of DIR
- * that keep[0..nkeep) does not name; returns how many were removed. */
-int distd_ckpt_remove_stale(const char *dir, char *const *keep, size_t nkeep);
+/* 1 when name is a rank file, "rank<r>.<id>.safetensors", or its temp
+ * file: then *rank and id (of id_len bytes, NUL-terminated) are set. */
+int distd_ckpt_parse_file(const char *name, int *rank, char *id, size_t id_len);
+
+/* Which files of a checkpoint directory a commit on this daemon removes. */
+typedef struct distd_ckpt_stale_rule {
+  int rank, world_size;    /* this daemon's */
+  char *const *keep;       /* the files the new manifest names */
+  size_t nkeep;
+  /* 1 when checkpoint id's save is in progress here (ckpt_saves.h) */
+  int (*in_progress)(void *arg, const char *id);
+  void *arg;
+} distd_ckpt_stale_rule;
+
+/* Removes the files of DIR this daemon is the one to judge stale: its own
+ * rank files (and their temp files) that rule->keep does not name, of a
+ * checkpoint id whose save is not in progress here; the rank files of
+ * ranks past the world, which no daemon here writes; and, on rank 0 (the
+ * manifest's writer), a leftover manifest temp file. The other ranks'
+ * files are theirs to judge: where daemons share the directory, this one
+ * cannot know that another's save is in progress (it may not have been
+ * asked to save yet). Returns how many files were removed. */
+int distd_ckpt_remove_stale(const char *dir, const distd_ckpt_stale_rule *rule);
 
 #endif

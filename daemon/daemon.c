@@ -9,6 +9,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "ckpt_saves.h"
 #include "experts.h"
 #include "holds.h"
 #include "http.h"
@@ -123,13 +124,25 @@ static int start_http(distd_server *s, dist_errbuf *eb) {
   return distd_http_start(&s->http, s->base, http, &hooks, eb);
 }
 
+/* How long a checkpoint save's files are kept for its commit after this
+ * daemon answered its Save (ckpt_saves.h). A client saves on one daemon
+ * after the other, each call bounded by max_call_duration here, then
+ * commits: rank 0's commit can come world_size - 1 Save calls and the
+ * commit itself after its answer. Kept too long, an abandoned save's files
+ * wait longer for a commit to remove them; too short, a commit removes the
+ * files of a save that then commits a manifest naming them. */
+static int64_t save_commit_window_ms(const distd_server *s) {
+  return (int64_t)(s->world_size + 1) * s->cfg.max_call_duration_ms;
+}
+
 /* The state RPC handlers keep between calls (see server.h). */
 static int create_registries(distd_server *s, dist_errbuf *eb) {
   s->programs = distd_registry_new(0);
   s->experts = distd_experts_new();
   s->params = distd_params_new(s->rank);
   s->holds = distd_holds_new(s->rank);
-  if (!s->programs || !s->experts || !s->params || !s->holds)
+  s->ckpt_saves = distd_ckpt_saves_new(save_commit_window_ms(s));
+  if (!s->programs || !s->experts || !s->params || !s->holds || !s->ckpt_saves)
     return dist_fail(eb, DIST_ENOMEM, "out of memory creating the program, "
                      "expert and parameter registries");
   return 0;
@@ -141,10 +154,12 @@ static void free_registries(distd_server *s) {
   distd_experts_free(s->experts);
   distd_params_free(s->params);
   distd_holds_free(s->holds);
+  distd_ckpt_saves_free(s->ckpt_saves);
   s->programs = NULL;
   s->experts = NULL;
   s->params = NULL;
   s->holds = NULL;
+  s->ckpt_saves = NULL;
 }
 
 /* Certificates and CRLs stop working at a date of their own: past a CRL's

@@ -20,6 +20,7 @@ typedef struct distd_program_registry distd_program_registry;
 typedef struct distd_experts distd_experts;
 typedef struct distd_params distd_params;
 typedef struct distd_holds distd_holds;
+typedef struct distd_ckpt_saves distd_ckpt_saves;
 
 typedef struct distd_server {
   distd_config cfg;
@@ -45,6 +46,7 @@ typedef struct distd_server {
   distd_experts *experts;
   distd_params *params;
   distd_holds *holds; /* requests on one name, ordered (holds.h) */
+  distd_ckpt_saves *ckpt_saves; /* checkpoint saves in progress (ckpt_saves.h) */
   /* The TLS files in use, in seconds since the epoch (0: none), for
    * /metrics: written at start and by a reload (atomic). */
   int64_t tls_cert_not_after, tls_crl_next_update;

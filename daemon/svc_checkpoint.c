@@ -6,6 +6,7 @@
 
 #include "checkpoint.h"
 #include "checkpoint.pb-c.h"
+#include "ckpt_saves.h"
 #include "clock.h"
 #include "log.h"
 #include "methods.h"
@@ -91,9 +92,14 @@ static int drop_if_late(distd_server *s, const distd_call_info *ci,
                    late_ms);
 }
 
+/* Marked in progress before its temp file exists, and again once it is
+ * answered, from when its client may take a while to commit; settled at
+ * once when it fails, its file gone (ckpt_saves.h). */
 DISTD_HANDLER(checkpoint_save) {
   const Dist__V1__CheckpointSaveRequest *rq = (const void *)req;
-  if (check_dir_and_id(rq->dir, rq->checkpoint_id, eb) != 0) return eb->code;
+  if (check_dir_and_id(rq->dir, rq->checkpoint_id, eb) != 0 ||
+      distd_ckpt_saves_mark(s->ckpt_saves, rq->checkpoint_id, s->rank, eb) != 0)
+    return eb->code;
   distd_tensor **t = NULL;
   int n = 0;
   pick_tensors(s, rq, &t, &n);
@@ -110,7 +116,9 @@ DISTD_HANDLER(checkpoint_save) {
                                &bytes, eb);
   }
   if (rc == 0) rc = drop_if_late(s, ci, rq, eb);
+  if (rc == 0) rc = distd_ckpt_saves_mark(s->ckpt_saves, rq->checkpoint_id, s->rank, eb);
   if (rc == 0) *reply = save_reply(s, t, snap, n, file, sha, bytes);
+  else distd_ckpt_saves_settle(s->ckpt_saves, rq->checkpoint_id);
   distd_ckpt_contents_free(&cc);
   for (int i = 0; i < n; i++) {
     distd_param_snapshot_free(&snap[i]);
@@ -121,19 +129,42 @@ DISTD_HANDLER(checkpoint_save) {
   return rc;
 }
 
+/* The saves whose files keep names are committed: settled here. */
+static void settle_kept(distd_ckpt_saves *saves, char *const *keep, size_t nkeep) {
+  for (size_t i = 0; i < nkeep; i++) {
+    int rank;
+    char id[80];
+    if (distd_ckpt_parse_file(keep[i], &rank, id, sizeof id))
+      distd_ckpt_saves_settle(saves, id);
+  }
+}
+
+/* The manifest is switched first; then this daemon's files of settled
+ * saves the manifest does not name are stale (distd_ckpt_remove_stale),
+ * and those of saves in progress stay for their own commit. */
+static int commit_locked(distd_server *s, const Dist__V1__CheckpointCommitRequest *rq,
+                         grpc_byte_buffer **reply, dist_errbuf *eb) {
+  if (rq->manifest[0] && distd_ckpt_write_manifest(rq->dir, rq->manifest, eb) != 0)
+    return eb->code;
+  settle_kept(s->ckpt_saves, rq->keep_files, rq->n_keep_files);
+  distd_ckpt_stale_rule rule = {s->rank, s->world_size, rq->keep_files, rq->n_keep_files,
+                                distd_ckpt_saves_in_progress, s->ckpt_saves};
+  Dist__V1__CheckpointCommitReply rp = DIST__V1__CHECKPOINT_COMMIT_REPLY__INIT;
+  rp.removed = (uint32_t)distd_ckpt_remove_stale(rq->dir, &rule);
+  *reply = dist_pb_to_bb(&rp.base);
+  return 0;
+}
+
 DISTD_HANDLER(checkpoint_commit) {
-  (void)ci, (void)s;
+  (void)ci;
   const Dist__V1__CheckpointCommitRequest *rq = (const void *)req;
   if (distd_ckpt_check_dir(rq->dir, eb) != 0) return eb->code;
   for (size_t i = 0; i < rq->n_keep_files; i++)
     if (distd_ckpt_check_file(rq->keep_files[i], eb) != 0) return eb->code;
-  if (rq->manifest[0] && distd_ckpt_write_manifest(rq->dir, rq->manifest, eb) != 0)
-    return eb->code;
-  Dist__V1__CheckpointCommitReply rp = DIST__V1__CHECKPOINT_COMMIT_REPLY__INIT;
-  rp.removed = (uint32_t)distd_ckpt_remove_stale(rq->dir, rq->keep_files,
-                                                 rq->n_keep_files);
-  *reply = dist_pb_to_bb(&rp.base);
-  return 0;
+  distd_ckpt_saves_commit_begin(s->ckpt_saves);
+  int rc = commit_locked(s, rq, reply, eb);
+  distd_ckpt_saves_commit_end(s->ckpt_saves);
+  return rc;
 }
 
 DISTD_HANDLER(checkpoint_discard) {
@@ -142,6 +173,7 @@ DISTD_HANDLER(checkpoint_discard) {
   if (check_dir_and_id(rq->dir, rq->checkpoint_id, eb) != 0) return eb->code;
   Dist__V1__CheckpointDiscardReply rp = DIST__V1__CHECKPOINT_DISCARD_REPLY__INIT;
   rp.removed = (uint32_t)distd_ckpt_discard(rq->dir, rq->checkpoint_id, s->rank);
+  distd_ckpt_saves_settle(s->ckpt_saves, rq->checkpoint_id);
   *reply = dist_pb_to_bb(&rp.base);
   return 0;
 }

@@ -1,0 +1,166 @@
+/* Two saves into one directory at once: a commit must not remove the files
+ * of a save still in progress there, and still removes those of saves that
+ * are over (superseded, or abandoned long ago). Real daemons sharing the
+ * directory, as on one machine or a shared file system; the saves are
+ * interleaved deterministically from the first save's progress callback,
+ * which libdist calls after each daemon answered its Save. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "checkpoint.pb-c.h" /* raw Save requests: a save nobody commits */
+#include "client_internal.h"
+#include "harness.h"
+
+static harness cluster;
+
+static void stop_cluster(void) {
+  if (cluster.n > 0) harness_stop(&cluster);
+  cluster.n = 0;
+}
+
+TestSuite(concurrent, .fini = stop_cluster, .timeout = 180);
+
+static const float a0[6] = {1.5f, -2, 3.25f, 4, 5, -6.5f};
+static const float b0[4] = {10, 20, 30, 40};
+
+static void put_a_and_b(dist_client *c) {
+  int64_t sa = 6, sb = 4;
+  dist_tensor_free(harness_put(c, "a", DIST_FLOAT32, a0, 1, &sa, "[0,1]", "Shard(0)"));
+  dist_tensor_free(harness_put(c, "b", DIST_FLOAT32, b0, 1, &sb, "[0,1]", "Shard(0)"));
+}
+
+/* The second save, made from the first one's progress callback once the
+ * first has `after` of its daemons' files written (and none committed). */
+typedef struct interleave {
+  dist_client *other;
+  const char *dir;
+  int after;
+  int rc;
+  char msg[600];
+  dist_checkpoint_info info;
+} interleave;
+
+static void save_b_meanwhile(void *arg, const char *phase, int rank, int done, int total,
+                             uint64_t bytes) {
+  (void)rank, (void)total, (void)bytes;
+  interleave *in = arg;
+  if (strcmp(phase, "save") != 0 || done != in->after) return;
+  const char *names[] = {"b"};
+  dist_checkpoint_opts o = DIST_CHECKPOINT_OPTS_INIT;
+  o.tensors = names;
+  o.ntensors = 1;
+  in->rc = dist_checkpoint_save(in->other, in->dir, &o, &in->info);
+  snprintf(in->msg, sizeof in->msg, "%s", dist_errmsg(in->other));
+}
+
+/* Saves "a" into dir while a save of "b" starts and commits there after
+ * `after` daemons wrote a's files; returns a's checkpoint id in id. */
+static void save_a_across_b(dist_client *c, const char *dir, int after, char *id, size_t len) {
+  dist_client *other = harness_client(&cluster);
+  interleave in;
+  memset(&in, 0, sizeof in);
+  in.other = other, in.dir = dir, in.after = after, in.rc = -1;
+  const char *names[] = {"a"};
+  dist_checkpoint_opts o = DIST_CHECKPOINT_OPTS_INIT;
+  o.tensors = names;
+  o.ntensors = 1;
+  o.progress = save_b_meanwhile;
+  o.progress_arg = &in;
+  dist_checkpoint_info info;
+  int rc = dist_checkpoint_save(c, dir, &o, &info);
+  cr_assert_eq(in.rc, 0, "the save of b in between: %s", in.msg);
+  cr_assert_eq(rc, 0, "the save of a around it: %s", dist_errmsg(c));
+  cr_assert_str_neq(info.id, in.info.id);
+  snprintf(id, len, "%s", info.id);
+  dist_close(other);
+}
+
+/* a's checkpoint, committed last, must be the one in dir, whole: a
+ * restore brings a's values back (a is overwritten first, so the values
+ * come from the files), and b's superseded files are gone. */
+static void expect_a_restored(dist_client *c, const char *dir, const char *id) {
+  float junk[6] = {0};
+  int64_t sa = 6;
+  dist_tensor_delete(c, "a");
+  dist_tensor_free(harness_put(c, "a", DIST_FLOAT32, junk, 1, &sa, "[0,1]", "Shard(0)"));
+  dist_checkpoint_info info;
+  cr_assert_eq(dist_checkpoint_restore(c, dir, NULL, &info), 0,
+               "the checkpoint committed last is broken: %s", dist_errmsg(c));
+  cr_assert_str_eq(info.id, id, "the restore names a's checkpoint");
+  cr_assert_eq(info.ntensors, 1);
+  harness_expect_value(c, "a", a0, sizeof a0);
+  cr_assert_eq(harness_count_files(dir, id, ".safetensors"), 2, "a's two rank files");
+  cr_assert_eq(harness_count_files(dir, "rank", ".safetensors"), 2,
+               "b's superseded files must be removed by a's commit");
+}
+
+/* A cluster of two with "a" and "b", where a's save, with b's made and
+ * committed in between after `after` daemons wrote a's files, is then
+ * restored. */
+static void save_across_and_restore(int after) {
+  harness_start(&cluster, 2, NULL);
+  dist_client *c = harness_client(&cluster);
+  put_a_and_b(c);
+  char dir[400], id[80];
+  snprintf(dir, sizeof dir, "%s/ckpt", cluster.dir);
+  save_a_across_b(c, dir, after, id, sizeof id);
+  expect_a_restored(c, dir, id);
+  dist_close(c);
+}
+
+/* The reviewer's case: a's files are written on every daemon when b
+ * commits into the same directory. b's commit removed them (its keep list
+ * named b's only), and a's commit then wrote a manifest naming files that
+ * were gone. */
+Test(concurrent, a_commit_keeps_the_files_of_a_save_written_everywhere_but_not_committed) {
+  save_across_and_restore(2);
+}
+
+/* b commits when only rank 0 has written a's file. Rank 1 has not heard
+ * of a's save yet, and sees rank 0's files in the shared directory: it
+ * must leave them to rank 0, which knows a's save is in progress. */
+Test(concurrent, a_commit_keeps_a_file_another_daemon_wrote_for_a_save_in_progress) {
+  save_across_and_restore(1);
+}
+
+/* Daemon r's Save of checkpoint id, as a client that then dies would
+ * leave it: answered, never committed nor discarded. */
+static void save_never_committed(dist_client *c, const char *dir, const char *id) {
+  Dist__V1__CheckpointSaveRequest rq = DIST__V1__CHECKPOINT_SAVE_REQUEST__INIT;
+  rq.dir = (char *)dir;
+  rq.checkpoint_id = (char *)id;
+  for (int r = 0; r < cluster.n; r++) {
+    ProtobufCMessage *rp = NULL;
+    cr_assert_eq(dist_call_one(c, r, "/dist.v1.Checkpoint/Save", &rq.base,
+                               &dist__v1__checkpoint_save_reply__descriptor, &rp), 0,
+                 "rank %d: %s", r, dist_errmsg(c));
+    protobuf_c_message_free_unpacked(rp, NULL);
+  }
+}
+
+/* A daemon keeps a save's files only while its client may still commit
+ * it: (world size + 1) x max_call_duration after its Save was answered
+ * (3 s here). After that they are stale, and the next commit removes them
+ * as before. */
+Test(concurrent, an_abandoned_saves_files_are_kept_while_it_may_commit_then_removed) {
+  const char *args[] = {"--max-call-duration", "1s", NULL};
+  harness_start(&cluster, 2, args);
+  dist_client *c = harness_client(&cluster);
+  put_a_and_b(c);
+  char dir[400];
+  snprintf(dir, sizeof dir, "%s/ckpt", cluster.dir);
+  save_never_committed(c, dir, "abandoned");
+  double answered = harness_now_s();
+  cr_assert_eq(dist_checkpoint_save(c, dir, NULL, NULL), 0, "%s", dist_errmsg(c));
+  cr_assert(harness_now_s() - answered < 2.5, "the save took too long to tell");
+  cr_assert_eq(harness_count_files(dir, "abandoned", ".safetensors"), 2,
+               "a commit removed the files of a save that may still commit");
+  harness_sleep_ms(3500);
+  cr_assert_eq(dist_checkpoint_save(c, dir, NULL, NULL), 0, "%s", dist_errmsg(c));
+  cr_assert_eq(harness_count_files(dir, "abandoned", ""), 0,
+               "the abandoned save's files outlived its commit window");
+  cr_assert_eq(harness_count_files(dir, "rank", ".safetensors"), 2, "the last save's only");
+  dist_close(c);
+}
