@@ -4,6 +4,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <jansson.h>
 #include <openssl/evp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -242,6 +243,28 @@ int distd_ckpt_parse_file(const char *name, int *rank, char *id, size_t id_len) 
   return 1;
 }
 
+int distd_ckpt_manifest_files(const char *dir, char ***files, size_t *n) {
+  *files = NULL;
+  *n = 0;
+  char *text = NULL;
+  if (distd_ckpt_read_manifest(dir, &text, NULL) != 0) return 0;
+  json_t *doc = json_loads(text, 0, NULL), *list = json_object_get(doc, "files");
+  size_t count = json_array_size(list);
+  *files = calloc(count + 1, sizeof **files);
+  for (size_t i = 0; *files && i < count; i++) {
+    const char *f = json_string_value(json_object_get(json_array_get(list, i), "file"));
+    if (f && ((*files)[*n] = strdup(f))) (*n)++;
+  }
+  json_decref(doc);
+  free(text);
+  return (int)*n;
+}
+
+void distd_ckpt_files_free(char **files, size_t n) {
+  for (size_t i = 0; i < n; i++) free(files[i]);
+  free(files);
+}
+
 static int named(const char *name, char *const *keep, size_t nkeep) {
   for (size_t i = 0; i < nkeep; i++)
     if (!strcmp(keep[i], name)) return 1;
@@ -255,7 +278,8 @@ static int is_stale(const char *name, const distd_ckpt_stale_rule *rule) {
   char id[80];
   if (!distd_ckpt_parse_file(name, &r, id, sizeof id)) return 0;
   if (r != rule->rank && r < rule->world_size) return 0;
-  return !named(name, rule->keep, rule->nkeep) && !rule->in_progress(rule->arg, id);
+  return !named(name, rule->keep, rule->nkeep) && !named(name, rule->in_place, rule->nin_place) &&
+         !rule->in_progress(rule->arg, id);
 }
 
 int distd_ckpt_discard(const char *dir, const char *id, int rank) {

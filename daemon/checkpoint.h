@@ -45,24 +45,36 @@ int distd_ckpt_discard(const char *dir, const char *id, int rank);
  * file: then *rank and id (of id_len bytes, NUL-terminated) are set. */
 int distd_ckpt_parse_file(const char *name, int *rank, char *id, size_t id_len);
 
+/* The files DIR/manifest.json names, in a malloc'd array of malloc'd
+ * names (free with distd_ckpt_files_free); none when the manifest is
+ * missing, unreadable or not JSON. Returns how many. */
+int distd_ckpt_manifest_files(const char *dir, char ***files, size_t *n);
+void distd_ckpt_files_free(char **files, size_t n); /* NULL is a no-op */
+
 /* Which files of a checkpoint directory a commit on this daemon removes. */
 typedef struct distd_ckpt_stale_rule {
   int rank, world_size;    /* this daemon's */
-  char *const *keep;       /* the files the new manifest names */
+  char *const *keep;       /* the files of the save committed */
   size_t nkeep;
+  char *const *in_place;   /* the files the manifest in place names */
+  size_t nin_place;
   /* 1 when checkpoint id's save is in progress here (ckpt_saves.h) */
   int (*in_progress)(void *arg, const char *id);
   void *arg;
 } distd_ckpt_stale_rule;
 
 /* Removes the files of DIR this daemon is the one to judge stale: its own
- * rank files (and their temp files) that rule->keep does not name, of a
- * checkpoint id whose save is not in progress here; the rank files of
+ * rank files (and their temp files) that neither rule->keep nor the
+ * manifest in place names, of a checkpoint id whose save is not in
+ * progress here; the rank files of
  * ranks past the world, which no daemon here writes; and, on rank 0 (the
  * manifest's writer), a leftover manifest temp file. The other ranks'
  * files are theirs to judge: where daemons share the directory, this one
  * cannot know that another's save is in progress (it may not have been
- * asked to save yet). Returns how many files were removed. */
+ * asked to save yet). The manifest in place is another save's when two
+ * commits cross: x's reaches rank 0, then y's every daemon, then x's rank
+ * 1, whose keep list is x's while the manifest is y's. Returns how many
+ * files were removed. */
 int distd_ckpt_remove_stale(const char *dir, const distd_ckpt_stale_rule *rule);
 
 #endif

@@ -140,17 +140,26 @@ static void settle_kept(distd_ckpt_saves *saves, char *const *keep, size_t nkeep
 }
 
 /* The manifest is switched first; then this daemon's files of settled
- * saves the manifest does not name are stale (distd_ckpt_remove_stale),
- * and those of saves in progress stay for their own commit. */
+ * saves that neither this commit nor the manifest in place names are
+ * stale (distd_ckpt_remove_stale), and those of saves in progress stay
+ * for their own commit. The manifest is read back because another
+ * client's commit may have replaced this one's on rank 0 already; a
+ * daemon that does not see rank 0's directory reads none, and relies on
+ * the keep list alone. */
 static int commit_locked(distd_server *s, const Dist__V1__CheckpointCommitRequest *rq,
                          grpc_byte_buffer **reply, dist_errbuf *eb) {
   if (rq->manifest[0] && distd_ckpt_write_manifest(rq->dir, rq->manifest, eb) != 0)
     return eb->code;
   settle_kept(s->ckpt_saves, rq->keep_files, rq->n_keep_files);
+  char **in_place = NULL;
+  size_t nin_place = 0;
+  distd_ckpt_manifest_files(rq->dir, &in_place, &nin_place);
   distd_ckpt_stale_rule rule = {s->rank, s->world_size, rq->keep_files, rq->n_keep_files,
-                                distd_ckpt_saves_in_progress, s->ckpt_saves};
+                                in_place, nin_place, distd_ckpt_saves_in_progress,
+                                s->ckpt_saves};
   Dist__V1__CheckpointCommitReply rp = DIST__V1__CHECKPOINT_COMMIT_REPLY__INIT;
   rp.removed = (uint32_t)distd_ckpt_remove_stale(rq->dir, &rule);
+  distd_ckpt_files_free(in_place, nin_place);
   *reply = dist_pb_to_bb(&rp.base);
   return 0;
 }

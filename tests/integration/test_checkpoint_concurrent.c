@@ -5,11 +5,12 @@
  * interleaved deterministically from the first save's progress callback,
  * which libdist calls after each daemon answered its Save. */
 #include <criterion/criterion.h>
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "checkpoint.pb-c.h" /* raw Save requests: a save nobody commits */
+#include "checkpoint.pb-c.h" /* raw Save and Commit requests, in orders of our own */
 #include "client_internal.h"
 #include "harness.h"
 
@@ -125,9 +126,10 @@ Test(concurrent, a_commit_keeps_a_file_another_daemon_wrote_for_a_save_in_progre
   save_across_and_restore(1);
 }
 
-/* Daemon r's Save of checkpoint id, as a client that then dies would
- * leave it: answered, never committed nor discarded. */
-static void save_never_committed(dist_client *c, const char *dir, const char *id) {
+/* Every daemon's Save of checkpoint id, raw, as libdist sends it; each
+ * reply kept in replies[r] (free with free_replies) when replies is set. */
+static void raw_save(dist_client *c, const char *dir, const char *id,
+                     Dist__V1__CheckpointSaveReply **replies) {
   Dist__V1__CheckpointSaveRequest rq = DIST__V1__CHECKPOINT_SAVE_REQUEST__INIT;
   rq.dir = (char *)dir;
   rq.checkpoint_id = (char *)id;
@@ -136,8 +138,13 @@ static void save_never_committed(dist_client *c, const char *dir, const char *id
     cr_assert_eq(dist_call_one(c, r, "/dist.v1.Checkpoint/Save", &rq.base,
                                &dist__v1__checkpoint_save_reply__descriptor, &rp), 0,
                  "rank %d: %s", r, dist_errmsg(c));
-    protobuf_c_message_free_unpacked(rp, NULL);
+    if (replies) replies[r] = (Dist__V1__CheckpointSaveReply *)rp;
+    else protobuf_c_message_free_unpacked(rp, NULL);
   }
+}
+
+static void free_replies(Dist__V1__CheckpointSaveReply **replies) {
+  for (int r = 0; r < cluster.n; r++) protobuf_c_message_free_unpacked(&replies[r]->base, NULL);
 }
 
 /* A daemon keeps a save's files only while its client may still commit
@@ -151,7 +158,9 @@ Test(concurrent, an_abandoned_saves_files_are_kept_while_it_may_commit_then_remo
   put_a_and_b(c);
   char dir[400];
   snprintf(dir, sizeof dir, "%s/ckpt", cluster.dir);
-  save_never_committed(c, dir, "abandoned");
+  /* Saved on every daemon, as by a client that then died: answered,
+   * never committed nor discarded. */
+  raw_save(c, dir, "abandoned", NULL);
   double answered = harness_now_s();
   cr_assert_eq(dist_checkpoint_save(c, dir, NULL, NULL), 0, "%s", dist_errmsg(c));
   cr_assert(harness_now_s() - answered < 2.5, "the save took too long to tell");
@@ -162,5 +171,75 @@ Test(concurrent, an_abandoned_saves_files_are_kept_while_it_may_commit_then_remo
   cr_assert_eq(harness_count_files(dir, "abandoned", ""), 0,
                "the abandoned save's files outlived its commit window");
   cr_assert_eq(harness_count_files(dir, "rank", ".safetensors"), 2, "the last save's only");
+  dist_close(c);
+}
+
+/* A manifest for checkpoint id, whose daemons answered replies: the
+ * manifest libdist wrote in dir (of the same tensors) with id's files. */
+static char *manifest_for(const char *dir, const char *id,
+                          Dist__V1__CheckpointSaveReply *const *replies) {
+  char path[512];
+  snprintf(path, sizeof path, "%s/manifest.json", dir);
+  json_t *m = json_load_file(path, 0, NULL);
+  cr_assert_not_null(m, "no manifest in %s", dir);
+  json_object_set_new(m, "checkpoint_id", json_string(id));
+  for (int r = 0; r < cluster.n; r++) {
+    json_t *f = json_array_get(json_object_get(m, "files"), (size_t)r);
+    json_object_set_new(f, "file", json_string(replies[r]->file));
+    json_object_set_new(f, "sha256", json_string(replies[r]->sha256));
+    json_object_set_new(f, "bytes", json_integer((json_int_t)replies[r]->bytes));
+  }
+  char *text = json_dumps(m, JSON_INDENT(2));
+  json_decref(m);
+  return text;
+}
+
+/* Daemon r's Commit of the save that replies describe, writing manifest
+ * unless it is empty (libdist sends it to rank 0 only). */
+static void raw_commit(dist_client *c, int r, const char *dir, const char *manifest,
+                       Dist__V1__CheckpointSaveReply *const *replies) {
+  char *keep[HARNESS_MAX];
+  for (int k = 0; k < cluster.n; k++) keep[k] = replies[k]->file;
+  Dist__V1__CheckpointCommitRequest rq = DIST__V1__CHECKPOINT_COMMIT_REQUEST__INIT;
+  rq.dir = (char *)dir;
+  rq.manifest = (char *)manifest;
+  rq.n_keep_files = (size_t)cluster.n;
+  rq.keep_files = keep;
+  ProtobufCMessage *rp = NULL;
+  cr_assert_eq(dist_call_one(c, r, "/dist.v1.Checkpoint/Commit", &rq.base,
+                             &dist__v1__checkpoint_commit_reply__descriptor, &rp), 0,
+               "rank %d: %s", r, dist_errmsg(c));
+  protobuf_c_message_free_unpacked(rp, NULL);
+}
+
+/* Two clients commit at once, and their commits cross: x's reaches rank 0
+ * first, then y's reaches every daemon, then x's reaches rank 1. The
+ * manifest is y's (rank 0 wrote it last), and x's commit on rank 1 must
+ * not remove y's file there because x's keep list does not name it. */
+Test(concurrent, a_commit_crossing_a_newer_one_keeps_the_files_of_the_manifest_in_place) {
+  harness_start(&cluster, 2, NULL);
+  dist_client *c = harness_client(&cluster);
+  put_a_and_b(c);
+  char dir[400];
+  snprintf(dir, sizeof dir, "%s/ckpt", cluster.dir);
+  cr_assert_eq(dist_checkpoint_save(c, dir, NULL, NULL), 0, "%s", dist_errmsg(c));
+  Dist__V1__CheckpointSaveReply *x[HARNESS_MAX], *y[HARNESS_MAX];
+  raw_save(c, dir, "x", x);
+  raw_save(c, dir, "y", y);
+  char *mx = manifest_for(dir, "x", x), *my = manifest_for(dir, "y", y);
+  raw_commit(c, 0, dir, mx, x);
+  raw_commit(c, 0, dir, my, y);
+  raw_commit(c, 1, dir, "", y);
+  raw_commit(c, 1, dir, "", x);
+  dist_checkpoint_info info;
+  cr_assert_eq(dist_checkpoint_restore(c, dir, NULL, &info), 0,
+               "the checkpoint in place is broken: %s", dist_errmsg(c));
+  cr_assert_str_eq(info.id, "y");
+  harness_expect_value(c, "a", a0, sizeof a0);
+  harness_expect_value(c, "b", b0, sizeof b0);
+  free(mx);
+  free(my);
+  free_replies(x);
+  free_replies(y);
   dist_close(c);
 }
