@@ -1001,7 +1001,10 @@ typedef struct dist_checkpoint_info {
  * daemon's own one-rank tensor) is refused (DIST_ENOTSUP): a checkpoint
  * keeps one tensor per name. A save that fails after the writes, before the
  * manifest is switched, removes the files it wrote (daemons that cannot be
- * reached keep theirs until the next save's commit). */
+ * reached keep theirs until a save's commit (world size + 1) x their
+ * max_call_duration later). Saves into one directory may run at once:
+ * the one committed last is the checkpoint there, and neither removes the
+ * other's files while it is in progress (daemons before 0.2.7 did). */
 int dist_checkpoint_save(dist_client *c, const char *dir,
                          const dist_checkpoint_opts *opts,
                          dist_checkpoint_info *info);
