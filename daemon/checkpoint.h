@@ -66,9 +66,9 @@ typedef struct distd_ckpt_stale_rule {
 /* Removes the files of DIR this daemon is the one to judge stale: its own
  * rank files (and their temp files) that neither rule->keep nor the
  * manifest in place names, of a checkpoint id whose save is not in
- * progress here; the rank files of
- * ranks past the world, which no daemon here writes; and, on rank 0 (the
- * manifest's writer), a leftover manifest temp file. The other ranks'
+ * progress here; the rank files of ranks past the world, which no daemon
+ * here writes; and, on rank 0 (the manifest's writer), a leftover
+ * manifest temp file. The other ranks'
  * files are theirs to judge: where daemons share the directory, this one
  * cannot know that another's save is in progress (it may not have been
  * asked to save yet). The manifest in place is another save's when two
