@@ -278,7 +278,8 @@ static int is_stale(const char *name, const distd_ckpt_stale_rule *rule) {
   char id[80];
   if (!distd_ckpt_parse_file(name, &r, id, sizeof id)) return 0;
   if (r != rule->rank && r < rule->world_size) return 0;
-  return !named(name, rule->keep, rule->nkeep) && !named(name, rule->in_place, rule->nin_place) &&
+  return !named(name, rule->keep, rule->nkeep) &&
+         !named(name, rule->in_place, rule->nin_place) &&
          !rule->in_progress(rule->arg, id);
 }
 

@@ -175,7 +175,8 @@ static json_t *rank_json(const job *j, int r, const char *log_dir) {
   }
   json_object_set_new(o, "log", json_sprintf("%s/workerlog.%d", log_dir, r));
   json_object_set_new(o, "exit_status", json_integer(exit_code(j->status[r])));
-  if (WIFSIGNALED(j->status[r])) json_object_set_new(o, "signal", json_integer(WTERMSIG(j->status[r])));
+  if (WIFSIGNALED(j->status[r]))
+    json_object_set_new(o, "signal", json_integer(WTERMSIG(j->status[r])));
   return o;
 }
 

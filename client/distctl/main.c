@@ -22,7 +22,8 @@ enum { NCOMMANDS = sizeof commands / sizeof commands[0] };
 
 static void usage(FILE *out) {
   fprintf(out, "usage: distctl [--cluster FILE | --endpoint HOST:PORT] [--json] "
-               "[--timeout MS]\n               [--tls-ca FILE [--tls-cert FILE --tls-key FILE] [--tls-crl FILE]] "
+               "[--timeout MS]\n               [--tls-ca FILE [--tls-cert FILE --tls-key FILE] "
+               "[--tls-crl FILE]]\n               "
                "[--token-file FILE | --token TOKEN] COMMAND [ARGS]\n\ncommands:\n");
   for (int i = 0; i < NCOMMANDS; i++)
     fprintf(out, "  %-16s %s\n      %s\n", commands[i]->name, commands[i]->usage,
