@@ -59,8 +59,7 @@ static void put_big(dist_client *c) {
 static int freeze_rank1_mid_write(const char *dir) {
   for (double until = harness_now_s() + 30; harness_now_s() < until; usleep(500))
     if (harness_count_files(dir, "rank1.", ".safetensors.tmp") > 0) {
-      kill(cluster.pids[1], SIGSTOP);
-      return 1;
+      return harness_freeze(&cluster, 1, 5000);
     }
   return 0;
 }

@@ -211,6 +211,8 @@ static double fault_mid_op(looper *lp, int n, int rank, int sig) {
   double at = harness_now_s();
   if (sig == SIGKILL)
     harness_kill(&cluster, rank, SIGKILL);
+  else if (sig == SIGSTOP) /* its threads all stopped, not only signalled */
+    cr_assert(harness_freeze(&cluster, rank, 5000), "rank %d did not stop", rank);
   else
     kill(cluster.pids[rank], sig);
   return at;

@@ -457,7 +457,7 @@ Test(local_layer_store, a_put_onto_another_mesh_racing_the_call_leaves_one_tenso
     cr_assert_eq(dist_program_register(g[r].tr.c, g[r].p), 0, "%s", dist_errmsg(g[r].tr.c));
     cr_assert_eq(dist_tensor_open(g[r].tr.c, "x", &g[r].x), 0, "%s", dist_errmsg(g[r].tr.c));
   }
-  cr_assert_eq(kill(cluster.pids[1], SIGSTOP), 0);
+  cr_assert(harness_freeze(&cluster, 1, 5000), "rank 1 did not stop");
   for (int r = 0; r < 2; r++) cr_assert_eq(pthread_create(&th[r], NULL, call_registered, &g[r]), 0);
   /* Trainer 0 is past its check once rank 0 votes; trainer 1, on the same
    * path, is at its stopped daemon. */
