@@ -71,6 +71,18 @@ Test(api_args, param_pushes_refuse_null_buffers_names_and_negative_trainers) {
                 "dist_param_push_local: no daemon of rank 7 (cluster of 2)");
   expect_einval(c, dist_param_push_tensor(c, "w", 0, NULL, &v),
                 "dist_param_push_tensor: grad_name is NULL");
+  const char *names[2] = {"w", NULL}, *grads[2] = {"g", NULL};
+  expect_einval(c, dist_param_push_tensors(c, -1, names, grads, 0),
+                "dist_param_push_tensors: n is -1");
+  expect_einval(c, dist_param_push_tensors(c, 1, NULL, grads, 0),
+                "dist_param_push_tensors: names is NULL");
+  expect_einval(c, dist_param_push_tensors(c, 1, names, grads, -2),
+                "dist_param_push_tensors: trainer -2 is negative");
+  expect_einval(c, dist_param_push_tensors(c, 2, names, grads, 0),
+                "dist_param_push_tensors: grad_names[1] is NULL");
+  grads[1] = "g";
+  expect_einval(c, dist_param_push_tensors(c, 2, names, grads, 0),
+                "dist_param_push_tensors: names[1] is NULL");
   /* Nothing was counted: the next whole push completes the update. */
   void *data = NULL;
   size_t nbytes = 0;
@@ -359,6 +371,7 @@ Test(api_args, every_call_taking_a_client_refuses_a_null_one_naming_itself) {
   expect_no_client(dist_param_push_local(NULL, "w", 0, 0, buf, sizeof buf, NULL),
                    "dist_param_push_local");
   expect_no_client(dist_param_push_tensor(NULL, "w", 0, "g", NULL), "dist_param_push_tensor");
+  expect_no_client(dist_param_push_tensors(NULL, 0, NULL, NULL, 0), "dist_param_push_tensors");
   expect_no_client(dist_param_pull(NULL, "w", 0, &data, &nbytes, NULL), "dist_param_pull");
   expect_no_client(dist_checkpoint_save(NULL, "/tmp/x", NULL, NULL), "dist_checkpoint_save");
   expect_no_client(dist_checkpoint_restore(NULL, "/tmp/x", NULL, NULL),
