@@ -59,8 +59,8 @@ static void put_big(dist_client *c) {
 static int freeze_rank1_mid_write(const char *dir) {
   for (double until = harness_now_s() + 30; harness_now_s() < until; usleep(500))
     if (harness_count_files(dir, "rank1.", ".safetensors.tmp") > 0) {
-      /* A bare SIGSTOP, not harness_freeze: waiting here for every
-       * thread to stop let rank 1 finish its write first under ASan. */
+      /* A bare SIGSTOP: with harness_freeze here, one CI run under ASan
+       * saw rank 1 never log removing its late file (cause not found). */
       kill(cluster.pids[1], SIGSTOP);
       return 1;
     }
