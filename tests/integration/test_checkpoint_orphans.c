@@ -87,11 +87,19 @@ Test(orphans, a_file_finished_after_its_save_failed_is_removed_by_its_daemon) {
   cr_assert(frozen, "rank 1's temporary file never appeared (save: %s)", s.rc ? s.msg : "ok");
   cr_log_info("the save: %s: %s", dist_err_name(s.rc), s.msg);
   cr_assert_neq(s.rc, 0, "the save succeeded with rank 1 frozen mid-write");
-  const char *const needles[] = {"removed rank 1's file", "past the save's deadline", NULL};
-  cr_expect(harness_log_wait(&cluster, 1, from, needles, 20000),
-            "rank 1 did not log removing its late file");
-  int left = harness_count_files(dir, "rank", "");
+  /* Rank 1 removes its late file itself once it finishes it, unless the
+   * client's Discard, read once rank 1 runs again, removed the temporary
+   * file first (the Save then fails at its rename; one CI run under ASan
+   * saw this). Either way nothing of the failed save stays. */
+  int left = 0;
+  for (int waited = 0; waited < 20000; waited += 50) {
+    if ((left = harness_count_files(dir, "rank", "")) == 0) break;
+    harness_sleep_ms(50);
+  }
   cr_expect_eq(left, 0, "%d files of the failed save are still in %s", left, dir);
+  const char *const needles[] = {"removed rank 1's file", "past the save's deadline", NULL};
+  if (!harness_log_wait(&cluster, 1, from, needles, 1000))
+    cr_log_info("rank 1's late file went with the client's Discard");
   cr_expect_eq(harness_count_files(dir, "manifest", ""), 0, "a failed first save wrote a manifest");
   dist_close(c);
 }
