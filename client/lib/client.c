@@ -60,6 +60,11 @@ int dist_client_null_arg(dist_client *c, const char *func, const char *arg) {
   return dist_client_fail(c, DIST_EINVAL, "%s: %s is NULL", func, arg);
 }
 
+int dist_client_check_trainer(dist_client *c, const char *func, int trainer) {
+  if (trainer >= 0) return 0;
+  return dist_client_fail(c, DIST_EINVAL, "%s: trainer %d is negative", func, trainer);
+}
+
 int dist_client_check_rank(dist_client *c, const char *func, int rank) {
   if (rank >= 0 && rank < c->n) return 0;
   return dist_client_fail(c, DIST_EINVAL, "%s: no daemon of rank %d (cluster of %d)", func,

@@ -155,6 +155,10 @@ int dist_client_null_arg(dist_client *c, const char *func, const char *arg);
 /* 0 when rank names a daemon of c, else DIST_EINVAL recorded as "FUNC: no
  * daemon of rank R (cluster of N)". */
 int dist_client_check_rank(dist_client *c, const char *func, int rank);
+/* 0 for a trainer number >= 0, else DIST_EINVAL recorded as "FUNC:
+ * trainer T is negative": the daemons' uint32 would read -1 as
+ * 4294967295. */
+int dist_client_check_trainer(dist_client *c, const char *func, int trainer);
 /* 0 when pointer arg is set, else dist_client_null_arg naming it and the
  * calling function: `if (DIST_NEED(c, grad)) return c->err.code;`. */
 #define DIST_NEED(c, arg) ((arg) ? 0 : dist_client_null_arg((c), __func__, #arg))

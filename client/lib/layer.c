@@ -448,8 +448,7 @@ int dist_layer_step(dist_client *c, dist_layer *l, int trainer) {
   uint64_t op_id = dist_next_op_id(c); /* by every SPMD trainer, first */
   if (DIST_NEED(c, l)) return c->err.code;
   if (require_sharded(c, l)) return c->err.code;
-  if (trainer < 0)
-    return dist_client_fail(c, DIST_EINVAL, "%s: trainer %d is negative", __func__, trainer);
+  if (dist_client_check_trainer(c, __func__, trainer)) return c->err.code;
   param_list s;
   int rc = param_list_make(c, l, 1, &s);
   if (rc == 0) rc = dist_param_push_batch(c, op_id, s.n, s.params, s.grads, trainer);

@@ -42,13 +42,10 @@ void dist_param_opts_from_pb(const Dist__V1__ParamConfigureRequest *rq, dist_par
 }
 
 /* The checks every push shares, named after the public call `func`: the
- * parameter's name, and a trainer number the daemons' uint32 would turn
- * into 4294967295. */
+ * parameter's name, and its trainer number. */
 static int check_push(dist_client *c, const char *func, const char *name, int trainer) {
   if (dist_client_check_lookup(c, func, name) != 0) return c->err.code;
-  if (trainer < 0)
-    return dist_client_fail(c, DIST_EINVAL, "%s: trainer %d is negative", func, trainer);
-  return 0;
+  return dist_client_check_trainer(c, func, trainer);
 }
 
 /* The lowest version any daemon reports (replies of kind Push). */

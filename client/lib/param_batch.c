@@ -142,8 +142,7 @@ int dist_param_push_tensors(dist_client *c, int n, const char *const *names,
   uint64_t op_id = dist_next_op_id(c); /* by every trainer, as a single push's */
   if (n < 0) return dist_client_fail(c, DIST_EINVAL, "%s: n is %d", __func__, n);
   if (n > 0 && (DIST_NEED(c, names) || DIST_NEED(c, grad_names))) return c->err.code;
-  if (trainer < 0)
-    return dist_client_fail(c, DIST_EINVAL, "%s: trainer %d is negative", __func__, trainer);
+  if (dist_client_check_trainer(c, __func__, trainer)) return c->err.code;
   for (int k = 0; k < n; k++)
     if (!grad_names[k])
       return dist_client_fail(c, DIST_EINVAL, "%s: grad_names[%d] is NULL", __func__, k);
