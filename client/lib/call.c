@@ -128,14 +128,15 @@ int dist_call_fail(dist_client *c, const dist_call *call) {
   return dist_client_fail(c, call->err.code, "%s: %s", named, msg);
 }
 
-int dist_call_many(dist_client *c, const char *method,
-                   const ProtobufCMessageDescriptor *reply_desc,
-                   dist_call *calls, int n) {
-  c->err = (dist_errbuf)DIST_ERRBUF_INIT; /* errors describe the last call */
+/* The calls, each within timeout_ms; each call's error in its own err,
+ * c->err untouched. */
+static void call_batch(dist_client *c, const char *method,
+                       const ProtobufCMessageDescriptor *reply_desc, dist_call *calls, int n,
+                       int64_t timeout_ms) {
   grpc_completion_queue *cq = grpc_completion_queue_create_for_next(NULL);
   call_state *st = calloc((size_t)n + 1, sizeof *st);
   gpr_timespec deadline = gpr_time_add(
-      gpr_now(GPR_CLOCK_REALTIME), gpr_time_from_millis(c->timeout_ms, GPR_TIMESPAN));
+      gpr_now(GPR_CLOCK_REALTIME), gpr_time_from_millis(timeout_ms, GPR_TIMESPAN));
   int started = 0;
   for (int i = 0; i < n; i++) {
     calls[i].reply = NULL;
@@ -155,8 +156,24 @@ int dist_call_many(dist_client *c, const char *method,
   }
   grpc_completion_queue_destroy(cq);
   free(st);
+}
+
+int dist_call_many(dist_client *c, const char *method,
+                   const ProtobufCMessageDescriptor *reply_desc,
+                   dist_call *calls, int n) {
+  c->err = (dist_errbuf)DIST_ERRBUF_INIT; /* errors describe the last call */
+  call_batch(c, method, reply_desc, calls, n, c->timeout_ms);
   int i = cause(calls, n);
   return i < 0 ? 0 : dist_call_fail(c, &calls[i]);
+}
+
+ProtobufCMessage *dist_call_aside(dist_client *c, int target, const char *method,
+                                  const ProtobufCMessage *request,
+                                  const ProtobufCMessageDescriptor *reply_desc,
+                                  int64_t timeout_ms) {
+  dist_call dc = {.target = target, .request = request};
+  call_batch(c, method, reply_desc, &dc, 1, timeout_ms);
+  return dc.reply;
 }
 
 void dist_calls_free(dist_call *calls, int n) {

@@ -82,6 +82,13 @@ int dist_param_push_batch(dist_client *c, uint64_t op_id, int n,
                           int trainer);
 /* dist_calls_free, then the array (NULL is a no-op). */
 void dist_calls_release(dist_call *calls, int n);
+/* One call to one daemon, within timeout_ms, that leaves c->err as it
+ * was: for what libdist asks on the side, in the middle of reporting
+ * another call's failure. The reply, or NULL when the call failed. */
+ProtobufCMessage *dist_call_aside(dist_client *c, int target, const char *method,
+                                  const ProtobufCMessage *request,
+                                  const ProtobufCMessageDescriptor *reply_desc,
+                                  int64_t timeout_ms);
 /* One call to one daemon. */
 int dist_call_one(dist_client *c, int target, const char *method,
                   const ProtobufCMessage *request,
