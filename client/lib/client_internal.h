@@ -4,6 +4,7 @@
 #define DIST_CLIENT_INTERNAL_H
 
 #include <grpc/grpc.h>
+#include <stdatomic.h>
 #include <protobuf-c/protobuf-c.h>
 
 #include "dist.pb-c.h"
@@ -17,9 +18,13 @@ struct dist_client {
   char (*endpoints)[256];
   grpc_channel **channels;
   int spmd_rank;             /* -1: single client */
-  /* Made by dist_connect for one endpoint: the daemon's rank is unknown,
-   * and errors name it by its address (dist_daemon_label). */
+  /* Made by dist_connect for one endpoint: errors of its calls name the
+   * daemon by its address (dist_daemon_label), and its rank, which is
+   * not its position 0, is learned from its Info reply when first needed
+   * (dist_daemon_rank). -1 until then; atomic, as a client is used from
+   * several threads. */
   int one_endpoint;
+  _Atomic int daemon_rank;
   int64_t timeout_ms;
   uint64_t op_base;          /* op ids are op_base + sequence */
   uint64_t op_seq;
@@ -67,6 +72,13 @@ void dist_calls_free(dist_call *calls, int n);
  * endpoint, whose position in the client is not the daemon's rank.
  * Returns buf. */
 const char *dist_daemon_label(const dist_client *c, int target, char *buf, size_t len);
+/* How a message or an output names the daemon at target as a rank:
+ * "rank R" with its rank (dist_daemon_rank), or "distd at HOST:PORT" when
+ * a client of one endpoint could not learn it. Returns buf. */
+const char *dist_rank_label(dist_client *c, int target, char *buf, size_t len);
+/* Keeps rank as the daemon's of a client of one endpoint (any Info reply
+ * of it tells); a no-op for a client of a cluster file. */
+void dist_client_learn_rank(dist_client *c, int rank);
 /* Records call's error on c, naming its daemon once; returns its code. */
 int dist_call_fail(dist_client *c, const dist_call *call);
 /* dist_call_many of one request to each of targets[0..n) (NULL: ranks

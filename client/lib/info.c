@@ -46,6 +46,7 @@ int dist_info(dist_client *c, int rank, dist_daemon_info *out) {
   int rc = dist_call_one(c, rank, "/dist.v1.Dist/Info", &rq.base,
                          &dist__v1__info_reply__descriptor, &rp);
   if (rc == 0) copy_info((const Dist__V1__InfoReply *)rp, out);
+  if (rc == 0) dist_client_learn_rank(c, out->rank);
   if (rp) protobuf_c_message_free_unpacked(rp, NULL);
   return rc;
 }

@@ -56,10 +56,12 @@ typedef struct dist_opts {
 
 /* Connects to one daemon at endpoint ("host:port"; NULL = the default). The
  * connection is made lazily; an unreachable daemon shows at the first call.
- * The client does not know that daemon's rank: its errors name it by
- * address ("distd at HOST:PORT: ..."), where a cluster's client says
- * "rank R (HOST:PORT): ..."; calls that take a rank address it as 0.
- * opts may be NULL. On failure *out is NULL and the return says why. */
+ * Errors of its calls name the daemon by address ("distd at HOST:PORT:
+ * ..."), where a cluster's client says "rank R (HOST:PORT): ..."; calls
+ * that take a rank address it as 0. Where libdist names its rank (a
+ * parameter report, a checkpoint's refusal), it is the daemon's own
+ * (dist_daemon_rank). opts may be NULL. On failure *out is NULL and the
+ * return says why. */
 int dist_connect(const char *endpoint, const dist_opts *opts, dist_client **out);
 /* Connects to every daemon of a cluster file (rank order). path NULL means
  * $DIST_CLUSTER. */
@@ -101,6 +103,13 @@ int dist_world_size(const dist_client *c);
 int dist_rank(const dist_client *c);
 /* The gRPC endpoint of daemon `rank`. */
 const char *dist_endpoint(const dist_client *c, int rank);
+/* The rank of the daemon at `rank` (0 .. dist_world_size - 1), the calls'
+ * way of addressing it: `rank` itself for a client of a cluster file; for
+ * a client of one endpoint, the rank its daemon says it has, asked of it
+ * (Info, within a second) at the first need and kept; any dist_info of it
+ * tells it too. -1 when it did not answer (asked again next time; the
+ * client's error is left as it was) or rank is out of range. */
+int dist_daemon_rank(dist_client *c, int rank);
 
 /* ---------------------------------------------------------------- status */
 
