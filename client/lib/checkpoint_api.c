@@ -130,6 +130,10 @@ static int add_tensor(dist_client *c, json_t *tensors, const saved *sv,
                                 "save again", m->name, (unsigned long long)m->version,
                                 (unsigned long long)o->version, r);
     }
+    if (r >= sv->n) /* a client of fewer daemons than the tensor's mesh names */
+      return dist_client_fail(c, DIST_ENOTSUP, "'%s' has a piece on rank %d, which this "
+                              "client does not reach: save through the cluster file",
+                              m->name, r);
     if (!found)
       return dist_client_fail(c, DIST_ENOTFOUND, "rank %d holds no piece of '%s'",
                               r, m->name);
@@ -190,12 +194,13 @@ static int save_ranks(dist_client *c, const char *dir, const char *id,
                            &dist__v1__checkpoint_save_reply__descriptor, &rp);
     if (rc != 0) {
       dist_errbuf why = c->err;
-      return dist_client_fail(c, rc, "rank %d could not save its pieces (the "
-                              "previous checkpoint is untouched): %s", r,
-                              dist_errbuf_msg(&why));
+      char who[300];
+      return dist_client_fail(c, rc, "%s could not save its pieces (the previous "
+                              "checkpoint is untouched): %s",
+                              dist_rank_label(c, r, who, sizeof who), dist_errbuf_msg(&why));
     }
     sv->replies[r] = (Dist__V1__CheckpointSaveReply *)rp;
-    progress(o, "save", r, r + 1, c->n, sv->replies[r]->bytes);
+    progress(o, "save", dist_daemon_rank(c, r), r + 1, c->n, sv->replies[r]->bytes);
   }
   return 0;
 }
@@ -222,6 +227,21 @@ static int commit(dist_client *c, const char *dir, const char *manifest,
   }
   free(keep);
   return rc;
+}
+
+/* A checkpoint lists each daemon's file, and the meshes of its tensors,
+ * by rank, and a client of one endpoint addresses its daemon as rank 0:
+ * through the daemon of another rank, a save would list that daemon's
+ * file as rank 0's, and a restore would have it load rank 0's. The
+ * daemon's rank is asked of it; one that does not answer fails the save
+ * or restore's first call instead. */
+static int check_reach(dist_client *c, const char *what) {
+  int rank = c->one_endpoint ? dist_daemon_rank(c, 0) : 0;
+  if (rank <= 0) return 0;
+  return dist_client_fail(c, DIST_ENOTSUP, "checkpoint %s through distd at %s, which is "
+                          "rank %d: a checkpoint lists its files by rank, and a client of "
+                          "one endpoint addresses its daemon as rank 0; %s through the "
+                          "cluster file", what, c->endpoints[0], rank, what);
 }
 
 /* Every daemon reads and writes the directory at the same path, so it must
@@ -290,7 +310,8 @@ int dist_checkpoint_save(dist_client *c, const char *dir,
   dist_checkpoint_info local;
   if (!info) info = &local;
   memset(info, 0, sizeof *info);
-  if (check_dir(c, dir) != 0 || check_list(c, opts) != 0 || check_names(c, opts) != 0)
+  if (check_dir(c, dir) != 0 || check_list(c, opts) != 0 || check_reach(c, "save") != 0 ||
+      check_names(c, opts) != 0)
     return c->err.code;
   make_id(info->id, sizeof info->id);
   saved sv = {0, 0, NULL};
@@ -578,7 +599,7 @@ static int load_ranks(dist_client *c, const char *dir, const ckpt_manifest *m,
   for (int k = 0; k < n && rc == 0; k++) {
     uint64_t b = ((Dist__V1__CheckpointLoadReply *)calls[k].reply)->bytes;
     *total += b;
-    progress(o, "load", calls[k].target, k + 1, n, b);
+    progress(o, "load", dist_daemon_rank(c, calls[k].target), k + 1, n, b);
   }
   if (calls) dist_calls_free(calls, n);
   for (int r = 0; l && r < c->n; r++) rank_load_free(&l[r]);
@@ -668,7 +689,8 @@ int dist_checkpoint_restore(dist_client *c, const char *dir,
   dist_checkpoint_info local;
   if (!info) info = &local;
   memset(info, 0, sizeof *info);
-  if (check_dir(c, dir) != 0 || check_list(c, opts) != 0) return c->err.code;
+  if (check_dir(c, dir) != 0 || check_list(c, opts) != 0 || check_reach(c, "restore") != 0)
+    return c->err.code;
   if (opts && opts->mesh && !opts->placements)
     return dist_client_fail(c, DIST_EINVAL, "restore onto a mesh needs placements");
   ckpt_manifest m;
