@@ -104,11 +104,13 @@ void dist_experts_report_free(dist_experts_report *r) {
 
 static int copy_params(dist_client *c, int rank, const Dist__V1__ParamListReply *rp,
                        dist_params_report *out) {
-  out->rank = rank;
+  int daemon = dist_daemon_rank(c, rank); /* not the position, for one endpoint */
+  out->rank = daemon >= 0 ? daemon : rank;
+  char who[300];
   for (size_t i = 0; i < rp->n_params; i++)
     if (!rp->params[i]->config || !rp->params[i]->config->optimizer)
-      return dist_client_fail(c, DIST_EPROTO, "rank %d described a parameter without its "
-                              "configuration", rank);
+      return dist_client_fail(c, DIST_EPROTO, "%s described a parameter without its "
+                              "configuration", dist_rank_label(c, rank, who, sizeof who));
   if (!(out->params = calloc(rp->n_params + 1, sizeof *out->params)))
     return dist_client_fail(c, DIST_ENOMEM, "out of memory for %zu parameters", rp->n_params);
   for (size_t i = 0; i < rp->n_params; i++) {

@@ -954,7 +954,7 @@ typedef struct dist_param_info {
 } dist_param_info;
 
 typedef struct dist_params_report {
-  int rank;
+  int rank; /* the daemon's own (dist_daemon_rank; `rank` if it did not say) */
   int n;
   dist_param_info *params; /* by name */
 } dist_params_report;
