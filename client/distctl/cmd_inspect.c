@@ -345,16 +345,16 @@ static int run_metrics(const distctl_global *g, int argc, char **argv) {
     goto out;
   }
   if (!info.http_address[0]) {
-    distctl_fail("rank %ld serves no HTTP port (http_listen = off)", rank);
+    distctl_fail("rank %d serves no HTTP port (http_listen = off)", info.rank);
     goto out;
   }
   if (http_target(c, (int)rank, info.http_address, host, sizeof host, port, sizeof port) != 0 ||
       http_get(host, port, "/metrics", timeout, &body, why, sizeof why) != 0) {
-    distctl_fail("rank %ld metrics at %s: %s", rank, info.http_address, why);
+    distctl_fail("rank %d metrics at %s: %s", info.rank, info.http_address, why);
     goto out;
   }
   if (g->json)
-    distctl_print_json(json_pack("{s:i,s:s,s:o}", "rank", (int)rank, "http_address",
+    distctl_print_json(json_pack("{s:i,s:s,s:o}", "rank", info.rank, "http_address",
                                  info.http_address, "samples", samples_json(body)));
   else
     fputs(body, stdout);
@@ -370,6 +370,7 @@ out:
 
 typedef struct sample {
   int ok;
+  int rank; /* the daemon's own; -1: a daemon of --endpoint that did not say */
   char error[256];
   dist_daemon_info info;
   uint64_t sent, received; /* summed over peers */
@@ -389,6 +390,7 @@ static void take_samples(dist_client *c, sample *s, int n) {
     s[r].ok = dist_info(c, r, &s[r].info) == 0;
     s[r].at = mono();
     if (!s[r].ok) snprintf(s[r].error, sizeof s[r].error, "%s", dist_errmsg(c));
+    s[r].rank = s[r].ok ? s[r].info.rank : dist_daemon_rank(c, r);
     for (int p = 0; s[r].ok && p < s[r].info.npeers; p++) {
       s[r].sent += s[r].info.peers[p].bytes_sent;
       s[r].received += s[r].info.peers[p].bytes_received;
@@ -429,7 +431,8 @@ static void print_top(const sample *now, const sample *before, int n, int iterat
          "UPTIME", "MEMORY", "TENSORS", "OPS", "PEERS", "SENT", "RECEIVED");
   for (int r = 0; r < n; r++) {
     if (!now[r].ok) {
-      printf("%-5d %-9s %s\n", r, "down", now[r].error);
+      if (now[r].rank >= 0) printf("%-5d %-9s %s\n", now[r].rank, "down", now[r].error);
+      else printf("%-5s %-9s %s\n", "?", "down", now[r].error);
       continue;
     }
     const dist_daemon_info *i = &now[r].info;
@@ -438,7 +441,7 @@ static void print_top(const sample *now, const sample *before, int n, int iterat
     format_rate(rate(&now[r], before ? &before[r] : NULL, 1), sent, sizeof sent);
     format_rate(rate(&now[r], before ? &before[r] : NULL, 0), recv, sizeof recv);
     snprintf(peers, sizeof peers, "%d/%d", peers_up(i), i->npeers);
-    printf("%-5d %-9s %-10s %8.0fs %11s %8u %5u %6s %13s %13s\n", r,
+    printf("%-5d %-9s %-10s %8.0fs %11s %8u %5u %6s %13s %13s\n", now[r].rank,
            peers_up(i) == i->npeers ? "healthy" : "degraded", i->version, i->uptime_seconds,
            mem, i->tensor_count, i->ops_in_flight, peers, sent, recv);
   }
@@ -451,8 +454,10 @@ static json_t *top_json(const sample *now, const sample *before, int n) {
     const dist_daemon_info *i = &now[r].info;
     json_array_append_new(
         ranks, !now[r].ok
-                   ? json_pack("{s:i,s:s,s:s}", "rank", r, "state", "down", "error", now[r].error)
-                   : json_pack("{s:i,s:s,s:s,s:f,s:I,s:I,s:i,s:i,s:i,s:i,s:f,s:f}", "rank", r,
+                   ? json_pack("{s:o,s:s,s:s}", "rank", distctl_rank_value(now[r].rank), "state",
+                               "down", "error", now[r].error)
+                   : json_pack("{s:i,s:s,s:s,s:f,s:I,s:I,s:i,s:i,s:i,s:i,s:f,s:f}", "rank",
+                               now[r].rank,
                                "state", peers_up(i) == i->npeers ? "healthy" : "degraded",
                                "version", i->version, "uptime_seconds", i->uptime_seconds,
                                "tensor_bytes", (json_int_t)i->tensor_bytes,

@@ -80,8 +80,8 @@ static json_t *disagreements(const dist_params_report *rep, const int *ok, int n
       if (!differs || seen_before) continue;
       json_array_append_new(names, json_string(name));
       distctl_fail("parameter '%s': its daemons report different numbers of updates "
-                   "applied (rank %d: %lld); its pieces are not one model", name, r,
-                   (long long)step);
+                   "applied (rank %d: %lld); its pieces are not one model", name,
+                   rep[r].rank, (long long)step);
     }
   return names;
 }

@@ -41,7 +41,7 @@ static json_t *peer_json(const dist_peer_info *p) {
 
 static json_t *daemon_json(dist_client *c, int r, const daemon_state *s) {
   if (!s->ok)
-    return json_pack("{s:i,s:s,s:b,s:s}", "rank", r, "endpoint",
+    return json_pack("{s:o,s:s,s:b,s:s}", "rank", distctl_rank_json(c, r), "endpoint",
                      dist_endpoint(c, r), "healthy", 0, "error", s->error);
   const dist_daemon_info *i = &s->info;
   json_t *peers = json_array();
@@ -65,8 +65,10 @@ static void print_table(dist_client *c, const daemon_state *st, int n) {
   printf("%-5s %-22s %-8s %-10s %8s %12s %-7s %-4s %-15s %s\n", "RANK", "ENDPOINT",
          "STATE", "VERSION", "UPTIME", "MEMORY", "TENSORS", "OPS", "PEERS", "PEER I/O");
   for (int r = 0; r < n; r++) {
+    char rank[16];
     if (!st[r].ok) {
-      printf("%-5d %-22s %-8s %s\n", r, dist_endpoint(c, r), "down", st[r].error);
+      printf("%-5s %-22s %-8s %s\n", distctl_rank_text(c, r, rank, sizeof rank),
+             dist_endpoint(c, r), "down", st[r].error);
       continue;
     }
     const dist_daemon_info *i = &st[r].info;
@@ -76,7 +78,7 @@ static void print_table(dist_client *c, const daemon_state *st, int n) {
     dist_format_bytes(i->tensor_bytes, mem, sizeof mem);
     char peers[32];
     snprintf(peers, sizeof peers, "%d/%d connected", up, i->npeers);
-    printf("%-5d %-22s %-8s %-10s %7.0fs %12s %-7u %-4u %-15s %s\n", r,
+    printf("%-5d %-22s %-8s %-10s %7.0fs %12s %-7u %-4u %-15s %s\n", i->rank,
            dist_endpoint(c, r), up == i->npeers ? "healthy" : "degraded",
            i->version, i->uptime_seconds, mem, i->tensor_count, i->ops_in_flight, peers,
            i->peer_io);
@@ -124,17 +126,20 @@ static int run_peers(const distctl_global *g, int argc, char **argv) {
     for (int p = 0; st[r].ok && p < st[r].info.npeers; p++) {
       const dist_peer_info *q = &st[r].info.peers[p];
       json_t *j = peer_json(q);
-      json_object_set_new(j, "from", json_integer(r));
+      json_object_set_new(j, "from", json_integer(st[r].info.rank));
       json_array_append_new(pairs, j);
       if (g->json) continue;
       char sent[32], recv[32];
       dist_format_bytes(q->bytes_sent, sent, sizeof sent);
       dist_format_bytes(q->bytes_received, recv, sizeof recv);
-      printf("%-5d %-5d %-10s %8.0fus %12s %12s %-10u %s\n", r, q->rank,
+      printf("%-5d %-5d %-10s %8.0fus %12s %12s %-10u %s\n", st[r].info.rank, q->rank,
              q->connected ? "connected" : "down", q->rtt_seconds * 1e6, sent, recv,
              q->reconnects, q->congestion[0] ? q->congestion : "-");
     }
-    if (!st[r].ok && !g->json) printf("%-5d %-5s %-10s %s\n", r, "*", "unreachable", st[r].error);
+    char rank[16];
+    if (!st[r].ok && !g->json)
+      printf("%-5s %-5s %-10s %s\n", distctl_rank_text(c, r, rank, sizeof rank), "*",
+             "unreachable", st[r].error);
   }
   if (g->json)
     distctl_print_json(json_pack("{s:i,s:o}", "world_size", n, "pairs", pairs));

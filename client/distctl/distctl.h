@@ -44,6 +44,14 @@ void distctl_print_json(json_t *j);
 
 /* A rank that did not answer, as the --json reports list it. */
 json_t *distctl_down_json(dist_client *c, int rank, const char *error);
+/* The rank of the daemon at position pos, as distctl shows it: the
+ * daemon's own (dist_daemon_rank: with --endpoint, not the position 0),
+ * or, for a daemon of --endpoint that did not say, null in JSON and "?"
+ * in a table. */
+json_t *distctl_rank_json(dist_client *c, int pos);
+/* A rank in JSON: null when -1 (not known). */
+json_t *distctl_rank_value(int rank);
+const char *distctl_rank_text(dist_client *c, int pos, char *buf, size_t len);
 
 /* Takes "--name value" or "--name=value" at argv[*i]; returns the value or
  * NULL when argv[*i] is not that option. Advances *i past a separate value. */

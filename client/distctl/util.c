@@ -103,9 +103,22 @@ int distctl_opt_once(const distctl_command *cmd, int argc, char **argv, int *i,
   return 1;
 }
 
+json_t *distctl_rank_value(int rank) { return rank >= 0 ? json_integer(rank) : json_null(); }
+
+json_t *distctl_rank_json(dist_client *c, int pos) {
+  return distctl_rank_value(dist_daemon_rank(c, pos));
+}
+
+const char *distctl_rank_text(dist_client *c, int pos, char *buf, size_t len) {
+  int rank = dist_daemon_rank(c, pos);
+  if (rank >= 0) snprintf(buf, len, "%d", rank);
+  else snprintf(buf, len, "?");
+  return buf;
+}
+
 json_t *distctl_down_json(dist_client *c, int rank, const char *error) {
-  return json_pack("{s:i,s:s,s:s}", "rank", rank, "endpoint", dist_endpoint(c, rank),
-                   "error", error);
+  return json_pack("{s:o,s:s,s:s}", "rank", distctl_rank_json(c, rank), "endpoint",
+                   dist_endpoint(c, rank), "error", error);
 }
 
 static const char *plural(int n) { return n == 1 ? "" : "s"; }
