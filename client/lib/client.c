@@ -323,6 +323,14 @@ static uint64_t job_op_base(void) {
   return dist_fnv1a(job, strlen(job));
 }
 
+/* dist_init_from_env refusing the client it connected: closed, *out
+ * NULL, code returned (connect's error says why). */
+static int init_refused(dist_client **out, int code) {
+  dist_close(*out);
+  *out = NULL;
+  return code;
+}
+
 int dist_init_from_env(dist_client **out) {
   *out = NULL;
   const char *rank = getenv("DIST_RANK"), *world = getenv("DIST_WORLD_SIZE");
@@ -335,13 +343,16 @@ int dist_init_from_env(dist_client **out) {
   o.op_id_base = job_op_base();
   int rc = dist_connect_cluster(NULL, &o, out);
   if (rc != 0) return rc;
-  if (r < 0 || w != (*out)->n || r >= w) {
-    rc = connect_fail(DIST_EINVAL, "DIST_RANK=%ld / DIST_WORLD_SIZE=%ld do not fit "
-                      "a cluster of %d daemons", r, w, (*out)->n);
-    dist_close(*out);
-    *out = NULL;
-    return rc;
-  }
+  if (r < 0 || w != (*out)->n || r >= w)
+    return init_refused(out, connect_fail(DIST_EINVAL, "DIST_RANK=%ld / DIST_WORLD_SIZE=%ld "
+                                          "do not fit a cluster of %d daemons", r, w,
+                                          (*out)->n));
+  /* A trainer whose cluster file lists the daemons in another order than
+   * theirs would address another rank's daemon as its own, and its pieces
+   * would land on the wrong ranks without an error. */
+  char why[600];
+  if (dist_check_own_daemon(*out, (int)r, (int)w, why, sizeof why) != 0)
+    return init_refused(out, connect_fail(DIST_EINVAL, "%s", why));
   (*out)->spmd_rank = (int)r;
   return 0;
 }

@@ -49,3 +49,16 @@ const char *dist_rank_label(dist_client *c, int target, char *buf, size_t len) {
     snprintf(buf, len, "distd at %s", c->endpoints[target]);
   return buf;
 }
+
+int dist_check_own_daemon(dist_client *c, int rank, int world, char *why, size_t len) {
+  Dist__V1__InfoReply *rp = ask_info(c, rank);
+  if (!rp) return 0; /* not up yet: as before, its first call will say */
+  int agree = (int)rp->rank == rank && (int)rp->world_size == world;
+  if (!agree)
+    snprintf(why, len, "DIST_RANK=%d / DIST_WORLD_SIZE=%d, but distd at %s, rank %d's "
+             "address in the cluster file, says it is rank %u of %u: the trainers' cluster "
+             "file does not list the daemons as theirs does", rank, world, c->endpoints[rank],
+             rank, rp->rank, rp->world_size);
+  protobuf_c_message_free_unpacked(&rp->base, NULL);
+  return agree ? 0 : -1;
+}
