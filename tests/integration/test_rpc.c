@@ -128,3 +128,88 @@ Test(rpc, distctl_with_one_endpoint_does_not_call_its_daemon_rank_0) {
   free(out);
   free(err);
 }
+
+/* A client of one endpoint learns its daemon's rank from the daemon's
+ * Info reply where libdist names that rank: it used to give its own
+ * position, 0, for rank 1's daemon (a parameter report's rank), and a
+ * save through it wrote a manifest listing rank 1's file as rank 0's. */
+Test(rpc, a_client_of_one_daemon_names_it_by_its_own_rank) {
+  harness_start(&cluster, 2, NULL);
+  dist_client *one = harness_client_rank(&cluster, 1, 5000);
+  dist_params_report rep;
+  cr_assert_eq(dist_params(one, 0, &rep), 0, "%s", dist_errmsg(one));
+  cr_expect_eq(rep.rank, 1, "rank 1's daemon reported as rank %d", rep.rank);
+  dist_params_report_free(&rep);
+  char dir[300];
+  snprintf(dir, sizeof dir, "%s/ckpt", cluster.dir);
+  int rc = dist_checkpoint_save(one, dir, NULL, NULL);
+  cr_expect_eq(rc, DIST_ENOTSUP, "a save through rank 1's daemon alone: %d (%s)", rc,
+               dist_errmsg(one));
+  cr_expect(strstr(dist_errmsg(one), "which is rank 1"), "%s", dist_errmsg(one));
+  cr_expect_eq(harness_count_files(dir, "", ".safetensors"), 0, "the refused save wrote");
+  dist_close(one);
+}
+
+/* Asking the rank of a daemon that cannot be reached fails alone: connect
+ * does not wait for the daemon, as before, and the client's error stays
+ * the last call's. */
+Test(rpc, the_rank_of_a_daemon_that_cannot_be_reached_is_unknown) {
+  char ep[64];
+  snprintf(ep, sizeof ep, "127.0.0.1:%d", harness_free_port()); /* nobody listens */
+  dist_opts o = DIST_OPTS_INIT;
+  o.timeout_ms = 2000;
+  dist_client *c = NULL;
+  cr_assert_eq(dist_connect(ep, &o, &c), 0, "%s", dist_last_connect_error());
+  cr_expect_eq(dist_daemon_rank(c, 0), -1);
+  cr_expect_str_eq(dist_errmsg(c), "", "asking the rank left an error: %s", dist_errmsg(c));
+  dist_params_report rep;
+  cr_assert_eq(dist_params(c, 0, &rep), DIST_EUNAVAIL, "%s", dist_errmsg(c));
+  cr_expect(strstr(dist_errmsg(c), "cannot reach distd at "), "%s", dist_errmsg(c));
+  dist_close(c);
+}
+
+/* distctl --endpoint shows its daemon's rank in status and peers; both
+ * tables gave rank 1's daemon as 0 (status --json had its rank). */
+Test(rpc, distctl_with_one_endpoint_shows_its_daemon_rank) {
+  harness_start(&cluster, 2, NULL);
+  char cmd[400], *out = NULL, *err = NULL, want[96];
+  const char *const runs[] = {"status --json", "status", "peers --json", "peers"};
+  const char *const wants[] = {"\"rank\": 1,", "1     127.0.0.1:%d ", "\"from\": 1",
+                               "\n1     0     connected"};
+  for (int i = 0; i < 4; i++) {
+    snprintf(cmd, sizeof cmd, "%s --endpoint 127.0.0.1:%d %s", harness_distctl(),
+             cluster.grpc_port[1], runs[i]);
+    int rc = harness_run(cmd, &out, &err, 30);
+    cr_assert_eq(rc, 0, "distctl %s exited %d: %s", runs[i], rc, err ? err : "");
+    snprintf(want, sizeof want, wants[i], cluster.grpc_port[1]);
+    cr_expect(out && strstr(out, want), "distctl %s does not show rank 1:\n%s", runs[i],
+              out ? out : "");
+    free(out);
+    free(err);
+  }
+}
+
+/* A trainer whose cluster file lists the daemons in another order than
+ * theirs would address rank 1's daemon as its own rank 0's: it is told at
+ * dist_init_from_env, naming both ranks. */
+Test(rpc, a_trainer_whose_cluster_file_swaps_the_daemons_is_refused) {
+  harness_start(&cluster, 2, NULL);
+  char path[320];
+  snprintf(path, sizeof path, "%s/swapped.conf", cluster.dir);
+  FILE *f = fopen(path, "w");
+  cr_assert(f, "cannot write %s", path);
+  for (int r = 1; r >= 0; r--)
+    fprintf(f, "127.0.0.1:%d 127.0.0.1:%d\n", cluster.grpc_port[r], cluster.peer_port[r]);
+  fclose(f);
+  setenv("DIST_RANK", "0", 1);
+  setenv("DIST_WORLD_SIZE", "2", 1);
+  setenv("DIST_CLUSTER", path, 1);
+  dist_client *c = NULL;
+  cr_assert_eq(dist_init_from_env(&c), DIST_EINVAL, "a swapped cluster file was taken");
+  cr_expect_null(c);
+  const char *why = dist_last_connect_error();
+  cr_expect(strstr(why, "DIST_RANK=0") && strstr(why, "says it is rank 1 of 2"), "%s", why);
+  setenv("DIST_CLUSTER", cluster.cluster_file, 1);
+  cr_assert_eq(dist_init_from_env(&c), 0, "%s", dist_last_connect_error());
+  dist_close(c);
+}
