@@ -383,6 +383,8 @@ Test(api_args, every_call_taking_a_client_refuses_a_null_one_naming_itself) {
   cr_assert_eq(dist_world_size(NULL), 0);
   cr_assert_eq(dist_rank(NULL), -1);
   cr_assert_null(dist_endpoint(NULL, 0));
+  cr_assert_eq(dist_daemon_rank(NULL, 0), -1);
+  cr_assert_str_eq(dist_errmsg(NULL), "dist_daemon_rank: c is NULL");
 }
 
 /* Handles that lead to the client: a NULL tape has no client to keep the
