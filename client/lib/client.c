@@ -351,7 +351,7 @@ int dist_init_from_env(dist_client **out) {
    * theirs would address another rank's daemon as its own, and its pieces
    * would land on the wrong ranks without an error. */
   char why[600];
-  if (dist_check_own_daemon(*out, (int)r, (int)w, why, sizeof why) != 0)
+  if (dist_check_own_daemon(*out, &o, (int)r, (int)w, why, sizeof why) != 0)
     return init_refused(out, connect_fail(DIST_EINVAL, "%s", why));
   (*out)->spmd_rank = (int)r;
   return 0;

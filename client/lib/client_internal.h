@@ -81,8 +81,10 @@ const char *dist_rank_label(dist_client *c, int target, char *buf, size_t len);
 void dist_client_learn_rank(dist_client *c, int rank);
 /* dist_init_from_env: 0 when the daemon at position rank says it is rank
  * `rank` of `world`, or does not answer (its first call will say); else
- * -1 with why naming both. */
-int dist_check_own_daemon(dist_client *c, int rank, int world, char *why, size_t len);
+ * -1 with why naming both. Asked through a client of its own (options o),
+ * so that c's channels stay as they were. */
+int dist_check_own_daemon(const dist_client *c, const dist_opts *o, int rank, int world,
+                          char *why, size_t len);
 /* Records call's error on c, naming its daemon once; returns its code. */
 int dist_call_fail(dist_client *c, const dist_call *call);
 /* dist_call_many of one request to each of targets[0..n) (NULL: ranks

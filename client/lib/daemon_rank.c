@@ -50,8 +50,17 @@ const char *dist_rank_label(dist_client *c, int target, char *buf, size_t len) {
   return buf;
 }
 
-int dist_check_own_daemon(dist_client *c, int rank, int world, char *why, size_t len) {
-  Dist__V1__InfoReply *rp = ask_info(c, rank);
+/* Asked on a channel of its own, closed after: a question nobody answers
+ * leaves its channel in gRPC's reconnect backoff (about a second), in
+ * which a call fails at once even with the daemon up, so asking on the
+ * trainer's channel would fail its first call when the daemon came up
+ * just after dist_init_from_env. */
+int dist_check_own_daemon(const dist_client *c, const dist_opts *o, int rank, int world,
+                          char *why, size_t len) {
+  dist_client *probe = NULL;
+  if (dist_connect(c->endpoints[rank], o, &probe) != 0) return 0; /* its first call says */
+  Dist__V1__InfoReply *rp = ask_info(probe, 0);
+  dist_close(probe);
   if (!rp) return 0; /* not up yet: as before, its first call will say */
   int agree = (int)rp->rank == rank && (int)rp->world_size == world;
   if (!agree)

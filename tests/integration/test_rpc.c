@@ -213,3 +213,24 @@ Test(rpc, a_trainer_whose_cluster_file_swaps_the_daemons_is_refused) {
   cr_assert_eq(dist_init_from_env(&c), 0, "%s", dist_last_connect_error());
   dist_close(c);
 }
+
+/* A trainer started before its daemon: dist_init_from_env's question of
+ * the daemon's rank goes unanswered, and must not make the first call
+ * fail once the daemon is up. Asked on the trainer's own channel, it left
+ * that channel in gRPC's reconnect backoff (about a second), in which the
+ * call failed at once. */
+Test(rpc, a_trainer_started_before_its_daemon_reaches_it_once_up) {
+  harness_start(&cluster, 1, NULL);
+  harness_kill(&cluster, 0, SIGKILL);
+  setenv("DIST_RANK", "0", 1);
+  setenv("DIST_WORLD_SIZE", "1", 1);
+  setenv("DIST_CLUSTER", cluster.cluster_file, 1);
+  dist_client *c = NULL;
+  cr_assert_eq(dist_init_from_env(&c), 0, "%s", dist_last_connect_error());
+  harness_start_rank(&cluster, 0, NULL);
+  cr_assert(harness_wait_connected(&cluster, 0, 0, 20000), "rank 0 did not come back");
+  dist_params_report rep;
+  cr_assert_eq(dist_params(c, 0, &rep), 0, "the first call: %s", dist_errmsg(c));
+  dist_params_report_free(&rep);
+  dist_close(c);
+}
