@@ -10,6 +10,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -90,11 +92,49 @@ static void write_cluster_file(harness *h) {
   fclose(f);
 }
 
-/* Starts a daemon with stderr to log. It gets SIGKILL when the test
+/* A directory of a daemon's own, mounted over the path every daemon is
+ * given (harness_start_own_dirs); the strings are made before fork. */
+typedef struct own_mount {
+  char own[320], at[320], uid_map[64], gid_map[64];
+} own_mount;
+
+static void own_mount_make(const harness *h, int r, own_mount *m) {
+  harness_own_dir(h, r, m->own, sizeof m->own);
+  snprintf(m->at, sizeof m->at, "%s/ckpt", h->dir);
+  snprintf(m->uid_map, sizeof m->uid_map, "%u %u 1", (unsigned)getuid(), (unsigned)getuid());
+  snprintf(m->gid_map, sizeof m->gid_map, "%u %u 1", (unsigned)getgid(), (unsigned)getgid());
+}
+
+/* Async-signal-safe, for a child between fork and exec. */
+static int write_text(const char *path, const char *text) {
+  int fd = open(path, O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  ssize_t n = (ssize_t)strlen(text);
+  int ok = write(fd, text, (size_t)n) == n;
+  close(fd);
+  return ok ? 0 : -1;
+}
+
+/* Enters a mount namespace of its own (in a user namespace of its own
+ * where only that allows it) and mounts m->own over m->at there. For a
+ * child between fork and exec: async-signal-safe calls only. */
+static int enter_own_dir(const own_mount *m) {
+  if (unshare(CLONE_NEWNS) != 0 &&
+      (unshare(CLONE_NEWUSER | CLONE_NEWNS) != 0 ||
+       write_text("/proc/self/setgroups", "deny") != 0 ||
+       write_text("/proc/self/uid_map", m->uid_map) != 0 ||
+       write_text("/proc/self/gid_map", m->gid_map) != 0))
+    return -1;
+  if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0) return -1;
+  return mount(m->own, m->at, NULL, MS_BIND, NULL);
+}
+
+/* Starts a daemon with stderr to log, in its own directory when m is set.
+ * It gets SIGKILL when the test
  * process dies: a failed cr_assert ends the test without harness_stop, and
  * its daemons must not outlive it. Between fork and exec only
  * async-signal-safe calls (the test process has gRPC threads). */
-static pid_t spawn_daemon(const char *const *argv, const char *log) {
+static pid_t spawn_daemon(const char *const *argv, const char *log, const own_mount *m) {
   pid_t parent = getpid();
   pid_t pid = fork();
   if (pid != 0) return pid;
@@ -102,6 +142,7 @@ static pid_t spawn_daemon(const char *const *argv, const char *log) {
   int err = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
   int out = open("/dev/null", O_WRONLY);
   if (err < 0 || out < 0 || dup2(err, 2) < 0 || dup2(out, 1) < 0) _exit(127);
+  if (m && enter_own_dir(m) != 0) _exit(126);
   execve(argv[0], (char *const *)argv, environ);
   _exit(127);
 }
@@ -119,7 +160,9 @@ void harness_start_rank(harness *h, int r, const char *const *extra_args) {
     argv[argc++] = extra_args[i];
   argv[argc] = NULL;
   cr_assert(access(argv[0], X_OK) == 0, "%s is not executable: %s", argv[0], strerror(errno));
-  h->pids[r] = spawn_daemon(argv, log);
+  own_mount m;
+  if (h->own_dirs) own_mount_make(h, r, &m);
+  h->pids[r] = spawn_daemon(argv, log, h->own_dirs ? &m : NULL);
   cr_assert(h->pids[r] > 0, "cannot start %s: %s", argv[0], strerror(errno));
 }
 
@@ -157,7 +200,8 @@ int harness_wait_connected(harness *h, int r, int connected, int timeout_ms) {
   return 0;
 }
 
-void harness_start(harness *h, int n, const char *const *extra_args) {
+/* DIR, its ports and cluster file for n daemons, none started. */
+static void prepare(harness *h, int n) {
   memset(h, 0, sizeof *h);
   cr_assert(n > 0 && n <= HARNESS_MAX);
   h->n = n;
@@ -170,11 +214,53 @@ void harness_start(harness *h, int n, const char *const *extra_args) {
     h->http_port[r] = harness_free_port();
   }
   write_cluster_file(h);
-  for (int r = 0; r < n; r++) harness_start_rank(h, r, extra_args);
-  for (int r = 0; r < n; r++)
-    cr_assert(harness_wait_connected(h, r, n - 1, 20000),
+}
+
+static void start_all(harness *h, const char *const *extra_args) {
+  for (int r = 0; r < h->n; r++) harness_start_rank(h, r, extra_args);
+  for (int r = 0; r < h->n; r++)
+    cr_assert(harness_wait_connected(h, r, h->n - 1, 20000),
               "rank %d did not connect to its %d peers within 20 s (log in %s)",
-              r, n - 1, h->dir);
+              r, h->n - 1, h->dir);
+}
+
+void harness_start(harness *h, int n, const char *const *extra_args) {
+  prepare(h, n);
+  start_all(h, extra_args);
+}
+
+void harness_own_dir(const harness *h, int r, char *out, size_t len) {
+  snprintf(out, len, "%s/own%d", h->dir, r);
+}
+
+/* Whether a child can mount its own directory as daemon 0 would. */
+static int own_dirs_allowed(const harness *h) {
+  own_mount m;
+  own_mount_make(h, 0, &m);
+  pid_t pid = fork();
+  if (pid == 0) _exit(enter_own_dir(&m) == 0 ? 0 : 1);
+  int status = -1;
+  if (pid < 0 || waitpid(pid, &status, 0) != pid) return 0;
+  return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+
+int harness_start_own_dirs(harness *h, int n, const char *const *extra_args) {
+  prepare(h, n);
+  char path[320];
+  snprintf(path, sizeof path, "%s/ckpt", h->dir);
+  cr_assert_eq(mkdir(path, 0755), 0, "mkdir %s: %s", path, strerror(errno));
+  for (int r = 0; r < n; r++) {
+    harness_own_dir(h, r, path, sizeof path);
+    cr_assert_eq(mkdir(path, 0755), 0, "mkdir %s: %s", path, strerror(errno));
+  }
+  if (!own_dirs_allowed(h)) {
+    harness_remove_dir(h->dir);
+    h->n = 0;
+    return 0;
+  }
+  h->own_dirs = 1;
+  start_all(h, extra_args);
+  return 1;
 }
 
 int harness_kill(harness *h, int r, int sig) {

@@ -17,12 +17,21 @@ typedef struct harness {
   char cluster_file[300];
   pid_t pids[HARNESS_MAX];
   int grpc_port[HARNESS_MAX], peer_port[HARNESS_MAX], http_port[HARNESS_MAX];
+  int own_dirs; /* started by harness_start_own_dirs */
 } harness;
 
 /* Picks free ports, writes DIR/cluster.conf and starts n daemons with
  * extra_args (NULL-terminated, may be NULL) appended; waits (bounded, 20 s)
  * until every daemon reports all peers connected. Fails the test on error. */
 void harness_start(harness *h, int n, const char *const *extra_args);
+/* harness_start, with each daemon in a mount namespace of its own where
+ * DIR/ckpt is its own directory (harness_own_dir): one path naming another
+ * directory on each daemon, as on hosts that do not share it (daemons
+ * started again get theirs again). Returns 1 when started, 0 (nothing
+ * started, h->n 0) when this machine allows no mount namespace. */
+int harness_start_own_dirs(harness *h, int n, const char *const *extra_args);
+/* The directory daemon r sees at DIR/ckpt, as this process sees it. */
+void harness_own_dir(const harness *h, int r, char *out, size_t len);
 /* Starts (again) the daemon of rank r only; does not wait. */
 void harness_start_rank(harness *h, int r, const char *const *extra_args);
 /* SIGKILL / SIGTERM one daemon and reap it; returns its exit status as
