@@ -271,16 +271,27 @@ static int named(const char *name, char *const *keep, size_t nkeep) {
   return 0;
 }
 
-/* Whether this daemon removes DIR/name (see distd_ckpt_remove_stale). */
-static int is_stale(const char *name, const distd_ckpt_stale_rule *rule) {
+/* Whether the manifest in place names one of the committed save's files:
+ * then that save is the checkpoint in place (its id is new, so no older
+ * manifest names it, and no commit crossing it can come back: one that
+ * reached rank 0 before it would have been replaced by it). */
+static int committed_in_place(const distd_ckpt_stale_rule *rule) {
+  for (size_t i = 0; i < rule->nkeep; i++)
+    if (named(rule->keep[i], rule->in_place, rule->nin_place)) return 1;
+  return 0;
+}
+
+/* Whether this daemon removes DIR/name (see distd_ckpt_remove_stale);
+ * in_place_is_ours is committed_in_place(rule). */
+static int is_stale(const char *name, const distd_ckpt_stale_rule *rule, int in_place_is_ours) {
   if (!strcmp(name, DISTD_CKPT_MANIFEST ".tmp")) return rule->rank == 0;
   int r;
   char id[80];
   if (!distd_ckpt_parse_file(name, &r, id, sizeof id)) return 0;
   if (r != rule->rank && r < rule->world_size) return 0;
+  int (*kept)(void *, const char *) = in_place_is_ours ? rule->in_progress : rule->keeps;
   return !named(name, rule->keep, rule->nkeep) &&
-         !named(name, rule->in_place, rule->nin_place) &&
-         !rule->in_progress(rule->arg, id);
+         !named(name, rule->in_place, rule->nin_place) && !kept(rule->arg, id);
 }
 
 int distd_ckpt_discard(const char *dir, const char *id, int rank) {
@@ -298,10 +309,10 @@ int distd_ckpt_discard(const char *dir, const char *id, int rank) {
 int distd_ckpt_remove_stale(const char *dir, const distd_ckpt_stale_rule *rule) {
   DIR *d = opendir(dir);
   if (!d) return 0;
-  int removed = 0;
+  int removed = 0, in_place_is_ours = committed_in_place(rule);
   struct dirent *e;
   while ((e = readdir(d))) {
-    if (!is_stale(e->d_name, rule)) continue;
+    if (!is_stale(e->d_name, rule, in_place_is_ours)) continue;
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
     removed += unlink(path) == 0;

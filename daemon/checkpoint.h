@@ -58,23 +58,29 @@ typedef struct distd_ckpt_stale_rule {
   size_t nkeep;
   char *const *in_place;   /* the files the manifest in place names */
   size_t nin_place;
-  /* 1 when checkpoint id's save is in progress here (ckpt_saves.h) */
+  /* 1 when checkpoint id's save is in progress here, and 1 also when
+   * committed here while a crossing commit may come (ckpt_saves.h) */
   int (*in_progress)(void *arg, const char *id);
+  int (*keeps)(void *arg, const char *id);
   void *arg;
 } distd_ckpt_stale_rule;
 
 /* Removes the files of DIR this daemon is the one to judge stale: its own
  * rank files (and their temp files) that neither rule->keep nor the
- * manifest in place names, of a checkpoint id whose save is not in
- * progress here; the rank files of ranks past the world, which no daemon
+ * manifest in place names, of a checkpoint id rule->keeps does not keep
+ * (rule->in_progress, when the manifest in place is the committed save's);
+ * the rank files of ranks past the world, which no daemon
  * here writes; and, on rank 0 (the manifest's writer), a leftover
  * manifest temp file. The other ranks'
  * files are theirs to judge: where daemons share the directory, this one
  * cannot know that another's save is in progress (it may not have been
  * asked to save yet). The manifest in place is another save's when two
  * commits cross: x's reaches rank 0, then y's every daemon, then x's rank
- * 1, whose keep list is x's while the manifest is y's. Returns how many
- * files were removed. */
+ * 1, whose keep list is x's while the manifest is y's; where rank 1 cannot
+ * read that manifest, rule->keeps keeps y's file. Where the manifest in
+ * place is the committed save's, no save committed before it is in place,
+ * nor can be again, and rule->in_progress suffices (always so on rank 0,
+ * which just wrote it). Returns how many files were removed. */
 int distd_ckpt_remove_stale(const char *dir, const distd_ckpt_stale_rule *rule);
 
 #endif

@@ -1,7 +1,8 @@
-/* The checkpoint saves in progress on one daemon: see ckpt_saves.h. A
+/* The checkpoint saves in progress on one daemon, and those it saw
+ * committed while a crossing commit may still come: see ckpt_saves.h. A
  * plain array scanned under a lock: it holds a handful of ids at a time
- * (one per save running), and is looked at once per Save, Commit and
- * Discard and once per rank file a commit considers. */
+ * (one per save running or just committed), and is looked at once per
+ * Save, Commit and Discard and once per rank file a commit considers. */
 #include "ckpt_saves.h"
 
 #include <pthread.h>
@@ -11,15 +12,19 @@
 #include "clock.h"
 
 typedef struct mark {
-  char id[72]; /* distd_ckpt_check_id allows 64 characters */
-  int64_t at_ms;
+  char id[72];  /* distd_ckpt_check_id allows 64 characters */
+  int64_t at_ms; /* when last marked in progress; lapses keep_ms after */
+  uint64_t seq;  /* in progress: when its Save began here; committed: when committed */
+  int committed;
 } mark;
 
 struct distd_ckpt_saves {
   pthread_mutex_t mu, commit_mu;
   int64_t keep_ms;
+  uint64_t seq; /* orders Saves beginning and commits on this daemon */
   int n;
-  mark marks[DISTD_CKPT_SAVES_MAX];
+  /* At most DISTD_CKPT_SAVES_MAX of each kind */
+  mark marks[2 * DISTD_CKPT_SAVES_MAX];
 };
 
 distd_ckpt_saves *distd_ckpt_saves_new(int64_t keep_ms) {
@@ -38,10 +43,27 @@ void distd_ckpt_saves_free(distd_ckpt_saves *s) {
   free(s);
 }
 
-/* Drops the marks that lapsed; with s->mu held. */
+static void drop(distd_ckpt_saves *s, int i) { s->marks[i] = s->marks[--s->n]; }
+
+/* When the oldest save in progress began (UINT64_MAX when none is); with
+ * s->mu held. */
+static uint64_t oldest_in_progress(const distd_ckpt_saves *s) {
+  uint64_t oldest = UINT64_MAX;
+  for (int i = 0; i < s->n; i++)
+    if (!s->marks[i].committed && s->marks[i].seq < oldest) oldest = s->marks[i].seq;
+  return oldest;
+}
+
+/* Drops the saves in progress that lapsed, then the committed ones no
+ * crossing commit can follow any more: no save that began before their
+ * commit is still in progress (ckpt_saves.h). With s->mu held. */
 static void forget_lapsed(distd_ckpt_saves *s, int64_t now) {
   for (int i = 0; i < s->n;)
-    if (now - s->marks[i].at_ms >= s->keep_ms) s->marks[i] = s->marks[--s->n];
+    if (!s->marks[i].committed && now - s->marks[i].at_ms >= s->keep_ms) drop(s, i);
+    else i++;
+  uint64_t oldest = oldest_in_progress(s);
+  for (int i = 0; i < s->n;)
+    if (s->marks[i].committed && s->marks[i].seq < oldest) drop(s, i);
     else i++;
 }
 
@@ -52,20 +74,43 @@ static int find(const distd_ckpt_saves *s, const char *id) {
   return -1;
 }
 
+/* How many marks of this kind there are; with s->mu held. */
+static int count(const distd_ckpt_saves *s, int committed) {
+  int k = 0;
+  for (int i = 0; i < s->n; i++) k += s->marks[i].committed == committed;
+  return k;
+}
+
+/* A new mark for id, not yet filled in past its id; with s->mu held and
+ * room in s->marks. */
+static int new_mark(distd_ckpt_saves *s, const char *id) {
+  int i = s->n++;
+  memset(&s->marks[i], 0, sizeof s->marks[i]);
+  strncpy(s->marks[i].id, id, sizeof s->marks[i].id - 1);
+  return i;
+}
+
+/* A new mark of id's save in progress, or -1 when DISTD_CKPT_SAVES_MAX
+ * saves are; with s->mu held. */
+static int add_in_progress(distd_ckpt_saves *s, const char *id) {
+  if (count(s, 0) >= DISTD_CKPT_SAVES_MAX) return -1;
+  int i = new_mark(s, id);
+  s->marks[i].seq = ++s->seq;
+  return i;
+}
+
 int distd_ckpt_saves_mark(distd_ckpt_saves *s, const char *id, int rank, dist_errbuf *eb) {
   int64_t now = distd_now_ms();
   int rc = 0;
   pthread_mutex_lock(&s->mu);
   forget_lapsed(s, now);
   int i = find(s, id);
-  if (i < 0 && s->n < DISTD_CKPT_SAVES_MAX) i = s->n++;
-  if (i >= 0) {
-    strncpy(s->marks[i].id, id, sizeof s->marks[i].id - 1);
-    s->marks[i].at_ms = now;
-  } else {
+  if (i >= 0 && s->marks[i].committed) drop(s, i), i = -1; /* saved again */
+  if (i < 0) i = add_in_progress(s, id);
+  if (i >= 0) s->marks[i].at_ms = now;
+  else
     rc = dist_fail(eb, DIST_EUNAVAIL, "rank %d has %d checkpoint saves in progress, "
-                   "committed or discarded by none yet: save again later", rank, s->n);
-  }
+                   "committed or discarded by none yet: save again later", rank, count(s, 0));
   pthread_mutex_unlock(&s->mu);
   return rc;
 }
@@ -73,15 +118,50 @@ int distd_ckpt_saves_mark(distd_ckpt_saves *s, const char *id, int rank, dist_er
 void distd_ckpt_saves_settle(distd_ckpt_saves *s, const char *id) {
   pthread_mutex_lock(&s->mu);
   int i = find(s, id);
-  if (i >= 0) s->marks[i] = s->marks[--s->n];
+  if (i >= 0) drop(s, i);
   pthread_mutex_unlock(&s->mu);
+}
+
+/* Makes room for one more committed save by forgetting the one committed
+ * longest ago; with s->mu held. */
+static void forget_oldest_committed(distd_ckpt_saves *s) {
+  int oldest = -1;
+  for (int i = 0; i < s->n; i++)
+    if (s->marks[i].committed && (oldest < 0 || s->marks[i].seq < s->marks[oldest].seq))
+      oldest = i;
+  if (oldest >= 0) drop(s, oldest);
+}
+
+void distd_ckpt_saves_committed(distd_ckpt_saves *s, const char *id) {
+  pthread_mutex_lock(&s->mu);
+  forget_lapsed(s, distd_now_ms());
+  if (count(s, 1) >= DISTD_CKPT_SAVES_MAX) forget_oldest_committed(s);
+  int i = find(s, id);
+  if (i < 0) i = new_mark(s, id);
+  s->marks[i].committed = 1;
+  s->marks[i].seq = ++s->seq;
+  pthread_mutex_unlock(&s->mu);
+}
+
+/* id's mark as it stands now: its index, or -1; with s->mu held. */
+static int current(distd_ckpt_saves *s, const char *id) {
+  forget_lapsed(s, distd_now_ms());
+  return find(s, id);
 }
 
 int distd_ckpt_saves_in_progress(void *arg, const char *id) {
   distd_ckpt_saves *s = arg;
   pthread_mutex_lock(&s->mu);
-  forget_lapsed(s, distd_now_ms());
-  int found = find(s, id) >= 0;
+  int i = current(s, id);
+  int found = i >= 0 && !s->marks[i].committed;
+  pthread_mutex_unlock(&s->mu);
+  return found;
+}
+
+int distd_ckpt_saves_keeps(void *arg, const char *id) {
+  distd_ckpt_saves *s = arg;
+  pthread_mutex_lock(&s->mu);
+  int found = current(s, id) >= 0;
   pthread_mutex_unlock(&s->mu);
   return found;
 }

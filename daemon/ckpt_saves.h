@@ -1,5 +1,6 @@
 /* The checkpoint saves in progress on one daemon, so that a commit into a
- * directory never removes the files of another save still running there.
+ * directory never removes the files of another save still running there,
+ * nor those of a save committed meanwhile that may be the one in place.
  *
  * A save writes each daemon's file (Save), then switches the manifest and
  * has every daemon remove the rank files the new manifest does not name
@@ -11,12 +12,28 @@
  * A daemon marks a checkpoint id in progress when its Save starts (before
  * the temp file exists, so a commit's directory scan that sees the file
  * also sees the mark) and again when it answers; a Commit whose keep list
- * names the id, a Discard of it, or the Save failing settles it. A save
+ * names the id makes it committed (below), and a Discard of it or the Save
+ * failing settles it. A save
  * its client abandoned (killed between Save and Commit, or unable to
  * reach this daemon for the Discard) is never settled: its mark lapses
  * keep_ms after the Save was answered, and the next commit removes its
- * files as stale, as every file of a settled save that the manifest does
- * not name (superseded) is.
+ * files as stale, as every file of a save that is over and that the
+ * manifest does not name (superseded) is.
+ *
+ * Two commits can also cross: x's reaches rank 0, then y's every daemon,
+ * then x's the others. Rank 0's manifest names y's files then, and x's
+ * keep list does not; where directories are not shared, no daemon but
+ * rank 0 can read that manifest to keep them. So a daemon also remembers
+ * the saves it saw committed while a crossing commit may still reach it:
+ * while a save whose Save began here before that commit is in progress
+ * here. x is such a save: its Save here was answered before its commit
+ * reached rank 0, before y's did, and y's reaches this daemon after
+ * (libdist commits on rank 0 first, and on the others once it succeeded).
+ * Once no such save is left, every later commit here is of a save that
+ * began here after y's commit, so it reached rank 0 after y's did: y is
+ * no longer the checkpoint in place, and its files go as stale. A
+ * committed save thus costs nothing when saves do not overlap: the next
+ * commit removes its files as before.
  *
  * Commits on one daemon run one at a time: the manifest's temp file has
  * one name, and two commits writing it at once could rename a mixture of
@@ -31,23 +48,33 @@
 typedef struct distd_ckpt_saves distd_ckpt_saves;
 
 /* At most this many saves in progress at once; a Save past it is refused
- * rather than forgetting one (which would let a commit remove its files). */
+ * rather than forgetting one (which would let a commit remove its files).
+ * At most this many committed saves are remembered too; past it the one
+ * committed longest ago is forgotten (a crossing commit would have to come
+ * after this many later ones). */
 #define DISTD_CKPT_SAVES_MAX 1024
 
-/* A record whose marks lapse keep_ms after they were made; NULL when out
- * of memory. */
+/* A record whose marks of saves in progress lapse keep_ms after they were
+ * made; NULL when out of memory. */
 distd_ckpt_saves *distd_ckpt_saves_new(int64_t keep_ms);
 void distd_ckpt_saves_free(distd_ckpt_saves *s); /* NULL is a no-op */
 
 /* Marks id's save in progress as of now (again, when marked). Fails with
  * DIST_EUNAVAIL when DISTD_CKPT_SAVES_MAX others are in progress. */
 int distd_ckpt_saves_mark(distd_ckpt_saves *s, const char *id, int rank, dist_errbuf *eb);
-/* id's save is over here (committed, discarded or failed); a no-op for an
- * id not marked. */
+/* id's save failed or was discarded here: forgotten; a no-op for an id
+ * not marked. */
 void distd_ckpt_saves_settle(distd_ckpt_saves *s, const char *id);
-/* 1 when id's save is in progress (marked, not settled, not lapsed). The
- * signature is distd_ckpt_remove_stale's in_progress (checkpoint.h). */
+/* id's save was committed here (marked or not): remembered while a
+ * crossing commit may still come. */
+void distd_ckpt_saves_committed(distd_ckpt_saves *s, const char *id);
+/* 1 when id's save is in progress (marked, not settled nor committed, not
+ * lapsed). */
 int distd_ckpt_saves_in_progress(void *s, const char *id);
+/* 1 when id's save is in progress, or was committed while a crossing
+ * commit may still come. The signatures are those of
+ * distd_ckpt_remove_stale's in_progress and keeps (checkpoint.h). */
+int distd_ckpt_saves_keeps(void *s, const char *id);
 
 /* Brackets a commit, so that commits on this daemon run one at a time. */
 void distd_ckpt_saves_commit_begin(distd_ckpt_saves *s);

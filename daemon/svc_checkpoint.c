@@ -129,37 +129,40 @@ DISTD_HANDLER(checkpoint_save) {
   return rc;
 }
 
-/* The saves whose files keep names are committed: settled here. */
-static void settle_kept(distd_ckpt_saves *saves, char *const *keep, size_t nkeep) {
+/* The saves whose files keep names are committed here. */
+static void record_committed(distd_ckpt_saves *saves, char *const *keep, size_t nkeep) {
   for (size_t i = 0; i < nkeep; i++) {
     int rank;
     char id[80];
     if (distd_ckpt_parse_file(keep[i], &rank, id, sizeof id))
-      distd_ckpt_saves_settle(saves, id);
+      distd_ckpt_saves_committed(saves, id);
   }
 }
 
-/* The manifest is switched first; then this daemon's files of settled
- * saves that neither this commit nor the manifest in place names are
- * stale (distd_ckpt_remove_stale), and those of saves in progress stay
- * for their own commit. The manifest is read back because another
+/* The manifest is switched first; then this daemon's files that neither
+ * this commit nor the manifest in place names are stale
+ * (distd_ckpt_remove_stale), unless their save is in progress (they stay
+ * for its own commit) or was committed here while this commit may be one
+ * crossing it (ckpt_saves.h). The manifest is read back because another
  * client's commit may have replaced this one's on rank 0 already; a
  * daemon that does not see rank 0's directory reads none, and relies on
- * the keep list alone. */
+ * its record of committed saves. This commit's saves are recorded
+ * committed after the scan: until then they are in progress, and keep the
+ * saves committed before them that they may cross. */
 static int commit_locked(distd_server *s, const Dist__V1__CheckpointCommitRequest *rq,
                          grpc_byte_buffer **reply, dist_errbuf *eb) {
   if (rq->manifest[0] && distd_ckpt_write_manifest(rq->dir, rq->manifest, eb) != 0)
     return eb->code;
-  settle_kept(s->ckpt_saves, rq->keep_files, rq->n_keep_files);
   char **in_place = NULL;
   size_t nin_place = 0;
   distd_ckpt_manifest_files(rq->dir, &in_place, &nin_place);
   distd_ckpt_stale_rule rule = {s->rank, s->world_size, rq->keep_files, rq->n_keep_files,
                                 in_place, nin_place, distd_ckpt_saves_in_progress,
-                                s->ckpt_saves};
+                                distd_ckpt_saves_keeps, s->ckpt_saves};
   Dist__V1__CheckpointCommitReply rp = DIST__V1__CHECKPOINT_COMMIT_REPLY__INIT;
   rp.removed = (uint32_t)distd_ckpt_remove_stale(rq->dir, &rule);
   distd_ckpt_files_free(in_place, nin_place);
+  record_committed(s->ckpt_saves, rq->keep_files, rq->n_keep_files);
   *reply = dist_pb_to_bb(&rp.base);
   return 0;
 }

@@ -1,7 +1,8 @@
 /* Two saves into one directory at once: a commit must not remove the files
  * of a save still in progress there, and still removes those of saves that
  * are over (superseded, or abandoned long ago). Real daemons sharing the
- * directory, as on one machine or a shared file system; the saves are
+ * directory, as on one machine or a shared file system, or each with a
+ * directory of its own at the same path (mount namespaces); the saves are
  * interleaved deterministically from the first save's progress callback,
  * which libdist calls after each daemon answered its Save. */
 #include <criterion/criterion.h>
@@ -78,14 +79,20 @@ static void save_a_across_b(dist_client *c, const char *dir, int after, char *id
   dist_close(other);
 }
 
+/* name (n float32 on both daemons) replaced by zeros, so that a restore's
+ * values can only come from the files. */
+static void overwrite_with_zeros(dist_client *c, const char *name, int64_t n) {
+  float zeros[8] = {0};
+  cr_assert(n <= 8);
+  dist_tensor_delete(c, name);
+  dist_tensor_free(harness_put(c, name, DIST_FLOAT32, zeros, 1, &n, "[0,1]", "Shard(0)"));
+}
+
 /* a's checkpoint, committed last, must be the one in dir, whole: a
  * restore brings a's values back (a is overwritten first, so the values
  * come from the files), and b's superseded files are gone. */
 static void expect_a_restored(dist_client *c, const char *dir, const char *id) {
-  float junk[6] = {0};
-  int64_t sa = 6;
-  dist_tensor_delete(c, "a");
-  dist_tensor_free(harness_put(c, "a", DIST_FLOAT32, junk, 1, &sa, "[0,1]", "Shard(0)"));
+  overwrite_with_zeros(c, "a", 6);
   dist_checkpoint_info info;
   cr_assert_eq(dist_checkpoint_restore(c, dir, NULL, &info), 0,
                "the checkpoint committed last is broken: %s", dist_errmsg(c));
@@ -175,13 +182,14 @@ Test(concurrent, an_abandoned_saves_files_are_kept_while_it_may_commit_then_remo
 }
 
 /* A manifest for checkpoint id, whose daemons answered replies: the
- * manifest libdist wrote in dir (of the same tensors) with id's files. */
-static char *manifest_for(const char *dir, const char *id,
+ * manifest libdist wrote (of the same tensors) with id's files; rank 0's
+ * directory is at seen_at here. */
+static char *manifest_for(const char *seen_at, const char *id,
                           Dist__V1__CheckpointSaveReply *const *replies) {
   char path[512];
-  snprintf(path, sizeof path, "%s/manifest.json", dir);
+  snprintf(path, sizeof path, "%s/manifest.json", seen_at);
   json_t *m = json_load_file(path, 0, NULL);
-  cr_assert_not_null(m, "no manifest in %s", dir);
+  cr_assert_not_null(m, "no manifest in %s", seen_at);
   json_object_set_new(m, "checkpoint_id", json_string(id));
   for (int r = 0; r < cluster.n; r++) {
     json_t *f = json_array_get(json_object_get(m, "files"), (size_t)r);
@@ -212,10 +220,40 @@ static void raw_commit(dist_client *c, int r, const char *dir, const char *manif
   protobuf_c_message_free_unpacked(rp, NULL);
 }
 
-/* Two clients commit at once, and their commits cross: x's reaches rank 0
- * first, then y's reaches every daemon, then x's reaches rank 1. The
- * manifest is y's (rank 0 wrote it last), and x's commit on rank 1 must
- * not remove y's file there because x's keep list does not name it. */
+/* Saves x and y into dir (rank 0's directory at seen_at here), whose
+ * commits then cross as two clients' may: x's reaches rank 0 first, then
+ * y's reaches every daemon, then x's reaches rank 1. The manifest is y's
+ * (rank 0 wrote it last), and x's commit on rank 1 must not remove y's
+ * file there, though x's keep list does not name it. */
+static void save_x_and_y_crossing(dist_client *c, const char *dir, const char *seen_at) {
+  Dist__V1__CheckpointSaveReply *x[HARNESS_MAX], *y[HARNESS_MAX];
+  raw_save(c, dir, "x", x);
+  raw_save(c, dir, "y", y);
+  char *mx = manifest_for(seen_at, "x", x), *my = manifest_for(seen_at, "y", y);
+  raw_commit(c, 0, dir, mx, x);
+  raw_commit(c, 0, dir, my, y);
+  raw_commit(c, 1, dir, "", y);
+  raw_commit(c, 1, dir, "", x);
+  free(mx);
+  free(my);
+  free_replies(x);
+  free_replies(y);
+}
+
+/* The checkpoint in dir must be y's, whole: a restore over zeros brings
+ * back the values put before the saves. */
+static void expect_y_restored(dist_client *c, const char *dir) {
+  overwrite_with_zeros(c, "a", 6);
+  overwrite_with_zeros(c, "b", 4);
+  dist_checkpoint_info info;
+  cr_assert_eq(dist_checkpoint_restore(c, dir, NULL, &info), 0,
+               "the checkpoint in place is broken: %s", dist_errmsg(c));
+  cr_assert_str_eq(info.id, "y");
+  harness_expect_value(c, "a", a0, sizeof a0);
+  harness_expect_value(c, "b", b0, sizeof b0);
+}
+
+/* The daemons share the directory: rank 1 reads the manifest in place. */
 Test(concurrent, a_commit_crossing_a_newer_one_keeps_the_files_of_the_manifest_in_place) {
   harness_start(&cluster, 2, NULL);
   dist_client *c = harness_client(&cluster);
@@ -223,23 +261,34 @@ Test(concurrent, a_commit_crossing_a_newer_one_keeps_the_files_of_the_manifest_i
   char dir[400];
   snprintf(dir, sizeof dir, "%s/ckpt", cluster.dir);
   cr_assert_eq(dist_checkpoint_save(c, dir, NULL, NULL), 0, "%s", dist_errmsg(c));
-  Dist__V1__CheckpointSaveReply *x[HARNESS_MAX], *y[HARNESS_MAX];
-  raw_save(c, dir, "x", x);
-  raw_save(c, dir, "y", y);
-  char *mx = manifest_for(dir, "x", x), *my = manifest_for(dir, "y", y);
-  raw_commit(c, 0, dir, mx, x);
-  raw_commit(c, 0, dir, my, y);
-  raw_commit(c, 1, dir, "", y);
-  raw_commit(c, 1, dir, "", x);
-  dist_checkpoint_info info;
-  cr_assert_eq(dist_checkpoint_restore(c, dir, NULL, &info), 0,
-               "the checkpoint in place is broken: %s", dist_errmsg(c));
-  cr_assert_str_eq(info.id, "y");
-  harness_expect_value(c, "a", a0, sizeof a0);
-  harness_expect_value(c, "b", b0, sizeof b0);
-  free(mx);
-  free(my);
-  free_replies(x);
-  free_replies(y);
+  save_x_and_y_crossing(c, dir, dir);
+  expect_y_restored(c, dir);
+  dist_close(c);
+}
+
+/* Each daemon has a directory of its own at the path it is given, as on
+ * hosts that do not share it: rank 1 cannot read rank 0's manifest, and
+ * only its record of the saves it saw committed keeps y's file from x's
+ * commit there. The files the crossing left beside y's (x's) go with the
+ * next save's commit. */
+Test(concurrent, a_commit_crossing_a_newer_one_keeps_its_files_where_each_daemon_has_its_own_dir) {
+  if (!harness_start_own_dirs(&cluster, 2, NULL))
+    cr_skip_test("this machine allows no mount namespace for a directory of each daemon's own");
+  dist_client *c = harness_client(&cluster);
+  put_a_and_b(c);
+  char dir[400], own0[400], own1[400];
+  snprintf(dir, sizeof dir, "%s/ckpt", cluster.dir);
+  harness_own_dir(&cluster, 0, own0, sizeof own0);
+  harness_own_dir(&cluster, 1, own1, sizeof own1);
+  cr_assert_eq(dist_checkpoint_save(c, dir, NULL, NULL), 0, "%s", dist_errmsg(c));
+  cr_assert_eq(harness_count_files(own1, "rank1.", ".safetensors"), 1);
+  cr_assert_eq(harness_count_files(own1, "manifest", ""), 0, "rank 1 sees rank 0's directory");
+  save_x_and_y_crossing(c, dir, own0);
+  cr_assert_eq(harness_count_files(own1, "rank1.y.", ".safetensors"), 1,
+               "x's commit on rank 1 removed y's file, which the manifest names");
+  expect_y_restored(c, dir);
+  cr_assert_eq(dist_checkpoint_save(c, dir, NULL, NULL), 0, "%s", dist_errmsg(c));
+  cr_assert_eq(harness_count_files(own0, "rank", ".safetensors"), 1, "the last save's only");
+  cr_assert_eq(harness_count_files(own1, "rank", ".safetensors"), 1, "the last save's only");
   dist_close(c);
 }

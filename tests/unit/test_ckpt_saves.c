@@ -1,7 +1,8 @@
 /* The record of checkpoint saves in progress on a daemon (ckpt_saves.h):
  * a mark holds until settled or until it lapses, and a full record
  * refuses a new save rather than forgetting one in progress (a commit
- * would then remove its files). */
+ * would then remove its files); a committed save is kept while a save
+ * begun before its commit is in progress (its commit may cross it). */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <string.h>
@@ -56,5 +57,69 @@ Test(ckpt_saves, a_full_record_refuses_a_save_and_forgets_none) {
   mark_ok(s, "save-7"); /* marking one again needs no room */
   distd_ckpt_saves_settle(s, "save-7");
   mark_ok(s, "one-more");
+  distd_ckpt_saves_free(s);
+}
+
+/* Fails unless a commit would keep id's files (want 1) or not (want 0). */
+static void expect_keeps(distd_ckpt_saves *s, const char *id, int want) {
+  cr_assert_eq(distd_ckpt_saves_keeps(s, id), want, "%s's files %s", id,
+               want ? "forgotten" : "kept");
+}
+
+/* The crossing on one daemon: x and y save, y commits, then x's commit
+ * (which may have reached rank 0 before y's) comes. Until it is recorded,
+ * y's files stay; once no save that began before y's commit is in
+ * progress, they go as stale (at once when none was). */
+Test(ckpt_saves, a_committed_save_is_kept_while_a_save_begun_before_its_commit_is_in_progress) {
+  distd_ckpt_saves *s = distd_ckpt_saves_new(60000);
+  distd_ckpt_saves_committed(s, "alone"); /* no save in progress could cross it */
+  expect_keeps(s, "alone", 0);
+  mark_ok(s, "x");
+  mark_ok(s, "y");
+  distd_ckpt_saves_committed(s, "y");
+  cr_assert_not(distd_ckpt_saves_in_progress(s, "y"));
+  expect_keeps(s, "y", 1); /* x's commit may cross y's */
+  expect_keeps(s, "x", 1);
+  mark_ok(s, "z"); /* began after y's commit: does not keep it */
+  distd_ckpt_saves_committed(s, "x");
+  expect_keeps(s, "y", 0); /* no save begun before y's commit is left */
+  expect_keeps(s, "z", 1);
+  expect_keeps(s, "x", 1); /* z began before x's commit: it may cross it */
+  distd_ckpt_saves_free(s);
+}
+
+Test(ckpt_saves, a_committed_save_goes_when_the_save_begun_before_it_lapses_or_settles) {
+  distd_ckpt_saves *s = distd_ckpt_saves_new(500);
+  mark_ok(s, "abandoned");
+  distd_ckpt_saves_committed(s, "y");
+  expect_keeps(s, "y", 1);
+  usleep(600 * 1000);
+  expect_keeps(s, "y", 0); /* the abandoned save lapsed */
+  mark_ok(s, "discarded");
+  distd_ckpt_saves_committed(s, "w");
+  distd_ckpt_saves_settle(s, "discarded");
+  expect_keeps(s, "w", 0);
+  distd_ckpt_saves_free(s);
+}
+
+/* Committed saves take no room from saves in progress; past
+ * DISTD_CKPT_SAVES_MAX of them the one committed longest ago goes. */
+Test(ckpt_saves, a_full_record_of_commits_forgets_the_oldest_and_refuses_no_save) {
+  distd_ckpt_saves *s = distd_ckpt_saves_new(60000);
+  char id[32];
+  mark_ok(s, "long-running");
+  for (int i = 0; i <= DISTD_CKPT_SAVES_MAX; i++) {
+    snprintf(id, sizeof id, "done-%d", i);
+    distd_ckpt_saves_committed(s, id);
+  }
+  expect_keeps(s, "done-0", 0);
+  expect_keeps(s, "done-1", 1);
+  snprintf(id, sizeof id, "done-%d", DISTD_CKPT_SAVES_MAX);
+  expect_keeps(s, id, 1);
+  for (int i = 1; i < DISTD_CKPT_SAVES_MAX; i++) {
+    snprintf(id, sizeof id, "save-%d", i);
+    mark_ok(s, id);
+  }
+  cr_assert(distd_ckpt_saves_in_progress(s, "long-running"));
   distd_ckpt_saves_free(s);
 }
