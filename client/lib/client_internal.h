@@ -157,6 +157,17 @@ int dist_spmd_refused_on(dist_client *c, uint64_t op_id, const dist_mesh_desc *m
  * rank when group is NULL; the first DIST_MAX_MESH_RANKS of a longer
  * one), as the collectives and the MoE exchanges take their groups. */
 int dist_spmd_refused_group(dist_client *c, uint64_t op_id, const int *group, int group_size);
+/* c->err's code, after the tape refused an operation before the call
+ * that runs it numbered it (tape.c): an SPMD trainer takes the op ids that
+ * call would have taken and has them aborted on the operation's other
+ * daemons, as the call does when it refuses; a single client only
+ * returns the code. A LocalLayer call of p (none without p: the call
+ * takes no id then either), a reshard of t to mesh (NULL: t's). */
+int dist_local_layer_refused(dist_client *c, const dist_program *p);
+int dist_reshard_refused(dist_client *c, const dist_tensor *t, const dist_mesh *mesh);
+/* dist_spmd_refused of inv's backward, refused before dist_backward
+ * (which takes no op id: it runs under the invocation's). */
+int dist_backward_refused(dist_client *c, const dist_invocation *inv);
 /* Records an error on c and returns code. */
 int dist_client_fail(dist_client *c, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

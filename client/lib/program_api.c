@@ -1250,6 +1250,13 @@ static int refuse_call(dist_client *c, const dist_program *p, uint64_t id) {
   return dist_spmd_refused_ids(c, id, (uint32_t)p->n_outputs, named, n);
 }
 
+int dist_local_layer_refused(dist_client *c, const dist_program *p) {
+  if (c->spmd_rank < 0 || !p) return c->err.code; /* no p: the call takes no id either */
+  uint64_t id = dist_next_op_id(c);
+  for (int k = 0; k < p->n_outputs; k++) dist_next_op_id(c);
+  return refuse_call(c, p, id);
+}
+
 int dist_local_layer_call(dist_client *c, dist_program *p, const dist_arg *args,
                           int nargs, const dist_call_opts *opts,
                           dist_invocation **inv, dist_tensor **outs) {
@@ -1465,6 +1472,10 @@ out:
   free(names);
   free(buf);
   return rc;
+}
+
+int dist_backward_refused(dist_client *c, const dist_invocation *inv) {
+  return dist_spmd_refused(c, inv->id, inv->vote_ranks, inv->nvote);
 }
 
 int dist_invocation_release(dist_client *c, dist_invocation *inv) {

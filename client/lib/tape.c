@@ -285,32 +285,50 @@ static dist_tensor *result_handle(const entry *e, int64_t rows) {
   return h;
 }
 
+/* c->err's code, after the tape refused an exchange over group[0..size)
+ * before dist_global_scatter (or gather) took its op id: an SPMD trainer
+ * takes it and has it aborted on the group's other daemons, as the
+ * exchange does when it refuses, so that their trainers fail at once and
+ * the op ids stay in step (a trainer outside the group takes it only). */
+static int exchange_refused(dist_client *c, const int *group, int size) {
+  if (c->spmd_rank < 0) return c->err.code;
+  return dist_spmd_refused_group(c, dist_next_op_id(c), group, size);
+}
+
+/* The tape's own checks of an exchange, into a new entry *e (not yet
+ * counted; freed by the caller). */
+static int check_exchange(dist_tape *t, entry_kind kind, const dist_tape_exchange *a,
+                          entry **e) {
+  const char *func = kind == SCATTER ? "dist_tape_global_scatter" : "dist_tape_global_gather";
+  int rc = usable(t, kind == SCATTER ? "global_scatter" : "global_gather");
+  if (rc) return rc;
+  if (!a) return dist_client_null_arg(t->c, func, "a");
+  if (!(*e = new_entry(t))) return dist_client_fail(t->c, DIST_ENOMEM, "out of memory");
+  (*e)->kind = kind;
+  return fill_exchange(t, func, a, *e);
+}
+
 static int record_exchange(dist_tape *t, entry_kind kind,
                            const dist_tape_exchange *a, dist_tensor **out,
                            int64_t *out_rows) {
-  const char *func = kind == SCATTER ? "dist_tape_global_scatter" : "dist_tape_global_gather";
   if (out) *out = NULL;
-  int rc = usable(t, kind == SCATTER ? "global_scatter" : "global_gather");
-  if (!rc && !a) rc = dist_client_null_arg(t->c, func, "a");
-  entry *e = rc ? NULL : new_entry(t);
-  if (!rc && !e) rc = dist_client_fail(t->c, DIST_ENOMEM, "out of memory");
-  if (!rc) {
-    e->kind = kind;
-    rc = fill_exchange(t, func, a, e);
+  entry *e = NULL;
+  int rc = check_exchange(t, kind, a, &e);
+  if (rc) {
+    if (e) entry_free(e);
+    return exchange_refused(t->c, a ? a->group : NULL, a ? a->group_size : 0);
   }
   int64_t rows[DIST_MAX_MESH_RANKS] = {0};
-  if (!rc) {
-    dist_moe_opts o = {a->x ? NULL : e->x, e->y, a->replace, 0};
-    rc = (kind == SCATTER ? dist_global_scatter : dist_global_gather)(
-        t->c, a->x, a->x_rows, a->dtype, a->d_model, a->local_count,
-        a->global_count, a->n_experts, a->group, a->group_size, &o, NULL, rows);
-  }
+  dist_moe_opts o = {a->x ? NULL : e->x, e->y, a->replace, 0};
+  rc = (kind == SCATTER ? dist_global_scatter : dist_global_gather)(
+      t->c, a->x, a->x_rows, a->dtype, a->d_model, a->local_count,
+      a->global_count, a->n_experts, a->group, a->group_size, &o, NULL, rows);
   if (!rc && (note_local(t, e->y, &e->parts) || note_local(t, e->x, &e->parts)))
     rc = dist_client_fail(t->c, DIST_ENOMEM, "out of memory");
   if (!rc && out && !(*out = result_handle(e, rows[0])))
     rc = dist_client_fail(t->c, DIST_ENOMEM, "out of memory");
   if (rc) {
-    if (e) entry_free(e);
+    entry_free(e);
     return rc;
   }
   if (out_rows) memcpy(out_rows, rows, sizeof(int64_t) * (size_t)e->parts.n);
@@ -350,14 +368,15 @@ int dist_tape_local_layer_call(dist_tape *t, dist_program *p,
                                const dist_call_opts *opts, dist_tensor **outs) {
   if (!t) return dist_null_handle(__func__, "t");
   int rc = usable(t, "LocalLayer call");
-  if (rc) return rc;
-  if (!outs) return dist_client_fail(t->c, DIST_EINVAL, "a LocalLayer call on "
-                                     "a tape needs outs");
+  if (!rc && !outs)
+    rc = dist_client_fail(t->c, DIST_EINVAL, "%s: outs is NULL (a LocalLayer call on "
+                          "a tape needs outs)", __func__);
+  entry *e = rc ? NULL : new_entry(t);
+  if (!rc && !e) rc = dist_client_fail(t->c, DIST_ENOMEM, "out of memory");
+  if (rc) return dist_local_layer_refused(t->c, p);
   dist_call_opts o = DIST_CALL_OPTS_INIT;
   if (opts) o = *opts;
   o.no_grad = 0; /* the tape runs its backward */
-  entry *e = new_entry(t);
-  if (!e) return dist_client_fail(t->c, DIST_ENOMEM, "out of memory");
   rc = dist_local_layer_call(t->c, p, args, nargs, &o, &e->inv, outs);
   if (rc == 0) rc = fill_layer(t, e, p, args, nargs, outs);
   if (rc) {
@@ -374,15 +393,16 @@ int dist_tape_local_layer_call(dist_tape *t, dist_program *p,
 int dist_tape_reshard(dist_tape *t, dist_tensor *x, const dist_mesh *mesh,
                       const dist_placement *placements) {
   if (!t) return dist_null_handle(__func__, "t");
-  int rc = usable(t, "reshard");
-  if (rc) return rc;
+  /* No op id without x, as in dist_reshard: no mesh to tell. */
   if (!x) return dist_client_fail(t->c, DIST_EINVAL, "reshard on a tape needs a tensor");
-  if (find(t->locals, t->n_locals, x->name))
-    return dist_client_fail(t->c, DIST_EINVAL, "'%s' lives per rank (an exchange on "
-                            "the tape read or wrote it): it has no layout to reshard",
-                            x->name);
-  entry *e = new_entry(t);
-  if (!e) return dist_client_fail(t->c, DIST_ENOMEM, "out of memory");
+  int rc = usable(t, "reshard");
+  if (!rc && find(t->locals, t->n_locals, x->name))
+    rc = dist_client_fail(t->c, DIST_EINVAL, "'%s' lives per rank (an exchange on "
+                          "the tape read or wrote it): it has no layout to reshard",
+                          x->name);
+  entry *e = rc ? NULL : new_entry(t);
+  if (!rc && !e) rc = dist_client_fail(t->c, DIST_ENOMEM, "out of memory");
+  if (rc) return dist_reshard_refused(t->c, x, mesh);
   e->kind = RESHARD;
   e->before = *x;
   snprintf(e->x, sizeof e->x, "%s", x->name);
@@ -490,6 +510,15 @@ static int store_per_rank(dist_client *c, const char *name, const void *const *p
   return rc;
 }
 
+/* code, after store_seed refused a seed before dist_dtensor_from_local
+ * took its op id: an SPMD trainer takes it, and has it aborted on the
+ * output's mesh (per rank: nobody waits, as each stores its own piece). */
+static int seed_refused(dist_client *c, const slot *local, const dist_tensor *o, int code) {
+  if (c->spmd_rank < 0) return code;
+  uint64_t id = dist_next_op_id(c);
+  return local ? code : dist_spmd_refused_on(c, id, &o->mesh.d);
+}
+
 /* A seed given as values or as the loss's 1 (s), stored as a tensor the
  * tape owns, laid out as the output it is the gradient of (s->t, kept by
  * seed): per rank for an exchange's result, else on the output's mesh with
@@ -502,7 +531,7 @@ static int store_seed(dist_tape *t, slot *s) {
   const dist_tensor *o = &s->t;
   const void *unit = unit_of(o->dtype);
   if (s->kind == G_ONES && (local || !unit || dist_shape_numel(&o->shape) != 1))
-    return not_a_scalar(t, s->name);
+    return seed_refused(c, local, o, not_a_scalar(t, s->name));
   int n = c->spmd_rank >= 0 ? 1 : local ? local->ranks.n : o->mesh.d.nranks;
   int ndim = s->kind == G_ONES ? o->shape.ndim : s->values[0].ndim;
   const void *pieces[DIST_MAX_MESH_RANKS];
@@ -511,10 +540,10 @@ static int store_seed(dist_tape *t, slot *s) {
     pieces[i] = s->kind == G_ONES ? unit : s->values[i].data;
     shapes[i] = s->kind == G_ONES ? o->shape.dims : s->values[i].shape;
     if (s->kind == G_VALUES && (s->values[i].dtype != o->dtype || s->values[i].ndim != ndim))
-      return dist_client_fail(c, DIST_EMISMATCH, "the gradient given for '%s': piece %d "
-                              "is %s with %d dims, the tensor %s with %d", s->name, i,
-                              dist_dtype_name(s->values[i].dtype), s->values[i].ndim,
-                              dist_dtype_name(o->dtype), ndim);
+      return seed_refused(c, local, o, dist_client_fail(
+          c, DIST_EMISMATCH, "the gradient given for '%s': piece %d is %s with %d dims, the "
+          "tensor %s with %d", s->name, i, dist_dtype_name(s->values[i].dtype),
+          s->values[i].ndim, dist_dtype_name(o->dtype), ndim));
   }
   char name[NAME_MAX_LEN];
   next_grad_name(t, name);
@@ -580,10 +609,11 @@ static int exchange_back(dist_tape *t, const entry *e, const slot *g) {
       rows[k] = g->values[k].ndim ? g->values[k].shape[0] : 0;
     }
   }
-  if (g->kind == G_ONES)
-    return dist_client_fail(c, DIST_EINVAL, "'%s' is an exchange result: its "
-                            "gradient must be given (the loss's 1 is for "
-                            "LocalLayer outputs)", e->y);
+  if (g->kind == G_ONES) {
+    dist_client_fail(c, DIST_EINVAL, "'%s' is an exchange result: its gradient must be "
+                     "given (the loss's 1 is for LocalLayer outputs)", e->y);
+    return exchange_refused(c, e->group, e->group_size);
+  }
   if (g->kind == G_TENSOR) o.x_name = g->t.name;
   int rc = (e->kind == SCATTER ? dist_global_gather : dist_global_scatter)(
       c, g->kind == G_VALUES ? xs : NULL, g->kind == G_VALUES ? rows : NULL,
@@ -659,11 +689,12 @@ static int layer_back(dist_tape *t, entry *e) {
   char (*names)[NAME_MAX_LEN] = calloc((size_t)e->n_in + 1, sizeof *names);
   const char **np = calloc((size_t)e->n_in + 1, sizeof *np);
   int any = 0, only_loss = 0, rc = 0;
-  if (!og || !ones || !grads || !names || !np) {
+  if (!og || !ones || !grads || !names || !np)
     rc = dist_client_fail(c, DIST_ENOMEM, "out of memory");
+  if (rc || (rc = layer_out_grads(t, e, og, ones, &any, &only_loss))) {
+    dist_backward_refused(c, e->inv); /* the others wait in its vote */
     goto out;
   }
-  if ((rc = layer_out_grads(t, e, og, ones, &any, &only_loss))) goto out;
   if (!any) { /* nothing flows back through it */
     rc = dist_invocation_release(c, e->inv);
     goto out;
@@ -800,9 +831,9 @@ static int seed_nvalues(dist_tape *t, const dist_tensor *out) {
  * tape marked done, so that a refusal leaves the tape as it was; before,
  * a value without data was first refused by whichever step read it, after
  * the steps before it had run in the daemons. An SPMD trainer's values are
- * left to that step: it aborts its op on the other trainers (OpAbort),
- * which a refusal here, before any op, could not; they would wait out
- * their deadline, and this trainer's op ids run behind theirs. */
+ * left to that step: it aborts exactly its op on the other trainers
+ * (OpAbort), where a refusal here aborts every first step they may run
+ * (backward_refused). */
 static int check_backward_args(dist_tape *t, const dist_tensor *const *outputs,
                                const dist_arg *grads, int n) {
   const char *func = "dist_tape_backward";
@@ -823,19 +854,50 @@ static int check_backward_args(dist_tape *t, const dist_tensor *const *outputs,
   return 0;
 }
 
+/* The most op ids a backward's first step takes up to its first wait on
+ * another daemon: a reshard's backward from a stored seed (its copy, a
+ * LocalLayer call of two ids, then the reshard). */
+#define FIRST_STEP_IDS 3
+
+static void take_ids_through(dist_client *c, uint64_t last) {
+  while (c->op_base + c->op_seq < last) dist_next_op_id(c);
+}
+
+/* c->err's code, after an SPMD trainer refused a backward before its first
+ * step, whose op ids start at first. Which entry the other trainers' first
+ * step runs, and so what they wait on, depends on their seeds (this
+ * trainer's may be a NULL output), so every exchange they may wait on
+ * first is aborted: each LocalLayer call's backward (under its
+ * invocation's id) and the first FIRST_STEP_IDS op ids, on every daemon.
+ * A failed SPMD backward takes that many ids at least (dist_tape_backward),
+ * so the trainers stay in step whichever step the others failed at. */
+static int backward_refused(dist_tape *t, uint64_t first) {
+  dist_client *c = t->c;
+  if (c->spmd_rank < 0) return c->err.code;
+  for (int i = 0; i < t->n_entries; i++)
+    if (t->entries[i].kind == LAYER) dist_backward_refused(c, t->entries[i].inv);
+  take_ids_through(c, first + FIRST_STEP_IDS - 1);
+  for (uint64_t id = first; id < first + FIRST_STEP_IDS; id++)
+    dist_spmd_refused_group(c, id, NULL, 0);
+  return c->err.code;
+}
+
 int dist_tape_backward(dist_tape *t, const dist_tensor *const *outputs,
                        const dist_arg *grads, int n) {
   if (!t) return dist_null_handle(__func__, "t");
+  uint64_t first = t->c->op_base + t->c->op_seq + 1;
   int rc = usable(t, "backward");
   if (rc == 0) rc = check_backward_args(t, outputs, grads, n);
-  if (rc) return rc;
+  if (rc) return backward_refused(t, first);
   t->done = 1;
   for (int i = 0; rc == 0 && i < n; i++)
     rc = seed(t, outputs[i], grads ? &grads[i] : NULL);
+  if (rc) backward_refused(t, first);
   for (int i = t->n_entries - 1; rc == 0 && i >= 0; i--)
     rc = entry_back(t, &t->entries[i]);
   if (rc) {
     dist_errbuf keep = t->c->err;
+    if (t->c->spmd_rank >= 0) take_ids_through(t->c, first + FIRST_STEP_IDS - 1);
     clear_all(t);
     dist_tape_release(t);
     t->c->err = keep;

@@ -449,6 +449,11 @@ static int refuse_reshard(dist_client *c, uint64_t op, const dist_mesh_desc *src
   return rc;
 }
 
+int dist_reshard_refused(dist_client *c, const dist_tensor *t, const dist_mesh *mesh) {
+  if (c->spmd_rank < 0) return c->err.code;
+  return refuse_reshard(c, dist_next_op_id(c), &t->mesh.d, mesh ? &mesh->d : &t->mesh.d);
+}
+
 int dist_reshard(dist_client *c, dist_tensor *t, const dist_mesh *mesh,
                  const dist_placement *placements) {
   if (!c) return dist_no_client(__func__);

@@ -776,7 +776,12 @@ void dist_invocation_free(dist_invocation *inv);
  * LocalLayer's weights) stay until dist_tape_free. An exchange's gradient
  * is per rank like its result: each daemon of the group holds its own rows
  * under the name, on a one-rank mesh. SPMD trainers each record the same
- * operations in the same order, as for the operations themselves. */
+ * operations in the same order, as for the operations themselves. A call
+ * a trainer's tape refuses itself (a NULL argument or entry, a missing
+ * name, a released or backpropagated tape) takes its operation's op ids
+ * as the operation would and has it aborted on the other trainers, which
+ * fail at once naming its rank and why; a NULL t, a NULL program or a
+ * NULL tensor to reshard take none, as the untaped calls. */
 typedef struct dist_tape dist_tape;
 
 /* An empty tape on client c (used by every later call on it). */
@@ -845,7 +850,11 @@ int dist_tape_reshard(dist_tape *t, dist_tensor *x, const dist_mesh *mesh,
  * is sent: a NULL output, or a value with elements but no data or more than
  * DIST_MAX_DIMS dims, is refused naming it ("grads[0].values[1].data is
  * NULL") and leaves the tape as it was. (SPMD: a value is refused by the
- * step that reads it, which aborts that step on the other trainers.)
+ * step that reads it, which aborts that step on the other trainers; a
+ * refusal before the first step aborts the others' first step, whichever
+ * it is, so their backward fails at once, spending their tapes. A failed
+ * SPMD backward takes at least three op ids, so that the trainers stay
+ * in step whichever step failed.)
  * Invocations no gradient reaches are released. On a later failure every
  * gradient is dropped. */
 int dist_tape_backward(dist_tape *t, const dist_tensor *const *outputs,
