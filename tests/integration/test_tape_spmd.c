@@ -1,0 +1,286 @@
+/* The tape's own refusals in SPMD mode, between two trainers (threads)
+ * on two real daemons: trainer 0 gives one bad argument, trainer 1 makes
+ * the same call with good ones. Trainer 0 is told DIST_EINVAL naming it;
+ * trainer 1 fails at once, told that rank 0 aborted its op and why (not
+ * at its deadline); and an all-reduce of both afterwards meets with the
+ * right sum, which it does only when both took the same op ids. */
+#include <criterion/criterion.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "client_internal.h"
+#include "harness.h"
+
+static const float seed_x[5][2] = {{1, 2}, {3, 4}, {5, 6}, {7, 8}, {9, 10}};
+static const int64_t seed_counts[2][4] = {{2, 1, 1, 1}, {1, 1, 2, 1}};
+static const float ones[16][2] = {{1, 1}, {1, 1}, {1, 1}, {1, 1}, {1, 1}, {1, 1},
+                                  {1, 1}, {1, 1}, {1, 1}, {1, 1}, {1, 1}, {1, 1},
+                                  {1, 1}, {1, 1}, {1, 1}, {1, 1}};
+
+/* Before the call: 0 or why it failed (in tr->msg). */
+typedef struct trainer trainer;
+typedef int (*prelude_fn)(trainer *tr);
+/* The call, bad on trainer 0 (tr->bad); its code. */
+typedef int (*call_fn)(trainer *tr);
+
+/* What one trainer holds: its tape and what the case made before its call. */
+struct trainer {
+  prelude_fn prelude;
+  call_fn call;
+  dist_client *c;
+  int rank, bad;
+  dist_tape *t;
+  dist_mesh *m;
+  dist_program *p;
+  dist_tensor *y, *loss, *r, *g;
+  int64_t y_rows;
+  const void *xs[1];
+  const int64_t *lcs[1];
+  int rc, reduced;
+  double took;
+  char msg[512];
+};
+
+/* ---------------------------------------------------------------- preludes */
+
+static dist_tape_exchange seed_exchange(trainer *tr) {
+  tr->xs[0] = seed_x;
+  tr->lcs[0] = seed_counts[tr->rank];
+  return (dist_tape_exchange){"x", tr->xs, NULL, DIST_FLOAT32, 2, tr->lcs, tr->lcs, 2,
+                              NULL, 0, "y", 0};
+}
+
+static int fail(trainer *tr, const char *what, int rc) {
+  if (rc) snprintf(tr->msg, sizeof tr->msg, "%s: %s", what, dist_errmsg(tr->c));
+  return rc;
+}
+
+static int new_tape(trainer *tr) { return fail(tr, "tape", dist_tape_new(tr->c, &tr->t)); }
+
+/* y = global_scatter(x) on the tape. */
+static int scattered(trainer *tr) {
+  int rc = new_tape(tr);
+  dist_tape_exchange a = seed_exchange(tr);
+  if (rc == 0) rc = dist_tape_global_scatter(tr->t, &a, &tr->y, &tr->y_rows);
+  return fail(tr, "scatter", rc);
+}
+
+/* y as above, and sum_sq registered (loss = sum(y * y), Partial(sum)). */
+static int scattered_with_program(trainer *tr) {
+  int rc = scattered(tr);
+  int shape[1] = {2}, ranks[2] = {0, 1};
+  dist_placement psum = DIST_PARTIAL_OF(DIST_REDUCE_SUM);
+  if (rc == 0) rc = dist_mesh_new(1, shape, ranks, NULL, &tr->m);
+  if (rc == 0) rc = dist_program_new("sum_sq", &tr->p);
+  if (rc) return fail(tr, "program", rc);
+  int yv = dist_input_dtensor(tr->p, "y", DIST_FLOAT32);
+  dist_program_output(tr->p, dist_op_sum(tr->p, dist_op_mul(tr->p, yv, yv), NULL, 0, 0));
+  dist_program_out_dist_attr(tr->p, tr->m, &psum, NULL);
+  return fail(tr, "register", dist_program_register(tr->c, tr->p));
+}
+
+/* y as above, and loss = sum_sq(y) on the tape. */
+static int chain(trainer *tr) {
+  int rc = scattered_with_program(tr);
+  dist_arg arg = {tr->y, NULL};
+  if (rc == 0) rc = fail(tr, "call", dist_tape_local_layer_call(tr->t, tr->p, &arg, 1, NULL,
+                                                                &tr->loss));
+  return rc;
+}
+
+/* name = [[1, 2], [3, 4]] on [0, 1] with placement pl, put by both trainers. */
+static int put(trainer *tr, const char *name, dist_placement pl, dist_tensor **out) {
+  static const float v[4] = {1, 2, 3, 4};
+  int64_t shape[2] = {2, 2};
+  int sh[1] = {2}, ranks[2] = {0, 1};
+  int rc = tr->m ? 0 : dist_mesh_new(1, sh, ranks, NULL, &tr->m);
+  if (rc == 0) rc = dist_shard_tensor(tr->c, name, v, DIST_FLOAT32, 2, shape, tr->m, &pl, out);
+  return fail(tr, name, rc);
+}
+
+/* r on [0, 1], Shard(0), and an empty tape. */
+static int put_r(trainer *tr) {
+  int rc = put(tr, "r", DIST_SHARD_DIM(0), &tr->r);
+  return rc ? rc : new_tape(tr);
+}
+
+/* r resharded to Replicate on the tape, and g (its gradient's seed) stored
+ * Replicate. */
+static int resharded_r(trainer *tr) {
+  dist_placement rep = DIST_REPLICATED;
+  int rc = put_r(tr);
+  if (rc == 0) rc = fail(tr, "reshard", dist_tape_reshard(tr->t, tr->r, NULL, &rep));
+  if (rc == 0) rc = put(tr, "g", rep, &tr->g);
+  return rc;
+}
+
+/* ---------------------------------------------------------------- calls */
+
+static int scatter_without_a(trainer *tr) {
+  dist_tape_exchange a = seed_exchange(tr);
+  return dist_tape_global_scatter(tr->t, tr->bad ? NULL : &a, &tr->y, NULL);
+}
+
+static int scatter_without_a_count(trainer *tr) {
+  dist_tape_exchange a = seed_exchange(tr);
+  const int64_t *none[1] = {NULL};
+  if (tr->bad) a.local_count = none;
+  return dist_tape_global_scatter(tr->t, &a, &tr->y, NULL);
+}
+
+static int gather_without_out_name(trainer *tr) {
+  dist_tape_exchange a = seed_exchange(tr);
+  if (tr->bad) a.out_name = NULL;
+  return dist_tape_global_gather(tr->t, &a, &tr->y, NULL);
+}
+
+static int layer_call_without_outs(trainer *tr) {
+  dist_arg arg = {tr->y, NULL};
+  return dist_tape_local_layer_call(tr->t, tr->p, &arg, 1, NULL, tr->bad ? NULL : &tr->loss);
+}
+
+static int reshard_on_a_released_tape(trainer *tr) {
+  dist_placement rep = DIST_REPLICATED;
+  if (tr->bad) dist_tape_release(tr->t);
+  return dist_tape_reshard(tr->t, tr->r, NULL, &rep);
+}
+
+/* Backward from out, given grads (NULL: the loss's 1); trainer 0's
+ * output is NULL. */
+static int backward_from(trainer *tr, const dist_tensor *out, const dist_arg *grads) {
+  const dist_tensor *outs[1] = {tr->bad ? NULL : out};
+  return dist_tape_backward(tr->t, outs, grads, 1);
+}
+
+static int backward_from_loss_with_a_null_output(trainer *tr) {
+  return backward_from(tr, tr->loss, NULL);
+}
+
+/* y's gradient: ones, this trainer's rows. */
+static dist_arg y_grad(trainer *tr, dist_value *v) {
+  *v = (dist_value){ones, DIST_FLOAT32, 2, {tr->y_rows, 2}};
+  return (dist_arg){NULL, v};
+}
+
+static int backward_from_y_with_a_null_output(trainer *tr) {
+  dist_value v;
+  dist_arg g = y_grad(tr, &v);
+  return backward_from(tr, tr->y, &g);
+}
+
+static int backward_from_r_with_a_null_output(trainer *tr) {
+  dist_arg g = {tr->g, NULL};
+  return backward_from(tr, tr->r, &g);
+}
+
+/* Trainer 0 gives no gradient for an exchange result (the loss's 1 is for
+ * LocalLayer outputs), refused at the exchange's step. */
+static int backward_from_y_without_its_gradient(trainer *tr) {
+  dist_value v;
+  dist_arg g = y_grad(tr, &v);
+  const dist_tensor *outs[1] = {tr->y};
+  return dist_tape_backward(tr->t, outs, tr->bad ? NULL : &g, 1);
+}
+
+/* ---------------------------------------------------------------- the run */
+
+static void *run_trainer(void *arg) {
+  trainer *tr = arg;
+  if (tr->prelude(tr)) return NULL;
+  double t0 = harness_now_s();
+  tr->rc = tr->call(tr);
+  tr->took = harness_now_s() - t0;
+  snprintf(tr->msg, sizeof tr->msg, "%s", tr->rc ? dist_errmsg(tr->c) : "");
+  int32_t v = tr->rank + 1;
+  tr->reduced = dist_all_reduce(tr->c, &v, 1, DIST_INT32, DIST_REDUCE_SUM, NULL, 0) == 0 &&
+                v == 3;
+  return NULL;
+}
+
+static void trainer_free(trainer *tr) {
+  dist_tape_free(tr->t);
+  dist_tensor_free(tr->y), dist_tensor_free(tr->loss);
+  dist_tensor_free(tr->r), dist_tensor_free(tr->g);
+  dist_program_free(tr->p);
+  dist_mesh_free(tr->m);
+  dist_close(tr->c);
+}
+
+/* Trainer 0's call, refused with DIST_EINVAL and a message holding why;
+ * trainer 1's, failed within 2 s by rank 0's abort naming why; then both
+ * trainers' all-reduce. Trainer 1's deadline is 10 s (waiting it out
+ * shows), trainer 0's 30 s: its all-reduce waits for trainer 1's call. */
+static void run_case(const char *job, prelude_fn prelude, call_fn call, const char *why) {
+  harness h;
+  harness_start(&h, 2, NULL);
+  trainer tr[2];
+  pthread_t th[2];
+  for (int r = 0; r < 2; r++) {
+    tr[r] = (trainer){.prelude = prelude, .call = call, .rank = r, .bad = r == 0,
+                      .c = harness_spmd_client(&h, r, job)};
+    tr[r].c->timeout_ms = r ? 10000 : 30000;
+  }
+  for (int r = 0; r < 2; r++) pthread_create(&th[r], NULL, run_trainer, &tr[r]);
+  for (int r = 0; r < 2; r++) pthread_join(th[r], NULL);
+  cr_expect_eq(tr[0].rc, DIST_EINVAL, "trainer 0: %d %s", tr[0].rc, tr[0].msg);
+  cr_expect(strstr(tr[0].msg, why), "trainer 0: %s (want '%s')", tr[0].msg, why);
+  cr_expect_neq(tr[1].rc, 0, "trainer 1 succeeded");
+  cr_expect_lt(tr[1].took, 2.0, "trainer 1 waited %.1f s: %s", tr[1].took, tr[1].msg);
+  cr_expect(strstr(tr[1].msg, "rank 0 aborted op") && strstr(tr[1].msg, why),
+            "trainer 1: %s (want rank 0's abort, '%s')", tr[1].msg, why);
+  for (int r = 0; r < 2; r++) {
+    cr_expect(tr[r].reduced, "trainer %d: the all-reduce after the refused call failed", r);
+    trainer_free(&tr[r]);
+  }
+  harness_stop(&h);
+}
+
+Test(recording, a_scatter_without_a, .timeout = 90) {
+  run_case("tape-no-a", new_tape, scatter_without_a, "dist_tape_global_scatter: a is NULL");
+}
+
+Test(recording, a_scatter_without_a_count_entry, .timeout = 90) {
+  run_case("tape-no-count", new_tape, scatter_without_a_count,
+           "dist_tape_global_scatter: local_count[0] is NULL");
+}
+
+Test(recording, a_gather_without_its_result_name, .timeout = 90) {
+  run_case("tape-no-name", new_tape, gather_without_out_name,
+           "the tape needs a name for the result (out_name)");
+}
+
+Test(recording, a_layer_call_without_outs, .timeout = 90) {
+  run_case("tape-no-outs", scattered_with_program, layer_call_without_outs,
+           "dist_tape_local_layer_call: outs is NULL");
+}
+
+Test(recording, a_reshard_on_a_released_tape, .timeout = 90) {
+  run_case("tape-released", put_r, reshard_on_a_released_tape,
+           "reshard: the tape was released");
+}
+
+/* The other trainer's first step: the LocalLayer call's backward. */
+Test(backward, a_null_output_before_a_layer_step, .timeout = 90) {
+  run_case("tape-null-loss", chain, backward_from_loss_with_a_null_output,
+           "dist_tape_backward: outputs[0] is NULL");
+}
+
+/* The other trainer's first step: the scatter's backward (a gather). */
+Test(backward, a_null_output_before_an_exchange_step, .timeout = 90) {
+  run_case("tape-null-y", scattered, backward_from_y_with_a_null_output,
+           "dist_tape_backward: outputs[0] is NULL");
+}
+
+/* The other trainer's first step: the reshard's backward from a stored
+ * seed (its copy, then the reshard back). */
+Test(backward, a_null_output_before_a_reshard_step, .timeout = 90) {
+  run_case("tape-null-r", resharded_r, backward_from_r_with_a_null_output,
+           "dist_tape_backward: outputs[0] is NULL");
+}
+
+Test(backward, an_exchange_result_without_its_gradient, .timeout = 90) {
+  run_case("tape-no-grad", scattered, backward_from_y_without_its_gradient,
+           "'y' is an exchange result: its gradient must be given");
+}
