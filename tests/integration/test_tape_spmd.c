@@ -237,50 +237,34 @@ static void run_case(const char *job, prelude_fn prelude, call_fn call, const ch
   harness_stop(&h);
 }
 
-Test(recording, a_scatter_without_a, .timeout = 90) {
-  run_case("tape-no-a", new_tape, scatter_without_a, "dist_tape_global_scatter: a is NULL");
-}
+/* One test per case: its suite and name, its job id (the op ids' base),
+ * what both trainers do before the call, the call, and why trainer 0
+ * refuses it. */
+#define TAPE_CASE(suite, name, job, prelude, call, why) \
+  Test(suite, name, .timeout = 90) { run_case(job, prelude, call, why); }
 
-Test(recording, a_scatter_without_a_count_entry, .timeout = 90) {
-  run_case("tape-no-count", new_tape, scatter_without_a_count,
-           "dist_tape_global_scatter: local_count[0] is NULL");
-}
+static const char null_output[] = "dist_tape_backward: outputs[0] is NULL";
 
-Test(recording, a_gather_without_its_result_name, .timeout = 90) {
-  run_case("tape-no-name", new_tape, gather_without_out_name,
-           "the tape needs a name for the result (out_name)");
-}
-
-Test(recording, a_layer_call_without_outs, .timeout = 90) {
-  run_case("tape-no-outs", scattered_with_program, layer_call_without_outs,
-           "dist_tape_local_layer_call: outs is NULL");
-}
-
-Test(recording, a_reshard_on_a_released_tape, .timeout = 90) {
-  run_case("tape-released", put_r, reshard_on_a_released_tape,
-           "reshard: the tape was released");
-}
-
+TAPE_CASE(recording, a_scatter_without_a, "tape-no-a", new_tape, scatter_without_a,
+          "dist_tape_global_scatter: a is NULL")
+TAPE_CASE(recording, a_scatter_without_a_count_entry, "tape-no-count", new_tape,
+          scatter_without_a_count, "dist_tape_global_scatter: local_count[0] is NULL")
+TAPE_CASE(recording, a_gather_without_its_result_name, "tape-no-name", new_tape,
+          gather_without_out_name, "the tape needs a name for the result (out_name)")
+TAPE_CASE(recording, a_layer_call_without_outs, "tape-no-outs", scattered_with_program,
+          layer_call_without_outs, "dist_tape_local_layer_call: outs is NULL")
+TAPE_CASE(recording, a_reshard_on_a_released_tape, "tape-released", put_r,
+          reshard_on_a_released_tape, "reshard: the tape was released")
 /* The other trainer's first step: the LocalLayer call's backward. */
-Test(backward, a_null_output_before_a_layer_step, .timeout = 90) {
-  run_case("tape-null-loss", chain, backward_from_loss_with_a_null_output,
-           "dist_tape_backward: outputs[0] is NULL");
-}
-
+TAPE_CASE(backward, a_null_output_before_a_layer_step, "tape-null-loss", chain,
+          backward_from_loss_with_a_null_output, null_output)
 /* The other trainer's first step: the scatter's backward (a gather). */
-Test(backward, a_null_output_before_an_exchange_step, .timeout = 90) {
-  run_case("tape-null-y", scattered, backward_from_y_with_a_null_output,
-           "dist_tape_backward: outputs[0] is NULL");
-}
-
+TAPE_CASE(backward, a_null_output_before_an_exchange_step, "tape-null-y", scattered,
+          backward_from_y_with_a_null_output, null_output)
 /* The other trainer's first step: the reshard's backward from a stored
  * seed (its copy, then the reshard back). */
-Test(backward, a_null_output_before_a_reshard_step, .timeout = 90) {
-  run_case("tape-null-r", resharded_r, backward_from_r_with_a_null_output,
-           "dist_tape_backward: outputs[0] is NULL");
-}
-
-Test(backward, an_exchange_result_without_its_gradient, .timeout = 90) {
-  run_case("tape-no-grad", scattered, backward_from_y_without_its_gradient,
-           "'y' is an exchange result: its gradient must be given");
-}
+TAPE_CASE(backward, a_null_output_before_a_reshard_step, "tape-null-r", resharded_r,
+          backward_from_r_with_a_null_output, null_output)
+TAPE_CASE(backward, an_exchange_result_without_its_gradient, "tape-no-grad", scattered,
+          backward_from_y_without_its_gradient,
+          "'y' is an exchange result: its gradient must be given")
