@@ -7,48 +7,81 @@
 #include <string.h>
 #include <sys/stat.h>
 
-int dist_read_file(const char *path, char **data, size_t *len,
-                   dist_errbuf *eb) {
-  int rc = 0;
-  char *buf = NULL;
+static int too_big(const char *path, size_t max, dist_errbuf *eb) {
+  char limit[32];
+  dist_format_bytes(max, limit, sizeof limit);
+  return dist_fail(eb, DIST_ETOOBIG, "%s: larger than %s", path, limit);
+}
+
+/* The whole regular file at path, at most max bytes, with a NUL after
+ * them; *st is the file as it was read (fstat of the open file, so a
+ * caller comparing it later sees the file these bytes came from). */
+static int read_bounded(const char *path, size_t max, char **data, size_t *len,
+                        struct stat *st, dist_errbuf *eb) {
   *data = NULL;
   FILE *f = fopen(path, "rb");
   if (!f)
-    return dist_fail(eb, errno == ENOENT ? DIST_ENOTFOUND : DIST_EIO, "%s: %s",
-                     path, strerror(errno));
-  struct stat st;
-  if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
+    return dist_fail(eb, errno == ENOENT ? DIST_ENOTFOUND : DIST_EIO, "%s: %s", path,
+                     strerror(errno));
+  int rc = 0;
+  char *buf = NULL;
+  size_t size = 0;
+  if (fstat(fileno(f), st) != 0 || !S_ISREG(st->st_mode))
     rc = dist_fail(eb, DIST_EIO, "%s: not a regular file", path);
-    goto out;
-  }
-  size_t size = (size_t)st.st_size;
-  buf = malloc(size + 1);
-  if (!buf) {
+  else if ((size = (size_t)st->st_size) > max)
+    rc = too_big(path, max, eb);
+  else if (!(buf = malloc(size + 1)))
     rc = dist_fail(eb, DIST_ENOMEM, "%s: cannot allocate %zu bytes", path, size);
-    goto out;
-  }
-  if (fread(buf, 1, size, f) != size) {
+  else if (fread(buf, 1, size, f) != size)
     rc = dist_fail(eb, DIST_EIO, "%s: short read", path);
-    goto out;
+  fclose(f);
+  if (rc != 0) {
+    free(buf);
+    return rc;
   }
   buf[size] = 0;
   *data = buf;
   *len = size;
-  buf = NULL;
-out:
-  free(buf);
-  fclose(f);
-  return rc;
+  return 0;
+}
+
+int dist_read_file(const char *path, char **data, size_t *len,
+                   dist_errbuf *eb) {
+  struct stat st;
+  return read_bounded(path, SIZE_MAX - 1, data, len, &st, eb);
+}
+
+/* A NUL in text would end it early where it is parsed in place. */
+static int check_text(const char *path, char **text, size_t len, dist_errbuf *eb) {
+  if (!memchr(*text, 0, len)) return 0;
+  free(*text);
+  *text = NULL;
+  return dist_fail(eb, DIST_EIO, "%s: not a text file", path);
 }
 
 int dist_read_text_file(const char *path, char **text, dist_errbuf *eb) {
   size_t len = 0;
   int rc = dist_read_file(path, text, &len, eb);
-  if (rc == 0 && memchr(*text, 0, len)) {
-    free(*text);
-    *text = NULL;
-    rc = dist_fail(eb, DIST_EIO, "%s: not a text file", path);
+  return rc == 0 ? check_text(path, text, len, eb) : rc;
+}
+
+int dist_read_pem(const char *setting, const char *path, char **pem, struct stat *st,
+                  dist_errbuf *eb) {
+  struct stat own;
+  size_t len = 0;
+  int rc = read_bounded(path, DIST_PEM_MAX, pem, &len, st ? st : &own, eb);
+  if (rc == 0) rc = check_text(path, pem, len, eb);
+  if (rc == 0 && !strstr(*pem, "-----BEGIN ")) {
+    free(*pem);
+    *pem = NULL;
+    rc = dist_fail(eb, DIST_ECONFIG, "%s: not a PEM file (no \"-----BEGIN\" line)", path);
   }
+  if (rc == 0) return 0;
+  /* A bad file a setting names is a configuration error, whatever the
+   * reason (missing, too large, binary). */
+  if (rc != DIST_ENOMEM) rc = DIST_ECONFIG;
+  if (eb) eb->code = rc;
+  dist_errbuf_prefix(eb, "%s ", setting);
   return rc;
 }
 

@@ -5,6 +5,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/stat.h>
 
 #include "errbuf.h"
 
@@ -17,6 +18,19 @@ int dist_read_file(const char *path, char **data, size_t *len,
 /* dist_read_file for text: a NUL byte in the file is an error (DIST_EIO,
  * "PATH: not a text file"). */
 int dist_read_text_file(const char *path, char **text, dist_errbuf *eb);
+
+/* Certificates, keys, CAs and CRLs are small: a bigger file named as one
+ * is a mistake (a directory of them, a log), not something to load. */
+#define DIST_PEM_MAX ((size_t)1 << 20)
+
+/* Reads the PEM file a TLS setting names (tls_cert, tls_key, tls_ca,
+ * tls_crl): text of at most DIST_PEM_MAX bytes with a "-----BEGIN " line,
+ * NUL-terminated in *pem (malloc'd). Errors are DIST_ECONFIG (DIST_ENOMEM
+ * when memory runs out) and name both: "tls_ca /etc/ca.crt: No such file
+ * or directory". st, when not NULL, gets the file as it was read, for
+ * telling later whether it has changed. */
+int dist_read_pem(const char *setting, const char *path, char **pem, struct stat *st,
+                  dist_errbuf *eb);
 
 /* snprintf at buf + pos that keeps pos meaningful once the buffer is full:
  * returns the position after the text (which may exceed len). */

@@ -4,7 +4,6 @@
  * link this file. */
 #include "tls.h"
 
-#include <errno.h>
 #include <openssl/err.h>
 #include <openssl/pem.h>
 #include <openssl/ssl.h>
@@ -15,34 +14,8 @@
 
 #include "cluster.h"
 #include "crl.h"
+#include "fileio.h"
 #include "log.h"
-
-#define MAX_PEM (1 << 20)
-
-static int read_pem(const char *path, const char *what, char **out, dist_errbuf *eb) {
-  *out = NULL;
-  FILE *f = fopen(path, "r");
-  if (!f) return dist_fail(eb, DIST_ECONFIG, "%s %s: %s", what, path, strerror(errno));
-  int rc = 0;
-  char *buf = malloc(MAX_PEM + 1);
-  size_t n = buf ? fread(buf, 1, MAX_PEM + 1, f) : 0;
-  if (!buf) {
-    rc = dist_fail(eb, DIST_ENOMEM, "%s %s: out of memory", what, path);
-  } else if (n == 0 || n > MAX_PEM || ferror(f)) {
-    rc = dist_fail(eb, DIST_ECONFIG, "%s %s: %s", what, path,
-                   n == 0 ? "empty or unreadable" : "larger than 1 MiB");
-  } else if (!memmem(buf, n, "-----BEGIN ", 11)) {
-    rc = dist_fail(eb, DIST_ECONFIG, "%s %s: not a PEM file", what, path);
-  }
-  fclose(f);
-  if (rc != 0) {
-    free(buf);
-    return rc;
-  }
-  buf[n] = 0;
-  *out = buf;
-  return 0;
-}
 
 /* The notAfter of the first certificate in pem (seconds since the
  * epoch), 0 when it cannot be read; whether it loads is checked later. */
@@ -62,10 +35,11 @@ int distd_tls_files_read(const distd_config *cfg, distd_tls_files *out,
   out->cert_path = cfg->tls_cert, out->key_path = cfg->tls_key;
   out->ca_path = cfg->tls_ca, out->crl_path = cfg->tls_crl;
   if (!cfg->tls_cert[0]) return 0;
-  int rc = read_pem(cfg->tls_cert, "tls_cert", &out->cert, eb);
-  if (rc == 0) rc = read_pem(cfg->tls_key, "tls_key", &out->key, eb);
-  if (rc == 0 && cfg->tls_ca[0]) rc = read_pem(cfg->tls_ca, "tls_ca", &out->ca, eb);
-  if (rc == 0 && cfg->tls_crl[0]) rc = read_pem(cfg->tls_crl, "tls_crl", &out->crl, eb);
+  int rc = dist_read_pem("tls_cert", cfg->tls_cert, &out->cert, NULL, eb);
+  if (rc == 0) rc = dist_read_pem("tls_key", cfg->tls_key, &out->key, NULL, eb);
+  if (rc == 0 && cfg->tls_ca[0]) rc = dist_read_pem("tls_ca", cfg->tls_ca, &out->ca, NULL, eb);
+  if (rc == 0 && cfg->tls_crl[0])
+    rc = dist_read_pem("tls_crl", cfg->tls_crl, &out->crl, NULL, eb);
   /* Parsed once here, for the gRPC port and the data plane: OpenSSL
    * takes its time over each signature check. */
   if (rc == 0 && out->crl)

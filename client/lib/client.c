@@ -1,5 +1,4 @@
 /* Connecting, errors, op ids. */
-#include <errno.h>
 #include <grpc/grpc.h>
 #include <grpc/grpc_security.h>
 #include <malloc.h>
@@ -12,6 +11,7 @@
 #include "client_internal.h"
 #include "cluster.h"
 #include "daemon_crl.h"
+#include "fileio.h"
 #include "hash.h"
 #include "pbuf.h"
 
@@ -71,8 +71,6 @@ int dist_client_check_rank(dist_client *c, const char *func, int rank) {
                           rank, c->n);
 }
 
-#define MAX_PEM (1 << 20)
-
 /* An option, else its environment variable; "" means "not set" either way
  * (so a caller can turn off what the environment says). */
 static const char *opt_or_env(const char *v, const char *env) {
@@ -80,22 +78,15 @@ static const char *opt_or_env(const char *v, const char *env) {
   return v && v[0] ? v : NULL;
 }
 
-static char *read_pem(const char *path, const char *what, int *rc) {
-  FILE *f = fopen(path, "r");
-  if (!f) {
-    *rc = connect_fail(DIST_ECONFIG, "%s %s: %s", what, path, strerror(errno));
-    return NULL;
-  }
-  char *buf = malloc(MAX_PEM + 1);
-  size_t n = buf ? fread(buf, 1, MAX_PEM + 1, f) : 0;
-  fclose(f);
-  if (!buf || n == 0 || n > MAX_PEM || !memmem(buf, n, "-----BEGIN ", 11)) {
-    free(buf);
-    *rc = connect_fail(DIST_ECONFIG, "%s %s: not a PEM file of at most 1 MiB", what, path);
-    return NULL;
-  }
-  buf[n] = 0;
-  return buf;
+/* The PEM file a TLS setting names; NULL with *rc set to the failure
+ * when it cannot be used. Nothing is read once *rc is set, so the calls
+ * can follow each other without checks. */
+static char *pem_or_fail(const char *setting, const char *path, int *rc) {
+  char *pem = NULL;
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  if (*rc == 0 && dist_read_pem(setting, path, &pem, NULL, &eb) != 0)
+    *rc = connect_fail(eb.code, "%s", dist_errbuf_msg(&eb));
+  return pem;
 }
 
 /* What the TLS settings name, read once for every channel. ca NULL:
@@ -133,9 +124,9 @@ static int tls_settings_read(const dist_opts *o, int n, tls_settings *t) {
                         cert ? "tls_cert" : "tls_key");
   int rc = 0;
   t->ca_path = ca;
-  t->ca = read_pem(ca, "tls_ca", &rc);
-  if (rc == 0 && cert) t->cert = read_pem(cert, "tls_cert", &rc);
-  if (rc == 0 && key) t->key = read_pem(key, "tls_key", &rc);
+  t->ca = pem_or_fail("tls_ca", ca, &rc);
+  if (cert) t->cert = pem_or_fail("tls_cert", cert, &rc);
+  if (key) t->key = pem_or_fail("tls_key", key, &rc);
   dist_errbuf eb = DIST_ERRBUF_INIT;
   if (rc == 0 && crl && dist_daemon_crl_new(crl, t->ca, n, &t->crl, &eb) != 0)
     rc = connect_fail(eb.code, "%s", dist_errbuf_msg(&eb));

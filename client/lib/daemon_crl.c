@@ -2,7 +2,6 @@
  * callback (daemon_crl.h). */
 #include "daemon_crl.h"
 
-#include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -31,16 +30,11 @@ typedef struct {
   int rank;
 } channel_check;
 
-/* The CRLs in path, checked against ca_pem, and the file's stat. */
+/* The CRLs in path, checked against ca_pem, and the file as read. */
 static int read_crl(const char *path, const char *ca_pem, dist_crl **crl, struct stat *st,
                     dist_errbuf *eb) {
   char *pem = NULL;
-  if (stat(path, st) != 0) return dist_fail(eb, DIST_ECONFIG, "tls_crl %s: %s", path,
-                                            strerror(errno));
-  if (dist_read_text_file(path, &pem, eb) != 0) {
-    dist_errbuf_prefix(eb, "tls_crl: ");
-    return eb->code;
-  }
+  if (dist_read_pem("tls_crl", path, &pem, st, eb) != 0) return eb->code;
   int rc = dist_crl_parse(pem, ca_pem, path, crl, eb);
   free(pem);
   return rc;

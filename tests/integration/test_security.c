@@ -755,6 +755,42 @@ Test(security, a_crl_of_another_ca_or_without_tls_stops_the_daemon) {
   remove_certs();
 }
 
+/* The daemon and libdist read their TLS files with one reader
+ * (dist_read_pem): a file that is missing or holds no PEM is refused,
+ * naming the setting, the file and why. */
+Test(security, a_tls_file_that_cannot_be_used_is_named_with_why) {
+  make_certs();
+  char want[700], tls[900];
+  struct { const char *ca, *crl, *why; } cases[] = {
+      {"tokens", "", "tls_ca %s/tokens: not a PEM file"},
+      {"ca.crt", "--tls-crl %s/missing.crl", "tls_crl %s/missing.crl: No such file"}};
+  for (int i = 0; i < 2; i++) {
+    char crl[400], cmd[1600], *err = NULL;
+    snprintf(crl, sizeof crl, cases[i].crl, certs);
+    snprintf(tls, sizeof tls, "--tls-cert %s --tls-key %s --tls-ca %s %s",
+             cert_path("rank0.crt"), cert_path("rank0.key"), cert_path(cases[i].ca), crl);
+    int port = harness_free_port(), peer_port = harness_free_port();
+    snprintf(cmd, sizeof cmd, "%s --listen 127.0.0.1:%d --http-listen off --peers "
+             "\"127.0.0.1:%d 127.0.0.1:%d\" %s", harness_distd(), port, port, peer_port, tls);
+    cr_assert_eq(harness_run(cmd, NULL, &err, 10), 1, "case %d: %s", i, err);
+    snprintf(want, sizeof want, cases[i].why, certs);
+    cr_assert(strstr(err, want), "case %d: no '%s' in %s", i, want, err);
+    free(err);
+  }
+  dist_opts o = DIST_OPTS_INIT;
+  o.tls_ca = cert_path("tokens");
+  dist_client *c = NULL;
+  cr_assert_eq(dist_connect("127.0.0.1:1", &o, &c), DIST_ECONFIG);
+  snprintf(want, sizeof want, "tls_ca %s/tokens: not a PEM file", certs);
+  cr_assert(strstr(dist_last_connect_error(), want), "%s", dist_last_connect_error());
+  o.tls_ca = cert_path("ca.crt");
+  o.tls_crl = cert_path("missing.crl");
+  cr_assert_eq(dist_connect("127.0.0.1:1", &o, &c), DIST_ECONFIG);
+  snprintf(want, sizeof want, "tls_crl %s/missing.crl: No such file", certs);
+  cr_assert(strstr(dist_last_connect_error(), want), "%s", dist_last_connect_error());
+  remove_certs();
+}
+
 /* A key that is not the certificate's stops the daemon at start, naming
  * the key, whether the gRPC port checks it (data plane plain) or both. */
 Test(security, key_of_another_certificate_stops_the_daemon_at_start) {
