@@ -154,9 +154,11 @@ static int crl_of_issuer(const dist_crl *c, const X509 *cert) {
   return -1;
 }
 
-/* Why cert may not be used, in buf; 0 when it may (*by: the CRL that
- * says so). */
-static int refusal(const dist_crl *c, X509 *cert, int *by, char *buf, size_t len) {
+/* Why cert may not be used, in buf, after its subject ("/CN=x is revoked
+ * (SOURCE)", source naming where the CRL came from); 0 when it may
+ * (*by: the CRL that says so). */
+static int refusal(const dist_crl *c, X509 *cert, const char *source, int *by, char *buf,
+                   size_t len) {
   char subject[256], issuer[256];
   name_of(X509_get_subject_name(cert), subject, sizeof subject);
   name_of(X509_get_issuer_name(cert), issuer, sizeof issuer);
@@ -164,16 +166,22 @@ static int refusal(const dist_crl *c, X509 *cert, int *by, char *buf, size_t len
   X509_CRL *crl = *by >= 0 ? c->crls[*by] : NULL;
   X509_REVOKED *revoked = NULL;
   if (!crl)
-    snprintf(buf, len, "the certificate %s is refused: tls_crl holds no CRL of its "
-             "issuer %s", subject, issuer);
+    snprintf(buf, len, "%s is refused: tls_crl holds no CRL of its issuer %s", subject,
+             issuer);
   else if (expired(crl))
-    snprintf(buf, len, "the certificate %s is refused: the CRL of its issuer %s has "
-             "expired", subject, issuer);
+    snprintf(buf, len, "%s is refused: the CRL of its issuer %s has expired", subject,
+             issuer);
   else if (X509_CRL_get0_by_cert(crl, &revoked, cert) == 1)
-    snprintf(buf, len, "the certificate %s is revoked (tls_crl)", subject);
+    snprintf(buf, len, "%s is revoked (%s)", subject, source);
   else
     return 0;
   return 1;
+}
+
+int dist_crl_refuses(const dist_crl *c, void *x509, const char *source, char *why,
+                     size_t len) {
+  int by = -1;
+  return refusal(c, x509, source, &by, why, len);
 }
 
 /* 1 when pem was let through before and its CRL is still current. */
@@ -205,9 +213,9 @@ int dist_crl_check_pem(dist_crl *c, const char *cert_pem, size_t len,
   ERR_clear_error();
   if (!cert) return dist_fail(eb, DIST_EAUTH, "the certificate cannot be read");
   char why[700];
-  int by = -1, refused = refusal(c, cert, &by, why, sizeof why);
+  int by = -1, refused = refusal(c, cert, "tls_crl", &by, why, sizeof why);
   X509_free(cert);
-  if (refused) return dist_fail(eb, DIST_EAUTH, "%s", why);
+  if (refused) return dist_fail(eb, DIST_EAUTH, "the certificate %s", why);
   remember_accepted(c, cert_pem, len, by);
   return 0;
 }
