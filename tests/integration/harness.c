@@ -464,6 +464,43 @@ void harness_expect_value(dist_client *c, const char *name, const void *want,
   dist_tensor_free(t);
 }
 
+static void *reduce_main(void *arg) {
+  harness_reduce *r = arg;
+  int64_t v[3] = {r->rank, 10 * r->rank, 1}, sum = 0;
+  for (int i = 0; i < r->n; i++) sum += r->group[i];
+  r->rc = dist_all_reduce(r->c, v, 3, DIST_INT64, DIST_REDUCE_SUM, r->group, r->n);
+  snprintf(r->msg, sizeof r->msg, "%s", dist_errmsg(r->c));
+  if (r->rc == 0 && (v[0] != sum || v[1] != 10 * sum || v[2] != r->n)) {
+    r->rc = DIST_EINTERNAL;
+    snprintf(r->msg, sizeof r->msg, "sum %lld, want %lld", (long long)v[0], (long long)sum);
+  }
+  __atomic_store_n(&r->done, 1, __ATOMIC_SEQ_CST);
+  return NULL;
+}
+
+void harness_reduce_start(harness_reduce *r, harness *h, int rank, const int *group, int n,
+                          const char *job) {
+  *r = (harness_reduce){.c = harness_spmd_client(h, rank, job), .group = group, .n = n,
+                        .rank = rank};
+  cr_assert_eq(pthread_create(&r->thread, NULL, reduce_main, r), 0);
+}
+
+int harness_reduce_join(harness_reduce *r) {
+  pthread_join(r->thread, NULL);
+  dist_close(r->c);
+  r->c = NULL;
+  return r->rc;
+}
+
+void harness_expect_all_reduce(harness *h, const int *group, int n, const char *job,
+                               const char *when) {
+  harness_reduce r[HARNESS_MAX];
+  for (int i = 0; i < n; i++) harness_reduce_start(&r[i], h, group[i], group, n, job);
+  for (int i = 0; i < n; i++)
+    cr_expect_eq(harness_reduce_join(&r[i]), 0, "%s: all_reduce on rank %d: %s", when,
+                 group[i], r[i].msg);
+}
+
 static void *churn_loop(void *arg) {
   harness_churn *ch = arg;
   dist_client *c = harness_client(ch->h);

@@ -65,6 +65,26 @@ const char *harness_reference_script(void);
  * DIST_RANK, DIST_WORLD_SIZE, DIST_CLUSTER and DIST_JOB_ID=job set (call it
  * from one thread: it sets the environment). */
 dist_client *harness_spmd_client(harness *h, int rank, const char *job);
+/* An SPMD trainer of `rank` running one all_reduce over group (int64
+ * values rank, 10 * rank, 1, summed) in a thread of its own. done turns 1
+ * when it has returned; rc and msg say how (a wrong sum is DIST_EINTERNAL). */
+typedef struct harness_reduce {
+  dist_client *c;
+  const int *group;
+  int n, rank, rc, done;
+  char msg[600];
+  pthread_t thread;
+} harness_reduce;
+/* Makes the trainer's client (harness_spmd_client, so from one thread)
+ * and starts its thread. */
+void harness_reduce_start(harness_reduce *r, harness *h, int rank, const int *group, int n,
+                          const char *job);
+/* Waits for the thread, closes the client; returns rc. */
+int harness_reduce_join(harness_reduce *r);
+/* Every rank of group runs one all_reduce, as trainers of job: each must
+ * succeed (cr_expect, naming `when`). */
+void harness_expect_all_reduce(harness *h, const int *group, int n, const char *job,
+                               const char *when);
 /* name as daemon r alone describes it, asked through a client of that
  * daemon only: 0 and *t (free with dist_tensor_free), or the error code
  * opening it (*t NULL). */

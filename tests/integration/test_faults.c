@@ -337,41 +337,13 @@ static void expect_tensors_served(const int *ranks, int n, const char *after) {
   dist_close(c);
 }
 
-typedef struct small_reduce {
-  dist_client *c;
-  const int *group;
-  int n, rank, rc;
-  char msg[400];
-} small_reduce;
-
-static void *small_all_reduce(void *arg) {
-  small_reduce *s = arg;
-  int64_t v[3] = {s->rank, 10 * s->rank, 1};
-  s->rc = dist_all_reduce(s->c, v, 3, DIST_INT64, DIST_REDUCE_SUM, s->group, s->n);
-  int64_t sum = 0;
-  for (int i = 0; i < s->n; i++) sum += s->group[i];
-  if (s->rc == 0 && (v[0] != sum || v[1] != 10 * sum || v[2] != s->n))
-    s->rc = dist_client_fail(s->c, DIST_EINTERNAL, "sum %lld, want %lld", (long long)v[0],
-                             (long long)sum);
-  snprintf(s->msg, sizeof s->msg, "%s", dist_errmsg(s->c));
-  return NULL;
-}
-
 /* A new collective over exactly these ranks, from fresh SPMD trainers. */
 static void expect_collective_served(const int *ranks, int n, const char *after) {
   static int serial;
-  char job[128];
+  char job[128], when[200];
   snprintf(job, sizeof job, "%s-after-%d-%d", cluster_id, (int)getpid(), ++serial);
-  small_reduce s[HARNESS_MAX];
-  pthread_t th[HARNESS_MAX];
-  for (int i = 0; i < n; i++)
-    s[i] = (small_reduce){harness_spmd_client(&cluster, ranks[i], job), ranks, n, ranks[i], 0, ""};
-  for (int i = 0; i < n; i++) pthread_create(&th[i], NULL, small_all_reduce, &s[i]);
-  for (int i = 0; i < n; i++) pthread_join(th[i], NULL);
-  for (int i = 0; i < n; i++) {
-    cr_expect_eq(s[i].rc, 0, "after %s: all_reduce on rank %d: %s", after, ranks[i], s[i].msg);
-    dist_close(s[i].c);
-  }
+  snprintf(when, sizeof when, "after %s", after);
+  harness_expect_all_reduce(&cluster, ranks, n, job, when);
 }
 
 static void expect_served(const int *ranks, int n, const char *after) {
