@@ -226,16 +226,19 @@ static int reload_certs(distd_server *s, dist_errbuf *eb) {
   if (rc == 0) rc = distd_peers_tls_load(s->peers, &tls, &peer_ctx, eb);
   if (rc == 0) rc = distd_rpc_reload_certs(s->rpc, &tls, eb);
   if (rc == 0) note_tls_dates(s, &tls);
-  distd_tls_files_free(&tls);
   if (rc != 0) {
+    distd_tls_files_free(&tls);
     distd_peers_tls_drop(peer_ctx);
     dist_errbuf_prefix(eb, "the certificates in use stay: ");
     return rc;
   }
-  distd_peers_tls_use(s->peers, peer_ctx);
   log_info("reloaded TLS certificate %s and key %s%s%s: new connections use them, "
-           "open ones keep theirs", cfg->tls_cert, cfg->tls_key,
-           cfg->tls_ca[0] ? " and CA " : "", cfg->tls_ca);
+           "open ones keep theirs%s", cfg->tls_cert, cfg->tls_key,
+           cfg->tls_ca[0] ? " and CA " : "", cfg->tls_ca,
+           tls.crls ? "; open peer connections are checked against tls_crl" : "");
+  /* The log first: the loop may close revoked peers' connections at once. */
+  distd_peers_tls_use(s->peers, peer_ctx, tls.crls);
+  distd_tls_files_free(&tls);
   return 0;
 }
 

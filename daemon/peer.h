@@ -110,10 +110,14 @@ const char *distd_peers_io(const distd_peers *p);
  * several things changes nothing when one of them fails: tls_load loads
  * f's certificate, key and CA into *ctx (NULL when the data plane is plain
  * TCP); tls_use swaps it in for the connections made from then on (open
- * ones keep theirs) and frees the old one; tls_drop frees one not used. */
+ * ones keep their certificates) and frees the old one; tls_drop frees one
+ * not used. With crls (f's, tls_crl), tls_use also has the loop thread
+ * close, soon after, the open connections whose peer certificate they
+ * refuse: transfers that need such a peer fail naming it and why. */
 int distd_peers_tls_load(const distd_peers *p, const struct distd_tls_files *f,
                          void **ctx, dist_errbuf *eb);
-void distd_peers_tls_use(distd_peers *p, void *ctx);
+struct dist_crl;
+void distd_peers_tls_use(distd_peers *p, void *ctx, struct dist_crl *crls);
 void distd_peers_tls_drop(void *ctx);
 /* Number of peers (not counting self) with both directions greeted. */
 int distd_peers_connected_count(distd_peers *p);

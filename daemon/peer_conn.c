@@ -27,6 +27,7 @@ conn *distd_conn_new(distd_peers *p, int fd, int outbound, int rank) {
   c->rank = rank;
   c->opened_ms = distd_now_ms();
   c->tp = p->tp;
+  c->tls_gen = p->tls_gen;
   c->handshaking = c->tp->handshake != NULL;
   dlist_init(&c->link);
   c->stage = malloc(STAGE_SIZE);
@@ -95,7 +96,9 @@ static void purge_outq(peer *pe) {
   }
 }
 
-void distd_conn_lost(conn *c, const char *why) {
+/* Ends c: "peer rank R (ADDR)" then how ("lost", ": closed") and why,
+ * logged and given to what needed the peer once c had been greeted. */
+static void conn_end(conn *c, const char *how, const char *why) {
   distd_peers *p = c->p;
   peer *pe = distd_conn_peer(c);
   int was_greeted = c->greeted, outbound = c->outbound;
@@ -108,8 +111,8 @@ void distd_conn_lost(conn *c, const char *why) {
   if (!pe) return;
   if (was_greeted) {
     char msg[400];
-    snprintf(msg, sizeof msg, "peer rank %d (%s) lost: %s", pe->rank,
-             distd_peer_addr(p, pe->rank), reason);
+    snprintf(msg, sizeof msg, "peer rank %d (%s)%s: %s", pe->rank,
+             distd_peer_addr(p, pe->rank), how, reason);
     log_warn("%s", msg);
     distd_peer_set_error(pe, "%s", msg);
     pe->lost = 1;
@@ -125,6 +128,10 @@ void distd_conn_lost(conn *c, const char *why) {
     distd_peer_schedule_redial(pe, p);
   }
 }
+
+void distd_conn_lost(conn *c, const char *why) { conn_end(c, " lost", why); }
+
+void distd_conn_close(conn *c, const char *why) { conn_end(c, ": closed", why); }
 
 /* Ends c for reason. The read path runs on the loop thread or on the
  * worker driving the sockets; only the loop thread may free a connection,

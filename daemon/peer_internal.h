@@ -1,7 +1,8 @@
 /* The peer data plane's insides, shared by peer.c (lifetime, listener,
  * dialling, timers), peer_conn.c (one socket: lifetime, writing, failure),
  * peer_read.c (reading its frames), peer_control.c (HELLO and control
- * frames) and peer_xfer.c (transfers, matching, kept-aside data, aborts, waiting).
+ * frames), peer_xfer.c (transfers, matching, kept-aside data, aborts, waiting)
+ * and peer_crl.c (a reloaded CRL against the open connections).
  *
  * Locking: one mutex (distd_peers.mu) guards everything below, including the
  * read() and writev() calls that move bytes into or out of callers' buffers:
@@ -193,6 +194,7 @@ struct conn {
   int tls_failed;     /* a fatal TLS error: no close_notify */
   int read_wants_write; /* reading waits for the socket to take a write */
   int cert_rank;      /* rank the peer's certificate names (DISTD_CERT_RANK_*) */
+  unsigned tls_gen;   /* distd_peers.tls_gen when made: its handshake's context */
   char tp_error[320]; /* why the transport failed, when errno does not say */
   int outbound;
   int64_t opened_ms; /* greeted by then + the handshake limit, or closed */
@@ -293,6 +295,9 @@ struct distd_peers {
   int socket_buffer;               /* SO_SNDBUF/SO_RCVBUF asked for; 0 = autotuning */
   const distd_peer_transport *tp;  /* tcp or tls */
   void *tls_ctx;                   /* SSL_CTX * when tp is tls */
+  unsigned tls_gen;                /* counts the contexts swapped in by reloads */
+  struct event *crl_ev;            /* the loop checks crl_check (peer_crl.c) */
+  struct dist_crl *crl_check;      /* a reload's CRLs, until the loop checks them */
   dist_member *members;
   peer *peers;
   int listen_fd, listen_port;
@@ -365,6 +370,9 @@ void distd_conn_free(conn *c);
 /* The connection failed: logs, records, fails what needed it, closes it,
  * schedules a redial for outbound ones. Loop thread only. */
 void distd_conn_lost(conn *c, const char *reason);
+/* The same for a connection this daemon ends on purpose (its peer is no
+ * longer trusted): "peer rank R (ADDR): closed: reason". */
+void distd_conn_close(conn *c, const char *reason);
 void distd_conn_queue_ctl(conn *c, const dist_frame_header *h,
                           const void *payload, size_t len);
 /* Writes what it can. in_loop = 0 from worker threads: then errors are left
@@ -432,6 +440,14 @@ void distd_conn_greeted_inbound(conn *c);
  * TCP connections, through c->rev otherwise. Loop thread, or a worker for
  * connections in the set. */
 void distd_conn_watch_read(conn *c, int on);
+
+/* peer_crl.c: a reload's CRLs against the open connections. */
+int distd_crl_check_open(distd_peers *p, dist_errbuf *eb);
+void distd_crl_check_close(distd_peers *p); /* after the loop stopped */
+/* With mu held, any thread: the loop thread soon closes every connection
+ * whose peer certificate crls refuse (logged, failing what needed the
+ * peer), and those still in a handshake begun before the reload. */
+void distd_crl_check_post(distd_peers *p, struct dist_crl *crls);
 
 /* peer_xfer.c (all with mu held) */
 void distd_xfer_fail(distd_xfer *x, int code, const char *fmt, ...)

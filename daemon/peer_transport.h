@@ -12,6 +12,7 @@
 #include "errbuf.h"
 
 struct conn;
+struct dist_crl;
 
 /* A connection's certificate has not been looked at (plain TCP). */
 #define DISTD_CERT_RANK_UNCHECKED (-2)
@@ -44,6 +45,11 @@ typedef struct distd_peer_transport {
   size_t (*pending)(struct conn *c);
   /* Releases what attach made, before the socket is closed. */
   void (*detach)(struct conn *c);
+  /* After the handshake: 1 when crls refuse the certificate the peer
+   * presented, with why saying so (dist_crl_refuses), else 0. NULL where
+   * peers present no certificate (plain TCP). */
+  int (*refused_by)(struct conn *c, const struct dist_crl *crls, const char *source,
+                    char *why, size_t len);
 } distd_peer_transport;
 
 extern const distd_peer_transport distd_peer_transport_tcp;

@@ -43,5 +43,5 @@ static size_t tcp_pending(conn *c) {
 static void tcp_detach(conn *c) { (void)c; }
 
 const distd_peer_transport distd_peer_transport_tcp = {
-    "tcp", tcp_attach, NULL, tcp_read, tcp_writev, tcp_readv, tcp_pending, tcp_detach,
+    "tcp", tcp_attach, NULL, tcp_read, tcp_writev, tcp_readv, tcp_pending, tcp_detach, NULL,
 };

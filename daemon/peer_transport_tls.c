@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "crl.h"
 #include "peer_internal.h"
 #include "peer_transport.h"
 #include "tls.h"
@@ -182,8 +183,16 @@ static void tls_detach(conn *c) {
   c->tls = NULL;
 }
 
+/* The leaf certificate only, as the handshake's X509_V_FLAG_CRL_CHECK. */
+static int tls_refused_by(conn *c, const dist_crl *crls, const char *source, char *why,
+                          size_t len) {
+  X509 *cert = c->tls ? SSL_get0_peer_certificate(c->tls) : NULL;
+  return cert && dist_crl_refuses(crls, cert, source, why, len);
+}
+
 const distd_peer_transport distd_peer_transport_tls = {
     "tls", tls_attach, tls_handshake, tls_read, tls_writev, NULL, tls_pending, tls_detach,
+    tls_refused_by,
 };
 
 int distd_peer_tls_ctx_new(const distd_tls_files *f, void **out, dist_errbuf *eb) {

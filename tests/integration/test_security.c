@@ -50,7 +50,7 @@ static const char gen_script[] =
     "  mk chained$r DNS:distd-rank-$r,DNS:localhost,IP:127.0.0.1 serverAuth,clientAuth mid\n"
     "  cat mid.crt >> chained$r.crt\n"
     "done\n"
-    "for r in 0 1; do\n"
+    "for r in 0 1 2; do\n"
     "  mk rank$r DNS:distd-rank-$r,DNS:localhost,IP:127.0.0.1 serverAuth,clientAuth\n"
     "done\n"
     "# a certificate the CA signed, but for rank 0, to be used by rank 1\n"
@@ -523,6 +523,14 @@ static void revoke_cert(const char *name, const char *out) {
   in_certs(cmd);
 }
 
+/* The CA's CRL as its database stands, to OUT (in certs). */
+static void write_crl(const char *out) {
+  char cmd[300];
+  snprintf(cmd, sizeof cmd, "openssl ca -config ca.cnf -keyfile ca.key -cert ca.crt -gencrl "
+           "-out %s 2>/dev/null", out);
+  in_certs(cmd);
+}
+
 /* Info from rank 0 with the client certificate NAME; its error, "" when
  * it was served. */
 static int info_as(harness *h, const char *name, char *err, size_t len) {
@@ -603,6 +611,63 @@ Test(security, a_daemon_with_a_revoked_certificate_cannot_join) {
   remove_certs();
 }
 
+/* A CRL reloaded on SIGHUP reaches the open data-plane connections: ranks
+ * 0 and 2 close rank 1's once its certificate is revoked. An all_reduce
+ * of rank 0 waiting for rank 1 fails at once (well before peer_timeout),
+ * naming rank 1 and the revocation, as does an operation started later;
+ * ranks 0 and 2 go on working together. */
+Test(security, a_crl_reload_closes_a_revoked_peers_open_connections) {
+  make_certs();
+  use_tls_env();
+  write_crl("live.crl");
+  harness h;
+  const char *const certs_of[] = {"rank0", "rank1", "rank2"};
+  const char *const args[] = {"--tls-crl", cert_path("live.crl"), "--peer-timeout", "60s",
+                              NULL};
+  start_cluster(&h, 3, certs_of, args, 1);
+  const int all[] = {0, 1, 2}, pair[] = {0, 1}, others[] = {0, 2};
+  harness_expect_all_reduce(&h, all, 3, "crl-before", "before the revocation");
+  /* Rank 1's trainer never comes: rank 0 waits for its part. */
+  harness_reduce waiting;
+  harness_reduce_start(&waiting, &h, 0, pair, 2, "crl-waiting");
+  harness_sleep_ms(500); /* in flight by then, usually; started later, it fails alike */
+
+  revoke_cert("rank1", "live.crl");
+  long from[3] = {harness_log_size(&h, 0), 0, harness_log_size(&h, 2)};
+  cr_assert_eq(kill(h.pids[0], SIGHUP), 0);
+  cr_assert_eq(kill(h.pids[2], SIGHUP), 0);
+  int *done[] = {&waiting.done};
+  cr_assert(harness_wait_all_positive(done, 1, 10000),
+            "rank 0's all_reduce with revoked rank 1 still waits 10 s after the reload (%s)",
+            h.dir);
+  cr_assert_eq(harness_reduce_join(&waiting), DIST_EPEER, "%d: %s", waiting.rc, waiting.msg);
+  cr_assert(strstr(waiting.msg, "peer rank 1 (") &&
+            strstr(waiting.msg, "closed: its certificate /CN=rank1 is revoked (tls_crl reloaded)"),
+            "%s", waiting.msg);
+
+  char closed[200];
+  snprintf(closed, sizeof closed, "peer rank 1 (127.0.0.1:%d): closed: its certificate "
+           "/CN=rank1 is revoked (tls_crl reloaded)", h.peer_port[1]);
+  const char *const logged[] = {closed, NULL};
+  for (int r = 0; r < 3; r += 2)
+    cr_assert(harness_log_wait(&h, r, from[r], logged, 10000), "rank %d did not log '%s' (%s)",
+              r, closed, h.dir);
+  dist_client *c = harness_client(&h);
+  float v[4] = {1, 2, 3, 4};
+  int64_t shape[1] = {4};
+  dist_tensor *t = NULL;
+  int rc = harness_try_put(c, "w", DIST_FLOAT32, v, 1, shape, "[0,1]", "Shard(0)", &t);
+  cr_assert_neq(rc, 0, "a put on revoked rank 1 went through");
+  cr_assert(strstr(dist_errmsg(c), "peer rank 1 (") && strstr(dist_errmsg(c), "is revoked"),
+            "%s", dist_errmsg(c));
+  dist_tensor_free(harness_put(c, "w", DIST_FLOAT32, v, 1, shape, "[0,2]", "Shard(0)"));
+  harness_expect_value(c, "w", v, sizeof v);
+  dist_close(c);
+  harness_expect_all_reduce(&h, others, 2, "crl-after", "after the revocation");
+  harness_stop(&h);
+  remove_certs();
+}
+
 /* tls_crl in a client: a daemon whose certificate the CRL revokes is
  * refused, naming it, while the other daemon is served; distctl takes it
  * as --tls-crl. A CRL without a CA, or of another CA, is refused at
@@ -657,8 +722,7 @@ Test(security, a_client_refuses_a_daemon_with_a_revoked_certificate) {
 Test(security, a_client_takes_a_new_crl_when_it_reconnects) {
   make_certs();
   use_tls_env();
-  in_certs("openssl ca -config ca.cnf -keyfile ca.key -cert ca.crt -gencrl -out live.crl "
-           "2>/dev/null");
+  write_crl("live.crl");
   harness h;
   const char *const certs_of[] = {"rank0", "rank1"};
   start_cluster(&h, 2, certs_of, NULL, 1);
