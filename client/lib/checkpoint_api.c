@@ -232,12 +232,20 @@ static int commit(dist_client *c, const char *dir, const char *manifest,
 /* A checkpoint lists each daemon's file, and the meshes of its tensors,
  * by rank, and a client of one endpoint addresses its daemon as rank 0:
  * through the daemon of another rank, a save would list that daemon's
- * file as rank 0's, and a restore would have it load rank 0's. The
- * daemon's rank is asked of it; one that does not answer fails the save
- * or restore's first call instead. */
+ * file as rank 0's (and its commit remove the other ranks' files), and a
+ * restore would have it load rank 0's. The daemon's rank is asked of it,
+ * and a daemon that does not say within the call's deadline fails the
+ * save or restore: going on unchecked is what could destroy a checkpoint
+ * (a daemon slow to answer the quick question of dist_daemon_rank). */
 static int check_reach(dist_client *c, const char *what) {
   int rank = c->one_endpoint ? dist_daemon_rank(c, 0) : 0;
-  if (rank <= 0) return 0;
+  if (rank < 0) {
+    dist_daemon_info info;
+    if (dist_info(c, 0, &info) != 0) return c->err.code;
+    rank = info.rank;
+    dist_info_free(&info);
+  }
+  if (rank == 0) return 0;
   return dist_client_fail(c, DIST_ENOTSUP, "checkpoint %s through distd at %s, which is "
                           "rank %d: a checkpoint lists its files by rank, and a client of "
                           "one endpoint addresses its daemon as rank 0; %s through the "

@@ -2,6 +2,7 @@
  * a call its client gave up on while the daemon was frozen (SIGSTOP), and
  * how a client's errors name the daemon they come from. */
 #include <criterion/criterion.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -233,4 +234,30 @@ Test(rpc, a_trainer_started_before_its_daemon_reaches_it_once_up) {
   cr_assert_eq(dist_params(c, 0, &rep), 0, "the first call: %s", dist_errmsg(c));
   dist_params_report_free(&rep);
   dist_close(c);
+}
+
+static void *resume_after_1500_ms(void *pid) {
+  harness_sleep_ms(1500);
+  kill(*(pid_t *)pid, SIGCONT);
+  return NULL;
+}
+
+/* A save through rank 1's daemon alone is refused also when the daemon
+ * is slow to say its rank: it went ahead when the quick question (1 s)
+ * went unanswered, wrote a manifest listing rank 1's file as rank 0's,
+ * and its commit removed the checkpoint's other files. */
+Test(rpc, a_save_through_a_slow_daemon_of_rank_1_is_refused_too) {
+  harness_start(&cluster, 2, NULL);
+  dist_client *one = harness_client_rank(&cluster, 1, 10000);
+  char dir[300];
+  snprintf(dir, sizeof dir, "%s/ckpt", cluster.dir);
+  cr_assert(harness_freeze(&cluster, 1, 5000), "rank 1 did not stop");
+  pthread_t resumer;
+  pthread_create(&resumer, NULL, resume_after_1500_ms, &cluster.pids[1]);
+  int rc = dist_checkpoint_save(one, dir, NULL, NULL);
+  pthread_join(resumer, NULL);
+  cr_expect_eq(rc, DIST_ENOTSUP, "a save through slow rank 1: %d (%s)", rc, dist_errmsg(one));
+  cr_expect(strstr(dist_errmsg(one), "which is rank 1"), "%s", dist_errmsg(one));
+  cr_expect_eq(harness_count_files(dir, "", ".safetensors"), 0, "the refused save wrote");
+  dist_close(one);
 }
