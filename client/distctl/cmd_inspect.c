@@ -76,7 +76,7 @@ static void print_ops_table(const dist_ops_report *rep, const int *ok, int n) {
       if (!ok[r]) continue;
       int from = pass ? rep[r].n_in_flight : 0;
       int to = pass ? rep[r].n_in_flight + rep[r].n_recent : rep[r].n_in_flight;
-      for (int i = from; i < to; i++) print_op(r, &rep[r].ops[i]);
+      for (int i = from; i < to; i++) print_op(rep[r].rank, &rep[r].ops[i]);
     }
 }
 
@@ -175,7 +175,7 @@ static int run_experts(const distctl_global *g, int argc, char **argv) {
       continue;
     }
     json_array_append_new(ranks, experts_rank_json(&rep));
-    if (!g->json) print_experts(r, &rep);
+    if (!g->json) print_experts(rep.rank, &rep);
     dist_experts_report_free(&rep);
   }
   if (g->json)

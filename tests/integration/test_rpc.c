@@ -169,15 +169,15 @@ Test(rpc, the_rank_of_a_daemon_that_cannot_be_reached_is_unknown) {
   dist_close(c);
 }
 
-/* distctl --endpoint shows its daemon's rank in status and peers; both
- * tables gave rank 1's daemon as 0 (status --json had its rank). */
+/* distctl --endpoint shows its daemon's rank in status, peers and experts;
+ * their tables gave rank 1's daemon as 0 (status --json had its rank). */
 Test(rpc, distctl_with_one_endpoint_shows_its_daemon_rank) {
   harness_start(&cluster, 2, NULL);
   char cmd[400], *out = NULL, *err = NULL, want[96];
-  const char *const runs[] = {"status --json", "status", "peers --json", "peers"};
+  const char *const runs[] = {"status --json", "status", "peers --json", "peers", "experts"};
   const char *const wants[] = {"\"rank\": 1,", "1     127.0.0.1:%d ", "\"from\": 1",
-                               "\n1     0     connected"};
-  for (int i = 0; i < 4; i++) {
+                               "\n1     0     connected", "\n1     -       (no expert"};
+  for (int i = 0; i < 5; i++) {
     snprintf(cmd, sizeof cmd, "%s --endpoint 127.0.0.1:%d %s", harness_distctl(),
              cluster.grpc_port[1], runs[i]);
     int rc = harness_run(cmd, &out, &err, 30);
