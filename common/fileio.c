@@ -13,11 +13,48 @@ static int too_big(const char *path, size_t max, dist_errbuf *eb) {
   return dist_fail(eb, DIST_ETOOBIG, "%s: larger than %s", path, limit);
 }
 
-/* The whole regular file at path, at most max bytes, with a NUL after
- * them; *st is the file as it was read (fstat of the open file, so a
- * caller comparing it later sees the file these bytes came from). */
-static int read_bounded(const char *path, size_t max, char **data, size_t *len,
-                        struct stat *st, dist_errbuf *eb) {
+/* A pipe or a character device (a secret handed over as /dev/fd/N or
+ * through process substitution) has no size to go by: read until its end,
+ * at most max bytes. */
+static int read_stream(FILE *f, const char *path, size_t max, char **data, size_t *len,
+                       dist_errbuf *eb) {
+  size_t cap = 0, n = 0;
+  char *buf = NULL;
+  for (;;) {
+    if (n == cap) { /* full: grow, up to one byte past max (which is too big) */
+      size_t want = cap ? 2 * cap : 4096;
+      if (want > max + 1) want = max + 1;
+      if (want == cap) break;
+      char *grown = realloc(buf, want + 1);
+      if (!grown) {
+        free(buf);
+        return dist_fail(eb, DIST_ENOMEM, "%s: cannot allocate %zu bytes", path, want);
+      }
+      buf = grown, cap = want;
+    }
+    size_t got = fread(buf + n, 1, cap - n, f);
+    if (got == 0) break; /* its end, or an error */
+    n += got;
+  }
+  int rc = ferror(f) ? dist_fail(eb, DIST_EIO, "%s: read error", path)
+           : n > max ? too_big(path, max, eb)
+                     : 0;
+  if (rc != 0) {
+    free(buf);
+    return rc;
+  }
+  buf[n] = 0;
+  *data = buf;
+  *len = n;
+  return 0;
+}
+
+/* The whole file at path, at most max bytes, with a NUL after them; *st
+ * is the file as it was read (fstat of the open file, so a caller
+ * comparing it later sees the file these bytes came from). Only a regular
+ * file, unless streams_too (then a pipe or device is read to its end). */
+static int read_bounded(const char *path, size_t max, int streams_too, char **data,
+                        size_t *len, struct stat *st, dist_errbuf *eb) {
   *data = NULL;
   FILE *f = fopen(path, "rb");
   if (!f)
@@ -26,7 +63,13 @@ static int read_bounded(const char *path, size_t max, char **data, size_t *len,
   int rc = 0;
   char *buf = NULL;
   size_t size = 0;
-  if (fstat(fileno(f), st) != 0 || !S_ISREG(st->st_mode))
+  int stat_ok = fstat(fileno(f), st) == 0;
+  if (stat_ok && streams_too && (S_ISFIFO(st->st_mode) || S_ISCHR(st->st_mode))) {
+    rc = read_stream(f, path, max, data, len, eb);
+    fclose(f);
+    return rc;
+  }
+  if (!stat_ok || !S_ISREG(st->st_mode))
     rc = dist_fail(eb, DIST_EIO, "%s: not a regular file", path);
   else if ((size = (size_t)st->st_size) > max)
     rc = too_big(path, max, eb);
@@ -48,7 +91,7 @@ static int read_bounded(const char *path, size_t max, char **data, size_t *len,
 int dist_read_file(const char *path, char **data, size_t *len,
                    dist_errbuf *eb) {
   struct stat st;
-  return read_bounded(path, SIZE_MAX - 1, data, len, &st, eb);
+  return read_bounded(path, SIZE_MAX - 1, 0, data, len, &st, eb);
 }
 
 /* A NUL in text would end it early where it is parsed in place. */
@@ -69,7 +112,10 @@ int dist_read_pem(const char *setting, const char *path, char **pem, struct stat
                   dist_errbuf *eb) {
   struct stat own;
   size_t len = 0;
-  int rc = read_bounded(path, DIST_PEM_MAX, pem, &len, st ? st : &own, eb);
+  /* A CRL lists every certificate its CA revoked: a big CA's runs to
+   * megabytes, where a certificate or key over 1 MiB is a mistake. */
+  size_t max = strcmp(setting, "tls_crl") == 0 ? DIST_CRL_MAX : DIST_PEM_MAX;
+  int rc = read_bounded(path, max, 1, pem, &len, st ? st : &own, eb);
   if (rc == 0) rc = check_text(path, pem, len, eb);
   if (rc == 0 && !strstr(*pem, "-----BEGIN ")) {
     free(*pem);

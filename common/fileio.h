@@ -22,9 +22,12 @@ int dist_read_text_file(const char *path, char **text, dist_errbuf *eb);
 /* Certificates, keys, CAs and CRLs are small: a bigger file named as one
  * is a mistake (a directory of them, a log), not something to load. */
 #define DIST_PEM_MAX ((size_t)1 << 20)
+/* except CRLs, which list every certificate their CA revoked */
+#define DIST_CRL_MAX ((size_t)64 << 20)
 
 /* Reads the PEM file a TLS setting names (tls_cert, tls_key, tls_ca,
- * tls_crl): text of at most DIST_PEM_MAX bytes with a "-----BEGIN " line,
+ * tls_crl): text of at most DIST_PEM_MAX bytes (a CRL DIST_CRL_MAX) with a
+ * "-----BEGIN " line, from a regular file, a pipe or a device (/dev/fd/N),
  * NUL-terminated in *pem (malloc'd). Errors are DIST_ECONFIG (DIST_ENOMEM
  * when memory runs out) and name both: "tls_ca /etc/ca.crt: No such file
  * or directory". st, when not NULL, gets the file as it was read, for
