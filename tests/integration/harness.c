@@ -478,11 +478,22 @@ static void *reduce_main(void *arg) {
   return NULL;
 }
 
-void harness_reduce_start(harness_reduce *r, harness *h, int rank, const int *group, int n,
-                          const char *job) {
+/* The trainer's client, made before any thread runs a call: it sets the
+ * environment, which another thread's gRPC may be reading. */
+static void reduce_prepare(harness_reduce *r, harness *h, int rank, const int *group, int n,
+                           const char *job) {
   *r = (harness_reduce){.c = harness_spmd_client(h, rank, job), .group = group, .n = n,
                         .rank = rank};
+}
+
+static void reduce_run(harness_reduce *r) {
   cr_assert_eq(pthread_create(&r->thread, NULL, reduce_main, r), 0);
+}
+
+void harness_reduce_start(harness_reduce *r, harness *h, int rank, const int *group, int n,
+                          const char *job) {
+  reduce_prepare(r, h, rank, group, n, job);
+  reduce_run(r);
 }
 
 int harness_reduce_join(harness_reduce *r) {
@@ -495,7 +506,8 @@ int harness_reduce_join(harness_reduce *r) {
 void harness_expect_all_reduce(harness *h, const int *group, int n, const char *job,
                                const char *when) {
   harness_reduce r[HARNESS_MAX];
-  for (int i = 0; i < n; i++) harness_reduce_start(&r[i], h, group[i], group, n, job);
+  for (int i = 0; i < n; i++) reduce_prepare(&r[i], h, group[i], group, n, job);
+  for (int i = 0; i < n; i++) reduce_run(&r[i]);
   for (int i = 0; i < n; i++)
     cr_expect_eq(harness_reduce_join(&r[i]), 0, "%s: all_reduce on rank %d: %s", when,
                  group[i], r[i].msg);

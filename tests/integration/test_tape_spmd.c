@@ -209,8 +209,9 @@ static void trainer_free(trainer *tr) {
 }
 
 /* Trainer 0's call, refused with DIST_EINVAL and a message holding why;
- * trainer 1's, failed within 2 s by rank 0's abort naming why; then both
- * trainers' all-reduce. Trainer 1's deadline is 10 s (waiting it out
+ * trainer 1's, failed within 5 s (half its deadline, as two shared cores
+ * are slow at times) by rank 0's abort naming why; then both trainers'
+ * all-reduce. Trainer 1's deadline is 10 s (waiting it out
  * shows), trainer 0's 30 s: its all-reduce waits for trainer 1's call. */
 static void run_case(const char *job, prelude_fn prelude, call_fn call, const char *why) {
   harness h;
@@ -227,7 +228,7 @@ static void run_case(const char *job, prelude_fn prelude, call_fn call, const ch
   cr_expect_eq(tr[0].rc, DIST_EINVAL, "trainer 0: %d %s", tr[0].rc, tr[0].msg);
   cr_expect(strstr(tr[0].msg, why), "trainer 0: %s (want '%s')", tr[0].msg, why);
   cr_expect_neq(tr[1].rc, 0, "trainer 1 succeeded");
-  cr_expect_lt(tr[1].took, 2.0, "trainer 1 waited %.1f s: %s", tr[1].took, tr[1].msg);
+  cr_expect_lt(tr[1].took, 5.0, "trainer 1 waited %.1f s: %s", tr[1].took, tr[1].msg);
   cr_expect(strstr(tr[1].msg, "rank 0 aborted op") && strstr(tr[1].msg, why),
             "trainer 1: %s (want rank 0's abort, '%s')", tr[1].msg, why);
   for (int r = 0; r < 2; r++) {
