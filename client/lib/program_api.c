@@ -10,75 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "client_internal.h"
-#include "program.pb-c.h"
-#include "wire.h"
-
-#define LL_METHOD(m) "/dist.v1.LocalLayer/" m
-
-/* A builder value: input `input`, or output `slot` of node `node`. */
-typedef struct bvalue {
-  int input, node, slot;
-} bvalue;
-
-typedef struct bnode {
-  Dist__V1__ProgramNode pb;
-  int *ins;      /* builder ids of the inputs */
-  uint32_t *ids; /* pb.inputs: the program ids, filled when registering */
-  int n_in;
-} bnode;
-
-typedef struct battr {
-  Dist__V1__DistAttr pb;
-  dist_mesh_desc mesh;
-  dist_wire_meta *w;    /* mesh and placements */
-  dist_wire_meta *grad; /* grad placements, or NULL */
-} battr;
-
-struct dist_program {
-  char name[128];
-  Dist__V1__ProgramInput **inputs;
-  dist_wire_meta **input_w; /* COORD mesh / grad placements per input */
-  int n_inputs;
-  bnode **nodes;
-  int n_nodes;
-  bvalue *values;
-  int n_values;
-  int *outputs; /* builder ids */
-  int n_outputs;
-  battr **attrs;
-  int n_attrs;
-  int err;
-  char errmsg[512];
-  double invocation_ttl; /* seconds, 0: the daemons' default */
-  /* registration */
-  int nranks;
-  int ranks[DIST_MAX_MESH_RANKS];
-  uint64_t handles[DIST_MAX_MESH_RANKS];
-};
-
-/* One rank's local value kept in an invocation. */
-typedef struct kept_value {
-  int present;
-  dist_dtype dtype;
-  int ndim;
-  int64_t shape[DIST_MAX_DIMS];
-  void *data;
-} kept_value;
-
-struct dist_invocation {
-  uint64_t id;
-  int spmd_rank;
-  int n, targets[DIST_MAX_MESH_RANKS];
-  int n_inputs, n_outputs;
-  int *input_is_tensor;
-  char (*out_names)[256];
-  int backward_done;
-  int nvote;                /* the daemons that store its outputs and */
-  uint32_t *vote_ranks;     /* gradients all or none (program.proto) */
-  kept_value *outs;  /* n * n_outputs, with keep_local_values */
-  kept_value *grads; /* n * n_inputs, with keep_local_values */
-};
+#include "program_internal.h"
 
 /* ---------------------------------------------------------------- errors */
 
