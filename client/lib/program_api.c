@@ -14,9 +14,7 @@
 
 /* ---------------------------------------------------------------- errors */
 
-static int bfail(dist_program *p, int code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static int bfail(dist_program *p, int code, const char *fmt, ...) {
+int dist_prog_fail(dist_program *p, int code, const char *fmt, ...) {
   if (p->err) return p->err; /* keep the first error */
   va_list ap;
   va_start(ap, fmt);
@@ -32,12 +30,13 @@ const char *dist_program_errmsg(const dist_program *p) {
 
 /* An array argument `what` (named `arg`) of n entries: at least `least`,
  * and a NULL list only when empty (it is copied from). */
-static int check_list(dist_program *p, const char *op, const char *what, const char *arg,
-                      const void *list, int n, int least) {
+int dist_prog_check_list(dist_program *p, const char *op, const char *what, const char *arg,
+                         const void *list, int n, int least) {
   if (p->err) return p->err;
-  if (n < least) return bfail(p, DIST_EINVAL, "%s: %d %s (at least %d)", op, n, what, least);
+  if (n < least)
+    return dist_prog_fail(p, DIST_EINVAL, "%s: %d %s (at least %d)", op, n, what, least);
   if (!list && n > 0)
-    return bfail(p, DIST_EINVAL, "%s: %s is NULL with %d entries", op, arg, n);
+    return dist_prog_fail(p, DIST_EINVAL, "%s: %s is NULL with %d entries", op, arg, n);
   return 0;
 }
 
@@ -46,8 +45,8 @@ static int check_ids(dist_program *p, const char *op, const int *ids, int n) {
   if (p->err) return p->err;
   for (int i = 0; i < n; i++)
     if (ids[i] < 0 || ids[i] >= p->n_values)
-      return bfail(p, DIST_EINVAL, "%s: operand %d is value %d, which this "
-                   "program does not have", op, i, ids[i]);
+      return dist_prog_fail(p, DIST_EINVAL, "%s: operand %d is value %d, which this "
+                            "program does not have", op, i, ids[i]);
   return 0;
 }
 
@@ -122,7 +121,7 @@ static int grow(void **arr, int n, size_t elem) {
 
 static int add_value(dist_program *p, int input, int node, int slot) {
   if (grow((void **)&p->values, p->n_values, sizeof *p->values))
-    return bfail(p, DIST_ENOMEM, "out of memory");
+    return dist_prog_fail(p, DIST_ENOMEM, "out of memory");
   p->values[p->n_values] = (bvalue){input, node, slot};
   return p->n_values++;
 }
@@ -134,7 +133,7 @@ static int add_input(dist_program *p, int kind, const char *name,
   if (!in || grow((void **)&p->inputs, p->n_inputs, sizeof *p->inputs) ||
       grow((void **)&p->input_w, p->n_inputs, sizeof *p->input_w)) {
     free(in);
-    return bfail(p, DIST_ENOMEM, "out of memory");
+    return dist_prog_fail(p, DIST_ENOMEM, "out of memory");
   }
   dist__v1__program_input__init(in);
   in->kind = (Dist__V1__ProgramInput__Kind)kind;
@@ -168,13 +167,13 @@ int dist_input_rank(dist_program *p) {
 int dist_input_coord(dist_program *p, const dist_mesh *mesh, int dim) {
   if (!p) return dist_null_handle(__func__, "p");
   if (!p->err && (!mesh || dim < 0 || dim >= mesh->d.ndim))
-    return bfail(p, DIST_EINVAL, "coord input: mesh dim %d out of range", dim);
+    return dist_prog_fail(p, DIST_EINVAL, "coord input: mesh dim %d out of range", dim);
   Dist__V1__ProgramInput *in = NULL;
   int id = add_input(p, DIST__V1__PROGRAM_INPUT__KIND__COORD, "coord",
                      DIST_INT64, &in);
   if (id < 0) return id;
   dist_wire_meta *w = calloc(1, sizeof *w);
-  if (!w) return bfail(p, DIST_ENOMEM, "out of memory");
+  if (!w) return dist_prog_fail(p, DIST_ENOMEM, "out of memory");
   dist_mesh_to_pb(&mesh->d, w);
   in->mesh = &w->mesh;
   in->mesh_dim = (uint32_t)dim;
@@ -186,7 +185,7 @@ static Dist__V1__ProgramInput *input_of(dist_program *p, int id,
                                         const char *what) {
   if (check_ids(p, what, &id, 1)) return NULL;
   if (p->values[id].input < 0) {
-    bfail(p, DIST_EINVAL, "%s: value %d is not an input", what, id);
+    dist_prog_fail(p, DIST_EINVAL, "%s: value %d is not an input", what, id);
     return NULL;
   }
   return p->inputs[p->values[id].input];
@@ -198,8 +197,9 @@ int dist_input_set_shape(dist_program *p, int id, int ndim,
   Dist__V1__ProgramInput *in = input_of(p, id, "input shape");
   if (!in) return p->err;
   if (ndim < 0 || ndim > DIST_MAX_DIMS)
-    return bfail(p, DIST_EINVAL, "input shape: %d dims", ndim);
-  if (check_list(p, "dist_input_set_shape", "dims", "shape", shape, ndim, 0)) return p->err;
+    return dist_prog_fail(p, DIST_EINVAL, "input shape: %d dims", ndim);
+  if (dist_prog_check_list(p, "dist_input_set_shape", "dims", "shape", shape, ndim, 0))
+    return p->err;
   free(in->shape);
   in->shape = malloc(sizeof(int64_t) * ((size_t)ndim + 1));
   if (ndim) memcpy(in->shape, shape, sizeof(int64_t) * (size_t)ndim);
@@ -222,13 +222,13 @@ int dist_input_set_grad_placements(dist_program *p, int id,
   Dist__V1__ProgramInput *in = input_of(p, id, "grad placements");
   if (!in) return p->err;
   if (n < 0 || n > DIST_MAX_MESH_DIMS)
-    return bfail(p, DIST_EINVAL, "grad placements: %d given", n);
-  if (check_list(p, "dist_input_set_grad_placements", "placements", "placements", placements,
-                 n, 0))
+    return dist_prog_fail(p, DIST_EINVAL, "grad placements: %d given", n);
+  if (dist_prog_check_list(p, "dist_input_set_grad_placements", "placements", "placements",
+                           placements, n, 0))
     return p->err;
   int i = p->values[id].input;
   if (!p->input_w[i] && !(p->input_w[i] = calloc(1, sizeof(dist_wire_meta))))
-    return bfail(p, DIST_ENOMEM, "out of memory");
+    return dist_prog_fail(p, DIST_ENOMEM, "out of memory");
   dist_placements_to_pb(placements, n, p->input_w[i]);
   in->n_grad_placements = (size_t)n;
   in->grad_placements = p->input_w[i]->placement_ptrs;
@@ -237,8 +237,8 @@ int dist_input_set_grad_placements(dist_program *p, int id,
 
 /* A new node of op with the given operands; returns its first value id and
  * the node in *out. */
-static int add_node(dist_program *p, int op, const int *ins, int n_in,
-                    bnode **out) {
+int dist_prog_add_node(dist_program *p, int op, const int *ins, int n_in,
+                       bnode **out) {
   char what[32];
   snprintf(what, sizeof what, "op %d", op);
   if (check_ids(p, what, ins, n_in)) return p->err;
@@ -247,7 +247,7 @@ static int add_node(dist_program *p, int op, const int *ins, int n_in,
       !(n->ids = malloc(sizeof(uint32_t) * ((size_t)n_in + 1))) ||
       grow((void **)&p->nodes, p->n_nodes, sizeof *p->nodes)) {
     node_free(n);
-    return bfail(p, DIST_ENOMEM, "out of memory");
+    return dist_prog_fail(p, DIST_ENOMEM, "out of memory");
   }
   dist__v1__program_node__init(&n->pb);
   n->pb.op = (Dist__V1__OpKind)op;
@@ -263,418 +263,15 @@ static int add_node(dist_program *p, int op, const int *ins, int n_in,
   return id;
 }
 
-/* A count the caller gives (operands, dims, axes, values): a negative one
- * was taken as 0, so reshape(x, shape, -1) made a scalar, and concat's
- * overran the heap. */
-static int64_t *dup_i64(const int64_t *v, int n) {
-  int64_t *d = malloc(sizeof(int64_t) * ((size_t)n + 1));
-  if (d && n > 0) memcpy(d, v, sizeof(int64_t) * (size_t)n);
-  return d;
-}
-
 int dist_op_set_label(dist_program *p, int id, const char *label) {
   if (!p) return dist_null_handle(__func__, "p");
   if (check_ids(p, "label", &id, 1)) return p->err;
   if (p->values[id].node < 0)
-    return bfail(p, DIST_EINVAL, "label: value %d is an input", id);
+    return dist_prog_fail(p, DIST_EINVAL, "label: value %d is an input", id);
   bnode *n = p->nodes[p->values[id].node];
   if (n->pb.name != protobuf_c_empty_string) free(n->pb.name);
   n->pb.name = strdup(label ? label : "");
   return 0;
-}
-
-/* ---------------------------------------------------------------- ops */
-
-/* The generic builders take an op kind of their own family only. The
- * daemons cannot refuse another: with one operand, add is add(x, 0) and a
- * reduce of kind add would run as that, returning x. */
-static int is_binary_kind(dist_op_kind op) {
-  return (op >= DIST_OP_ADD && op <= DIST_OP_MINIMUM) ||
-         (op >= DIST_OP_EQ && op <= DIST_OP_LOGICAL_OR);
-}
-
-static int is_unary_kind(dist_op_kind op) {
-  return op == DIST_OP_LOGICAL_NOT || (op >= DIST_OP_EXP && op <= DIST_OP_TANH);
-}
-
-static int is_reduce_kind(dist_op_kind op) {
-  return op >= DIST_OP_SUM && op <= DIST_OP_MIN;
-}
-
-static const char binary_family[] =
-    "a binary elementwise op (DIST_OP_ADD ... DIST_OP_LOGICAL_OR)";
-
-static int check_kind(dist_program *p, const char *builder, dist_op_kind op,
-                      int (*fits)(dist_op_kind), const char *family) {
-  if (p->err || fits(op)) return p->err;
-  return bfail(p, DIST_EINVAL, "%s: op kind %d is not %s", builder, (int)op,
-               family);
-}
-
-int dist_op_binary(dist_program *p, dist_op_kind op, int a, int b) {
-  if (!p) return dist_null_handle(__func__, "p");
-  int ins[2] = {a, b};
-  if (check_kind(p, "dist_op_binary", op, is_binary_kind, binary_family))
-    return p->err;
-  return add_node(p, op, ins, 2, NULL);
-}
-
-int dist_op_binary_scalar(dist_program *p, dist_op_kind op, int a,
-                          double scalar, int scalar_first) {
-  if (!p) return dist_null_handle(__func__, "p");
-  bnode *n = NULL;
-  if (check_kind(p, "dist_op_binary_scalar", op, is_binary_kind, binary_family))
-    return p->err;
-  int id = add_node(p, op, &a, 1, &n);
-  if (id >= 0) {
-    n->pb.scalar = scalar;
-    n->pb.scalar_first = scalar_first != 0;
-  }
-  return id;
-}
-
-#define BINARY(fn, OP)                                                  \
-  int dist_op_##fn(dist_program *p, int a, int b) {                     \
-    if (!p) return dist_null_handle(__func__, "p");                     \
-    return dist_op_binary(p, DIST_OP_##OP, a, b);                       \
-  }
-BINARY(add, ADD)
-BINARY(sub, SUB)
-BINARY(mul, MUL)
-BINARY(div, DIV)
-BINARY(pow, POW)
-BINARY(maximum, MAXIMUM)
-BINARY(minimum, MINIMUM)
-BINARY(eq, EQ)
-BINARY(ne, NE)
-BINARY(lt, LT)
-BINARY(le, LE)
-BINARY(gt, GT)
-BINARY(ge, GE)
-BINARY(logical_and, LOGICAL_AND)
-BINARY(logical_or, LOGICAL_OR)
-#undef BINARY
-
-#define WITH_SCALAR(fn, OP)                                             \
-  int dist_op_##fn##_scalar(dist_program *p, int a, double s) {         \
-    if (!p) return dist_null_handle(__func__, "p");                     \
-    return dist_op_binary_scalar(p, DIST_OP_##OP, a, s, 0);             \
-  }
-WITH_SCALAR(add, ADD)
-WITH_SCALAR(sub, SUB)
-WITH_SCALAR(mul, MUL)
-WITH_SCALAR(div, DIV)
-WITH_SCALAR(pow, POW)
-WITH_SCALAR(eq, EQ)
-#undef WITH_SCALAR
-
-int dist_op_scalar_sub(dist_program *p, double s, int a) {
-  if (!p) return dist_null_handle(__func__, "p");
-  return dist_op_binary_scalar(p, DIST_OP_SUB, a, s, 1);
-}
-
-int dist_op_scalar_div(dist_program *p, double s, int a) {
-  if (!p) return dist_null_handle(__func__, "p");
-  return dist_op_binary_scalar(p, DIST_OP_DIV, a, s, 1);
-}
-
-int dist_op_logical_not(dist_program *p, int a) {
-  if (!p) return dist_null_handle(__func__, "p");
-  return add_node(p, DIST_OP_LOGICAL_NOT, &a, 1, NULL);
-}
-
-int dist_op_where(dist_program *p, int cond, int a, int b) {
-  if (!p) return dist_null_handle(__func__, "p");
-  int ins[3] = {cond, a, b};
-  return add_node(p, DIST_OP_WHERE, ins, 3, NULL);
-}
-
-int dist_op_unary(dist_program *p, dist_op_kind op, int x) {
-  if (!p) return dist_null_handle(__func__, "p");
-  if (check_kind(p, "dist_op_unary", op, is_unary_kind,
-                 "a unary op (DIST_OP_EXP ... DIST_OP_TANH, DIST_OP_LOGICAL_NOT)"))
-    return p->err;
-  return add_node(p, op, &x, 1, NULL);
-}
-
-#define UNARY(fn, OP)                                                   \
-  int dist_op_##fn(dist_program *p, int x) {                            \
-    if (!p) return dist_null_handle(__func__, "p");                     \
-    return dist_op_unary(p, DIST_OP_##OP, x);                           \
-  }
-UNARY(exp, EXP)
-UNARY(log, LOG)
-UNARY(sqrt, SQRT)
-UNARY(abs, ABS)
-UNARY(neg, NEG)
-UNARY(relu, RELU)
-UNARY(silu, SILU)
-UNARY(sigmoid, SIGMOID)
-UNARY(tanh, TANH)
-#undef UNARY
-
-int dist_op_gelu(dist_program *p, int x, int approximate) {
-  if (!p) return dist_null_handle(__func__, "p");
-  bnode *n = NULL;
-  int id = add_node(p, DIST_OP_GELU, &x, 1, &n);
-  if (id >= 0) n->pb.approximate = approximate != 0;
-  return id;
-}
-
-int dist_op_reduce(dist_program *p, dist_op_kind op, int x,
-                   const int64_t *axes, int naxes, int keepdim) {
-  if (!p) return dist_null_handle(__func__, "p");
-  bnode *n = NULL;
-  if (check_kind(p, "dist_op_reduce", op, is_reduce_kind,
-                 "a reduction (DIST_OP_SUM, DIST_OP_MEAN, DIST_OP_MAX or DIST_OP_MIN)"))
-    return p->err;
-  if (check_list(p, "dist_op_reduce", "axes", "axes", axes, naxes, 0)) return p->err;
-  int id = add_node(p, op, &x, 1, &n);
-  if (id < 0) return id;
-  n->pb.axes = dup_i64(axes, naxes);
-  n->pb.n_axes = naxes > 0 ? (size_t)naxes : 0;
-  n->pb.keepdim = keepdim != 0;
-  return id;
-}
-
-#define REDUCE(fn, OP)                                                  \
-  int dist_op_##fn(dist_program *p, int x, const int64_t *axes,         \
-                   int naxes, int keepdim) {                            \
-    if (!p) return dist_null_handle(__func__, "p");                     \
-    return dist_op_reduce(p, DIST_OP_##OP, x, axes, naxes, keepdim);    \
-  }
-REDUCE(sum, SUM)
-REDUCE(mean, MEAN)
-REDUCE(max, MAX)
-REDUCE(min, MIN)
-#undef REDUCE
-
-static int axis_op(dist_program *p, int op, int x, int64_t axis, int keepdim) {
-  bnode *n = NULL;
-  int id = add_node(p, op, &x, 1, &n);
-  if (id >= 0) {
-    n->pb.axis = axis;
-    n->pb.keepdim = keepdim != 0;
-  }
-  return id;
-}
-
-int dist_op_logsumexp(dist_program *p, int x, int64_t axis, int keepdim) {
-  if (!p) return dist_null_handle(__func__, "p");
-  return axis_op(p, DIST__V1__OP_KIND__OP_LOGSUMEXP, x, axis, keepdim);
-}
-
-int dist_op_softmax(dist_program *p, int x, int64_t axis) {
-  if (!p) return dist_null_handle(__func__, "p");
-  return axis_op(p, DIST__V1__OP_KIND__OP_SOFTMAX, x, axis, 0);
-}
-
-int dist_op_log_softmax(dist_program *p, int x, int64_t axis) {
-  if (!p) return dist_null_handle(__func__, "p");
-  return axis_op(p, DIST__V1__OP_KIND__OP_LOG_SOFTMAX, x, axis, 0);
-}
-
-int dist_op_cross_entropy(dist_program *p, int logits, int labels, int mask,
-                          dist_ce_reduction reduction, int use_ignore_index,
-                          int64_t ignore_index) {
-  if (!p) return dist_null_handle(__func__, "p");
-  int ins[3] = {logits, labels, mask};
-  bnode *n = NULL;
-  int id = add_node(p, DIST__V1__OP_KIND__OP_CROSS_ENTROPY, ins,
-                    mask >= 0 ? 3 : 2, &n);
-  if (id < 0) return id;
-  n->pb.reduction = (Dist__V1__Reduction)reduction;
-  n->pb.use_ignore_index = use_ignore_index != 0;
-  n->pb.ignore_index = ignore_index;
-  return id;
-}
-
-int dist_op_matmul(dist_program *p, int a, int b, int trans_a, int trans_b) {
-  if (!p) return dist_null_handle(__func__, "p");
-  int ins[2] = {a, b};
-  bnode *n = NULL;
-  int id = add_node(p, DIST__V1__OP_KIND__OP_MATMUL, ins, 2, &n);
-  if (id >= 0) {
-    n->pb.trans_a = trans_a != 0;
-    n->pb.trans_b = trans_b != 0;
-  }
-  return id;
-}
-
-int dist_op_reshape(dist_program *p, int x, const int64_t *shape, int ndim) {
-  if (!p) return dist_null_handle(__func__, "p");
-  bnode *n = NULL;
-  if (check_list(p, "dist_op_reshape", "dims", "shape", shape, ndim, 0)) return p->err;
-  int id = add_node(p, DIST__V1__OP_KIND__OP_RESHAPE, &x, 1, &n);
-  if (id < 0) return id;
-  n->pb.shape = dup_i64(shape, ndim);
-  n->pb.n_shape = (size_t)ndim;
-  return id;
-}
-
-int dist_op_transpose(dist_program *p, int x, const int64_t *perm, int nperm) {
-  if (!p) return dist_null_handle(__func__, "p");
-  bnode *n = NULL;
-  if (check_list(p, "dist_op_transpose", "perm entries", "perm", perm, nperm, 0)) return p->err;
-  int id = add_node(p, DIST__V1__OP_KIND__OP_TRANSPOSE, &x, 1, &n);
-  if (id < 0) return id;
-  n->pb.perm = dup_i64(perm, nperm);
-  n->pb.n_perm = (size_t)nperm;
-  return id;
-}
-
-static void set_slice_attrs(bnode *n, const int64_t *axes,
-                            const int64_t *starts, const int64_t *ends,
-                            const int64_t *steps, int k) {
-  size_t m = (size_t)k; /* checked by the callers */
-  n->pb.axes = dup_i64(axes, k);
-  n->pb.starts = dup_i64(starts, k);
-  n->pb.ends = dup_i64(ends, k);
-  n->pb.n_axes = n->pb.n_starts = n->pb.n_ends = m;
-  if (steps) {
-    n->pb.steps = dup_i64(steps, k);
-    n->pb.n_steps = m;
-  }
-}
-
-/* The lists of a slice, k entries each (steps may be NULL: 1). */
-static int check_slice(dist_program *p, const char *op, const int64_t *axes,
-                       const int64_t *starts, const int64_t *ends, int k) {
-  if (check_list(p, op, "axes", "axes", axes, k, 0) ||
-      check_list(p, op, "starts", "starts", starts, k, 0))
-    return p->err;
-  return check_list(p, op, "ends", "ends", ends, k, 0);
-}
-
-int dist_op_slice(dist_program *p, int x, const int64_t *axes,
-                  const int64_t *starts, const int64_t *ends,
-                  const int64_t *steps, int k) {
-  if (!p) return dist_null_handle(__func__, "p");
-  bnode *n = NULL;
-  if (check_slice(p, "dist_op_slice", axes, starts, ends, k)) return p->err;
-  int id = add_node(p, DIST__V1__OP_KIND__OP_SLICE, &x, 1, &n);
-  if (id >= 0) set_slice_attrs(n, axes, starts, ends, steps, k);
-  return id;
-}
-
-int dist_op_set_slice(dist_program *p, int x, int v, double scalar,
-                      const int64_t *axes, const int64_t *starts,
-                      const int64_t *ends, const int64_t *steps, int k) {
-  if (!p) return dist_null_handle(__func__, "p");
-  int ins[2] = {x, v};
-  bnode *n = NULL;
-  if (check_slice(p, "dist_op_set_slice", axes, starts, ends, k)) return p->err;
-  int id = add_node(p, DIST__V1__OP_KIND__OP_SET_SLICE, ins, v >= 0 ? 2 : 1, &n);
-  if (id < 0) return id;
-  n->pb.scalar = scalar;
-  set_slice_attrs(n, axes, starts, ends, steps, k);
-  return id;
-}
-
-int dist_op_concat(dist_program *p, const int *xs, int count, int64_t axis) {
-  if (!p) return dist_null_handle(__func__, "p");
-  bnode *n = NULL;
-  if (check_list(p, "dist_op_concat", "operands", "xs", xs, count, 1)) return p->err;
-  int id = add_node(p, DIST__V1__OP_KIND__OP_CONCAT, xs, count, &n);
-  if (id >= 0) n->pb.axis = axis;
-  return id;
-}
-
-int dist_op_cast(dist_program *p, int x, dist_dtype dt) {
-  if (!p) return dist_null_handle(__func__, "p");
-  bnode *n = NULL;
-  int id = add_node(p, DIST__V1__OP_KIND__OP_CAST, &x, 1, &n);
-  if (id >= 0) n->pb.dtype = (Dist__V1__DType)dt;
-  return id;
-}
-
-static int creation(dist_program *p, int op, const int *x, dist_dtype dt,
-                    const int64_t *shape, int ndim, double value) {
-  bnode *n = NULL;
-  const char *builder = op == DIST__V1__OP_KIND__OP_CONSTANT ? "dist_op_constant"
-                                                            : "dist_op_full";
-  if (check_list(p, builder, "dims", "shape", shape, ndim, 0)) return p->err;
-  int id = add_node(p, op, x, x ? 1 : 0, &n);
-  if (id < 0) return id;
-  n->pb.dtype = (Dist__V1__DType)dt;
-  n->pb.scalar = value;
-  if (shape || ndim > 0) {
-    n->pb.shape = dup_i64(shape, ndim);
-    n->pb.n_shape = (size_t)ndim;
-  }
-  return id;
-}
-
-int dist_op_full(dist_program *p, dist_dtype dt, const int64_t *shape,
-                 int ndim, double value) {
-  if (!p) return dist_null_handle(__func__, "p");
-  return creation(p, DIST__V1__OP_KIND__OP_FULL, NULL, dt, shape, ndim, value);
-}
-
-int dist_op_zeros_like(dist_program *p, int x) {
-  if (!p) return dist_null_handle(__func__, "p");
-  return creation(p, DIST__V1__OP_KIND__OP_ZEROS_LIKE, &x, 0, NULL, 0, 0);
-}
-
-int dist_op_ones_like(dist_program *p, int x) {
-  if (!p) return dist_null_handle(__func__, "p");
-  return creation(p, DIST__V1__OP_KIND__OP_ONES_LIKE, &x, 0, NULL, 0, 0);
-}
-
-int dist_op_full_like(dist_program *p, int x, double value) {
-  if (!p) return dist_null_handle(__func__, "p");
-  return creation(p, DIST__V1__OP_KIND__OP_FULL_LIKE, &x, 0, NULL, 0, value);
-}
-
-int dist_op_arange(dist_program *p, double start, double end, double step,
-                   dist_dtype dt) {
-  if (!p) return dist_null_handle(__func__, "p");
-  bnode *n = NULL;
-  int id = add_node(p, DIST__V1__OP_KIND__OP_ARANGE, NULL, 0, &n);
-  if (id < 0) return id;
-  n->pb.scalar = start;
-  n->pb.end = end;
-  n->pb.step = step;
-  n->pb.dtype = (Dist__V1__DType)dt;
-  return id;
-}
-
-int dist_op_constant(dist_program *p, dist_dtype dt, const int64_t *shape,
-                     int ndim, const double *values, int nvalues) {
-  if (!p) return dist_null_handle(__func__, "p");
-  if (check_list(p, "dist_op_constant", "values", "values", values, nvalues, 0)) return p->err;
-  int id = creation(p, DIST__V1__OP_KIND__OP_CONSTANT, NULL, dt, shape, ndim, 0);
-  if (id < 0) return id;
-  bnode *n = p->nodes[p->values[id].node];
-  n->pb.values = malloc(sizeof(double) * ((size_t)(nvalues > 0 ? nvalues : 0) + 1));
-  if (nvalues > 0) memcpy(n->pb.values, values, sizeof(double) * (size_t)nvalues);
-  n->pb.n_values = nvalues > 0 ? (size_t)nvalues : 0;
-  return id;
-}
-
-int dist_op_topk(dist_program *p, int x, int64_t k, int64_t axis,
-                 int smallest, int *values, int *indices) {
-  if (!p) return dist_null_handle(__func__, "p");
-  bnode *n = NULL;
-  int id = add_node(p, DIST__V1__OP_KIND__OP_TOPK, &x, 1, &n);
-  if (id < 0) return id;
-  n->pb.k = k;
-  n->pb.axis = axis;
-  n->pb.smallest = smallest != 0;
-  if (values) *values = id;
-  if (indices) *indices = id + 1;
-  return id;
-}
-
-int dist_op_one_hot(dist_program *p, int x, int64_t num_classes,
-                    dist_dtype dt) {
-  if (!p) return dist_null_handle(__func__, "p");
-  bnode *n = NULL;
-  int id = add_node(p, DIST__V1__OP_KIND__OP_ONE_HOT, &x, 1, &n);
-  if (id < 0) return id;
-  n->pb.num_classes = num_classes;
-  n->pb.dtype = (Dist__V1__DType)dt;
-  return id;
 }
 
 /* ---------------------------------------------------------------- outputs */
@@ -683,7 +280,7 @@ int dist_program_output(dist_program *p, int value) {
   if (!p) return dist_null_handle(__func__, "p");
   if (check_ids(p, "output", &value, 1)) return p->err;
   if (grow((void **)&p->outputs, p->n_outputs, sizeof *p->outputs))
-    return bfail(p, DIST_ENOMEM, "out of memory");
+    return dist_prog_fail(p, DIST_ENOMEM, "out of memory");
   p->outputs[p->n_outputs++] = value;
   return 0;
 }
@@ -694,15 +291,15 @@ int dist_program_out_dist_attr(dist_program *p, const dist_mesh *mesh,
   if (!p) return dist_null_handle(__func__, "p");
   if (p->err) return p->err;
   if (!mesh || !placements)
-    return bfail(p, DIST_EINVAL, "out_dist_attr %d: no mesh or placements",
-                 p->n_attrs);
+    return dist_prog_fail(p, DIST_EINVAL, "out_dist_attr %d: no mesh or placements",
+                          p->n_attrs);
   battr *a = calloc(1, sizeof *a);
   if (!a || !(a->w = calloc(1, sizeof *a->w)) ||
       (grad_placements && !(a->grad = calloc(1, sizeof *a->grad))) ||
       grow((void **)&p->attrs, p->n_attrs, sizeof *p->attrs)) {
     if (a) free(a->w), free(a->grad);
     free(a);
-    return bfail(p, DIST_ENOMEM, "out of memory");
+    return dist_prog_fail(p, DIST_ENOMEM, "out of memory");
   }
   dist__v1__dist_attr__init(&a->pb);
   a->mesh = mesh->d;
@@ -876,7 +473,7 @@ int dist_program_register(dist_client *c, dist_program *p) {
 
 int dist_program_set_invocation_ttl(dist_program *p, double seconds) {
   if (!p) return dist_null_handle(__func__, "p");
-  if (seconds < 0) return bfail(p, DIST_EINVAL, "invocation ttl %g s", seconds);
+  if (seconds < 0) return dist_prog_fail(p, DIST_EINVAL, "invocation ttl %g s", seconds);
   p->invocation_ttl = seconds;
   return 0;
 }

@@ -1,5 +1,6 @@
 /* The LocalLayer program and invocation, and the pieces their files share:
- * the builder (program_api.c). Not installed. */
+ * the builder (program_api.c) and its op builders (program_ops.c). Not
+ * installed. */
 #ifndef DIST_PROGRAM_INTERNAL_H
 #define DIST_PROGRAM_INTERNAL_H
 
@@ -72,5 +73,15 @@ struct dist_invocation {
   kept_value *outs;  /* n * n_outputs, with keep_local_values */
   kept_value *grads; /* n * n_inputs, with keep_local_values */
 };
+
+/* ---------------------------------------------------------------- program_api.c */
+
+/* Keeps the first error of p (sticky, see dist.h); returns p's error code. */
+int dist_prog_fail(dist_program *p, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+int dist_prog_check_list(dist_program *p, const char *op, const char *what, const char *arg,
+                         const void *list, int n, int least);
+int dist_prog_add_node(dist_program *p, int op, const int *ins, int n_in,
+                       bnode **out);
 
 #endif
