@@ -1,6 +1,6 @@
 /* The LocalLayer program and invocation, and the pieces their files share:
- * the builder (program_api.c) and its op builders (program_ops.c). Not
- * installed. */
+ * the builder (program_api.c) and its op builders (program_ops.c), and
+ * registration (program_register.c). Not installed. */
 #ifndef DIST_PROGRAM_INTERNAL_H
 #define DIST_PROGRAM_INTERNAL_H
 
@@ -83,5 +83,13 @@ int dist_prog_check_list(dist_program *p, const char *op, const char *what, cons
                          const void *list, int n, int least);
 int dist_prog_add_node(dist_program *p, int op, const int *ins, int n_in,
                        bnode **out);
+
+/* ---------------------------------------------------------------- program_register.c */
+
+/* The ranks of p's output meshes, each once; returns how many. */
+int dist_prog_output_ranks(const dist_program *p, int *ranks);
+/* Best effort: keeps c's error as it was. */
+void dist_prog_release_on(dist_client *c, const int *targets, int n,
+                          const uint64_t *handles, uint64_t invocation);
 
 #endif
