@@ -339,15 +339,7 @@ int dist_program_rank_at(const dist_program *p, int i) {
 
 /* ---------------------------------------------------------------- arguments */
 
-/* The request arguments of one daemon. */
-typedef struct arg_set {
-  int n;
-  Dist__V1__ProgramArg *args;
-  Dist__V1__ProgramArg **ptrs;
-  uint64_t (*shapes)[DIST_MAX_DIMS];
-} arg_set;
-
-static int arg_set_init(arg_set *s, int n) {
+int dist_prog_arg_set_init(arg_set *s, int n) {
   s->n = n;
   s->args = calloc((size_t)n + 1, sizeof *s->args);
   s->ptrs = calloc((size_t)n + 1, sizeof *s->ptrs);
@@ -379,8 +371,8 @@ static void set_value(arg_set *s, int j, const dist_value *v) {
 }
 
 /* Argument j of target i from a: a tensor name, or the target's value. */
-static int fill_arg(dist_client *c, arg_set *s, int j, const dist_arg *a,
-                    int i, int need_tensor, const char *what) {
+int dist_prog_fill_arg(dist_client *c, arg_set *s, int j, const dist_arg *a,
+                       int i, int need_tensor, const char *what) {
   if (a->tensor) {
     s->args[j].tensor = (char *)a->tensor->name;
     return 0;
@@ -391,7 +383,7 @@ static int fill_arg(dist_client *c, arg_set *s, int j, const dist_arg *a,
   return 0;
 }
 
-static dist_tensor *tensor_of_meta(const Dist__V1__TensorMeta *m) {
+dist_tensor *dist_prog_tensor_of_meta(const Dist__V1__TensorMeta *m) {
   dist_tensor *t = calloc(1, sizeof *t);
   if (!t) return NULL;
   snprintf(t->name, sizeof t->name, "%s", m->name);
@@ -402,7 +394,7 @@ static dist_tensor *tensor_of_meta(const Dist__V1__TensorMeta *m) {
   return t;
 }
 
-static void keep_value(kept_value *k, const Dist__V1__ProgramValue *v) {
+void dist_prog_keep_value(kept_value *k, const Dist__V1__ProgramValue *v) {
   k->present = v->n_shape > 0 || v->data.len > 0 || v->dtype != 0;
   k->dtype = (dist_dtype)v->dtype;
   k->ndim = (int)v->n_shape;
@@ -413,15 +405,6 @@ static void keep_value(kept_value *k, const Dist__V1__ProgramValue *v) {
 }
 
 /* ---------------------------------------------------------------- call */
-
-/* The daemons of one invocation, and their requests. */
-typedef struct fanout {
-  int n;
-  int targets[DIST_MAX_MESH_RANKS];
-  int index[DIST_MAX_MESH_RANKS]; /* position in the program's ranks */
-  arg_set *args;
-  dist_call *calls;
-} fanout;
 
 static int fanout_init(dist_client *c, const dist_program *p, fanout *f,
                        int nargs) {
@@ -435,11 +418,11 @@ static int fanout_init(dist_client *c, const dist_program *p, fanout *f,
   f->calls = calloc((size_t)f->n + 1, sizeof *f->calls);
   if (!f->args || !f->calls) return DIST_ENOMEM;
   for (int i = 0; i < f->n; i++)
-    if (arg_set_init(&f->args[i], nargs)) return DIST_ENOMEM;
+    if (dist_prog_arg_set_init(&f->args[i], nargs)) return DIST_ENOMEM;
   return 0;
 }
 
-static void fanout_free(fanout *f) {
+void dist_prog_fanout_free(fanout *f) {
   if (f->calls) dist_calls_free(f->calls, f->n);
   for (int i = 0; f->args && i < f->n; i++) arg_set_free(&f->args[i]);
   free(f->args);
@@ -532,11 +515,11 @@ static int take_outputs(dist_client *c, fanout *f, const dist_call_opts *o,
                               "expected %d", f->targets[i], r->n_outputs,
                               v->n_outputs);
     for (size_t k = 0; o->keep_local_values && k < r->n_values; k++)
-      keep_value(&v->outs[i * v->n_outputs + (int)k], r->values[k]);
+      dist_prog_keep_value(&v->outs[i * v->n_outputs + (int)k], r->values[k]);
   }
   const Dist__V1__ProgramInvokeReply *r0 = (const void *)f->calls[0].reply;
   for (int k = 0; outs && k < v->n_outputs; k++)
-    outs[k] = tensor_of_meta(r0->outputs[k]);
+    outs[k] = dist_prog_tensor_of_meta(r0->outputs[k]);
   return 0;
 }
 
@@ -547,9 +530,9 @@ static int build_invoke(dist_client *c, const dist_program *p, fanout *f,
     for (int j = 0; j < p->n_inputs; j++) {
       int kind = p->inputs[j]->kind;
       if (kind > DIST__V1__PROGRAM_INPUT__KIND__VALUE) continue;
-      int rc = fill_arg(c, &f->args[i], j, &args[j], f->index[i],
-                        kind == DIST__V1__PROGRAM_INPUT__KIND__DTENSOR_LOCAL,
-                        "input");
+      int rc = dist_prog_fill_arg(c, &f->args[i], j, &args[j], f->index[i],
+                                  kind == DIST__V1__PROGRAM_INPUT__KIND__DTENSOR_LOCAL,
+                                  "input");
       if (rc) return rc;
       if (kind == DIST__V1__PROGRAM_INPUT__KIND__VALUE && !args[j].values)
         return dist_client_fail(c, DIST_EINVAL, "input %d needs values", j);
@@ -567,8 +550,8 @@ static int build_invoke(dist_client *c, const dist_program *p, fanout *f,
 /* dist_client_check_name on each of names[0..n), the caller's names for a
  * call's outputs or a backward's gradients ("output 1: ..."); with
  * optional, a NULL or "" entry (a gradient not to store) is skipped. */
-static int check_chosen_names(dist_client *c, const char *kind, const char *const *names, int n,
-                              int optional) {
+int dist_prog_check_chosen_names(dist_client *c, const char *kind, const char *const *names,
+                                 int n, int optional) {
   for (int i = 0; i < n; i++) {
     if (optional && (!names[i] || !names[i][0])) continue;
     char what[32];
@@ -597,7 +580,8 @@ static int prepare_call(dist_client *c, const dist_program *p, const dist_call_o
                         const dist_arg *args, fanout *f, dist_invocation *v, char **names,
                         Dist__V1__ProgramInvokeRequest *rq) {
   int rc;
-  if (o->out_names && (rc = check_chosen_names(c, "output", o->out_names, p->n_outputs, 0)))
+  if (o->out_names &&
+      (rc = dist_prog_check_chosen_names(c, "output", o->out_names, p->n_outputs, 0)))
     return rc;
   for (int k = 0; k < p->n_outputs; k++) {
     if (o->out_names) snprintf(v->out_names[k], sizeof v->out_names[k], "%s", o->out_names[k]);
@@ -686,7 +670,7 @@ int dist_local_layer_call(dist_client *c, dist_program *p, const dist_arg *args,
   v = NULL;
 out:
   dist_invocation_free(v);
-  fanout_free(&f);
+  dist_prog_fanout_free(&f);
   free(rq);
   free(names);
   return rc;
@@ -731,135 +715,4 @@ int dist_invocation_local_grad(const dist_invocation *inv, int i, int rank,
   if (!inv) return dist_null_handle(__func__, "inv");
   if (!out) return dist_null_handle(__func__, "out");
   return kept_at(inv, inv->grads, inv->n_inputs, i, rank, out);
-}
-
-/* ---------------------------------------------------------------- backward */
-
-static int take_grads(dist_client *c, fanout *f, const dist_backward_opts *o,
-                      dist_invocation *v, dist_tensor **grads) {
-  if (o->keep_local_values &&
-      !(v->grads = calloc((size_t)(f->n * v->n_inputs) + 1, sizeof *v->grads)))
-    return dist_client_fail(c, DIST_ENOMEM, "out of memory");
-  for (int i = 0; i < f->n; i++) {
-    const Dist__V1__ProgramBackwardReply *r = (const void *)f->calls[i].reply;
-    if (r->n_grads != (size_t)v->n_inputs)
-      return dist_client_fail(c, DIST_EPROTO, "rank %d returned %zu gradients, "
-                              "expected %d", f->targets[i], r->n_grads,
-                              v->n_inputs);
-    for (size_t j = 0; o->keep_local_values && j < r->n_values; j++)
-      if (j < r->n_has_grad && r->has_grad[j])
-        keep_value(&v->grads[i * v->n_inputs + (int)j], r->values[j]);
-  }
-  const Dist__V1__ProgramBackwardReply *r0 = (const void *)f->calls[0].reply;
-  for (int j = 0; grads && j < v->n_inputs; j++)
-    grads[j] = r0->grads[j]->name && r0->grads[j]->name[0]
-                   ? tensor_of_meta(r0->grads[j])
-                   : NULL;
-  return 0;
-}
-
-static int build_backward(dist_client *c, dist_invocation *v, fanout *f,
-                          const dist_arg *out_grads, char **names,
-                          const dist_backward_opts *o,
-                          Dist__V1__ProgramBackwardRequest *rq) {
-  for (int i = 0; i < f->n; i++) {
-    dist__v1__program_backward_request__init(&rq[i]);
-    for (int k = 0; out_grads && k < v->n_outputs; k++) {
-      int rc = fill_arg(c, &f->args[i], k, &out_grads[k], i, 0, "output gradient");
-      if (rc) return rc;
-    }
-    rq[i].invocation_id = v->id;
-    rq[i].n_ranks = (size_t)v->nvote;
-    rq[i].ranks = v->vote_ranks;
-    rq[i].n_out_grads = out_grads ? (size_t)v->n_outputs : 0;
-    rq[i].out_grads = f->args[i].ptrs;
-    rq[i].n_grad_names = (size_t)v->n_inputs;
-    rq[i].grad_names = names;
-    rq[i].replace = o->replace != 0;
-    rq[i].return_values = o->keep_local_values != 0;
-    f->calls[i].target = f->targets[i];
-    f->calls[i].request = &rq[i].base;
-  }
-  return 0;
-}
-
-/* The backward's gradient names (in buf) and requests, made and checked
- * before any is sent. */
-static int prepare_backward(dist_client *c, dist_invocation *inv, fanout *f,
-                            const dist_arg *out_grads, const dist_backward_opts *o,
-                            char **names, char (*buf)[256],
-                            Dist__V1__ProgramBackwardRequest *rq) {
-  int rc = dist_check_call_args(c, "dist_backward", "out_grads", out_grads,
-                                out_grads ? inv->n_outputs : 0, c->spmd_rank >= 0 ? 1 : inv->n);
-  if (rc) return rc;
-  if (o->grad_names &&
-      (rc = check_chosen_names(c, "gradient", o->grad_names, inv->n_inputs, 1)))
-    return rc;
-  for (int j = 0; j < inv->n_inputs; j++) {
-    if (o->grad_names)
-      snprintf(buf[j], sizeof *buf, "%s", o->grad_names[j] ? o->grad_names[j] : "");
-    else if (inv->input_is_tensor[j])
-      snprintf(buf[j], sizeof *buf, "%s.grad%d", inv->out_names[0], j);
-    names[j] = buf[j];
-  }
-  return build_backward(c, inv, f, out_grads, names, o, rq);
-}
-
-int dist_backward(dist_client *c, dist_invocation *inv,
-                  const dist_arg *out_grads, const dist_backward_opts *opts,
-                  dist_tensor **grads) {
-  if (!c) return dist_no_client(__func__);
-  if (DIST_NEED(c, inv)) return c->err.code;
-  dist_backward_opts o = DIST_BACKWARD_OPTS_INIT;
-  if (opts) o = *opts;
-  for (int j = 0; grads && j < inv->n_inputs; j++) grads[j] = NULL;
-  fanout f = {.n = inv->n};
-  memcpy(f.targets, inv->targets, sizeof(int) * (size_t)inv->n);
-  Dist__V1__ProgramBackwardRequest *rq = calloc((size_t)inv->n + 1, sizeof *rq);
-  char **names = calloc((size_t)inv->n_inputs + 1, sizeof *names);
-  char (*buf)[256] = calloc((size_t)inv->n_inputs + 1, sizeof *buf);
-  int n_args = inv->n_outputs;
-  f.args = calloc((size_t)f.n + 1, sizeof *f.args);
-  f.calls = calloc((size_t)f.n + 1, sizeof *f.calls);
-  int rc = rq && names && buf && f.args && f.calls ? 0 : DIST_ENOMEM;
-  for (int i = 0; rc == 0 && i < f.n; i++) rc = arg_set_init(&f.args[i], n_args);
-  if (rc) {
-    rc = dist_client_fail(c, DIST_ENOMEM, "out of memory");
-    goto out;
-  }
-  if ((rc = prepare_backward(c, inv, &f, out_grads, &o, names, buf, rq))) {
-    /* The daemons storing gradients wait for this rank's verdict. */
-    dist_spmd_refused(c, inv->id, inv->vote_ranks, inv->nvote);
-    goto out;
-  }
-  rc = dist_call_many(c, LL_METHOD("Backward"),
-                      &dist__v1__program_backward_reply__descriptor, f.calls, f.n);
-  inv->backward_done = 1; /* the daemons freed the invocation either way */
-  if (rc == 0) rc = take_grads(c, &f, &o, inv, grads);
-out:
-  fanout_free(&f);
-  free(rq);
-  free(names);
-  free(buf);
-  return rc;
-}
-
-int dist_backward_refused(dist_client *c, const dist_invocation *inv) {
-  return dist_spmd_refused(c, inv->id, inv->vote_ranks, inv->nvote);
-}
-
-int dist_invocation_release(dist_client *c, dist_invocation *inv) {
-  if (!inv || inv->backward_done) return 0; /* nothing kept: a no-op, NULL too */
-  if (!c) return dist_no_client(__func__);
-  int rc = 0;
-  for (int i = 0; i < inv->n; i++) {
-    Dist__V1__ProgramReleaseRequest rq = DIST__V1__PROGRAM_RELEASE_REQUEST__INIT;
-    rq.invocation_id = inv->id;
-    ProtobufCMessage *rp = NULL;
-    int r = dist_call_one(c, inv->targets[i], LL_METHOD("Release"), &rq.base,
-                          &dist__v1__program_release_reply__descriptor, &rp);
-    if (rp) protobuf_c_message_free_unpacked(rp, NULL);
-    if (r && !rc) rc = r;
-  }
-  return rc;
 }

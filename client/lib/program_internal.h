@@ -1,6 +1,7 @@
 /* The LocalLayer program and invocation, and the pieces their files share:
- * the builder (program_api.c) and its op builders (program_ops.c), and
- * registration (program_register.c). Not installed. */
+ * the builder (program_api.c) and its op builders (program_ops.c),
+ * registration (program_register.c), calls (program_api.c) and backward
+ * (program_backward.c). Not installed. */
 #ifndef DIST_PROGRAM_INTERNAL_H
 #define DIST_PROGRAM_INTERNAL_H
 
@@ -74,6 +75,23 @@ struct dist_invocation {
   kept_value *grads; /* n * n_inputs, with keep_local_values */
 };
 
+/* The request arguments of one daemon. */
+typedef struct arg_set {
+  int n;
+  Dist__V1__ProgramArg *args;
+  Dist__V1__ProgramArg **ptrs;
+  uint64_t (*shapes)[DIST_MAX_DIMS];
+} arg_set;
+
+/* The daemons of one invocation, and their requests. */
+typedef struct fanout {
+  int n;
+  int targets[DIST_MAX_MESH_RANKS];
+  int index[DIST_MAX_MESH_RANKS]; /* position in the program's ranks */
+  arg_set *args;
+  dist_call *calls;
+} fanout;
+
 /* ---------------------------------------------------------------- program_api.c */
 
 /* Keeps the first error of p (sticky, see dist.h); returns p's error code. */
@@ -91,5 +109,17 @@ int dist_prog_output_ranks(const dist_program *p, int *ranks);
 /* Best effort: keeps c's error as it was. */
 void dist_prog_release_on(dist_client *c, const int *targets, int n,
                           const uint64_t *handles, uint64_t invocation);
+
+/* ---------------------------------------------------------------- program_api.c: calls */
+
+int dist_prog_arg_set_init(arg_set *s, int n);
+int dist_prog_fill_arg(dist_client *c, arg_set *s, int j, const dist_arg *a,
+                       int i, int need_tensor, const char *what);
+/* A new handle of the tensor m describes, or NULL. */
+dist_tensor *dist_prog_tensor_of_meta(const Dist__V1__TensorMeta *m);
+void dist_prog_keep_value(kept_value *k, const Dist__V1__ProgramValue *v);
+void dist_prog_fanout_free(fanout *f);
+int dist_prog_check_chosen_names(dist_client *c, const char *kind, const char *const *names,
+                                 int n, int optional);
 
 #endif

@@ -1,0 +1,138 @@
+/* A LocalLayer invocation's backward and its release: the gradients of a
+ * call's inputs from the gradients of its outputs (ProgramBackward), or the
+ * invocation freed without one (Release; dist.v1.LocalLayer,
+ * program.proto). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "program_internal.h"
+
+static int take_grads(dist_client *c, fanout *f, const dist_backward_opts *o,
+                      dist_invocation *v, dist_tensor **grads) {
+  if (o->keep_local_values &&
+      !(v->grads = calloc((size_t)(f->n * v->n_inputs) + 1, sizeof *v->grads)))
+    return dist_client_fail(c, DIST_ENOMEM, "out of memory");
+  for (int i = 0; i < f->n; i++) {
+    const Dist__V1__ProgramBackwardReply *r = (const void *)f->calls[i].reply;
+    if (r->n_grads != (size_t)v->n_inputs)
+      return dist_client_fail(c, DIST_EPROTO, "rank %d returned %zu gradients, "
+                              "expected %d", f->targets[i], r->n_grads,
+                              v->n_inputs);
+    for (size_t j = 0; o->keep_local_values && j < r->n_values; j++)
+      if (j < r->n_has_grad && r->has_grad[j])
+        dist_prog_keep_value(&v->grads[i * v->n_inputs + (int)j], r->values[j]);
+  }
+  const Dist__V1__ProgramBackwardReply *r0 = (const void *)f->calls[0].reply;
+  for (int j = 0; grads && j < v->n_inputs; j++)
+    grads[j] = r0->grads[j]->name && r0->grads[j]->name[0]
+                   ? dist_prog_tensor_of_meta(r0->grads[j])
+                   : NULL;
+  return 0;
+}
+
+static int build_backward(dist_client *c, dist_invocation *v, fanout *f,
+                          const dist_arg *out_grads, char **names,
+                          const dist_backward_opts *o,
+                          Dist__V1__ProgramBackwardRequest *rq) {
+  for (int i = 0; i < f->n; i++) {
+    dist__v1__program_backward_request__init(&rq[i]);
+    for (int k = 0; out_grads && k < v->n_outputs; k++) {
+      int rc = dist_prog_fill_arg(c, &f->args[i], k, &out_grads[k], i, 0, "output gradient");
+      if (rc) return rc;
+    }
+    rq[i].invocation_id = v->id;
+    rq[i].n_ranks = (size_t)v->nvote;
+    rq[i].ranks = v->vote_ranks;
+    rq[i].n_out_grads = out_grads ? (size_t)v->n_outputs : 0;
+    rq[i].out_grads = f->args[i].ptrs;
+    rq[i].n_grad_names = (size_t)v->n_inputs;
+    rq[i].grad_names = names;
+    rq[i].replace = o->replace != 0;
+    rq[i].return_values = o->keep_local_values != 0;
+    f->calls[i].target = f->targets[i];
+    f->calls[i].request = &rq[i].base;
+  }
+  return 0;
+}
+
+/* The backward's gradient names (in buf) and requests, made and checked
+ * before any is sent. */
+static int prepare_backward(dist_client *c, dist_invocation *inv, fanout *f,
+                            const dist_arg *out_grads, const dist_backward_opts *o,
+                            char **names, char (*buf)[256],
+                            Dist__V1__ProgramBackwardRequest *rq) {
+  int rc = dist_check_call_args(c, "dist_backward", "out_grads", out_grads,
+                                out_grads ? inv->n_outputs : 0, c->spmd_rank >= 0 ? 1 : inv->n);
+  if (rc) return rc;
+  if (o->grad_names &&
+      (rc = dist_prog_check_chosen_names(c, "gradient", o->grad_names, inv->n_inputs, 1)))
+    return rc;
+  for (int j = 0; j < inv->n_inputs; j++) {
+    if (o->grad_names)
+      snprintf(buf[j], sizeof *buf, "%s", o->grad_names[j] ? o->grad_names[j] : "");
+    else if (inv->input_is_tensor[j])
+      snprintf(buf[j], sizeof *buf, "%s.grad%d", inv->out_names[0], j);
+    names[j] = buf[j];
+  }
+  return build_backward(c, inv, f, out_grads, names, o, rq);
+}
+
+int dist_backward(dist_client *c, dist_invocation *inv,
+                  const dist_arg *out_grads, const dist_backward_opts *opts,
+                  dist_tensor **grads) {
+  if (!c) return dist_no_client(__func__);
+  if (DIST_NEED(c, inv)) return c->err.code;
+  dist_backward_opts o = DIST_BACKWARD_OPTS_INIT;
+  if (opts) o = *opts;
+  for (int j = 0; grads && j < inv->n_inputs; j++) grads[j] = NULL;
+  fanout f = {.n = inv->n};
+  memcpy(f.targets, inv->targets, sizeof(int) * (size_t)inv->n);
+  Dist__V1__ProgramBackwardRequest *rq = calloc((size_t)inv->n + 1, sizeof *rq);
+  char **names = calloc((size_t)inv->n_inputs + 1, sizeof *names);
+  char (*buf)[256] = calloc((size_t)inv->n_inputs + 1, sizeof *buf);
+  int n_args = inv->n_outputs;
+  f.args = calloc((size_t)f.n + 1, sizeof *f.args);
+  f.calls = calloc((size_t)f.n + 1, sizeof *f.calls);
+  int rc = rq && names && buf && f.args && f.calls ? 0 : DIST_ENOMEM;
+  for (int i = 0; rc == 0 && i < f.n; i++) rc = dist_prog_arg_set_init(&f.args[i], n_args);
+  if (rc) {
+    rc = dist_client_fail(c, DIST_ENOMEM, "out of memory");
+    goto out;
+  }
+  if ((rc = prepare_backward(c, inv, &f, out_grads, &o, names, buf, rq))) {
+    /* The daemons storing gradients wait for this rank's verdict. */
+    dist_spmd_refused(c, inv->id, inv->vote_ranks, inv->nvote);
+    goto out;
+  }
+  rc = dist_call_many(c, LL_METHOD("Backward"),
+                      &dist__v1__program_backward_reply__descriptor, f.calls, f.n);
+  inv->backward_done = 1; /* the daemons freed the invocation either way */
+  if (rc == 0) rc = take_grads(c, &f, &o, inv, grads);
+out:
+  dist_prog_fanout_free(&f);
+  free(rq);
+  free(names);
+  free(buf);
+  return rc;
+}
+
+int dist_backward_refused(dist_client *c, const dist_invocation *inv) {
+  return dist_spmd_refused(c, inv->id, inv->vote_ranks, inv->nvote);
+}
+
+int dist_invocation_release(dist_client *c, dist_invocation *inv) {
+  if (!inv || inv->backward_done) return 0; /* nothing kept: a no-op, NULL too */
+  if (!c) return dist_no_client(__func__);
+  int rc = 0;
+  for (int i = 0; i < inv->n; i++) {
+    Dist__V1__ProgramReleaseRequest rq = DIST__V1__PROGRAM_RELEASE_REQUEST__INIT;
+    rq.invocation_id = inv->id;
+    ProtobufCMessage *rp = NULL;
+    int r = dist_call_one(c, inv->targets[i], LL_METHOD("Release"), &rq.base,
+                          &dist__v1__program_release_reply__descriptor, &rp);
+    if (rp) protobuf_c_message_free_unpacked(rp, NULL);
+    if (r && !rc) rc = r;
+  }
+  return rc;
+}
