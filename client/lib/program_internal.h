@@ -1,6 +1,6 @@
 /* The LocalLayer program and invocation, and the pieces their files share:
  * the builder (program_api.c) and its op builders (program_ops.c),
- * registration (program_register.c), calls (program_api.c) and backward
+ * registration (program_register.c), calls (program_call.c) and backward
  * (program_backward.c). Not installed. */
 #ifndef DIST_PROGRAM_INTERNAL_H
 #define DIST_PROGRAM_INTERNAL_H
@@ -110,7 +110,7 @@ int dist_prog_output_ranks(const dist_program *p, int *ranks);
 void dist_prog_release_on(dist_client *c, const int *targets, int n,
                           const uint64_t *handles, uint64_t invocation);
 
-/* ---------------------------------------------------------------- program_api.c: calls */
+/* ---------------------------------------------------------------- program_call.c */
 
 int dist_prog_arg_set_init(arg_set *s, int n);
 int dist_prog_fill_arg(dist_client *c, arg_set *s, int j, const dist_arg *a,

@@ -1,0 +1,388 @@
+/* A call of a registered LocalLayer program (ProgramInvoke): its arguments
+ * made into each daemon's request, its outputs and the invocation kept for
+ * backward (dist.v1.LocalLayer, program.proto). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "program_internal.h"
+
+/* ---------------------------------------------------------------- arguments */
+
+int dist_prog_arg_set_init(arg_set *s, int n) {
+  s->n = n;
+  s->args = calloc((size_t)n + 1, sizeof *s->args);
+  s->ptrs = calloc((size_t)n + 1, sizeof *s->ptrs);
+  s->shapes = calloc((size_t)n + 1, sizeof *s->shapes);
+  for (int i = 0; s->args && s->ptrs && i < n; i++) {
+    dist__v1__program_arg__init(&s->args[i]);
+    s->ptrs[i] = &s->args[i];
+  }
+  return s->args && s->ptrs && s->shapes ? 0 : DIST_ENOMEM;
+}
+
+static void arg_set_free(arg_set *s) {
+  free(s->args);
+  free(s->ptrs);
+  free(s->shapes);
+}
+
+static void set_value(arg_set *s, int j, const dist_value *v) {
+  Dist__V1__ProgramArg *a = &s->args[j];
+  a->dtype = (Dist__V1__DType)v->dtype;
+  for (int d = 0; d < v->ndim && d < DIST_MAX_DIMS; d++)
+    s->shapes[j][d] = (uint64_t)v->shape[d];
+  a->n_shape = (size_t)v->ndim;
+  a->shape = s->shapes[j];
+  int64_t numel = 1;
+  for (int d = 0; d < v->ndim; d++) numel *= v->shape[d];
+  a->data.data = (uint8_t *)v->data;
+  a->data.len = (size_t)numel * dist_dtype_size(v->dtype);
+}
+
+/* Argument j of target i from a: a tensor name, or the target's value. */
+int dist_prog_fill_arg(dist_client *c, arg_set *s, int j, const dist_arg *a,
+                       int i, int need_tensor, const char *what) {
+  if (a->tensor) {
+    s->args[j].tensor = (char *)a->tensor->name;
+    return 0;
+  }
+  if (need_tensor)
+    return dist_client_fail(c, DIST_EINVAL, "%s %d needs a dist_tensor", what, j);
+  if (a->values) set_value(s, j, &a->values[c->spmd_rank >= 0 ? 0 : i]);
+  return 0;
+}
+
+dist_tensor *dist_prog_tensor_of_meta(const Dist__V1__TensorMeta *m) {
+  dist_tensor *t = calloc(1, sizeof *t);
+  if (!t) return NULL;
+  snprintf(t->name, sizeof t->name, "%s", m->name);
+  t->dtype = (dist_dtype)m->dtype;
+  dist_shape_from_pb(m->global_shape, m->n_global_shape, &t->shape, NULL);
+  if (m->mesh) dist_mesh_from_pb(m->mesh, &t->mesh.d, NULL);
+  dist_placements_from_pb(m->placements, m->n_placements, t->placements, NULL);
+  return t;
+}
+
+void dist_prog_keep_value(kept_value *k, const Dist__V1__ProgramValue *v) {
+  k->present = v->n_shape > 0 || v->data.len > 0 || v->dtype != 0;
+  k->dtype = (dist_dtype)v->dtype;
+  k->ndim = (int)v->n_shape;
+  for (size_t d = 0; d < v->n_shape && d < DIST_MAX_DIMS; d++)
+    k->shape[d] = (int64_t)v->shape[d];
+  k->data = malloc(v->data.len + 1);
+  if (k->data && v->data.len) memcpy(k->data, v->data.data, v->data.len);
+}
+
+/* ---------------------------------------------------------------- call */
+
+static int fanout_init(dist_client *c, const dist_program *p, fanout *f,
+                       int nargs) {
+  f->n = 0;
+  for (int i = 0; i < p->nranks; i++)
+    if (c->spmd_rank < 0 || p->ranks[i] == c->spmd_rank) {
+      f->index[f->n] = i;
+      f->targets[f->n++] = p->ranks[i];
+    }
+  f->args = calloc((size_t)f->n + 1, sizeof *f->args);
+  f->calls = calloc((size_t)f->n + 1, sizeof *f->calls);
+  if (!f->args || !f->calls) return DIST_ENOMEM;
+  for (int i = 0; i < f->n; i++)
+    if (dist_prog_arg_set_init(&f->args[i], nargs)) return DIST_ENOMEM;
+  return 0;
+}
+
+void dist_prog_fanout_free(fanout *f) {
+  if (f->calls) dist_calls_free(f->calls, f->n);
+  for (int i = 0; f->args && i < f->n; i++) arg_set_free(&f->args[i]);
+  free(f->args);
+  free(f->calls);
+}
+
+static dist_invocation *invocation_new(const dist_program *p, int n,
+                                       uint64_t id, int spmd_rank) {
+  dist_invocation *v = calloc(1, sizeof *v);
+  if (!v) return NULL;
+  v->id = id;
+  v->spmd_rank = spmd_rank;
+  v->n = n;
+  v->n_inputs = p->n_inputs;
+  v->n_outputs = p->n_outputs;
+  v->input_is_tensor = calloc((size_t)p->n_inputs + 1, sizeof(int));
+  v->out_names = calloc((size_t)p->n_outputs + 1, sizeof *v->out_names);
+  int ranks[DIST_MAX_MESH_RANKS];
+  v->nvote = dist_prog_output_ranks(p, ranks);
+  v->vote_ranks = calloc((size_t)v->nvote + 1, sizeof *v->vote_ranks);
+  for (int i = 0; v->vote_ranks && i < v->nvote; i++) v->vote_ranks[i] = (uint32_t)ranks[i];
+  if (!v->input_is_tensor || !v->out_names || !v->vote_ranks) {
+    dist_invocation_free(v);
+    return NULL;
+  }
+  for (int j = 0; j < p->n_inputs; j++)
+    v->input_is_tensor[j] =
+        p->inputs[j]->kind == DIST__V1__PROGRAM_INPUT__KIND__DTENSOR_LOCAL;
+  return v;
+}
+
+void dist_invocation_free(dist_invocation *inv) {
+  if (!inv) return;
+  for (int i = 0; inv->outs && i < inv->n * inv->n_outputs; i++)
+    free(inv->outs[i].data);
+  for (int i = 0; inv->grads && i < inv->n * inv->n_inputs; i++)
+    free(inv->grads[i].data);
+  free(inv->outs);
+  free(inv->grads);
+  free(inv->input_is_tensor);
+  free(inv->out_names);
+  free(inv->vote_ranks);
+  free(inv);
+}
+
+static int check_call(dist_client *c, const dist_program *p, int nargs) {
+  if (!p->nranks)
+    return dist_client_fail(c, DIST_EINVAL, "program '%s' is not registered "
+                            "(dist_program_register)", p->name);
+  if (nargs != p->n_inputs)
+    return dist_client_fail(c, DIST_EINVAL, "program '%s' takes %d inputs, "
+                            "%d arguments given", p->name, p->n_inputs, nargs);
+  if (c->spmd_rank >= 0 && p->ranks[0] != c->spmd_rank)
+    return dist_client_fail(c, DIST_EINVAL, "program '%s' is registered for "
+                            "rank %d, this trainer is rank %d", p->name,
+                            p->ranks[0], c->spmd_rank);
+  return 0;
+}
+
+/* A failed call may have succeeded on some daemons: undo it there. */
+static void undo_call(dist_client *c, fanout *f, uint64_t id) {
+  dist_errbuf keep = c->err;
+  for (int i = 0; i < f->n; i++) {
+    const Dist__V1__ProgramInvokeReply *r = (const void *)f->calls[i].reply;
+    if (!r) continue;
+    dist_prog_release_on(c, &f->targets[i], 1, NULL, id);
+    for (size_t k = 0; k < r->n_outputs; k++) {
+      Dist__V1__TensorDeleteRequest d = DIST__V1__TENSOR_DELETE_REQUEST__INIT;
+      ProtobufCMessage *rp = NULL;
+      d.name = r->outputs[k]->name;
+      dist_call_one(c, f->targets[i], "/dist.v1.Dist/TensorDelete", &d.base,
+                    &dist__v1__tensor_delete_reply__descriptor, &rp);
+      if (rp) protobuf_c_message_free_unpacked(rp, NULL);
+    }
+  }
+  c->err = keep;
+}
+
+/* The invocation and output handles from the replies. */
+static int take_outputs(dist_client *c, fanout *f, const dist_call_opts *o,
+                        dist_invocation *v, dist_tensor **outs) {
+  if (o->keep_local_values &&
+      !(v->outs = calloc((size_t)(f->n * v->n_outputs) + 1, sizeof *v->outs)))
+    return dist_client_fail(c, DIST_ENOMEM, "out of memory");
+  for (int i = 0; i < f->n; i++) {
+    const Dist__V1__ProgramInvokeReply *r = (const void *)f->calls[i].reply;
+    v->targets[i] = f->targets[i];
+    if (r->n_outputs != (size_t)v->n_outputs)
+      return dist_client_fail(c, DIST_EPROTO, "rank %d returned %zu outputs, "
+                              "expected %d", f->targets[i], r->n_outputs,
+                              v->n_outputs);
+    for (size_t k = 0; o->keep_local_values && k < r->n_values; k++)
+      dist_prog_keep_value(&v->outs[i * v->n_outputs + (int)k], r->values[k]);
+  }
+  const Dist__V1__ProgramInvokeReply *r0 = (const void *)f->calls[0].reply;
+  for (int k = 0; outs && k < v->n_outputs; k++)
+    outs[k] = dist_prog_tensor_of_meta(r0->outputs[k]);
+  return 0;
+}
+
+static int build_invoke(dist_client *c, const dist_program *p, fanout *f,
+                        const dist_arg *args,
+                        Dist__V1__ProgramInvokeRequest *rq) {
+  for (int i = 0; i < f->n; i++) {
+    for (int j = 0; j < p->n_inputs; j++) {
+      int kind = p->inputs[j]->kind;
+      if (kind > DIST__V1__PROGRAM_INPUT__KIND__VALUE) continue;
+      int rc = dist_prog_fill_arg(c, &f->args[i], j, &args[j], f->index[i],
+                                  kind == DIST__V1__PROGRAM_INPUT__KIND__DTENSOR_LOCAL,
+                                  "input");
+      if (rc) return rc;
+      if (kind == DIST__V1__PROGRAM_INPUT__KIND__VALUE && !args[j].values)
+        return dist_client_fail(c, DIST_EINVAL, "input %d needs values", j);
+    }
+    dist__v1__program_invoke_request__init(&rq[i]);
+    rq[i].handle = p->handles[f->index[i]];
+    rq[i].n_args = (size_t)p->n_inputs;
+    rq[i].args = f->args[i].ptrs;
+    f->calls[i].target = f->targets[i];
+    f->calls[i].request = &rq[i].base;
+  }
+  return 0;
+}
+
+/* dist_client_check_name on each of names[0..n), the caller's names for a
+ * call's outputs or a backward's gradients ("output 1: ..."); with
+ * optional, a NULL or "" entry (a gradient not to store) is skipped. */
+int dist_prog_check_chosen_names(dist_client *c, const char *kind, const char *const *names,
+                                 int n, int optional) {
+  for (int i = 0; i < n; i++) {
+    if (optional && (!names[i] || !names[i][0])) continue;
+    char what[32];
+    snprintf(what, sizeof what, "%s %d", kind, i);
+    if (dist_client_check_name(c, what, names[i]) != 0) return c->err.code;
+  }
+  return 0;
+}
+
+/* A name the caller chose for an output must not be held by a daemon
+ * outside the output's mesh: the daemons of the call see only their own
+ * (ARCHITECTURE.md, "Names"). Asked before the call, so that a refusal
+ * changes nothing; names libdist makes up are new. */
+static int check_out_names(dist_client *c, const dist_program *p, char *const *names) {
+  if (p->n_attrs != p->n_outputs) return 0; /* the daemons report the count */
+  for (int k = 0; k < p->n_outputs; k++) {
+    int rc = dist_held_elsewhere(c, names[k], &p->attrs[k]->mesh);
+    if (rc) return rc;
+  }
+  return 0;
+}
+
+/* The call's output names and requests, made and checked before any is
+ * sent. */
+static int prepare_call(dist_client *c, const dist_program *p, const dist_call_opts *o,
+                        const dist_arg *args, fanout *f, dist_invocation *v, char **names,
+                        Dist__V1__ProgramInvokeRequest *rq) {
+  int rc;
+  if (o->out_names &&
+      (rc = dist_prog_check_chosen_names(c, "output", o->out_names, p->n_outputs, 0)))
+    return rc;
+  for (int k = 0; k < p->n_outputs; k++) {
+    if (o->out_names) snprintf(v->out_names[k], sizeof v->out_names[k], "%s", o->out_names[k]);
+    else snprintf(v->out_names[k], sizeof v->out_names[k], "%s.%llu.out%d",
+                  p->name, (unsigned long long)v->id, k);
+    names[k] = v->out_names[k];
+  }
+  if (o->out_names && (rc = check_out_names(c, p, names))) return rc;
+  return build_invoke(c, p, f, args, rq);
+}
+
+/* c->err's code, after an SPMD trainer refused its call of p under id:
+ * the daemons that store the outputs would wait for its part in each
+ * output's shape exchange and in the vote. */
+static int refuse_call(dist_client *c, const dist_program *p, uint64_t id) {
+  int ranks[DIST_MAX_MESH_RANKS];
+  uint32_t named[DIST_MAX_MESH_RANKS];
+  int n = dist_prog_output_ranks(p, ranks);
+  for (int i = 0; i < n; i++) named[i] = (uint32_t)ranks[i];
+  return dist_spmd_refused_ids(c, id, (uint32_t)p->n_outputs, named, n);
+}
+
+int dist_local_layer_refused(dist_client *c, const dist_program *p) {
+  if (c->spmd_rank < 0 || !p) return c->err.code; /* no p: the call takes no id either */
+  uint64_t id = dist_next_op_id(c);
+  for (int k = 0; k < p->n_outputs; k++) dist_next_op_id(c);
+  return refuse_call(c, p, id);
+}
+
+int dist_local_layer_call(dist_client *c, dist_program *p, const dist_arg *args,
+                          int nargs, const dist_call_opts *opts,
+                          dist_invocation **inv, dist_tensor **outs) {
+  if (!c) return dist_no_client(__func__);
+  if (DIST_NEED(c, p)) return c->err.code;
+  dist_call_opts o = DIST_CALL_OPTS_INIT;
+  if (opts) o = *opts;
+  if (inv) *inv = NULL;
+  for (int k = 0; outs && k < p->n_outputs; k++) outs[k] = NULL;
+  /* The invocation id, then one op id per output's shape exchange, taken
+   * before the checks: a trainer that refuses the call stays in step. */
+  uint64_t id = dist_next_op_id(c);
+  for (int k = 0; k < p->n_outputs; k++) dist_next_op_id(c);
+  if (DIST_NEED(c, inv) || check_call(c, p, nargs) ||
+      dist_check_call_args(c, __func__, "args", args, nargs,
+                           c->spmd_rank >= 0 ? 1 : p->nranks))
+    return refuse_call(c, p, id);
+  fanout f;
+  dist_invocation *v = NULL;
+  Dist__V1__ProgramInvokeRequest *rq = NULL;
+  char **names = calloc((size_t)p->n_outputs + 1, sizeof *names);
+  int rc = fanout_init(c, p, &f, p->n_inputs);
+  if (!rc && !(v = invocation_new(p, f.n, id, c->spmd_rank))) rc = DIST_ENOMEM;
+  if (!rc && !(rq = calloc((size_t)f.n + 1, sizeof *rq))) rc = DIST_ENOMEM;
+  if (rc) {
+    rc = dist_client_fail(c, DIST_ENOMEM, "out of memory");
+    goto out;
+  }
+  if ((rc = prepare_call(c, p, &o, args, &f, v, names, rq))) {
+    refuse_call(c, p, id);
+    goto out;
+  }
+  for (int i = 0; i < f.n; i++) {
+    rq[i].n_ranks = (size_t)v->nvote;
+    rq[i].ranks = v->vote_ranks;
+    rq[i].op_id = id;
+    rq[i].n_out_names = (size_t)p->n_outputs;
+    rq[i].out_names = names;
+    rq[i].replace = o.replace != 0;
+    rq[i].return_values = o.keep_local_values != 0;
+    rq[i].no_grad = o.no_grad != 0;
+  }
+  rc = dist_call_many(c, LL_METHOD("Invoke"),
+                      &dist__v1__program_invoke_reply__descriptor, f.calls, f.n);
+  /* Asked again once stored, as a put asks: of a call and a put of one
+   * name onto disjoint meshes at once, at least one then sees the other.
+   * A replacing call cannot be undone without losing what it replaced, so
+   * it is asked before only. */
+  if (!rc && o.out_names && !o.replace) rc = check_out_names(c, p, names);
+  if (rc) {
+    undo_call(c, &f, id);
+    goto out;
+  }
+  if ((rc = take_outputs(c, &f, &o, v, outs))) goto out;
+  v->backward_done = o.no_grad != 0;
+  *inv = v;
+  v = NULL;
+out:
+  dist_invocation_free(v);
+  dist_prog_fanout_free(&f);
+  free(rq);
+  free(names);
+  return rc;
+}
+
+/* Given no invocation: -1, and dist_errmsg(NULL) says why. */
+int dist_invocation_n_outputs(const dist_invocation *inv) {
+  if (!inv) return dist_null_handle(__func__, "inv"), -1;
+  return inv->n_outputs;
+}
+int dist_invocation_n_inputs(const dist_invocation *inv) {
+  if (!inv) return dist_null_handle(__func__, "inv"), -1;
+  return inv->n_inputs;
+}
+
+static int kept_at(const dist_invocation *inv, const kept_value *table,
+                   int per, int i, int rank, dist_value *out) {
+  if (rank < 0) rank = inv->spmd_rank;
+  if (!table || i < 0 || i >= per) return DIST_ENOTFOUND;
+  for (int t = 0; t < inv->n; t++) {
+    if (inv->targets[t] != rank) continue;
+    const kept_value *k = &table[t * per + i];
+    if (!k->present) return DIST_ENOTFOUND;
+    out->data = k->data;
+    out->dtype = k->dtype;
+    out->ndim = k->ndim;
+    memcpy(out->shape, k->shape, sizeof out->shape);
+    return 0;
+  }
+  return DIST_ENOTFOUND;
+}
+
+int dist_invocation_local_output(const dist_invocation *inv, int k, int rank,
+                                 dist_value *out) {
+  if (!inv) return dist_null_handle(__func__, "inv");
+  if (!out) return dist_null_handle(__func__, "out");
+  return kept_at(inv, inv->outs, inv->n_outputs, k, rank, out);
+}
+
+int dist_invocation_local_grad(const dist_invocation *inv, int i, int rank,
+                               dist_value *out) {
+  if (!inv) return dist_null_handle(__func__, "inv");
+  if (!out) return dist_null_handle(__func__, "out");
+  return kept_at(inv, inv->grads, inv->n_inputs, i, rank, out);
+}
