@@ -1,5 +1,5 @@
 /* The LocalLayer program and invocation, and the pieces their files share:
- * the builder (program_api.c) and its op builders (program_ops.c),
+ * the builder (program_build.c) and its op builders (program_ops.c),
  * registration (program_register.c), calls (program_call.c) and backward
  * (program_backward.c). Not installed. */
 #ifndef DIST_PROGRAM_INTERNAL_H
@@ -92,7 +92,7 @@ typedef struct fanout {
   dist_call *calls;
 } fanout;
 
-/* ---------------------------------------------------------------- program_api.c */
+/* ---------------------------------------------------------------- program_build.c */
 
 /* Keeps the first error of p (sticky, see dist.h); returns p's error code. */
 int dist_prog_fail(dist_program *p, int code, const char *fmt, ...)
