@@ -1,6 +1,6 @@
 /* Adding two gradients in the daemons, for the two reverse-mode walks that
- * meet a tensor used twice: the tape (tape.c) and a sharded layer's
- * backward (layer_run.c). */
+ * meet a tensor used twice: the tape's backward (tape_backward.c) and a
+ * sharded layer's backward (layer_run.c). */
 #include <stdio.h>
 
 #include "client_internal.h"
