@@ -281,17 +281,38 @@ static int committed_in_place(const distd_ckpt_stale_rule *rule) {
   return 0;
 }
 
-/* Whether this daemon removes DIR/name (see distd_ckpt_remove_stale);
- * in_place_is_ours is committed_in_place(rule). */
-static int is_stale(const char *name, const distd_ckpt_stale_rule *rule, int in_place_is_ours) {
+int64_t distd_ckpt_mtime_ms(int dfd, const char *path) {
+  struct stat sb;
+  if (fstatat(dfd, path, &sb, AT_SYMLINK_NOFOLLOW) != 0) return -1;
+  return (int64_t)sb.st_mtim.tv_sec * 1000 + sb.st_mtim.tv_nsec / 1000000;
+}
+
+/* Whether name, one of this daemon's rank files in directory dfd that its
+ * record does not keep, may be of a save the record lost in a restart.
+ * Not a temp file: the process that was writing it is gone, so it will
+ * never be renamed into place. */
+static int may_be_from_before_restart(int dfd, const char *name,
+                                      const distd_ckpt_stale_rule *rule) {
+  size_t n = strlen(name);
+  int64_t mtime_ms = distd_ckpt_mtime_ms(dfd, name);
+  if ((n > 4 && !strcmp(name + n - 4, ".tmp")) || mtime_ms < 0) return 0;
+  return rule->from_before_restart(rule->arg, name, mtime_ms);
+}
+
+/* Whether this daemon removes name from directory dfd (see
+ * distd_ckpt_remove_stale); in_place_is_ours is committed_in_place(rule). */
+static int is_stale(int dfd, const char *name, const distd_ckpt_stale_rule *rule,
+                    int in_place_is_ours) {
   if (!strcmp(name, DISTD_CKPT_MANIFEST ".tmp")) return rule->rank == 0;
   int r;
   char id[80];
   if (!distd_ckpt_parse_file(name, &r, id, sizeof id)) return 0;
   if (r != rule->rank && r < rule->world_size) return 0;
   int (*kept)(void *, const char *) = in_place_is_ours ? rule->in_progress : rule->keeps;
-  return !named(name, rule->keep, rule->nkeep) &&
-         !named(name, rule->in_place, rule->nin_place) && !kept(rule->arg, id);
+  if (named(name, rule->keep, rule->nkeep) || named(name, rule->in_place, rule->nin_place) ||
+      kept(rule->arg, id))
+    return 0;
+  return r != rule->rank || !may_be_from_before_restart(dfd, name, rule);
 }
 
 int distd_ckpt_discard(const char *dir, const char *id, int rank) {
@@ -312,7 +333,7 @@ int distd_ckpt_remove_stale(const char *dir, const distd_ckpt_stale_rule *rule) 
   int removed = 0, in_place_is_ours = committed_in_place(rule);
   struct dirent *e;
   while ((e = readdir(d))) {
-    if (!is_stale(e->d_name, rule, in_place_is_ours)) continue;
+    if (!is_stale(dirfd(d), e->d_name, rule, in_place_is_ours)) continue;
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
     removed += unlink(path) == 0;

@@ -62,6 +62,9 @@ typedef struct distd_ckpt_stale_rule {
    * committed here while a crossing commit may come (ckpt_saves.h) */
   int (*in_progress)(void *arg, const char *id);
   int (*keeps)(void *arg, const char *id);
+  /* 1 when a rank file of this daemon's modified at mtime_ms (wall clock)
+   * may be of a save that its record, lost in a restart, would keep */
+  int (*from_before_restart)(void *arg, const char *file, int64_t mtime_ms);
   void *arg;
 } distd_ckpt_stale_rule;
 
@@ -80,7 +83,13 @@ typedef struct distd_ckpt_stale_rule {
  * read that manifest, rule->keeps keeps y's file. Where the manifest in
  * place is the committed save's, no save committed before it is in place,
  * nor can be again, and rule->in_progress suffices (always so on rank 0,
- * which just wrote it). Returns how many files were removed. */
+ * which just wrote it). Its own rank files from before a restart stay
+ * while rule->from_before_restart says so (their temp files go: their
+ * writer is gone). Returns how many files were removed. */
 int distd_ckpt_remove_stale(const char *dir, const distd_ckpt_stale_rule *rule);
+
+/* The modification time of path (relative to directory dfd, or AT_FDCWD)
+ * on the wall clock, in ms; -1 when it cannot be read. */
+int64_t distd_ckpt_mtime_ms(int dfd, const char *path);
 
 #endif

@@ -8,6 +8,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "clock.h"
 
@@ -18,14 +19,29 @@ typedef struct mark {
   int committed;
 } mark;
 
+/* At most this many files from before the record began are remembered as
+ * committed; past it the one noted longest ago is forgotten (it then
+ * waits out its time, as an unknown one does). */
+#define SEEN_COMMITTED_MAX 256
+
 struct distd_ckpt_saves {
   pthread_mutex_t mu, commit_mu;
   int64_t keep_ms;
+  int64_t since_wall_ms; /* when this record began, on the clock of file times */
   uint64_t seq; /* orders Saves beginning and commits on this daemon */
   int n;
   /* At most DISTD_CKPT_SAVES_MAX of each kind */
   mark marks[2 * DISTD_CKPT_SAVES_MAX];
+  int nseen; /* how many files from before were noted, ever: a ring */
+  char seen_committed[SEEN_COMMITTED_MAX][96];
 };
+
+/* Now on the wall clock, the one file modification times are on. */
+static int64_t wall_now_ms(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_REALTIME, &t);
+  return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
+}
 
 distd_ckpt_saves *distd_ckpt_saves_new(int64_t keep_ms) {
   distd_ckpt_saves *s = calloc(1, sizeof *s);
@@ -33,6 +49,7 @@ distd_ckpt_saves *distd_ckpt_saves_new(int64_t keep_ms) {
   pthread_mutex_init(&s->mu, NULL);
   pthread_mutex_init(&s->commit_mu, NULL);
   s->keep_ms = keep_ms;
+  s->since_wall_ms = wall_now_ms();
   return s;
 }
 
@@ -164,6 +181,40 @@ int distd_ckpt_saves_keeps(void *arg, const char *id) {
   int found = current(s, id) >= 0;
   pthread_mutex_unlock(&s->mu);
   return found;
+}
+
+/* Twice keep_ms: a crossing commit may come keep_ms after the Save of the
+ * save crossing it was answered, which may itself come keep_ms after the
+ * crossed save's file was written (ckpt_saves.h). */
+int distd_ckpt_saves_began_lately(distd_ckpt_saves *s) {
+  return wall_now_ms() - s->since_wall_ms < 2 * s->keep_ms;
+}
+
+/* Whether file was noted committed; with s->mu held. */
+static int seen_committed(const distd_ckpt_saves *s, const char *file) {
+  int n = s->nseen < SEEN_COMMITTED_MAX ? s->nseen : SEEN_COMMITTED_MAX;
+  for (int i = 0; i < n; i++)
+    if (!strcmp(s->seen_committed[i], file)) return 1;
+  return 0;
+}
+
+void distd_ckpt_saves_saw_in_manifest(distd_ckpt_saves *s, const char *file, int64_t mtime_ms) {
+  if (mtime_ms < 0 || mtime_ms >= s->since_wall_ms ||
+      strlen(file) >= sizeof s->seen_committed[0])
+    return;
+  pthread_mutex_lock(&s->mu);
+  if (!seen_committed(s, file))
+    strcpy(s->seen_committed[s->nseen++ % SEEN_COMMITTED_MAX], file);
+  pthread_mutex_unlock(&s->mu);
+}
+
+int distd_ckpt_saves_may_be_from_before_restart(void *arg, const char *file, int64_t mtime_ms) {
+  distd_ckpt_saves *s = arg;
+  if (mtime_ms >= s->since_wall_ms || wall_now_ms() - mtime_ms >= 2 * s->keep_ms) return 0;
+  pthread_mutex_lock(&s->mu);
+  int committed = seen_committed(s, file);
+  pthread_mutex_unlock(&s->mu);
+  return !committed;
 }
 
 void distd_ckpt_saves_commit_begin(distd_ckpt_saves *s) { pthread_mutex_lock(&s->commit_mu); }

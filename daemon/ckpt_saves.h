@@ -35,6 +35,24 @@
  * committed save thus costs nothing when saves do not overlap: the next
  * commit removes its files as before.
  *
+ * The record lives in memory: a daemon restarted (or killed and started
+ * again) between a save's Save and its Commit has lost it. So a commit
+ * also keeps this rank's files written before the record began while
+ * their save may still be in progress or crossed: 2 x keep_ms after the
+ * file was written (a save commits within keep_ms of its Save's answer,
+ * which comes after its file is written; a commit crossing a committed
+ * save comes within keep_ms of the crossing save's Save answer, which came
+ * before the crossed save's commit, itself within keep_ms of its file).
+ * Such a file then goes with the first commit past that time, unless a
+ * Save here saw it named by the manifest in place: a committed save's, in
+ * progress nowhere and kept by any commit while that manifest is in place,
+ * so the next commit removes it, as before the restart. Where the manifest
+ * is not visible (ranks but 0 with directories of their own), the record
+ * cannot tell, and the file waits out its time. The files written since
+ * the record began are judged by the record alone, as before. File times
+ * are on the wall clock, which must be in step with the daemon's (as it is
+ * on a local file system; on a shared one, the server's).
+ *
  * Commits on one daemon run one at a time: the manifest's temp file has
  * one name, and two commits writing it at once could rename a mixture of
  * both manifests into place. */
@@ -75,6 +93,19 @@ int distd_ckpt_saves_in_progress(void *s, const char *id);
  * commit may still come. The signatures are those of
  * distd_ckpt_remove_stale's in_progress and keeps (checkpoint.h). */
 int distd_ckpt_saves_keeps(void *s, const char *id);
+/* 1 while files from before this record began may still be kept:
+ * less than 2 x keep_ms after it began. */
+int distd_ckpt_saves_began_lately(distd_ckpt_saves *s);
+/* file, of this rank and modified at mtime_ms (wall clock), is named by a
+ * manifest in place, so it is of a committed save and of none in
+ * progress; noted when written before this record began. */
+void distd_ckpt_saves_saw_in_manifest(distd_ckpt_saves *s, const char *file, int64_t mtime_ms);
+/* 1 when file, of this rank and modified at mtime_ms, was written before
+ * this record began (by this rank's daemon before a restart), less than
+ * 2 x keep_ms ago, and not noted committed: it may be of a save in
+ * progress or crossed. The signature is that of distd_ckpt_remove_stale's
+ * from_before_restart. */
+int distd_ckpt_saves_may_be_from_before_restart(void *s, const char *file, int64_t mtime_ms);
 
 /* Brackets a commit, so that commits on this daemon run one at a time. */
 void distd_ckpt_saves_commit_begin(distd_ckpt_saves *s);

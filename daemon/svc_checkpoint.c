@@ -1,6 +1,8 @@
 /* dist.v1.Checkpoint, writing side: Save / Commit / Discard / Manifest
  * (checkpoint.h).
  * Load and Read are in svc_checkpoint_load.c. */
+#include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -92,6 +94,26 @@ static int drop_if_late(distd_server *s, const distd_call_info *ci,
                    late_ms);
 }
 
+/* The manifest in place in dir names committed files, of no save in
+ * progress: this rank's from before a restart are noted, so that the next
+ * commit removes them as before the restart, rather than once they are
+ * too old to be of a save in progress (ckpt_saves.h). Read only while such
+ * files may still be kept. */
+static void note_committed_from_before(distd_server *s, const char *dir) {
+  if (!distd_ckpt_saves_began_lately(s->ckpt_saves)) return;
+  char **files = NULL, path[4096], id[80];
+  size_t n = 0;
+  distd_ckpt_manifest_files(dir, &files, &n);
+  for (size_t i = 0; i < n; i++) {
+    int rank;
+    if (!distd_ckpt_parse_file(files[i], &rank, id, sizeof id) || rank != s->rank) continue;
+    snprintf(path, sizeof path, "%s/%s", dir, files[i]);
+    distd_ckpt_saves_saw_in_manifest(s->ckpt_saves, files[i],
+                                     distd_ckpt_mtime_ms(AT_FDCWD, path));
+  }
+  distd_ckpt_files_free(files, n);
+}
+
 /* Marked in progress before its temp file exists, and again once it is
  * answered, from when its client may take a while to commit; settled at
  * once when it fails, its file gone (ckpt_saves.h). */
@@ -100,6 +122,7 @@ DISTD_HANDLER(checkpoint_save) {
   if (check_dir_and_id(rq->dir, rq->checkpoint_id, eb) != 0 ||
       distd_ckpt_saves_mark(s->ckpt_saves, rq->checkpoint_id, s->rank, eb) != 0)
     return eb->code;
+  note_committed_from_before(s, rq->dir);
   distd_tensor **t = NULL;
   int n = 0;
   pick_tensors(s, rq, &t, &n);
@@ -158,7 +181,8 @@ static int commit_locked(distd_server *s, const Dist__V1__CheckpointCommitReques
   distd_ckpt_manifest_files(rq->dir, &in_place, &nin_place);
   distd_ckpt_stale_rule rule = {s->rank, s->world_size, rq->keep_files, rq->n_keep_files,
                                 in_place, nin_place, distd_ckpt_saves_in_progress,
-                                distd_ckpt_saves_keeps, s->ckpt_saves};
+                                distd_ckpt_saves_keeps,
+                                distd_ckpt_saves_may_be_from_before_restart, s->ckpt_saves};
   Dist__V1__CheckpointCommitReply rp = DIST__V1__CHECKPOINT_COMMIT_REPLY__INIT;
   rp.removed = (uint32_t)distd_ckpt_remove_stale(rq->dir, &rule);
   distd_ckpt_files_free(in_place, nin_place);

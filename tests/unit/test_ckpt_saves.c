@@ -2,10 +2,12 @@
  * a mark holds until settled or until it lapses, and a full record
  * refuses a new save rather than forgetting one in progress (a commit
  * would then remove its files); a committed save is kept while a save
- * begun before its commit is in progress (its commit may cross it). */
+ * begun before its commit is in progress (its commit may cross it); a
+ * file from before the record began is taken for a save while it may be. */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "ckpt_saves.h"
@@ -121,5 +123,43 @@ Test(ckpt_saves, a_full_record_of_commits_forgets_the_oldest_and_refuses_no_save
     mark_ok(s, id);
   }
   cr_assert(distd_ckpt_saves_in_progress(s, "long-running"));
+  distd_ckpt_saves_free(s);
+}
+
+/* Now on the wall clock, that of file times, in ms. */
+static int64_t wall_ms(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_REALTIME, &t);
+  return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
+}
+
+/* A record begun by a restarted daemon knows nothing of the saves before:
+ * a file written before it began may be of one in progress or crossed for
+ * 2 x keep_ms, unless a manifest in place named it (committed). */
+Test(ckpt_saves, a_file_from_before_the_record_began_may_be_of_a_save_for_twice_keep_ms) {
+  int64_t before = wall_ms() - 1;
+  distd_ckpt_saves *s = distd_ckpt_saves_new(1000);
+  cr_assert(distd_ckpt_saves_began_lately(s));
+  cr_assert(distd_ckpt_saves_may_be_from_before_restart(s, "rank0.x.safetensors", before));
+  cr_assert(distd_ckpt_saves_may_be_from_before_restart(s, "rank0.x.safetensors",
+                                                         before - 1900));
+  cr_assert_not(distd_ckpt_saves_may_be_from_before_restart(s, "rank0.x.safetensors",
+                                                             before - 2100), "too old");
+  cr_assert_not(distd_ckpt_saves_may_be_from_before_restart(s, "rank0.x.safetensors",
+                                                             wall_ms() + 1),
+                "written since: the record judges it");
+  distd_ckpt_saves_saw_in_manifest(s, "rank0.x.safetensors", before);
+  distd_ckpt_saves_saw_in_manifest(s, "rank0.new.safetensors", wall_ms() + 1);
+  cr_assert_not(distd_ckpt_saves_may_be_from_before_restart(s, "rank0.x.safetensors", before),
+                "named by a manifest: committed");
+  cr_assert(distd_ckpt_saves_may_be_from_before_restart(s, "rank0.y.safetensors", before));
+  distd_ckpt_saves_free(s);
+}
+
+Test(ckpt_saves, a_record_began_lately_for_twice_keep_ms) {
+  distd_ckpt_saves *s = distd_ckpt_saves_new(100);
+  cr_assert(distd_ckpt_saves_began_lately(s));
+  usleep(250 * 1000);
+  cr_assert_not(distd_ckpt_saves_began_lately(s));
   distd_ckpt_saves_free(s);
 }
