@@ -7,6 +7,7 @@
  * which libdist calls after each daemon answered its Save. */
 #include <criterion/criterion.h>
 #include <jansson.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,6 +32,16 @@ static void put_a_and_b(dist_client *c) {
   int64_t sa = 6, sb = 4;
   dist_tensor_free(harness_put(c, "a", DIST_FLOAT32, a0, 1, &sa, "[0,1]", "Shard(0)"));
   dist_tensor_free(harness_put(c, "b", DIST_FLOAT32, b0, 1, &sb, "[0,1]", "Shard(0)"));
+}
+
+/* A cluster of two, started with extra_args, holding "a" and "b"; dir is
+ * set to its checkpoint directory. Returns its client. */
+static dist_client *start_with_a_and_b(const char *const *extra_args, char *dir, size_t len) {
+  harness_start(&cluster, 2, extra_args);
+  dist_client *c = harness_client(&cluster);
+  put_a_and_b(c);
+  snprintf(dir, len, "%s/ckpt", cluster.dir);
+  return c;
 }
 
 /* The second save, made from the first one's progress callback once the
@@ -108,11 +119,9 @@ static void expect_a_restored(dist_client *c, const char *dir, const char *id) {
  * committed in between after `after` daemons wrote a's files, is then
  * restored. */
 static void save_across_and_restore(int after) {
-  harness_start(&cluster, 2, NULL);
-  dist_client *c = harness_client(&cluster);
-  put_a_and_b(c);
-  char dir[400], id[80];
-  snprintf(dir, sizeof dir, "%s/ckpt", cluster.dir);
+  char dir[400];
+  char id[80];
+  dist_client *c = start_with_a_and_b(NULL, dir, sizeof dir);
   save_a_across_b(c, dir, after, id, sizeof id);
   expect_a_restored(c, dir, id);
   dist_close(c);
@@ -154,30 +163,35 @@ static void free_replies(Dist__V1__CheckpointSaveReply **replies) {
   for (int r = 0; r < cluster.n; r++) protobuf_c_message_free_unpacked(&replies[r]->base, NULL);
 }
 
+/* The n rank files of dir whose names hold infix, written at written_s
+ * (harness_now_s), may be of a save that may still commit for keep_s: a
+ * save's commit then keeps them, and the first commit after removes them
+ * with every file but the last save's. */
+static void expect_kept_then_removed(dist_client *c, const char *dir, const char *infix, int n,
+                                     double written_s, double keep_s) {
+  cr_assert_eq(dist_checkpoint_save(c, dir, NULL, NULL), 0, "%s", dist_errmsg(c));
+  double age_s = harness_now_s() - written_s;
+  cr_assert(age_s < keep_s - 0.5, "the save took too long to tell (%.1f s)", age_s);
+  cr_assert_eq(harness_count_files(dir, infix, ".safetensors"), n,
+               "a commit removed files that may be of a save still to commit");
+  harness_sleep_ms((int)((keep_s + 0.5 - age_s) * 1000));
+  cr_assert_eq(dist_checkpoint_save(c, dir, NULL, NULL), 0, "%s", dist_errmsg(c));
+  cr_assert_eq(harness_count_files(dir, infix, ""), 0, "files outlived their time");
+  cr_assert_eq(harness_count_files(dir, "rank", ".safetensors"), 2, "the last save's only");
+}
+
 /* A daemon keeps a save's files only while its client may still commit
  * it: (world size + 1) x max_call_duration after its Save was answered
  * (3 s here). After that they are stale, and the next commit removes them
  * as before. */
 Test(concurrent, an_abandoned_saves_files_are_kept_while_it_may_commit_then_removed) {
   const char *args[] = {"--max-call-duration", "1s", NULL};
-  harness_start(&cluster, 2, args);
-  dist_client *c = harness_client(&cluster);
-  put_a_and_b(c);
   char dir[400];
-  snprintf(dir, sizeof dir, "%s/ckpt", cluster.dir);
+  dist_client *c = start_with_a_and_b(args, dir, sizeof dir);
   /* Saved on every daemon, as by a client that then died: answered,
    * never committed nor discarded. */
   raw_save(c, dir, "abandoned", NULL);
-  double answered = harness_now_s();
-  cr_assert_eq(dist_checkpoint_save(c, dir, NULL, NULL), 0, "%s", dist_errmsg(c));
-  cr_assert(harness_now_s() - answered < 2.5, "the save took too long to tell");
-  cr_assert_eq(harness_count_files(dir, "abandoned", ".safetensors"), 2,
-               "a commit removed the files of a save that may still commit");
-  harness_sleep_ms(3500);
-  cr_assert_eq(dist_checkpoint_save(c, dir, NULL, NULL), 0, "%s", dist_errmsg(c));
-  cr_assert_eq(harness_count_files(dir, "abandoned", ""), 0,
-               "the abandoned save's files outlived its commit window");
-  cr_assert_eq(harness_count_files(dir, "rank", ".safetensors"), 2, "the last save's only");
+  expect_kept_then_removed(c, dir, "abandoned", 2, harness_now_s(), 3);
   dist_close(c);
 }
 
@@ -220,12 +234,17 @@ static void raw_commit(dist_client *c, int r, const char *dir, const char *manif
   protobuf_c_message_free_unpacked(rp, NULL);
 }
 
+/* Called between two steps of a test, with the test's client. */
+typedef void (*between_fn)(dist_client *c);
+
 /* Saves x and y into dir (rank 0's directory at seen_at here), whose
  * commits then cross as two clients' may: x's reaches rank 0 first, then
- * y's reaches every daemon, then x's reaches rank 1. The manifest is y's
- * (rank 0 wrote it last), and x's commit on rank 1 must not remove y's
- * file there, though x's keep list does not name it. */
-static void save_x_and_y_crossing(dist_client *c, const char *dir, const char *seen_at) {
+ * y's reaches every daemon, then (after `before_last`, unless NULL) x's
+ * reaches rank 1. The manifest is y's (rank 0 wrote it last), and x's
+ * commit on rank 1 must not remove y's file there, though x's keep list
+ * does not name it. */
+static void save_x_and_y_crossing(dist_client *c, const char *dir, const char *seen_at,
+                                  between_fn before_last) {
   Dist__V1__CheckpointSaveReply *x[HARNESS_MAX], *y[HARNESS_MAX];
   raw_save(c, dir, "x", x);
   raw_save(c, dir, "y", y);
@@ -233,6 +252,7 @@ static void save_x_and_y_crossing(dist_client *c, const char *dir, const char *s
   raw_commit(c, 0, dir, mx, x);
   raw_commit(c, 0, dir, my, y);
   raw_commit(c, 1, dir, "", y);
+  if (before_last) before_last(c);
   raw_commit(c, 1, dir, "", x);
   free(mx);
   free(my);
@@ -240,30 +260,53 @@ static void save_x_and_y_crossing(dist_client *c, const char *dir, const char *s
   free_replies(y);
 }
 
-/* The checkpoint in dir must be y's, whole: a restore over zeros brings
- * back the values put before the saves. */
-static void expect_y_restored(dist_client *c, const char *dir) {
-  overwrite_with_zeros(c, "a", 6);
-  overwrite_with_zeros(c, "b", 4);
+/* The checkpoint in dir must be id's, whole: a restore brings back the
+ * values of "a" and "b" put before its save. */
+static void expect_restored(dist_client *c, const char *dir, const char *id) {
   dist_checkpoint_info info;
   cr_assert_eq(dist_checkpoint_restore(c, dir, NULL, &info), 0,
                "the checkpoint in place is broken: %s", dist_errmsg(c));
-  cr_assert_str_eq(info.id, "y");
+  cr_assert_str_eq(info.id, id);
   harness_expect_value(c, "a", a0, sizeof a0);
   harness_expect_value(c, "b", b0, sizeof b0);
 }
 
+/* The checkpoint in dir must be y's, whole, restored over zeros (so that
+ * the values can only come from the files). */
+static void expect_y_restored(dist_client *c, const char *dir) {
+  overwrite_with_zeros(c, "a", 6);
+  overwrite_with_zeros(c, "b", 4);
+  expect_restored(c, dir, "y");
+}
+
 /* The daemons share the directory: rank 1 reads the manifest in place. */
 Test(concurrent, a_commit_crossing_a_newer_one_keeps_the_files_of_the_manifest_in_place) {
-  harness_start(&cluster, 2, NULL);
-  dist_client *c = harness_client(&cluster);
-  put_a_and_b(c);
   char dir[400];
-  snprintf(dir, sizeof dir, "%s/ckpt", cluster.dir);
+  dist_client *c = start_with_a_and_b(NULL, dir, sizeof dir);
   cr_assert_eq(dist_checkpoint_save(c, dir, NULL, NULL), 0, "%s", dist_errmsg(c));
-  save_x_and_y_crossing(c, dir, dir);
+  save_x_and_y_crossing(c, dir, dir, NULL);
   expect_y_restored(c, dir);
   dist_close(c);
+}
+
+/* Where each daemon has a directory of its own: the path they are given,
+ * and the directory each sees there, as this process sees it. */
+typedef struct own_dirs {
+  char dir[400], own[2][400];
+} own_dirs;
+
+/* A cluster of two, each daemon with a directory of its own at d->dir
+ * (skips the test where the machine allows none), holding "a" and "b",
+ * saved there once; returns its client. */
+static dist_client *start_own_dirs_with_a_save(own_dirs *d) {
+  if (!harness_start_own_dirs(&cluster, 2, NULL))
+    cr_skip_test("this machine allows no mount namespace for a directory of each daemon's own");
+  dist_client *c = harness_client(&cluster);
+  put_a_and_b(c);
+  snprintf(d->dir, sizeof d->dir, "%s/ckpt", cluster.dir);
+  for (int r = 0; r < 2; r++) harness_own_dir(&cluster, r, d->own[r], sizeof d->own[r]);
+  cr_assert_eq(dist_checkpoint_save(c, d->dir, NULL, NULL), 0, "%s", dist_errmsg(c));
+  return c;
 }
 
 /* Each daemon has a directory of its own at the path it is given, as on
@@ -272,23 +315,105 @@ Test(concurrent, a_commit_crossing_a_newer_one_keeps_the_files_of_the_manifest_i
  * commit there. The files the crossing left beside y's (x's) go with the
  * next save's commit. */
 Test(concurrent, a_commit_crossing_a_newer_one_keeps_its_files_where_each_daemon_has_its_own_dir) {
-  if (!harness_start_own_dirs(&cluster, 2, NULL))
-    cr_skip_test("this machine allows no mount namespace for a directory of each daemon's own");
-  dist_client *c = harness_client(&cluster);
-  put_a_and_b(c);
-  char dir[400], own0[400], own1[400];
-  snprintf(dir, sizeof dir, "%s/ckpt", cluster.dir);
-  harness_own_dir(&cluster, 0, own0, sizeof own0);
-  harness_own_dir(&cluster, 1, own1, sizeof own1);
-  cr_assert_eq(dist_checkpoint_save(c, dir, NULL, NULL), 0, "%s", dist_errmsg(c));
-  cr_assert_eq(harness_count_files(own1, "rank1.", ".safetensors"), 1);
-  cr_assert_eq(harness_count_files(own1, "manifest", ""), 0, "rank 1 sees rank 0's directory");
-  save_x_and_y_crossing(c, dir, own0);
-  cr_assert_eq(harness_count_files(own1, "rank1.y.", ".safetensors"), 1,
+  own_dirs d;
+  dist_client *c = start_own_dirs_with_a_save(&d);
+  cr_assert_eq(harness_count_files(d.own[1], "rank1.", ".safetensors"), 1);
+  cr_assert_eq(harness_count_files(d.own[1], "manifest", ""), 0,
+               "rank 1 sees rank 0's directory");
+  save_x_and_y_crossing(c, d.dir, d.own[0], NULL);
+  cr_assert_eq(harness_count_files(d.own[1], "rank1.y.", ".safetensors"), 1,
                "x's commit on rank 1 removed y's file, which the manifest names");
-  expect_y_restored(c, dir);
+  expect_y_restored(c, d.dir);
+  cr_assert_eq(dist_checkpoint_save(c, d.dir, NULL, NULL), 0, "%s", dist_errmsg(c));
+  cr_assert_eq(harness_count_files(d.own[0], "rank", ".safetensors"), 1, "the last save's only");
+  cr_assert_eq(harness_count_files(d.own[1], "rank", ".safetensors"), 1, "the last save's only");
+  dist_close(c);
+}
+
+/* Rank 1's daemon killed and started again (as by a crash and its
+ * supervisor), with extra_args; returns once both daemons see each other
+ * again. It holds no tensors then. */
+static void restart_rank_1(const char *const *extra_args) {
+  harness_kill(&cluster, 1, SIGKILL);
+  harness_start_rank(&cluster, 1, extra_args);
+  for (int r = 0; r < 2; r++)
+    cr_assert(harness_wait_connected(&cluster, r, 1, 20000),
+              "rank %d did not see its peer again within 20 s (log in %s)", r, cluster.dir);
+}
+
+/* "a" and "b" deleted from both daemons: a restore's values can only come
+ * from the files, and the daemons hold the same tensors once rank 1,
+ * restarted, holds none. */
+static void delete_a_and_b(dist_client *c) {
+  cr_assert_eq(dist_tensor_delete(c, "a"), 0, "%s", dist_errmsg(c));
+  cr_assert_eq(dist_tensor_delete(c, "b"), 0, "%s", dist_errmsg(c));
+}
+
+static void delete_a_and_b_and_restart_rank_1(dist_client *c) {
+  delete_a_and_b(c);
+  restart_rank_1(NULL);
+}
+
+/* "c" put on both daemons: something for the saves after a restart. */
+static void put_c(dist_client *c) {
+  int64_t n = 4;
+  dist_tensor_free(harness_put(c, "c", DIST_FLOAT32, b0, 1, &n, "[0,1]", "Shard(0)"));
+}
+
+/* x's Save is answered by both daemons, then rank 1 restarts, then y is
+ * saved and committed through both, then x commits. The restarted daemon
+ * no longer remembers x's save; y's commit there removed x's file, and
+ * x's commit then wrote a manifest naming a file that was gone. */
+Test(concurrent, a_save_in_progress_across_a_restart_of_one_daemon_still_commits_whole) {
+  char dir[400];
+  dist_client *c = start_with_a_and_b(NULL, dir, sizeof dir);
   cr_assert_eq(dist_checkpoint_save(c, dir, NULL, NULL), 0, "%s", dist_errmsg(c));
-  cr_assert_eq(harness_count_files(own0, "rank", ".safetensors"), 1, "the last save's only");
-  cr_assert_eq(harness_count_files(own1, "rank", ".safetensors"), 1, "the last save's only");
+  Dist__V1__CheckpointSaveReply *x[HARNESS_MAX];
+  raw_save(c, dir, "x", x);
+  char *mx = manifest_for(dir, "x", x); /* of a and b, like the save before */
+  delete_a_and_b_and_restart_rank_1(c);
+  put_c(c);
+  cr_assert_eq(dist_checkpoint_save(c, dir, NULL, NULL), 0, "y: %s", dist_errmsg(c));
+  cr_assert_eq(harness_count_files(dir, "rank1.x.", ".safetensors"), 1,
+               "y's commit removed the file of x's save, in progress across the restart");
+  raw_commit(c, 0, dir, mx, x);
+  raw_commit(c, 1, dir, "", x);
+  expect_restored(c, dir, "x");
+  cr_assert_eq(harness_count_files(dir, "rank", ".safetensors"), 2,
+               "x's only: the save before x, in place at the restart, and y are superseded");
+  free(mx);
+  free_replies(x);
+  dist_close(c);
+}
+
+/* The crossing of a_commit_crossing_a_newer_one_keeps_its_files_where_each_daemon_has_its_own_dir,
+ * with rank 1 restarted between y's commit there and x's: the restarted
+ * daemon no longer remembers that it saw y committed, and must still keep
+ * y's file, which the manifest it cannot read names. */
+Test(concurrent, a_commit_crossing_a_newer_one_after_a_restart_keeps_its_files_in_a_dir_of_its_own) {
+  own_dirs d;
+  dist_client *c = start_own_dirs_with_a_save(&d);
+  save_x_and_y_crossing(c, d.dir, d.own[0], delete_a_and_b_and_restart_rank_1);
+  cr_assert_eq(harness_count_files(d.own[1], "rank1.y.", ".safetensors"), 1,
+               "x's commit on the restarted rank 1 removed y's file, which the manifest names");
+  expect_restored(c, d.dir, "y");
+  dist_close(c);
+}
+
+/* What a restarted daemon keeps from before its restart (every rank file
+ * of its own that no manifest names: it cannot tell which may be of a
+ * save in progress) goes with the first commit once the file is older than
+ * twice the commit window, (world size + 1) x max_call_duration (6 s
+ * here). */
+Test(concurrent, a_restarted_daemons_files_from_before_go_with_the_first_commit_past_the_window) {
+  const char *args[] = {"--max-call-duration", "1s", NULL};
+  char dir[400];
+  dist_client *c = start_with_a_and_b(args, dir, sizeof dir);
+  raw_save(c, dir, "before", NULL); /* its client then died, as its daemon did */
+  double written = harness_now_s();
+  delete_a_and_b(c);
+  restart_rank_1(args);
+  put_c(c);
+  expect_kept_then_removed(c, dir, "rank1.before.", 1, written, 6);
   dist_close(c);
 }
