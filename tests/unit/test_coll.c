@@ -157,27 +157,56 @@ Test(coll, allreduce_every_op_and_dtype_on_4_ranks, .timeout = 120) {
 /* Elements member r contributes: uneven, with zeros. */
 static size_t uneven(int r, int salt) { return (size_t)((r * 5 + salt) % 4) * 1000 + (r == 1 ? 0 : 3); }
 
-static int allgather_body(rank_ctx *c) {
-  int group[FIX_MAX];
+/* An all-gather of count_of(r) int32 elements from each member r, over
+ * the group given in member order (group[k] is world rank ranks[k]). */
+static int allgather_of(rank_ctx *c, size_t (*count_of)(int), const int *ranks, uint64_t op) {
+  int group[FIX_MAX], me = -1;
+  for (int k = 0; k < c->n; k++) {
+    group[k] = ranks ? ranks[k] : k;
+    if (group[k] == c->rank) me = k;
+  }
   distd_coll coll;
-  if (init_world(c, &coll, 10, group)) return -1;
-  size_t cnt[FIX_MAX], total = 0;
-  for (int r = 0; r < c->n; r++) total += cnt[r] = uneven(r, 1);
-  int32_t *in = malloc(cnt[c->rank] * 4 + 1), *out = malloc(total * 4 + 1);
-  for (size_t i = 0; i < cnt[c->rank]; i++) in[i] = c->rank * 100000 + (int32_t)i;
   dist_errbuf eb = DIST_ERRBUF_INIT;
+  if (distd_coll_init(&coll, c->f->r[c->rank].peers, op, group, c->n, distd_now_ms() + 30000,
+                      &eb))
+    return snprintf(c->msg, sizeof c->msg, "%s", eb.msg), -1;
+  size_t cnt[FIX_MAX], total = 0;
+  for (int k = 0; k < c->n; k++) total += cnt[k] = count_of(group[k]);
+  int32_t *in = malloc(cnt[me] * 4 + 1), *out = malloc(total * 4 + 1);
+  for (size_t i = 0; i < cnt[me]; i++) in[i] = c->rank * 100000 + (int32_t)i;
   int rc = distd_allgather(&coll, in, out, cnt, DIST_INT32, &eb);
   if (rc) snprintf(c->msg, sizeof c->msg, "allgather: %s", eb.msg);
   size_t k = 0;
-  for (int r = 0; !rc && r < c->n; r++)
-    for (size_t i = 0; i < cnt[r]; i++, k++)
-      if (out[k] != r * 100000 + (int32_t)i) {
+  for (int m = 0; !rc && m < c->n; m++)
+    for (size_t i = 0; i < cnt[m]; i++, k++)
+      if (out[k] != group[m] * 100000 + (int32_t)i) {
         snprintf(c->msg, sizeof c->msg, "allgather: element %zu is %d", k, out[k]);
         rc = -1;
         break;
       }
   free(in), free(out);
   return rc;
+}
+
+static size_t uneven_1(int r) { return uneven(r, 1); }
+
+static int allgather_body(rank_ctx *c) { return allgather_of(c, uneven_1, NULL, 10); }
+
+/* A few elements, one member none. */
+static size_t few(int r) { return (size_t)((r * 5 + 3) % 4) * 7; }
+
+static const int shuffled[4] = {2, 0, 3, 1};
+
+static int small_allgather_body(rank_ctx *c) {
+  int rc = allgather_of(c, few, NULL, 30);
+  return rc ? rc : allgather_of(c, few, shuffled, 31);
+}
+
+Test(coll, a_small_uneven_allgather_over_4_ranks_in_their_own_order) {
+  peer_fixture f;
+  fix_setup(&f, 4);
+  expect_all_ok(&f, small_allgather_body);
+  fix_teardown(&f);
 }
 
 static float rs_value(int rank, int block, size_t i) {
