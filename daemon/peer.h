@@ -77,6 +77,8 @@ typedef struct distd_peer_stats {
   uint32_t reconnects;
   /* frames from the peer dropped after unexpected_max_age_ms kept aside */
   uint64_t unexpected_expired, unexpected_expired_bytes;
+  /* its connections closed because a reloaded tls_crl revoked its certificate */
+  uint64_t revoked_closures;
   char congestion[16]; /* of the outbound connection, read from its socket */
   int send_buffer;     /* SO_SNDBUF of the outbound socket, SO_RCVBUF of the */
   int receive_buffer;  /* inbound one, as the kernel reports them; 0 if down */

@@ -28,10 +28,19 @@ static int verdict(conn *c, const dist_crl *crls, char *why, size_t len) {
   return REVOKED;
 }
 
+/* Counted for the rank the connection is greeted as, or else the one its
+ * certificate names (read before the close frees c). */
+static void count_revoked(conn *c) {
+  distd_peers *p = c->p;
+  int r = c->rank >= 0 ? c->rank : c->cert_rank;
+  if (r >= 0 && r < p->world) p->peers[r].stats.revoked_closures++;
+}
+
 static void check_conn(conn *c, const dist_crl *crls) {
   char why[700];
   int v = verdict(c, crls, why, sizeof why);
   if (v == KEEP) return;
+  if (v == REVOKED) count_revoked(c);
   /* distd_conn_close logs the greeted ones, naming their rank. */
   if (v == REVOKED && !c->greeted)
     log_warn("a peer connection not greeted yet (certificate for rank %d): closed: %s",

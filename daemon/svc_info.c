@@ -95,6 +95,10 @@ static const struct peer_counter {
     {"distd_peer_unexpected_expired_bytes_total",
      "Bytes of the frames from the peer dropped after peer_unexpected_max_age",
      offsetof(distd_peer_stats, unexpected_expired_bytes)},
+    {"distd_peer_tls_revoked_closures_total",
+     "Open connections with the peer closed because a reloaded tls_crl revoked its "
+     "certificate",
+     offsetof(distd_peer_stats, revoked_closures)},
 };
 
 static uint64_t peer_counter_value(const distd_peer_stats *st, const struct peer_counter *pc) {

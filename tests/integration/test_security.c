@@ -652,6 +652,12 @@ Test(security, a_crl_reload_closes_a_revoked_peers_open_connections) {
   for (int r = 0; r < 3; r += 2)
     cr_assert(harness_log_wait(&h, r, from[r], logged, 10000), "rank %d did not log '%s' (%s)",
               r, closed, h.dir);
+  char *metrics = http_get(h.http_port[0], "/metrics");
+  cr_expect(strstr(metrics, "distd_peer_tls_revoked_closures_total{peer=\"1\"} ") &&
+                !strstr(metrics, "distd_peer_tls_revoked_closures_total{peer=\"1\"} 0\n") &&
+                strstr(metrics, "distd_peer_tls_revoked_closures_total{peer=\"2\"} 0\n"),
+            "rank 0 does not count the closures of revoked rank 1 alone:\n%s", metrics);
+  free(metrics);
   dist_client *c = harness_client(&h);
   float v[4] = {1, 2, 3, 4};
   int64_t shape[1] = {4};
