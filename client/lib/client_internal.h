@@ -168,6 +168,9 @@ int dist_reshard_refused(dist_client *c, const dist_tensor *t, const dist_mesh *
 /* dist_spmd_refused of inv's backward, refused before dist_backward
  * (which takes no op id: it runs under the invocation's). */
 int dist_backward_refused(dist_client *c, const dist_invocation *inv);
+/* A new handle of the tensor m describes (tensor_api.c), or NULL when
+ * memory runs out. */
+dist_tensor *dist_tensor_from_meta(const Dist__V1__TensorMeta *m);
 /* Records an error on c and returns code. */
 int dist_client_fail(dist_client *c, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

@@ -26,7 +26,7 @@ static int take_grads(dist_client *c, fanout *f, const dist_backward_opts *o,
   const Dist__V1__ProgramBackwardReply *r0 = (const void *)f->calls[0].reply;
   for (int j = 0; grads && j < v->n_inputs; j++)
     grads[j] = r0->grads[j]->name && r0->grads[j]->name[0]
-                   ? dist_prog_tensor_of_meta(r0->grads[j])
+                   ? dist_tensor_from_meta(r0->grads[j])
                    : NULL;
   return 0;
 }

@@ -53,17 +53,6 @@ int dist_prog_fill_arg(dist_client *c, arg_set *s, int j, const dist_arg *a,
   return 0;
 }
 
-dist_tensor *dist_prog_tensor_of_meta(const Dist__V1__TensorMeta *m) {
-  dist_tensor *t = calloc(1, sizeof *t);
-  if (!t) return NULL;
-  snprintf(t->name, sizeof t->name, "%s", m->name);
-  t->dtype = (dist_dtype)m->dtype;
-  dist_shape_from_pb(m->global_shape, m->n_global_shape, &t->shape, NULL);
-  if (m->mesh) dist_mesh_from_pb(m->mesh, &t->mesh.d, NULL);
-  dist_placements_from_pb(m->placements, m->n_placements, t->placements, NULL);
-  return t;
-}
-
 void dist_prog_keep_value(kept_value *k, const Dist__V1__ProgramValue *v) {
   k->present = v->n_shape > 0 || v->data.len > 0 || v->dtype != 0;
   k->dtype = (dist_dtype)v->dtype;
@@ -189,7 +178,7 @@ static int take_outputs(dist_client *c, fanout *f, const dist_call_opts *o,
   }
   const Dist__V1__ProgramInvokeReply *r0 = (const void *)f->calls[0].reply;
   for (int k = 0; outs && k < v->n_outputs; k++)
-    outs[k] = dist_prog_tensor_of_meta(r0->outputs[k]);
+    outs[k] = dist_tensor_from_meta(r0->outputs[k]);
   return 0;
 }
 

@@ -115,8 +115,6 @@ void dist_prog_release_on(dist_client *c, const int *targets, int n,
 int dist_prog_arg_set_init(arg_set *s, int n);
 int dist_prog_fill_arg(dist_client *c, arg_set *s, int j, const dist_arg *a,
                        int i, int need_tensor, const char *what);
-/* A new handle of the tensor m describes, or NULL. */
-dist_tensor *dist_prog_tensor_of_meta(const Dist__V1__TensorMeta *m);
 void dist_prog_keep_value(kept_value *k, const Dist__V1__ProgramValue *v);
 void dist_prog_fanout_free(fanout *f);
 int dist_prog_check_chosen_names(dist_client *c, const char *kind, const char *const *names,

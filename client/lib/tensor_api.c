@@ -7,8 +7,9 @@
 #include "client_internal.h"
 #include "wire.h"
 
-static dist_tensor *tensor_from_meta(const Dist__V1__TensorMeta *m) {
+dist_tensor *dist_tensor_from_meta(const Dist__V1__TensorMeta *m) {
   dist_tensor *t = calloc(1, sizeof *t);
+  if (!t) return NULL;
   snprintf(t->name, sizeof t->name, "%s", m->name);
   t->dtype = (dist_dtype)m->dtype;
   dist_shape_from_pb(m->global_shape, m->n_global_shape, &t->shape, NULL);
@@ -191,7 +192,7 @@ static int batch_send(dist_client *c, put_batch *b, const dist_mesh_desc *mesh, 
     undo_puts(c, b);
     return rc;
   }
-  *out = tensor_from_meta(((Dist__V1__TensorPutReply *)b->calls[0].reply)->meta);
+  *out = dist_tensor_from_meta(((Dist__V1__TensorPutReply *)b->calls[0].reply)->meta);
   return 0;
 }
 
@@ -518,7 +519,7 @@ int dist_tensor_open(dist_client *c, const char *name, dist_tensor **out) {
   if (!calls) return rc;
   for (int i = 0; i < n && !*out; i++)
     if (calls[i].reply && ((Dist__V1__TensorShowReply *)calls[i].reply)->meta)
-      *out = tensor_from_meta(((Dist__V1__TensorShowReply *)calls[i].reply)->meta);
+      *out = dist_tensor_from_meta(((Dist__V1__TensorShowReply *)calls[i].reply)->meta);
   if (*out) {
     rc = 0;
     c->err = (dist_errbuf)DIST_ERRBUF_INIT;
@@ -648,7 +649,8 @@ static dist_tensor **every_piece(dist_call *calls, int n, int *total) {
   *total = 0;
   for (int i = 0; all && i < n; i++) {
     const Dist__V1__TensorListReply *rp = (const void *)calls[i].reply;
-    for (size_t k = 0; k < rp->n_tensors; k++) all[(*total)++] = tensor_from_meta(rp->tensors[k]);
+    for (size_t k = 0; k < rp->n_tensors; k++)
+      all[(*total)++] = dist_tensor_from_meta(rp->tensors[k]);
   }
   return all;
 }
