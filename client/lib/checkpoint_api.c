@@ -236,9 +236,10 @@ static int commit(dist_client *c, const char *dir, const char *manifest,
  * restore would have it load rank 0's. The daemon's rank is asked of it,
  * and a daemon that does not say within the call's deadline fails the
  * save or restore: going on unchecked is what could destroy a checkpoint
- * (a daemon slow to answer the quick question of dist_daemon_rank). */
+ * (a daemon slow to answer dist_daemon_rank's quick question, which is
+ * why an unknown rank is asked with dist_info instead). */
 static int check_reach(dist_client *c, const char *what) {
-  int rank = c->one_endpoint ? dist_daemon_rank(c, 0) : 0;
+  int rank = dist_known_daemon_rank(c, 0);
   if (rank < 0) {
     dist_daemon_info info;
     if (dist_info(c, 0, &info) != 0) return c->err.code;

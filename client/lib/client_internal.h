@@ -76,6 +76,9 @@ const char *dist_daemon_label(const dist_client *c, int target, char *buf, size_
  * "rank R" with its rank (dist_daemon_rank), or "distd at HOST:PORT" when
  * a client of one endpoint could not learn it. Returns buf. */
 const char *dist_rank_label(dist_client *c, int target, char *buf, size_t len);
+/* dist_daemon_rank without asking: -1 when a client of one endpoint has
+ * not learned its daemon's rank yet. */
+int dist_known_daemon_rank(dist_client *c, int rank);
 /* Keeps rank as the daemon's of a client of one endpoint (any Info reply
  * of it tells); a no-op for a client of a cluster file. */
 void dist_client_learn_rank(dist_client *c, int rank);

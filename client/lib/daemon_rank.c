@@ -28,12 +28,15 @@ void dist_client_learn_rank(dist_client *c, int rank) {
   if (c->one_endpoint && rank >= 0) atomic_store(&c->daemon_rank, rank);
 }
 
+int dist_known_daemon_rank(dist_client *c, int rank) {
+  if (rank < 0 || rank >= c->n) return -1;
+  return c->one_endpoint ? atomic_load(&c->daemon_rank) : rank;
+}
+
 int dist_daemon_rank(dist_client *c, int rank) {
   if (!c) return dist_no_client(__func__), -1;
-  if (rank < 0 || rank >= c->n) return -1;
-  if (!c->one_endpoint) return rank;
-  int known = atomic_load(&c->daemon_rank);
-  if (known >= 0) return known;
+  int known = dist_known_daemon_rank(c, rank);
+  if (known >= 0 || rank < 0 || rank >= c->n) return known;
   Dist__V1__InfoReply *rp = ask_info(c, rank);
   if (!rp) return -1; /* asked again at the next need */
   dist_client_learn_rank(c, (int)rp->rank);
