@@ -263,11 +263,18 @@ static int refuse_call(dist_client *c, const dist_program *p, uint64_t id) {
   return dist_spmd_refused_ids(c, id, (uint32_t)p->n_outputs, named, n);
 }
 
-int dist_local_layer_refused(dist_client *c, const dist_program *p) {
-  if (c->spmd_rank < 0 || !p) return c->err.code; /* no p: the call takes no id either */
+/* The ids a call of p takes, before its checks so that a trainer that
+ * refuses it stays in step: the invocation's, then one per output's shape
+ * exchange. Returns the first. */
+static uint64_t take_call_ids(dist_client *c, const dist_program *p) {
   uint64_t id = dist_next_op_id(c);
   for (int k = 0; k < p->n_outputs; k++) dist_next_op_id(c);
-  return refuse_call(c, p, id);
+  return id;
+}
+
+int dist_local_layer_refused(dist_client *c, const dist_program *p) {
+  if (c->spmd_rank < 0 || !p) return c->err.code; /* no p: the call takes no id either */
+  return refuse_call(c, p, take_call_ids(c, p));
 }
 
 int dist_local_layer_call(dist_client *c, dist_program *p, const dist_arg *args,
@@ -279,10 +286,7 @@ int dist_local_layer_call(dist_client *c, dist_program *p, const dist_arg *args,
   if (opts) o = *opts;
   if (inv) *inv = NULL;
   for (int k = 0; outs && k < p->n_outputs; k++) outs[k] = NULL;
-  /* The invocation id, then one op id per output's shape exchange, taken
-   * before the checks: a trainer that refuses the call stays in step. */
-  uint64_t id = dist_next_op_id(c);
-  for (int k = 0; k < p->n_outputs; k++) dist_next_op_id(c);
+  uint64_t id = take_call_ids(c, p);
   if (DIST_NEED(c, inv) || check_call(c, p, nargs) ||
       dist_check_call_args(c, __func__, "args", args, nargs,
                            c->spmd_rank >= 0 ? 1 : p->nranks))
