@@ -431,8 +431,9 @@ static void print_top(const sample *now, const sample *before, int n, int iterat
          "UPTIME", "MEMORY", "TENSORS", "OPS", "PEERS", "SENT", "RECEIVED");
   for (int r = 0; r < n; r++) {
     if (!now[r].ok) {
-      if (now[r].rank >= 0) printf("%-5d %-9s %s\n", now[r].rank, "down", now[r].error);
-      else printf("%-5s %-9s %s\n", "?", "down", now[r].error);
+      char rank[16];
+      printf("%-5s %-9s %s\n", distctl_rank_format(now[r].rank, rank, sizeof rank), "down",
+             now[r].error);
       continue;
     }
     const dist_daemon_info *i = &now[r].info;

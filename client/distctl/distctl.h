@@ -49,8 +49,9 @@ json_t *distctl_down_json(dist_client *c, int rank, const char *error);
  * or, for a daemon of --endpoint that did not say, null in JSON and "?"
  * in a table. */
 json_t *distctl_rank_json(dist_client *c, int pos);
-/* A rank in JSON: null when -1 (not known). */
+/* A rank in JSON: null when -1 (not known); in a table, "?" then. */
 json_t *distctl_rank_value(int rank);
+const char *distctl_rank_format(int rank, char *buf, size_t len);
 const char *distctl_rank_text(dist_client *c, int pos, char *buf, size_t len);
 
 /* Takes "--name value" or "--name=value" at argv[*i]; returns the value or

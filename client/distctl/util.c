@@ -109,11 +109,14 @@ json_t *distctl_rank_json(dist_client *c, int pos) {
   return distctl_rank_value(dist_daemon_rank(c, pos));
 }
 
-const char *distctl_rank_text(dist_client *c, int pos, char *buf, size_t len) {
-  int rank = dist_daemon_rank(c, pos);
+const char *distctl_rank_format(int rank, char *buf, size_t len) {
   if (rank >= 0) snprintf(buf, len, "%d", rank);
   else snprintf(buf, len, "?");
   return buf;
+}
+
+const char *distctl_rank_text(dist_client *c, int pos, char *buf, size_t len) {
+  return distctl_rank_format(dist_daemon_rank(c, pos), buf, len);
 }
 
 json_t *distctl_down_json(dist_client *c, int rank, const char *error) {
