@@ -13,6 +13,19 @@ static int too_big(const char *path, size_t max, dist_errbuf *eb) {
   return dist_fail(eb, DIST_ETOOBIG, "%s: larger than %s", path, limit);
 }
 
+/* What a reader ends with: on success buf (n bytes, and room for one
+ * more) becomes the caller's, NUL-terminated; else it is freed. */
+static int hand_over(int rc, char *buf, size_t n, char **data, size_t *len) {
+  if (rc != 0) {
+    free(buf);
+    return rc;
+  }
+  buf[n] = 0;
+  *data = buf;
+  *len = n;
+  return 0;
+}
+
 /* A pipe or a character device (a secret handed over as /dev/fd/N or
  * through process substitution) has no size to go by: read until its end,
  * at most max bytes. */
@@ -39,14 +52,22 @@ static int read_stream(FILE *f, const char *path, size_t max, char **data, size_
   int rc = ferror(f) ? dist_fail(eb, DIST_EIO, "%s: read error", path)
            : n > max ? too_big(path, max, eb)
                      : 0;
-  if (rc != 0) {
-    free(buf);
-    return rc;
-  }
-  buf[n] = 0;
-  *data = buf;
-  *len = n;
-  return 0;
+  return hand_over(rc, buf, n, data, len);
+}
+
+/* A regular file of st->st_size bytes, at most max. */
+static int read_regular(FILE *f, const char *path, size_t max, const struct stat *st,
+                        char **data, size_t *len, dist_errbuf *eb) {
+  size_t size = (size_t)st->st_size;
+  char *buf = NULL;
+  int rc = 0;
+  if (size > max)
+    rc = too_big(path, max, eb);
+  else if (!(buf = malloc(size + 1)))
+    rc = dist_fail(eb, DIST_ENOMEM, "%s: cannot allocate %zu bytes", path, size);
+  else if (fread(buf, 1, size, f) != size)
+    rc = dist_fail(eb, DIST_EIO, "%s: short read", path);
+  return hand_over(rc, buf, size, data, len);
 }
 
 /* The whole file at path, at most max bytes, with a NUL after them; *st
@@ -60,32 +81,15 @@ static int read_bounded(const char *path, size_t max, int streams_too, char **da
   if (!f)
     return dist_fail(eb, errno == ENOENT ? DIST_ENOTFOUND : DIST_EIO, "%s: %s", path,
                      strerror(errno));
-  int rc = 0;
-  char *buf = NULL;
-  size_t size = 0;
-  int stat_ok = fstat(fileno(f), st) == 0;
-  if (stat_ok && streams_too && (S_ISFIFO(st->st_mode) || S_ISCHR(st->st_mode))) {
+  int rc, stat_ok = fstat(fileno(f), st) == 0;
+  if (stat_ok && streams_too && (S_ISFIFO(st->st_mode) || S_ISCHR(st->st_mode)))
     rc = read_stream(f, path, max, data, len, eb);
-    fclose(f);
-    return rc;
-  }
-  if (!stat_ok || !S_ISREG(st->st_mode))
+  else if (stat_ok && S_ISREG(st->st_mode))
+    rc = read_regular(f, path, max, st, data, len, eb);
+  else
     rc = dist_fail(eb, DIST_EIO, "%s: not a regular file", path);
-  else if ((size = (size_t)st->st_size) > max)
-    rc = too_big(path, max, eb);
-  else if (!(buf = malloc(size + 1)))
-    rc = dist_fail(eb, DIST_ENOMEM, "%s: cannot allocate %zu bytes", path, size);
-  else if (fread(buf, 1, size, f) != size)
-    rc = dist_fail(eb, DIST_EIO, "%s: short read", path);
   fclose(f);
-  if (rc != 0) {
-    free(buf);
-    return rc;
-  }
-  buf[size] = 0;
-  *data = buf;
-  *len = size;
-  return 0;
+  return rc;
 }
 
 int dist_read_file(const char *path, char **data, size_t *len,
