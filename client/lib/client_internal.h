@@ -167,6 +167,9 @@ int dist_spmd_refused_group(dist_client *c, uint64_t op_id, const int *group, in
  * returns the code. A LocalLayer call of p (none without p: the call
  * takes no id then either), a reshard of t to mesh (NULL: t's). */
 int dist_local_layer_refused(dist_client *c, const dist_program *p);
+/* The op ids a LocalLayer call of a program with n_outputs outputs takes
+ * (program_call.c): its invocation's, then one per output's shape exchange. */
+int dist_local_layer_ids(int n_outputs);
 int dist_reshard_refused(dist_client *c, const dist_tensor *t, const dist_mesh *mesh);
 /* dist_spmd_refused of inv's backward, refused before dist_backward
  * (which takes no op id: it runs under the invocation's). */
@@ -230,6 +233,10 @@ int dist_grad_add(dist_client *c, const char *a, const char *b, const dist_mesh_
  * does. Gradients on different meshes are refused. */
 int dist_grad_sum(dist_client *c, const char *of, const dist_tensor *acc,
                   dist_tensor *more, const char *out_name, dist_tensor **out);
+/* The op ids dist_grad_add takes (a copy too), and the most dist_grad_sum
+ * takes: the tape's backward plans its ids with these (tape_plan.c). */
+int dist_grad_add_ids(void);
+int dist_grad_sum_ids_max(void);
 /* The most state buffers an optimizer keeps per parameter (Adam's m and v;
  * the daemon's DISTD_OPTIM_STATE_MAX). */
 #define DIST_OPTIM_STATE_MAX 2

@@ -59,3 +59,9 @@ int dist_grad_sum(dist_client *c, const char *of, const dist_tensor *acc,
                        out);
   return rc;
 }
+
+/* Its one-output program's call. */
+int dist_grad_add_ids(void) { return dist_local_layer_ids(1); }
+
+/* A reshard of more to acc's layout (one id) when they differ, then the add. */
+int dist_grad_sum_ids_max(void) { return 1 + dist_grad_add_ids(); }

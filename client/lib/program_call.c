@@ -268,9 +268,11 @@ static int refuse_call(dist_client *c, const dist_program *p, uint64_t id) {
  * exchange. Returns the first. */
 static uint64_t take_call_ids(dist_client *c, const dist_program *p) {
   uint64_t id = dist_next_op_id(c);
-  for (int k = 0; k < p->n_outputs; k++) dist_next_op_id(c);
+  for (int k = 1; k < dist_local_layer_ids(p->n_outputs); k++) dist_next_op_id(c);
   return id;
 }
+
+int dist_local_layer_ids(int n_outputs) { return 1 + n_outputs; }
 
 int dist_local_layer_refused(dist_client *c, const dist_program *p) {
   if (c->spmd_rank < 0 || !p) return c->err.code; /* no p: the call takes no id either */
