@@ -435,9 +435,8 @@ static int seed_nvalues(dist_tape *t, const dist_tensor *out) {
  * tape marked done, so that a refusal leaves the tape as it was; before,
  * a value without data was first refused by whichever step read it, after
  * the steps before it had run in the daemons. An SPMD trainer's values are
- * left to that step: it aborts exactly its op on the other trainers
- * (OpAbort), where a refusal here aborts every first step they may run
- * (backward_refused). */
+ * left to that step, which aborts the rest of the backward on the other
+ * trainers (backward_failed), as a refusal here aborts all of it. */
 static int check_backward_args(dist_tape *t, const dist_tensor *const *outputs,
                                const dist_arg *grads, int n) {
   const char *func = "dist_tape_backward";
@@ -458,53 +457,76 @@ static int check_backward_args(dist_tape *t, const dist_tensor *const *outputs,
   return 0;
 }
 
-/* The most op ids a backward's first step takes up to its first wait on
- * another daemon: a reshard's backward from a stored seed (its copy, a
- * LocalLayer call of two ids, then the reshard). */
-#define FIRST_STEP_IDS 3
-
 static void take_ids_through(dist_client *c, uint64_t last) {
   while (c->op_base + c->op_seq < last) dist_next_op_id(c);
 }
 
-/* c->err's code, after an SPMD trainer refused a backward before its first
- * step, whose op ids start at first. Which entry the other trainers' first
- * step runs, and so what they wait on, depends on their seeds (this
- * trainer's may be a NULL output), so every exchange they may wait on
- * first is aborted: each LocalLayer call's backward (under its
- * invocation's id) and the first FIRST_STEP_IDS op ids, on every daemon.
- * A failed SPMD backward takes that many ids at least (dist_tape_backward),
- * so the trainers stay in step whichever step the others failed at. */
-static int backward_refused(dist_tape *t, uint64_t first) {
+/* c->err's code, after an SPMD trainer refused or failed a backward whose
+ * plan is the op ids first to last, at entry upto (the last entry before
+ * its walk). The other trainers may wait at any step this trainer has not
+ * run, and which step depends on their seeds: so each LocalLayer call's
+ * backward not behind it (under its invocation's id) and every id of the
+ * plan from the one it failed at are aborted, on every daemon, as a step
+ * may not involve this trainer's; then it takes the rest of the plan, as
+ * the others do. The ids go newest first: the daemons remember the last
+ * few hundred aborted exchanges (each id's vote and reshard steps count),
+ * and the plan's first ids are the ones the others reach first. */
+static int backward_failed(dist_tape *t, uint64_t first, uint64_t last, int upto) {
   dist_client *c = t->c;
   if (c->spmd_rank < 0) return c->err.code;
-  for (int i = 0; i < t->n_entries; i++)
+  uint64_t from = c->op_base + c->op_seq;
+  if (from < first) from = first;
+  take_ids_through(c, last);
+  for (uint64_t id = last + 1; id-- > from;) dist_spmd_refused_group(c, id, NULL, 0);
+  for (int i = upto; i >= 0; i--)
     if (t->entries[i].kind == LAYER) dist_backward_refused(c, t->entries[i].inv);
-  take_ids_through(c, first + FIRST_STEP_IDS - 1);
-  for (uint64_t id = first; id < first + FIRST_STEP_IDS; id++)
-    dist_spmd_refused_group(c, id, NULL, 0);
   return c->err.code;
+}
+
+/* 0, after a backward that ran: an SPMD trainer takes the rest of its
+ * plan. One that took more would abort too few ids when it refuses. */
+static int plan_kept(dist_tape *t, uint64_t last) {
+  dist_client *c = t->c;
+  if (c->spmd_rank < 0) return 0;
+  if (c->op_base + c->op_seq > last)
+    return dist_client_fail(c, DIST_EINTERNAL, "the tape's backward took op ids through "
+                            "%llu, past the %llu it planned", (unsigned long long)(c->op_base +
+                            c->op_seq), (unsigned long long)last);
+  take_ids_through(c, last);
+  return 0;
+}
+
+/* The walk, newest entry first; *at gets the entry it failed at. */
+static int walk(dist_tape *t, int *at) {
+  int rc = 0;
+  for (*at = t->n_entries - 1; *at >= 0; --*at)
+    if ((rc = entry_back(t, &t->entries[*at]))) return rc;
+  return 0;
 }
 
 int dist_tape_backward(dist_tape *t, const dist_tensor *const *outputs,
                        const dist_arg *grads, int n) {
   if (!t) return dist_null_handle(__func__, "t");
-  uint64_t first = t->c->op_base + t->c->op_seq + 1;
+  dist_client *c = t->c;
+  uint64_t first = c->op_base + c->op_seq + 1;
+  int plan = c->spmd_rank >= 0 ? dist_tape_plan_ids(t) : 0;
+  if (plan < 0) return dist_client_fail(c, DIST_ENOMEM, "out of memory");
+  uint64_t last = first + (uint64_t)plan - 1;
   int rc = dist_tape_usable(t, "backward");
   if (rc == 0) rc = check_backward_args(t, outputs, grads, n);
-  if (rc) return backward_refused(t, first);
+  if (rc) return backward_failed(t, first, last, t->n_entries - 1);
   t->done = 1;
+  int at = t->n_entries - 1;
   for (int i = 0; rc == 0 && i < n; i++)
     rc = seed(t, outputs[i], grads ? &grads[i] : NULL);
-  if (rc) backward_refused(t, first);
-  for (int i = t->n_entries - 1; rc == 0 && i >= 0; i--)
-    rc = entry_back(t, &t->entries[i]);
+  if (rc == 0) rc = walk(t, &at);
+  if (rc == 0) rc = plan_kept(t, last);
   if (rc) {
-    dist_errbuf keep = t->c->err;
-    if (t->c->spmd_rank >= 0) take_ids_through(t->c, first + FIRST_STEP_IDS - 1);
+    backward_failed(t, first, last, at);
+    dist_errbuf keep = c->err;
     clear_all(t);
     dist_tape_release(t);
-    t->c->err = keep;
+    c->err = keep;
   }
   return rc;
 }

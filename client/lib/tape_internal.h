@@ -75,4 +75,10 @@ void dist_tape_delete_on(dist_client *c, const char *name, const int *ranks,
 void dist_tape_slot_clear(dist_tape *t, slot *s);
 int dist_tape_exchange_refused(dist_client *c, const int *group, int size);
 
+/* ----------------------------------------------------------- tape_plan.c */
+
+/* The op ids an SPMD trainer's backward of t takes, the same on every
+ * trainer (from the tape alone, not the seeds); -1 out of memory. */
+int dist_tape_plan_ids(dist_tape *t);
+
 #endif
