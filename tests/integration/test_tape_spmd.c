@@ -34,8 +34,8 @@ struct trainer {
   dist_tape *t;
   dist_mesh *m;
   dist_program *p;
-  dist_tensor *y, *loss, *r, *g;
-  int64_t y_rows;
+  dist_tensor *y, *z, *loss, *r, *g;
+  int64_t y_rows, z_rows;
   const void *xs[1];
   const int64_t *lcs[1];
   int rc, reduced;
@@ -88,6 +88,17 @@ static int chain(trainer *tr) {
   if (rc == 0) rc = fail(tr, "call", dist_tape_local_layer_call(tr->t, tr->p, &arg, 1, NULL,
                                                                 &tr->loss));
   return rc;
+}
+
+/* y as above, and z = global_gather(y) on the tape. */
+static int scattered_and_gathered(trainer *tr) {
+  int rc = scattered(tr);
+  dist_tape_exchange a = seed_exchange(tr);
+  a.x_name = "y";
+  a.x = NULL; /* y, as the daemons hold it */
+  a.out_name = "z";
+  if (rc == 0) rc = dist_tape_global_gather(tr->t, &a, &tr->z, &tr->z_rows);
+  return fail(tr, "gather", rc);
 }
 
 /* name = [[1, 2], [3, 4]] on [0, 1] with placement pl, put by both trainers. */
@@ -175,6 +186,39 @@ static int backward_from_r_with_a_null_output(trainer *tr) {
   return backward_from(tr, tr->r, &g);
 }
 
+/* Gradients for z and y, ones of this trainer's rows; trainer 0's for y
+ * are float64. Refused where y's seed is stored, to be added to the
+ * gradient the gather's backward gave y: one per-rank store, which nobody
+ * waits for, after the first exchange; the others then add (two ids more)
+ * and wait at the scatter's backward, which needs rank 0. */
+static int backward_from_z_and_y_with_y_of_another_dtype(trainer *tr) {
+  static const double ones64[16][2];
+  dist_value vz = {ones, DIST_FLOAT32, 2, {tr->z_rows, 2}};
+  dist_value vy = {tr->bad ? (const void *)ones64 : ones, tr->bad ? DIST_FLOAT64 : DIST_FLOAT32,
+                   2, {tr->y_rows, 2}};
+  dist_arg g[2] = {{NULL, &vz}, {NULL, &vy}};
+  const dist_tensor *outs[2] = {tr->z, tr->y};
+  return dist_tape_backward(tr->t, outs, g, 2);
+}
+
+/* Trainer 0 seeds r, which is not a scalar, with the loss's 1; the others
+ * give g. */
+static int backward_from_r_given_the_loss_1(trainer *tr) {
+  dist_arg g = {tr->g, NULL};
+  const dist_tensor *outs[1] = {tr->r};
+  return dist_tape_backward(tr->t, outs, tr->bad ? NULL : &g, 1);
+}
+
+/* The loss's gradient as a value, 1; trainer 0's without data. */
+static int backward_from_loss_given_a_value_without_data(trainer *tr) {
+  static const float one = 1;
+  dist_value v = {tr->bad ? NULL : &one, DIST_FLOAT32, tr->loss->shape.ndim, {0}};
+  for (int d = 0; d < v.ndim; d++) v.shape[d] = tr->loss->shape.dims[d];
+  dist_arg g = {NULL, &v};
+  const dist_tensor *outs[1] = {tr->loss};
+  return dist_tape_backward(tr->t, outs, &g, 1);
+}
+
 /* Trainer 0 gives no gradient for an exchange result (the loss's 1 is for
  * LocalLayer outputs), refused at the exchange's step. */
 static int backward_from_y_without_its_gradient(trainer *tr) {
@@ -201,19 +245,20 @@ static void *run_trainer(void *arg) {
 
 static void trainer_free(trainer *tr) {
   dist_tape_free(tr->t);
-  dist_tensor_free(tr->y), dist_tensor_free(tr->loss);
+  dist_tensor_free(tr->y), dist_tensor_free(tr->z), dist_tensor_free(tr->loss);
   dist_tensor_free(tr->r), dist_tensor_free(tr->g);
   dist_program_free(tr->p);
   dist_mesh_free(tr->m);
   dist_close(tr->c);
 }
 
-/* Trainer 0's call, refused with DIST_EINVAL and a message holding why;
+/* Trainer 0's call, refused with code and a message holding why;
  * trainer 1's, failed within 5 s (half its deadline, as two shared cores
  * are slow at times) by rank 0's abort naming why; then both trainers'
  * all-reduce. Trainer 1's deadline is 10 s (waiting it out
  * shows), trainer 0's 30 s: its all-reduce waits for trainer 1's call. */
-static void run_case(const char *job, prelude_fn prelude, call_fn call, const char *why) {
+static void run_case(const char *job, prelude_fn prelude, call_fn call, int code,
+                     const char *why) {
   harness h;
   harness_start(&h, 2, NULL);
   trainer tr[2];
@@ -225,7 +270,7 @@ static void run_case(const char *job, prelude_fn prelude, call_fn call, const ch
   }
   for (int r = 0; r < 2; r++) pthread_create(&th[r], NULL, run_trainer, &tr[r]);
   for (int r = 0; r < 2; r++) pthread_join(th[r], NULL);
-  cr_expect_eq(tr[0].rc, DIST_EINVAL, "trainer 0: %d %s", tr[0].rc, tr[0].msg);
+  cr_expect_eq(tr[0].rc, code, "trainer 0: %d %s", tr[0].rc, tr[0].msg);
   cr_expect(strstr(tr[0].msg, why), "trainer 0: %s (want '%s')", tr[0].msg, why);
   cr_expect_neq(tr[1].rc, 0, "trainer 1 succeeded");
   cr_expect_lt(tr[1].took, 5.0, "trainer 1 waited %.1f s: %s", tr[1].took, tr[1].msg);
@@ -240,9 +285,11 @@ static void run_case(const char *job, prelude_fn prelude, call_fn call, const ch
 
 /* One test per case: its suite and name, its job id (the op ids' base),
  * what both trainers do before the call, the call, and why trainer 0
- * refuses it. */
+ * refuses it (DIST_EINVAL, or code). */
+#define TAPE_CASE_CODE(suite, name, job, prelude, call, code, why) \
+  Test(suite, name, .timeout = 90) { run_case(job, prelude, call, code, why); }
 #define TAPE_CASE(suite, name, job, prelude, call, why) \
-  Test(suite, name, .timeout = 90) { run_case(job, prelude, call, why); }
+  TAPE_CASE_CODE(suite, name, job, prelude, call, DIST_EINVAL, why)
 
 static const char null_output[] = "dist_tape_backward: outputs[0] is NULL";
 
@@ -269,3 +316,15 @@ TAPE_CASE(backward, a_null_output_before_a_reshard_step, "tape-null-r", resharde
 TAPE_CASE(backward, an_exchange_result_without_its_gradient, "tape-no-grad", scattered,
           backward_from_y_without_its_gradient,
           "'y' is an exchange result: its gradient must be given")
+/* The other trainer's steps: the gather's backward, y's seed stored, the
+ * add, then the scatter's backward: five ids, past the three a refused
+ * backward once aborted and took. */
+TAPE_CASE_CODE(backward, a_per_rank_seed_of_another_dtype_after_an_exchange_step,
+               "tape-y-dtype", scattered_and_gathered,
+               backward_from_z_and_y_with_y_of_another_dtype, DIST_EMISMATCH,
+               "the gradient given for 'y': piece 0 is float64")
+TAPE_CASE(backward, a_non_scalar_output_given_the_loss_1, "tape-r-one", resharded_r,
+          backward_from_r_given_the_loss_1, "'r' is not a float scalar: give its gradient")
+TAPE_CASE(backward, a_seed_value_without_data, "tape-loss-nodata", chain,
+          backward_from_loss_given_a_value_without_data,
+          "dist_backward: out_grads[0].values[0].data is NULL")
