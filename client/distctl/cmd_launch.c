@@ -18,6 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cluster.h"
 #include "distctl.h"
 #include "local_cluster.h"
 
@@ -226,6 +227,24 @@ static int run_job(int n, const char *cluster, const char *log_dir, char **argv,
   return rc;
 }
 
+/* Every trainer refuses a world size other than its cluster's (it would
+ * fail at dist_init_from_env, one by one, after launch started them all
+ * and made the log directory): so launch refuses it first. 0, 1 when the
+ * file cannot be read, 2 when n does not fit it. */
+static int check_cluster_size(const char *cluster, long n) {
+  dist_member *members = NULL;
+  int count = 0;
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  if (dist_cluster_load(cluster, &members, &count, &eb) != 0)
+    return distctl_fail("launch: %s", dist_errbuf_msg(&eb));
+  free(members);
+  if (count == n) return 0;
+  return distctl_usage(&distctl_cmd_launch,
+                       "-n %ld, but the cluster file %s lists %d daemons (one trainer per "
+                       "daemon: -n %d, or no cluster file for a local cluster of %ld)",
+                       n, cluster, count, count, n);
+}
+
 static int run_launch(const distctl_global *g, int argc, char **argv) {
   const distctl_command *cmd = &distctl_cmd_launch;
   const char *log_dir = NULL, *count = NULL;
@@ -246,9 +265,13 @@ static int run_launch(const distctl_global *g, int argc, char **argv) {
   if (!log_dir) log_dir = "./log";
   if (prog < 0 || prog >= argc)
     return distctl_usage(&distctl_cmd_launch, "the program to run follows '--'");
+  const char *cluster = g->cluster;
+  if (cluster && cluster[0]) {
+    int bad = check_cluster_size(cluster, n);
+    if (bad) return bad;
+  }
   if (mkdir(log_dir, 0755) != 0 && errno != EEXIST)
     return distctl_fail("cannot create %s: %s", log_dir, strerror(errno));
-  const char *cluster = g->cluster;
   char local_dir[4096] = "", local_conf[4200];
   if (!cluster || !cluster[0]) { /* a local cluster just for this job */
     snprintf(local_dir, sizeof local_dir, "%s/cluster", log_dir);

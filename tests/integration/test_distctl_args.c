@@ -203,6 +203,48 @@ static int launch_json(const char *line, json_t **j, char **err) {
   return rc;
 }
 
+/* Writes launch_dir/none.conf: a cluster file of n daemons no trainer here
+ * connects to (launch checks only that it lists one daemon per rank). */
+static void write_unused_cluster(int n) {
+  char path[256];
+  snprintf(path, sizeof path, "%s/none.conf", launch_dir);
+  FILE *f = fopen(path, "w");
+  cr_assert(f, "cannot write %s", path);
+  for (int r = 0; r < n; r++) fprintf(f, "127.0.0.1:%d\n", 1 + 3 * r);
+  cr_assert_eq(fclose(f), 0);
+}
+
+/* A world size other than the cluster's was started anyway: every trainer
+ * then failed in dist_init_from_env ("DIST_WORLD_SIZE=2 do not fit a
+ * cluster of 4 daemons"), after launch had made its log directory. Now
+ * launch refuses it before, naming both; so is a cluster file that cannot
+ * be read. */
+Test(distctl_args, launch_refuses_a_world_size_other_than_the_clusters,
+     .fini = remove_launch_dir) {
+  cr_assert(mkdtemp(launch_dir));
+  write_unused_cluster(4);
+  char cmd[2048], *out = NULL, *err = NULL, log[256];
+  snprintf(log, sizeof log, "%s/log", launch_dir);
+  snprintf(cmd, sizeof cmd, "%s --json --cluster %s/none.conf launch -n 2 --log-dir %s -- true",
+           harness_distctl(), launch_dir, log);
+  int rc = harness_run(cmd, &out, &err, 30);
+  cr_assert_eq(rc, 2, "launch exited %d: %s", rc, err ? err : "");
+  cr_assert(err && strstr(err, "-n 2, but the cluster file ") &&
+                strstr(err, "/none.conf lists 4 daemons"), "%s", err ? err : "");
+  cr_assert(!out || !out[0], "a refused launch printed '%s'", out);
+  struct stat st;
+  cr_assert_neq(stat(log, &st), 0, "the refused launch made its log directory");
+  free(out);
+  free(err);
+  snprintf(cmd, sizeof cmd, "%s --cluster %s/missing.conf launch -n 2 --log-dir %s -- true",
+           harness_distctl(), launch_dir, log);
+  rc = harness_run(cmd, &out, &err, 30);
+  cr_assert_eq(rc, 1, "launch exited %d: %s", rc, err ? err : "");
+  cr_assert(err && strstr(err, "/missing.conf: No such file or directory"), "%s", err ? err : "");
+  free(out);
+  free(err);
+}
+
 /* Before, launch printed rank 0's output on stdout and never JSON. */
 Test(distctl_args, launch_prints_each_ranks_exit_status_as_json, .fini = remove_launch_dir) {
   cr_assert(mkdtemp(launch_dir));
@@ -254,6 +296,7 @@ Test(distctl_args, a_rank_that_cannot_be_forked_stops_the_others, .fini = remove
   cr_assert(mkdtemp(launch_dir));
   int uid = 60000 + (int)(getpid() % 5000);
   cr_assert_eq(chown(launch_dir, (uid_t)uid, (gid_t)uid), 0);
+  write_unused_cluster(3);
   char cmd[2048], *out = NULL, *err = NULL;
   snprintf(cmd, sizeof cmd,
            "setpriv --reuid=%d --regid=%d --clear-groups prlimit --nproc=2 %s --json "
@@ -300,6 +343,7 @@ Test(distctl_args, a_rank_whose_log_cannot_be_written_fails, .fini = remove_laun
   cr_assert_eq(mkdir(path, 0755), 0);
   snprintf(path, sizeof path, "%s/log/workerlog.1", launch_dir);
   cr_assert_eq(mkdir(path, 0755), 0);
+  write_unused_cluster(2);
   snprintf(cmd, sizeof cmd,
            "%s --json --cluster %s/none.conf launch -n 2 --log-dir %s/log -- sh -c "
            "\"echo hello from \\$DIST_RANK; sleep 60\"",
