@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "fileio.h"
 #include "tensor.h"
@@ -332,15 +333,27 @@ static size_t build_header(dist_dtype dt, const dist_shape *shape, char *out,
   return total;
 }
 
+/* A write that failed leaves no partial file behind, which a later reader
+ * would take for the tensor (or fail on as truncated). Only a regular file
+ * is removed: a FIFO or device named as the output stays. */
+static int write_failed(const char *path, dist_errbuf *eb) {
+  int err = errno;
+  struct stat st;
+  if (lstat(path, &st) == 0 && S_ISREG(st.st_mode)) unlink(path);
+  return dist_fail(eb, DIST_EIO, "%s: write failed: %s", path, strerror(err));
+}
+
 int dist_npy_write(const char *path, dist_dtype dt, const dist_shape *shape,
                    const void *data, dist_errbuf *eb) {
   if (!descr_of(dt))
-    return dist_fail(eb, DIST_EINVAL, "npy: cannot write dtype %s", dist_dtype_name(dt));
+    return dist_fail(eb, DIST_EINVAL, "%s: npy: cannot write dtype %s", path,
+                     dist_dtype_name(dt));
   if (shape->ndim < 0 || shape->ndim > DIST_MAX_DIMS)
-    return dist_fail(eb, DIST_EINVAL, "npy: bad ndim %d", shape->ndim);
+    return dist_fail(eb, DIST_EINVAL, "%s: npy: bad ndim %d", path, shape->ndim);
   for (int d = 0; d < shape->ndim; d++)
     if (shape->dims[d] < 0)
-      return dist_fail(eb, DIST_EINVAL, "npy: negative dim %lld", (long long)shape->dims[d]);
+      return dist_fail(eb, DIST_EINVAL, "%s: npy: negative dim %lld", path,
+                       (long long)shape->dims[d]);
   char head[640];
   size_t hlen = build_header(dt, shape, head, sizeof head);
   size_t nbytes = (size_t)dist_shape_numel(shape) * dist_dtype_size(dt);
@@ -349,6 +362,5 @@ int dist_npy_write(const char *path, dist_dtype dt, const dist_shape *shape,
   int ok = fwrite(head, 1, hlen, f) == hlen &&
            (nbytes == 0 || fwrite(data, 1, nbytes, f) == nbytes);
   ok = (fclose(f) == 0) && ok;
-  if (!ok) return dist_fail(eb, DIST_EIO, "%s: write failed: %s", path, strerror(errno));
-  return 0;
+  return ok ? 0 : write_failed(path, eb);
 }

@@ -112,7 +112,9 @@ void dist_copy_box_in(void *dst, const dist_shape *dst_shape,
  * big-endian or unknown descrs and more than DIST_MAX_DIMS dims;
  * DIST_EMISMATCH when there are more data bytes than the shape needs.
  * dist_npy_parse points *data into bytes (no copy); dist_npy_read returns a
- * malloc'd *data (free()) and also fails with DIST_ENOTFOUND / DIST_EIO. */
+ * malloc'd *data (free()) and also fails with DIST_ENOTFOUND / DIST_EIO.
+ * Their messages start with the path. A dist_npy_write that fails while
+ * writing removes the regular file it made. */
 int dist_npy_read(const char *path, dist_dtype *dt, dist_shape *shape,
                   void **data, size_t *nbytes, dist_errbuf *eb);
 int dist_npy_parse(const void *bytes, size_t len, dist_dtype *dt,

@@ -97,7 +97,7 @@ static int read_npy(const char *path, dist_dtype want, dist_dtype *dt,
   dist_errbuf eb = DIST_ERRBUF_INIT;
   *dt = want == DIST_BFLOAT16 ? DIST_BFLOAT16 : DIST_DTYPE_INVALID;
   if (dist_npy_read(path, dt, shape, data, nbytes, &eb) != 0)
-    return distctl_fail("cannot read %s: %s", path, dist_errbuf_msg(&eb));
+    return distctl_fail("cannot read %s", dist_errbuf_msg(&eb)); /* names path */
   if (want != DIST_DTYPE_INVALID && *dt != want) {
     free(*data);
     *data = NULL;
@@ -264,7 +264,7 @@ static int write_npy(const char *path, dist_dtype dt, int ndim,
   memcpy(s.dims, dims, sizeof *dims * (size_t)ndim);
   dist_errbuf eb = DIST_ERRBUF_INIT;
   if (dist_npy_write(path, dt, &s, data, &eb) != 0)
-    return distctl_fail("cannot write %s: %s", path, dist_errbuf_msg(&eb));
+    return distctl_fail("cannot write %s", dist_errbuf_msg(&eb)); /* names path */
   return 0;
 }
 

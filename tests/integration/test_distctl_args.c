@@ -146,6 +146,39 @@ Test(distctl_args, tensor_put_get_reshard_and_rm_print_their_result_with_json) {
   json_decref(j);
 }
 
+/* A .npy that cannot be read or written is named once (the message said
+ * "cannot read F: F: No such file or directory"), and a get whose write
+ * fails midway (here past the file size limit, with SIGXFSZ ignored so
+ * that write() says EFBIG) leaves no partial file, which a later put would
+ * refuse as truncated. */
+Test(distctl_args, a_npy_file_that_fails_is_named_once_and_not_left_partial) {
+  expect_exit("tensor put a /nonexistent-dir/a.npy --mesh \"[0]\" --placements \"Replicate()\"",
+              1, "distctl: cannot read /nonexistent-dir/a.npy: No such file or directory\n");
+  char id[64];
+  snprintf(id, sizeof id, "distctl-npy-%d-%ld", (int)getpid(), (long)time(NULL));
+  const char *args[] = {"--cluster-id", id, NULL};
+  harness_start(&cluster, 1, args);
+  dist_client *c = harness_client(&cluster);
+  static float v[4096];
+  int64_t shape[1] = {4096};
+  dist_tensor_free(harness_put(c, "big", DIST_FLOAT32, v, 1, shape, "[0]", "Replicate()"));
+  dist_close(c);
+  char out_path[512], cmd[2048], *out = NULL, *err = NULL;
+  snprintf(out_path, sizeof out_path, "%s/big.npy", cluster.dir);
+  snprintf(cmd, sizeof cmd, "trap \"\" XFSZ; ulimit -f 4; exec %s --cluster %s tensor get big -o %s",
+           harness_distctl(), cluster.cluster_file, out_path);
+  int rc = harness_run(cmd, &out, &err, 30);
+  cr_assert_eq(rc, 1, "tensor get past the file size limit exited %d: %s", rc, err ? err : "");
+  char want[600];
+  snprintf(want, sizeof want, "distctl: cannot write %s: write failed: File too large\n", out_path);
+  cr_assert(err && strcmp(err, want) == 0, "said '%s', not '%s'", err ? err : "", want);
+  struct stat st;
+  cr_assert_neq(stat(out_path, &st), 0, "a partial %s (%lld bytes) was left", out_path,
+                (long long)st.st_size);
+  free(out);
+  free(err);
+}
+
 /* The cluster the next test starts: stopped and removed even when an
  * assertion ends the test between up and down. */
 static char json_dir[] = "/tmp/distctl-json-XXXXXX";
