@@ -339,7 +339,12 @@ static int run_metrics(const distctl_global *g, int argc, char **argv) {
   dist_daemon_info info;
   char host[256], port[16], why[512], *body = NULL;
   long timeout = g->timeout_ms > 0 ? g->timeout_ms : 10000;
-  int rc = 1;
+  int rc = distctl_rank_in_cluster(&distctl_cmd_metrics, c, rank);
+  if (rc != 0) {
+    dist_close(c);
+    return rc;
+  }
+  rc = 1;
   if (dist_info(c, (int)rank, &info) != 0) {
     distctl_rank_fail(c, rank);
     goto out;

@@ -334,12 +334,8 @@ static int run_get(const distctl_global *g, int argc, char **argv) {
     return 2;
   dist_client *c = distctl_connect(g);
   if (!c) return 1;
-  if (rank >= dist_world_size(c)) {
-    rc = distctl_usage(cmd, "--rank %ld: the cluster has ranks 0 to %d", rank,
-                       dist_world_size(c) - 1);
-  } else {
-    rc = get_value(c, &a, (int)rank);
-  }
+  rc = distctl_rank_in_cluster(cmd, c, rank);
+  if (rc == 0) rc = get_value(c, &a, (int)rank);
   if (rc == 0 && g->json) /* what was written where, for scripts */
     distctl_print_json(json_pack("{s:s, s:s, s:o}", "name", a.name, "output", a.output,
                                  "rank", rank >= 0 ? json_integer(rank) : json_null()));

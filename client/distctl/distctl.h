@@ -70,6 +70,10 @@ int distctl_opt_once(const distctl_command *cmd, int argc, char **argv, int *i,
  * --endpoint, name the daemon by its address). Returns 1. */
 int distctl_rank_fail(dist_client *c, long rank);
 
+/* A --rank past the cluster is a usage error naming the ranks there are
+ * (cmd's usage line, returns 2); 0 when rank is one of them. */
+int distctl_rank_in_cluster(const distctl_command *cmd, dist_client *c, long rank);
+
 /* Parses text as a whole decimal integer in [lo, hi]: 0, or -1 for
  * anything else ("2x", "", out of range); atoi would take "2x" as 2. */
 int distctl_parse_long(const char *text, long lo, long hi, long *out);

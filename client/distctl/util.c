@@ -39,6 +39,13 @@ int distctl_rank_fail(dist_client *c, long rank) {
   return distctl_fail("%s: %s", named, msg);
 }
 
+int distctl_rank_in_cluster(const distctl_command *cmd, dist_client *c, long rank) {
+  int n = dist_world_size(c);
+  if (rank < n) return 0;
+  return distctl_usage(cmd, "--rank %ld: the cluster has %s %d", rank,
+                       n == 1 ? "one rank," : "ranks 0 to", n - 1);
+}
+
 dist_client *distctl_connect(const distctl_global *g) {
   dist_client *c = NULL;
   dist_opts o = DIST_OPTS_INIT;

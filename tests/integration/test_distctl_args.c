@@ -77,6 +77,15 @@ Test(distctl_args, missing_and_bad_values_are_usage_errors_naming_the_option) {
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) expect_exit(cases[i][0], 2, cases[i][1]);
 }
 
+/* metrics --rank past the cluster failed (exit 1) with libdist's
+ * "dist_info: no daemon of rank 1 (cluster of 1)", where tensor get's
+ * --rank was a usage error naming the ranks there are: both are now that. */
+Test(distctl_args, a_rank_past_the_cluster_is_a_usage_error_naming_the_ranks) {
+  expect_exit("metrics --rank 1", 2, "distctl metrics: --rank 1: the cluster has one rank, 0");
+  expect_exit("tensor get w -o w.npy --rank 1 --local", 2,
+              "distctl tensor get: --rank 1: the cluster has one rank, 0");
+}
+
 /* The per-rank inspection verbs named a rank that did not answer twice
  * ("rank 1: rank 1 (127.0.0.1:...): ..."). */
 Test(distctl_args, a_rank_that_does_not_answer_is_named_once) {
