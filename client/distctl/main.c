@@ -148,6 +148,13 @@ int main(int argc, char **argv) {
     if (!taken) rest[nrest++] = argv[i];
   }
   if (parse_timeout(&g, timeout) != 0) goto out;
+  /* Both given, --endpoint won silently: the verb asked one daemon where
+   * the user meant the cluster (or the other way round). */
+  if (g.cluster && g.endpoint) {
+    distctl_usage(NULL, "--cluster %s and --endpoint %s: give one (every daemon of a "
+                  "cluster file, or one daemon)", g.cluster, g.endpoint);
+    goto out;
+  }
   if (!g.cluster) g.cluster = getenv("DIST_CLUSTER"); /* --cluster wins */
   if (g.token_file) {
     if (read_token_file(g.token_file, token, sizeof token) != 0) goto out;

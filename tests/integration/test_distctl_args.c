@@ -77,6 +77,22 @@ Test(distctl_args, missing_and_bad_values_are_usage_errors_naming_the_option) {
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) expect_exit(cases[i][0], 2, cases[i][1]);
 }
 
+/* The usage line offers --cluster or --endpoint; given both, --endpoint
+ * won silently and the verb asked one daemon (a $DIST_CLUSTER still
+ * yields to --endpoint). */
+Test(distctl_args, cluster_and_endpoint_together_are_refused) {
+  expect_exit("--cluster /tmp/none.conf status", 2,
+              "distctl: --cluster /tmp/none.conf and --endpoint 127.0.0.1:1: give one");
+  char cmd[1024], *out = NULL, *err = NULL;
+  snprintf(cmd, sizeof cmd, "DIST_CLUSTER=/tmp/none.conf %s --endpoint 127.0.0.1:1 status",
+           harness_distctl());
+  int rc = harness_run(cmd, &out, &err, 30);
+  cr_assert_eq(rc, 1, "status of a daemon that is not there exited %d: %s", rc, err ? err : "");
+  cr_assert(err && strstr(err, "distd at 127.0.0.1:1"), "%s", err ? err : "");
+  free(out);
+  free(err);
+}
+
 /* metrics --rank past the cluster failed (exit 1) with libdist's
  * "dist_info: no daemon of rank 1 (cluster of 1)", where tensor get's
  * --rank was a usage error naming the ranks there are: both are now that. */
