@@ -289,7 +289,8 @@ static int run_launch(const distctl_global *g, int argc, char **argv) {
 
 const distctl_command distctl_cmd_launch = {
     "launch", "-n N [--log-dir DIR] -- PROGRAM [ARGS...]",
-    "run N trainer processes (a local cluster of N daemons unless --cluster); with\n"
+    "run N trainer processes (a local cluster of N daemons unless --cluster), each\n"
+    "      one's output in DIR/workerlog.RANK (DIR: ./log unless --log-dir); with\n"
     "      --json rank 0's output goes to stderr and stdout gets one JSON object at the\n"
     "      end: each rank's exit_status (and signal), the job's status",
     run_launch};

@@ -93,6 +93,17 @@ Test(distctl_args, cluster_and_endpoint_together_are_refused) {
   free(err);
 }
 
+/* The help did not say where launch puts the trainers' logs without
+ * --log-dir (./log, made in the current directory). */
+Test(distctl_args, the_help_says_where_launch_logs_go) {
+  char cmd[1024], *out = NULL;
+  snprintf(cmd, sizeof cmd, "%s --help", harness_distctl());
+  cr_assert_eq(harness_run(cmd, &out, NULL, 30), 0);
+  cr_assert(out && strstr(out, "DIR/workerlog.RANK (DIR: ./log unless --log-dir)"), "%s",
+            out ? out : "");
+  free(out);
+}
+
 /* metrics --rank past the cluster failed (exit 1) with libdist's
  * "dist_info: no daemon of rank 1 (cluster of 1)", where tensor get's
  * --rank was a usage error naming the ranks there are: both are now that. */
