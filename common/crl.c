@@ -178,12 +178,6 @@ static int refusal(const dist_crl *c, X509 *cert, const char *source, int *by, c
   return 1;
 }
 
-int dist_crl_refuses(const dist_crl *c, void *x509, const char *source, char *why,
-                     size_t len) {
-  int by = -1;
-  return refusal(c, x509, source, &by, why, len);
-}
-
 /* 1 when pem was let through before and its CRL is still current. */
 static int accepted_before(const dist_crl *c, const char *pem, size_t len) {
   for (int i = 0; i < ACCEPTED_CACHE; i++) {

@@ -46,13 +46,4 @@ int dist_crl_add_to_store(const dist_crl *c, void *x509_store);
 int dist_crl_check_pem(dist_crl *c, const char *cert_pem, size_t len,
                        dist_errbuf *eb);
 
-/* For a certificate already parsed (an X509 *: a TLS peer's, which
- * OpenSSL checked at its handshake against the CRLs of that time): 0 when
- * c lets it through now; else 1, with why saying what c says of it, from
- * its subject on ("/CN=x is revoked (SOURCE)", "/CN=x is refused: the CRL
- * of its issuer /CN=ca has expired"); source names where the CRLs came
- * from. Remembers nothing, so callers need not serialize. */
-int dist_crl_refuses(const dist_crl *c, void *x509, const char *source, char *why,
-                     size_t len);
-
 #endif

@@ -235,9 +235,9 @@ static int reload_certs(distd_server *s, dist_errbuf *eb) {
   log_info("reloaded TLS certificate %s and key %s%s%s: new connections use them, "
            "open ones keep theirs%s", cfg->tls_cert, cfg->tls_key,
            cfg->tls_ca[0] ? " and CA " : "", cfg->tls_ca,
-           tls.crls && peer_ctx ? "; open peer connections are checked against tls_crl" : "");
-  /* The log first: the loop may close revoked peers' connections at once. */
-  distd_peers_tls_use(s->peers, peer_ctx, tls.crls);
+           peer_ctx ? "; open peer connections are checked against tls_ca and tls_crl" : "");
+  /* The log first: the loop may close distrusted peers' connections at once. */
+  distd_peers_tls_use(s->peers, peer_ctx);
   distd_tls_files_free(&tls);
   return 0;
 }

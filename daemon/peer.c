@@ -394,7 +394,7 @@ int distd_peers_start(distd_peers **out, struct event_base *base,
     if (rc < 0) goto out;
     p->tp = &distd_peer_transport_tls;
     snprintf(p->io_mode, sizeof p->io_mode, "tls (the loop thread)");
-    if ((rc = distd_crl_check_open(p, eb)) < 0) goto out;
+    if ((rc = distd_trust_check_open(p, eb)) < 0) goto out;
   }
   if (p->tp == &distd_peer_transport_tcp &&
       ((rc = distd_inbound_open(p, eb)) < 0 || (rc = open_batch(p, !opts->no_io_uring, eb)) < 0))
@@ -453,7 +453,7 @@ void distd_peers_free(distd_peers *p) {
   if (p->listen_ev) event_free(p->listen_ev);
   if (p->ping_ev) event_free(p->ping_ev);
   if (p->hold_ev) event_free(p->hold_ev);
-  distd_crl_check_close(p);
+  distd_trust_check_close(p);
   if (p->hold_tfd >= 0) close(p->hold_tfd);
   distd_inbound_close(p);
   if (p->listen_fd >= 0) close(p->listen_fd);
@@ -481,13 +481,13 @@ int distd_peers_tls_load(const distd_peers *p, const distd_tls_files *f, void **
 
 /* Connections hold their own reference to the context they were made
  * with (SSL_new), so the old one can go at once. */
-void distd_peers_tls_use(distd_peers *p, void *ctx, dist_crl *crls) {
+void distd_peers_tls_use(distd_peers *p, void *ctx) {
   if (!ctx) return;
   pthread_mutex_lock(&p->mu);
   void *old = p->tls_ctx;
   p->tls_ctx = ctx;
   p->tls_gen++;
-  if (crls) distd_crl_check_post(p, crls);
+  distd_trust_check_post(p);
   pthread_mutex_unlock(&p->mu);
   distd_peer_tls_ctx_free(old);
 }

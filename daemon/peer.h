@@ -77,8 +77,10 @@ typedef struct distd_peer_stats {
   uint32_t reconnects;
   /* frames from the peer dropped after unexpected_max_age_ms kept aside */
   uint64_t unexpected_expired, unexpected_expired_bytes;
-  /* its connections closed because a reloaded tls_crl revoked its certificate */
-  uint64_t revoked_closures;
+  /* its connections closed because a reloaded tls_crl revoked its
+   * certificate, or because a reloaded tls_ca/tls_crl no longer verifies
+   * its chain for another reason (its CA dropped, say) */
+  uint64_t revoked_closures, untrusted_closures;
   char congestion[16]; /* of the outbound connection, read from its socket */
   int send_buffer;     /* SO_SNDBUF of the outbound socket, SO_RCVBUF of the */
   int receive_buffer;  /* inbound one, as the kernel reports them; 0 if down */
@@ -110,16 +112,16 @@ int distd_peers_listen_port(const distd_peers *p);
 const char *distd_peers_io(const distd_peers *p);
 /* A new TLS context for the data plane, in two steps so that a reload of
  * several things changes nothing when one of them fails: tls_load loads
- * f's certificate, key and CA into *ctx (NULL when the data plane is plain
- * TCP); tls_use swaps it in for the connections made from then on (open
- * ones keep their certificates) and frees the old one; tls_drop frees one
- * not used. With crls (f's, tls_crl), tls_use also has the loop thread
- * close, soon after, the open connections whose peer certificate they
- * refuse: transfers that need such a peer fail naming it and why. */
+ * f's certificate, key, CA and CRLs into *ctx (NULL when the data plane is
+ * plain TCP); tls_use swaps it in for the connections made from then on
+ * (open ones keep their own certificates) and frees the old one; tls_drop
+ * frees one not used. tls_use also has the loop thread close, soon after,
+ * the open connections whose peer certificate chain the new tls_ca and
+ * tls_crl no longer verify, telling the peer why: transfers that need such
+ * a peer fail naming it and why. */
 int distd_peers_tls_load(const distd_peers *p, const struct distd_tls_files *f,
                          void **ctx, dist_errbuf *eb);
-struct dist_crl;
-void distd_peers_tls_use(distd_peers *p, void *ctx, struct dist_crl *crls);
+void distd_peers_tls_use(distd_peers *p, void *ctx);
 void distd_peers_tls_drop(void *ctx);
 /* Number of peers (not counting self) with both directions greeted. */
 int distd_peers_connected_count(distd_peers *p);

@@ -2,7 +2,7 @@
  * dialling, timers), peer_conn.c (one socket: lifetime, writing, failure),
  * peer_read.c (reading its frames), peer_control.c (HELLO and control
  * frames), peer_xfer.c (transfers, matching, kept-aside data, aborts, waiting)
- * and peer_crl.c (a reloaded CRL against the open connections).
+ * and peer_trust.c (a reloaded trust store against the open connections).
  *
  * Locking: one mutex (distd_peers.mu) guards everything below, including the
  * read() and writev() calls that move bytes into or out of callers' buffers:
@@ -296,8 +296,7 @@ struct distd_peers {
   const distd_peer_transport *tp;  /* tcp or tls */
   void *tls_ctx;                   /* SSL_CTX * when tp is tls */
   unsigned tls_gen;                /* counts the contexts swapped in by reloads */
-  struct event *crl_ev;            /* the loop checks crl_check (peer_crl.c) */
-  struct dist_crl *crl_check;      /* a reload's CRLs, until the loop checks them */
+  struct event *trust_ev;          /* the loop checks the open connections (peer_trust.c) */
   dist_member *members;
   peer *peers;
   int listen_fd, listen_port;
@@ -441,13 +440,14 @@ void distd_conn_greeted_inbound(conn *c);
  * connections in the set. */
 void distd_conn_watch_read(conn *c, int on);
 
-/* peer_crl.c: a reload's CRLs against the open connections. */
-int distd_crl_check_open(distd_peers *p, dist_errbuf *eb);
-void distd_crl_check_close(distd_peers *p); /* after the loop stopped */
-/* With mu held, any thread: the loop thread soon closes every connection
- * whose peer certificate crls refuse (logged, failing what needed the
- * peer), and those still in a handshake begun before the reload. */
-void distd_crl_check_post(distd_peers *p, struct dist_crl *crls);
+/* peer_trust.c: a reload's trust store against the open connections. */
+int distd_trust_check_open(distd_peers *p, dist_errbuf *eb);
+void distd_trust_check_close(distd_peers *p); /* after the loop stopped */
+/* With mu held, any thread, after a reload swapped in p->tls_ctx: the
+ * loop thread soon closes every connection whose peer certificate chain its
+ * store no longer verifies (the peer told why, logged, counted, failing
+ * what needed the peer), and those still in a handshake begun before. */
+void distd_trust_check_post(distd_peers *p);
 
 /* peer_xfer.c (all with mu held) */
 void distd_xfer_fail(distd_xfer *x, int code, const char *fmt, ...)

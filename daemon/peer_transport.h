@@ -12,7 +12,6 @@
 #include "errbuf.h"
 
 struct conn;
-struct dist_crl;
 
 /* A connection's certificate has not been looked at (plain TCP). */
 #define DISTD_CERT_RANK_UNCHECKED (-2)
@@ -21,6 +20,9 @@ struct dist_crl;
 /* A daemon's certificate names its rank as the subjectAltName DNS entry
  * "distd-rank-N" (one rank per certificate). */
 #define DISTD_TLS_RANK_PREFIX "distd-rank-"
+
+/* What a reloaded trust store says of a peer's certificate chain. */
+enum { DISTD_TRUST_OK, DISTD_TRUST_REVOKED, DISTD_TRUST_UNTRUSTED };
 
 typedef struct distd_peer_transport {
   const char *name; /* "tcp", "tls" */
@@ -45,11 +47,13 @@ typedef struct distd_peer_transport {
   size_t (*pending)(struct conn *c);
   /* Releases what attach made, before the socket is closed. */
   void (*detach)(struct conn *c);
-  /* After the handshake: 1 when crls refuse the certificate the peer
-   * presented, with why saying so (dist_crl_refuses), else 0. NULL where
-   * peers present no certificate (plain TCP). */
-  int (*refused_by)(struct conn *c, const struct dist_crl *crls, const char *source,
-                    char *why, size_t len);
+  /* After the handshake: DISTD_TRUST_OK when the certificate chain the
+   * peer presented verifies against ctx's trust store now (tls_ca and
+   * tls_crl as loaded last, checked as a handshake would); else
+   * DISTD_TRUST_REVOKED or DISTD_TRUST_UNTRUSTED, with why saying so from
+   * "certificate /CN=x ..." on. NULL where peers present no certificate
+   * (plain TCP). */
+  int (*distrusted_by)(struct conn *c, void *ctx, char *why, size_t len);
 } distd_peer_transport;
 
 extern const distd_peer_transport distd_peer_transport_tcp;

@@ -13,7 +13,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "crl.h"
 #include "peer_internal.h"
 #include "peer_transport.h"
 #include "tls.h"
@@ -183,16 +182,42 @@ static void tls_detach(conn *c) {
   c->tls = NULL;
 }
 
-/* The leaf certificate only, as the handshake's X509_V_FLAG_CRL_CHECK. */
-static int tls_refused_by(conn *c, const dist_crl *crls, const char *source, char *why,
-                          size_t len) {
+/* The peer's chain against ctx's store, as OpenSSL's handshake checks it
+ * (ssl_verify_cert_chain): with the purpose of the peer's side, so what a
+ * handshake would refuse now is refused here, and nothing else. */
+static int verify_error(conn *c, SSL_CTX *ctx, X509 *cert) {
+  X509_STORE_CTX *sc = X509_STORE_CTX_new();
+  /* Out of memory: the handshake's verdict stands until the next check. */
+  int err = X509_V_OK;
+  if (sc && X509_STORE_CTX_init(sc, SSL_CTX_get_cert_store(ctx), cert,
+                                SSL_get_peer_cert_chain(c->tls)) == 1) {
+    X509_STORE_CTX_set_default(sc, c->outbound ? "ssl_server" : "ssl_client");
+    if (X509_verify_cert(sc) != 1) err = X509_STORE_CTX_get_error(sc);
+  }
+  X509_STORE_CTX_free(sc);
+  ERR_clear_error();
+  return err;
+}
+
+static int tls_distrusted_by(conn *c, void *ctx, char *why, size_t len) {
   X509 *cert = c->tls ? SSL_get0_peer_certificate(c->tls) : NULL;
-  return cert && dist_crl_refuses(crls, cert, source, why, len);
+  int err = cert ? verify_error(c, ctx, cert) : X509_V_OK;
+  if (err == X509_V_OK) return DISTD_TRUST_OK;
+  char subject[256];
+  if (!X509_NAME_oneline(X509_get_subject_name(cert), subject, sizeof subject))
+    snprintf(subject, sizeof subject, "?");
+  if (err == X509_V_ERR_CERT_REVOKED) {
+    snprintf(why, len, "certificate %s is revoked", subject);
+    return DISTD_TRUST_REVOKED;
+  }
+  snprintf(why, len, "certificate %s is no longer trusted: %s", subject,
+           X509_verify_cert_error_string(err));
+  return DISTD_TRUST_UNTRUSTED;
 }
 
 const distd_peer_transport distd_peer_transport_tls = {
     "tls", tls_attach, tls_handshake, tls_read, tls_writev, NULL, tls_pending, tls_detach,
-    tls_refused_by,
+    tls_distrusted_by,
 };
 
 int distd_peer_tls_ctx_new(const distd_tls_files *f, void **out, dist_errbuf *eb) {

@@ -99,6 +99,10 @@ static const struct peer_counter {
      "Open connections with the peer closed because a reloaded tls_crl revoked its "
      "certificate",
      offsetof(distd_peer_stats, revoked_closures)},
+    {"distd_peer_tls_untrusted_closures_total",
+     "Open connections with the peer closed because a reloaded tls_ca or tls_crl no "
+     "longer verifies its certificate chain, for another reason than a revocation",
+     offsetof(distd_peer_stats, untrusted_closures)},
 };
 
 static uint64_t peer_counter_value(const distd_peer_stats *st, const struct peer_counter *pc) {

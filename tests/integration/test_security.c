@@ -611,6 +611,16 @@ Test(security, a_daemon_with_a_revoked_certificate_cannot_join) {
   remove_certs();
 }
 
+/* Waits, 10 s at most, for a line of rank r's log from byte `from` on
+ * that holds "peer rank PEER (ITS ADDRESS)" then tail. */
+static void expect_peer_logged(harness *h, int r, long from, int peer, const char *tail) {
+  char line[300];
+  snprintf(line, sizeof line, "peer rank %d (127.0.0.1:%d)%s", peer, h->peer_port[peer], tail);
+  const char *const needles[] = {line, NULL};
+  cr_assert(harness_log_wait(h, r, from, needles, 10000), "rank %d did not log '%s' (%s)", r,
+            line, h->dir);
+}
+
 /* A CRL reloaded on SIGHUP reaches the open data-plane connections: ranks
  * 0 and 2 close rank 1's once its certificate is revoked. An all_reduce
  * of rank 0 waiting for rank 1 fails at once (well before peer_timeout),
@@ -645,13 +655,9 @@ Test(security, a_crl_reload_closes_a_revoked_peers_open_connections) {
             strstr(waiting.msg, "closed: its certificate /CN=rank1 is revoked (tls_crl reloaded)"),
             "%s", waiting.msg);
 
-  char closed[200];
-  snprintf(closed, sizeof closed, "peer rank 1 (127.0.0.1:%d): closed: its certificate "
-           "/CN=rank1 is revoked (tls_crl reloaded)", h.peer_port[1]);
-  const char *const logged[] = {closed, NULL};
   for (int r = 0; r < 3; r += 2)
-    cr_assert(harness_log_wait(&h, r, from[r], logged, 10000), "rank %d did not log '%s' (%s)",
-              r, closed, h.dir);
+    expect_peer_logged(&h, r, from[r], 1,
+                       ": closed: its certificate /CN=rank1 is revoked (tls_crl reloaded)");
   char *metrics = http_get(h.http_port[0], "/metrics");
   cr_expect(strstr(metrics, "distd_peer_tls_revoked_closures_total{peer=\"1\"} ") &&
                 !strstr(metrics, "distd_peer_tls_revoked_closures_total{peer=\"1\"} 0\n") &&
@@ -670,6 +676,77 @@ Test(security, a_crl_reload_closes_a_revoked_peers_open_connections) {
   harness_expect_value(c, "w", v, sizeof v);
   dist_close(c);
   harness_expect_all_reduce(&h, others, 2, "crl-after", "after the revocation");
+  harness_stop(&h);
+  remove_certs();
+}
+
+/* A second CA, /CN=distd-test-ca2, and rank1b: rank 1's key certified by
+ * it (no single quotes: harness_run quotes the command with them). ca.crt becomes a bundle of both CAs (every rank's tls_ca, and the
+ * clients'), ca1.crt the first CA alone. */
+static const char second_ca_script[] =
+    "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout ca2.key "
+    "-out ca2.crt -days 2 -subj /CN=distd-test-ca2 -addext basicConstraints=critical,CA:TRUE "
+    "-addext keyUsage=critical,keyCertSign,cRLSign 2>/dev/null && "
+    "openssl req -new -key rank1.key -subj /CN=rank1 -out rank1b.csr 2>/dev/null && "
+    "printf \"subjectAltName=DNS:distd-rank-1,DNS:localhost,IP:127.0.0.1\\n"
+    "extendedKeyUsage=serverAuth,clientAuth\\nkeyUsage=critical,digitalSignature\\n\" "
+    "> rank1b.ext && openssl x509 -req -in rank1b.csr -CA ca2.crt -CAkey ca2.key "
+    "-CAcreateserial -out rank1b.crt -days 2 -extfile rank1b.ext 2>/dev/null && "
+    "cp rank1.key rank1b.key && cp ca.crt ca1.crt && cat ca1.crt ca2.crt > ca.crt";
+
+/* Three ranks whose tls_ca trusts both CAs, rank 1 certified by the
+ * second; an all_reduce of all three works. */
+static void start_with_rank1_of_ca2(harness *h) {
+  make_certs();
+  in_certs(second_ca_script);
+  use_tls_env();
+  const char *const certs_of[] = {"rank0", "rank1b", "rank2"};
+  const char *const args[] = {"--peer-timeout", "60s", NULL};
+  start_cluster(h, 3, certs_of, args, 1);
+  const int all[] = {0, 1, 2};
+  harness_expect_all_reduce(h, all, 3, "ca-before", "before the CA was dropped");
+}
+
+/* Rank 0 reloads a tls_ca without the second CA, while `waiting` (an
+ * all_reduce of ranks 0 and 1 at one of them, whose partner never comes)
+ * is in flight; it must end within 10 s, failing with DIST_EPEER. */
+static void drop_ca2_at_rank0(harness *h, harness_reduce *waiting) {
+  harness_sleep_ms(500); /* in flight by then, usually; started later, it fails alike */
+  in_certs("cp ca1.crt ca.crt.tmp && mv ca.crt.tmp ca.crt");
+  cr_assert_eq(kill(h->pids[0], SIGHUP), 0);
+  int *done[] = {&waiting->done};
+  cr_assert(harness_wait_all_positive(done, 1, 10000),
+            "rank %d's all_reduce over ranks 0 and 1 still waits 10 s after rank 0 dropped "
+            "rank 1's CA (%s)", waiting->rank, h->dir);
+  cr_assert_eq(harness_reduce_join(waiting), DIST_EPEER, "%d: %s", waiting->rc, waiting->msg);
+}
+
+/* A CA dropped from tls_ca by a reload reaches the open data-plane
+ * connections: rank 0 closes those of rank 1, whose certificate that CA
+ * signed. Its all_reduce waiting for rank 1 fails at once, naming rank 1
+ * and why; the closures are counted apart from revocations; ranks 0 and 2
+ * go on working together. */
+Test(security, a_ca_dropped_from_tls_ca_closes_its_peers_open_connections) {
+  harness h;
+  start_with_rank1_of_ca2(&h);
+  const int pair[] = {0, 1}, others[] = {0, 2};
+  harness_reduce waiting;
+  harness_reduce_start(&waiting, &h, 0, pair, 2, "ca-waiting");
+  long from = harness_log_size(&h, 0);
+  drop_ca2_at_rank0(&h, &waiting);
+  const char *why = ": closed: its certificate /CN=rank1 is no longer trusted: ";
+  cr_assert(strstr(waiting.msg, "peer rank 1 (") && strstr(waiting.msg, why) &&
+                strstr(waiting.msg, "(tls_ca/tls_crl reloaded)"),
+            "%s", waiting.msg);
+  expect_peer_logged(&h, 0, from, 1, why);
+  char *metrics = http_get(h.http_port[0], "/metrics");
+  cr_expect(strstr(metrics, "distd_peer_tls_untrusted_closures_total{peer=\"1\"} ") &&
+                !strstr(metrics, "distd_peer_tls_untrusted_closures_total{peer=\"1\"} 0\n") &&
+                strstr(metrics, "distd_peer_tls_untrusted_closures_total{peer=\"2\"} 0\n") &&
+                strstr(metrics, "distd_peer_tls_revoked_closures_total{peer=\"1\"} 0\n"),
+            "rank 0 does not count the closures of untrusted rank 1 alone:\n%s", metrics);
+  free(metrics);
+  harness_expect_all_reduce(&h, others, 2, "ca-after", "after the CA was dropped");
   harness_stop(&h);
   remove_certs();
 }
