@@ -62,7 +62,7 @@ int dist_frame_decode(const uint8_t in[DIST_FRAME_HEADER_SIZE],
     return dist_fail(eb, DIST_EPROTO,
                      "peer speaks protocol version %u, this daemon speaks %d",
                      (unsigned)h->version, DIST_FRAME_VERSION);
-  if (h->kind < DIST_FRAME_HELLO || h->kind > DIST_FRAME_PONG)
+  if (h->kind < DIST_FRAME_HELLO || h->kind > DIST_FRAME_KIND_LAST)
     return dist_fail(eb, DIST_EPROTO, "unknown frame kind %u",
                      (unsigned)h->kind);
   return 0;

@@ -27,8 +27,15 @@ typedef enum {
   DIST_FRAME_ABORT = 5,     /* payload: reason text; aux: -(dist_err code);
                                fails op_id on the receiver */
   DIST_FRAME_PING = 6,      /* aux: sender's timestamp */
-  DIST_FRAME_PONG = 7       /* aux: echoed timestamp */
+  DIST_FRAME_PONG = 7,      /* aux: echoed timestamp */
+  DIST_FRAME_CLOSE = 8      /* payload: why the sender closes the connection
+                               after it, worded for the receiver; on a
+                               greeted connection, either way (since 0.2.8;
+                               a daemon before it fails the connection on
+                               the unknown kind, which the sender is closing
+                               anyway) */
 } dist_frame_kind;
+#define DIST_FRAME_KIND_LAST DIST_FRAME_CLOSE
 
 typedef struct dist_frame_header {
   uint32_t magic;

@@ -288,6 +288,24 @@ int distd_conn_flush(conn *c, int in_loop) {
   return 0;
 }
 
+/* Whether c's next byte out starts a frame: a frame written in between
+ * would be read as the rest of the one cut short. */
+static int between_frames(conn *c) {
+  if (!c->outbound) return 1; /* flush_ctl finishes its control frames first */
+  dlist *q = &c->p->peers[c->rank].outq;
+  return c->woff == 0 &&
+         (dlist_empty(q) || dlist_entry(q->next, send_item, link)->done == 0);
+}
+
+void distd_conn_say_goodbye(conn *c, const char *why) {
+  if (!c->greeted || c->connecting || c->handshaking || !between_frames(c)) return;
+  size_t len = strnlen(why, CTL_MAX);
+  dist_frame_header h = {DIST_FRAME_MAGIC, DIST_FRAME_VERSION, DIST_FRAME_CLOSE,
+                         0, (uint32_t)c->p->rank, 0, len, 0};
+  distd_conn_queue_ctl(c, &h, why, len);
+  flush_ctl(c); /* once, without waiting: the caller closes c next */
+}
+
 static int driver_may_write(const conn *c) {
   return !c->connecting && !c->handshaking && c->greeted && !c->close_after_flush;
 }

@@ -1,5 +1,5 @@
 /* The HELLO handshake and the control frames a peer connection receives
- * (HELLO, HELLO_ACK, HELLO_REJECT, ABORT), and which frame kinds each side
+ * (HELLO, HELLO_ACK, HELLO_REJECT, ABORT, CLOSE), and which frame kinds each side
  * of a connection may receive. Called from the read path (peer_read.c)
  * with distd_peers.mu held. */
 #include <event2/event.h>
@@ -114,6 +114,12 @@ int distd_conn_on_control(conn *c) {
     distd_handle_abort(p, c->rank, c->cur.op_id, (int)code, (char *)c->ctl);
     return 0;
   }
+  case DIST_FRAME_CLOSE:
+    /* The peer closes the connection after this frame: failing it here
+     * with the peer's words makes what needed the peer name them, where a
+     * bare end of stream would say "connection closed by peer". */
+    distd_conn_failf(c, "rank %d closed our connection: %s", c->rank, (char *)c->ctl);
+    return -1;
   default:
     return 0;
   }
@@ -121,6 +127,7 @@ int distd_conn_on_control(conn *c) {
 
 int distd_conn_kind_allowed(const conn *c, unsigned kind) {
   if (!c->outbound && !c->greeted) return kind == DIST_FRAME_HELLO;
+  if (c->greeted && kind == DIST_FRAME_CLOSE) return 1;
   if (!c->outbound)
     return kind == DIST_FRAME_DATA || kind == DIST_FRAME_ABORT || kind == DIST_FRAME_PING;
   if (!c->greeted) return kind == DIST_FRAME_HELLO_ACK || kind == DIST_FRAME_HELLO_REJECT;

@@ -374,6 +374,10 @@ void distd_conn_lost(conn *c, const char *reason);
 void distd_conn_close(conn *c, const char *reason);
 void distd_conn_queue_ctl(conn *c, const dist_frame_header *h,
                           const void *payload, size_t len);
+/* Before closing greeted c: tells the peer why in a CLOSE frame, once and
+ * without waiting for room, when c is between frames (best effort: the
+ * peer of a connection cut mid-frame sees it closed). Loop thread. */
+void distd_conn_say_goodbye(conn *c, const char *why);
 /* Writes what it can. in_loop = 0 from worker threads: then errors are left
  * for the loop thread to find. Returns -1 when the connection was closed. */
 int distd_conn_flush(conn *c, int in_loop);

@@ -20,10 +20,10 @@ static const char *reloaded_files(int trust) {
 }
 
 /* What to do with c: DISTRUSTED when the current context's store refuses
- * its peer's chain (*trust says how, why says so); REDO when its
- * handshake began with a context from before the reload, which OpenSSL
- * would still judge it by. */
-static int verdict(conn *c, int *trust, char *why, size_t len) {
+ * its peer's chain (*trust says how, why says so here and there says so to
+ * the peer); REDO when its handshake began with a context from before the
+ * reload, which OpenSSL would still judge it by. */
+static int verdict(conn *c, int *trust, char *why, char *there, size_t len) {
   if (c->connecting || c->handshaking) {
     if (c->tls_gen == c->p->tls_gen) return KEEP;
     snprintf(why, len, "its TLS handshake began before tls_ca/tls_crl was reloaded");
@@ -32,7 +32,9 @@ static int verdict(conn *c, int *trust, char *why, size_t len) {
   char what[500];
   *trust = c->tp->distrusted_by(c, c->p->tls_ctx, what, sizeof what);
   if (*trust == DISTD_TRUST_OK) return KEEP;
-  snprintf(why, len, "its %s (%s reloaded)", what, reloaded_files(*trust));
+  const char *files = reloaded_files(*trust);
+  snprintf(why, len, "its %s (%s reloaded)", what, files);
+  snprintf(there, len, "our %s (its %s reloaded)", what, files);
   return DISTRUSTED;
 }
 
@@ -48,11 +50,14 @@ static void count_closure(conn *c, int trust) {
 }
 
 static void check_conn(conn *c) {
-  char why[700];
+  char why[700], there[700];
   int trust = DISTD_TRUST_OK;
-  int v = verdict(c, &trust, why, sizeof why);
+  int v = verdict(c, &trust, why, there, sizeof why);
   if (v == KEEP) return;
-  if (v == DISTRUSTED) count_closure(c, trust);
+  if (v == DISTRUSTED) {
+    count_closure(c, trust);
+    distd_conn_say_goodbye(c, there);
+  }
   /* distd_conn_close logs the greeted ones, naming their rank. */
   if (v == DISTRUSTED && !c->greeted)
     log_warn("a peer connection not greeted yet (certificate for rank %d): closed: %s",

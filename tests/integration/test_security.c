@@ -658,6 +658,10 @@ Test(security, a_crl_reload_closes_a_revoked_peers_open_connections) {
   for (int r = 0; r < 3; r += 2)
     expect_peer_logged(&h, r, from[r], 1,
                        ": closed: its certificate /CN=rank1 is revoked (tls_crl reloaded)");
+  const char *const told[] = {"rank 0 closed our connection: our certificate /CN=rank1 is "
+                              "revoked (its tls_crl reloaded)", NULL};
+  cr_assert(harness_log_wait(&h, 1, 0, told, 10000), "rank 1 did not log why rank 0 closed "
+            "its connections (%s)", h.dir);
   char *metrics = http_get(h.http_port[0], "/metrics");
   cr_expect(strstr(metrics, "distd_peer_tls_revoked_closures_total{peer=\"1\"} ") &&
                 !strstr(metrics, "distd_peer_tls_revoked_closures_total{peer=\"1\"} 0\n") &&
@@ -747,6 +751,34 @@ Test(security, a_ca_dropped_from_tls_ca_closes_its_peers_open_connections) {
             "rank 0 does not count the closures of untrusted rank 1 alone:\n%s", metrics);
   free(metrics);
   harness_expect_all_reduce(&h, others, 2, "ca-after", "after the CA was dropped");
+  harness_stop(&h);
+  remove_certs();
+}
+
+/* The daemon whose connections are closed for its certificate is told
+ * why: rank 1's all_reduce waiting for rank 0 fails at once naming rank
+ * 0's reason, as does its log; and its redials, which rank 0 refuses at
+ * the handshake, keep to the backoff instead of flooding the log. */
+Test(security, a_peer_closed_for_its_certificate_is_told_why) {
+  harness h;
+  start_with_rank1_of_ca2(&h);
+  const int pair[] = {0, 1};
+  harness_reduce waiting;
+  harness_reduce_start(&waiting, &h, 1, pair, 2, "told-waiting");
+  long from = harness_log_size(&h, 1);
+  drop_ca2_at_rank0(&h, &waiting);
+  const char *why = " lost: rank 0 closed our connection: our certificate /CN=rank1 is no "
+                    "longer trusted: ";
+  cr_assert(strstr(waiting.msg, why) && strstr(waiting.msg, "(its tls_ca/tls_crl reloaded)"),
+            "%s", waiting.msg);
+  expect_peer_logged(&h, 1, from, 0, why);
+  /* Redials back off from connect_backoff_min (50 ms) doubling: about six
+   * tries each way in 3 s. A tight loop would log thousands of lines. */
+  long told_at = harness_log_size(&h, 1);
+  harness_sleep_ms(3000);
+  long grown = harness_log_size(&h, 1) - told_at;
+  cr_expect_lt(grown, 8000, "rank 1 logged %ld bytes in 3 s after the closure (%s)", grown,
+               h.dir);
   harness_stop(&h);
   remove_certs();
 }

@@ -63,10 +63,13 @@ Test(frame, unknown_kind_is_rejected) {
   dist_frame_encode(&h, buf);
   cr_assert_eq(dist_frame_decode(buf, &back, &eb), DIST_EPROTO);
   cr_assert_str_eq(eb.msg, "unknown frame kind 0");
-  h.kind = 8;
+  h.kind = DIST_FRAME_KIND_LAST + 1;
   dist_frame_encode(&h, buf);
   cr_assert_eq(dist_frame_decode(buf, &back, &eb), DIST_EPROTO);
-  cr_assert_str_eq(eb.msg, "unknown frame kind 8");
+  cr_assert_str_eq(eb.msg, "unknown frame kind 9");
+  h.kind = DIST_FRAME_CLOSE;
+  dist_frame_encode(&h, buf);
+  cr_assert_eq(dist_frame_decode(buf, &back, &eb), 0, "%s", eb.msg);
 }
 
 Test(frame, hello_round_trip) {
