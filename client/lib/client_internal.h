@@ -47,6 +47,11 @@ struct dist_tensor {
   dist_shape shape;
   dist_mesh mesh;
   dist_placement placements[DIST_MAX_MESH_DIMS];
+  /* An SPMD trainer's handle of a tensor whose mesh it is not in (made by
+   * the operation, spmd_outside.c): its piece is empty, and no daemon is
+   * asked for it. Not derived from the mesh alone: a handle of per-rank
+   * values names one rank's mesh, while every daemon holds a piece. */
+  int no_piece;
 };
 
 /* One request of a fan-out: sent to daemon `target`; on return reply is the
@@ -160,6 +165,27 @@ int dist_spmd_refused_on(dist_client *c, uint64_t op_id, const dist_mesh_desc *m
  * rank when group is NULL; the first DIST_MAX_MESH_RANKS of a longer
  * one), as the collectives and the MoE exchanges take their groups. */
 int dist_spmd_refused_group(dist_client *c, uint64_t op_id, const int *group, int group_size);
+/* spmd_outside.c: an SPMD trainer outside an operation's mesh or group
+ * takes the operation as a no-op success, as Paddle's ranks outside a
+ * process mesh or group do, and holds nothing. Whether this trainer is
+ * outside mesh m (a single client never is). */
+int dist_spmd_outside(const dist_client *c, const dist_mesh_desc *m);
+/* 1 when this SPMD trainer is outside group[0..group_size) (NULL: every
+ * rank, which it is in), 0 when in it or a single client; DIST_EINVAL
+ * naming func when the group names a rank outside the cluster. */
+int dist_spmd_outside_group(dist_client *c, const char *func, const int *group,
+                            int group_size);
+/* An outsider's handle in *out: the whole tensor described, no piece. */
+int dist_tensor_outsider(dist_client *c, const char *name, dist_dtype dt,
+                         const dist_shape *global, const dist_mesh *mesh,
+                         const dist_placement *placements, dist_tensor **out);
+/* The global shape Paddle's dtensor_from_local derives from a local one. */
+void dist_global_from_local(const dist_mesh_desc *m, const dist_placement *p,
+                            const dist_shape *local, dist_shape *global);
+/* An outsider's local piece of t: 0 bytes in a malloc'd *data, each of
+ * the ndim entries of shape (when not NULL) 0. */
+int dist_empty_local(dist_client *c, const dist_tensor *t, void **data, size_t *nbytes,
+                     int64_t *shape);
 /* c->err's code, after the tape refused an operation before the call
  * that runs it numbered it (tape.c): an SPMD trainer takes the op ids that
  * call would have taken and has them aborted on the operation's other

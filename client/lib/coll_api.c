@@ -31,11 +31,15 @@ static int check_buffer(dist_client *c, const char *func, const char *arg, const
 /* Runs rq over group. Its op id was taken before the caller's argument
  * checks, by every trainer (a member of the group or not), so that the
  * trainers' op ids stay in step; refused (the checks failed, c->err says
- * why), the refusal is told to the group, whose trainers fail at once. */
-static int collective(dist_client *c, Dist__V1__CollectiveRequest *rq, int refused,
-                      const int *group, int group_size, void *out,
+ * why), the refusal is told to the group, whose trainers fail at once. A
+ * trainer outside the group returns at once with its buffers as they
+ * were, as Paddle's collectives do for a rank that is not a member. */
+static int collective(dist_client *c, const char *func, Dist__V1__CollectiveRequest *rq,
+                      int refused, const int *group, int group_size, void *out,
                       size_t out_len) {
   if (refused) return dist_spmd_refused_group(c, rq->op_id, group, group_size);
+  int outside = dist_spmd_outside_group(c, func, group, group_size);
+  if (outside != 0) return outside < 0 ? outside : 0;
   uint32_t g[DIST_MAX_MESH_RANKS]; /* check_group bounds group_size */
   for (int i = 0; group && i < group_size; i++) g[i] = (uint32_t)group[i];
   rq->n_group = group ? (size_t)group_size : 0;
@@ -68,7 +72,7 @@ int dist_all_reduce(dist_client *c, void *buf, size_t count, dist_dtype dt,
   rq.reduce = (Dist__V1__ReduceOp)op;
   rq.data.data = buf;
   rq.data.len = count * dist_dtype_size(dt);
-  return collective(c, &rq, refused, group, group_size, buf, rq.data.len);
+  return collective(c, __func__, &rq, refused, group, group_size, buf, rq.data.len);
 }
 
 int dist_all_gather(dist_client *c, const void *in, size_t count, void *out,
@@ -85,7 +89,7 @@ int dist_all_gather(dist_client *c, const void *in, size_t count, void *out,
   rq.data.data = (uint8_t *)in;
   rq.data.len = count * dist_dtype_size(dt);
   int members = refused ? 0 : group ? group_size : c->n;
-  return collective(c, &rq, refused, group, group_size, out, rq.data.len * (size_t)members);
+  return collective(c, __func__, &rq, refused, group, group_size, out, rq.data.len * (size_t)members);
 }
 
 int dist_broadcast(dist_client *c, void *buf, size_t count, dist_dtype dt,
@@ -101,7 +105,7 @@ int dist_broadcast(dist_client *c, void *buf, size_t count, dist_dtype dt,
   rq.root = (uint32_t)root;
   rq.data.data = buf;
   rq.data.len = count * dist_dtype_size(dt);
-  return collective(c, &rq, refused, group, group_size, buf, rq.data.len);
+  return collective(c, __func__, &rq, refused, group, group_size, buf, rq.data.len);
 }
 
 int dist_barrier(dist_client *c) {
@@ -110,5 +114,5 @@ int dist_barrier(dist_client *c) {
   Dist__V1__CollectiveRequest rq = DIST__V1__COLLECTIVE_REQUEST__INIT;
   rq.kind = DIST__V1__COLLECTIVE_REQUEST__KIND__BARRIER;
   rq.op_id = dist_next_op_id(c);
-  return collective(c, &rq, 0, NULL, 0, NULL, 0);
+  return collective(c, __func__, &rq, 0, NULL, 0, NULL, 0);
 }

@@ -26,8 +26,10 @@ static int resolve_group(dist_client *c, const int *group, int group_size,
   return 0;
 }
 
-/* Positions in the group this client speaks for: its own (SPMD) or all. */
-static int participants(dist_client *c, const uint32_t *ranks, int size,
+/* Positions in the group this client speaks for: its own (SPMD) or all;
+ * none for an SPMD trainer outside the group, for which the exchange is
+ * a no-op (spmd_outside.c). */
+static int participants(const dist_client *c, const uint32_t *ranks, int size,
                         int *pos) {
   if (c->spmd_rank < 0) {
     for (int i = 0; i < size; i++) pos[i] = i;
@@ -38,8 +40,7 @@ static int participants(dist_client *c, const uint32_t *ranks, int size,
       pos[0] = i;
       return 1;
     }
-  return dist_client_fail(c, DIST_EINVAL, "this trainer (rank %d) is not in "
-                          "the group", c->spmd_rank);
+  return 0;
 }
 
 static int64_t sum(const int64_t *v, size_t n) {
@@ -131,6 +132,16 @@ static int check_exchange_args(dist_client *c, const exchange_args *a, int n) {
   return check_exchange_entries(c, what, a, n);
 }
 
+/* An outsider's result: no rows, in its one entry of out (malloc'd, to
+ * free() as a member's) and out_rows; with opts->out_name nothing is
+ * kept, as its daemon is not in the exchange. */
+static int no_rows(dist_client *c, void **out, int64_t *out_rows) {
+  if (out_rows) out_rows[0] = 0;
+  if (out && !(out[0] = malloc(1)))
+    return dist_client_fail(c, DIST_ENOMEM, "cannot allocate the result");
+  return 0;
+}
+
 static int exchange(dist_client *c, const exchange_args *a, const int *group,
                     int group_size, void **out, int64_t *out_rows) {
   uint32_t *ranks = calloc(DIST_MAX_MESH_RANKS, sizeof *ranks);
@@ -150,9 +161,13 @@ static int exchange(dist_client *c, const exchange_args *a, const int *group,
     dist_spmd_refused_group(c, op_id, group, group_size);
     goto out;
   }
-  if ((n = participants(c, ranks, size, pos)) < 0) { rc = n; goto out; }
+  n = participants(c, ranks, size, pos);
   if ((rc = check_exchange_args(c, a, n)) != 0) {
     dist_spmd_refused(c, op_id, ranks, size);
+    goto out;
+  }
+  if (n <= 0) {
+    rc = no_rows(c, out, out_rows);
     goto out;
   }
   rqs = calloc((size_t)n, sizeof *rqs);
@@ -243,17 +258,22 @@ int dist_count_global(dist_client *c, const int64_t *const *local_count,
   /* SPMD: taken before the checks, by every trainer, as in exchange */
   uint64_t op_id = c->spmd_rank >= 0 ? dist_next_op_id(c) : 0;
   uint32_t *ranks = calloc(DIST_MAX_MESH_RANKS, sizeof *ranks);
-  int pos[1], size = 0, rc, E = n_experts;
+  int pos[1], size = 0, rc, E = n_experts, n = 0;
   if (!ranks) return dist_client_fail(c, DIST_ENOMEM, "out of memory");
   if ((rc = resolve_group(c, group, group_size, ranks, &size)) != 0) {
     dist_spmd_refused_group(c, op_id, group, group_size);
     goto out;
   }
-  if (op_id && (rc = participants(c, ranks, size, pos)) < 0) goto out;
+  if (op_id) n = participants(c, ranks, size, pos);
   if (E < 1 || !local_count || !global_count) {
     rc = dist_client_fail(c, DIST_EINVAL, "count_global needs n_experts >= 1 "
                           "and both count arrays");
     dist_spmd_refused(c, op_id, ranks, size);
+    goto out;
+  }
+  if (op_id && n == 0) { /* outside the group: nobody sends it a row */
+    if (global_count[0]) memset(global_count[0], 0, sizeof(int64_t) * (size_t)size * (size_t)E);
+    rc = 0;
     goto out;
   }
   if (op_id) {

@@ -196,16 +196,13 @@ static int batch_send(dist_client *c, put_batch *b, const dist_mesh_desc *mesh, 
   return 0;
 }
 
-/* The daemons a put under op id op goes to (dist_targets). An SPMD
- * trainer outside the mesh has no piece to put, which is an error (it
- * took the op id as the others did, and nobody waits for it); a mesh
- * naming a daemon the client does not know is refused to the others. */
+/* The daemons a put under op id op goes to (dist_targets): none for an
+ * SPMD trainer outside the mesh, which checks the arguments as the others
+ * do and then holds an empty piece (spmd_outside.c); a mesh naming a
+ * daemon the client does not know is refused to the others. */
 static int put_targets(dist_client *c, uint64_t op, const dist_mesh_desc *mesh, int *targets) {
   int n = dist_targets(c, mesh, targets);
-  if (n < 0) return dist_spmd_refused_on(c, op, mesh);
-  if (n == 0)
-    return dist_client_fail(c, DIST_EINVAL, "rank %d is not in the mesh", c->spmd_rank);
-  return n;
+  return n < 0 ? dist_spmd_refused_on(c, op, mesh) : n;
 }
 
 static size_t local_numel(const dist_shape *s) { return (size_t)dist_shape_numel(s); }
@@ -260,6 +257,7 @@ static int shard_put(dist_client *c, const char *name, const void *data, dist_dt
   dist_shape global;
   if (check_put_args(c, name, data, ndim, shape, mesh, placements, &global) != 0)
     return dist_spmd_refused_on(c, op, &mesh->d);
+  if (n == 0) return dist_tensor_outsider(c, name, dt, &global, mesh, placements, out);
   put_batch b;
   batch_init(&b, n);
   size_t elem = dist_dtype_size(dt);
@@ -334,6 +332,21 @@ static int check_local_args(dist_client *c, const char *name, const void *const 
   return 0;
 }
 
+/* dtensor_from_local of an SPMD trainer outside the mesh: its arguments
+ * checked as the members check theirs (it told nobody; nobody waits for
+ * it), then a handle of the global shape Paddle derives from its piece's. */
+static int outsider_from_local(dist_client *c, const char *name, const void *const *pieces,
+                               dist_dtype dt, int ndim, const int64_t *const *shapes,
+                               const dist_mesh *mesh, const dist_placement *placements,
+                               dist_tensor **out) {
+  dist_shape local, global;
+  if (check_local_args(c, name, pieces, ndim, shapes, mesh, placements, &c->spmd_rank, 1,
+                       &local) != 0)
+    return c->err.code;
+  dist_global_from_local(&mesh->d, placements, &local, &global);
+  return dist_tensor_outsider(c, name, dt, &global, mesh, placements, out);
+}
+
 int dist_dtensor_from_local(dist_client *c, const char *name,
                             const void *const *pieces, dist_dtype dt, int ndim,
                             const int64_t *const *shapes, const dist_mesh *mesh,
@@ -346,6 +359,8 @@ int dist_dtensor_from_local(dist_client *c, const char *name,
   int n = put_targets(c, op, &mesh->d, targets);
   if (n < 0) return n;
   dist_shape locals[DIST_MAX_MESH_RANKS];
+  if (n == 0) /* outside the mesh: its own piece's shape gives the global one */
+    return outsider_from_local(c, name, pieces, dt, ndim, shapes, mesh, placements, out);
   if (check_local_args(c, name, pieces, ndim, shapes, mesh, placements, targets, n, locals) != 0)
     return dist_spmd_refused_on(c, op, &mesh->d);
   put_batch b;
@@ -402,6 +417,8 @@ int dist_dtensor_to_local(dist_client *c, const dist_tensor *t, int rank,
   *data = NULL;
   if (rank < 0) rank = c->spmd_rank;
   if (dist_client_check_rank(c, __func__, rank) != 0) return c->err.code;
+  if (rank == c->spmd_rank && t->no_piece)
+    return dist_empty_local(c, t, data, nbytes, shape);
   return get_from(c, t, 0, &rank, 1, data, nbytes, shape);
 }
 
@@ -412,10 +429,12 @@ int dist_full_tensor(dist_client *c, const dist_tensor *t, void **data,
   *data = NULL;
   int targets[DIST_MAX_MESH_RANKS];
   int n = dist_targets(c, &t->mesh.d, targets);
-  if (n == 0) { /* SPMD, outside the mesh: take the op id as the others do */
+  /* SPMD, outside the mesh: Paddle's full_tensor reshards to Replicate
+   * on the mesh, a no-op there, and gives the local value, empty; the op
+   * id is taken as the others take it. */
+  if (n == 0) {
     dist_next_op_id(c);
-    return dist_client_fail(c, DIST_EINVAL, "rank %d is not in the mesh of '%s'",
-                            c->spmd_rank, t->name);
+    return dist_empty_local(c, t, data, nbytes, NULL);
   }
   if (n < 0) return n;
   return get_from(c, t, 1, targets, n, data, nbytes, NULL);
@@ -450,6 +469,14 @@ static int refuse_reshard(dist_client *c, uint64_t op, const dist_mesh_desc *src
   return rc;
 }
 
+/* The handle after a reshard to dst with placements p. */
+static void take_layout(const dist_client *c, dist_tensor *t, const dist_mesh_desc *dst,
+                        const dist_placement *p) {
+  t->mesh.d = *dst;
+  t->no_piece = dist_spmd_outside(c, dst);
+  memcpy(t->placements, p, sizeof *p * (size_t)dst->ndim);
+}
+
 int dist_reshard_refused(dist_client *c, const dist_tensor *t, const dist_mesh *mesh) {
   if (c->spmd_rank < 0) return c->err.code;
   return refuse_reshard(c, dist_next_op_id(c), &t->mesh.d, mesh ? &mesh->d : &t->mesh.d);
@@ -477,6 +504,13 @@ int dist_reshard(dist_client *c, dist_tensor *t, const dist_mesh *mesh,
     free(targets);
     return refuse_reshard(c, op, &t->mesh.d, dst);
   }
+  if (dist_spmd_outside(c, &t->mesh.d) && dist_spmd_outside(c, dst)) {
+    /* Nothing here to move, and nobody waits for this rank (Paddle's
+     * reshard outside both meshes sets the placements only). */
+    free(targets);
+    take_layout(c, t, dst, placements);
+    return 0;
+  }
   int n = union_targets(c, &t->mesh.d, dst, targets);
   dist_wire_meta *w = calloc(2, sizeof *w);
   Dist__V1__ReshardRequest rq = DIST__V1__RESHARD_REQUEST__INIT;
@@ -492,10 +526,7 @@ int dist_reshard(dist_client *c, dist_tensor *t, const dist_mesh *mesh,
   dist_call *calls = NULL;
   int rc = dist_call_all(c, "/dist.v1.Dist/Reshard", &dist__v1__reshard_reply__descriptor,
                          &rq.base, targets, n, &calls);
-  if (rc == 0) {
-    t->mesh.d = *dst;
-    memcpy(t->placements, placements, sizeof *placements * (size_t)dst->ndim);
-  }
+  if (rc == 0) take_layout(c, t, dst, placements);
   dist_calls_release(calls, n);
   free(w);
   free(targets);
