@@ -13,10 +13,14 @@
  *    collective by its op id, which trainers derive identically by counting
  *    the collectives they issue. So every trainer of the job calls every
  *    operation that spans daemons, in the same order, also one whose
- *    mesh or group it is not in: it takes the op id as the others do and
- *    is told DIST_EINVAL ("not in the mesh", "not in the group"), while
- *    nobody waits for it. (A shard_tensor onto a one-rank mesh takes no
- *    op id on any trainer: a trainer may put values of its own alone.)
+ *    mesh or group it is not in: it takes the op id as the others do and,
+ *    as a Paddle rank outside a process mesh or group, gets a no-op
+ *    success with nothing sent to or stored on any daemon for it: a
+ *    tensor handle describing the whole (global shape, dtype, mesh,
+ *    placements) with an empty local piece, collectives' buffers left as
+ *    they were. Bad arguments are refused to it as to the members. (A
+ *    shard_tensor onto a one-rank mesh takes no op id on any trainer: a
+ *    trainer may put values of its own alone.)
  *    A trainer that refuses an operation, or whose daemon does before
  *    its part, has the others fail at once naming its rank and why. */
 #ifndef DIST_DIST_H
@@ -246,7 +250,8 @@ void dist_placements_format(const dist_placement *p, int n, char *buf,
  * one-rank tensors of one name on different daemons are per-rank values
  * (as an exchange result kept in the daemons). Two clients putting one
  * name onto disjoint meshes at once may both be refused, never both
- * succeed. dtensor_from_local likewise. */
+ * succeed. dtensor_from_local likewise. An SPMD trainer outside the
+ * mesh gets a handle with an empty piece, its daemon storing nothing. */
 int dist_shard_tensor(dist_client *c, const char *name, const void *data,
                       dist_dtype dt, int ndim, const int64_t *shape,
                       const dist_mesh *mesh, const dist_placement *placements,
@@ -255,7 +260,10 @@ int dist_shard_tensor(dist_client *c, const char *name, const void *data,
 /* dtensor_from_local. SPMD: this trainer's piece goes to its own daemon.
  * Single client: pieces[i] / shapes[i] are the pieces of the mesh's ranks in
  * mesh order (ndim dims each). The daemons derive and check the global
- * shape. */
+ * shape. An SPMD trainer outside the mesh gives a piece too (checked, not
+ * sent): its handle's global shape is derived from that piece's shape as
+ * Paddle does (each sharded dim times its mesh dim's size; exact for even
+ * splits). */
 int dist_dtensor_from_local(dist_client *c, const char *name,
                             const void *const *pieces, dist_dtype dt, int ndim,
                             const int64_t *const *shapes,
@@ -264,10 +272,15 @@ int dist_dtensor_from_local(dist_client *c, const char *name,
                             dist_tensor **out);
 
 /* dtensor_to_local: the piece of `rank` (SPMD: -1 = this trainer's rank).
- * *data is malloc'd (free()); shape gets ndim entries. */
+ * *data is malloc'd (free()); shape gets ndim entries. SPMD, this
+ * trainer's piece of a handle made outside the tensor's mesh (by
+ * shard_tensor, dtensor_from_local or a reshard): 0 bytes, every shape
+ * entry 0, no daemon asked. */
 int dist_dtensor_to_local(dist_client *c, const dist_tensor *t, int rank,
                           void **data, size_t *nbytes, int64_t *shape);
-/* full_tensor: the logical value (partials reduced, shards gathered). */
+/* full_tensor: the logical value (partials reduced, shards gathered).
+ * SPMD, outside t's mesh: 0 bytes, as Paddle's reshard to Replicate then
+ * local value gives a rank outside the mesh (the op id is taken). */
 int dist_full_tensor(dist_client *c, const dist_tensor *t, void **data,
                      size_t *nbytes);
 /* Converts t in place to new placements, and to another mesh of the same
@@ -275,12 +288,16 @@ int dist_full_tensor(dist_client *c, const dist_tensor *t, void **data,
  * optimizer state along, onto another mesh too, unless the new placements
  * are Partial (it is then no longer a parameter); while pushes for its next
  * synchronous update are pending on any daemon the reshard fails with
- * DIST_EUNAVAIL and changes nothing. */
+ * DIST_EUNAVAIL and changes nothing. An SPMD trainer outside both meshes
+ * only updates the handle (its piece stays empty); one in either mesh
+ * takes part, so a stage's tensor moves to the next stage's mesh. */
 int dist_reshard(dist_client *c, dist_tensor *t, const dist_mesh *mesh,
                  const dist_placement *placements);
 /* A handle to an existing tensor, by name (asks the daemons). */
 int dist_tensor_open(dist_client *c, const char *name, dist_tensor **out);
-/* Deletes the tensor in the daemons of its mesh (SPMD: in this trainer's).
+/* Deletes the tensor in the daemons of its mesh (SPMD: in this trainer's;
+ * a trainer outside the mesh, whose daemon holds none of it, is told
+ * DIST_ENOTFOUND and removes nothing anywhere).
  * A single client deleting a name held as per-rank values deletes every
  * rank's. */
 int dist_tensor_delete(dist_client *c, const char *name);
@@ -317,7 +334,8 @@ const dist_placement *dist_tensor_placements(const dist_tensor *t);
 
 /* ---------------------------------------------------------------- SPMD collectives */
 
-/* In place over the ranks of group (NULL = every rank), for SPMD trainers:
+/* In place over the ranks of group (NULL = every rank), for SPMD trainers;
+ * a trainer outside the group returns 0 with its buffers as they were:
  * each trainer passes its own buffer. */
 int dist_all_reduce(dist_client *c, void *buf, size_t count, dist_dtype dt,
                     dist_reduce op, const int *group, int group_size);
@@ -343,7 +361,10 @@ int dist_barrier(dist_client *c);
  * senders send fails the op on every rank with a message naming both ranks.
  *
  * Arrays are per participating rank: SPMD, one entry (this trainer's rank,
- * which must be in the group); single client, W entries in group order.
+ * or outside the group); single client, W entries in group order. A
+ * trainer outside the group gets 0 with out[0] empty (malloc'd, to free())
+ * and out_rows[0] 0, count_global a global_count[0] of zeros, its daemon
+ * not asked.
  * x_rows[k] is the row count of x[k] (x_rows NULL: the rows the counts
  * need). out[k] is malloc'd (free()) with out_rows[k] rows. */
 typedef struct dist_moe_opts {
@@ -434,7 +455,9 @@ typedef struct dist_moe_layer_opts {
 
 /* Creates the experts in the daemons (SPMD: this trainer's daemon only, so
  * every trainer calls it) and the client handle. name has at most 150
- * characters. */
+ * characters. An SPMD trainer outside the group is told DIST_EINVAL (it
+ * takes the op id): a layer handle is for running passes, which it has
+ * no experts for. */
 int dist_moe_layer_create(dist_client *c, const char *name,
                           const dist_moe_layer_opts *opts,
                           dist_moe_layer **out);
@@ -934,7 +957,9 @@ int dist_param_push_local(dist_client *c, const char *name, int trainer,
 /* Pushes the stored tensor grad_name (the parameter's global shape, dtype
  * and mesh; any placements: Partial ones are reduced over the ranks and
  * other layouts converted in the daemons). SPMD trainers each call it.
- * Applied by every daemon of the mesh or by none, as dist_param_push. */
+ * Applied by every daemon of the mesh or by none, as dist_param_push. A
+ * trainer outside the mesh takes the op id and is told DIST_ENOTFOUND:
+ * the parameter is found by name on its own daemon, which holds none. */
 int dist_param_push_tensor(dist_client *c, const char *name, int trainer,
                            const char *grad_name, uint64_t *version);
 /* dist_param_push_tensor for n parameters as one step: grad_names[k] to
