@@ -162,7 +162,8 @@ static int exchange(dist_client *c, const exchange_args *a, const int *group,
     goto out;
   }
   n = participants(c, ranks, size, pos);
-  if ((rc = check_exchange_args(c, a, n)) != 0) {
+  /* An outsider's own entries are checked as a member checks its own. */
+  if ((rc = check_exchange_args(c, a, n == 0 && c->spmd_rank >= 0 ? 1 : n)) != 0) {
     dist_spmd_refused(c, op_id, ranks, size);
     goto out;
   }

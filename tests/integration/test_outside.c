@@ -376,3 +376,24 @@ Test(outside, a_two_stage_pipeline_runs_as_one_program_on_every_trainer, .timeou
     dist_close(tr[r].c);
   }
 }
+
+/* An outsider's exchange is a no-op, but its arguments are still its
+ * own to get right: before, a NULL entry passed unseen, as only the
+ * members' entries were read. */
+Test(outside, an_outsiders_exchange_arguments_are_checked_as_a_members, .timeout = 60,
+     .fini = stop_cluster) {
+  harness_start(&cluster, 2, NULL);
+  dist_client *c = harness_spmd_client(&cluster, 1, "outside-args");
+  const int group[1] = {0};
+  const int64_t counts[1] = {0};
+  const int64_t *lc[1] = {counts}, *gc[1] = {counts};
+  const void *x[1] = {NULL};
+  int64_t rows[1] = {0}, out_rows[1] = {-1};
+  void *out[1] = {NULL};
+  int rc = dist_global_scatter(c, x, rows, DIST_FLOAT32, 4, lc, gc, 1, group, 1, NULL, out,
+                               out_rows);
+  cr_expect_eq(rc, DIST_EINVAL, "rc %d: %s", rc, dist_errmsg(c));
+  cr_expect(strstr(dist_errmsg(c), "x[0] is NULL"), "message: %s", dist_errmsg(c));
+  free(out[0]);
+  dist_close(c);
+}
