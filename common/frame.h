@@ -30,7 +30,7 @@ typedef enum {
   DIST_FRAME_PONG = 7,      /* aux: echoed timestamp */
   DIST_FRAME_CLOSE = 8      /* payload: why the sender closes the connection
                                after it, worded for the receiver; on a
-                               greeted connection, either way (since 0.2.8;
+                               greeted connection, either way (since 0.2.9;
                                a daemon before it fails the connection on
                                the unknown kind, which the sender is closing
                                anyway) */
