@@ -29,6 +29,23 @@ typedef struct distctl_command {
   int (*run)(const distctl_global *g, int argc, char **argv);
 } distctl_command;
 
+/* commands.c: the table of verbs. The one argv[0..] names (*words: 1 or
+ * 2 words), or NULL. */
+const distctl_command *distctl_find(int argc, char **argv, int *words);
+/* No verb matched argv: names the unknown command or subcommand (or the
+ * missing subcommand, with the valid ones) on stderr; returns 2. */
+int distctl_unknown_command(int argc, char **argv);
+/* The full usage: the global options and every verb's synopsis. */
+void distctl_print_usage(FILE *out);
+/* "LEAD NAME ARGS", cmd's synopsis, and with describe its description
+ * under it: the one way a verb's usage is printed. */
+void distctl_print_synopsis(FILE *out, const char *lead, const distctl_command *cmd,
+                            int describe);
+/* `distctl help [WORDS]`: the full usage without words, else the help of
+ * the verb (or verb group, "tensor") they name on stdout and 0; 2 and
+ * the unknown command named on stderr when they name none. */
+int distctl_help(int argc, char **argv);
+
 /* Connects as the global options say: --endpoint, else --cluster or
  * $DIST_CLUSTER, else the embedded default endpoint. Prints the error and
  * returns NULL on failure. */

@@ -6,32 +6,6 @@
 
 #include "distctl.h"
 
-static const distctl_command *const commands[] = {
-    &distctl_cmd_status,        &distctl_cmd_peers,
-    &distctl_cmd_top,           &distctl_cmd_ops,
-    &distctl_cmd_experts,       &distctl_cmd_params,        &distctl_cmd_param_tune,
-    &distctl_cmd_metrics,
-    &distctl_cmd_tensors,       &distctl_cmd_tensor_put,
-    &distctl_cmd_tensor_get,    &distctl_cmd_tensor_show,
-    &distctl_cmd_tensor_reshard, &distctl_cmd_tensor_rm,
-    &distctl_cmd_cluster_up,    &distctl_cmd_cluster_down,
-    &distctl_cmd_launch,
-    &distctl_cmd_checkpoint_save, &distctl_cmd_checkpoint_restore,
-};
-enum { NCOMMANDS = sizeof commands / sizeof commands[0] };
-
-static void usage(FILE *out) {
-  fprintf(out, "usage: distctl [--cluster FILE | --endpoint HOST:PORT] [--json] "
-               "[--timeout MS]\n               [--tls-ca FILE [--tls-cert FILE --tls-key FILE] "
-               "[--tls-crl FILE]]\n               "
-               "[--token-file FILE | --token TOKEN] COMMAND [ARGS]\n\ncommands:\n");
-  for (int i = 0; i < NCOMMANDS; i++)
-    fprintf(out, "  %-16s %s\n      %s\n", commands[i]->name, commands[i]->usage,
-            commands[i]->help);
-  fprintf(out, "\nWithout --cluster or --endpoint, $DIST_CLUSTER names the "
-               "cluster file, else %s is used.\n", DIST_DEFAULT_ENDPOINT);
-}
-
 /* The longest --timeout taken: a day, in ms. */
 #define MAX_TIMEOUT_MS 86400000L
 
@@ -84,68 +58,34 @@ static void export_security(const distctl_global *g) {
   if (g->token) setenv("DIST_TOKEN", g->token, 1);
 }
 
-/* Finds the command whose words start argv[first..]; sets *words. */
-static const distctl_command *find(int argc, char **argv, int first, int *words) {
-  for (int i = 0; i < NCOMMANDS; i++) {
-    const char *name = commands[i]->name, *space = strchr(name, ' ');
-    size_t len = space ? (size_t)(space - name) : strlen(name);
-    if (strncmp(argv[first], name, len) != 0 || argv[first][len]) continue;
-    if (!space) return *words = 1, commands[i];
-    if (first + 1 < argc && strcmp(argv[first + 1], space + 1) == 0)
-      return *words = 2, commands[i];
-  }
-  return NULL;
-}
-
-/* The second words of the commands whose first word is verb, as
- * "put, get, ...". Returns how many there are (0: verb takes none). */
-static int subcommands_of(const char *verb, char *buf, size_t len) {
-  size_t vlen = strlen(verb), used = 0;
-  int n = 0;
-  buf[0] = 0;
-  for (int i = 0; i < NCOMMANDS; i++) {
-    const char *name = commands[i]->name;
-    if (strncmp(name, verb, vlen) != 0 || name[vlen] != ' ') continue;
-    if (used < len)
-      used += (size_t)snprintf(buf + used, len - used, "%s%s", n ? ", " : "", name + vlen + 1);
-    n++;
-  }
-  return n;
-}
-
-/* No command matched: a verb with subcommands ("tensor", "checkpoint")
- * says which subcommand is missing or unknown, and lists the valid ones. */
-static int unknown_command(int argc, char **argv) {
-  char subs[256];
-  if (subcommands_of(argv[0], subs, sizeof subs) == 0)
-    fprintf(stderr, "distctl: unknown command '%s' (see distctl --help)\n", argv[0]);
-  else if (argc < 2)
-    fprintf(stderr, "distctl %s: missing subcommand (one of: %s)\n", argv[0], subs);
-  else
-    fprintf(stderr, "distctl %s: unknown subcommand '%s' (one of: %s)\n", argv[0],
-            argv[1], subs);
-  return 2;
-}
-
 int main(int argc, char **argv) {
   distctl_global g = {.cluster = NULL};
   static char token[1024];
   const char *timeout = NULL;
   char **rest = calloc((size_t)argc + 1, sizeof *rest);
-  int nrest = 0, rc = 2;
+  int nrest = 0, rc = 2, help = 0;
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--") == 0) { /* the rest belongs to the command */
       while (i < argc) rest[nrest++] = argv[i++];
       break;
     }
     if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
-      usage(stdout);
+      help = 1; /* of the command named, once every word is read */
+      continue;
+    }
+    if (strcmp(argv[i], "--version") == 0) {
+      printf("distctl %s\n", DIST_VERSION);
       rc = 0;
       goto out;
     }
     int taken = take_global(&g, &timeout, argc, argv, &i);
     if (taken == 2) goto out;
     if (!taken) rest[nrest++] = argv[i];
+  }
+  int help_verb = nrest > 0 && strcmp(rest[0], "help") == 0;
+  if (help || help_verb) { /* `distctl help VERB` is `distctl VERB --help` */
+    rc = distctl_help(nrest - help_verb, rest + help_verb);
+    goto out;
   }
   if (parse_timeout(&g, timeout) != 0) goto out;
   /* Both given, --endpoint won silently: the verb asked one daemon where
@@ -162,13 +102,13 @@ int main(int argc, char **argv) {
   }
   export_security(&g);
   if (nrest == 0) {
-    usage(stderr);
+    distctl_print_usage(stderr);
     goto out;
   }
   int words = 0;
-  const distctl_command *cmd = find(nrest, rest, 0, &words);
+  const distctl_command *cmd = distctl_find(nrest, rest, &words);
   if (!cmd) {
-    rc = unknown_command(nrest, rest);
+    rc = distctl_unknown_command(nrest, rest);
     goto out;
   }
   rc = cmd->run(&g, nrest - words, rest + words);

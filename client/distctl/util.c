@@ -21,8 +21,8 @@ int distctl_usage(const distctl_command *cmd, const char *fmt, ...) {
   va_start(ap, fmt);
   fprintf(stderr, "distctl%s%s: ", cmd ? " " : "", cmd ? cmd->name : "");
   vfprintf(stderr, fmt, ap);
-  if (cmd) fprintf(stderr, "\nusage: distctl %s %s\n", cmd->name, cmd->usage);
-  else fprintf(stderr, " (see distctl --help)\n");
+  fprintf(stderr, cmd ? "\n" : " (see distctl --help)\n");
+  if (cmd) distctl_print_synopsis(stderr, "usage: distctl ", cmd, 0);
   va_end(ap);
   return 2;
 }

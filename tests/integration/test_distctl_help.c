@@ -1,0 +1,115 @@
+/* distctl's help: `distctl VERB --help` and `distctl help VERB` show that
+ * verb's synopsis alone and exit 0, an unknown command is refused (exit 2)
+ * with or without --help, and --version prints meson's project version.
+ * Before, any --help anywhere printed the full usage and exited 0. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+
+TestSuite(distctl_help, .timeout = 60);
+
+/* Runs `distctl ARGS`; returns its exit status, stdout and stderr in
+ * *out and *err (never NULL). */
+static int run(const char *args, char **out, char **err) {
+  char cmd[1024];
+  snprintf(cmd, sizeof cmd, "%s %s", harness_distctl(), args);
+  *out = *err = NULL;
+  int rc = harness_run(cmd, out, err, 30);
+  if (!*out) *out = strdup("");
+  if (!*err) *err = strdup("");
+  return rc;
+}
+
+/* `distctl ARGS` exits 0 with stdout starting with the verb's synopsis,
+ * `want`, and no other verb's synopsis (other_verb's, or the full list). */
+static void expect_verb_help(const char *args, const char *want, const char *other_verb) {
+  char *out, *err, other[256];
+  int rc = run(args, &out, &err);
+  cr_assert_eq(rc, 0, "distctl %s exited %d: %s", args, rc, err);
+  cr_assert(strncmp(out, want, strlen(want)) == 0, "distctl %s printed '%s', not '%s...'",
+            args, out, want);
+  snprintf(other, sizeof other, "distctl %s", other_verb);
+  cr_assert(!strstr(out, other) && !strstr(out, "commands:"),
+            "distctl %s printed more than its verb's usage: %s", args, out);
+  free(out);
+  free(err);
+}
+
+Test(distctl_help, a_verbs_help_shows_that_verb_alone) {
+  expect_verb_help("top --help", "usage: distctl top [--iterations N] [--interval SECONDS]\n",
+                   "status");
+  expect_verb_help("tensor put --help", "usage: distctl tensor put NAME (FILE.npy", "tensor get");
+  expect_verb_help("checkpoint save --help", "usage: distctl checkpoint save DIR [--tensors",
+                   "checkpoint restore");
+  expect_verb_help("status -h", "usage: distctl status\n", "peers");
+  expect_verb_help("--help ops", "usage: distctl ops [--recent N]\n", "experts");
+  expect_verb_help("help launch", "usage: distctl launch -n N [--log-dir DIR] -- PROGRAM",
+                   "cluster up");
+  expect_verb_help("help param tune", "usage: distctl param tune NAME [--lr X]", "params");
+}
+
+/* `distctl help VERB` is `distctl VERB --help`, and `distctl help` is
+ * `distctl --help`, word for word. */
+Test(distctl_help, help_verb_prints_what_the_option_prints) {
+  const char *const pairs[][2] = {
+      {"help", "--help"},
+      {"help tensor show", "tensor show --help"},
+      {"help metrics", "metrics --help"},
+  };
+  for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++) {
+    char *a, *b, *ea, *eb;
+    cr_assert_eq(run(pairs[i][0], &a, &ea), 0, "distctl %s: %s", pairs[i][0], ea);
+    cr_assert_eq(run(pairs[i][1], &b, &eb), 0, "distctl %s: %s", pairs[i][1], eb);
+    cr_assert(a[0] && strcmp(a, b) == 0, "distctl %s printed '%s'; distctl %s '%s'",
+              pairs[i][0], a, pairs[i][1], b);
+    free(a), free(b), free(ea), free(eb);
+  }
+}
+
+/* An unknown command is refused naming it, whether --help comes with it
+ * or not; before, `distctl bogus --help` printed the usage and exited 0. */
+Test(distctl_help, an_unknown_command_is_refused_also_with_help) {
+  const char *const cases[][2] = {
+      {"bogus --help", "unknown command 'bogus'"},
+      {"--help bogus", "unknown command 'bogus'"},
+      {"help bogus", "unknown command 'bogus'"},
+      {"tensor bogus --help", "unknown subcommand 'bogus'"},
+      {"help checkpoint nope", "unknown subcommand 'nope'"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    char *out, *err;
+    int rc = run(cases[i][0], &out, &err);
+    cr_assert_eq(rc, 2, "distctl %s exited %d: %s%s", cases[i][0], rc, out, err);
+    cr_assert(strstr(err, cases[i][1]), "distctl %s said '%s', not '%s'", cases[i][0], err,
+              cases[i][1]);
+    cr_assert(!strstr(out, "usage:"), "distctl %s printed a usage on stdout: %s",
+              cases[i][0], out);
+    free(out);
+    free(err);
+  }
+}
+
+/* A verb with subcommands ("tensor") shows every one of its subcommands. */
+Test(distctl_help, a_verb_groups_help_shows_its_subcommands) {
+  char *out, *err;
+  cr_assert_eq(run("tensor --help", &out, &err), 0, "%s", err);
+  const char *subs[] = {"tensor put", "tensor get", "tensor show", "tensor reshard",
+                        "tensor rm"};
+  for (size_t i = 0; i < 5; i++)
+    cr_assert(strstr(out, subs[i]), "no '%s' in: %s", subs[i], out);
+  cr_assert(!strstr(out, "checkpoint save") && !strstr(out, "distctl status"), "%s", out);
+  free(out);
+  free(err);
+}
+
+/* DIST_VERSION is meson's project version, as distd reports it. */
+Test(distctl_help, version_prints_the_project_version) {
+  char *out, *err;
+  cr_assert_eq(run("--version", &out, &err), 0, "%s", err);
+  cr_assert_str_eq(out, "distctl " DIST_VERSION "\n");
+  free(out);
+  free(err);
+}
