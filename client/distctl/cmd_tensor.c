@@ -550,7 +550,7 @@ out:
 }
 
 const distctl_command distctl_cmd_tensor_show = {
-    "tensor show", "NAME [--json]",
+    "tensor show", "NAME",
     "a tensor's shape, dtype, mesh, placements and every rank's piece", run_show};
 
 /* ---------------------------------------------------------------- tensors */
@@ -611,4 +611,4 @@ static int run_tensors(const distctl_global *g, int argc, char **argv) {
 }
 
 const distctl_command distctl_cmd_tensors = {
-    "tensors", "[--json]", "list the tensors held across the cluster", run_tensors};
+    "tensors", "", "list the tensors held across the cluster", run_tensors};

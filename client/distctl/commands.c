@@ -26,12 +26,12 @@ void distctl_print_usage(FILE *out) {
                "[--tls-crl FILE]]\n               "
                "[--token-file FILE | --token TOKEN] COMMAND [ARGS]\n"
                "       distctl help [COMMAND]   (or distctl COMMAND --help)\n"
-               "       distctl --version\n\ncommands:\n");
-  for (int i = 0; i < NCOMMANDS; i++)
-    fprintf(out, "  %-16s %s\n      %s\n", commands[i]->name, commands[i]->usage,
-            commands[i]->help);
-  fprintf(out, "\nWithout --cluster or --endpoint, $DIST_CLUSTER names the "
-               "cluster file, else %s is used.\n", DIST_DEFAULT_ENDPOINT);
+               "       distctl --version\n\n"
+               "The global options go before or after the command. --json works with every "
+               "command:\nits result as JSON on stdout. Without --cluster or --endpoint, "
+               "$DIST_CLUSTER names\nthe cluster file, else %s is used.\n\ncommands:\n",
+          DIST_DEFAULT_ENDPOINT);
+  for (int i = 0; i < NCOMMANDS; i++) distctl_print_synopsis(out, "  ", commands[i], 1);
 }
 
 void distctl_print_synopsis(FILE *out, const char *lead, const distctl_command *cmd,

@@ -113,3 +113,46 @@ Test(distctl_help, version_prints_the_project_version) {
   free(out);
   free(err);
 }
+
+/* The lines of text that end in a space, or NULL when none does. */
+static const char *line_ending_in_space(const char *text) {
+  for (const char *p = strchr(text, '\n'); p; p = strchr(p + 1, '\n'))
+    if (p > text && (p[-1] == ' ' || p[-1] == '\t')) return p;
+  return NULL;
+}
+
+static int count(const char *text, const char *what) {
+  int n = 0;
+  for (const char *p = text; (p = strstr(p, what)); p++) n++;
+  return n;
+}
+
+/* --json is a global option, said once among them: the usage listed it
+ * again after `tensors` and `tensor show` as if theirs alone. No usage
+ * line ends in a space (the synopsis of a verb without arguments did). */
+Test(distctl_help, json_is_listed_once_and_no_line_ends_in_a_space) {
+  char *out, *err;
+  cr_assert_eq(run("--help", &out, &err), 0, "%s", err);
+  cr_assert_eq(count(out, "[--json]"), 1, "--json listed other than once: %s", out);
+  cr_assert(strstr(out, "--json works with every command"), "%s", out);
+  const char *at = line_ending_in_space(out);
+  cr_assert(!at, "a usage line ends in a space: ...%.60s", at ? at - 60 : "");
+  free(out);
+  free(err);
+  const char *verbs[] = {"status", "tensors", "tensor show", "experts", "launch", "tensor"};
+  for (size_t i = 0; i < sizeof verbs / sizeof verbs[0]; i++) {
+    char args[64];
+    snprintf(args, sizeof args, "help %s", verbs[i]);
+    cr_assert_eq(run(args, &out, &err), 0, "distctl %s: %s", args, err);
+    cr_assert(!strstr(out, "[--json]"), "distctl %s lists --json as its own: %s", args, out);
+    cr_assert(!line_ending_in_space(out), "distctl %s has a line ending in a space: %s", args,
+              out);
+    free(out);
+    free(err);
+  }
+  /* A usage error prints the verb's synopsis as its help does. */
+  cr_assert_eq(run("status extra", &out, &err), 2, "%s", err);
+  cr_assert(strstr(err, "usage: distctl status\n"), "%s", err);
+  free(out);
+  free(err);
+}
