@@ -68,9 +68,16 @@ static void print_op(int rank, const dist_op_info *o) {
   printf("\n");
 }
 
-static void print_ops_table(const dist_ops_report *rep, const int *ok, int n) {
+/* ranks: the --json report's, whose entries for the ranks down say why. */
+static void print_ops_table(dist_client *c, const dist_ops_report *rep, const int *ok,
+                            json_t *ranks) {
+  int n = (int)json_array_size(ranks);
   printf("%-5s %-20s %-15s %-8s %-10s %-12s %10s %9s\n", "RANK", "OP_ID", "KIND", "STATE",
          "WAITING_ON", "GROUP", "BYTES", "AGE");
+  for (int r = 0; r < n; r++) { /* the ranks down first: what a hang waits on */
+    json_t *why = json_object_get(json_array_get(ranks, (size_t)r), "error");
+    if (!ok[r]) distctl_print_down_row(dist_daemon_rank(c, r), NULL, json_string_value(why));
+  }
   for (int pass = 0; pass < 2; pass++) /* every rank's running ops first */
     for (int r = 0; r < n; r++) {
       if (!ok[r]) continue;
@@ -121,8 +128,8 @@ static int run_ops(const distctl_global *g, int argc, char **argv) {
   if (g->json)
     distctl_print_json(json_pack("{s:i,s:i,s:o}", "world_size", n, "down", down, "ranks", ranks));
   else {
+    print_ops_table(c, rep, ok, ranks);
     json_decref(ranks);
-    print_ops_table(rep, ok, n);
   }
   for (int r = 0; r < n; r++) dist_ops_report_free(&rep[r]);
   free(rep);
@@ -172,6 +179,7 @@ static int run_experts(const distctl_global *g, int argc, char **argv) {
       down++;
       distctl_rank_fail(c, r);
       json_array_append_new(ranks, distctl_down_json(c, r, dist_errmsg(c)));
+      if (!g->json) distctl_print_down_row(dist_daemon_rank(c, r), NULL, dist_errmsg(c));
       continue;
     }
     json_array_append_new(ranks, experts_rank_json(&rep));
@@ -436,9 +444,7 @@ static void print_top(const sample *now, const sample *before, int n, int iterat
          "UPTIME", "MEMORY", "TENSORS", "OPS", "PEERS", "SENT", "RECEIVED");
   for (int r = 0; r < n; r++) {
     if (!now[r].ok) {
-      char rank[16];
-      printf("%-5s %-9s %s\n", distctl_rank_format(now[r].rank, rank, sizeof rank), "down",
-             now[r].error);
+      distctl_print_down_row(now[r].rank, NULL, now[r].error);
       continue;
     }
     const dist_daemon_info *i = &now[r].info;

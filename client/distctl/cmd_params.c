@@ -102,6 +102,7 @@ static int run_params(const distctl_global *g, int argc, char **argv) {
       down++;
       distctl_rank_fail(c, r);
       json_array_append_new(ranks, distctl_down_json(c, r, dist_errmsg(c)));
+      if (!g->json) distctl_print_down_row(dist_daemon_rank(c, r), NULL, dist_errmsg(c));
       continue;
     }
     ok[r] = 1;

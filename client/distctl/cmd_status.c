@@ -65,10 +65,8 @@ static void print_table(dist_client *c, const daemon_state *st, int n) {
   printf("%-5s %-22s %-8s %-10s %8s %12s %-7s %-4s %-15s %s\n", "RANK", "ENDPOINT",
          "STATE", "VERSION", "UPTIME", "MEMORY", "TENSORS", "OPS", "PEERS", "PEER I/O");
   for (int r = 0; r < n; r++) {
-    char rank[16];
     if (!st[r].ok) {
-      printf("%-5s %-22s %-8s %s\n", distctl_rank_text(c, r, rank, sizeof rank),
-             dist_endpoint(c, r), "down", st[r].error);
+      distctl_print_down_row(dist_daemon_rank(c, r), dist_endpoint(c, r), st[r].error);
       continue;
     }
     const dist_daemon_info *i = &st[r].info;

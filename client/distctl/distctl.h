@@ -59,6 +59,10 @@ int distctl_usage(const distctl_command *cmd, const char *fmt, ...)
 /* Prints j (compact = 0: indented) to stdout and drops the reference. */
 void distctl_print_json(json_t *j);
 
+/* A rank that did not answer, as every table shows it: the daemon's
+ * rank (-1: "?"), its endpoint when the table has that column (status;
+ * else NULL), "down" and why. */
+void distctl_print_down_row(int rank, const char *endpoint, const char *error);
 /* A rank that did not answer, as the --json reports list it. */
 json_t *distctl_down_json(dist_client *c, int rank, const char *error);
 /* The rank of the daemon at position pos, as distctl shows it: the

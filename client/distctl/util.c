@@ -126,6 +126,13 @@ const char *distctl_rank_text(dist_client *c, int pos, char *buf, size_t len) {
   return distctl_rank_format(dist_daemon_rank(c, pos), buf, len);
 }
 
+void distctl_print_down_row(int rank, const char *endpoint, const char *error) {
+  char text[16];
+  printf("%-5s ", distctl_rank_format(rank, text, sizeof text));
+  if (endpoint) printf("%-22s ", endpoint);
+  printf("%-8s %s\n", "down", error);
+}
+
 json_t *distctl_down_json(dist_client *c, int rank, const char *error) {
   return json_pack("{s:o,s:s,s:s}", "rank", distctl_rank_json(c, rank), "endpoint",
                    dist_endpoint(c, rank), "error", error);

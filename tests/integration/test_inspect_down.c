@@ -1,0 +1,90 @@
+/* The inspection verbs with a rank that does not answer: a frozen daemon
+ * (SIGSTOP: its port accepts, nothing replies) and a short --timeout.
+ * Every table shows it as one "down" row, every --json counts it in
+ * "down", and the verbs stay bounded by the timeout. */
+#include <criterion/criterion.h>
+#include <jansson.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+
+#define TIMEOUT_MS 1500
+
+static harness cluster;
+
+/* Rank 1 of two frozen; resumed before teardown so it stops cleanly. */
+static void start_with_rank1_frozen(void) {
+  harness_start(&cluster, 2, NULL);
+  cr_assert(harness_freeze(&cluster, 1, 10000), "rank 1 never stopped");
+}
+
+static void resume_and_stop(void) {
+  if (cluster.n == 0) return;
+  kill(cluster.pids[1], SIGCONT);
+  harness_stop(&cluster);
+  cluster.n = 0;
+}
+
+TestSuite(inspect_down, .init = start_with_rank1_frozen, .fini = resume_and_stop,
+          .timeout = 120);
+
+/* Runs `distctl ARGS` against the cluster with the short timeout; expects
+ * exit 1 (a rank down) and rank 1 named; returns stdout, and the seconds
+ * it took. */
+static char *distctl_down(const char *args, double *seconds) {
+  char cmd[1024], *out = NULL, *err = NULL;
+  snprintf(cmd, sizeof cmd, "%s --cluster %s --timeout %d %s", harness_distctl(),
+           cluster.cluster_file, TIMEOUT_MS, args);
+  double t0 = harness_now_s();
+  int rc = harness_run(cmd, &out, &err, 60);
+  if (seconds) *seconds = harness_now_s() - t0;
+  cr_assert_eq(rc, 1, "distctl %s exited %d: %s", args, rc, err ? err : "");
+  cr_assert((err && strstr(err, "rank 1")) || (out && strstr(out, "rank 1")),
+            "distctl %s did not name rank 1: %s", args, err ? err : "");
+  free(err);
+  return out ? out : strdup("");
+}
+
+/* The table's line for rank 1: "1", then (status only) its endpoint, then
+ * "down" and why. NULL when there is none. */
+static const char *down_row(const char *table, const char *endpoint) {
+  char want[128];
+  snprintf(want, sizeof want, "\n1     %s%sdown ", endpoint ? endpoint : "",
+           endpoint ? " " : "");
+  return strstr(table, want);
+}
+
+/* ops, experts and params left a rank that did not answer out of their
+ * table (only stderr named it); status and top showed it down. */
+Test(inspect_down, every_table_shows_a_down_row_for_the_rank) {
+  char endpoint[64];
+  snprintf(endpoint, sizeof endpoint, "127.0.0.1:%-12d", cluster.grpc_port[1]);
+  const char *verbs[] = {"ops", "experts", "params", "top --iterations 1", "status"};
+  for (size_t i = 0; i < sizeof verbs / sizeof verbs[0]; i++) {
+    char *out = distctl_down(verbs[i], NULL);
+    int is_status = strcmp(verbs[i], "status") == 0;
+    cr_assert(down_row(out, is_status ? endpoint : NULL),
+              "distctl %s shows no down row for rank 1:\n%s", verbs[i], out);
+    cr_assert(!strstr(out, "\n0     down"), "distctl %s shows rank 0 down:\n%s", verbs[i], out);
+    free(out);
+  }
+}
+
+/* Their --json names the rank that did not answer and counts it. */
+Test(inspect_down, json_counts_the_rank_down_and_says_why) {
+  const char *verbs[] = {"ops --json", "experts --json", "params --json", "status --json"};
+  for (size_t i = 0; i < sizeof verbs / sizeof verbs[0]; i++) {
+    char *out = distctl_down(verbs[i], NULL);
+    json_error_t je;
+    json_t *j = json_loads(out, 0, &je);
+    cr_assert(j, "distctl %s printed no JSON: %s", verbs[i], out);
+    cr_assert_eq(json_integer_value(json_object_get(j, "down")), 1, "%s: %s", verbs[i], out);
+    json_t *r1 = json_array_get(json_object_get(j, "ranks"), 1);
+    cr_assert(json_string_value(json_object_get(r1, "error")), "%s: %s", verbs[i], out);
+    json_decref(j);
+    free(out);
+  }
+}
