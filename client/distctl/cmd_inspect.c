@@ -462,7 +462,9 @@ static void print_top(const sample *now, const sample *before, int n, int iterat
 
 static json_t *top_json(const sample *now, const sample *before, int n) {
   json_t *ranks = json_array();
+  int down = 0;
   for (int r = 0; r < n; r++) {
+    down += !now[r].ok;
     const dist_daemon_info *i = &now[r].info;
     json_array_append_new(
         ranks, !now[r].ok
@@ -481,7 +483,7 @@ static json_t *top_json(const sample *now, const sample *before, int n) {
                                "received_bytes_per_second",
                                fmax(0, rate(&now[r], &before[r], 0))));
   }
-  return json_pack("{s:i,s:o}", "world_size", n, "ranks", ranks);
+  return json_pack("{s:i,s:i,s:o}", "world_size", n, "down", down, "ranks", ranks);
 }
 
 static void pause_seconds(double s) {

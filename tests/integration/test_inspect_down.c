@@ -73,9 +73,11 @@ Test(inspect_down, every_table_shows_a_down_row_for_the_rank) {
   }
 }
 
-/* Their --json names the rank that did not answer and counts it. */
+/* Their --json names the rank that did not answer and counts it in
+ * "down" (top's had no such count). */
 Test(inspect_down, json_counts_the_rank_down_and_says_why) {
-  const char *verbs[] = {"ops --json", "experts --json", "params --json", "status --json"};
+  const char *verbs[] = {"ops --json", "experts --json", "params --json", "status --json",
+                         "top --json --interval 0.2"};
   for (size_t i = 0; i < sizeof verbs / sizeof verbs[0]; i++) {
     char *out = distctl_down(verbs[i], NULL);
     json_error_t je;
