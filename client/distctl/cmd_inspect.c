@@ -10,6 +10,7 @@
  * status 1; the others are still shown. */
 #include <math.h>
 #include <netdb.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -388,6 +389,8 @@ typedef struct sample {
   dist_daemon_info info;
   uint64_t sent, received; /* summed over peers */
   double at;               /* CLOCK_MONOTONIC seconds */
+  dist_client *from;       /* asked at its position 0 */
+  char named[24];          /* how its errors start: "rank R: ", or "" */
 } sample;
 
 static double mono(void) {
@@ -396,19 +399,58 @@ static double mono(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static void take_samples(dist_client *c, sample *s, int n) {
+/* One rank's Info, in a thread of its own: its client is its own too. */
+static void *sample_one(void *arg) {
+  sample *s = arg;
+  s->ok = s->from && dist_info(s->from, 0, &s->info) == 0;
+  s->at = mono();
+  if (!s->ok)
+    snprintf(s->error, sizeof s->error, "%s%s", s->named,
+             s->from ? dist_errmsg(s->from) : "cannot connect");
+  for (int p = 0; s->ok && p < s->info.npeers; p++) {
+    s->sent += s->info.peers[p].bytes_sent;
+    s->received += s->info.peers[p].bytes_received;
+  }
+  return NULL;
+}
+
+/* A client of each daemon of c, so that a sample asks them all at once:
+ * a rank that does not answer holds up a sample by one timeout, not one
+ * for each such rank. A client of one daemon (--endpoint) is its own. */
+static dist_client **clients_of_each(const distctl_global *g, dist_client *c, int n) {
+  dist_client **one = calloc((size_t)n, sizeof *one);
+  for (int r = 0; r < n && n == 1; r++) one[r] = c;
+  for (int r = 0; r < n && n > 1; r++) {
+    distctl_global each = *g;
+    each.cluster = NULL, each.endpoint = dist_endpoint(c, r);
+    one[r] = distctl_connect(&each);
+  }
+  return one;
+}
+
+static void close_each(dist_client **one, int n) {
+  for (int r = 0; r < n && n > 1; r++) dist_close(one[r]);
+  free(one);
+}
+
+static void take_samples(dist_client *c, dist_client **one, sample *s, int n) {
+  pthread_t *threads = calloc((size_t)n, sizeof *threads);
+  int *started = calloc((size_t)n, sizeof *started);
   for (int r = 0; r < n; r++) {
     dist_info_free(&s[r].info);
     memset(&s[r], 0, sizeof s[r]);
-    s[r].ok = dist_info(c, r, &s[r].info) == 0;
-    s[r].at = mono();
-    if (!s[r].ok) snprintf(s[r].error, sizeof s[r].error, "%s", dist_errmsg(c));
-    s[r].rank = s[r].ok ? s[r].info.rank : dist_daemon_rank(c, r);
-    for (int p = 0; s[r].ok && p < s[r].info.npeers; p++) {
-      s[r].sent += s[r].info.peers[p].bytes_sent;
-      s[r].received += s[r].info.peers[p].bytes_received;
-    }
+    s[r].from = one[r];
+    /* A client of one daemon names it by its address: say which rank. */
+    if (one[r] != c) snprintf(s[r].named, sizeof s[r].named, "rank %d: ", r);
+    started[r] = pthread_create(&threads[r], NULL, sample_one, &s[r]) == 0;
+    if (!started[r]) sample_one(&s[r]); /* out of threads: asked in turn */
   }
+  for (int r = 0; r < n; r++) {
+    if (started[r]) pthread_join(threads[r], NULL);
+    s[r].rank = s[r].ok ? s[r].info.rank : dist_daemon_rank(c, r);
+  }
+  free(threads);
+  free(started);
 }
 
 /* Bytes per second between two samples of one rank; -1 when unknown. */
@@ -518,12 +560,13 @@ static int run_top(const distctl_global *g, int argc, char **argv) {
   if (!c) return 1;
   int n = dist_world_size(c), tty = isatty(STDOUT_FILENO), rc = 0;
   sample *now = calloc((size_t)n, sizeof *now), *before = calloc((size_t)n, sizeof *before);
-  take_samples(c, now, n);
+  dist_client **one = clients_of_each(g, c, n);
+  take_samples(c, one, now, n);
   if (g->json) { /* one snapshot: rates over one interval */
     sample *t = before;
     before = now, now = t;
     pause_seconds(interval);
-    take_samples(c, now, n);
+    take_samples(c, one, now, n);
     distctl_print_json(top_json(now, before, n));
   }
   for (int it = 1; !g->json; it++) {
@@ -534,7 +577,7 @@ static int run_top(const distctl_global *g, int argc, char **argv) {
     pause_seconds(interval);
     sample *t = before;
     before = now, now = t;
-    take_samples(c, now, n);
+    take_samples(c, one, now, n);
   }
   for (int r = 0; r < n; r++) {
     if (!now[r].ok) rc = 1;
@@ -543,6 +586,7 @@ static int run_top(const distctl_global *g, int argc, char **argv) {
   }
   free(now);
   free(before);
+  close_each(one, n);
   dist_close(c);
   return rc;
 }
@@ -557,4 +601,7 @@ const distctl_command distctl_cmd_metrics = {
     "metrics", "[--rank R]", "one rank's Prometheus metrics, from its HTTP port", run_metrics};
 const distctl_command distctl_cmd_top = {
     "top", "[--iterations N] [--interval SECONDS]",
-    "a live view of every rank, refreshed like top (--json: one snapshot)", run_top};
+    "a live view of every rank, refreshed like top, its ranks asked at once; the byte\n"
+    "      rates need two samples: the first refresh has none, and --json (one snapshot)\n"
+    "      takes two, --interval apart, each waiting at most --timeout for a rank",
+    run_top};

@@ -21,9 +21,17 @@ static void start_with_rank1_frozen(void) {
   cr_assert(harness_freeze(&cluster, 1, 10000), "rank 1 never stopped");
 }
 
+/* Ranks 1 and 2 of three frozen: asked one after the other, a sample
+ * would wait the timeout twice. */
+static void start_with_two_frozen(void) {
+  harness_start(&cluster, 3, NULL);
+  cr_assert(harness_freeze(&cluster, 1, 10000), "rank 1 never stopped");
+  cr_assert(harness_freeze(&cluster, 2, 10000), "rank 2 never stopped");
+}
+
 static void resume_and_stop(void) {
   if (cluster.n == 0) return;
-  kill(cluster.pids[1], SIGCONT);
+  for (int r = 1; r < cluster.n; r++) kill(cluster.pids[r], SIGCONT);
   harness_stop(&cluster);
   cluster.n = 0;
 }
@@ -89,4 +97,20 @@ Test(inspect_down, json_counts_the_rank_down_and_says_why) {
     json_decref(j);
     free(out);
   }
+}
+
+/* top --json takes two samples (its rates are over one --interval), and
+ * asked the ranks one after the other: with ranks 1 and 2 frozen it
+ * waited the timeout four times (about 6 s here) where one sample of
+ * ranks asked together waits it once. */
+Test(inspect_down, top_waits_one_timeout_per_sample, .init = start_with_two_frozen) {
+  double t, timeout = TIMEOUT_MS / 1e3;
+  free(distctl_down("top --iterations 1", &t));
+  cr_assert(t < 1.6 * timeout, "one sample took %.2f s with a timeout of %.1f s", t, timeout);
+  char *out = distctl_down("top --json --interval 0.2", &t);
+  cr_assert(t < 2.8 * timeout, "two samples took %.2f s with a timeout of %.1f s", t, timeout);
+  json_t *j = json_loads(out, 0, NULL);
+  cr_assert(j && json_integer_value(json_object_get(j, "down")) == 2, "%s", out);
+  json_decref(j);
+  free(out);
 }
