@@ -2,7 +2,7 @@
  * trainers with DIST_RANK, DIST_WORLD_SIZE, DIST_CLUSTER and DIST_JOB_ID;
  * every rank's output goes to LOGDIR/workerlog.<rank>, rank 0's also to
  * the console. Without a cluster it runs one of N local daemons for the
- * job. If a rank fails, or cannot be started (fork fails), the others are
+ * job; --endpoint, one daemon for every trainer, is refused. If a rank fails, or cannot be started (fork fails), the others are
  * stopped and the status is non-zero. With --json, rank 0's console copy
  * goes to stderr instead, and stdout holds only one JSON object at the end:
  * each rank's exit status or signal, and the job's. */
@@ -265,6 +265,12 @@ static int run_launch(const distctl_global *g, int argc, char **argv) {
   if (!log_dir) log_dir = "./log";
   if (prog < 0 || prog >= argc)
     return distctl_usage(&distctl_cmd_launch, "the program to run follows '--'");
+  /* Every trainer needs a daemon of its own: one endpoint cannot serve
+   * them, and the local cluster launch would start instead is not it. */
+  if (g->endpoint)
+    return distctl_usage(cmd, "--endpoint %s names one daemon, and each trainer needs its "
+                         "own: give --cluster FILE (or $DIST_CLUSTER) with one daemon per "
+                         "rank, or neither for a local cluster of N", g->endpoint);
   const char *cluster = g->cluster;
   if (cluster && cluster[0]) {
     int bad = check_cluster_size(cluster, n);
@@ -289,7 +295,8 @@ static int run_launch(const distctl_global *g, int argc, char **argv) {
 
 const distctl_command distctl_cmd_launch = {
     "launch", "-n N [--log-dir DIR] -- PROGRAM [ARGS...]",
-    "run N trainer processes (a local cluster of N daemons unless --cluster), each\n"
+    "run N trainer processes (a local cluster of N daemons unless --cluster; not\n"
+    "      --endpoint: each trainer needs a daemon of its own), each\n"
     "      one's output in DIR/workerlog.RANK (DIR: ./log unless --log-dir); with\n"
     "      --json rank 0's output goes to stderr and stdout gets one JSON object at the\n"
     "      end: each rank's exit_status (and signal), the job's status",

@@ -433,3 +433,16 @@ Test(distctl_args, a_rank_whose_log_cannot_be_written_fails, .fini = remove_laun
   free(out);
   free(err);
 }
+
+/* launch with --endpoint started a local cluster of its own and left
+ * --endpoint unused: one daemon cannot be every trainer's own. It is a
+ * usage error now, before anything is started or made. */
+Test(distctl_args, launch_refuses_endpoint, .fini = remove_launch_dir) {
+  cr_assert(mkdtemp(launch_dir));
+  char log[256], args[512];
+  snprintf(log, sizeof log, "%s/log", launch_dir);
+  snprintf(args, sizeof args, "launch -n 1 --log-dir %s -- true", log);
+  expect_exit(args, 2, "distctl launch: --endpoint 127.0.0.1:1 names one daemon");
+  struct stat st;
+  cr_assert_neq(stat(log, &st), 0, "the refused launch made its log directory");
+}
