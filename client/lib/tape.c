@@ -158,7 +158,9 @@ static int note_local(dist_tape *t, const char *name, const rank_set *ranks) {
 }
 
 /* The daemons this client drives in an exchange over group, in group
- * order: all of it (single client) or this trainer's rank (SPMD). */
+ * order: all of it (single client) or this trainer's rank (SPMD); none
+ * for an SPMD trainer outside the group, whose exchange is a no-op that
+ * still takes its op id (spmd_outside.c), as is its backward. */
 static int exchange_parts(dist_client *c, const dist_tape_exchange *a,
                           entry *e) {
   int n = a->group ? a->group_size : c->n;
@@ -170,11 +172,13 @@ static int exchange_parts(dist_client *c, const dist_tape_exchange *a,
     if (c->spmd_rank < 0 || e->group[i] == c->spmd_rank)
       e->parts.ranks[e->parts.n++] = e->group[i];
   }
-  if (e->parts.n == 0)
-    return dist_client_fail(c, DIST_EINVAL, "this trainer (rank %d) is not in "
-                            "the group", c->spmd_rank);
   return 0;
 }
+
+/* How many entries of the exchange's per-rank arrays this client gives:
+ * one per daemon it drives, and an outsider's own one, checked as a
+ * member checks its own. */
+static int own_entries(const entry *e) { return e->parts.n ? e->parts.n : 1; }
 
 static int64_t *copy_counts(const int64_t *const *v, int n, size_t len) {
   int64_t *d = malloc(sizeof(int64_t) * ((size_t)n * len + 1));
@@ -193,7 +197,7 @@ static int fill_exchange(dist_tape *t, const char *func, const dist_tape_exchang
     return dist_client_fail(c, DIST_EINVAL, "an exchange on a tape needs both "
                             "counts, n_experts >= 1 and d_model >= 1");
   /* copy_counts reads these before dist_global_scatter checks them */
-  for (int k = 0; k < e->parts.n; k++)
+  for (int k = 0; k < own_entries(e); k++)
     if (!a->local_count[k] || !a->global_count[k])
       return dist_client_fail(c, DIST_EINVAL, "%s: %s[%d] is NULL", func,
                               a->local_count[k] ? "global_count" : "local_count", k);
@@ -208,14 +212,16 @@ static int fill_exchange(dist_tape *t, const char *func, const dist_tape_exchang
 }
 
 /* The handle of an exchange result: its name on the first daemon's one-rank
- * mesh (the only thing a LocalLayer argument needs is the name). */
+ * mesh (the only thing a LocalLayer argument needs is the name). An
+ * outsider's has no piece (0 rows), on the group's first rank's mesh. */
 static dist_tensor *result_handle(const entry *e, int64_t rows) {
   dist_tensor *h = calloc(1, sizeof *h);
   if (!h) return NULL;
   snprintf(h->name, sizeof h->name, "%s", e->y);
   h->dtype = e->dt;
   h->shape = (dist_shape){2, {rows, e->d_model}};
-  dist_mesh_of_rank(&h->mesh.d, e->parts.ranks[0], NULL);
+  h->no_piece = e->parts.n == 0;
+  dist_mesh_of_rank(&h->mesh.d, h->no_piece ? e->group[0] : e->parts.ranks[0], NULL);
   h->placements[0] = DIST_REPLICATED;
   return h;
 }
@@ -266,7 +272,7 @@ static int record_exchange(dist_tape *t, entry_kind kind,
     entry_free(e);
     return rc;
   }
-  if (out_rows) memcpy(out_rows, rows, sizeof(int64_t) * (size_t)e->parts.n);
+  if (out_rows) memcpy(out_rows, rows, sizeof(int64_t) * (size_t)own_entries(e));
   t->n_entries++;
   return 0;
 }

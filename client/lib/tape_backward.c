@@ -46,6 +46,29 @@ static slot made_tensor(dist_tape *t, const char *of, const dist_tensor *h) {
   return g;
 }
 
+/* An SPMD trainer outside the exchange's group (no ranks of its own) or
+ * outside the mesh of the gradient it would add or copy: it holds none of
+ * it, so the step is a no-op, as in Paddle; it takes the op ids the
+ * members' step takes, which the plan counts (tape_plan.c). */
+static int outside_gradient(const dist_tape *t, const slot *g) {
+  if (t->c->spmd_rank < 0) return 0;
+  return g->per_rank ? g->ranks.n == 0 : dist_spmd_outside(t->c, &g->t.mesh.d);
+}
+
+static void take_ids(dist_client *c, int n) {
+  for (int i = 0; i < n; i++) dist_next_op_id(c);
+}
+
+/* An outsider's gradient add or copy into a tensor called name, laid out
+ * as like: the ids taken, nothing sent, a handle without a piece. */
+static void outsider_add(dist_tape *t, const dist_tensor *like, const char *name,
+                         dist_tensor *out) {
+  take_ids(t->c, dist_grad_add_ids());
+  *out = *like;
+  snprintf(out->name, sizeof out->name, "%s", name);
+  out->no_piece = 1;
+}
+
 /* acc + more into a new tensor: per rank on each daemon's one-rank mesh
  * when either is per rank, else on acc's mesh and placements (more
  * resharded to them first). */
@@ -57,6 +80,13 @@ static int add_tensors(dist_tape *t, const slot *acc, slot *more, slot *sum) {
   next_grad_name(t, name);
   *sum = *acc;
   sum->owned = 1;
+  if (outside_gradient(t, acc)) {
+    if (!acc->per_rank && !more->per_rank && !dist_same_layout(&acc->t, &more->t))
+      rc = dist_reshard(c, &more->t, NULL, acc->t.placements); /* no-op, its id */
+    outsider_add(t, &acc->t, name, &sum->t);
+    if (more->per_rank) sum->per_rank = 1, sum->ranks = more->ranks;
+    return rc;
+  }
   if (acc->per_rank || more->per_rank) {
     sum->per_rank = 1;
     sum->ranks = acc->per_rank ? acc->ranks : more->ranks;
@@ -103,6 +133,15 @@ static int store_per_rank(dist_client *c, const char *name, const void *const *p
                           const rank_set *ranks, dist_tensor **out) {
   dist_placement rep = DIST_REPLICATED;
   int n = c->spmd_rank >= 0 ? 1 : ranks->n, rc = 0;
+  if (c->spmd_rank >= 0 && ranks->n == 0) { /* outside the group: holds none */
+    dist_next_op_id(c); /* the members' put of their piece */
+    if (!(*out = calloc(1, sizeof **out)))
+      return dist_client_fail(c, DIST_ENOMEM, "out of memory");
+    snprintf((*out)->name, sizeof (*out)->name, "%s", name);
+    (*out)->dtype = dt;
+    (*out)->no_piece = 1;
+    return 0;
+  }
   for (int k = 0; rc == 0 && k < n; k++) {
     int r = c->spmd_rank >= 0 ? c->spmd_rank : ranks->ranks[k];
     dist_mesh one;
@@ -219,10 +258,14 @@ static int exchange_back(dist_tape *t, const entry *e, const slot *g) {
     return dist_tape_exchange_refused(c, e->group, e->group_size);
   }
   if (g->kind == G_TENSOR) o.x_name = g->t.name;
-  int rc = (e->kind == SCATTER ? dist_global_gather : dist_global_scatter)(
-      c, g->kind == G_VALUES ? xs : NULL, g->kind == G_VALUES ? rows : NULL,
-      e->dt, e->d_model, lcs, gcs, e->experts, e->group, e->group_size, &o,
-      NULL, NULL);
+  int rc = 0;
+  if (e->parts.n == 0) /* outside the group: the other exchange's id, no rows */
+    dist_next_op_id(c);
+  else
+    rc = (e->kind == SCATTER ? dist_global_gather : dist_global_scatter)(
+        c, g->kind == G_VALUES ? xs : NULL, g->kind == G_VALUES ? rows : NULL,
+        e->dt, e->d_model, lcs, gcs, e->experts, e->group, e->group_size, &o,
+        NULL, NULL);
   if (rc) {
     dist_errbuf_prefix(&c->err, "backward of %s '%s' -> '%s': ",
                        e->kind == SCATTER ? "global_scatter" : "global_gather",
@@ -232,6 +275,7 @@ static int exchange_back(dist_tape *t, const entry *e, const slot *g) {
   slot gx = {.kind = G_TENSOR, .owned = 1, .per_rank = 1, .ranks = e->parts};
   snprintf(gx.t.name, sizeof gx.t.name, "%s", name);
   gx.t.dtype = e->dt;
+  gx.t.no_piece = e->parts.n == 0;
   return accumulate(t, e->x, &gx);
 }
 
@@ -327,6 +371,11 @@ static int own_gradient(dist_tape *t, slot *g) {
   char name[NAME_MAX_LEN];
   dist_tensor *copy = NULL;
   next_grad_name(t, name);
+  if (outside_gradient(t, g)) {
+    outsider_add(t, &g->t, name, &g->t);
+    g->owned = 1;
+    return 0;
+  }
   int rc = dist_grad_add(t->c, g->t.name, NULL, &g->t.mesh.d, g->t.placements, name, &copy);
   if (rc) return rc;
   g->t = *copy;
