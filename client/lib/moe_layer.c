@@ -92,7 +92,8 @@ static int check_opts(dist_client *c, const char *name,
 }
 
 /* The group and the positions this client drives (as dist_global_scatter
- * resolves them). */
+ * resolves them): none for an SPMD trainer outside the group, whose layer
+ * is empty (see outsider_pass). */
 static int resolve(dist_client *c, dist_moe_layer *l, const int *group, int size) {
   l->W = group ? size : c->n;
   if (l->W < 1 || l->W > DIST_MAX_MESH_RANKS)
@@ -105,9 +106,6 @@ static int resolve(dist_client *c, dist_moe_layer *l, const int *group, int size
     if (c->spmd_rank < 0) l->pos[l->n++] = i;
     else if (l->group[i] == c->spmd_rank) l->pos[0] = i, l->n = 1;
   }
-  if (l->n == 0)
-    return dist_client_fail(c, DIST_EINVAL, "this trainer (rank %d) is not in "
-                            "the group", c->spmd_rank);
   return 0;
 }
 
@@ -216,13 +214,14 @@ int dist_moe_layer_create(dist_client *c, const char *name,
     refuse_layer(c, l, op_id);
     goto fail;
   }
-  l->parts = calloc((size_t)l->n, sizeof *l->parts);
+  l->parts = calloc((size_t)l->n + 1, sizeof *l->parts);
   l->gate = calloc((size_t)(l->dm * l->NE), sizeof *l->gate);
   if (!l->parts || !l->gate) {
     rc = dist_client_fail(c, DIST_ENOMEM, "out of memory");
     goto fail;
   }
-  if ((rc = create_experts(c, l, o, op_id)) != 0) goto fail;
+  /* An outsider's daemon holds none of the layer's experts. */
+  if (l->n > 0 && (rc = create_experts(c, l, o, op_id)) != 0) goto fail;
   *out = l;
   return 0;
 fail:
@@ -440,6 +439,25 @@ static int check_rows(dist_client *c, const dist_moe_layer *l, const char *func,
   return 0;
 }
 
+/* The op ids a member's pass takes when it runs: a forward's
+ * count_global, then each pass's scatter and gather. */
+#define FORWARD_IDS 3
+#define BACKWARD_IDS 2
+
+/* The pass of an SPMD trainer outside the layer's group (l->n 0): it
+ * holds no expert and routes no token, so the pass is a no-op, as a
+ * Paddle layer is for a rank outside its group, giving an empty out[0]
+ * (malloc'd, to free() as a member's). It takes the ids the members'
+ * pass takes, refused or not: nobody waits for it, so it cannot tell them
+ * (nor learn that a member refused the pass, which then takes them one). */
+static int outsider_pass(dist_client *c, int ids, int refused, void **out) {
+  for (int i = 0; i < ids; i++) dist_next_op_id(c);
+  if (refused) return c->err.code;
+  if (out && !(out[0] = malloc(1))) return dist_client_fail(c, DIST_ENOMEM, "out of memory");
+  c->err = (dist_errbuf)DIST_ERRBUF_INIT;
+  return 0;
+}
+
 int dist_moe_layer_forward(dist_client *c, dist_moe_layer *l,
                            const void *const *x, const int64_t *tokens,
                            const void *gate_w, void **y) {
@@ -447,11 +465,16 @@ int dist_moe_layer_forward(dist_client *c, dist_moe_layer *l,
   if (DIST_NEED(c, l)) return c->err.code;
   void *rows[DIST_MAX_MESH_RANKS] = {0}, *outs[DIST_MAX_MESH_RANKS] = {0};
   l->forwarded = 0;
-  if (!x || !tokens || !gate_w || !y) {
+  int bad = !x || !tokens || !gate_w || !y;
+  if (bad)
     dist_client_fail(c, DIST_EINVAL, "MoE layer '%s': forward needs x, tokens, gate_w "
                      "and y", l->name);
-    return refuse_pass(c, l);
+  if (l->n == 0) {
+    int rc = outsider_pass(c, FORWARD_IDS, bad, y);
+    l->forwarded = rc == 0;
+    return rc;
   }
+  if (bad) return refuse_pass(c, l);
   if (check_rows(c, l, __func__, "x", x, tokens)) return refuse_pass(c, l);
   to_double(gate_w, l->dt, l->gate, (size_t)(l->dm * l->NE));
   int rc = route(c, l, x, tokens);
@@ -548,6 +571,15 @@ static int backward_parts(dist_client *c, dist_moe_layer *l,
   return 0;
 }
 
+static int outsider_backward(dist_client *c, dist_moe_layer *l, int refused,
+                             void **grad_x, void *grad_gate) {
+  int rc = outsider_pass(c, BACKWARD_IDS, refused, grad_x);
+  if (rc == 0 && grad_gate)
+    memset(grad_gate, 0, (size_t)(l->dm * l->NE) * dist_dtype_size(l->dt));
+  if (rc == 0) l->have_grads = 1, l->forwarded = 0;
+  return rc;
+}
+
 int dist_moe_layer_backward(dist_client *c, dist_moe_layer *l,
                             const void *const *grad_y, void **grad_x,
                             void *grad_gate) {
@@ -555,11 +587,13 @@ int dist_moe_layer_backward(dist_client *c, dist_moe_layer *l,
   if (DIST_NEED(c, l)) return c->err.code;
   void *rows[DIST_MAX_MESH_RANKS] = {0}, *dxs[DIST_MAX_MESH_RANKS] = {0};
   double *dgw[DIST_MAX_MESH_RANKS] = {0}, *dgate = NULL;
-  if (!l->forwarded || !grad_y) {
+  int bad = !l->forwarded || !grad_y;
+  if (bad)
     dist_client_fail(c, DIST_EINVAL, "MoE layer '%s': backward needs grad_y and a "
                      "forward first (one backward per forward)", l->name);
-    return refuse_pass(c, l);
-  }
+  if (l->n == 0) /* no token of its own: its gate's gradient is 0 */
+    return outsider_backward(c, l, bad, grad_x, grad_gate);
+  if (bad) return refuse_pass(c, l);
   if (check_rows(c, l, __func__, "grad_y", grad_y, NULL)) return refuse_pass(c, l);
   int rc = backward_parts(c, l, grad_y, rows, dgw);
   if (rc != 0) refuse_pass(c, l);
@@ -697,6 +731,8 @@ int dist_moe_layer_release(dist_client *c, dist_moe_layer *l) {
   Dist__V1__ExpertReleaseRequest rq = DIST__V1__EXPERT_RELEASE_REQUEST__INIT;
   rq.layer = l->name;
   rq.invocation = INVOCATION;
+  l->forwarded = 0;
+  if (l->n == 0) return 0; /* an outsider's daemon keeps nothing of the layer */
   dist_call *calls = calloc((size_t)l->n, sizeof *calls);
   if (!calls) return dist_client_fail(c, DIST_ENOMEM, "out of memory");
   for (int k = 0; k < l->n; k++)
