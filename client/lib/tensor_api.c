@@ -570,16 +570,12 @@ int dist_tensor_open(dist_client *c, const char *name, dist_tensor **out) {
   return rc;
 }
 
-/* Deletes the tensor from the daemons of its mesh (in SPMD mode, from
- * this trainer's). A single client deleting per-rank values (the name on
+/* Deletes t from the daemons of its mesh (in SPMD mode, from this
+ * trainer's). A single client deleting per-rank values (the name on
  * one-rank meshes) deletes them from every daemon, so the name is gone. */
-int dist_tensor_delete(dist_client *c, const char *name) {
-  if (!c) return dist_no_client(__func__);
-  if (dist_client_check_lookup(c, __func__, name) != 0) return c->err.code;
-  dist_tensor *t = NULL;
-  int rc = dist_tensor_open(c, name, &t);
-  if (rc != 0) return rc;
-  int per_rank = c->spmd_rank < 0 && t->mesh.d.nranks == 1, targets[DIST_MAX_MESH_RANKS];
+static int delete_on_mesh(dist_client *c, const dist_tensor *t) {
+  const char *name = t->name;
+  int rc, per_rank = c->spmd_rank < 0 && t->mesh.d.nranks == 1, targets[DIST_MAX_MESH_RANKS];
   int n = per_rank ? c->n : dist_targets(c, &t->mesh.d, targets);
   Dist__V1__TensorDeleteRequest rq = DIST__V1__TENSOR_DELETE_REQUEST__INIT;
   rq.name = (char *)name;
@@ -590,8 +586,31 @@ int dist_tensor_delete(dist_client *c, const char *name) {
                              per_rank ? NULL : targets, n, &calls);
   if (per_rank && calls) rc = delete_result(c, calls, n, t->mesh.d.ranks[0]);
   dist_calls_release(calls, n);
+  return rc;
+}
+
+int dist_tensor_delete(dist_client *c, const char *name) {
+  if (!c) return dist_no_client(__func__);
+  if (dist_client_check_lookup(c, __func__, name) != 0) return c->err.code;
+  dist_tensor *t = NULL;
+  int rc = dist_tensor_open(c, name, &t);
+  if (rc == 0) rc = delete_on_mesh(c, t);
   dist_tensor_free(t);
   return rc;
+}
+
+/* A handle without a piece is an SPMD trainer's outside the tensor's
+ * mesh: its daemon holds none of it, so, as in Paddle, where a rank
+ * outside the mesh holds nothing and does nothing, there is nothing to
+ * delete. By name it could not be told from a typo (dist_tensor_delete). */
+int dist_tensor_delete_handle(dist_client *c, const dist_tensor *t) {
+  if (!c) return dist_no_client(__func__);
+  if (DIST_NEED(c, t)) return c->err.code;
+  if (t->no_piece) {
+    c->err = (dist_errbuf)DIST_ERRBUF_INIT;
+    return 0;
+  }
+  return delete_on_mesh(c, t);
 }
 
 void dist_tensor_free(dist_tensor *t) { free(t); }

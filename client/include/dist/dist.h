@@ -297,10 +297,18 @@ int dist_reshard(dist_client *c, dist_tensor *t, const dist_mesh *mesh,
 int dist_tensor_open(dist_client *c, const char *name, dist_tensor **out);
 /* Deletes the tensor in the daemons of its mesh (SPMD: in this trainer's;
  * a trainer outside the mesh, whose daemon holds none of it, is told
- * DIST_ENOTFOUND and removes nothing anywhere).
+ * DIST_ENOTFOUND and removes nothing anywhere: by name it cannot tell
+ * such a tensor from a typo; dist_tensor_delete_handle can).
  * A single client deleting a name held as per-rank values deletes every
  * rank's. */
 int dist_tensor_delete(dist_client *c, const char *name);
+/* Deletes the tensor t is a handle of, in the daemons of t's mesh (SPMD:
+ * in this trainer's), as dist_tensor_delete does by name. A handle an SPMD
+ * trainer outside the mesh was given (by dist_shard_tensor, a reshard,
+ * ...: its piece is empty) is a no-op success there, as in Paddle, where
+ * such a rank holds nothing: a program can delete on every trainer. t
+ * stays the caller's to free. */
+int dist_tensor_delete_handle(dist_client *c, const dist_tensor *t);
 void dist_tensor_free(dist_tensor *t);
 
 /* One rank's piece of a tensor, as that daemon describes it. */
@@ -455,9 +463,13 @@ typedef struct dist_moe_layer_opts {
 
 /* Creates the experts in the daemons (SPMD: this trainer's daemon only, so
  * every trainer calls it) and the client handle. name has at most 150
- * characters. An SPMD trainer outside the group is told DIST_EINVAL (it
- * takes the op id): a layer handle is for running passes, which it has
- * no experts for. */
+ * characters. An SPMD trainer outside the group gets an empty layer (it
+ * takes the op id; its daemon holds no expert): its forward and backward
+ * take the op ids a member's successful pass takes (3 and 2) and give an
+ * empty y[0] / grad_x[0] (malloc'd) and a zero grad_gate, and its
+ * configure_optimizer and step take theirs (1 each) and change nothing,
+ * as Paddle's layer does nothing on a rank outside its group. A member
+ * refusing a pass takes 1 there, which the outsider cannot learn. */
 int dist_moe_layer_create(dist_client *c, const char *name,
                           const dist_moe_layer_opts *opts,
                           dist_moe_layer **out);
