@@ -133,13 +133,12 @@ static void expect_member(const outside_trainer *t) {
   cr_expect_eq(memcmp(t->full, w0, sizeof w0), 0, "rank %d read another w", r);
 }
 
-/* The outsider: every call succeeds with nothing (an expert layer's
- * creation excepted: a layer is for the ranks of its group), and no
- * daemon holds anything for it. */
+/* The outsider: every call succeeds with nothing (its expert layer is
+ * empty), and no daemon holds anything for it. */
 static void expect_outsider(const outside_trainer *t) {
   const char *m = t->msg;
   cr_expect(t->put_rc == 0 && t->local_rc == 0 && t->scatter_rc == 0 && t->count_rc == 0 &&
-                t->pair_rc == 0 && t->reshard_rc == 0 && t->full_rc == 0,
+                t->layer_rc == 0 && t->pair_rc == 0 && t->reshard_rc == 0 && t->full_rc == 0,
             "rank 2: %s", m);
   cr_expect(t->local_bytes == 0 && t->local_shape[0] == 0,
             "rank 2's piece: %zu bytes, shape [%lld]", t->local_bytes,
@@ -147,7 +146,6 @@ static void expect_outsider(const outside_trainer *t) {
   cr_expect_eq(t->rows[0], 0, "rank 2 scattered into %lld rows", (long long)t->rows[0]);
   cr_expect(t->global[0] == 0 && t->global[1] == 0, "rank 2's counts: %lld %lld",
             (long long)t->global[0], (long long)t->global[1]);
-  cr_expect_eq(t->layer_rc, DIST_EINVAL, "rank 2: %s", m);
   cr_expect_eq(t->pair_value, 102, "rank 2's value changed to %d", (int)t->pair_value);
   cr_expect_eq(t->full_bytes, 0, "rank 2's full w: %zu bytes", t->full_bytes);
   cr_expect_eq(t->delete_rc, DIST_ENOTFOUND, "rank 2: %s", m);
@@ -396,4 +394,283 @@ Test(outside, an_outsiders_exchange_arguments_are_checked_as_a_members, .timeout
   cr_expect(strstr(dist_errmsg(c), "x[0] is NULL"), "message: %s", dist_errmsg(c));
   free(out[0]);
   dist_close(c);
+}
+
+/* ------------------------------------------ the tape's exchanges */
+
+/* One of three trainers recording z = global_gather(global_scatter(x))
+ * over the group {0, 1} on a tape and backpropagating from z; rank 2 is
+ * outside the group and runs every call too. */
+typedef struct tape_trainer {
+  dist_client *c;
+  int rank;
+  int failed;
+  float x[4], z_grad[4]; /* its rows of x and the gradient it gives for z */
+  float z[4], x_grad[4];
+  size_t z_bytes, x_grad_bytes;
+  int64_t y_rows, z_rows;
+  int32_t sum;
+  char msg[1200];
+} tape_trainer;
+
+static int tape_step(tape_trainer *t, const char *what, int rc) {
+  NOTE(t, what, rc);
+  if (rc && !t->failed) t->failed = rc;
+  return rc;
+}
+
+/* Each member sends two rows to each member's one expert, and gets two
+ * from each: the gather sends them back, so z is x and x's gradient z's. */
+static dist_tape_exchange tape_exchange(const void *const *xs, const int64_t *const *counts,
+                                        const char *x_name, const char *out_name) {
+  static const int pair[2] = {0, 1};
+  return (dist_tape_exchange){x_name, xs, NULL, DIST_FLOAT32, 1, counts, counts, 1,
+                              pair, 2, out_name, 0};
+}
+
+static void read_into(tape_trainer *t, const char *what, int rc, void *data, size_t bytes,
+                      float *buf, size_t *got) {
+  if (tape_step(t, what, rc) == 0 && bytes <= 4 * sizeof(float)) memcpy(buf, data, bytes);
+  *got = rc ? (size_t)-1 : bytes;
+  free(data);
+}
+
+static void tape_body(tape_trainer *t, dist_tape *tape) {
+  static const int64_t two_each[2] = {2, 2};
+  const int64_t *counts[1] = {two_each};
+  const void *xs[1] = {t->x};
+  dist_tensor *y = NULL, *z = NULL;
+  dist_tape_exchange a = tape_exchange(xs, counts, "x", "y");
+  tape_step(t, "scatter", dist_tape_global_scatter(tape, &a, &y, &t->y_rows));
+  a = tape_exchange(NULL, counts, "y", "z");
+  tape_step(t, "gather", dist_tape_global_gather(tape, &a, &z, &t->z_rows));
+  void *data = NULL;
+  size_t bytes = 0;
+  int rc = z ? dist_dtensor_to_local(t->c, z, -1, &data, &bytes, NULL) : -1;
+  read_into(t, "z to_local", rc, data, bytes, t->z, &t->z_bytes);
+  dist_value g = {t->z_grad, DIST_FLOAT32, 2, {t->rank < 2 ? 4 : 0, 1}};
+  dist_arg ga = {NULL, &g};
+  const dist_tensor *outs[1] = {z};
+  tape_step(t, "backward", z ? dist_tape_backward(tape, outs, &ga, 1) : -1);
+  data = NULL;
+  rc = dist_tape_grad_local(tape, "x", -1, &data, &bytes, NULL);
+  read_into(t, "x's gradient", rc, data, bytes, t->x_grad, &t->x_grad_bytes);
+  dist_tensor_free(y);
+  dist_tensor_free(z);
+}
+
+static void *tape_main(void *arg) {
+  tape_trainer *t = arg;
+  for (int i = 0; i < 4; i++) {
+    t->x[i] = (float)(10 * t->rank + i + 1);
+    t->z_grad[i] = (float)(100 * (t->rank + 1) + i);
+  }
+  dist_tape *tape = NULL;
+  if (tape_step(t, "tape", dist_tape_new(t->c, &tape)) == 0) tape_body(t, tape);
+  dist_tape_free(tape);
+  t->sum = t->rank + 1;
+  tape_step(t, "all_reduce", dist_all_reduce(t->c, &t->sum, 1, DIST_INT32, DIST_REDUCE_SUM,
+                                             NULL, 0));
+  return NULL;
+}
+
+/* Before, rank 2 was told "not in the group" by the tape's scatter, had
+ * no z to backpropagate from, and was one op id behind the others. */
+Test(outside, the_tapes_exchanges_and_their_backward_are_no_ops_outside_the_group,
+     .timeout = 120, .fini = stop_cluster) {
+  harness_start(&cluster, 3, NULL);
+  tape_trainer tr[3];
+  pthread_t th[3];
+  for (int r = 0; r < 3; r++) {
+    tr[r] = (tape_trainer){.c = harness_spmd_client(&cluster, r, "outside-tape"), .rank = r};
+    pthread_create(&th[r], NULL, tape_main, &tr[r]);
+  }
+  for (int r = 0; r < 3; r++) pthread_join(th[r], NULL);
+  for (int r = 0; r < 3; r++) {
+    const tape_trainer *t = &tr[r];
+    size_t want = r < 2 ? sizeof t->x : 0;
+    cr_log_info("rank %d: %s", r, t->msg);
+    cr_expect_eq(t->failed, 0, "rank %d: %s", r, t->msg);
+    cr_expect(t->y_rows == (r < 2 ? 4 : 0) && t->z_rows == t->y_rows,
+              "rank %d: y %lld rows, z %lld", r, (long long)t->y_rows, (long long)t->z_rows);
+    cr_expect(t->z_bytes == want && t->x_grad_bytes == want,
+              "rank %d: z %zu bytes, x's gradient %zu", r, t->z_bytes, t->x_grad_bytes);
+    if (r < 2) {
+      cr_expect_eq(memcmp(t->z, t->x, sizeof t->x), 0, "rank %d: z is not x", r);
+      cr_expect_eq(memcmp(t->x_grad, t->z_grad, sizeof t->x), 0,
+                   "rank %d: x's gradient is not the one given for z", r);
+    }
+    cr_expect_eq(t->sum, 6, "rank %d: 1 + 2 + 3 is %d", r, (int)t->sum);
+    dist_close(tr[r].c);
+  }
+  dist_tensor *h = NULL;
+  cr_expect_eq(harness_open_on(&cluster, 2, "y", &h), DIST_ENOTFOUND, "rank 2's daemon holds y");
+  dist_tensor_free(h);
+}
+
+/* ------------------------------------------ an expert layer */
+
+/* One of three trainers running an expert layer over the group {0, 1}:
+ * create, configure, forward, backward, step, forward again. Rank 2 runs
+ * it too in the run with the outsider, and not at all in the reference
+ * run; the members' results must be the same in both. */
+typedef struct moe_trainer {
+  dist_client *c;
+  int rank, with_outsider;
+  const char *layer;
+  int failed;
+  float y1[4], gx[4], y2[4], gate_grad[4];
+  int32_t sum;
+  char msg[1200];
+} moe_trainer;
+
+static int moe_step(moe_trainer *t, const char *what, int rc) {
+  NOTE(t, what, rc);
+  if (rc && !t->failed) t->failed = rc;
+  return rc;
+}
+
+/* out (4 floats) from a pass's one row array, freed. */
+static void take_rows(moe_trainer *t, void *rows, float *out) {
+  if (rows && t->rank < 2) memcpy(out, rows, 4 * sizeof *out);
+  free(rows);
+}
+
+static void moe_passes(moe_trainer *t, dist_moe_layer *l) {
+  float x[4] = {0.5f + (float)t->rank, -1, 0.25f, 2 - (float)t->rank};
+  static const float gate_w[4] = {0.3f, -0.2f, 0.1f, 0.4f}, grad_y[4] = {1, -0.5f, 0.25f, 2};
+  const void *xs[1] = {x}, *gys[1] = {grad_y};
+  int64_t tokens[1] = {t->rank < 2 ? 2 : 0};
+  void *y[1] = {NULL}, *gx[1] = {NULL};
+  dist_param_opts po = DIST_PARAM_OPTS_INIT;
+  po.lr = 0.5;
+  moe_step(t, "configure", dist_moe_layer_configure_optimizer(t->c, l, &po));
+  moe_step(t, "forward", dist_moe_layer_forward(t->c, l, xs, tokens, gate_w, y));
+  take_rows(t, y[0], t->y1);
+  for (int i = 0; i < 4; i++) t->gate_grad[i] = -1; /* an outsider's is zeroed */
+  moe_step(t, "backward", dist_moe_layer_backward(t->c, l, gys, gx, t->gate_grad));
+  take_rows(t, gx[0], t->gx);
+  moe_step(t, "step", dist_moe_layer_step(t->c, l));
+  y[0] = NULL;
+  moe_step(t, "forward after the step", dist_moe_layer_forward(t->c, l, xs, tokens, gate_w, y));
+  take_rows(t, y[0], t->y2);
+  moe_step(t, "release", dist_moe_layer_release(t->c, l));
+}
+
+static void *moe_main(void *arg) {
+  moe_trainer *t = arg;
+  static const int pair[2] = {0, 1};
+  static const float w1[6] = {0.1f, -0.3f, 0.2f, 0.5f, -0.1f, 0.3f};
+  static const float w2[6] = {0.4f, 0.1f, -0.2f, 0.3f, 0.2f, -0.5f};
+  dist_expert_weights w = {w1, NULL, w2, NULL};
+  dist_moe_layer_opts o = DIST_MOE_LAYER_OPTS_INIT;
+  o.d_model = 2, o.d_hidden = 3, o.group = pair, o.group_size = 2, o.weights = &w;
+  dist_moe_layer *l = NULL;
+  if (moe_step(t, "create", dist_moe_layer_create(t->c, t->layer, &o, &l)) == 0)
+    moe_passes(t, l);
+  dist_moe_layer_free(l);
+  t->sum = t->rank + 1;
+  moe_step(t, "all_reduce", dist_all_reduce(t->c, &t->sum, 1, DIST_INT32, DIST_REDUCE_SUM,
+                                            t->with_outsider ? NULL : pair,
+                                            t->with_outsider ? 0 : 2));
+  return NULL;
+}
+
+/* Runs the layer on ranks 0 and 1, and on 2 when with_outsider. */
+static void run_moe(moe_trainer *tr, const char *layer, int with_outsider) {
+  int n = with_outsider ? 3 : 2;
+  pthread_t th[3];
+  for (int r = 0; r < n; r++) {
+    tr[r] = (moe_trainer){.c = harness_spmd_client(&cluster, r, layer), .rank = r,
+                          .with_outsider = with_outsider, .layer = layer};
+    pthread_create(&th[r], NULL, moe_main, &tr[r]);
+  }
+  for (int r = 0; r < n; r++) pthread_join(th[r], NULL);
+  for (int r = 0; r < n; r++) {
+    cr_log_info("%s, rank %d: %s", layer, r, tr[r].msg);
+    cr_expect_eq(tr[r].failed, 0, "%s, rank %d: %s", layer, r, tr[r].msg);
+    cr_expect_eq(tr[r].sum, with_outsider ? 6 : 3, "%s, rank %d: the sum is %d", layer, r,
+                 (int)tr[r].sum);
+    dist_close(tr[r].c);
+  }
+}
+
+/* Before, rank 2's creation was refused (EINVAL), it had no layer to run
+ * passes with, and a program running the layer on every trainer stopped
+ * there. */
+Test(outside, an_expert_layer_is_empty_outside_its_group, .timeout = 120,
+     .fini = stop_cluster) {
+  harness_start(&cluster, 3, NULL);
+  moe_trainer ref[3], tr[3];
+  run_moe(ref, "moe-ref", 0);
+  run_moe(tr, "moe-all", 1);
+  for (int r = 0; r < 2; r++) {
+    cr_expect_eq(memcmp(tr[r].y1, ref[r].y1, sizeof tr[r].y1), 0, "rank %d's y", r);
+    cr_expect_eq(memcmp(tr[r].gx, ref[r].gx, sizeof tr[r].gx), 0, "rank %d's grad x", r);
+    cr_expect_eq(memcmp(tr[r].gate_grad, ref[r].gate_grad, sizeof tr[r].gate_grad), 0,
+                 "rank %d's gate gradient", r);
+    cr_expect_eq(memcmp(tr[r].y2, ref[r].y2, sizeof tr[r].y2), 0, "rank %d's y after the step",
+                 r);
+    cr_expect_neq(memcmp(tr[r].y2, tr[r].y1, sizeof tr[r].y1), 0, "rank %d: the step changed "
+                  "nothing", r);
+  }
+  static const float zero[4] = {0};
+  cr_expect_eq(memcmp(tr[2].gate_grad, zero, sizeof zero), 0, "rank 2's gate gradient");
+  dist_tensor *h = NULL;
+  cr_expect_eq(harness_open_on(&cluster, 2, "moe-all.expert0.w1", &h), DIST_ENOTFOUND,
+               "rank 2's daemon holds an expert");
+  dist_tensor_free(h);
+}
+
+/* ------------------------------------------ a delete by handle */
+
+typedef struct delete_trainer {
+  dist_client *c;
+  int rank;
+  int put_rc, delete_rc, reduce_rc;
+  int32_t sum;
+  char msg[600];
+} delete_trainer;
+
+static void *delete_main(void *arg) {
+  delete_trainer *t = arg;
+  static const float v[4] = {1, 2, 3, 4};
+  dist_mesh *mesh = NULL;
+  dist_mesh_from_string("[0,1]", NULL, &mesh);
+  dist_placement p = DIST_SHARD_DIM(0);
+  dist_tensor *w = NULL;
+  t->put_rc = dist_shard_tensor(t->c, "w", v, DIST_FLOAT32, 1, (int64_t[]){4}, mesh, &p, &w);
+  NOTE(t, "put", t->put_rc);
+  t->delete_rc = w ? dist_tensor_delete_handle(t->c, w) : -1;
+  NOTE(t, "delete", t->delete_rc);
+  t->sum = t->rank + 1;
+  t->reduce_rc = dist_all_reduce(t->c, &t->sum, 1, DIST_INT32, DIST_REDUCE_SUM, NULL, 0);
+  NOTE(t, "all_reduce", t->reduce_rc);
+  dist_tensor_free(w);
+  dist_mesh_free(mesh);
+  return NULL;
+}
+
+/* Every trainer deletes w by its handle: the members' pieces go, and the
+ * outsider's (none) is a no-op success, where by name it is ENOTFOUND. */
+Test(outside, a_delete_by_an_outsiders_handle_is_a_no_op_success, .timeout = 120,
+     .fini = stop_cluster) {
+  harness_start(&cluster, 3, NULL);
+  delete_trainer tr[3];
+  pthread_t th[3];
+  for (int r = 0; r < 3; r++) {
+    tr[r] = (delete_trainer){.c = harness_spmd_client(&cluster, r, "outside-delete"), .rank = r};
+    pthread_create(&th[r], NULL, delete_main, &tr[r]);
+  }
+  for (int r = 0; r < 3; r++) pthread_join(th[r], NULL);
+  for (int r = 0; r < 3; r++) {
+    cr_log_info("rank %d: %s", r, tr[r].msg);
+    cr_expect(tr[r].put_rc == 0 && tr[r].delete_rc == 0 && tr[r].reduce_rc == 0, "rank %d: %s",
+              r, tr[r].msg);
+    cr_expect_eq(tr[r].sum, 6, "rank %d: 1 + 2 + 3 is %d", r, (int)tr[r].sum);
+    dist_close(tr[r].c);
+    dist_tensor *h = NULL;
+    cr_expect_eq(harness_open_on(&cluster, r, "w", &h), DIST_ENOTFOUND, "rank %d holds w", r);
+    dist_tensor_free(h);
+  }
 }
