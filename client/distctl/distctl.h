@@ -86,6 +86,10 @@ const char *distctl_opt(int argc, char **argv, int *i, const char *name);
  * refused naming it rather than the last one silently winning. */
 int distctl_opt_once(const distctl_command *cmd, int argc, char **argv, int *i,
                      const char *name, const char **slot);
+/* Arguments that may hold only `option` (once): its value in *text, or
+ * NULL when not given. 0, or 2 after a usage error. */
+int distctl_only_option(const distctl_command *cmd, int argc, char **argv,
+                        const char *option, const char **text);
 /* "distctl: <message>" for a call that failed on daemon `rank`, naming the
  * rank once: libdist's per-daemon errors already start with it (or, with
  * --endpoint, name the daemon by its address). Returns 1. */
@@ -132,9 +136,19 @@ extern const distctl_command distctl_cmd_status, distctl_cmd_peers,
 extern const distctl_command distctl_cmd_checkpoint_save,
     distctl_cmd_checkpoint_restore;
 
-/* cmd_inspect.c */
+/* cmd_ops.c, cmd_experts.c, cmd_metrics.c, cmd_top.c */
 extern const distctl_command distctl_cmd_ops, distctl_cmd_experts, distctl_cmd_metrics,
     distctl_cmd_top;
+
+/* http_get.c: the daemon's HTTP address (Info's http_address) as host and
+ * port, with a wildcard host replaced by the host its gRPC endpoint was
+ * reached at; 0, or -1 when it is not HOST:PORT. */
+int distctl_http_target(dist_client *c, int rank, const char *http, char *host, size_t hlen,
+                        char *port, size_t plen);
+/* GET path over HTTP/1.0, each step within timeout_ms; *body is the
+ * malloc'd body of a 200 reply. 0, or -1 with why said in why. */
+int distctl_http_get(const char *host, const char *port, const char *path, long timeout_ms,
+                     char **body, char *why, size_t wlen);
 
 /* cmd_params.c */
 extern const distctl_command distctl_cmd_params, distctl_cmd_param_tune;

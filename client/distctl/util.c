@@ -110,6 +110,16 @@ int distctl_opt_once(const distctl_command *cmd, int argc, char **argv, int *i,
   return 1;
 }
 
+int distctl_only_option(const distctl_command *cmd, int argc, char **argv,
+                        const char *option, const char **text) {
+  for (int i = 0; i < argc; i++) {
+    int taken = distctl_opt_once(cmd, argc, argv, &i, option, text);
+    if (taken == 2) return 2;
+    if (!taken) return distctl_usage(cmd, "unknown argument '%s'", argv[i]);
+  }
+  return 0;
+}
+
 json_t *distctl_rank_value(int rank) { return rank >= 0 ? json_integer(rank) : json_null(); }
 
 json_t *distctl_rank_json(dist_client *c, int pos) {

@@ -1,0 +1,228 @@
+/* distctl top: a refreshing per-rank view built from Info. A daemon that
+ * does not answer is listed with the reason and makes the exit status 1;
+ * the others are still shown. */
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "distctl.h"
+
+typedef struct sample {
+  int ok;
+  int rank; /* the daemon's own; -1: a daemon of --endpoint that did not say */
+  char error[256];
+  dist_daemon_info info;
+  uint64_t sent, received; /* summed over peers */
+  double at;               /* CLOCK_MONOTONIC seconds */
+  dist_client *from;       /* asked at its position 0 */
+  char named[24];          /* how its errors start: "rank R: ", or "" */
+} sample;
+
+static double mono(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* One rank's Info, in a thread of its own: its client is its own too. */
+static void *sample_one(void *arg) {
+  sample *s = arg;
+  s->ok = s->from && dist_info(s->from, 0, &s->info) == 0;
+  s->at = mono();
+  if (!s->ok)
+    snprintf(s->error, sizeof s->error, "%s%s", s->named,
+             s->from ? dist_errmsg(s->from) : "cannot connect");
+  for (int p = 0; s->ok && p < s->info.npeers; p++) {
+    s->sent += s->info.peers[p].bytes_sent;
+    s->received += s->info.peers[p].bytes_received;
+  }
+  return NULL;
+}
+
+/* A client of each daemon of c, so that a sample asks them all at once:
+ * a rank that does not answer holds up a sample by one timeout, not one
+ * for each such rank. A client of one daemon (--endpoint) is its own. */
+static dist_client **clients_of_each(const distctl_global *g, dist_client *c, int n) {
+  dist_client **one = calloc((size_t)n, sizeof *one);
+  for (int r = 0; r < n && n == 1; r++) one[r] = c;
+  for (int r = 0; r < n && n > 1; r++) {
+    distctl_global each = *g;
+    each.cluster = NULL, each.endpoint = dist_endpoint(c, r);
+    one[r] = distctl_connect(&each);
+  }
+  return one;
+}
+
+static void close_each(dist_client **one, int n) {
+  for (int r = 0; r < n && n > 1; r++) dist_close(one[r]);
+  free(one);
+}
+
+static void take_samples(dist_client *c, dist_client **one, sample *s, int n) {
+  pthread_t *threads = calloc((size_t)n, sizeof *threads);
+  int *started = calloc((size_t)n, sizeof *started);
+  for (int r = 0; r < n; r++) {
+    dist_info_free(&s[r].info);
+    memset(&s[r], 0, sizeof s[r]);
+    s[r].from = one[r];
+    /* A client of one daemon names it by its address: say which rank. */
+    if (one[r] != c) snprintf(s[r].named, sizeof s[r].named, "rank %d: ", r);
+    started[r] = pthread_create(&threads[r], NULL, sample_one, &s[r]) == 0;
+    if (!started[r]) sample_one(&s[r]); /* out of threads: asked in turn */
+  }
+  for (int r = 0; r < n; r++) {
+    if (started[r]) pthread_join(threads[r], NULL);
+    s[r].rank = s[r].ok ? s[r].info.rank : dist_daemon_rank(c, r);
+  }
+  free(threads);
+  free(started);
+}
+
+/* Bytes per second between two samples of one rank; -1 when unknown. */
+static double rate(const sample *now, const sample *before, int sent) {
+  if (!before || !before->ok || !now->ok || now->at <= before->at) return -1;
+  uint64_t a = sent ? now->sent : now->received, b = sent ? before->sent : before->received;
+  return a >= b ? (double)(a - b) / (now->at - before->at) : 0;
+}
+
+static int peers_up(const dist_daemon_info *i) {
+  int up = 0;
+  for (int p = 0; p < i->npeers; p++) up += i->peers[p].connected;
+  return up;
+}
+
+static void format_rate(double r, char *buf, size_t len) {
+  if (r < 0) {
+    snprintf(buf, len, "-");
+    return;
+  }
+  dist_format_bytes((uint64_t)r, buf, len);
+  strncat(buf, "/s", len - strlen(buf) - 1);
+}
+
+static void print_top(const sample *now, const sample *before, int n, int iteration,
+                      long iterations, double interval) {
+  int up = 0, ops = 0;
+  for (int r = 0; r < n; r++)
+    if (now[r].ok) up++, ops += (int)now[r].info.ops_in_flight;
+  printf("distd top: %d ranks, %d up, %d ops in flight; refresh %.1fs", n, up, ops, interval);
+  if (iterations) printf(" (%d/%ld)", iteration, iterations);
+  printf("\n\n%-5s %-9s %-10s %9s %11s %8s %5s %6s %13s %13s\n", "RANK", "STATE", "VERSION",
+         "UPTIME", "MEMORY", "TENSORS", "OPS", "PEERS", "SENT", "RECEIVED");
+  for (int r = 0; r < n; r++) {
+    if (!now[r].ok) {
+      distctl_print_down_row(now[r].rank, NULL, now[r].error);
+      continue;
+    }
+    const dist_daemon_info *i = &now[r].info;
+    char mem[32], sent[40], recv[40], peers[16];
+    dist_format_bytes(i->tensor_bytes, mem, sizeof mem);
+    format_rate(rate(&now[r], before ? &before[r] : NULL, 1), sent, sizeof sent);
+    format_rate(rate(&now[r], before ? &before[r] : NULL, 0), recv, sizeof recv);
+    snprintf(peers, sizeof peers, "%d/%d", peers_up(i), i->npeers);
+    printf("%-5d %-9s %-10s %8.0fs %11s %8u %5u %6s %13s %13s\n", now[r].rank,
+           peers_up(i) == i->npeers ? "healthy" : "degraded", i->version, i->uptime_seconds,
+           mem, i->tensor_count, i->ops_in_flight, peers, sent, recv);
+  }
+  fflush(stdout);
+}
+
+static json_t *top_json(const sample *now, const sample *before, int n) {
+  json_t *ranks = json_array();
+  int down = 0;
+  for (int r = 0; r < n; r++) {
+    down += !now[r].ok;
+    const dist_daemon_info *i = &now[r].info;
+    json_array_append_new(
+        ranks, !now[r].ok
+                   ? json_pack("{s:o,s:s,s:s}", "rank", distctl_rank_value(now[r].rank), "state",
+                               "down", "error", now[r].error)
+                   : json_pack("{s:i,s:s,s:s,s:f,s:I,s:I,s:i,s:i,s:i,s:i,s:f,s:f}", "rank",
+                               now[r].rank,
+                               "state", peers_up(i) == i->npeers ? "healthy" : "degraded",
+                               "version", i->version, "uptime_seconds", i->uptime_seconds,
+                               "tensor_bytes", (json_int_t)i->tensor_bytes,
+                               "tensor_bytes_limit", (json_int_t)i->tensor_bytes_limit,
+                               "tensors", (int)i->tensor_count, "ops_in_flight",
+                               (int)i->ops_in_flight, "peers_connected", peers_up(i), "peers",
+                               i->npeers, "sent_bytes_per_second",
+                               fmax(0, rate(&now[r], &before[r], 1)),
+                               "received_bytes_per_second",
+                               fmax(0, rate(&now[r], &before[r], 0))));
+  }
+  return json_pack("{s:i,s:i,s:o}", "world_size", n, "down", down, "ranks", ranks);
+}
+
+static void pause_seconds(double s) {
+  struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+  while (nanosleep(&ts, &ts) != 0) {
+  }
+}
+
+/* --iterations and --interval (each once); 0, or 2 after a usage error. */
+static int parse_top_args(int argc, char **argv, long *iterations, double *interval) {
+  const distctl_command *cmd = &distctl_cmd_top;
+  const char *its = NULL, *every = NULL;
+  for (int i = 0; i < argc; i++) {
+    int taken = distctl_opt_once(cmd, argc, argv, &i, "--iterations", &its);
+    if (!taken) taken = distctl_opt_once(cmd, argc, argv, &i, "--interval", &every);
+    if (taken == 2) return 2;
+    if (!taken) return distctl_usage(cmd, "unknown argument '%s'", argv[i]);
+  }
+  if (its && distctl_number_opt(cmd, "--iterations", its, 0, 1L << 30, iterations)) return 2;
+  char *end = NULL;
+  if (every) *interval = strtod(every, &end);
+  if (every && (!*every || *end || !(*interval >= 0.05 && *interval <= 3600)))
+    return distctl_usage(cmd, "bad --interval '%s': seconds, from 0.05 to 3600", every);
+  return 0;
+}
+
+static int run_top(const distctl_global *g, int argc, char **argv) {
+  long iterations = 0;
+  double interval = 1.0;
+  if (parse_top_args(argc, argv, &iterations, &interval) != 0) return 2;
+  dist_client *c = distctl_connect(g);
+  if (!c) return 1;
+  int n = dist_world_size(c), tty = isatty(STDOUT_FILENO), rc = 0;
+  sample *now = calloc((size_t)n, sizeof *now), *before = calloc((size_t)n, sizeof *before);
+  dist_client **one = clients_of_each(g, c, n);
+  take_samples(c, one, now, n);
+  if (g->json) { /* one snapshot: rates over one interval */
+    sample *t = before;
+    before = now, now = t;
+    pause_seconds(interval);
+    take_samples(c, one, now, n);
+    distctl_print_json(top_json(now, before, n));
+  }
+  for (int it = 1; !g->json; it++) {
+    if (tty) printf("\033[H\033[2J"); /* clear and home, like top */
+    else if (it > 1) printf("\n");
+    print_top(now, it > 1 ? before : NULL, n, it, iterations, interval);
+    if (iterations && it >= iterations) break;
+    pause_seconds(interval);
+    sample *t = before;
+    before = now, now = t;
+    take_samples(c, one, now, n);
+  }
+  for (int r = 0; r < n; r++) {
+    if (!now[r].ok) rc = 1;
+    dist_info_free(&now[r].info);
+    dist_info_free(&before[r].info);
+  }
+  free(now);
+  free(before);
+  close_each(one, n);
+  dist_close(c);
+  return rc;
+}
+
+const distctl_command distctl_cmd_top = {
+    "top", "[--iterations N] [--interval SECONDS]",
+    "a live view of every rank, refreshed like top, its ranks asked at once; the byte\n"
+    "      rates need two samples: the first refresh has none, and --json (one snapshot)\n"
+    "      takes two, --interval apart, each waiting at most --timeout for a rank",
+    run_top};
