@@ -2,6 +2,7 @@
  * them. A daemon that does not answer is listed with the reason and makes
  * the exit status 1; the others are still shown. */
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "distctl.h"
 
@@ -29,28 +30,34 @@ static void print_experts(int r, const dist_experts_report *rep) {
   }
 }
 
+static int ask_experts(dist_client *one, void *slot, void *arg) {
+  (void)arg;
+  return dist_experts(one, 0, slot);
+}
+
 static int run_experts(const distctl_global *g, int argc, char **argv) {
   if (argc > 0) return distctl_usage(&distctl_cmd_experts, "unexpected argument '%s'", argv[0]);
   dist_client *c = distctl_connect(g);
   if (!c) return 1;
   int n = dist_world_size(c), down = 0;
+  dist_experts_report *rep = calloc((size_t)n + 1, sizeof *rep);
+  distctl_answer *a = distctl_ask_each(g, c, ask_experts, NULL, rep, sizeof *rep, &down);
   json_t *ranks = json_array();
   if (!g->json)
     printf("%-5s %-7s %8s %12s %14s %14s\n", "RANK", "EXPERT", "STEPS", "TOKENS_LAST",
            "TOKENS_RECENT", "TOKENS_TOTAL");
   for (int r = 0; r < n; r++) {
-    dist_experts_report rep;
-    if (dist_experts(c, r, &rep) != 0) {
-      down++;
-      distctl_rank_fail(c, r);
-      json_array_append_new(ranks, distctl_down_json(c, r, dist_errmsg(c)));
-      if (!g->json) distctl_print_down_row(dist_daemon_rank(c, r), NULL, dist_errmsg(c));
+    if (!a[r].ok) {
+      json_array_append_new(ranks, distctl_rank_down(c, r, a[r].error));
+      if (!g->json) distctl_print_down_row(dist_daemon_rank(c, r), NULL, a[r].error);
       continue;
     }
-    json_array_append_new(ranks, experts_rank_json(&rep));
-    if (!g->json) print_experts(rep.rank, &rep);
-    dist_experts_report_free(&rep);
+    json_array_append_new(ranks, experts_rank_json(&rep[r]));
+    if (!g->json) print_experts(rep[r].rank, &rep[r]);
+    dist_experts_report_free(&rep[r]);
   }
+  free(a);
+  free(rep);
   if (g->json)
     distctl_print_json(json_pack("{s:i,s:i,s:o}", "world_size", n, "down", down, "ranks", ranks));
   else

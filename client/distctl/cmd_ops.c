@@ -83,6 +83,16 @@ static json_t *ops_rank_json(const dist_ops_report *rep) {
   return json_pack("{s:i,s:o,s:o}", "rank", rep->rank, "in_flight", in, "recent", recent);
 }
 
+/* arg: --recent, of which 0 asks for none here: the RPC's 0 means "all
+ * kept". */
+static int ask_ops(dist_client *one, void *slot, void *arg) {
+  long recent = *(const long *)arg;
+  dist_ops_report *rep = slot;
+  int rc = dist_ops(one, 0, recent ? (int)recent : 1, rep);
+  if (rc == 0 && !recent) rep->n_recent = 0;
+  return rc;
+}
+
 static int run_ops(const distctl_global *g, int argc, char **argv) {
   long recent = DEFAULT_RECENT;
   const char *text = NULL;
@@ -91,17 +101,16 @@ static int run_ops(const distctl_global *g, int argc, char **argv) {
   dist_client *c = distctl_connect(g);
   if (!c) return 1;
   int n = dist_world_size(c), down = 0;
-  dist_ops_report *rep = calloc((size_t)n, sizeof *rep);
-  int *ok = calloc((size_t)n, sizeof *ok);
+  dist_ops_report *rep = calloc((size_t)n + 1, sizeof *rep);
+  int *ok = calloc((size_t)n + 1, sizeof *ok);
   json_t *ranks = json_array();
+  distctl_answer *a = distctl_ask_each(g, c, ask_ops, &recent, rep, sizeof *rep, &down);
   for (int r = 0; r < n; r++) {
-    /* recent = 0 asks for none here: the RPC's 0 means "all kept". */
-    ok[r] = dist_ops(c, r, recent ? (int)recent : 1, &rep[r]) == 0;
-    if (ok[r] && !recent) rep[r].n_recent = 0;
-    if (!ok[r]) down++, distctl_rank_fail(c, r);
+    ok[r] = a[r].ok;
     json_array_append_new(ranks, ok[r] ? ops_rank_json(&rep[r])
-                                       : distctl_down_json(c, r, dist_errmsg(c)));
+                                       : distctl_rank_down(c, r, a[r].error));
   }
+  free(a);
   if (g->json)
     distctl_print_json(json_pack("{s:i,s:i,s:o}", "world_size", n, "down", down, "ranks", ranks));
   else {

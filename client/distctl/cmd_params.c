@@ -86,6 +86,11 @@ static json_t *disagreements(const dist_params_report *rep, const int *ok, int n
   return names;
 }
 
+static int ask_params(dist_client *one, void *slot, void *arg) {
+  (void)arg;
+  return dist_params(one, 0, slot);
+}
+
 static int run_params(const distctl_global *g, int argc, char **argv) {
   if (argc > 0) return distctl_usage(&distctl_cmd_params, "unexpected argument '%s'", argv[0]);
   dist_client *c = distctl_connect(g);
@@ -97,18 +102,18 @@ static int run_params(const distctl_global *g, int argc, char **argv) {
   if (!g->json)
     printf("%-5s %-20s %-9s %-10s %-6s %8s %8s %8s %10s %8s\n", "RANK", "NAME", "OPTIMIZER",
            "LR", "MODE", "TRAINERS", "STEP", "PENDING", "STATE", "VERSION");
+  distctl_answer *a = distctl_ask_each(g, c, ask_params, NULL, rep, sizeof *rep, &down);
   for (int r = 0; r < n; r++) {
-    if (dist_params(c, r, &rep[r]) != 0) {
-      down++;
-      distctl_rank_fail(c, r);
-      json_array_append_new(ranks, distctl_down_json(c, r, dist_errmsg(c)));
-      if (!g->json) distctl_print_down_row(dist_daemon_rank(c, r), NULL, dist_errmsg(c));
+    if (!a[r].ok) {
+      json_array_append_new(ranks, distctl_rank_down(c, r, a[r].error));
+      if (!g->json) distctl_print_down_row(dist_daemon_rank(c, r), NULL, a[r].error);
       continue;
     }
     ok[r] = 1;
     json_array_append_new(ranks, rank_json(&rep[r]));
     if (!g->json) print_rank(&rep[r]);
   }
+  free(a);
   json_t *differ = disagreements(rep, ok, n);
   int bad = down || json_array_size(differ) > 0;
   if (g->json)

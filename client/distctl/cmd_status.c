@@ -1,6 +1,6 @@
-/* distctl status / distctl peers: one Info call per daemon, concurrently
- * bounded by the client deadline. A daemon that does not answer is shown as
- * down and makes the exit status 1. */
+/* distctl status / distctl peers: one Info call per daemon, all at once
+ * (distctl_ask_each), each bounded by the client deadline. A daemon that
+ * does not answer is shown as down and makes the exit status 1. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -12,17 +12,20 @@ typedef struct daemon_state {
   dist_daemon_info info;
 } daemon_state;
 
-static daemon_state *ask_all(dist_client *c, int *down) {
+static int ask_info(dist_client *one, void *slot, void *arg) {
+  (void)arg;
+  return dist_info(one, 0, &((daemon_state *)slot)->info);
+}
+
+static daemon_state *ask_all(const distctl_global *g, dist_client *c, int *down) {
   int n = dist_world_size(c);
-  daemon_state *st = calloc((size_t)n, sizeof *st);
-  *down = 0;
+  daemon_state *st = calloc((size_t)n + 1, sizeof *st);
+  distctl_answer *a = distctl_ask_each(g, c, ask_info, NULL, st, sizeof *st, down);
   for (int r = 0; r < n; r++) {
-    st[r].ok = dist_info(c, r, &st[r].info) == 0;
-    if (!st[r].ok) {
-      snprintf(st[r].error, sizeof st[r].error, "%s", dist_errmsg(c));
-      ++*down;
-    }
+    st[r].ok = a[r].ok;
+    snprintf(st[r].error, sizeof st[r].error, "%s", a[r].error);
   }
+  free(a);
   return st;
 }
 
@@ -95,7 +98,7 @@ static int run_status(const distctl_global *g, int argc, char **argv) {
   dist_client *c = distctl_connect(g);
   if (!c) return 1;
   int n = dist_world_size(c), down = 0;
-  daemon_state *st = ask_all(c, &down);
+  daemon_state *st = ask_all(g, c, &down);
   if (g->json) {
     json_t *ranks = json_array();
     for (int r = 0; r < n; r++) json_array_append_new(ranks, daemon_json(c, r, &st[r]));
@@ -115,7 +118,7 @@ static int run_peers(const distctl_global *g, int argc, char **argv) {
   dist_client *c = distctl_connect(g);
   if (!c) return 1;
   int n = dist_world_size(c), down = 0;
-  daemon_state *st = ask_all(c, &down);
+  daemon_state *st = ask_all(g, c, &down);
   json_t *pairs = json_array();
   if (!g->json)
     printf("%-5s %-5s %-10s %10s %12s %12s %-10s %s\n", "FROM", "TO", "STATE", "RTT",

@@ -2,7 +2,6 @@
  * does not answer is listed with the reason and makes the exit status 1;
  * the others are still shown. */
 #include <math.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,12 +13,10 @@
 typedef struct sample {
   int ok;
   int rank; /* the daemon's own; -1: a daemon of --endpoint that did not say */
-  char error[256];
+  char error[512];
   dist_daemon_info info;
   uint64_t sent, received; /* summed over peers */
   double at;               /* CLOCK_MONOTONIC seconds */
-  dist_client *from;       /* asked at its position 0 */
-  char named[24];          /* how its errors start: "rank R: ", or "" */
 } sample;
 
 static double mono(void) {
@@ -28,58 +25,32 @@ static double mono(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* One rank's Info, in a thread of its own: its client is its own too. */
-static void *sample_one(void *arg) {
-  sample *s = arg;
-  s->ok = s->from && dist_info(s->from, 0, &s->info) == 0;
+/* One rank's Info, timed when it came. */
+static int sample_one(dist_client *one, void *slot, void *arg) {
+  sample *s = slot;
+  (void)arg;
+  int rc = dist_info(one, 0, &s->info);
   s->at = mono();
-  if (!s->ok)
-    snprintf(s->error, sizeof s->error, "%s%s", s->named,
-             s->from ? dist_errmsg(s->from) : "cannot connect");
-  for (int p = 0; s->ok && p < s->info.npeers; p++) {
+  for (int p = 0; rc == 0 && p < s->info.npeers; p++) {
     s->sent += s->info.peers[p].bytes_sent;
     s->received += s->info.peers[p].bytes_received;
   }
-  return NULL;
+  return rc;
 }
 
-/* A client of each daemon of c, so that a sample asks them all at once:
- * a rank that does not answer holds up a sample by one timeout, not one
- * for each such rank. A client of one daemon (--endpoint) is its own. */
-static dist_client **clients_of_each(const distctl_global *g, dist_client *c, int n) {
-  dist_client **one = calloc((size_t)n, sizeof *one);
-  for (int r = 0; r < n && n == 1; r++) one[r] = c;
-  for (int r = 0; r < n && n > 1; r++) {
-    distctl_global each = *g;
-    each.cluster = NULL, each.endpoint = dist_endpoint(c, r);
-    one[r] = distctl_connect(&each);
-  }
-  return one;
-}
-
-static void close_each(dist_client **one, int n) {
-  for (int r = 0; r < n && n > 1; r++) dist_close(one[r]);
-  free(one);
-}
-
-static void take_samples(dist_client *c, dist_client **one, sample *s, int n) {
-  pthread_t *threads = calloc((size_t)n, sizeof *threads);
-  int *started = calloc((size_t)n, sizeof *started);
+static void take_samples(dist_client *c, const distctl_ranks *each, sample *s, int n) {
+  distctl_answer *a = calloc((size_t)n + 1, sizeof *a);
   for (int r = 0; r < n; r++) {
     dist_info_free(&s[r].info);
     memset(&s[r], 0, sizeof s[r]);
-    s[r].from = one[r];
-    /* A client of one daemon names it by its address: say which rank. */
-    if (one[r] != c) snprintf(s[r].named, sizeof s[r].named, "rank %d: ", r);
-    started[r] = pthread_create(&threads[r], NULL, sample_one, &s[r]) == 0;
-    if (!started[r]) sample_one(&s[r]); /* out of threads: asked in turn */
   }
+  distctl_ranks_ask(each, sample_one, NULL, s, sizeof *s, a);
   for (int r = 0; r < n; r++) {
-    if (started[r]) pthread_join(threads[r], NULL);
+    s[r].ok = a[r].ok;
+    snprintf(s[r].error, sizeof s[r].error, "%s", a[r].error);
     s[r].rank = s[r].ok ? s[r].info.rank : dist_daemon_rank(c, r);
   }
-  free(threads);
-  free(started);
+  free(a);
 }
 
 /* Bytes per second between two samples of one rank; -1 when unknown. */
@@ -189,13 +160,13 @@ static int run_top(const distctl_global *g, int argc, char **argv) {
   if (!c) return 1;
   int n = dist_world_size(c), tty = isatty(STDOUT_FILENO), rc = 0;
   sample *now = calloc((size_t)n, sizeof *now), *before = calloc((size_t)n, sizeof *before);
-  dist_client **one = clients_of_each(g, c, n);
-  take_samples(c, one, now, n);
+  distctl_ranks *each = distctl_ranks_open(g, c);
+  take_samples(c, each, now, n);
   if (g->json) { /* one snapshot: rates over one interval */
     sample *t = before;
     before = now, now = t;
     pause_seconds(interval);
-    take_samples(c, one, now, n);
+    take_samples(c, each, now, n);
     distctl_print_json(top_json(now, before, n));
   }
   for (int it = 1; !g->json; it++) {
@@ -206,7 +177,7 @@ static int run_top(const distctl_global *g, int argc, char **argv) {
     pause_seconds(interval);
     sample *t = before;
     before = now, now = t;
-    take_samples(c, one, now, n);
+    take_samples(c, each, now, n);
   }
   for (int r = 0; r < n; r++) {
     if (!now[r].ok) rc = 1;
@@ -215,7 +186,7 @@ static int run_top(const distctl_global *g, int argc, char **argv) {
   }
   free(now);
   free(before);
-  close_each(one, n);
+  distctl_ranks_close(each);
   dist_close(c);
   return rc;
 }

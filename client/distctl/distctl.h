@@ -65,6 +65,9 @@ void distctl_print_json(json_t *j);
 void distctl_print_down_row(int rank, const char *endpoint, const char *error);
 /* A rank that did not answer, as the --json reports list it. */
 json_t *distctl_down_json(dist_client *c, int rank, const char *error);
+/* The rank at position `rank` did not answer (error: its distctl_answer's):
+ * says so on stderr (distctl_rank_fail) and returns its distctl_down_json. */
+json_t *distctl_rank_down(dist_client *c, int rank, const char *error);
 /* The rank of the daemon at position pos, as distctl shows it: the
  * daemon's own (dist_daemon_rank: with --endpoint, not the position 0),
  * or, for a daemon of --endpoint that did not say, null in JSON and "?"
@@ -139,6 +142,29 @@ extern const distctl_command distctl_cmd_checkpoint_save,
 /* cmd_ops.c, cmd_experts.c, cmd_metrics.c, cmd_top.c */
 extern const distctl_command distctl_cmd_ops, distctl_cmd_experts, distctl_cmd_metrics,
     distctl_cmd_top;
+
+/* ask_each.c: the one way an inspection verb asks every rank of a cluster:
+ * all at once, each within the client's timeout, so ranks that do not
+ * answer cost one timeout together rather than one each. */
+/* What one rank is asked: its daemon is at position 0 of `one`, a client
+ * of its own; fills *slot and returns 0, or libdist's error (with
+ * dist_errmsg(one) saying why). */
+typedef int (*distctl_ask_fn)(dist_client *one, void *slot, void *arg);
+typedef struct distctl_answer {
+  int ok;
+  char error[512]; /* why not, naming the rank as the cluster's client does */
+} distctl_answer;
+/* A client of each daemon of c, for asking them again and again (top). */
+typedef struct distctl_ranks distctl_ranks;
+distctl_ranks *distctl_ranks_open(const distctl_global *g, dist_client *c);
+void distctl_ranks_close(distctl_ranks *rk);
+/* ask(rank r's client, slots + r * slot_size, arg) for every rank at
+ * once; answers[r] says how rank r did. Returns how many did not answer. */
+int distctl_ranks_ask(const distctl_ranks *rk, distctl_ask_fn ask, void *arg, void *slots,
+                      size_t slot_size, distctl_answer *answers);
+/* Opens, asks once and closes: the answers (to free), *down set. */
+distctl_answer *distctl_ask_each(const distctl_global *g, dist_client *c, distctl_ask_fn ask,
+                                 void *arg, void *slots, size_t slot_size, int *down);
 
 /* http_get.c: the daemon's HTTP address (Info's http_address) as host and
  * port, with a wildcard host replaced by the host its gRPC endpoint was

@@ -27,8 +27,9 @@ int distctl_usage(const distctl_command *cmd, const char *fmt, ...) {
   return 2;
 }
 
-int distctl_rank_fail(dist_client *c, long rank) {
-  const char *msg = dist_errmsg(c), *at = dist_endpoint(c, (int)rank);
+/* distctl_rank_fail for the error msg of the call to `rank`. */
+static int rank_fail_with(dist_client *c, long rank, const char *msg) {
+  const char *at = dist_endpoint(c, (int)rank);
   char named[32];
   int n = snprintf(named, sizeof named, "rank %ld", rank);
   if (strncmp(msg, named, (size_t)n) == 0 && (msg[n] == ':' || msg[n] == ' '))
@@ -37,6 +38,10 @@ int distctl_rank_fail(dist_client *c, long rank) {
    * ("distd at HOST:PORT"): its position, 0, is not the daemon's rank. */
   if (at && dist_world_size(c) == 1 && strstr(msg, at)) return distctl_fail("%s", msg);
   return distctl_fail("%s: %s", named, msg);
+}
+
+int distctl_rank_fail(dist_client *c, long rank) {
+  return rank_fail_with(c, rank, dist_errmsg(c));
 }
 
 int distctl_rank_in_cluster(const distctl_command *cmd, dist_client *c, long rank) {
@@ -146,6 +151,11 @@ void distctl_print_down_row(int rank, const char *endpoint, const char *error) {
 json_t *distctl_down_json(dist_client *c, int rank, const char *error) {
   return json_pack("{s:o,s:s,s:s}", "rank", distctl_rank_json(c, rank), "endpoint",
                    dist_endpoint(c, rank), "error", error);
+}
+
+json_t *distctl_rank_down(dist_client *c, int rank, const char *error) {
+  rank_fail_with(c, rank, error);
+  return distctl_down_json(c, rank, error);
 }
 
 static const char *plural(int n) { return n == 1 ? "" : "s"; }

@@ -114,3 +114,17 @@ Test(inspect_down, top_waits_one_timeout_per_sample, .init = start_with_two_froz
   json_decref(j);
   free(out);
 }
+
+/* status, peers, ops, experts and params asked their ranks one after the
+ * other: with ranks 1 and 2 frozen each waited the timeout twice. Asked
+ * at once, they wait it once. */
+Test(inspect_down, every_verb_waits_one_timeout_for_all_ranks_down,
+     .init = start_with_two_frozen) {
+  const char *verbs[] = {"status", "peers", "ops", "experts", "params"};
+  double t, timeout = TIMEOUT_MS / 1e3;
+  for (size_t i = 0; i < sizeof verbs / sizeof verbs[0]; i++) {
+    free(distctl_down(verbs[i], &t));
+    cr_assert(t < 1.6 * timeout, "distctl %s took %.2f s with a timeout of %.1f s", verbs[i],
+              t, timeout);
+  }
+}
