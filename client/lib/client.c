@@ -376,6 +376,12 @@ const char *dist_endpoint(const dist_client *c, int rank) {
 
 uint64_t dist_next_op_id(dist_client *c) { return c->op_base + ++c->op_seq; }
 
+uint64_t dist_last_op_id(const dist_client *c) { return c->op_base + c->op_seq; }
+
+void dist_take_ids_through(dist_client *c, uint64_t last) {
+  while (dist_last_op_id(c) < last) dist_next_op_id(c);
+}
+
 int dist_targets(dist_client *c, const dist_mesh_desc *m, int *targets) {
   for (int i = 0; i < m->nranks; i++)
     if (m->ranks[i] >= c->n)

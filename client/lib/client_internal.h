@@ -147,6 +147,12 @@ int dist_shard_tensor_replacing(dist_client *c, const char *name, const void *da
 /* The next op id: identical across SPMD trainers that issue the same
  * sequence of collective operations. */
 uint64_t dist_next_op_id(dist_client *c);
+/* The last op id taken (the next one is past it). */
+uint64_t dist_last_op_id(const dist_client *c);
+/* Takes op ids until last is taken: an SPMD operation whose steps may
+ * stop early (refused, failed) still takes the ids every trainer counts
+ * for it, so that later operations stay in step. */
+void dist_take_ids_through(dist_client *c, uint64_t last);
 /* spmd_refuse.c: c->err's code, after an SPMD trainer refused the
  * operation under op_id of the daemons ranks[0..n) itself (c->err says
  * why): its daemon tells the others, so that their trainers fail at once

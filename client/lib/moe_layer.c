@@ -449,7 +449,7 @@ static int check_rows(dist_client *c, const dist_moe_layer *l, const char *func,
  * Paddle layer is for a rank outside its group, giving an empty out[0]
  * (malloc'd, to free() as a member's). It takes the ids the members'
  * pass takes, refused or not: nobody waits for it, so it cannot tell them
- * (nor learn that a member refused the pass, which then takes them one). */
+ * (nor learn that a member refused the pass: see whole_pass). */
 static int outsider_pass(dist_client *c, int ids, int refused, void **out) {
   for (int i = 0; i < ids; i++) dist_next_op_id(c);
   if (refused) return c->err.code;
@@ -458,24 +458,17 @@ static int outsider_pass(dist_client *c, int ids, int refused, void **out) {
   return 0;
 }
 
-int dist_moe_layer_forward(dist_client *c, dist_moe_layer *l,
-                           const void *const *x, const int64_t *tokens,
-                           const void *gate_w, void **y) {
-  if (!c) return dist_no_client(__func__);
-  if (DIST_NEED(c, l)) return c->err.code;
+/* A member's forward; it may stop before its last exchange (refused or
+ * failed), taking fewer than FORWARD_IDS. */
+static int member_forward(dist_client *c, dist_moe_layer *l, const void *const *x,
+                          const int64_t *tokens, const void *gate_w, void **y) {
   void *rows[DIST_MAX_MESH_RANKS] = {0}, *outs[DIST_MAX_MESH_RANKS] = {0};
-  l->forwarded = 0;
-  int bad = !x || !tokens || !gate_w || !y;
-  if (bad)
+  if (!x || !tokens || !gate_w || !y) {
     dist_client_fail(c, DIST_EINVAL, "MoE layer '%s': forward needs x, tokens, gate_w "
                      "and y", l->name);
-  if (l->n == 0) {
-    int rc = outsider_pass(c, FORWARD_IDS, bad, y);
-    l->forwarded = rc == 0;
-    return rc;
+    return refuse_pass(c, l);
   }
-  if (bad) return refuse_pass(c, l);
-  if (check_rows(c, l, __func__, "x", x, tokens)) return refuse_pass(c, l);
+  if (check_rows(c, l, "dist_moe_layer_forward", "x", x, tokens)) return refuse_pass(c, l);
   to_double(gate_w, l->dt, l->gate, (size_t)(l->dm * l->NE));
   int rc = route(c, l, x, tokens);
   for (int k = 0; rc == 0 && k < l->n; k++)
@@ -495,10 +488,39 @@ int dist_moe_layer_forward(dist_client *c, dist_moe_layer *l,
       free_rows(y, k);
       rc = dist_client_fail(c, DIST_ENOMEM, "out of memory");
     }
-  l->forwarded = rc == 0;
   free_rows(rows, l->n);
   free_rows(outs, l->n);
   return rc;
+}
+
+/* A pass takes its ids on every SPMD trainer whatever happens in it: the
+ * members stop at the same step when one refuses or fails (the others
+ * fail that step's exchange), but a trainer outside the group cannot
+ * learn of it, and takes them all. */
+static int whole_pass(dist_client *c, uint64_t first, int ids, int rc) {
+  if (c->spmd_rank >= 0) dist_take_ids_through(c, first + (uint64_t)ids - 1);
+  return rc;
+}
+
+int dist_moe_layer_forward(dist_client *c, dist_moe_layer *l,
+                           const void *const *x, const int64_t *tokens,
+                           const void *gate_w, void **y) {
+  if (!c) return dist_no_client(__func__);
+  if (DIST_NEED(c, l)) return c->err.code;
+  l->forwarded = 0;
+  if (l->n == 0) {
+    int bad = !x || !tokens || !gate_w || !y;
+    if (bad)
+      dist_client_fail(c, DIST_EINVAL, "MoE layer '%s': forward needs x, tokens, gate_w "
+                       "and y", l->name);
+    int rc = outsider_pass(c, FORWARD_IDS, bad, y);
+    l->forwarded = rc == 0;
+    return rc;
+  }
+  uint64_t first = dist_last_op_id(c) + 1;
+  int rc = member_forward(c, l, x, tokens, gate_w, y);
+  l->forwarded = rc == 0;
+  return whole_pass(c, first, FORWARD_IDS, rc);
 }
 
 /* ---------------------------------------------------------------- backward */
@@ -580,11 +602,8 @@ static int outsider_backward(dist_client *c, dist_moe_layer *l, int refused,
   return rc;
 }
 
-int dist_moe_layer_backward(dist_client *c, dist_moe_layer *l,
-                            const void *const *grad_y, void **grad_x,
-                            void *grad_gate) {
-  if (!c) return dist_no_client(__func__);
-  if (DIST_NEED(c, l)) return c->err.code;
+static int backward_pass(dist_client *c, dist_moe_layer *l, const void *const *grad_y,
+                         void **grad_x, void *grad_gate) {
   void *rows[DIST_MAX_MESH_RANKS] = {0}, *dxs[DIST_MAX_MESH_RANKS] = {0};
   double *dgw[DIST_MAX_MESH_RANKS] = {0}, *dgate = NULL;
   int bad = !l->forwarded || !grad_y;
@@ -594,7 +613,8 @@ int dist_moe_layer_backward(dist_client *c, dist_moe_layer *l,
   if (l->n == 0) /* no token of its own: its gate's gradient is 0 */
     return outsider_backward(c, l, bad, grad_x, grad_gate);
   if (bad) return refuse_pass(c, l);
-  if (check_rows(c, l, __func__, "grad_y", grad_y, NULL)) return refuse_pass(c, l);
+  if (check_rows(c, l, "dist_moe_layer_backward", "grad_y", grad_y, NULL))
+    return refuse_pass(c, l);
   int rc = backward_parts(c, l, grad_y, rows, dgw);
   if (rc != 0) refuse_pass(c, l);
   if (rc == 0) rc = exchange_and_run(c, l, rows, 1, dxs);
@@ -616,6 +636,15 @@ int dist_moe_layer_backward(dist_client *c, dist_moe_layer *l,
   free_rows(rows, l->n);
   free_rows(dxs, l->n);
   return rc;
+}
+
+int dist_moe_layer_backward(dist_client *c, dist_moe_layer *l,
+                            const void *const *grad_y, void **grad_x,
+                            void *grad_gate) {
+  if (!c) return dist_no_client(__func__);
+  if (DIST_NEED(c, l)) return c->err.code;
+  uint64_t first = dist_last_op_id(c) + 1;
+  return whole_pass(c, first, BACKWARD_IDS, backward_pass(c, l, grad_y, grad_x, grad_gate));
 }
 
 /* ---------------------------------------------------------------- training */

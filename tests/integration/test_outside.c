@@ -16,6 +16,14 @@ static harness cluster;
 
 static void stop_cluster(void) { harness_stop(&cluster); }
 
+/* Runs main on n trainers (each of size bytes, from trainers on), one
+ * thread each, and waits for them all. */
+static void run_trainers(int n, void *(*main)(void *), void *trainers, size_t size) {
+  pthread_t th[8];
+  for (int r = 0; r < n; r++) pthread_create(&th[r], NULL, main, (char *)trainers + r * size);
+  for (int r = 0; r < n; r++) pthread_join(th[r], NULL);
+}
+
 /* Appends "what: CODE message; " to a trainer's log. */
 static void note(dist_client *c, char *msg, size_t len, const char *what, int rc) {
   size_t used = strlen(msg);
@@ -157,12 +165,10 @@ Test(outside, a_trainer_outside_the_mesh_or_group_gets_empty_successes, .timeout
      .fini = stop_cluster) {
   harness_start(&cluster, 3, NULL);
   outside_trainer tr[3];
-  pthread_t th[3];
   for (int r = 0; r < 3; r++) {
     tr[r] = (outside_trainer){.c = harness_spmd_client(&cluster, r, "outside"), .rank = r};
-    pthread_create(&th[r], NULL, outside_main, &tr[r]);
   }
-  for (int r = 0; r < 3; r++) pthread_join(th[r], NULL);
+  run_trainers(3, outside_main, tr, sizeof tr[0]);
   for (int r = 0; r < 3; r++) {
     cr_log_info("rank %d: %s", r, tr[r].msg);
     if (r < 2) expect_member(&tr[r]);
@@ -231,12 +237,10 @@ Test(outside, a_full_tensor_or_push_outside_the_mesh_stays_in_step, .timeout = 1
   dist_param_opts o = DIST_PARAM_OPTS_INIT;
   cr_assert_eq(dist_param_configure(c, "w", &o), 0, "%s", dist_errmsg(c));
   mesh_user tr[3];
-  pthread_t th[3];
   for (int r = 0; r < 3; r++) {
     tr[r] = (mesh_user){.c = harness_spmd_client(&cluster, r, "outside-mesh"), .w = w, .rank = r};
-    pthread_create(&th[r], NULL, mesh_user_main, &tr[r]);
   }
-  for (int r = 0; r < 3; r++) pthread_join(th[r], NULL);
+  run_trainers(3, mesh_user_main, tr, sizeof tr[0]);
   for (int r = 0; r < 3; r++) {
     cr_log_info("rank %d: %s", r, tr[r].msg);
     cr_expect_eq(tr[r].full_rc, 0, "rank %d: %s", r, tr[r].msg);
@@ -344,12 +348,10 @@ Test(outside, a_two_stage_pipeline_runs_as_one_program_on_every_trainer, .timeou
   float y_ref[8];
   for (int i = 0; i < 8; i++) y_ref[i] = 2 * pipeline_x[i] + 1;
   stage_trainer tr[4];
-  pthread_t th[4];
   for (int r = 0; r < 4; r++) {
     tr[r] = (stage_trainer){.c = harness_spmd_client(&cluster, r, "pipeline"), .rank = r};
-    pthread_create(&th[r], NULL, stage_main, &tr[r]);
   }
-  for (int r = 0; r < 4; r++) pthread_join(th[r], NULL);
+  run_trainers(4, stage_main, tr, sizeof tr[0]);
   for (int r = 0; r < 4; r++) {
     const stage_trainer *t = &tr[r];
     int in_stage0 = r < 2;
@@ -480,12 +482,10 @@ Test(outside, the_tapes_exchanges_and_their_backward_are_no_ops_outside_the_grou
      .timeout = 120, .fini = stop_cluster) {
   harness_start(&cluster, 3, NULL);
   tape_trainer tr[3];
-  pthread_t th[3];
   for (int r = 0; r < 3; r++) {
     tr[r] = (tape_trainer){.c = harness_spmd_client(&cluster, r, "outside-tape"), .rank = r};
-    pthread_create(&th[r], NULL, tape_main, &tr[r]);
   }
-  for (int r = 0; r < 3; r++) pthread_join(th[r], NULL);
+  run_trainers(3, tape_main, tr, sizeof tr[0]);
   for (int r = 0; r < 3; r++) {
     const tape_trainer *t = &tr[r];
     size_t want = r < 2 ? sizeof t->x : 0;
@@ -557,17 +557,22 @@ static void moe_passes(moe_trainer *t, dist_moe_layer *l) {
   moe_step(t, "release", dist_moe_layer_release(t->c, l));
 }
 
-static void *moe_main(void *arg) {
-  moe_trainer *t = arg;
-  static const int pair[2] = {0, 1};
+static const int pair[2] = {0, 1};
+
+/* t's layer over pair: one expert a rank, d_model 2, d_hidden 3. */
+static int create_pair_layer(moe_trainer *t, dist_moe_layer **l) {
   static const float w1[6] = {0.1f, -0.3f, 0.2f, 0.5f, -0.1f, 0.3f};
   static const float w2[6] = {0.4f, 0.1f, -0.2f, 0.3f, 0.2f, -0.5f};
   dist_expert_weights w = {w1, NULL, w2, NULL};
   dist_moe_layer_opts o = DIST_MOE_LAYER_OPTS_INIT;
   o.d_model = 2, o.d_hidden = 3, o.group = pair, o.group_size = 2, o.weights = &w;
+  return moe_step(t, "create", dist_moe_layer_create(t->c, t->layer, &o, l));
+}
+
+static void *moe_main(void *arg) {
+  moe_trainer *t = arg;
   dist_moe_layer *l = NULL;
-  if (moe_step(t, "create", dist_moe_layer_create(t->c, t->layer, &o, &l)) == 0)
-    moe_passes(t, l);
+  if (create_pair_layer(t, &l) == 0) moe_passes(t, l);
   dist_moe_layer_free(l);
   t->sum = t->rank + 1;
   moe_step(t, "all_reduce", dist_all_reduce(t->c, &t->sum, 1, DIST_INT32, DIST_REDUCE_SUM,
@@ -579,13 +584,11 @@ static void *moe_main(void *arg) {
 /* Runs the layer on ranks 0 and 1, and on 2 when with_outsider. */
 static void run_moe(moe_trainer *tr, const char *layer, int with_outsider) {
   int n = with_outsider ? 3 : 2;
-  pthread_t th[3];
   for (int r = 0; r < n; r++) {
     tr[r] = (moe_trainer){.c = harness_spmd_client(&cluster, r, layer), .rank = r,
                           .with_outsider = with_outsider, .layer = layer};
-    pthread_create(&th[r], NULL, moe_main, &tr[r]);
   }
-  for (int r = 0; r < n; r++) pthread_join(th[r], NULL);
+  run_trainers(n, moe_main, tr, sizeof tr[0]);
   for (int r = 0; r < n; r++) {
     cr_log_info("%s, rank %d: %s", layer, r, tr[r].msg);
     cr_expect_eq(tr[r].failed, 0, "%s, rank %d: %s", layer, r, tr[r].msg);
@@ -620,6 +623,49 @@ Test(outside, an_expert_layer_is_empty_outside_its_group, .timeout = 120,
   cr_expect_eq(harness_open_on(&cluster, 2, "moe-all.expert0.w1", &h), DIST_ENOTFOUND,
                "rank 2's daemon holds an expert");
   dist_tensor_free(h);
+}
+
+/* Rank 0 refuses a forward (no y): the members skip the rest of the pass
+ * as before, and every trainer, the outsider too, takes the pass's ids. */
+static void *refused_forward_main(void *arg) {
+  moe_trainer *t = arg;
+  static const float gate_w[4] = {0.3f, -0.2f, 0.1f, 0.4f};
+  float x[4] = {0.5f, -1, 0.25f, 2};
+  const void *xs[1] = {x};
+  int64_t tokens[1] = {t->rank < 2 ? 2 : 0};
+  void *y[1] = {NULL};
+  dist_moe_layer *l = NULL;
+  create_pair_layer(t, &l);
+  int rc = dist_moe_layer_forward(t->c, l, xs, tokens, gate_w, t->rank == 0 ? NULL : y);
+  NOTE(t, "forward", rc);
+  t->failed = rc; /* the members' forward fails; the outsider's is a no-op */
+  free(y[0]);
+  dist_moe_layer_free(l);
+  t->sum = t->rank + 1;
+  moe_step(t, "all_reduce", dist_all_reduce(t->c, &t->sum, 1, DIST_INT32, DIST_REDUCE_SUM,
+                                            NULL, 0));
+  return NULL;
+}
+
+/* Before, the members took one id of the refused pass and the outsider
+ * three (it cannot learn of the refusal), so the all-reduce after it ran
+ * under different ids and failed. */
+Test(outside, a_refused_expert_pass_takes_its_ids_on_every_trainer, .timeout = 120,
+     .fini = stop_cluster) {
+  harness_start(&cluster, 3, NULL);
+  moe_trainer tr[3];
+  for (int r = 0; r < 3; r++) {
+    tr[r] = (moe_trainer){.c = harness_spmd_client(&cluster, r, "moe-refused"), .rank = r,
+                          .layer = "moe-refused"};
+  }
+  run_trainers(3, refused_forward_main, tr, sizeof tr[0]);
+  for (int r = 0; r < 3; r++) {
+    cr_log_info("rank %d: %s", r, tr[r].msg);
+    cr_expect_eq(tr[r].failed, r == 0 ? DIST_EINVAL : r == 1 ? DIST_ECANCELED : 0,
+                 "rank %d's forward: %s", r, tr[r].msg);
+    cr_expect_eq(tr[r].sum, 6, "rank %d: the sum is %d (%s)", r, (int)tr[r].sum, tr[r].msg);
+    dist_close(tr[r].c);
+  }
 }
 
 /* ------------------------------------------ a delete by handle */
@@ -657,12 +703,10 @@ Test(outside, a_delete_by_an_outsiders_handle_is_a_no_op_success, .timeout = 120
      .fini = stop_cluster) {
   harness_start(&cluster, 3, NULL);
   delete_trainer tr[3];
-  pthread_t th[3];
   for (int r = 0; r < 3; r++) {
     tr[r] = (delete_trainer){.c = harness_spmd_client(&cluster, r, "outside-delete"), .rank = r};
-    pthread_create(&th[r], NULL, delete_main, &tr[r]);
   }
-  for (int r = 0; r < 3; r++) pthread_join(th[r], NULL);
+  run_trainers(3, delete_main, tr, sizeof tr[0]);
   for (int r = 0; r < 3; r++) {
     cr_log_info("rank %d: %s", r, tr[r].msg);
     cr_expect(tr[r].put_rc == 0 && tr[r].delete_rc == 0 && tr[r].reduce_rc == 0, "rank %d: %s",
