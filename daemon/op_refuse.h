@@ -10,7 +10,7 @@
 #include "server.h"
 
 /* Aborts op_id, and the more_ids ids after it (a LocalLayer call's
- * outputs), on ranks[0..n) (this rank and ranks outside the world are
+ * outputs, a tape backward's plan), each with its steps, on ranks[0..n) (this rank and ranks outside the world are
  * skipped): every exchange their daemons may wait on first, whatever the
  * operation. `who` says who refused ("its trainer", "its daemon"); the
  * others read "rank R aborted op N: WHO refused it: WHY". */

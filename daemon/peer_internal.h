@@ -1,7 +1,8 @@
 /* The peer data plane's insides, shared by peer.c (lifetime, listener,
  * dialling, timers), peer_conn.c (one socket: lifetime, writing, failure),
  * peer_read.c (reading its frames), peer_control.c (HELLO and control
- * frames), peer_xfer.c (transfers, matching, kept-aside data, aborts, waiting)
+ * frames), peer_xfer.c (transfers, matching, kept-aside data, aborts, waiting),
+ * peer_remember.c (the op ids aborted or failed, remembered a while)
  * and peer_trust.c (a reloaded trust store against the open connections).
  *
  * Locking: one mutex (distd_peers.mu) guards everything below, including the
@@ -90,6 +91,7 @@
 #define HOLD_MS 20                /* ... this long, then are kept aside */
 #define IOV_BATCH 64
 #define REMEMBERED_OPS 256        /* aborted/failed op ids kept */
+#define REMEMBERED_RANGES 32      /* ranges of a peer's aborted op ids kept */
 #define REMEMBER_MS 60000
 #define PING_MS 1000
 #define DEFAULT_UNEXPECTED_LIMIT (32u << 20)
@@ -260,6 +262,13 @@ typedef struct remembered_op {
   char reason[200];
 } remembered_op;
 
+/* A peer's aborts of op.op_id .. op.op_id + count - 1 and of their refusal
+ * steps (peer_remember.c). */
+typedef struct remembered_range {
+  remembered_op op;
+  uint64_t count;
+} remembered_range;
+
 struct distd_xfer {
   distd_peers *p; /* NULL once distd_peers_free orphaned it */
   uint64_t op_id;
@@ -316,6 +325,8 @@ struct distd_peers {
   distd_dropped_frames dropped;
   remembered_op remembered[REMEMBERED_OPS];
   int remembered_next, remembered_used; /* used: slots ever written */
+  remembered_range ranges[REMEMBERED_RANGES];
+  int ranges_next, ranges_used; /* used: slots ever written */
   /* the worker driving the sockets (see the top); NULL when none */
   distd_xfer *driver_x;
   pthread_t driver_tid;
@@ -480,6 +491,8 @@ void distd_unexpected_expire(distd_peers *p, int64_t now_ms);
 const remembered_op *distd_remembered_find(distd_peers *p, uint64_t op_id);
 void distd_remember_op(distd_peers *p, uint64_t op_id, int aborted_by,
                        int code, const char *reason);
+/* op_id, remembered as failed here, is used again: forgotten. */
+void distd_forget_op(distd_peers *p, uint64_t op_id);
 void distd_handle_abort(distd_peers *p, int from, uint64_t op_id, int code,
                         const char *reason);
 void distd_fail_xfers_of_peer(distd_peers *p, int rank, const char *msg);

@@ -20,37 +20,6 @@
 #define DRIVE_POLL_MAX_MS 200   /* a lost wake-up costs at most this */
 #define SPIN_POLL_EVERY 8       /* see read_instead_of_poll */
 
-/* ---- remembered ops: aborted by a peer, or failed here ---- */
-
-const remembered_op *distd_remembered_find(distd_peers *p, uint64_t op_id) {
-  if (p->remembered_used == 0) return NULL; /* the usual case, asked for every frame */
-  int64_t now = distd_now_ms();
-  for (int i = 0; i < p->remembered_used; i++) {
-    const remembered_op *r = &p->remembered[i];
-    if (r->at_ms && r->op_id == op_id && now - r->at_ms < REMEMBER_MS) return r;
-  }
-  return NULL;
-}
-
-void distd_remember_op(distd_peers *p, uint64_t op_id, int aborted_by, int code,
-                       const char *reason) {
-  remembered_op *r = (remembered_op *)distd_remembered_find(p, op_id);
-  if (r && r->aborted_by >= 0 && aborted_by < 0) return; /* keep the peer's reason */
-  if (!r) {
-    r = &p->remembered[p->remembered_next];
-    p->remembered_next = (p->remembered_next + 1) % REMEMBERED_OPS;
-    if (p->remembered_used < REMEMBERED_OPS) p->remembered_used++;
-  }
-  *r = (remembered_op){.op_id = op_id, .at_ms = distd_now_ms(),
-                       .aborted_by = aborted_by, .code = code};
-  snprintf(r->reason, sizeof r->reason, "%s", reason);
-}
-
-static void forget_op(distd_peers *p, uint64_t op_id) {
-  remembered_op *r = (remembered_op *)distd_remembered_find(p, op_id);
-  if (r) r->at_ms = 0;
-}
-
 /* Data kept aside for an op that failed is of no use to anyone. */
 static void drop_unexpected_of(distd_peers *p, uint64_t op_id) {
   dlist *pos, *tmp;
@@ -393,7 +362,7 @@ distd_xfer *distd_xfer_new(distd_peers *p, uint64_t op_id) {
   if (r && r->aborted_by >= 0)
     fail_aborted(x, r->aborted_by, r->code, r->reason);
   else if (r)
-    forget_op(p, op_id); /* an op id that failed here before, used again */
+    distd_forget_op(p, op_id); /* an op id that failed here before, used again */
   if (p->closing) distd_xfer_fail(x, DIST_ECANCELED, "the peer data plane is shutting down");
   dlist_push(&p->xfers, &x->link);
   pthread_mutex_unlock(&p->mu);

@@ -230,16 +230,12 @@ int distd_reshard_ranks(const dist_mesh_desc *src_mesh, const dist_mesh_desc *ds
 }
 
 /* The op ids of the exchanges of a reshard run under op_id, from a mesh of
- * ndim dims: the cross-mesh move, one all-reduce per mesh dim that stops
- * being Partial, the layout exchange. Returns how many, at most
- * RESHARD_STEPS_MAX. */
-enum { RESHARD_STEPS_MAX = 2 + DIST_MAX_MESH_DIMS };
+ * ndim dims (distd_reshard_steps). Returns how many, at most
+ * DISTD_RESHARD_STEPS_MAX. */
 static int reshard_steps(uint64_t op_id, int ndim, uint64_t *ids) {
-  int n = 0;
-  ids[n++] = distd_subop(op_id, DISTD_STEP_RESHARD_MOVE);
-  for (int d = 0; d < ndim; d++)
-    ids[n++] = distd_subop(op_id, DISTD_STEP_RESHARD_REDUCE + (unsigned)d);
-  ids[n++] = distd_subop(op_id, DISTD_STEP_RESHARD_LAYOUT);
+  unsigned steps[DISTD_RESHARD_STEPS_MAX];
+  int n = distd_reshard_steps(ndim, steps);
+  for (int i = 0; i < n; i++) ids[i] = distd_subop(op_id, steps[i]);
   return n;
 }
 
@@ -251,7 +247,7 @@ static uint64_t track_reshard(distd_ops *ops, const dist_mesh_desc *src_mesh,
   int group[2 * DIST_MAX_MESH_RANKS];
   int n = distd_reshard_ranks(src_mesh, dst_mesh, group);
   uint64_t serial = distd_ops_begin(ops, "reshard", op_id, group, n, bytes);
-  uint64_t steps[RESHARD_STEPS_MAX];
+  uint64_t steps[DISTD_RESHARD_STEPS_MAX];
   int nsteps = reshard_steps(op_id, src_mesh->ndim, steps);
   for (int i = 0; i < nsteps; i++) distd_ops_watch(ops, serial, steps[i]);
   return serial;
@@ -259,7 +255,7 @@ static uint64_t track_reshard(distd_ops *ops, const dist_mesh_desc *src_mesh,
 
 void distd_reshard_abort(distd_server *s, uint64_t op_id, int ndim, const int *ranks, int n,
                          const char *why) {
-  uint64_t steps[RESHARD_STEPS_MAX];
+  uint64_t steps[DISTD_RESHARD_STEPS_MAX];
   int nsteps = reshard_steps(op_id, ndim, steps);
   for (int i = 0; i < nsteps; i++) distd_abort_op(s->peers, steps[i], ranks, n, why);
 }

@@ -55,4 +55,34 @@ static inline uint64_t distd_subop(uint64_t op_id, unsigned step) {
   return op_id + (uint64_t)step * 0x9E3779B97F4A7C15ull;
 }
 
+/* The op id whose step `step` sub_id is (the inverse of distd_subop). */
+static inline uint64_t distd_subop_parent(uint64_t sub_id, unsigned step) {
+  return sub_id - (uint64_t)step * 0x9E3779B97F4A7C15ull;
+}
+
+/* The steps of a reshard under an op id from a mesh of ndim dims, into
+ * steps (room for DISTD_RESHARD_STEPS_MAX): the cross-mesh move, one
+ * all-reduce per mesh dim, the layout exchange. Returns how many. */
+#define DISTD_RESHARD_STEPS_MAX (2 + DIST_MAX_MESH_DIMS)
+static inline int distd_reshard_steps(int ndim, unsigned *steps) {
+  int n = 0;
+  steps[n++] = DISTD_STEP_RESHARD_MOVE;
+  for (int d = 0; d < ndim; d++) steps[n++] = DISTD_STEP_RESHARD_REDUCE + (unsigned)d;
+  steps[n++] = DISTD_STEP_RESHARD_LAYOUT;
+  return n;
+}
+
+/* The steps of an op id a refused operation may have its daemons wait on
+ * first (svc_op_abort.c), the id itself (step 0) included: its vote, the
+ * vote of a LocalLayer backward under it, a reshard's steps. A daemon told
+ * of a range of refused ids recognises these (peer_remember.c). Returns
+ * how many, at most DISTD_REFUSED_STEPS_MAX. */
+#define DISTD_REFUSED_STEPS_MAX (3 + DISTD_RESHARD_STEPS_MAX)
+static inline int distd_refused_steps(unsigned *steps) {
+  steps[0] = 0;
+  steps[1] = DISTD_STEP_VOTE;
+  steps[2] = DISTD_STEP_BACKWARD + DISTD_STEP_VOTE;
+  return 3 + distd_reshard_steps(DIST_MAX_MESH_DIMS, steps + 3);
+}
+
 #endif

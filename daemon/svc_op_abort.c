@@ -9,30 +9,29 @@
 #include "op_refuse.h"
 #include "pbuf.h"
 #include "peer.h"
-#include "reshard.h"
 #include "subop.h"
 #include "vote.h"
 
-/* A LocalLayer call takes one op id per output; as when the program is
- * unknown (svc_program.c), the first this many are aborted at the most. */
-#define DISTD_ABORT_MORE_IDS_MAX DIST_MAX_MESH_RANKS
-
 /* The refusal does not say which operation it was, so every exchange an
- * operation's daemons may wait on first is aborted: the op id itself (a
- * collective, a shape exchange), its vote, the vote of a LocalLayer
- * backward of the invocation op_id, a reshard's steps, and the more_ids
- * ids after op_id (a LocalLayer call's outputs). Ids nobody
- * runs are remembered a while, then dropped. */
+ * operation's daemons may wait on first is aborted: for op_id and each of
+ * the more_ids ids after it (a LocalLayer call's outputs, a tape
+ * backward's plan), the id itself (a collective, a shape exchange), its
+ * vote, the vote of a LocalLayer backward of that invocation, and a
+ * reshard's steps (distd_refused_steps). Newest id first, each with its
+ * steps: a daemon since 0.2.9 remembers consecutive ids as one range that
+ * covers their steps too (peer_remember.c); an older one keeps the last
+ * few hundred exchanges, which are then the first ids, the ones the
+ * others reach first. Ids nobody runs are remembered a while, then
+ * dropped. */
 void distd_refuse_op(distd_server *s, uint64_t op_id, uint32_t more_ids, const int *ranks, int n,
                      const char *who, const char *why) {
   char reason[700];
   snprintf(reason, sizeof reason, "%s refused it: %s", who, why ? why : "");
-  distd_abort_op(s->peers, op_id, ranks, n, reason);
-  distd_abort_op(s->peers, distd_subop(op_id, DISTD_STEP_VOTE), ranks, n, reason);
-  uint64_t backward = distd_subop(op_id, DISTD_STEP_BACKWARD);
-  distd_abort_op(s->peers, distd_subop(backward, DISTD_STEP_VOTE), ranks, n, reason);
-  distd_reshard_abort(s, op_id, DIST_MAX_MESH_DIMS, ranks, n, reason);
-  for (uint32_t k = 1; k <= more_ids; k++) distd_abort_op(s->peers, op_id + k, ranks, n, reason);
+  unsigned steps[DISTD_REFUSED_STEPS_MAX];
+  int nsteps = distd_refused_steps(steps);
+  for (uint64_t id = op_id + more_ids + 1; id-- > op_id;)
+    for (int i = 0; i < nsteps; i++)
+      distd_abort_op(s->peers, distd_subop(id, steps[i]), ranks, n, reason);
 }
 
 /* The ranks to tell of a refused request over group[0..n_group) (the
@@ -64,11 +63,12 @@ DISTD_HANDLER(op_abort) {
   const Dist__V1__OpAbortRequest *rq = (const void *)req;
   int ranks[DIST_MAX_MESH_RANKS];
   int n = distd_vote_ranks(s, rq->ranks, rq->n_ranks, ranks);
-  if (!rq->op_id || n == 0 || rq->more_ids > DISTD_ABORT_MORE_IDS_MAX)
+  if (!rq->op_id || n == 0 || rq->more_ids > DIST_ABORT_MORE_IDS_MAX)
     return dist_fail(eb, DIST_EINVAL, "OpAbort needs an op id, at most %d more, and its "
-                     "ranks, rank %d among them, each once", DISTD_ABORT_MORE_IDS_MAX, s->rank);
+                     "ranks, rank %d among them, each once", DIST_ABORT_MORE_IDS_MAX, s->rank);
   distd_refuse_op(s, rq->op_id, rq->more_ids, ranks, n, "its trainer", rq->reason);
   Dist__V1__OpAbortReply rp = DIST__V1__OP_ABORT_REPLY__INIT;
+  rp.aborted_ids = 1 + rq->more_ids; /* each with its steps, unlike before 0.2.9 */
   *reply = dist_pb_to_bb(&rp.base);
   return 0;
 }

@@ -466,3 +466,44 @@ Test(refused, a_send_in_benchmark_mode_fails_its_receiver_at_once, .timeout = 12
             "the receiver is not told of the refusal: %s", sd[1].msg);
   cr_expect_lt(sd[1].seconds, 2.0, "the receiver waited %.1f s: %s", sd[1].seconds, sd[1].msg);
 }
+
+/* A trainer's OpAbort of more ids than the daemons' ring of 256 remembered
+ * exchanges holds (a refused tape backward's plan, each id with ~13
+ * steps): rank 1, reaching an id in the middle of the range afterwards,
+ * must fail at once, told of the refusal. Before 0.2.9 each id took a ring
+ * slot, and the middle was forgotten: rank 1 waited for rank 0. */
+Test(refused, an_abort_of_many_ids_reaches_the_middle_of_its_range, .timeout = 120,
+     .fini = stop_cluster) {
+  harness_start(&cluster, 2, NULL);
+  const uint64_t first = 0x7400;
+  uint32_t ranks[2] = {0, 1};
+  Dist__V1__OpAbortRequest rq = DIST__V1__OP_ABORT_REQUEST__INIT;
+  rq.op_id = first;
+  rq.more_ids = 1000;
+  rq.n_ranks = 2;
+  rq.ranks = ranks;
+  rq.reason = "a plan refused";
+  dist_client *c = harness_client_rank(&cluster, 0, 10000);
+  ProtobufCMessage *rp = NULL;
+  cr_assert_eq(dist_call_one(c, 0, "/dist.v1.Dist/OpAbort", &rq.base,
+                             &dist__v1__op_abort_reply__descriptor, &rp), 0, "%s",
+               dist_errmsg(c));
+  cr_expect_eq(((Dist__V1__OpAbortReply *)rp)->aborted_ids, 1001);
+  protobuf_c_message_free_unpacked(rp, NULL);
+  dist_close(c);
+  harness_sleep_ms(500); /* rank 1 has every ABORT frame: it must remember them */
+  static const int32_t four[4] = {1, 2, 3, 4};
+  Dist__V1__CollectiveRequest cq = DIST__V1__COLLECTIVE_REQUEST__INIT;
+  cq.kind = DIST__V1__COLLECTIVE_REQUEST__KIND__ALL_REDUCE;
+  cq.op_id = first + 500;
+  cq.dtype = (Dist__V1__DType)DIST_INT32;
+  cq.data = (ProtobufCBinaryData){sizeof four, (uint8_t *)four};
+  raw_result res;
+  raw_collective(1, &cq, &res);
+  char told[200];
+  snprintf(told, sizeof told, "rank 0 aborted op %llu: its trainer refused it: a plan refused",
+           (unsigned long long)(first + 500));
+  cr_expect(res.rc != 0 && strstr(res.msg, told), "rank 1 is not told '%s': %s", told, res.msg);
+  cr_expect_lt(res.seconds, 2.0, "rank 1 waited %.1f s: %s", res.seconds, res.msg);
+  if (res.reply) protobuf_c_message_free_unpacked(&res.reply->base, NULL);
+}

@@ -7,6 +7,7 @@
 
 #include "peer_fixture.h"
 #include "peer_internal.h" /* planting a kept-aside frame */
+#include "subop.h"
 
 static uint8_t *pattern(size_t n, unsigned seed) {
   uint8_t *b = malloc(n ? n : 1);
@@ -733,6 +734,51 @@ Test(peer, abort_fails_the_op_on_the_receiver_posted_before_or_after) {
   cr_assert_eq(distd_xfer_wait(late, in_ms(10000), &eb), DIST_ECANCELED);
   cr_assert_str_eq(eb.msg, "rank 0 aborted op 60: count differs");
   distd_xfer_free(r), distd_xfer_free(a), distd_xfer_free(late);
+  fix_teardown(&f);
+}
+
+/* A receive on rank 1 of op_id, from rank 0: its code within wait_ms. */
+static int recv_code(peer_fixture *f, uint64_t op_id, int64_t wait_ms, dist_errbuf *eb) {
+  uint8_t dst[8];
+  distd_xfer *r = distd_xfer_new(f->r[1].peers, op_id);
+  distd_xfer_recv(r, 0, 0, dst, 8);
+  int rc = distd_xfer_wait(r, in_ms(wait_ms), eb);
+  distd_xfer_free(r);
+  return rc;
+}
+
+/* Rank 0 aborts 300 ids newest first, each with its vote (as a trainer's
+ * refused tape backward did, one OpAbort per id): rank 1 remembers them as
+ * one range, steps included, so the oldest and the middle ones are not
+ * pushed out of its ring of 256 by the newer; an id past the range, or a
+ * step the range does not cover, is not aborted. */
+Test(peer, aborts_of_consecutive_ids_are_remembered_as_one_range_with_their_steps) {
+  peer_fixture f;
+  fix_setup(&f, 2);
+  int ranks[] = {0, 1};
+  const uint64_t first = 7000, n = 300;
+  for (uint64_t id = first + n; id-- > first;) {
+    distd_abort_op(f.r[0].peers, id, ranks, 2, "plan refused");
+    distd_abort_op(f.r[0].peers, distd_subop(id, DISTD_STEP_VOTE), ranks, 2, "plan refused");
+  }
+  usleep(500 * 1000); /* every ABORT frame is on rank 1 */
+  const uint64_t told[] = {first, first + n / 2, distd_subop(first + 1, DISTD_STEP_VOTE),
+                           distd_subop(first + n / 2, DISTD_STEP_RESHARD_LAYOUT)};
+  for (size_t i = 0; i < sizeof told / sizeof told[0]; i++) {
+    dist_errbuf eb = DIST_ERRBUF_INIT;
+    int64_t t0 = distd_now_ms();
+    cr_expect_eq(recv_code(&f, told[i], 10000, &eb), DIST_ECANCELED, "op %llu: %s",
+                 (unsigned long long)told[i], eb.msg);
+    cr_expect_lt(distd_now_ms() - t0, 2000, "op %llu waited", (unsigned long long)told[i]);
+    cr_expect(strstr(eb.msg, "rank 0 aborted op") && strstr(eb.msg, "plan refused"), "%s",
+              eb.msg);
+  }
+  const uint64_t untold[] = {first + n, first - 1, distd_subop(first + 2, DISTD_STEP_PUSH_BATCH)};
+  for (size_t i = 0; i < sizeof untold / sizeof untold[0]; i++) {
+    dist_errbuf eb = DIST_ERRBUF_INIT;
+    cr_expect_eq(recv_code(&f, untold[i], 200, &eb), DIST_ETIMEDOUT, "op %llu: %s",
+                 (unsigned long long)untold[i], eb.msg);
+  }
   fix_teardown(&f);
 }
 

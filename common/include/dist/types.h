@@ -11,6 +11,11 @@ extern "C" {
 #define DIST_MAX_DIMS 8       /* tensor rank limit */
 #define DIST_MAX_MESH_DIMS 8  /* mesh rank limit */
 #define DIST_MAX_MESH_RANKS 1024
+/* Ids after the first one OpAbort takes at the most (a LocalLayer call's
+ * outputs, a tape backward's plan, in chunks past it): each costs ~13
+ * ABORT frames per daemon told (its steps). A daemon before 0.2.9 allowed
+ * DIST_MAX_MESH_RANKS, the same. */
+#define DIST_ABORT_MORE_IDS_MAX 1024
 
 typedef enum {
   DIST_DTYPE_INVALID = 0,

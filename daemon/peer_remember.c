@@ -1,0 +1,119 @@
+/* Remembered ops: aborted by a peer, or failed here, so that a transfer
+ * posted later for one fails at once and its frames are dropped.
+ *
+ * Single ids go to a ring of REMEMBERED_OPS. A peer's aborts of
+ * consecutive ids with one reason (a refused tape backward's plan, a
+ * LocalLayer call's outputs) grow one range instead, which also covers
+ * each id's refusal steps (subop.h): a plan of a thousand ids costs one
+ * entry, where its ~13 ids apiece overran the ring past ~19. */
+#include <stdio.h>
+#include <string.h>
+
+#include "peer_internal.h"
+#include "subop.h"
+
+static int live(const remembered_op *r, int64_t now) {
+  return r->at_ms && now - r->at_ms < REMEMBER_MS;
+}
+
+/* op_id is one of rg's ids or a refusal step of one. */
+static int range_covers(const remembered_range *rg, uint64_t op_id) {
+  unsigned steps[DISTD_REFUSED_STEPS_MAX];
+  int n = distd_refused_steps(steps);
+  for (int i = 0; i < n; i++)
+    if (distd_subop_parent(op_id, steps[i]) - rg->op.op_id < rg->count) return 1;
+  return 0;
+}
+
+static remembered_op *find_in_ring(distd_peers *p, uint64_t op_id, int64_t now) {
+  for (int i = 0; i < p->remembered_used; i++) {
+    remembered_op *r = &p->remembered[i];
+    if (r->op_id == op_id && live(r, now)) return r;
+  }
+  return NULL;
+}
+
+static remembered_range *find_range(distd_peers *p, uint64_t op_id, int64_t now) {
+  for (int i = 0; i < p->ranges_used; i++) {
+    remembered_range *rg = &p->ranges[i];
+    if (live(&rg->op, now) && range_covers(rg, op_id)) return rg;
+  }
+  return NULL;
+}
+
+const remembered_op *distd_remembered_find(distd_peers *p, uint64_t op_id) {
+  /* the usual case, asked for every frame */
+  if (p->remembered_used == 0 && p->ranges_used == 0) return NULL;
+  int64_t now = distd_now_ms();
+  const remembered_op *r = find_in_ring(p, op_id, now);
+  if (r) return r;
+  const remembered_range *rg = find_range(p, op_id, now);
+  return rg ? &rg->op : NULL;
+}
+
+static int same_abort(const remembered_op *r, int aborted_by, int code, const char *reason) {
+  return r->aborted_by == aborted_by && r->code == code &&
+         strncmp(r->reason, reason, sizeof r->reason - 1) == 0;
+}
+
+/* Grows a live range from the same rank, for the same reason, that op_id
+ * continues at either end; 1 if one did. */
+static int extend_range(distd_peers *p, uint64_t op_id, int from, int code, const char *reason,
+                        int64_t now) {
+  for (int i = 0; i < p->ranges_used; i++) {
+    remembered_range *rg = &p->ranges[i];
+    if (!live(&rg->op, now) || !same_abort(&rg->op, from, code, reason)) continue;
+    if (op_id == rg->op.op_id + rg->count) {
+      rg->count++;
+    } else if (op_id + 1 == rg->op.op_id) {
+      rg->op.op_id = op_id;
+      rg->count++;
+    } else {
+      continue;
+    }
+    rg->op.at_ms = now;
+    return 1;
+  }
+  return 0;
+}
+
+/* Turns op_id and a neighbour id the ring holds from the same abort into
+ * a range of two; 1 if there was one. */
+static int start_range(distd_peers *p, uint64_t op_id, int from, int code, const char *reason,
+                       int64_t now) {
+  remembered_op *nb = find_in_ring(p, op_id - 1, now);
+  if (!nb || !same_abort(nb, from, code, reason)) nb = find_in_ring(p, op_id + 1, now);
+  if (!nb || !same_abort(nb, from, code, reason)) return 0;
+  remembered_range *rg = &p->ranges[p->ranges_next];
+  p->ranges_next = (p->ranges_next + 1) % REMEMBERED_RANGES;
+  if (p->ranges_used < REMEMBERED_RANGES) p->ranges_used++;
+  rg->op = *nb;
+  rg->op.op_id = nb->op_id < op_id ? nb->op_id : op_id;
+  rg->op.at_ms = now;
+  rg->count = 2;
+  nb->at_ms = 0;
+  return 1;
+}
+
+void distd_remember_op(distd_peers *p, uint64_t op_id, int aborted_by, int code,
+                       const char *reason) {
+  int64_t now = distd_now_ms();
+  if (find_range(p, op_id, now)) return; /* a peer's abort: kept */
+  remembered_op *r = find_in_ring(p, op_id, now);
+  if (r && r->aborted_by >= 0 && aborted_by < 0) return; /* keep the peer's reason */
+  if (!r && aborted_by >= 0 && (extend_range(p, op_id, aborted_by, code, reason, now) ||
+                                start_range(p, op_id, aborted_by, code, reason, now)))
+    return;
+  if (!r) {
+    r = &p->remembered[p->remembered_next];
+    p->remembered_next = (p->remembered_next + 1) % REMEMBERED_OPS;
+    if (p->remembered_used < REMEMBERED_OPS) p->remembered_used++;
+  }
+  *r = (remembered_op){.op_id = op_id, .at_ms = now, .aborted_by = aborted_by, .code = code};
+  snprintf(r->reason, sizeof r->reason, "%s", reason);
+}
+
+void distd_forget_op(distd_peers *p, uint64_t op_id) {
+  remembered_op *r = find_in_ring(p, op_id, distd_now_ms());
+  if (r) r->at_ms = 0; /* a range holds peers' aborts alone, never forgotten */
+}
