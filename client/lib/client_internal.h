@@ -171,6 +171,10 @@ int dist_spmd_refused_on(dist_client *c, uint64_t op_id, const dist_mesh_desc *m
  * rank when group is NULL; the first DIST_MAX_MESH_RANKS of a longer
  * one), as the collectives and the MoE exchanges take their groups. */
 int dist_spmd_refused_group(dist_client *c, uint64_t op_id, const int *group, int group_size);
+/* dist_spmd_refused of the operations under op ids first..last, each on
+ * every rank (a tape backward's plan): one OpAbort per thousand ids, or
+ * one per id to a daemon before 0.2.9. */
+int dist_spmd_refused_range(dist_client *c, uint64_t first, uint64_t last);
 /* spmd_outside.c: an SPMD trainer outside an operation's mesh or group
  * takes the operation as a no-op success, as Paddle's ranks outside a
  * process mesh or group do, and holds nothing. Whether this trainer is

@@ -517,16 +517,16 @@ static void take_ids_through(dist_client *c, uint64_t last) {
  * backward not behind it (under its invocation's id) and every id of the
  * plan from the one it failed at are aborted, on every daemon, as a step
  * may not involve this trainer's; then it takes the rest of the plan, as
- * the others do. The ids go newest first: the daemons remember the last
- * few hundred aborted exchanges (each id's vote and reshard steps count),
- * and the plan's first ids are the ones the others reach first. */
+ * the others do. The ids go in one OpAbort (dist_spmd_refused_range):
+ * the daemons remember them as one range, with each id's vote and reshard
+ * steps. */
 static int backward_failed(dist_tape *t, uint64_t first, uint64_t last, int upto) {
   dist_client *c = t->c;
   if (c->spmd_rank < 0) return c->err.code;
   uint64_t from = c->op_base + c->op_seq;
   if (from < first) from = first;
   take_ids_through(c, last);
-  for (uint64_t id = last + 1; id-- > from;) dist_spmd_refused_group(c, id, NULL, 0);
+  dist_spmd_refused_range(c, from, last);
   for (int i = upto; i >= 0; i--)
     if (t->entries[i].kind == LAYER) dist_backward_refused(c, t->entries[i].inv);
   return c->err.code;

@@ -19,6 +19,11 @@ static const float ones[16][2] = {{1, 1}, {1, 1}, {1, 1}, {1, 1}, {1, 1}, {1, 1}
                                   {1, 1}, {1, 1}, {1, 1}, {1, 1}, {1, 1}, {1, 1},
                                   {1, 1}, {1, 1}, {1, 1}, {1, 1}};
 
+/* LocalLayer calls on the tape of scattered_with_layers_and_gathered: a
+ * refused backward aborts each one's backward after its plan's ids, 13
+ * exchanges apiece, more than the daemons' ring of 256 once held. */
+#define MANY_LAYERS 20
+
 /* Before the call: 0 or why it failed (in tr->msg). */
 typedef struct trainer trainer;
 typedef int (*prelude_fn)(trainer *tr);
@@ -35,6 +40,7 @@ struct trainer {
   dist_mesh *m;
   dist_program *p;
   dist_tensor *y, *z, *loss, *r, *g;
+  dist_tensor *losses[MANY_LAYERS];
   int64_t y_rows, z_rows;
   const void *xs[1];
   const int64_t *lcs[1];
@@ -99,6 +105,22 @@ static int scattered_and_gathered(trainer *tr) {
   a.out_name = "z";
   if (rc == 0) rc = dist_tape_global_gather(tr->t, &a, &tr->z, &tr->z_rows);
   return fail(tr, "gather", rc);
+}
+
+/* y as above, MANY_LAYERS losses sum_sq(y), then z = global_gather(y):
+ * a plan of ~40 ids. */
+static int scattered_with_layers_and_gathered(trainer *tr) {
+  int rc = scattered_with_program(tr);
+  dist_arg arg = {tr->y, NULL};
+  for (int k = 0; rc == 0 && k < MANY_LAYERS; k++)
+    rc = fail(tr, "call", dist_tape_local_layer_call(tr->t, tr->p, &arg, 1, NULL,
+                                                     &tr->losses[k]));
+  dist_tape_exchange a = seed_exchange(tr);
+  a.x_name = "y";
+  a.x = NULL;
+  a.out_name = "z";
+  if (rc == 0) rc = fail(tr, "gather", dist_tape_global_gather(tr->t, &a, &tr->z, &tr->z_rows));
+  return rc;
 }
 
 /* name = [[1, 2], [3, 4]] on [0, 1] with placement pl, put by both trainers. */
@@ -201,6 +223,17 @@ static int backward_from_z_and_y_with_y_of_another_dtype(trainer *tr) {
   return dist_tape_backward(tr->t, outs, g, 2);
 }
 
+/* Backward from z, given ones, the other trainer late: it reaches the
+ * gather's backward, the plan's first id, after every abort of trainer
+ * 0's refusal came, the LocalLayer backwards' last; trainer 0's output
+ * is NULL. */
+static int backward_from_z_late_with_a_null_output(trainer *tr) {
+  if (!tr->bad) harness_sleep_ms(1500);
+  dist_value v = {ones, DIST_FLOAT32, 2, {tr->z_rows, 2}};
+  dist_arg g = {NULL, &v};
+  return backward_from(tr, tr->z, &g);
+}
+
 /* Trainer 0 seeds r, which is not a scalar, with the loss's 1; the others
  * give g. */
 static int backward_from_r_given_the_loss_1(trainer *tr) {
@@ -247,6 +280,7 @@ static void trainer_free(trainer *tr) {
   dist_tape_free(tr->t);
   dist_tensor_free(tr->y), dist_tensor_free(tr->z), dist_tensor_free(tr->loss);
   dist_tensor_free(tr->r), dist_tensor_free(tr->g);
+  for (int k = 0; k < MANY_LAYERS; k++) dist_tensor_free(tr->losses[k]);
   dist_program_free(tr->p);
   dist_mesh_free(tr->m);
   dist_close(tr->c);
@@ -323,6 +357,12 @@ TAPE_CASE_CODE(backward, a_per_rank_seed_of_another_dtype_after_an_exchange_step
                "tape-y-dtype", scattered_and_gathered,
                backward_from_z_and_y_with_y_of_another_dtype, DIST_EMISMATCH,
                "the gradient given for 'y': piece 0 is float64")
+/* The other trainer waits at the plan's first id, whose abort once went
+ * out of the daemons' ring of 256 remembered exchanges, pushed by the
+ * aborts of the LocalLayer backwards sent after it. */
+TAPE_CASE(backward, a_null_output_of_a_plan_before_many_layer_steps, "tape-many-layers",
+          scattered_with_layers_and_gathered, backward_from_z_late_with_a_null_output,
+          null_output)
 TAPE_CASE(backward, a_non_scalar_output_given_the_loss_1, "tape-r-one", resharded_r,
           backward_from_r_given_the_loss_1, "'r' is not a float scalar: give its gradient")
 TAPE_CASE(backward, a_seed_value_without_data, "tape-loss-nodata", chain,
