@@ -131,13 +131,16 @@ void dist_tape_free(dist_tape *t) {
   free(t->entries);
   free(t->slots);
   free(t->locals);
+  free(t->plan_room);
   free(t);
 }
 
 /* ---------------------------------------------------------------- recording */
 
+/* Room for one more entry, and its x and y in the plan. */
 static entry *new_entry(dist_tape *t) {
-  if (dist_tape_reserve((void **)&t->entries, &t->cap_entries, t->n_entries, sizeof *t->entries))
+  if (dist_tape_reserve((void **)&t->entries, &t->cap_entries, t->n_entries, sizeof *t->entries) ||
+      dist_tape_plan_reserve(t, 2))
     return NULL;
   entry *e = &t->entries[t->n_entries];
   memset(e, 0, sizeof *e);
@@ -297,7 +300,8 @@ static int fill_layer(dist_tape *t, entry *e, const dist_program *p,
   e->n_out = dist_invocation_n_outputs(e->inv);
   e->in = calloc((size_t)nargs + 1, sizeof *e->in);
   e->outs = calloc((size_t)e->n_out + 1, sizeof *e->outs);
-  if (!e->in || !e->outs) return dist_client_fail(t->c, DIST_ENOMEM, "out of memory");
+  if (!e->in || !e->outs || dist_tape_plan_reserve(t, nargs + e->n_out))
+    return dist_client_fail(t->c, DIST_ENOMEM, "out of memory");
   for (int j = 0; j < nargs; j++)
     if (args[j].tensor) snprintf(e->in[j], NAME_MAX_LEN, "%s", args[j].tensor->name);
   for (int k = 0; k < e->n_out; k++) e->outs[k] = *outs[k];

@@ -559,7 +559,6 @@ int dist_tape_backward(dist_tape *t, const dist_tensor *const *outputs,
   dist_client *c = t->c;
   uint64_t first = c->op_base + c->op_seq + 1;
   int plan = c->spmd_rank >= 0 ? dist_tape_plan_ids(t) : 0;
-  if (plan < 0) return dist_client_fail(c, DIST_ENOMEM, "out of memory");
   uint64_t last = first + (uint64_t)plan - 1;
   int rc = dist_tape_usable(t, "backward");
   if (rc == 0) rc = check_backward_args(t, outputs, grads, n);

@@ -58,6 +58,11 @@ struct dist_tape {
   /* Names the tape's exchanges read or wrote: their pieces are per rank. */
   slot *locals;
   int n_locals, cap_locals;
+  /* Room for the plan's slots (tape_plan.c), reserved as entries are
+   * recorded: a backward's plan then never fails for memory, which would
+   * leave this trainer one op id apart from the others. */
+  struct plan_slot *plan_room;
+  int plan_names, plan_cap;
   int done;     /* backpropagated (or tried to) */
   int released;
 };
@@ -77,8 +82,11 @@ int dist_tape_exchange_refused(dist_client *c, const int *group, int size);
 
 /* ----------------------------------------------------------- tape_plan.c */
 
+/* Room in the plan for `names` more tensor names of an entry being
+ * recorded; DIST_ENOMEM when there is none. */
+int dist_tape_plan_reserve(dist_tape *t, int names);
 /* The op ids an SPMD trainer's backward of t takes, the same on every
- * trainer (from the tape alone, not the seeds); -1 out of memory. */
+ * trainer (from the tape alone, not the seeds), in the room reserved. */
 int dist_tape_plan_ids(dist_tape *t);
 
 #endif

@@ -27,14 +27,15 @@
  * (values, the loss's 1 or a tensor of the caller's), or one the tape made. */
 typedef enum { P_EMPTY, P_SEED, P_MADE } plan_grad;
 
-typedef struct plan_slot {
+struct plan_slot {
   const char *name;
   plan_grad g;
-} plan_slot;
+};
+typedef struct plan_slot plan_slot;
 
 typedef struct plan {
   dist_tape *t;
-  plan_slot *slots; /* room for every name on the tape */
+  plan_slot *slots; /* room for every name on the tape (t->plan_room) */
   int n;
   int ids;
 } plan;
@@ -93,12 +94,20 @@ static void plan_entry(plan *p, const entry *e) {
   plan_merge(p, e->x);
 }
 
+int dist_tape_plan_reserve(dist_tape *t, int names) {
+  while (t->plan_cap <= t->plan_names + names) /* each call doubles it */
+    if (dist_tape_reserve((void **)&t->plan_room, &t->plan_cap, t->plan_cap,
+                          sizeof *t->plan_room))
+      return DIST_ENOMEM;
+  t->plan_names += names;
+  return 0;
+}
+
+/* Every entry reserved its names (2 + inputs + outputs) when recorded, and
+ * the room holds one more than all of them. */
 int dist_tape_plan_ids(dist_tape *t) {
-  size_t names = 0;
-  for (int i = 0; i < t->n_entries; i++)
-    names += 2 + (size_t)t->entries[i].n_in + (size_t)t->entries[i].n_out;
-  plan p = {t, calloc(names + 1, sizeof(plan_slot)), 0, 0};
-  if (!p.slots) return -1;
+  plan p = {t, t->plan_room, 0, 0};
+  if (!p.slots) return 0; /* nothing recorded */
   for (int i = 0; i < t->n_entries; i++) { /* every tensor it produced, seeded */
     const entry *e = &t->entries[i];
     if (e->kind != LAYER) plan_slot_of(&p, e->y)->g = P_SEED;
@@ -106,6 +115,5 @@ int dist_tape_plan_ids(dist_tape *t) {
       plan_slot_of(&p, e->outs[k].name)->g = P_SEED;
   }
   for (int i = t->n_entries - 1; i >= 0; i--) plan_entry(&p, &t->entries[i]);
-  free(p.slots);
   return p.ids;
 }
