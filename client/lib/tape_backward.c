@@ -506,10 +506,6 @@ static int check_backward_args(dist_tape *t, const dist_tensor *const *outputs,
   return 0;
 }
 
-static void take_ids_through(dist_client *c, uint64_t last) {
-  while (c->op_base + c->op_seq < last) dist_next_op_id(c);
-}
-
 /* c->err's code, after an SPMD trainer refused or failed a backward whose
  * plan is the op ids first to last, at entry upto (the last entry before
  * its walk). The other trainers may wait at any step this trainer has not
@@ -523,9 +519,9 @@ static void take_ids_through(dist_client *c, uint64_t last) {
 static int backward_failed(dist_tape *t, uint64_t first, uint64_t last, int upto) {
   dist_client *c = t->c;
   if (c->spmd_rank < 0) return c->err.code;
-  uint64_t from = c->op_base + c->op_seq;
+  uint64_t from = dist_last_op_id(c);
   if (from < first) from = first;
-  take_ids_through(c, last);
+  dist_take_ids_through(c, last);
   dist_spmd_refused_range(c, from, last);
   for (int i = upto; i >= 0; i--)
     if (t->entries[i].kind == LAYER) dist_backward_refused(c, t->entries[i].inv);
@@ -537,11 +533,11 @@ static int backward_failed(dist_tape *t, uint64_t first, uint64_t last, int upto
 static int plan_kept(dist_tape *t, uint64_t last) {
   dist_client *c = t->c;
   if (c->spmd_rank < 0) return 0;
-  if (c->op_base + c->op_seq > last)
+  if (dist_last_op_id(c) > last)
     return dist_client_fail(c, DIST_EINTERNAL, "the tape's backward took op ids through "
-                            "%llu, past the %llu it planned", (unsigned long long)(c->op_base +
-                            c->op_seq), (unsigned long long)last);
-  take_ids_through(c, last);
+                            "%llu, past the %llu it planned",
+                            (unsigned long long)dist_last_op_id(c), (unsigned long long)last);
+  dist_take_ids_through(c, last);
   return 0;
 }
 
@@ -557,7 +553,7 @@ int dist_tape_backward(dist_tape *t, const dist_tensor *const *outputs,
                        const dist_arg *grads, int n) {
   if (!t) return dist_null_handle(__func__, "t");
   dist_client *c = t->c;
-  uint64_t first = c->op_base + c->op_seq + 1;
+  uint64_t first = dist_last_op_id(c) + 1;
   int plan = c->spmd_rank >= 0 ? dist_tape_plan_ids(t) : 0;
   uint64_t last = first + (uint64_t)plan - 1;
   int rc = dist_tape_usable(t, "backward");
