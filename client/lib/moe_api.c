@@ -272,8 +272,18 @@ int dist_count_global(dist_client *c, const int64_t *const *local_count,
     dist_spmd_refused(c, op_id, ranks, size);
     goto out;
   }
+  /* The entries this client gives (SPMD: its one, outsider or not) are
+   * read below: a NULL one was read through (a crash), or an outsider's
+   * passed unseen. */
+  for (int k = 0; k < (op_id ? 1 : size); k++)
+    if (!local_count[k] || !global_count[k]) {
+      rc = dist_client_fail(c, DIST_EINVAL, "count_global: %s[%d] is NULL",
+                            local_count[k] ? "global_count" : "local_count", k);
+      dist_spmd_refused(c, op_id, ranks, size);
+      goto out;
+    }
   if (op_id && n == 0) { /* outside the group: nobody sends it a row */
-    if (global_count[0]) memset(global_count[0], 0, sizeof(int64_t) * (size_t)size * (size_t)E);
+    memset(global_count[0], 0, sizeof(int64_t) * (size_t)size * (size_t)E);
     rc = 0;
     goto out;
   }

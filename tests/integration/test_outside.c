@@ -398,6 +398,60 @@ Test(outside, an_outsiders_exchange_arguments_are_checked_as_a_members, .timeout
   dist_close(c);
 }
 
+/* One of three trainers calling count_global over {0, 1} with one NULL
+ * entry: rank 0's local_count[0], rank 2's (outside) global_count[0]. */
+typedef struct count_trainer {
+  dist_client *c;
+  int rank;
+  int count_rc, reduce_rc;
+  int32_t sum;
+  char msg[600];
+} count_trainer;
+
+static void *null_count_main(void *arg) {
+  count_trainer *t = arg;
+  static const int pair[2] = {0, 1};
+  int64_t local[2] = {1, 1}, global[2] = {-1, -1};
+  const int64_t *lc[1] = {t->rank == 0 ? NULL : local};
+  int64_t *gc[1] = {t->rank == 2 ? NULL : global};
+  t->count_rc = dist_count_global(t->c, lc, 1, pair, 2, gc);
+  NOTE(t, "count_global", t->count_rc);
+  t->sum = t->rank + 1;
+  t->reduce_rc = dist_all_reduce(t->c, &t->sum, 1, DIST_INT32, DIST_REDUCE_SUM, NULL, 0);
+  NOTE(t, "all_reduce", t->reduce_rc);
+  return NULL;
+}
+
+/* Before, a member's NULL entry was read through (the trainer crashed,
+ * as a single client did) and an outsider's passed unseen; each is now
+ * refused naming it, the member's aborted to the other member, and every
+ * trainer stays in step. */
+Test(outside, a_null_count_global_entry_is_refused_inside_and_outside_the_group,
+     .timeout = 120, .fini = stop_cluster) {
+  harness_start(&cluster, 3, NULL);
+  count_trainer tr[3];
+  for (int r = 0; r < 3; r++)
+    tr[r] = (count_trainer){.c = harness_spmd_client(&cluster, r, "outside-count"), .rank = r};
+  run_trainers(3, null_count_main, tr, sizeof tr[0]);
+  const char *said[3] = {"local_count[0] is NULL", NULL, "global_count[0] is NULL"};
+  for (int r = 0; r < 3; r++) {
+    cr_log_info("rank %d: %s", r, tr[r].msg);
+    cr_expect_eq(tr[r].count_rc, r == 1 ? DIST_ECANCELED : DIST_EINVAL, "rank %d: %s", r,
+                 tr[r].msg);
+    cr_expect(!said[r] || strstr(tr[r].msg, said[r]), "rank %d: %s", r, tr[r].msg);
+    cr_expect(tr[r].reduce_rc == 0 && tr[r].sum == 6, "rank %d: %s", r, tr[r].msg);
+    dist_close(tr[r].c);
+  }
+  dist_client *c = harness_client(&cluster);
+  int64_t local[3] = {0}, global[3] = {0};
+  const int64_t *lcs[2] = {local, NULL};
+  int64_t *gcs[2] = {global, global};
+  int rc = dist_count_global(c, lcs, 1, (const int[]){0, 1}, 2, gcs);
+  cr_expect_eq(rc, DIST_EINVAL, "a single client's NULL entry: %s", dist_errmsg(c));
+  cr_expect(strstr(dist_errmsg(c), "local_count[1] is NULL"), "%s", dist_errmsg(c));
+  dist_close(c);
+}
+
 /* ------------------------------------------ the tape's exchanges */
 
 /* One of three trainers recording z = global_gather(global_scatter(x))
