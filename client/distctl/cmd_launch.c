@@ -2,8 +2,9 @@
  * trainers with DIST_RANK, DIST_WORLD_SIZE, DIST_CLUSTER and DIST_JOB_ID;
  * every rank's output goes to LOGDIR/workerlog.<rank>, rank 0's also to
  * the console. Without a cluster it runs one of N local daemons for the
- * job; --endpoint, one daemon for every trainer, is refused. If a rank fails, or cannot be started (fork fails), the others are
- * stopped and the status is non-zero. With --json, rank 0's console copy
+ * job; --endpoint, one daemon for every trainer, is refused. If a rank
+ * fails, or cannot be started (fork fails), the others are stopped and
+ * the status is non-zero. With --json, rank 0's console copy
  * goes to stderr instead, and stdout holds only one JSON object at the end:
  * each rank's exit status or signal, and the job's. */
 #include <errno.h>

@@ -73,9 +73,6 @@ static void print_ops_table(dist_client *c, const dist_ops_report *rep, const in
     }
 }
 
-/* Arguments that may hold only `option` (once): its value in *text, or
- * NULL when not given. 0, or 2 after a usage error. */
-
 static json_t *ops_rank_json(const dist_ops_report *rep) {
   json_t *in = json_array(), *recent = json_array();
   for (int i = 0; i < rep->n_in_flight + rep->n_recent; i++)

@@ -468,8 +468,10 @@ typedef struct dist_moe_layer_opts {
  * take the op ids a member's successful pass takes (3 and 2) and give an
  * empty y[0] / grad_x[0] (malloc'd) and a zero grad_gate, and its
  * configure_optimizer and step take theirs (1 each) and change nothing,
- * as Paddle's layer does nothing on a rank outside its group. A member
- * refusing a pass takes 1 there, which the outsider cannot learn. */
+ * as Paddle's layer does nothing on a rank outside its group. Every SPMD
+ * trainer's pass takes those 3 and 2 ids whatever happens in it: a member
+ * that refuses it, or fails a step, takes the rest of them too, since the
+ * outsider cannot learn of it. */
 int dist_moe_layer_create(dist_client *c, const char *name,
                           const dist_moe_layer_opts *opts,
                           dist_moe_layer **out);
