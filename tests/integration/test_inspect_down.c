@@ -106,9 +106,9 @@ Test(inspect_down, json_counts_the_rank_down_and_says_why) {
 Test(inspect_down, top_waits_one_timeout_per_sample, .init = start_with_two_frozen) {
   double t, timeout = TIMEOUT_MS / 1e3;
   free(distctl_down("top --iterations 1", &t));
-  cr_assert(t < 1.6 * timeout, "one sample took %.2f s with a timeout of %.1f s", t, timeout);
+  cr_assert(t < 1.8 * timeout, "one sample took %.2f s with a timeout of %.1f s", t, timeout);
   char *out = distctl_down("top --json --interval 0.2", &t);
-  cr_assert(t < 2.8 * timeout, "two samples took %.2f s with a timeout of %.1f s", t, timeout);
+  cr_assert(t < 3.3 * timeout, "two samples took %.2f s with a timeout of %.1f s", t, timeout);
   json_t *j = json_loads(out, 0, NULL);
   cr_assert(j && json_integer_value(json_object_get(j, "down")) == 2, "%s", out);
   json_decref(j);
@@ -117,14 +117,15 @@ Test(inspect_down, top_waits_one_timeout_per_sample, .init = start_with_two_froz
 
 /* status, peers, ops, experts and params asked their ranks one after the
  * other: with ranks 1 and 2 frozen each waited the timeout twice. Asked
- * at once, they wait it once. */
+ * at once, they wait it once. The bounds sit between the two, with room
+ * for a slow start under ASan on a loaded machine. */
 Test(inspect_down, every_verb_waits_one_timeout_for_all_ranks_down,
      .init = start_with_two_frozen) {
   const char *verbs[] = {"status", "peers", "ops", "experts", "params"};
   double t, timeout = TIMEOUT_MS / 1e3;
   for (size_t i = 0; i < sizeof verbs / sizeof verbs[0]; i++) {
     free(distctl_down(verbs[i], &t));
-    cr_assert(t < 1.6 * timeout, "distctl %s took %.2f s with a timeout of %.1f s", verbs[i],
+    cr_assert(t < 1.8 * timeout, "distctl %s took %.2f s with a timeout of %.1f s", verbs[i],
               t, timeout);
   }
 }
