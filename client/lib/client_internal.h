@@ -192,6 +192,9 @@ int dist_tensor_outsider(dist_client *c, const char *name, dist_dtype dt,
 /* The global shape Paddle's dtensor_from_local derives from a local one. */
 void dist_global_from_local(const dist_mesh_desc *m, const dist_placement *p,
                             const dist_shape *local, dist_shape *global);
+/* An outsider's empty result in *out: a malloc'd buffer of no bytes,
+ * to free() as a member's; c->err cleared. 0, or DIST_ENOMEM. */
+int dist_empty_result(dist_client *c, void **out);
 /* An outsider's local piece of t: 0 bytes in a malloc'd *data, each of
  * the ndim entries of shape (when not NULL) 0. */
 int dist_empty_local(dist_client *c, const dist_tensor *t, void **data, size_t *nbytes,

@@ -137,9 +137,7 @@ static int check_exchange_args(dist_client *c, const exchange_args *a, int n) {
  * kept, as its daemon is not in the exchange. */
 static int no_rows(dist_client *c, void **out, int64_t *out_rows) {
   if (out_rows) out_rows[0] = 0;
-  if (out && !(out[0] = malloc(1)))
-    return dist_client_fail(c, DIST_ENOMEM, "cannot allocate the result");
-  return 0;
+  return out ? dist_empty_result(c, &out[0]) : 0;
 }
 
 static int exchange(dist_client *c, const exchange_args *a, const int *group,

@@ -447,27 +447,19 @@ static int check_rows(dist_client *c, const dist_moe_layer *l, const char *func,
 /* The pass of an SPMD trainer outside the layer's group (l->n 0): it
  * holds no expert and routes no token, so the pass is a no-op, as a
  * Paddle layer is for a rank outside its group, giving an empty out[0]
- * (malloc'd, to free() as a member's). It takes the ids the members'
- * pass takes, refused or not: nobody waits for it, so it cannot tell them
- * (nor learn that a member refused the pass: see whole_pass). */
-static int outsider_pass(dist_client *c, int ids, int refused, void **out) {
-  for (int i = 0; i < ids; i++) dist_next_op_id(c);
-  if (refused) return c->err.code;
-  if (out && !(out[0] = malloc(1))) return dist_client_fail(c, DIST_ENOMEM, "out of memory");
+ * (malloc'd, to free() as a member's). Its ids are whole_pass's to take:
+ * nobody waits for it, so it cannot tell anyone when it refuses. */
+static int outsider_pass(dist_client *c, void **out) {
+  if (out) return dist_empty_result(c, &out[0]);
   c->err = (dist_errbuf)DIST_ERRBUF_INIT;
   return 0;
 }
 
-/* A member's forward; it may stop before its last exchange (refused or
- * failed), taking fewer than FORWARD_IDS. */
+/* A member's forward, its arguments given; it may stop before its last
+ * exchange (refused or failed), taking fewer than FORWARD_IDS. */
 static int member_forward(dist_client *c, dist_moe_layer *l, const void *const *x,
                           const int64_t *tokens, const void *gate_w, void **y) {
   void *rows[DIST_MAX_MESH_RANKS] = {0}, *outs[DIST_MAX_MESH_RANKS] = {0};
-  if (!x || !tokens || !gate_w || !y) {
-    dist_client_fail(c, DIST_EINVAL, "MoE layer '%s': forward needs x, tokens, gate_w "
-                     "and y", l->name);
-    return refuse_pass(c, l);
-  }
   if (check_rows(c, l, "dist_moe_layer_forward", "x", x, tokens)) return refuse_pass(c, l);
   to_double(gate_w, l->dt, l->gate, (size_t)(l->dm * l->NE));
   int rc = route(c, l, x, tokens);
@@ -508,17 +500,15 @@ int dist_moe_layer_forward(dist_client *c, dist_moe_layer *l,
   if (!c) return dist_no_client(__func__);
   if (DIST_NEED(c, l)) return c->err.code;
   l->forwarded = 0;
-  if (l->n == 0) {
-    int bad = !x || !tokens || !gate_w || !y;
-    if (bad)
-      dist_client_fail(c, DIST_EINVAL, "MoE layer '%s': forward needs x, tokens, gate_w "
-                       "and y", l->name);
-    int rc = outsider_pass(c, FORWARD_IDS, bad, y);
-    l->forwarded = rc == 0;
-    return rc;
-  }
   uint64_t first = dist_last_op_id(c) + 1;
-  int rc = member_forward(c, l, x, tokens, gate_w, y);
+  int rc;
+  if (!x || !tokens || !gate_w || !y) {
+    dist_client_fail(c, DIST_EINVAL, "MoE layer '%s': forward needs x, tokens, gate_w "
+                     "and y", l->name);
+    rc = l->n ? refuse_pass(c, l) : c->err.code;
+  } else {
+    rc = l->n ? member_forward(c, l, x, tokens, gate_w, y) : outsider_pass(c, y);
+  }
   l->forwarded = rc == 0;
   return whole_pass(c, first, FORWARD_IDS, rc);
 }
@@ -595,7 +585,8 @@ static int backward_parts(dist_client *c, dist_moe_layer *l,
 
 static int outsider_backward(dist_client *c, dist_moe_layer *l, int refused,
                              void **grad_x, void *grad_gate) {
-  int rc = outsider_pass(c, BACKWARD_IDS, refused, grad_x);
+  if (refused) return c->err.code;
+  int rc = outsider_pass(c, grad_x);
   if (rc == 0 && grad_gate)
     memset(grad_gate, 0, (size_t)(l->dm * l->NE) * dist_dtype_size(l->dt));
   if (rc == 0) l->have_grads = 1, l->forwarded = 0;

@@ -56,12 +56,17 @@ void dist_global_from_local(const dist_mesh_desc *m, const dist_placement *p,
     if (p[md].kind == DIST_SHARD) global->dims[p[md].dim] *= m->shape[md];
 }
 
+int dist_empty_result(dist_client *c, void **out) {
+  *out = malloc(1); /* as a daemon's empty piece: something to free() */
+  if (!*out) return dist_client_fail(c, DIST_ENOMEM, "out of memory");
+  c->err = (dist_errbuf)DIST_ERRBUF_INIT;
+  return 0;
+}
+
 int dist_empty_local(dist_client *c, const dist_tensor *t, void **data, size_t *nbytes,
                      int64_t *shape) {
-  *data = malloc(1); /* as a daemon's empty piece: something to free() */
-  if (!*data) return dist_client_fail(c, DIST_ENOMEM, "out of memory");
+  if (dist_empty_result(c, data) != 0) return c->err.code;
   *nbytes = 0;
   for (int d = 0; shape && d < t->shape.ndim; d++) shape[d] = 0;
-  c->err = (dist_errbuf)DIST_ERRBUF_INIT;
   return 0;
 }
