@@ -27,7 +27,7 @@ distctl_ranks *distctl_ranks_open(const distctl_global *g, dist_client *c) {
   rk->n = dist_world_size(c);
   rk->one = calloc((size_t)rk->n + 1, sizeof *rk->one);
   /* A client of one daemon (--endpoint, or a cluster of one) is its own. */
-  for (int r = 0; r < rk->n && rk->n == 1; r++) rk->one[r] = c;
+  if (rk->n == 1) rk->one[0] = c;
   for (int r = 0; r < rk->n && rk->n > 1; r++) {
     distctl_global each = *g;
     each.cluster = NULL, each.endpoint = dist_endpoint(c, r);

@@ -48,8 +48,7 @@ static int run_experts(const distctl_global *g, int argc, char **argv) {
            "TOKENS_RECENT", "TOKENS_TOTAL");
   for (int r = 0; r < n; r++) {
     if (!a[r].ok) {
-      json_array_append_new(ranks, distctl_rank_down(c, r, a[r].error));
-      if (!g->json) distctl_print_down_row(dist_daemon_rank(c, r), NULL, a[r].error);
+      distctl_table_down(g, c, r, a[r].error, ranks);
       continue;
     }
     json_array_append_new(ranks, experts_rank_json(&rep[r]));

@@ -105,8 +105,7 @@ static int run_params(const distctl_global *g, int argc, char **argv) {
   distctl_answer *a = distctl_ask_each(g, c, ask_params, NULL, rep, sizeof *rep, &down);
   for (int r = 0; r < n; r++) {
     if (!a[r].ok) {
-      json_array_append_new(ranks, distctl_rank_down(c, r, a[r].error));
-      if (!g->json) distctl_print_down_row(dist_daemon_rank(c, r), NULL, a[r].error);
+      distctl_table_down(g, c, r, a[r].error, ranks);
       continue;
     }
     ok[r] = 1;

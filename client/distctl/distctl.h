@@ -63,11 +63,14 @@ void distctl_print_json(json_t *j);
  * rank (-1: "?"), its endpoint when the table has that column (status;
  * else NULL), "down" and why. */
 void distctl_print_down_row(int rank, const char *endpoint, const char *error);
-/* A rank that did not answer, as the --json reports list it. */
-json_t *distctl_down_json(dist_client *c, int rank, const char *error);
 /* The rank at position `rank` did not answer (error: its distctl_answer's):
- * says so on stderr (distctl_rank_fail) and returns its distctl_down_json. */
+ * says so on stderr (distctl_rank_fail) and returns its entry in the
+ * --json reports' "ranks". */
 json_t *distctl_rank_down(dist_client *c, int rank, const char *error);
+/* The same, in a table without an endpoint column: its entry appended to
+ * ranks, and its down row printed unless --json. */
+void distctl_table_down(const distctl_global *g, dist_client *c, int rank, const char *error,
+                        json_t *ranks);
 /* The rank of the daemon at position pos, as distctl shows it: the
  * daemon's own (dist_daemon_rank: with --endpoint, not the position 0),
  * or, for a daemon of --endpoint that did not say, null in JSON and "?"

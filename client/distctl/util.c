@@ -148,14 +148,20 @@ void distctl_print_down_row(int rank, const char *endpoint, const char *error) {
   printf("%-8s %s\n", "down", error);
 }
 
-json_t *distctl_down_json(dist_client *c, int rank, const char *error) {
+static json_t *down_json(dist_client *c, int rank, const char *error) {
   return json_pack("{s:o,s:s,s:s}", "rank", distctl_rank_json(c, rank), "endpoint",
                    dist_endpoint(c, rank), "error", error);
 }
 
 json_t *distctl_rank_down(dist_client *c, int rank, const char *error) {
   rank_fail_with(c, rank, error);
-  return distctl_down_json(c, rank, error);
+  return down_json(c, rank, error);
+}
+
+void distctl_table_down(const distctl_global *g, dist_client *c, int rank, const char *error,
+                        json_t *ranks) {
+  json_array_append_new(ranks, distctl_rank_down(c, rank, error));
+  if (!g->json) distctl_print_down_row(dist_daemon_rank(c, rank), NULL, error);
 }
 
 static const char *plural(int n) { return n == 1 ? "" : "s"; }
