@@ -16,10 +16,9 @@ static int live(const remembered_op *r, int64_t now) {
   return r->at_ms && now - r->at_ms < REMEMBER_MS;
 }
 
-/* op_id is one of rg's ids or a refusal step of one. */
-static int range_covers(const remembered_range *rg, uint64_t op_id) {
-  unsigned steps[DISTD_REFUSED_STEPS_MAX];
-  int n = distd_refused_steps(steps);
+/* op_id is one of rg's ids or a refusal step of one (steps[0..n)). */
+static int range_covers(const remembered_range *rg, uint64_t op_id, const unsigned *steps,
+                        int n) {
   for (int i = 0; i < n; i++)
     if (distd_subop_parent(op_id, steps[i]) - rg->op.op_id < rg->count) return 1;
   return 0;
@@ -34,9 +33,12 @@ static remembered_op *find_in_ring(distd_peers *p, uint64_t op_id, int64_t now) 
 }
 
 static remembered_range *find_range(distd_peers *p, uint64_t op_id, int64_t now) {
+  if (p->ranges_used == 0) return NULL;
+  unsigned steps[DISTD_REFUSED_STEPS_MAX]; /* the same for every range */
+  int n = distd_refused_steps(steps);
   for (int i = 0; i < p->ranges_used; i++) {
     remembered_range *rg = &p->ranges[i];
-    if (live(&rg->op, now) && range_covers(rg, op_id)) return rg;
+    if (live(&rg->op, now) && range_covers(rg, op_id, steps, n)) return rg;
   }
   return NULL;
 }
