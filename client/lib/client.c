@@ -382,6 +382,12 @@ void dist_take_ids_through(dist_client *c, uint64_t last) {
   while (dist_last_op_id(c) < last) dist_next_op_id(c);
 }
 
+uint64_t dist_take_ids(dist_client *c, int n) {
+  uint64_t first = dist_last_op_id(c) + 1;
+  dist_take_ids_through(c, first + (uint64_t)n - 1);
+  return first;
+}
+
 int dist_targets(dist_client *c, const dist_mesh_desc *m, int *targets) {
   for (int i = 0; i < m->nranks; i++)
     if (m->ranks[i] >= c->n)

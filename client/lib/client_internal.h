@@ -153,6 +153,8 @@ uint64_t dist_last_op_id(const dist_client *c);
  * stop early (refused, failed) still takes the ids every trainer counts
  * for it, so that later operations stay in step. */
 void dist_take_ids_through(dist_client *c, uint64_t last);
+/* Takes the next n op ids (n >= 1); returns the first. */
+uint64_t dist_take_ids(dist_client *c, int n);
 /* spmd_refuse.c: c->err's code, after an SPMD trainer refused the
  * operation under op_id of the daemons ranks[0..n) itself (c->err says
  * why): its daemon tells the others, so that their trainers fail at once

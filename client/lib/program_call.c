@@ -267,9 +267,7 @@ static int refuse_call(dist_client *c, const dist_program *p, uint64_t id) {
  * refuses it stays in step: the invocation's, then one per output's shape
  * exchange. Returns the first. */
 static uint64_t take_call_ids(dist_client *c, const dist_program *p) {
-  uint64_t id = dist_next_op_id(c);
-  for (int k = 1; k < dist_local_layer_ids(p->n_outputs); k++) dist_next_op_id(c);
-  return id;
+  return dist_take_ids(c, dist_local_layer_ids(p->n_outputs));
 }
 
 int dist_local_layer_ids(int n_outputs) { return 1 + n_outputs; }

@@ -55,15 +55,11 @@ static int outside_gradient(const dist_tape *t, const slot *g) {
   return g->per_rank ? g->ranks.n == 0 : dist_spmd_outside(t->c, &g->t.mesh.d);
 }
 
-static void take_ids(dist_client *c, int n) {
-  for (int i = 0; i < n; i++) dist_next_op_id(c);
-}
-
 /* An outsider's gradient add or copy into a tensor called name, laid out
  * as like: the ids taken, nothing sent, a handle without a piece. */
 static void outsider_add(dist_tape *t, const dist_tensor *like, const char *name,
                          dist_tensor *out) {
-  take_ids(t->c, dist_grad_add_ids());
+  dist_take_ids(t->c, dist_grad_add_ids());
   *out = *like;
   snprintf(out->name, sizeof out->name, "%s", name);
   out->no_piece = 1;
