@@ -213,12 +213,13 @@ static float rs_value(int rank, int block, size_t i) {
   return (float)(rank * 3 + block * 7) + (float)(i % 13);
 }
 
-static int reduce_scatter_body(rank_ctx *c) {
+/* A reduce-scatter in which member r keeps count_of(r) float32 elements. */
+static int reduce_scatter_of(rank_ctx *c, size_t (*count_of)(int), uint64_t op) {
   int group[FIX_MAX];
   distd_coll coll;
-  if (init_world(c, &coll, 11, group)) return -1;
+  if (init_world(c, &coll, op, group)) return -1;
   size_t cnt[FIX_MAX], total = 0;
-  for (int r = 0; r < c->n; r++) total += cnt[r] = uneven(r, 2);
+  for (int r = 0; r < c->n; r++) total += cnt[r] = count_of(r);
   float *in = malloc(total * 4 + 1), *out = malloc(cnt[c->rank] * 4 + 1);
   size_t k = 0;
   for (int b = 0; b < c->n; b++)
@@ -239,20 +240,26 @@ static int reduce_scatter_body(rank_ctx *c) {
   return rc;
 }
 
+static size_t uneven_2(int r) { return uneven(r, 2); }
+
+static int reduce_scatter_body(rank_ctx *c) { return reduce_scatter_of(c, uneven_2, 11); }
+
 static size_t a2a_count(int src, int dst) { return (size_t)((src + 2 * dst) % 4) * 777; }
 
 static int64_t a2a_value(int src, int dst, size_t i) {
   return ((int64_t)src << 40) | ((int64_t)dst << 32) | (int64_t)i;
 }
 
-static int alltoallv_body(rank_ctx *c) {
+/* An all-to-all in which member src sends count_of(src, dst) int64
+ * elements to member dst. */
+static int alltoallv_of(rank_ctx *c, size_t (*count_of)(int, int), uint64_t op) {
   int group[FIX_MAX];
   distd_coll coll;
-  if (init_world(c, &coll, 12, group)) return -1;
+  if (init_world(c, &coll, op, group)) return -1;
   size_t sc[FIX_MAX], rcnt[FIX_MAX], st = 0, rt = 0;
   for (int j = 0; j < c->n; j++) {
-    st += sc[j] = a2a_count(c->rank, j);
-    rt += rcnt[j] = a2a_count(j, c->rank);
+    st += sc[j] = count_of(c->rank, j);
+    rt += rcnt[j] = count_of(j, c->rank);
   }
   int64_t *send = malloc(st * 8 + 1), *recv = malloc(rt * 8 + 1);
   size_t k = 0;
@@ -272,6 +279,8 @@ static int alltoallv_body(rank_ctx *c) {
   free(send), free(recv);
   return rc;
 }
+
+static int alltoallv_body(rank_ctx *c) { return alltoallv_of(c, a2a_count, 12); }
 
 static int broadcast_barrier_p2p_body(rank_ctx *c) {
   int group[FIX_MAX];
@@ -314,6 +323,33 @@ static void uneven_suite(int n) {
 Test(coll, uneven_allgather_reduce_scatter_alltoallv_broadcast_on_2_ranks) { uneven_suite(2); }
 Test(coll, uneven_allgather_reduce_scatter_alltoallv_broadcast_on_3_ranks) { uneven_suite(3); }
 Test(coll, uneven_allgather_reduce_scatter_alltoallv_broadcast_on_4_ranks) { uneven_suite(4); }
+
+/* ---- self parts longer than one chunk of a local copy ----
+ * A member's own part of these is copied while its wait has nothing to
+ * read or write (peer_copy.c), in 64 KiB chunks, interleaved with the
+ * peers' parts arriving into the same buffer. */
+
+static size_t big_uneven(int r) { return (size_t)(r % 3) * 70001 + 16411; }
+
+static size_t big_a2a_count(int src, int dst) {
+  return (size_t)((src + 2 * dst) % 4) * 60013 + (src == dst ? 24571 : 5);
+}
+
+static int big_self_parts_body(rank_ctx *c) {
+  int rc = allgather_of(c, big_uneven, NULL, 40);
+  if (!rc) rc = reduce_scatter_of(c, big_uneven, 41);
+  if (!rc) rc = alltoallv_of(c, big_a2a_count, 42);
+  return rc;
+}
+
+Test(coll, self_parts_longer_than_a_copy_chunk_on_2_and_4_ranks, .timeout = 120) {
+  for (int n = 2; n <= 4; n += 2) {
+    peer_fixture f;
+    fix_setup(&f, n);
+    expect_all_ok(&f, big_self_parts_body);
+    fix_teardown(&f);
+  }
+}
 
 /* ---- a sub-group, in its own order ---- */
 
