@@ -17,15 +17,6 @@
 #include "bcast.h"
 #include "kernels.h"
 
-int distd_op_is_compare(distd_op op) {
-  return op >= DIST__V1__OP_KIND__OP_EQ && op <= DIST__V1__OP_KIND__OP_GE;
-}
-
-int distd_op_is_logical(distd_op op) {
-  return op == DIST__V1__OP_KIND__OP_LOGICAL_AND ||
-         op == DIST__V1__OP_KIND__OP_LOGICAL_OR;
-}
-
 /* ------------------------------------------------------------ binary */
 
 /* Signed integer arithmetic wraps (through unsigned) instead of being

@@ -161,12 +161,6 @@ static void plan_reduce(const dist_shape *s, const uint8_t *red, int *perm,
     }
 }
 
-dist_dtype distd_reduce_out_dtype(distd_op op, dist_dtype in) {
-  if (op == DIST__V1__OP_KIND__OP_SUM && (in == DIST_BOOL || in == DIST_INT32))
-    return DIST_INT64;
-  return in;
-}
-
 int distd_k_reduce(distd_op op, distd_tval *x, const int64_t *axes,
                    size_t naxes, int keepdim, distd_tval **out,
                    dist_errbuf *eb) {
@@ -273,54 +267,6 @@ out:
 }
 
 /* ------------------------------------------------------- cross-entropy */
-
-static int is_int_dtype(dist_dtype dt) {
-  return dt == DIST_INT8 || dt == DIST_UINT8 || dt == DIST_INT32 ||
-         dt == DIST_INT64;
-}
-
-/* labels may be logits' shape without the class dim, or with it as 1. */
-static int rows_shape_ok(const dist_shape *l, const dist_shape *lab) {
-  dist_shape rows = *l;
-  rows.ndim--;
-  if (dist_shape_equal(&rows, lab)) return 1;
-  rows.dims[rows.ndim++] = 1;
-  return dist_shape_equal(&rows, lab);
-}
-
-int distd_shape_cross_entropy(const distd_vmeta *logits,
-                              const distd_vmeta *labels,
-                              const distd_vmeta *mask, const distd_ce_opts *o,
-                              dist_shape *out, dist_errbuf *eb) {
-  char sl[128], sb[128];
-  if (!dist_dtype_is_float(logits->dtype))
-    return dist_fail(eb, DIST_EINVAL, "logits need a float dtype, got %s",
-                     dist_dtype_name(logits->dtype));
-  if (logits->shape.ndim < 1)
-    return dist_fail(eb, DIST_EINVAL, "logits need a class dim");
-  if (!is_int_dtype(labels->dtype))
-    return dist_fail(eb, DIST_EINVAL, "labels need an integer dtype, got %s",
-                     dist_dtype_name(labels->dtype));
-  dist_shape_format(&logits->shape, sl, sizeof sl);
-  dist_shape_format(&labels->shape, sb, sizeof sb);
-  if (!rows_shape_ok(&logits->shape, &labels->shape))
-    return dist_fail(eb, DIST_EMISMATCH, "labels %s do not match logits %s",
-                     sb, sl);
-  if (mask && (mask->dtype == DIST_DTYPE_INVALID ||
-               !rows_shape_ok(&logits->shape, &mask->shape))) {
-    char sm[128];
-    dist_shape_format(&mask->shape, sm, sizeof sm);
-    return dist_fail(eb, DIST_EMISMATCH, "mask %s does not match logits %s",
-                     sm, sl);
-  }
-  dist_shape r = {0, {0}};
-  if (o->reduction == DIST__V1__REDUCTION__REDUCTION_NONE) {
-    r = logits->shape;
-    r.ndim--;
-  }
-  *out = r;
-  return 0;
-}
 
 /* Everything cross-entropy needs per row, in double: the log-softmax of
  * the logits, the label and the weight. */

@@ -171,21 +171,6 @@ int distd_k_full(dist_dtype dt, const dist_shape *shape, double v,
   return 0;
 }
 
-int distd_arange_count(double start, double end, double step, int64_t *n,
-                       dist_errbuf *eb) {
-  if (step == 0) /* numpy and Paddle refuse it too: there is no end */
-    return dist_fail(eb, DIST_EINVAL, "step is 0: arange(%g, %g, 0) never "
-                     "reaches its end", start, end);
-  if (!isfinite(step) || !isfinite(start) || !isfinite(end))
-    return dist_fail(eb, DIST_EINVAL, "arange(%g, %g, %g) is not finite",
-                     start, end, step);
-  double c = ceil((end - start) / step);
-  if (c > 1e12)
-    return dist_fail(eb, DIST_ETOOBIG, "arange of %.0f elements", c);
-  *n = c > 0 ? (int64_t)c : 0;
-  return 0;
-}
-
 int distd_k_arange(dist_dtype dt, double start, double end, double step,
                    distd_tval **out, dist_errbuf *eb) {
   int64_t n = 0;

@@ -1,4 +1,7 @@
-/* Shape rules shared by shape inference and the kernels. */
+/* Shape rules shared by shape inference and the kernels; libdist links
+ * them with the inference (client/lib/program_outside.c), so they stay
+ * free of the kernels. */
+#include <math.h>
 #include <string.h>
 
 #include "kernels.h"
@@ -252,4 +255,82 @@ int distd_slice_resolve(const dist_shape *x, const int64_t *axes, size_t naxes,
 void distd_slice_shape(const distd_slice *s, dist_shape *out) {
   out->ndim = s->ndim;
   for (int d = 0; d < s->ndim; d++) out->dims[d] = s->count[d];
+}
+
+int distd_op_is_compare(distd_op op) {
+  return op >= DIST__V1__OP_KIND__OP_EQ && op <= DIST__V1__OP_KIND__OP_GE;
+}
+
+int distd_op_is_logical(distd_op op) {
+  return op == DIST__V1__OP_KIND__OP_LOGICAL_AND ||
+         op == DIST__V1__OP_KIND__OP_LOGICAL_OR;
+}
+
+dist_dtype distd_reduce_out_dtype(distd_op op, dist_dtype in) {
+  if (op == DIST__V1__OP_KIND__OP_SUM && (in == DIST_BOOL || in == DIST_INT32))
+    return DIST_INT64;
+  return in;
+}
+
+static int is_int_dtype(dist_dtype dt) {
+  return dt == DIST_INT8 || dt == DIST_UINT8 || dt == DIST_INT32 ||
+         dt == DIST_INT64;
+}
+
+/* labels may be logits' shape without the class dim, or with it as 1. */
+static int rows_shape_ok(const dist_shape *l, const dist_shape *lab) {
+  dist_shape rows = *l;
+  rows.ndim--;
+  if (dist_shape_equal(&rows, lab)) return 1;
+  rows.dims[rows.ndim++] = 1;
+  return dist_shape_equal(&rows, lab);
+}
+
+int distd_shape_cross_entropy(const distd_vmeta *logits,
+                              const distd_vmeta *labels,
+                              const distd_vmeta *mask, const distd_ce_opts *o,
+                              dist_shape *out, dist_errbuf *eb) {
+  char sl[128], sb[128];
+  if (!dist_dtype_is_float(logits->dtype))
+    return dist_fail(eb, DIST_EINVAL, "logits need a float dtype, got %s",
+                     dist_dtype_name(logits->dtype));
+  if (logits->shape.ndim < 1)
+    return dist_fail(eb, DIST_EINVAL, "logits need a class dim");
+  if (!is_int_dtype(labels->dtype))
+    return dist_fail(eb, DIST_EINVAL, "labels need an integer dtype, got %s",
+                     dist_dtype_name(labels->dtype));
+  dist_shape_format(&logits->shape, sl, sizeof sl);
+  dist_shape_format(&labels->shape, sb, sizeof sb);
+  if (!rows_shape_ok(&logits->shape, &labels->shape))
+    return dist_fail(eb, DIST_EMISMATCH, "labels %s do not match logits %s",
+                     sb, sl);
+  if (mask && (mask->dtype == DIST_DTYPE_INVALID ||
+               !rows_shape_ok(&logits->shape, &mask->shape))) {
+    char sm[128];
+    dist_shape_format(&mask->shape, sm, sizeof sm);
+    return dist_fail(eb, DIST_EMISMATCH, "mask %s does not match logits %s",
+                     sm, sl);
+  }
+  dist_shape r = {0, {0}};
+  if (o->reduction == DIST__V1__REDUCTION__REDUCTION_NONE) {
+    r = logits->shape;
+    r.ndim--;
+  }
+  *out = r;
+  return 0;
+}
+
+int distd_arange_count(double start, double end, double step, int64_t *n,
+                       dist_errbuf *eb) {
+  if (step == 0) /* numpy and Paddle refuse it too: there is no end */
+    return dist_fail(eb, DIST_EINVAL, "step is 0: arange(%g, %g, 0) never "
+                     "reaches its end", start, end);
+  if (!isfinite(step) || !isfinite(start) || !isfinite(end))
+    return dist_fail(eb, DIST_EINVAL, "arange(%g, %g, %g) is not finite",
+                     start, end, step);
+  double c = ceil((end - start) / step);
+  if (c > 1e12)
+    return dist_fail(eb, DIST_ETOOBIG, "arange of %.0f elements", c);
+  *n = c > 0 ? (int64_t)c : 0;
+  return 0;
 }
