@@ -37,10 +37,8 @@ static int build_backward(dist_client *c, dist_invocation *v, fanout *f,
                           Dist__V1__ProgramBackwardRequest *rq) {
   for (int i = 0; i < f->n; i++) {
     dist__v1__program_backward_request__init(&rq[i]);
-    for (int k = 0; out_grads && k < v->n_outputs; k++) {
-      int rc = dist_prog_fill_arg(c, &f->args[i], k, &out_grads[k], i, 0, "output gradient");
-      if (rc) return rc;
-    }
+    for (int k = 0; out_grads && k < v->n_outputs; k++)
+      dist_prog_fill_arg(c, &f->args[i], k, &out_grads[k], i);
     rq[i].invocation_id = v->id;
     rq[i].n_ranks = (size_t)v->nvote;
     rq[i].ranks = v->vote_ranks;
@@ -56,6 +54,21 @@ static int build_backward(dist_client *c, dist_invocation *v, fanout *f,
   return 0;
 }
 
+int dist_prog_name_grads(dist_client *c, const dist_invocation *inv,
+                         const dist_backward_opts *o, char **names, char (*buf)[256]) {
+  if (o->grad_names &&
+      dist_prog_check_chosen_names(c, "gradient", o->grad_names, inv->n_inputs, 1))
+    return c->err.code;
+  for (int j = 0; j < inv->n_inputs; j++) {
+    if (o->grad_names)
+      snprintf(buf[j], sizeof *buf, "%s", o->grad_names[j] ? o->grad_names[j] : "");
+    else if (inv->input_is_tensor[j])
+      snprintf(buf[j], sizeof *buf, "%s.grad%d", inv->out_names[0], j);
+    names[j] = buf[j];
+  }
+  return 0;
+}
+
 /* The backward's gradient names (in buf) and requests, made and checked
  * before any is sent. */
 static int prepare_backward(dist_client *c, dist_invocation *inv, fanout *f,
@@ -65,16 +78,7 @@ static int prepare_backward(dist_client *c, dist_invocation *inv, fanout *f,
   int rc = dist_check_call_args(c, "dist_backward", "out_grads", out_grads,
                                 out_grads ? inv->n_outputs : 0, c->spmd_rank >= 0 ? 1 : inv->n);
   if (rc) return rc;
-  if (o->grad_names &&
-      (rc = dist_prog_check_chosen_names(c, "gradient", o->grad_names, inv->n_inputs, 1)))
-    return rc;
-  for (int j = 0; j < inv->n_inputs; j++) {
-    if (o->grad_names)
-      snprintf(buf[j], sizeof *buf, "%s", o->grad_names[j] ? o->grad_names[j] : "");
-    else if (inv->input_is_tensor[j])
-      snprintf(buf[j], sizeof *buf, "%s.grad%d", inv->out_names[0], j);
-    names[j] = buf[j];
-  }
+  if ((rc = dist_prog_name_grads(c, inv, o, names, buf))) return rc;
   return build_backward(c, inv, f, out_grads, names, o, rq);
 }
 
@@ -86,6 +90,7 @@ int dist_backward(dist_client *c, dist_invocation *inv,
   dist_backward_opts o = DIST_BACKWARD_OPTS_INIT;
   if (opts) o = *opts;
   for (int j = 0; grads && j < inv->n_inputs; j++) grads[j] = NULL;
+  if (inv->outside_grads) return dist_prog_backward_outside(c, inv, out_grads, &o, grads);
   fanout f = {.n = inv->n};
   memcpy(f.targets, inv->targets, sizeof(int) * (size_t)inv->n);
   Dist__V1__ProgramBackwardRequest *rq = calloc((size_t)inv->n + 1, sizeof *rq);

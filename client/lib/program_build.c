@@ -91,6 +91,7 @@ static void input_free(Dist__V1__ProgramInput *in) {
 
 void dist_program_free(dist_program *p) {
   if (!p) return;
+  dist_prog_unregister_outside(p); /* an outsider's, kept here only */
   for (int i = 0; i < p->n_inputs; i++) {
     input_free(p->inputs[i]);
     free(p->input_w[i]);

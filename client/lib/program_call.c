@@ -41,15 +41,17 @@ static void set_value(arg_set *s, int j, const dist_value *v) {
 }
 
 /* Argument j of target i from a: a tensor name, or the target's value. */
-int dist_prog_fill_arg(dist_client *c, arg_set *s, int j, const dist_arg *a,
-                       int i, int need_tensor, const char *what) {
-  if (a->tensor) {
-    s->args[j].tensor = (char *)a->tensor->name;
-    return 0;
-  }
-  if (need_tensor)
-    return dist_client_fail(c, DIST_EINVAL, "%s %d needs a dist_tensor", what, j);
-  if (a->values) set_value(s, j, &a->values[c->spmd_rank >= 0 ? 0 : i]);
+void dist_prog_fill_arg(const dist_client *c, arg_set *s, int j, const dist_arg *a, int i) {
+  if (a->tensor) s->args[j].tensor = (char *)a->tensor->name;
+  else if (a->values) set_value(s, j, &a->values[c->spmd_rank >= 0 ? 0 : i]);
+}
+
+int dist_prog_check_input(dist_client *c, const dist_program *p, int j, const dist_arg *a) {
+  int kind = p->inputs[j]->kind;
+  if (kind == DIST__V1__PROGRAM_INPUT__KIND__DTENSOR_LOCAL && !a->tensor)
+    return dist_client_fail(c, DIST_EINVAL, "input %d needs a dist_tensor", j);
+  if (kind == DIST__V1__PROGRAM_INPUT__KIND__VALUE && !a->values)
+    return dist_client_fail(c, DIST_EINVAL, "input %d needs values", j);
   return 0;
 }
 
@@ -88,8 +90,8 @@ void dist_prog_fanout_free(fanout *f) {
   free(f->calls);
 }
 
-static dist_invocation *invocation_new(const dist_program *p, int n,
-                                       uint64_t id, int spmd_rank) {
+dist_invocation *dist_prog_invocation_new(const dist_program *p, int n, uint64_t id,
+                                          int spmd_rank) {
   dist_invocation *v = calloc(1, sizeof *v);
   if (!v) return NULL;
   v->id = id;
@@ -124,6 +126,7 @@ void dist_invocation_free(dist_invocation *inv) {
   free(inv->input_is_tensor);
   free(inv->out_names);
   free(inv->vote_ranks);
+  free(inv->outside_grads);
   free(inv);
 }
 
@@ -187,14 +190,10 @@ static int build_invoke(dist_client *c, const dist_program *p, fanout *f,
                         Dist__V1__ProgramInvokeRequest *rq) {
   for (int i = 0; i < f->n; i++) {
     for (int j = 0; j < p->n_inputs; j++) {
-      int kind = p->inputs[j]->kind;
-      if (kind > DIST__V1__PROGRAM_INPUT__KIND__VALUE) continue;
-      int rc = dist_prog_fill_arg(c, &f->args[i], j, &args[j], f->index[i],
-                                  kind == DIST__V1__PROGRAM_INPUT__KIND__DTENSOR_LOCAL,
-                                  "input");
+      if (p->inputs[j]->kind > DIST__V1__PROGRAM_INPUT__KIND__VALUE) continue;
+      int rc = dist_prog_check_input(c, p, j, &args[j]);
       if (rc) return rc;
-      if (kind == DIST__V1__PROGRAM_INPUT__KIND__VALUE && !args[j].values)
-        return dist_client_fail(c, DIST_EINVAL, "input %d needs values", j);
+      dist_prog_fill_arg(c, &f->args[i], j, &args[j], f->index[i]);
     }
     dist__v1__program_invoke_request__init(&rq[i]);
     rq[i].handle = p->handles[f->index[i]];
@@ -233,23 +232,28 @@ static int check_out_names(dist_client *c, const dist_program *p, char *const *n
   return 0;
 }
 
-/* The call's output names and requests, made and checked before any is
- * sent. */
-static int prepare_call(dist_client *c, const dist_program *p, const dist_call_opts *o,
-                        const dist_arg *args, fanout *f, dist_invocation *v, char **names,
-                        Dist__V1__ProgramInvokeRequest *rq) {
-  int rc;
+int dist_prog_name_outputs(dist_client *c, const dist_program *p, const dist_call_opts *o,
+                           dist_invocation *v, char **names) {
   if (o->out_names &&
-      (rc = dist_prog_check_chosen_names(c, "output", o->out_names, p->n_outputs, 0)))
-    return rc;
+      dist_prog_check_chosen_names(c, "output", o->out_names, p->n_outputs, 0))
+    return c->err.code;
   for (int k = 0; k < p->n_outputs; k++) {
     if (o->out_names) snprintf(v->out_names[k], sizeof v->out_names[k], "%s", o->out_names[k]);
     else snprintf(v->out_names[k], sizeof v->out_names[k], "%s.%llu.out%d",
                   p->name, (unsigned long long)v->id, k);
     names[k] = v->out_names[k];
   }
-  if (o->out_names && (rc = check_out_names(c, p, names))) return rc;
-  return build_invoke(c, p, f, args, rq);
+  return 0;
+}
+
+/* The call's output names and requests, made and checked before any is
+ * sent. */
+static int prepare_call(dist_client *c, const dist_program *p, const dist_call_opts *o,
+                        const dist_arg *args, fanout *f, dist_invocation *v, char **names,
+                        Dist__V1__ProgramInvokeRequest *rq) {
+  int rc = dist_prog_name_outputs(c, p, o, v, names);
+  if (rc == 0 && o->out_names) rc = check_out_names(c, p, names);
+  return rc ? rc : build_invoke(c, p, f, args, rq);
 }
 
 /* c->err's code, after an SPMD trainer refused its call of p under id:
@@ -291,12 +295,13 @@ int dist_local_layer_call(dist_client *c, dist_program *p, const dist_arg *args,
       dist_check_call_args(c, __func__, "args", args, nargs,
                            c->spmd_rank >= 0 ? 1 : p->nranks))
     return refuse_call(c, p, id);
+  if (p->outside) return dist_prog_call_outside(c, p, args, &o, id, inv, outs);
   fanout f;
   dist_invocation *v = NULL;
   Dist__V1__ProgramInvokeRequest *rq = NULL;
   char **names = calloc((size_t)p->n_outputs + 1, sizeof *names);
   int rc = fanout_init(c, p, &f, p->n_inputs);
-  if (!rc && !(v = invocation_new(p, f.n, id, c->spmd_rank))) rc = DIST_ENOMEM;
+  if (!rc && !(v = dist_prog_invocation_new(p, f.n, id, c->spmd_rank))) rc = DIST_ENOMEM;
   if (!rc && !(rq = calloc((size_t)f.n + 1, sizeof *rq))) rc = DIST_ENOMEM;
   if (rc) {
     rc = dist_client_fail(c, DIST_ENOMEM, "out of memory");

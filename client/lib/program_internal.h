@@ -50,6 +50,10 @@ struct dist_program {
   int nranks;
   int ranks[DIST_MAX_MESH_RANKS];
   uint64_t handles[DIST_MAX_MESH_RANKS];
+  /* An SPMD trainer outside every output mesh registers nowhere: it keeps
+   * the program as its daemon would check it, to infer the members'
+   * output shapes (program_outside.c). NULL otherwise. */
+  struct distd_program *outside;
 };
 
 /* One rank's local value kept in an invocation. */
@@ -73,6 +77,10 @@ struct dist_invocation {
   uint32_t *vote_ranks;     /* gradients all or none (program.proto) */
   kept_value *outs;  /* n * n_outputs, with keep_local_values */
   kept_value *grads; /* n * n_inputs, with keep_local_values */
+  /* An outsider's call (n is 0): per input, the layout its gradient's
+   * handle takes (the tensor argument's, with its grad placements), or
+   * no_piece 0 when the members store no gradient for it. */
+  dist_tensor *outside_grads;
 };
 
 /* The request arguments of one daemon. */
@@ -113,11 +121,48 @@ void dist_prog_release_on(dist_client *c, const int *targets, int n,
 /* ---------------------------------------------------------------- program_call.c */
 
 int dist_prog_arg_set_init(arg_set *s, int n);
-int dist_prog_fill_arg(dist_client *c, arg_set *s, int j, const dist_arg *a,
-                       int i, int need_tensor, const char *what);
+void dist_prog_fill_arg(const dist_client *c, arg_set *s, int j, const dist_arg *a, int i);
+/* c->err's code when argument a lacks what input j of p needs: a tensor
+ * for a DTENSOR_LOCAL input, values for a VALUE one. */
+int dist_prog_check_input(dist_client *c, const dist_program *p, int j, const dist_arg *a);
 void dist_prog_keep_value(kept_value *k, const Dist__V1__ProgramValue *v);
 void dist_prog_fanout_free(fanout *f);
+/* A new invocation of p under id, over n daemons (0: an outsider's). */
+dist_invocation *dist_prog_invocation_new(const dist_program *p, int n, uint64_t id,
+                                          int spmd_rank);
+/* The call's output names into v->out_names, pointed at by names: the
+ * caller's (checked), or "<program>.<id>.out<k>". */
+int dist_prog_name_outputs(dist_client *c, const dist_program *p, const dist_call_opts *o,
+                           dist_invocation *v, char **names);
 int dist_prog_check_chosen_names(dist_client *c, const char *kind, const char *const *names,
                                  int n, int optional);
+
+/* ---------------------------------------------------------------- program_backward.c */
+
+/* The backward's gradient names into buf, pointed at by names: the
+ * caller's (checked; NULL or "": none), or "<output 0>.grad<j>" for each
+ * tensor input. */
+int dist_prog_name_grads(dist_client *c, const dist_invocation *inv,
+                         const dist_backward_opts *o, char **names, char (*buf)[256]);
+
+/* ---------------------------------------------------------------- program_outside.c */
+
+/* 1 when this SPMD trainer is in none of p's output meshes: its calls of
+ * p are Paddle's no-op for a rank outside the process mesh. */
+int dist_prog_outside(const dist_client *c, const dist_program *p);
+/* An outsider's registration of p, whose message is pb: checked as a
+ * member's daemon checks it, and kept in p->outside; nothing is sent. */
+int dist_prog_register_outside(dist_client *c, dist_program *p, const Dist__V1__Program *pb);
+void dist_prog_unregister_outside(dist_program *p);
+/* An outsider's call of p under op id `id` (its ids taken, its arguments
+ * checked): output handles of the members' global shapes with no piece,
+ * an invocation without daemons; nothing is sent. */
+int dist_prog_call_outside(dist_client *c, const dist_program *p, const dist_arg *args,
+                           const dist_call_opts *o, uint64_t id, dist_invocation **inv,
+                           dist_tensor **outs);
+/* An outsider's backward of inv: gradient handles with no piece. */
+int dist_prog_backward_outside(dist_client *c, dist_invocation *inv,
+                               const dist_arg *out_grads, const dist_backward_opts *o,
+                               dist_tensor **grads);
 
 #endif

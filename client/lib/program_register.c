@@ -114,6 +114,11 @@ int dist_program_register(dist_client *c, dist_program *p) {
   if (p->nranks) dist_program_unregister(c, p);
   built b;
   if (build(p, &b)) return dist_client_fail(c, DIST_ENOMEM, "out of memory");
+  if (dist_prog_outside(c, p)) {
+    int rc = dist_prog_register_outside(c, p, &b.pb);
+    built_free(&b);
+    return rc;
+  }
   int targets[DIST_MAX_MESH_RANKS];
   int n = program_targets(c, p, targets), rc = n < 0 ? n : 0;
   dist_call *calls = NULL;
@@ -148,6 +153,10 @@ int dist_program_unregister(dist_client *c, dist_program *p) {
   if (!c) return dist_no_client(__func__);
   if (DIST_NEED(c, p)) return c->err.code;
   if (!p->nranks) return 0;
+  if (p->outside) { /* registered nowhere */
+    dist_prog_unregister_outside(p);
+    return 0;
+  }
   int rc = 0;
   for (int i = 0; i < p->nranks; i++) {
     Dist__V1__ProgramReleaseRequest rq = DIST__V1__PROGRAM_RELEASE_REQUEST__INIT;
