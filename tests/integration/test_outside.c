@@ -51,6 +51,15 @@ typedef struct outside_trainer {
 
 #define NOTE(t, what, rc) note((t)->c, (t)->msg, sizeof (t)->msg, what, rc)
 
+/* NOTE, keeping the first failing rc in *failed; returns rc. */
+static int noted(dist_client *c, char *msg, size_t len, int *failed, const char *what, int rc) {
+  note(c, msg, len, what, rc);
+  if (rc && !*failed) *failed = rc;
+  return rc;
+}
+
+#define STEP(t, what, rc) noted((t)->c, (t)->msg, sizeof (t)->msg, &(t)->failed, what, rc)
+
 /* put, to_local, global_scatter, count_global, an expert layer's creation
  * and an all-reduce over {0, 1}. */
 static void first_half(outside_trainer *t, const dist_mesh *mesh, dist_tensor **w) {
@@ -469,11 +478,7 @@ typedef struct tape_trainer {
   char msg[1200];
 } tape_trainer;
 
-static int tape_step(tape_trainer *t, const char *what, int rc) {
-  NOTE(t, what, rc);
-  if (rc && !t->failed) t->failed = rc;
-  return rc;
-}
+static int tape_step(tape_trainer *t, const char *what, int rc) { return STEP(t, what, rc); }
 
 /* Each member sends two rows to each member's one expert, and gets two
  * from each: the gather sends them back, so z is x and x's gradient z's. */
@@ -771,4 +776,231 @@ Test(outside, a_delete_by_an_outsiders_handle_is_a_no_op_success, .timeout = 120
     cr_expect_eq(harness_open_on(&cluster, r, "w", &h), DIST_ENOTFOUND, "rank %d holds w", r);
     dist_tensor_free(h);
   }
+}
+
+/* ------------------------------------------ a LocalLayer on mesh [0, 1] */
+
+/* One of four trainers (or of the two members, in the reference run)
+ * calling LocalLayers on mesh [0, 1]: y = 2x (Shard(0)), then
+ * loss = sum(x * y) (Partial(sum)), x being 3 values a member, Shard(0).
+ * With tape, the calls are recorded and backpropagated from loss: x's
+ * gradient is y + 2x = 4x, two gradients of x added on [0, 1]. */
+typedef struct layer_trainer {
+  dist_client *c;
+  int rank, n, tape;
+  const char *x_name; /* one per run: the reference's stays stored */
+  int failed;
+  float x[3];
+  size_t y_bytes, loss_bytes, grad_bytes;
+  float y[3], loss, grad[3];
+  int64_t y_global, loss_ndim;
+  int32_t sum;
+  double reduce_seconds;
+  char msg[1500];
+} layer_trainer;
+
+static int layer_step(layer_trainer *t, const char *what, int rc) { return STEP(t, what, rc); }
+
+/* f(x) = 2x, or f(x, y) = sum(x * y), on mesh [0, 1]. */
+static dist_program *pair_program(const dist_mesh *mesh, int loss) {
+  dist_program *p = NULL;
+  dist_program_new(loss ? "pair.loss" : "pair.double", &p);
+  int x = dist_input_dtensor(p, "x", DIST_FLOAT32);
+  dist_placement shard = DIST_SHARD_DIM(0), partial = DIST_PARTIAL_OF(DIST_REDUCE_SUM);
+  if (loss) {
+    int y = dist_input_dtensor(p, "y", DIST_FLOAT32);
+    dist_program_output(p, dist_op_sum(p, dist_op_mul(p, x, y), NULL, 0, 0));
+  } else {
+    dist_program_output(p, dist_op_mul_scalar(p, x, 2));
+  }
+  dist_program_out_dist_attr(p, mesh, loss ? &partial : &shard, NULL);
+  return p;
+}
+
+/* Copies t's own piece of h into buf (room for 3 floats). */
+static void read_piece(layer_trainer *t, const char *what, const dist_tensor *h, float *buf,
+                       size_t *bytes) {
+  void *data = NULL;
+  if (layer_step(t, what, dist_dtensor_to_local(t->c, h, -1, &data, bytes, NULL)) == 0 &&
+      *bytes <= 3 * sizeof(float))
+    memcpy(buf, data, *bytes);
+  free(data);
+}
+
+/* y and loss, by plain calls or on the tape (with its backward). */
+static void run_layers(layer_trainer *t, dist_tensor *x, dist_program *twice,
+                       dist_program *loss_of, dist_tape *tape) {
+  dist_tensor *y = NULL, *loss = NULL;
+  dist_invocation *inv[2] = {NULL, NULL};
+  dist_arg a1[1] = {{x, NULL}};
+  layer_step(t, "y = 2x", tape ? dist_tape_local_layer_call(tape, twice, a1, 1, NULL, &y)
+                               : dist_local_layer_call(t->c, twice, a1, 1, NULL, &inv[0], &y));
+  dist_arg a2[2] = {{x, NULL}, {y, NULL}};
+  if (y)
+    layer_step(t, "loss", tape ? dist_tape_local_layer_call(tape, loss_of, a2, 2, NULL, &loss)
+                               : dist_local_layer_call(t->c, loss_of, a2, 2, NULL, &inv[1],
+                                                       &loss));
+  if (y) t->y_global = dist_tensor_shape(y)[0];
+  if (y) read_piece(t, "y to_local", y, t->y, &t->y_bytes);
+  if (loss) t->loss_ndim = dist_tensor_ndim(loss);
+  void *data = NULL;
+  if (loss && layer_step(t, "full loss", dist_full_tensor(t->c, loss, &data, &t->loss_bytes)) == 0 &&
+      t->loss_bytes == sizeof t->loss)
+    memcpy(&t->loss, data, sizeof t->loss);
+  free(data);
+  const dist_tensor *outs[1] = {loss};
+  if (tape && loss) layer_step(t, "backward", dist_tape_backward(tape, outs, NULL, 1));
+  if (tape && loss) {
+    data = NULL;
+    int rc = dist_tape_grad_local(tape, t->x_name, -1, &data, &t->grad_bytes, NULL);
+    if (layer_step(t, "x's gradient", rc) == 0 && t->grad_bytes <= sizeof t->grad)
+      memcpy(t->grad, data, t->grad_bytes);
+    free(data);
+  }
+  for (int i = 0; i < 2; i++) dist_invocation_release(t->c, inv[i]), dist_invocation_free(inv[i]);
+  dist_tensor_free(y);
+  dist_tensor_free(loss);
+}
+
+static void *layer_main(void *arg) {
+  layer_trainer *t = arg;
+  dist_mesh *mesh = NULL;
+  dist_mesh_from_string("[0,1]", NULL, &mesh);
+  dist_placement shard = DIST_SHARD_DIM(0);
+  for (int i = 0; i < 3; i++) t->x[i] = (float)(3 * t->rank + i + 1);
+  const void *pieces[1] = {t->x};
+  const int64_t three[1] = {3}, *shapes[1] = {three};
+  dist_tensor *x = NULL;
+  dist_program *twice = pair_program(mesh, 0), *loss_of = pair_program(mesh, 1);
+  dist_tape *tape = NULL;
+  if (layer_step(t, "x", dist_dtensor_from_local(t->c, t->x_name, pieces, DIST_FLOAT32, 1, shapes,
+                                                 mesh, &shard, &x)) == 0 &&
+      layer_step(t, "register 2x", dist_program_register(t->c, twice)) == 0 &&
+      layer_step(t, "register loss", dist_program_register(t->c, loss_of)) == 0 &&
+      (!t->tape || layer_step(t, "tape", dist_tape_new(t->c, &tape)) == 0))
+    run_layers(t, x, twice, loss_of, tape);
+  dist_tape_free(tape);
+  dist_program_unregister(t->c, twice);
+  dist_program_unregister(t->c, loss_of);
+  dist_program_free(twice);
+  dist_program_free(loss_of);
+  dist_tensor_free(x);
+  dist_mesh_free(mesh);
+  t->sum = t->rank + 1;
+  double t0 = harness_now_s();
+  layer_step(t, "all_reduce", dist_all_reduce(t->c, &t->sum, 1, DIST_INT32, DIST_REDUCE_SUM,
+                                              NULL, 0));
+  t->reduce_seconds = harness_now_s() - t0;
+  return NULL;
+}
+
+/* Runs the layers on the first n of four trainers. */
+static void run_layer_trainers(layer_trainer *tr, int n, int tape, const char *job) {
+  for (int r = 0; r < n; r++)
+    tr[r] = (layer_trainer){.c = harness_spmd_client(&cluster, r, job), .rank = r, .n = n,
+                            .tape = tape, .x_name = job};
+  run_trainers(n, layer_main, tr, sizeof tr[0]);
+  for (int r = 0; r < n; r++) {
+    cr_log_info("%s, rank %d: %s", job, r, tr[r].msg);
+    dist_close(tr[r].c);
+  }
+}
+
+/* What members and outsiders must have, against a reference computed
+ * here: y = 2x, loss = sum over both members of x * 2x, x's gradient 4x. */
+static void expect_layers(const layer_trainer *tr, int tape) {
+  float loss_ref = 0;
+  for (int i = 1; i <= 6; i++) loss_ref += 2.0f * (float)(i * i);
+  for (int r = 0; r < 4; r++) {
+    const layer_trainer *t = &tr[r];
+    int member = r < 2;
+    cr_expect_eq(t->failed, 0, "rank %d: %s", r, t->msg);
+    cr_expect(t->y_global == 6 && t->loss_ndim == 0, "rank %d: y [%lld], loss of %lld dims",
+              r, (long long)t->y_global, (long long)t->loss_ndim);
+    cr_expect_eq(t->y_bytes, member ? 3 * sizeof(float) : 0, "rank %d's y: %zu bytes", r,
+                 t->y_bytes);
+    cr_expect_eq(t->loss_bytes, member ? sizeof(float) : 0, "rank %d's loss: %zu bytes", r,
+                 t->loss_bytes);
+    cr_expect_eq(t->grad_bytes, tape && member ? 3 * sizeof(float) : 0,
+                 "rank %d's gradient of x: %zu bytes", r, t->grad_bytes);
+    for (int i = 0; member && i < 3; i++) {
+      cr_expect_eq(t->y[i], 2 * t->x[i], "rank %d: y[%d] = %g", r, i, t->y[i]);
+      if (tape) cr_expect_eq(t->grad[i], 4 * t->x[i], "rank %d: grad[%d] = %g", r, i, t->grad[i]);
+    }
+    if (member) cr_expect_eq(t->loss, loss_ref, "rank %d: loss %g, not %g", r, t->loss, loss_ref);
+    cr_expect_eq(t->sum, 10, "rank %d: 1 + 2 + 3 + 4 is %d", r, (int)t->sum);
+    cr_expect_lt(t->reduce_seconds, 2.0, "rank %d's all-reduce took %.1f s", r,
+                 t->reduce_seconds);
+  }
+}
+
+/* Nothing of the layers on the outsiders' daemons. */
+static void expect_nothing_outside(void) {
+  dist_client *c = harness_client(&cluster);
+  for (int r = 2; r < 4; r++) {
+    dist_daemon_info info;
+    cr_assert_eq(dist_info(c, r, &info), 0, "%s", dist_errmsg(c));
+    cr_expect_eq(info.tensor_count, 0, "rank %d's daemon holds %u tensors", r,
+                 (unsigned)info.tensor_count);
+    dist_info_free(&info);
+  }
+  dist_close(c);
+}
+
+/* Before, the outsiders' registration was refused by their daemons
+ * (rank 2 is not in the mesh), and a call by them reached their daemon,
+ * which refused it and aborted it for the members. */
+Test(outside, a_local_layer_call_outside_its_mesh_is_a_no_op_success, .timeout = 120,
+     .fini = stop_cluster) {
+  harness_start(&cluster, 4, NULL);
+  layer_trainer tr[4];
+  run_layer_trainers(tr, 4, 0, "outside-layer");
+  expect_layers(tr, 0);
+  expect_nothing_outside();
+}
+
+/* The same on a tape, with backward: the outsiders' LocalLayer entries,
+ * their backward and the add of x's two gradients are no-ops that take
+ * the plan's ids; the members' gradients are those of a run without the
+ * outsiders. */
+Test(outside, a_tapes_local_layers_and_gradient_adds_are_no_ops_outside_the_mesh,
+     .timeout = 120, .fini = stop_cluster) {
+  harness_start(&cluster, 4, NULL);
+  layer_trainer ref[4] = {0}, tr[4];
+  run_layer_trainers(ref, 2, 1, "outside-tape-ref");
+  run_layer_trainers(tr, 4, 1, "outside-tape-layer");
+  expect_layers(tr, 1);
+  for (int r = 0; r < 2; r++)
+    cr_expect_eq(memcmp(tr[r].grad, ref[r].grad, sizeof tr[r].grad), 0,
+                 "rank %d's gradient differs from the run without outsiders", r);
+  expect_nothing_outside();
+}
+
+/* An outsider's call is a no-op, but its arguments are still checked. */
+Test(outside, an_outsiders_local_layer_arguments_are_checked_as_a_members, .timeout = 60,
+     .fini = stop_cluster) {
+  harness_start(&cluster, 2, NULL);
+  dist_client *c = harness_spmd_client(&cluster, 1, "outside-layer-args");
+  dist_mesh *mesh = NULL;
+  dist_mesh_from_string("[0]", NULL, &mesh);
+  dist_program *p = pair_program(mesh, 0);
+  cr_assert_eq(dist_program_register(c, p), 0, "%s", dist_errmsg(c));
+  dist_invocation *inv = NULL;
+  dist_tensor *out[1] = {NULL};
+  int rc = dist_local_layer_call(c, p, NULL, 1, NULL, &inv, out);
+  cr_expect_eq(rc, DIST_EINVAL, "NULL args: rc %d: %s", rc, dist_errmsg(c));
+  cr_expect(strstr(dist_errmsg(c), "args"), "message: %s", dist_errmsg(c));
+  dist_arg none[1] = {{NULL, NULL}};
+  rc = dist_local_layer_call(c, p, none, 1, NULL, &inv, out);
+  cr_expect_eq(rc, DIST_EINVAL, "an empty argument: rc %d: %s", rc, dist_errmsg(c));
+  cr_expect(inv == NULL && out[0] == NULL, "a refused call gave results");
+  dist_program *unpaired = NULL; /* an output without its out_dist_attr */
+  dist_program_new("unpaired", &unpaired);
+  dist_program_output(unpaired, dist_input_dtensor(unpaired, "x", DIST_FLOAT32));
+  rc = dist_program_register(c, unpaired);
+  cr_expect_eq(rc, DIST_EMISMATCH, "no out_dist_attrs: rc %d: %s", rc, dist_errmsg(c));
+  dist_program_free(unpaired);
+  dist_program_free(p);
+  dist_mesh_free(mesh);
+  dist_close(c);
 }
