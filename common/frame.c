@@ -93,3 +93,29 @@ int dist_hello_decode(const uint8_t in[DIST_HELLO_SIZE], dist_hello *h,
     return dist_fail(eb, DIST_EPROTO, "hello world size is 0");
   return 0;
 }
+
+const char *dist_frame_kind_name(unsigned kind) {
+  static const char *const names[] = {
+      [DIST_FRAME_HELLO] = "hello", [DIST_FRAME_HELLO_ACK] = "hello_ack",
+      [DIST_FRAME_HELLO_REJECT] = "hello_reject", [DIST_FRAME_DATA] = "data",
+      [DIST_FRAME_ABORT] = "abort", [DIST_FRAME_PING] = "ping", [DIST_FRAME_PONG] = "pong",
+      [DIST_FRAME_CLOSE] = "close", [DIST_FRAME_ABORT_RANGE] = "abort_range"};
+  return kind >= DIST_FRAME_HELLO && kind <= DIST_FRAME_KIND_LAST ? names[kind] : "unknown";
+}
+
+size_t dist_abort_range_encode(const dist_abort_range *a, uint8_t out[DIST_ABORT_RANGE_MAX]) {
+  size_t len = strnlen(a->reason, DIST_ABORT_RANGE_MAX - DIST_ABORT_RANGE_COUNT_SIZE);
+  put64(out, a->count);
+  memcpy(out + DIST_ABORT_RANGE_COUNT_SIZE, a->reason, len);
+  return DIST_ABORT_RANGE_COUNT_SIZE + len;
+}
+
+int dist_abort_range_decode(const uint8_t *in, size_t len, dist_abort_range *a,
+                            dist_errbuf *eb) {
+  if (len < DIST_ABORT_RANGE_COUNT_SIZE)
+    return dist_fail(eb, DIST_EPROTO, "abort range of %zu bytes has no count", len);
+  a->count = get64(in);
+  a->reason = (const char *)in + DIST_ABORT_RANGE_COUNT_SIZE;
+  if (a->count == 0) return dist_fail(eb, DIST_EPROTO, "abort range of 0 ids");
+  return 0;
+}

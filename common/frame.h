@@ -19,7 +19,10 @@
 
 typedef enum {
   DIST_FRAME_HELLO = 1,     /* payload: dist_hello */
-  DIST_FRAME_HELLO_ACK = 2, /* no payload */
+  DIST_FRAME_HELLO_ACK = 2, /* no payload; aux: DIST_ACK_READS_* bits, the
+                               kinds past 8 the acceptor reads (0 from a
+                               daemon built before ABORT_RANGE, 0.2.8 or
+                               an earlier 0.2.9, which ignores this aux) */
   DIST_FRAME_HELLO_REJECT = 3, /* payload: reason text */
   DIST_FRAME_DATA = 4,      /* payload: bytes for (op_id, src_rank, tag);
                                aux: the op's signature, 0 for none
@@ -28,14 +31,31 @@ typedef enum {
                                fails op_id on the receiver */
   DIST_FRAME_PING = 6,      /* aux: sender's timestamp */
   DIST_FRAME_PONG = 7,      /* aux: echoed timestamp */
-  DIST_FRAME_CLOSE = 8      /* payload: why the sender closes the connection
+  DIST_FRAME_CLOSE = 8,     /* payload: why the sender closes the connection
                                after it, worded for the receiver; on a
                                greeted connection, either way (since 0.2.9;
                                a daemon before it fails the connection on
                                the unknown kind, which the sender is closing
                                anyway) */
+  DIST_FRAME_ABORT_RANGE = 9 /* payload: dist_abort_range (u64 count, then
+                               the reason text); aux: -(dist_err code);
+                               fails op_id .. op_id + count - 1 on the
+                               receiver, each with its refusal steps
+                               (daemon/subop.h distd_refused_steps), as
+                               an ABORT of each would. Sent only to a peer
+                               whose HELLO_ACK set DIST_ACK_READS_ABORT_RANGE:
+                               a daemon built before it fails the
+                               connection on the unknown kind, and is sent
+                               an ABORT per step per id instead */
 } dist_frame_kind;
-#define DIST_FRAME_KIND_LAST DIST_FRAME_CLOSE
+#define DIST_FRAME_KIND_LAST DIST_FRAME_ABORT_RANGE
+
+/* HELLO_ACK aux bits. */
+#define DIST_ACK_READS_ABORT_RANGE 1u
+
+/* "data", "abort", ...: the kind's name in logs and metrics; "unknown"
+ * for a kind this build does not know. */
+const char *dist_frame_kind_name(unsigned kind);
 
 typedef struct dist_frame_header {
   uint32_t magic;
@@ -57,6 +77,16 @@ typedef struct dist_hello {
   uint64_t boot_id;    /* random per daemon start: tells a restart apart */
 } dist_hello;
 
+/* ABORT_RANGE payload: the count of ids (u64), then the reason, not
+ * NUL-terminated; the reason is cut to fit DIST_ABORT_RANGE_MAX bytes in
+ * all. */
+#define DIST_ABORT_RANGE_COUNT_SIZE 8
+#define DIST_ABORT_RANGE_MAX 1024
+typedef struct dist_abort_range {
+  uint64_t count;  /* at least 1 */
+  const char *reason; /* decode: points into the payload, NUL-terminated by the caller */
+} dist_abort_range;
+
 void dist_frame_encode(const dist_frame_header *h,
                        uint8_t out[DIST_FRAME_HEADER_SIZE]);
 /* Decodes and checks magic, version and kind; the message says which field
@@ -67,5 +97,13 @@ int dist_frame_decode(const uint8_t in[DIST_FRAME_HEADER_SIZE],
 void dist_hello_encode(const dist_hello *h, uint8_t out[DIST_HELLO_SIZE]);
 int dist_hello_decode(const uint8_t in[DIST_HELLO_SIZE], dist_hello *h,
                       dist_errbuf *eb);
+/* Writes a's payload into out (DIST_ABORT_RANGE_MAX bytes of room);
+ * returns its length. */
+size_t dist_abort_range_encode(const dist_abort_range *a, uint8_t out[DIST_ABORT_RANGE_MAX]);
+/* Reads the payload in[0..len), whose byte in[len] the caller set to 0:
+ * a->reason points at in + DIST_ABORT_RANGE_COUNT_SIZE. Fails with
+ * DIST_EPROTO when it is too short for the count or the count is 0. */
+int dist_abort_range_decode(const uint8_t *in, size_t len, dist_abort_range *a,
+                            dist_errbuf *eb);
 
 #endif

@@ -61,10 +61,11 @@ static void proto(const char *name, int which, const ProtobufCMessage *msg) {
 
 static void frames_and_hellos(void) {
   frame("hello", DIST_FRAME_HELLO, 0, 1, 0, DIST_HELLO_SIZE, 0);
-  frame("hello_ack", DIST_FRAME_HELLO_ACK, 0, 0, 0, 0, 0);
+  frame("hello_ack", DIST_FRAME_HELLO_ACK, 0, 0, 0, 0, DIST_ACK_READS_ABORT_RANGE);
   frame("hello_reject", DIST_FRAME_HELLO_REJECT, 0, 0, 0, 24, 0);
   frame("data", DIST_FRAME_DATA, 42, 3, 7, 4096, 0);
   frame("abort", DIST_FRAME_ABORT, 42, 2, 0, 16, 0);
+  frame("abort_range", DIST_FRAME_ABORT_RANGE, 42, 2, 0, 24, 0);
   frame("ping", DIST_FRAME_PING, 0, 1, 0, 0, 1234567890123ull);
   frame("pong", DIST_FRAME_PONG, 0, 0, 0, 0, 1234567890123ull);
   hello("rank1_of_4", 1, 4, "distd", 0x1122334455667788ull);

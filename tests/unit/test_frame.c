@@ -66,10 +66,51 @@ Test(frame, unknown_kind_is_rejected) {
   h.kind = DIST_FRAME_KIND_LAST + 1;
   dist_frame_encode(&h, buf);
   cr_assert_eq(dist_frame_decode(buf, &back, &eb), DIST_EPROTO);
-  cr_assert_str_eq(eb.msg, "unknown frame kind 9");
-  h.kind = DIST_FRAME_CLOSE;
+  cr_assert_str_eq(eb.msg, "unknown frame kind 10");
+  h.kind = DIST_FRAME_ABORT_RANGE;
   dist_frame_encode(&h, buf);
   cr_assert_eq(dist_frame_decode(buf, &back, &eb), 0, "%s", eb.msg);
+}
+
+/* Kind numbers are never reused: an older daemon meets 9 as unknown. */
+Test(frame, abort_range_is_kind_9_after_close) {
+  cr_assert_eq(DIST_FRAME_CLOSE, 8);
+  cr_assert_eq(DIST_FRAME_ABORT_RANGE, 9);
+  cr_assert_str_eq(dist_frame_kind_name(DIST_FRAME_ABORT_RANGE), "abort_range");
+  cr_assert_str_eq(dist_frame_kind_name(10), "unknown");
+}
+
+Test(frame, abort_range_payload_round_trip) {
+  uint8_t buf[DIST_ABORT_RANGE_MAX + 1];
+  size_t len = dist_abort_range_encode(&(dist_abort_range){1001, "a plan refused"}, buf);
+  cr_assert_eq(len, 8 + strlen("a plan refused"));
+  cr_assert_eq(buf[0], 1001 & 0xff, "the count comes first, little-endian");
+  cr_assert_eq(buf[1], 1001 >> 8);
+  buf[len] = 0;
+  dist_abort_range back;
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  cr_assert_eq(dist_abort_range_decode(buf, len, &back, &eb), 0, "%s", eb.msg);
+  cr_assert_eq(back.count, 1001);
+  cr_assert_str_eq(back.reason, "a plan refused");
+}
+
+Test(frame, abort_range_reason_is_cut_to_fit) {
+  char reason[2000];
+  memset(reason, 'x', sizeof reason - 1);
+  reason[sizeof reason - 1] = 0;
+  uint8_t buf[DIST_ABORT_RANGE_MAX];
+  cr_assert_eq(dist_abort_range_encode(&(dist_abort_range){1, reason}, buf),
+               DIST_ABORT_RANGE_MAX);
+}
+
+Test(frame, abort_range_without_a_count_or_of_no_ids_is_refused) {
+  uint8_t buf[16] = {0};
+  dist_abort_range a;
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  cr_assert_eq(dist_abort_range_decode(buf, 7, &a, &eb), DIST_EPROTO);
+  cr_assert_str_eq(eb.msg, "abort range of 7 bytes has no count");
+  cr_assert_eq(dist_abort_range_decode(buf, 8, &a, &eb), DIST_EPROTO);
+  cr_assert_str_eq(eb.msg, "abort range of 0 ids");
 }
 
 Test(frame, hello_round_trip) {
