@@ -22,6 +22,7 @@
 #include "clock.h"
 #include "cluster.h"
 #include "errbuf.h"
+#include "frame.h"
 
 struct event_base;
 typedef struct distd_peers distd_peers;
@@ -73,6 +74,9 @@ typedef struct distd_peer_stats {
   int connected;       /* both directions up and greeted */
   int out_up, in_up;
   uint64_t bytes_sent, bytes_received;
+  /* frames written to the peer from its send queue, by kind (DATA, ABORT,
+   * PING, ABORT_RANGE: the handshake's, PONG and CLOSE are not queued) */
+  uint64_t frames_sent[DIST_FRAME_KIND_LAST + 1];
   double rtt_seconds;  /* last PING round trip; 0 when unknown */
   uint32_t reconnects;
   /* frames from the peer dropped after unexpected_max_age_ms kept aside */
@@ -189,6 +193,13 @@ void distd_xfer_abort(distd_xfer *x, const int *ranks, int n,
  * before this rank took part in it, so none waits for it. */
 void distd_abort_op(distd_peers *p, uint64_t op_id, const int *ranks, int n,
                     const char *reason);
+/* Tells every rank in ranks[] (except self) that ops first .. first +
+ * count - 1, each with its refusal steps (subop.h distd_refused_steps),
+ * failed here before this rank took part in them, with reason: one
+ * ABORT_RANGE frame to a peer whose HELLO_ACK said it reads them, an
+ * ABORT per step per id to any other (peer_abort.c). */
+void distd_abort_range(distd_peers *p, uint64_t first, uint64_t count, const int *ranks, int n,
+                       const char *reason);
 /* distd_xfer_wait, then on failure distd_xfer_abort to group[0..n): every
  * rank of an op that fails here learns why at once, and so can name the
  * cause (a lost rank it never talked to) instead of timing out on ranks

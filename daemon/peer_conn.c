@@ -186,9 +186,18 @@ void distd_conn_queue_ctl(conn *c, const dist_frame_header *h,
 }
 
 
+/* The kind of a queued frame, read back from its encoded header. */
+static unsigned item_kind(const send_item *it) {
+  unsigned kind = (unsigned)it->hdr[6] | (unsigned)it->hdr[7] << 8;
+  return kind <= DIST_FRAME_KIND_LAST ? kind : 0;
+}
+
 static void complete_item(distd_peers *p, send_item *it) {
   dlist_remove(&it->link);
-  if (it->dst >= 0 && it->dst < p->world) p->peers[it->dst].stats.bytes_sent += it->len;
+  if (it->dst >= 0 && it->dst < p->world) {
+    p->peers[it->dst].stats.bytes_sent += it->len;
+    p->peers[it->dst].stats.frames_sent[item_kind(it)]++;
+  }
   if (it->x) {
     distd_xfer_send_done(it);
     return;
@@ -413,6 +422,26 @@ void distd_conn_write_cb(int fd, short what, void *arg) {
 
 void distd_peer_queue_frame(distd_peers *p, int dst, send_item *it) {
   dlist_push(&p->peers[dst].outq, &it->link);
+}
+
+void distd_peer_queue_ctl(distd_peers *p, int dst, const dist_frame_header *h,
+                          const void *payload, size_t len) {
+  send_item *it = calloc(1, sizeof *it);
+  if (!it) return;
+  it->owned = malloc(len ? len : 1);
+  if (!it->owned) {
+    free(it);
+    return;
+  }
+  if (len) memcpy(it->owned, payload, len);
+  dist_frame_encode(h, it->hdr);
+  it->payload = it->owned;
+  it->len = len;
+  it->dst = dst;
+  dlist_init(&it->xlink);
+  distd_peer_queue_frame(p, dst, it);
+  conn *c = p->peers[dst].out;
+  if (c && c->greeted) distd_conn_flush(c, 0);
 }
 
 void distd_peers_unblock_readers(distd_peers *p) {

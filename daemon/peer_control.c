@@ -1,6 +1,8 @@
 /* The HELLO handshake and the control frames a peer connection receives
- * (HELLO, HELLO_ACK, HELLO_REJECT, ABORT, CLOSE), and which frame kinds each side
- * of a connection may receive. Called from the read path (peer_read.c)
+ * (HELLO, HELLO_ACK, HELLO_REJECT, ABORT, ABORT_RANGE, CLOSE), and which
+ * frame kinds each side of a connection may receive. The acceptor's
+ * HELLO_ACK says which kinds past CLOSE it reads (frame.h); its dialler
+ * sends it no other, so a daemon built before them is never sent one. Called from the read path (peer_read.c)
  * with distd_peers.mu held. */
 #include <event2/event.h>
 #include <stdio.h>
@@ -73,7 +75,7 @@ static int on_hello(conn *c) {
   distd_peer_update_connected(pe);
   log_info("peer rank %d (%s) connected inbound", pe->rank, distd_peer_addr(p, pe->rank));
   dist_frame_header ack = {DIST_FRAME_MAGIC, DIST_FRAME_VERSION, DIST_FRAME_HELLO_ACK,
-                           0, (uint32_t)p->rank, 0, 0, 0};
+                           0, (uint32_t)p->rank, 0, 0, DIST_ACK_READS_ABORT_RANGE};
   distd_conn_queue_ctl(c, &ack, NULL, 0);
   return distd_conn_flush(c, 1);
 }
@@ -87,12 +89,33 @@ int distd_conn_on_ack(conn *c, const dist_frame_header *h) {
     return -1;
   }
   c->greeted = 1;
+  c->reads_abort_range = (h->aux & DIST_ACK_READS_ABORT_RANGE) != 0;
   if (pe->ever_greeted) pe->stats.reconnects++;
   pe->ever_greeted = 1;
   pe->backoff_ms = p->backoff_min;
   distd_peer_update_connected(pe);
-  log_info("peer rank %d (%s) connected outbound", pe->rank, distd_peer_addr(p, pe->rank));
+  log_info("peer rank %d (%s) connected outbound%s", pe->rank, distd_peer_addr(p, pe->rank),
+           c->reads_abort_range ? "" : " (a build before ABORT_RANGE: told of aborts per step)");
   return distd_conn_flush(c, 1);
+}
+
+/* An ABORT's or ABORT_RANGE's error code (aux), DIST_EPEER when it is
+ * not one. */
+static int abort_code(const dist_frame_header *h) {
+  int64_t code = -(int64_t)h->aux;
+  if (code >= 0 || code < DIST_ETOOBIG) code = DIST_EPEER;
+  return (int)code;
+}
+
+static int on_abort_range(conn *c) {
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  dist_abort_range a;
+  if (dist_abort_range_decode(c->ctl, c->ctl_len, &a, &eb) < 0) {
+    distd_conn_failf(c, "protocol violation: %s", eb.msg);
+    return -1;
+  }
+  distd_handle_abort_range(c->p, c->rank, c->cur.op_id, a.count, abort_code(&c->cur), a.reason);
+  return 0;
 }
 
 int distd_conn_on_control(conn *c) {
@@ -108,12 +131,11 @@ int distd_conn_on_control(conn *c) {
     log_warn("%s", p->peers[rank].stats.last_error);
     return -1;
   }
-  case DIST_FRAME_ABORT: {
-    int64_t code = -(int64_t)c->cur.aux;
-    if (code >= 0 || code < DIST_ETOOBIG) code = DIST_EPEER;
-    distd_handle_abort(p, c->rank, c->cur.op_id, (int)code, (char *)c->ctl);
+  case DIST_FRAME_ABORT:
+    distd_handle_abort(p, c->rank, c->cur.op_id, abort_code(&c->cur), (char *)c->ctl);
     return 0;
-  }
+  case DIST_FRAME_ABORT_RANGE:
+    return on_abort_range(c);
   case DIST_FRAME_CLOSE:
     /* The peer closes the connection after this frame: failing it here
      * with the peer's words makes what needed the peer name them, where a
@@ -129,7 +151,8 @@ int distd_conn_kind_allowed(const conn *c, unsigned kind) {
   if (!c->outbound && !c->greeted) return kind == DIST_FRAME_HELLO;
   if (c->greeted && kind == DIST_FRAME_CLOSE) return 1;
   if (!c->outbound)
-    return kind == DIST_FRAME_DATA || kind == DIST_FRAME_ABORT || kind == DIST_FRAME_PING;
+    return kind == DIST_FRAME_DATA || kind == DIST_FRAME_ABORT || kind == DIST_FRAME_PING ||
+           kind == DIST_FRAME_ABORT_RANGE; /* announced in every HELLO_ACK */
   if (!c->greeted) return kind == DIST_FRAME_HELLO_ACK || kind == DIST_FRAME_HELLO_REJECT;
   return kind == DIST_FRAME_PONG;
 }

@@ -2,7 +2,8 @@
  * dialling, timers), peer_conn.c (one socket: lifetime, writing, failure),
  * peer_read.c (reading its frames), peer_control.c (HELLO and control
  * frames), peer_xfer.c (transfers, matching, kept-aside data, aborts, waiting),
- * peer_remember.c (the op ids aborted or failed, remembered a while)
+ * peer_remember.c (the op ids aborted or failed, remembered a while),
+ * peer_abort.c (telling peers of a range of aborted op ids)
  * and peer_trust.c (a reloaded trust store against the open connections).
  *
  * Locking: one mutex (distd_peers.mu) guards everything below, including the
@@ -202,6 +203,9 @@ struct conn {
   int64_t opened_ms; /* greeted by then + the handshake limit, or closed */
   int rank;       /* peer rank; -1 until an inbound HELLO was accepted */
   int greeted;
+  /* outbound: the peer's HELLO_ACK said it reads ABORT_RANGE frames
+   * (DIST_ACK_READS_ABORT_RANGE); a daemon built before them does not */
+  int reads_abort_range;
   int connecting; /* outbound connect() in progress */
   int close_after_flush;
   int read_blocked; /* backpressure: a frame waits for a receive */
@@ -435,6 +439,10 @@ void distd_conn_handshake(conn *c);
 void distd_conn_read_cb(int fd, short what, void *arg);
 void distd_conn_write_cb(int fd, short what, void *arg);
 void distd_peer_queue_frame(distd_peers *p, int dst, send_item *it);
+/* Queues a control frame (h, a copy of payload[0..len)) to dst after the
+ * frames before it, and writes what the connection takes if it is up. */
+void distd_peer_queue_ctl(distd_peers *p, int dst, const dist_frame_header *h,
+                          const void *payload, size_t len);
 void distd_peers_unblock_readers(distd_peers *p);
 
 /* peer_control.c (with mu held): the HELLO handshake and control frames. */
@@ -500,10 +508,20 @@ void distd_unexpected_expire(distd_peers *p, int64_t now_ms);
 const remembered_op *distd_remembered_find(distd_peers *p, uint64_t op_id);
 void distd_remember_op(distd_peers *p, uint64_t op_id, int aborted_by,
                        int code, const char *reason);
+/* A peer's abort of first .. first + count - 1 and of their refusal
+ * steps (subop.h), remembered as one range. */
+void distd_remember_range(distd_peers *p, uint64_t first, uint64_t count, int aborted_by,
+                          int code, const char *reason);
 /* op_id, remembered as failed here, is used again: forgotten. */
 void distd_forget_op(distd_peers *p, uint64_t op_id);
 void distd_handle_abort(distd_peers *p, int from, uint64_t op_id, int code,
                         const char *reason);
+/* Rank from aborted first .. first + count - 1, each with its refusal
+ * steps (an ABORT_RANGE frame): remembered as one range, and the
+ * transfers and kept-aside frames of those ids fail or go as an ABORT of
+ * each would make them. */
+void distd_handle_abort_range(distd_peers *p, int from, uint64_t first, uint64_t count,
+                              int code, const char *reason);
 void distd_fail_xfers_of_peer(distd_peers *p, int rank, const char *msg);
 void distd_xfer_orphan_all(distd_peers *p);
 /* 1 on the thread currently driving the sockets. */

@@ -111,7 +111,8 @@ static int on_header(conn *c) {
     return -1;
   }
   int ctl = h.kind == DIST_FRAME_HELLO || h.kind == DIST_FRAME_HELLO_REJECT ||
-            h.kind == DIST_FRAME_ABORT || h.kind == DIST_FRAME_CLOSE;
+            h.kind == DIST_FRAME_ABORT || h.kind == DIST_FRAME_CLOSE ||
+            h.kind == DIST_FRAME_ABORT_RANGE;
   if ((ctl && h.length > CTL_MAX) || (h.kind == DIST_FRAME_HELLO && h.length != DIST_HELLO_SIZE) ||
       (!ctl && h.kind != DIST_FRAME_DATA && h.length != 0)) {
     distd_conn_failf(c, "protocol violation: frame kind %u with %llu payload bytes", h.kind,

@@ -5,7 +5,8 @@
  * consecutive ids with one reason (a refused tape backward's plan, a
  * LocalLayer call's outputs) grow one range instead, which also covers
  * each id's refusal steps (subop.h): a plan of a thousand ids costs one
- * entry, where its ~13 ids apiece overran the ring past ~19. */
+ * entry, where its ~13 ids apiece overran the ring past ~19. A peer's
+ * ABORT_RANGE frame is such a range at once. */
 #include <stdio.h>
 #include <string.h>
 
@@ -14,14 +15,6 @@
 
 static int live(const remembered_op *r, int64_t now) {
   return r->at_ms && now - r->at_ms < REMEMBER_MS;
-}
-
-/* op_id is one of rg's ids or a refusal step of one (steps[0..n)). */
-static int range_covers(const remembered_range *rg, uint64_t op_id, const unsigned *steps,
-                        int n) {
-  for (int i = 0; i < n; i++)
-    if (distd_subop_parent(op_id, steps[i]) - rg->op.op_id < rg->count) return 1;
-  return 0;
 }
 
 static remembered_op *find_in_ring(distd_peers *p, uint64_t op_id, int64_t now) {
@@ -38,7 +31,8 @@ static remembered_range *find_range(distd_peers *p, uint64_t op_id, int64_t now)
   int n = distd_refused_steps(steps);
   for (int i = 0; i < p->ranges_used; i++) {
     remembered_range *rg = &p->ranges[i];
-    if (live(&rg->op, now) && range_covers(rg, op_id, steps, n)) return rg;
+    if (live(&rg->op, now) &&
+        distd_refused_range_covers(rg->op.op_id, rg->count, op_id, steps, n)) return rg;
   }
   return NULL;
 }
@@ -58,18 +52,18 @@ static int same_abort(const remembered_op *r, int aborted_by, int code, const ch
          strncmp(r->reason, reason, sizeof r->reason - 1) == 0;
 }
 
-/* Grows a live range from the same rank, for the same reason, that op_id
- * continues at either end; 1 if one did. */
-static int extend_range(distd_peers *p, uint64_t op_id, int from, int code, const char *reason,
-                        int64_t now) {
+/* Grows a live range from the same rank, for the same reason, that
+ * first .. first + count - 1 continues at either end; 1 if one did. */
+static int extend_range(distd_peers *p, uint64_t first, uint64_t count, int from, int code,
+                        const char *reason, int64_t now) {
   for (int i = 0; i < p->ranges_used; i++) {
     remembered_range *rg = &p->ranges[i];
     if (!live(&rg->op, now) || !same_abort(&rg->op, from, code, reason)) continue;
-    if (op_id == rg->op.op_id + rg->count) {
-      rg->count++;
-    } else if (op_id + 1 == rg->op.op_id) {
-      rg->op.op_id = op_id;
-      rg->count++;
+    if (first == rg->op.op_id + rg->count) {
+      rg->count += count;
+    } else if (first + count == rg->op.op_id) {
+      rg->op.op_id = first;
+      rg->count += count;
     } else {
       continue;
     }
@@ -79,6 +73,20 @@ static int extend_range(distd_peers *p, uint64_t op_id, int from, int code, cons
   return 0;
 }
 
+/* The next range slot, the oldest once all are used. */
+static remembered_range *new_range(distd_peers *p) {
+  remembered_range *rg = &p->ranges[p->ranges_next];
+  p->ranges_next = (p->ranges_next + 1) % REMEMBERED_RANGES;
+  if (p->ranges_used < REMEMBERED_RANGES) p->ranges_used++;
+  return rg;
+}
+
+static void set_op(remembered_op *r, uint64_t op_id, int64_t now, int aborted_by, int code,
+                   const char *reason) {
+  *r = (remembered_op){.op_id = op_id, .at_ms = now, .aborted_by = aborted_by, .code = code};
+  snprintf(r->reason, sizeof r->reason, "%s", reason);
+}
+
 /* Turns op_id and a neighbour id the ring holds from the same abort into
  * a range of two; 1 if there was one. */
 static int start_range(distd_peers *p, uint64_t op_id, int from, int code, const char *reason,
@@ -86,9 +94,7 @@ static int start_range(distd_peers *p, uint64_t op_id, int from, int code, const
   remembered_op *nb = find_in_ring(p, op_id - 1, now);
   if (!nb || !same_abort(nb, from, code, reason)) nb = find_in_ring(p, op_id + 1, now);
   if (!nb || !same_abort(nb, from, code, reason)) return 0;
-  remembered_range *rg = &p->ranges[p->ranges_next];
-  p->ranges_next = (p->ranges_next + 1) % REMEMBERED_RANGES;
-  if (p->ranges_used < REMEMBERED_RANGES) p->ranges_used++;
+  remembered_range *rg = new_range(p);
   rg->op = *nb;
   rg->op.op_id = nb->op_id < op_id ? nb->op_id : op_id;
   rg->op.at_ms = now;
@@ -103,7 +109,7 @@ void distd_remember_op(distd_peers *p, uint64_t op_id, int aborted_by, int code,
   if (find_range(p, op_id, now)) return; /* a peer's abort: kept */
   remembered_op *r = find_in_ring(p, op_id, now);
   if (r && r->aborted_by >= 0 && aborted_by < 0) return; /* keep the peer's reason */
-  if (!r && aborted_by >= 0 && (extend_range(p, op_id, aborted_by, code, reason, now) ||
+  if (!r && aborted_by >= 0 && (extend_range(p, op_id, 1, aborted_by, code, reason, now) ||
                                 start_range(p, op_id, aborted_by, code, reason, now)))
     return;
   if (!r) {
@@ -111,8 +117,16 @@ void distd_remember_op(distd_peers *p, uint64_t op_id, int aborted_by, int code,
     p->remembered_next = (p->remembered_next + 1) % REMEMBERED_OPS;
     if (p->remembered_used < REMEMBERED_OPS) p->remembered_used++;
   }
-  *r = (remembered_op){.op_id = op_id, .at_ms = now, .aborted_by = aborted_by, .code = code};
-  snprintf(r->reason, sizeof r->reason, "%s", reason);
+  set_op(r, op_id, now, aborted_by, code, reason);
+}
+
+void distd_remember_range(distd_peers *p, uint64_t first, uint64_t count, int aborted_by,
+                          int code, const char *reason) {
+  int64_t now = distd_now_ms();
+  if (extend_range(p, first, count, aborted_by, code, reason, now)) return;
+  remembered_range *rg = new_range(p);
+  set_op(&rg->op, first, now, aborted_by, code, reason);
+  rg->count = count;
 }
 
 void distd_forget_op(distd_peers *p, uint64_t op_id) {

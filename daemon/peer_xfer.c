@@ -15,6 +15,7 @@
 #include "log.h"
 #include "peer_batch.h"
 #include "peer_internal.h"
+#include "subop.h"
 
 #define HDR DIST_FRAME_HEADER_SIZE
 #define DRIVE_POLL_MAX_MS 200   /* a lost wake-up costs at most this */
@@ -296,6 +297,24 @@ void distd_handle_abort(distd_peers *p, int from, uint64_t op_id, int code,
     if (x->op_id == op_id) fail_aborted(x, from, code, reason);
   }
   drop_unexpected_of(p, op_id);
+}
+
+void distd_handle_abort_range(distd_peers *p, int from, uint64_t first, uint64_t count,
+                              int code, const char *reason) {
+  distd_remember_range(p, first, count, from, code, reason);
+  unsigned steps[DISTD_REFUSED_STEPS_MAX];
+  int n = distd_refused_steps(steps);
+  for (dlist *pos = p->xfers.next; pos != &p->xfers; pos = pos->next) {
+    distd_xfer *x = dlist_entry(pos, distd_xfer, link);
+    if (distd_refused_range_covers(first, count, x->op_id, steps, n))
+      fail_aborted(x, from, code, reason);
+  }
+  dlist *pos, *tmp;
+  dlist_each_safe(pos, tmp, &p->unexpected) {
+    unexpected *u = dlist_entry(pos, unexpected, link);
+    if (u->complete && distd_refused_range_covers(first, count, u->op_id, steps, n))
+      distd_unexpected_free(p, u);
+  }
 }
 
 /* Takes every reference to the caller's buffers out of the data plane. A
@@ -936,22 +955,11 @@ void distd_xfer_abort(distd_xfer *x, const int *ranks, int n, const char *reason
   }
   int code = x->err.code ? x->err.code : DIST_ECANCELED;
   size_t len = strnlen(reason, CTL_MAX);
+  dist_frame_header h = {DIST_FRAME_MAGIC, DIST_FRAME_VERSION, DIST_FRAME_ABORT,
+                         x->op_id, (uint32_t)p->rank, 0, len, (uint64_t)(-(int64_t)code)};
   for (int i = 0; i < n; i++) {
     int r = ranks[i];
-    if (r < 0 || r >= p->world || r == p->rank) continue;
-    send_item *it = calloc(1, sizeof *it);
-    it->owned = malloc(len ? len : 1);
-    if (len) memcpy(it->owned, reason, len);
-    dist_frame_header h = {DIST_FRAME_MAGIC, DIST_FRAME_VERSION, DIST_FRAME_ABORT,
-                           x->op_id, (uint32_t)p->rank, 0, len, (uint64_t)(-(int64_t)code)};
-    dist_frame_encode(&h, it->hdr);
-    it->payload = it->owned;
-    it->len = len;
-    it->dst = r;
-    dlist_init(&it->xlink);
-    distd_peer_queue_frame(p, r, it);
-    conn *c = p->peers[r].out;
-    if (c && c->greeted) distd_conn_flush(c, 0);
+    if (r >= 0 && r < p->world && r != p->rank) distd_peer_queue_ctl(p, r, &h, reason, len);
   }
   pthread_mutex_unlock(&p->mu);
 }

@@ -85,4 +85,14 @@ static inline int distd_refused_steps(unsigned *steps) {
   return 3 + distd_reshard_steps(DIST_MAX_MESH_DIMS, steps + 3);
 }
 
+/* 1 when op_id is one of first .. first + count - 1 or a refusal step of
+ * one (steps[0..n) from distd_refused_steps, worked out once by a caller
+ * that asks about many ranges). */
+static inline int distd_refused_range_covers(uint64_t first, uint64_t count, uint64_t op_id,
+                                             const unsigned *steps, int n) {
+  for (int i = 0; i < n; i++)
+    if (distd_subop_parent(op_id, steps[i]) - first < count) return 1;
+  return 0;
+}
+
 #endif

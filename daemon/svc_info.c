@@ -109,6 +109,22 @@ static uint64_t peer_counter_value(const distd_peer_stats *st, const struct peer
   return *(const uint64_t *)((const char *)st + pc->offset);
 }
 
+/* The kinds that go through a peer's send queue (distd_peer_stats). */
+static const unsigned queued_kinds[] = {DIST_FRAME_DATA, DIST_FRAME_ABORT, DIST_FRAME_PING,
+                                        DIST_FRAME_ABORT_RANGE};
+
+static void write_frames_sent(const distd_server *s, const distd_peer_stats *stats,
+                              struct evbuffer *out) {
+  distd_metrics_gauge_header(out, "distd_peer_frames_sent_total", "counter",
+                             "Frames written to the peer, by kind (data, abort, ping, "
+                             "abort_range; not the handshake's, pong or close)");
+  for (int r = 0; r < s->world_size; r++)
+    for (size_t k = 0; k < sizeof queued_kinds / sizeof queued_kinds[0] && r != s->rank; k++)
+      evbuffer_add_printf(out, "distd_peer_frames_sent_total{peer=\"%d\",kind=\"%s\"} %llu\n",
+                          r, dist_frame_kind_name(queued_kinds[k]),
+                          (unsigned long long)stats[r].frames_sent[queued_kinds[k]]);
+}
+
 static void write_peer_gauges(distd_server *s, struct evbuffer *out) {
   distd_peer_stats *stats = calloc((size_t)s->world_size, sizeof *stats);
   if (!stats) return;
@@ -127,6 +143,7 @@ static void write_peer_gauges(distd_server *s, struct evbuffer *out) {
         evbuffer_add_printf(out, "%s{peer=\"%d\"} %llu\n", pc->name, r,
                             (unsigned long long)peer_counter_value(&stats[r], pc));
   }
+  write_frames_sent(s, stats, out);
   free(stats);
 }
 

@@ -9,7 +9,6 @@
 #include "op_refuse.h"
 #include "pbuf.h"
 #include "peer.h"
-#include "subop.h"
 #include "vote.h"
 
 /* The refusal does not say which operation it was, so every exchange an
@@ -17,21 +16,16 @@
  * the more_ids ids after it (a LocalLayer call's outputs, a tape
  * backward's plan), the id itself (a collective, a shape exchange), its
  * vote, the vote of a LocalLayer backward of that invocation, and a
- * reshard's steps (distd_refused_steps). Newest id first, each with its
- * steps: a daemon since 0.2.9 remembers consecutive ids as one range that
- * covers their steps too (peer_remember.c); an older one keeps the last
- * few hundred exchanges, which are then the first ids, the ones the
- * others reach first. Ids nobody runs are remembered a while, then
- * dropped. */
+ * reshard's steps (distd_refused_steps). A daemon since 0.2.9 remembers
+ * consecutive ids as one range that covers their steps too
+ * (peer_remember.c), and one that reads ABORT_RANGE frames is told the
+ * whole range in one (distd_abort_range). Ids nobody runs are remembered a
+ * while, then dropped. */
 void distd_refuse_op(distd_server *s, uint64_t op_id, uint32_t more_ids, const int *ranks, int n,
                      const char *who, const char *why) {
   char reason[700];
   snprintf(reason, sizeof reason, "%s refused it: %s", who, why ? why : "");
-  unsigned steps[DISTD_REFUSED_STEPS_MAX];
-  int nsteps = distd_refused_steps(steps);
-  for (uint64_t id = op_id + more_ids + 1; id-- > op_id;)
-    for (int i = 0; i < nsteps; i++)
-      distd_abort_op(s->peers, distd_subop(id, steps[i]), ranks, n, reason);
+  distd_abort_range(s->peers, op_id, (uint64_t)more_ids + 1, ranks, n, reason);
 }
 
 /* The ranks to tell of a refused request over group[0..n_group) (the
