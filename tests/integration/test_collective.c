@@ -395,18 +395,25 @@ typedef struct bench_side {
   raw_result res;
 } bench_side;
 
-static void *bench_main(void *arg) {
-  bench_side *b = arg;
+/* A raw all-reduce of four int32 by rank's trainer under op_id; repeat >
+ * 0 asks for benchmark mode (one warm-up). */
+static void raw_all_reduce(int rank, uint64_t op_id, uint32_t reduce, uint32_t repeat,
+                           raw_result *out) {
   static const int32_t four[4] = {1, 2, 3, 4};
   Dist__V1__CollectiveRequest rq = DIST__V1__COLLECTIVE_REQUEST__INIT;
   rq.kind = DIST__V1__COLLECTIVE_REQUEST__KIND__ALL_REDUCE;
-  rq.op_id = b->op_id;
+  rq.op_id = op_id;
   rq.dtype = (Dist__V1__DType)DIST_INT32;
-  rq.reduce = b->reduce;
+  rq.reduce = reduce;
   rq.data = (ProtobufCBinaryData){sizeof four, (uint8_t *)four};
-  rq.warmup = 1;
-  rq.repeat = BENCH_REPEAT;
-  raw_collective(b->rank, &rq, &b->res);
+  rq.warmup = repeat ? 1 : 0;
+  rq.repeat = repeat;
+  raw_collective(rank, &rq, out);
+}
+
+static void *bench_main(void *arg) {
+  bench_side *b = arg;
+  raw_all_reduce(b->rank, b->op_id, b->reduce, BENCH_REPEAT, &b->res);
   cr_log_info("bench rank %d: %s: %s", b->rank, dist_err_name(b->res.rc), b->res.msg);
   return NULL;
 }
@@ -467,6 +474,43 @@ Test(refused, a_send_in_benchmark_mode_fails_its_receiver_at_once, .timeout = 12
   cr_expect_lt(sd[1].seconds, 2.0, "the receiver waited %.1f s: %s", sd[1].seconds, sd[1].msg);
 }
 
+/* Rank 0's trainer aborts first and the 1000 ids after it ("a plan
+ * refused") for ranks 0 .. n - 1, as a refused tape backward's plan does:
+ * the ids the daemon says it aborted. */
+static uint32_t abort_plan_on_rank_0(uint64_t first, uint32_t n) {
+  uint32_t ranks[HARNESS_MAX];
+  for (uint32_t r = 0; r < n; r++) ranks[r] = r;
+  Dist__V1__OpAbortRequest rq = DIST__V1__OP_ABORT_REQUEST__INIT;
+  rq.op_id = first;
+  rq.more_ids = 1000;
+  rq.n_ranks = n;
+  rq.ranks = ranks;
+  rq.reason = "a plan refused";
+  dist_client *c = harness_client_rank(&cluster, 0, 10000);
+  ProtobufCMessage *rp = NULL;
+  cr_assert_eq(dist_call_one(c, 0, "/dist.v1.Dist/OpAbort", &rq.base,
+                             &dist__v1__op_abort_reply__descriptor, &rp), 0, "%s",
+               dist_errmsg(c));
+  uint32_t aborted = ((Dist__V1__OpAbortReply *)rp)->aborted_ids;
+  protobuf_c_message_free_unpacked(rp, NULL);
+  dist_close(c);
+  return aborted;
+}
+
+/* rank's all-reduce under id, of abort_plan_on_rank_0's plan, fails at
+ * once, naming rank 0 and the reason. */
+static void expect_told_of_plan(int rank, uint64_t id) {
+  raw_result res;
+  raw_all_reduce(rank, id, DIST_REDUCE_SUM, 0, &res);
+  char told[200];
+  snprintf(told, sizeof told, "rank 0 aborted op %llu: its trainer refused it: a plan refused",
+           (unsigned long long)id);
+  cr_expect(res.rc != 0 && strstr(res.msg, told), "rank %d is not told '%s': %s", rank, told,
+            res.msg);
+  cr_expect_lt(res.seconds, 2.0, "rank %d waited %.1f s: %s", rank, res.seconds, res.msg);
+  if (res.reply) protobuf_c_message_free_unpacked(&res.reply->base, NULL);
+}
+
 /* A trainer's OpAbort of more ids than the daemons' ring of 256 remembered
  * exchanges holds (a refused tape backward's plan, each id with ~13
  * steps): rank 1, reaching an id in the middle of the range afterwards,
@@ -476,34 +520,65 @@ Test(refused, an_abort_of_many_ids_reaches_the_middle_of_its_range, .timeout = 1
      .fini = stop_cluster) {
   harness_start(&cluster, 2, NULL);
   const uint64_t first = 0x7400;
-  uint32_t ranks[2] = {0, 1};
-  Dist__V1__OpAbortRequest rq = DIST__V1__OP_ABORT_REQUEST__INIT;
-  rq.op_id = first;
-  rq.more_ids = 1000;
-  rq.n_ranks = 2;
-  rq.ranks = ranks;
-  rq.reason = "a plan refused";
-  dist_client *c = harness_client_rank(&cluster, 0, 10000);
-  ProtobufCMessage *rp = NULL;
-  cr_assert_eq(dist_call_one(c, 0, "/dist.v1.Dist/OpAbort", &rq.base,
-                             &dist__v1__op_abort_reply__descriptor, &rp), 0, "%s",
-               dist_errmsg(c));
-  cr_expect_eq(((Dist__V1__OpAbortReply *)rp)->aborted_ids, 1001);
-  protobuf_c_message_free_unpacked(rp, NULL);
-  dist_close(c);
+  cr_expect_eq(abort_plan_on_rank_0(first, 2), 1001);
   harness_sleep_ms(500); /* rank 1 has every ABORT frame: it must remember them */
-  static const int32_t four[4] = {1, 2, 3, 4};
-  Dist__V1__CollectiveRequest cq = DIST__V1__COLLECTIVE_REQUEST__INIT;
-  cq.kind = DIST__V1__COLLECTIVE_REQUEST__KIND__ALL_REDUCE;
-  cq.op_id = first + 500;
-  cq.dtype = (Dist__V1__DType)DIST_INT32;
-  cq.data = (ProtobufCBinaryData){sizeof four, (uint8_t *)four};
+  expect_told_of_plan(1, first + 500);
+}
+
+/* A sum of four int32 by rank's trainer under op_id, in a thread. */
+typedef struct reduce_side {
+  int rank;
+  uint64_t op_id;
   raw_result res;
-  raw_collective(1, &cq, &res);
-  char told[200];
-  snprintf(told, sizeof told, "rank 0 aborted op %llu: its trainer refused it: a plan refused",
-           (unsigned long long)(first + 500));
-  cr_expect(res.rc != 0 && strstr(res.msg, told), "rank 1 is not told '%s': %s", told, res.msg);
-  cr_expect_lt(res.seconds, 2.0, "rank 1 waited %.1f s: %s", res.seconds, res.msg);
-  if (res.reply) protobuf_c_message_free_unpacked(&res.reply->base, NULL);
+} reduce_side;
+
+static void *reduce_main(void *arg) {
+  reduce_side *sd = arg;
+  raw_all_reduce(sd->rank, sd->op_id, DIST_REDUCE_SUM, 0, &sd->res);
+  return NULL;
+}
+
+/* rank's /metrics (distctl metrics), malloc'd. */
+static char *metrics_of(int rank) {
+  char cmd[600], *out = NULL, *err = NULL;
+  snprintf(cmd, sizeof cmd, "%s --cluster %s --timeout 10000 metrics --rank %d",
+           harness_distctl(), cluster.cluster_file, rank);
+  cr_assert_eq(harness_run(cmd, &out, &err, 60), 0, "distctl metrics: %s", err ? err : "");
+  free(err);
+  return out;
+}
+
+/* A trainer's OpAbort of 1001 ids on rank 0 of three daemons: rank 0's
+ * /metrics show one ABORT_RANGE frame and no ABORT frame written to each
+ * peer (before: 13 ABORT frames per id, 13013 to each); on ranks 1 and 2
+ * the ids at both ends and in the middle fail at once, naming rank 0 and
+ * the reason; the next id is served on all three. */
+Test(refused, an_abort_of_many_ids_is_one_frame_to_each_peer, .timeout = 120,
+     .fini = stop_cluster) {
+  harness_start(&cluster, 3, NULL);
+  const uint64_t first = 0x7800;
+  abort_plan_on_rank_0(first, 3);
+  harness_sleep_ms(500); /* the frames are written */
+  char *m = metrics_of(0);
+  for (int r = 1; r < 3; r++) {
+    char one[120], none[120];
+    snprintf(one, sizeof one, "distd_peer_frames_sent_total{peer=\"%d\",kind=\"abort_range\"} 1\n", r);
+    snprintf(none, sizeof none, "distd_peer_frames_sent_total{peer=\"%d\",kind=\"abort\"} 0\n", r);
+    cr_expect(strstr(m, one) && strstr(m, none), "rank 0 wrote rank %d other frames:\n%s", r, m);
+  }
+  free(m);
+  const uint64_t told[] = {first, first + 500, first + 1000};
+  for (int r = 1; r < 3; r++)
+    for (size_t i = 0; i < sizeof told / sizeof told[0]; i++) expect_told_of_plan(r, told[i]);
+  reduce_side next[3];
+  pthread_t th[3];
+  for (int r = 0; r < 3; r++) {
+    next[r] = (reduce_side){.rank = r, .op_id = first + 1001};
+    pthread_create(&th[r], NULL, reduce_main, &next[r]);
+  }
+  for (int r = 0; r < 3; r++) pthread_join(th[r], NULL);
+  for (int r = 0; r < 3; r++) {
+    cr_expect_eq(next[r].res.rc, 0, "the next id, rank %d: %s", r, next[r].res.msg);
+    if (next[r].res.reply) protobuf_c_message_free_unpacked(&next[r].res.reply->base, NULL);
+  }
 }
