@@ -116,6 +116,7 @@ int dist_abort_range_decode(const uint8_t *in, size_t len, dist_abort_range *a,
     return dist_fail(eb, DIST_EPROTO, "abort range of %zu bytes has no count", len);
   a->count = get64(in);
   a->reason = (const char *)in + DIST_ABORT_RANGE_COUNT_SIZE;
-  if (a->count == 0) return dist_fail(eb, DIST_EPROTO, "abort range of 0 ids");
+  if (a->count == 0 || a->count > DIST_ABORT_RANGE_COUNT_MAX)
+    return dist_fail(eb, DIST_EPROTO, "abort range of %llu ids", (unsigned long long)a->count);
   return 0;
 }

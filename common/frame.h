@@ -82,8 +82,10 @@ typedef struct dist_hello {
  * all. */
 #define DIST_ABORT_RANGE_COUNT_SIZE 8
 #define DIST_ABORT_RANGE_MAX 1024
+/* An OpAbort's id and its more_ids (a u32) at most. */
+#define DIST_ABORT_RANGE_COUNT_MAX ((uint64_t)1 << 32)
 typedef struct dist_abort_range {
-  uint64_t count;  /* at least 1 */
+  uint64_t count;  /* 1 .. DIST_ABORT_RANGE_COUNT_MAX */
   const char *reason; /* decode: points into the payload, NUL-terminated by the caller */
 } dist_abort_range;
 
@@ -102,7 +104,8 @@ int dist_hello_decode(const uint8_t in[DIST_HELLO_SIZE], dist_hello *h,
 size_t dist_abort_range_encode(const dist_abort_range *a, uint8_t out[DIST_ABORT_RANGE_MAX]);
 /* Reads the payload in[0..len), whose byte in[len] the caller set to 0:
  * a->reason points at in + DIST_ABORT_RANGE_COUNT_SIZE. Fails with
- * DIST_EPROTO when it is too short for the count or the count is 0. */
+ * DIST_EPROTO when it is too short for the count, or the count is 0 or
+ * past DIST_ABORT_RANGE_COUNT_MAX (it would abort ids nobody named). */
 int dist_abort_range_decode(const uint8_t *in, size_t len, dist_abort_range *a,
                             dist_errbuf *eb);
 

@@ -197,7 +197,8 @@ void distd_abort_op(distd_peers *p, uint64_t op_id, const int *ranks, int n,
  * count - 1, each with its refusal steps (subop.h distd_refused_steps),
  * failed here before this rank took part in them, with reason: one
  * ABORT_RANGE frame to a peer whose HELLO_ACK said it reads them, an
- * ABORT per step per id to any other (peer_abort.c). */
+ * ABORT per step per id to any other (peer_abort.c). count is at most
+ * DIST_ABORT_RANGE_COUNT_MAX (an OpAbort's 1 + more_ids). */
 void distd_abort_range(distd_peers *p, uint64_t first, uint64_t count, const int *ranks, int n,
                        const char *reason);
 /* distd_xfer_wait, then on failure distd_xfer_abort to group[0..n): every

@@ -103,7 +103,7 @@ Test(frame, abort_range_reason_is_cut_to_fit) {
                DIST_ABORT_RANGE_MAX);
 }
 
-Test(frame, abort_range_without_a_count_or_of_no_ids_is_refused) {
+Test(frame, abort_range_without_a_count_or_of_no_or_too_many_ids_is_refused) {
   uint8_t buf[16] = {0};
   dist_abort_range a;
   dist_errbuf eb = DIST_ERRBUF_INIT;
@@ -111,6 +111,9 @@ Test(frame, abort_range_without_a_count_or_of_no_ids_is_refused) {
   cr_assert_str_eq(eb.msg, "abort range of 7 bytes has no count");
   cr_assert_eq(dist_abort_range_decode(buf, 8, &a, &eb), DIST_EPROTO);
   cr_assert_str_eq(eb.msg, "abort range of 0 ids");
+  memset(buf, 0xff, 8); /* every id there is */
+  cr_assert_eq(dist_abort_range_decode(buf, 8, &a, &eb), DIST_EPROTO);
+  cr_assert_str_eq(eb.msg, "abort range of 18446744073709551615 ids");
 }
 
 Test(frame, hello_round_trip) {
