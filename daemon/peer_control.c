@@ -2,8 +2,8 @@
  * (HELLO, HELLO_ACK, HELLO_REJECT, ABORT, ABORT_RANGE, CLOSE), and which
  * frame kinds each side of a connection may receive. The acceptor's
  * HELLO_ACK says which kinds past CLOSE it reads (frame.h); its dialler
- * sends it no other, so a daemon built before them is never sent one. Called from the read path (peer_read.c)
- * with distd_peers.mu held. */
+ * sends it no other, so a daemon built before them is never sent one.
+ * Called from the read path (peer_read.c) with distd_peers.mu held. */
 #include <event2/event.h>
 #include <stdio.h>
 #include <string.h>
