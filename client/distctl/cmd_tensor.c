@@ -288,6 +288,14 @@ static int local_read_failed(dist_client *c, const dist_tensor *t, int rank, int
                       dist_tensor_name(t), mesh);
 }
 
+/* A piece is read by its daemon's rank: through --endpoint, the rank of
+ * the daemon reached, not its position 0 (libdist refuses a rank the
+ * client does not reach, naming the one it does). */
+static int piece_rank_reached(const distctl_command *cmd, dist_client *c, long rank) {
+  if (rank >= 0 && dist_world_size(c) == 1 && dist_daemon_rank(c, 0) == rank) return 0;
+  return distctl_rank_in_cluster(cmd, c, rank);
+}
+
 static int get_value(dist_client *c, const tensor_args *a, int rank) {
   dist_tensor *t = NULL;
   void *data = NULL;
@@ -334,7 +342,7 @@ static int run_get(const distctl_global *g, int argc, char **argv) {
     return 2;
   dist_client *c = distctl_connect(g);
   if (!c) return 1;
-  rc = distctl_rank_in_cluster(cmd, c, rank);
+  rc = piece_rank_reached(cmd, c, rank);
   if (rc == 0) rc = get_value(c, &a, (int)rank);
   if (rc == 0 && g->json) /* what was written where, for scripts */
     distctl_print_json(json_pack("{s:s, s:s, s:o}", "name", a.name, "output", a.output,

@@ -19,10 +19,23 @@ typedef struct call_state {
   grpc_slice details;
 } call_state;
 
+/* The one place a call's target, the rank of the daemon it addresses,
+ * becomes a channel: position r for a client of a cluster file; the one
+ * channel of a client of one endpoint, whatever rank its daemon has
+ * (reach.c checks a rank can be reached where it enters libdist). */
+static int channel_of(const dist_client *c, int target) {
+  return c->one_endpoint ? 0 : target;
+}
+
+/* The endpoint of the daemon a call addresses. */
+static const char *endpoint_of(const dist_client *c, int target) {
+  return c->endpoints[channel_of(c, target)];
+}
+
 static int start(dist_client *c, grpc_completion_queue *cq, const char *method,
                  dist_call *dc, call_state *st, gpr_timespec deadline) {
   grpc_slice m = grpc_slice_from_static_string(method);
-  st->call = grpc_channel_create_call(c->channels[dc->target], NULL,
+  st->call = grpc_channel_create_call(c->channels[channel_of(c, dc->target)], NULL,
                                       GRPC_PROPAGATE_DEFAULTS, cq, m, NULL,
                                       deadline, NULL);
   st->send = dist_pb_to_bb(dc->request);
@@ -58,9 +71,10 @@ static int from_daemon(const char *details, int code) {
 /* A daemon gRPC could not reach; when tls_crl refused its certificate,
  * the reason (gRPC's details only say the handshake failed). */
 static void unreachable(dist_client *c, dist_call *dc, const char *details) {
-  const char *at = c->endpoints[dc->target];
+  const char *at = endpoint_of(c, dc->target);
   char why[400];
-  if (c->daemon_crl && dist_daemon_crl_refusal(c->daemon_crl, dc->target, why, sizeof why))
+  if (c->daemon_crl &&
+      dist_daemon_crl_refusal(c->daemon_crl, channel_of(c, dc->target), why, sizeof why))
     dist_fail(&dc->err, DIST_EAUTH, "distd at %s is refused: %s", at, why);
   else
     dist_fail(&dc->err, DIST_EUNAVAIL, "cannot reach distd at %s: %s", at, details);
@@ -77,13 +91,12 @@ static void finish(dist_client *c, dist_call *dc, call_state *st,
     else if (st->status == GRPC_STATUS_DEADLINE_EXCEEDED && dc->err.code == DIST_ETIMEDOUT &&
              !from_daemon(details, DIST_ETIMEDOUT))
       dist_fail(&dc->err, DIST_ETIMEDOUT,
-                "no answer from distd at %s within %lld ms", c->endpoints[dc->target],
+                "no answer from distd at %s within %lld ms", endpoint_of(c, dc->target),
                 (long long)c->timeout_ms);
   } else {
     dc->reply = dist_bb_to_pb(st->recv, reply_desc);
     if (!dc->reply)
-      dist_fail(&dc->err, DIST_EPROTO, "malformed reply from %s",
-                c->endpoints[dc->target]);
+      dist_fail(&dc->err, DIST_EPROTO, "malformed reply from %s", endpoint_of(c, dc->target));
   }
   gpr_free(details);
   grpc_slice_unref(st->details);
@@ -109,14 +122,14 @@ static int cause(const dist_call *calls, int n) {
 
 const char *dist_daemon_label(const dist_client *c, int target, char *buf, size_t len) {
   if (c->one_endpoint)
-    snprintf(buf, len, "distd at %s", c->endpoints[target]);
+    snprintf(buf, len, "distd at %s", endpoint_of(c, target));
   else
     snprintf(buf, len, "rank %d (%s)", target, c->endpoints[target]);
   return buf;
 }
 
 int dist_call_fail(dist_client *c, const dist_call *call) {
-  const char *msg = dist_errbuf_msg(&call->err), *at = c->endpoints[call->target];
+  const char *msg = dist_errbuf_msg(&call->err), *at = endpoint_of(c, call->target);
   char named[300];
   dist_daemon_label(c, call->target, named, sizeof named);
   /* "cannot reach distd at HOST:PORT" names the address, not the rank:
@@ -186,7 +199,7 @@ int dist_call_all(dist_client *c, const char *method, const ProtobufCMessageDesc
   *out = calloc((size_t)(n > 0 ? n : 0) + 1, sizeof **out);
   if (!*out) return dist_client_fail(c, DIST_ENOMEM, "out of memory calling %d daemons", n);
   for (int i = 0; i < n; i++) {
-    (*out)[i].target = targets ? targets[i] : i;
+    (*out)[i].target = targets ? targets[i] : dist_rank_at(c, i);
     (*out)[i].request = request;
   }
   return dist_call_many(c, method, reply_desc, *out, n > 0 ? n : 0);

@@ -389,10 +389,7 @@ uint64_t dist_take_ids(dist_client *c, int n) {
 }
 
 int dist_targets(dist_client *c, const dist_mesh_desc *m, int *targets) {
-  for (int i = 0; i < m->nranks; i++)
-    if (m->ranks[i] >= c->n)
-      return dist_client_fail(c, DIST_EINVAL, "mesh names rank %d, but the cluster "
-                              "has %d daemon%s", m->ranks[i], c->n, c->n == 1 ? "" : "s");
+  if (dist_check_mesh_reach(c, m) != 0) return c->err.code;
   if (c->spmd_rank >= 0) {
     if (dist_mesh_index_of(m, c->spmd_rank) < 0) return 0;
     targets[0] = c->spmd_rank;

@@ -239,8 +239,24 @@ int dist_thread_fail(int code, const char *fmt, ...) __attribute__((format(print
  * crashing. Use through DIST_NEED. */
 int dist_client_null_arg(dist_client *c, const char *func, const char *arg);
 /* 0 when rank names a daemon of c, else DIST_EINVAL recorded as "FUNC: no
- * daemon of rank R (cluster of N)". */
+ * daemon of rank R (cluster of N)": for the calls that take a position
+ * (0 .. dist_world_size - 1: dist_info, dist_health, the inspections). */
 int dist_client_check_rank(dist_client *c, const char *func, int rank);
+/* reach.c: calls address daemons by their ranks, which for a client of
+ * one endpoint is its daemon's own (asked at the first need), not its
+ * position 0. The rank the daemon at position is addressed by, without
+ * asking (0 for a client of one endpoint that has not learned it). */
+int dist_rank_at(dist_client *c, int position);
+/* 1 when the client holds a channel to rank's daemon; a client of one
+ * endpoint asks its daemon's rank the first time. */
+int dist_client_reaches(dist_client *c, int rank);
+/* 0 when the client reaches every rank of m, else DIST_EINVAL naming the
+ * first it does not ("mesh names rank 0, but this client only reaches the
+ * daemon of rank 1 at HOST:PORT"). */
+int dist_check_mesh_reach(dist_client *c, const dist_mesh_desc *m);
+/* dist_client_check_rank of a rank a call addresses a piece by (a mesh
+ * rank): 0 when the client reaches it, else DIST_EINVAL naming func. */
+int dist_client_check_reach(dist_client *c, const char *func, int rank);
 /* 0 for a trainer number >= 0, else DIST_EINVAL recorded as "FUNC:
  * trainer T is negative": the daemons' uint32 would read -1 as
  * 4294967295. */

@@ -256,7 +256,7 @@ int dist_param_push_local(dist_client *c, const char *name, int trainer,
   if (check_push(c, __func__, name, trainer)) return c->err.code;
   if (!piece && nbytes) return dist_client_null_arg(c, __func__, "piece");
   if (rank < 0) rank = c->spmd_rank;
-  if (dist_client_check_rank(c, __func__, rank) != 0) return c->err.code;
+  if (dist_client_check_reach(c, __func__, rank) != 0) return c->err.code;
   Dist__V1__ParamPushRequest rq = DIST__V1__PARAM_PUSH_REQUEST__INIT;
   rq.name = (char *)name;
   rq.trainer = (uint32_t)trainer;
@@ -345,14 +345,11 @@ int dist_param_pull(dist_client *c, const char *name, uint64_t min_version,
   dist_tensor *t = NULL;
   int rc = dist_tensor_open(c, name, &t);
   if (rc != 0) return rc;
-  for (int i = 0; i < t->mesh.d.nranks; i++)
-    if (t->mesh.d.ranks[i] >= c->n) {
-      rc = dist_client_fail(c, DIST_EINVAL, "'%s' lives on rank %d, but this "
-                            "client knows %d daemon%s", name, t->mesh.d.ranks[i],
-                            c->n, c->n == 1 ? "" : "s");
-      dist_tensor_free(t);
-      return rc;
-    }
+  if (dist_check_mesh_reach(c, &t->mesh.d) != 0) {
+    dist_errbuf_prefix(&c->err, "dist_param_pull '%s': ", name);
+    dist_tensor_free(t);
+    return c->err.code;
+  }
   if (dist_placements_partial_dim(t->placements, t->mesh.d.ndim) >= 0) {
     rc = dist_client_fail(c, DIST_ENOTSUP, "'%s' is Partial: pull it with "
                           "dist_full_tensor", name);

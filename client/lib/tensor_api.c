@@ -102,11 +102,12 @@ static int meshes_share_a_rank(const dist_mesh_desc *a, const dist_mesh_desc *b)
   return 0;
 }
 
-/* The cluster's ranks outside m, in outside[] (room for c->n); how many. */
-static int ranks_outside(const dist_client *c, const dist_mesh_desc *m, int *outside) {
+/* The ranks the client reaches outside m, in outside[] (room for c->n);
+ * how many. */
+static int ranks_outside(dist_client *c, const dist_mesh_desc *m, int *outside) {
   int n = 0;
-  for (int r = 0; r < c->n; r++)
-    if (dist_mesh_index_of(m, r) < 0) outside[n++] = r;
+  for (int p = 0; p < c->n; p++)
+    if (dist_mesh_index_of(m, dist_rank_at(c, p)) < 0) outside[n++] = dist_rank_at(c, p);
   return n;
 }
 
@@ -416,7 +417,7 @@ int dist_dtensor_to_local(dist_client *c, const dist_tensor *t, int rank,
   if (DIST_NEED(c, t) || DIST_NEED(c, data) || DIST_NEED(c, nbytes)) return c->err.code;
   *data = NULL;
   if (rank < 0) rank = c->spmd_rank;
-  if (dist_client_check_rank(c, __func__, rank) != 0) return c->err.code;
+  if (dist_client_check_reach(c, __func__, rank) != 0) return c->err.code;
   if (rank == c->spmd_rank && t->no_piece)
     return dist_empty_local(c, t, data, nbytes, shape);
   return get_from(c, t, 0, &rank, 1, data, nbytes, shape);
@@ -650,10 +651,7 @@ int dist_tensor_pieces(dist_client *c, const dist_tensor *t,
   *out = NULL;
   *n = 0;
   const dist_mesh_desc *m = &t->mesh.d;
-  for (int i = 0; i < m->nranks; i++)
-    if (m->ranks[i] >= c->n)
-      return dist_client_fail(c, DIST_EINVAL, "mesh names rank %d, but the client "
-                              "knows %d daemon%s", m->ranks[i], c->n, c->n == 1 ? "" : "s");
+  if (dist_check_mesh_reach(c, m) != 0) return c->err.code;
   Dist__V1__TensorShowRequest rq = DIST__V1__TENSOR_SHOW_REQUEST__INIT;
   rq.name = (char *)t->name;
   dist_call *calls = NULL;

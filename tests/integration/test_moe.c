@@ -235,7 +235,8 @@ Test(moe, seed_003_via_daemon_held_tensors, .timeout = 120) {
     dist_tensor_free(t);
     dist_client *one = harness_client_rank(&h, r, 10000);
     cr_assert_eq(dist_tensor_open(one, "experts_in", &t), 0, "%s", dist_errmsg(one));
-    cr_assert_eq(dist_dtensor_to_local(one, t, 0, &piece, &nbytes, shape), 0, "%s",
+    /* Addressed by its daemon's rank, not the client's position 0. */
+    cr_assert_eq(dist_dtensor_to_local(one, t, r, &piece, &nbytes, shape), 0, "%s",
                  dist_errmsg(one));
     cr_assert_eq(nbytes, sizeof seed_out[r]);
     cr_assert(memcmp(piece, seed_out[r], nbytes) == 0, "rank %d held rows", r);

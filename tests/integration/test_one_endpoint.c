@@ -1,0 +1,200 @@
+/* A client of one endpoint (dist_connect, distctl --endpoint) addresses
+ * its daemon by the daemon's own rank in meshes and in the calls that take
+ * a rank. It used to address it as rank 0, its position in the client, so
+ * that rank 1's daemon alone refused a put onto mesh [1] ("rank 1 is not
+ * in the mesh of 'w'") and a client could read there but not put; a mesh
+ * naming a rank the client cannot reach is refused naming that rank and
+ * the daemon it does reach. */
+#include <criterion/criterion.h>
+#include <jansson.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+#include "tensor.h"
+
+static harness cluster;
+
+static void stop_cluster(void) {
+  if (cluster.n > 0) harness_stop(&cluster);
+  cluster.n = 0;
+}
+
+TestSuite(one_endpoint, .fini = stop_cluster, .timeout = 120);
+
+static const float value[6] = {1.5f, -2, 3, 4.25f, 5, -6};
+static const int64_t value_shape[2] = {2, 3};
+
+/* The refusal of a mesh naming `rank` through a client of rank `own`'s
+ * daemon alone, as it must read. */
+static void unreached_text(int rank, int own, char *buf, size_t len) {
+  snprintf(buf, len, "mesh names rank %d, but this client only reaches the daemon of "
+           "rank %d at 127.0.0.1:%d", rank, own, cluster.grpc_port[own]);
+}
+
+/* The whole value of t and rank's piece through c both equal value. */
+static void expect_round_trip(dist_client *c, const dist_tensor *t, int rank) {
+  void *data = NULL;
+  size_t n = 0;
+  cr_assert_eq(dist_full_tensor(c, t, &data, &n), 0, "full_tensor: %s", dist_errmsg(c));
+  cr_assert(n == sizeof value && memcmp(data, value, n) == 0, "the value changed");
+  free(data);
+  int64_t shape[DIST_MAX_DIMS];
+  cr_assert_eq(dist_dtensor_to_local(c, t, rank, &data, &n, shape), 0,
+               "rank %d's piece: %s", rank, dist_errmsg(c));
+  cr_assert(n == sizeof value && memcmp(data, value, n) == 0, "rank %d's piece changed", rank);
+  free(data);
+}
+
+/* Put, read, show and delete on mesh [own] through own's daemon alone. */
+static void put_get_show_delete_through(int own) {
+  dist_client *one = harness_client_rank(&cluster, own, 10000);
+  char mesh[16];
+  snprintf(mesh, sizeof mesh, "[%d]", own);
+  dist_tensor *t = harness_put(one, "w", DIST_FLOAT32, value, 2, value_shape, mesh,
+                               "Replicate()");
+  expect_round_trip(one, t, own);
+  dist_tensor_piece *pieces = NULL;
+  int n = 0;
+  cr_assert_eq(dist_tensor_pieces(one, t, &pieces, &n), 0, "show: %s", dist_errmsg(one));
+  cr_assert(n == 1 && pieces[0].rank == own && pieces[0].nbytes == sizeof value,
+            "show gives %d pieces, the first of rank %d", n, n ? pieces[0].rank : -1);
+  free(pieces);
+  dist_tensor_free(t);
+  cr_assert_eq(harness_open_on(&cluster, own, "w", &t), 0, "not stored on rank %d", own);
+  dist_tensor_free(t);
+  cr_assert_eq(dist_tensor_delete(one, "w"), 0, "delete: %s", dist_errmsg(one));
+  cr_assert_eq(harness_open_on(&cluster, own, "w", &t), DIST_ENOTFOUND, "not deleted");
+  dist_close(one);
+}
+
+Test(one_endpoint, rank_1s_daemon_alone_puts_reads_shows_and_deletes_on_mesh_1) {
+  harness_start(&cluster, 2, NULL);
+  put_get_show_delete_through(1);
+}
+
+Test(one_endpoint, rank_0s_daemon_alone_works_as_before) {
+  harness_start(&cluster, 2, NULL);
+  put_get_show_delete_through(0);
+}
+
+/* A put through own's daemon onto mesh_text, which names `rank` it cannot
+ * reach, is refused naming both, and stores nothing on either daemon. */
+static void expect_put_refused(dist_client *one, int own, const char *mesh_text, int rank) {
+  dist_tensor *t = NULL;
+  char want[200];
+  unreached_text(rank, own, want, sizeof want);
+  int rc = harness_try_put(one, "v", DIST_FLOAT32, value, 2, value_shape, mesh_text,
+                           "Replicate()", &t);
+  cr_assert_eq(rc, DIST_EINVAL, "a put onto %s: %d %s", mesh_text, rc, dist_errmsg(one));
+  cr_expect(strstr(dist_errmsg(one), want), "%s: %s", mesh_text, dist_errmsg(one));
+  for (int r = 0; r < 2; r++)
+    cr_expect_eq(harness_open_on(&cluster, r, "v", &t), DIST_ENOTFOUND, "'v' on rank %d", r);
+}
+
+Test(one_endpoint, a_mesh_naming_a_rank_it_does_not_reach_is_refused_naming_it) {
+  harness_start(&cluster, 2, NULL);
+  dist_client *one = harness_client_rank(&cluster, 1, 10000);
+  expect_put_refused(one, 1, "[0]", 0);
+  expect_put_refused(one, 1, "[0,1]", 0);
+  dist_client *zero = harness_client_rank(&cluster, 0, 10000);
+  expect_put_refused(zero, 0, "[1]", 1);
+  /* A piece is read by its daemon's rank, not by the position 0. */
+  dist_tensor *t = harness_put(one, "w", DIST_FLOAT32, value, 2, value_shape, "[1]",
+                               "Replicate()");
+  void *data = NULL;
+  size_t n = 0;
+  cr_assert_eq(dist_dtensor_to_local(one, t, 0, &data, &n, NULL), DIST_EINVAL, "%s",
+               dist_errmsg(one));
+  char want[200];
+  snprintf(want, sizeof want, "dist_dtensor_to_local: rank 0, but this client only reaches "
+           "the daemon of rank 1 at 127.0.0.1:%d", cluster.grpc_port[1]);
+  cr_expect(strstr(dist_errmsg(one), want), "%s", dist_errmsg(one));
+  dist_tensor_free(t);
+  dist_close(zero);
+  dist_close(one);
+}
+
+/* distctl --endpoint of rank r's daemon with args; exit status, output
+ * and errors. */
+static int distctl_at(int r, char **out, char **err, const char *args) {
+  char cmd[2048];
+  snprintf(cmd, sizeof cmd, "%s --endpoint 127.0.0.1:%d %s", harness_distctl(),
+           cluster.grpc_port[r], args);
+  return harness_run(cmd, out, err, 60);
+}
+
+/* distctl_at that must exit 0; its output is dropped. */
+static void distctl_ok(int r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void distctl_ok(int r, const char *fmt, ...) {
+  char args[1024], *out = NULL, *err = NULL;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(args, sizeof args, fmt, ap);
+  va_end(ap);
+  int rc = distctl_at(r, &out, &err, args);
+  cr_assert_eq(rc, 0, "%s through rank %d's endpoint: exit %d: %s", args, r, rc,
+               err ? err : "");
+  free(out);
+  free(err);
+}
+
+/* The float32 .npy at path holds exactly value. */
+static void expect_npy_value(const char *path) {
+  dist_dtype dt = DIST_DTYPE_INVALID;
+  dist_shape got;
+  void *data = NULL;
+  size_t n = 0;
+  cr_assert_eq(dist_npy_read(path, &dt, &got, &data, &n, NULL), 0, "%s", path);
+  cr_assert(dt == DIST_FLOAT32 && n == sizeof value && memcmp(data, value, n) == 0,
+            "%s does not hold the value put", path);
+  free(data);
+}
+
+/* tensor put, get (whole and the local piece), show and rm through
+ * rank own's daemon alone, on mesh [own]. */
+static void distctl_round_trip_through(int own) {
+  char in[400], outp[400];
+  snprintf(in, sizeof in, "%s/in.npy", cluster.dir);
+  snprintf(outp, sizeof outp, "%s/out.npy", cluster.dir);
+  dist_shape s = {2, {2, 3}};
+  cr_assert_eq(dist_npy_write(in, DIST_FLOAT32, &s, value, NULL), 0);
+  distctl_ok(own, "tensor put w %s --mesh \"[%d]\" --placements \"Replicate()\"", in, own);
+  distctl_ok(own, "tensor get w -o %s", outp);
+  expect_npy_value(outp);
+  distctl_ok(own, "tensor get w -o %s --rank %d --local", outp, own);
+  expect_npy_value(outp);
+  char *out = NULL, *err = NULL;
+  cr_assert_eq(distctl_at(own, &out, &err, "tensor show w --json"), 0, "%s", err);
+  json_t *j = json_loads(out, 0, NULL);
+  json_t *piece = json_array_get(json_object_get(j, "pieces"), 0);
+  cr_assert_eq(json_integer_value(json_object_get(piece, "rank")), own, "%s", out);
+  json_decref(j);
+  free(out);
+  free(err);
+  distctl_ok(own, "tensor rm w");
+  dist_tensor *t = NULL;
+  cr_assert_eq(harness_open_on(&cluster, own, "w", &t), DIST_ENOTFOUND, "not deleted");
+}
+
+Test(one_endpoint, distctl_through_rank_1s_endpoint_puts_and_gets_on_mesh_1) {
+  harness_start(&cluster, 2, NULL);
+  distctl_round_trip_through(1);
+  char in[400], *out = NULL, *err = NULL, want[200];
+  snprintf(in, sizeof in, "%s/in.npy", cluster.dir);
+  char args[600];
+  snprintf(args, sizeof args, "tensor put v %s --mesh \"[0,1]\" --placements \"Replicate()\"", in);
+  int rc = distctl_at(1, &out, &err, args);
+  unreached_text(0, 1, want, sizeof want);
+  cr_assert_eq(rc, 1, "put onto [0,1]: exit %d: %s", rc, err);
+  cr_expect(err && strstr(err, want), "%s", err ? err : "");
+  free(out);
+  free(err);
+}
+
+Test(one_endpoint, distctl_through_rank_0s_endpoint_works_as_before) {
+  harness_start(&cluster, 2, NULL);
+  distctl_round_trip_through(0);
+}
