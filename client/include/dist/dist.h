@@ -61,10 +61,14 @@ typedef struct dist_opts {
 /* Connects to one daemon at endpoint ("host:port"; NULL = the default). The
  * connection is made lazily; an unreachable daemon shows at the first call.
  * Errors of its calls name the daemon by address ("distd at HOST:PORT:
- * ..."), where a cluster's client says "rank R (HOST:PORT): ..."; calls
- * that take a rank address it as 0. Where libdist names its rank (a
- * parameter report, a checkpoint's refusal), it is the daemon's own
- * (dist_daemon_rank). opts may be NULL. On failure *out is NULL and the
+ * ..."), where a cluster's client says "rank R (HOST:PORT): ...". Its
+ * meshes and the calls that take a piece's rank (dist_dtensor_to_local,
+ * dist_param_push_local) address the daemon by its own rank
+ * (dist_daemon_rank, asked at the first need; 0 when it does not answer),
+ * and a mesh naming another rank is refused; the inspection calls
+ * (dist_info, dist_health, dist_ops, ...) take its position, 0. Where
+ * libdist names its rank (a parameter report, a checkpoint's refusal), it
+ * is the daemon's own. opts may be NULL. On failure *out is NULL and the
  * return says why. */
 int dist_connect(const char *endpoint, const dist_opts *opts, dist_client **out);
 /* Connects to every daemon of a cluster file (rank order). path NULL means
