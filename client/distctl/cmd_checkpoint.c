@@ -213,12 +213,12 @@ static int run_restore(const distctl_global *g, int argc, char **argv);
 const distctl_command distctl_cmd_checkpoint_save = {
     "checkpoint save", "DIR [--tensors a,b,...]",
     "write every tensor (or the named ones) to DIR: one safetensors file per "
-    "daemon and a manifest, atomically", run_save};
+    "daemon and a manifest, atomically", run_save, NULL};
 const distctl_command distctl_cmd_checkpoint_restore = {
     "checkpoint restore",
     "DIR [--tensors a,b,...] [--mesh M [--dim-names N] --placements P]",
     "load a checkpoint back (verified first), optionally onto another mesh or "
-    "placements; onto fewer daemons than saved with --mesh", run_restore};
+    "placements; onto fewer daemons than saved with --mesh", run_restore, NULL};
 
 static int run_save(const distctl_global *g, int argc, char **argv) {
   return run(&distctl_cmd_checkpoint_save, g, argc, argv, 0);

@@ -56,7 +56,7 @@ const distctl_command distctl_cmd_cluster_up = {
     "cluster up", "-n N --dir DIR [--pin] [-- DISTD-ARGS...]",
     "start N daemons on free loopback ports; DIR gets cluster.conf, logs, pids; "
     "--pin keeps daemon r on the r-th CPU (round robin)",
-    run_up};
+    run_up, NULL};
 const distctl_command distctl_cmd_cluster_down = {
     "cluster down", "--dir DIR", "stop the daemons started by cluster up in DIR",
-    run_down};
+    run_down, NULL};

@@ -36,7 +36,7 @@ static int ask_experts(dist_client *one, void *slot, void *arg) {
 }
 
 static int run_experts(const distctl_global *g, int argc, char **argv) {
-  if (argc > 0) return distctl_usage(&distctl_cmd_experts, "unexpected argument '%s'", argv[0]);
+  if (distctl_take_options(&distctl_cmd_experts, argc, argv, NULL) != 0) return 2;
   dist_client *c = distctl_connect(g);
   if (!c) return 1;
   int n = dist_world_size(c), down = 0;
@@ -66,4 +66,5 @@ static int run_experts(const distctl_global *g, int argc, char **argv) {
 }
 
 const distctl_command distctl_cmd_experts = {
-    "experts", "", "the experts each rank hosts and the tokens routed to them", run_experts};
+    "experts", "", "the experts each rank hosts and the tokens routed to them", run_experts,
+    distctl_no_options};

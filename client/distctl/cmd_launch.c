@@ -301,4 +301,4 @@ const distctl_command distctl_cmd_launch = {
     "      one's output in DIR/workerlog.RANK (DIR: ./log unless --log-dir); with\n"
     "      --json rank 0's output goes to stderr and stdout gets one JSON object at the\n"
     "      end: each rank's exit_status (and signal), the job's status",
-    run_launch};
+    run_launch, NULL};

@@ -51,11 +51,17 @@ static json_t *samples_json(char *text) {
   return a;
 }
 
+enum { OPT_RANK, NOPTIONS };
+static const distctl_option options[NOPTIONS + 1] = {
+    [OPT_RANK] = {"--rank", "R", "the rank whose metrics to show (default 0)"},
+};
+
 static int run_metrics(const distctl_global *g, int argc, char **argv) {
   long rank = 0;
-  const char *text = NULL;
-  if (distctl_only_option(&distctl_cmd_metrics, argc, argv, "--rank", &text) != 0) return 2;
-  if (text && distctl_number_opt(&distctl_cmd_metrics, "--rank", text, 0, 1 << 20, &rank))
+  const char *text[NOPTIONS];
+  if (distctl_take_options(&distctl_cmd_metrics, argc, argv, text) != 0) return 2;
+  if (text[OPT_RANK] &&
+      distctl_number_opt(&distctl_cmd_metrics, "--rank", text[OPT_RANK], 0, 1 << 20, &rank))
     return 2;
   dist_client *c = distctl_connect(g);
   if (!c) return 1;
@@ -96,4 +102,4 @@ out:
 }
 
 const distctl_command distctl_cmd_metrics = {
-    "metrics", "[--rank R]", "one rank's Prometheus metrics, from its HTTP port", run_metrics};
+    "metrics", "", "one rank's Prometheus metrics, from its HTTP port", run_metrics, options};

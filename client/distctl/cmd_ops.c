@@ -90,11 +90,19 @@ static int ask_ops(dist_client *one, void *slot, void *arg) {
   return rc;
 }
 
+enum { OPT_RECENT, NOPTIONS };
+static const distctl_option options[NOPTIONS + 1] = {
+    [OPT_RECENT] = {"--recent", "N",
+                    "how many finished operations of each rank to show, 0 to 256 (default 20)"},
+};
+
 static int run_ops(const distctl_global *g, int argc, char **argv) {
   long recent = DEFAULT_RECENT;
-  const char *text = NULL;
-  if (distctl_only_option(&distctl_cmd_ops, argc, argv, "--recent", &text) != 0) return 2;
-  if (text && distctl_number_opt(&distctl_cmd_ops, "--recent", text, 0, 256, &recent)) return 2;
+  const char *text[NOPTIONS];
+  if (distctl_take_options(&distctl_cmd_ops, argc, argv, text) != 0) return 2;
+  if (text[OPT_RECENT] &&
+      distctl_number_opt(&distctl_cmd_ops, "--recent", text[OPT_RECENT], 0, 256, &recent))
+    return 2;
   dist_client *c = distctl_connect(g);
   if (!c) return 1;
   int n = dist_world_size(c), down = 0;
@@ -122,6 +130,5 @@ static int run_ops(const distctl_global *g, int argc, char **argv) {
 }
 
 const distctl_command distctl_cmd_ops = {
-    "ops", "[--recent N]",
-    "operations in flight on every rank (with the ranks they wait on) and recent ones",
-    run_ops};
+    "ops", "", "operations in flight on every rank (with the ranks they wait on) and recent ones",
+    run_ops, options};

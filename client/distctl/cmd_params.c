@@ -92,7 +92,7 @@ static int ask_params(dist_client *one, void *slot, void *arg) {
 }
 
 static int run_params(const distctl_global *g, int argc, char **argv) {
-  if (argc > 0) return distctl_usage(&distctl_cmd_params, "unexpected argument '%s'", argv[0]);
+  if (distctl_take_options(&distctl_cmd_params, argc, argv, NULL) != 0) return 2;
   dist_client *c = distctl_connect(g);
   if (!c) return 1;
   int n = dist_world_size(c), down = 0;
@@ -234,9 +234,9 @@ const distctl_command distctl_cmd_param_tune = {
     "param tune", "NAME [--lr X] [--momentum X] [--dampening X] [--beta1 X] [--beta2 X] [--eps X] "
     "[--weight-decay X]",
     "change a parameter's hyper-parameters on every daemon, keeping its optimizer state",
-    run_param_tune};
+    run_param_tune, NULL};
 
 const distctl_command distctl_cmd_params = {
     "params", "",
     "the parameters each rank holds: optimizer, updates applied, pending pushes, state size",
-    run_params};
+    run_params, distctl_no_options};

@@ -94,7 +94,7 @@ static int report_down(dist_client *c, const daemon_state *st, int n) {
 }
 
 static int run_status(const distctl_global *g, int argc, char **argv) {
-  if (argc > 0) return distctl_usage(&distctl_cmd_status, "unexpected argument '%s'", argv[0]);
+  if (distctl_take_options(&distctl_cmd_status, argc, argv, NULL) != 0) return 2;
   dist_client *c = distctl_connect(g);
   if (!c) return 1;
   int n = dist_world_size(c), down = 0;
@@ -114,7 +114,7 @@ static int run_status(const distctl_global *g, int argc, char **argv) {
 }
 
 static int run_peers(const distctl_global *g, int argc, char **argv) {
-  if (argc > 0) return distctl_usage(&distctl_cmd_peers, "unexpected argument '%s'", argv[0]);
+  if (distctl_take_options(&distctl_cmd_peers, argc, argv, NULL) != 0) return 2;
   dist_client *c = distctl_connect(g);
   if (!c) return 1;
   int n = dist_world_size(c), down = 0;
@@ -154,7 +154,7 @@ static int run_peers(const distctl_global *g, int argc, char **argv) {
 
 const distctl_command distctl_cmd_status = {
     "status", "", "version, uptime, memory, tensors and peers of every daemon",
-    run_status};
+    run_status, distctl_no_options};
 const distctl_command distctl_cmd_peers = {
     "peers", "", "the peer connection matrix with round-trip times, bytes and congestion control",
-    run_peers};
+    run_peers, distctl_no_options};

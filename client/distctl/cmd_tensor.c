@@ -254,7 +254,7 @@ const distctl_command distctl_cmd_tensor_put = {
     "--placements P [--dtype bfloat16]",
     "store a tensor: shard_tensor from one file, or dtensor_from_local from "
     "one file per mesh rank",
-    run_put};
+    run_put, NULL};
 
 /* ---------------------------------------------------------------- get */
 
@@ -354,7 +354,7 @@ static int run_get(const distctl_global *g, int argc, char **argv) {
 const distctl_command distctl_cmd_tensor_get = {
     "tensor get", "NAME -o OUT.npy [--rank R --local]",
     "write a tensor's logical value (or rank R's local piece) to a .npy file",
-    run_get};
+    run_get, NULL};
 
 /* ---------------------------------------------------------------- reshard */
 
@@ -403,7 +403,7 @@ out:
 const distctl_command distctl_cmd_tensor_reshard = {
     "tensor reshard", "NAME --placements P [--mesh MESH [--dim-names A,B]]",
     "convert a tensor to other placements (and another mesh of the same shape)",
-    run_reshard};
+    run_reshard, NULL};
 
 /* ---------------------------------------------------------------- rm */
 
@@ -424,7 +424,7 @@ static int run_rm(const distctl_global *g, int argc, char **argv) {
 }
 
 const distctl_command distctl_cmd_tensor_rm = {
-    "tensor rm", "NAME", "delete a tensor on every daemon of its mesh", run_rm};
+    "tensor rm", "NAME", "delete a tensor on every daemon of its mesh", run_rm, NULL};
 
 /* ---------------------------------------------------------------- show */
 
@@ -559,7 +559,7 @@ out:
 
 const distctl_command distctl_cmd_tensor_show = {
     "tensor show", "NAME",
-    "a tensor's shape, dtype, mesh, placements and every rank's piece", run_show};
+    "a tensor's shape, dtype, mesh, placements and every rank's piece", run_show, NULL};
 
 /* ---------------------------------------------------------------- tensors */
 
@@ -619,4 +619,4 @@ static int run_tensors(const distctl_global *g, int argc, char **argv) {
 }
 
 const distctl_command distctl_cmd_tensors = {
-    "tensors", "", "list the tensors held across the cluster", run_tensors};
+    "tensors", "", "list the tensors held across the cluster", run_tensors, NULL};

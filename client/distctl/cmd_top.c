@@ -134,16 +134,20 @@ static void pause_seconds(double s) {
   }
 }
 
+enum { OPT_ITERATIONS, OPT_INTERVAL, NOPTIONS };
+static const distctl_option options[NOPTIONS + 1] = {
+    [OPT_ITERATIONS] = {"--iterations", "N", "refreshes to show before exiting (default 0: "
+                        "until interrupted)"},
+    [OPT_INTERVAL] = {"--interval", "SECONDS", "time between refreshes, 0.05 to 3600 "
+                      "(default 1)"},
+};
+
 /* --iterations and --interval (each once); 0, or 2 after a usage error. */
 static int parse_top_args(int argc, char **argv, long *iterations, double *interval) {
   const distctl_command *cmd = &distctl_cmd_top;
-  const char *its = NULL, *every = NULL;
-  for (int i = 0; i < argc; i++) {
-    int taken = distctl_opt_once(cmd, argc, argv, &i, "--iterations", &its);
-    if (!taken) taken = distctl_opt_once(cmd, argc, argv, &i, "--interval", &every);
-    if (taken == 2) return 2;
-    if (!taken) return distctl_usage(cmd, "unknown argument '%s'", argv[i]);
-  }
+  const char *text[NOPTIONS];
+  if (distctl_take_options(cmd, argc, argv, text) != 0) return 2;
+  const char *its = text[OPT_ITERATIONS], *every = text[OPT_INTERVAL];
   if (its && distctl_number_opt(cmd, "--iterations", its, 0, 1L << 30, iterations)) return 2;
   char *end = NULL;
   if (every) *interval = strtod(every, &end);
@@ -192,8 +196,8 @@ static int run_top(const distctl_global *g, int argc, char **argv) {
 }
 
 const distctl_command distctl_cmd_top = {
-    "top", "[--iterations N] [--interval SECONDS]",
+    "top", "",
     "a live view of every rank, refreshed like top, its ranks asked at once; the byte\n"
     "      rates need two samples: the first refresh has none, and --json (one snapshot)\n"
     "      takes two, --interval apart, each waiting at most --timeout for a rank",
-    run_top};
+    run_top, options};

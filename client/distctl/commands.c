@@ -36,8 +36,32 @@ void distctl_print_usage(FILE *out) {
 
 void distctl_print_synopsis(FILE *out, const char *lead, const distctl_command *cmd,
                             int describe) {
-  fprintf(out, "%s%s%s%s\n", lead, cmd->name, cmd->usage[0] ? " " : "", cmd->usage);
+  fprintf(out, "%s%s%s%s", lead, cmd->name, cmd->usage[0] ? " " : "", cmd->usage);
+  for (int k = 0; cmd->options && cmd->options[k].name; k++)
+    fprintf(out, " [%s %s]", cmd->options[k].name, cmd->options[k].value);
+  fprintf(out, "\n");
   if (describe) fprintf(out, "      %s\n", cmd->help);
+}
+
+/* Each option of cmd's table and what it does, under the synopsis of its
+ * help; nothing for a verb without a table (its usage says it all). */
+static void print_options(const distctl_command *cmd) {
+  if (!cmd->options) return;
+  if (!cmd->options[0].name) {
+    printf("\noptions: none of its own\n");
+    return;
+  }
+  int width = 0; /* of the longest "NAME VALUE": the descriptions line up */
+  for (int k = 0; cmd->options[k].name; k++) {
+    int w = (int)(strlen(cmd->options[k].name) + 1 + strlen(cmd->options[k].value));
+    if (w > width) width = w;
+  }
+  printf("\noptions:\n");
+  for (int k = 0; cmd->options[k].name; k++) {
+    const distctl_option *o = &cmd->options[k];
+    int w = (int)(strlen(o->name) + 1 + strlen(o->value));
+    printf("  %s %s%*s  %s\n", o->name, o->value, width - w, "", o->help);
+  }
 }
 
 const distctl_command *distctl_find(int argc, char **argv, int *words) {
@@ -102,8 +126,10 @@ int distctl_help(int argc, char **argv) {
   }
   int words = 0;
   const distctl_command *cmd = distctl_find(argc, argv, &words);
-  if (cmd) distctl_print_synopsis(stdout, "usage: distctl ", cmd, 1);
-  else if (argc > 1 || print_group_help(argv[0]) == 0)
+  if (cmd) {
+    distctl_print_synopsis(stdout, "usage: distctl ", cmd, 1);
+    print_options(cmd);
+  } else if (argc > 1 || print_group_help(argv[0]) == 0)
     return distctl_unknown_command(argc, argv);
   printf("\nThe global options (--cluster, --endpoint, --json, --timeout, TLS and token) "
          "go before or after\nthe command: see distctl --help.\n");

@@ -20,14 +20,28 @@ typedef struct distctl_global {
   const char *tls_ca, *tls_cert, *tls_key, *tls_crl, *token, *token_file;
 } distctl_global;
 
+/* An option of a verb, as its help describes it and distctl_take_options
+ * parses it: "--recent", its value "N", and what it does. */
+typedef struct distctl_option {
+  const char *name, *value, *help;
+} distctl_option;
+
 typedef struct distctl_command {
   const char *name;  /* "status", "tensor put" */
-  const char *usage; /* arguments after the name */
+  const char *usage; /* arguments after the name, before the options table's */
   const char *help;  /* one line */
   /* argv[0] is the first argument after the command name. Returns the
    * process exit status: 0, 1 (operation failed), 2 (bad usage). */
   int (*run)(const distctl_global *g, int argc, char **argv);
+  /* The verb's options, ended by {NULL}: its synopsis lists them after
+   * usage, its help describes each, and distctl_take_options parses
+   * them. NULL for a verb whose usage lists its options itself and whose
+   * parsing is its own. */
+  const distctl_option *options;
 } distctl_command;
+
+/* The options table of a verb that takes none of its own. */
+extern const distctl_option distctl_no_options[];
 
 /* commands.c: the table of verbs. The one argv[0..] names (*words: 1 or
  * 2 words), or NULL. */
@@ -92,10 +106,11 @@ const char *distctl_opt(int argc, char **argv, int *i, const char *name);
  * refused naming it rather than the last one silently winning. */
 int distctl_opt_once(const distctl_command *cmd, int argc, char **argv, int *i,
                      const char *name, const char **slot);
-/* Arguments that may hold only `option` (once): its value in *text, or
- * NULL when not given. 0, or 2 after a usage error. */
-int distctl_only_option(const distctl_command *cmd, int argc, char **argv,
-                        const char *option, const char **text);
+/* Arguments that may hold only the options of cmd's table, each once:
+ * values[k] is the value of cmd->options[k], or NULL when not given
+ * (values may be NULL for a verb of none). 0, or 2 after a usage error. */
+int distctl_take_options(const distctl_command *cmd, int argc, char **argv,
+                         const char **values);
 /* "distctl: <message>" for a call that failed on daemon `rank`, naming the
  * rank once: libdist's per-daemon errors already start with it (or, with
  * --endpoint, name the daemon by its address). Returns 1. */

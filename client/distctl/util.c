@@ -115,12 +115,27 @@ int distctl_opt_once(const distctl_command *cmd, int argc, char **argv, int *i,
   return 1;
 }
 
-int distctl_only_option(const distctl_command *cmd, int argc, char **argv,
-                        const char *option, const char **text) {
+const distctl_option distctl_no_options[] = {{NULL, NULL, NULL}};
+
+/* argv[*i] as one of cmd's options: 1 taken, 0 not one, 2 usage error. */
+static int take_table_option(const distctl_command *cmd, int argc, char **argv, int *i,
+                             const char **values) {
+  for (int k = 0; cmd->options[k].name; k++) {
+    int taken = distctl_opt_once(cmd, argc, argv, i, cmd->options[k].name, &values[k]);
+    if (taken) return taken;
+  }
+  return 0;
+}
+
+int distctl_take_options(const distctl_command *cmd, int argc, char **argv,
+                         const char **values) {
+  for (int k = 0; values && cmd->options[k].name; k++) values[k] = NULL;
   for (int i = 0; i < argc; i++) {
-    int taken = distctl_opt_once(cmd, argc, argv, &i, option, text);
+    int taken = values ? take_table_option(cmd, argc, argv, &i, values) : 0;
     if (taken == 2) return 2;
-    if (!taken) return distctl_usage(cmd, "unknown argument '%s'", argv[i]);
+    if (!taken)
+      return distctl_usage(cmd, "%s argument '%s'", argv[i][0] == '-' ? "unknown" : "unexpected",
+                           argv[i]);
   }
   return 0;
 }

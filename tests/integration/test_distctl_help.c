@@ -156,3 +156,42 @@ Test(distctl_help, json_is_listed_once_and_no_line_ends_in_a_space) {
   free(out);
   free(err);
 }
+
+/* `distctl ARGS` exits want_rc with want in its stdout (or its stderr,
+ * on_stderr). */
+static void expect_says(const char *args, int want_rc, int on_stderr, const char *want) {
+  char *out, *err;
+  int rc = run(args, &out, &err);
+  cr_assert_eq(rc, want_rc, "distctl %s exited %d: %s", args, rc, err);
+  const char *said = on_stderr ? err : out;
+  cr_assert(strstr(said, want), "distctl %s does not say '%s':\n%s", args, want, said);
+  free(out);
+  free(err);
+}
+
+/* status, ops and experts (and the other inspection verbs) describe each
+ * option under their synopsis, from the table their parsing reads; their
+ * help gave the synopsis alone, so what --recent counts or that status
+ * takes no options of its own was not said anywhere. */
+Test(distctl_help, an_inspection_verbs_help_describes_each_option) {
+  expect_says("help ops", 0, 0, "\noptions:\n  --recent N  how many finished operations of "
+              "each rank to show, 0 to 256 (default 20)\n");
+  expect_says("top --help", 0, 0, "\noptions:\n  --iterations N      refreshes to show "
+              "before exiting");
+  expect_says("top --help", 0, 0, "\n  --interval SECONDS  time between refreshes, 0.05 to 3600");
+  expect_says("help metrics", 0, 0, "\noptions:\n  --rank R  the rank whose metrics to show "
+              "(default 0)\n");
+  const char *none[] = {"help status", "experts --help", "help peers", "help params"};
+  for (size_t i = 0; i < sizeof none / sizeof none[0]; i++)
+    expect_says(none[i], 0, 0, "\noptions: none of its own\n");
+}
+
+/* The options the help describes are the ones the verb takes, each once,
+ * and nothing else: one table serves both. */
+Test(distctl_help, a_verb_takes_the_options_its_help_describes_and_no_other) {
+  expect_says("ops --recent 1 --recent 2", 2, 1, "distctl ops: option --recent given twice");
+  expect_says("top --interval", 2, 1, "distctl top: option --interval needs a value");
+  expect_says("metrics --recent 1", 2, 1, "distctl metrics: unknown argument '--recent'");
+  expect_says("status --recent 1", 2, 1, "distctl status: unknown argument '--recent'");
+  expect_says("experts extra", 2, 1, "distctl experts: unexpected argument 'extra'");
+}
