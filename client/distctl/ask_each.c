@@ -22,10 +22,16 @@ struct distctl_ranks {
 };
 
 distctl_ranks *distctl_ranks_open(const distctl_global *g, dist_client *c) {
-  distctl_ranks *rk = calloc(1, sizeof *rk);
+  int n = dist_world_size(c);
+  distctl_ranks *rk = distctl_calloc(1, sizeof *rk, "asking %d ranks", n);
+  if (!rk) return NULL;
   rk->c = c;
-  rk->n = dist_world_size(c);
-  rk->one = calloc((size_t)rk->n + 1, sizeof *rk->one);
+  rk->n = n;
+  rk->one = distctl_calloc((size_t)n + 1, sizeof *rk->one, "the clients of %d ranks", n);
+  if (!rk->one) {
+    free(rk);
+    return NULL;
+  }
   /* A client of one daemon (--endpoint, or a cluster of one) is its own. */
   if (rk->n == 1) rk->one[0] = c;
   for (int r = 0; r < rk->n && rk->n > 1; r++) {
@@ -66,6 +72,8 @@ typedef struct asking {
   distctl_ask_fn ask;
   void *slot, *arg;
   distctl_answer *answer;
+  pthread_t thread;
+  int started; /* thread runs it; else it was asked in turn */
 } asking;
 
 static void *ask_one(void *arg) {
@@ -81,30 +89,37 @@ static void *ask_one(void *arg) {
 int distctl_ranks_ask(const distctl_ranks *rk, distctl_ask_fn ask, void *arg, void *slots,
                       size_t slot_size, distctl_answer *answers) {
   int n = rk->n, down = 0;
-  asking *each = calloc((size_t)n + 1, sizeof *each);
-  pthread_t *threads = calloc((size_t)n + 1, sizeof *threads);
-  int *started = calloc((size_t)n + 1, sizeof *started);
+  asking *each = distctl_calloc((size_t)n + 1, sizeof *each, "asking %d ranks", n);
+  if (!each) return -1;
   for (int r = 0; r < n; r++) {
     memset(&answers[r], 0, sizeof answers[r]);
-    each[r] = (asking){rk, r, ask, (char *)slots + (size_t)r * slot_size, arg, &answers[r]};
-    started[r] = pthread_create(&threads[r], NULL, ask_one, &each[r]) == 0;
-    if (!started[r]) ask_one(&each[r]); /* out of threads: asked in turn */
+    each[r] = (asking){.rk = rk, .rank = r, .ask = ask, .arg = arg, .answer = &answers[r],
+                       .slot = (char *)slots + (size_t)r * slot_size};
+    each[r].started = pthread_create(&each[r].thread, NULL, ask_one, &each[r]) == 0;
+    if (!each[r].started) ask_one(&each[r]); /* out of threads: asked in turn */
   }
   for (int r = 0; r < n; r++) {
-    if (started[r]) pthread_join(threads[r], NULL);
+    if (each[r].started) pthread_join(each[r].thread, NULL);
     down += !answers[r].ok;
   }
   free(each);
-  free(threads);
-  free(started);
   return down;
 }
 
 distctl_answer *distctl_ask_each(const distctl_global *g, dist_client *c, distctl_ask_fn ask,
-                                 void *arg, void *slots, size_t slot_size, int *down) {
-  distctl_ranks *rk = distctl_ranks_open(g, c);
-  distctl_answer *answers = calloc((size_t)rk->n + 1, sizeof *answers);
-  *down = distctl_ranks_ask(rk, ask, arg, slots, slot_size, answers);
+                                 void *arg, size_t slot_size, void **slots, int *down) {
+  int n = dist_world_size(c);
+  distctl_answer *answers = distctl_calloc((size_t)n + 1, sizeof *answers,
+                                           "the answers of %d ranks", n);
+  *slots = answers ? distctl_calloc((size_t)n + 1, slot_size, "what %d ranks say", n) : NULL;
+  distctl_ranks *rk = *slots ? distctl_ranks_open(g, c) : NULL;
+  *down = rk ? distctl_ranks_ask(rk, ask, arg, *slots, slot_size, answers) : -1;
   distctl_ranks_close(rk);
+  if (*down < 0) {
+    free(answers);
+    free(*slots);
+    *slots = NULL;
+    return NULL;
+  }
   return answers;
 }

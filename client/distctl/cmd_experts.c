@@ -40,8 +40,11 @@ static int run_experts(const distctl_global *g, int argc, char **argv) {
   dist_client *c = distctl_connect(g);
   if (!c) return 1;
   int n = dist_world_size(c), down = 0;
-  dist_experts_report *rep = calloc((size_t)n + 1, sizeof *rep);
-  distctl_answer *a = distctl_ask_each(g, c, ask_experts, NULL, rep, sizeof *rep, &down);
+  void *slots;
+  distctl_answer *a =
+      distctl_ask_each(g, c, ask_experts, NULL, sizeof(dist_experts_report), &slots, &down);
+  if (!a) return dist_close(c), 1;
+  dist_experts_report *rep = slots;
   json_t *ranks = json_array();
   if (!g->json)
     printf("%-5s %-7s %8s %12s %14s %14s\n", "RANK", "EXPERT", "STEPS", "TOKENS_LAST",

@@ -54,19 +54,20 @@ static void print_op(int rank, const dist_op_info *o) {
   printf("\n");
 }
 
-/* ranks: the --json report's, whose entries for the ranks down say why. */
-static void print_ops_table(dist_client *c, const dist_ops_report *rep, const int *ok,
-                            json_t *ranks) {
+/* ranks: the --json report's, whose entries for the ranks down (a[r].ok
+ * 0) say why. */
+static void print_ops_table(dist_client *c, const dist_ops_report *rep,
+                            const distctl_answer *a, json_t *ranks) {
   int n = (int)json_array_size(ranks);
   printf("%-5s %-20s %-15s %-8s %-10s %-12s %10s %9s\n", "RANK", "OP_ID", "KIND", "STATE",
          "WAITING_ON", "GROUP", "BYTES", "AGE");
   for (int r = 0; r < n; r++) { /* the ranks down first: what a hang waits on */
     json_t *why = json_object_get(json_array_get(ranks, (size_t)r), "error");
-    if (!ok[r]) distctl_print_down_row(dist_daemon_rank(c, r), NULL, json_string_value(why));
+    if (!a[r].ok) distctl_print_down_row(dist_daemon_rank(c, r), NULL, json_string_value(why));
   }
   for (int pass = 0; pass < 2; pass++) /* every rank's running ops first */
     for (int r = 0; r < n; r++) {
-      if (!ok[r]) continue;
+      if (!a[r].ok) continue;
       int from = pass ? rep[r].n_in_flight : 0;
       int to = pass ? rep[r].n_in_flight + rep[r].n_recent : rep[r].n_in_flight;
       for (int i = from; i < to; i++) print_op(rep[r].rank, &rep[r].ops[i]);
@@ -106,25 +107,24 @@ static int run_ops(const distctl_global *g, int argc, char **argv) {
   dist_client *c = distctl_connect(g);
   if (!c) return 1;
   int n = dist_world_size(c), down = 0;
-  dist_ops_report *rep = calloc((size_t)n + 1, sizeof *rep);
-  int *ok = calloc((size_t)n + 1, sizeof *ok);
+  void *slots;
+  distctl_answer *a =
+      distctl_ask_each(g, c, ask_ops, &recent, sizeof(dist_ops_report), &slots, &down);
+  if (!a) return dist_close(c), 1;
+  dist_ops_report *rep = slots;
   json_t *ranks = json_array();
-  distctl_answer *a = distctl_ask_each(g, c, ask_ops, &recent, rep, sizeof *rep, &down);
-  for (int r = 0; r < n; r++) {
-    ok[r] = a[r].ok;
-    json_array_append_new(ranks, ok[r] ? ops_rank_json(&rep[r])
-                                       : distctl_rank_down(c, r, a[r].error));
-  }
-  free(a);
+  for (int r = 0; r < n; r++)
+    json_array_append_new(ranks, a[r].ok ? ops_rank_json(&rep[r])
+                                         : distctl_rank_down(c, r, a[r].error));
   if (g->json)
     distctl_print_json(json_pack("{s:i,s:i,s:o}", "world_size", n, "down", down, "ranks", ranks));
   else {
-    print_ops_table(c, rep, ok, ranks);
+    print_ops_table(c, rep, a, ranks);
     json_decref(ranks);
   }
   for (int r = 0; r < n; r++) dist_ops_report_free(&rep[r]);
   free(rep);
-  free(ok);
+  free(a);
   dist_close(c);
   return down ? 1 : 0;
 }

@@ -66,14 +66,14 @@ static int64_t step_of(const dist_params_report *rep, const char *name) {
 
 /* Names every parameter whose daemons report different steps; returns
  * them as a JSON array. */
-static json_t *disagreements(const dist_params_report *rep, const int *ok, int n) {
+static json_t *disagreements(const dist_params_report *rep, const distctl_answer *a, int n) {
   json_t *names = json_array();
   for (int r = 0; r < n; r++)
-    for (int i = 0; ok[r] && i < rep[r].n; i++) {
+    for (int i = 0; a[r].ok && i < rep[r].n; i++) {
       const char *name = rep[r].params[i].name;
       int64_t step = (int64_t)rep[r].params[i].step, seen_before = 0, differs = 0;
       for (int q = 0; q < n; q++) {
-        int64_t other = ok[q] ? step_of(&rep[q], name) : -1;
+        int64_t other = a[q].ok ? step_of(&rep[q], name) : -1;
         if (q < r && other >= 0) seen_before = 1;
         if (other >= 0 && other != step) differs = 1;
       }
@@ -96,24 +96,24 @@ static int run_params(const distctl_global *g, int argc, char **argv) {
   dist_client *c = distctl_connect(g);
   if (!c) return 1;
   int n = dist_world_size(c), down = 0;
-  dist_params_report *rep = calloc((size_t)n + 1, sizeof *rep);
-  int *ok = calloc((size_t)n + 1, sizeof *ok);
+  void *slots;
+  distctl_answer *a =
+      distctl_ask_each(g, c, ask_params, NULL, sizeof(dist_params_report), &slots, &down);
+  if (!a) return dist_close(c), 1;
+  dist_params_report *rep = slots;
   json_t *ranks = json_array();
   if (!g->json)
     printf("%-5s %-20s %-9s %-10s %-6s %8s %8s %8s %10s %8s\n", "RANK", "NAME", "OPTIMIZER",
            "LR", "MODE", "TRAINERS", "STEP", "PENDING", "STATE", "VERSION");
-  distctl_answer *a = distctl_ask_each(g, c, ask_params, NULL, rep, sizeof *rep, &down);
   for (int r = 0; r < n; r++) {
     if (!a[r].ok) {
       distctl_table_down(g, c, r, a[r].error, ranks);
       continue;
     }
-    ok[r] = 1;
     json_array_append_new(ranks, rank_json(&rep[r]));
     if (!g->json) print_rank(&rep[r]);
   }
-  free(a);
-  json_t *differ = disagreements(rep, ok, n);
+  json_t *differ = disagreements(rep, a, n);
   int bad = down || json_array_size(differ) > 0;
   if (g->json)
     distctl_print_json(json_pack("{s:i, s:i, s:o, s:o}", "world_size", n, "down", down,
@@ -122,7 +122,7 @@ static int run_params(const distctl_global *g, int argc, char **argv) {
     json_decref(ranks), json_decref(differ);
   for (int r = 0; r < n; r++) dist_params_report_free(&rep[r]);
   free(rep);
-  free(ok);
+  free(a);
   dist_close(c);
   return bad ? 1 : 0;
 }

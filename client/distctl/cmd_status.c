@@ -17,10 +17,13 @@ static int ask_info(dist_client *one, void *slot, void *arg) {
   return dist_info(one, 0, &((daemon_state *)slot)->info);
 }
 
+/* Every daemon's state, or NULL when out of memory (said on stderr). */
 static daemon_state *ask_all(const distctl_global *g, dist_client *c, int *down) {
   int n = dist_world_size(c);
-  daemon_state *st = calloc((size_t)n + 1, sizeof *st);
-  distctl_answer *a = distctl_ask_each(g, c, ask_info, NULL, st, sizeof *st, down);
+  void *slots;
+  distctl_answer *a = distctl_ask_each(g, c, ask_info, NULL, sizeof(daemon_state), &slots, down);
+  if (!a) return NULL;
+  daemon_state *st = slots;
   for (int r = 0; r < n; r++) {
     st[r].ok = a[r].ok;
     snprintf(st[r].error, sizeof st[r].error, "%s", a[r].error);
@@ -99,6 +102,7 @@ static int run_status(const distctl_global *g, int argc, char **argv) {
   if (!c) return 1;
   int n = dist_world_size(c), down = 0;
   daemon_state *st = ask_all(g, c, &down);
+  if (!st) return dist_close(c), 1;
   if (g->json) {
     json_t *ranks = json_array();
     for (int r = 0; r < n; r++) json_array_append_new(ranks, daemon_json(c, r, &st[r]));
@@ -119,6 +123,7 @@ static int run_peers(const distctl_global *g, int argc, char **argv) {
   if (!c) return 1;
   int n = dist_world_size(c), down = 0;
   daemon_state *st = ask_all(g, c, &down);
+  if (!st) return dist_close(c), 1;
   json_t *pairs = json_array();
   if (!g->json)
     printf("%-5s %-5s %-10s %10s %12s %12s %-10s %s\n", "FROM", "TO", "STATE", "RTT",

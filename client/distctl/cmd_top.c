@@ -38,19 +38,22 @@ static int sample_one(dist_client *one, void *slot, void *arg) {
   return rc;
 }
 
-static void take_samples(dist_client *c, const distctl_ranks *each, sample *s, int n) {
-  distctl_answer *a = calloc((size_t)n + 1, sizeof *a);
+/* 0, or -1 when out of memory (said on stderr). */
+static int take_samples(dist_client *c, const distctl_ranks *each, sample *s, int n) {
+  distctl_answer *a = distctl_calloc((size_t)n + 1, sizeof *a, "the answers of %d ranks", n);
+  if (!a) return -1;
   for (int r = 0; r < n; r++) {
     dist_info_free(&s[r].info);
     memset(&s[r], 0, sizeof s[r]);
   }
-  distctl_ranks_ask(each, sample_one, NULL, s, sizeof *s, a);
-  for (int r = 0; r < n; r++) {
+  int down = distctl_ranks_ask(each, sample_one, NULL, s, sizeof *s, a);
+  for (int r = 0; r < n && down >= 0; r++) {
     s[r].ok = a[r].ok;
     snprintf(s[r].error, sizeof s[r].error, "%s", a[r].error);
     s[r].rank = s[r].ok ? s[r].info.rank : dist_daemon_rank(c, r);
   }
   free(a);
+  return down < 0 ? -1 : 0;
 }
 
 /* Bytes per second between two samples of one rank; -1 when unknown. */
@@ -156,41 +159,66 @@ static int parse_top_args(int argc, char **argv, long *iterations, double *inter
   return 0;
 }
 
+/* What top keeps between refreshes. */
+typedef struct top_view {
+  dist_client *c;
+  distctl_ranks *each;
+  sample *now, *before; /* every rank's last two samples */
+  int n;
+} top_view;
+
+/* The last sample becomes the one before, and a new one is taken: 0, or
+ * -1 when out of memory (said on stderr). */
+static int next_sample(top_view *v) {
+  sample *t = v->before;
+  v->before = v->now, v->now = t;
+  return take_samples(v->c, v->each, v->now, v->n);
+}
+
+/* The table, refreshed every interval (iterations times; 0: until
+ * interrupted). 0, or -1 when out of memory. */
+static int show_refreshes(top_view *v, long iterations, double interval) {
+  int tty = isatty(STDOUT_FILENO);
+  for (int it = 1;; it++) {
+    if (tty) printf("\033[H\033[2J"); /* clear and home, like top */
+    else if (it > 1) printf("\n");
+    print_top(v->now, it > 1 ? v->before : NULL, v->n, it, iterations, interval);
+    if (iterations && it >= iterations) return 0;
+    pause_seconds(interval);
+    if (next_sample(v) != 0) return -1;
+  }
+}
+
 static int run_top(const distctl_global *g, int argc, char **argv) {
   long iterations = 0;
   double interval = 1.0;
   if (parse_top_args(argc, argv, &iterations, &interval) != 0) return 2;
   dist_client *c = distctl_connect(g);
   if (!c) return 1;
-  int n = dist_world_size(c), tty = isatty(STDOUT_FILENO), rc = 0;
-  sample *now = calloc((size_t)n, sizeof *now), *before = calloc((size_t)n, sizeof *before);
-  distctl_ranks *each = distctl_ranks_open(g, c);
-  take_samples(c, each, now, n);
+  int n = dist_world_size(c), rc = 1;
+  top_view v = {.c = c, .n = n};
+  v.now = distctl_calloc((size_t)n + 1, sizeof *v.now, "the samples of %d ranks", n);
+  v.before = v.now ? distctl_calloc((size_t)n + 1, sizeof *v.before, "the samples of %d ranks",
+                                    n) : NULL;
+  v.each = v.before ? distctl_ranks_open(g, c) : NULL;
+  if (!v.each || take_samples(c, v.each, v.now, n) != 0) goto out;
   if (g->json) { /* one snapshot: rates over one interval */
-    sample *t = before;
-    before = now, now = t;
     pause_seconds(interval);
-    take_samples(c, each, now, n);
-    distctl_print_json(top_json(now, before, n));
+    if (next_sample(&v) != 0) goto out;
+    distctl_print_json(top_json(v.now, v.before, n));
+  } else if (show_refreshes(&v, iterations, interval) != 0) {
+    goto out;
   }
-  for (int it = 1; !g->json; it++) {
-    if (tty) printf("\033[H\033[2J"); /* clear and home, like top */
-    else if (it > 1) printf("\n");
-    print_top(now, it > 1 ? before : NULL, n, it, iterations, interval);
-    if (iterations && it >= iterations) break;
-    pause_seconds(interval);
-    sample *t = before;
-    before = now, now = t;
-    take_samples(c, each, now, n);
+  rc = 0;
+  for (int r = 0; r < n; r++) rc |= !v.now[r].ok;
+out:
+  for (int r = 0; r < n && v.before; r++) {
+    dist_info_free(&v.now[r].info);
+    dist_info_free(&v.before[r].info);
   }
-  for (int r = 0; r < n; r++) {
-    if (!now[r].ok) rc = 1;
-    dist_info_free(&now[r].info);
-    dist_info_free(&before[r].info);
-  }
-  free(now);
-  free(before);
-  distctl_ranks_close(each);
+  free(v.now);
+  free(v.before);
+  distctl_ranks_close(v.each);
   dist_close(c);
   return rc;
 }

@@ -70,6 +70,10 @@ int distctl_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
  * NULL (the global options): "distctl: <message>" and where help is. */
 int distctl_usage(const distctl_command *cmd, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
+/* calloc(n, size), or NULL after "distctl: out of memory for WHAT" on
+ * stderr, WHAT formatted from fmt ("the answers of 4 ranks"). */
+void *distctl_calloc(size_t n, size_t size, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 /* Prints j (compact = 0: indented) to stdout and drops the reference. */
 void distctl_print_json(json_t *j);
 
@@ -174,15 +178,21 @@ typedef struct distctl_answer {
 } distctl_answer;
 /* A client of each daemon of c, for asking them again and again (top). */
 typedef struct distctl_ranks distctl_ranks;
+/* NULL when out of memory (said on stderr). A rank whose client cannot
+ * be made is asked nothing: its answer says it cannot connect. */
 distctl_ranks *distctl_ranks_open(const distctl_global *g, dist_client *c);
-void distctl_ranks_close(distctl_ranks *rk);
+void distctl_ranks_close(distctl_ranks *rk); /* NULL is a no-op */
 /* ask(rank r's client, slots + r * slot_size, arg) for every rank at
- * once; answers[r] says how rank r did. Returns how many did not answer. */
+ * once; answers[r] says how rank r did. Returns how many did not answer,
+ * or -1 when out of memory (said on stderr; nobody was asked). */
 int distctl_ranks_ask(const distctl_ranks *rk, distctl_ask_fn ask, void *arg, void *slots,
                       size_t slot_size, distctl_answer *answers);
-/* Opens, asks once and closes: the answers (to free), *down set. */
+/* Opens, asks once into slots of its own and closes: the answers and
+ * *slots (one of slot_size bytes per rank, zeroed before asking), both to
+ * free, and *down set. NULL (*slots NULL, *down -1) when out of memory,
+ * said on stderr: nobody was asked then. */
 distctl_answer *distctl_ask_each(const distctl_global *g, dist_client *c, distctl_ask_fn ask,
-                                 void *arg, void *slots, size_t slot_size, int *down);
+                                 void *arg, size_t slot_size, void **slots, int *down);
 
 /* http_get.c: the daemon's HTTP address (Info's http_address) as host and
  * port, with a wildcard host replaced by the host its gRPC endpoint was

@@ -62,8 +62,9 @@ int main(int argc, char **argv) {
   distctl_global g = {.cluster = NULL};
   static char token[1024];
   const char *timeout = NULL;
-  char **rest = calloc((size_t)argc + 1, sizeof *rest);
+  char **rest = distctl_calloc((size_t)argc + 1, sizeof *rest, "%d arguments", argc);
   int nrest = 0, rc = 2, help = 0;
+  if (!rest) return 1;
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--") == 0) { /* the rest belongs to the command */
       while (i < argc) rest[nrest++] = argv[i++];

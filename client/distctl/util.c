@@ -72,6 +72,18 @@ dist_client *distctl_connect(const distctl_global *g) {
   return c;
 }
 
+void *distctl_calloc(size_t n, size_t size, const char *fmt, ...) {
+  void *p = calloc(n, size);
+  if (p) return p;
+  char what[200];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(what, sizeof what, fmt, ap);
+  va_end(ap);
+  distctl_fail("out of memory for %s", what);
+  return NULL;
+}
+
 void distctl_print_json(json_t *j) {
   char *s = json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
   if (s) printf("%s\n", s);
