@@ -46,8 +46,6 @@ void dist_crl_free(dist_crl *c) {
   free(c);
 }
 
-int dist_crl_count(const dist_crl *c) { return c ? c->n : 0; }
-
 int64_t dist_asn1_time_unix(const void *asn1_time) {
   struct tm tm;
   if (!asn1_time || ASN1_TIME_to_tm(asn1_time, &tm) != 1) return 0;

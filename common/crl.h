@@ -27,7 +27,6 @@ int dist_crl_parse(const char *pem, const char *ca_pem, const char *path,
  * data plane); returns c. */
 dist_crl *dist_crl_ref(dist_crl *c);
 void dist_crl_free(dist_crl *c); /* drops a reference; NULL is a no-op */
-int dist_crl_count(const dist_crl *c);
 /* The earliest next update of c's CRLs, in seconds since the epoch: past
  * it, every certificate of that issuer is refused until a new CRL is
  * loaded. 0 when none names one. */
