@@ -83,17 +83,23 @@ static void unreachable(dist_client *c, dist_call *dc, const char *details) {
 static void finish(dist_client *c, dist_call *dc, call_state *st,
                    const ProtobufCMessageDescriptor *reply_desc) {
   char *details = grpc_slice_to_c_string(st->details);
+  int answered = 1;
   if (st->status != GRPC_STATUS_OK) {
     dist_status_parse(st->status, details, &dc->err);
     if (st->status == GRPC_STATUS_UNAVAILABLE && dc->err.code == DIST_EUNAVAIL &&
-        !from_daemon(details, DIST_EUNAVAIL))
+        !from_daemon(details, DIST_EUNAVAIL)) {
       unreachable(c, dc, details);
-    else if (st->status == GRPC_STATUS_DEADLINE_EXCEEDED && dc->err.code == DIST_ETIMEDOUT &&
-             !from_daemon(details, DIST_ETIMEDOUT))
+      answered = 0;
+    } else if (st->status == GRPC_STATUS_DEADLINE_EXCEEDED && dc->err.code == DIST_ETIMEDOUT &&
+               !from_daemon(details, DIST_ETIMEDOUT)) {
       dist_fail(&dc->err, DIST_ETIMEDOUT,
                 "no answer from distd at %s within %lld ms", endpoint_of(c, dc->target),
                 (long long)c->timeout_ms);
+      answered = 0;
+    }
+    dist_client_note_answer(c, dc->target, answered);
   } else {
+    dist_client_note_answer(c, dc->target, 1);
     dc->reply = dist_bb_to_pb(st->recv, reply_desc);
     if (!dc->reply)
       dist_fail(&dc->err, DIST_EPROTO, "malformed reply from %s", endpoint_of(c, dc->target));

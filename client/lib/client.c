@@ -266,6 +266,7 @@ static int open_client(const dist_member *members, int n, const dist_opts *opts,
   set_token(c, opts);
   c->spmd_rank = -1;
   atomic_init(&c->daemon_rank, -1);
+  atomic_init(&c->unanswered_ms, 0);
   c->timeout_ms = opts->timeout_ms > 0 ? opts->timeout_ms : 30000;
   c->op_base = opts->op_id_base;
   if (!c->op_base) { /* single client: ids nobody else will pick */

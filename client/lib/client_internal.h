@@ -25,6 +25,10 @@ struct dist_client {
    * several threads. */
   int one_endpoint;
   _Atomic int daemon_rank;
+  /* When (monotonic ms) a call to that daemon last went unanswered, 0
+   * once one is answered (dist_client_note_answer): right after, its
+   * rank is not asked aside. */
+  _Atomic int64_t unanswered_ms;
   int64_t timeout_ms;
   uint64_t op_base;          /* op ids are op_base + sequence */
   uint64_t op_seq;
@@ -87,6 +91,11 @@ int dist_known_daemon_rank(dist_client *c, int rank);
 /* Keeps rank as the daemon's of a client of one endpoint (any Info reply
  * of it tells); a no-op for a client of a cluster file. */
 void dist_client_learn_rank(dist_client *c, int rank);
+/* Whether a call to daemon target got an answer (a reply or the daemon's
+ * own error) or went unanswered (gRPC could not reach the daemon, or the
+ * deadline passed without a word from it); kept for a client of one
+ * endpoint, whose daemon's rank dist_daemon_rank would otherwise ask. */
+void dist_client_note_answer(dist_client *c, int target, int answered);
 /* dist_init_from_env: 0 when the daemon at position rank says it is rank
  * `rank` of `world`, or does not answer (its first call will say); else
  * -1 with why naming both. Asked through a client of its own (options o),

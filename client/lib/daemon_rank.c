@@ -7,6 +7,7 @@
  * that never call), and a daemon frozen at connect would hold
  * dist_connect up, which never waits for its daemon. */
 #include <stdio.h>
+#include <time.h>
 
 #include "client_internal.h"
 
@@ -14,6 +15,29 @@
  * not answer within a second is named by its address instead, rather
  * than holding the caller up for a second deadline. */
 #define RANK_ASK_MS 1000
+/* Nor is a daemon asked within this long of a call to it that went
+ * unanswered: the question would only wait out its own second after the
+ * call's deadline (distctl --endpoint against a frozen daemon took a
+ * second more per table naming its rank). Later it is asked again, as it
+ * may have come back. */
+#define UNANSWERED_FRESH_MS RANK_ASK_MS
+
+static int64_t now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+void dist_client_note_answer(dist_client *c, int target, int answered) {
+  (void)target; /* a client of one endpoint has one daemon, at 0 */
+  if (c->one_endpoint) atomic_store(&c->unanswered_ms, answered ? 0 : now_ms());
+}
+
+/* Whether a call to the daemon went unanswered just now. */
+static int just_unanswered(dist_client *c) {
+  int64_t at = atomic_load(&c->unanswered_ms);
+  return at != 0 && now_ms() - at < UNANSWERED_FRESH_MS;
+}
 
 /* The Info reply of the daemon at target, asked aside (c->err kept), or
  * NULL. Free with protobuf_c_message_free_unpacked. */
@@ -36,7 +60,7 @@ int dist_known_daemon_rank(dist_client *c, int rank) {
 int dist_daemon_rank(dist_client *c, int rank) {
   if (!c) return dist_no_client(__func__), -1;
   int known = dist_known_daemon_rank(c, rank);
-  if (known >= 0 || rank < 0 || rank >= c->n) return known;
+  if (known >= 0 || rank < 0 || rank >= c->n || just_unanswered(c)) return known;
   Dist__V1__InfoReply *rp = ask_info(c, rank);
   if (!rp) return -1; /* asked again at the next need */
   dist_client_learn_rank(c, (int)rp->rank);

@@ -261,3 +261,25 @@ Test(rpc, a_save_through_a_slow_daemon_of_rank_1_is_refused_too) {
   cr_expect_eq(harness_count_files(dir, "", ".safetensors"), 0, "the refused save wrote");
   dist_close(one);
 }
+
+/* Right after a call to its daemon went unanswered, a client of one
+ * endpoint does not ask the daemon its rank: the question waited a second
+ * more for nothing. Later it asks again, and a daemon that came back
+ * answers it. */
+Test(rpc, the_rank_of_a_daemon_that_just_did_not_answer_is_not_asked) {
+  harness_start(&cluster, 2, NULL);
+  /* Over the question's second: it waited the whole second before. */
+  dist_client *one = harness_client_rank(&cluster, 1, 1500);
+  cr_assert(harness_freeze(&cluster, 1, 5000), "rank 1 did not stop");
+  dist_daemon_info info;
+  cr_assert_eq(dist_info(one, 0, &info), DIST_ETIMEDOUT, "%s", dist_errmsg(one));
+  double t0 = harness_now_s();
+  cr_expect_eq(dist_daemon_rank(one, 0), -1);
+  double t = harness_now_s() - t0;
+  cr_expect(t < 0.5, "asking the rank took %.2f s after a call that went unanswered", t);
+  cr_expect(strstr(dist_errmsg(one), "no answer from distd at"), "%s", dist_errmsg(one));
+  kill(cluster.pids[1], SIGCONT);
+  harness_sleep_ms(1200); /* past the second in which it is not asked */
+  cr_expect_eq(dist_daemon_rank(one, 0), 1, "the daemon back is not asked again");
+  dist_close(one);
+}

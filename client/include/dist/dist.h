@@ -116,7 +116,9 @@ const char *dist_endpoint(const dist_client *c, int rank);
  * a client of one endpoint, the rank its daemon says it has, asked of it
  * (Info, within a second) at the first need and kept; any dist_info of it
  * tells it too. -1 when it did not answer (asked again next time; the
- * client's error is left as it was) or rank is out of range. */
+ * client's error is left as it was), or without asking within a second
+ * of a call to it that went unanswered (it could not be reached, or the
+ * deadline passed), or when rank is out of range. */
 int dist_daemon_rank(dist_client *c, int rank);
 
 /* ---------------------------------------------------------------- status */
