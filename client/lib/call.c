@@ -83,7 +83,7 @@ static void unreachable(dist_client *c, dist_call *dc, const char *details) {
 static void finish(dist_client *c, dist_call *dc, call_state *st,
                    const ProtobufCMessageDescriptor *reply_desc) {
   char *details = grpc_slice_to_c_string(st->details);
-  int answered = 1;
+  int answered = 1; /* a reply, or the daemon's own error */
   if (st->status != GRPC_STATUS_OK) {
     dist_status_parse(st->status, details, &dc->err);
     if (st->status == GRPC_STATUS_UNAVAILABLE && dc->err.code == DIST_EUNAVAIL &&
@@ -97,13 +97,12 @@ static void finish(dist_client *c, dist_call *dc, call_state *st,
                 (long long)c->timeout_ms);
       answered = 0;
     }
-    dist_client_note_answer(c, dc->target, answered);
   } else {
-    dist_client_note_answer(c, dc->target, 1);
     dc->reply = dist_bb_to_pb(st->recv, reply_desc);
     if (!dc->reply)
       dist_fail(&dc->err, DIST_EPROTO, "malformed reply from %s", endpoint_of(c, dc->target));
   }
+  dist_client_note_answer(c, dc->target, answered);
   gpr_free(details);
   grpc_slice_unref(st->details);
   grpc_byte_buffer_destroy(st->send);
