@@ -151,8 +151,16 @@ int dist_call_fail(dist_client *c, const dist_call *call) {
 static void call_batch(dist_client *c, const char *method,
                        const ProtobufCMessageDescriptor *reply_desc, dist_call *calls, int n,
                        int64_t timeout_ms) {
-  grpc_completion_queue *cq = grpc_completion_queue_create_for_next(NULL);
   call_state *st = calloc((size_t)n + 1, sizeof *st);
+  if (!st) {
+    for (int i = 0; i < n; i++) {
+      calls[i].reply = NULL;
+      dist_fail(&calls[i].err, DIST_ENOMEM, "out of memory starting %d call(s) of %s", n,
+                method);
+    }
+    return;
+  }
+  grpc_completion_queue *cq = grpc_completion_queue_create_for_next(NULL);
   gpr_timespec deadline = gpr_time_add(
       gpr_now(GPR_CLOCK_REALTIME), gpr_time_from_millis(timeout_ms, GPR_TIMESPAN));
   int started = 0;

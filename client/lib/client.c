@@ -234,6 +234,11 @@ static int all_creds(const tls_settings *t, int n, grpc_channel_credentials **cr
   return 0;
 }
 
+static void release_creds(grpc_channel_credentials **creds, int n) {
+  for (int i = 0; i < n; i++) grpc_channel_credentials_release(creds[i]);
+  free(creds);
+}
+
 static int open_client(const dist_member *members, int n, const dist_opts *opts,
                        dist_client **out) {
   dist_opts defaults = DIST_OPTS_INIT;
@@ -250,12 +255,22 @@ static int open_client(const dist_member *members, int n, const dist_opts *opts,
     return rc;
   }
   dist_client *c = calloc(1, sizeof *c);
+  if (c) {
+    c->endpoints = calloc((size_t)n, sizeof *c->endpoints);
+    c->channels = calloc((size_t)n, sizeof *c->channels);
+  }
+  if (!c || !c->endpoints || !c->channels) {
+    release_creds(creds, shared ? 1 : n);
+    tls_settings_free(&tls);
+    if (c) free(c->endpoints), free(c->channels);
+    free(c);
+    grpc_shutdown();
+    return connect_fail(DIST_ENOMEM, "out of memory for a client of %d daemon(s)", n);
+  }
   c->n = n;
   c->daemon_crl = tls.crl; /* the client's reference */
   tls.crl = NULL;
   tls_settings_free(&tls);
-  c->endpoints = calloc((size_t)n, sizeof *c->endpoints);
-  c->channels = calloc((size_t)n, sizeof *c->channels);
   for (int i = 0; i < n; i++) {
     snprintf(c->endpoints[i], sizeof c->endpoints[i], "%s", members[i].grpc_addr);
     c->channels[i] = open_channel(members[i].grpc_addr, creds[shared ? 0 : i]);

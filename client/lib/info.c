@@ -6,7 +6,7 @@
 #include "client_internal.h"
 #include "health.pb-c.h"
 
-static void copy_info(const Dist__V1__InfoReply *rp, dist_daemon_info *out) {
+static int copy_info(dist_client *c, const Dist__V1__InfoReply *rp, dist_daemon_info *out) {
   memset(out, 0, sizeof *out);
   snprintf(out->version, sizeof out->version, "%s", rp->version);
   snprintf(out->cluster_id, sizeof out->cluster_id, "%s", rp->cluster_id);
@@ -20,8 +20,11 @@ static void copy_info(const Dist__V1__InfoReply *rp, dist_daemon_info *out) {
   out->tensor_bytes_limit = rp->tensor_bytes_limit;
   out->tensor_count = rp->tensor_count;
   out->ops_in_flight = rp->ops_in_flight;
-  out->npeers = (int)rp->n_peers;
   out->peers = calloc(rp->n_peers + 1, sizeof *out->peers);
+  if (!out->peers)
+    return dist_client_fail(c, DIST_ENOMEM, "out of memory for the %zu peers of rank %d",
+                            rp->n_peers, out->rank);
+  out->npeers = (int)rp->n_peers;
   for (size_t i = 0; i < rp->n_peers; i++) {
     const Dist__V1__PeerInfo *p = rp->peers[i];
     dist_peer_info *q = &out->peers[i];
@@ -34,6 +37,7 @@ static void copy_info(const Dist__V1__InfoReply *rp, dist_daemon_info *out) {
     q->reconnects = p->reconnects;
     snprintf(q->congestion, sizeof q->congestion, "%s", p->congestion);
   }
+  return 0;
 }
 
 int dist_info(dist_client *c, int rank, dist_daemon_info *out) {
@@ -45,7 +49,7 @@ int dist_info(dist_client *c, int rank, dist_daemon_info *out) {
   ProtobufCMessage *rp = NULL;
   int rc = dist_call_one(c, rank, "/dist.v1.Dist/Info", &rq.base,
                          &dist__v1__info_reply__descriptor, &rp);
-  if (rc == 0) copy_info((const Dist__V1__InfoReply *)rp, out);
+  if (rc == 0) rc = copy_info(c, (const Dist__V1__InfoReply *)rp, out);
   if (rc == 0) dist_client_learn_rank(c, out->rank);
   if (rp) protobuf_c_message_free_unpacked(rp, NULL);
   return rc;
