@@ -42,9 +42,13 @@ const remembered_op *distd_remembered_find(distd_peers *p, uint64_t op_id) {
   if (p->remembered_used == 0 && p->ranges_used == 0) return NULL;
   int64_t now = distd_now_ms();
   const remembered_op *r = find_in_ring(p, op_id, now);
-  if (r) return r;
+  if (r && r->aborted_by >= 0) return r;
+  /* A peer's range over an id that failed here before wins, as a peer's
+   * ABORT of the id overwrites that failure (distd_remember_op): the id
+   * used again fails at once instead of waiting on a rank that refused
+   * it. */
   const remembered_range *rg = find_range(p, op_id, now);
-  return rg ? &rg->op : NULL;
+  return rg ? &rg->op : r;
 }
 
 static int same_abort(const remembered_op *r, int aborted_by, int code, const char *reason) {

@@ -165,3 +165,24 @@ Test(abort_range, a_peer_that_does_not_announce_it_gets_an_abort_per_step, .time
   fix_teardown(&f);
   old_peer_stop(&old);
 }
+
+/* An id that failed here before (its receive timed out: remembered as this
+ * rank's own failure) and is then in a range a peer aborts is the peer's
+ * abort from then on, as an ABORT of it makes it: a receive posted again
+ * under it fails at once instead of waiting for a rank that refused it. */
+Test(abort_range, an_id_failed_here_before_then_in_a_peers_range_is_aborted, .timeout = 60) {
+  peer_fixture f;
+  fix_setup(&f, 2);
+  const uint64_t failed_here = FIRST + 5;
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  int64_t took;
+  cr_assert_eq(recv_code(&f, 1, failed_here, 100, &took, &eb), DIST_ETIMEDOUT, "%s", eb.msg);
+  int ranks[] = {0, 1};
+  distd_abort_range(f.r[0].peers, FIRST, 10, ranks, 2, "plan refused");
+  /* Another id of the range failing says rank 1 read the frame. */
+  const uint64_t other[] = {FIRST};
+  expect_ids(&f, 1, other, 1, 1);
+  const uint64_t again[] = {failed_here};
+  expect_ids(&f, 1, again, 1, 1);
+  fix_teardown(&f);
+}
