@@ -82,11 +82,14 @@ static int program_targets(dist_client *c, const dist_program *p,
     return 1;
   }
   int n = dist_prog_output_ranks(p, targets);
-  for (int i = 0; i < n; i++)
-    if (targets[i] >= c->n)
-      return dist_client_fail(c, DIST_EINVAL, "an out_dist_attr names rank %d, but the "
-                              "client knows %d daemons", targets[i], c->n);
-  for (int r = 0; n == 0 && r < c->n; r++) targets[r] = r;
+  for (int i = 0; i < n; i++) {
+    if (dist_client_reaches(c, targets[i])) continue;
+    if (c->one_endpoint) /* its daemon by its own rank, as a mesh's (reach.c) */
+      return dist_client_check_reach(c, "an out_dist_attr", targets[i]);
+    return dist_client_fail(c, DIST_EINVAL, "an out_dist_attr names rank %d, but the "
+                            "client knows %d daemons", targets[i], c->n);
+  }
+  for (int r = 0; n == 0 && r < c->n; r++) targets[r] = dist_rank_at(c, r);
   return n ? n : c->n;
 }
 

@@ -198,3 +198,51 @@ Test(one_endpoint, distctl_through_rank_0s_endpoint_works_as_before) {
   harness_start(&cluster, 2, NULL);
   distctl_round_trip_through(0);
 }
+
+/* A LocalLayer program through own's daemon alone, its out_dist_attr on
+ * mesh [own]: registered and called there, as a put onto that mesh is. */
+static void local_layer_through(int own) {
+  dist_client *one = harness_client_rank(&cluster, own, 10000);
+  char mesh_text[16];
+  snprintf(mesh_text, sizeof mesh_text, "[%d]", own);
+  dist_tensor *x = harness_put(one, "x", DIST_FLOAT32, value, 2, value_shape, mesh_text,
+                               "Replicate()");
+  int shape[1] = {1}, ranks[1] = {own};
+  dist_mesh *m = NULL;
+  cr_assert_eq(dist_mesh_new(1, shape, ranks, NULL, &m), 0);
+  dist_placement rep = DIST_REPLICATED;
+  dist_program *p = NULL;
+  cr_assert_eq(dist_program_new("twice", &p), 0);
+  int in = dist_input_dtensor(p, "x", DIST_FLOAT32);
+  dist_program_output(p, dist_op_mul_scalar(p, in, 2));
+  dist_program_out_dist_attr(p, m, &rep, NULL);
+  cr_assert_eq(dist_program_register(one, p), 0, "register through rank %d: %s", own,
+               dist_errmsg(one));
+  dist_arg args[1] = {{x, NULL}};
+  dist_invocation *inv = NULL;
+  dist_tensor *out = NULL;
+  cr_assert_eq(dist_local_layer_call(one, p, args, 1, NULL, &inv, &out), 0,
+               "call through rank %d: %s", own, dist_errmsg(one));
+  void *data = NULL;
+  size_t n = 0;
+  cr_assert_eq(dist_full_tensor(one, out, &data, &n), 0, "%s", dist_errmsg(one));
+  cr_assert_eq(n, sizeof value);
+  for (int i = 0; i < 6; i++) cr_expect_eq(((float *)data)[i], 2 * value[i], "element %d", i);
+  free(data);
+  dist_invocation_free(inv);
+  dist_tensor_free(out);
+  dist_tensor_free(x);
+  dist_program_free(p);
+  dist_mesh_free(m);
+  dist_close(one);
+}
+
+Test(one_endpoint, rank_1s_daemon_alone_registers_and_calls_a_program_on_mesh_1) {
+  harness_start(&cluster, 2, NULL);
+  local_layer_through(1);
+}
+
+Test(one_endpoint, rank_0s_daemon_alone_registers_and_calls_a_program_as_before) {
+  harness_start(&cluster, 2, NULL);
+  local_layer_through(0);
+}
