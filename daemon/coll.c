@@ -186,8 +186,8 @@ static int reduce_scatter_run(const distd_coll *c, const void *in, void *out, co
   }
   offsets(counts, c->size, es, off);
   post_scatter_reduce(c, x, in, off, counts, es, tmp, TAG_STEP1);
-  distd_xfer_copy(x, out, (const char *)in + off[c->me], mine);
   if ((rc = finish(c, x, eb))) goto out;
+  if (mine) memcpy(out, (const char *)in + off[c->me], mine);
   reduce_slots(c, out, tmp, counts[c->me], dt, op);
 out:
   distd_xfer_free(x);
@@ -208,13 +208,13 @@ static int allreduce_direct(const distd_coll *c, void *buf, size_t count, dist_d
     rc = dist_fail(eb, DIST_ENOMEM, "out of memory");
     goto out;
   }
+  if (bytes) memcpy(tmp + (size_t)c->me * bytes, buf, bytes);
   for (int k = 1; k < c->size; k++) {
     int j = rotated(c, c->size - k);
     distd_xfer_recv(x, c->group[j], TAG_STEP1, tmp + (size_t)j * bytes, bytes);
   }
   for (int k = 1; k < c->size; k++)
     distd_xfer_send(x, c->group[rotated(c, k)], TAG_STEP1, buf, bytes);
-  distd_xfer_copy(x, tmp + (size_t)c->me * bytes, buf, bytes);
   if ((rc = finish(c, x, eb))) goto out;
   if (bytes) memcpy(buf, tmp, bytes);
   dist_reduce_parts(buf, tmp + bytes, c->size, count, dt, op);

@@ -216,18 +216,17 @@ static void post_rows(const distd_moe_args *a, const plan *p, distd_xfer *x,
     }
 }
 
-/* The self part, copied as part of x (while its wait idles, when long). A
- * self chunk whose counts disagree is skipped: the header check reports
- * it. */
-static void copy_self(const distd_moe_args *a, const plan *p, distd_xfer *x,
-                      const void *in, void *out) {
+/* The self part. A self chunk whose counts disagree is skipped: the header
+ * check reports it. */
+static void copy_self(const distd_moe_args *a, const plan *p, const void *in,
+                      void *out) {
   size_t rb = a->row_bytes;
   for (int e = 0; e < a->experts; e++) {
     int i = a->me * a->experts + e;
     if (p->send_count[i] != p->recv_count[i] || !p->send_count[i]) continue;
-    distd_xfer_copy(x, (uint8_t *)out + (size_t)p->recv_off[i] * rb,
-                    (const uint8_t *)in + (size_t)p->send_off[i] * rb,
-                    (size_t)p->send_count[i] * rb);
+    memcpy((uint8_t *)out + (size_t)p->recv_off[i] * rb,
+           (const uint8_t *)in + (size_t)p->send_off[i] * rb,
+           (size_t)p->send_count[i] * rb);
   }
 }
 
@@ -258,7 +257,7 @@ static int exchange_run(const distd_moe_args *a, const void *in, void *out,
     distd_xfer_recv_any(hx, a->group[j], TAG_HEADER, &theirs[j], &their_len[j], hlen);
   }
   post_rows(a, &p, dx, in, out);
-  copy_self(a, &p, dx, in, out);
+  copy_self(a, &p, in, out);
   /* The rows beyond what the sockets took at once stay with this thread
    * for dx's wait. Handed to the loop thread at the end of hx's short
    * wait, they were written from another CPU against dx's reads: the

@@ -153,12 +153,6 @@ void distd_xfer_send(distd_xfer *x, int dst, uint32_t tag, const void *buf,
  * thread waits on or frees an xfer, whichever comes first. */
 void distd_xfer_send_deferred(distd_xfer *x, int dst, uint32_t tag,
                               const void *buf, size_t len);
-/* Copies len bytes of src to dst as part of x: at once when short, or else
- * while x's wait has nothing to read or write, so that the self part of an
- * exchange overlaps its network part. Both buffers stay the caller's and
- * must stay valid until distd_xfer_wait returns; dst is complete only if
- * the wait succeeded. */
-void distd_xfer_copy(distd_xfer *x, void *dst, const void *src, size_t len);
 /* Posts a receive of exactly len bytes from src under tag into buf. A frame
  * of another length fails the xfer with DIST_EPROTO naming both ranks. */
 void distd_xfer_recv(distd_xfer *x, int src, uint32_t tag, void *buf,

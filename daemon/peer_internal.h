@@ -273,13 +273,6 @@ typedef struct remembered_range {
   uint64_t count;
 } remembered_range;
 
-/* A local copy that is part of an xfer (peer_copy.c). */
-typedef struct distd_local_copy {
-  uint8_t *dst;
-  const uint8_t *src;
-  size_t len, done;
-} distd_local_copy;
-
 struct distd_xfer {
   distd_peers *p; /* NULL once distd_peers_free orphaned it */
   uint64_t op_id;
@@ -296,8 +289,6 @@ struct distd_xfer {
   uint64_t signature; /* distd_xfer_sign; 0: unsigned */
   distd_signature_namer name_signature;
   dist_errbuf err; /* err.code != 0 once failed */
-  distd_local_copy *copies; /* made while its wait idles; one pending each */
-  int n_copies, cap_copies, next_copy;
 };
 
 struct distd_peers {
@@ -537,17 +528,5 @@ void distd_xfer_moved(distd_xfer *x);
 /* Makes the driver look at its sockets and transfers again: from another
  * thread through wake_fd, on the driver itself through drive_again. */
 void distd_driver_wake(distd_peers *p);
-
-/* ---- local copies of an xfer (peer_copy.c); mu held ---- */
-/* Copies len bytes at once when short, or else records the copy for x's
- * wait to make while idle (it then holds one of x's pending). */
-void distd_copy_later(distd_xfer *x, void *dst, const void *src, size_t len);
-/* 1 while copies are due during x's wait (x's own or its then's). */
-int distd_copies_due(distd_xfer *x);
-/* Copies one chunk of those copies, mu released meanwhile; 0 if none. */
-int distd_copies_some(distd_peers *p, distd_xfer *x);
-/* Makes all of those copies, mu released meanwhile. */
-void distd_copies_all(distd_peers *p, distd_xfer *x);
-void distd_copies_free(distd_xfer *x);
 
 #endif

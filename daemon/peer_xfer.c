@@ -427,8 +427,8 @@ static void send_to_self(distd_xfer *x, uint32_t tag, const void *buf, size_t le
       s->len = len;
     } else if (!self_len_ok(x, len, s->len, tag)) {
       return;
-    } else {
-      distd_copy_later(x, s->buf, buf, len);
+    } else if (len) {
+      memcpy(s->buf, buf, len);
     }
     distd_recv_finished(s);
     return;
@@ -839,12 +839,6 @@ static void yield_cpu(distd_peers *p) {
   pthread_mutex_lock(&p->mu);
 }
 
-/* A pass found nothing to read or write at once: the driver makes a chunk
- * of its local copies, if any are due, or else gives the CPU away. */
-static void idle_pass(distd_peers *p, distd_xfer *x) {
-  if (!distd_copies_some(p, x)) yield_cpu(p);
-}
-
 /* When x's wait must give up: its deadline, or silence_ms after bytes last
  * moved for it, whichever comes first. */
 static int64_t wait_limit(const distd_xfer *x, int64_t deadline_ms) {
@@ -880,18 +874,17 @@ static void drive(distd_xfer *x, int64_t deadline_ms) {
     int spin = now_ns < spin_end;
     look_all = spin || p->drive_again;
     if (cheap && look_all) {
-      if (!p->drive_again) idle_pass(p, x);
+      if (!p->drive_again) yield_cpu(p);
       continue;
     }
     if (spin && read_instead_of_poll(p, n)) {
-      idle_pass(p, x);
+      yield_cpu(p);
       continue;
     }
     fds[n++] = (struct pollfd){p->wake_fd, POLLIN, 0};
     int timeout = p->drive_again ? 0 : left < DRIVE_POLL_MAX_MS ? (int)left : DRIVE_POLL_MAX_MS;
-    int copying = timeout > 0 && distd_copies_due(x);
-    int spinning = timeout > 0 && now_ns < spin_end && !copying;
-    if (spinning || copying) timeout = 0;
+    int spinning = timeout > 0 && now_ns < spin_end;
+    if (spinning) timeout = 0;
     pthread_mutex_unlock(&p->mu);
     int ready = poll(fds, (nfds_t)n, timeout);
     if (ready > 0 && fds[n - 1].revents) {
@@ -901,7 +894,6 @@ static void drive(distd_xfer *x, int64_t deadline_ms) {
     if (ready == 0 && spinning) sched_yield();
     pthread_mutex_lock(&p->mu);
     if (ready > 0) note_readable(p, fds, n - 1);
-    if (copying) distd_copies_some(p, x);
   }
   stop_driving(p);
 }
@@ -924,8 +916,6 @@ int distd_xfer_wait(distd_xfer *x, int64_t deadline_ms, dist_errbuf *eb) {
     }
     if (can_drive(p))
       drive(x, deadline_ms);
-    else if (distd_copies_due(x))
-      distd_copies_all(p, x); /* then sleeps until the network part is done */
     else
       distd_cond_wait_until_ms(&x->cond, &p->mu, limit);
     now = distd_now_ms();
@@ -996,7 +986,6 @@ void distd_xfer_free(distd_xfer *x) {
     else distd_driver_wake(p);
     pthread_mutex_unlock(&p->mu);
   }
-  distd_copies_free(x);
   pthread_cond_destroy(&x->cond);
   free(x);
 }

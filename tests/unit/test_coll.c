@@ -324,10 +324,9 @@ Test(coll, uneven_allgather_reduce_scatter_alltoallv_broadcast_on_2_ranks) { une
 Test(coll, uneven_allgather_reduce_scatter_alltoallv_broadcast_on_3_ranks) { uneven_suite(3); }
 Test(coll, uneven_allgather_reduce_scatter_alltoallv_broadcast_on_4_ranks) { uneven_suite(4); }
 
-/* ---- self parts longer than one chunk of a local copy ----
- * A member's own part of these is copied while its wait has nothing to
- * read or write (peer_copy.c), in 64 KiB chunks, interleaved with the
- * peers' parts arriving into the same buffer. */
+/* ---- self parts of hundreds of KiB ----
+ * A member's own part, copied next to the peers' parts arriving into the
+ * same buffer, over several of their frames. */
 
 static size_t big_uneven(int r) { return (size_t)(r % 3) * 70001 + 16411; }
 
@@ -342,7 +341,7 @@ static int big_self_parts_body(rank_ctx *c) {
   return rc;
 }
 
-Test(coll, self_parts_longer_than_a_copy_chunk_on_2_and_4_ranks, .timeout = 120) {
+Test(coll, self_parts_of_hundreds_of_kib_on_2_and_4_ranks, .timeout = 120) {
   for (int n = 2; n <= 4; n += 2) {
     peer_fixture f;
     fix_setup(&f, n);
