@@ -29,11 +29,16 @@ static int connect_fail(int code, const char *fmt, ...) {
   return code;
 }
 
+int dist_client_vfail(dist_client *c, int code, const char *fmt, va_list ap) {
+  c->err.code = code;
+  vsnprintf(c->err.msg, sizeof c->err.msg, fmt, ap);
+  return code;
+}
+
 int dist_client_fail(dist_client *c, int code, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  c->err.code = code;
-  vsnprintf(c->err.msg, sizeof c->err.msg, fmt, ap);
+  dist_client_vfail(c, code, fmt, ap);
   va_end(ap);
   return code;
 }

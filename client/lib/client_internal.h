@@ -4,6 +4,7 @@
 #define DIST_CLIENT_INTERNAL_H
 
 #include <grpc/grpc.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <protobuf-c/protobuf-c.h>
 
@@ -230,6 +231,10 @@ dist_tensor *dist_tensor_from_meta(const Dist__V1__TensorMeta *m);
 /* Records an error on c and returns code. */
 int dist_client_fail(dist_client *c, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* dist_client_fail of a va_list, for callers that pass on their own
+ * format. */
+int dist_client_vfail(dist_client *c, int code, const char *fmt, va_list ap)
+    __attribute__((format(printf, 3, 0)));
 /* DIST_EINVAL for a public call `func` given no client (c NULL): the
  * message, "FUNC: c is NULL", is the thread's dist_errmsg(NULL).
  * Every public call taking a client starts `if (!c) return
@@ -263,6 +268,13 @@ int dist_client_reaches(dist_client *c, int rank);
  * first it does not ("mesh names rank 0, but this client only reaches the
  * daemon of rank 1 at HOST:PORT"). */
 int dist_check_mesh_reach(dist_client *c, const dist_mesh_desc *m);
+/* Refuses rank, which c does not reach (dist_client_reaches said 0), as
+ * named by what ("group", "an out_dist_attr"): a client of one endpoint
+ * with "WHAT names rank R, but this client only reaches the daemon of rank
+ * S at HOST:PORT"; a client of a cluster file in the caller's own words,
+ * cluster_fmt and its arguments, as before session 28. DIST_EINVAL. */
+int dist_refuse_unreached(dist_client *c, const char *what, int rank, const char *cluster_fmt,
+                          ...) __attribute__((format(printf, 4, 5)));
 /* dist_client_check_rank of a rank a call addresses a piece by (a mesh
  * rank): 0 when the client reaches it, else DIST_EINVAL naming func. */
 int dist_client_check_reach(dist_client *c, const char *func, int rank);

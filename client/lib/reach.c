@@ -8,6 +8,7 @@
  * addressed as rank 0, as before session 28. Its calls go to its one
  * channel whatever their target (call.c): reach is checked here, where a
  * mesh or a rank enters libdist. */
+#include <stdarg.h>
 #include <stdio.h>
 
 #include "client_internal.h"
@@ -43,16 +44,25 @@ static const char *reached(dist_client *c, char *buf, size_t len) {
   return buf;
 }
 
-int dist_check_mesh_reach(dist_client *c, const dist_mesh_desc *m) {
+int dist_refuse_unreached(dist_client *c, const char *what, int rank, const char *cluster_fmt,
+                          ...) {
   char only[400];
+  if (c->one_endpoint)
+    return dist_client_fail(c, DIST_EINVAL, "%s names rank %d, but this client only "
+                            "reaches %s", what, rank, reached(c, only, sizeof only));
+  va_list ap;
+  va_start(ap, cluster_fmt);
+  dist_client_vfail(c, DIST_EINVAL, cluster_fmt, ap);
+  va_end(ap);
+  return DIST_EINVAL;
+}
+
+int dist_check_mesh_reach(dist_client *c, const dist_mesh_desc *m) {
   for (int i = 0; i < m->nranks; i++) {
     int rank = m->ranks[i];
-    if (dist_client_reaches(c, rank)) continue;
-    if (c->one_endpoint)
-      return dist_client_fail(c, DIST_EINVAL, "mesh names rank %d, but this client only "
-                              "reaches %s", rank, reached(c, only, sizeof only));
-    return dist_client_fail(c, DIST_EINVAL, "mesh names rank %d, but the cluster has %d "
-                            "daemon%s", rank, c->n, c->n == 1 ? "" : "s");
+    if (!dist_client_reaches(c, rank))
+      return dist_refuse_unreached(c, "mesh", rank, "mesh names rank %d, but the cluster "
+                                   "has %d daemon%s", rank, c->n, c->n == 1 ? "" : "s");
   }
   return 0;
 }
