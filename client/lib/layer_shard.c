@@ -85,16 +85,17 @@ static int check_tree(dist_client *c, const dist_layer *l, const char *path,
   return 0;
 }
 
-/* The mesh must name daemons of this cluster, and an SPMD trainer's own. */
+/* The mesh must name daemons the client reaches, and an SPMD trainer's
+ * own. */
 static int check_mesh(dist_client *c, const dist_mesh *mesh) {
-  char ms[256];
+  char ms[256], what[270];
   dist_mesh_to_string(mesh, ms, sizeof ms);
+  snprintf(what, sizeof what, "mesh %s", ms);
   for (int i = 0; i < mesh->d.nranks; i++)
-    if (mesh->d.ranks[i] < 0 || mesh->d.ranks[i] >= c->n)
-      return dist_client_fail(c, DIST_EINVAL, "mesh %s names rank %d, but the "
-                              "cluster has %d daemon%s (ranks 0..%d)", ms,
-                              mesh->d.ranks[i], c->n, c->n == 1 ? "" : "s",
-                              c->n - 1);
+    if (!dist_client_reaches(c, mesh->d.ranks[i]))
+      return dist_refuse_unreached(c, what, mesh->d.ranks[i], "mesh %s names rank %d, but the "
+                                   "cluster has %d daemon%s (ranks 0..%d)", ms,
+                                   mesh->d.ranks[i], c->n, c->n == 1 ? "" : "s", c->n - 1);
   if (c->spmd_rank >= 0 && dist_mesh_index_of(&mesh->d, c->spmd_rank) < 0)
     return dist_client_fail(c, DIST_EINVAL, "mesh %s does not include this "
                             "trainer's rank %d", ms, c->spmd_rank);

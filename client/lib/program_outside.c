@@ -34,9 +34,9 @@ int dist_prog_register_outside(dist_client *c, dist_program *p, const Dist__V1__
   int ranks[DIST_MAX_MESH_RANKS];
   int n = dist_prog_output_ranks(p, ranks);
   for (int i = 0; i < n; i++) /* the members' daemons refuse it so */
-    if (ranks[i] >= c->n)
-      return dist_client_fail(c, DIST_EINVAL, "an out_dist_attr names rank %d, but the "
-                              "cluster has %d daemons", ranks[i], c->n);
+    if (!dist_client_reaches(c, ranks[i]))
+      return dist_refuse_unreached(c, "an out_dist_attr", ranks[i], "an out_dist_attr names "
+                                   "rank %d, but the cluster has %d daemons", ranks[i], c->n);
   dist_errbuf eb = DIST_ERRBUF_INIT;
   struct distd_program *checked = NULL;
   if (distd_program_new(pb, &checked, &eb) != 0)

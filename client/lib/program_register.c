@@ -73,8 +73,8 @@ int dist_prog_output_ranks(const dist_program *p, int *ranks) {
 }
 
 /* Where p runs: SPMD, this trainer's daemon; a single client, every rank
- * of the out_dist_attrs meshes (all daemons when there are none, so the
- * daemons can report the count mismatch). */
+ * of the out_dist_attrs meshes (every daemon it reaches when there are
+ * none, so the daemons can report the count mismatch). */
 static int program_targets(dist_client *c, const dist_program *p,
                            int *targets) {
   if (c->spmd_rank >= 0) {
@@ -82,14 +82,12 @@ static int program_targets(dist_client *c, const dist_program *p,
     return 1;
   }
   int n = dist_prog_output_ranks(p, targets);
-  for (int i = 0; i < n; i++) {
-    if (dist_client_reaches(c, targets[i])) continue;
-    if (c->one_endpoint) /* its daemon by its own rank, as a mesh's (reach.c) */
-      return dist_client_check_reach(c, "an out_dist_attr", targets[i]);
-    return dist_client_fail(c, DIST_EINVAL, "an out_dist_attr names rank %d, but the "
-                            "client knows %d daemons", targets[i], c->n);
-  }
-  for (int r = 0; n == 0 && r < c->n; r++) targets[r] = dist_rank_at(c, r);
+  for (int i = 0; i < n; i++)
+    if (!dist_client_reaches(c, targets[i]))
+      return dist_refuse_unreached(c, "an out_dist_attr", targets[i], "an out_dist_attr "
+                                   "names rank %d, but the client knows %d daemons",
+                                   targets[i], c->n);
+  for (int p = 0; n == 0 && p < c->n; p++) targets[p] = dist_rank_at(c, p);
   return n ? n : c->n;
 }
 

@@ -27,11 +27,24 @@ TestSuite(one_endpoint, .fini = stop_cluster, .timeout = 120);
 static const float value[6] = {1.5f, -2, 3, 4.25f, 5, -6};
 static const int64_t value_shape[2] = {2, 3};
 
-/* The refusal of a mesh naming `rank` through a client of rank `own`'s
- * daemon alone, as it must read. */
+/* The refusal of `what` ("mesh", "group") naming `rank` through a client
+ * of rank `own`'s daemon alone, as it must read. */
+static void refusal_text(const char *what, int rank, int own, char *buf, size_t len) {
+  snprintf(buf, len, "%s names rank %d, but this client only reaches the daemon of "
+           "rank %d at 127.0.0.1:%d", what, rank, own, cluster.grpc_port[own]);
+}
+
 static void unreached_text(int rank, int own, char *buf, size_t len) {
-  snprintf(buf, len, "mesh names rank %d, but this client only reaches the daemon of "
-           "rank %d at 127.0.0.1:%d", rank, own, cluster.grpc_port[own]);
+  refusal_text("mesh", rank, own, buf, len);
+}
+
+/* c's last call failed with DIST_EINVAL (rc) refusing what naming rank,
+ * which rank own's daemon alone does not reach. */
+static void expect_reach_refusal(dist_client *c, int rc, const char *what, int rank, int own) {
+  char want[300];
+  refusal_text(what, rank, own, want, sizeof want);
+  cr_assert_eq(rc, DIST_EINVAL, "%s naming rank %d: %d %s", what, rank, rc, dist_errmsg(c));
+  cr_expect(strstr(dist_errmsg(c), want), "want \"%s\" in: %s", want, dist_errmsg(c));
 }
 
 /* The whole value of t and rank's piece through c both equal value. */
@@ -199,50 +212,122 @@ Test(one_endpoint, distctl_through_rank_0s_endpoint_works_as_before) {
   distctl_round_trip_through(0);
 }
 
-/* A LocalLayer program through own's daemon alone, its out_dist_attr on
- * mesh [own]: registered and called there, as a put onto that mesh is. */
-static void local_layer_through(int own) {
-  dist_client *one = harness_client_rank(&cluster, own, 10000);
-  char mesh_text[16];
-  snprintf(mesh_text, sizeof mesh_text, "[%d]", own);
-  dist_tensor *x = harness_put(one, "x", DIST_FLOAT32, value, 2, value_shape, mesh_text,
-                               "Replicate()");
-  int shape[1] = {1}, ranks[1] = {own};
+/* ------------------------------------------------- programs, groups, layers */
+
+static dist_mesh *mesh_of(const char *text) {
   dist_mesh *m = NULL;
-  cr_assert_eq(dist_mesh_new(1, shape, ranks, NULL, &m), 0);
-  dist_placement rep = DIST_REPLICATED;
+  cr_assert_eq(dist_mesh_from_string(text, NULL, &m), 0, "%s", text);
+  return m;
+}
+
+/* A LocalLayer giving sum(x * x), Replicate on the mesh of mesh_text. */
+static dist_program *sum_of_squares(const char *mesh_text) {
   dist_program *p = NULL;
-  cr_assert_eq(dist_program_new("twice", &p), 0);
-  int in = dist_input_dtensor(p, "x", DIST_FLOAT32);
-  dist_program_output(p, dist_op_mul_scalar(p, in, 2));
+  cr_assert_eq(dist_program_new("sum_of_squares", &p), 0);
+  int x = dist_input_dtensor(p, "x", DIST_FLOAT32);
+  dist_program_output(p, dist_op_sum(p, dist_op_mul(p, x, x), NULL, 0, 0));
+  dist_mesh *m = mesh_of(mesh_text);
+  dist_placement rep = DIST_REPLICATED;
   dist_program_out_dist_attr(p, m, &rep, NULL);
-  cr_assert_eq(dist_program_register(one, p), 0, "register through rank %d: %s", own,
-               dist_errmsg(one));
+  dist_mesh_free(m);
+  return p;
+}
+
+/* It was refused: "an out_dist_attr names rank 1, but the client knows 1
+ * daemons". */
+Test(one_endpoint, rank_1s_daemon_alone_registers_and_calls_a_local_layer_on_mesh_1) {
+  harness_start(&cluster, 2, NULL);
+  dist_client *one = harness_client_rank(&cluster, 1, 10000);
+  dist_tensor *x = harness_put(one, "x", DIST_FLOAT32, value, 2, value_shape, "[1]",
+                               "Replicate()");
+  dist_program *p = sum_of_squares("[1]");
+  cr_assert_eq(dist_program_register(one, p), 0, "register: %s", dist_errmsg(one));
+  cr_assert(dist_program_nranks(p) == 1 && dist_program_rank_at(p, 0) == 1,
+            "registered on %d ranks, the first %d", dist_program_nranks(p),
+            dist_program_rank_at(p, 0));
   dist_arg args[1] = {{x, NULL}};
   dist_invocation *inv = NULL;
   dist_tensor *out = NULL;
-  cr_assert_eq(dist_local_layer_call(one, p, args, 1, NULL, &inv, &out), 0,
-               "call through rank %d: %s", own, dist_errmsg(one));
+  cr_assert_eq(dist_local_layer_call(one, p, args, 1, NULL, &inv, &out), 0, "call: %s",
+               dist_errmsg(one));
+  float want = 0;
+  for (int i = 0; i < 6; i++) want += value[i] * value[i]; /* exact in float */
   void *data = NULL;
   size_t n = 0;
   cr_assert_eq(dist_full_tensor(one, out, &data, &n), 0, "%s", dist_errmsg(one));
-  cr_assert_eq(n, sizeof value);
-  for (int i = 0; i < 6; i++) cr_expect_eq(((float *)data)[i], 2 * value[i], "element %d", i);
+  cr_assert(n == sizeof want && *(float *)data == want, "sum of squares %g, want %g",
+            n == sizeof want ? *(float *)data : -1.0, want);
   free(data);
   dist_invocation_free(inv);
   dist_tensor_free(out);
   dist_tensor_free(x);
   dist_program_free(p);
+  dist_close(one);
+}
+
+Test(one_endpoint, a_program_on_a_mesh_naming_rank_0_is_refused_through_rank_1s_daemon) {
+  harness_start(&cluster, 2, NULL);
+  dist_client *one = harness_client_rank(&cluster, 1, 10000);
+  dist_program *p = sum_of_squares("[0,1]");
+  expect_reach_refusal(one, dist_program_register(one, p), "an out_dist_attr", 0, 1);
+  dist_program_free(p);
+  dist_close(one);
+}
+
+/* x [2, 3] @ w [3, 2] + b, in double. */
+static void linear_of_value(const float *w, const float *b, double *y) {
+  for (int r = 0; r < 2; r++)
+    for (int j = 0; j < 2; j++) {
+      y[r * 2 + j] = b[j];
+      for (int k = 0; k < 3; k++) y[r * 2 + j] += (double)value[r * 3 + k] * w[k * 2 + j];
+    }
+}
+
+/* It was refused: "mesh [1] names rank 1, but the cluster has 1 daemon
+ * (ranks 0..0)". */
+Test(one_endpoint, rank_1s_daemon_alone_shards_and_runs_a_layer_on_mesh_1) {
+  harness_start(&cluster, 2, NULL);
+  dist_client *one = harness_client_rank(&cluster, 1, 10000);
+  dist_layer *l = NULL;
+  cr_assert_eq(dist_layer_linear(3, 2, 1, 5, &l), 0);
+  cr_assert_eq(dist_layer_set_name(l, "fc"), 0);
+  void *w = NULL, *b = NULL;
+  size_t nw = 0, nb = 0;
+  cr_assert_eq(dist_layer_read_param(NULL, l, "weight", &w, &nw), 0);
+  cr_assert_eq(dist_layer_read_param(NULL, l, "bias", &b, &nb), 0);
+  double want[4];
+  linear_of_value(w, b, want);
+  dist_mesh *m = mesh_of("[1]");
+  cr_assert_eq(dist_shard_layer(one, l, m, NULL, NULL, NULL, NULL), 0, "shard_layer: %s",
+               dist_errmsg(one));
+  dist_tensor *x = harness_put(one, "x", DIST_FLOAT32, value, 2, value_shape, "[1]",
+                               "Replicate()"), *y = NULL;
+  cr_assert_eq(dist_layer_forward(one, l, &x, 1, &y, 1), 1, "forward: %s", dist_errmsg(one));
+  void *got = NULL;
+  size_t n = 0;
+  cr_assert_eq(dist_full_tensor(one, y, &got, &n), 0, "%s", dist_errmsg(one));
+  cr_assert_eq(n, sizeof(float) * 4);
+  for (int i = 0; i < 4; i++)
+    cr_assert_float_eq(((float *)got)[i], want[i], 1e-5, "y[%d]", i);
+  free(got), free(w), free(b);
+  dist_tensor_free(y);
+  dist_tensor_free(x);
+  cr_assert_eq(dist_layer_destroy(one, l), 0, "%s", dist_errmsg(one));
   dist_mesh_free(m);
   dist_close(one);
 }
 
-Test(one_endpoint, rank_1s_daemon_alone_registers_and_calls_a_program_on_mesh_1) {
+Test(one_endpoint, a_layer_on_a_mesh_naming_rank_0_is_refused_through_rank_1s_daemon) {
   harness_start(&cluster, 2, NULL);
-  local_layer_through(1);
-}
-
-Test(one_endpoint, rank_0s_daemon_alone_registers_and_calls_a_program_as_before) {
-  harness_start(&cluster, 2, NULL);
-  local_layer_through(0);
+  dist_client *one = harness_client_rank(&cluster, 1, 10000);
+  dist_layer *l = NULL;
+  cr_assert_eq(dist_layer_linear(3, 2, 1, 5, &l), 0);
+  dist_mesh *m = mesh_of("[0]");
+  char ms[64], what[80];
+  dist_mesh_to_string(m, ms, sizeof ms);
+  snprintf(what, sizeof what, "mesh %s", ms);
+  expect_reach_refusal(one, dist_shard_layer(one, l, m, NULL, NULL, NULL, NULL), what, 0, 1);
+  dist_layer_free(l);
+  dist_mesh_free(m);
+  dist_close(one);
 }
