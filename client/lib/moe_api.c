@@ -9,17 +9,18 @@
 
 typedef enum { SCATTER, GATHER } direction;
 
-/* The group as global ranks (every rank when group is NULL). */
+/* The group as global ranks (every rank the client reaches when group is
+ * NULL). */
 static int resolve_group(dist_client *c, const int *group, int group_size,
                          uint32_t *ranks, int *size) {
   int n = group ? group_size : c->n;
   if (n < 1 || n > DIST_MAX_MESH_RANKS)
     return dist_client_fail(c, DIST_EINVAL, "group of %d ranks", n);
   for (int i = 0; i < n; i++) {
-    int r = group ? group[i] : i;
-    if (r < 0 || r >= c->n)
-      return dist_client_fail(c, DIST_EINVAL, "group names rank %d, but the "
-                              "cluster has %d daemons", r, c->n);
+    int r = group ? group[i] : dist_rank_at(c, i);
+    if (!dist_client_reaches(c, r))
+      return dist_refuse_unreached(c, "group", r, "group names rank %d, but the cluster "
+                                   "has %d daemons", r, c->n);
     ranks[i] = (uint32_t)r;
   }
   *size = n;

@@ -99,10 +99,10 @@ static int resolve(dist_client *c, dist_moe_layer *l, const int *group, int size
   if (l->W < 1 || l->W > DIST_MAX_MESH_RANKS)
     return dist_client_fail(c, DIST_EINVAL, "group of %d ranks", l->W);
   for (int i = 0; i < l->W; i++) {
-    l->group[i] = group ? group[i] : i;
-    if (l->group[i] < 0 || l->group[i] >= c->n)
-      return dist_client_fail(c, DIST_EINVAL, "group names rank %d, but the "
-                              "cluster has %d daemons", l->group[i], c->n);
+    l->group[i] = group ? group[i] : dist_rank_at(c, i);
+    if (!dist_client_reaches(c, l->group[i]))
+      return dist_refuse_unreached(c, "group", l->group[i], "group names rank %d, but the "
+                                   "cluster has %d daemons", l->group[i], c->n);
     if (c->spmd_rank < 0) l->pos[l->n++] = i;
     else if (l->group[i] == c->spmd_rank) l->pos[0] = i, l->n = 1;
   }

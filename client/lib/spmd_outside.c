@@ -23,9 +23,10 @@ int dist_spmd_outside_group(dist_client *c, const char *func, const int *group,
   /* The members' daemons refuse a group naming a rank outside the
    * cluster: so does an outsider. */
   for (int i = 0; i < group_size; i++)
-    if (group[i] < 0 || group[i] >= c->n)
-      return dist_client_fail(c, DIST_EINVAL, "%s: group names rank %d, but the cluster "
-                              "has %d daemon%s", func, group[i], c->n, c->n == 1 ? "" : "s");
+    if (!dist_client_reaches(c, group[i]))
+      return dist_refuse_unreached(c, "group", group[i], "%s: group names rank %d, but the "
+                                   "cluster has %d daemon%s", func, group[i], c->n,
+                                   c->n == 1 ? "" : "s");
   return 1;
 }
 

@@ -160,10 +160,11 @@ static int note_local(dist_tape *t, const char *name, const rank_set *ranks) {
   return 0;
 }
 
-/* The daemons this client drives in an exchange over group, in group
- * order: all of it (single client) or this trainer's rank (SPMD); none
- * for an SPMD trainer outside the group, whose exchange is a no-op that
- * still takes its op id (spmd_outside.c), as is its backward. */
+/* The daemons this client drives in an exchange over group (every rank it
+ * reaches when NULL), in group order: all of it (single client) or this
+ * trainer's rank (SPMD); none for an SPMD trainer outside the group,
+ * whose exchange is a no-op that still takes its op id (spmd_outside.c),
+ * as is its backward. The exchange itself checks the group's reach. */
 static int exchange_parts(dist_client *c, const dist_tape_exchange *a,
                           entry *e) {
   int n = a->group ? a->group_size : c->n;
@@ -171,7 +172,7 @@ static int exchange_parts(dist_client *c, const dist_tape_exchange *a,
     return dist_client_fail(c, DIST_EINVAL, "group of %d ranks", n);
   e->group_size = n;
   for (int i = 0; i < n; i++) {
-    e->group[i] = a->group ? a->group[i] : i;
+    e->group[i] = a->group ? a->group[i] : dist_rank_at(c, i);
     if (c->spmd_rank < 0 || e->group[i] == c->spmd_rank)
       e->parts.ranks[e->parts.n++] = e->group[i];
   }

@@ -274,6 +274,70 @@ Test(one_endpoint, a_program_on_a_mesh_naming_rank_0_is_refused_through_rank_1s_
   dist_close(one);
 }
 
+/* Three rows of two, counted for two experts in all: over a group of one
+ * rank, 2 rows for its expert 0 and 1 for its expert 1. */
+static const float rows_x[3][2] = {{1, 2}, {3, 4}, {5, 6}};
+static const int64_t rows_count[2] = {2, 1};
+
+/* Through rank 1's daemon, a global_scatter of rows_x over a group of size
+ * 1 or 2 (2 / size experts per rank, the same rows and counts for each
+ * member); its return code. */
+static int scatter_through_1(dist_client *one, const int *group, int size, void **out,
+                             int64_t *rows) {
+  const void *xs[2] = {rows_x, rows_x};
+  const int64_t *counts[2] = {rows_count, rows_count};
+  return dist_global_scatter(one, xs, NULL, DIST_FLOAT32, 2, counts, counts, 2 / size, group,
+                             size, NULL, out, rows);
+}
+
+/* It was refused: "group names rank 1, but the cluster has 1 daemons". */
+Test(one_endpoint, rank_1s_daemon_alone_scatters_over_group_1) {
+  harness_start(&cluster, 2, NULL);
+  dist_client *one = harness_client_rank(&cluster, 1, 10000);
+  const int group[1] = {1};
+  void *out[1] = {NULL};
+  int64_t rows[1] = {0};
+  cr_assert_eq(scatter_through_1(one, group, 1, out, rows), 0, "global_scatter: %s",
+               dist_errmsg(one));
+  /* One source rank: expert-major is the order the rows came in. */
+  cr_assert(rows[0] == 3 && memcmp(out[0], rows_x, sizeof rows_x) == 0,
+            "%lld rows, not the 3 given", (long long)rows[0]);
+  free(out[0]);
+  dist_close(one);
+}
+
+Test(one_endpoint, an_exchange_over_a_group_naming_rank_0_is_refused_through_rank_1s_daemon) {
+  harness_start(&cluster, 2, NULL);
+  dist_client *one = harness_client_rank(&cluster, 1, 10000);
+  const int both[2] = {0, 1};
+  void *out[2] = {NULL, NULL};
+  int64_t rows[2] = {0, 0};
+  expect_reach_refusal(one, scatter_through_1(one, both, 2, out, rows), "group", 0, 1);
+  dist_moe_layer_opts o = DIST_MOE_LAYER_OPTS_INIT;
+  o.d_model = 2, o.d_hidden = 2, o.top_k = 1, o.group = both, o.group_size = 2;
+  dist_moe_layer *l = NULL;
+  expect_reach_refusal(one, dist_moe_layer_create(one, "moe", &o, &l), "group", 0, 1);
+  dist_close(one);
+}
+
+/* It was refused: "group names rank 1, but the cluster has 1 daemons". */
+Test(one_endpoint, rank_1s_daemon_alone_creates_an_moe_layer_over_group_1) {
+  harness_start(&cluster, 2, NULL);
+  dist_client *one = harness_client_rank(&cluster, 1, 10000);
+  const int group[1] = {1};
+  dist_moe_layer_opts o = DIST_MOE_LAYER_OPTS_INIT;
+  o.d_model = 2, o.d_hidden = 2, o.top_k = 1, o.seed = 7, o.group = group, o.group_size = 1;
+  dist_moe_layer *l = NULL;
+  cr_assert_eq(dist_moe_layer_create(one, "moe", &o, &l), 0, "%s", dist_errmsg(one));
+  char name[256];
+  cr_assert_eq(dist_moe_layer_param_name(l, 0, "w1", name, sizeof name), 0);
+  dist_tensor *t = NULL;
+  cr_assert_eq(harness_open_on(&cluster, 1, name, &t), 0, "expert 0's w1 is not on rank 1");
+  dist_tensor_free(t);
+  dist_moe_layer_free(l);
+  dist_close(one);
+}
+
 /* x [2, 3] @ w [3, 2] + b, in double. */
 static void linear_of_value(const float *w, const float *b, double *y) {
   for (int r = 0; r < 2; r++)
