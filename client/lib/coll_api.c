@@ -1,24 +1,50 @@
 /* Raw collectives for SPMD trainers: each trainer asks its own daemon,
- * which runs the collective with its peers. */
+ * which runs the collective with its peers. A client of one endpoint runs
+ * them too, as the trainer of its daemon's rank, over groups of the ranks
+ * it reaches: that daemon's alone. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "client_internal.h"
 
+/* The rank of the daemon the client asks: an SPMD trainer's own, or the
+ * one daemon of a client of one endpoint; -1 (c->err says why) for a
+ * client of a cluster file, which speaks for no rank. */
 static int own_daemon(dist_client *c, const char *what) {
-  if (c->spmd_rank < 0)
-    return dist_client_fail(c, DIST_EINVAL, "%s needs an SPMD client "
-                            "(dist_init_from_env)", what);
-  return c->spmd_rank;
+  if (c->spmd_rank >= 0) return c->spmd_rank;
+  if (c->one_endpoint) return dist_endpoint_rank(c);
+  return dist_client_fail(c, DIST_EINVAL, "%s needs an SPMD client "
+                          "(dist_init_from_env)", what);
 }
 
 /* A group given must have 1 to DIST_MAX_MESH_RANKS members (NULL: every
- * rank, group_size ignored). */
+ * rank, group_size ignored). A client of one endpoint speaks for every
+ * member, so it must reach each; an SPMD trainer's daemon judges the
+ * group. */
 static int check_group(dist_client *c, const char *func, const int *group, int group_size) {
   if (group && (group_size < 1 || group_size > DIST_MAX_MESH_RANKS))
     return dist_client_fail(c, DIST_EINVAL, "%s: group_size %d (1 to %d allowed)", func,
                             group_size, DIST_MAX_MESH_RANKS);
+  for (int i = 0; c->spmd_rank < 0 && group && i < group_size; i++)
+    if (!dist_client_reaches(c, group[i]))
+      return dist_refuse_unreached(c, "group", group[i], "%s: group names rank %d, but the "
+                                   "cluster has %d daemon%s", func, group[i], c->n,
+                                   c->n == 1 ? "" : "s");
   return 0;
+}
+
+/* The group rq names, into g: the one given; for a client of one
+ * endpoint given NULL, every rank it reaches (its daemon's), as an MoE
+ * exchange takes it, since its daemon's "every rank" would wait for the
+ * other ranks' trainers; for an SPMD trainer given NULL, none, which its
+ * daemon reads as every rank of the cluster. How many. */
+static int group_sent(dist_client *c, const int *group, int group_size, uint32_t *g) {
+  if (!group && c->spmd_rank < 0) {
+    g[0] = (uint32_t)own_daemon(c, "collective");
+    return 1;
+  }
+  for (int i = 0; group && i < group_size; i++) g[i] = (uint32_t)group[i];
+  return group ? group_size : 0;
 }
 
 /* A buffer of count elements the call reads or writes: NULL only when
@@ -41,11 +67,10 @@ static int collective(dist_client *c, const char *func, Dist__V1__CollectiveRequ
   int outside = dist_spmd_outside_group(c, func, group, group_size);
   if (outside != 0) return outside < 0 ? outside : 0;
   uint32_t g[DIST_MAX_MESH_RANKS]; /* check_group bounds group_size */
-  for (int i = 0; group && i < group_size; i++) g[i] = (uint32_t)group[i];
-  rq->n_group = group ? (size_t)group_size : 0;
+  rq->n_group = (size_t)group_sent(c, group, group_size, g);
   rq->group = g;
   ProtobufCMessage *rp = NULL;
-  int rc = dist_call_one(c, c->spmd_rank, "/dist.v1.Dist/Collective", &rq->base,
+  int rc = dist_call_one(c, own_daemon(c, func), "/dist.v1.Dist/Collective", &rq->base,
                          &dist__v1__collective_reply__descriptor, &rp);
   if (rc == 0 && out) {
     const Dist__V1__CollectiveReply *r = (const void *)rp;

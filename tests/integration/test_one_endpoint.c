@@ -274,6 +274,43 @@ Test(one_endpoint, a_program_on_a_mesh_naming_rank_0_is_refused_through_rank_1s_
   dist_close(one);
 }
 
+/* They were refused: "all_reduce needs an SPMD client (dist_init_from_env)". */
+Test(one_endpoint, rank_1s_daemon_alone_runs_collectives_over_group_1) {
+  harness_start(&cluster, 2, NULL);
+  dist_client *one = harness_client_rank(&cluster, 1, 10000);
+  const int group[1] = {1};
+  float buf[6], gathered[6];
+  memcpy(buf, value, sizeof buf);
+  cr_assert_eq(dist_all_reduce(one, buf, 6, DIST_FLOAT32, DIST_REDUCE_SUM, group, 1), 0,
+               "all_reduce: %s", dist_errmsg(one));
+  cr_assert(memcmp(buf, value, sizeof buf) == 0, "an all-reduce of one member changed it");
+  cr_assert_eq(dist_all_gather(one, value, 6, gathered, DIST_FLOAT32, group, 1), 0,
+               "all_gather: %s", dist_errmsg(one));
+  cr_assert(memcmp(gathered, value, sizeof gathered) == 0, "an all-gather of one member");
+  cr_assert_eq(dist_broadcast(one, buf, 6, DIST_FLOAT32, 1, group, 1), 0, "broadcast: %s",
+               dist_errmsg(one));
+  /* No group: every rank it reaches, not every rank of the cluster (whose
+   * rank 0 nobody speaks for: the daemon would wait for it). */
+  cr_assert_eq(dist_all_reduce(one, buf, 6, DIST_FLOAT32, DIST_REDUCE_MAX, NULL, 0), 0,
+               "all_reduce over no group: %s", dist_errmsg(one));
+  cr_assert(memcmp(buf, value, sizeof buf) == 0, "an all-reduce of one member changed it");
+  cr_assert_eq(dist_barrier(one), 0, "barrier: %s", dist_errmsg(one));
+  dist_close(one);
+}
+
+Test(one_endpoint, a_collective_over_a_group_naming_rank_0_is_refused_through_rank_1s_daemon) {
+  harness_start(&cluster, 2, NULL);
+  dist_client *one = harness_client_rank(&cluster, 1, 10000);
+  const int zero[1] = {0}, both[2] = {0, 1};
+  float buf[6];
+  memcpy(buf, value, sizeof buf);
+  expect_reach_refusal(one, dist_all_reduce(one, buf, 6, DIST_FLOAT32, DIST_REDUCE_SUM, zero, 1),
+                       "group", 0, 1);
+  expect_reach_refusal(one, dist_all_reduce(one, buf, 6, DIST_FLOAT32, DIST_REDUCE_SUM, both, 2),
+                       "group", 0, 1);
+  dist_close(one);
+}
+
 /* Three rows of two, counted for two experts in all: over a group of one
  * rank, 2 rows for its expert 0 and 1 for its expert 1. */
 static const float rows_x[3][2] = {{1, 2}, {3, 4}, {5, 6}};

@@ -350,7 +350,10 @@ const dist_placement *dist_tensor_placements(const dist_tensor *t);
 
 /* In place over the ranks of group (NULL = every rank), for SPMD trainers;
  * a trainer outside the group returns 0 with its buffers as they were:
- * each trainer passes its own buffer. */
+ * each trainer passes its own buffer. A client of one endpoint
+ * (dist_connect) runs them as the trainer of its daemon's rank, over
+ * groups of that rank only (NULL = that rank); a group naming another is
+ * refused with DIST_EINVAL naming it. */
 int dist_all_reduce(dist_client *c, void *buf, size_t count, dist_dtype dt,
                     dist_reduce op, const int *group, int group_size);
 /* Gathers count elements from every member into out (group_size * count). */
