@@ -230,14 +230,19 @@ static int commit(dist_client *c, const char *dir, const char *manifest,
 }
 
 /* A checkpoint lists each daemon's file, and the meshes of its tensors,
- * by rank, and a client of one endpoint addresses its daemon as rank 0:
- * through the daemon of another rank, a save would list that daemon's
- * file as rank 0's (and its commit remove the other ranks' files), and a
- * restore would have it load rank 0's. The daemon's rank is asked of it,
- * and a daemon that does not say within the call's deadline fails the
- * save or restore: going on unchecked is what could destroy a checkpoint
- * (a daemon slow to answer dist_daemon_rank's quick question, which is
- * why an unknown rank is asked with dist_info instead). */
+ * by rank, and its save and restore go through the client's daemons by
+ * position (save_ranks, commit, load_ranks, dist_ckpt_missing_rank):
+ * through the daemon of another rank than 0 alone, a save would list that
+ * daemon's file as rank 0's (and its commit remove the other ranks'
+ * files), and a restore would have it load rank 0's file, and could not
+ * drop an older layout's pieces on the daemons it does not reach. A
+ * client of one endpoint addresses its daemon by its rank since session
+ * 28, but reaches no other daemon, so both stay refused there. The
+ * daemon's rank is asked of it, and a daemon that does not say within the
+ * call's deadline fails the save or restore: going on unchecked is what
+ * could destroy a checkpoint (a daemon slow to answer dist_daemon_rank's
+ * quick question, which is why an unknown rank is asked with dist_info
+ * instead). */
 static int check_reach(dist_client *c, const char *what) {
   int rank = dist_known_daemon_rank(c, 0);
   if (rank < 0) {
@@ -248,9 +253,10 @@ static int check_reach(dist_client *c, const char *what) {
   }
   if (rank == 0) return 0;
   return dist_client_fail(c, DIST_ENOTSUP, "checkpoint %s through distd at %s, which is "
-                          "rank %d: a checkpoint lists its files by rank, and a client of "
-                          "one endpoint addresses its daemon as rank 0; %s through the "
-                          "cluster file", what, c->endpoints[0], rank, what);
+                          "rank %d: a checkpoint lists its files by rank and goes through "
+                          "every daemon, and a client of one endpoint reaches only its "
+                          "own; %s through the cluster file", what, c->endpoints[0], rank,
+                          what);
 }
 
 /* Every daemon reads and writes the directory at the same path, so it must
