@@ -261,9 +261,12 @@ int dist_client_check_rank(dist_client *c, const char *func, int rank);
  * position 0. The rank the daemon at position is addressed by, without
  * asking (0 for a client of one endpoint that has not learned it). */
 int dist_rank_at(dist_client *c, int position);
-/* The rank a client of one endpoint addresses its daemon by: its own,
- * asked the first time, or 0 when it did not say. */
-int dist_endpoint_rank(dist_client *c);
+/* dist_rank_at, asking a client of one endpoint's daemon its rank the
+ * first time: the rank at position of those the client reaches, as a NULL
+ * group (every rank the client reaches) names them. dist_rank_at serves
+ * where a mesh's check has asked already or the rank only labels a call
+ * (asking would hold a call to a frozen daemon up a second more). */
+int dist_reached_rank(dist_client *c, int position);
 /* 1 when the client holds a channel to rank's daemon; a client of one
  * endpoint asks its daemon's rank the first time. */
 int dist_client_reaches(dist_client *c, int rank);

@@ -12,7 +12,7 @@
  * client of a cluster file, which speaks for no rank. */
 static int own_daemon(dist_client *c, const char *what) {
   if (c->spmd_rank >= 0) return c->spmd_rank;
-  if (c->one_endpoint) return dist_endpoint_rank(c);
+  if (c->one_endpoint) return dist_reached_rank(c, 0);
   return dist_client_fail(c, DIST_EINVAL, "%s needs an SPMD client "
                           "(dist_init_from_env)", what);
 }

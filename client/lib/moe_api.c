@@ -17,7 +17,7 @@ static int resolve_group(dist_client *c, const int *group, int group_size,
   if (n < 1 || n > DIST_MAX_MESH_RANKS)
     return dist_client_fail(c, DIST_EINVAL, "group of %d ranks", n);
   for (int i = 0; i < n; i++) {
-    int r = group ? group[i] : dist_rank_at(c, i);
+    int r = group ? group[i] : dist_reached_rank(c, i);
     if (!dist_client_reaches(c, r))
       return dist_refuse_unreached(c, "group", r, "group names rank %d, but the cluster "
                                    "has %d daemons", r, c->n);

@@ -99,7 +99,7 @@ static int resolve(dist_client *c, dist_moe_layer *l, const int *group, int size
   if (l->W < 1 || l->W > DIST_MAX_MESH_RANKS)
     return dist_client_fail(c, DIST_EINVAL, "group of %d ranks", l->W);
   for (int i = 0; i < l->W; i++) {
-    l->group[i] = group ? group[i] : dist_rank_at(c, i);
+    l->group[i] = group ? group[i] : dist_reached_rank(c, i);
     if (!dist_client_reaches(c, l->group[i]))
       return dist_refuse_unreached(c, "group", l->group[i], "group names rank %d, but the "
                                    "cluster has %d daemons", l->group[i], c->n);

@@ -87,7 +87,7 @@ static int program_targets(dist_client *c, const dist_program *p,
       return dist_refuse_unreached(c, "an out_dist_attr", targets[i], "an out_dist_attr "
                                    "names rank %d, but the client knows %d daemons",
                                    targets[i], c->n);
-  for (int p = 0; n == 0 && p < c->n; p++) targets[p] = dist_rank_at(c, p);
+  for (int p = 0; n == 0 && p < c->n; p++) targets[p] = dist_reached_rank(c, p);
   return n ? n : c->n;
 }
 

@@ -20,8 +20,8 @@ static int own_rank(dist_client *c) {
   return rank >= 0 ? rank : 0;
 }
 
-int dist_endpoint_rank(dist_client *c) {
-  return own_rank(c);
+int dist_reached_rank(dist_client *c, int position) {
+  return c->one_endpoint ? own_rank(c) : position;
 }
 
 int dist_rank_at(dist_client *c, int position) {

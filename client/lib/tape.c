@@ -172,7 +172,7 @@ static int exchange_parts(dist_client *c, const dist_tape_exchange *a,
     return dist_client_fail(c, DIST_EINVAL, "group of %d ranks", n);
   e->group_size = n;
   for (int i = 0; i < n; i++) {
-    e->group[i] = a->group ? a->group[i] : dist_rank_at(c, i);
+    e->group[i] = a->group ? a->group[i] : dist_reached_rank(c, i);
     if (c->spmd_rank < 0 || e->group[i] == c->spmd_rank)
       e->parts.ranks[e->parts.n++] = e->group[i];
   }

@@ -327,19 +327,34 @@ static int scatter_through_1(dist_client *one, const int *group, int size, void 
                              size, NULL, out, rows);
 }
 
+/* A global_scatter of rows_x over group (NULL: every rank it reaches)
+ * through rank 1's daemon alone gives back rows_x: one source rank, so
+ * expert-major is the order the rows came in. */
+static void expect_scatter_of_one(dist_client *one, const int *group) {
+  void *out[1] = {NULL};
+  int64_t rows[1] = {0};
+  cr_assert_eq(scatter_through_1(one, group, 1, out, rows), 0, "global_scatter over %s: %s",
+               group ? "[1]" : "no group", dist_errmsg(one));
+  cr_assert(rows[0] == 3 && memcmp(out[0], rows_x, sizeof rows_x) == 0,
+            "%lld rows, not the 3 given", (long long)rows[0]);
+  free(out[0]);
+}
+
 /* It was refused: "group names rank 1, but the cluster has 1 daemons". */
 Test(one_endpoint, rank_1s_daemon_alone_scatters_over_group_1) {
   harness_start(&cluster, 2, NULL);
   dist_client *one = harness_client_rank(&cluster, 1, 10000);
   const int group[1] = {1};
-  void *out[1] = {NULL};
-  int64_t rows[1] = {0};
-  cr_assert_eq(scatter_through_1(one, group, 1, out, rows), 0, "global_scatter: %s",
-               dist_errmsg(one));
-  /* One source rank: expert-major is the order the rows came in. */
-  cr_assert(rows[0] == 3 && memcmp(out[0], rows_x, sizeof rows_x) == 0,
-            "%lld rows, not the 3 given", (long long)rows[0]);
-  free(out[0]);
+  expect_scatter_of_one(one, group);
+  dist_close(one);
+}
+
+/* No group is the rank the client reaches, its daemon's, even when it is
+ * the client's first call (the rank not asked yet). */
+Test(one_endpoint, rank_1s_daemon_alone_scatters_over_no_group_as_its_first_call) {
+  harness_start(&cluster, 2, NULL);
+  dist_client *one = harness_client_rank(&cluster, 1, 10000);
+  expect_scatter_of_one(one, NULL);
   dist_close(one);
 }
 
