@@ -46,9 +46,11 @@ static void tell_each_step(distd_peers *p, uint64_t first, uint64_t count, const
                            int n, const char *reason) {
   unsigned steps[DISTD_REFUSED_STEPS_MAX];
   int nsteps = distd_refused_steps(steps);
-  for (uint64_t id = first + count; id-- > first;)
+  /* By offset, newest first: ids wrap past 2^64 as a range reader's
+   * (distd_refused_range_covers) do. */
+  for (uint64_t k = count; k-- > 0;)
     for (int i = 0; i < nsteps; i++)
-      distd_abort_op(p, distd_subop(id, steps[i]), ranks, n, reason);
+      distd_abort_op(p, distd_subop(first + k, steps[i]), ranks, n, reason);
 }
 
 void distd_abort_range(distd_peers *p, uint64_t first, uint64_t count, const int *ranks, int n,

@@ -130,7 +130,20 @@ Test(abort_range, a_plan_of_1000_ids_is_one_frame_to_each_peer, .timeout = 60) {
  * HELLO_ACK announces nothing). Rank 1 is written one ABORT_RANGE frame;
  * rank 2 an ABORT per refusal step per id, and never a frame of a kind it
  * does not know (which would cost the connection). */
+static void per_step_to_an_old_peer(uint64_t first);
+
 Test(abort_range, a_peer_that_does_not_announce_it_gets_an_abort_per_step, .timeout = 60) {
+  per_step_to_an_old_peer(FIRST);
+}
+
+/* Ids wrap past 2^64 as a range reader's do: the per-step frames of a
+ * range across it are all sent (none were: the loop ran from first +
+ * count, wrapped below first). */
+Test(abort_range, a_range_across_2_to_the_64_is_told_per_step_too, .timeout = 60) {
+  per_step_to_an_old_peer(UINT64_MAX - 4);
+}
+
+static void per_step_to_an_old_peer(uint64_t first) {
   peer_fixture f;
   fix_prepare(&f, 3);
   static old_peer old; /* 0.5 MiB of read buffers */
@@ -149,7 +162,7 @@ Test(abort_range, a_peer_that_does_not_announce_it_gets_an_abort_per_step, .time
   unsigned steps[DISTD_REFUSED_STEPS_MAX];
   const uint64_t per_step = count * (uint64_t)distd_refused_steps(steps);
   int ranks[] = {0, 1, 2};
-  distd_abort_range(f.r[0].peers, FIRST, count, ranks, 3, "plan refused");
+  distd_abort_range(f.r[0].peers, first, count, ranks, 3, "plan refused");
   cr_expect_eq(frames_sent(&f, 2, DIST_FRAME_ABORT, per_step), per_step);
   cr_expect_eq(frames_sent(&f, 2, DIST_FRAME_ABORT_RANGE, 0), 0);
   end = in_ms(5000);
@@ -160,7 +173,7 @@ Test(abort_range, a_peer_that_does_not_announce_it_gets_an_abort_per_step, .time
                "rank 2 was sent a frame kind it does not read");
   cr_expect_eq(frames_sent(&f, 1, DIST_FRAME_ABORT_RANGE, 1), 1);
   cr_expect_eq(frames_sent(&f, 1, DIST_FRAME_ABORT, 0), 0);
-  const uint64_t told[] = {FIRST, FIRST + count - 1, distd_subop(FIRST + 3, DISTD_STEP_VOTE)};
+  const uint64_t told[] = {first, first + count - 1, distd_subop(first + 3, DISTD_STEP_VOTE)};
   expect_ids(&f, 1, told, LEN(told), 1);
   fix_teardown(&f);
   old_peer_stop(&old);
