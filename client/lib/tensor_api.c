@@ -456,14 +456,15 @@ static int union_targets(dist_client *c, const dist_mesh_desc *a,
 }
 
 /* dist_spmd_refused of a reshard: to the daemons of both meshes (those
- * of the cluster: a destination may name others, which is the refusal). */
+ * the client reaches: a destination may name others, which is the
+ * refusal). */
 static int refuse_reshard(dist_client *c, uint64_t op, const dist_mesh_desc *src,
                           const dist_mesh_desc *dst) {
   uint32_t *ranks = calloc(2 * DIST_MAX_MESH_RANKS, sizeof *ranks);
   int n = 0;
   for (int i = 0; ranks && i < src->nranks; i++) ranks[n++] = (uint32_t)src->ranks[i];
   for (int i = 0; ranks && i < dst->nranks; i++)
-    if (dst->ranks[i] < c->n && dist_mesh_index_of(src, dst->ranks[i]) < 0)
+    if (dist_client_reaches(c, dst->ranks[i]) && dist_mesh_index_of(src, dst->ranks[i]) < 0)
       ranks[n++] = (uint32_t)dst->ranks[i];
   int rc = ranks ? dist_spmd_refused(c, op, ranks, n) : c->err.code;
   free(ranks);
