@@ -97,6 +97,11 @@ void dist_client_learn_rank(dist_client *c, int rank);
  * deadline passed without a word from it); kept for a client of one
  * endpoint, whose daemon's rank dist_daemon_rank would otherwise ask. */
 void dist_client_note_answer(dist_client *c, int target, int answered);
+/* dist_daemon_rank for a decision rather than a label (which daemon a
+ * mesh's rank is: reach.c): asked even right after a call to the daemon
+ * went unanswered, as the daemon may be back and a rank taken as 0 would
+ * refuse (or misaddress) a mesh naming its own. c not NULL. */
+int dist_daemon_rank_needed(dist_client *c, int rank);
 /* dist_init_from_env: 0 when the daemon at position rank says it is rank
  * `rank` of `world`, or does not answer (its first call will say); else
  * -1 with why naming both. Asked through a client of its own (options o),

@@ -57,16 +57,24 @@ int dist_known_daemon_rank(dist_client *c, int rank) {
   return c->one_endpoint ? atomic_load(&c->daemon_rank) : rank;
 }
 
-int dist_daemon_rank(dist_client *c, int rank) {
-  if (!c) return dist_no_client(__func__), -1;
+/* The rank, asked at need; not right after an unanswered call when only
+ * for a label (label 1), as the question would wait for nothing. */
+static int daemon_rank(dist_client *c, int rank, int label) {
   int known = dist_known_daemon_rank(c, rank);
-  if (known >= 0 || rank < 0 || rank >= c->n || just_unanswered(c)) return known;
+  if (known >= 0 || rank < 0 || rank >= c->n || (label && just_unanswered(c))) return known;
   Dist__V1__InfoReply *rp = ask_info(c, rank);
   if (!rp) return -1; /* asked again at the next need */
   dist_client_learn_rank(c, (int)rp->rank);
   protobuf_c_message_free_unpacked(&rp->base, NULL);
   return atomic_load(&c->daemon_rank);
 }
+
+int dist_daemon_rank(dist_client *c, int rank) {
+  if (!c) return dist_no_client(__func__), -1;
+  return daemon_rank(c, rank, 1);
+}
+
+int dist_daemon_rank_needed(dist_client *c, int rank) { return daemon_rank(c, rank, 0); }
 
 const char *dist_rank_label(dist_client *c, int target, char *buf, size_t len) {
   int rank = dist_daemon_rank(c, target);

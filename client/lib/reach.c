@@ -14,9 +14,12 @@
 #include "client_internal.h"
 
 /* The rank a client of one endpoint addresses its daemon by: its own,
- * asked at the first need (dist_daemon_rank), or 0 when it did not say. */
+ * asked at the first need, or 0 when it did not say. Asked even right
+ * after a call went unanswered (dist_daemon_rank_needed): a daemon back
+ * within that second was taken as rank 0, and a mesh naming its own rank
+ * refused. */
 static int own_rank(dist_client *c) {
-  int rank = dist_daemon_rank(c, 0);
+  int rank = dist_daemon_rank_needed(c, 0);
   return rank >= 0 ? rank : 0;
 }
 

@@ -7,6 +7,7 @@
  * the daemon it does reach. */
 #include <criterion/criterion.h>
 #include <jansson.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -445,5 +446,28 @@ Test(one_endpoint, a_layer_on_a_mesh_naming_rank_0_is_refused_through_rank_1s_da
   expect_reach_refusal(one, dist_shard_layer(one, l, m, NULL, NULL, NULL, NULL), what, 0, 1);
   dist_layer_free(l);
   dist_mesh_free(m);
+  dist_close(one);
+}
+
+/* Regression (session 28, c9f803d): right after a call to its daemon went
+ * unanswered, dist_daemon_rank does not ask the daemon its rank for a
+ * second, and reach.c took that -1 as "rank 0": through rank 1's daemon,
+ * frozen for one call and back, a put onto mesh [1] within that second was
+ * refused ("mesh names rank 1, but this client only reaches distd at ...,
+ * which did not say its rank (taken as 0)") though the daemon answers. A
+ * mesh's reach needs the rank, not a label: it is asked. */
+Test(one_endpoint, a_daemon_back_right_after_an_unanswered_call_is_reached_by_its_rank) {
+  harness_start(&cluster, 2, NULL);
+  dist_client *one = harness_client_rank(&cluster, 1, 1500);
+  cr_assert(harness_freeze(&cluster, 1, 5000), "rank 1 did not stop");
+  dist_daemon_info info;
+  cr_assert_eq(dist_info(one, 0, &info), DIST_ETIMEDOUT, "%s", dist_errmsg(one));
+  kill(cluster.pids[1], SIGCONT);
+  dist_tensor *t = NULL;
+  int rc = harness_try_put(one, "w", DIST_FLOAT32, value, 2, value_shape, "[1]",
+                           "Replicate()", &t);
+  cr_assert_eq(rc, 0, "a put onto [1] right after the daemon came back: %s", dist_errmsg(one));
+  expect_round_trip(one, t, 1);
+  dist_tensor_free(t);
   dist_close(one);
 }
