@@ -471,3 +471,34 @@ Test(one_endpoint, a_daemon_back_right_after_an_unanswered_call_is_reached_by_it
   dist_tensor_free(t);
   dist_close(one);
 }
+
+/* A program on mesh [1] through a frozen daemon whose rank was never
+ * said: refused after one question of its rank (a second), not two.
+ * program_targets asked once in dist_client_reaches and again in
+ * dist_client_check_reach, and when the second question was answered
+ * where the first was not it returned 0 targets: registered on none. */
+Test(one_endpoint, a_program_through_a_frozen_daemon_asks_its_rank_once) {
+  harness_start(&cluster, 2, NULL);
+  dist_client *one = harness_client_rank(&cluster, 1, 1500);
+  int shape[1] = {1}, ranks[1] = {1};
+  dist_mesh *m = NULL;
+  cr_assert_eq(dist_mesh_new(1, shape, ranks, NULL, &m), 0);
+  dist_placement rep = DIST_REPLICATED;
+  dist_program *p = NULL;
+  cr_assert_eq(dist_program_new("twice", &p), 0);
+  int in = dist_input_dtensor(p, "x", DIST_FLOAT32);
+  dist_program_output(p, dist_op_mul_scalar(p, in, 2));
+  dist_program_out_dist_attr(p, m, &rep, NULL);
+  cr_assert(harness_freeze(&cluster, 1, 5000), "rank 1 did not stop");
+  double t0 = harness_now_s();
+  int rc = dist_program_register(one, p);
+  double t = harness_now_s() - t0;
+  kill(cluster.pids[1], SIGCONT);
+  cr_expect_eq(rc, DIST_EINVAL, "%d: %s", rc, dist_errmsg(one));
+  cr_expect(strstr(dist_errmsg(one), "an out_dist_attr names rank 1, but this client only reaches"),
+            "%s", dist_errmsg(one));
+  cr_expect(t < 1.6, "refusing took %.2f s: the rank was asked more than once", t);
+  dist_program_free(p);
+  dist_mesh_free(m);
+  dist_close(one);
+}
