@@ -32,6 +32,16 @@ static const char *endpoint_of(const dist_client *c, int target) {
   return c->endpoints[channel_of(c, target)];
 }
 
+/* What start took for a call, given back: after its completion, or at
+ * once when its batch did not start (no completion will come). */
+static void release_state(call_state *st) {
+  if (st->send) grpc_byte_buffer_destroy(st->send);
+  if (st->recv) grpc_byte_buffer_destroy(st->recv);
+  grpc_metadata_array_destroy(&st->initial_md);
+  grpc_metadata_array_destroy(&st->trailing_md);
+  if (st->call) grpc_call_unref(st->call);
+}
+
 static int start(dist_client *c, grpc_completion_queue *cq, const char *method,
                  dist_call *dc, call_state *st, gpr_timespec deadline) {
   grpc_slice m = grpc_slice_from_static_string(method);
@@ -105,11 +115,7 @@ static void finish(dist_client *c, dist_call *dc, call_state *st,
   dist_client_note_answer(c, dc->target, answered);
   gpr_free(details);
   grpc_slice_unref(st->details);
-  grpc_byte_buffer_destroy(st->send);
-  if (st->recv) grpc_byte_buffer_destroy(st->recv);
-  grpc_metadata_array_destroy(&st->initial_md);
-  grpc_metadata_array_destroy(&st->trailing_md);
-  grpc_call_unref(st->call);
+  release_state(st);
 }
 
 /* The failed call whose error to report, or -1: the first, unless another
@@ -167,8 +173,13 @@ static void call_batch(dist_client *c, const char *method,
   for (int i = 0; i < n; i++) {
     calls[i].reply = NULL;
     calls[i].err = (dist_errbuf)DIST_ERRBUF_INIT;
-    if (start(c, cq, method, &calls[i], &st[i], deadline) == 0) started++;
-    else dist_fail(&calls[i].err, DIST_EINTERNAL, "cannot start call");
+    if (start(c, cq, method, &calls[i], &st[i], deadline) == 0) {
+      started++;
+      continue;
+    }
+    release_state(&st[i]);
+    dist_fail(&calls[i].err, DIST_EINTERNAL, "cannot start call %s to %s", method,
+              endpoint_of(c, calls[i].target));
   }
   /* The call deadline bounds every completion; core always completes. */
   for (int done = 0; done < started; done++) {

@@ -149,7 +149,8 @@ static int channel_creds(const tls_settings *t, int rank, grpc_channel_credentia
   grpc_ssl_pem_key_cert_pair pair = {t->key, t->cert};
   grpc_ssl_verify_peer_options verify = {0};
   if (t->crl && dist_daemon_crl_verify_options(t->crl, rank, &verify) != 0)
-    return connect_fail(DIST_ENOMEM, "out of memory");
+    return connect_fail(DIST_ENOMEM, "out of memory for the tls_crl check of channel %d",
+                        rank);
   *out = grpc_ssl_credentials_create_ex(t->ca, t->cert ? &pair : NULL,
                                         t->crl ? &verify : NULL, NULL);
   if (*out) return 0;
@@ -251,7 +252,9 @@ static int open_client(const dist_member *members, int n, const dist_opts *opts,
   grpc_init();
   tls_settings tls;
   grpc_channel_credentials **creds = calloc((size_t)n, sizeof *creds);
-  int rc = creds ? tls_settings_read(opts, n, &tls) : connect_fail(DIST_ENOMEM, "out of memory");
+  int rc = creds ? tls_settings_read(opts, n, &tls)
+                 : connect_fail(DIST_ENOMEM, "out of memory for the credentials of %d "
+                                "channel(s)", n);
   int shared = 0;
   if (rc == 0 && (rc = all_creds(&tls, n, creds, &shared)) != 0) tls_settings_free(&tls);
   if (rc != 0) {
