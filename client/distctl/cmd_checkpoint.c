@@ -12,31 +12,31 @@
 
 #include "distctl.h"
 
-typedef struct ckpt_args {
-  const char *dir, *tensors, *mesh, *dim_names, *placements;
-} ckpt_args;
+/* A checkpoint verb's options, by where they sit in its table; save
+ * takes --tensors alone, at the same place. */
+enum { OPT_TENSORS, OPT_MESH, OPT_DIM_NAMES, OPT_PLACEMENTS, NOPTIONS };
+static const distctl_option restore_options[NOPTIONS + 1] = {
+    [OPT_TENSORS] = {"--tensors", "a,b,...", "only these tensors (default: every one in the "
+                     "checkpoint)", NULL, DISTCTL_OPTIONAL},
+    [OPT_MESH] = {"--mesh", "MESH", "with --placements: the mesh to load onto, as a nested "
+                  "list; fewer daemons than saved may hold it", NULL, DISTCTL_OPTIONAL},
+    [OPT_DIM_NAMES] = DISTCTL_DIM_NAMES_OPTION,
+    [OPT_PLACEMENTS] = {"--placements", "P", "the placements to load onto, one per mesh dim "
+                        "(default: as saved)", NULL, DISTCTL_OPTIONAL},
+};
+static const distctl_option save_options[2] = {
+    {"--tensors", "a,b,...", "only these tensors (default: every one in the store)", NULL,
+     DISTCTL_OPTIONAL},
+};
 
-static int parse_args(const distctl_command *cmd, int argc, char **argv,
-                      int restore, ckpt_args *a) {
-  memset(a, 0, sizeof *a);
-  for (int i = 0; i < argc; i++) {
-    int taken = distctl_opt_once(cmd, argc, argv, &i, "--tensors", &a->tensors);
-    if (!taken && restore) taken = distctl_opt_once(cmd, argc, argv, &i, "--mesh", &a->mesh);
-    if (!taken && restore)
-      taken = distctl_opt_once(cmd, argc, argv, &i, "--dim-names", &a->dim_names);
-    if (!taken && restore)
-      taken = distctl_opt_once(cmd, argc, argv, &i, "--placements", &a->placements);
-    if (taken == 2) return 2;
-    if (taken) continue;
-    if (argv[i][0] == '-' && argv[i][1])
-      return distctl_usage(cmd, "unknown option '%s'", argv[i]);
-    else if (a->dir) return distctl_usage(cmd, "unexpected argument '%s'", argv[i]);
-    else a->dir = argv[i];
-  }
-  if (!a->dir || !a->dir[0]) return distctl_usage(cmd, "missing DIR");
-  if ((a->mesh || a->dim_names) && !a->placements)
+/* DIR and the options, as given; 0 or 2 (usage). */
+static int parse_args(const distctl_command *cmd, int argc, char **argv, distctl_args *a) {
+  if (distctl_take_options(cmd, argc, argv, a) != 0) return 2;
+  if (a->nwords == 0 || !a->word[0][0]) return distctl_usage(cmd, "missing DIR");
+  const char *mesh = a->value[OPT_MESH], *dim_names = a->value[OPT_DIM_NAMES];
+  if ((mesh || dim_names) && !a->value[OPT_PLACEMENTS])
     return distctl_usage(cmd, "--mesh needs --placements");
-  if (a->dim_names && !a->mesh) return distctl_usage(cmd, "--dim-names needs --mesh");
+  if (dim_names && !mesh) return distctl_usage(cmd, "--dim-names needs --mesh");
   return 0;
 }
 
@@ -149,18 +149,20 @@ static int check_saved_layouts(const distctl_command *cmd, const char *dir, char
 
 /* A restore's --mesh and --placements (*np of them), checked against the
  * tensors it takes (names, n of them; none: all). Returns 0 or 2. */
-static int restore_layout(const distctl_command *cmd, const ckpt_args *a, const char *dir,
+static int restore_layout(const distctl_command *cmd, const distctl_args *a, const char *dir,
                           char **names, int n, dist_mesh **mesh, dist_placement *p,
                           int *np) {
-  distctl_layout_text text = {a->mesh, a->dim_names, a->placements};
+  distctl_layout_text text = {a->value[OPT_MESH], a->value[OPT_DIM_NAMES],
+                              a->value[OPT_PLACEMENTS]};
   if (distctl_parse_layout(cmd, &text, mesh, p, np) != 0) return 2;
   return check_saved_layouts(cmd, dir, names, n, p, *np, *mesh != NULL);
 }
 
 static int run(const distctl_command *cmd, const distctl_global *g, int argc,
                char **argv, int restore) {
-  ckpt_args a;
-  if (parse_args(cmd, argc, argv, restore, &a) != 0) return 2;
+  distctl_args a;
+  if (parse_args(cmd, argc, argv, &a) != 0) return 2;
+  const char *tensors = a.value[OPT_TENSORS], *placements = a.value[OPT_PLACEMENTS];
   dist_checkpoint_opts o = DIST_CHECKPOINT_OPTS_INIT;
   dist_placement p[DIST_MAX_MESH_DIMS];
   dist_mesh *mesh = NULL;
@@ -168,8 +170,8 @@ static int run(const distctl_command *cmd, const distctl_global *g, int argc,
   dist_checkpoint_info info;
   char **names = NULL, *names_text = NULL, *dir = NULL;
   int n = 0, rc = 2;
-  if (a.tensors) {
-    names = split_names(a.tensors, &n, &names_text);
+  if (tensors) {
+    names = split_names(tensors, &n, &names_text);
     if (n == 0) {
       rc = distctl_usage(cmd, "--tensors names no tensor");
       goto out;
@@ -177,15 +179,15 @@ static int run(const distctl_command *cmd, const distctl_global *g, int argc,
     o.tensors = (const char *const *)names;
     o.ntensors = n;
   }
-  if (!(dir = absolute_dir(a.dir))) {
-    rc = distctl_fail("cannot resolve '%s': %s", a.dir, strerror(errno));
+  if (!(dir = absolute_dir(a.word[0]))) {
+    rc = distctl_fail("cannot resolve '%s': %s", a.word[0], strerror(errno));
     goto out;
   }
-  if (restore && a.placements &&
+  if (restore && placements &&
       restore_layout(cmd, &a, dir, names, n, &mesh, p, &o.nplacements) != 0)
     goto out;
   o.mesh = mesh;
-  o.placements = a.placements ? p : NULL;
+  o.placements = placements ? p : NULL;
   o.progress = show_progress;
   rc = 1;
   if (!(c = distctl_connect(g))) goto out;
@@ -211,14 +213,15 @@ static int run_save(const distctl_global *g, int argc, char **argv);
 static int run_restore(const distctl_global *g, int argc, char **argv);
 
 const distctl_command distctl_cmd_checkpoint_save = {
-    "checkpoint save", "DIR [--tensors a,b,...]",
+    "checkpoint save", "DIR",
     "write every tensor (or the named ones) to DIR: one safetensors file per "
-    "daemon and a manifest, atomically", run_save, NULL};
+    "daemon and a manifest, atomically", run_save, save_options, 1, NULL};
 const distctl_command distctl_cmd_checkpoint_restore = {
     "checkpoint restore",
-    "DIR [--tensors a,b,...] [--mesh M [--dim-names N] --placements P]",
+    "DIR",
     "load a checkpoint back (verified first), optionally onto another mesh or "
-    "placements; onto fewer daemons than saved with --mesh", run_restore, NULL};
+    "placements; onto fewer daemons than saved with --mesh", run_restore, restore_options,
+    1, NULL};
 
 static int run_save(const distctl_global *g, int argc, char **argv) {
   return run(&distctl_cmd_checkpoint_save, g, argc, argv, 0);

@@ -246,26 +246,22 @@ static int check_cluster_size(const char *cluster, long n) {
                        n, cluster, count, count, n);
 }
 
+enum { OPT_COUNT, OPT_LOG_DIR, NOPTIONS };
+static const distctl_option options[NOPTIONS + 1] = {
+    [OPT_COUNT] = {"-n", "N", "how many trainers to start, 1 to " DISTCTL_NUMBER_TEXT(MAX_RANKS)
+                   ": one per daemon of --cluster", NULL, DISTCTL_REQUIRED},
+    [OPT_LOG_DIR] = {"--log-dir", "DIR", "where each rank's workerlog.RANK goes (default "
+                     "./log)", NULL, DISTCTL_OPTIONAL},
+};
+
 static int run_launch(const distctl_global *g, int argc, char **argv) {
   const distctl_command *cmd = &distctl_cmd_launch;
-  const char *log_dir = NULL, *count = NULL;
+  distctl_args a;
   long n = 0;
-  int prog = -1;
-  for (int i = 0; i < argc; i++) {
-    if (strcmp(argv[i], "--") == 0) {
-      prog = i + 1;
-      break;
-    }
-    int taken = distctl_opt_once(cmd, argc, argv, &i, "-n", &count);
-    if (!taken) taken = distctl_opt_once(cmd, argc, argv, &i, "--log-dir", &log_dir);
-    if (taken == 2) return 2;
-    if (!taken) return distctl_usage(cmd, "unknown argument '%s'", argv[i]);
-  }
-  if (!count) return distctl_usage(cmd, "-n N (1 to %d) is required", MAX_RANKS);
-  if (distctl_number_opt(cmd, "-n", count, 1, MAX_RANKS, &n)) return 2;
-  if (!log_dir) log_dir = "./log";
-  if (prog < 0 || prog >= argc)
-    return distctl_usage(&distctl_cmd_launch, "the program to run follows '--'");
+  if (distctl_take_options(cmd, argc, argv, &a) != 0) return 2;
+  if (distctl_number_opt(cmd, "-n", a.value[OPT_COUNT], 1, MAX_RANKS, &n)) return 2;
+  const char *log_dir = a.value[OPT_LOG_DIR] ? a.value[OPT_LOG_DIR] : "./log";
+  if (a.nrest == 0) return distctl_usage(cmd, "the program to run follows '--'");
   /* Every trainer needs a daemon of its own: one endpoint cannot serve
    * them, and the local cluster launch would start instead is not it. */
   if (g->endpoint)
@@ -289,16 +285,16 @@ static int run_launch(const distctl_global *g, int argc, char **argv) {
   char abs_cluster[4300];
   if (!realpath(cluster, abs_cluster)) snprintf(abs_cluster, sizeof abs_cluster, "%s", cluster);
   signal(SIGPIPE, SIG_IGN);
-  int rc = run_job((int)n, abs_cluster, log_dir, argv + prog, g->json);
+  int rc = run_job((int)n, abs_cluster, log_dir, a.rest, g->json);
   if (local_dir[0]) distctl_cluster_down(local_dir, 1);
   return rc;
 }
 
 const distctl_command distctl_cmd_launch = {
-    "launch", "-n N [--log-dir DIR] -- PROGRAM [ARGS...]",
+    "launch", "",
     "run N trainer processes (a local cluster of N daemons unless --cluster; not\n"
     "      --endpoint: each trainer needs a daemon of its own), each\n"
     "      one's output in DIR/workerlog.RANK (DIR: ./log unless --log-dir); with\n"
     "      --json rank 0's output goes to stderr and stdout gets one JSON object at the\n"
     "      end: each rank's exit_status (and signal), the job's status",
-    run_launch, NULL};
+    run_launch, options, 0, "-- PROGRAM [ARGS...]"};

@@ -53,15 +53,17 @@ static json_t *samples_json(char *text) {
 
 enum { OPT_RANK, NOPTIONS };
 static const distctl_option options[NOPTIONS + 1] = {
-    [OPT_RANK] = {"--rank", "R", "the rank whose metrics to show (default 0)"},
+    [OPT_RANK] = {"--rank", "R", "the rank whose metrics to show (default 0)", NULL,
+                  DISTCTL_OPTIONAL},
 };
 
 static int run_metrics(const distctl_global *g, int argc, char **argv) {
   long rank = 0;
-  const char *text[NOPTIONS];
-  if (distctl_take_options(&distctl_cmd_metrics, argc, argv, text) != 0) return 2;
-  if (text[OPT_RANK] &&
-      distctl_number_opt(&distctl_cmd_metrics, "--rank", text[OPT_RANK], 0, 1 << 20, &rank))
+  distctl_args args;
+  if (distctl_take_options(&distctl_cmd_metrics, argc, argv, &args) != 0) return 2;
+  if (args.value[OPT_RANK] &&
+      distctl_number_opt(&distctl_cmd_metrics, "--rank", args.value[OPT_RANK], 0, 1 << 20,
+                         &rank))
     return 2;
   dist_client *c = distctl_connect(g);
   if (!c) return 1;
@@ -102,4 +104,5 @@ out:
 }
 
 const distctl_command distctl_cmd_metrics = {
-    "metrics", "", "one rank's Prometheus metrics, from its HTTP port", run_metrics, options};
+    "metrics", "", "one rank's Prometheus metrics, from its HTTP port", run_metrics,
+    options, 0, NULL};

@@ -94,15 +94,17 @@ static int ask_ops(dist_client *one, void *slot, void *arg) {
 enum { OPT_RECENT, NOPTIONS };
 static const distctl_option options[NOPTIONS + 1] = {
     [OPT_RECENT] = {"--recent", "N",
-                    "how many finished operations of each rank to show, 0 to 256 (default 20)"},
+                    "how many finished operations of each rank to show, 0 to 256 (default 20)",
+                    NULL, DISTCTL_OPTIONAL},
 };
 
 static int run_ops(const distctl_global *g, int argc, char **argv) {
   long recent = DEFAULT_RECENT;
-  const char *text[NOPTIONS];
-  if (distctl_take_options(&distctl_cmd_ops, argc, argv, text) != 0) return 2;
-  if (text[OPT_RECENT] &&
-      distctl_number_opt(&distctl_cmd_ops, "--recent", text[OPT_RECENT], 0, 256, &recent))
+  distctl_args args;
+  if (distctl_take_options(&distctl_cmd_ops, argc, argv, &args) != 0) return 2;
+  if (args.value[OPT_RECENT] &&
+      distctl_number_opt(&distctl_cmd_ops, "--recent", args.value[OPT_RECENT], 0, 256,
+                         &recent))
     return 2;
   dist_client *c = distctl_connect(g);
   if (!c) return 1;
@@ -131,4 +133,4 @@ static int run_ops(const distctl_global *g, int argc, char **argv) {
 
 const distctl_command distctl_cmd_ops = {
     "ops", "", "operations in flight on every rank (with the ranks they wait on) and recent ones",
-    run_ops, options};
+    run_ops, options, 0, NULL};

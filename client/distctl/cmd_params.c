@@ -129,25 +129,37 @@ static int run_params(const distctl_global *g, int argc, char **argv) {
 
 /* ---------------------------------------------------------------- param tune */
 
-/* The hyper-parameters `param tune` takes, and where each goes. */
-typedef struct tunable {
-  const char *flag;
-  size_t offset; /* of a double in dist_param_opts */
-} tunable;
-
-static const tunable tunables[] = {
-    {"--lr", offsetof(dist_param_opts, lr)},
-    {"--momentum", offsetof(dist_param_opts, momentum)},
-    {"--dampening", offsetof(dist_param_opts, dampening)},
-    {"--beta1", offsetof(dist_param_opts, beta1)},
-    {"--beta2", offsetof(dist_param_opts, beta2)},
-    {"--eps", offsetof(dist_param_opts, eps)},
-    {"--weight-decay", offsetof(dist_param_opts, weight_decay)},
+/* The hyper-parameters `param tune` takes, by where they sit in its
+ * table, and where each goes in dist_param_opts. */
+enum { TUNE_LR, TUNE_MOMENTUM, TUNE_DAMPENING, TUNE_BETA1, TUNE_BETA2, TUNE_EPS,
+       TUNE_WEIGHT_DECAY, NTUNABLES };
+static const distctl_option tune_options[NTUNABLES + 1] = {
+    [TUNE_LR] = {"--lr", "X", "the learning rate", NULL, DISTCTL_OPTIONAL},
+    [TUNE_MOMENTUM] = {"--momentum", "X", "SGD's momentum factor (not to or from 0: the "
+                       "momentum buffer is state)", NULL, DISTCTL_OPTIONAL},
+    [TUNE_DAMPENING] = {"--dampening", "X", "SGD's dampening of the momentum", NULL,
+                        DISTCTL_OPTIONAL},
+    [TUNE_BETA1] = {"--beta1", "X", "Adam's and AdamW's first-moment decay", NULL,
+                    DISTCTL_OPTIONAL},
+    [TUNE_BETA2] = {"--beta2", "X", "Adam's and AdamW's second-moment decay", NULL,
+                    DISTCTL_OPTIONAL},
+    [TUNE_EPS] = {"--eps", "X", "Adam's and AdamW's term added to the denominator", NULL,
+                  DISTCTL_OPTIONAL},
+    [TUNE_WEIGHT_DECAY] = {"--weight-decay", "X", "the weight decay (Adam: L2; AdamW: "
+                           "decoupled)", NULL, DISTCTL_OPTIONAL},
 };
-#define NTUNABLES (sizeof tunables / sizeof tunables[0])
+static const size_t tune_offsets[NTUNABLES] = {
+    [TUNE_LR] = offsetof(dist_param_opts, lr),
+    [TUNE_MOMENTUM] = offsetof(dist_param_opts, momentum),
+    [TUNE_DAMPENING] = offsetof(dist_param_opts, dampening),
+    [TUNE_BETA1] = offsetof(dist_param_opts, beta1),
+    [TUNE_BETA2] = offsetof(dist_param_opts, beta2),
+    [TUNE_EPS] = offsetof(dist_param_opts, eps),
+    [TUNE_WEIGHT_DECAY] = offsetof(dist_param_opts, weight_decay),
+};
 
-static double *field_of(dist_param_opts *o, const tunable *t) {
-  return (double *)((char *)o + t->offset);
+static double *field_of(dist_param_opts *o, int k) {
+  return (double *)((char *)o + tune_offsets[k]);
 }
 
 /* The options in force for `name`, from the first daemon of its mesh. */
@@ -164,79 +176,65 @@ static int current_opts(dist_client *c, const char *name, dist_param_opts *out) 
   return found ? 0 : distctl_fail("'%s' is not a parameter (configure it first)", name);
 }
 
-/* Takes argv[*i] when it is one of the tunables (each once) into its
- * text; 1 when taken, 0 when not one, 2 after a usage error. */
-static int take_tunable(int argc, char **argv, int *i, const char **text) {
-  for (size_t k = 0; k < NTUNABLES; k++) {
-    int taken = distctl_opt_once(&distctl_cmd_param_tune, argc, argv, i, tunables[k].flag,
-                                 &text[k]);
-    if (taken) return taken;
-  }
-  return 0;
-}
-
-/* Reads the flags into values (set[i] when given); 2 on bad usage. */
-static int parse_tune(int argc, char **argv, double *values, int *set) {
-  const char *text[NTUNABLES] = {NULL};
+/* NAME and the values to change (set[k] when given, each a finite number);
+ * 0, or 2 on bad usage. */
+static int parse_tune(int argc, char **argv, const char **name, double *values, int *set) {
+  const distctl_command *cmd = &distctl_cmd_param_tune;
+  distctl_args a;
   int any = 0;
-  for (int i = 1; i < argc; i++) {
-    int taken = take_tunable(argc, argv, &i, text);
-    if (taken == 2) return 2;
-    if (!taken) return distctl_usage(&distctl_cmd_param_tune, "unexpected argument '%s'", argv[i]);
-  }
-  for (size_t k = 0; k < NTUNABLES; k++) {
-    if (!text[k]) continue;
+  if (distctl_take_options(cmd, argc, argv, &a) != 0) return 2;
+  if (a.nwords == 0) return distctl_usage(cmd, "name the parameter");
+  *name = a.word[0];
+  for (int k = 0; k < NTUNABLES; k++) {
+    const char *text = a.value[k];
+    if (!text) continue;
     char *end = NULL;
-    values[k] = strtod(text[k], &end);
-    if (end == text[k] || *end || !isfinite(values[k]))
-      return distctl_usage(&distctl_cmd_param_tune, "%s takes a finite number, not '%s'",
-                           tunables[k].flag, text[k]);
+    values[k] = strtod(text, &end);
+    if (end == text || *end || !isfinite(values[k]))
+      return distctl_usage(cmd, "%s takes a finite number, not '%s'", tune_options[k].name,
+                           text);
     set[k] = any = 1;
   }
-  return any ? 0 : distctl_usage(&distctl_cmd_param_tune, "nothing to change");
+  return any ? 0 : distctl_usage(cmd, "nothing to change");
 }
 
 static int run_param_tune(const distctl_global *g, int argc, char **argv) {
-  if (argc < 1 || argv[0][0] == '-')
-    return distctl_usage(&distctl_cmd_param_tune, "name the parameter");
+  const char *name = NULL;
   double values[NTUNABLES];
-  int set[NTUNABLES] = {0}, rc = parse_tune(argc, argv, values, set);
+  int set[NTUNABLES] = {0}, rc = parse_tune(argc, argv, &name, values, set);
   if (rc) return rc;
   dist_client *c = distctl_connect(g);
   if (!c) return 1;
   dist_param_opts before, after;
-  if (current_opts(c, argv[0], &before) != 0) {
+  if (current_opts(c, name, &before) != 0) {
     dist_close(c);
     return 1;
   }
   after = before;
-  for (size_t k = 0; k < NTUNABLES; k++)
-    if (set[k]) *field_of(&after, &tunables[k]) = values[k];
-  rc = dist_param_tune(c, argv[0], &after) == 0 ? 0 : distctl_fail("%s", dist_errmsg(c));
+  for (int k = 0; k < NTUNABLES; k++)
+    if (set[k]) *field_of(&after, k) = values[k];
+  rc = dist_param_tune(c, name, &after) == 0 ? 0 : distctl_fail("%s", dist_errmsg(c));
   dist_close(c);
   if (rc) return rc;
   json_t *changed = json_object();
-  for (size_t k = 0; k < NTUNABLES; k++) {
+  for (int k = 0; k < NTUNABLES; k++) {
     if (!set[k]) continue;
-    const char *key = tunables[k].flag + 2;
-    json_object_set_new(changed, key, json_pack("{s:f, s:f}", "before",
-                                                *field_of(&before, &tunables[k]), "after",
-                                                values[k]));
-    if (!g->json)
-      printf("%s: %s %g -> %g\n", argv[0], key, *field_of(&before, &tunables[k]), values[k]);
+    const char *key = tune_options[k].name + 2;
+    json_object_set_new(changed, key, json_pack("{s:f, s:f}", "before", *field_of(&before, k),
+                                                "after", values[k]));
+    if (!g->json) printf("%s: %s %g -> %g\n", name, key, *field_of(&before, k), values[k]);
   }
-  if (g->json) distctl_print_json(json_pack("{s:s, s:o}", "name", argv[0], "changed", changed));
+  if (g->json) distctl_print_json(json_pack("{s:s, s:o}", "name", name, "changed", changed));
   else json_decref(changed);
   return 0;
 }
 
 const distctl_command distctl_cmd_param_tune = {
-    "param tune", "NAME [--lr X] [--momentum X] [--dampening X] [--beta1 X] [--beta2 X] [--eps X] "
-    "[--weight-decay X]",
+    "param tune", "NAME",
     "change a parameter's hyper-parameters on every daemon, keeping its optimizer state",
-    run_param_tune, NULL};
+    run_param_tune, tune_options, 1, NULL};
 
 const distctl_command distctl_cmd_params = {
     "params", "",
     "the parameters each rank holds: optimizer, updates applied, pending pushes, state size",
-    run_params, distctl_no_options};
+    run_params, distctl_no_options, 0, NULL};

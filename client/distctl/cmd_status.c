@@ -159,7 +159,7 @@ static int run_peers(const distctl_global *g, int argc, char **argv) {
 
 const distctl_command distctl_cmd_status = {
     "status", "", "version, uptime, memory, tensors and peers of every daemon",
-    run_status, distctl_no_options};
+    run_status, distctl_no_options, 0, NULL};
 const distctl_command distctl_cmd_peers = {
     "peers", "", "the peer connection matrix with round-trip times, bytes and congestion control",
-    run_peers, distctl_no_options};
+    run_peers, distctl_no_options, 0, NULL};

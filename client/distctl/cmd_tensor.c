@@ -13,68 +13,22 @@
 
 enum { BIG_TRANSFER = 64 << 20 }; /* report progress above this */
 
-/* The options the tensor commands share, as given on the command line. */
-typedef struct tensor_args {
-  const char *name, *file;
-  const char *mesh, *dim_names, *placements, *local, *output, *rank, *dtype;
-  int local_flag; /* get: --local without a value */
-} tensor_args;
+/* A tensor verb's options, by where they sit in its table. */
+enum { OPT_MESH, OPT_DIM_NAMES, OPT_PLACEMENTS, OPT_LOCAL, OPT_DTYPE, NLAYOUT_OPTIONS };
+enum { OPT_OUTPUT, OPT_RANK, OPT_LOCAL_PIECE, NGET_OPTIONS };
 
-/* Where option `name` is stored in a tensor_args (NULL for flags). */
-static const char **slot(tensor_args *a, const char *name) {
-  if (!strcmp(name, "--mesh")) return &a->mesh;
-  if (!strcmp(name, "--dim-names")) return &a->dim_names;
-  if (!strcmp(name, "--placements")) return &a->placements;
-  if (!strcmp(name, "--local")) return &a->local;
-  if (!strcmp(name, "-o") || !strcmp(name, "--output")) return &a->output;
-  if (!strcmp(name, "--rank")) return &a->rank;
-  if (!strcmp(name, "--dtype")) return &a->dtype;
-  return NULL;
-}
-
-/* Takes argv[*i] when it is one of the options (NULL-terminated list).
- * Returns 1 when taken, 0 when not an option of ours, 2 after a usage
- * error. */
-static int take_option(const distctl_command *cmd, int argc, char **argv,
-                       int *i, const char *const *options, tensor_args *a) {
-  for (int k = 0; options[k]; k++) {
-    int taken = distctl_opt_once(cmd, argc, argv, i, options[k], slot(a, options[k]));
-    if (taken) return taken;
-  }
+/* The tensor NAME a verb's arguments name: 0, or 2 when they name none. */
+static int take_name(const distctl_command *cmd, int argc, char **argv, distctl_args *a) {
+  if (distctl_take_options(cmd, argc, argv, a) != 0) return 2;
+  if (a->nwords == 0 || !a->word[0][0]) return distctl_usage(cmd, "missing tensor NAME");
   return 0;
 }
 
-/* Splits argv into NAME (and FILE when max_positional is 2) and the options
- * this command accepts. With local_is_flag, "--local" takes no value (get);
- * otherwise it names files (put). Returns 0, or 2 after a usage error. */
-static int parse_args(const distctl_command *cmd, int argc, char **argv,
-                      const char *const *options, int local_is_flag,
-                      int max_positional, tensor_args *a) {
-  memset(a, 0, sizeof *a);
-  int npos = 0;
-  for (int i = 0; i < argc; i++) {
-    if (local_is_flag && !strcmp(argv[i], "--local")) {
-      a->local_flag = 1;
-      continue;
-    }
-    int taken = take_option(cmd, argc, argv, &i, options, a);
-    if (taken == 2) return 2;
-    if (taken) continue;
-    if (argv[i][0] == '-' && argv[i][1])
-      return distctl_usage(cmd, "unknown option '%s'", argv[i]);
-    if (npos >= max_positional)
-      return distctl_usage(cmd, "unexpected argument '%s'", argv[i]);
-    if (npos++ == 0) a->name = argv[i];
-    else a->file = argv[i];
-  }
-  if (!a->name || !a->name[0]) return distctl_usage(cmd, "missing tensor NAME");
-  return 0;
-}
-
-/* The layout options of a tensor_args, parsed (distctl_parse_layout). */
-static int parse_layout(const distctl_command *cmd, const tensor_args *a,
+/* The layout options of a put or reshard, parsed (distctl_parse_layout). */
+static int parse_layout(const distctl_command *cmd, const distctl_args *a,
                         dist_mesh **mesh, dist_placement *p, int *np) {
-  distctl_layout_text text = {a->mesh, a->dim_names, a->placements};
+  distctl_layout_text text = {a->value[OPT_MESH], a->value[OPT_DIM_NAMES],
+                              a->value[OPT_PLACEMENTS]};
   return distctl_parse_layout(cmd, &text, mesh, p, np);
 }
 
@@ -127,7 +81,7 @@ static int print_changed(const distctl_global *g, dist_client *c, const char *na
 /* ---------------------------------------------------------------- put */
 
 /* shard_tensor: the whole tensor from one file. */
-static int put_whole(dist_client *c, const tensor_args *a, dist_dtype want) {
+static int put_whole(dist_client *c, const distctl_args *a, dist_dtype want) {
   const distctl_command *cmd = &distctl_cmd_tensor_put;
   dist_dtype dt;
   dist_shape shape;
@@ -138,11 +92,11 @@ static int put_whole(dist_client *c, const tensor_args *a, dist_dtype want) {
   dist_placement p[DIST_MAX_MESH_DIMS];
   int np;
   int rc = parse_layout(cmd, a, &mesh, p, &np);
-  if (rc == 0) rc = read_npy(a->file, want, &dt, &shape, &data, &nbytes);
+  if (rc == 0) rc = read_npy(a->word[1], want, &dt, &shape, &data, &nbytes);
   if (rc == 0) rc = distctl_check_shard_dims(cmd, p, np, shape.ndim, "the tensor");
   if (rc != 0) goto out;
-  if (dist_shard_tensor(c, a->name, data, dt, shape.ndim, shape.dims, mesh, p, &t) != 0)
-    rc = distctl_fail("tensor put %s: %s", a->name, dist_errmsg(c));
+  if (dist_shard_tensor(c, a->word[0], data, dt, shape.ndim, shape.dims, mesh, p, &t) != 0)
+    rc = distctl_fail("tensor put %s: %s", a->word[0], dist_errmsg(c));
 out:
   dist_tensor_free(t);
   dist_mesh_free(mesh);
@@ -192,13 +146,13 @@ static int read_pieces(char **files, int n, dist_dtype want, local_pieces *lp) {
 }
 
 /* dtensor_from_local: one file per rank of the mesh. */
-static int put_local(dist_client *c, const tensor_args *a, dist_dtype want) {
+static int put_local(dist_client *c, const distctl_args *a, dist_dtype want) {
   const distctl_command *cmd = &distctl_cmd_tensor_put;
   dist_mesh *mesh = NULL;
   dist_tensor *t = NULL;
   dist_placement p[DIST_MAX_MESH_DIMS];
   local_pieces *lp = calloc(1, sizeof *lp);
-  char *list = strdup(a->local);
+  char *list = strdup(a->value[OPT_LOCAL]);
   char **files = calloc(DIST_MAX_MESH_RANKS + 2, sizeof *files);
   int np;
   int rc = parse_layout(cmd, a, &mesh, p, &np);
@@ -213,9 +167,9 @@ static int put_local(dist_client *c, const tensor_args *a, dist_dtype want) {
   rc = read_pieces(files, n, want, lp);
   if (rc == 0) rc = distctl_check_shard_dims(cmd, p, np, lp->ndim, "the tensor");
   if (rc != 0) goto out;
-  if (dist_dtensor_from_local(c, a->name, (const void *const *)lp->data, lp->dt,
+  if (dist_dtensor_from_local(c, a->word[0], (const void *const *)lp->data, lp->dt,
                               lp->ndim, lp->shapes, mesh, p, &t) != 0)
-    rc = distctl_fail("tensor put %s: %s", a->name, dist_errmsg(c));
+    rc = distctl_fail("tensor put %s: %s", a->word[0], dist_errmsg(c));
 out:
   for (int i = 0; i < lp->n; i++) free(lp->data[i]);
   free(lp);
@@ -226,35 +180,43 @@ out:
   return rc;
 }
 
+static const distctl_option put_options[NLAYOUT_OPTIONS + 1] = {
+    [OPT_MESH] = {"--mesh", "MESH", "the ranks to store it on, as a nested list: \"[0,1]\", "
+                  "\"[[0,1],[2,3]]\"", NULL, DISTCTL_REQUIRED},
+    [OPT_DIM_NAMES] = DISTCTL_DIM_NAMES_OPTION,
+    [OPT_PLACEMENTS] = {"--placements", "P", "one placement per mesh dim: Shard(D), "
+                        "Replicate() or Partial(REDUCE), comma-separated", NULL, DISTCTL_REQUIRED},
+    [OPT_LOCAL] = {"--local", "R0.npy,R1.npy,...", "in place of FILE.npy: each mesh rank's "
+                   "own piece, one file per rank in mesh order (dtensor_from_local)", NULL,
+                   DISTCTL_OPTIONAL},
+    [OPT_DTYPE] = {"--dtype", "DTYPE", "the dtype the files must hold (bool, int8, uint8, "
+                   "int32, int64, float16, bfloat16, float32, float64); bfloat16 reads "
+                   "uint16 ('<u2') files as bfloat16", NULL, DISTCTL_OPTIONAL},
+};
+
 static int run_put(const distctl_global *g, int argc, char **argv) {
-  static const char *const options[] = {"--mesh", "--dim-names", "--placements",
-                                        "--local", "--dtype", NULL};
   const distctl_command *cmd = &distctl_cmd_tensor_put;
-  tensor_args a;
+  distctl_args a;
   dist_dtype want;
-  int rc = parse_args(cmd, argc, argv, options, 0, 2, &a);
-  if (rc != 0) return rc;
-  if (!a.mesh) return distctl_usage(cmd, "missing --mesh");
-  if (!a.placements) return distctl_usage(cmd, "missing --placements");
-  if (!a.file == !a.local)
-    return distctl_usage(cmd, a.file ? "give FILE.npy or --local, not both"
-                                     : "missing FILE.npy (or --local r0.npy,r1.npy,...)");
-  if (parse_dtype(cmd, a.dtype, &want) != 0) return 2;
+  if (take_name(cmd, argc, argv, &a) != 0) return 2;
+  const char *file = a.nwords > 1 ? a.word[1] : NULL, *local = a.value[OPT_LOCAL];
+  if (!file == !local)
+    return distctl_usage(cmd, file ? "give FILE.npy or --local, not both"
+                                   : "missing FILE.npy (or --local r0.npy,r1.npy,...)");
+  if (parse_dtype(cmd, a.value[OPT_DTYPE], &want) != 0) return 2;
   dist_client *c = distctl_connect(g);
   if (!c) return 1;
-  rc = a.file ? put_whole(c, &a, want) : put_local(c, &a, want);
-  rc = print_changed(g, c, a.name, rc);
+  int rc = file ? put_whole(c, &a, want) : put_local(c, &a, want);
+  rc = print_changed(g, c, a.word[0], rc);
   dist_close(c);
   return rc;
 }
 
 const distctl_command distctl_cmd_tensor_put = {
-    "tensor put",
-    "NAME (FILE.npy | --local R0.npy,R1.npy,...) --mesh MESH [--dim-names A,B] "
-    "--placements P [--dtype bfloat16]",
+    "tensor put", "NAME [FILE.npy]",
     "store a tensor: shard_tensor from one file, or dtensor_from_local from "
     "one file per mesh rank",
-    run_put, NULL};
+    run_put, put_options, 2, NULL};
 
 /* ---------------------------------------------------------------- get */
 
@@ -296,14 +258,14 @@ static int piece_rank_reached(const distctl_command *cmd, dist_client *c, long r
   return distctl_rank_in_cluster(cmd, c, rank);
 }
 
-static int get_value(dist_client *c, const tensor_args *a, int rank) {
+static int get_value(dist_client *c, const char *name, const char *output, int rank) {
   dist_tensor *t = NULL;
   void *data = NULL;
   size_t nbytes = 0;
   int64_t shape[DIST_MAX_DIMS];
   int rc = 0;
-  if (dist_tensor_open(c, a->name, &t) != 0) {
-    rc = distctl_fail("tensor get %s: %s", a->name, dist_errmsg(c));
+  if (dist_tensor_open(c, name, &t) != 0) {
+    rc = distctl_fail("tensor get %s: %s", name, dist_errmsg(c));
     goto out;
   }
   int ndim = dist_tensor_ndim(t), code;
@@ -312,49 +274,62 @@ static int get_value(dist_client *c, const tensor_args *a, int rank) {
     goto out;
   }
   if (rank < 0 && dist_full_tensor(c, t, &data, &nbytes) != 0) {
-    rc = distctl_fail("tensor get %s: %s", a->name, dist_errmsg(c));
+    rc = distctl_fail("tensor get %s: %s", name, dist_errmsg(c));
     goto out;
   }
   if (rank < 0) memcpy(shape, dist_tensor_shape(t), sizeof *shape * (size_t)ndim);
   if (nbytes > BIG_TRANSFER)
-    fprintf(stderr, "distctl: writing %s (%zu MiB)\n", a->output, nbytes >> 20);
-  rc = write_npy(a->output, dist_tensor_dtype(t), ndim, shape, data);
+    fprintf(stderr, "distctl: writing %s (%zu MiB)\n", output, nbytes >> 20);
+  rc = write_npy(output, dist_tensor_dtype(t), ndim, shape, data);
 out:
   free(data);
   dist_tensor_free(t);
   return rc;
 }
 
-static int run_get(const distctl_global *g, int argc, char **argv) {
-  static const char *const options[] = {"-o", "--output", "--rank", NULL};
-  const distctl_command *cmd = &distctl_cmd_tensor_get;
-  tensor_args a;
-  long rank = -1;
-  int rc = parse_args(cmd, argc, argv, options, 1, 1, &a);
-  if (rc != 0) return rc;
-  if (!a.output) return distctl_usage(cmd, "missing -o OUT.npy");
-  if (a.rank && !a.local_flag)
+static const distctl_option get_options[NGET_OPTIONS + 1] = {
+    [OPT_OUTPUT] = {"-o", "OUT.npy", "the .npy file to write", "--output", DISTCTL_REQUIRED},
+    [OPT_RANK] = {"--rank", "R", "with --local: the rank whose piece to read", NULL,
+                  DISTCTL_OPTIONAL},
+    [OPT_LOCAL_PIECE] = {"--local", NULL, "with --rank: write rank R's local piece "
+                         "(dtensor_to_local), not the logical value", NULL, DISTCTL_OPTIONAL},
+};
+
+/* --rank and --local, which come together: the rank whose piece to read,
+ * or -1 (the logical value). 0, or 2 after a usage error. */
+static int piece_rank(const distctl_command *cmd, const distctl_args *a, long *rank) {
+  const char *text = a->value[OPT_RANK];
+  *rank = -1;
+  if (text && !a->value[OPT_LOCAL_PIECE])
     return distctl_usage(cmd, "--rank R reads a rank's piece: add --local");
-  if (a.local_flag && !a.rank)
+  if (a->value[OPT_LOCAL_PIECE] && !text)
     return distctl_usage(cmd, "--local needs --rank R (whose piece to read)");
-  if (a.rank && distctl_number_opt(cmd, "--rank", a.rank, 0, DIST_MAX_MESH_RANKS - 1,
-                                    &rank) != 0)
+  if (text && distctl_number_opt(cmd, "--rank", text, 0, DIST_MAX_MESH_RANKS - 1, rank) != 0)
     return 2;
+  return 0;
+}
+
+static int run_get(const distctl_global *g, int argc, char **argv) {
+  const distctl_command *cmd = &distctl_cmd_tensor_get;
+  distctl_args a;
+  long rank;
+  if (take_name(cmd, argc, argv, &a) != 0 || piece_rank(cmd, &a, &rank) != 0) return 2;
+  const char *name = a.word[0], *output = a.value[OPT_OUTPUT];
   dist_client *c = distctl_connect(g);
   if (!c) return 1;
-  rc = piece_rank_reached(cmd, c, rank);
-  if (rc == 0) rc = get_value(c, &a, (int)rank);
+  int rc = piece_rank_reached(cmd, c, rank);
+  if (rc == 0) rc = get_value(c, name, output, (int)rank);
   if (rc == 0 && g->json) /* what was written where, for scripts */
-    distctl_print_json(json_pack("{s:s, s:s, s:o}", "name", a.name, "output", a.output,
+    distctl_print_json(json_pack("{s:s, s:s, s:o}", "name", name, "output", output,
                                  "rank", rank >= 0 ? json_integer(rank) : json_null()));
   dist_close(c);
   return rc;
 }
 
 const distctl_command distctl_cmd_tensor_get = {
-    "tensor get", "NAME -o OUT.npy [--rank R --local]",
+    "tensor get", "NAME",
     "write a tensor's logical value (or rank R's local piece) to a .npy file",
-    run_get, NULL};
+    run_get, get_options, 1, NULL};
 
 /* ---------------------------------------------------------------- reshard */
 
@@ -370,29 +345,36 @@ static int check_reshard_fits(const dist_tensor *t, const dist_mesh *mesh,
   return distctl_check_shard_dims(cmd, p, np, dist_tensor_ndim(t), "the tensor");
 }
 
+/* put's first three options, described for a reshard. */
+static const distctl_option reshard_options[OPT_PLACEMENTS + 2] = {
+    [OPT_MESH] = {"--mesh", "MESH", "another mesh of the same shape to move it to, as a "
+                  "nested list (default: its own)", NULL, DISTCTL_OPTIONAL},
+    [OPT_DIM_NAMES] = DISTCTL_DIM_NAMES_OPTION,
+    [OPT_PLACEMENTS] = {"--placements", "P", "the new placements, one per mesh dim: "
+                        "Shard(D), Replicate() or Partial(REDUCE)", NULL, DISTCTL_REQUIRED},
+};
+
 static int run_reshard(const distctl_global *g, int argc, char **argv) {
-  static const char *const options[] = {"--mesh", "--dim-names", "--placements", NULL};
   const distctl_command *cmd = &distctl_cmd_tensor_reshard;
-  tensor_args a;
+  distctl_args a;
   dist_mesh *mesh = NULL;
   dist_tensor *t = NULL;
   dist_placement p[DIST_MAX_MESH_DIMS];
   int np;
-  int rc = parse_args(cmd, argc, argv, options, 0, 1, &a);
+  if (take_name(cmd, argc, argv, &a) != 0) return 2;
+  int rc = parse_layout(cmd, &a, &mesh, p, &np);
   if (rc != 0) return rc;
-  if (!a.placements) return distctl_usage(cmd, "missing --placements");
-  rc = parse_layout(cmd, &a, &mesh, p, &np);
-  if (rc != 0) return rc;
+  const char *name = a.word[0];
   dist_client *c = distctl_connect(g);
   if (!c) {
     rc = 1;
     goto out;
   }
-  if (dist_tensor_open(c, a.name, &t) != 0)
-    rc = distctl_fail("tensor reshard %s: %s", a.name, dist_errmsg(c));
+  if (dist_tensor_open(c, name, &t) != 0)
+    rc = distctl_fail("tensor reshard %s: %s", name, dist_errmsg(c));
   else if ((rc = check_reshard_fits(t, mesh, p, np)) == 0 && dist_reshard(c, t, mesh, p) != 0)
-    rc = distctl_fail("tensor reshard %s: %s", a.name, dist_errmsg(c));
-  rc = print_changed(g, c, a.name, rc);
+    rc = distctl_fail("tensor reshard %s: %s", name, dist_errmsg(c));
+  rc = print_changed(g, c, name, rc);
   dist_close(c);
 out:
   dist_tensor_free(t);
@@ -401,31 +383,30 @@ out:
 }
 
 const distctl_command distctl_cmd_tensor_reshard = {
-    "tensor reshard", "NAME --placements P [--mesh MESH [--dim-names A,B]]",
+    "tensor reshard", "NAME",
     "convert a tensor to other placements (and another mesh of the same shape)",
-    run_reshard, NULL};
+    run_reshard, reshard_options, 1, NULL};
 
 /* ---------------------------------------------------------------- rm */
 
 static int run_rm(const distctl_global *g, int argc, char **argv) {
-  static const char *const options[] = {NULL};
   const distctl_command *cmd = &distctl_cmd_tensor_rm;
-  tensor_args a;
-  int rc = parse_args(cmd, argc, argv, options, 0, 1, &a);
-  if (rc != 0) return rc;
+  distctl_args a;
+  if (take_name(cmd, argc, argv, &a) != 0) return 2;
   dist_client *c = distctl_connect(g);
   if (!c) return 1;
-  if (dist_tensor_delete(c, a.name) != 0)
-    rc = distctl_fail("tensor rm %s: %s", a.name, dist_errmsg(c));
+  int rc = 0;
+  if (dist_tensor_delete(c, a.word[0]) != 0)
+    rc = distctl_fail("tensor rm %s: %s", a.word[0], dist_errmsg(c));
   else if (g->json)
-    distctl_print_json(json_pack("{s:s, s:b}", "name", a.name, "deleted", 1));
+    distctl_print_json(json_pack("{s:s, s:b}", "name", a.word[0], "deleted", 1));
   dist_close(c);
   return rc;
 }
 
 const distctl_command distctl_cmd_tensor_rm = {
-    "tensor rm", "NAME", "delete a tensor on every daemon of its mesh", run_rm, NULL};
-
+    "tensor rm", "NAME", "delete a tensor on every daemon of its mesh", run_rm,
+    distctl_no_options, 1, NULL};
 /* ---------------------------------------------------------------- show */
 
 static json_t *json_dims(const int64_t *dims, int n) {
@@ -527,18 +508,17 @@ static void print_show(const dist_tensor *t, const dist_tensor_piece *p, int n) 
 }
 
 static int run_show(const distctl_global *g, int argc, char **argv) {
-  static const char *const options[] = {NULL};
   const distctl_command *cmd = &distctl_cmd_tensor_show;
-  tensor_args a;
+  distctl_args a;
   dist_tensor *t = NULL;
   dist_tensor_piece *pieces = NULL;
   int n = 0;
-  int rc = parse_args(cmd, argc, argv, options, 0, 1, &a);
-  if (rc != 0) return rc;
+  if (take_name(cmd, argc, argv, &a) != 0) return 2;
   dist_client *c = distctl_connect(g);
   if (!c) return 1;
-  if (dist_tensor_open(c, a.name, &t) != 0 || dist_tensor_pieces(c, t, &pieces, &n) != 0) {
-    rc = distctl_fail("tensor show %s: %s", a.name, dist_errmsg(c));
+  int rc = 0;
+  if (dist_tensor_open(c, a.word[0], &t) != 0 || dist_tensor_pieces(c, t, &pieces, &n) != 0) {
+    rc = distctl_fail("tensor show %s: %s", a.word[0], dist_errmsg(c));
     goto out;
   }
   if (g->json) {
@@ -559,7 +539,8 @@ out:
 
 const distctl_command distctl_cmd_tensor_show = {
     "tensor show", "NAME",
-    "a tensor's shape, dtype, mesh, placements and every rank's piece", run_show, NULL};
+    "a tensor's shape, dtype, mesh, placements and every rank's piece", run_show,
+    distctl_no_options, 1, NULL};
 
 /* ---------------------------------------------------------------- tensors */
 
@@ -593,8 +574,7 @@ static void print_list(dist_client *c, dist_tensor **list, int n) {
 }
 
 static int run_tensors(const distctl_global *g, int argc, char **argv) {
-  const distctl_command *cmd = &distctl_cmd_tensors;
-  if (argc > 0) return distctl_usage(cmd, "unexpected argument '%s'", argv[0]);
+  if (distctl_take_options(&distctl_cmd_tensors, argc, argv, NULL) != 0) return 2;
   dist_client *c = distctl_connect(g);
   if (!c) return 1;
   dist_tensor **list = NULL;
@@ -619,4 +599,5 @@ static int run_tensors(const distctl_global *g, int argc, char **argv) {
 }
 
 const distctl_command distctl_cmd_tensors = {
-    "tensors", "", "list the tensors held across the cluster", run_tensors, NULL};
+    "tensors", "", "list the tensors held across the cluster", run_tensors,
+    distctl_no_options, 0, NULL};

@@ -140,17 +140,17 @@ static void pause_seconds(double s) {
 enum { OPT_ITERATIONS, OPT_INTERVAL, NOPTIONS };
 static const distctl_option options[NOPTIONS + 1] = {
     [OPT_ITERATIONS] = {"--iterations", "N", "refreshes to show before exiting (default 0: "
-                        "until interrupted)"},
+                        "until interrupted)", NULL, DISTCTL_OPTIONAL},
     [OPT_INTERVAL] = {"--interval", "SECONDS", "time between refreshes, 0.05 to 3600 "
-                      "(default 1)"},
+                      "(default 1)", NULL, DISTCTL_OPTIONAL},
 };
 
 /* --iterations and --interval (each once); 0, or 2 after a usage error. */
 static int parse_top_args(int argc, char **argv, long *iterations, double *interval) {
   const distctl_command *cmd = &distctl_cmd_top;
-  const char *text[NOPTIONS];
-  if (distctl_take_options(cmd, argc, argv, text) != 0) return 2;
-  const char *its = text[OPT_ITERATIONS], *every = text[OPT_INTERVAL];
+  distctl_args args;
+  if (distctl_take_options(cmd, argc, argv, &args) != 0) return 2;
+  const char *its = args.value[OPT_ITERATIONS], *every = args.value[OPT_INTERVAL];
   if (its && distctl_number_opt(cmd, "--iterations", its, 0, 1L << 30, iterations)) return 2;
   char *end = NULL;
   if (every) *interval = strtod(every, &end);
@@ -228,4 +228,4 @@ const distctl_command distctl_cmd_top = {
     "a live view of every rank, refreshed like top, its ranks asked at once; the byte\n"
     "      rates need two samples: the first refresh has none, and --json (one snapshot)\n"
     "      takes two, --interval apart, each waiting at most --timeout for a rank",
-    run_top, options};
+    run_top, options, 0, NULL};

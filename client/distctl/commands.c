@@ -34,33 +34,71 @@ void distctl_print_usage(FILE *out) {
   for (int i = 0; i < NCOMMANDS; i++) distctl_print_synopsis(out, "  ", commands[i], 1);
 }
 
+/* " -o OUT.npy", " [--rank R]", " [--pin]": option o as a synopsis shows it. */
+static void print_synopsis_option(FILE *out, const distctl_option *o) {
+  fprintf(out, " %s%s%s%s%s", o->required ? "" : "[", o->name, o->value ? " " : "",
+          o->value ? o->value : "", o->required ? "" : "]");
+}
+
 void distctl_print_synopsis(FILE *out, const char *lead, const distctl_command *cmd,
                             int describe) {
   fprintf(out, "%s%s%s%s", lead, cmd->name, cmd->usage[0] ? " " : "", cmd->usage);
-  for (int k = 0; cmd->options && cmd->options[k].name; k++)
-    fprintf(out, " [%s %s]", cmd->options[k].name, cmd->options[k].value);
+  for (int k = 0; cmd->options[k].name; k++) print_synopsis_option(out, &cmd->options[k]);
+  if (cmd->after_dashes) fprintf(out, " %s", cmd->after_dashes);
   fprintf(out, "\n");
   if (describe) fprintf(out, "      %s\n", cmd->help);
 }
 
+/* "-o, --output OUT.npy": option o as its help names it. */
+static void option_label(const distctl_option *o, char *buf, size_t len) {
+  snprintf(buf, len, "%s%s%s%s%s", o->name, o->alias ? ", " : "", o->alias ? o->alias : "",
+           o->value ? " " : "", o->value ? o->value : "");
+}
+
+/* The width of the help's lines: that of the lines written by hand. */
+#define HELP_COLUMNS 100
+
+/* text from column indent of a line, its words carried to lines of their
+ * own indented as much once a line would pass HELP_COLUMNS (a word longer
+ * than a line stays whole). */
+static void print_wrapped(const char *text, int indent) {
+  int room = HELP_COLUMNS - indent, used = 0;
+  if (room < 20) room = 20;
+  while (*text) {
+    int len = (int)strcspn(text, " ");
+    if (used > 0 && used + 1 + len > room) {
+      printf("\n%*s", indent, "");
+      used = 0;
+    } else if (used > 0) {
+      printf(" ");
+      used++;
+    }
+    printf("%.*s", len, text);
+    used += len;
+    text += len;
+    while (*text == ' ') text++;
+  }
+  printf("\n");
+}
+
 /* Each option of cmd's table and what it does, under the synopsis of its
- * help; nothing for a verb without a table (its usage says it all). */
+ * help. */
 static void print_options(const distctl_command *cmd) {
-  if (!cmd->options) return;
   if (!cmd->options[0].name) {
     printf("\noptions: none of its own\n");
     return;
   }
-  int width = 0; /* of the longest "NAME VALUE": the descriptions line up */
+  char label[128];
+  int width = 0; /* of the longest label: the descriptions line up */
   for (int k = 0; cmd->options[k].name; k++) {
-    int w = (int)(strlen(cmd->options[k].name) + 1 + strlen(cmd->options[k].value));
-    if (w > width) width = w;
+    option_label(&cmd->options[k], label, sizeof label);
+    if ((int)strlen(label) > width) width = (int)strlen(label);
   }
   printf("\noptions:\n");
   for (int k = 0; cmd->options[k].name; k++) {
-    const distctl_option *o = &cmd->options[k];
-    int w = (int)(strlen(o->name) + 1 + strlen(o->value));
-    printf("  %s %s%*s  %s\n", o->name, o->value, width - w, "", o->help);
+    option_label(&cmd->options[k], label, sizeof label);
+    printf("  %-*s  ", width, label);
+    print_wrapped(cmd->options[k].help, 2 + width + 2);
   }
 }
 

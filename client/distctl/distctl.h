@@ -21,24 +21,54 @@ typedef struct distctl_global {
 } distctl_global;
 
 /* An option of a verb, as its help describes it and distctl_take_options
- * parses it: "--recent", its value "N", and what it does. */
+ * parses it: "--recent", its value "N", and what it does. A flag (--pin)
+ * has no value (NULL). alias is another spelling of the same option
+ * ("--output" of "-o"), or NULL. A required option is shown without
+ * brackets in the synopsis, and the verb is refused without it. */
 typedef struct distctl_option {
   const char *name, *value, *help;
+  const char *alias;
+  int required; /* DISTCTL_REQUIRED or DISTCTL_OPTIONAL */
 } distctl_option;
+enum { DISTCTL_OPTIONAL = 0, DISTCTL_REQUIRED = 1 };
 
 typedef struct distctl_command {
   const char *name;  /* "status", "tensor put" */
-  const char *usage; /* arguments after the name, before the options table's */
+  /* The arguments that are not options ("NAME [FILE.npy]"), before the
+   * options table's in the synopsis; "" for none. */
+  const char *usage;
   const char *help;  /* one line */
   /* argv[0] is the first argument after the command name. Returns the
    * process exit status: 0, 1 (operation failed), 2 (bad usage). */
   int (*run)(const distctl_global *g, int argc, char **argv);
-  /* The verb's options, ended by {NULL}: its synopsis lists them after
-   * usage, its help describes each, and distctl_take_options parses
-   * them. NULL for a verb whose usage lists its options itself and whose
-   * parsing is its own. */
+  /* The verb's options, ended by {NULL} (distctl_no_options for none):
+   * its synopsis lists them after usage, its help describes each, and
+   * distctl_take_options parses them. */
   const distctl_option *options;
+  int words; /* how many arguments that are not options it takes, at most */
+  /* What follows "--", ending the synopsis ("-- PROGRAM [ARGS...]"); NULL
+   * for a verb that takes no "--". */
+  const char *after_dashes;
 } distctl_command;
+
+/* A number macro's digits as a string literal, for a help text. */
+#define DISTCTL_TEXT_OF(x) #x
+#define DISTCTL_NUMBER_TEXT(x) DISTCTL_TEXT_OF(x)
+
+/* The most options a verb's table may hold, and the most words a verb
+ * takes. */
+enum { DISTCTL_MAX_OPTIONS = 16, DISTCTL_MAX_WORDS = 2 };
+
+/* A verb's command line, as distctl_take_options read it. */
+typedef struct distctl_args {
+  /* value[k]: the value of cmd->options[k] (a flag's: its name), or NULL
+   * when not given. */
+  const char *value[DISTCTL_MAX_OPTIONS];
+  const char *word[DISTCTL_MAX_WORDS]; /* the arguments that are not options */
+  int nwords;
+  char **rest; /* what follows "--" (after_dashes), nrest of them */
+  int nrest;
+} distctl_args;
 
 /* The options table of a verb that takes none of its own. */
 extern const distctl_option distctl_no_options[];
@@ -110,11 +140,13 @@ const char *distctl_opt(int argc, char **argv, int *i, const char *name);
  * refused naming it rather than the last one silently winning. */
 int distctl_opt_once(const distctl_command *cmd, int argc, char **argv, int *i,
                      const char *name, const char **slot);
-/* Arguments that may hold only the options of cmd's table, each once:
- * values[k] is the value of cmd->options[k], or NULL when not given
- * (values may be NULL for a verb of none). 0, or 2 after a usage error. */
-int distctl_take_options(const distctl_command *cmd, int argc, char **argv,
-                         const char **values);
+/* The one way a verb reads its arguments (options.c): the options of
+ * cmd's table, each with a value once (a flag may be repeated), the
+ * required ones present; up to cmd->words other arguments ("-" is one,
+ * "-x" an unknown option); and, when cmd takes "--", everything after it.
+ * Fills *a (NULL for a verb that needs nothing of it). 0, or 2 after a
+ * usage error naming the argument. */
+int distctl_take_options(const distctl_command *cmd, int argc, char **argv, distctl_args *a);
 /* "distctl: <message>" for a call that failed on daemon `rank`, naming the
  * rank once: libdist's per-daemon errors already start with it (or, with
  * --endpoint, name the daemon by its address). Returns 1. */
@@ -131,6 +163,11 @@ int distctl_parse_long(const char *text, long lo, long hi, long *out);
  * which option and value, with cmd's usage line, and returns 2. */
 int distctl_number_opt(const distctl_command *cmd, const char *option,
                        const char *text, long lo, long hi, long *out);
+
+/* --dim-names, as every verb that takes --mesh describes it. */
+#define DISTCTL_DIM_NAMES_OPTION                                                  \
+  {"--dim-names", "A,B", "with --mesh: names of its dims (default d0,d1,...)", NULL, \
+   DISTCTL_OPTIONAL}
 
 /* --mesh, --dim-names and --placements as given (mesh, dim_names NULL
  * when not). */

@@ -107,51 +107,6 @@ int distctl_number_opt(const distctl_command *cmd, const char *option,
                        lo, hi);
 }
 
-const char *distctl_opt(int argc, char **argv, int *i, const char *name) {
-  size_t n = strlen(name);
-  if (strncmp(argv[*i], name, n) != 0) return NULL;
-  if (argv[*i][n] == '=') return argv[*i] + n + 1;
-  if (argv[*i][n] != 0) return NULL;
-  if (*i + 1 >= argc) return NULL;
-  return argv[++*i];
-}
-
-int distctl_opt_once(const distctl_command *cmd, int argc, char **argv, int *i,
-                     const char *name, const char **slot) {
-  size_t n = strlen(name);
-  if (strncmp(argv[*i], name, n) != 0 || (argv[*i][n] && argv[*i][n] != '=')) return 0;
-  const char *v = distctl_opt(argc, argv, i, name);
-  if (!v) return distctl_usage(cmd, "option %s needs a value", name);
-  if (*slot) return distctl_usage(cmd, "option %s given twice ('%s', then '%s')", name, *slot, v);
-  *slot = v;
-  return 1;
-}
-
-const distctl_option distctl_no_options[] = {{NULL, NULL, NULL}};
-
-/* argv[*i] as one of cmd's options: 1 taken, 0 not one, 2 usage error. */
-static int take_table_option(const distctl_command *cmd, int argc, char **argv, int *i,
-                             const char **values) {
-  for (int k = 0; cmd->options[k].name; k++) {
-    int taken = distctl_opt_once(cmd, argc, argv, i, cmd->options[k].name, &values[k]);
-    if (taken) return taken;
-  }
-  return 0;
-}
-
-int distctl_take_options(const distctl_command *cmd, int argc, char **argv,
-                         const char **values) {
-  for (int k = 0; values && cmd->options[k].name; k++) values[k] = NULL;
-  for (int i = 0; i < argc; i++) {
-    int taken = values ? take_table_option(cmd, argc, argv, &i, values) : 0;
-    if (taken == 2) return 2;
-    if (!taken)
-      return distctl_usage(cmd, "%s argument '%s'", argv[i][0] == '-' ? "unknown" : "unexpected",
-                           argv[i]);
-  }
-  return 0;
-}
-
 json_t *distctl_rank_value(int rank) { return rank >= 0 ? json_integer(rank) : json_null(); }
 
 json_t *distctl_rank_json(dist_client *c, int pos) {

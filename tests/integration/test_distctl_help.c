@@ -41,7 +41,8 @@ static void expect_verb_help(const char *args, const char *want, const char *oth
 Test(distctl_help, a_verbs_help_shows_that_verb_alone) {
   expect_verb_help("top --help", "usage: distctl top [--iterations N] [--interval SECONDS]\n",
                    "status");
-  expect_verb_help("tensor put --help", "usage: distctl tensor put NAME (FILE.npy", "tensor get");
+  expect_verb_help("tensor put --help", "usage: distctl tensor put NAME [FILE.npy] --mesh MESH",
+                   "tensor get");
   expect_verb_help("checkpoint save --help", "usage: distctl checkpoint save DIR [--tensors",
                    "checkpoint restore");
   expect_verb_help("status -h", "usage: distctl status\n", "peers");
