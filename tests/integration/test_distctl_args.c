@@ -24,6 +24,15 @@ static void stop_cluster(void) {
 
 TestSuite(distctl_args, .fini = stop_cluster, .timeout = 120);
 
+/* Starts the suite's cluster of n daemons, with a cluster id of its own
+ * (what: the test's word for it). */
+static void start_cluster(int n, const char *what) {
+  char id[64];
+  snprintf(id, sizeof id, "distctl-%s-%d-%ld", what, (int)getpid(), (long)time(NULL));
+  const char *args[] = {"--cluster-id", id, NULL};
+  harness_start(&cluster, n, args);
+}
+
 /* Runs `distctl ARGS` (no cluster needed for usage errors: --endpoint
  * points nowhere); asserts its exit status and that stderr says want. */
 static void expect_exit(const char *args, int want_rc, const char *want) {
@@ -70,6 +79,8 @@ Test(distctl_args, missing_and_bad_values_are_usage_errors_naming_the_option) {
       {"param tune w --lr nan", "--lr takes a finite number, not 'nan'"},
       {"param tune w --lr", "option --lr needs a value"},
       {"cluster up --dir /tmp/x", "-n N is required"},
+      {"tensor get w", "-o OUT.npy is required"},
+      {"tensor put w w.npy --mesh \"[0]\"", "--placements P is required"},
       {"launch -n 0 -- true", "bad -n '0'"},
       {"--timeout abc status", "bad --timeout 'abc'"},
       {"--cluster", "option --cluster needs a value"},
@@ -116,10 +127,7 @@ Test(distctl_args, a_rank_past_the_cluster_is_a_usage_error_naming_the_ranks) {
 /* The per-rank inspection verbs named a rank that did not answer twice
  * ("rank 1: rank 1 (127.0.0.1:...): ..."). */
 Test(distctl_args, a_rank_that_does_not_answer_is_named_once) {
-  char id[64];
-  snprintf(id, sizeof id, "distctl-args-%d-%ld", (int)getpid(), (long)time(NULL));
-  const char *args[] = {"--cluster-id", id, NULL};
-  harness_start(&cluster, 2, args);
+  start_cluster(2, "args");
   harness_kill(&cluster, 1, SIGKILL);
   const char *verbs[] = {"params", "ops", "experts"};
   for (size_t i = 0; i < 3; i++) {
@@ -135,32 +143,46 @@ Test(distctl_args, a_rank_that_does_not_answer_is_named_once) {
   }
 }
 
-/* The stdout of `distctl --json ARGS` as JSON (ARGS quote with double
- * quotes: harness_run wraps the line in single ones). */
-static json_t *json_of(const char *args) {
+/* `distctl ARGS` against the suite's cluster, exit status 0: its stdout
+ * (the caller frees it). ARGS quote with double quotes: harness_run wraps
+ * the line in single ones. */
+static char *distctl_ok(const char *args) {
   char cmd[2048], *out = NULL, *err = NULL;
-  snprintf(cmd, sizeof cmd, "%s --cluster %s --timeout 10000 --json %s", harness_distctl(),
+  snprintf(cmd, sizeof cmd, "%s --cluster %s --timeout 10000 %s", harness_distctl(),
            cluster.cluster_file, args);
   int rc = harness_run(cmd, &out, &err, 60);
   cr_assert_eq(rc, 0, "distctl %s exited %d: %s", args, rc, err ? err : "");
-  json_error_t je;
-  json_t *j = out ? json_loads(out, 0, &je) : NULL;
-  cr_assert(j, "distctl --json %s printed no JSON: '%s'", args, out ? out : "");
-  free(out);
   free(err);
+  return out ? out : strdup("");
+}
+
+/* The stdout of `distctl --json ARGS` as JSON. */
+static json_t *json_of(const char *args) {
+  char with_json[2048];
+  snprintf(with_json, sizeof with_json, "--json %s", args);
+  char *out = distctl_ok(with_json);
+  json_error_t je;
+  json_t *j = json_loads(out, 0, &je);
+  cr_assert(j, "distctl --json %s printed no JSON (%s): '%s'", args, je.text, out);
+  free(out);
   return j;
 }
 
-Test(distctl_args, tensor_put_get_reshard_and_rm_print_their_result_with_json) {
-  char id[64];
-  snprintf(id, sizeof id, "distctl-json-%d-%ld", (int)getpid(), (long)time(NULL));
-  const char *args[] = {"--cluster-id", id, NULL};
-  harness_start(&cluster, 2, args);
+/* The value of "src", which put_src stores. */
+static const float src_values[4] = {1, 2, 3, 4};
+
+/* Starts a cluster of 2 (start_cluster) holding "src", Shard(0) on both. */
+static void put_src(const char *what) {
+  start_cluster(2, what);
   dist_client *c = harness_client(&cluster);
-  float v[4] = {1, 2, 3, 4};
   int64_t shape[1] = {4};
-  dist_tensor_free(harness_put(c, "src", DIST_FLOAT32, v, 1, shape, "[0,1]", "Shard(0)"));
+  dist_tensor_free(harness_put(c, "src", DIST_FLOAT32, src_values, 1, shape, "[0,1]",
+                               "Shard(0)"));
   dist_close(c);
+}
+
+Test(distctl_args, tensor_put_get_reshard_and_rm_print_their_result_with_json) {
+  put_src("json");
   char npy[512], cmd[1024];
   snprintf(npy, sizeof npy, "%s/v.npy", cluster.dir);
   snprintf(cmd, sizeof cmd, "tensor get src -o %s", npy);
@@ -190,10 +212,7 @@ Test(distctl_args, tensor_put_get_reshard_and_rm_print_their_result_with_json) {
 Test(distctl_args, a_npy_file_that_fails_is_named_once_and_not_left_partial) {
   expect_exit("tensor put a /nonexistent-dir/a.npy --mesh \"[0]\" --placements \"Replicate()\"",
               1, "distctl: cannot read /nonexistent-dir/a.npy: No such file or directory\n");
-  char id[64];
-  snprintf(id, sizeof id, "distctl-npy-%d-%ld", (int)getpid(), (long)time(NULL));
-  const char *args[] = {"--cluster-id", id, NULL};
-  harness_start(&cluster, 1, args);
+  start_cluster(1, "npy");
   dist_client *c = harness_client(&cluster);
   static float v[4096];
   int64_t shape[1] = {4096};
@@ -445,4 +464,194 @@ Test(distctl_args, launch_refuses_endpoint, .fini = remove_launch_dir) {
   expect_exit(args, 2, "distctl launch: --endpoint 127.0.0.1:1 names one daemon");
   struct stat st;
   cr_assert_neq(stat(log, &st), 0, "the refused launch made its log directory");
+}
+
+/* Every verb refuses an option it does not take, naming it and itself
+ * (exit 2): the tensor and checkpoint verbs said "unknown option", param
+ * tune "unexpected argument", the others "unknown argument"; all read one
+ * table now, and say the last. */
+Test(distctl_args, every_verb_refuses_an_unknown_option_naming_it) {
+  const char *const verbs[][2] = {
+      {"status", ""}, {"peers", ""}, {"top", ""}, {"ops", ""}, {"experts", ""},
+      {"params", ""}, {"param tune", "w --lr 1"}, {"metrics", ""}, {"tensors", ""},
+      {"tensor put", "w w.npy --mesh \"[0]\" --placements \"Replicate()\""},
+      {"tensor get", "w -o w.npy"}, {"tensor show", "w"},
+      {"tensor reshard", "w --placements \"Replicate()\""}, {"tensor rm", "w"},
+      {"cluster up", "-n 1 --dir /tmp/none"}, {"cluster down", "--dir /tmp/none"},
+      {"launch", "-n 1 -- true"}, {"checkpoint save", "/tmp/none"},
+      {"checkpoint restore", "/tmp/none"},
+  };
+  for (size_t i = 0; i < sizeof verbs / sizeof verbs[0]; i++) {
+    char args[512], want[128];
+    snprintf(args, sizeof args, "%s --bogus=1 %s", verbs[i][0], verbs[i][1]);
+    snprintf(want, sizeof want, "distctl %s: unknown argument '--bogus=1'\n", verbs[i][0]);
+    expect_exit(args, 2, want);
+  }
+}
+
+/* What every verb took before it read its options table, it still takes,
+ * and what it refused it still refuses: "-o" and "--output", "=" forms, a
+ * flag given twice, NAME among the options, "--" only where the verb
+ * takes it. (These usage errors come before any daemon is asked.) */
+Test(distctl_args, the_spellings_taken_before_are_taken_still) {
+  expect_exit("tensor get w --local --local --rank=1 --output w.npy", 2,
+              "distctl tensor get: --rank 1: the cluster has one rank, 0");
+  expect_exit("tensor get --rank 1 w -o=w.npy --local", 2,
+              "distctl tensor get: --rank 1: the cluster has one rank, 0");
+  expect_exit("cluster up -n 1 --pin --pin --dir", 2, "option --dir needs a value");
+  expect_exit("cluster up -n 1 --dir /tmp/x --pin=yes", 2, "--pin");
+  expect_exit("tensor show w -- x", 2, "'--'");
+  expect_exit("tensor show w x", 2, "distctl tensor show: unexpected argument 'x'");
+  expect_exit("param tune --lr 1", 2, "distctl param tune: name the parameter");
+  expect_exit("launch --log-dir=/tmp/none -n=1", 2,
+              "distctl launch: the program to run follows '--'");
+  expect_exit("tensor rm", 2, "distctl tensor rm: missing tensor NAME");
+  expect_exit("checkpoint save --tensors a", 2, "distctl checkpoint save: missing DIR");
+  expect_exit("checkpoint restore d --dim-names a --placements \"Replicate()\"", 2,
+              "--dim-names needs --mesh");
+}
+
+/* The string at key of j's array `array`, entry i ("" when none). */
+static const char *string_at(json_t *j, const char *array, size_t i) {
+  const char *s = json_string_value(json_array_get(json_object_get(j, array), i));
+  return s ? s : "";
+}
+
+/* The tensor verbs against a real cluster, each with every option it
+ * takes, in the spellings scripts use: each does what it did. */
+Test(distctl_args, the_tensor_verbs_take_each_of_their_options_against_a_cluster) {
+  put_src("opts");
+  const float *v = src_values;
+  size_t nbytes = sizeof src_values;
+  dist_client *c = harness_client(&cluster);
+  char whole[512], r0[512], r1[512], cmd[2048];
+  snprintf(whole, sizeof whole, "%s/whole.npy", cluster.dir);
+  snprintf(r0, sizeof r0, "%s/r0.npy", cluster.dir);
+  snprintf(r1, sizeof r1, "%s/r1.npy", cluster.dir);
+  snprintf(cmd, sizeof cmd, "tensor get src -o %s", whole);
+  free(distctl_ok(cmd));
+  snprintf(cmd, sizeof cmd, "tensor get --local src --rank=0 --output=%s", r0);
+  free(distctl_ok(cmd));
+  snprintf(cmd, sizeof cmd, "tensor get src --rank 1 --local --output %s", r1);
+  free(distctl_ok(cmd));
+  /* put from one file, with --dim-names and --dtype; from pieces, --local. */
+  snprintf(cmd, sizeof cmd, "tensor put w %s --mesh \"[[0,1]]\" --dim-names=dp,mp "
+           "--placements \"Replicate(),Shard(0)\" --dtype float32", whole);
+  json_t *j = json_of(cmd);
+  cr_assert_str_eq(string_at(json_object_get(j, "mesh"), "dim_names", 1), "mp");
+  cr_assert_str_eq(string_at(j, "placements", 1), "Shard(0)");
+  json_decref(j);
+  harness_expect_value(c, "w", v, nbytes);
+  snprintf(cmd, sizeof cmd, "tensor put --local %s,%s p --mesh=\"[0,1]\" "
+           "--placements=\"Shard(0)\"", r0,
+           r1);
+  free(distctl_ok(cmd));
+  harness_expect_value(c, "p", v, nbytes);
+  /* reshard onto another mesh of the same shape, its dims named. */
+  j = json_of("tensor reshard w --mesh \"[[1,0]]\" --dim-names a,b "
+              "--placements \"Shard(0),Replicate()\"");
+  cr_assert_str_eq(string_at(json_object_get(j, "mesh"), "dim_names", 0), "a");
+  cr_assert_str_eq(string_at(j, "placements", 0), "Shard(0)");
+  cr_assert_eq(json_integer_value(json_array_get(
+                   json_object_get(json_object_get(j, "mesh"), "ranks"), 0)), 1);
+  json_decref(j);
+  harness_expect_value(c, "w", v, nbytes);
+  /* checkpoint save of some tensors; restore of one onto another mesh. */
+  char ckpt[512];
+  snprintf(ckpt, sizeof ckpt, "%s/ckpt", cluster.dir);
+  snprintf(cmd, sizeof cmd, "checkpoint save %s --tensors=p,src", ckpt);
+  free(distctl_ok(cmd));
+  free(distctl_ok("tensor rm p"));
+  snprintf(cmd, sizeof cmd, "checkpoint restore --tensors p %s --mesh \"[1]\" "
+           "--dim-names solo --placements \"Replicate()\"", ckpt);
+  j = json_of(cmd);
+  cr_assert_eq(json_integer_value(json_object_get(j, "tensors")), 1);
+  json_decref(j);
+  j = json_of("tensor show p");
+  cr_assert_str_eq(string_at(json_object_get(j, "mesh"), "dim_names", 0), "solo");
+  cr_assert_str_eq(string_at(j, "placements", 0), "Replicate()");
+  json_decref(j);
+  harness_expect_value(c, "p", v, nbytes);
+  dist_close(c);
+}
+
+/* param tune with each hyper-parameter, in either spelling. */
+Test(distctl_args, param_tune_takes_each_hyper_parameter_against_a_cluster) {
+  start_cluster(1, "tune");
+  dist_client *c = harness_client(&cluster);
+  float zero[4] = {0};
+  int64_t shape[1] = {4};
+  dist_tensor_free(harness_put(c, "a", DIST_FLOAT32, zero, 1, shape, "[0]", "Replicate()"));
+  dist_tensor_free(harness_put(c, "s", DIST_FLOAT32, zero, 1, shape, "[0]", "Replicate()"));
+  dist_param_opts adam = DIST_PARAM_OPTS_INIT, sgd = DIST_PARAM_OPTS_INIT;
+  adam.optimizer = DIST_OPT_ADAMW;
+  sgd.momentum = 0.9;
+  cr_assert_eq(dist_param_configure(c, "a", &adam), 0, "%s", dist_errmsg(c));
+  cr_assert_eq(dist_param_configure(c, "s", &sgd), 0, "%s", dist_errmsg(c));
+  dist_close(c);
+  static const struct {
+    const char *args, *key;
+    double after;
+  } tunes[] = {
+      {"a --lr 0.25", "lr", 0.25},           {"a --beta1=0.8", "beta1", 0.8},
+      {"a --beta2 0.99", "beta2", 0.99},     {"a --eps 1e-6", "eps", 1e-6},
+      {"a --weight-decay=0.5", "weight-decay", 0.5}, {"s --momentum 0.5", "momentum", 0.5},
+      {"s --dampening 0.125", "dampening", 0.125},
+  };
+  for (size_t i = 0; i < sizeof tunes / sizeof tunes[0]; i++) {
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "param tune %s", tunes[i].args);
+    json_t *j = json_of(cmd);
+    json_t *changed = json_object_get(json_object_get(j, "changed"), tunes[i].key);
+    cr_assert(changed, "param tune %s changed no %s", tunes[i].args, tunes[i].key);
+    cr_assert_float_eq(json_real_value(json_object_get(changed, "after")), tunes[i].after, 1e-12);
+    json_decref(j);
+  }
+}
+
+/* daemon 0's command line, as /proc shows it (NULs as spaces), in buf. */
+static void daemon_command_line(const char *dir, char *buf, size_t len) {
+  char path[700], pid[32] = "";
+  snprintf(path, sizeof path, "%s/distd.0.pid", dir);
+  FILE *f = fopen(path, "r");
+  cr_assert(f && fgets(pid, sizeof pid, f), "no %s", path);
+  fclose(f);
+  snprintf(path, sizeof path, "/proc/%d/cmdline", atoi(pid));
+  f = fopen(path, "r");
+  cr_assert(f, "no %s", path);
+  size_t n = fread(buf, 1, len - 1, f);
+  fclose(f);
+  for (size_t i = 0; i < n; i++) buf[i] = buf[i] ? buf[i] : ' ';
+  buf[n] = 0;
+}
+
+/* cluster up with every option and daemon flags after "--", cluster down
+ * with its one, and launch with each of its and a program after "--". */
+Test(distctl_args, cluster_and_launch_take_each_of_their_options, .fini = stop_json_cluster) {
+  const char *up_dir = json_dir;
+  cr_assert(mkdtemp(json_dir));
+  char cmd[2048], dir[600], line[4096], *out = NULL, *err = NULL;
+  snprintf(dir, sizeof dir, "%s/c", up_dir);
+  snprintf(cmd, sizeof cmd, "%s cluster up --pin -n=1 --dir %s -- --log-level=debug",
+           harness_distctl(), dir);
+  int rc = harness_run(cmd, &out, &err, 60);
+  cr_assert_eq(rc, 0, "cluster up exited %d: %s", rc, err ? err : "");
+  free(out);
+  free(err);
+  daemon_command_line(dir, line, sizeof line);
+  cr_assert(strstr(line, "--cpu-affinity") && strstr(line, "--log-level=debug"),
+            "--pin or the daemon flags did not reach distd: %s", line);
+  snprintf(cmd, sizeof cmd, "%s cluster down --dir=%s", harness_distctl(), dir);
+  rc = harness_run(cmd, NULL, &err, 60);
+  cr_assert_eq(rc, 0, "cluster down exited %d: %s", rc, err ? err : "");
+  free(err);
+  snprintf(cmd, sizeof cmd, "%s launch --log-dir=%s/log -n 1 -- sh -c "
+           "\"echo world \\$DIST_WORLD_SIZE -n\"", harness_distctl(), up_dir);
+  rc = harness_run(cmd, &out, &err, 90);
+  cr_assert_eq(rc, 0, "launch exited %d: %s", rc, err ? err : "");
+  cr_assert(out && strstr(out, "world 1 -n"), "launch ran something else: %s", out ? out : "");
+  free(out);
+  free(err);
+  snprintf(dir, sizeof dir, "%s/log", up_dir);
+  cr_assert_eq(harness_count_files(dir, "", "workerlog.0"), 1, "no workerlog.0 in %s", dir);
 }

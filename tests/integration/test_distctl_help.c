@@ -196,3 +196,89 @@ Test(distctl_help, a_verb_takes_the_options_its_help_describes_and_no_other) {
   expect_says("status --recent 1", 2, 1, "distctl status: unknown argument '--recent'");
   expect_says("experts extra", 2, 1, "distctl experts: unexpected argument 'extra'");
 }
+
+/* Whether help has a line "  OPTION..." under "options:" that goes on
+ * to describe it: the label, two spaces, then words. */
+static int describes(const char *help, const char *option) {
+  const char *section = strstr(help, "\noptions:\n");
+  char line_start[64];
+  snprintf(line_start, sizeof line_start, "\n  %s", option);
+  for (const char *p = section; p && (p = strstr(p, line_start)); p++) {
+    const char *after = p + strlen(line_start), *end = strchr(after, '\n');
+    if (*after != ' ' && *after != ',') continue; /* "--local" is not "--local-x" */
+    const char *gap = strstr(after, "  ");
+    if (gap && end && gap < end && gap[strspn(gap, " ")] != '\n') return 1;
+  }
+  return 0;
+}
+
+/* The verbs that listed their options in their usage line alone, each
+ * with every option it took: its help now describes each (it said
+ * nothing of what --local, --pin or --dampening do), or says it takes
+ * none of its own. */
+Test(distctl_help, every_verbs_help_describes_each_option_it_takes) {
+  static const struct {
+    const char *verb, *options[8];
+  } verbs[] = {
+      {"tensor put", {"--mesh", "--dim-names", "--placements", "--local", "--dtype"}},
+      {"tensor get", {"-o", "-o, --output", "--rank", "--local"}},
+      {"tensor reshard", {"--placements", "--mesh", "--dim-names"}},
+      {"checkpoint save", {"--tensors"}},
+      {"checkpoint restore", {"--tensors", "--mesh", "--dim-names", "--placements"}},
+      {"cluster up", {"-n", "--dir", "--pin"}},
+      {"cluster down", {"--dir"}},
+      {"launch", {"-n", "--log-dir"}},
+      {"param tune",
+       {"--lr", "--momentum", "--dampening", "--beta1", "--beta2", "--eps", "--weight-decay"}},
+      {"tensor show", {NULL}},
+      {"tensor rm", {NULL}},
+      {"tensors", {NULL}},
+  };
+  for (size_t i = 0; i < sizeof verbs / sizeof verbs[0]; i++) {
+    char args[64], *out, *err;
+    snprintf(args, sizeof args, "help %s", verbs[i].verb);
+    cr_assert_eq(run(args, &out, &err), 0, "distctl %s: %s", args, err);
+    if (!verbs[i].options[0])
+      cr_assert(strstr(out, "\noptions: none of its own\n"), "distctl %s: %s", args, out);
+    for (int k = 0; verbs[i].options[k]; k++)
+      cr_assert(describes(out, verbs[i].options[k]), "distctl %s does not describe %s:\n%s",
+                args, verbs[i].options[k], out);
+    free(out);
+    free(err);
+  }
+}
+
+/* The verbs `distctl --help` lists, each as its synopsis begins ("tensor
+ * put"), into verbs (n at most max); returns how many. */
+static int listed_verbs(const char *usage, char verbs[][32], int max) {
+  int n = 0;
+  const char *p = strstr(usage, "commands:\n");
+  for (p = p ? strchr(p, '\n') : NULL; p && n < max; p = strchr(p + 1, '\n')) {
+    if (strncmp(p, "\n  ", 3) != 0 || p[3] == ' ') continue; /* a description */
+    const char *w = p + 3;
+    size_t len = strcspn(w, " \n");
+    if (w[len] == ' ' && w[len + 1] >= 'a' && w[len + 1] <= 'z') /* a second word */
+      len += 1 + strcspn(w + len + 1, " \n");
+    snprintf(verbs[n++], 32, "%.*s", (int)len, w);
+  }
+  return n;
+}
+
+/* Every verb distctl lists has an options section in its help: each
+ * verb's options come from its table (the one its parsing reads). */
+Test(distctl_help, every_listed_verb_has_an_options_section) {
+  char *usage, *err, verbs[64][32];
+  cr_assert_eq(run("--help", &usage, &err), 0, "%s", err);
+  int n = listed_verbs(usage, verbs, 64);
+  cr_assert_geq(n, 19, "found %d verbs in: %s", n, usage);
+  free(usage);
+  free(err);
+  for (int i = 0; i < n; i++) {
+    char args[64], *out;
+    snprintf(args, sizeof args, "help %s", verbs[i]);
+    cr_assert_eq(run(args, &out, &err), 0, "distctl %s: %s", args, err);
+    cr_assert(strstr(out, "\noptions:"), "distctl %s has no options section:\n%s", args, out);
+    free(out);
+    free(err);
+  }
+}
