@@ -17,10 +17,7 @@ int distd_attr_parse(distd_server *s, const Dist__V1__Mesh *mesh,
   if (npl != (size_t)a->mesh.ndim)
     return dist_fail(eb, DIST_EINVAL, "%zu placements for a mesh of %d dims",
                      npl, a->mesh.ndim);
-  if (dist_placements_from_pb(pl, npl, a->placements, eb) != 0) return eb->code;
-  if (dist_mesh_index_of(&a->mesh, s->rank) < 0)
-    return dist_fail(eb, DIST_EINVAL, "rank %d is not in the mesh", s->rank);
-  return 0;
+  return dist_placements_from_pb(pl, npl, a->placements, eb) != 0 ? eb->code : 0;
 }
 
 /* Only a Shard over more than one rank makes the global extent depend on

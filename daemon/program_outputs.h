@@ -19,8 +19,9 @@ typedef struct distd_attr {
   dist_placement placements[DIST_MAX_MESH_DIMS];
 } distd_attr;
 
-/* Parses a mesh of the world that this rank is part of, and placements
- * for it. */
+/* Parses a mesh of the world and placements for it. This rank need not
+ * be in the mesh: a LocalLayer's outputs may lie on different meshes
+ * (svc_program.c). */
 int distd_attr_parse(distd_server *s, const Dist__V1__Mesh *mesh,
                      Dist__V1__Placement *const *pl, size_t npl, distd_attr *a,
                      dist_errbuf *eb);

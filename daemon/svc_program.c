@@ -32,7 +32,32 @@ static int parse_out_attr(distd_server *s, const Dist__V1__Program *pb,
   return rc;
 }
 
+/* Whether this rank makes output k a distributed tensor: outputs may lie
+ * on different meshes (a pipeline's stages), and a rank stores only those
+ * of its own; it still runs the whole program, as Paddle's LocalLayer
+ * does on every rank. */
+static int holds_output(distd_server *s, const distd_attr *a) {
+  return dist_mesh_index_of(&a->mesh, s->rank) >= 0;
+}
+
 /* ---------------------------------------------------------------- Register */
+
+/* Every out_dist_attr parses, and this rank is in one of their meshes at
+ * least: in none, it would store nothing (libdist registers such a
+ * trainer's program nowhere, program_outside.c). */
+static int check_out_attrs(distd_server *s, const Dist__V1__Program *pb, dist_errbuf *eb) {
+  int held = 0;
+  for (size_t k = 0; k < pb->n_out_dist_attrs; k++) {
+    distd_attr a;
+    int rc = parse_out_attr(s, pb, k, &a, eb);
+    if (rc) return rc;
+    held |= holds_output(s, &a);
+  }
+  if (pb->n_out_dist_attrs && !held)
+    return dist_fail(eb, DIST_EINVAL, "out_dist_attrs: rank %d is in none of the outputs' "
+                     "meshes", s->rank);
+  return 0;
+}
 
 DISTD_HANDLER(program_register) {
   (void)ci;
@@ -41,13 +66,9 @@ DISTD_HANDLER(program_register) {
   distd_program *p = NULL;
   int rc = distd_program_new(rq->program, &p, eb);
   if (rc) return rc;
-  const Dist__V1__Program *pb = distd_program_message(p);
-  for (size_t k = 0; k < pb->n_out_dist_attrs; k++) {
-    distd_attr a;
-    if ((rc = parse_out_attr(s, pb, k, &a, eb))) {
-      distd_program_free(p);
-      return rc;
-    }
+  if ((rc = check_out_attrs(s, distd_program_message(p), eb))) {
+    distd_program_free(p);
+    return rc;
   }
   Dist__V1__ProgramRegisterReply rp = DIST__V1__PROGRAM_REGISTER_REPLY__INIT;
   rc = distd_registry_add(s->programs, p, rq->invocation_ttl_seconds,
@@ -60,8 +81,10 @@ DISTD_HANDLER(program_register) {
 
 /* ---------------------------------------------------------------- outputs */
 
-/* Makes every output, storing none. Goes through every output's shape
- * exchange even after a failure, so that the peers are told. */
+/* Makes every output this rank holds, storing none. Goes through each
+ * such output's shape exchange even after a failure, so that the peers are
+ * told; an output on a mesh without this rank is left to its members
+ * (nothing staged, an empty description in the reply). */
 static int make_outputs(distd_server *s, const distd_call_info *ci,
                         const Dist__V1__Program *pb,
                         const Dist__V1__ProgramInvokeRequest *rq,
@@ -77,6 +100,7 @@ static int make_outputs(distd_server *s, const distd_call_info *ci,
       rc = rc ? rc : prc;
       continue;
     }
+    if (!holds_output(s, &a)) continue;
     int grc = distd_value_global(s, ci->deadline_ms, &a, rq->op_id + 1 + k, rc, v, &global,
                                  eb);
     if (rc || grc) {
