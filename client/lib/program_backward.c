@@ -31,6 +31,14 @@ static int take_grads(dist_client *c, fanout *f, const dist_backward_opts *o,
   return 0;
 }
 
+/* Whether the daemon of `rank` holds a piece of output k. One that holds
+ * none is sent no gradient of it: its local output went nowhere, so
+ * nothing flows back through it there (as in Paddle, where the rank holds
+ * no local gradient of a tensor outside its mesh). */
+static int holds_output(const dist_invocation *v, int k, int rank) {
+  return dist_mesh_index_of(&v->out_meshes[k], rank) >= 0;
+}
+
 static int build_backward(dist_client *c, dist_invocation *v, fanout *f,
                           const dist_arg *out_grads, char **names,
                           const dist_backward_opts *o,
@@ -38,7 +46,8 @@ static int build_backward(dist_client *c, dist_invocation *v, fanout *f,
   for (int i = 0; i < f->n; i++) {
     dist__v1__program_backward_request__init(&rq[i]);
     for (int k = 0; out_grads && k < v->n_outputs; k++)
-      dist_prog_fill_arg(c, &f->args[i], k, &out_grads[k], i);
+      if (holds_output(v, k, f->targets[i]))
+        dist_prog_fill_arg(c, &f->args[i], k, &out_grads[k], i);
     rq[i].invocation_id = v->id;
     rq[i].n_ranks = (size_t)v->nvote;
     rq[i].ranks = v->vote_ranks;

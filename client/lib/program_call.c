@@ -105,7 +105,10 @@ dist_invocation *dist_prog_invocation_new(const dist_program *p, int n, uint64_t
   v->nvote = dist_prog_output_ranks(p, ranks);
   v->vote_ranks = calloc((size_t)v->nvote + 1, sizeof *v->vote_ranks);
   for (int i = 0; v->vote_ranks && i < v->nvote; i++) v->vote_ranks[i] = (uint32_t)ranks[i];
-  if (!v->input_is_tensor || !v->out_names || !v->vote_ranks) {
+  v->out_meshes = calloc((size_t)p->n_outputs + 1, sizeof *v->out_meshes);
+  for (int k = 0; v->out_meshes && k < p->n_outputs && k < p->n_attrs; k++)
+    v->out_meshes[k] = p->attrs[k]->mesh;
+  if (!v->input_is_tensor || !v->out_names || !v->vote_ranks || !v->out_meshes) {
     dist_invocation_free(v);
     return NULL;
   }
@@ -127,6 +130,7 @@ void dist_invocation_free(dist_invocation *inv) {
   free(inv->out_names);
   free(inv->vote_ranks);
   free(inv->outside_grads);
+  free(inv->out_meshes);
   free(inv);
 }
 
@@ -163,9 +167,21 @@ static void undo_call(dist_client *c, fanout *f, uint64_t id) {
   c->err = keep;
 }
 
-/* The invocation and output handles from the replies. */
+/* Output k's description: from the first daemon that holds a piece of
+ * it (outputs may lie on different meshes), or NULL. */
+static const Dist__V1__TensorMeta *described(const fanout *f, int k) {
+  for (int i = 0; i < f->n; i++) {
+    const Dist__V1__ProgramInvokeReply *r = (const void *)f->calls[i].reply;
+    if (r->outputs[k]->name && r->outputs[k]->name[0]) return r->outputs[k];
+  }
+  return NULL;
+}
+
+/* The invocation and output handles from the replies; an output no
+ * daemon called holds a piece of takes its handle from elsewhere[k]
+ * (program_outside.c). */
 static int take_outputs(dist_client *c, fanout *f, const dist_call_opts *o,
-                        dist_invocation *v, dist_tensor **outs) {
+                        dist_invocation *v, dist_tensor **elsewhere, dist_tensor **outs) {
   if (o->keep_local_values &&
       !(v->outs = calloc((size_t)(f->n * v->n_outputs) + 1, sizeof *v->outs)))
     return dist_client_fail(c, DIST_ENOMEM, "out of memory");
@@ -179,9 +195,11 @@ static int take_outputs(dist_client *c, fanout *f, const dist_call_opts *o,
     for (size_t k = 0; o->keep_local_values && k < r->n_values; k++)
       dist_prog_keep_value(&v->outs[i * v->n_outputs + (int)k], r->values[k]);
   }
-  const Dist__V1__ProgramInvokeReply *r0 = (const void *)f->calls[0].reply;
-  for (int k = 0; outs && k < v->n_outputs; k++)
-    outs[k] = dist_tensor_from_meta(r0->outputs[k]);
+  for (int k = 0; outs && k < v->n_outputs; k++) {
+    const Dist__V1__TensorMeta *m = described(f, k);
+    outs[k] = m ? dist_tensor_from_meta(m) : elsewhere[k];
+    if (!m) elsewhere[k] = NULL;
+  }
   return 0;
 }
 
@@ -246,14 +264,17 @@ int dist_prog_name_outputs(dist_client *c, const dist_program *p, const dist_cal
   return 0;
 }
 
-/* The call's output names and requests, made and checked before any is
- * sent. */
+/* The call's output names, requests and handles of the outputs this
+ * trainer holds no piece of (in `elsewhere`), made and checked before
+ * any is sent. */
 static int prepare_call(dist_client *c, const dist_program *p, const dist_call_opts *o,
                         const dist_arg *args, fanout *f, dist_invocation *v, char **names,
-                        Dist__V1__ProgramInvokeRequest *rq) {
+                        Dist__V1__ProgramInvokeRequest *rq, dist_tensor **elsewhere) {
   int rc = dist_prog_name_outputs(c, p, o, v, names);
   if (rc == 0 && o->out_names) rc = check_out_names(c, p, names);
-  return rc ? rc : build_invoke(c, p, f, args, rq);
+  if (rc == 0) rc = build_invoke(c, p, f, args, rq);
+  if (rc == 0 && p->checked) rc = dist_prog_outputs_elsewhere(c, p, args, names, elsewhere);
+  return rc;
 }
 
 /* c->err's code, after an SPMD trainer refused its call of p under id:
@@ -296,18 +317,19 @@ int dist_local_layer_call(dist_client *c, dist_program *p, const dist_arg *args,
                            c->spmd_rank >= 0 ? 1 : p->nranks))
     return refuse_call(c, p, id);
   if (p->outside) return dist_prog_call_outside(c, p, args, &o, id, inv, outs);
-  fanout f;
+  fanout f = {0};
   dist_invocation *v = NULL;
   Dist__V1__ProgramInvokeRequest *rq = NULL;
   char **names = calloc((size_t)p->n_outputs + 1, sizeof *names);
-  int rc = fanout_init(c, p, &f, p->n_inputs);
+  dist_tensor **elsewhere = calloc((size_t)p->n_outputs + 1, sizeof *elsewhere);
+  int rc = names && elsewhere ? fanout_init(c, p, &f, p->n_inputs) : DIST_ENOMEM;
   if (!rc && !(v = dist_prog_invocation_new(p, f.n, id, c->spmd_rank))) rc = DIST_ENOMEM;
   if (!rc && !(rq = calloc((size_t)f.n + 1, sizeof *rq))) rc = DIST_ENOMEM;
   if (rc) {
     rc = dist_client_fail(c, DIST_ENOMEM, "out of memory");
     goto out;
   }
-  if ((rc = prepare_call(c, p, &o, args, &f, v, names, rq))) {
+  if ((rc = prepare_call(c, p, &o, args, &f, v, names, rq, elsewhere))) {
     refuse_call(c, p, id);
     goto out;
   }
@@ -332,13 +354,15 @@ int dist_local_layer_call(dist_client *c, dist_program *p, const dist_arg *args,
     undo_call(c, &f, id);
     goto out;
   }
-  if ((rc = take_outputs(c, &f, &o, v, outs))) goto out;
+  if ((rc = take_outputs(c, &f, &o, v, elsewhere, outs))) goto out;
   v->backward_done = o.no_grad != 0;
   *inv = v;
   v = NULL;
 out:
   dist_invocation_free(v);
   dist_prog_fanout_free(&f);
+  for (int k = 0; elsewhere && k < p->n_outputs; k++) dist_tensor_free(elsewhere[k]);
+  free(elsewhere);
   free(rq);
   free(names);
   return rc;

@@ -50,10 +50,13 @@ struct dist_program {
   int nranks;
   int ranks[DIST_MAX_MESH_RANKS];
   uint64_t handles[DIST_MAX_MESH_RANKS];
-  /* An SPMD trainer outside every output mesh registers nowhere: it keeps
-   * the program as its daemon would check it, to infer the members'
-   * output shapes (program_outside.c). NULL otherwise. */
-  struct distd_program *outside;
+  /* An SPMD trainer outside some output mesh keeps the program as its
+   * daemon would check it, to infer the members' shapes of the outputs it
+   * holds no piece of (program_outside.c); NULL otherwise. */
+  struct distd_program *checked;
+  /* ... and outside every output mesh: registered nowhere, its calls
+   * no-ops. */
+  int outside;
 };
 
 /* One rank's local value kept in an invocation. */
@@ -81,6 +84,9 @@ struct dist_invocation {
    * handle takes (the tensor argument's, with its grad placements), or
    * no_piece 0 when the members store no gradient for it. */
   dist_tensor *outside_grads;
+  /* Per output, its mesh (from out_dist_attrs): a daemon outside it holds
+   * no piece of the output, so is sent no gradient of it. */
+  dist_mesh_desc *out_meshes;
 };
 
 /* The request arguments of one daemon. */
@@ -150,10 +156,21 @@ int dist_prog_name_grads(dist_client *c, const dist_invocation *inv,
 /* 1 when this SPMD trainer is in none of p's output meshes: its calls of
  * p are Paddle's no-op for a rank outside the process mesh. */
 int dist_prog_outside(const dist_client *c, const dist_program *p);
+/* 1 when this SPMD trainer is outside output k's mesh (holds no piece of
+ * it). */
+int dist_prog_output_elsewhere(const dist_client *c, const dist_program *p, int k);
 /* An outsider's registration of p, whose message is pb: checked as a
- * member's daemon checks it, and kept in p->outside; nothing is sent. */
+ * member's daemon checks it, and kept in p->checked; nothing is sent. */
 int dist_prog_register_outside(dist_client *c, dist_program *p, const Dist__V1__Program *pb);
+/* A trainer outside some but not all output meshes, registered on its
+ * daemon: keeps pb checked in p->checked, for the outputs it holds no
+ * piece of. */
+int dist_prog_keep_checked(dist_client *c, dist_program *p, const Dist__V1__Program *pb);
 void dist_prog_unregister_outside(dist_program *p);
+/* For each output k this SPMD trainer is outside of, outs[k]: a handle of
+ * the members' global shape with no piece (the others stay NULL). */
+int dist_prog_outputs_elsewhere(dist_client *c, const dist_program *p, const dist_arg *args,
+                                char *const *names, dist_tensor **outs);
 /* An outsider's call of p under op id `id` (its ids taken, its arguments
  * checked): output handles of the members' global shapes with no piece,
  * an invocation without daemons; nothing is sent. */

@@ -1,5 +1,6 @@
 /* A LocalLayer program called by an SPMD trainer in none of its output
- * meshes. In Paddle every rank runs the whole program, and a LocalLayer on
+ * meshes, and the outputs whose meshes a trainer in some of them is not
+ * in. In Paddle every rank runs the whole program, and a LocalLayer on
  * a rank outside the process mesh makes distributed tensors of which it
  * holds nothing; here the call is a no-op success for it, as the other
  * operations are (spmd_outside.c): nothing is registered, sent or stored
@@ -13,7 +14,12 @@
  * (daemon/program/validate.c, linked in without kernels) and infers each
  * member's local outputs from that member's pieces of the tensor
  * arguments, then puts them together as the members' shape exchange
- * does (dist_global_of_pieces). */
+ * does (dist_global_of_pieces).
+ *
+ * A trainer in some of the output meshes but not all (a pipeline's
+ * stages) is registered on its daemon, which runs the whole program and
+ * stores the outputs of its own meshes (daemon/svc_program.c); for each
+ * of the others libdist makes the outsider's handle in the same way. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,6 +36,22 @@ int dist_prog_outside(const dist_client *c, const dist_program *p) {
   return 1;
 }
 
+int dist_prog_output_elsewhere(const dist_client *c, const dist_program *p, int k) {
+  return c->spmd_rank >= 0 && k < p->n_attrs &&
+         dist_mesh_index_of(&p->attrs[k]->mesh, c->spmd_rank) < 0;
+}
+
+int dist_prog_keep_checked(dist_client *c, dist_program *p, const Dist__V1__Program *pb) {
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  struct distd_program *checked = NULL;
+  if (distd_program_new(pb, &checked, &eb) != 0)
+    return dist_client_fail(c, eb.code, "%s", eb.msg);
+  dist_prog_unregister_outside(p);
+  p->checked = checked;
+  c->err = (dist_errbuf)DIST_ERRBUF_INIT;
+  return 0;
+}
+
 int dist_prog_register_outside(dist_client *c, dist_program *p, const Dist__V1__Program *pb) {
   int ranks[DIST_MAX_MESH_RANKS];
   int n = dist_prog_output_ranks(p, ranks);
@@ -37,22 +59,18 @@ int dist_prog_register_outside(dist_client *c, dist_program *p, const Dist__V1__
     if (!dist_client_reaches(c, ranks[i]))
       return dist_refuse_unreached(c, "an out_dist_attr", ranks[i], "an out_dist_attr names "
                                    "rank %d, but the cluster has %d daemons", ranks[i], c->n);
-  dist_errbuf eb = DIST_ERRBUF_INIT;
-  struct distd_program *checked = NULL;
-  if (distd_program_new(pb, &checked, &eb) != 0)
-    return dist_client_fail(c, eb.code, "%s", eb.msg);
-  dist_prog_unregister_outside(p);
-  p->outside = checked;
+  if (dist_prog_keep_checked(c, p, pb) != 0) return c->err.code;
+  p->outside = 1;
   p->nranks = 1; /* as a member's registration on its own daemon */
   p->ranks[0] = c->spmd_rank;
   p->handles[0] = 0;
-  c->err = (dist_errbuf)DIST_ERRBUF_INIT;
   return 0;
 }
 
 void dist_prog_unregister_outside(dist_program *p) {
-  distd_program_free(p->outside);
-  p->outside = NULL;
+  distd_program_free(p->checked);
+  p->checked = NULL;
+  p->outside = 0;
 }
 
 /* ---------------------------------------------------------------- shapes */
@@ -93,7 +111,7 @@ static int infer_member(dist_client *c, const dist_program *p, const dist_arg *a
         !(rc = dist_prog_check_input(c, p, j, &args[j])))
       rc = member_input(c, &args[j], j, rank, &in[j]);
   dist_errbuf eb = DIST_ERRBUF_INIT;
-  if (rc == 0 && distd_program_infer(p->outside, in, values, &eb) != 0)
+  if (rc == 0 && distd_program_infer(p->checked, in, values, &eb) != 0)
     rc = dist_client_fail(c, eb.code, "program '%s' on rank %d: %s", p->name, rank, eb.msg);
   free(in);
   return rc;
@@ -102,7 +120,7 @@ static int infer_member(dist_client *c, const dist_program *p, const dist_arg *a
 /* Output k's handle: the global shape the members' local outputs make. */
 static int output_handle(dist_client *c, const dist_program *p, const dist_arg *args, int k,
                          const char *name, distd_vmeta *values, dist_tensor **out) {
-  const Dist__V1__Program *pb = distd_program_message(p->outside);
+  const Dist__V1__Program *pb = distd_program_message(p->checked);
   const Dist__V1__DistAttr *attr = pb->out_dist_attrs[k];
   dist_mesh mesh;
   dist_placement pl[DIST_MAX_MESH_DIMS];
@@ -134,7 +152,7 @@ static int float_dtype(dist_dtype dt) {
  * program gives some; none (no_piece 0) for inputs the daemons give no
  * gradient (dist.h, dist_backward). */
 static void gradient_layout(const dist_program *p, const dist_arg *a, int j, dist_tensor *g) {
-  const Dist__V1__ProgramInput *in = distd_program_message(p->outside)->inputs[j];
+  const Dist__V1__ProgramInput *in = distd_program_message(p->checked)->inputs[j];
   memset(g, 0, sizeof *g);
   if (in->kind != DIST__V1__PROGRAM_INPUT__KIND__DTENSOR_LOCAL || in->no_grad ||
       !float_dtype(a->tensor->dtype))
@@ -147,22 +165,29 @@ static void gradient_layout(const dist_program *p, const dist_arg *a, int j, dis
 
 /* ---------------------------------------------------------------- call, backward */
 
+int dist_prog_outputs_elsewhere(dist_client *c, const dist_program *p, const dist_arg *args,
+                                char *const *names, dist_tensor **outs) {
+  distd_vmeta *values = calloc(distd_program_n_values(p->checked) + 1, sizeof *values);
+  int rc = values ? 0 : dist_client_fail(c, DIST_ENOMEM, "out of memory");
+  for (int k = 0; rc == 0 && k < p->n_outputs; k++)
+    if (dist_prog_output_elsewhere(c, p, k))
+      rc = output_handle(c, p, args, k, names[k], values, &outs[k]);
+  for (int k = 0; rc && k < p->n_outputs; k++) dist_tensor_free(outs[k]), outs[k] = NULL;
+  free(values);
+  return rc;
+}
+
 /* The invocation and the output handles, into *inv and outs. */
 static int outside_results(dist_client *c, const dist_program *p, const dist_arg *args,
                            const dist_call_opts *o, dist_invocation *v, dist_tensor **outs) {
   char **names = calloc((size_t)p->n_outputs + 1, sizeof *names);
-  distd_vmeta *values = calloc(distd_program_n_values(p->outside) + 1, sizeof *values);
   v->outside_grads = calloc((size_t)p->n_inputs + 1, sizeof *v->outside_grads);
-  int rc = names && values && v->outside_grads
-               ? dist_prog_name_outputs(c, p, o, v, names)
-               : dist_client_fail(c, DIST_ENOMEM, "out of memory");
+  int rc = names && v->outside_grads ? dist_prog_name_outputs(c, p, o, v, names)
+                                     : dist_client_fail(c, DIST_ENOMEM, "out of memory");
   for (int j = 0; rc == 0 && j < p->n_inputs; j++)
     if (args[j].tensor) gradient_layout(p, &args[j], j, &v->outside_grads[j]);
-  for (int k = 0; rc == 0 && outs && k < p->n_outputs; k++)
-    rc = output_handle(c, p, args, k, names[k], values, &outs[k]);
-  for (int k = 0; rc && outs && k < p->n_outputs; k++) dist_tensor_free(outs[k]), outs[k] = NULL;
+  if (rc == 0 && outs) rc = dist_prog_outputs_elsewhere(c, p, args, names, outs);
   free(names);
-  free(values);
   return rc;
 }
 

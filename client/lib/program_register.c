@@ -107,6 +107,14 @@ void dist_prog_release_on(dist_client *c, const int *targets, int n,
   c->err = keep;
 }
 
+/* Whether this SPMD trainer holds no piece of some output: it then keeps
+ * the program checked, to describe those outputs (program_outside.c). */
+static int any_output_elsewhere(const dist_client *c, const dist_program *p) {
+  for (int k = 0; k < p->n_attrs; k++)
+    if (dist_prog_output_elsewhere(c, p, k)) return 1;
+  return 0;
+}
+
 int dist_program_register(dist_client *c, dist_program *p) {
   if (!c) return dist_no_client(__func__);
   if (DIST_NEED(c, p)) return c->err.code;
@@ -122,6 +130,7 @@ int dist_program_register(dist_client *c, dist_program *p) {
   }
   int targets[DIST_MAX_MESH_RANKS];
   int n = program_targets(c, p, targets), rc = n < 0 ? n : 0;
+  if (rc == 0 && any_output_elsewhere(c, p)) rc = dist_prog_keep_checked(c, p, &b.pb);
   dist_call *calls = NULL;
   Dist__V1__ProgramRegisterRequest rq = DIST__V1__PROGRAM_REGISTER_REQUEST__INIT;
   rq.program = &b.pb;
@@ -154,8 +163,10 @@ int dist_program_unregister(dist_client *c, dist_program *p) {
   if (!c) return dist_no_client(__func__);
   if (DIST_NEED(c, p)) return c->err.code;
   if (!p->nranks) return 0;
-  if (p->outside) { /* registered nowhere */
-    dist_prog_unregister_outside(p);
+  int nowhere = p->outside;
+  dist_prog_unregister_outside(p); /* the checked copy, if any */
+  if (nowhere) {
+    p->nranks = 0;
     return 0;
   }
   int rc = 0;
