@@ -862,19 +862,34 @@ static void run_layers(layer_trainer *t, dist_tensor *x, dist_program *twice,
   dist_tensor_free(loss);
 }
 
+/* An all-reduce of rank + 1 over every trainer, timed into *seconds: it
+ * meets at once only if the trainers' op ids are still in step. */
+static int all_reduce_in_step(dist_client *c, int rank, int32_t *sum, double *seconds) {
+  *sum = rank + 1;
+  double t0 = harness_now_s();
+  int rc = dist_all_reduce(c, sum, 1, DIST_INT32, DIST_REDUCE_SUM, NULL, 0);
+  *seconds = harness_now_s() - t0;
+  return rc;
+}
+
+/* dtensor_from_local of this trainer's n floats x, Shard(0) over mesh. */
+static int float_pieces(dist_client *c, const char *name, const float *x, int64_t n,
+                        const dist_mesh *mesh, dist_tensor **out) {
+  dist_placement shard = DIST_SHARD_DIM(0);
+  const void *pieces[1] = {x};
+  const int64_t *shapes[1] = {&n};
+  return dist_dtensor_from_local(c, name, pieces, DIST_FLOAT32, 1, shapes, mesh, &shard, out);
+}
+
 static void *layer_main(void *arg) {
   layer_trainer *t = arg;
   dist_mesh *mesh = NULL;
   dist_mesh_from_string("[0,1]", NULL, &mesh);
-  dist_placement shard = DIST_SHARD_DIM(0);
   for (int i = 0; i < 3; i++) t->x[i] = (float)(3 * t->rank + i + 1);
-  const void *pieces[1] = {t->x};
-  const int64_t three[1] = {3}, *shapes[1] = {three};
   dist_tensor *x = NULL;
   dist_program *twice = pair_program(mesh, 0), *loss_of = pair_program(mesh, 1);
   dist_tape *tape = NULL;
-  if (layer_step(t, "x", dist_dtensor_from_local(t->c, t->x_name, pieces, DIST_FLOAT32, 1, shapes,
-                                                 mesh, &shard, &x)) == 0 &&
+  if (layer_step(t, "x", float_pieces(t->c, t->x_name, t->x, 3, mesh, &x)) == 0 &&
       layer_step(t, "register 2x", dist_program_register(t->c, twice)) == 0 &&
       layer_step(t, "register loss", dist_program_register(t->c, loss_of)) == 0 &&
       (!t->tape || layer_step(t, "tape", dist_tape_new(t->c, &tape)) == 0))
@@ -886,11 +901,7 @@ static void *layer_main(void *arg) {
   dist_program_free(loss_of);
   dist_tensor_free(x);
   dist_mesh_free(mesh);
-  t->sum = t->rank + 1;
-  double t0 = harness_now_s();
-  layer_step(t, "all_reduce", dist_all_reduce(t->c, &t->sum, 1, DIST_INT32, DIST_REDUCE_SUM,
-                                              NULL, 0));
-  t->reduce_seconds = harness_now_s() - t0;
+  layer_step(t, "all_reduce", all_reduce_in_step(t->c, t->rank, &t->sum, &t->reduce_seconds));
   return NULL;
 }
 
@@ -1003,4 +1014,159 @@ Test(outside, an_outsiders_local_layer_arguments_are_checked_as_a_members, .time
   dist_program_free(p);
   dist_mesh_free(mesh);
   dist_close(c);
+}
+
+/* ------------------------- a LocalLayer whose outputs lie on two meshes */
+
+/* One of four trainers calling a pipeline's LocalLayer: x is 2 values a
+ * rank on mesh [0,1,2,3] (Shard(0)); out0 = 2x goes onto [0,1], out1 =
+ * x + 10 onto [2,3] (both Shard(0)). Each trainer is in one output's mesh
+ * and not the other's. Backward from (out0, out1) gives x's gradient:
+ * 2 * out0 = 4x on [0,1], out1 = x + 10 on [2,3]. */
+typedef struct split_trainer {
+  dist_client *c;
+  int rank;
+  int failed;
+  float x[2];
+  int64_t global[2]; /* each output's global shape */
+  int first_rank[2]; /* of each output handle's mesh */
+  size_t piece_bytes[2], full_bytes[2], grad_bytes;
+  float piece[2][2], full[2][4], grad[2];
+  int32_t sum;
+  double reduce_seconds;
+  char msg[1500];
+} split_trainer;
+
+static int split_step(split_trainer *t, const char *what, int rc) { return STEP(t, what, rc); }
+
+/* out0 = 2x on [0,1], out1 = x + 10 on [2,3]. */
+static dist_program *split_program(const dist_mesh *stage0, const dist_mesh *stage1) {
+  dist_program *p = NULL;
+  dist_program_new("split", &p);
+  int x = dist_input_dtensor(p, "x", DIST_FLOAT32);
+  dist_placement shard = DIST_SHARD_DIM(0);
+  dist_program_output(p, dist_op_mul_scalar(p, x, 2));
+  dist_program_output(p, dist_op_add_scalar(p, x, 10));
+  dist_program_out_dist_attr(p, stage0, &shard, NULL);
+  dist_program_out_dist_attr(p, stage1, &shard, NULL);
+  return p;
+}
+
+/* t's piece and the whole of output k, into t (0 bytes where none). */
+static void read_output(split_trainer *t, int k, const dist_tensor *out) {
+  void *data = NULL;
+  t->global[k] = dist_tensor_shape(out)[0];
+  t->first_rank[k] = dist_mesh_rank_at(dist_tensor_mesh(out), 0);
+  if (split_step(t, "to_local", dist_dtensor_to_local(t->c, out, -1, &data, &t->piece_bytes[k],
+                                                      NULL)) == 0 &&
+      t->piece_bytes[k] <= sizeof t->piece[k])
+    memcpy(t->piece[k], data, t->piece_bytes[k]);
+  free(data);
+  data = NULL;
+  if (split_step(t, "full", dist_full_tensor(t->c, out, &data, &t->full_bytes[k])) == 0 &&
+      t->full_bytes[k] <= sizeof t->full[k])
+    memcpy(t->full[k], data, t->full_bytes[k]);
+  free(data);
+}
+
+/* Backward from the outputs themselves; x's gradient piece into t. */
+static void split_backward(split_trainer *t, dist_invocation *inv, dist_tensor **outs) {
+  dist_arg og[2] = {{outs[0], NULL}, {outs[1], NULL}};
+  dist_tensor *grads[1] = {NULL};
+  void *data = NULL;
+  if (split_step(t, "backward", dist_backward(t->c, inv, og, NULL, grads)) == 0 && grads[0] &&
+      split_step(t, "x's gradient", dist_dtensor_to_local(t->c, grads[0], -1, &data,
+                                                          &t->grad_bytes, NULL)) == 0 &&
+      t->grad_bytes <= sizeof t->grad)
+    memcpy(t->grad, data, t->grad_bytes);
+  free(data);
+  dist_tensor_free(grads[0]);
+}
+
+static void split_call(split_trainer *t, dist_program *p, dist_tensor *x) {
+  dist_tensor *outs[2] = {NULL, NULL};
+  dist_invocation *inv = NULL;
+  dist_arg args[1] = {{x, NULL}};
+  if (split_step(t, "call", dist_local_layer_call(t->c, p, args, 1, NULL, &inv, outs)) == 0) {
+    for (int k = 0; k < 2; k++) read_output(t, k, outs[k]);
+    split_backward(t, inv, outs);
+  }
+  dist_invocation_free(inv);
+  for (int k = 0; k < 2; k++) dist_tensor_free(outs[k]);
+}
+
+static void *split_main(void *arg) {
+  split_trainer *t = arg;
+  dist_mesh *all = NULL, *stage0 = NULL, *stage1 = NULL;
+  dist_mesh_from_string("[0,1,2,3]", NULL, &all);
+  dist_mesh_from_string("[0,1]", NULL, &stage0);
+  dist_mesh_from_string("[2,3]", NULL, &stage1);
+  for (int i = 0; i < 2; i++) t->x[i] = (float)(2 * t->rank + i + 1);
+  dist_tensor *x = NULL;
+  dist_program *p = split_program(stage0, stage1);
+  if (split_step(t, "x", float_pieces(t->c, "split.x", t->x, 2, all, &x)) == 0 &&
+      split_step(t, "register", dist_program_register(t->c, p)) == 0)
+    split_call(t, p, x);
+  dist_program_unregister(t->c, p);
+  dist_program_free(p);
+  dist_tensor_free(x);
+  dist_mesh_free(all);
+  dist_mesh_free(stage0);
+  dist_mesh_free(stage1);
+  split_step(t, "all_reduce", all_reduce_in_step(t->c, t->rank, &t->sum, &t->reduce_seconds));
+  return NULL;
+}
+
+/* Each output of trainer r against the reference: a piece where r is in
+ * its mesh, an outsider's handle (the members' global shape, no piece)
+ * where it is not. */
+static void expect_split_outputs(const split_trainer *t, int r) {
+  for (int k = 0; k < 2; k++) {
+    int member = (r < 2) == (k == 0);
+    float full_ref[4];
+    for (int i = 0; i < 4; i++) {
+      float x = (float)(k == 0 ? i + 1 : i + 5); /* stage k's ranks' x */
+      full_ref[i] = k == 0 ? 2 * x : x + 10;
+    }
+    cr_expect_eq(t->global[k], 4, "rank %d's out%d is [%lld]", r, k, (long long)t->global[k]);
+    cr_expect_eq(t->first_rank[k], 2 * k, "rank %d's out%d: mesh from rank %d", r, k,
+                 t->first_rank[k]);
+    cr_expect_eq(t->piece_bytes[k], member ? sizeof t->piece[k] : 0, "rank %d's out%d: %zu "
+                 "bytes", r, k, t->piece_bytes[k]);
+    cr_expect_eq(t->full_bytes[k], member ? sizeof full_ref : 0, "rank %d's whole out%d: %zu "
+                 "bytes", r, k, t->full_bytes[k]);
+    for (int i = 0; member && i < 2; i++)
+      cr_expect_eq(t->piece[k][i], k == 0 ? 2 * t->x[i] : t->x[i] + 10, "rank %d: out%d[%d] "
+                   "= %g", r, k, i, t->piece[k][i]);
+    if (member)
+      cr_expect_eq(memcmp(t->full[k], full_ref, sizeof full_ref), 0, "rank %d's whole out%d",
+                   r, k);
+  }
+}
+
+/* Before, every trainer's daemon refused the registration
+ * ("out_dist_attrs[1]: rank 0 is not in the mesh"): a rank in one of the
+ * outputs' meshes but not the other's could not call the layer. */
+Test(outside, a_local_layer_with_outputs_on_two_meshes_runs_on_every_trainer, .timeout = 120,
+     .fini = stop_cluster) {
+  harness_start(&cluster, 4, NULL);
+  split_trainer tr[4];
+  for (int r = 0; r < 4; r++)
+    tr[r] = (split_trainer){.c = harness_spmd_client(&cluster, r, "split-layer"), .rank = r};
+  run_trainers(4, split_main, tr, sizeof tr[0]);
+  for (int r = 0; r < 4; r++) {
+    const split_trainer *t = &tr[r];
+    cr_log_info("rank %d: %s", r, t->msg);
+    cr_expect_eq(t->failed, 0, "rank %d: %s", r, t->msg);
+    expect_split_outputs(t, r);
+    cr_expect_eq(t->grad_bytes, sizeof t->grad, "rank %d's gradient: %zu bytes", r,
+                 t->grad_bytes);
+    for (int i = 0; i < 2; i++)
+      cr_expect_eq(t->grad[i], r < 2 ? 4 * t->x[i] : t->x[i] + 10, "rank %d: grad[%d] = %g",
+                   r, i, t->grad[i]);
+    cr_expect_eq(t->sum, 10, "rank %d: 1 + 2 + 3 + 4 is %d", r, (int)t->sum);
+    cr_expect_lt(t->reduce_seconds, 2.0, "rank %d's all-reduce took %.1f s", r,
+                 t->reduce_seconds);
+    dist_close(t->c);
+  }
 }
