@@ -142,20 +142,16 @@ static int output_handle(dist_client *c, const dist_program *p, const dist_arg *
 
 /* ---------------------------------------------------------------- gradients */
 
-static int float_dtype(dist_dtype dt) {
-  return dt == DIST_FLOAT16 || dt == DIST_BFLOAT16 || dt == DIST_FLOAT32 ||
-         dt == DIST_FLOAT64;
-}
-
 /* The layout of input j's gradient, as the members' daemons store it: the
  * tensor argument's mesh and global shape, its grad placements if the
  * program gives some; none (no_piece 0) for inputs the daemons give no
- * gradient (dist.h, dist_backward). */
+ * gradient, by their own rule (distd_input_wants_grad: an input no output
+ * depends on gets zeros there, so a handle here). */
 static void gradient_layout(const dist_program *p, const dist_arg *a, int j, dist_tensor *g) {
   const Dist__V1__ProgramInput *in = distd_program_message(p->checked)->inputs[j];
   memset(g, 0, sizeof *g);
-  if (in->kind != DIST__V1__PROGRAM_INPUT__KIND__DTENSOR_LOCAL || in->no_grad ||
-      !float_dtype(a->tensor->dtype))
+  if (in->kind != DIST__V1__PROGRAM_INPUT__KIND__DTENSOR_LOCAL ||
+      !distd_input_wants_grad(in, a->tensor->dtype))
     return;
   *g = *a->tensor;
   g->no_piece = 1;

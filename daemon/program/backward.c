@@ -8,18 +8,12 @@
 
 #include "program_int.h"
 
-static int input_wants_grad(const Dist__V1__ProgramInput *in,
-                            const distd_tval *v) {
-  return in->kind <= DIST__V1__PROGRAM_INPUT__KIND__VALUE && !in->no_grad &&
-         dist_dtype_is_float(v->dtype);
-}
-
 /* needs[v]: value v depends on an input that wants a gradient. */
 static void mark_needs(const distd_invocation *inv, uint8_t *needs) {
   const distd_program *p = inv->prog;
   const Dist__V1__Program *pb = p->pb;
   for (size_t i = 0; i < pb->n_inputs; i++)
-    needs[i] = (uint8_t)input_wants_grad(pb->inputs[i], inv->values[i]);
+    needs[i] = (uint8_t)distd_input_wants_grad(pb->inputs[i], inv->values[i]->dtype);
   for (size_t i = 0; i < pb->n_nodes; i++) {
     const Dist__V1__ProgramNode *n = pb->nodes[i];
     int any = 0;

@@ -230,3 +230,10 @@ int distd_infer_node(const Dist__V1__ProgramNode *n, const distd_vmeta *in,
     return infer_create(n, in, out, eb);
   return infer_shape_op(n, in, n_in, out, eb);
 }
+
+/* Here rather than in backward.c: libdist links the inference, not the
+ * kernels, and gives an outsider's gradient handles by this rule. */
+int distd_input_wants_grad(const Dist__V1__ProgramInput *in, dist_dtype dt) {
+  return in->kind <= DIST__V1__PROGRAM_INPUT__KIND__VALUE && !in->no_grad &&
+         dist_dtype_is_float(dt);
+}

@@ -85,6 +85,11 @@ int distd_invocation_backward(distd_invocation *inv,
  * not depend on gets zeros. */
 distd_tval *distd_invocation_input_grad(const distd_invocation *inv,
                                         size_t i);
+/* Whether input `in`, given a value of dtype dt, gets a gradient from
+ * backward: a DTENSOR_LOCAL or VALUE input of a float dtype without
+ * no_grad. Whether an output depends on it does not count (it then gets
+ * zeros), so a trainer that runs nothing can tell it too. */
+int distd_input_wants_grad(const Dist__V1__ProgramInput *in, dist_dtype dt);
 /* Frees the invocation and everything it keeps. NULL is a no-op. */
 void distd_invocation_release(distd_invocation *inv);
 
