@@ -1170,3 +1170,98 @@ Test(outside, a_local_layer_with_outputs_on_two_meshes_runs_on_every_trainer, .t
     dist_close(t->c);
   }
 }
+
+/* -------------------------------- an input no output depends on: gradients */
+
+/* One of four trainers calling y = 2x on [0,1] with a second input u that
+ * y does not depend on, then backward from y: which inputs get a gradient
+ * handle, and the members' pieces of u's. */
+typedef struct unused_trainer {
+  dist_client *c;
+  int rank;
+  int failed;
+  int has_grad[2];
+  size_t u_grad_bytes;
+  float x[3], u_grad[3];
+  char msg[1000];
+} unused_trainer;
+
+static int unused_step(unused_trainer *t, const char *what, int rc) {
+  return STEP(t, what, rc);
+}
+
+/* y = 2x of inputs (x, u), on mesh. */
+static dist_program *unused_input_program(const dist_mesh *mesh) {
+  dist_program *p = NULL;
+  dist_program_new("unused", &p);
+  int x = dist_input_dtensor(p, "x", DIST_FLOAT32);
+  dist_input_dtensor(p, "u", DIST_FLOAT32);
+  dist_placement shard = DIST_SHARD_DIM(0);
+  dist_program_output(p, dist_op_mul_scalar(p, x, 2));
+  dist_program_out_dist_attr(p, mesh, &shard, NULL);
+  return p;
+}
+
+static void unused_backward(unused_trainer *t, dist_program *p, dist_tensor *x, dist_tensor *u) {
+  dist_arg args[2] = {{x, NULL}, {u, NULL}};
+  dist_tensor *y = NULL, *grads[2] = {NULL, NULL};
+  dist_invocation *inv = NULL;
+  void *data = NULL;
+  if (unused_step(t, "call", dist_local_layer_call(t->c, p, args, 2, NULL, &inv, &y)) == 0) {
+    dist_arg og[1] = {{y, NULL}};
+    unused_step(t, "backward", dist_backward(t->c, inv, og, NULL, grads));
+  }
+  for (int j = 0; j < 2; j++) t->has_grad[j] = grads[j] != NULL;
+  if (grads[1] && unused_step(t, "u's gradient", dist_dtensor_to_local(
+                                  t->c, grads[1], -1, &data, &t->u_grad_bytes, NULL)) == 0 &&
+      t->u_grad_bytes <= sizeof t->u_grad)
+    memcpy(t->u_grad, data, t->u_grad_bytes);
+  free(data);
+  for (int j = 0; j < 2; j++) dist_tensor_free(grads[j]);
+  dist_tensor_free(y);
+  dist_invocation_free(inv);
+}
+
+static void *unused_main(void *arg) {
+  unused_trainer *t = arg;
+  dist_mesh *mesh = NULL;
+  dist_mesh_from_string("[0,1]", NULL, &mesh);
+  for (int i = 0; i < 3; i++) t->x[i] = (float)(3 * t->rank + i + 1);
+  dist_tensor *x = NULL, *u = NULL;
+  dist_program *p = unused_input_program(mesh);
+  if (unused_step(t, "x", float_pieces(t->c, "unused.x", t->x, 3, mesh, &x)) == 0 &&
+      unused_step(t, "u", float_pieces(t->c, "unused.u", t->x, 3, mesh, &u)) == 0 &&
+      unused_step(t, "register", dist_program_register(t->c, p)) == 0)
+    unused_backward(t, p, x, u);
+  dist_program_unregister(t->c, p);
+  dist_program_free(p);
+  dist_tensor_free(x);
+  dist_tensor_free(u);
+  dist_mesh_free(mesh);
+  return NULL;
+}
+
+/* The members' daemons give u, which y does not depend on, a gradient of
+ * zeros (daemon/program/backward.c: the rule is the input's kind, dtype
+ * and no_grad, distd_input_wants_grad); the outsiders, by the same rule,
+ * a handle of it: both have the same gradients. */
+Test(outside, an_input_no_output_depends_on_has_a_gradient_inside_and_outside_the_mesh,
+     .timeout = 120, .fini = stop_cluster) {
+  harness_start(&cluster, 4, NULL);
+  unused_trainer tr[4];
+  for (int r = 0; r < 4; r++)
+    tr[r] = (unused_trainer){.c = harness_spmd_client(&cluster, r, "unused-input"), .rank = r};
+  run_trainers(4, unused_main, tr, sizeof tr[0]);
+  static const float zeros[3] = {0, 0, 0};
+  for (int r = 0; r < 4; r++) {
+    const unused_trainer *t = &tr[r];
+    cr_log_info("rank %d: %s", r, t->msg);
+    cr_expect_eq(t->failed, 0, "rank %d: %s", r, t->msg);
+    cr_expect(t->has_grad[0] && t->has_grad[1], "rank %d: gradients of x %d, of u %d", r,
+              t->has_grad[0], t->has_grad[1]);
+    cr_expect_eq(t->u_grad_bytes, r < 2 ? sizeof zeros : 0, "rank %d's u gradient: %zu bytes",
+                 r, t->u_grad_bytes);
+    if (r < 2) cr_expect_eq(memcmp(t->u_grad, zeros, sizeof zeros), 0, "rank %d's u gradient", r);
+    dist_close(t->c);
+  }
+}
