@@ -21,8 +21,8 @@ typedef enum {
   DIST_FRAME_HELLO = 1,     /* payload: dist_hello */
   DIST_FRAME_HELLO_ACK = 2, /* no payload; aux: DIST_ACK_READS_* bits, the
                                kinds past 8 the acceptor reads (0 from a
-                               daemon built before ABORT_RANGE, 0.2.8 or
-                               an earlier 0.2.9, which ignores this aux) */
+                               daemon built before ABORT_RANGE, 0.2.9 or
+                               older, which ignores this aux) */
   DIST_FRAME_HELLO_REJECT = 3, /* payload: reason text */
   DIST_FRAME_DATA = 4,      /* payload: bytes for (op_id, src_rank, tag);
                                aux: the op's signature, 0 for none

@@ -1,5 +1,5 @@
-/* A stand-in for a daemon built before ABORT_RANGE frames (0.2.8, or
- * 0.2.9 before session 28), for tests of a mixed cluster: it listens at
+/* A stand-in for a daemon built before ABORT_RANGE frames (0.2.9 or
+ * older), for tests of a mixed cluster: it listens at
  * one rank's peer address, accepts the others' dials, answers each HELLO
  * with a HELLO_ACK whose aux is 0 (what such a daemon sends: it announces
  * nothing), and counts the frames it is then sent, by kind and sender. It
