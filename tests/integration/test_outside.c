@@ -1039,17 +1039,25 @@ typedef struct split_trainer {
 
 static int split_step(split_trainer *t, const char *what, int rc) { return STEP(t, what, rc); }
 
-/* out0 = 2x on [0,1], out1 = x + 10 on [2,3]. */
-static dist_program *split_program(const dist_mesh *stage0, const dist_mesh *stage1) {
+/* out0 = 2x on stage0, out1 = x + 10 on stage1 (both Shard(0)); x a
+ * tensor's local piece, or with x_is_value a per-rank value. */
+static dist_program *split_program_of(const dist_mesh *stage0, const dist_mesh *stage1,
+                                      int x_is_value) {
   dist_program *p = NULL;
   dist_program_new("split", &p);
-  int x = dist_input_dtensor(p, "x", DIST_FLOAT32);
+  int x = x_is_value ? dist_input_value(p, "x", DIST_FLOAT32)
+                     : dist_input_dtensor(p, "x", DIST_FLOAT32);
   dist_placement shard = DIST_SHARD_DIM(0);
   dist_program_output(p, dist_op_mul_scalar(p, x, 2));
   dist_program_output(p, dist_op_add_scalar(p, x, 10));
   dist_program_out_dist_attr(p, stage0, &shard, NULL);
   dist_program_out_dist_attr(p, stage1, &shard, NULL);
   return p;
+}
+
+/* out0 = 2x on [0,1], out1 = x + 10 on [2,3]. */
+static dist_program *split_program(const dist_mesh *stage0, const dist_mesh *stage1) {
+  return split_program_of(stage0, stage1, 0);
 }
 
 /* t's piece and the whole of output k, into t (0 bytes where none). */
@@ -1263,5 +1271,177 @@ Test(outside, an_input_no_output_depends_on_has_a_gradient_inside_and_outside_th
                  r, t->u_grad_bytes);
     if (r < 2) cr_expect_eq(memcmp(t->u_grad, zeros, sizeof zeros), 0, "rank %d's u gradient", r);
     dist_close(t->c);
+  }
+}
+
+/* ------------------- the same LocalLayer, called by one client of all four */
+
+/* A single (non-SPMD) client reaches every daemon: its call makes out0 on
+ * [0,1] and out1 on [2,3] at once, each handle described by a daemon that
+ * holds it; a daemon outside an output's mesh stores nothing under its
+ * name, and backward sends each output's gradient only to its members. */
+Test(outside, one_client_calls_a_local_layer_with_outputs_on_two_meshes, .timeout = 120,
+     .fini = stop_cluster) {
+  harness_start(&cluster, 4, NULL);
+  dist_client *c = harness_client(&cluster);
+  dist_mesh *stage0 = NULL, *stage1 = NULL;
+  dist_mesh_from_string("[0,1]", NULL, &stage0);
+  dist_mesh_from_string("[2,3]", NULL, &stage1);
+  float x[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+  int64_t eight[1] = {8};
+  dist_tensor *xt = harness_put(c, "one.x", DIST_FLOAT32, x, 1, eight, "[0,1,2,3]", "Shard(0)");
+  dist_program *p = split_program(stage0, stage1);
+  cr_assert_eq(dist_program_register(c, p), 0, "register: %s", dist_errmsg(c));
+  dist_tensor *outs[2] = {NULL, NULL};
+  dist_invocation *inv = NULL;
+  dist_arg args[1] = {{xt, NULL}};
+  const char *names[2] = {"one.out0", "one.out1"};
+  dist_call_opts o = DIST_CALL_OPTS_INIT;
+  o.out_names = names;
+  cr_assert_eq(dist_local_layer_call(c, p, args, 1, &o, &inv, outs), 0, "call: %s",
+               dist_errmsg(c));
+  for (int k = 0; k < 2; k++) {
+    cr_expect_eq(dist_tensor_shape(outs[k])[0], 4, "out%d is [%lld]", k,
+                 (long long)dist_tensor_shape(outs[k])[0]);
+    cr_expect_eq(dist_mesh_rank_at(dist_tensor_mesh(outs[k]), 0), 2 * k, "out%d's mesh", k);
+  }
+  float want0[4] = {2, 4, 6, 8}, want1[4] = {15, 16, 17, 18};
+  harness_expect_value(c, "one.out0", want0, sizeof want0);
+  harness_expect_value(c, "one.out1", want1, sizeof want1);
+  for (int r = 0; r < 4; r++) { /* each output on its own mesh only */
+    for (int k = 0; k < 2; k++) {
+      dist_tensor *t = NULL;
+      int rc = harness_open_on(&cluster, r, names[k], &t);
+      cr_expect_eq(rc == 0, (r < 2) == (k == 0), "rank %d %s %s", r,
+                   rc == 0 ? "holds" : "does not hold", names[k]);
+      dist_tensor_free(t);
+    }
+  }
+  dist_arg og[2] = {{outs[0], NULL}, {outs[1], NULL}};
+  dist_tensor *grads[1] = {NULL};
+  cr_assert_eq(dist_backward(c, inv, og, NULL, grads), 0, "backward: %s", dist_errmsg(c));
+  cr_assert(grads[0], "no gradient of x");
+  void *data = NULL;
+  size_t nbytes = 0;
+  cr_assert_eq(dist_full_tensor(c, grads[0], &data, &nbytes), 0, "%s", dist_errmsg(c));
+  float want_grad[8] = {4, 8, 12, 16, 15, 16, 17, 18}; /* 4x on [0,1], x + 10 on [2,3] */
+  cr_assert_eq(nbytes, sizeof want_grad);
+  for (int i = 0; i < 8; i++)
+    cr_expect_eq(((float *)data)[i], want_grad[i], "grad[%d] = %g", i, ((float *)data)[i]);
+  free(data);
+  dist_tensor_free(grads[0]);
+  dist_invocation_free(inv);
+  for (int k = 0; k < 2; k++) dist_tensor_free(outs[k]);
+  dist_program_unregister(c, p);
+  dist_program_free(p);
+  dist_tensor_free(xt);
+  dist_mesh_free(stage0);
+  dist_mesh_free(stage1);
+  dist_close(c);
+}
+
+/* ------------------------- a failure on one of the outputs' meshes */
+
+typedef struct failing_trainer {
+  dist_client *c;
+  int rank;
+  int uneven; /* x a value, of one element on rank 2 and two elsewhere */
+  int call_rc;
+  int failed;
+  char msg[1500];
+} failing_trainer;
+
+static void *failing_main(void *arg) {
+  failing_trainer *t = arg;
+  dist_mesh *all = NULL, *stage0 = NULL, *stage1 = NULL;
+  dist_mesh_from_string("[0,1,2,3]", NULL, &all);
+  dist_mesh_from_string("[0,1]", NULL, &stage0);
+  dist_mesh_from_string("[2,3]", NULL, &stage1);
+  float x[2] = {(float)t->rank, 1};
+  dist_tensor *xt = NULL, *outs[2] = {NULL, NULL};
+  dist_invocation *inv = NULL;
+  dist_program *p = split_program_of(stage0, stage1, t->uneven);
+  const char *names[2] = {"fail.out0", "fail.out1"};
+  dist_call_opts o = DIST_CALL_OPTS_INIT;
+  o.out_names = names;
+  dist_value v = {x, DIST_FLOAT32, 1, {t->rank == 2 ? 1 : 2}};
+  if ((t->uneven || STEP(t, "x", float_pieces(t->c, "fail.x", x, 2, all, &xt)) == 0) &&
+      STEP(t, "register", dist_program_register(t->c, p)) == 0) {
+    dist_arg args[1] = {{xt, t->uneven ? &v : NULL}};
+    t->call_rc = dist_local_layer_call(t->c, p, args, 1, &o, &inv, outs);
+    snprintf(t->msg, sizeof t->msg, "%s", t->call_rc ? dist_errmsg(t->c) : "");
+  }
+  dist_invocation_free(inv);
+  for (int k = 0; k < 2; k++) dist_tensor_free(outs[k]);
+  dist_program_unregister(t->c, p);
+  dist_program_free(p);
+  dist_tensor_free(xt);
+  dist_mesh_free(all);
+  dist_mesh_free(stage0);
+  dist_mesh_free(stage1);
+  return NULL;
+}
+
+/* out1's name is taken on rank 3 alone (a tensor of its own there): rank
+ * 3's daemon refuses to store it, which no other trainer can foresee.
+ * Every trainer's call fails naming rank 3, out0 is stored on neither
+ * rank of [0,1], and rank 3's own tensor is left as it was. */
+Test(outside, a_failure_on_one_output_mesh_fails_the_call_on_every_trainer, .timeout = 120,
+     .fini = stop_cluster) {
+  harness_start(&cluster, 4, NULL);
+  dist_client *c = harness_client(&cluster);
+  float mine[1] = {42};
+  int64_t one[1] = {1};
+  dist_tensor_free(harness_put(c, "fail.out1", DIST_FLOAT32, mine, 1, one, "[3]",
+                               "Replicate()"));
+  failing_trainer tr[4];
+  for (int r = 0; r < 4; r++)
+    tr[r] = (failing_trainer){.c = harness_spmd_client(&cluster, r, "fail-layer"), .rank = r};
+  run_trainers(4, failing_main, tr, sizeof tr[0]);
+  for (int r = 0; r < 4; r++) {
+    cr_log_info("rank %d: %s", r, tr[r].msg);
+    cr_expect_eq(tr[r].failed, 0, "rank %d: %s", r, tr[r].msg);
+    cr_expect_neq(tr[r].call_rc, 0, "rank %d's call succeeded", r);
+    cr_expect(strstr(tr[r].msg, "rank 3"), "rank %d's error does not name rank 3: %s", r,
+              tr[r].msg);
+    dist_close(tr[r].c);
+  }
+  for (int r = 0; r < 2; r++) {
+    dist_tensor *t = NULL;
+    cr_expect_neq(harness_open_on(&cluster, r, "fail.out0", &t), 0, "rank %d stored out0", r);
+    dist_tensor_free(t);
+  }
+  harness_expect_value(c, "fail.out1", mine, sizeof mine);
+  dist_close(c);
+}
+
+/* x a per-rank value of one element on rank 2 and two on rank 3: out1 =
+ * x + 10, Shard(0) on [2,3], has pieces [1] and [2], which the split rule
+ * refuses in its members' shape exchange (the outsiders, who cannot see
+ * those values, foresee nothing). Every trainer's call fails naming rank 2
+ * or 3, and out0 is stored on neither rank of [0,1]. */
+Test(outside, a_shape_mismatch_on_one_output_mesh_fails_the_call_on_every_trainer,
+     .timeout = 120, .fini = stop_cluster) {
+  harness_start(&cluster, 4, NULL);
+  failing_trainer tr[4];
+  for (int r = 0; r < 4; r++)
+    tr[r] = (failing_trainer){.c = harness_spmd_client(&cluster, r, "uneven-layer"), .rank = r,
+                              .uneven = 1};
+  double t0 = harness_now_s();
+  run_trainers(4, failing_main, tr, sizeof tr[0]);
+  double took = harness_now_s() - t0;
+  for (int r = 0; r < 4; r++) {
+    cr_log_info("rank %d: %s", r, tr[r].msg);
+    cr_expect_eq(tr[r].failed, 0, "rank %d: %s", r, tr[r].msg);
+    cr_expect_neq(tr[r].call_rc, 0, "rank %d's call succeeded", r);
+    cr_expect(strstr(tr[r].msg, "rank 2") || strstr(tr[r].msg, "rank 3"),
+              "rank %d's error names neither rank 2 nor 3: %s", r, tr[r].msg);
+    dist_close(tr[r].c);
+  }
+  cr_expect_lt(took, 10.0, "the failed call took %.1f s", took);
+  for (int r = 0; r < 2; r++) {
+    dist_tensor *t = NULL;
+    cr_expect_neq(harness_open_on(&cluster, r, "fail.out0", &t), 0, "rank %d stored out0", r);
+    dist_tensor_free(t);
   }
 }
