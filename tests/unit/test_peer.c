@@ -1176,3 +1176,22 @@ Test(peer, the_read_ahead_past_a_short_frame_keeps_every_byte_in_random_cases) {
   }
   fix_teardown(&f);
 }
+
+/* The fixture's ports are free when picked, and may be taken before a
+ * rank listens (another test's connection is given one by the kernel):
+ * it picks them all again instead of failing the test. */
+Test(peer, the_fixture_starts_ranks_whose_port_was_taken_after_it_was_picked) {
+  peer_fixture f;
+  fix_prepare(&f, 2);
+  int taken = atoi(strchr(f.members[1].peer_addr, ':') + 1);
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)taken),
+                          .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  cr_assert(bind(fd, (struct sockaddr *)&a, sizeof a) == 0 && listen(fd, 1) == 0,
+            "cannot take port %d", taken);
+  fix_start_all(&f);
+  cr_expect(fix_wait_connected(&f, 10000), "the ranks did not connect");
+  cr_expect_neq(atoi(strchr(f.members[1].peer_addr, ':') + 1), taken);
+  fix_teardown(&f);
+  close(fd);
+}
