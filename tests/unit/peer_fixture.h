@@ -96,7 +96,10 @@ static inline void fix_start_rank(peer_fixture *f, int i) {
 static inline void fix_stop_rank(peer_fixture *f, int i) {
   fix_rank *r = &f->r[i];
   if (!r->up) return;
-  event_base_loopbreak(r->base);
+  /* loopexit, not loopbreak: a loop that has not started yet (a rank
+   * stopped right after its start) clears a break when it starts, and
+   * its thread was never joined; an exit is an event it still runs. */
+  event_base_loopexit(r->base, NULL);
   pthread_join(r->loop, NULL);
   distd_peers_free(r->peers);
   event_base_free(r->base);
