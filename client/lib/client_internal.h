@@ -287,7 +287,10 @@ int dist_check_mesh_reach(dist_client *c, const dist_mesh_desc *m);
 int dist_refuse_unreached(dist_client *c, const char *what, int rank, const char *cluster_fmt,
                           ...) __attribute__((format(printf, 4, 5)));
 /* dist_client_check_rank of a rank a call addresses a piece by (a mesh
- * rank): 0 when the client reaches it, else DIST_EINVAL naming func. */
+ * rank): 0 when the client reaches it, else DIST_EINVAL naming func: for
+ * a client of one endpoint as dist_refuse_unreached words it, with func
+ * as what ("dist_dtensor_to_local names rank 0, but this client only
+ * reaches ..."). */
 int dist_client_check_reach(dist_client *c, const char *func, int rank);
 /* 0 for a trainer number >= 0, else DIST_EINVAL recorded as "FUNC:
  * trainer T is negative": the daemons' uint32 would read -1 as

@@ -51,12 +51,18 @@ static const char *reached(dist_client *c, char *buf, size_t len) {
   return buf;
 }
 
+/* The one refusal of a rank a client of one endpoint does not reach:
+ * "WHAT names rank R, but this client only reaches the daemon of rank S
+ * at HOST:PORT". DIST_EINVAL. */
+static int refuse_beyond_endpoint(dist_client *c, const char *what, int rank) {
+  char only[400];
+  return dist_client_fail(c, DIST_EINVAL, "%s names rank %d, but this client only reaches %s",
+                          what, rank, reached(c, only, sizeof only));
+}
+
 int dist_refuse_unreached(dist_client *c, const char *what, int rank, const char *cluster_fmt,
                           ...) {
-  char only[400];
-  if (c->one_endpoint)
-    return dist_client_fail(c, DIST_EINVAL, "%s names rank %d, but this client only "
-                            "reaches %s", what, rank, reached(c, only, sizeof only));
+  if (c->one_endpoint) return refuse_beyond_endpoint(c, what, rank);
   va_list ap;
   va_start(ap, cluster_fmt);
   dist_client_vfail(c, DIST_EINVAL, cluster_fmt, ap);
@@ -75,9 +81,7 @@ int dist_check_mesh_reach(dist_client *c, const dist_mesh_desc *m) {
 }
 
 int dist_client_check_reach(dist_client *c, const char *func, int rank) {
-  char only[400];
   if (dist_client_reaches(c, rank)) return 0;
   if (!c->one_endpoint) return dist_client_check_rank(c, func, rank);
-  return dist_client_fail(c, DIST_EINVAL, "%s: rank %d, but this client only reaches %s",
-                          func, rank, reached(c, only, sizeof only));
+  return refuse_beyond_endpoint(c, func, rank);
 }
