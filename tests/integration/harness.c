@@ -176,6 +176,15 @@ dist_client *harness_client_rank(harness *h, int r, long timeout_ms) {
   return c;
 }
 
+dist_client *harness_client_whose_call_went_unanswered(harness *h, int r, long timeout_ms) {
+  dist_client *c = harness_client_rank(h, r, timeout_ms);
+  cr_assert(harness_freeze(h, r, 5000), "rank %d did not stop", r);
+  dist_daemon_info info;
+  cr_assert_eq(dist_info(c, 0, &info), DIST_ETIMEDOUT, "Info to frozen rank %d: %s", r,
+               dist_errmsg(c));
+  return c;
+}
+
 /* A fresh client per poll: a channel that tried before the daemon listened
  * would wait out gRPC's reconnect backoff. */
 static int connected_now(harness *h, int r, int connected) {

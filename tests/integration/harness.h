@@ -47,6 +47,12 @@ int harness_wait_connected(harness *h, int r, int connected, int timeout_ms);
 dist_client *harness_client(harness *h);
 /* A client for one daemon, with the given deadline. */
 dist_client *harness_client_rank(harness *h, int r, long timeout_ms);
+/* A client of rank r's daemon alone (deadline timeout_ms) whose call to
+ * it went unanswered: the daemon is frozen (harness_freeze) and an Info
+ * call waited out the deadline (DIST_ETIMEDOUT); fails the test
+ * otherwise. The daemon stays frozen: SIGCONT resumes it (harness_stop
+ * does too). */
+dist_client *harness_client_whose_call_went_unanswered(harness *h, int r, long timeout_ms);
 /* Stops every daemon still running (SIGTERM, then SIGKILL after 5 s) and
  * removes the directory. */
 void harness_stop(harness *h);
