@@ -140,8 +140,14 @@ const char *distctl_opt(int argc, char **argv, int *i, const char *name);
  * refused naming it rather than the last one silently winning. */
 int distctl_opt_once(const distctl_command *cmd, int argc, char **argv, int *i,
                      const char *name, const char **slot);
+/* The one way commands take a flag (an option without a value): when arg
+ * is `name` stores name in *slot and returns 1; 0 when arg is not that
+ * flag; 2 after a usage error: "name=value", or the flag given before
+ * (*slot set), refused as distctl_opt_once refuses a repeated option. */
+int distctl_flag_once(const distctl_command *cmd, const char *arg, const char *name,
+                      const char **slot);
 /* The one way a verb reads its arguments (options.c): the options of
- * cmd's table, each with a value once (a flag may be repeated), the
+ * cmd's table, each once (distctl_opt_once, distctl_flag_once), the
  * required ones present; up to cmd->words other arguments ("-" is one,
  * "-x" an unknown option); and, when cmd takes "--", everything after it.
  * Fills *a (NULL for a verb that needs nothing of it). 0, or 2 after a

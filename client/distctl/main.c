@@ -10,10 +10,13 @@
 #define MAX_TIMEOUT_MS 86400000L
 
 /* Global options may come before or after the command words, each once
- * (distctl_opt_once); --timeout's text goes to *timeout, parsed later.
- * Returns 1 when argv[*i] was one, 0 when not, 2 after a usage error. */
-static int take_global(distctl_global *g, const char **timeout, int argc, char **argv, int *i) {
-  if (strcmp(argv[*i], "--json") == 0) return g->json = 1;
+ * (distctl_opt_once, distctl_flag_once); --timeout's text goes to
+ * *timeout, parsed later, and --json's to *json. Returns 1 when argv[*i]
+ * was one, 0 when not, 2 after a usage error. */
+static int take_global(distctl_global *g, const char **timeout, const char **json, int argc,
+                       char **argv, int *i) {
+  int flag = distctl_flag_once(NULL, argv[*i], "--json", json);
+  if (flag) return flag;
   const struct {
     const char *name, **slot;
   } options[] = {
@@ -61,7 +64,7 @@ static void export_security(const distctl_global *g) {
 int main(int argc, char **argv) {
   distctl_global g = {.cluster = NULL};
   static char token[1024];
-  const char *timeout = NULL;
+  const char *timeout = NULL, *json = NULL;
   char **rest = distctl_calloc((size_t)argc + 1, sizeof *rest, "%d arguments", argc);
   int nrest = 0, rc = 2, help = 0;
   if (!rest) return 1;
@@ -79,10 +82,11 @@ int main(int argc, char **argv) {
       rc = 0;
       goto out;
     }
-    int taken = take_global(&g, &timeout, argc, argv, &i);
+    int taken = take_global(&g, &timeout, &json, argc, argv, &i);
     if (taken == 2) goto out;
     if (!taken) rest[nrest++] = argv[i];
   }
+  g.json = json != NULL;
   int help_verb = nrest > 0 && strcmp(rest[0], "help") == 0;
   if (help || help_verb) { /* `distctl help VERB` is `distctl VERB --help` */
     rc = distctl_help(nrest - help_verb, rest + help_verb);

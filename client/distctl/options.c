@@ -32,13 +32,14 @@ int distctl_opt_once(const distctl_command *cmd, int argc, char **argv, int *i,
   return 1;
 }
 
-/* A flag given takes its name as its value. Given twice it means the
- * same, and was taken before the table, so it is not refused as a value
- * given twice is (there is no second value to choose). */
-static int take_flag(const distctl_command *cmd, const char *arg, const char *name,
-                     const char **slot) {
+/* A flag given takes its name as its value. Given twice it is refused
+ * as an option with a value is (it was taken until session 29): every
+ * option is taken once, and a repeat is told in one wording. */
+int distctl_flag_once(const distctl_command *cmd, const char *arg, const char *name,
+                      const char **slot) {
   if (!is_option(arg, name)) return 0;
   if (arg[strlen(name)] == '=') return distctl_usage(cmd, "option %s takes no value", name);
+  if (*slot) return distctl_usage(cmd, "option %s given twice", name);
   *slot = name;
   return 1;
 }
@@ -50,7 +51,7 @@ static int take_one(const distctl_command *cmd, const distctl_option *o, int arg
   const char *spellings[] = {o->name, o->alias};
   for (int s = 0; s < 2 && spellings[s]; s++) {
     int taken = o->value ? distctl_opt_once(cmd, argc, argv, i, spellings[s], slot)
-                         : take_flag(cmd, argv[*i], spellings[s], slot);
+                         : distctl_flag_once(cmd, argv[*i], spellings[s], slot);
     if (taken) return taken;
   }
   return 0;

@@ -1,8 +1,9 @@
-/* distctl's command lines: every option with a value is taken once (a
- * repeated one is refused naming it, exit 2, where the last used to win
- * silently), a missing or bad value is a usage error naming the option,
- * per-rank failures name the rank once, and the verbs that change tensors
- * or clusters, and launch, print their result with --json. */
+/* distctl's command lines: every option is taken once (a repeated one is
+ * refused naming it, exit 2, where the last value used to win silently
+ * and a flag was taken twice), a missing or bad value is a usage error
+ * naming the option, per-rank failures name the rank once, and the verbs
+ * that change tensors or clusters, and launch, print their result with
+ * --json. */
 #include <criterion/criterion.h>
 #include <jansson.h>
 #include <signal.h>
@@ -68,6 +69,21 @@ Test(distctl_args, a_repeated_option_is_refused_naming_it_in_every_command) {
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) expect_exit(cases[i][0], 2, cases[i][1]);
 }
 
+/* A flag given twice was taken (since session 29 it is refused as an
+ * option with a value is): the global --json before or after the verb,
+ * and each verb's own flags. */
+Test(distctl_args, a_repeated_flag_is_refused_naming_it_as_a_repeated_option_is) {
+  const char *const cases[][2] = {
+      {"status --json --json", "distctl: option --json given twice"},
+      {"--json peers --json", "distctl: option --json given twice"},
+      {"tensor get w --rank 0 --local -o w.npy --local",
+       "distctl tensor get: option --local given twice"},
+      {"cluster up -n 1 --pin --dir /tmp/none --pin",
+       "distctl cluster up: option --pin given twice"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) expect_exit(cases[i][0], 2, cases[i][1]);
+}
+
 Test(distctl_args, missing_and_bad_values_are_usage_errors_naming_the_option) {
   const char *const cases[][2] = {
       {"ops --recent", "option --recent needs a value"},
@@ -84,6 +100,7 @@ Test(distctl_args, missing_and_bad_values_are_usage_errors_naming_the_option) {
       {"launch -n 0 -- true", "bad -n '0'"},
       {"--timeout abc status", "bad --timeout 'abc'"},
       {"--cluster", "option --cluster needs a value"},
+      {"status --json=1", "distctl: option --json takes no value"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) expect_exit(cases[i][0], 2, cases[i][1]);
 }
@@ -489,16 +506,17 @@ Test(distctl_args, every_verb_refuses_an_unknown_option_naming_it) {
   }
 }
 
-/* What every verb took before it read its options table, it still takes,
- * and what it refused it still refuses: "-o" and "--output", "=" forms, a
- * flag given twice, NAME among the options, "--" only where the verb
- * takes it. (These usage errors come before any daemon is asked.) */
+/* What every verb took before it read its options table, it still takes
+ * (but a flag given twice, refused since session 29), and what it refused
+ * it still refuses: "-o" and "--output", "=" forms, NAME among the
+ * options, "--" only where the verb takes it. (These usage errors come
+ * before any daemon is asked.) */
 Test(distctl_args, the_spellings_taken_before_are_taken_still) {
-  expect_exit("tensor get w --local --local --rank=1 --output w.npy", 2,
+  expect_exit("tensor get w --local --rank=1 --output w.npy", 2,
               "distctl tensor get: --rank 1: the cluster has one rank, 0");
   expect_exit("tensor get --rank 1 w -o=w.npy --local", 2,
               "distctl tensor get: --rank 1: the cluster has one rank, 0");
-  expect_exit("cluster up -n 1 --pin --pin --dir", 2, "option --dir needs a value");
+  expect_exit("cluster up -n 1 --pin --dir", 2, "option --dir needs a value");
   expect_exit("cluster up -n 1 --dir /tmp/x --pin=yes", 2, "--pin");
   expect_exit("tensor show w -- x", 2, "'--'");
   expect_exit("tensor show w x", 2, "distctl tensor show: unexpected argument 'x'");
