@@ -114,9 +114,18 @@ int dist_abort_range_decode(const uint8_t *in, size_t len, dist_abort_range *a,
                             dist_errbuf *eb) {
   if (len < DIST_ABORT_RANGE_COUNT_SIZE)
     return dist_fail(eb, DIST_EPROTO, "abort range of %zu bytes has no count", len);
+  if (len > DIST_ABORT_RANGE_MAX)
+    return dist_fail(eb, DIST_EPROTO, "abort range of %zu bytes, past the %d a sender writes",
+                     len, DIST_ABORT_RANGE_MAX);
   a->count = get64(in);
   a->reason = (const char *)in + DIST_ABORT_RANGE_COUNT_SIZE;
   if (a->count == 0 || a->count > DIST_ABORT_RANGE_COUNT_MAX)
     return dist_fail(eb, DIST_EPROTO, "abort range of %llu ids", (unsigned long long)a->count);
+  /* A NUL would cut the reason short of what the frame says it holds. */
+  size_t reason_len = len - DIST_ABORT_RANGE_COUNT_SIZE;
+  size_t nul_at = strnlen(a->reason, reason_len);
+  if (nul_at < reason_len)
+    return dist_fail(eb, DIST_EPROTO, "abort range reason has a NUL at byte %zu of %zu", nul_at,
+                     reason_len);
   return 0;
 }

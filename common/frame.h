@@ -79,7 +79,9 @@ typedef struct dist_hello {
 
 /* ABORT_RANGE payload: the count of ids (u64), then the reason, not
  * NUL-terminated; the reason is cut to fit DIST_ABORT_RANGE_MAX bytes in
- * all. */
+ * all. The ids run from the header's op_id counted modulo 2^64: a range
+ * may cross 2^64 - 1 to 0, as a single client's op ids start at a random
+ * 64-bit base (subop.h distd_refused_range_covers counts them so). */
 #define DIST_ABORT_RANGE_COUNT_SIZE 8
 #define DIST_ABORT_RANGE_MAX 1024
 /* An OpAbort's id and its more_ids (a u32) at most. */
@@ -99,13 +101,17 @@ int dist_frame_decode(const uint8_t in[DIST_FRAME_HEADER_SIZE],
 void dist_hello_encode(const dist_hello *h, uint8_t out[DIST_HELLO_SIZE]);
 int dist_hello_decode(const uint8_t in[DIST_HELLO_SIZE], dist_hello *h,
                       dist_errbuf *eb);
-/* Writes a's payload into out (DIST_ABORT_RANGE_MAX bytes of room);
- * returns its length. */
+/* Writes a's payload into out (DIST_ABORT_RANGE_MAX bytes of room): the
+ * count, then the reason up to its NUL, cut to fit; returns its length. */
 size_t dist_abort_range_encode(const dist_abort_range *a, uint8_t out[DIST_ABORT_RANGE_MAX]);
 /* Reads the payload in[0..len), whose byte in[len] the caller set to 0:
- * a->reason points at in + DIST_ABORT_RANGE_COUNT_SIZE. Fails with
- * DIST_EPROTO when it is too short for the count, or the count is 0 or
- * past DIST_ABORT_RANGE_COUNT_MAX (it would abort ids nobody named). */
+ * a->reason points at in + DIST_ABORT_RANGE_COUNT_SIZE. Accepts exactly
+ * what dist_abort_range_encode writes, so encoding what it gives back
+ * gives in[0..len) again: a count of 1 .. DIST_ABORT_RANGE_COUNT_MAX (a
+ * count of 0 names no id, one past it ids nobody named, up to every id
+ * there is) and a reason without a NUL (the encoder stops at one), in
+ * DIST_ABORT_RANGE_MAX bytes at most. Anything else fails with DIST_EPROTO
+ * and a message saying which rule it breaks. */
 int dist_abort_range_decode(const uint8_t *in, size_t len, dist_abort_range *a,
                             dist_errbuf *eb);
 

@@ -116,6 +116,60 @@ Test(frame, abort_range_without_a_count_or_of_no_or_too_many_ids_is_refused) {
   cr_assert_str_eq(eb.msg, "abort range of 18446744073709551615 ids");
 }
 
+/* The count's bounds: 1 and DIST_ABORT_RANGE_COUNT_MAX (2^32, an OpAbort's
+ * id and its u32 more_ids) are taken, one past the maximum is not; a
+ * payload of the count alone is an empty reason. */
+Test(frame, abort_range_counts_of_1_and_2_to_the_32_are_taken_one_more_is_not) {
+  uint8_t buf[DIST_ABORT_RANGE_MAX + 1] = {0};
+  dist_abort_range a;
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  buf[0] = 1;
+  cr_assert_eq(dist_abort_range_decode(buf, 8, &a, &eb), 0, "%s", eb.msg);
+  cr_assert_eq(a.count, 1);
+  cr_assert_str_eq(a.reason, "");
+  memset(buf, 0, 8);
+  buf[4] = 1; /* 2^32 */
+  cr_assert_eq(dist_abort_range_decode(buf, 8, &a, &eb), 0, "%s", eb.msg);
+  cr_assert_eq(a.count, (uint64_t)1 << 32);
+  buf[0] = 1; /* 2^32 + 1 */
+  cr_assert_eq(dist_abort_range_decode(buf, 8, &a, &eb), DIST_EPROTO);
+  cr_assert_str_eq(eb.msg, "abort range of 4294967297 ids");
+}
+
+/* A reason that fills the payload has no NUL in the frame: the decoder
+ * reads it up to the caller's NUL at in[len], and encoding it gives the
+ * same 1024 bytes. One byte more than a sender writes is refused. */
+Test(frame, abort_range_of_the_largest_payload_is_taken_one_byte_more_is_not) {
+  uint8_t buf[DIST_ABORT_RANGE_MAX + 2], again[DIST_ABORT_RANGE_MAX];
+  memset(buf, 'r', sizeof buf);
+  memcpy(buf, "\x05\0\0\0\0\0\0\0", 8);
+  buf[DIST_ABORT_RANGE_MAX] = 0;
+  dist_abort_range a;
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  cr_assert_eq(dist_abort_range_decode(buf, DIST_ABORT_RANGE_MAX, &a, &eb), 0, "%s", eb.msg);
+  cr_assert_eq(a.count, 5);
+  cr_assert_eq(strlen(a.reason), DIST_ABORT_RANGE_MAX - 8);
+  cr_assert_eq(dist_abort_range_encode(&a, again), DIST_ABORT_RANGE_MAX);
+  cr_assert_eq(memcmp(again, buf, DIST_ABORT_RANGE_MAX), 0);
+  buf[DIST_ABORT_RANGE_MAX] = 'r';
+  buf[DIST_ABORT_RANGE_MAX + 1] = 0;
+  cr_assert_eq(dist_abort_range_decode(buf, DIST_ABORT_RANGE_MAX + 1, &a, &eb), DIST_EPROTO);
+  cr_assert_str_eq(eb.msg, "abort range of 1025 bytes, past the 1024 a sender writes");
+}
+
+/* A NUL inside the reason would cut it short of the frame's length (the
+ * encoder never writes one): refused, naming where. */
+Test(frame, abort_range_reason_with_a_nul_inside_is_refused) {
+  uint8_t buf[32] = {2};
+  memcpy(buf + 8, "plan\0refused", 12);
+  dist_abort_range a;
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  cr_assert_eq(dist_abort_range_decode(buf, 20, &a, &eb), DIST_EPROTO);
+  cr_assert_str_eq(eb.msg, "abort range reason has a NUL at byte 4 of 12");
+  cr_assert_eq(dist_abort_range_decode(buf, 12, &a, &eb), 0, "%s", eb.msg);
+  cr_assert_str_eq(a.reason, "plan");
+}
+
 Test(frame, hello_round_trip) {
   dist_hello h = {.rank = 3, .world_size = 4, .boot_id = 0xdeadbeefcafef00dull}, back;
   strcpy(h.cluster_id, "prod-eu");
