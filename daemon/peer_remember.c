@@ -6,7 +6,9 @@
  * LocalLayer call's outputs) grow one range instead, which also covers
  * each id's refusal steps (subop.h): a plan of a thousand ids costs one
  * entry, where its ~13 ids apiece overran the ring past ~19. A peer's
- * ABORT_RANGE frame is such a range at once. */
+ * ABORT_RANGE frame is such a range at once. A range that meets a live one
+ * of the same abort (continues, overlaps, holds or is held by it) joins
+ * it, so a range told again, or in overlapping pieces, takes no slot. */
 #include <stdio.h>
 #include <string.h>
 
@@ -56,25 +58,51 @@ static int same_abort(const remembered_op *r, int aborted_by, int code, const ch
          strncmp(r->reason, reason, sizeof r->reason - 1) == 0;
 }
 
-/* Grows a live range from the same rank, for the same reason, that
- * first .. first + count - 1 continues at either end; 1 if one did. */
-static int extend_range(distd_peers *p, uint64_t first, uint64_t count, int from, int code,
-                        const char *reason, int64_t now) {
-  for (int i = 0; i < p->ranges_used; i++) {
-    remembered_range *rg = &p->ranges[i];
-    if (!live(&rg->op, now) || !same_abort(&rg->op, from, code, reason)) continue;
-    if (first == rg->op.op_id + rg->count) {
-      rg->count += count;
-    } else if (first + count == rg->op.op_id) {
-      rg->op.op_id = first;
-      rg->count += count;
-    } else {
-      continue;
-    }
-    rg->op.at_ms = now;
+/* Makes rg the union of itself and first .. first + count - 1 when that
+ * is one run of ids (the two overlap, one holds the other, or one
+ * continues the other), ids counted modulo 2^64 as
+ * distd_refused_range_covers counts them; 1 if it did. The union covers
+ * exactly the ids and steps the two covered: a range covers each of its
+ * ids' steps. */
+static int take_union(remembered_range *rg, uint64_t first, uint64_t count) {
+  uint64_t starts_at = first - rg->op.op_id; /* the run's offset in rg */
+  if (starts_at <= rg->count) {
+    uint64_t end = starts_at + count;
+    if (end < starts_at) return 0; /* longer than every id there is */
+    if (end > rg->count) rg->count = end;
     return 1;
   }
-  return 0;
+  uint64_t rg_at = rg->op.op_id - first; /* rg's offset in the run */
+  if (rg_at > count) return 0; /* apart */
+  uint64_t end = rg_at + rg->count;
+  if (end < rg_at) return 0;
+  rg->op.op_id = first;
+  rg->count = end > count ? end : count;
+  return 1;
+}
+
+/* Grows a live range from the same rank, for the same reason, that
+ * first .. first + count - 1 meets (overlaps, holds, is held by, or
+ * continues at either end) to their union, then takes into it the
+ * other such ranges it now meets; 1 if one grew. */
+static int extend_range(distd_peers *p, uint64_t first, uint64_t count, int from, int code,
+                        const char *reason, int64_t now) {
+  remembered_range *grown = NULL;
+  for (int i = 0; i < p->ranges_used && !grown; i++) {
+    remembered_range *rg = &p->ranges[i];
+    if (live(&rg->op, now) && same_abort(&rg->op, from, code, reason) &&
+        take_union(rg, first, count))
+      grown = rg;
+  }
+  if (!grown) return 0;
+  grown->op.at_ms = now;
+  for (int i = 0; i < p->ranges_used; i++) {
+    remembered_range *rg = &p->ranges[i];
+    if (rg != grown && live(&rg->op, now) && same_abort(&rg->op, from, code, reason) &&
+        take_union(grown, rg->op.op_id, rg->count))
+      rg->op.at_ms = 0; /* in grown now */
+  }
+  return 1;
 }
 
 /* The next range slot, the oldest once all are used. */

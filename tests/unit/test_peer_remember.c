@@ -1,0 +1,121 @@
+/* A peer's aborted ranges of op ids as remembered (peer_remember.c): a
+ * range that meets a live one from the same rank, with the same code and
+ * reason (overlapping it, held by it, holding it, continuing it) grows
+ * that one to their union instead of taking a slot of its own; ranges of
+ * other ranks or reasons, and ranges apart, keep their own. Every id of
+ * every range told, and each id's refusal steps, stay aborted; an id
+ * outside them does not. Called directly on a zeroed distd_peers, as the
+ * loop calls it with the lock held: nothing else runs here. */
+#include <criterion/criterion.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "peer_internal.h"
+#include "subop.h"
+
+static distd_peers *peers_new(void) {
+  distd_peers *p = calloc(1, sizeof *p);
+  cr_assert_not_null(p);
+  return p;
+}
+
+static void told(distd_peers *p, uint64_t first, uint64_t count, int from, const char *reason) {
+  distd_remember_range(p, first, count, from, DIST_ECANCELED, reason);
+}
+
+static int live_ranges(const distd_peers *p) {
+  int n = 0;
+  for (int i = 0; i < p->ranges_used; i++) n += p->ranges[i].op.at_ms != 0;
+  return n;
+}
+
+/* Each of in[] is remembered as aborted by rank `by` (with the code
+ * told); none of out[] is remembered at all. */
+static void expect_ids(distd_peers *p, int by, const uint64_t *in, size_t n_in,
+                       const uint64_t *out, size_t n_out) {
+  for (size_t i = 0; i < n_in; i++) {
+    const remembered_op *r = distd_remembered_find(p, in[i]);
+    cr_expect(r && r->aborted_by == by && r->code == DIST_ECANCELED,
+              "op %llu is not remembered as aborted by rank %d", (unsigned long long)in[i], by);
+  }
+  for (size_t i = 0; i < n_out; i++)
+    cr_expect_null(distd_remembered_find(p, out[i]), "op %llu is remembered",
+                   (unsigned long long)out[i]);
+}
+#define LEN(a) (sizeof(a) / sizeof((a)[0]))
+#define EXPECT_IDS(p, by, in, out) expect_ids(p, by, in, LEN(in), out, LEN(out))
+
+Test(remember, a_range_held_by_another_or_overlapping_its_end_takes_no_new_slot) {
+  distd_peers *p = peers_new();
+  told(p, 1000, 100, 0, "plan refused");
+  told(p, 1020, 10, 0, "plan refused"); /* held by 1000 .. 1099 */
+  cr_expect_eq(p->ranges_used, 1, "a range held by another took a slot");
+  told(p, 1090, 30, 0, "plan refused"); /* 1090 .. 1119 overlaps the end */
+  cr_expect_eq(p->ranges_used, 1, "a range overlapping another's end took a slot");
+  const uint64_t in[] = {1000, 1025, 1099, 1100, 1119, distd_subop(1110, DISTD_STEP_VOTE),
+                         distd_subop(1000, DISTD_STEP_RESHARD_LAYOUT)};
+  const uint64_t out[] = {999, 1120, distd_subop(1110, DISTD_STEP_PUSH_BATCH)};
+  EXPECT_IDS(p, 0, in, out);
+  free(p);
+}
+
+/* The other way round: a range that holds a live one, or overlaps its
+ * start, grows it from the front. */
+Test(remember, a_range_holding_another_or_overlapping_its_start_takes_no_new_slot) {
+  distd_peers *p = peers_new();
+  told(p, 5000, 10, 2, "refused");
+  told(p, 4990, 40, 2, "refused"); /* 4990 .. 5029 holds 5000 .. 5009 */
+  told(p, 4980, 15, 2, "refused"); /* 4980 .. 4994 overlaps the start */
+  cr_expect_eq(p->ranges_used, 1);
+  const uint64_t in[] = {4980, 4989, 5000, 5029, distd_subop(4980, DISTD_STEP_BACKWARD +
+                                                                       DISTD_STEP_VOTE)};
+  const uint64_t out[] = {4979, 5030};
+  EXPECT_IDS(p, 2, in, out);
+  free(p);
+}
+
+/* A range that meets two live ones joins them: one slot stays live. */
+Test(remember, a_range_bridging_two_leaves_one_live) {
+  distd_peers *p = peers_new();
+  told(p, 100, 10, 1, "refused");
+  told(p, 200, 10, 1, "refused");
+  cr_expect_eq(live_ranges(p), 2);
+  told(p, 105, 100, 1, "refused"); /* 105 .. 204 */
+  cr_expect_eq(live_ranges(p), 1);
+  const uint64_t in[] = {100, 150, 209};
+  const uint64_t out[] = {99, 210};
+  EXPECT_IDS(p, 1, in, out);
+  free(p);
+}
+
+/* Ranges of another rank, code or reason, and ranges with a gap between
+ * them, keep slots of their own, as before. */
+Test(remember, ranges_of_other_ranks_or_reasons_or_apart_keep_their_own_slots) {
+  distd_peers *p = peers_new();
+  told(p, 1000, 100, 0, "plan refused");
+  told(p, 1050, 100, 1, "plan refused");
+  told(p, 1050, 100, 0, "another reason");
+  distd_remember_range(p, 1050, 100, 0, DIST_EPEER, "plan refused");
+  told(p, 1101, 10, 0, "plan refused"); /* 1100 is not told: apart */
+  cr_expect_eq(p->ranges_used, 5);
+  const uint64_t by_1[] = {1120}, gap[] = {1150};
+  EXPECT_IDS(p, 1, by_1, gap);
+  const remembered_op *r = distd_remembered_find(p, 1010);
+  cr_assert_not_null(r);
+  cr_expect_str_eq(r->reason, "plan refused");
+  free(p);
+}
+
+/* Ids count modulo 2^64 (a single client's start at a random base): a
+ * range overlapping one that crosses 2^64 - 1 to 0 is its union. */
+Test(remember, ranges_across_2_to_the_64_are_joined_too) {
+  distd_peers *p = peers_new();
+  told(p, UINT64_MAX - 9, 10, 0, "refused"); /* up to 2^64 - 1 */
+  told(p, UINT64_MAX - 2, 6, 0, "refused");  /* 2^64 - 3 .. 2 */
+  told(p, 1, 1, 0, "refused");               /* held */
+  cr_expect_eq(p->ranges_used, 1);
+  const uint64_t in[] = {UINT64_MAX - 9, UINT64_MAX, 0, 2, distd_subop(0, DISTD_STEP_VOTE)};
+  const uint64_t out[] = {UINT64_MAX - 10, 3};
+  EXPECT_IDS(p, 0, in, out);
+  free(p);
+}
