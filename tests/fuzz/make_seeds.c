@@ -1,11 +1,14 @@
 /* Writes the binary seeds of the checked-in corpus:
- *   make_seeds CORPUS_DIR      (CORPUS_DIR/frame, /hello, /proto must exist)
- * Frames and HELLO payloads come from the project's own encoders; protobuf
- * seeds are valid requests packed by protobuf-c, each behind the byte that
- * makes fuzz_proto pick its message (the index in fuzz_proto.c's table) and
- * the byte that picks how it is sliced (PROTO_SLICING). */
+ *   make_seeds CORPUS_DIR      (CORPUS_DIR/frame, /hello, /abort_range,
+ *                               /proto must exist)
+ * Frames, HELLO and ABORT_RANGE payloads come from the project's own
+ * encoders; protobuf seeds are valid requests packed by protobuf-c, each
+ * behind the byte that makes fuzz_proto pick its message (the index in
+ * fuzz_proto.c's table) and the byte that picks how it is sliced
+ * (PROTO_SLICING). */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "dist.pb-c.h"
 #include "frame.h"
@@ -45,6 +48,12 @@ static void hello(const char *name, uint32_t rank, uint32_t world,
   write_seed("hello", name, out, sizeof out);
 }
 
+static void abort_range(const char *name, uint64_t count, const char *reason) {
+  uint8_t out[DIST_ABORT_RANGE_MAX];
+  size_t len = dist_abort_range_encode(&(dist_abort_range){count, reason}, out);
+  write_seed("abort_range", name, out, len);
+}
+
 /* fuzz_proto's second byte: slices of 16 bytes, bytes fields of 8 bytes and
  * more taken out of the message. */
 #define PROTO_SLICING (2 * 5 + 3)
@@ -72,6 +81,17 @@ static void frames_and_hellos(void) {
   hello("rank0_of_1", 0, 1, "", 1);
   hello("long_id", 7, 8, "a-cluster-id-that-is-exactly-sixty-three-bytes-long-0123456789",
         ~0ull);
+}
+
+static void abort_ranges(void) {
+  abort_range("one_id_no_reason", 1, "");
+  abort_range("plan_of_1000", 1000,
+              "its trainer refused it: dist_tape_backward: outputs[0] is NULL");
+  abort_range("count_max", DIST_ABORT_RANGE_COUNT_MAX, "its daemon refused it");
+  char longest[DIST_ABORT_RANGE_MAX];
+  memset(longest, 'r', sizeof longest - 1);
+  longest[sizeof longest - 1] = 0;
+  abort_range("reason_cut_to_fit", 3, longest);
 }
 
 static void requests(void) {
@@ -148,6 +168,7 @@ int main(int argc, char **argv) {
   }
   dir = argv[1];
   frames_and_hellos();
+  abort_ranges();
   requests();
   return 0;
 }
