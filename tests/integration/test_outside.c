@@ -801,19 +801,27 @@ typedef struct layer_trainer {
 
 static int layer_step(layer_trainer *t, const char *what, int rc) { return STEP(t, what, rc); }
 
+/* The program `name`: f(x, y) = sum(x * y) on mesh, Partial(sum). */
+static dist_program *dot_program(const char *name, const dist_mesh *mesh) {
+  dist_program *p = NULL;
+  dist_program_new(name, &p);
+  int x = dist_input_dtensor(p, "x", DIST_FLOAT32);
+  int y = dist_input_dtensor(p, "y", DIST_FLOAT32);
+  dist_placement partial = DIST_PARTIAL_OF(DIST_REDUCE_SUM);
+  dist_program_output(p, dist_op_sum(p, dist_op_mul(p, x, y), NULL, 0, 0));
+  dist_program_out_dist_attr(p, mesh, &partial, NULL);
+  return p;
+}
+
 /* f(x) = 2x, or f(x, y) = sum(x * y), on mesh [0, 1]. */
 static dist_program *pair_program(const dist_mesh *mesh, int loss) {
+  if (loss) return dot_program("pair.loss", mesh);
   dist_program *p = NULL;
-  dist_program_new(loss ? "pair.loss" : "pair.double", &p);
+  dist_program_new("pair.double", &p);
   int x = dist_input_dtensor(p, "x", DIST_FLOAT32);
-  dist_placement shard = DIST_SHARD_DIM(0), partial = DIST_PARTIAL_OF(DIST_REDUCE_SUM);
-  if (loss) {
-    int y = dist_input_dtensor(p, "y", DIST_FLOAT32);
-    dist_program_output(p, dist_op_sum(p, dist_op_mul(p, x, y), NULL, 0, 0));
-  } else {
-    dist_program_output(p, dist_op_mul_scalar(p, x, 2));
-  }
-  dist_program_out_dist_attr(p, mesh, loss ? &partial : &shard, NULL);
+  dist_placement shard = DIST_SHARD_DIM(0);
+  dist_program_output(p, dist_op_mul_scalar(p, x, 2));
+  dist_program_out_dist_attr(p, mesh, &shard, NULL);
   return p;
 }
 
@@ -1337,6 +1345,225 @@ Test(outside, one_client_calls_a_local_layer_with_outputs_on_two_meshes, .timeou
   dist_tensor_free(xt);
   dist_mesh_free(stage0);
   dist_mesh_free(stage1);
+  dist_close(c);
+}
+
+/* --------------------- a tape through a LocalLayer with outputs on two meshes */
+
+/* The split program, a loss on each stage, loss_k = sum(out_k * out_k)
+ * on out_k's mesh, and total = sum(x * x) on x's mesh [0,1,2,3]. */
+typedef struct split_programs {
+  dist_mesh *all, *stage[2];
+  dist_program *split, *loss[2], *total;
+} split_programs;
+
+static void split_programs_new(split_programs *s) {
+  dist_mesh_from_string("[0,1,2,3]", NULL, &s->all);
+  dist_mesh_from_string("[0,1]", NULL, &s->stage[0]);
+  dist_mesh_from_string("[2,3]", NULL, &s->stage[1]);
+  s->split = split_program(s->stage[0], s->stage[1]);
+  s->loss[0] = dot_program("split.loss0", s->stage[0]);
+  s->loss[1] = dot_program("split.loss1", s->stage[1]);
+  s->total = dot_program("split.total", s->all);
+}
+
+/* Registers the four programs; 0, or the first failure (*what names it). */
+static int split_programs_register(dist_client *c, split_programs *s, const char **what) {
+  dist_program *p[4] = {s->split, s->loss[0], s->loss[1], s->total};
+  for (int i = 0; i < 4; i++) {
+    int rc = dist_program_register(c, p[i]);
+    if (rc) {
+      *what = "register";
+      return rc;
+    }
+  }
+  return 0;
+}
+
+static void split_programs_free(dist_client *c, split_programs *s) {
+  dist_program *p[4] = {s->split, s->loss[0], s->loss[1], s->total};
+  for (int i = 0; i < 4; i++) dist_program_unregister(c, p[i]), dist_program_free(p[i]);
+  dist_mesh_free(s->all);
+  for (int k = 0; k < 2; k++) dist_mesh_free(s->stage[k]);
+}
+
+/* On the tape: (out0, out1) = split(x), loss_k = sum(out_k * out_k),
+ * total = sum(x * x), then backward from the three losses with the loss's
+ * 1 (x's gradients from split and total added on [0,1,2,3]). losses
+ * (room for 3) get their handles (the caller frees them); 0, or the first failure (*what
+ * names it). */
+static int split_tape(dist_tape *tape, const split_programs *s, dist_tensor *x,
+                      dist_tensor **losses, const char **what) {
+  dist_tensor *outs[2] = {NULL, NULL};
+  dist_arg a[1] = {{x, NULL}}, xx[2] = {{x, NULL}, {x, NULL}};
+  *what = "split";
+  int rc = dist_tape_local_layer_call(tape, s->split, a, 1, NULL, outs);
+  for (int k = 0; rc == 0 && k < 2; k++) {
+    dist_arg sq[2] = {{outs[k], NULL}, {outs[k], NULL}};
+    *what = k ? "loss1" : "loss0";
+    rc = dist_tape_local_layer_call(tape, s->loss[k], sq, 2, NULL, &losses[k]);
+  }
+  if (rc == 0) {
+    *what = "total";
+    rc = dist_tape_local_layer_call(tape, s->total, xx, 2, NULL, &losses[2]);
+  }
+  const dist_tensor *from[3] = {losses[0], losses[1], losses[2]};
+  if (rc == 0) {
+    *what = "backward";
+    rc = dist_tape_backward(tape, from, NULL, 3);
+  }
+  for (int k = 0; k < 2; k++) dist_tensor_free(outs[k]);
+  return rc;
+}
+
+/* The reference, in double: loss_k and total of x[0..8) (out0 = 2x of
+ * the first four, out1 = x + 10 of the last four), and x's gradient,
+ * 2 out_k d(out_k)/dx + 2x: 10x on [0,1], 4x + 20 on [2,3]. */
+static void split_tape_reference(const float *x, double *loss, double *grad) {
+  loss[0] = loss[1] = loss[2] = 0;
+  for (int i = 0; i < 8; i++) {
+    int k = i >= 4;
+    double out = k ? x[i] + 10.0 : 2.0 * x[i], dout_dx = k ? 1 : 2;
+    loss[k] += out * out;
+    loss[2] += (double)x[i] * x[i];
+    grad[i] = 2 * out * dout_dx + 2.0 * x[i];
+  }
+}
+
+/* One of four trainers running split_tape: x is 2 values a rank, Shard(0)
+ * on [0,1,2,3]; each trainer is in one stage loss's mesh and not the
+ * other's, and in total's. */
+typedef struct tape_split_trainer {
+  dist_client *c;
+  int rank;
+  int failed;
+  float x[2];
+  size_t loss_bytes[3], grad_bytes;
+  float loss[3], grad[2];
+  int32_t sum;
+  double reduce_seconds;
+  char msg[1500];
+} tape_split_trainer;
+
+/* Each loss's whole value and x's gradient piece, into t. */
+static void read_tape_split(tape_split_trainer *t, dist_tape *tape, dist_tensor **losses) {
+  for (int k = 0; k < 3; k++) {
+    void *data = NULL;
+    if (STEP(t, "full loss", dist_full_tensor(t->c, losses[k], &data, &t->loss_bytes[k])) == 0 &&
+        t->loss_bytes[k] == sizeof t->loss[k])
+      memcpy(&t->loss[k], data, sizeof t->loss[k]);
+    free(data);
+  }
+  void *data = NULL;
+  if (STEP(t, "x's gradient", dist_tape_grad_local(tape, "tsplit.x", -1, &data, &t->grad_bytes,
+                                                   NULL)) == 0 &&
+      t->grad_bytes <= sizeof t->grad)
+    memcpy(t->grad, data, t->grad_bytes);
+  free(data);
+}
+
+static void *tape_split_main(void *arg) {
+  tape_split_trainer *t = arg;
+  split_programs s;
+  split_programs_new(&s);
+  for (int i = 0; i < 2; i++) t->x[i] = (float)(2 * t->rank + i + 1);
+  dist_tensor *x = NULL, *losses[3] = {NULL, NULL, NULL};
+  dist_tape *tape = NULL;
+  const char *what = "x";
+  int rc = float_pieces(t->c, "tsplit.x", t->x, 2, s.all, &x);
+  if (rc == 0) rc = split_programs_register(t->c, &s, &what);
+  if (rc == 0) {
+    what = "tape";
+    rc = dist_tape_new(t->c, &tape);
+  }
+  if (rc == 0) rc = split_tape(tape, &s, x, losses, &what);
+  if (STEP(t, what, rc) == 0) read_tape_split(t, tape, losses);
+  for (int k = 0; k < 3; k++) dist_tensor_free(losses[k]);
+  dist_tape_free(tape);
+  split_programs_free(t->c, &s);
+  dist_tensor_free(x);
+  STEP(t, "all_reduce", all_reduce_in_step(t->c, t->rank, &t->sum, &t->reduce_seconds));
+  return NULL;
+}
+
+/* Every trainer records the split call and the three losses and
+ * backpropagates from them: out_k's gradient reaches the split call's
+ * backward from the members of its mesh, and each trainer gets its piece
+ * of x's gradient, the split's and total's added; a later all-reduce
+ * meets at once, so every trainer took the same ids. */
+Test(outside, a_tape_through_a_local_layer_with_outputs_on_two_meshes, .timeout = 120,
+     .fini = stop_cluster) {
+  harness_start(&cluster, 4, NULL);
+  tape_split_trainer tr[4];
+  for (int r = 0; r < 4; r++)
+    tr[r] = (tape_split_trainer){.c = harness_spmd_client(&cluster, r, "tape-split"), .rank = r};
+  run_trainers(4, tape_split_main, tr, sizeof tr[0]);
+  float all_x[8];
+  double loss_ref[3], grad_ref[8];
+  for (int r = 0; r < 4; r++) memcpy(all_x + 2 * r, tr[r].x, sizeof tr[r].x);
+  split_tape_reference(all_x, loss_ref, grad_ref);
+  for (int r = 0; r < 4; r++) {
+    const tape_split_trainer *t = &tr[r];
+    cr_log_info("rank %d: %s", r, t->msg);
+    cr_expect_eq(t->failed, 0, "rank %d: %s", r, t->msg);
+    for (int k = 0; k < 3; k++) {
+      int member = k == 2 || (r < 2) == (k == 0);
+      cr_expect_eq(t->loss_bytes[k], member ? sizeof(float) : 0, "rank %d's loss%d: %zu bytes",
+                   r, k, t->loss_bytes[k]);
+      if (member)
+        cr_expect_eq(t->loss[k], (float)loss_ref[k], "rank %d: loss%d %g, not %g", r, k,
+                     t->loss[k], loss_ref[k]);
+    }
+    cr_expect_eq(t->grad_bytes, sizeof t->grad, "rank %d's gradient: %zu bytes", r,
+                 t->grad_bytes);
+    for (int i = 0; i < 2; i++)
+      cr_expect_eq(t->grad[i], (float)grad_ref[2 * r + i], "rank %d: grad[%d] = %g, not %g", r,
+                   i, t->grad[i], grad_ref[2 * r + i]);
+    cr_expect_eq(t->sum, 10, "rank %d: 1 + 2 + 3 + 4 is %d", r, (int)t->sum);
+    cr_expect_lt(t->reduce_seconds, 2.0, "rank %d's all-reduce took %.1f s", r,
+                 t->reduce_seconds);
+    dist_close(t->c);
+  }
+}
+
+/* The same tape recorded by one client of all four daemons. */
+Test(outside, one_clients_tape_through_a_local_layer_with_outputs_on_two_meshes,
+     .timeout = 120, .fini = stop_cluster) {
+  harness_start(&cluster, 4, NULL);
+  dist_client *c = harness_client(&cluster);
+  split_programs s;
+  split_programs_new(&s);
+  const float x[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+  int64_t eight[1] = {8};
+  dist_tensor *xt = harness_put(c, "tsplit.x", DIST_FLOAT32, x, 1, eight, "[0,1,2,3]",
+                                "Shard(0)");
+  const char *what = "";
+  cr_assert_eq(split_programs_register(c, &s, &what), 0, "%s: %s", what, dist_errmsg(c));
+  dist_tape *tape = NULL;
+  dist_tensor *losses[3] = {NULL, NULL, NULL};
+  cr_assert_eq(dist_tape_new(c, &tape), 0, "%s", dist_errmsg(c));
+  cr_assert_eq(split_tape(tape, &s, xt, losses, &what), 0, "%s: %s", what, dist_errmsg(c));
+  double loss_ref[3], grad_ref[8];
+  split_tape_reference(x, loss_ref, grad_ref);
+  for (int k = 0; k < 3; k++) {
+    float want = (float)loss_ref[k];
+    harness_expect_value(c, dist_tensor_name(losses[k]), &want, sizeof want);
+  }
+  dist_tensor *g = NULL;
+  cr_assert_eq(dist_tape_grad(tape, "tsplit.x", &g), 0, "%s", dist_errmsg(c));
+  void *data = NULL;
+  size_t nbytes = 0;
+  cr_assert_eq(dist_full_tensor(c, g, &data, &nbytes), 0, "%s", dist_errmsg(c));
+  cr_assert_eq(nbytes, sizeof x, "x's gradient: %zu bytes", nbytes);
+  for (int i = 0; i < 8; i++)
+    cr_expect_eq(((float *)data)[i], (float)grad_ref[i], "grad[%d] = %g, not %g", i,
+                 ((float *)data)[i], grad_ref[i]);
+  free(data);
+  dist_tensor_free(g);
+  for (int k = 0; k < 3; k++) dist_tensor_free(losses[k]);
+  dist_tape_free(tape);
+  split_programs_free(c, &s);
+  dist_tensor_free(xt);
   dist_close(c);
 }
 
