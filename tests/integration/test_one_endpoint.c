@@ -7,6 +7,7 @@
  * the daemon it does reach. */
 #include <criterion/criterion.h>
 #include <jansson.h>
+#include <math.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -385,6 +386,149 @@ Test(one_endpoint, rank_1s_daemon_alone_creates_an_moe_layer_over_group_1) {
   cr_assert_eq(harness_open_on(&cluster, 1, name, &t), 0, "expert 0's w1 is not on rank 1");
   dist_tensor_free(t);
   dist_moe_layer_free(l);
+  dist_close(one);
+}
+
+/* ------------------------------------------ an expert layer's pass over [1] */
+
+/* Two experts on rank 1 (d_model 2, d_hidden 3, both chosen per token,
+ * float64, given weights), and three tokens through them. */
+#define MOE_TOKENS 3
+static const double moe_x[MOE_TOKENS * 2] = {0.5, -1, 2, 0.25, -1.5, 1};
+static const double moe_dy[MOE_TOKENS * 2] = {1, -0.5, 0.25, 2, -1, 0.75};
+static const double moe_gate[2 * 2] = {0.3, -0.2, -0.4, 0.6};
+static const double moe_w1[2][6] = {{0.1, -0.2, 0.3, 0.4, -0.5, 0.6},
+                                    {-0.3, 0.2, 0.1, -0.6, 0.5, 0.4}};
+static const double moe_b1[2][3] = {{0.05, -0.1, 0.15}, {0.2, 0, -0.05}};
+static const double moe_w2[2][6] = {{0.7, -0.1, 0.2, 0.3, -0.4, 0.5},
+                                    {0.25, 0.35, -0.45, 0.55, 0.15, -0.65}};
+static const double moe_b2[2][2] = {{0.01, -0.02}, {0.03, 0.04}};
+
+/* What a forward and backward give and leave in rank 1's daemon. */
+typedef struct moe_pass {
+  double y[MOE_TOKENS * 2], dx[MOE_TOKENS * 2], dgate[4];
+  double w1_grad[2][6]; /* each expert's, as rank 1's daemon holds it */
+} moe_pass;
+
+/* Copies the whole of tensor name, held by rank 1's daemon, through c. */
+static void full_on_rank_1(dist_client *c, const char *name, void *buf, size_t bytes) {
+  dist_tensor *t = NULL;
+  cr_assert_eq(harness_open_on(&cluster, 1, name, &t), 0, "%s is not on rank 1", name);
+  void *data = NULL;
+  size_t n = 0;
+  cr_assert_eq(dist_full_tensor(c, t, &data, &n), 0, "%s: %s", name, dist_errmsg(c));
+  cr_assert_eq(n, bytes, "%s: %zu bytes", name, n);
+  memcpy(buf, data, n);
+  free(data);
+  dist_tensor_free(t);
+}
+
+/* The layer `name` over group [1] through c: create, forward, backward. */
+static void moe_pass_through(dist_client *c, const char *name, moe_pass *out) {
+  static const int group[1] = {1};
+  dist_expert_weights w[2];
+  for (int e = 0; e < 2; e++) w[e] = (dist_expert_weights){moe_w1[e], moe_b1[e], moe_w2[e],
+                                                           moe_b2[e]};
+  dist_moe_layer_opts o = DIST_MOE_LAYER_OPTS_INIT;
+  o.experts_per_rank = 2, o.d_model = 2, o.d_hidden = 3, o.top_k = 2, o.bias = 1;
+  o.dtype = DIST_FLOAT64, o.group = group, o.group_size = 1, o.weights = w;
+  dist_moe_layer *l = NULL;
+  cr_assert_eq(dist_moe_layer_create(c, name, &o, &l), 0, "create: %s", dist_errmsg(c));
+  const void *xs[1] = {moe_x}, *dys[1] = {moe_dy};
+  const int64_t tokens[1] = {MOE_TOKENS};
+  void *y[1] = {NULL}, *dx[1] = {NULL};
+  cr_assert_eq(dist_moe_layer_forward(c, l, xs, tokens, moe_gate, y), 0, "forward: %s",
+               dist_errmsg(c));
+  cr_assert_eq(dist_moe_layer_backward(c, l, dys, dx, out->dgate), 0, "backward: %s",
+               dist_errmsg(c));
+  memcpy(out->y, y[0], sizeof out->y);
+  memcpy(out->dx, dx[0], sizeof out->dx);
+  free(y[0]), free(dx[0]);
+  for (int e = 0; e < 2; e++) {
+    char param[256], grad[300];
+    cr_assert_eq(dist_moe_layer_param_name(l, e, "w1", param, sizeof param), 0);
+    snprintf(grad, sizeof grad, "%s.grad", param);
+    full_on_rank_1(c, grad, out->w1_grad[e], sizeof out->w1_grad[e]);
+  }
+  dist_moe_layer_free(l);
+}
+
+static void expect_same(const char *what, const double *got, const double *want, int n) {
+  for (int i = 0; i < n; i++)
+    cr_expect_float_eq(got[i], want[i], 1e-12, "%s[%d] = %.17g, not %.17g", what, i, got[i],
+                       want[i]);
+}
+
+/* The pass through rank 1's daemon alone gives what a client of the
+ * cluster file gets over [1]; none of it is zero, so the experts ran. */
+Test(one_endpoint, rank_1s_daemon_alone_runs_an_moe_layers_forward_and_backward_over_group_1) {
+  harness_start(&cluster, 2, NULL);
+  dist_client *one = harness_client_rank(&cluster, 1, 10000), *all = harness_client(&cluster);
+  moe_pass got, want;
+  moe_pass_through(one, "moe.one", &got);
+  moe_pass_through(all, "moe.all", &want);
+  expect_same("y", got.y, want.y, MOE_TOKENS * 2);
+  expect_same("x's gradient", got.dx, want.dx, MOE_TOKENS * 2);
+  expect_same("the gate's gradient", got.dgate, want.dgate, 4);
+  for (int e = 0; e < 2; e++) expect_same("w1's gradient", got.w1_grad[e], want.w1_grad[e], 6);
+  double y_size = 0;
+  for (int i = 0; i < MOE_TOKENS * 2; i++) y_size += fabs(got.y[i]);
+  cr_expect_gt(y_size, 0.1, "y is all but zero");
+  dist_close(all);
+  dist_close(one);
+}
+
+/* ------------------------------------------ a tape's exchanges over no group */
+
+/* On a tape through c over group (NULL: every rank c reaches), names
+ * prefixed by `pre`: y = global_scatter(rows_x), z = global_gather(y),
+ * backward from z with gradient dz; x's gradient, rank 1's piece, into dx. */
+static void tape_round_trip(dist_client *c, const char *pre, const int *group,
+                            const float (*dz)[2], float (*dx)[2]) {
+  char x_name[32], y_name[32], z_name[32];
+  snprintf(x_name, sizeof x_name, "%s.x", pre);
+  snprintf(y_name, sizeof y_name, "%s.y", pre);
+  snprintf(z_name, sizeof z_name, "%s.z", pre);
+  const void *xs[1] = {rows_x};
+  const int64_t *counts[1] = {rows_count};
+  dist_tape_exchange a = {x_name, xs, NULL, DIST_FLOAT32, 2, counts, counts, 2,
+                          group, group ? 1 : 0, y_name, 0};
+  dist_tape *tape = NULL;
+  dist_tensor *y = NULL, *z = NULL;
+  cr_assert_eq(dist_tape_new(c, &tape), 0, "%s", dist_errmsg(c));
+  cr_assert_eq(dist_tape_global_scatter(tape, &a, &y, NULL), 0, "scatter: %s", dist_errmsg(c));
+  a.x_name = y_name, a.x = NULL, a.out_name = z_name;
+  cr_assert_eq(dist_tape_global_gather(tape, &a, &z, NULL), 0, "gather: %s", dist_errmsg(c));
+  dist_value g = {dz, DIST_FLOAT32, 2, {3, 2}};
+  dist_arg ga = {NULL, &g};
+  const dist_tensor *outs[1] = {z};
+  cr_assert_eq(dist_tape_backward(tape, outs, &ga, 1), 0, "backward: %s", dist_errmsg(c));
+  void *data = NULL;
+  size_t n = 0;
+  cr_assert_eq(dist_tape_grad_local(tape, x_name, 1, &data, &n, NULL), 0, "x's gradient: %s",
+               dist_errmsg(c));
+  cr_assert_eq(n, sizeof rows_x, "x's gradient: %zu bytes", n);
+  memcpy(dx, data, n);
+  free(data);
+  dist_tensor_free(y);
+  dist_tensor_free(z);
+  dist_tape_free(tape);
+}
+
+/* Over one rank, the scatter and the gather keep the rows in order (one
+ * source rank, expert-major), and so do their backward: x's gradient is
+ * the one given for z, as a client of the cluster file gets over [1]. */
+Test(one_endpoint, rank_1s_daemon_alone_runs_a_tapes_exchanges_over_no_group) {
+  harness_start(&cluster, 2, NULL);
+  dist_client *one = harness_client_rank(&cluster, 1, 10000), *all = harness_client(&cluster);
+  static const float dz[3][2] = {{0.5f, -1}, {2, 3}, {-4, 8}};
+  float got[3][2], want[3][2];
+  const int group[1] = {1};
+  tape_round_trip(one, "one", NULL, dz, got);
+  tape_round_trip(all, "all", group, dz, want);
+  cr_expect_eq(memcmp(got, dz, sizeof dz), 0, "x's gradient is not the one given for z");
+  cr_expect_eq(memcmp(got, want, sizeof got), 0, "x's gradient differs from the cluster's");
+  dist_close(all);
   dist_close(one);
 }
 
