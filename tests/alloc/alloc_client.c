@@ -249,9 +249,9 @@ static int column_parallel(const char *name, dist_layer *l, const dist_mesh *m, 
 static int linear_expectations(const dist_layer *l, float *y, float *w_after, float *b_after) {
   void *w = NULL, *b = NULL;
   size_t nw = 0, nb = 0;
-  if (dist_layer_read_param(NULL, l, "weight", &w, &nw) ||
-      dist_layer_read_param(NULL, l, "bias", &b, &nb))
-    return free(w), free(b), dist_errcode(NULL) ? dist_errcode(NULL) : DIST_ENOMEM;
+  int rc = dist_layer_read_param(NULL, l, "weight", &w, &nw);
+  if (rc == 0) rc = dist_layer_read_param(NULL, l, "bias", &b, &nb);
+  if (rc) return free(w), free(b), rc;
   const float *W = w, *B = b;
   for (int i = 0; i < ROWS; i++)
     for (int j = 0; j < COLS; j++)

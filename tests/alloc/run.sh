@@ -46,13 +46,17 @@ run_client() {
   return "$rc"
 }
 
-run_client 0 "a$$.count"
-rc=$?
-if [ "$rc" -ne 0 ]; then
+# A run with no failure, which must succeed ($1 says which).
+clean_run() {
+  run_client 0 "a$$.$1"
+  local rc=$?
+  [ "$rc" -eq 0 ] && return 0
   cat "$dir/err" >&2
-  echo "alloc_sweep: the clean run failed ($rc); logs in $dir" >&2
+  echo "alloc_sweep: the clean run $1 failed ($rc); logs in $dir" >&2
   exit 1
-fi
+}
+
+clean_run before
 n=$(sed -n 's/^failalloc: \([0-9]*\) allocations$/\1/p' "$dir/err")
 if [ -z "$n" ] || [ "$n" -lt 1 ]; then
   echo "alloc_sweep: the shim counted no allocation" >&2
@@ -82,13 +86,7 @@ for ((k = offset + 1; k <= n; k += stride)); do
 done
 echo "alloc_sweep: $tried runs, $enomem failed with DIST_ENOMEM, $((tried - enomem - bad)) succeeded, $bad wrong"
 
-run_client 0 "a$$.after"
-rc=$?
-if [ "$rc" -ne 0 ]; then
-  cat "$dir/err" >&2
-  echo "alloc_sweep: the clean run after the sweep failed ($rc); logs in $dir" >&2
-  exit 1
-fi
+clean_run after
 [ "$bad" -eq 0 ] || { echo "alloc_sweep: logs in $dir" >&2; exit 1; }
 down
 trap - EXIT
