@@ -21,15 +21,16 @@ void dist_pbuf_align_large(int on);
 /* Packs msg into a new byte buffer (one copy); the caller destroys it. */
 grpc_byte_buffer *dist_pb_to_bb(const ProtobufCMessage *msg);
 /* Unpacks a received buffer, large bytes fields copied once, straight from
- * its slices (pbuf_recv.c); NULL when bb is NULL or not a valid message.
- * Free with protobuf_c_message_free_unpacked(m, NULL). */
-ProtobufCMessage *dist_bb_to_pb(grpc_byte_buffer *bb,
-                                const ProtobufCMessageDescriptor *desc);
+ * its slices (pbuf_recv.c); NULL when bb is NULL or not a valid message, or
+ * when a block could not be allocated: then *no_memory (may be NULL) is 1,
+ * else 0. Free with protobuf_c_message_free_unpacked(m, NULL). */
+ProtobufCMessage *dist_bb_to_pb(grpc_byte_buffer *bb, const ProtobufCMessageDescriptor *desc,
+                                int *no_memory);
 /* dist_bb_to_pb taking out bytes fields of split_min bytes and more (it
  * uses 64 KiB): lets tests and the fuzzer reach the walk with small
  * messages. */
 ProtobufCMessage *dist_bb_to_pb_split(grpc_byte_buffer *bb,
                                       const ProtobufCMessageDescriptor *desc,
-                                      size_t split_min);
+                                      size_t split_min, int *no_memory);
 
 #endif

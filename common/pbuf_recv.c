@@ -23,9 +23,11 @@
 #define SPLIT_MIN (64u << 10) /* smaller fields are not worth a block of their own */
 #define SPLIT_MAX 8           /* large fields taken out of one message */
 
+/* allocator_data is the unpack's out-of-memory flag (unpack_state). */
 static void *pb_alloc(void *data, size_t n) {
-  (void)data;
-  return dist_malloc_large(n);
+  void *p = dist_malloc_large(n);
+  if (!p) *(int *)data = 1;
+  return p;
 }
 
 static void pb_free(void *data, void *p) {
@@ -34,8 +36,14 @@ static void pb_free(void *data, void *p) {
 }
 
 /* Every block is an ordinary malloc'd one, so protobuf_c_message_free_unpacked
- * (m, NULL) frees a message unpacked here. */
-static ProtobufCAllocator large_aware = {pb_alloc, pb_free, NULL};
+ * (m, NULL) frees a message unpacked here. protobuf-c answers NULL both for
+ * a malformed message and for a block it could not get: the allocator
+ * notes the second in *no_memory, so that a caller can tell them apart. */
+static ProtobufCMessage *unpack(const ProtobufCMessageDescriptor *desc, size_t len,
+                                const uint8_t *buf, int *no_memory) {
+  ProtobufCAllocator large_aware = {pb_alloc, pb_free, no_memory};
+  return protobuf_c_message_unpack(desc, &large_aware, len, buf);
+}
 
 /* The unread rest of a byte buffer. */
 typedef struct cursor {
@@ -97,6 +105,7 @@ typedef struct walk {
   size_t rest_len;
   split sp[SPLIT_MAX];
   int n_sp;
+  int *no_memory; /* set when a block could not be allocated */
 } walk;
 
 static const ProtobufCFieldDescriptor *splittable(const walk *w, uint64_t id, uint64_t len) {
@@ -138,7 +147,7 @@ static int walk_field(walk *w) {
     const ProtobufCFieldDescriptor *f = splittable(w, tag >> 3, len);
     if (!f) break;
     uint8_t *block = dist_malloc_large((size_t)len);
-    if (!block) return -1;
+    if (!block) return *w->no_memory = 1, -1;
     w->sp[w->n_sp++] = (split){f, block, (size_t)len};
     return take(&w->c, block, (size_t)len) ? 0 : -1;
   }
@@ -165,18 +174,18 @@ static void set_split(ProtobufCMessage *m, const split *s) {
 
 /* Unpacks by walking; NULL with *fallback set when the walk cannot tell. */
 static ProtobufCMessage *unpack_split(grpc_byte_buffer *bb, const ProtobufCMessageDescriptor *desc,
-                                      size_t split_min, int *fallback) {
-  walk w = {.desc = desc, .split_min = split_min};
+                                      size_t split_min, int *fallback, int *no_memory) {
+  walk w = {.desc = desc, .split_min = split_min, .no_memory = no_memory};
   *fallback = 1;
   if (!cursor_open(&w.c, bb)) return NULL;
   w.rest = malloc(w.c.left);
-  int rc = w.rest ? 0 : -1;
+  int rc = w.rest ? 0 : (*no_memory = 1, -1);
   while (rc == 0 && w.c.left > 0) rc = walk_field(&w);
   grpc_byte_buffer_reader_destroy(&w.c.r);
   ProtobufCMessage *m = NULL;
   if (rc == 0) {
     *fallback = 0;
-    m = protobuf_c_message_unpack(desc, &large_aware, w.rest_len, w.rest);
+    m = unpack(desc, w.rest_len, w.rest, no_memory);
   }
   for (int i = 0; i < w.n_sp; i++) {
     if (m) set_split(m, &w.sp[i]);
@@ -187,11 +196,12 @@ static ProtobufCMessage *unpack_split(grpc_byte_buffer *bb, const ProtobufCMessa
 }
 
 /* The message's bytes in one block: the slices copied in order. */
-static uint8_t *gather(grpc_byte_buffer *bb, size_t *len) {
+static uint8_t *gather(grpc_byte_buffer *bb, size_t *len, int *no_memory) {
   cursor c;
   if (!cursor_open(&c, bb)) return NULL;
   *len = c.left;
   uint8_t *buf = dist_malloc_large(*len ? *len : 1);
+  if (!buf) *no_memory = 1;
   if (buf && !take(&c, buf, *len)) {
     free(buf);
     buf = NULL;
@@ -201,27 +211,30 @@ static uint8_t *gather(grpc_byte_buffer *bb, size_t *len) {
 }
 
 static ProtobufCMessage *unpack_gathered(grpc_byte_buffer *bb,
-                                         const ProtobufCMessageDescriptor *desc) {
+                                         const ProtobufCMessageDescriptor *desc, int *no_memory) {
   size_t len = 0;
-  uint8_t *buf = gather(bb, &len);
+  uint8_t *buf = gather(bb, &len, no_memory);
   if (!buf) return NULL;
-  ProtobufCMessage *m = protobuf_c_message_unpack(desc, &large_aware, len, buf);
+  ProtobufCMessage *m = unpack(desc, len, buf, no_memory);
   free(buf);
   return m;
 }
 
 ProtobufCMessage *dist_bb_to_pb_split(grpc_byte_buffer *bb,
                                       const ProtobufCMessageDescriptor *desc,
-                                      size_t split_min) {
+                                      size_t split_min, int *no_memory) {
+  int ignored = 0;
+  if (!no_memory) no_memory = &ignored;
+  *no_memory = 0;
   if (!bb) return NULL;
   if (split_min < 1) split_min = 1;
-  if (grpc_byte_buffer_length(bb) < split_min) return unpack_gathered(bb, desc);
+  if (grpc_byte_buffer_length(bb) < split_min) return unpack_gathered(bb, desc, no_memory);
   int fallback;
-  ProtobufCMessage *m = unpack_split(bb, desc, split_min, &fallback);
-  return m || !fallback ? m : unpack_gathered(bb, desc);
+  ProtobufCMessage *m = unpack_split(bb, desc, split_min, &fallback, no_memory);
+  return m || !fallback || *no_memory ? m : unpack_gathered(bb, desc, no_memory);
 }
 
-ProtobufCMessage *dist_bb_to_pb(grpc_byte_buffer *bb,
-                                const ProtobufCMessageDescriptor *desc) {
-  return dist_bb_to_pb_split(bb, desc, SPLIT_MIN);
+ProtobufCMessage *dist_bb_to_pb(grpc_byte_buffer *bb, const ProtobufCMessageDescriptor *desc,
+                                int *no_memory) {
+  return dist_bb_to_pb_split(bb, desc, SPLIT_MIN, no_memory);
 }

@@ -342,7 +342,7 @@ static int check_tensor_bytes(distd_rpc *r, const distd_method *m,
 
 static void run_handler(call_ctx *c, const distd_method *m,
                         const distd_call_info *ci, dist_errbuf *eb) {
-  ProtobufCMessage *req = dist_bb_to_pb(c->request, m->request);
+  ProtobufCMessage *req = dist_bb_to_pb(c->request, m->request, NULL);
   if (!req) {
     dist_fail(eb, DIST_EINVAL, "malformed %s request: not a valid %s message",
               m->name, m->request->name);

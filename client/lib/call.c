@@ -108,8 +108,12 @@ static void finish(dist_client *c, dist_call *dc, call_state *st,
       answered = 0;
     }
   } else {
-    dc->reply = dist_bb_to_pb(st->recv, reply_desc);
-    if (!dc->reply)
+    int no_memory = 0;
+    dc->reply = dist_bb_to_pb(st->recv, reply_desc, &no_memory);
+    if (!dc->reply && no_memory)
+      dist_fail(&dc->err, DIST_ENOMEM, "out of memory for the reply from %s",
+                endpoint_of(c, dc->target));
+    else if (!dc->reply)
       dist_fail(&dc->err, DIST_EPROTO, "malformed reply from %s", endpoint_of(c, dc->target));
   }
   dist_client_note_answer(c, dc->target, answered);

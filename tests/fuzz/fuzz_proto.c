@@ -220,7 +220,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   ProtobufCMessage *want = protobuf_c_message_unpack(desc, NULL, len, buf);
   grpc_byte_buffer *bb = sliced(buf, len, step);
   free(buf);
-  ProtobufCMessage *msg = dist_bb_to_pb_split(bb, desc, min);
+  ProtobufCMessage *msg = dist_bb_to_pb_split(bb, desc, min, NULL);
   grpc_byte_buffer_destroy(bb);
   check_same(msg, want);
   protobuf_c_message_free_unpacked(want, NULL);

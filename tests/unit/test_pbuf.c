@@ -50,7 +50,7 @@ static grpc_byte_buffer *sliced(bytes b, size_t step) {
 static void expect_same(bytes b, const ProtobufCMessageDescriptor *d, size_t step) {
   ProtobufCMessage *want = protobuf_c_message_unpack(d, NULL, b.n, b.p);
   grpc_byte_buffer *bb = sliced(b, step);
-  ProtobufCMessage *got = dist_bb_to_pb(bb, d);
+  ProtobufCMessage *got = dist_bb_to_pb(bb, d, NULL);
   grpc_byte_buffer_destroy(bb);
   cr_assert_eq(got == NULL, want == NULL, "step %zu: unpacked %s, protobuf-c %s", step,
                got ? "a message" : "nothing", want ? "a message" : "nothing");
@@ -104,7 +104,7 @@ Test(pbuf, field_at_the_split_threshold) {
 Test(pbuf, large_field_value_is_exact) {
   bytes b = put_request(300000, 4);
   grpc_byte_buffer *bb = sliced(b, 4093);
-  Dist__V1__TensorPutRequest *m = (void *)dist_bb_to_pb(bb, put_desc);
+  Dist__V1__TensorPutRequest *m = (void *)dist_bb_to_pb(bb, put_desc, NULL);
   cr_assert_not_null(m);
   cr_assert_eq(m->data.len, 300000);
   for (size_t i = 0; i < m->data.len; i++)
@@ -150,7 +150,7 @@ Test(pbuf, malformed_is_null) {
   bytes g = put_request(100000, 13);
   g.p[g.n++] = (5 << 3) | 3; /* a group start: left to protobuf-c */
   expect_same_all(g, put_desc);
-  cr_assert_null(dist_bb_to_pb(NULL, put_desc));
+  cr_assert_null(dist_bb_to_pb(NULL, put_desc, NULL));
 }
 
 /* Message blocks of 1 MiB and more start on a 2 MiB boundary (for huge
