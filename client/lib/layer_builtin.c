@@ -286,15 +286,20 @@ static void box_of(const dist_mesh *mesh, const dist_placement *p,
   *len = local.dims[d];
 }
 
-/* A [have_len, want_len] 0/1 matrix taking columns want_off.. of a piece
- * that starts at have_off; NULL when the piece does not cover them. */
-static float *selection(int64_t have_off, int64_t have_len, int64_t want_off,
-                        int64_t want_len) {
-  if (want_off < have_off || want_off + want_len > have_off + have_len) return NULL;
+/* In *out, a [have_len, want_len] 0/1 matrix taking columns want_off.. of
+ * rank's piece `what` that starts at have_off; 0, or the call failed
+ * (DIST_EINVAL when the piece does not cover them, DIST_ENOMEM). */
+static int selection(fwd_ctx *x, const char *path, int rank, const char *what, int64_t have_off,
+                     int64_t have_len, int64_t want_off, int64_t want_len, float **out) {
+  if (want_off < have_off || want_off + want_len > have_off + have_len)
+    return dist_layer_ctx_fail(x, DIST_EINVAL, "%s: rank %d's %s", path, rank, what);
   float *s = calloc((size_t)(have_len * want_len) + 1, sizeof *s);
-  for (int64_t j = 0; s && j < want_len; j++)
-    s[(want_off - have_off + j) * want_len + j] = 1.0f;
-  return s;
+  if (!s)
+    return dist_layer_ctx_fail(x, DIST_ENOMEM, "%s: out of memory for rank %d's selection",
+                               path, rank);
+  for (int64_t j = 0; j < want_len; j++) s[(want_off - have_off + j) * want_len + j] = 1.0f;
+  *out = s;
+  return 0;
 }
 
 typedef struct rank_values {
@@ -410,19 +415,17 @@ static int linear_values(fwd_ctx *x, linear_call *lc, rank_values *v) {
     if (lc->pl.sel_x) {
       box_of(mesh, lc->xp, &lc->xg, idx, lc->xg.ndim - 1, &ho, &hl);
       box_of(mesh, wpl, &lc->w->shape, idx, 0, &wo, &wl);
-      if (!(v->sx[i] = selection(ho, hl, wo, wl)))
-        return dist_layer_ctx_fail(x, DIST_EINVAL, "%s: rank %d's input piece "
-                                   "does not cover its weight rows", lc->path,
-                                   mesh->d.ranks[idx]);
+      int rc = selection(x, lc->path, mesh->d.ranks[idx],
+                         "input piece does not cover its weight rows", ho, hl, wo, wl, &v->sx[i]);
+      if (rc) return rc;
       v->vx[i] = matrix_value(v->sx[i], hl, wl);
     }
     if (lc->pl.sel_b) {
       box_of(mesh, lc->b->tensor->placements, &lc->b->shape, idx, 0, &ho, &hl);
       box_of(mesh, wpl, &lc->w->shape, idx, 1, &wo, &wl);
-      if (!(v->sb[i] = selection(ho, hl, wo, wl)))
-        return dist_layer_ctx_fail(x, DIST_EINVAL, "%s: rank %d's bias piece does "
-                                   "not cover its weight columns", lc->path,
-                                   mesh->d.ranks[idx]);
+      int rc = selection(x, lc->path, mesh->d.ranks[idx],
+                         "bias piece does not cover its weight columns", ho, hl, wo, wl, &v->sb[i]);
+      if (rc) return rc;
       v->vb[i] = matrix_value(v->sb[i], hl, wl);
     }
   }

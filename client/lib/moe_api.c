@@ -172,6 +172,11 @@ static int exchange(dist_client *c, const exchange_args *a, const int *group,
   }
   rqs = calloc((size_t)n, sizeof *rqs);
   calls = calloc((size_t)n, sizeof *calls);
+  if (!rqs || !calls) {
+    rc = dist_client_fail(c, DIST_ENOMEM, "out of memory for the requests to %d daemons", n);
+    dist_spmd_refused(c, op_id, ranks, size);
+    goto out;
+  }
   for (int k = 0; k < n; k++) {
     dist__v1__global_exchange_request__init(&rqs[k]);
     fill_request(&rqs[k], a, k, op_id, ranks, size);

@@ -20,14 +20,22 @@ static int take_grads(dist_client *c, fanout *f, const dist_backward_opts *o,
                               "expected %d", f->targets[i], r->n_grads,
                               v->n_inputs);
     for (size_t j = 0; o->keep_local_values && j < r->n_values; j++)
-      if (j < r->n_has_grad && r->has_grad[j])
-        dist_prog_keep_value(&v->grads[i * v->n_inputs + (int)j], r->values[j]);
+      if (j < r->n_has_grad && r->has_grad[j] &&
+          dist_prog_keep_value(&v->grads[i * v->n_inputs + (int)j], r->values[j]))
+        return dist_client_fail(c, DIST_ENOMEM, "out of memory keeping rank %d's gradient %zu",
+                                f->targets[i], j);
   }
   const Dist__V1__ProgramBackwardReply *r0 = (const void *)f->calls[0].reply;
-  for (int j = 0; grads && j < v->n_inputs; j++)
-    grads[j] = r0->grads[j]->name && r0->grads[j]->name[0]
-                   ? dist_tensor_from_meta(r0->grads[j])
-                   : NULL;
+  for (int j = 0; grads && j < v->n_inputs; j++) {
+    int stored = r0->grads[j]->name && r0->grads[j]->name[0];
+    grads[j] = stored ? dist_tensor_from_meta(r0->grads[j]) : NULL;
+    if (stored && !grads[j]) {
+      dist_client_fail(c, DIST_ENOMEM, "out of memory for the handle of gradient '%s' (the "
+                       "gradients are stored)", r0->grads[j]->name);
+      while (j > 0) dist_tensor_free(grads[--j]), grads[j] = NULL;
+      return DIST_ENOMEM;
+    }
+  }
   return 0;
 }
 

@@ -55,14 +55,16 @@ int dist_prog_check_input(dist_client *c, const dist_program *p, int j, const di
   return 0;
 }
 
-void dist_prog_keep_value(kept_value *k, const Dist__V1__ProgramValue *v) {
+int dist_prog_keep_value(kept_value *k, const Dist__V1__ProgramValue *v) {
   k->present = v->n_shape > 0 || v->data.len > 0 || v->dtype != 0;
   k->dtype = (dist_dtype)v->dtype;
   k->ndim = (int)v->n_shape;
   for (size_t d = 0; d < v->n_shape && d < DIST_MAX_DIMS; d++)
     k->shape[d] = (int64_t)v->shape[d];
   k->data = malloc(v->data.len + 1);
-  if (k->data && v->data.len) memcpy(k->data, v->data.data, v->data.len);
+  if (!k->data) return DIST_ENOMEM;
+  if (v->data.len) memcpy(k->data, v->data.data, v->data.len);
+  return 0;
 }
 
 /* ---------------------------------------------------------------- call */
@@ -193,12 +195,16 @@ static int take_outputs(dist_client *c, fanout *f, const dist_call_opts *o,
                               "expected %d", f->targets[i], r->n_outputs,
                               v->n_outputs);
     for (size_t k = 0; o->keep_local_values && k < r->n_values; k++)
-      dist_prog_keep_value(&v->outs[i * v->n_outputs + (int)k], r->values[k]);
+      if (dist_prog_keep_value(&v->outs[i * v->n_outputs + (int)k], r->values[k]))
+        return dist_client_fail(c, DIST_ENOMEM, "out of memory keeping rank %d's output %zu",
+                                f->targets[i], k);
   }
   for (int k = 0; outs && k < v->n_outputs; k++) {
     const Dist__V1__TensorMeta *m = described(f, k);
     outs[k] = m ? dist_tensor_from_meta(m) : elsewhere[k];
     if (!m) elsewhere[k] = NULL;
+    else if (!outs[k])
+      return dist_client_fail(c, DIST_ENOMEM, "out of memory for the handle of output %d", k);
   }
   return 0;
 }
@@ -354,7 +360,11 @@ int dist_local_layer_call(dist_client *c, dist_program *p, const dist_arg *args,
     undo_call(c, &f, id);
     goto out;
   }
-  if ((rc = take_outputs(c, &f, &o, v, elsewhere, outs))) goto out;
+  if ((rc = take_outputs(c, &f, &o, v, elsewhere, outs))) {
+    for (int k = 0; outs && k < p->n_outputs; k++) dist_tensor_free(outs[k]), outs[k] = NULL;
+    undo_call(c, &f, id);
+    goto out;
+  }
   v->backward_done = o.no_grad != 0;
   *inv = v;
   v = NULL;

@@ -131,7 +131,8 @@ void dist_prog_fill_arg(const dist_client *c, arg_set *s, int j, const dist_arg 
 /* c->err's code when argument a lacks what input j of p needs: a tensor
  * for a DTENSOR_LOCAL input, values for a VALUE one. */
 int dist_prog_check_input(dist_client *c, const dist_program *p, int j, const dist_arg *a);
-void dist_prog_keep_value(kept_value *k, const Dist__V1__ProgramValue *v);
+/* 0, or DIST_ENOMEM (k->data NULL). */
+int dist_prog_keep_value(kept_value *k, const Dist__V1__ProgramValue *v);
 void dist_prog_fanout_free(fanout *f);
 /* A new invocation of p under id, over n daemons (0: an outsider's). */
 dist_invocation *dist_prog_invocation_new(const dist_program *p, int n, uint64_t id,

@@ -53,21 +53,28 @@ typedef struct put_batch {
   void **pieces; /* slices this batch allocated */
 } put_batch;
 
-static void batch_init(put_batch *b, int n) {
+static void batch_free(put_batch *b) {
+  if (b->calls) dist_calls_free(b->calls, b->n);
+  for (int i = 0; b->pieces && i < b->n; i++) free(b->pieces[i]);
+  free(b->reqs);
+  free(b->w);
+  free(b->calls);
+  free(b->pieces);
+}
+
+/* 0, or DIST_ENOMEM (failing c, refusing op on the mesh) with nothing
+ * kept. */
+static int batch_init(dist_client *c, put_batch *b, int n, uint64_t op,
+                      const dist_mesh_desc *mesh) {
   b->n = n;
   b->reqs = calloc((size_t)n + 1, sizeof *b->reqs);
   b->w = calloc((size_t)n + 1, sizeof *b->w);
   b->calls = calloc((size_t)n + 1, sizeof *b->calls);
   b->pieces = calloc((size_t)n + 1, sizeof *b->pieces);
-}
-
-static void batch_free(put_batch *b) {
-  dist_calls_free(b->calls, b->n);
-  for (int i = 0; i < b->n; i++) free(b->pieces[i]);
-  free(b->reqs);
-  free(b->w);
-  free(b->calls);
-  free(b->pieces);
+  if (b->reqs && b->w && b->calls && b->pieces) return 0;
+  batch_free(b);
+  dist_client_fail(c, DIST_ENOMEM, "out of memory for the requests of a put to %d daemons", n);
+  return dist_spmd_refused_on(c, op, mesh);
 }
 
 /* Removes the pieces the batch created. */
@@ -194,7 +201,9 @@ static int batch_send(dist_client *c, put_batch *b, const dist_mesh_desc *mesh, 
     return rc;
   }
   *out = dist_tensor_from_meta(((Dist__V1__TensorPutReply *)b->calls[0].reply)->meta);
-  return 0;
+  if (*out) return 0;
+  undo_puts(c, b);
+  return dist_client_fail(c, DIST_ENOMEM, "out of memory for the handle of '%s'", name);
 }
 
 /* The daemons a put under op id op goes to (dist_targets): none for an
@@ -260,7 +269,7 @@ static int shard_put(dist_client *c, const char *name, const void *data, dist_dt
     return dist_spmd_refused_on(c, op, &mesh->d);
   if (n == 0) return dist_tensor_outsider(c, name, dt, &global, mesh, placements, out);
   put_batch b;
-  batch_init(&b, n);
+  if (batch_init(c, &b, n, op, &mesh->d) != 0) return c->err.code;
   size_t elem = dist_dtype_size(dt);
   for (int i = 0; i < n; i++) {
     int idx = dist_mesh_index_of(&mesh->d, targets[i]), coords[DIST_MAX_MESH_DIMS];
@@ -365,7 +374,7 @@ int dist_dtensor_from_local(dist_client *c, const char *name,
   if (check_local_args(c, name, pieces, ndim, shapes, mesh, placements, targets, n, locals) != 0)
     return dist_spmd_refused_on(c, op, &mesh->d);
   put_batch b;
-  batch_init(&b, n);
+  if (batch_init(c, &b, n, op, &mesh->d) != 0) return c->err.code;
   dist_shape global = {ndim, {0}};
   for (int i = 0; i < n; i++) {
     int k = c->spmd_rank >= 0 ? 0 : i;
@@ -387,12 +396,15 @@ int dist_dtensor_from_local(dist_client *c, const char *name,
   return rc;
 }
 
-static void take_data(const Dist__V1__TensorGetReply *rp, void **data,
-                      size_t *nbytes, int64_t *shape) {
-  *data = malloc(rp->data.len + 1);
+static int take_data(dist_client *c, const char *name, const Dist__V1__TensorGetReply *rp,
+                     void **data, size_t *nbytes, int64_t *shape) {
+  if (!(*data = malloc(rp->data.len + 1)))
+    return dist_client_fail(c, DIST_ENOMEM, "out of memory for %zu bytes of '%s'",
+                            rp->data.len, name);
   if (rp->data.len) memcpy(*data, rp->data.data, rp->data.len); /* empty pieces: NULL */
   *nbytes = rp->data.len;
   for (size_t d = 0; shape && d < rp->n_shape; d++) shape[d] = (int64_t)rp->shape[d];
+  return 0;
 }
 
 /* TensorGet to the given daemons with one op id; the first reply's data
@@ -406,7 +418,7 @@ static int get_from(dist_client *c, const dist_tensor *t, int full, const int *t
   dist_call *calls = NULL;
   int rc = dist_call_all(c, "/dist.v1.Dist/TensorGet", &dist__v1__tensor_get_reply__descriptor,
                          &rq.base, targets, n, &calls);
-  if (rc == 0) take_data((Dist__V1__TensorGetReply *)calls[0].reply, data, nbytes, shape);
+  if (rc == 0) rc = take_data(c, t->name, (Dist__V1__TensorGetReply *)calls[0].reply, data, nbytes, shape);
   dist_calls_release(calls, n);
   return rc;
 }
@@ -501,20 +513,25 @@ int dist_reshard(dist_client *c, dist_tensor *t, const dist_mesh *mesh,
   if (check_placements(c, mesh ? mesh : &t->mesh, placements, t->shape.ndim) != 0)
     return refuse_reshard(c, op, &t->mesh.d, dst);
   int *targets = calloc(2 * DIST_MAX_MESH_RANKS, sizeof *targets);
+  dist_wire_meta *w = calloc(2, sizeof *w);
+  if (!targets || !w) {
+    free(targets), free(w);
+    dist_client_fail(c, DIST_ENOMEM, "out of memory for the reshard of '%s'", t->name);
+    return refuse_reshard(c, op, &t->mesh.d, dst);
+  }
   /* Every rank of the destination must be a daemon the client knows. */
   if (dist_targets(c, dst, targets) < 0) {
-    free(targets);
+    free(targets), free(w);
     return refuse_reshard(c, op, &t->mesh.d, dst);
   }
   if (dist_spmd_outside(c, &t->mesh.d) && dist_spmd_outside(c, dst)) {
     /* Nothing here to move, and nobody waits for this rank (Paddle's
      * reshard outside both meshes sets the placements only). */
-    free(targets);
+    free(targets), free(w);
     take_layout(c, t, dst, placements);
     return 0;
   }
   int n = union_targets(c, &t->mesh.d, dst, targets);
-  dist_wire_meta *w = calloc(2, sizeof *w);
   Dist__V1__ReshardRequest rq = DIST__V1__RESHARD_REQUEST__INIT;
   rq.name = t->name;
   rq.op_id = op;
@@ -533,6 +550,13 @@ int dist_reshard(dist_client *c, dist_tensor *t, const dist_mesh *mesh,
   free(w);
   free(targets);
   return rc;
+}
+
+/* Whether a daemon described the tensor asked for. */
+static int found_meta(const dist_call *calls, int n) {
+  for (int i = 0; i < n; i++)
+    if (calls[i].reply && ((const Dist__V1__TensorShowReply *)calls[i].reply)->meta) return 1;
+  return 0;
 }
 
 /* A single client asks every daemon, since a tensor need not live on rank 0
@@ -556,6 +580,8 @@ int dist_tensor_open(dist_client *c, const char *name, dist_tensor **out) {
   if (*out) {
     rc = 0;
     c->err = (dist_errbuf)DIST_ERRBUF_INIT;
+  } else if (found_meta(calls, n)) {
+    rc = dist_client_fail(c, DIST_ENOMEM, "out of memory for the handle of '%s'", name);
   } else if (rc == 0) {
     rc = dist_client_fail(c, DIST_EPROTO, "TensorShow of '%s' answered without a "
                           "description", name);
@@ -690,7 +716,8 @@ static int by_name_then_mesh(const void *a, const void *b) {
   return c != 0 ? c : (x->nranks > y->nranks) - (x->nranks < y->nranks);
 }
 
-/* Every daemon's tensors, one handle per piece described; *total pieces. */
+/* Every daemon's tensors, one handle per piece described; *total pieces.
+ * NULL when one could not be allocated (nothing kept). */
 static dist_tensor **every_piece(dist_call *calls, int n, int *total) {
   size_t count = 0;
   for (int i = 0; i < n; i++) count += ((Dist__V1__TensorListReply *)calls[i].reply)->n_tensors;
@@ -698,8 +725,11 @@ static dist_tensor **every_piece(dist_call *calls, int n, int *total) {
   *total = 0;
   for (int i = 0; all && i < n; i++) {
     const Dist__V1__TensorListReply *rp = (const void *)calls[i].reply;
-    for (size_t k = 0; k < rp->n_tensors; k++)
-      all[(*total)++] = dist_tensor_from_meta(rp->tensors[k]);
+    for (size_t k = 0; all && k < rp->n_tensors; k++)
+      if (!(all[(*total)++] = dist_tensor_from_meta(rp->tensors[k]))) {
+        dist_tensor_list_free(all, *total);
+        all = NULL;
+      }
   }
   return all;
 }
