@@ -221,6 +221,10 @@ int dist_param_push(dist_client *c, const char *name, int trainer,
   if ((n = dist_targets(c, &t->mesh.d, targets)) < 0) { rc = n; n = 0; goto out; }
   rqs = calloc((size_t)n + 1, sizeof *rqs);
   calls = calloc((size_t)n + 1, sizeof *calls);
+  if (!rqs || !calls) {
+    rc = dist_client_fail(c, DIST_ENOMEM, "out of memory pushing to '%s'", name);
+    goto out;
+  }
   /* Sent to the whole mesh, the push is applied by every daemon or by
    * none (param.proto). An SPMD trainer sends only its own piece. */
   uint64_t op_id = c->spmd_rank < 0 ? dist_next_op_id(c) : 0;
@@ -233,6 +237,11 @@ int dist_param_push(dist_client *c, const char *name, int trainer,
     rqs[i].n_placements = (size_t)t->mesh.d.ndim;
     rqs[i].placements = wire->placement_ptrs;
     rqs[i].data.data = slice_for(t, targets[i], grad, &rqs[i].data.len);
+    if (!rqs[i].data.data) {
+      rc = dist_client_fail(c, DIST_ENOMEM, "out of memory for rank %d's slice of '%s'",
+                            targets[i], name);
+      goto out;
+    }
     calls[i].target = targets[i];
     calls[i].request = &rqs[i].base;
   }
