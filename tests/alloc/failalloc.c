@@ -10,7 +10,11 @@
  * those can fail: gRPC and libc allocate for themselves too, and gRPC
  * aborts by design when its own allocation fails, so failing those would
  * test nothing of the program's. The image is the main program's
- * executable segments, found once through dl_iterate_phdr. */
+ * executable segments, found once through dl_iterate_phdr.
+ *
+ * Under ASan it stands in front of ASan's allocator when ASan is told not
+ * to insist on coming first (ASAN_OPTIONS=verify_asan_link_order=0), and
+ * LeakSanitizer then checks each failure path for leaks at exit. */
 #include <dlfcn.h>
 #include <link.h>
 #include <stdatomic.h>
@@ -35,7 +39,7 @@ static long fail_at;   /* 0: fail nothing */
 static int report;     /* FAIL_ALLOC_COUNT set */
 static atomic_long counted;
 static uintptr_t image_lo, image_hi; /* the executable's code */
-static _Thread_local int resolving;
+static int resolving; /* in dlsym: before main, one thread only */
 
 /* dlsym may allocate before the real allocators are known: those calls
  * are served from here (static, so zeroed), and free() ignores them. */
@@ -61,15 +65,25 @@ static int find_image(struct dl_phdr_info *info, size_t size, void *arg) {
   return 1; /* the first object listed is the main program */
 }
 
-static void resolve(void) {
-  if (next_malloc) return;
+/* 1 once the next allocator is known. Under ASan the shim stands in front
+ * of ASan's allocator (ASAN_OPTIONS=verify_asan_link_order=0), whose own
+ * start-up allocates inside dlsym, where dlsym cannot answer yet: those
+ * allocations are served from early[] too. */
+static int ready(void) {
+  if (next_free) return 1;
   resolving = 1;
   next_malloc = (malloc_fn)dlsym(RTLD_NEXT, "malloc");
   next_calloc = (calloc_fn)dlsym(RTLD_NEXT, "calloc");
   next_realloc = (realloc_fn)dlsym(RTLD_NEXT, "realloc");
   next_strdup = (strdup_fn)dlsym(RTLD_NEXT, "strdup");
-  next_free = (free_fn)dlsym(RTLD_NEXT, "free");
+  free_fn f = (free_fn)dlsym(RTLD_NEXT, "free");
   resolving = 0;
+  if (next_malloc && next_calloc && next_realloc && next_strdup) next_free = f;
+  return next_free != NULL;
+}
+
+static int is_early(const void *p) {
+  return (const char *)p >= early && (const char *)p < early + sizeof early;
 }
 
 static void print_count(void) {
@@ -77,7 +91,6 @@ static void print_count(void) {
 }
 
 __attribute__((constructor)) static void failalloc_init(void) {
-  resolve();
   dl_iterate_phdr(find_image, NULL);
   const char *at = getenv("FAIL_ALLOC_AT"), *count = getenv("FAIL_ALLOC_COUNT");
   fail_at = at ? atol(at) : 0;
@@ -94,33 +107,39 @@ static int fail_this(const void *caller) {
 }
 
 void *malloc(size_t n) {
-  if (resolving) return early_alloc(n);
-  resolve();
+  if (resolving || !ready()) return early_alloc(n);
   if (fail_this(__builtin_return_address(0))) return NULL;
   return next_malloc(n);
 }
 
 void *calloc(size_t n, size_t size) {
-  if (resolving) return early_alloc(n * size);
-  resolve();
+  if (resolving || !ready()) return early_alloc(n * size);
   if (fail_this(__builtin_return_address(0))) return NULL;
   return next_calloc(n, size);
 }
 
 void *realloc(void *p, size_t n) {
-  resolve();
+  if (resolving || !ready() || is_early(p)) {
+    /* an early block's size is not kept: copy what can lie after it */
+    void *q = resolving || !ready() ? early_alloc(n) : next_malloc(n);
+    size_t room = p ? (size_t)(early + sizeof early - (char *)p) : 0;
+    if (q && p) memcpy(q, p, n < room ? n : room);
+    return q;
+  }
   if (fail_this(__builtin_return_address(0))) return NULL;
   return next_realloc(p, n);
 }
 
 char *strdup(const char *s) {
-  resolve();
+  if (resolving || !ready()) {
+    char *d = early_alloc(strlen(s) + 1);
+    return d ? strcpy(d, s) : NULL;
+  }
   if (fail_this(__builtin_return_address(0))) return NULL;
   return next_strdup(s);
 }
 
 void free(void *p) {
-  if ((char *)p >= early && (char *)p < early + sizeof early) return;
-  resolve();
-  next_free(p);
+  if (!p || is_early(p)) return;
+  if (ready()) next_free(p);
 }

@@ -12,9 +12,10 @@
 # left nothing in the daemons that breaks the next caller.
 #
 # ALLOC_STRIDE=s tries every s-th k from ALLOC_OFFSET (default: a stride
-# that keeps the sweep near ALLOC_RUNS runs, 120 by default, at about half
-# a second a run on two busy cores, so ~60-90 s; the offset is drawn at
-# random in 0..s-1 and printed, so that successive runs cover other sites).
+# that keeps the sweep near ALLOC_RUNS runs, 300 by default: a run takes
+# about 0.2 s on two busy cores, so ~60 s for 1,200 to 3,600 allocations
+# counted; the offset is drawn at random in 0..s-1 and printed, so that
+# successive runs cover other sites).
 # ALLOC_STRIDE=1 sweeps every allocation.
 set -uo pipefail
 build=$1
@@ -62,7 +63,7 @@ if [ -z "$n" ] || [ "$n" -lt 1 ]; then
   echo "alloc_sweep: the shim counted no allocation" >&2
   exit 1
 fi
-runs=${ALLOC_RUNS:-120}
+runs=${ALLOC_RUNS:-300}
 stride=${ALLOC_STRIDE:-$(((n + runs - 1) / runs))}
 offset=${ALLOC_OFFSET:-$((RANDOM % stride))}
 echo "alloc_sweep: $n allocations; failing k = $((offset + 1)), $((offset + 1 + stride)), ... (stride $stride)"
