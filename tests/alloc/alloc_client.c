@@ -31,7 +31,15 @@ typedef struct run {
 
 static const float data_x[NELEM] = {1, 2, 3, 4, 5, 6, 7, 8};
 
-/* Records the first failure; returns 1 when rc is one. */
+static int wrong(run *r, const char *what) {
+  fprintf(stderr, "alloc_client: %s: wrong value\n", what);
+  r->wrong_value = 1;
+  if (r->rc == 0) r->rc = DIST_EINTERNAL;
+  return 1;
+}
+
+/* Records the first failure; returns 1 when rc is one. A failure must say
+ * why: one without a message is a wrong result. */
 static int failed(run *r, int rc, const char *what) {
   if (rc == 0) return 0;
   if (r->rc == 0) {
@@ -39,14 +47,8 @@ static int failed(run *r, int rc, const char *what) {
     if (!msg[0]) msg = dist_errmsg(NULL);
     fprintf(stderr, "alloc_client: %s: %s (%s)\n", what, msg, dist_err_name(rc));
     r->rc = rc;
+    if (!msg[0]) wrong(r, "the failure's message");
   }
-  return 1;
-}
-
-static int wrong(run *r, const char *what) {
-  fprintf(stderr, "alloc_client: %s: wrong value\n", what);
-  r->wrong_value = 1;
-  if (r->rc == 0) r->rc = DIST_EINTERNAL;
   return 1;
 }
 
