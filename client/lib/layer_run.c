@@ -285,9 +285,10 @@ static int run_hook(fwd_ctx *x, dist_layer_io_fn fn, const char *what,
   return rc;
 }
 
-static int names_of(char (**names)[256], dist_tensor *const *ts, int n) {
+static int names_of(fwd_ctx *x, char (**names)[256], dist_tensor *const *ts, int n) {
   *names = calloc((size_t)n + 1, sizeof **names);
-  if (!*names) return DIST_ENOMEM;
+  if (!*names)
+    return dist_layer_ctx_fail(x, DIST_ENOMEM, "out of memory for the names of %d tensors", n);
   for (int i = 0; i < n; i++)
     snprintf((*names)[i], sizeof (*names)[i], "%s", ts[i] ? ts[i]->name : "");
   return 0;
@@ -323,9 +324,9 @@ static int forward_steps(fwd_ctx *x, dist_tensor *const *inputs, int n_in,
    * its handle follows. */
   for (int i = 0; rc == 0 && i < n_in; i++)
     if (strcmp(work[i]->name, inputs[i]->name) == 0) *inputs[i] = *work[i];
-  if (rc == 0 && (rc = names_of(&s->in_names, work, n_in)) == 0) s->n_in = n_in;
+  if (rc == 0 && (rc = names_of(x, &s->in_names, work, n_in)) == 0) s->n_in = n_in;
   if (rc == 0) rc = run_layer(x, x->root, "", work, n_in, outs, n_out);
-  if (rc == 0 && (rc = names_of(&s->out_names, *outs, *n_out)) == 0)
+  if (rc == 0 && (rc = names_of(x, &s->out_names, *outs, *n_out)) == 0)
     s->n_out = *n_out;
   if (rc == 0 && x->root->output_fn)
     rc = run_hook(x, x->root->output_fn, "output_fn", *outs, *n_out);
@@ -441,10 +442,23 @@ static int take_grad(dist_client *c, layer_step *s, const tape_entry *t, int j,
     dist_tensor_free(g);
     return 0;
   }
-  int rc = keep_created(s, g->name);
-  if (rc || (rc = keep_handle(s, g))) return rc;
+  if (keep_created(s, g->name)) {
+    /* not on the step's list of what to delete: delete it now */
+    dist_client_fail(c, DIST_ENOMEM, "out of memory keeping gradient '%s'", g->name);
+    dist_errbuf keep = c->err;
+    dist_tensor_delete_handle(c, g);
+    c->err = keep;
+    dist_tensor_free(g);
+    return DIST_ENOMEM;
+  }
+  if (keep_handle(s, g)) /* frees g */
+    return dist_client_fail(c, DIST_ENOMEM, "out of memory keeping a gradient's handle");
   grad_slot *slot = slot_of(s, in->name);
-  return slot ? add_grad(c, s, slot, g) : put_grad(s, in->name, g);
+  if (slot) return add_grad(c, s, slot, g);
+  if (put_grad(s, in->name, g))
+    return dist_client_fail(c, DIST_ENOMEM, "out of memory filing the gradient of '%s'",
+                            in->name);
+  return 0;
 }
 
 static int backward_entry(dist_client *c, dist_layer *root, int e, int seed) {
@@ -472,11 +486,12 @@ static int backward_entry(dist_client *c, dist_layer *root, int e, int seed) {
   o.grad_names = ptrs;
   o.replace = 1;
   if ((rc = dist_backward(c, t->inv, seed ? NULL : og, &o, grads))) goto out;
-  for (int j = 0; j < t->n_in; j++) {
-    int r = grads[j] ? take_grad(c, s, t, j, grads[j]) : 0;
+  dist_errbuf first = DIST_ERRBUF_INIT;
+  for (int j = 0; j < t->n_in; j++) { /* each is taken, or freed, past a failure */
+    dist_layer_note_failure(c, grads[j] ? take_grad(c, s, t, j, grads[j]) : 0, &first);
     grads[j] = NULL;
-    if (r && !rc) rc = r;
   }
+  if ((rc = first.code)) c->err = first;
 out:
   for (int j = 0; grads && j < t->n_in; j++) dist_tensor_free(grads[j]);
   free(og);
