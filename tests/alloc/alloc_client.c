@@ -38,18 +38,23 @@ static int wrong(run *r, const char *what) {
   return 1;
 }
 
-/* Records the first failure; returns 1 when rc is one. A failure must say
- * why: one without a message is a wrong result. */
-static int failed(run *r, int rc, const char *what) {
+/* Records the first failure, saying msg; returns 1 when rc is one. A
+ * failure must say why: one without a message is a wrong result. */
+static int failed_saying(run *r, int rc, const char *what, const char *msg) {
   if (rc == 0) return 0;
   if (r->rc == 0) {
-    const char *msg = dist_errmsg(r->c);
-    if (!msg[0]) msg = dist_errmsg(NULL);
     fprintf(stderr, "alloc_client: %s: %s (%s)\n", what, msg, dist_err_name(rc));
     r->rc = rc;
     if (!msg[0]) wrong(r, "the failure's message");
   }
   return 1;
+}
+
+/* failed_saying the client's message, or the thread's for calls that
+ * take no client. */
+static int failed(run *r, int rc, const char *what) {
+  const char *msg = dist_errmsg(r->c);
+  return failed_saying(r, rc, what, msg[0] ? msg : dist_errmsg(NULL));
 }
 
 /* PREFIX.suffix, remembered for deletion at the end. */
@@ -435,7 +440,8 @@ int main(int argc, char **argv) {
             dist_err_name(rc));
     return rc == DIST_ENOMEM ? 3 : 1;
   }
-  if (!failed(&r, dist_mesh_from_string("[0,1]", "x", &r.mesh), "mesh")) run_all(&r);
+  rc = dist_mesh_from_string("[0,1]", "x", &r.mesh);
+  if (!failed_saying(&r, rc, "mesh", rc ? dist_last_mesh_error() : "")) run_all(&r);
   delete_all(&r);
   dist_mesh_free(r.mesh);
   dist_close(r.c);
