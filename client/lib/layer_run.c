@@ -178,8 +178,10 @@ int dist_layer_call(fwd_ctx *x, dist_program *p, const char *path,
     outs = NULL;
   }
 out:
-  if (inv) {
+  if (inv) { /* not recorded: released, the error kept */
+    dist_errbuf keep = x->c->err;
     dist_invocation_release(x->c, inv);
+    x->c->err = keep;
     dist_invocation_free(inv);
   }
   free(outs); /* the handles belong to the step */

@@ -61,7 +61,7 @@ int dist_program_new(const char *name, dist_program **out) {
   if (!out) return dist_null_handle(__func__, "out");
   dist_program *p = calloc(1, sizeof *p);
   *out = NULL;
-  if (!p) return DIST_ENOMEM;
+  if (!p) return dist_thread_fail(DIST_ENOMEM, "%s: out of memory", __func__);
   snprintf(p->name, sizeof p->name, "%s", name && name[0] ? name : "program");
   *out = p;
   return 0;
