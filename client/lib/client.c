@@ -55,6 +55,12 @@ int dist_thread_fail(int code, const char *fmt, ...) {
   return code;
 }
 
+void dist_note_first_failure(const dist_client *c, int r, dist_errbuf *first) {
+  if (!r || first->code) return;
+  *first = c->err;
+  first->code = r;
+}
+
 int dist_null_handle(const char *func, const char *arg) {
   return dist_thread_fail(DIST_EINVAL, "%s: %s is NULL", func, arg);
 }

@@ -253,6 +253,9 @@ int dist_null_handle(const char *func, const char *arg);
 /* code, with the message kept as the thread's dist_errmsg(NULL): how a
  * call that takes no client (a layer builder) says why it failed. */
 int dist_thread_fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Keeps the first failure r (non-zero) of a run of calls in *first, with
+ * c's message: the calls after it, which succeed, clear c->err. */
+void dist_note_first_failure(const dist_client *c, int r, dist_errbuf *first);
 /* DIST_EINVAL recorded on c as "FUNC: ARG is NULL": a public call given a
  * NULL pointer it must read or write through says which, rather than
  * crashing. Use through DIST_NEED. */

@@ -481,23 +481,17 @@ int dist_layer_push_grad(dist_client *c, dist_layer *l, const char *path,
 
 /* Deletes the stored tensors and unregisters the programs of a tree, best
  * effort; the first failure is returned. */
-void dist_layer_note_failure(const dist_client *c, int r, dist_errbuf *first) {
-  if (!r || first->code) return;
-  *first = c->err;
-  first->code = r;
-}
-
 /* Deletes and unregisters what l and its children stored; the first
  * failure goes to *first. */
 static void unshard(dist_client *c, dist_layer *l, dist_errbuf *first) {
   for (int i = 0; i < l->n_params; i++) {
     layer_param *p = &l->params[i];
-    if (p->grad) dist_layer_note_failure(c, dist_tensor_delete(c, p->grad->name), first);
-    if (p->tensor) dist_layer_note_failure(c, dist_tensor_delete(c, p->tensor->name), first);
+    if (p->grad) dist_note_first_failure(c, dist_tensor_delete(c, p->grad->name), first);
+    if (p->tensor) dist_note_first_failure(c, dist_tensor_delete(c, p->tensor->name), first);
   }
   for (int i = 0; i < l->n_progs; i++)
-    dist_layer_note_failure(c, dist_program_unregister(c, l->progs[i].p), first);
-  if (l->program) dist_layer_note_failure(c, dist_program_unregister(c, l->program), first);
+    dist_note_first_failure(c, dist_program_unregister(c, l->progs[i].p), first);
+  if (l->program) dist_note_first_failure(c, dist_program_unregister(c, l->program), first);
   for (int i = 0; i < l->n_children; i++) unshard(c, l->children[i], first);
 }
 
@@ -505,7 +499,7 @@ int dist_layer_destroy(dist_client *c, dist_layer *l) {
   if (!l) return 0; /* documented as a no-op */
   if (!c) return dist_no_client(__func__);
   dist_errbuf first = DIST_ERRBUF_INIT;
-  dist_layer_note_failure(c, dist_layer_release(c, l), &first);
+  dist_note_first_failure(c, dist_layer_release(c, l), &first);
   if (l->sharded) unshard(c, l, &first);
   dist_layer_free(l);
   if (first.code) c->err = first;

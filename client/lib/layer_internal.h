@@ -149,8 +149,5 @@ const dist_mesh *dist_layer_ctx_mesh(fwd_ctx *x);
 int dist_layer_ctx_fail(fwd_ctx *x, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 void dist_layer_step_free(dist_client *c, layer_step *s);
-/* Keeps the first failure r (non-zero) of a run of calls in *first, with
- * its message: the calls after it, which succeed, clear c->err. */
-void dist_layer_note_failure(const dist_client *c, int r, dist_errbuf *first);
 
 #endif

@@ -490,7 +490,7 @@ static int backward_entry(dist_client *c, dist_layer *root, int e, int seed) {
   if ((rc = dist_backward(c, t->inv, seed ? NULL : og, &o, grads))) goto out;
   dist_errbuf first = DIST_ERRBUF_INIT;
   for (int j = 0; j < t->n_in; j++) { /* each is taken, or freed, past a failure */
-    dist_layer_note_failure(c, grads[j] ? take_grad(c, s, t, j, grads[j]) : 0, &first);
+    dist_note_first_failure(c, grads[j] ? take_grad(c, s, t, j, grads[j]) : 0, &first);
     grads[j] = NULL;
   }
   if ((rc = first.code)) c->err = first;

@@ -169,16 +169,17 @@ int dist_program_unregister(dist_client *c, dist_program *p) {
     p->nranks = 0;
     return 0;
   }
-  int rc = 0;
+  dist_errbuf first = DIST_ERRBUF_INIT;
   for (int i = 0; i < p->nranks; i++) {
     Dist__V1__ProgramReleaseRequest rq = DIST__V1__PROGRAM_RELEASE_REQUEST__INIT;
     rq.handle = p->handles[i];
     ProtobufCMessage *rp = NULL;
-    int r = dist_call_one(c, p->ranks[i], LL_METHOD("Release"), &rq.base,
-                          &dist__v1__program_release_reply__descriptor, &rp);
+    dist_note_first_failure(c, dist_call_one(c, p->ranks[i], LL_METHOD("Release"), &rq.base,
+                                             &dist__v1__program_release_reply__descriptor, &rp),
+                            &first);
     if (rp) protobuf_c_message_free_unpacked(rp, NULL);
-    if (r && !rc) rc = r;
   }
   p->nranks = 0;
-  return rc;
+  if (first.code) c->err = first;
+  return first.code;
 }
