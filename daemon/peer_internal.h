@@ -330,7 +330,7 @@ struct distd_peers {
   remembered_op remembered[REMEMBERED_OPS];
   int remembered_next, remembered_used; /* used: slots ever written */
   remembered_range ranges[REMEMBERED_RANGES];
-  int ranges_next, ranges_used; /* used: slots ever written */
+  int ranges_used; /* slots ever written */
   /* the worker driving the sockets (see the top); NULL when none */
   distd_xfer *driver_x;
   pthread_t driver_tid;

@@ -105,12 +105,15 @@ static int extend_range(distd_peers *p, uint64_t first, uint64_t count, int from
   return 1;
 }
 
-/* The next range slot, the oldest once all are used. */
+/* A slot for a new range: one never written, else the one told longest
+ * ago. A slot a join emptied (at_ms 0) or an expired one comes first, so
+ * a live range is dropped only when every slot holds one. */
 static remembered_range *new_range(distd_peers *p) {
-  remembered_range *rg = &p->ranges[p->ranges_next];
-  p->ranges_next = (p->ranges_next + 1) % REMEMBERED_RANGES;
-  if (p->ranges_used < REMEMBERED_RANGES) p->ranges_used++;
-  return rg;
+  if (p->ranges_used < REMEMBERED_RANGES) return &p->ranges[p->ranges_used++];
+  remembered_range *oldest = &p->ranges[0];
+  for (int i = 1; i < REMEMBERED_RANGES; i++)
+    if (p->ranges[i].op.at_ms < oldest->op.at_ms) oldest = &p->ranges[i];
+  return oldest;
 }
 
 static void set_op(remembered_op *r, uint64_t op_id, int64_t now, int aborted_by, int code,
@@ -126,12 +129,14 @@ static int start_range(distd_peers *p, uint64_t op_id, int from, int code, const
   remembered_op *nb = find_in_ring(p, op_id - 1, now);
   if (!nb || !same_abort(nb, from, code, reason)) nb = find_in_ring(p, op_id + 1, now);
   if (!nb || !same_abort(nb, from, code, reason)) return 0;
+  uint64_t lo = nb->op_id < op_id ? nb->op_id : op_id;
+  nb->at_ms = 0; /* in a range from here on */
+  /* the pair may meet a range that op_id alone did not (ring 50, range
+   * 40..49, then 51): one run of ids, one slot */
+  if (extend_range(p, lo, 2, from, code, reason, now)) return 1;
   remembered_range *rg = new_range(p);
-  rg->op = *nb;
-  rg->op.op_id = nb->op_id < op_id ? nb->op_id : op_id;
-  rg->op.at_ms = now;
+  set_op(&rg->op, lo, now, from, code, reason);
   rg->count = 2;
-  nb->at_ms = 0;
   return 1;
 }
 

@@ -119,3 +119,35 @@ Test(remember, ranges_across_2_to_the_64_are_joined_too) {
   EXPECT_IDS(p, 0, in, out);
   free(p);
 }
+
+/* A join empties the slots it takes in; a later range takes one of those
+ * (or one never written), not a live one: the joined range, told last,
+ * stays remembered. */
+Test(remember, a_range_after_a_join_takes_an_emptied_slot_not_a_live_one) {
+  distd_peers *p = peers_new();
+  for (int i = 0; i < REMEMBERED_RANGES; i++) told(p, 1000 + 100 * (uint64_t)i, 10, 0, "refused");
+  cr_expect_eq(live_ranges(p), REMEMBERED_RANGES);
+  told(p, 1000, 100 * REMEMBERED_RANGES, 0, "refused"); /* bridges all of them */
+  cr_expect_eq(live_ranges(p), 1);
+  told(p, 900000, 1, 0, "another reason");
+  cr_expect_eq(live_ranges(p), 2);
+  const uint64_t in[] = {1000, 1005, 1000 + 100 * REMEMBERED_RANGES - 1, 900000};
+  const uint64_t out[] = {999, 900001};
+  EXPECT_IDS(p, 0, in, out);
+  free(p);
+}
+
+/* An id next to one the ring of single ids holds makes a range of two;
+ * when that pair meets a live range (40 .. 49, then 50 alone in the
+ * ring, then 51), it joins it rather than taking a slot of its own. */
+Test(remember, a_pair_from_the_ring_joins_the_range_it_meets) {
+  distd_peers *p = peers_new();
+  distd_remember_op(p, 50, 3, DIST_ECANCELED, "refused");
+  told(p, 40, 10, 3, "refused");
+  distd_remember_op(p, 51, 3, DIST_ECANCELED, "refused");
+  cr_expect_eq(live_ranges(p), 1, "one run of ids took %d slots", live_ranges(p));
+  const uint64_t in[] = {40, 49, 50, 51};
+  const uint64_t out[] = {39, 52};
+  EXPECT_IDS(p, 3, in, out);
+  free(p);
+}
