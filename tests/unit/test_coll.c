@@ -152,6 +152,55 @@ Test(coll, allreduce_every_op_and_dtype_on_4_ranks, .timeout = 120) {
   fix_teardown(&f);
 }
 
+/* Float sums depend on the order they are folded in; whatever order an
+ * algorithm takes, every member must end with the same bits, or replicas
+ * of one parameter drift apart. Values in [0.5, 2) keep the sum well
+ * conditioned, so it is also checked against the exact one. */
+enum { SAME_BITS_N = 301 };
+static float same_bits_result[FIX_MAX][SAME_BITS_N];
+
+static float same_bits_value(int rank, size_t i) {
+  uint32_t h = (uint32_t)(rank * 2654435761u) ^ (uint32_t)(i * 40503u + 7u);
+  h ^= h >> 13, h *= 0x5bd1e995u, h ^= h >> 15;
+  return 0.5f + 1.5f * (float)(h % 1000003u) / 1000003.0f;
+}
+
+static int same_bits_body(rank_ctx *c) {
+  int group[FIX_MAX];
+  distd_coll coll;
+  if (init_world(c, &coll, 40, group)) return -1;
+  float *v = same_bits_result[c->rank];
+  for (size_t i = 0; i < SAME_BITS_N; i++) v[i] = same_bits_value(c->rank, i);
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  int rc = distd_allreduce(&coll, v, SAME_BITS_N, DIST_FLOAT32, DIST_REDUCE_SUM, &eb);
+  if (rc) snprintf(c->msg, sizeof c->msg, "%s", eb.msg);
+  return rc;
+}
+
+static void expect_same_bits_on(int n) {
+  peer_fixture f;
+  fix_setup(&f, n);
+  expect_all_ok(&f, same_bits_body);
+  for (size_t i = 0; i < SAME_BITS_N; i++) {
+    double exact = 0;
+    for (int r = 0; r < n; r++) exact += same_bits_value(r, i);
+    cr_expect(fabs(same_bits_result[0][i] - exact) <= 1e-6 * exact,
+              "element %zu: %.9g, exact %.9g", i, same_bits_result[0][i], exact);
+  }
+  for (int r = 1; r < n; r++)
+    cr_expect(memcmp(same_bits_result[r], same_bits_result[0], sizeof same_bits_result[0]) == 0,
+              "rank %d's sum differs from rank 0's in some bits", r);
+  fix_teardown(&f);
+}
+
+Test(coll, a_small_float_sum_has_the_same_bits_on_every_member_of_4, .timeout = 60) {
+  expect_same_bits_on(4);
+}
+
+Test(coll, a_small_float_sum_has_the_same_bits_on_every_member_of_8, .timeout = 120) {
+  expect_same_bits_on(8);
+}
+
 /* ---- uneven all-gather, reduce-scatter, all-to-all ---- */
 
 /* Elements member r contributes: uneven, with zeros. */
