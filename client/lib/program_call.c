@@ -150,14 +150,16 @@ static int check_call(dist_client *c, const dist_program *p, int nargs) {
   return 0;
 }
 
-/* A failed call may have succeeded on some daemons: undo it there. */
-static void undo_call(dist_client *c, fanout *f, uint64_t id) {
+/* A failed call may have succeeded on some daemons: undo it there. A
+ * replacing call's outputs stay: under their names stood the caller's
+ * tensors, which deleting them would not bring back but lose for good. */
+static void undo_call(dist_client *c, fanout *f, uint64_t id, int replaced) {
   dist_errbuf keep = c->err;
   for (int i = 0; i < f->n; i++) {
     const Dist__V1__ProgramInvokeReply *r = (const void *)f->calls[i].reply;
     if (!r) continue;
     dist_prog_release_on(c, &f->targets[i], 1, NULL, id);
-    for (size_t k = 0; k < r->n_outputs; k++) {
+    for (size_t k = 0; !replaced && k < r->n_outputs; k++) {
       Dist__V1__TensorDeleteRequest d = DIST__V1__TENSOR_DELETE_REQUEST__INIT;
       ProtobufCMessage *rp = NULL;
       d.name = r->outputs[k]->name;
@@ -357,12 +359,12 @@ int dist_local_layer_call(dist_client *c, dist_program *p, const dist_arg *args,
    * it is asked before only. */
   if (!rc && o.out_names && !o.replace) rc = check_out_names(c, p, names);
   if (rc) {
-    undo_call(c, &f, id);
+    undo_call(c, &f, id, o.replace != 0);
     goto out;
   }
   if ((rc = take_outputs(c, &f, &o, v, elsewhere, outs))) {
     for (int k = 0; outs && k < p->n_outputs; k++) dist_tensor_free(outs[k]), outs[k] = NULL;
-    undo_call(c, &f, id);
+    undo_call(c, &f, id, o.replace != 0);
     goto out;
   }
   v->backward_done = o.no_grad != 0;

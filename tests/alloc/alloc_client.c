@@ -242,6 +242,28 @@ out:
   return r->rc;
 }
 
+/* A call whose output replaces a tensor of the caller's: failed or not,
+ * the name still holds a tensor afterwards (its old value or the
+ * output). Deleting a replacing call's outputs to undo it would lose the
+ * caller's tensor for good. */
+static int replacing_call(run *r, dist_program *p) {
+  dist_tensor *x = NULL, *loss = NULL, *after = NULL;
+  dist_invocation *inv = NULL;
+  if (put(r, "rp", data_x, DIST_SHARD_DIM(0), &x)) return r->rc;
+  const char *names[] = {r->names[r->nnames - 1]}; /* x's own name */
+  dist_call_opts o = DIST_CALL_OPTS_INIT;
+  o.out_names = names, o.replace = 1, o.no_grad = 1;
+  dist_arg arg = {x, NULL};
+  failed(r, dist_local_layer_call(r->c, p, &arg, 1, &o, &inv, &loss), "replacing call");
+  int rc = dist_tensor_open(r->c, names[0], &after);
+  if (rc == DIST_ENOTFOUND) wrong(r, "the replaced tensor is gone after the call");
+  else failed(r, rc, "open the replaced tensor");
+  if (inv) dist_invocation_release(r->c, inv); /* no_grad: nothing kept */
+  dist_invocation_free(inv);
+  dist_tensor_free(x), dist_tensor_free(loss), dist_tensor_free(after);
+  return r->rc;
+}
+
 /* ---------------------------------------------------------------- shard_layer */
 
 static int column_parallel(const char *name, dist_layer *l, const dist_mesh *m, void *user) {
@@ -410,7 +432,7 @@ static int inspect(run *r) {
 static void run_all(run *r) {
   dist_program *p = NULL;
   if (tensors(r) || exchanges(r) || moe(r) || sum_sq_program(r, &p) || local_layer(r, p) ||
-      shard_layer(r) || tape(r, p) || checkpoint(r))
+      replacing_call(r, p) || shard_layer(r) || tape(r, p) || checkpoint(r))
     goto out;
   inspect(r);
 out:
