@@ -3,6 +3,7 @@
  * results computed here, gradients against analytic and finite-difference
  * references, and the errors a caller can provoke. */
 #include <criterion/criterion.h>
+#include <signal.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -623,6 +624,25 @@ Test(local_layer_errors, backward_after_release_is_a_clear_error, .timeout = 120
   cr_assert_eq(dist_backward(f.c, inv, NULL, NULL, &g), DIST_ENOTFOUND);
   dist_invocation_free(inv);
   dist_tensor_free(out);
+  dist_program_free(p);
+  err_teardown(&f);
+}
+
+/* A release sent to each daemon of the call that fails on one says which:
+ * a later daemon's success must not clear the first failure's message. */
+Test(local_layer_errors, a_release_failing_on_one_daemon_names_it, .timeout = 120) {
+  err_fixture f;
+  err_setup(&f);
+  dist_program *p = NULL;
+  dist_program_new("released_on_one", &p);
+  int x = dist_input_dtensor(p, "x", DIST_FLOAT32);
+  dist_invocation *inv = NULL;
+  cr_assert_eq(call_one(&f, p, dist_op_sum(p, x, NULL, 0, 0), f.x, &inv), 0,
+               "%s", dist_errmsg(f.c));
+  cr_assert_neq(harness_kill(&f.h, 0, SIGKILL), -1);
+  cr_assert_neq(dist_invocation_release(f.c, inv), 0, "a release without rank 0 succeeded");
+  cr_assert(strstr(dist_errmsg(f.c), "rank 0"), "message: '%s'", dist_errmsg(f.c));
+  dist_invocation_free(inv);
   dist_program_free(p);
   err_teardown(&f);
 }
