@@ -141,7 +141,10 @@ static int add_input(dist_program *p, int kind, const char *name,
   dist__v1__program_input__init(in);
   in->kind = (Dist__V1__ProgramInput__Kind)kind;
   in->dtype = (Dist__V1__DType)dt;
-  if (name && name[0]) in->name = strdup(name);
+  if (name && name[0] && !(in->name = strdup(name))) {
+    free(in);
+    return dist_prog_fail(p, DIST_ENOMEM, "out of memory for input '%s'", name);
+  }
   p->inputs[p->n_inputs] = in;
   p->input_w[p->n_inputs] = NULL;
   int id = add_value(p, p->n_inputs, -1, 0);
@@ -272,8 +275,10 @@ int dist_op_set_label(dist_program *p, int id, const char *label) {
   if (p->values[id].node < 0)
     return dist_prog_fail(p, DIST_EINVAL, "label: value %d is an input", id);
   bnode *n = p->nodes[p->values[id].node];
+  char *copy = strdup(label ? label : "");
+  if (!copy) return dist_prog_fail(p, DIST_ENOMEM, "out of memory for label '%s'", label ? label : "");
   if (n->pb.name != protobuf_c_empty_string) free(n->pb.name);
-  n->pb.name = strdup(label ? label : "");
+  n->pb.name = copy;
   return 0;
 }
 
