@@ -129,7 +129,7 @@ static int start_range(distd_peers *p, uint64_t op_id, int from, int code, const
   remembered_op *nb = find_in_ring(p, op_id - 1, now);
   if (!nb || !same_abort(nb, from, code, reason)) nb = find_in_ring(p, op_id + 1, now);
   if (!nb || !same_abort(nb, from, code, reason)) return 0;
-  uint64_t lo = nb->op_id < op_id ? nb->op_id : op_id;
+  uint64_t lo = nb->op_id == op_id - 1 ? nb->op_id : op_id; /* modulo 2^64: MAX, then 0 */
   nb->at_ms = 0; /* in a range from here on */
   /* the pair may meet a range that op_id alone did not (ring 50, range
    * 40..49, then 51): one run of ids, one slot */

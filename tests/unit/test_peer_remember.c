@@ -151,3 +151,20 @@ Test(remember, a_pair_from_the_ring_joins_the_range_it_meets) {
   EXPECT_IDS(p, 3, in, out);
   free(p);
 }
+
+/* A pair across 2^64 (the ids a client hands out wrap there): MAX and 0
+ * make the range MAX .. 0, not 0 .. 1, in either order. */
+static void expect_pair_across_the_wrap(uint64_t first, uint64_t second) {
+  distd_peers *p = peers_new();
+  distd_remember_op(p, first, 3, DIST_ECANCELED, "refused");
+  distd_remember_op(p, second, 3, DIST_ECANCELED, "refused");
+  const uint64_t in[] = {UINT64_MAX, 0};
+  const uint64_t out[] = {1, UINT64_MAX - 1};
+  EXPECT_IDS(p, 3, in, out);
+  free(p);
+}
+
+Test(remember, a_pair_of_single_ids_across_the_wrap_covers_both) {
+  expect_pair_across_the_wrap(UINT64_MAX, 0);
+  expect_pair_across_the_wrap(0, UINT64_MAX);
+}
