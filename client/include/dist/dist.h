@@ -743,7 +743,13 @@ typedef struct dist_call_opts {
   int replace;                  /* outputs may overwrite existing tensors,
                                    each held within the output's mesh (on
                                    other ranks its pieces would stay:
-                                   DIST_EEXIST names such a rank) */
+                                   DIST_EEXIST names such a rank). A
+                                   replacing call with out_names that fails
+                                   after the daemons stored its outputs
+                                   (a lost reply, out of memory here) keeps
+                                   them: the names may then hold the outputs,
+                                   not what they held before
+                                   (dist_tensor_open shows which) */
   int keep_local_values;        /* keep every rank's local outputs in the
                                    invocation (dist_invocation_local_output) */
   int no_grad;                  /* no backward will follow: the daemons keep
