@@ -328,7 +328,7 @@ struct distd_peers {
    * unexpected_max_age so a late receive is told (peer_dropped.h) */
   distd_dropped_frames dropped;
   remembered_op remembered[REMEMBERED_OPS];
-  int remembered_next, remembered_used; /* used: slots ever written */
+  int remembered_used; /* slots ever written */
   remembered_range ranges[REMEMBERED_RANGES];
   int ranges_used; /* slots ever written */
   /* the worker driving the sockets (see the top); NULL when none */

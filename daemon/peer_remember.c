@@ -106,13 +106,23 @@ static int extend_range(distd_peers *p, uint64_t first, uint64_t count, int from
 }
 
 /* A slot for a new range: one never written, else the one told longest
- * ago. A slot a join emptied (at_ms 0) or an expired one comes first, so
- * a live range is dropped only when every slot holds one. */
+ * ago. One emptied (at_ms 0: taken into another) or expired comes first,
+ * so a live range is dropped only when every slot holds one. */
 static remembered_range *new_range(distd_peers *p) {
   if (p->ranges_used < REMEMBERED_RANGES) return &p->ranges[p->ranges_used++];
   remembered_range *oldest = &p->ranges[0];
   for (int i = 1; i < REMEMBERED_RANGES; i++)
     if (p->ranges[i].op.at_ms < oldest->op.at_ms) oldest = &p->ranges[i];
+  return oldest;
+}
+
+/* The same for a single id of the ring (emptied: taken into a range, or
+ * forgotten). */
+static remembered_op *new_single(distd_peers *p) {
+  if (p->remembered_used < REMEMBERED_OPS) return &p->remembered[p->remembered_used++];
+  remembered_op *oldest = &p->remembered[0];
+  for (int i = 1; i < REMEMBERED_OPS; i++)
+    if (p->remembered[i].at_ms < oldest->at_ms) oldest = &p->remembered[i];
   return oldest;
 }
 
@@ -149,11 +159,7 @@ void distd_remember_op(distd_peers *p, uint64_t op_id, int aborted_by, int code,
   if (!r && aborted_by >= 0 && (extend_range(p, op_id, 1, aborted_by, code, reason, now) ||
                                 start_range(p, op_id, aborted_by, code, reason, now)))
     return;
-  if (!r) {
-    r = &p->remembered[p->remembered_next];
-    p->remembered_next = (p->remembered_next + 1) % REMEMBERED_OPS;
-    if (p->remembered_used < REMEMBERED_OPS) p->remembered_used++;
-  }
+  if (!r) r = new_single(p);
   set_op(r, op_id, now, aborted_by, code, reason);
 }
 

@@ -168,3 +168,19 @@ Test(remember, a_pair_of_single_ids_across_the_wrap_covers_both) {
   expect_pair_across_the_wrap(UINT64_MAX, 0);
   expect_pair_across_the_wrap(0, UINT64_MAX);
 }
+
+/* The ring of single ids: an entry taken into a range leaves its slot
+ * empty, and the next single id takes that slot rather than the oldest
+ * live one (ids 0, 10, 20 ... fill the ring; 11 joins 10 into a range;
+ * then 999999 alone: 0 stays remembered). */
+Test(remember, a_single_id_takes_a_ring_slot_a_range_emptied) {
+  distd_peers *p = peers_new();
+  for (uint64_t i = 0; i < REMEMBERED_OPS; i++)
+    distd_remember_op(p, 10 * i, 3, DIST_ECANCELED, "refused");
+  distd_remember_op(p, 11, 3, DIST_ECANCELED, "refused"); /* 10 .. 11 */
+  distd_remember_op(p, 999999, 3, DIST_ECANCELED, "refused");
+  const uint64_t in[] = {0, 10, 11, 20, 10 * (REMEMBERED_OPS - 1), 999999};
+  const uint64_t out[] = {1, 12, 999998};
+  EXPECT_IDS(p, 3, in, out);
+  free(p);
+}
