@@ -184,8 +184,10 @@ static int save_ranks(dist_client *c, const char *dir, const char *id,
   rq.checkpoint_id = (char *)id;
   rq.n_tensors = o ? (size_t)o->ntensors : 0;
   rq.tensors = o ? (char **)o->tensors : NULL;
-  sv->n = c->n;
   sv->replies = calloc((size_t)c->n + 1, sizeof *sv->replies);
+  if (!sv->replies)
+    return dist_client_fail(c, DIST_ENOMEM, "out of memory saving through %d daemons", c->n);
+  sv->n = c->n;
   /* One daemon after the other, so progress is exact. */
   for (int r = 0; r < c->n; r++) {
     ProtobufCMessage *rp = NULL;
@@ -210,6 +212,8 @@ static int save_ranks(dist_client *c, const char *dir, const char *id,
 static int commit(dist_client *c, const char *dir, const char *manifest,
                   const saved *sv) {
   char **keep = calloc((size_t)sv->n + 1, sizeof *keep);
+  if (!keep)
+    return dist_client_fail(c, DIST_ENOMEM, "out of memory committing %d daemons' files", sv->n);
   for (int r = 0; r < sv->n; r++) keep[r] = sv->replies[r]->file;
   Dist__V1__CheckpointCommitRequest rq = DIST__V1__CHECKPOINT_COMMIT_REQUEST__INIT;
   rq.dir = (char *)dir;
@@ -424,6 +428,11 @@ static int parse_manifest(dist_client *c, const char *dir, const char *text,
   m->file = calloc((size_t)m->nfiles + 1, sizeof *m->file);
   m->sha = calloc((size_t)m->nfiles + 1, sizeof *m->sha);
   m->tensors = calloc((size_t)m->ntensors + 1, sizeof *m->tensors);
+  if (!m->file || !m->sha || !m->tensors) {
+    rc = dist_client_fail(c, DIST_ENOMEM, "out of memory reading the manifest of %s (%d files, "
+                          "%d tensors)", dir, m->nfiles, m->ntensors);
+    goto out;
+  }
   for (int i = 0; i < m->nfiles && rc == 0; i++) {
     int rank;
     const char *file, *sha;
@@ -720,7 +729,10 @@ int dist_checkpoint_restore(dist_client *c, const char *dir,
     full = calloc((size_t)m.ntensors + 1, sizeof *full);
     full_bytes = calloc((size_t)m.ntensors + 1, sizeof *full_bytes);
     state = calloc((size_t)m.ntensors + 1, sizeof *state);
-    rc = select_tensors(c, &m, opts, chosen);
+    if (!chosen || !full || !full_bytes || !state)
+      rc = dist_client_fail(c, DIST_ENOMEM, "out of memory restoring %d tensors", m.ntensors);
+    else
+      rc = select_tensors(c, &m, opts, chosen);
   }
   /* Every file is checked before any store changes: the pieces of tensors
    * to rebuild are read whole first, then the daemons check their own
