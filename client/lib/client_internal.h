@@ -226,6 +226,11 @@ int dist_local_layer_refused(dist_client *c, const dist_program *p);
 /* The op ids a LocalLayer call of a program with n_outputs outputs takes
  * (program_call.c): its invocation's, then one per output's shape exchange. */
 int dist_local_layer_ids(int n_outputs);
+/* Whether a LocalLayer call that failed after the daemons stored its
+ * outputs keeps them (program_call.c): when it replaced names the caller
+ * gave, where the caller's tensors may have stood, which deleting the
+ * outputs would lose for good; names made up held nothing of the caller's. */
+int dist_local_layer_keeps_failed_outputs(const dist_call_opts *o);
 int dist_reshard_refused(dist_client *c, const dist_tensor *t, const dist_mesh *mesh);
 /* dist_spmd_refused of inv's backward, refused before dist_backward
  * (which takes no op id: it runs under the invocation's). */

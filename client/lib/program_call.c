@@ -150,10 +150,12 @@ static int check_call(dist_client *c, const dist_program *p, int nargs) {
   return 0;
 }
 
-/* A failed call may have succeeded on some daemons: undo it there. The
- * outputs of a call replacing names the caller gave stay: under them may
- * stand the caller's tensors, which deleting would not bring back but lose
- * for good (names made up here held nothing of the caller's). */
+int dist_local_layer_keeps_failed_outputs(const dist_call_opts *o) {
+  return o->replace && o->out_names;
+}
+
+/* A failed call may have succeeded on some daemons: undo it there, its
+ * outputs deleted unless dist_local_layer_keeps_failed_outputs. */
 static void undo_call(dist_client *c, fanout *f, uint64_t id, int replaced) {
   dist_errbuf keep = c->err;
   for (int i = 0; i < f->n; i++) {
@@ -360,12 +362,12 @@ int dist_local_layer_call(dist_client *c, dist_program *p, const dist_arg *args,
    * it is asked before only. */
   if (!rc && o.out_names && !o.replace) rc = check_out_names(c, p, names);
   if (rc) {
-    undo_call(c, &f, id, o.replace && o.out_names);
+    undo_call(c, &f, id, dist_local_layer_keeps_failed_outputs(&o));
     goto out;
   }
   if ((rc = take_outputs(c, &f, &o, v, elsewhere, outs))) {
     for (int k = 0; outs && k < p->n_outputs; k++) dist_tensor_free(outs[k]), outs[k] = NULL;
-    undo_call(c, &f, id, o.replace && o.out_names);
+    undo_call(c, &f, id, dist_local_layer_keeps_failed_outputs(&o));
     goto out;
   }
   v->backward_done = o.no_grad != 0;

@@ -325,13 +325,14 @@ int dist_tape_local_layer_call(dist_tape *t, dist_program *p,
   o.no_grad = 0; /* the tape runs its backward */
   rc = dist_local_layer_call(t->c, p, args, nargs, &o, &e->inv, outs);
   if (rc == 0) rc = fill_layer(t, e, p, args, nargs, outs);
-  if (rc) { /* undone: the invocation released, its outputs deleted (not
-              * those replacing names the caller gave: its tensors may have
-              * stood there), the error kept */
+  if (rc) { /* undone as the call undoes itself: the invocation released,
+              * its outputs deleted (unless the call keeps them), the error
+              * kept */
     dist_errbuf keep = t->c->err;
     dist_invocation_release(t->c, e->inv);
     for (int k = 0; e->inv && k < dist_invocation_n_outputs(e->inv); k++) {
-      if (outs[k] && !(o.replace && o.out_names)) dist_tensor_delete_handle(t->c, outs[k]);
+      if (outs[k] && !dist_local_layer_keeps_failed_outputs(&o))
+        dist_tensor_delete_handle(t->c, outs[k]);
       dist_tensor_free(outs[k]), outs[k] = NULL;
     }
     t->c->err = keep;
