@@ -469,6 +469,16 @@ static int call_one(err_fixture *f, dist_program *p, int out_value,
   return rc;
 }
 
+/* p (new, its TTL set if wanted) made sum(x) and called on f->x; the
+ * invocation, which backward can use until released. */
+static dist_invocation *call_sum_of_x(err_fixture *f, dist_program *p) {
+  int x = dist_input_dtensor(p, "x", DIST_FLOAT32);
+  dist_invocation *inv = NULL;
+  cr_assert_eq(call_one(f, p, dist_op_sum(p, x, NULL, 0, 0), f->x, &inv), 0,
+               "%s", dist_errmsg(f->c));
+  return inv;
+}
+
 /* call_one is refused with code, and the message names what and detail. */
 static void expect_call_refused(err_fixture *f, dist_program *p, int out_value,
                                 const dist_tensor *arg, int code,
@@ -582,10 +592,7 @@ Test(local_layer_errors, invoke_with_unknown_handle_is_not_found, .timeout = 120
   /* And through the library: a program released is not callable. */
   dist_program *p = NULL;
   dist_program_new("gone", &p);
-  int x = dist_input_dtensor(p, "x", DIST_FLOAT32);
-  dist_invocation *inv = NULL;
-  cr_assert_eq(call_one(&f, p, dist_op_sum(p, x, NULL, 0, 0), f.x, &inv), 0,
-               "%s", dist_errmsg(f.c));
+  dist_invocation *inv = call_sum_of_x(&f, p);
   dist_invocation_free(inv);
   cr_assert_eq(dist_program_unregister(f.c, p), 0, "%s", dist_errmsg(f.c));
   dist_arg args[1] = {{f.x, NULL}};
@@ -601,10 +608,7 @@ Test(local_layer_errors, backward_after_release_is_a_clear_error, .timeout = 120
   err_setup(&f);
   dist_program *p = NULL;
   dist_program_new("released", &p);
-  int x = dist_input_dtensor(p, "x", DIST_FLOAT32);
-  dist_invocation *inv = NULL;
-  cr_assert_eq(call_one(&f, p, dist_op_sum(p, x, NULL, 0, 0), f.x, &inv), 0,
-               "%s", dist_errmsg(f.c));
+  dist_invocation *inv = call_sum_of_x(&f, p);
   cr_assert_eq(dist_invocation_release(f.c, inv), 0, "%s", dist_errmsg(f.c));
   dist_tensor *g = NULL;
   cr_assert_eq(dist_backward(f.c, inv, NULL, NULL, &g), DIST_ENOTFOUND);
@@ -635,10 +639,7 @@ Test(local_layer_errors, a_release_failing_on_one_daemon_names_it, .timeout = 12
   err_setup(&f);
   dist_program *p = NULL;
   dist_program_new("released_on_one", &p);
-  int x = dist_input_dtensor(p, "x", DIST_FLOAT32);
-  dist_invocation *inv = NULL;
-  cr_assert_eq(call_one(&f, p, dist_op_sum(p, x, NULL, 0, 0), f.x, &inv), 0,
-               "%s", dist_errmsg(f.c));
+  dist_invocation *inv = call_sum_of_x(&f, p);
   cr_assert_neq(harness_kill(&f.h, 0, SIGKILL), -1);
   cr_assert_neq(dist_invocation_release(f.c, inv), 0, "a release without rank 0 succeeded");
   cr_assert(strstr(dist_errmsg(f.c), "rank 0"), "message: '%s'", dist_errmsg(f.c));
@@ -775,10 +776,7 @@ Test(local_layer_errors, kept_invocations_expire_after_the_ttl, .timeout = 120) 
   dist_program *p = NULL;
   dist_program_new("expiring", &p);
   cr_assert_eq(dist_program_set_invocation_ttl(p, 1.0), 0);
-  int x = dist_input_dtensor(p, "x", DIST_FLOAT32);
-  dist_invocation *inv = NULL;
-  cr_assert_eq(call_one(&f, p, dist_op_sum(p, x, NULL, 0, 0), f.x, &inv), 0,
-               "%s", dist_errmsg(f.c));
+  dist_invocation *inv = call_sum_of_x(&f, p);
   struct timespec ts = {1, 600000000};
   nanosleep(&ts, NULL);
   dist_tensor *g = NULL;
