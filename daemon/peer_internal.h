@@ -1,7 +1,9 @@
 /* The peer data plane's insides, shared by peer.c (lifetime, listener,
  * dialling, timers), peer_conn.c (one socket: lifetime, writing, failure),
  * peer_read.c (reading its frames), peer_control.c (HELLO and control
- * frames), peer_xfer.c (transfers, matching, kept-aside data, aborts, waiting),
+ * frames), peer_xfer.c (transfers, matching, aborts, waiting),
+ * peer_unexpected.c (kept-aside data), peer_drive.c (the waiting thread
+ * moving the bytes), peer_read_ahead.c (its guess of the next receive),
  * peer_remember.c (the op ids aborted or failed, remembered a while),
  * peer_abort.c (telling peers of a range of aborted op ids)
  * and peer_trust.c (a reloaded trust store against the open connections).
@@ -485,17 +487,10 @@ int distd_xfer_signature_clash(distd_xfer *x, int src, uint64_t signature);
 int distd_signature_clash_live(distd_peers *p, uint64_t op_id, int src, uint64_t signature);
 recv_slot *distd_find_posted_recv(distd_peers *p, uint64_t op_id, int src,
                                   uint32_t tag);
-/* The receive the driver's transfer most likely gets next from src, for
- * reading its payload ahead (peer_read.c); NULL when there is no good
- * guess. *lead: the bytes of one short frame (header and payload) that
- * likely come first, 0 if none. Driver thread only. */
-recv_slot *distd_guess_next_recv(distd_peers *p, int src, size_t *lead);
 void distd_recv_finished(recv_slot *s);
-void distd_unexpected_finished(distd_peers *p, unexpected *u);
-void distd_unexpected_free(distd_peers *p, unexpected *u);
-/* Drops the whole kept-aside frames older than unexpected_max_age_ms at
- * now_ms; called by the loop's PING timer. */
-void distd_unexpected_expire(distd_peers *p, int64_t now_ms);
+/* One of x's sends or receives is done: wakes x's waiter when it was the
+ * last, else restarts x's silence timeout. */
+void distd_xfer_one_done(distd_xfer *x);
 const remembered_op *distd_remembered_find(distd_peers *p, uint64_t op_id);
 void distd_remember_op(distd_peers *p, uint64_t op_id, int aborted_by,
                        int code, const char *reason);
@@ -515,6 +510,33 @@ void distd_handle_abort_range(distd_peers *p, int from, uint64_t first, uint64_t
                               int code, const char *reason);
 void distd_fail_xfers_of_peer(distd_peers *p, int rank, const char *msg);
 void distd_xfer_orphan_all(distd_peers *p);
+/* Bytes moved for x: restarts its silence timeout (silence_timeout_ms). */
+void distd_xfer_moved(distd_xfer *x);
+
+/* peer_unexpected.c (all with mu held): frames that came before their
+ * receive was posted, kept aside. */
+void distd_unexpected_finished(distd_peers *p, unexpected *u);
+void distd_unexpected_free(distd_peers *p, unexpected *u);
+/* Drops the whole kept-aside frames older than unexpected_max_age_ms at
+ * now_ms; called by the loop's PING timer. */
+void distd_unexpected_expire(distd_peers *p, int64_t now_ms);
+/* Drops the whole kept-aside frames of op_id: its op failed. */
+void distd_drop_unexpected_of(distd_peers *p, uint64_t op_id);
+/* The oldest frame kept aside for (op_id, src, tag) that no receive has
+ * claimed yet, else NULL. */
+unexpected *distd_find_unexpected(distd_peers *p, uint64_t op_id, int src, uint32_t tag);
+/* Gives s the whole frame u: hands an any-receive u's buffer, copies into
+ * a sized one; marks s done (the caller counts it, and frees u). */
+void distd_deliver_unexpected(recv_slot *s, unexpected *u);
+
+/* peer_read_ahead.c (mu held) */
+/* The receive the driver's transfer most likely gets next from src, for
+ * reading its payload ahead (peer_read.c); NULL when there is no good
+ * guess. *lead: the bytes of one short frame (header and payload) that
+ * likely come first, 0 if none. Driver thread only. */
+recv_slot *distd_guess_next_recv(distd_peers *p, int src, size_t *lead);
+
+/* peer_drive.c (all with mu held): the waiting thread drives the sockets. */
 /* 1 on the thread currently driving the sockets. */
 int distd_on_driver(const distd_peers *p);
 /* 1 where waiting threads drive the sockets (plain TCP; not TLS). */
@@ -523,10 +545,17 @@ int distd_drivers_run(const distd_peers *p);
  * sends). in_loop as distd_conn_flush: from a worker, the loop thread
  * writes what the sockets cannot take now. */
 void distd_peers_flush_queued(distd_peers *p, int in_loop);
-/* Bytes moved for x: restarts its silence timeout (silence_timeout_ms). */
-void distd_xfer_moved(distd_xfer *x);
 /* Makes the driver look at its sockets and transfers again: from another
  * thread through wake_fd, on the driver itself through drive_again. */
 void distd_driver_wake(distd_peers *p);
+/* 1 when a waiting thread may become the driver now. */
+int distd_can_drive(const distd_peers *p);
+/* When x's wait must give up (distd_now_ms clock): its deadline, or
+ * silence_ms after bytes last moved for it, whichever comes first. */
+int64_t distd_xfer_wait_limit(const distd_xfer *x, int64_t deadline_ms);
+/* Drives until x is done or failed, its wait limit passed, or the data
+ * plane closes; then parks the sockets for the next driver. Only when
+ * distd_can_drive; returns with mu held (released while it polls). */
+void distd_drive(distd_xfer *x, int64_t deadline_ms);
 
 #endif

@@ -1,34 +1,19 @@
 /* Transfers: posting sends and receives for one op id, matching arriving
- * frames to receives, data kept aside for receives not yet posted, aborts,
- * and waiting with a deadline. */
-#include <errno.h>
-#include <event2/event.h>
-#include <poll.h>
+ * frames to receives, aborts, and waiting with a deadline. Data kept aside
+ * for receives not yet posted is in peer_unexpected.c, the driver that
+ * moves the bytes while a thread waits in peer_drive.c, the read-ahead's
+ * guess in peer_read_ahead.c. */
 #include <pthread.h>
-#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
-#include "log.h"
 #include "peer_batch.h"
 #include "peer_internal.h"
 #include "subop.h"
 
 #define HDR DIST_FRAME_HEADER_SIZE
-#define DRIVE_POLL_MAX_MS 200   /* a lost wake-up costs at most this */
-#define SPIN_POLL_EVERY 8       /* see read_instead_of_poll */
-
-/* Data kept aside for an op that failed is of no use to anyone. */
-static void drop_unexpected_of(distd_peers *p, uint64_t op_id) {
-  dlist *pos, *tmp;
-  dlist_each_safe(pos, tmp, &p->unexpected) {
-    unexpected *u = dlist_entry(pos, unexpected, link);
-    if (u->op_id == op_id && u->complete) distd_unexpected_free(p, u);
-  }
-}
 
 /* ---- completion and failure ---- */
 
@@ -40,7 +25,7 @@ static void wake(distd_xfer *x) {
 
 void distd_xfer_moved(distd_xfer *x) { x->moved_ms = distd_now_ms(); }
 
-static void one_done(distd_xfer *x) {
+void distd_xfer_one_done(distd_xfer *x) {
   if (--x->pending == 0)
     wake(x);
   else
@@ -56,7 +41,7 @@ void distd_xfer_fail(distd_xfer *x, int code, const char *fmt, ...) {
   va_end(ap);
   if (x->p) {
     distd_remember_op(x->p, x->op_id, -1, code, x->err.msg);
-    drop_unexpected_of(x->p, x->op_id);
+    distd_drop_unexpected_of(x->p, x->op_id);
   }
   wake(x);
 }
@@ -90,7 +75,7 @@ void distd_xfer_send_done(send_item *it) {
   distd_xfer *x = it->x;
   dlist_remove(&it->xlink);
   free(it);
-  one_done(x);
+  distd_xfer_one_done(x);
 }
 
 void distd_recv_finished(recv_slot *s) {
@@ -100,87 +85,7 @@ void distd_recv_finished(recv_slot *s) {
     *s->any_len = s->len;
     s->any_tmp = NULL;
   }
-  one_done(s->x);
-}
-
-static void deliver_unexpected(recv_slot *s, unexpected *u) {
-  if (s->any_buf) {
-    *s->any_buf = u->data; /* hand the buffer over: no copy */
-    *s->any_len = u->len;
-    u->data = NULL;
-  } else if (u->len) {
-    memcpy(s->buf, u->data, u->len);
-  }
-  s->done = 1;
-}
-
-void distd_unexpected_free(distd_peers *p, unexpected *u) {
-  if (u->claim) u->claim->claimed = NULL;
-  dlist_remove(&u->link);
-  p->unexpected_bytes -= u->len;
-  free(u->data);
-  free(u);
-  distd_peers_unblock_readers(p);
-}
-
-void distd_unexpected_finished(distd_peers *p, unexpected *u) {
-  recv_slot *s = u->claim;
-  if (!s) {
-    /* Its op failed while it arrived (drop_unexpected_of passed it by):
-     * kept, it would count against unexpected_limit until the daemon
-     * stops. */
-    if (distd_remembered_find(p, u->op_id)) distd_unexpected_free(p, u);
-    return;
-  }
-  u->claim = NULL;
-  s->claimed = NULL;
-  deliver_unexpected(s, u);
-  one_done(s->x);
-  distd_unexpected_free(p, u);
-}
-
-/* Frames named one by one in the log per sweep; the rest are summed up
- * in one line, so that a dead receiver of many small frames does not
- * flood the log. */
-#define EXPIRED_NAMED_PER_SWEEP 8
-
-/* Counted against the peer that sent it, logged (named) at most once:
- * it is freed here. */
-static void drop_expired(distd_peers *p, unexpected *u, int64_t now_ms, int named) {
-  peer *pe = &p->peers[u->src];
-  pe->stats.unexpected_expired++;
-  pe->stats.unexpected_expired_bytes += u->len;
-  if (named)
-    log_warn("dropped %zu bytes rank %d sent for op %llu (tag %u): kept aside %lld ms "
-             "without a receive (peer_unexpected_max_age)", u->len, u->src,
-             (unsigned long long)u->op_id, u->tag, (long long)(now_ms - u->kept_ms));
-  distd_dropped_note(&p->dropped, u->op_id, u->src, u->tag, now_ms - u->kept_ms, now_ms);
-  distd_unexpected_free(p, u);
-}
-
-/* A frame whose receive is never posted (a broadcast root sent to a
- * receiver whose trainer died before calling) would otherwise hold its
- * bytes against unexpected_limit until the daemon stops, and past the
- * limit its connection stops being read. Only whole frames go: one still
- * arriving has a reader pointing into it. The list is in arrival order,
- * so the first young frame ends the sweep. */
-void distd_unexpected_expire(distd_peers *p, int64_t now_ms) {
-  if (p->unexpected_max_age_ms <= 0) return;
-  /* Another max age: a receive that late belongs to a job long failed. */
-  distd_dropped_expire(&p->dropped, now_ms, p->unexpected_max_age_ms);
-  size_t dropped = 0, unnamed_bytes = 0;
-  dlist *pos, *tmp;
-  dlist_each_safe(pos, tmp, &p->unexpected) {
-    unexpected *u = dlist_entry(pos, unexpected, link);
-    if (now_ms - u->kept_ms < p->unexpected_max_age_ms) break;
-    if (!u->complete || u->claim) continue;
-    int named = dropped++ < EXPIRED_NAMED_PER_SWEEP;
-    if (!named) unnamed_bytes += u->len;
-    drop_expired(p, u, now_ms, named);
-  }
-  if (dropped > EXPIRED_NAMED_PER_SWEEP)
-    log_warn("dropped %zu more frames (%zu bytes) kept aside without a receive "
-             "(peer_unexpected_max_age)", dropped - EXPIRED_NAMED_PER_SWEEP, unnamed_bytes);
+  distd_xfer_one_done(s->x);
 }
 
 recv_slot *distd_find_posted_recv(distd_peers *p, uint64_t op_id, int src,
@@ -196,71 +101,6 @@ recv_slot *distd_find_posted_recv(distd_peers *p, uint64_t op_id, int src,
     }
   }
   return NULL;
-}
-
-static int overlaps(const uint8_t *a, size_t alen, const uint8_t *b, size_t blen) {
-  return a < b + blen && b < a + alen;
-}
-
-/* Whether a send item queued on q reads from [buf, buf + len). */
-static int queue_reads(const dlist *q, const uint8_t *buf, size_t len) {
-  for (const dlist *pos = q->next; pos != q; pos = pos->next) {
-    const send_item *it = dlist_entry(pos, send_item, link);
-    if (it->payload && overlaps(it->payload, it->len, buf, len)) return 1;
-  }
-  return 0;
-}
-
-/* Whether a send not yet fully written (to a peer, or to self) reads from
- * [buf, buf + len). */
-static int sent_from(distd_peers *p, const uint8_t *buf, size_t len) {
-  for (int r = 0; r < p->world; r++)
-    if (queue_reads(&p->peers[r].outq, buf, len)) return 1;
-  for (dlist *xp = p->xfers.next; xp != &p->xfers; xp = xp->next)
-    if (queue_reads(&dlist_entry(xp, distd_xfer, link)->self_sends, buf, len)) return 1;
-  return 0;
-}
-
-/* x's first unfinished receive from src after `after` (NULL: from the
- * start). */
-static recv_slot *next_open_recv(distd_xfer *x, int src, recv_slot *after) {
-  dlist *pos = after ? after->link.next : x->recvs.next;
-  for (; pos != &x->recvs; pos = pos->next) {
-    recv_slot *s = dlist_entry(pos, recv_slot, link);
-    if (!s->done && s->src == src) return s;
-  }
-  return NULL;
-}
-
-/* An any-receive expecting a short frame, which the read-ahead may look
- * past: its header and payload are the lead. */
-static size_t short_lead(const recv_slot *s) {
-  if (!s->any_buf || !s->any_likely || s->reader || s->claimed) return 0;
-  size_t lead = DIST_FRAME_HEADER_SIZE + s->any_likely;
-  return lead <= LEAD_MAX ? lead : 0;
-}
-
-/* Senders send an op's frames to one peer in the order they were posted,
- * so the driver's first unfinished receive from src is the likely next
- * frame; when that is a short frame of known length (global_scatter's
- * counts), the receive after it, in the same xfer or the one its thread
- * waits on next (distd_xfer_then). Only a large one is worth the guess (a
- * small payload arrives with its header in the stage anyway), and only
- * memory no send reads from: a wrong guess writes another frame's bytes
- * there before its own come. */
-recv_slot *distd_guess_next_recv(distd_peers *p, int src, size_t *lead) {
-  distd_xfer *x = p->driver_x;
-  *lead = 0;
-  if (!x || x->err.code) return NULL;
-  recv_slot *s = next_open_recv(x, src, NULL);
-  if (s && (*lead = short_lead(s)) != 0) {
-    recv_slot *first = s;
-    s = next_open_recv(x, src, first);
-    if (!s && x->then && !x->then->err.code) s = next_open_recv(x->then, src, NULL);
-  }
-  if (!s || !s->buf || s->any_buf || s->reader || s->claimed || s->len < DIRECT_READ_MIN)
-    return NULL;
-  return sent_from(p, s->buf, s->len) ? NULL : s;
 }
 
 static int needs_rank(distd_xfer *x, int rank) {
@@ -296,7 +136,7 @@ void distd_handle_abort(distd_peers *p, int from, uint64_t op_id, int code,
     distd_xfer *x = dlist_entry(pos, distd_xfer, link);
     if (x->op_id == op_id) fail_aborted(x, from, code, reason);
   }
-  drop_unexpected_of(p, op_id);
+  distd_drop_unexpected_of(p, op_id);
 }
 
 void distd_handle_abort_range(distd_peers *p, int from, uint64_t first, uint64_t count,
@@ -500,13 +340,6 @@ void distd_xfer_send_deferred(distd_xfer *x, int dst, uint32_t tag, const void *
   queue_send(x, dst, tag, buf, len, 0);
 }
 
-static unexpected *find_unexpected(distd_peers *p, uint64_t op_id, int src, uint32_t tag) {
-  for (dlist *pos = p->unexpected.next; pos != &p->unexpected; pos = pos->next) {
-    unexpected *u = dlist_entry(pos, unexpected, link);
-    if (u->op_id == op_id && u->src == src && u->tag == tag && !u->claim) return u;
-  }
-  return NULL;
-}
 
 static void recv_from_self(distd_xfer *x, recv_slot *s) {
   dlist *pos;
@@ -548,7 +381,7 @@ static int fail_if_dropped(distd_xfer *x, const recv_slot *s) {
 /* Matches against data kept aside first (oldest first), else waits. */
 static void post_recv(distd_xfer *x, recv_slot *s) {
   distd_peers *p = x->p;
-  unexpected *u = find_unexpected(p, x->op_id, s->src, s->tag);
+  unexpected *u = distd_find_unexpected(p, x->op_id, s->src, s->tag);
   if (!u && fail_if_dropped(x, s)) {
     free(s);
     return;
@@ -565,7 +398,7 @@ static void post_recv(distd_xfer *x, recv_slot *s) {
     return;
   }
   if (u && u->complete) {
-    deliver_unexpected(s, u);
+    distd_deliver_unexpected(s, u);
     distd_unexpected_free(p, u);
     free(s);
     return;
@@ -657,247 +490,6 @@ static void free_done_recvs(distd_xfer *x) {
   }
 }
 
-/* ---- the waiting thread drives the sockets (peer_internal.h) ---- */
-
-int distd_on_driver(const distd_peers *p) {
-  return p->driver_x && pthread_equal(p->driver_tid, pthread_self());
-}
-
-void distd_driver_wake(distd_peers *p) {
-  if (!p->driver_x) return;
-  if (distd_on_driver(p)) {
-    p->drive_again = 1;
-    return;
-  }
-  uint64_t one = 1;
-  if (write(p->wake_fd, &one, sizeof one) < 0) p->drive_again = 1; /* full: awake anyway */
-}
-
-void distd_peers_flush_queued(distd_peers *p, int in_loop) {
-  for (int r = 0; r < p->world; r++) {
-    conn *c = p->peers[r].out;
-    if (c && c->greeted && !dlist_empty(&p->peers[r].outq)) distd_conn_flush(c, in_loop);
-  }
-}
-
-int distd_drivers_run(const distd_peers *p) { return p->in_epfd >= 0 && p->wake_fd >= 0; }
-
-static int can_drive(const distd_peers *p) {
-  return distd_drivers_run(p) && !p->driver_x && !p->closing;
-}
-
-/* Takes the greeted inbound sockets the loop thread still watches. */
-static void claim_inbound(distd_peers *p) {
-  for (int r = 0; r < p->world; r++) {
-    conn *c = p->peers[r].in;
-    if (!c || c->owned || !c->in_epoll || c->failed) continue;
-    c->owned = 1;
-    c->drive_ready = 1;
-    distd_conn_watch_read(c, 0); /* a callback already on its way sees owned */
-  }
-}
-
-/* Parks the inbound sockets for the next waiter (the loop takes them back
- * if none comes soon: peer_inbound.c), leaves unwritten frames to the loop
- * unless the driver's next wait will write them (distd_xfer_then),
- * and tells a waiter already sleeping that it may take over. */
-static void stop_driving(distd_peers *p) {
-  int keep = p->driver_x->then != NULL;
-  distd_inbound_park(p);
-  for (int r = 0; !keep && r < p->world; r++) {
-    conn *c = p->peers[r].out;
-    if (c && c->greeted && !dlist_empty(&p->peers[r].outq)) distd_conn_want_write(c);
-  }
-  p->driver_x = NULL;
-  p->drive_again = 0;
-  for (dlist *pos = p->xfers.next; pos != &p->xfers; pos = pos->next) {
-    distd_xfer *x = dlist_entry(pos, distd_xfer, link);
-    if (x->waiting && !x->err.code && x->pending > 0) {
-      pthread_cond_signal(&x->cond);
-      break;
-    }
-  }
-}
-
-/* Adds to the pass's batch the read of an owned inbound connection that
- * may have bytes (all of them with read_all), after taking what it has
- * staged. */
-static void plan_read(distd_peers *p, int r, int read_all) {
-  conn *c = p->peers[r].in; /* the driver never frees one: stays valid */
-  if (!c || !c->owned || c->read_blocked || !(c->drive_ready || read_all)) return;
-  int k = distd_conn_drive_plan(c, &p->read_plans[r]);
-  if (k == STEP_READ) {
-    const distd_read_plan *rp = &p->read_plans[r];
-    int i = distd_batch_add(p->batch, DISTD_BATCH_READ, c->fd, rp->iov, rp->niov);
-    if (i >= 0) p->call_ranks[i] = r;
-    c->drive_ready = 1; /* read next pass if the batch had no room */
-    return;
-  }
-  c->drive_ready = k == 1;
-  if (c->drive_ready) p->drive_again = 1;
-}
-
-static void plan_write(distd_peers *p, int r) {
-  conn *c = p->peers[r].out;
-  struct iovec iov[IOV_BATCH];
-  int n = c ? distd_conn_plan_write(c, iov) : 0;
-  int i = n ? distd_batch_add(p->batch, DISTD_BATCH_WRITE, c->fd, iov, n) : -1;
-  if (i >= 0) p->call_ranks[i] = -1 - r;
-}
-
-/* Takes what each call of the pass moved. */
-static void take_results(distd_peers *p, int n) {
-  for (int i = 0; i < n; i++) {
-    int r = p->call_ranks[i];
-    ssize_t res = p->call_results[i];
-    if (r < 0) {
-      distd_conn_write_done(p->peers[-1 - r].out, res);
-      continue;
-    }
-    conn *c = p->peers[r].in;
-    c->drive_ready = distd_conn_drive_done(c, &p->read_plans[r], res) == 1;
-    if (c->drive_ready) p->drive_again = 1;
-  }
-}
-
-/* One pass over every connection: the reads of those that may have bytes
- * (drive_ready, or all with read_all) and every queued write, in one batch
- * (peer_batch.h); fills fds (and pollranks) with what to wait for and
- * returns how many. Without io_uring each read is a system call of its
- * own, so only what poll() named is read while spinning. */
-static int drive_pass(distd_peers *p, struct pollfd *fds, int read_all) {
-  int n = 0;
-  p->drive_again = 0;
-  /* Writes first: the peers wait for them, and a read that finds bytes
-   * does its own work (the copy, TCP's acknowledgement) before the next
-   * call of the batch runs. */
-  for (int r = 0; r < p->world; r++)
-    if (r != p->rank) plan_write(p, r);
-  for (int r = 0; r < p->world; r++)
-    if (r != p->rank) plan_read(p, r, read_all);
-  take_results(p, distd_batch_run(p->batch, p->call_results));
-  for (int r = 0; r < p->world; r++) {
-    if (r == p->rank) continue;
-    conn *c = p->peers[r].in;
-    if (c && c->owned && !c->read_blocked) {
-      p->pollranks[n] = r;
-      fds[n++] = (struct pollfd){c->fd, POLLIN, 0};
-    }
-    c = p->peers[r].out;
-    if (c && distd_conn_driver_has_queued(c)) {
-      p->pollranks[n] = -1;
-      fds[n++] = (struct pollfd){c->fd, POLLOUT, 0};
-    }
-  }
-  return n;
-}
-
-/* What poll() found readable (or broken) is read on the next pass. By
- * rank, not pointer: the loop thread may have closed a connection while
- * mu was released. */
-static void note_readable(distd_peers *p, const struct pollfd *fds, int n) {
-  for (int i = 0; i < n; i++) {
-    conn *c = p->pollranks[i] >= 0 ? p->peers[p->pollranks[i]].in : NULL;
-    if (c && c->fd == fds[i].fd && (fds[i].revents & (POLLIN | POLLERR | POLLHUP)))
-      c->drive_ready = 1;
-  }
-}
-
-/* A new driver reads at once the parked sockets that hold staged bytes,
- * which poll() cannot see. Without io_uring, for the others the first
- * poll() says which to read (a driver that read every socket at its start
- * paid a read() per empty socket: two per op at W=4 for global_scatter,
- * whose headers and rows are two transfers); with it, a spinning first
- * pass reads them all for one system call. Readiness a previous driver
- * saw and left unread stays marked. */
-static void mark_owned_ready(distd_peers *p) {
-  for (int r = 0; r < p->world; r++) {
-    conn *c = p->peers[r].in;
-    if (c && c->owned && distd_conn_has_staged(c)) c->drive_ready = 1;
-  }
-}
-
-/* Without io_uring: while the driver spins on one socket and has nothing
- * to write, reading that socket is the readiness check: one system call where poll() and
- * then read() were two, so a frame is read as soon as it is there (the
- * raw-TCP anchor also reads before it polls). Every SPIN_POLL_EVERY-th
- * pass still polls, for the wake-up eventfd. At W=2, 1 KiB all-to-all,
- * 9.9 -> 9.0 system calls per barrier + op over both daemons, and in the
- * machine's slow minutes, where one rank waits for the other's frames in
- * every op, 14.6 -> 13.0 us. */
-static int read_instead_of_poll(distd_peers *p, int n) {
-  if (n != 1 || p->pollranks[0] < 0 || p->drive_again) return 0;
-  if (++p->spin_passes % SPIN_POLL_EVERY == 0) return 0;
-  p->peers[p->pollranks[0]].in->drive_ready = 1; /* drive_pass held mu since: valid */
-  return 1;
-}
-
-/* Other daemons on the same cores may be the ones the driver waits for. */
-static void yield_cpu(distd_peers *p) {
-  pthread_mutex_unlock(&p->mu);
-  sched_yield();
-  pthread_mutex_lock(&p->mu);
-}
-
-/* When x's wait must give up: its deadline, or silence_ms after bytes last
- * moved for it, whichever comes first. */
-static int64_t wait_limit(const distd_xfer *x, int64_t deadline_ms) {
-  int64_t silence = x->p->silence_ms;
-  if (silence > 0 && x->moved_ms + silence < deadline_ms) return x->moved_ms + silence;
-  return deadline_ms;
-}
-
-/* Drives until x is done or failed, its wait limit passed, or the data
- * plane closes. Called and returns with mu held; mu is released in poll().
- * For its first spin_us it polls without sleeping, yielding the CPU
- * between polls (other daemons on the same cores may be the ones it waits
- * for). */
-static void drive(distd_xfer *x, int64_t deadline_ms) {
-  distd_peers *p = x->p;
-  struct pollfd *fds = p->pollfds;
-  p->driver_x = x;
-  p->driver_tid = pthread_self();
-  mark_owned_ready(p);
-  uint64_t spin_end = p->spin_us > 0 ? distd_now_ns() + (uint64_t)p->spin_us * 1000 : 0;
-  /* With io_uring a pass costs one system call however many sockets it
-   * reads, so it reads them all instead of asking poll() which: while
-   * spinning, and when the last pass left more to read or write at once.
-   * poll() then only puts the driver to sleep. */
-  int cheap = distd_batch_cheap(p->batch), look_all = spin_end > 0;
-  while (!x->err.code && x->pending > 0 && !p->closing) {
-    claim_inbound(p);
-    int n = drive_pass(p, fds, cheap && look_all);
-    if (x->err.code || x->pending == 0) break;
-    uint64_t now_ns = distd_now_ns(); /* one clock read per pass */
-    int64_t left = wait_limit(x, deadline_ms) - (int64_t)(now_ns / 1000000);
-    if (left <= 0) break;
-    int spin = now_ns < spin_end;
-    look_all = spin || p->drive_again;
-    if (cheap && look_all) {
-      if (!p->drive_again) yield_cpu(p);
-      continue;
-    }
-    if (spin && read_instead_of_poll(p, n)) {
-      yield_cpu(p);
-      continue;
-    }
-    fds[n++] = (struct pollfd){p->wake_fd, POLLIN, 0};
-    int timeout = p->drive_again ? 0 : left < DRIVE_POLL_MAX_MS ? (int)left : DRIVE_POLL_MAX_MS;
-    int spinning = timeout > 0 && now_ns < spin_end;
-    if (spinning) timeout = 0;
-    pthread_mutex_unlock(&p->mu);
-    int ready = poll(fds, (nfds_t)n, timeout);
-    if (ready > 0 && fds[n - 1].revents) {
-      uint64_t count;
-      if (read(p->wake_fd, &count, sizeof count) < 0 && errno != EAGAIN) count = 0;
-    }
-    if (ready == 0 && spinning) sched_yield();
-    pthread_mutex_lock(&p->mu);
-    if (ready > 0) note_readable(p, fds, n - 1);
-  }
-  stop_driving(p);
-}
-
 int distd_xfer_wait(distd_xfer *x, int64_t deadline_ms, dist_errbuf *eb) {
   distd_peers *p = x->p;
   if (!p) return dist_fail(eb, x->err.code, "%s", x->err.msg);
@@ -907,15 +499,15 @@ int distd_xfer_wait(distd_xfer *x, int64_t deadline_ms, dist_errbuf *eb) {
   int64_t now = distd_now_ms();
   x->moved_ms = now; /* the silence is counted from here */
   if (!x->err.code) check_self_matched(x);
-  if (!can_drive(p)) distd_peers_flush_queued(p, 0);
+  if (!distd_can_drive(p)) distd_peers_flush_queued(p, 0);
   while (!x->err.code && x->pending > 0) {
-    int64_t limit = wait_limit(x, deadline_ms);
+    int64_t limit = distd_xfer_wait_limit(x, deadline_ms);
     if (now >= limit) {
       fail_timeout(x);
       break;
     }
-    if (can_drive(p))
-      drive(x, deadline_ms);
+    if (distd_can_drive(p))
+      distd_drive(x, deadline_ms);
     else
       distd_cond_wait_until_ms(&x->cond, &p->mu, limit);
     now = distd_now_ms();
