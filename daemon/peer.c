@@ -343,13 +343,9 @@ static int open_batch(distd_peers *p, int use_uring, dist_errbuf *eb) {
 
 const char *distd_peers_io(const distd_peers *p) { return p->io_mode; }
 
-int distd_peers_start(distd_peers **out, struct event_base *base,
-                      const distd_peers_opts *opts, dist_errbuf *eb) {
-  *out = NULL;
-  int rc = check_opts(opts, eb);
-  if (rc < 0) return rc;
-  distd_peers *p = calloc(1, sizeof *p);
-  if (!p) return dist_fail(eb, DIST_ENOMEM, "out of memory");
+/* Everything that cannot fail: the settings opts gives (with their
+ * defaults), no descriptor open yet, empty lists. */
+static void init_state(distd_peers *p, struct event_base *base, const distd_peers_opts *opts) {
   pthread_mutex_init(&p->mu, NULL);
   pthread_cond_init(&p->idle, NULL);
   p->base = base;
@@ -376,31 +372,43 @@ int distd_peers_start(distd_peers **out, struct event_base *base,
   dlist_init(&p->xfers);
   dlist_init(&p->unexpected);
   distd_dropped_init(&p->dropped);
+}
+
+/* The tables of one entry per rank, and the driver's wake-up eventfd. */
+static int alloc_tables(distd_peers *p, const distd_peers_opts *opts, dist_errbuf *eb) {
   p->members = malloc(sizeof *p->members * (size_t)p->world);
   p->peers = calloc((size_t)p->world, sizeof *p->peers);
   p->pollfds = calloc(2 * (size_t)p->world + 1, sizeof *p->pollfds);
   p->pollranks = calloc(2 * (size_t)p->world + 1, sizeof *p->pollranks);
   /* Without it a waiter cannot drive the sockets; the loop thread still does. */
   p->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  if (!p->members || !p->peers || !p->pollfds || !p->pollranks) {
-    rc = dist_fail(eb, DIST_ENOMEM, "out of memory");
-    goto out;
-  }
+  if (!p->members || !p->peers || !p->pollfds || !p->pollranks)
+    return dist_fail(eb, DIST_ENOMEM, "out of memory");
   memcpy(p->members, opts->members, sizeof *p->members * (size_t)p->world);
   /* Before anything can fail: distd_peers_free walks every peer's queue. */
   for (int r = 0; r < p->world; r++) init_peer(p, r);
+  return 0;
+}
+
+/* TLS when opts names a certificate; plain TCP otherwise, with the epoll
+ * set its drivers take the inbound sockets from and their batch. */
+static int open_transport(distd_peers *p, const distd_peers_opts *opts, dist_errbuf *eb) {
+  int rc;
   if (opts->tls && opts->tls->cert) {
     rc = distd_peer_tls_ctx_new(opts->tls, &p->tls_ctx, eb);
-    if (rc < 0) goto out;
+    if (rc < 0) return rc;
     p->tp = &distd_peer_transport_tls;
     snprintf(p->io_mode, sizeof p->io_mode, "tls (the loop thread)");
-    if ((rc = distd_trust_check_open(p, eb)) < 0) goto out;
+    if ((rc = distd_trust_check_open(p, eb)) < 0) return rc;
   }
   if (p->tp == &distd_peer_transport_tcp &&
       ((rc = distd_inbound_open(p, eb)) < 0 || (rc = open_batch(p, !opts->no_io_uring, eb)) < 0))
-    goto out;
-  if ((rc = start_listener(p, eb)) < 0) goto out;
-  if ((rc = open_hold_timer(p, eb)) < 0) goto out;
+    return rc;
+  return 0;
+}
+
+/* The PING timer, and a connection dialled to every other rank. */
+static void start_dialling(distd_peers *p, struct event_base *base) {
   p->ping_ev = event_new(base, -1, EV_PERSIST, ping_cb, p);
   struct timeval tv = {PING_MS / 1000, (PING_MS % 1000) * 1000};
   event_add(p->ping_ev, &tv);
@@ -408,11 +416,22 @@ int distd_peers_start(distd_peers **out, struct event_base *base,
   for (int r = 0; r < p->world; r++)
     if (r != p->rank) dial(&p->peers[r]);
   pthread_mutex_unlock(&p->mu);
-out:
-  if (rc < 0) {
+}
+
+int distd_peers_start(distd_peers **out, struct event_base *base,
+                      const distd_peers_opts *opts, dist_errbuf *eb) {
+  *out = NULL;
+  int rc = check_opts(opts, eb);
+  if (rc < 0) return rc;
+  distd_peers *p = calloc(1, sizeof *p);
+  if (!p) return dist_fail(eb, DIST_ENOMEM, "out of memory");
+  init_state(p, base, opts);
+  if ((rc = alloc_tables(p, opts, eb)) < 0 || (rc = open_transport(p, opts, eb)) < 0 ||
+      (rc = start_listener(p, eb)) < 0 || (rc = open_hold_timer(p, eb)) < 0) {
     distd_peers_free(p);
     return rc;
   }
+  start_dialling(p, base);
   *out = p;
   return 0;
 }
