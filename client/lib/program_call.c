@@ -288,6 +288,24 @@ static int prepare_call(dist_client *c, const dist_program *p, const dist_call_o
   return rc;
 }
 
+/* What every daemon's request of one call shares: the op id, the daemons
+ * that vote, the output names and the caller's options. */
+static void fill_invoke_requests(Dist__V1__ProgramInvokeRequest *rq, int n,
+                                 const dist_invocation *v, uint64_t id,
+                                 const dist_program *p, char **names,
+                                 const dist_call_opts *o) {
+  for (int i = 0; i < n; i++) {
+    rq[i].n_ranks = (size_t)v->nvote;
+    rq[i].ranks = v->vote_ranks;
+    rq[i].op_id = id;
+    rq[i].n_out_names = (size_t)p->n_outputs;
+    rq[i].out_names = names;
+    rq[i].replace = o->replace != 0;
+    rq[i].return_values = o->keep_local_values != 0;
+    rq[i].no_grad = o->no_grad != 0;
+  }
+}
+
 /* c->err's code, after an SPMD trainer refused its call of p under id:
  * the daemons that store the outputs would wait for its part in each
  * output's shape exchange and in the vote. */
@@ -344,16 +362,7 @@ int dist_local_layer_call(dist_client *c, dist_program *p, const dist_arg *args,
     refuse_call(c, p, id);
     goto out;
   }
-  for (int i = 0; i < f.n; i++) {
-    rq[i].n_ranks = (size_t)v->nvote;
-    rq[i].ranks = v->vote_ranks;
-    rq[i].op_id = id;
-    rq[i].n_out_names = (size_t)p->n_outputs;
-    rq[i].out_names = names;
-    rq[i].replace = o.replace != 0;
-    rq[i].return_values = o.keep_local_values != 0;
-    rq[i].no_grad = o.no_grad != 0;
-  }
+  fill_invoke_requests(rq, f.n, v, id, p, names, &o);
   rc = dist_call_many(c, LL_METHOD("Invoke"),
                       &dist__v1__program_invoke_reply__descriptor, f.calls, f.n);
   /* Asked again once stored, as a put asks: of a call and a put of one
