@@ -189,6 +189,19 @@ static void *slice_for(const dist_tensor *t, int rank, const void *grad,
   return piece;
 }
 
+/* A gradient of nbytes for t: 0 when that is t's whole size, else
+ * DIST_EMISMATCH naming both. */
+static int check_grad_bytes(dist_client *c, const dist_tensor *t, const char *name,
+                            size_t nbytes) {
+  size_t want = (size_t)dist_shape_numel(&t->shape) * dist_dtype_size(t->dtype);
+  if (nbytes == want) return 0;
+  char gs[96];
+  dist_shape_format(&t->shape, gs, sizeof gs);
+  return dist_client_fail(c, DIST_EMISMATCH, "gradient for '%s' has %zu bytes, "
+                          "but the parameter is %s %s = %zu bytes", name, nbytes,
+                          dist_dtype_name(t->dtype), gs, want);
+}
+
 int dist_param_push(dist_client *c, const char *name, int trainer,
                     const void *grad, size_t nbytes, uint64_t *version) {
   if (!c) return dist_no_client(__func__);
@@ -197,7 +210,6 @@ int dist_param_push(dist_client *c, const char *name, int trainer,
   dist_tensor *t = NULL;
   int rc = dist_tensor_open(c, name, &t);
   if (rc != 0) return rc;
-  size_t want = (size_t)dist_shape_numel(&t->shape) * dist_dtype_size(t->dtype);
   int targets[DIST_MAX_MESH_RANKS], n = 0;
   Dist__V1__ParamPushRequest *rqs = NULL;
   dist_call *calls = NULL;
@@ -210,14 +222,7 @@ int dist_param_push(dist_client *c, const char *name, int trainer,
   dist_placements_to_pb(t->placements, t->mesh.d.ndim, wire);
   /* Checked here, before any daemon sees a byte: a wrong gradient changes
    * nothing anywhere. */
-  if (nbytes != want) {
-    char gs[96];
-    dist_shape_format(&t->shape, gs, sizeof gs);
-    rc = dist_client_fail(c, DIST_EMISMATCH, "gradient for '%s' has %zu bytes, "
-                          "but the parameter is %s %s = %zu bytes", name, nbytes,
-                          dist_dtype_name(t->dtype), gs, want);
-    goto out;
-  }
+  if ((rc = check_grad_bytes(c, t, name, nbytes))) goto out;
   if ((n = dist_targets(c, &t->mesh.d, targets)) < 0) { rc = n; n = 0; goto out; }
   rqs = calloc((size_t)n + 1, sizeof *rqs);
   calls = calloc((size_t)n + 1, sizeof *calls);
