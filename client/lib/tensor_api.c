@@ -118,6 +118,21 @@ static int ranks_outside(dist_client *c, const dist_mesh_desc *m, int *outside) 
   return n;
 }
 
+/* A daemon outside m that held the name on a disjoint mesh, named in
+ * c->err (DIST_EEXIST); 0 when none did. */
+static int refuse_held_on(dist_client *c, const char *name, const dist_call *call,
+                          const dist_mesh_desc *m) {
+  const Dist__V1__TensorShowReply *rp = (const void *)call->reply;
+  if (!rp || !rp->meta) return 0;
+  dist_mesh_desc held = {0};
+  if (rp->meta->mesh) dist_mesh_from_pb(rp->meta->mesh, &held, NULL);
+  if ((m->nranks == 1 && held.nranks == 1) || meshes_share_a_rank(&held, m)) return 0;
+  char there[128];
+  dist_mesh_format(&held, there, sizeof there);
+  return dist_client_fail(c, DIST_EEXIST, "tensor '%s' already exists on rank %d (mesh %s): "
+                          "delete it first", name, call->target, there);
+}
+
 int dist_held_elsewhere(dist_client *c, const char *name, const dist_mesh_desc *m) {
   Dist__V1__TensorShowRequest rq = DIST__V1__TENSOR_SHOW_REQUEST__INIT;
   rq.name = (char *)name;
@@ -126,19 +141,22 @@ int dist_held_elsewhere(dist_client *c, const char *name, const dist_mesh_desc *
   int n = ranks_outside(c, m, outside);
   dist_errbuf keep = c->err;
   dist_call *calls = NULL;
-  dist_call_all(c, "/dist.v1.Dist/TensorShow", &dist__v1__tensor_show_reply__descriptor,
-                &rq.base, outside, n, &calls);
-  c->err = keep;
-  for (int k = 0; calls && k < n && rc == 0; k++) {
-    const Dist__V1__TensorShowReply *rp = (const void *)calls[k].reply;
-    if (!rp || !rp->meta) continue;
-    dist_mesh_desc held = {0};
-    if (rp->meta->mesh) dist_mesh_from_pb(rp->meta->mesh, &held, NULL);
-    if ((m->nranks == 1 && held.nranks == 1) || meshes_share_a_rank(&held, m)) continue;
-    char there[128];
-    dist_mesh_format(&held, there, sizeof there);
-    rc = dist_client_fail(c, DIST_EEXIST, "tensor '%s' already exists on rank %d (mesh %s): "
-                          "delete it first", name, calls[k].target, there);
+  rc = dist_call_all(c, "/dist.v1.Dist/TensorShow", &dist__v1__tensor_show_reply__descriptor,
+                     &rq.base, outside, n, &calls);
+  if (!calls) { /* c->err says the calls could not be made */
+    free(outside);
+    return rc;
+  }
+  c->err = keep; /* "not found" is the answer hoped for */
+  rc = 0;
+  for (int k = 0; k < n && rc == 0; k++) {
+    /* Unlike a daemon that does not answer, a check this client could
+     * not make for want of memory must not let the put through. */
+    if (calls[k].err.code == DIST_ENOMEM)
+      rc = dist_client_fail(c, DIST_ENOMEM, "cannot check whether '%s' is held outside its "
+                            "mesh: %s", name, dist_errbuf_msg(&calls[k].err));
+    else
+      rc = refuse_held_on(c, name, &calls[k], m);
   }
   dist_calls_release(calls, n);
   free(outside);

@@ -3,7 +3,10 @@
  * for the allocation sweep (tests/alloc/run.sh): run under failalloc.so,
  * each of its allocations fails in turn.
  *
- *   alloc_client CLUSTER_FILE PREFIX CHECKPOINT_DIR
+ *   alloc_client CLUSTER_FILE PREFIX CHECKPOINT_DIR [held]
+ *
+ * With "held" it runs only the put of a name held outside the put's mesh,
+ * which takes a third daemon.
  *
  * Every tensor, program and layer it makes is named PREFIX.*, so runs with
  * different prefixes never meet, and it deletes them on every path.
@@ -113,6 +116,34 @@ out:
   dist_tensor_free(a);
   dist_tensor_free(b);
   return r->rc;
+}
+
+/* ---------------------------------------------------------------- held elsewhere */
+
+/* Mode "held", on a 3-daemon cluster: a name rank 2 holds on mesh [2] put
+ * onto mesh [0,1]. Ranks 0 and 1 store it, then the put asks rank 2 and
+ * must be refused, also when it cannot allocate what the asking takes
+ * (it let the put through); the pieces it stored are then deleted
+ * (the sweep's listing of what a run left). One-rank meshes would not do: pieces under
+ * one name on one-rank meshes are per-rank values, no clash. */
+static void held_elsewhere(run *r) {
+  dist_mesh *only2 = NULL;
+  dist_tensor *held = NULL, *put_over = NULL;
+  dist_placement rep = DIST_REPLICATED;
+  int64_t shape[2] = {ROWS, COLS};
+  const char *name = name_of(r, "held");
+  int rc = dist_mesh_from_string("[2]", "x", &only2);
+  if (failed_saying(r, rc, "mesh [2]", rc ? dist_last_mesh_error() : "")) return;
+  rc = dist_shard_tensor(r->c, name, data_x, DIST_FLOAT32, 2, shape, only2, &rep, &held);
+  if (failed(r, rc, "put onto [2]")) goto out;
+  rc = dist_shard_tensor(r->c, name, data_x, DIST_FLOAT32, 2, shape, r->mesh, &rep, &put_over);
+  if (rc == 0) wrong(r, "a put onto [0,1] of a name rank 2 holds on [2]");
+  else if (rc != DIST_EEXIST) failed(r, rc, "put onto [0,1] of a name held on [2]");
+  else if (!strstr(dist_errmsg(r->c), "already exists on rank 2")) wrong(r, "the refusal");
+out:
+  dist_tensor_free(put_over);
+  dist_tensor_free(held);
+  dist_mesh_free(only2);
 }
 
 /* ---------------------------------------------------------------- exchanges */
@@ -464,8 +495,9 @@ static void delete_all(run *r) {
 }
 
 int main(int argc, char **argv) {
-  if (argc != 4) {
-    fprintf(stderr, "usage: alloc_client CLUSTER_FILE PREFIX CHECKPOINT_DIR\n");
+  int held = argc == 5 && strcmp(argv[4], "held") == 0;
+  if (argc != 4 && !held) {
+    fprintf(stderr, "usage: alloc_client CLUSTER_FILE PREFIX CHECKPOINT_DIR [held]\n");
     return 2;
   }
   run r;
@@ -478,7 +510,10 @@ int main(int argc, char **argv) {
     return rc == DIST_ENOMEM ? 3 : 1;
   }
   rc = dist_mesh_from_string("[0,1]", "x", &r.mesh);
-  if (!failed_saying(&r, rc, "mesh", rc ? dist_last_mesh_error() : "")) run_all(&r);
+  if (!failed_saying(&r, rc, "mesh", rc ? dist_last_mesh_error() : "")) {
+    if (held) held_elsewhere(&r);
+    else run_all(&r);
+  }
   delete_all(&r);
   dist_mesh_free(r.mesh);
   dist_close(r.c);

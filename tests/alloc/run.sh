@@ -3,8 +3,10 @@
 # 2-daemon cluster, once counting its allocations, then once per k with
 # the k-th failing (tests/alloc/failalloc.c), then once clean again.
 #
-#     tests/alloc/run.sh BUILD_DIR [SANITIZE]
+#     tests/alloc/run.sh BUILD_DIR [SANITIZE [held]]
 #
+# With "held" the cluster has 3 daemons and alloc_client runs only its
+# put of a name held outside the put's mesh (alloc_client.c).
 # A run with a failure must exit 0 or 3 (a call said DIST_ENOMEM); a
 # signal (a crash), a timeout (a hang) or any other exit fails the sweep,
 # naming k so that `FAIL_ALLOC_AT=k LD_PRELOAD=.../failalloc.so
@@ -20,6 +22,9 @@
 set -uo pipefail
 build=$1
 sanitize=${2:-none}
+mode=${3:-}
+world=2
+[ "$mode" = held ] && world=3
 if [ "$sanitize" != none ]; then
   echo "alloc_sweep: skipped under -Db_sanitize=$sanitize (the shim fronts the plain allocator)"
   exit 77
@@ -31,7 +36,7 @@ run_timeout=20 # a run takes 0.2-0.5 s: a few hangs stay inside meson's 300 s
 dir=$(mktemp -d /tmp/distd-alloc-XXXXXX)
 down() { timeout 60 "$distctl" cluster down --dir "$dir/cluster" >/dev/null 2>&1; }
 trap down EXIT
-timeout 60 "$distctl" cluster up -n 2 --dir "$dir/cluster" -- --cluster-id "alloc-$$" \
+timeout 60 "$distctl" cluster up -n "$world" --dir "$dir/cluster" -- --cluster-id "alloc-$$" \
   >"$dir/up.log" 2>&1 || { cat "$dir/up.log" >&2; echo "alloc_sweep: cluster up failed; logs in $dir" >&2; exit 1; }
 conf=$dir/cluster/cluster.conf
 
@@ -41,7 +46,7 @@ run_client() {
   rm -rf "$dir/ckpt"
   # env sets the shim for the client alone: timeout's own mallocs stay whole
   timeout -s KILL "$run_timeout" env FAIL_ALLOC_AT="$1" FAIL_ALLOC_COUNT=1 LD_PRELOAD="$shim" \
-    "$client" "$conf" "$2" "$dir/ckpt" 2>"$dir/err"
+    "$client" "$conf" "$2" "$dir/ckpt" $mode 2>"$dir/err"
   local rc=$?
   [ "$rc" -eq 137 ] && rc=124 # killed by timeout
   return "$rc"
