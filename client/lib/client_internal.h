@@ -138,8 +138,9 @@ int dist_call_one(dist_client *c, int target, const char *method,
 
 /* DIST_EEXIST, naming the rank and its mesh, when a daemon outside m
  * holds name (a one-rank m meeting a one-rank tensor is no clash: per-rank
- * values); else 0. A daemon that does not answer is not counted
- * (tensor_api.c). */
+ * values); DIST_ENOMEM when a daemon could not be asked or answer for want
+ * of memory, the client's or its own; else 0. A daemon that does not
+ * answer is not counted (tensor_api.c). */
 int dist_held_elsewhere(dist_client *c, const char *name, const dist_mesh_desc *m);
 /* dist_name_check on a name the caller chose for a tensor `what` makes
  * ("shard_tensor", "output 0"), or names to look up: before a buffer cuts

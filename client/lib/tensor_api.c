@@ -102,7 +102,8 @@ static void undo_puts(dist_client *c, put_batch *b) {
  * per-rank gradients), so a one-rank put meeting a one-rank tensor is no
  * clash. A put asks after storing, so that of two clients putting one
  * name onto disjoint meshes at once, at least one sees the other's. A
- * daemon that does not answer is not counted. */
+ * daemon that does not answer is not counted; one that could not be asked,
+ * or could not answer, for want of memory fails the put. */
 static int meshes_share_a_rank(const dist_mesh_desc *a, const dist_mesh_desc *b) {
   for (int i = 0; i < a->nranks; i++)
     if (dist_mesh_index_of(b, a->ranks[i]) >= 0) return 1;
@@ -141,17 +142,19 @@ int dist_held_elsewhere(dist_client *c, const char *name, const dist_mesh_desc *
   int n = ranks_outside(c, m, outside);
   dist_errbuf keep = c->err;
   dist_call *calls = NULL;
-  rc = dist_call_all(c, "/dist.v1.Dist/TensorShow", &dist__v1__tensor_show_reply__descriptor,
-                     &rq.base, outside, n, &calls);
-  if (!calls) { /* c->err says the calls could not be made */
+  rc = n ? dist_call_all(c, "/dist.v1.Dist/TensorShow", &dist__v1__tensor_show_reply__descriptor,
+                         &rq.base, outside, n, &calls)
+         : 0;
+  if (n && !calls) { /* c->err says the calls could not be made */
     free(outside);
     return rc;
   }
   c->err = keep; /* "not found" is the answer hoped for */
   rc = 0;
   for (int k = 0; k < n && rc == 0; k++) {
-    /* Unlike a daemon that does not answer, a check this client could
-     * not make for want of memory must not let the put through. */
+    /* Unlike a daemon that does not answer, a check that could not be
+     * made for want of memory (the client's, or the daemon's answering
+     * ENOMEM) must not let the put through. */
     if (calls[k].err.code == DIST_ENOMEM)
       rc = dist_client_fail(c, DIST_ENOMEM, "cannot check whether '%s' is held outside its "
                             "mesh: %s", name, dist_errbuf_msg(&calls[k].err));
