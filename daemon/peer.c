@@ -376,8 +376,10 @@ static void init_state(distd_peers *p, struct event_base *base, const distd_peer
 
 /* The tables of one entry per rank, and the driver's wake-up eventfd. */
 static int alloc_tables(distd_peers *p, const distd_peers_opts *opts, dist_errbuf *eb) {
-  p->members = malloc(sizeof *p->members * (size_t)p->world);
   p->peers = calloc((size_t)p->world, sizeof *p->peers);
+  /* Before anything can fail: distd_peers_free walks every peer's queue. */
+  for (int r = 0; p->peers && r < p->world; r++) init_peer(p, r);
+  p->members = malloc(sizeof *p->members * (size_t)p->world);
   p->pollfds = calloc(2 * (size_t)p->world + 1, sizeof *p->pollfds);
   p->pollranks = calloc(2 * (size_t)p->world + 1, sizeof *p->pollranks);
   /* Without it a waiter cannot drive the sockets; the loop thread still does. */
@@ -385,8 +387,6 @@ static int alloc_tables(distd_peers *p, const distd_peers_opts *opts, dist_errbu
   if (!p->members || !p->peers || !p->pollfds || !p->pollranks)
     return dist_fail(eb, DIST_ENOMEM, "out of memory");
   memcpy(p->members, opts->members, sizeof *p->members * (size_t)p->world);
-  /* Before anything can fail: distd_peers_free walks every peer's queue. */
-  for (int r = 0; r < p->world; r++) init_peer(p, r);
   return 0;
 }
 
