@@ -1,10 +1,19 @@
 /* An LD_PRELOAD shim that fails exactly one allocation, to check that a
- * program (libdist linked in statically) survives each of its allocations
- * failing in turn.
+ * program (libdist or distd's code linked in statically) survives each of
+ * its allocations failing in turn.
  *
  *   FAIL_ALLOC_AT=k     the k-th malloc, calloc, realloc or strdup (counted
  *                       together, from 1) returns NULL
+ *                       and says so on stderr ("failalloc: allocation k
+ *                       fails")
  *   FAIL_ALLOC_COUNT=1  prints "failalloc: N allocations" to stderr at exit
+ *   FAIL_ALLOC_ARMED_BY_SIGUSR2=1
+ *                       counts nothing until the process receives SIGUSR2:
+ *                       a daemon allocates a lot while it starts, from
+ *                       several threads, and the sweep is of the
+ *                       allocations made while it serves requests (the
+ *                       program must not take SIGUSR2 for itself; distd
+ *                       does not)
  *
  * Only calls made from the program's own executable image count, and only
  * those can fail: gRPC and libc allocate for themselves too, and gRPC
@@ -17,11 +26,13 @@
  * LeakSanitizer then checks each failure path for leaks at exit. */
 #include <dlfcn.h>
 #include <link.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 typedef void *(*malloc_fn)(size_t);
 typedef void *(*calloc_fn)(size_t, size_t);
@@ -38,6 +49,7 @@ static free_fn next_free;
 static long fail_at;   /* 0: fail nothing */
 static int report;     /* FAIL_ALLOC_COUNT set */
 static atomic_long counted;
+static atomic_int armed; /* allocations count (and may fail) once set */
 static uintptr_t image_lo, image_hi; /* the executable's code */
 static int resolving; /* in dlsym: before main, one thread only */
 
@@ -90,20 +102,53 @@ static void print_count(void) {
   fprintf(stderr, "failalloc: %ld allocations\n", atomic_load(&counted));
 }
 
+/* A signal handler may only do what is async-signal-safe: set the flag. */
+static void arm(int sig) {
+  (void)sig;
+  atomic_store(&armed, 1);
+}
+
+static int env_is_1(const char *name) {
+  const char *v = getenv(name);
+  return v && strcmp(v, "1") == 0;
+}
+
 __attribute__((constructor)) static void failalloc_init(void) {
   dl_iterate_phdr(find_image, NULL);
-  const char *at = getenv("FAIL_ALLOC_AT"), *count = getenv("FAIL_ALLOC_COUNT");
+  const char *at = getenv("FAIL_ALLOC_AT");
   fail_at = at ? atol(at) : 0;
-  report = count && strcmp(count, "1") == 0;
+  report = env_is_1("FAIL_ALLOC_COUNT");
   if (report) atexit(print_count);
+  if (!env_is_1("FAIL_ALLOC_ARMED_BY_SIGUSR2")) {
+    atomic_store(&armed, 1);
+    return;
+  }
+  struct sigaction sa = {.sa_handler = arm, .sa_flags = SA_RESTART};
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGUSR2, &sa, NULL);
+}
+
+/* "failalloc: allocation k fails" on stderr, so that a sweep can tell a
+ * run that reached the failure from one that ended first. Written with
+ * write(2) and formatted by hand: stdio may allocate, here of all places. */
+static void note_failure(long k) {
+  char line[64] = "failalloc: allocation ", digits[24];
+  size_t len = strlen(line), n = 0;
+  do digits[n++] = (char)('0' + k % 10); while ((k /= 10) > 0);
+  while (n > 0) line[len++] = digits[--n];
+  memcpy(line + len, " fails\n", 7);
+  ssize_t ignored = write(2, line, len + 7);
+  (void)ignored;
 }
 
 /* 1 when this call, made from caller, is the one to fail. */
 static int fail_this(const void *caller) {
   uintptr_t pc = (uintptr_t)caller;
-  if (pc < image_lo || pc >= image_hi) return 0;
+  if (pc < image_lo || pc >= image_hi || !atomic_load(&armed)) return 0;
   long k = atomic_fetch_add(&counted, 1) + 1;
-  return fail_at > 0 && k == fail_at;
+  if (fail_at <= 0 || k != fail_at) return 0;
+  note_failure(k);
+  return 1;
 }
 
 void *malloc(size_t n) {

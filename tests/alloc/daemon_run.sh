@@ -1,0 +1,148 @@
+#!/usr/bin/env bash
+# The daemon's allocation sweep: rank 1 of a 2-daemon cluster runs under
+# failalloc.so (tests/alloc/failalloc.c), armed by SIGUSR2 once it serves,
+# and alloc_client's workload (puts, reshard, exchanges, global_scatter, a
+# MoE layer, LocalLayer calls, shard_layer with an optimizer step, a tape,
+# a checkpoint save and restore) runs against it, once counting the
+# daemon's allocations, then once per k with the k-th failing.
+#
+#     tests/alloc/daemon_run.sh BUILD_DIR [SANITIZE]
+#
+# Each k gets a fresh cluster (started in 0.3 s, and nothing of an earlier
+# k's can hide there). After the run that reaches the failure:
+#   - both daemons still run (no crash, no abort);
+#   - the client exited 0, 3 (DIST_ENOMEM) or 4 (another error), with a
+#     message that does not call a request malformed: a daemon that cannot
+#     allocate says so;
+#   - a clean run on the same cluster succeeds: the failure left nothing
+#     half-done that breaks the next caller.
+# First, the request unpack alone: `distctl tensors` against a daemon
+# failing one of its first allocations says "out of memory for the
+# request".
+# A run that ends before the k-th allocation (the count varies a little:
+# the daemon's threads allocate for pings too) is counted as not reached.
+# A k that fails the sweep is repeated by hand with
+#   FAIL_ALLOC_AT=k FAIL_ALLOC_ARMED_BY_SIGUSR2=1 LD_PRELOAD=.../failalloc.so \
+#     distctl cluster up -n 2 --dir D;  kill -USR2 $(cat D/distd.1.pid)
+# then alloc_client D/cluster.conf PREFIX CKPT_DIR; the daemon's log,
+# D/distd.1.log, says "failalloc: allocation k fails" where it failed.
+#
+# ALLOC_RUNS (80 by default: a k takes about 1 s, so ~80 s),
+# ALLOC_STRIDE and ALLOC_OFFSET as in run.sh; ALLOC_STRIDE=1 tries every k.
+set -uo pipefail
+sweep_name=daemon_alloc_sweep
+. "$(dirname "$0")/sweep.sh"
+sweep_setup "$@"
+cluster=$dir/cluster
+conf=$cluster/cluster.conf
+pids=()
+bad=0
+
+# Stops the daemons of the current cluster, by the pids cluster up recorded.
+kill_cluster() {
+  [ "${#pids[@]}" -gt 0 ] && kill -KILL "${pids[@]}" 2>/dev/null
+  pids=()
+}
+trap kill_cluster EXIT
+
+# A fresh cluster whose daemons all load the shim with FAIL_ALLOC_AT=$1,
+# unarmed: only rank 1, armed here, counts and fails. distctl's own
+# allocations stay whole too (the shim is never armed in it).
+cluster_up() {
+  kill_cluster
+  rm -rf "$cluster" "$dir/ckpt"
+  timeout 60 env LD_PRELOAD="$shim" FAIL_ALLOC_ARMED_BY_SIGUSR2=1 FAIL_ALLOC_AT="$1" \
+    FAIL_ALLOC_COUNT=1 "$distctl" cluster up -n 2 --dir "$cluster" -- --cluster-id "dalloc-$$" \
+    >"$dir/up.log" 2>&1 ||
+    { cat "$dir/up.log" >&2; echo "$sweep_name: cluster up failed; logs in $dir" >&2; exit 1; }
+  pids=("$(cat "$cluster/distd.0.pid")" "$(cat "$cluster/distd.1.pid")")
+  kill -USR2 "${pids[1]}"
+}
+
+# 0 when daemon rank $1 still runs (its pid not reused by another program).
+daemon_alive() {
+  local pid=${pids[$1]}
+  kill -0 "$pid" 2>/dev/null && grep -q distd "/proc/$pid/cmdline" 2>/dev/null
+}
+
+# Says what is wrong with k=$1 ($2), keeping the logs in $dir/k$1.
+wrong() {
+  bad=$((bad + 1))
+  echo "$sweep_name: k=$1: $2" >&2
+  mkdir -p "$dir/k$1"
+  cp "$cluster"/distd.*.log "$dir/err" "$dir/k$1/"
+}
+
+# A request the daemon cannot unpack for want of memory: one of its first
+# allocations once armed (the call's context, then the unpack's blocks;
+# the loop thread's may come between, so four are tried). It must say
+# so, not call the request malformed.
+unpack_said=0
+for k in 1 2 3 4; do
+  cluster_up "$k"
+  timeout 60 "$distctl" --cluster "$conf" tensors >"$dir/err" 2>&1
+  grep -q 'TensorList: out of memory for the request' "$dir/err" && unpack_said=1
+  if grep -q malformed "$dir/err"; then
+    wrong "$k" "a request the daemon could not allocate for was called malformed"
+    cat "$dir/err" >&2
+  fi
+done
+[ "$unpack_said" -eq 1 ] ||
+  { bad=$((bad + 1)); echo "$sweep_name: no k of 1..4 failed a request's unpack" >&2; }
+
+# The counting run: a clean workload against an armed daemon, whose count
+# is printed when it stops (cluster down, SIGTERM).
+cluster_up 0
+run_client "$conf" "d$$.count"
+rc=$?
+[ "$rc" -eq 0 ] ||
+  { client_said >&2; echo "$sweep_name: the clean run failed ($(run_failure "$rc")); logs in $dir" >&2; exit 1; }
+timeout 60 "$distctl" cluster down --dir "$cluster" >/dev/null 2>&1
+pids=()
+n=$(allocations_in "$cluster/distd.1.log")
+if [ -z "$n" ] || [ "$n" -lt 1 ]; then
+  echo "$sweep_name: the shim counted no allocation of rank 1" >&2
+  exit 1
+fi
+sweep_plan "$n" "${ALLOC_RUNS:-80}"
+
+tried=0 unreached=0 enomem=0 other=0
+for ((k = offset + 1; k <= n; k += stride)); do
+  cluster_up "$k"
+  run_client "$conf" "d$$.k$k"
+  rc=$?
+  if ! grep -q "^failalloc: allocation $k fails" "$cluster/distd.1.log"; then
+    unreached=$((unreached + 1))
+    continue
+  fi
+  tried=$((tried + 1))
+  case $rc in
+    0) ;;
+    3) enomem=$((enomem + 1)) ;;
+    4) other=$((other + 1)) ;;
+    *) wrong "$k" "the client's run: $(run_failure "$rc")"; client_said >&2 ;;
+  esac
+  if grep -q 'malformed' "$dir/err"; then
+    wrong "$k" "a request the daemon could not allocate for was called malformed"
+    client_said >&2
+  fi
+  for r in 0 1; do
+    daemon_alive "$r" && continue
+    wrong "$k" "daemon rank $r died"
+    tail -5 "$cluster/distd.$r.log" >&2
+  done
+  daemon_alive 1 || continue
+  run_client "$conf" "d$$.k$k.after"
+  rc=$?
+  [ "$rc" -eq 0 ] && continue
+  wrong "$k" "the clean run after it: $(run_failure "$rc")"
+  client_said >&2
+done
+kill_cluster
+echo "$sweep_name: $tried runs reached the failure ($enomem failed with DIST_ENOMEM," \
+  "$other with another error, $((tried - enomem - other)) succeeded), $unreached ended" \
+  "before it; $bad wrong"
+[ "$bad" -eq 0 ] || { echo "$sweep_name: logs in $dir" >&2; exit 1; }
+trap - EXIT
+rm -rf "$dir"
+exit 0
