@@ -58,7 +58,8 @@ static int cursor_open(cursor *c, grpc_byte_buffer *bb) {
   return grpc_byte_buffer_reader_init(&c->r, bb);
 }
 
-/* Copies the next n bytes to dst; 0 if the message ends first. */
+/* Copies the next n bytes to dst (NULL: passes over them); 0 if the
+ * message ends first. */
 static int take(cursor *c, uint8_t *dst, size_t n) {
   if (n > c->left) return 0;
   c->left -= n;
@@ -70,8 +71,8 @@ static int take(cursor *c, uint8_t *dst, size_t n) {
       c->in_slice = GRPC_SLICE_LENGTH(*s);
     }
     size_t k = n < c->in_slice ? n : c->in_slice;
-    memcpy(dst, c->p, k);
-    dst += k, c->p += k, c->in_slice -= k, n -= k;
+    if (dst) memcpy(dst, c->p, k), dst += k;
+    c->p += k, c->in_slice -= k, n -= k;
   }
   return 1;
 }
@@ -193,6 +194,33 @@ static ProtobufCMessage *unpack_split(grpc_byte_buffer *bb, const ProtobufCMessa
   }
   free(w.rest);
   return m;
+}
+
+int dist_bb_find_varint(grpc_byte_buffer *bb, uint32_t field, uint64_t *value) {
+  cursor c;
+  if (!bb || !cursor_open(&c, bb)) return 0;
+  int found = 0;
+  while (c.left > 0) {
+    uint8_t raw[20];
+    size_t n = 0;
+    uint64_t tag, v, len = 0;
+    if (!varint(&c, &tag, raw, &n)) break;
+    int wire = (int)(tag & 7), ok = 1;
+    n = 0;
+    if (wire == 0) {
+      ok = varint(&c, &v, raw, &n);
+      if (ok && tag >> 3 == field) *value = v, found = 1;
+    } else if (wire == 2) {
+      ok = varint(&c, &len, raw, &n) && take(&c, NULL, (size_t)len);
+    } else if (wire == 1 || wire == 5) {
+      ok = take(&c, NULL, wire == 1 ? 8 : 4);
+    } else {
+      ok = 0; /* groups: not in our messages */
+    }
+    if (!ok) break;
+  }
+  grpc_byte_buffer_reader_destroy(&c.r);
+  return found;
 }
 
 /* The message's bytes in one block: the slices copied in order. */

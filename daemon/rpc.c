@@ -15,6 +15,7 @@
 #include "hash.h"
 #include "log.h"
 #include "metrics.h"
+#include "op_refuse.h"
 #include "pbuf.h"
 #include "peer.h"
 #include "status.h"
@@ -62,6 +63,10 @@ struct distd_rpc {
   const distd_method *methods;
   int nmethods;
   void **handles;
+  /* Calls of each method (index method + 1) that could not be requested
+   * again for want of memory, and their sum; the cq thread alone uses
+   * them, requesting each again after the next event. */
+  int *owed, owed_total;
   int port;
   pthread_t cq_thread;
   pthread_t *workers;
@@ -85,6 +90,7 @@ static void arm(distd_rpc *r, int method);
 
 static call_ctx *ctx_new(distd_rpc *r, int method) {
   call_ctx *c = calloc(1, sizeof *c);
+  if (!c) return NULL;
   c->rpc = r;
   c->method = method;
   grpc_metadata_array_init(&c->md);
@@ -103,8 +109,16 @@ static void ctx_free(call_ctx *c) {
   free(c);
 }
 
+/* Asks gRPC for the next call of method. Without memory for it the call
+ * is owed, and asked for again after the next event (rearm_owed): a
+ * method whose calls all went unrequested would never be answered. */
 static void arm(distd_rpc *r, int method) {
   call_ctx *c = ctx_new(r, method);
+  if (!c) {
+    r->owed[method + 1]++;
+    r->owed_total++;
+    return;
+  }
   grpc_call_error e;
   if (method >= 0)
     e = grpc_server_request_registered_call(
@@ -340,9 +354,29 @@ static int check_tensor_bytes(distd_rpc *r, const distd_method *m,
                    m->name, (unsigned long long)n, (unsigned long long)limit);
 }
 
+/* A request this daemon could not unpack for want of memory: its part
+ * will not run, and the op's other daemons would wait for it until their
+ * deadline. Its op id, read off the raw request, is refused on every
+ * daemon (the op's group is in the part not read). */
+static void refuse_unread(call_ctx *c, const distd_method *m, const dist_errbuf *eb) {
+  const ProtobufCFieldDescriptor *f =
+      protobuf_c_message_descriptor_get_field_by_name(m->request, "op_id");
+  uint64_t op_id = 0;
+  if (!f || f->type != PROTOBUF_C_TYPE_UINT64 || f->label == PROTOBUF_C_LABEL_REPEATED ||
+      !dist_bb_find_varint(c->request, f->id, &op_id) || op_id == 0)
+    return;
+  distd_refuse_group(c->rpc->srv, op_id, NULL, 0, eb);
+}
+
 static void run_handler(call_ctx *c, const distd_method *m,
                         const distd_call_info *ci, dist_errbuf *eb) {
-  ProtobufCMessage *req = dist_bb_to_pb(c->request, m->request, NULL);
+  int no_memory = 0;
+  ProtobufCMessage *req = dist_bb_to_pb(c->request, m->request, &no_memory);
+  if (!req && no_memory) {
+    dist_fail(eb, DIST_ENOMEM, "%s: out of memory for the request", m->name);
+    refuse_unread(c, m, eb);
+    return;
+  }
   if (!req) {
     dist_fail(eb, DIST_EINVAL, "malformed %s request: not a valid %s message",
               m->name, m->request->name);
@@ -470,6 +504,20 @@ static void on_call_done(distd_rpc *r, call_ctx *c) {
   pthread_mutex_unlock(&r->mu);
 }
 
+static void rearm_owed(distd_rpc *r) {
+  if (r->owed_total == 0) return;
+  pthread_mutex_lock(&r->mu);
+  int accepting = r->accepting;
+  pthread_mutex_unlock(&r->mu);
+  if (!accepting) return;
+  for (int i = 0; i <= r->nmethods; i++)
+    for (int owed = r->owed[i]; owed > 0; owed--) {
+      r->owed[i]--;
+      r->owed_total--;
+      arm(r, i - 1); /* owes it again if it fails again */
+    }
+}
+
 static void *cq_main(void *arg) {
   distd_rpc *r = arg;
   pthread_setname_np(pthread_self(), "distd-cq");
@@ -489,6 +537,7 @@ static void *cq_main(void *arg) {
     } else {
       on_call_done(r, t->ctx);
     }
+    rearm_owed(r);
   }
 }
 
@@ -545,6 +594,7 @@ int distd_rpc_start(distd_server *s, const distd_method *methods, int n,
   r->methods = methods;
   r->nmethods = n;
   r->handles = calloc((size_t)n, sizeof *r->handles);
+  r->owed = calloc((size_t)n + 1, sizeof *r->owed);
   pthread_mutex_init(&r->mu, NULL);
   pthread_cond_init(&r->work_cv, NULL);
   pthread_cond_init(&r->idle_cv, NULL);
@@ -567,6 +617,7 @@ int distd_rpc_start(distd_server *s, const distd_method *methods, int n,
     distd_auth_free(r->auth);
     pthread_mutex_destroy(&r->auth_mu);
     free(r->handles);
+    free(r->owed);
     free(r);
     return rc;
   }
@@ -638,5 +689,6 @@ void distd_rpc_free(distd_rpc *r) {
   pthread_mutex_destroy(&r->auth_mu);
   free(r->workers);
   free(r->handles);
+  free(r->owed);
   free(r);
 }
