@@ -62,12 +62,15 @@ int distd_check_reduce(dist_reduce op, dist_errbuf *eb) {
   return 0;
 }
 
-static distd_xfer *new_xfer(const distd_coll *c, dist_errbuf *eb) {
+static distd_xfer *new_xfer(const distd_coll *c) {
   distd_xfer *x = distd_xfer_new(c->peers, c->op_id);
-  if (!x) dist_fail(eb, DIST_ENOMEM, "out of memory for op %llu",
-                    (unsigned long long)c->op_id);
-  else distd_xfer_sign(x, c->signature, distd_op_signature_name);
+  if (x) distd_xfer_sign(x, c->signature, distd_op_signature_name);
   return x;
+}
+
+static int no_memory(const distd_coll *c, dist_errbuf *eb) {
+  return distd_abort_no_memory(c->peers, c->op_id, c->group, c->size,
+                               c->kind ? c->kind : "a collective", eb);
 }
 
 /* Waits for x; on failure tells the rest of the group. */
@@ -101,8 +104,8 @@ static int alltoallv_run(const distd_coll *c, const void *send, const size_t *se
   if (rc) return rc;
   soff = malloc(sizeof *soff * (size_t)c->size);
   roff = malloc(sizeof *roff * (size_t)c->size);
-  if (!soff || !roff || !(x = new_xfer(c, eb))) {
-    rc = dist_fail(eb, DIST_ENOMEM, "out of memory");
+  if (!soff || !roff || !(x = new_xfer(c))) {
+    rc = no_memory(c, eb);
     goto out;
   }
   offsets(send_counts, c->size, es, soff);
@@ -130,8 +133,8 @@ static int allgather_run(const distd_coll *c, const void *in, void *out, const s
   distd_xfer *x = NULL;
   int rc = check_dtype(dt, &es, eb);
   if (rc) return rc;
-  if (!(off = malloc(sizeof *off * (size_t)c->size)) || !(x = new_xfer(c, eb))) {
-    rc = dist_fail(eb, DIST_ENOMEM, "out of memory");
+  if (!(off = malloc(sizeof *off * (size_t)c->size)) || !(x = new_xfer(c))) {
+    rc = no_memory(c, eb);
     goto out;
   }
   offsets(counts, c->size, es, off);
@@ -180,8 +183,8 @@ static int reduce_scatter_run(const distd_coll *c, const void *in, void *out, co
   if (rc || (rc = distd_check_reduce(op, eb))) return rc;
   size_t mine = counts[c->me] * es;
   if (!(off = malloc(sizeof *off * (size_t)c->size)) ||
-      !(tmp = malloc(mine * (size_t)(c->size - 1) + 1)) || !(x = new_xfer(c, eb))) {
-    rc = dist_fail(eb, DIST_ENOMEM, "out of memory");
+      !(tmp = malloc(mine * (size_t)(c->size - 1) + 1)) || !(x = new_xfer(c))) {
+    rc = no_memory(c, eb);
     goto out;
   }
   offsets(counts, c->size, es, off);
@@ -202,10 +205,10 @@ static int allreduce_direct(const distd_coll *c, void *buf, size_t count, dist_d
                             dist_reduce op, dist_errbuf *eb) {
   size_t bytes = count * dist_dtype_size(dt);
   char *tmp = malloc(bytes * (size_t)c->size + 1);
-  distd_xfer *x = tmp ? new_xfer(c, eb) : NULL;
+  distd_xfer *x = tmp ? new_xfer(c) : NULL;
   int rc = 0;
   if (!x) {
-    rc = dist_fail(eb, DIST_ENOMEM, "out of memory");
+    rc = no_memory(c, eb);
     goto out;
   }
   if (bytes) memcpy(tmp + (size_t)c->me * bytes, buf, bytes);
@@ -238,8 +241,8 @@ static int allreduce_rs_ag(const distd_coll *c, void *buf, size_t count, dist_dt
   int rc = 0;
   if (cnt) split(count, c->size, cnt);
   if (!cnt || !off || !(tmp = malloc(cnt[c->me] * es * (size_t)(c->size - 1) + 1)) ||
-      !(x1 = new_xfer(c, eb)) || !(x2 = new_xfer(c, eb))) {
-    rc = dist_fail(eb, DIST_ENOMEM, "out of memory");
+      !(x1 = new_xfer(c)) || !(x2 = new_xfer(c))) {
+    rc = no_memory(c, eb);
     goto out;
   }
   offsets(cnt, c->size, es, off);
@@ -284,8 +287,8 @@ static int broadcast_run(const distd_coll *c, void *buf, size_t count, dist_dtyp
   if (root < 0 || root >= c->size)
     return dist_fail(eb, DIST_EINVAL, "broadcast root %d is not a member of a group of %d",
                      root, c->size);
-  distd_xfer *x = new_xfer(c, eb);
-  if (!x) return DIST_ENOMEM;
+  distd_xfer *x = new_xfer(c);
+  if (!x) return no_memory(c, eb);
   if (c->me == root) {
     for (int k = 1; k < c->size; k++)
       distd_xfer_send(x, c->group[rotated(c, k)], TAG_STEP1, buf, count * es);
@@ -298,8 +301,8 @@ static int broadcast_run(const distd_coll *c, void *buf, size_t count, dist_dtyp
 }
 
 static int barrier_run(const distd_coll *c, dist_errbuf *eb) {
-  distd_xfer *x = new_xfer(c, eb);
-  if (!x) return DIST_ENOMEM;
+  distd_xfer *x = new_xfer(c);
+  if (!x) return no_memory(c, eb);
   static const char nothing[1];
   for (int k = 1; k < c->size; k++) {
     distd_xfer_recv(x, c->group[rotated(c, k)], TAG_STEP1, (void *)nothing, 0);
@@ -319,7 +322,7 @@ static int point_to_point(distd_peers *p, uint64_t op_id, int peer, const void *
                           void *rbuf, size_t bytes, dist_dtype dt, int64_t deadline_ms,
                           dist_errbuf *eb) {
   distd_xfer *x = distd_xfer_new(p, op_id);
-  if (!x) return dist_fail(eb, DIST_ENOMEM, "out of memory");
+  if (!x) return distd_abort_no_memory(p, op_id, &peer, 1, "a transfer", eb);
   distd_xfer_sign(x, distd_op_signature(DISTD_SIG_P2P, dt, -1, -1), distd_op_signature_name);
   if (sbuf) distd_xfer_send(x, peer, TAG_P2P, sbuf, bytes);
   else distd_xfer_recv(x, peer, TAG_P2P, rbuf, bytes);

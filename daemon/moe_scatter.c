@@ -241,7 +241,7 @@ static int exchange_run(const distd_moe_args *a, const void *in, void *out,
   distd_xfer *hx = distd_xfer_new(a->peers, a->op_id);
   distd_xfer *dx = distd_xfer_new(a->peers, a->op_id);
   if (!offs || !mine || !theirs || !their_len || !hx || !dx) {
-    rc = dist_fail(eb, DIST_ENOMEM, "out of memory starting %s", op_name(a->dir));
+    rc = distd_abort_no_memory(a->peers, a->op_id, a->group, a->size, op_name(a->dir), eb);
     goto out;
   }
   distd_xfer_sign(hx, a->signature, distd_op_signature_name);

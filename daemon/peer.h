@@ -187,6 +187,12 @@ void distd_xfer_abort(distd_xfer *x, const int *ranks, int n,
  * before this rank took part in it, so none waits for it. */
 void distd_abort_op(distd_peers *p, uint64_t op_id, const int *ranks, int n,
                     const char *reason);
+/* This rank cannot take its part in op_id for want of memory for `what`:
+ * eb says so (DIST_ENOMEM), and every rank in ranks[] (except self) is
+ * told (distd_abort_op), instead of waiting for the part until its
+ * deadline. Returns DIST_ENOMEM. */
+int distd_abort_no_memory(distd_peers *p, uint64_t op_id, const int *ranks, int n,
+                          const char *what, dist_errbuf *eb);
 /* Tells every rank in ranks[] (except self) that ops first .. first +
  * count - 1, each with its refusal steps (subop.h distd_refused_steps),
  * failed here before this rank took part in them, with reason: one

@@ -260,10 +260,18 @@ typedef struct peer {
   distd_peer_stats stats;
 } peer;
 
+/* remembered_op.aborted_by of an op whose data from a peer was dropped
+ * here before any transfer of it was posted (no memory to keep it): the
+ * op's next transfer fails at once, where one posted after an ordinary
+ * failure here starts afresh (the id used again), and would wait for the
+ * dropped data until its deadline. */
+#define DISTD_DROPPED_HERE (-2)
+
 typedef struct remembered_op {
   uint64_t op_id;
   int64_t at_ms;
-  int aborted_by; /* rank that sent ABORT, or -1 for an op that failed here */
+  int aborted_by; /* rank that sent ABORT, -1 for an op that failed here,
+                   * or DISTD_DROPPED_HERE */
   int code;
   char reason[200];
 } remembered_op;

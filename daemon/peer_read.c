@@ -79,7 +79,8 @@ static int data_target(conn *c, const dist_frame_header *h) {
     free(data);
     /* Waiting would not help: fail the op here, so its receive fails with
      * the reason instead of a timeout, and drop the payload. */
-    distd_remember_op(p, h->op_id, -1, DIST_ENOMEM, "out of memory keeping data from a peer");
+    distd_remember_op(p, h->op_id, DISTD_DROPPED_HERE, DIST_ENOMEM,
+                      "out of memory keeping data from a peer");
     return 0;
   }
   *u = (unexpected){.op_id = h->op_id, .src = c->rank, .tag = h->tag,

@@ -32,6 +32,18 @@ void distd_xfer_one_done(distd_xfer *x) {
     distd_xfer_moved(x); /* only an unfinished xfer's silence is counted */
 }
 
+/* x failed: its op's frames are dropped here from now on (remembered), so
+ * the op's other transfers (a MoE exchange's rows after its counts) could
+ * only wait for theirs until their deadline. They fail with x. */
+static void fail_siblings(distd_xfer *x) {
+  for (dlist *pos = x->p->xfers.next; pos != &x->p->xfers; pos = pos->next) {
+    distd_xfer *y = dlist_entry(pos, distd_xfer, link);
+    if (y == x || y->op_id != x->op_id || y->err.code) continue;
+    y->err = x->err;
+    wake(y);
+  }
+}
+
 void distd_xfer_fail(distd_xfer *x, int code, const char *fmt, ...) {
   if (x->err.code) return; /* the first failure is the one reported */
   va_list ap;
@@ -42,8 +54,17 @@ void distd_xfer_fail(distd_xfer *x, int code, const char *fmt, ...) {
   if (x->p) {
     distd_remember_op(x->p, x->op_id, -1, code, x->err.msg);
     distd_drop_unexpected_of(x->p, x->op_id);
+    fail_siblings(x);
   }
   wake(x);
+}
+
+/* Fails x for want of memory for what it was doing; its wait then fails,
+ * and tells the op's group (distd_xfer_finish), which would otherwise
+ * wait for this rank's part until their deadline. */
+static void out_of_memory(distd_xfer *x, const char *doing) {
+  distd_xfer_fail(x, DIST_ENOMEM, "op %llu: out of memory %s", (unsigned long long)x->op_id,
+                  doing);
 }
 
 static void name_signature(const distd_xfer *x, uint64_t signature, char *out, size_t n) {
@@ -220,6 +241,8 @@ distd_xfer *distd_xfer_new(distd_peers *p, uint64_t op_id) {
   const remembered_op *r = distd_remembered_find(p, op_id);
   if (r && r->aborted_by >= 0)
     fail_aborted(x, r->aborted_by, r->code, r->reason);
+  else if (r && r->aborted_by == DISTD_DROPPED_HERE)
+    distd_xfer_fail(x, r->code, "op %llu: %s", (unsigned long long)op_id, r->reason);
   else if (r)
     distd_forget_op(p, op_id); /* an op id that failed here before, used again */
   if (p->closing) distd_xfer_fail(x, DIST_ECANCELED, "the peer data plane is shutting down");
@@ -263,6 +286,10 @@ static void send_to_self(distd_xfer *x, uint32_t tag, const void *buf, size_t le
     if (s->done || s->src != x->p->rank || s->tag != tag) continue;
     if (s->any_buf) {
       s->any_tmp = malloc(len ? len : 1);
+      if (!s->any_tmp) {
+        out_of_memory(x, "keeping what it sends itself");
+        return;
+      }
       if (len) memcpy(s->any_tmp, buf, len);
       s->len = len;
     } else if (!self_len_ok(x, len, s->len, tag)) {
@@ -274,6 +301,10 @@ static void send_to_self(distd_xfer *x, uint32_t tag, const void *buf, size_t le
     return;
   }
   send_item *it = calloc(1, sizeof *it);
+  if (!it) {
+    out_of_memory(x, "queueing a send to itself");
+    return;
+  }
   *it = (send_item){.payload = buf, .len = len, .x = x, .dst = x->p->rank, .tag = tag};
   dlist_init(&it->xlink);
   dlist_push(&x->self_sends, &it->link);
@@ -314,6 +345,10 @@ static void queue_send(distd_xfer *x, int dst, uint32_t tag, const void *buf, si
     goto out;
   }
   send_item *it = calloc(1, sizeof *it);
+  if (!it) {
+    out_of_memory(x, "queueing a send");
+    goto out;
+  }
   dist_frame_header h = {DIST_FRAME_MAGIC, DIST_FRAME_VERSION, DIST_FRAME_DATA,
                          x->op_id, (uint32_t)p->rank, tag, len, x->signature};
   dist_frame_encode(&h, it->hdr);
@@ -349,8 +384,9 @@ static void recv_from_self(distd_xfer *x, recv_slot *s) {
     dlist_remove(&it->link);
     if (s->any_buf) {
       *s->any_buf = malloc(it->len ? it->len : 1);
-      if (it->len) memcpy(*s->any_buf, it->payload, it->len);
-      *s->any_len = it->len;
+      if (!*s->any_buf) out_of_memory(x, "receiving from itself");
+      else if (it->len) memcpy(*s->any_buf, it->payload, it->len);
+      *s->any_len = *s->any_buf ? it->len : 0;
     } else if (self_len_ok(x, it->len, s->len, s->tag) && it->len) {
       memcpy(s->buf, it->payload, it->len);
     }
@@ -423,6 +459,10 @@ static void recv_common(distd_xfer *x, int src, uint32_t tag, void *buf, size_t 
   pthread_mutex_lock(&p->mu);
   if (x->err.code || check_rank(x, src, "receive from") < 0) goto out;
   recv_slot *s = calloc(1, sizeof *s);
+  if (!s) {
+    out_of_memory(x, "posting a receive");
+    goto out;
+  }
   *s = (recv_slot){.x = x, .src = src, .tag = tag, .buf = buf, .len = len,
                    .any_buf = any_buf, .any_len = any_len, .any_likely = any_likely};
   dlist_init(&s->link);
@@ -527,31 +567,43 @@ int distd_xfer_wait(distd_xfer *x, int64_t deadline_ms, dist_errbuf *eb) {
 
 void distd_xfer_then(distd_xfer *x, distd_xfer *next) { x->then = next; }
 
-void distd_xfer_abort(distd_xfer *x, const int *ranks, int n, const char *reason) {
-  distd_peers *p = x->p;
-  if (!p) return;
-  pthread_mutex_lock(&p->mu);
-  if (x->aborted_by >= 0) { /* its sender told the group already */
-    pthread_mutex_unlock(&p->mu);
-    return;
-  }
-  int code = x->err.code ? x->err.code : DIST_ECANCELED;
+/* Queues an ABORT of op_id (code) to each of ranks[] but this one; the
+ * caller holds p->mu. It needs no xfer: an op that failed for want of
+ * memory before it had one must still be able to say so. */
+static void queue_abort(distd_peers *p, uint64_t op_id, int code, const int *ranks, int n,
+                        const char *reason) {
   size_t len = strnlen(reason, CTL_MAX);
   dist_frame_header h = {DIST_FRAME_MAGIC, DIST_FRAME_VERSION, DIST_FRAME_ABORT,
-                         x->op_id, (uint32_t)p->rank, 0, len, (uint64_t)(-(int64_t)code)};
+                         op_id, (uint32_t)p->rank, 0, len, (uint64_t)(-(int64_t)code)};
   for (int i = 0; i < n; i++) {
     int r = ranks[i];
     if (r >= 0 && r < p->world && r != p->rank) distd_peer_queue_ctl(p, r, &h, reason, len);
   }
+}
+
+void distd_xfer_abort(distd_xfer *x, const int *ranks, int n, const char *reason) {
+  distd_peers *p = x->p;
+  if (!p) return;
+  pthread_mutex_lock(&p->mu);
+  if (x->aborted_by < 0) /* else its sender told the group already */
+    queue_abort(p, x->op_id, x->err.code ? x->err.code : DIST_ECANCELED, ranks, n, reason);
   pthread_mutex_unlock(&p->mu);
 }
 
 void distd_abort_op(distd_peers *p, uint64_t op_id, const int *ranks, int n,
                     const char *reason) {
-  distd_xfer *x = distd_xfer_new(p, op_id);
-  if (!x) return;
-  distd_xfer_abort(x, ranks, n, reason);
-  distd_xfer_free(x);
+  pthread_mutex_lock(&p->mu);
+  const remembered_op *r = distd_remembered_find(p, op_id);
+  if (!r || r->aborted_by < 0) /* else its sender told the group already */
+    queue_abort(p, op_id, DIST_ECANCELED, ranks, n, reason);
+  pthread_mutex_unlock(&p->mu);
+}
+
+int distd_abort_no_memory(distd_peers *p, uint64_t op_id, const int *ranks, int n,
+                          const char *what, dist_errbuf *eb) {
+  dist_fail(eb, DIST_ENOMEM, "op %llu: out of memory for %s", (unsigned long long)op_id, what);
+  distd_abort_op(p, op_id, ranks, n, dist_errbuf_msg(eb));
+  return DIST_ENOMEM;
 }
 
 int distd_xfer_finish(distd_xfer *x, int64_t deadline_ms, const int *group,

@@ -66,7 +66,8 @@ static void as_layout(const dist_placement *in, int n, dist_placement *out) {
     out[i] = in[i].kind == DIST_PARTIAL ? DIST_REPLICATED : in[i];
 }
 
-static void plan_init(plan *pl, const distd_tensor *t, const dist_placement *dst) {
+/* 0, or -1 without memory for the plan (plan_free frees what it took). */
+static int plan_init(plan *pl, const distd_tensor *t, const dist_placement *dst) {
   const dist_mesh_desc *m = &t->mesh;
   dist_placement from[DIST_MAX_MESH_DIMS], to[DIST_MAX_MESH_DIMS];
   pl->mesh = m;
@@ -74,6 +75,7 @@ static void plan_init(plan *pl, const distd_tensor *t, const dist_placement *dst
   pl->old_box = calloc((size_t)pl->n, sizeof *pl->old_box);
   pl->new_box = calloc((size_t)pl->n, sizeof *pl->new_box);
   pl->box_id = calloc((size_t)pl->n, sizeof *pl->box_id);
+  if (!pl->old_box || !pl->new_box || !pl->box_id) return -1;
   as_layout(t->placements, m->ndim, from);
   as_layout(dst, m->ndim, to);
   boxes_of(m, from, &t->global, pl->old_box);
@@ -88,6 +90,7 @@ static void plan_init(plan *pl, const distd_tensor *t, const dist_placement *dst
   }
   for (int d = 0; d < m->ndim; d++)
     pl->pinned[d] = t->placements[d].kind == DIST_PARTIAL;
+  return 0;
 }
 
 static void plan_free(plan *pl) {
@@ -125,8 +128,9 @@ typedef struct pending {
   box part;
 } pending;
 
-/* Posts my sends (extracting each part into its own buffer) and receives. */
-static void post(const plan *pl, int me, const distd_tensor *t,
+/* Posts my sends (extracting each part into its own buffer) and receives;
+ * -1 when a buffer could not be allocated (then not all are posted). */
+static int post(const plan *pl, int me, const distd_tensor *t,
                  distd_tensor *dst, distd_xfer *x, pending *sends,
                  int *nsend, pending *recvs, int *nrecv) {
   size_t elem = dist_dtype_size(t->dtype);
@@ -144,7 +148,8 @@ static void post(const plan *pl, int me, const distd_tensor *t,
           box into = part;
           for (int d = 0; d < part.shape.ndim; d++)
             into.off[d] -= pl->new_box[me].off[d];
-          void *tmp = malloc((size_t)dist_shape_numel(&part.shape) * elem);
+          void *tmp = malloc((size_t)dist_shape_numel(&part.shape) * elem + 1);
+          if (!tmp) return -1;
           dist_copy_box_out(tmp, t->data, &mine->shape, rel.off, &part.shape, elem);
           dist_copy_box_in(dst->data, &dst->local, into.off, tmp, &part.shape, elem);
           free(tmp);
@@ -154,6 +159,7 @@ static void post(const plan *pl, int me, const distd_tensor *t,
         pending *sp = &sends[(*nsend)++];
         sp->buf = malloc(bytes ? bytes : 1);
         sp->part = part;
+        if (!sp->buf) return -1;
         dist_copy_box_out(sp->buf, t->data, &mine->shape, rel.off, &part.shape, elem);
         distd_xfer_send(x, pl->mesh->ranks[r], (uint32_t)b, sp->buf, bytes);
       } else if (r == me) {
@@ -161,9 +167,16 @@ static void post(const plan *pl, int me, const distd_tensor *t,
         pending *rp = &recvs[(*nrecv)++];
         rp->buf = malloc(bytes ? bytes : 1);
         rp->part = part;
+        if (!rp->buf) return -1;
         distd_xfer_recv(x, pl->mesh->ranks[from], (uint32_t)b, rp->buf, bytes);
       }
     }
+  return 0;
+}
+
+static int no_memory(distd_server *s, const distd_tensor *t, uint64_t op_id, dist_errbuf *eb) {
+  return distd_abort_no_memory(s->peers, op_id, t->mesh.ranks, t->mesh.nranks,
+                               "a reshard's exchange", eb);
 }
 
 int distd_redistribute(distd_server *s, distd_tensor *t,
@@ -171,7 +184,10 @@ int distd_redistribute(distd_server *s, distd_tensor *t,
                        int64_t deadline_ms, distd_tensor **out,
                        dist_errbuf *eb) {
   plan pl;
-  plan_init(&pl, t, dst_p);
+  if (plan_init(&pl, t, dst_p) != 0) {
+    plan_free(&pl);
+    return no_memory(s, t, op_id, eb);
+  }
   int me = dist_mesh_index_of(&t->mesh, s->rank);
   dist_placement layout[DIST_MAX_MESH_DIMS];
   /* The result keeps t's partial dims: step 4 of reshard turns the rest. */
@@ -188,13 +204,18 @@ int distd_redistribute(distd_server *s, distd_tensor *t,
   }
   rc = distd_tensor_new(s->store, t->name, t->dtype, &t->global, &t->mesh,
                         layout, s->rank, out, eb);
-  if (rc != 0) goto done;
+  if (rc != 0) {
+    distd_abort_op(s->peers, op_id, pl.mesh->ranks, pl.n, dist_errbuf_msg(eb));
+    goto done;
+  }
   pending *sends = calloc((size_t)pl.n * (size_t)pl.n + 1, sizeof *sends);
   pending *recvs = calloc((size_t)pl.n + 1, sizeof *recvs);
   int nsend = 0, nrecv = 0;
   distd_xfer *x = distd_xfer_new(s->peers, op_id);
-  post(&pl, me, t, *out, x, sends, &nsend, recvs, &nrecv);
-  rc = distd_xfer_finish(x, deadline_ms, pl.mesh->ranks, pl.n, eb);
+  if (!sends || !recvs || !x || post(&pl, me, t, *out, x, sends, &nsend, recvs, &nrecv) != 0)
+    rc = no_memory(s, t, op_id, eb);
+  else
+    rc = distd_xfer_finish(x, deadline_ms, pl.mesh->ranks, pl.n, eb);
   distd_xfer_free(x);
   size_t elem = dist_dtype_size(t->dtype);
   for (int i = 0; i < nrecv; i++) {
@@ -205,7 +226,7 @@ int distd_redistribute(distd_server *s, distd_tensor *t,
                        &into.shape, elem);
     free(recvs[i].buf);
   }
-  for (int i = 0; i < nsend; i++) free(sends[i].buf);
+  for (int i = 0; sends && i < nsend; i++) free(sends[i].buf);
   free(sends);
   free(recvs);
   if (rc != 0) {

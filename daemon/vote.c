@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "coll.h"
+#include "op_refuse.h"
 #include "subop.h"
 
 /* One daemon's verdict: 0 or its error code, with the error's message, and
@@ -71,7 +72,10 @@ int distd_vote(distd_server *s, const int *ranks, int n, uint64_t op_id, int64_t
   if (!all || !counts) {
     free(all);
     free(counts);
-    return verdict ? verdict : dist_fail(eb, DIST_ENOMEM, "out of memory voting on a %s", what);
+    if (!verdict) dist_fail(eb, DIST_ENOMEM, "out of memory voting on a %s", what);
+    /* the others wait for this ballot: tell them it will not come */
+    distd_refuse_op(s, op_id, 0, ranks, n, "its daemon", dist_errbuf_msg(eb));
+    return verdict ? verdict : DIST_ENOMEM;
   }
   if (verdict) snprintf(mine.reason, sizeof mine.reason, "%s", dist_errbuf_msg(eb));
   else if (versions) memcpy(mine.reason, &versions->digest, sizeof versions->digest);
