@@ -9,17 +9,12 @@
 
 #define BUCKETS 1024
 
-typedef struct entry {
-  distd_tensor *t;
-  struct entry *next;
-} entry;
-
 struct distd_store {
   pthread_mutex_t mu;
   uint64_t limit; /* 0 = none */
   uint64_t used;
   int count;
-  entry *buckets[BUCKETS];
+  distd_tensor *buckets[BUCKETS]; /* chained through store_next */
 };
 
 static unsigned hash_name(const char *s) {
@@ -38,13 +33,12 @@ distd_store *distd_store_new(uint64_t limit_bytes) {
 void distd_store_free(distd_store *s) {
   if (!s) return;
   for (int b = 0; b < BUCKETS; b++) {
-    entry *e = s->buckets[b];
-    while (e) {
-      entry *next = e->next;
-      e->t->owner = NULL; /* the store is going: nothing to return memory to */
-      distd_tensor_unref(e->t);
-      free(e);
-      e = next;
+    distd_tensor *t = s->buckets[b];
+    while (t) {
+      distd_tensor *next = t->store_next;
+      t->owner = NULL; /* the store is going: nothing to return memory to */
+      distd_tensor_unref(t);
+      t = next;
     }
   }
   pthread_mutex_destroy(&s->mu);
@@ -82,6 +76,7 @@ static int tensor_make(distd_store *s, const char *name, dist_dtype dt, const di
   /* "" is a private buffer's, never stored; any other name may be. */
   if (name[0] && dist_name_check(name, eb) != 0) return eb->code;
   distd_tensor *t = calloc(1, sizeof *t);
+  if (!t) return dist_fail(eb, DIST_ENOMEM, "out of memory for tensor '%s'", name);
   snprintf(t->name, sizeof t->name, "%s", name);
   t->dtype = dt;
   t->global = *global;
@@ -105,6 +100,13 @@ static int tensor_make(distd_store *s, const char *name, dist_dtype dt, const di
     return rc;
   }
   t->data = calloc(1, t->nbytes ? t->nbytes : 1);
+  if (!t->data) {
+    if (!reserved) distd_store_release(s, t->nbytes);
+    rc = dist_fail(eb, DIST_ENOMEM, "out of memory for the %zu bytes of tensor '%s'",
+                   t->nbytes, name);
+    free(t);
+    return rc;
+  }
   t->refs = 1;
   t->owner = s;
   *out = t;
@@ -146,33 +148,30 @@ void distd_tensor_unref(distd_tensor *t) {
   free(t);
 }
 
-static entry **find(distd_store *s, const char *name) {
-  entry **e = &s->buckets[hash_name(name)];
-  while (*e && strcmp((*e)->t->name, name) != 0) e = &(*e)->next;
+static distd_tensor **find(distd_store *s, const char *name) {
+  distd_tensor **e = &s->buckets[hash_name(name)];
+  while (*e && strcmp((*e)->name, name) != 0) e = &(*e)->store_next;
   return e;
 }
 
 static int put(distd_store *s, distd_tensor *t, int replace, int keep_version,
                dist_errbuf *eb) {
   pthread_mutex_lock(&s->mu);
-  entry **e = find(s, t->name);
-  distd_tensor *old = NULL;
-  if (*e && !replace) {
+  distd_tensor **e = find(s, t->name), *old = *e;
+  if (old && !replace) {
     pthread_mutex_unlock(&s->mu);
     return dist_fail(eb, DIST_EEXIST, "tensor '%s' already exists", t->name);
   }
   distd_tensor_ref(t);
-  if (*e) {
-    old = (*e)->t;
+  if (old) {
     if (!keep_version) t->version = old->version + 1;
-    (*e)->t = t;
+    t->store_next = old->store_next;
   } else {
-    entry *n = calloc(1, sizeof *n);
-    n->t = t;
-    *e = n;
+    t->store_next = NULL;
     s->count++;
     if (t->version == 0) t->version = 1;
   }
+  *e = t;
   pthread_mutex_unlock(&s->mu);
   distd_tensor_unref(old); /* outside the lock: it may release memory */
   return 0;
@@ -221,28 +220,26 @@ void distd_staged_free(distd_staged *b) {
 int distd_store_get(distd_store *s, const char *name, distd_tensor **out,
                     dist_errbuf *eb) {
   pthread_mutex_lock(&s->mu);
-  entry *e = *find(s, name); /* read under the lock: a delete may free it */
-  if (e) {
-    *out = e->t;
-    distd_tensor_ref(*out);
+  distd_tensor *t = *find(s, name); /* referenced under the lock: a delete may free it */
+  if (t) {
+    *out = t;
+    distd_tensor_ref(t);
   }
   pthread_mutex_unlock(&s->mu);
-  if (!e) return dist_fail(eb, DIST_ENOTFOUND, "tensor '%s' not found", name);
+  if (!t) return dist_fail(eb, DIST_ENOTFOUND, "tensor '%s' not found", name);
   return 0;
 }
 
 int distd_store_delete(distd_store *s, const char *name, dist_errbuf *eb) {
   pthread_mutex_lock(&s->mu);
-  entry **e = find(s, name);
-  entry *gone = *e;
+  distd_tensor **e = find(s, name), *gone = *e;
   if (gone) {
-    *e = gone->next;
+    *e = gone->store_next;
     s->count--;
   }
   pthread_mutex_unlock(&s->mu);
   if (!gone) return dist_fail(eb, DIST_ENOTFOUND, "tensor '%s' not found", name);
-  distd_tensor_unref(gone->t);
-  free(gone);
+  distd_tensor_unref(gone);
   return 0;
 }
 
@@ -255,12 +252,13 @@ int distd_store_list(distd_store *s, distd_tensor ***out, int *count) {
   pthread_mutex_lock(&s->mu);
   distd_tensor **all = calloc((size_t)s->count + 1, sizeof *all);
   int n = 0;
-  for (int b = 0; b < BUCKETS; b++)
-    for (entry *e = s->buckets[b]; e; e = e->next) {
-      distd_tensor_ref(e->t);
-      all[n++] = e->t;
+  for (int b = 0; all && b < BUCKETS; b++)
+    for (distd_tensor *t = s->buckets[b]; t; t = t->store_next) {
+      distd_tensor_ref(t);
+      all[n++] = t;
     }
   pthread_mutex_unlock(&s->mu);
+  if (!all) return DIST_ENOMEM;
   qsort(all, (size_t)n, sizeof *all, by_name);
   *out = all;
   *count = n;

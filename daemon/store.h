@@ -30,6 +30,11 @@ typedef struct distd_tensor {
   uint64_t version;
   int refs;               /* atomic */
   struct distd_store *owner; /* memory is returned to it on the last unref */
+  /* The next tensor of its store bucket, under the store's lock: a tensor
+   * is held once, by name, so the store links tensors themselves and
+   * storing one allocates nothing, and cannot fail for want of memory
+   * after the daemons voted to apply it (distd_store_put_versioned). */
+  struct distd_tensor *store_next;
 } distd_tensor;
 
 typedef struct distd_store distd_store;
