@@ -68,9 +68,11 @@ static int exchange_shapes(distd_server *s, const distd_attr *a, uint64_t op_id,
   if (verdict) distd_reason_pack(&mine[1], XWORDS - 1, why);
   int64_t *all = calloc((size_t)n * XWORDS, sizeof *all);
   size_t *counts = calloc((size_t)n, sizeof *counts);
-  for (int i = 0; i < n; i++) counts[i] = XWORDS;
+  int rc = all && counts ? 0 : distd_abort_no_memory(s->peers, op_id, a->mesh.ranks, n,
+                                                        "the shape exchange", eb);
+  for (int i = 0; rc == 0 && i < n; i++) counts[i] = XWORDS;
   distd_coll c;
-  int rc = distd_coll_init(&c, s->peers, op_id, a->mesh.ranks, n, deadline, eb);
+  if (rc == 0) rc = distd_coll_init(&c, s->peers, op_id, a->mesh.ranks, n, deadline, eb);
   if (rc == 0) rc = distd_allgather(&c, mine, all, counts, DIST_INT64, eb);
   for (int i = 0; rc == 0 && i < n; i++)
     if (all[i * XWORDS] != 0 && a->mesh.ranks[i] != s->rank)
@@ -149,6 +151,10 @@ int distd_value_global(distd_server *s, int64_t deadline_ms, const distd_attr *a
                            verdict ? dist_errbuf_msg(eb) : NULL, v ? &v->shape : NULL, global,
                            verdict ? &peer_eb : eb);
   return verdict ? verdict : rc;
+}
+
+int distd_reply_no_memory(const char *what, dist_errbuf *eb) {
+  return dist_fail(eb, DIST_ENOMEM, "%s applied, but out of memory for its reply", what);
 }
 
 Dist__V1__TensorMeta **distd_staged_describe(distd_server *s, const distd_staged *b,

@@ -43,6 +43,10 @@ int distd_value_tensor(distd_server *s, const char *name, const distd_tval *v,
                        const dist_shape *global, const distd_attr *a, int replace,
                        distd_staged *b, size_t k, dist_errbuf *eb);
 
+/* The failure of a reply to a `what` that every daemon applied (its
+ * outputs stored) but that this one could not describe for want of
+ * memory: DIST_ENOMEM, saying so. */
+int distd_reply_no_memory(const char *what, dist_errbuf *eb);
 /* Descriptions of b's tensors for a reply, an empty one where b has none;
  * *w holds them: free(*w) and the array returned once the reply is packed.
  * NULL when out of memory. */

@@ -77,14 +77,19 @@ int distd_bind_args(distd_server *s, const Dist__V1__Program *pb,
   return 0;
 }
 
-void distd_values_init(distd_value_set *vs, size_t n) {
+int distd_values_init(distd_value_set *vs, size_t n) {
   vs->n = n;
   vs->v = calloc(n + 1, sizeof *vs->v);
   vs->ptrs = calloc(n + 1, sizeof *vs->ptrs);
   vs->shapes = calloc(n + 1, sizeof *vs->shapes);
+  if (vs->v && vs->ptrs && vs->shapes) return 0;
+  distd_values_free(vs);
+  vs->v = NULL, vs->ptrs = NULL, vs->shapes = NULL, vs->n = 0;
+  return -1;
 }
 
 void distd_values_set(distd_value_set *vs, size_t i, const distd_tval *t) {
+  if (!vs->v) return; /* distd_values_init failed */
   Dist__V1__ProgramValue *v = &vs->v[i];
   dist__v1__program_value__init(v);
   vs->ptrs[i] = v;

@@ -30,7 +30,8 @@ typedef struct distd_value_set {
   uint64_t (*shapes)[DIST_MAX_DIMS];
 } distd_value_set;
 
-void distd_values_init(distd_value_set *vs, size_t n);
+/* 0, or -1 without memory (then the set is empty, and free to free). */
+int distd_values_init(distd_value_set *vs, size_t n);
 /* Entry i describes t (borrowed until the reply is packed); NULL: empty. */
 void distd_values_set(distd_value_set *vs, size_t i, const distd_tval *t);
 void distd_values_free(distd_value_set *vs);

@@ -23,6 +23,7 @@ static int pick_tensors(distd_server *s, const Dist__V1__CheckpointSaveRequest *
   if (rq->n_tensors == 0) return distd_store_list(s->store, out, n);
   *out = calloc(rq->n_tensors + 1, sizeof **out);
   *n = 0;
+  if (!*out) return DIST_ENOMEM;
   for (size_t i = 0; i < rq->n_tensors; i++)
     if (distd_store_get(s->store, rq->tensors[i], &(*out)[*n], NULL) == 0) (*n)++;
   return 0;
@@ -125,12 +126,13 @@ DISTD_HANDLER(checkpoint_save) {
   note_committed_from_before(s, rq->dir);
   distd_tensor **t = NULL;
   int n = 0;
-  pick_tensors(s, rq, &t, &n);
-  distd_param_snapshot *snap = calloc((size_t)n + 1, sizeof *snap);
+  int rc = pick_tensors(s, rq, &t, &n);
+  distd_param_snapshot *snap = rc == 0 ? calloc((size_t)n + 1, sizeof *snap) : NULL;
   distd_ckpt_contents cc = {0};
   char file[256], sha[80];
   uint64_t bytes = 0;
-  int rc = snapshot_params(s, t, n, snap, eb);
+  if (!snap) rc = dist_fail(eb, DIST_ENOMEM, "out of memory listing the tensors to save");
+  if (rc == 0) rc = snapshot_params(s, t, n, snap, eb);
   if (rc == 0) rc = distd_ckpt_contents_build(t, snap, n, &cc, eb);
   if (rc == 0) {
     const char *extra[] = {DISTD_CKPT_OPTIM_KEY, cc.optim_json};
@@ -144,7 +146,7 @@ DISTD_HANDLER(checkpoint_save) {
   else distd_ckpt_saves_settle(s->ckpt_saves, rq->checkpoint_id);
   distd_ckpt_contents_free(&cc);
   for (int i = 0; i < n; i++) {
-    distd_param_snapshot_free(&snap[i]);
+    if (snap) distd_param_snapshot_free(&snap[i]);
     distd_tensor_unref(t[i]);
   }
   free(snap);

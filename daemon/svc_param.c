@@ -17,12 +17,11 @@
 
 static void reply_meta(distd_server *s, const distd_tensor *t,
                        grpc_byte_buffer **reply) {
-  dist_wire_meta *w = calloc(1, sizeof *w);
+  dist_wire_meta wm = {0}, *w = &wm; /* on the stack: a reply cannot fail */
   distd_meta_describe(t, s->rank, w);
   Dist__V1__ParamConfigureReply rp = DIST__V1__PARAM_CONFIGURE_REPLY__INIT;
   rp.meta = &w->meta;
   *reply = dist_pb_to_bb(&rp.base);
-  free(w);
 }
 
 /* The mesh a request names for its vote (sent by a single client to the
@@ -236,7 +235,7 @@ DISTD_HANDLER(param_pull) {
   if (distd_param_pull(s->params, s->store, rq->name, rq->min_version,
                        ci->deadline_ms, &t, &step, eb) != 0)
     return eb->code;
-  dist_wire_meta *w = calloc(1, sizeof *w);
+  dist_wire_meta wm = {0}, *w = &wm; /* on the stack: a reply cannot fail */
   distd_meta_describe(t, s->rank, w);
   Dist__V1__ParamPullReply rp = DIST__V1__PARAM_PULL_REPLY__INIT;
   rp.meta = &w->meta;
@@ -244,7 +243,6 @@ DISTD_HANDLER(param_pull) {
   rp.data.len = t->nbytes;
   rp.step = step;
   *reply = dist_pb_to_bb(&rp.base);
-  free(w);
   distd_tensor_unref(t);
   return 0;
 }

@@ -129,13 +129,13 @@ static int check_out_names(const Dist__V1__Program *pb,
 
 /* ---------------------------------------------------------------- replies */
 
-static void reply_invoke(distd_server *s, const Dist__V1__ProgramInvokeRequest *rq,
-                         distd_invocation *inv, distd_staged *o,
-                         grpc_byte_buffer **reply) {
+static int reply_invoke(distd_server *s, const Dist__V1__ProgramInvokeRequest *rq,
+                        distd_invocation *inv, distd_staged *o,
+                        grpc_byte_buffer **reply, dist_errbuf *eb) {
   Dist__V1__ProgramInvokeReply rp = DIST__V1__PROGRAM_INVOKE_REPLY__INIT;
   distd_value_set vs;
   dist_wire_meta *w = NULL;
-  distd_values_init(&vs, rq->return_values ? o->n : 0);
+  int values = distd_values_init(&vs, rq->return_values ? o->n : 0);
   for (size_t k = 0; rq->return_values && k < o->n; k++)
     distd_values_set(&vs, k, distd_invocation_output(inv, k));
   rp.outputs = distd_staged_describe(s, o, &w);
@@ -143,10 +143,12 @@ static void reply_invoke(distd_server *s, const Dist__V1__ProgramInvokeRequest *
   rp.n_values = vs.n;
   rp.values = vs.ptrs;
   rp.invocation_id = rq->op_id;
-  *reply = dist_pb_to_bb(&rp.base);
+  int rc = values == 0 && rp.outputs ? 0 : distd_reply_no_memory("invocation", eb);
+  if (rc == 0) *reply = dist_pb_to_bb(&rp.base);
   distd_values_free(&vs);
   free(rp.outputs);
   free(w);
+  return rc;
 }
 
 /* ---------------------------------------------------------------- Invoke */
@@ -243,7 +245,7 @@ static int invoke(distd_server *s, const distd_call_info *ci, distd_program *p,
                              0, eb);
   if (rc == 0) {
     distd_staged_store(s->store, o);
-    reply_invoke(s, rq, inv, o, reply); /* packed: independent of inv */
+    rc = reply_invoke(s, rq, inv, o, reply, eb); /* packed: independent of inv */
   }
   if (rc == 0 && reserved) {
     distd_registry_fill(s->programs, rq->op_id, inv, origins);

@@ -85,14 +85,14 @@ static int make_grads(distd_server *s, const distd_kept_invocation *k,
   return 0;
 }
 
-static void reply_backward(distd_server *s, const distd_kept_invocation *k,
-                           const Dist__V1__ProgramBackwardRequest *rq,
-                           distd_staged *o, grpc_byte_buffer **reply) {
+static int reply_backward(distd_server *s, const distd_kept_invocation *k,
+                          const Dist__V1__ProgramBackwardRequest *rq,
+                          distd_staged *o, grpc_byte_buffer **reply, dist_errbuf *eb) {
   Dist__V1__ProgramBackwardReply rp = DIST__V1__PROGRAM_BACKWARD_REPLY__INIT;
   distd_value_set vs;
   dist_wire_meta *w = NULL;
   protobuf_c_boolean *has = calloc(o->n + 1, sizeof *has);
-  distd_values_init(&vs, rq->return_values ? o->n : 0);
+  int values = distd_values_init(&vs, rq->return_values ? o->n : 0);
   for (size_t i = 0; has && i < o->n; i++) {
     const distd_tval *g = distd_invocation_input_grad(k->inv, i);
     has[i] = g != NULL;
@@ -103,11 +103,13 @@ static void reply_backward(distd_server *s, const distd_kept_invocation *k,
   rp.has_grad = has;
   rp.n_values = vs.n;
   rp.values = vs.ptrs;
-  *reply = dist_pb_to_bb(&rp.base);
+  int rc = values == 0 && rp.grads && has ? 0 : distd_reply_no_memory("backward", eb);
+  if (rc == 0) *reply = dist_pb_to_bb(&rp.base);
   distd_values_free(&vs);
   free(rp.grads);
   free(w);
   free(has);
+  return rc;
 }
 
 /* Whether the request stores any gradient: only then do the daemons vote
@@ -172,7 +174,7 @@ DISTD_HANDLER(program_backward) {
     rc = distd_vote_staged(s, ranks, n, op, ci->deadline_ms, "backward", rc, &o, 0, eb);
   if (rc == 0) {
     distd_staged_store(s->store, &o);
-    reply_backward(s, k, rq, &o, reply);
+    rc = reply_backward(s, k, rq, &o, reply, eb);
   }
   if (held == 0) distd_holds_release_batch(s->holds, batch);
   free(names);

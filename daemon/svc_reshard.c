@@ -140,14 +140,13 @@ static int decide(distd_server *s, const distd_call_info *ci, job *j, int verdic
 }
 
 static void reply_with(distd_server *s, const distd_tensor *out, grpc_byte_buffer **reply) {
-  dist_wire_meta *w = calloc(1, sizeof *w);
+  dist_wire_meta wm = {0}, *w = &wm; /* on the stack: a reply cannot fail */
   Dist__V1__ReshardReply rp = DIST__V1__RESHARD_REPLY__INIT;
   if (out) {
     distd_meta_describe(out, s->rank, w);
     rp.meta = &w->meta;
   }
   *reply = dist_pb_to_bb(&rp.base);
-  free(w);
 }
 
 /* A reshard whose request this daemon cannot parse: a single client sends

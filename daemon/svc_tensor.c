@@ -123,10 +123,11 @@ static int exchange_local_shapes(distd_server *s, uint64_t op_id,
   int64_t mine[EXCHANGE_WORDS];
   int64_t *all = calloc((size_t)n * EXCHANGE_WORDS, sizeof *all);
   size_t *counts = calloc((size_t)n, sizeof *counts);
-  for (int i = 0; i < n; i++) counts[i] = EXCHANGE_WORDS;
+  int rc = all && counts ? 0 : distd_abort_no_memory(s->peers, op_id, m->mesh.ranks, n, "the shape exchange", eb);
+  for (int i = 0; rc == 0 && i < n; i++) counts[i] = EXCHANGE_WORDS;
   pack_exchange(mine, verdict, why, m);
   distd_coll c;
-  int rc = distd_coll_init(&c, s->peers, op_id, m->mesh.ranks, n, deadline, eb);
+  if (rc == 0) rc = distd_coll_init(&c, s->peers, op_id, m->mesh.ranks, n, deadline, eb);
   if (rc == 0) rc = distd_allgather(&c, mine, all, counts, DIST_INT64, eb);
   if (rc != 0) goto out;
   for (int i = 0; i < n; i++)
@@ -172,12 +173,11 @@ static int local_verdict(distd_server *s, const Dist__V1__TensorPutRequest *rq,
 
 static int reply_meta(distd_server *s, const distd_tensor *t,
                       grpc_byte_buffer **reply) {
-  dist_wire_meta *w = calloc(1, sizeof *w);
+  dist_wire_meta wm = {0}, *w = &wm; /* on the stack: a reply cannot fail */
   distd_meta_describe(t, s->rank, w);
   Dist__V1__TensorPutReply rp = DIST__V1__TENSOR_PUT_REPLY__INIT;
   rp.meta = &w->meta;
   *reply = dist_pb_to_bb(&rp.base);
-  free(w);
   return 0;
 }
 
@@ -303,7 +303,7 @@ DISTD_HANDLER(tensor_get) {
     }
     value = full;
   }
-  dist_wire_meta *w = calloc(1, sizeof *w);
+  dist_wire_meta wm = {0}, *w = &wm; /* on the stack: a reply cannot fail */
   distd_meta_describe(t, s->rank, w);
   Dist__V1__TensorGetReply rp = DIST__V1__TENSOR_GET_REPLY__INIT;
   rp.meta = &w->meta;
@@ -314,32 +314,33 @@ DISTD_HANDLER(tensor_get) {
   rp.n_shape = (size_t)value->local.ndim;
   rp.shape = shape;
   *reply = dist_pb_to_bb(&rp.base);
-  free(w);
   distd_tensor_unref(full);
   distd_tensor_unref(t);
   return 0;
 }
 
 DISTD_HANDLER(tensor_list) {
-  (void)ci, (void)req, (void)eb;
+  (void)ci, (void)req;
   distd_tensor **all = NULL;
   int n = 0;
-  distd_store_list(s->store, &all, &n);
+  if (distd_store_list(s->store, &all, &n) != 0)
+    return dist_fail(eb, DIST_ENOMEM, "out of memory listing the tensors");
   dist_wire_meta *w = calloc((size_t)n + 1, sizeof *w);
   Dist__V1__TensorMeta **metas = calloc((size_t)n + 1, sizeof *metas);
-  for (int i = 0; i < n; i++) {
+  for (int i = 0; w && metas && i < n; i++) {
     distd_meta_describe(all[i], s->rank, &w[i]);
     metas[i] = &w[i].meta;
   }
   Dist__V1__TensorListReply rp = DIST__V1__TENSOR_LIST_REPLY__INIT;
   rp.n_tensors = (size_t)n;
   rp.tensors = metas;
-  *reply = dist_pb_to_bb(&rp.base);
+  if (w && metas) *reply = dist_pb_to_bb(&rp.base);
   for (int i = 0; i < n; i++) distd_tensor_unref(all[i]);
   free(all);
+  int rc = w && metas ? 0 : dist_fail(eb, DIST_ENOMEM, "out of memory describing %d tensors", n);
   free(metas);
   free(w);
-  return 0;
+  return rc;
 }
 
 DISTD_HANDLER(tensor_show) {
