@@ -26,11 +26,12 @@ grpc_byte_buffer *dist_pb_to_bb(const ProtobufCMessage *msg);
  * else 0. Free with protobuf_c_message_free_unpacked(m, NULL). */
 ProtobufCMessage *dist_bb_to_pb(grpc_byte_buffer *bb, const ProtobufCMessageDescriptor *desc,
                                 int *no_memory);
-/* The value of bb's top-level varint field `field` (the last occurrence,
- * as protobuf reads it) in *value: 1 when found, 0 when absent or not
- * read. Read off the slices, allocating nothing: a request that could not
- * be unpacked for want of memory still names its op id. */
-int dist_bb_find_varint(grpc_byte_buffer *bb, uint32_t field, uint64_t *value);
+/* How many times bb's top-level field `field` occurs (0 when bb cannot be
+ * read), and, when it is a varint, its last value (as protobuf reads it)
+ * in *value. Read off the slices, allocating nothing: a request that
+ * could not be unpacked for want of memory still names its op id and its
+ * outputs. */
+size_t dist_bb_scan_field(grpc_byte_buffer *bb, uint32_t field, uint64_t *value);
 /* dist_bb_to_pb taking out bytes fields of split_min bytes and more (it
  * uses 64 KiB): lets tests and the fuzzer reach the walk with small
  * messages. */

@@ -196,10 +196,10 @@ static ProtobufCMessage *unpack_split(grpc_byte_buffer *bb, const ProtobufCMessa
   return m;
 }
 
-int dist_bb_find_varint(grpc_byte_buffer *bb, uint32_t field, uint64_t *value) {
+size_t dist_bb_scan_field(grpc_byte_buffer *bb, uint32_t field, uint64_t *value) {
   cursor c;
   if (!bb || !cursor_open(&c, bb)) return 0;
-  int found = 0;
+  size_t found = 0;
   while (c.left > 0) {
     uint8_t raw[20];
     size_t n = 0;
@@ -207,9 +207,10 @@ int dist_bb_find_varint(grpc_byte_buffer *bb, uint32_t field, uint64_t *value) {
     if (!varint(&c, &tag, raw, &n)) break;
     int wire = (int)(tag & 7), ok = 1;
     n = 0;
+    found += tag >> 3 == field;
     if (wire == 0) {
       ok = varint(&c, &v, raw, &n);
-      if (ok && tag >> 3 == field) *value = v, found = 1;
+      if (ok && tag >> 3 == field) *value = v;
     } else if (wire == 2) {
       ok = varint(&c, &len, raw, &n) && take(&c, NULL, (size_t)len);
     } else if (wire == 1 || wire == 5) {

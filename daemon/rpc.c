@@ -14,6 +14,7 @@
 #include "auth.h"
 #include "hash.h"
 #include "log.h"
+#include "dist/types.h"
 #include "metrics.h"
 #include "op_refuse.h"
 #include "pbuf.h"
@@ -357,15 +358,25 @@ static int check_tensor_bytes(distd_rpc *r, const distd_method *m,
 /* A request this daemon could not unpack for want of memory: its part
  * will not run, and the op's other daemons would wait for it until their
  * deadline. Its op id, read off the raw request, is refused on every
- * daemon (the op's group is in the part not read). */
+ * daemon (the op's group is in the part not read), with the ids after it
+ * that a LocalLayer call's outputs take, one per out_names entry, as a
+ * refused call's are (svc_program.c). */
 static void refuse_unread(call_ctx *c, const distd_method *m, const dist_errbuf *eb) {
   const ProtobufCFieldDescriptor *f =
       protobuf_c_message_descriptor_get_field_by_name(m->request, "op_id");
-  uint64_t op_id = 0;
+  const ProtobufCFieldDescriptor *outs =
+      protobuf_c_message_descriptor_get_field_by_name(m->request, "out_names");
+  uint64_t op_id = 0, unused;
   if (!f || f->type != PROTOBUF_C_TYPE_UINT64 || f->label == PROTOBUF_C_LABEL_REPEATED ||
-      !dist_bb_find_varint(c->request, f->id, &op_id) || op_id == 0)
+      !dist_bb_scan_field(c->request, f->id, &op_id) || op_id == 0)
     return;
-  distd_refuse_group(c->rpc->srv, op_id, NULL, 0, eb);
+  size_t more = outs ? dist_bb_scan_field(c->request, outs->id, &unused) : 0;
+  distd_server *s = c->rpc->srv;
+  int world[DIST_MAX_MESH_RANKS], n = s->world_size < DIST_MAX_MESH_RANKS ? s->world_size
+                                                                          : DIST_MAX_MESH_RANKS;
+  for (int r = 0; r < n; r++) world[r] = r;
+  distd_refuse_op(s, op_id, (uint32_t)(more < DIST_MAX_MESH_RANKS ? more : DIST_MAX_MESH_RANKS),
+                  world, n, "its daemon", dist_errbuf_msg(eb));
 }
 
 static void run_handler(call_ctx *c, const distd_method *m,
