@@ -52,6 +52,8 @@ static grpc_byte_buffer *save_reply(distd_server *s, distd_tensor **t,
   Dist__V1__TensorMeta **metas = calloc((size_t)n + 1, sizeof *metas);
   char **params = calloc((size_t)n + 1, sizeof *params);
   Dist__V1__CheckpointSaveReply rp = DIST__V1__CHECKPOINT_SAVE_REPLY__INIT;
+  grpc_byte_buffer *out = NULL;
+  if (!w || !metas || !params) goto out;
   for (int i = 0; i < n; i++) {
     distd_meta_describe(t[i], s->rank, &w[i]);
     metas[i] = &w[i].meta;
@@ -63,7 +65,8 @@ static grpc_byte_buffer *save_reply(distd_server *s, distd_tensor **t,
   rp.n_tensors = (size_t)n;
   rp.tensors = metas;
   rp.parameters = params;
-  grpc_byte_buffer *out = dist_pb_to_bb(&rp.base);
+  out = dist_pb_to_bb(&rp.base);
+out:
   free(params);
   free(metas);
   free(w);
@@ -142,8 +145,9 @@ DISTD_HANDLER(checkpoint_save) {
   }
   if (rc == 0) rc = drop_if_late(s, ci, rq, eb);
   if (rc == 0) rc = distd_ckpt_saves_mark(s->ckpt_saves, rq->checkpoint_id, s->rank, eb);
-  if (rc == 0) *reply = save_reply(s, t, snap, n, file, sha, bytes);
-  else distd_ckpt_saves_settle(s->ckpt_saves, rq->checkpoint_id);
+  if (rc == 0 && !(*reply = save_reply(s, t, snap, n, file, sha, bytes)))
+    rc = dist_fail(eb, DIST_ENOMEM, "checkpoint file written, but out of memory for its reply");
+  if (rc != 0) distd_ckpt_saves_settle(s->ckpt_saves, rq->checkpoint_id);
   distd_ckpt_contents_free(&cc);
   for (int i = 0; i < n; i++) {
     if (snap) distd_param_snapshot_free(&snap[i]);

@@ -242,6 +242,8 @@ DISTD_HANDLER(checkpoint_read) {
   Dist__V1__CheckpointPiece *pieces = calloc(n + 1, sizeof *pieces);
   Dist__V1__CheckpointPiece **ptrs = calloc(n + 1, sizeof *ptrs);
   uint64_t(*shapes)[DIST_MAX_DIMS] = calloc(n + 1, sizeof *shapes);
+  if (rc == 0 && (!pieces || !ptrs || !shapes))
+    rc = dist_fail(eb, DIST_ENOMEM, "out of memory reading %zu tensors of %s", n, rq->file);
   for (size_t i = 0; i < n && rc == 0; i++) {
     const dist_st_entry *e = dist_st_find(f, rq->tensors[i]);
     if (!e) {

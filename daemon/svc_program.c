@@ -161,6 +161,7 @@ static int run_local(distd_server *s, distd_program *p,
   const Dist__V1__Program *pb = distd_program_message(p);
   size_t n = pb->n_inputs;
   distd_tval **vals = calloc(n + 1, sizeof *vals);
+  if (!vals) return dist_fail(eb, DIST_ENOMEM, "out of memory binding %zu arguments", n);
   int rc = check_out_names(pb, rq, eb);
   if (rc == 0) rc = distd_bind_args(s, pb, rq->args, rq->n_args, vals, origins, eb);
   if (rc == 0) {
