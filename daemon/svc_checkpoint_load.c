@@ -149,7 +149,7 @@ static void apply(distd_server *s, load_job *j) {
 
 static void load_job_free(distd_server *s, load_job *j) {
   if (j->held) distd_holds_release_batch(s->holds, j->batch);
-  for (size_t i = 0; j->t && i < j->rq->n_tensors; i++) {
+  for (size_t i = 0; j->t && j->params && i < j->rq->n_tensors; i++) { /* else none built */
     distd_param_entry_free(j->params[i]);
     distd_tensor_unref(j->t[i]);
   }
