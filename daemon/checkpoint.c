@@ -247,17 +247,22 @@ int distd_ckpt_manifest_files(const char *dir, char ***files, size_t *n) {
   *files = NULL;
   *n = 0;
   char *text = NULL;
-  if (distd_ckpt_read_manifest(dir, &text, NULL) != 0) return 0;
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  if (distd_ckpt_read_manifest(dir, &text, &eb) != 0) return eb.code == DIST_ENOMEM ? -1 : 0;
   json_t *doc = json_loads(text, 0, NULL), *list = json_object_get(doc, "files");
   size_t count = json_array_size(list);
-  *files = calloc(count + 1, sizeof **files);
-  for (size_t i = 0; *files && i < count; i++) {
+  int lost = !(*files = calloc(count + 1, sizeof **files));
+  for (size_t i = 0; !lost && i < count; i++) {
     const char *f = json_string_value(json_object_get(json_array_get(list, i), "file"));
-    if (f && ((*files)[*n] = strdup(f))) (*n)++;
+    if (f && !((*files)[*n] = strdup(f))) lost = 1;
+    else if (f) (*n)++;
   }
   json_decref(doc);
   free(text);
-  return (int)*n;
+  if (!lost) return (int)*n;
+  distd_ckpt_files_free(*files, *n);
+  *files = NULL, *n = 0;
+  return -1;
 }
 
 void distd_ckpt_files_free(char **files, size_t n) {

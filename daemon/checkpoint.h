@@ -47,7 +47,9 @@ int distd_ckpt_parse_file(const char *name, int *rank, char *id, size_t id_len);
 
 /* The files DIR/manifest.json names, in a malloc'd array of malloc'd
  * names (free with distd_ckpt_files_free); none when the manifest is
- * missing, unreadable or not JSON. Returns how many. */
+ * missing, unreadable or not JSON. Returns how many, or -1 when memory
+ * ran out reading it (then the list, freed, is not the manifest's: a
+ * caller must not remove files by it). */
 int distd_ckpt_manifest_files(const char *dir, char ***files, size_t *n);
 void distd_ckpt_files_free(char **files, size_t n); /* NULL is a no-op */
 

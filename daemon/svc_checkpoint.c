@@ -184,7 +184,9 @@ static int commit_locked(distd_server *s, const Dist__V1__CheckpointCommitReques
     return eb->code;
   char **in_place = NULL;
   size_t nin_place = 0;
-  distd_ckpt_manifest_files(rq->dir, &in_place, &nin_place);
+  if (distd_ckpt_manifest_files(rq->dir, &in_place, &nin_place) < 0)
+    return dist_fail(eb, DIST_ENOMEM, "out of memory reading the manifest in place: no stale "
+                     "file removed");
   distd_ckpt_stale_rule rule = {s->rank, s->world_size, rq->keep_files, rq->n_keep_files,
                                 in_place, nin_place, distd_ckpt_saves_in_progress,
                                 distd_ckpt_saves_keeps,
