@@ -360,10 +360,12 @@ static int check_tensor_bytes(distd_rpc *r, const distd_method *m,
  * deadline. Its op id, read off the raw request, is refused on every
  * daemon (the op's group is in the part not read), with the ids after it
  * that a LocalLayer call's outputs take, one per out_names entry, as a
- * refused call's are (svc_program.c). */
+ * refused call's are (svc_program.c). A LocalLayer backward's op is its
+ * invocation's id (its vote is one of that id's steps). */
 static void refuse_unread(call_ctx *c, const distd_method *m, const dist_errbuf *eb) {
   const ProtobufCFieldDescriptor *f =
       protobuf_c_message_descriptor_get_field_by_name(m->request, "op_id");
+  if (!f) f = protobuf_c_message_descriptor_get_field_by_name(m->request, "invocation_id");
   const ProtobufCFieldDescriptor *outs =
       protobuf_c_message_descriptor_get_field_by_name(m->request, "out_names");
   uint64_t op_id = 0, unused;
