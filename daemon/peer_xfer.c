@@ -32,9 +32,12 @@ void distd_xfer_one_done(distd_xfer *x) {
     distd_xfer_moved(x); /* only an unfinished xfer's silence is counted */
 }
 
-/* x failed: its op's frames are dropped here from now on (remembered), so
- * the op's other transfers (a MoE exchange's rows after its counts) could
- * only wait for theirs until their deadline. They fail with x. */
+/* x failed here for want of memory while its part was being posted: its
+ * op's frames are dropped here from now on (remembered), so the op's other
+ * transfers (a MoE exchange's counts, waited on before the rows) could
+ * only wait for theirs until their deadline. They fail with x. (A failure
+ * the data brings, a length mismatch, leaves them be: a peer's counts may
+ * still say why in better words.) */
 static void fail_siblings(distd_xfer *x) {
   for (dlist *pos = x->p->xfers.next; pos != &x->p->xfers; pos = pos->next) {
     distd_xfer *y = dlist_entry(pos, distd_xfer, link);
@@ -54,7 +57,6 @@ void distd_xfer_fail(distd_xfer *x, int code, const char *fmt, ...) {
   if (x->p) {
     distd_remember_op(x->p, x->op_id, -1, code, x->err.msg);
     distd_drop_unexpected_of(x->p, x->op_id);
-    fail_siblings(x);
   }
   wake(x);
 }
@@ -65,6 +67,7 @@ void distd_xfer_fail(distd_xfer *x, int code, const char *fmt, ...) {
 static void out_of_memory(distd_xfer *x, const char *doing) {
   distd_xfer_fail(x, DIST_ENOMEM, "op %llu: out of memory %s", (unsigned long long)x->op_id,
                   doing);
+  if (x->p) fail_siblings(x);
 }
 
 static void name_signature(const distd_xfer *x, uint64_t signature, char *out, size_t n) {
