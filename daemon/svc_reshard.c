@@ -123,8 +123,7 @@ static int check_versions(const job *j, dist_errbuf *eb) {
  * for it in an exchange. */
 static int decide(distd_server *s, const distd_call_info *ci, job *j, int verdict,
                   dist_errbuf *eb) {
-  int *ranks = malloc(sizeof *ranks * (size_t)(j->src_mesh.nranks + j->dst_mesh.nranks));
-  if (!ranks) return verdict ? verdict : dist_fail(eb, DIST_ENOMEM, "out of memory");
+  int ranks[2 * DIST_MAX_MESH_RANKS]; /* both meshes: no allocation, so always told */
   int n = distd_reshard_ranks(&j->src_mesh, &j->dst_mesh, ranks), ndim = j->src_mesh.ndim;
   uint64_t op = j->rq->op_id;
   if (verdict && n > 1) {
@@ -135,7 +134,6 @@ static int decide(distd_server *s, const distd_call_info *ci, job *j, int verdic
   int rc = n > 1 ? distd_vote(s, ranks, n, op, ci->deadline_ms, "reshard", verdict, &j->versions,
                               eb)
                  : verdict;
-  free(ranks);
   return rc ? rc : check_versions(j, eb);
 }
 
