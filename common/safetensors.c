@@ -69,6 +69,8 @@ static int parse_metadata(json_t *meta, dist_st_file *f, dist_errbuf *eb) {
                        "string", k);
     f->meta_keys[f->nmeta] = strdup(k);
     f->meta_values[f->nmeta++] = strdup(json_string_value(v));
+    if (!f->meta_keys[f->nmeta - 1] || !f->meta_values[f->nmeta - 1]) /* freed with f */
+      return dist_fail(eb, DIST_ENOMEM, "safetensors: out of memory");
   }
   return 0;
 }
