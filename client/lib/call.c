@@ -109,6 +109,7 @@ static void finish(dist_client *c, dist_call *dc, call_state *st,
     }
   } else {
     int no_memory = 0;
+    dc->applied = 1;
     dc->reply = dist_bb_to_pb(st->recv, reply_desc, &no_memory);
     if (!dc->reply && no_memory)
       dist_fail(&dc->err, DIST_ENOMEM, "out of memory for the reply from %s",
@@ -164,7 +165,7 @@ static void call_batch(dist_client *c, const char *method,
   call_state *st = calloc((size_t)n + 1, sizeof *st);
   if (!st) {
     for (int i = 0; i < n; i++) {
-      calls[i].reply = NULL;
+      calls[i].reply = NULL, calls[i].applied = 0;
       dist_fail(&calls[i].err, DIST_ENOMEM, "out of memory starting %d call(s) of %s", n,
                 method);
     }
@@ -176,6 +177,7 @@ static void call_batch(dist_client *c, const char *method,
   int started = 0;
   for (int i = 0; i < n; i++) {
     calls[i].reply = NULL;
+    calls[i].applied = 0;
     calls[i].err = (dist_errbuf)DIST_ERRBUF_INIT;
     if (start(c, cq, method, &calls[i], &st[i], deadline) == 0) {
       started++;

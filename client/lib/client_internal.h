@@ -61,12 +61,15 @@ struct dist_tensor {
 
 /* One request of a fan-out: sent to daemon `target`; on return reply is the
  * unpacked reply (free with protobuf_c_message_free_unpacked) or NULL, and
- * err says why. */
+ * err says why. applied is 1 when the daemon answered success, also when
+ * its reply could not be unpacked here: what the call stores is then in
+ * the daemon, and an undo must not go by reply alone. */
 typedef struct dist_call {
   int target;
   const ProtobufCMessage *request;
   ProtobufCMessage *reply;
   dist_errbuf err;
+  int applied;
 } dist_call;
 
 /* Sends every call concurrently and waits for all of them, within the
@@ -121,6 +124,9 @@ int dist_call_all(dist_client *c, const char *method, const ProtobufCMessageDesc
 int dist_param_push_batch(dist_client *c, uint64_t op_id, int n,
                           const dist_tensor *const *params, const char *const *grads,
                           int trainer);
+/* Deletes name on the daemons ranks[0..n), best effort: what a failed
+ * call stored there, undone; c's error stays the failure's. */
+void dist_delete_on(dist_client *c, const char *name, const int *ranks, int n);
 /* dist_calls_free, then the array (NULL is a no-op). */
 void dist_calls_release(dist_call *calls, int n);
 /* One call to one daemon, within timeout_ms, that leaves c->err as it

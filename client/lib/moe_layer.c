@@ -121,6 +121,25 @@ static void fill_weights(const dist_moe_layer *l, const dist_expert_weights *w,
   }
 }
 
+/* After a failed create, deletes the experts (and their gradients) that
+ * the daemons answering success made: the caller gets no layer to name
+ * them by. Not after a create that replaced: those names were the
+ * caller's before. */
+static void undo_create(dist_client *c, const dist_moe_layer *l, const dist_call *calls) {
+  static const char *const which[4] = {"w1", "b1", "w2", "b2"};
+  char name[256], grad[300];
+  for (int k = 0; k < l->n; k++) {
+    if (!calls[k].applied) continue;
+    for (int e = l->pos[k] * l->E; e < (l->pos[k] + 1) * l->E; e++)
+      for (int w = 0; w < 4; w++) {
+        if (dist_moe_layer_param_name(l, e, which[w], name, sizeof name) != 0) continue;
+        snprintf(grad, sizeof grad, "%s.grad", name);
+        dist_delete_on(c, name, &calls[k].target, 1);
+        dist_delete_on(c, grad, &calls[k].target, 1);
+      }
+  }
+}
+
 /* One create request per driven position, under op_id; weights (may be
  * NULL) has n*E entries. */
 static int create_experts(dist_client *c, dist_moe_layer *l,
@@ -158,10 +177,11 @@ static int create_experts(dist_client *c, dist_moe_layer *l,
       wp[i] = &w[i];
     }
     if (o->weights) rq[k].n_weights = (size_t)l->E, rq[k].weights = &wp[k * l->E];
-    calls[k] = (dist_call){l->group[l->pos[k]], &rq[k].base, NULL, DIST_ERRBUF_INIT};
+    calls[k] = (dist_call){l->group[l->pos[k]], &rq[k].base, NULL, DIST_ERRBUF_INIT, 0};
   }
   rc = dist_call_many(c, "/dist.v1.Moe/ExpertLayerCreate",
                       &dist__v1__expert_layer_create_reply__descriptor, calls, l->n);
+  if (rc != 0 && !o->replace) undo_create(c, l, calls);
   dist_calls_free(calls, l->n);
 out:
   free(calls), free(wp), free(w), free(rq);
@@ -326,7 +346,7 @@ static int run_experts(dist_client *c, dist_moe_layer *l, int backward) {
       fr[k].replace = 1, fr[k].invocation = INVOCATION;
       m = &fr[k].base;
     }
-    calls[k] = (dist_call){l->group[l->pos[k]], m, NULL, DIST_ERRBUF_INIT};
+    calls[k] = (dist_call){l->group[l->pos[k]], m, NULL, DIST_ERRBUF_INIT, 0};
   }
   rc = backward ? dist_call_many(c, "/dist.v1.Moe/ExpertBackward",
                                  &dist__v1__expert_backward_reply__descriptor, calls, l->n)
@@ -756,7 +776,7 @@ int dist_moe_layer_release(dist_client *c, dist_moe_layer *l) {
   dist_call *calls = calloc((size_t)l->n, sizeof *calls);
   if (!calls) return dist_client_fail(c, DIST_ENOMEM, "out of memory");
   for (int k = 0; k < l->n; k++)
-    calls[k] = (dist_call){l->group[l->pos[k]], &rq.base, NULL, DIST_ERRBUF_INIT};
+    calls[k] = (dist_call){l->group[l->pos[k]], &rq.base, NULL, DIST_ERRBUF_INIT, 0};
   int rc = dist_call_many(c, "/dist.v1.Moe/ExpertRelease",
                           &dist__v1__expert_release_reply__descriptor, calls, l->n);
   dist_calls_free(calls, l->n);

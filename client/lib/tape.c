@@ -71,30 +71,15 @@ slot *dist_tape_find(slot *s, int n, const char *name) {
   return NULL;
 }
 
-/* Deletes name on the given daemons, best effort (keeps c's error). */
-void dist_tape_delete_on(dist_client *c, const char *name, const int *ranks,
-                         int n) {
-  dist_errbuf keep = c->err;
-  for (int i = 0; i < n; i++) {
-    Dist__V1__TensorDeleteRequest rq = DIST__V1__TENSOR_DELETE_REQUEST__INIT;
-    ProtobufCMessage *rp = NULL;
-    rq.name = (char *)name;
-    dist_call_one(c, ranks[i], "/dist.v1.Dist/TensorDelete", &rq.base,
-                  &dist__v1__tensor_delete_reply__descriptor, &rp);
-    if (rp) protobuf_c_message_free_unpacked(rp, NULL);
-  }
-  c->err = keep;
-}
-
 /* Empties a slot, deleting the tensor when the tape made it. */
 void dist_tape_slot_clear(dist_tape *t, slot *s) {
   if (s->kind == G_TENSOR && s->owned) {
     if (s->per_rank) {
-      dist_tape_delete_on(t->c, s->t.name, s->ranks.ranks, s->ranks.n);
+      dist_delete_on(t->c, s->t.name, s->ranks.ranks, s->ranks.n);
     } else {
       int targets[DIST_MAX_MESH_RANKS];
       int n = dist_targets(t->c, &s->t.mesh.d, targets);
-      if (n > 0) dist_tape_delete_on(t->c, s->t.name, targets, n);
+      if (n > 0) dist_delete_on(t->c, s->t.name, targets, n);
     }
   }
   s->kind = G_NONE;

@@ -99,7 +99,7 @@ static int add_tensors(dist_tape *t, const slot *acc, slot *more, slot *sum) {
     dist_tensor_free(out);
   }
   snprintf(sum->t.name, sizeof sum->t.name, "%s", name);
-  if (rc && sum->per_rank) dist_tape_delete_on(c, name, sum->ranks.ranks, sum->ranks.n);
+  if (rc && sum->per_rank) dist_delete_on(c, name, sum->ranks.ranks, sum->ranks.n);
   return rc;
 }
 
@@ -145,7 +145,7 @@ static int store_per_rank(dist_client *c, const char *name, const void *const *p
     dist_tensor_free(*out), *out = NULL;
     rc = dist_dtensor_from_local(c, name, &pieces[k], dt, ndim, &shapes[k], &one, &rep, out);
   }
-  if (rc && n > 1) dist_tape_delete_on(c, name, ranks->ranks, n);
+  if (rc && n > 1) dist_delete_on(c, name, ranks->ranks, n);
   return rc;
 }
 

@@ -75,8 +75,6 @@ int dist_tape_reserve(void **arr, int *cap, int n, size_t elem);
 int dist_tape_usable(dist_tape *t, const char *what);
 /* The slot named name among s[0..n), or NULL. */
 slot *dist_tape_find(slot *s, int n, const char *name);
-void dist_tape_delete_on(dist_client *c, const char *name, const int *ranks,
-                         int n);
 void dist_tape_slot_clear(dist_tape *t, slot *s);
 int dist_tape_exchange_refused(dist_client *c, const int *group, int size);
 

@@ -77,11 +77,25 @@ static int batch_init(dist_client *c, put_batch *b, int n, uint64_t op,
   return dist_spmd_refused_on(c, op, mesh);
 }
 
-/* Removes the pieces the batch created. */
+/* Deletes name on the given daemons, best effort (keeps c's error). */
+void dist_delete_on(dist_client *c, const char *name, const int *ranks, int n) {
+  dist_errbuf keep = c->err;
+  for (int i = 0; i < n; i++) {
+    Dist__V1__TensorDeleteRequest rq = DIST__V1__TENSOR_DELETE_REQUEST__INIT;
+    ProtobufCMessage *rp = NULL;
+    rq.name = (char *)name;
+    dist_call_one(c, ranks[i], "/dist.v1.Dist/TensorDelete", &rq.base,
+                  &dist__v1__tensor_delete_reply__descriptor, &rp);
+    if (rp) protobuf_c_message_free_unpacked(rp, NULL);
+  }
+  c->err = keep;
+}
+
+/* Removes the pieces the batch created (also where a reply was lost). */
 static void undo_puts(dist_client *c, put_batch *b) {
   dist_errbuf keep = c->err;
   for (int i = 0; i < b->n; i++)
-    if (b->calls[i].reply && !b->reqs[i].replace) {
+    if (b->calls[i].applied && !b->reqs[i].replace) {
       Dist__V1__TensorDeleteRequest d = DIST__V1__TENSOR_DELETE_REQUEST__INIT;
       ProtobufCMessage *r = NULL;
       d.name = b->reqs[i].meta->name;
