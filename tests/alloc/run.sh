@@ -78,6 +78,26 @@ for ((k = offset + 1; k <= n; k += stride)); do
 done
 echo "alloc_sweep: $tried runs, $enomem failed with DIST_ENOMEM, $((tried - enomem - bad)) succeeded, $bad wrong"
 
+# What the failed runs left in the daemons: alloc_client deletes every
+# name it made on success, so each tensor held now was left by a failed
+# call. Known, not yet undone by libdist (docs/STATUS.md), each matched
+# by its pattern: a LocalLayer call's outputs and backward's gradients
+# whose reply was lost (the undo goes by the reply's output names:
+# .sum_sq.ID.out0, .grad0); a layer's forward outputs and backward
+# gradients, kept by names the failed call made (.linear.s1.*,
+# .linear.weight.grad, .linear.bias.grad); the tape backward's
+# gradients (tape<pid>.<n>.g<k>). Any other name fails the sweep.
+known_left="^a$$[.]k[0-9]+[.](sum_sq[.][0-9]+[.]out0([.]grad0)?|linear[.]s1[.].*|linear[.](weight|bias)[.]grad)\$|^tape[0-9]+[.][0-9]+[.]g[0-9]+\$"
+held=$("$distctl" --cluster "$conf" tensors --json | jq -r '.[].name' | sort -u) ||
+  { echo "alloc_sweep: cannot list the daemons' tensors" >&2; exit 1; }
+left=$(grep -Ev "$known_left" <<<"$held" | grep .)
+if [ -n "$left" ]; then
+  echo "alloc_sweep: failed runs left these tensors in the daemons:" >&2
+  echo "$left" >&2
+  bad=$((bad + 1))
+fi
+echo "alloc_sweep: $(grep -cE "$known_left" <<<"$held") tensors left of known kinds (not yet undone)"
+
 clean_run after
 [ "$bad" -eq 0 ] || { echo "alloc_sweep: logs in $dir" >&2; exit 1; }
 down
