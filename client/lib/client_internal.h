@@ -238,6 +238,18 @@ int dist_local_layer_ids(int n_outputs);
  * gave, where the caller's tensors may have stood, which deleting the
  * outputs would lose for good; names made up held nothing of the caller's. */
 int dist_local_layer_keeps_failed_outputs(const dist_call_opts *o);
+/* Deletes names[0..p's outputs) on the daemons a call of p from c goes
+ * to, best effort (c's error kept): the outputs of a failed call that
+ * kept them, when the names were the caller's own to drop (a layer
+ * step's). */
+void dist_local_layer_delete_outputs(dist_client *c, const dist_program *p,
+                                     const char *const *names);
+/* Deletes each non-empty names[0..inv's inputs) on inv's daemons, best
+ * effort (c's error kept): the gradients a failed dist_backward that kept
+ * them (given names to replace) stored, when they were the caller's own
+ * to drop (a tape's, a layer step's). */
+void dist_backward_delete_grads(dist_client *c, const dist_invocation *inv,
+                                const char *const *names);
 int dist_reshard_refused(dist_client *c, const dist_tensor *t, const dist_mesh *mesh);
 /* dist_spmd_refused of inv's backward, refused before dist_backward
  * (which takes no op id: it runs under the invocation's). */

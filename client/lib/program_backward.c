@@ -30,13 +30,44 @@ static int take_grads(dist_client *c, fanout *f, const dist_backward_opts *o,
     int stored = r0->grads[j]->name && r0->grads[j]->name[0];
     grads[j] = stored ? dist_tensor_from_meta(r0->grads[j]) : NULL;
     if (stored && !grads[j]) {
-      dist_client_fail(c, DIST_ENOMEM, "out of memory for the handle of gradient '%s' (the "
-                       "gradients are stored)", r0->grads[j]->name);
+      dist_client_fail(c, DIST_ENOMEM, "out of memory for the handle of gradient '%s'",
+                       r0->grads[j]->name);
       while (j > 0) dist_tensor_free(grads[--j]), grads[j] = NULL;
       return DIST_ENOMEM;
     }
   }
   return 0;
+}
+
+/* Whether a dist_backward that failed after the daemons stored its
+ * gradients keeps them: as a call keeps its outputs
+ * (dist_local_layer_keeps_failed_outputs), when they replaced names the
+ * caller gave. */
+static int keeps_failed_grads(const dist_backward_opts *o) {
+  return o->replace && o->grad_names;
+}
+
+/* A failed backward may have stored gradients on daemons that applied it,
+ * also on one whose reply was lost here (out of memory): deleted there by
+ * the request's names, unless keeps_failed_grads; a daemon's reply, when
+ * there is one, says which it stored. */
+static void undo_backward(dist_client *c, const fanout *f, const dist_backward_opts *o,
+                          int n_inputs, char *const *names) {
+  if (keeps_failed_grads(o)) return;
+  for (int i = 0; i < f->n; i++) {
+    const Dist__V1__ProgramBackwardReply *r = (const void *)f->calls[i].reply;
+    if (!f->calls[i].applied) continue;
+    for (int j = 0; j < n_inputs; j++) {
+      int held = !r || ((size_t)j < r->n_grads && r->grads[j]->name && r->grads[j]->name[0]);
+      if (names[j] && names[j][0] && held) dist_delete_on(c, names[j], &f->targets[i], 1);
+    }
+  }
+}
+
+void dist_backward_delete_grads(dist_client *c, const dist_invocation *inv,
+                                const char *const *names) {
+  for (int j = 0; j < inv->n_inputs; j++)
+    if (names[j] && names[j][0]) dist_delete_on(c, names[j], inv->targets, inv->n);
 }
 
 /* Whether the daemon of `rank` holds a piece of output k. One that holds
@@ -131,6 +162,7 @@ int dist_backward(dist_client *c, dist_invocation *inv,
                       &dist__v1__program_backward_reply__descriptor, f.calls, f.n);
   inv->backward_done = 1; /* the daemons freed the invocation either way */
   if (rc == 0) rc = take_grads(c, &f, &o, inv, grads);
+  if (rc) undo_backward(c, &f, &o, inv->n_inputs, names);
 out:
   dist_prog_fanout_free(&f);
   free(rq);

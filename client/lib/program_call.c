@@ -69,11 +69,16 @@ int dist_prog_keep_value(kept_value *k, const Dist__V1__ProgramValue *v) {
 
 /* ---------------------------------------------------------------- call */
 
+/* Whether this client calls p's daemon i: every one, an SPMD trainer its own. */
+static int calls_rank(const dist_client *c, const dist_program *p, int i) {
+  return c->spmd_rank < 0 || p->ranks[i] == c->spmd_rank;
+}
+
 static int fanout_init(dist_client *c, const dist_program *p, fanout *f,
                        int nargs) {
   f->n = 0;
   for (int i = 0; i < p->nranks; i++)
-    if (c->spmd_rank < 0 || p->ranks[i] == c->spmd_rank) {
+    if (calls_rank(c, p, i)) {
       f->index[f->n] = i;
       f->targets[f->n++] = p->ranks[i];
     }
@@ -154,24 +159,31 @@ int dist_local_layer_keeps_failed_outputs(const dist_call_opts *o) {
   return o->replace && o->out_names;
 }
 
-/* A failed call may have succeeded on some daemons: undo it there, its
- * outputs deleted unless dist_local_layer_keeps_failed_outputs. */
-static void undo_call(dist_client *c, fanout *f, uint64_t id, int replaced) {
+/* A failed call may have succeeded on some daemons, also on one whose
+ * reply was lost here (out of memory): undo it on each that applied it,
+ * its outputs deleted unless dist_local_layer_keeps_failed_outputs. The
+ * names are the request's, not the reply's, which may be missing; a
+ * daemon's reply, when there is one, says which outputs it holds. */
+static void undo_call(dist_client *c, const dist_program *p, fanout *f, uint64_t id,
+                      char *const *names, int replaced) {
   dist_errbuf keep = c->err;
   for (int i = 0; i < f->n; i++) {
     const Dist__V1__ProgramInvokeReply *r = (const void *)f->calls[i].reply;
-    if (!r) continue;
+    if (!f->calls[i].applied) continue;
     dist_prog_release_on(c, &f->targets[i], 1, NULL, id);
-    for (size_t k = 0; !replaced && k < r->n_outputs; k++) {
-      Dist__V1__TensorDeleteRequest d = DIST__V1__TENSOR_DELETE_REQUEST__INIT;
-      ProtobufCMessage *rp = NULL;
-      d.name = r->outputs[k]->name;
-      dist_call_one(c, f->targets[i], "/dist.v1.Dist/TensorDelete", &d.base,
-                    &dist__v1__tensor_delete_reply__descriptor, &rp);
-      if (rp) protobuf_c_message_free_unpacked(rp, NULL);
+    for (int k = 0; !replaced && k < p->n_outputs; k++) {
+      int held = !r || ((size_t)k < r->n_outputs && r->outputs[k]->name && r->outputs[k]->name[0]);
+      if (held) dist_delete_on(c, names[k], &f->targets[i], 1);
     }
   }
   c->err = keep;
+}
+
+void dist_local_layer_delete_outputs(dist_client *c, const dist_program *p,
+                                     const char *const *names) {
+  for (int i = 0; i < p->nranks; i++)
+    for (int k = 0; calls_rank(c, p, i) && k < p->n_outputs; k++)
+      dist_delete_on(c, names[k], &p->ranks[i], 1);
 }
 
 /* Output k's description: from the first daemon that holds a piece of
@@ -371,12 +383,12 @@ int dist_local_layer_call(dist_client *c, dist_program *p, const dist_arg *args,
    * it is asked before only. */
   if (!rc && o.out_names && !o.replace) rc = check_out_names(c, p, names);
   if (rc) {
-    undo_call(c, &f, id, dist_local_layer_keeps_failed_outputs(&o));
+    undo_call(c, p, &f, id, names, dist_local_layer_keeps_failed_outputs(&o));
     goto out;
   }
   if ((rc = take_outputs(c, &f, &o, v, elsewhere, outs))) {
     for (int k = 0; outs && k < p->n_outputs; k++) dist_tensor_free(outs[k]), outs[k] = NULL;
-    undo_call(c, &f, id, dist_local_layer_keeps_failed_outputs(&o));
+    undo_call(c, p, &f, id, names, dist_local_layer_keeps_failed_outputs(&o));
     goto out;
   }
   v->backward_done = o.no_grad != 0;
