@@ -141,6 +141,17 @@ static int no_rows(dist_client *c, void **out, int64_t *out_rows) {
   return out ? dist_empty_result(c, &out[0]) : 0;
 }
 
+/* A failed exchange may have kept its result (opts->out_name) on the
+ * daemons that carried it out, also on one whose reply was lost here (out
+ * of memory): deleted there, unless it replaced, where the caller's
+ * tensor may have stood (as a replacing LocalLayer call keeps its
+ * outputs: dist_local_layer_keeps_failed_outputs). */
+static void undo_kept(dist_client *c, const dist_moe_opts *o, const dist_call *calls, int n) {
+  if (!o || !o->out_name || o->replace) return;
+  for (int k = 0; k < n; k++)
+    if (calls[k].applied) dist_delete_on(c, o->out_name, &calls[k].target, 1);
+}
+
 static int exchange(dist_client *c, const exchange_args *a, const int *group,
                     int group_size, void **out, int64_t *out_rows) {
   uint32_t *ranks = calloc(DIST_MAX_MESH_RANKS, sizeof *ranks);
@@ -187,6 +198,7 @@ static int exchange(dist_client *c, const exchange_args *a, const int *group,
                                            : "/dist.v1.Moe/GlobalGather",
                       &dist__v1__global_exchange_reply__descriptor, calls, n);
   if (rc == 0) rc = take_results(c, a, calls, n, out, out_rows);
+  if (rc) undo_kept(c, a->opts, calls, n);
   dist_calls_free(calls, n);
 out:
   free(calls);

@@ -266,6 +266,8 @@ static int exchange_back(dist_tape *t, const entry *e, const slot *g) {
     dist_errbuf_prefix(&c->err, "backward of %s '%s' -> '%s': ",
                        e->kind == SCATTER ? "global_scatter" : "global_gather",
                        e->x, e->y);
+    /* A replacing exchange keeps what it stored; the name is the tape's. */
+    dist_delete_on(c, name, e->parts.ranks, e->parts.n);
     return rc;
   }
   slot gx = {.kind = G_TENSOR, .owned = 1, .per_rank = 1, .ranks = e->parts};
@@ -349,6 +351,8 @@ static int layer_back(dist_tape *t, entry *e) {
   }
   dist_backward_opts bo = {np, 1, 0};
   rc = dist_backward(c, e->inv, only_loss ? NULL : og, &bo, grads);
+  /* A replacing backward keeps what it stored; the names are the tape's. */
+  if (rc) dist_backward_delete_grads(c, e->inv, np);
   for (int k = 0; k < e->n_out; k++) {
     slot *s = dist_tape_find(t->slots, t->n_slots, e->outs[k].name);
     if (s) dist_tape_slot_clear(t, s);
