@@ -64,6 +64,14 @@ static int keep_created(layer_step *s, const char *name) {
   return push(&s->created, &s->n_created, sizeof buf, buf);
 }
 
+/* Deletes t, a tensor the step made but could not note for deletion
+ * (keep_created failed), at once; c's error kept. */
+static void delete_now(dist_client *c, const dist_tensor *t) {
+  dist_errbuf keep = c->err;
+  dist_tensor_delete_handle(c, t);
+  c->err = keep;
+}
+
 static grad_slot *slot_of(const layer_step *s, const char *name) {
   for (int i = 0; i < s->n_grads; i++)
     if (strcmp(s->grads[i].name, name) == 0) return &s->grads[i];
@@ -163,10 +171,14 @@ int dist_layer_call(fwd_ctx *x, dist_program *p, const char *path,
   o.replace = 1;
   if ((rc = dist_local_layer_call(x->c, p, args, nargs, &o, &inv, outs))) {
     dist_errbuf_prefix(&x->c->err, "%s: ", path[0] ? path : x->root->name);
+    /* A replacing call keeps what it stored; these names are the step's
+     * own, and the step will not hold them. */
+    dist_local_layer_delete_outputs(x->c, p, name_ptrs);
     goto out;
   }
   for (int k = 0; k < n; k++) { /* the step owns every output from here */
     int r = keep_created(x->s, names[k]);
+    if (r) delete_now(x->c, outs[k]); /* not on the step's list of what to delete */
     if (keep_handle(x->s, outs[k])) r = DIST_ENOMEM, outs[k] = NULL;
     if (r && !rc) rc = dist_layer_ctx_fail(x, r, "out of memory");
   }
@@ -420,8 +432,10 @@ static int add_grad(dist_client *c, layer_step *s, grad_slot *slot, dist_tensor 
     return rc;
   }
   if (keep_created(s, name)) {
+    dist_client_fail(c, DIST_ENOMEM, "out of memory keeping gradient '%s'", name);
+    delete_now(c, sum);
     dist_tensor_free(sum);
-    return dist_client_fail(c, DIST_ENOMEM, "out of memory");
+    return DIST_ENOMEM;
   }
   if (keep_handle(s, sum)) /* frees sum */
     return dist_client_fail(c, DIST_ENOMEM, "out of memory");
@@ -445,11 +459,8 @@ static int take_grad(dist_client *c, layer_step *s, const tape_entry *t, int j,
     return 0;
   }
   if (keep_created(s, g->name)) {
-    /* not on the step's list of what to delete: delete it now */
     dist_client_fail(c, DIST_ENOMEM, "out of memory keeping gradient '%s'", g->name);
-    dist_errbuf keep = c->err;
-    dist_tensor_delete_handle(c, g);
-    c->err = keep;
+    delete_now(c, g);
     dist_tensor_free(g);
     return DIST_ENOMEM;
   }
@@ -461,6 +472,19 @@ static int take_grad(dist_client *c, layer_step *s, const tape_entry *t, int j,
     return dist_client_fail(c, DIST_ENOMEM, "out of memory filing the gradient of '%s'",
                             in->name);
   return 0;
+}
+
+/* After entry t's backward failed, which keeps what it stored (it
+ * replaces): deletes the gradients no handle will name, an activation's
+ * (the step's own) and a parameter's that has none yet; a parameter's
+ * gradient from an earlier step keeps its handle and name. */
+static void drop_failed_grads(dist_client *c, const tape_entry *t, const char **names) {
+  for (int j = 0; j < t->n_in; j++) {
+    const entry_input *in = &t->in[j];
+    int unnamed = in->kind == IN_ACT || (in->kind == IN_PARAM && !in->param->grad);
+    if (!unnamed) names[j] = "";
+  }
+  dist_backward_delete_grads(c, t->inv, names);
 }
 
 static int backward_entry(dist_client *c, dist_layer *root, int e, int seed) {
@@ -487,7 +511,10 @@ static int backward_entry(dist_client *c, dist_layer *root, int e, int seed) {
   dist_backward_opts o = DIST_BACKWARD_OPTS_INIT;
   o.grad_names = ptrs;
   o.replace = 1;
-  if ((rc = dist_backward(c, t->inv, seed ? NULL : og, &o, grads))) goto out;
+  if ((rc = dist_backward(c, t->inv, seed ? NULL : og, &o, grads))) {
+    drop_failed_grads(c, t, ptrs);
+    goto out;
+  }
   dist_errbuf first = DIST_ERRBUF_INIT;
   for (int j = 0; j < t->n_in; j++) { /* each is taken, or freed, past a failure */
     dist_note_first_failure(c, grads[j] ? take_grad(c, s, t, j, grads[j]) : 0, &first);
