@@ -148,6 +148,9 @@ const dist_mesh *dist_layer_ctx_mesh(fwd_ctx *x);
 /* Records an error on the context's client. */
 int dist_layer_ctx_fail(fwd_ctx *x, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-void dist_layer_step_free(dist_client *c, layer_step *s);
+/* Frees a step, deleting its tensors and releasing its invocations (with
+ * c; without, the handles only); returns the first failed delete's code,
+ * c's error then saying it. */
+int dist_layer_step_free(dist_client *c, layer_step *s);
 
 #endif

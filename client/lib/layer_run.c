@@ -89,9 +89,9 @@ static int put_grad(layer_step *s, const char *name, dist_tensor *g) {
   return push(&s->grads, &s->n_grads, sizeof slot, &slot);
 }
 
-void dist_layer_step_free(dist_client *c, layer_step *s) {
-  if (!s) return;
-  dist_errbuf keep = c ? c->err : (dist_errbuf)DIST_ERRBUF_INIT;
+int dist_layer_step_free(dist_client *c, layer_step *s) {
+  if (!s) return 0;
+  dist_errbuf first = DIST_ERRBUF_INIT;
   for (int e = 0; e < s->n_entries; e++) {
     tape_entry *t = &s->entries[e];
     if (c) dist_invocation_release(c, t->inv); /* no-op after backward */
@@ -99,9 +99,13 @@ void dist_layer_step_free(dist_client *c, layer_step *s) {
     free(t->in);
     free(t->out);
   }
-  for (int i = 0; c && i < s->n_created; i++) dist_tensor_delete(c, s->created[i]);
+  /* A delete that fails leaves the tensor: said, not swallowed. A name
+   * another path already deleted (a failed call's) is not found. */
+  for (int i = 0; c && i < s->n_created; i++) {
+    int rc = dist_tensor_delete(c, s->created[i]);
+    dist_note_first_failure(c, rc == DIST_ENOTFOUND ? 0 : rc, &first);
+  }
   for (int i = 0; i < s->n_handles; i++) dist_tensor_free(s->handles[i]);
-  if (c) c->err = keep;
   free(s->entries);
   free(s->created);
   free(s->handles);
@@ -109,14 +113,16 @@ void dist_layer_step_free(dist_client *c, layer_step *s) {
   free(s->in_names);
   free(s->out_names);
   free(s);
+  if (c && first.code) c->err = first;
+  return first.code;
 }
 
 int dist_layer_release(dist_client *c, dist_layer *l) {
   if (!l || !l->step) return 0; /* nothing to release: a no-op, NULL too */
   if (!c) return dist_no_client(__func__);
-  dist_layer_step_free(c, l->step);
+  int rc = dist_layer_step_free(c, l->step);
   l->step = NULL;
-  return 0;
+  return rc;
 }
 
 /* ---------------------------------------------------------------- one program call */

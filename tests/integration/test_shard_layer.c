@@ -5,6 +5,7 @@
  * inputs a caller can provoke. */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -755,6 +756,36 @@ Test(shard_layer, shapes_whose_element_count_overflows_are_refused) {
   cr_assert_eq(dist_layer_add_param(l, "p", 1, fine, NULL), 0);
   cr_assert_eq(dist_layer_n_params(l), 1);
   dist_layer_free(l);
+}
+
+/* A release that cannot delete its step's tensors (here a daemon is
+ * down) says so: it answered success, leaving them in the daemons with
+ * nothing in the client naming them. */
+Test(shard_layer, a_release_that_cannot_delete_its_step_says_so, .timeout = 120) {
+  harness h;
+  harness_start(&h, 2, NULL);
+  dist_client *c = harness_client(&h);
+  dist_mesh *m = line_mesh(2);
+  dist_layer *l = NULL;
+  cr_assert_eq(dist_layer_linear(4, 4, 1, 7, &l), 0);
+  cr_assert_eq(dist_layer_set_name(l, "rel"), 0);
+  cr_assert_eq(dist_shard_layer(c, l, m, NULL, NULL, NULL, NULL), 0, "%s", dist_errmsg(c));
+  float xv[8];
+  fill(xv, 8, 5);
+  int64_t shape[2] = {2, 4};
+  dist_placement rep = DIST_REPLICATED;
+  dist_tensor *x = put(c, "rel.x", xv, 2, shape, m, &rep), *y = NULL;
+  cr_assert_eq(dist_layer_forward(c, l, &x, 1, &y, 1), 1, "%s", dist_errmsg(c));
+  harness_kill(&h, 1, SIGKILL);
+  int rc = dist_layer_release(c, l);
+  cr_assert_eq(rc, DIST_EUNAVAIL, "release of a step it could not delete: %d (%s)", rc,
+               dist_errmsg(c));
+  cr_assert_eq(dist_layer_release(c, l), 0, "the step is dropped all the same");
+  dist_tensor_free(x), dist_tensor_free(y);
+  dist_layer_free(l);
+  dist_mesh_free(m);
+  dist_close(c);
+  harness_stop(&h);
 }
 
 Test(shard_layer, a_mesh_outside_the_cluster_fails_and_stores_nothing,

@@ -1247,7 +1247,9 @@ int dist_layer_forward(dist_client *c, dist_layer *l,
  * NULL) gets one new handle per forward input, or NULL where there is none. */
 int dist_layer_backward(dist_client *c, dist_layer *l,
                         dist_tensor *const *out_grads, dist_tensor **in_grads);
-/* Drops this step's tensors and what the daemons keep for backward. */
+/* Drops this step's tensors and what the daemons keep for backward; a
+ * tensor it could not delete is said (the first failure's code), the
+ * step dropped all the same. */
 int dist_layer_release(dist_client *c, dist_layer *l);
 
 /* The value of a parameter (or its gradient), by dotted path: the client's
