@@ -14,8 +14,10 @@
 # A run with a failure must exit 0 or 3 (a call said DIST_ENOMEM); a
 # signal (a crash), a timeout (a hang) or any other exit fails the sweep,
 # naming k so that `FAIL_ALLOC_AT=k LD_PRELOAD=.../failalloc.so
-# alloc_client ...` repeats it. The last clean run shows that the failures
-# left nothing in the daemons that breaks the next caller.
+# alloc_client ...` repeats it; so does a run, failed or not, that leaves
+# a tensor in the daemons (listed after each). The last clean run shows
+# that the failures left nothing in the daemons that breaks the next
+# caller.
 #
 # ALLOC_STRIDE=s tries every s-th k from ALLOC_OFFSET (default: a stride
 # that keeps the sweep near ALLOC_RUNS runs, 300 by default: a run takes
@@ -53,7 +55,24 @@ clean_run() {
   exit 1
 }
 
+# The tensors the daemons hold. alloc_client deletes every name it made
+# on success, and libdist undoes what a failed call stored (also where
+# its reply was lost), so a run must leave none: any name a run added
+# fails the sweep, named with the run's k.
+held=""
+check_left() {
+  local now new
+  now=$("$distctl" --cluster "$conf" tensors --json | jq -r '.[].name' | sort -u) ||
+    { echo "alloc_sweep: cannot list the daemons' tensors" >&2; exit 1; }
+  new=$(comm -13 <(printf '%s\n' "$held" | grep .) <(printf '%s\n' "$now" | grep .))
+  held=$now
+  [ -z "$new" ] && return 0
+  echo "alloc_sweep: $1 left these tensors in the daemons:" $new >&2
+  return 1
+}
+
 clean_run before
+check_left "the clean run before" || exit 1
 n=$(allocations_in "$dir/err")
 if [ -z "$n" ] || [ "$n" -lt 1 ]; then
   echo "alloc_sweep: the shim counted no allocation" >&2
@@ -61,7 +80,7 @@ if [ -z "$n" ] || [ "$n" -lt 1 ]; then
 fi
 sweep_plan "$n" "${ALLOC_RUNS:-300}"
 
-bad=0 tried=0 enomem=0
+bad=0 tried=0 enomem=0 leaving=0
 for ((k = offset + 1; k <= n; k += stride)); do
   run_shimmed "$k" "a$$.k$k"
   rc=$?
@@ -75,31 +94,13 @@ for ((k = offset + 1; k <= n; k += stride)); do
       client_said >&2
       ;;
   esac
+  check_left "k=$k" || leaving=$((leaving + 1))
 done
-echo "alloc_sweep: $tried runs, $enomem failed with DIST_ENOMEM, $((tried - enomem - bad)) succeeded, $bad wrong"
-
-# What the failed runs left in the daemons: alloc_client deletes every
-# name it made on success, so each tensor held now was left by a failed
-# call. Known, not yet undone by libdist (docs/STATUS.md), each matched
-# by its pattern: a LocalLayer call's outputs and backward's gradients
-# whose reply was lost (the undo goes by the reply's output names:
-# .sum_sq.ID.out0, .grad0); a layer's forward outputs and backward
-# gradients, kept by names the failed call made (.linear.s1.*,
-# .linear.weight.grad, .linear.bias.grad); the tape backward's
-# gradients (tape<pid>.<n>.g<k>). Any other name fails the sweep.
-known_left="^a$$[.]k[0-9]+[.](sum_sq[.][0-9]+[.]out0([.]grad0)?|linear[.]s1[.].*|linear[.](weight|bias)[.]grad)\$|^tape[0-9]+[.][0-9]+[.]g[0-9]+\$"
-held=$("$distctl" --cluster "$conf" tensors --json | jq -r '.[].name' | sort -u) ||
-  { echo "alloc_sweep: cannot list the daemons' tensors" >&2; exit 1; }
-left=$(grep -Ev "$known_left" <<<"$held" | grep .)
-if [ -n "$left" ]; then
-  echo "alloc_sweep: failed runs left these tensors in the daemons:" >&2
-  echo "$left" >&2
-  bad=$((bad + 1))
-fi
-echo "alloc_sweep: $(grep -cE "$known_left" <<<"$held") tensors left of known kinds (not yet undone)"
+echo "alloc_sweep: $tried runs, $enomem failed with DIST_ENOMEM, $((tried - enomem - bad)) succeeded, $bad wrong, $leaving left tensors behind"
 
 clean_run after
-[ "$bad" -eq 0 ] || { echo "alloc_sweep: logs in $dir" >&2; exit 1; }
+check_left "the clean run after" || leaving=$((leaving + 1))
+[ "$bad" -eq 0 ] && [ "$leaving" -eq 0 ] || { echo "alloc_sweep: logs in $dir" >&2; exit 1; }
 down
 trap - EXIT
 rm -rf "$dir"
