@@ -62,7 +62,9 @@ clean_run() {
 held=""
 check_left() {
   local now new
-  now=$("$distctl" --cluster "$conf" tensors --json | jq -r '.[].name' | sort -u) ||
+  now=$("$distctl" --cluster "$conf" tensors --json |
+    python3 -c 'import json, sys; print("\n".join(t["name"] for t in json.load(sys.stdin)))' |
+    sort -u) ||
     { echo "alloc_sweep: cannot list the daemons' tensors" >&2; exit 1; }
   new=$(comm -13 <(printf '%s\n' "$held" | grep .) <(printf '%s\n' "$now" | grep .))
   held=$now
