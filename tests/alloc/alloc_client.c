@@ -134,6 +134,19 @@ out:
 
 /* ---------------------------------------------------------------- held elsewhere */
 
+/* After the refused put: the cluster lists name once, on [2]; the pieces
+ * the put stored on ranks 0 and 1 were deleted (a listing is once per
+ * name and mesh, so a piece left there is a second entry). */
+static void held_only_on_2(run *r, const char *name) {
+  dist_tensor **list = NULL;
+  int n = 0, entries = 0;
+  if (failed(r, dist_tensor_list(r->c, &list, &n), "list after the refused put")) return;
+  for (int i = 0; i < n; i++)
+    entries += strcmp(dist_tensor_name(list[i]), name) == 0;
+  dist_tensor_list_free(list, n);
+  if (entries != 1) wrong(r, "the refused put's pieces on [0,1] (left, or the held one lost)");
+}
+
 /* Mode "held", on a 3-daemon cluster: a name rank 2 holds on mesh [2] put
  * onto mesh [0,1]. Ranks 0 and 1 store it, then the put asks rank 2 and
  * must be refused, also when it cannot allocate what the asking takes
@@ -154,6 +167,7 @@ static void held_elsewhere(run *r) {
   if (rc == 0) wrong(r, "a put onto [0,1] of a name rank 2 holds on [2]");
   else if (rc != DIST_EEXIST) failed(r, rc, "put onto [0,1] of a name held on [2]");
   else if (!strstr(dist_errmsg(r->c), "already exists on rank 2")) wrong(r, "the refusal");
+  else held_only_on_2(r, name);
 out:
   dist_tensor_free(put_over);
   dist_tensor_free(held);
