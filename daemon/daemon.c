@@ -185,6 +185,8 @@ int distd_start(distd_server *s, dist_errbuf *eb) {
   s->base = event_base_new();
   s->metrics = distd_metrics_new(DIST_VERSION);
   s->store = distd_store_new(s->cfg.memory_limit);
+  if (!s->base || !s->metrics || !s->store)
+    return dist_fail(eb, DIST_ENOMEM, "out of memory for the event loop, metrics or store");
   if (create_registries(s, eb) != 0) return -1;
   /* The certificate files are read once, for the data plane and gRPC. */
   distd_tls_files tls;

@@ -41,8 +41,13 @@ static int load_config(distd_server *s, int argc, char **argv) {
   /* In a cluster this daemon serves at its own entry unless told otherwise. */
   if ((s->cfg.cluster_file[0] || s->cfg.peers[0]) &&
       strcmp(s->cfg.listen, DISTD_DEFAULT_LISTEN) == 0) {
+    char *own = strdup(s->members[s->rank].grpc_addr);
+    if (!own) {
+      fprintf(stderr, "distd: out of memory for the address to listen on\n");
+      return 2;
+    }
     free(s->cfg.listen);
-    s->cfg.listen = strdup(s->members[s->rank].grpc_addr);
+    s->cfg.listen = own;
   }
   return -1;
 }

@@ -589,6 +589,30 @@ static int bind_port(distd_rpc *r, const char *addr, const distd_tls_files *tls,
   return 0;
 }
 
+static void free_rpc(distd_rpc *r) {
+  free(r->workers);
+  free(r->handles);
+  free(r->owed);
+  free(r);
+}
+
+/* The server's tables, all allocated before anything starts, so that a
+ * start that cannot have them fails with nothing to undo. */
+static distd_rpc *new_rpc(distd_server *s, const distd_method *methods, int n) {
+  distd_rpc *r = calloc(1, sizeof *r);
+  if (!r) return NULL;
+  r->srv = s;
+  r->methods = methods;
+  r->nmethods = n;
+  r->nworkers = (int)s->cfg.rpc_threads;
+  r->handles = calloc((size_t)n, sizeof *r->handles);
+  r->owed = calloc((size_t)n + 1, sizeof *r->owed);
+  r->workers = calloc((size_t)r->nworkers + 1, sizeof *r->workers);
+  if (r->handles && r->owed && r->workers) return r;
+  free_rpc(r);
+  return NULL;
+}
+
 int distd_rpc_start(distd_server *s, const distd_method *methods, int n,
                     const distd_tls_files *tls, dist_errbuf *eb) {
   distd_auth *auth = NULL;
@@ -600,14 +624,13 @@ int distd_rpc_start(distd_server *s, const distd_method *methods, int n,
     log_warn("no auth_tokens_file: every client that reaches %s may call "
              "every method", s->cfg.listen);
   }
-  distd_rpc *r = calloc(1, sizeof *r);
+  distd_rpc *r = new_rpc(s, methods, n);
+  if (!r) {
+    distd_auth_free(auth);
+    return dist_fail(eb, DIST_ENOMEM, "out of memory for the gRPC server's tables");
+  }
   r->auth = auth;
   pthread_mutex_init(&r->auth_mu, NULL);
-  r->srv = s;
-  r->methods = methods;
-  r->nmethods = n;
-  r->handles = calloc((size_t)n, sizeof *r->handles);
-  r->owed = calloc((size_t)n + 1, sizeof *r->owed);
   pthread_mutex_init(&r->mu, NULL);
   pthread_cond_init(&r->work_cv, NULL);
   pthread_cond_init(&r->idle_cv, NULL);
@@ -629,9 +652,7 @@ int distd_rpc_start(distd_server *s, const distd_method *methods, int n,
     distd_tls_grpc_free(r->certs);
     distd_auth_free(r->auth);
     pthread_mutex_destroy(&r->auth_mu);
-    free(r->handles);
-    free(r->owed);
-    free(r);
+    free_rpc(r);
     return rc;
   }
   grpc_server_start(r->server);
@@ -641,10 +662,14 @@ int distd_rpc_start(distd_server *s, const distd_method *methods, int n,
     for (int k = 0; k < PREARMED_PER_METHOD; k++) arm(r, i);
   arm(r, -1);
   pthread_create(&r->cq_thread, NULL, cq_main, r);
-  r->nworkers = (int)s->cfg.rpc_threads;
-  r->workers = calloc((size_t)r->nworkers, sizeof *r->workers);
-  for (int i = 0; i < r->nworkers; i++)
-    pthread_create(&r->workers[i], NULL, worker_main, r);
+  int want = r->nworkers;
+  r->nworkers = 0; /* those started, which distd_rpc_free joins */
+  while (r->nworkers < want &&
+         pthread_create(&r->workers[r->nworkers], NULL, worker_main, r) == 0)
+    r->nworkers++;
+  if (r->nworkers < want)
+    return dist_fail(eb, DIST_ENOMEM, "cannot start the gRPC worker threads: %d of %d started",
+                     r->nworkers, want);
   return 0;
 }
 
@@ -700,8 +725,5 @@ void distd_rpc_free(distd_rpc *r) {
   }
   distd_auth_free(r->auth);
   pthread_mutex_destroy(&r->auth_mu);
-  free(r->workers);
-  free(r->handles);
-  free(r->owed);
-  free(r);
+  free_rpc(r);
 }

@@ -25,6 +25,7 @@ static unsigned hash_name(const char *s) {
 
 distd_store *distd_store_new(uint64_t limit_bytes) {
   distd_store *s = calloc(1, sizeof *s);
+  if (!s) return NULL;
   pthread_mutex_init(&s->mu, NULL);
   s->limit = limit_bytes;
   return s;
