@@ -249,9 +249,15 @@ int distd_ckpt_manifest_files(const char *dir, char ***files, size_t *n) {
   char *text = NULL;
   dist_errbuf eb = DIST_ERRBUF_INIT;
   if (distd_ckpt_read_manifest(dir, &text, &eb) != 0) return eb.code == DIST_ENOMEM ? -1 : 0;
-  json_t *doc = json_loads(text, 0, NULL), *list = json_object_get(doc, "files");
+  json_error_t err;
+  json_t *doc = json_loads(text, 0, &err), *list = json_object_get(doc, "files");
   size_t count = json_array_size(list);
-  int lost = !(*files = calloc(count + 1, sizeof **files));
+  /* jansson's own allocation failing must not read as a manifest naming
+   * no file, by which a commit would remove them all. jansson 2.14 says
+   * out_of_memory for some of its allocations and leaves the error empty
+   * when its first one fails; a manifest that is not JSON says why. */
+  int jansson_lost = !doc && (json_error_code(&err) == json_error_out_of_memory || !err.text[0]);
+  int lost = jansson_lost || !(*files = calloc(count + 1, sizeof **files));
   for (size_t i = 0; !lost && i < count; i++) {
     const char *f = json_string_value(json_object_get(json_array_get(list, i), "file"));
     if (f && !((*files)[*n] = strdup(f))) lost = 1;
