@@ -74,15 +74,20 @@ static inline int distd_reshard_steps(int ndim, unsigned *steps) {
 
 /* The steps of an op id a refused operation may have its daemons wait on
  * first (svc_op_abort.c), the id itself (step 0) included: its vote, the
- * vote of a LocalLayer backward under it, a reshard's steps. A daemon told
- * of a range of refused ids recognises these (peer_remember.c). Returns
- * how many, at most DISTD_REFUSED_STEPS_MAX. */
-#define DISTD_REFUSED_STEPS_MAX (3 + DISTD_RESHARD_STEPS_MAX)
+ * vote of a LocalLayer backward under it, a reshard's steps, and those an
+ * in-place reshard runs before them (param_reshard.c: the pending-push
+ * counts, the note to the destination mesh; without them a refused
+ * reshard onto another mesh left the destination waiting for its note). A
+ * daemon told of a range of refused ids recognises these
+ * (peer_remember.c). Returns how many, at most DISTD_REFUSED_STEPS_MAX. */
+#define DISTD_REFUSED_STEPS_MAX (5 + DISTD_RESHARD_STEPS_MAX)
 static inline int distd_refused_steps(unsigned *steps) {
   steps[0] = 0;
   steps[1] = DISTD_STEP_VOTE;
   steps[2] = DISTD_STEP_BACKWARD + DISTD_STEP_VOTE;
-  return 3 + distd_reshard_steps(DIST_MAX_MESH_DIMS, steps + 3);
+  steps[3] = DISTD_STEP_PARAM_PENDING;
+  steps[4] = DISTD_STEP_PARAM_NOTE;
+  return 5 + distd_reshard_steps(DIST_MAX_MESH_DIMS, steps + 5);
 }
 
 /* 1 when op_id is one of first .. first + count - 1 or a refusal step of
