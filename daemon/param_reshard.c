@@ -88,15 +88,18 @@ static int tell_destination(distd_server *s, const dist_mesh_desc *src_mesh,
   move_note out, in;
   int partners[2], np = 0;
   note_pack(&out, verdict, eb, m);
-  distd_xfer *x = distd_xfer_new(s->peers, distd_subop(op_id, DISTD_STEP_PARAM_NOTE));
-  if (from >= 0) {
-    distd_xfer_send(x, dst_mesh->ranks[from], 0, &out, sizeof out);
-    partners[np++] = dst_mesh->ranks[from];
+  uint64_t note_op = distd_subop(op_id, DISTD_STEP_PARAM_NOTE);
+  if (from >= 0) partners[np++] = dst_mesh->ranks[from];
+  if (to >= 0) partners[np++] = src_mesh->ranks[to];
+  distd_xfer *x = distd_xfer_new(s->peers, note_op);
+  if (!x) {
+    dist_errbuf scratch = DIST_ERRBUF_INIT;
+    int rc = distd_abort_no_memory(s->peers, note_op, partners, np, "the reshard's note",
+                                   verdict ? &scratch : eb);
+    return verdict ? verdict : rc;
   }
-  if (to >= 0) {
-    distd_xfer_recv(x, src_mesh->ranks[to], 0, &in, sizeof in);
-    partners[np++] = src_mesh->ranks[to];
-  }
+  if (from >= 0) distd_xfer_send(x, dst_mesh->ranks[from], 0, &out, sizeof out);
+  if (to >= 0) distd_xfer_recv(x, src_mesh->ranks[to], 0, &in, sizeof in);
   /* A refusal stands whatever the exchange does: its own message is kept. */
   dist_errbuf scratch = DIST_ERRBUF_INIT;
   int rc = distd_xfer_finish(x, deadline_ms, partners, np, verdict ? &scratch : eb);

@@ -54,25 +54,26 @@ static int move_across_meshes(distd_server *s, distd_tensor *src,
   int from = src ? dist_mesh_index_of(&src->mesh, s->rank) : -1;
   int to = dist_mesh_index_of(dst_mesh, s->rank);
   int64_t meta_out[META_WORDS], meta_in[META_WORDS];
+  int rc = 0, partners[2], npartners = 0;
+  void *data = NULL;
+  size_t len = 0;
+  if (from >= 0) partners[npartners++] = dst_mesh->ranks[from];
+  if (to >= 0) partners[npartners++] = src_mesh->ranks[to];
+  *moved = NULL;
   distd_xfer *x = distd_xfer_new(s->peers, op);
+  if (!x) return distd_abort_no_memory(s->peers, op, partners, npartners, "the move", eb);
   if (from >= 0) {
     pack_meta(meta_out, src);
     distd_xfer_send(x, dst_mesh->ranks[from], 0, meta_out, sizeof meta_out);
     distd_xfer_send(x, dst_mesh->ranks[from], 1, src->data, src->nbytes);
   }
-  int rc = 0, partners[2], npartners = 0;
-  void *data = NULL;
-  size_t len = 0;
-  if (from >= 0) partners[npartners++] = dst_mesh->ranks[from];
   if (to >= 0) {
     int sender = src_mesh->ranks[to];
     distd_xfer_recv(x, sender, 0, meta_in, sizeof meta_in);
     distd_xfer_recv_any(x, sender, 1, &data, &len, 0);
-    partners[npartners++] = sender;
   }
   rc = distd_xfer_finish(x, deadline, partners, npartners, eb);
   distd_xfer_free(x);
-  *moved = NULL;
   if (rc != 0 || to < 0) goto out;
   dist_dtype dt = DIST_DTYPE_INVALID;
   dist_shape global = {0, {0}};

@@ -109,9 +109,11 @@ static int put(run *r, const char *suffix, const float *x, dist_placement pl,
 
 /* ---------------------------------------------------------------- tensors */
 
-/* Shard and Replicate puts, a reshard, to_local and full_tensor. */
+/* Shard and Replicate puts, reshards on the mesh and onto another,
+ * to_local and full_tensor. */
 static int tensors(run *r) {
   dist_tensor *a = NULL, *b = NULL;
+  dist_mesh *swapped = NULL;
   dist_placement rep = DIST_REPLICATED, shard0 = DIST_SHARD_DIM(0);
   void *piece = NULL;
   size_t nbytes = 0;
@@ -124,11 +126,18 @@ static int tensors(run *r) {
   }
   if (failed(r, dist_reshard(r->c, a, NULL, &rep), "reshard")) goto out;
   if (check_full(r, a, data_x, NELEM, "full_tensor after reshard")) goto out;
-  check_full(r, b, data_x, NELEM, "full_tensor of Replicate");
+  if (check_full(r, b, data_x, NELEM, "full_tensor of Replicate")) goto out;
+  /* Onto another mesh of the same shape: rank k of one hands its piece to
+   * rank k of the other (reshard.c's move), here rank 0 to 1 and 1 to 0. */
+  int rc = dist_mesh_from_string("[1,0]", "x", &swapped);
+  if (failed_saying(r, rc, "mesh [1,0]", rc ? dist_last_mesh_error() : "")) goto out;
+  if (failed(r, dist_reshard(r->c, b, swapped, &rep), "reshard onto [1,0]")) goto out;
+  check_full(r, b, data_x, NELEM, "full_tensor after the reshard onto [1,0]");
 out:
   free(piece);
   dist_tensor_free(a);
   dist_tensor_free(b);
+  dist_mesh_free(swapped);
   return r->rc;
 }
 
