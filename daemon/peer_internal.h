@@ -485,6 +485,13 @@ void distd_trust_check_post(distd_peers *p);
 /* peer_xfer.c (all with mu held) */
 void distd_xfer_fail(distd_xfer *x, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* Fails x for want of memory while doing what `doing` says, and the op's
+ * other live transfers with it (distd_fail_op_xfers). */
+void distd_xfer_out_of_memory(distd_xfer *x, const char *doing);
+/* Fails every live transfer of op_id but except (NULL: none) with err:
+ * the op's frames are dropped here from now on. */
+void distd_fail_op_xfers(distd_peers *p, uint64_t op_id, const distd_xfer *except,
+                         const dist_errbuf *err);
 void distd_xfer_send_done(send_item *it);
 /* 1 when a frame from src signed `signature` cannot be for x (both signed,
  * differently): x has then failed with DIST_EMISMATCH. */

@@ -57,8 +57,10 @@ static int data_target(conn *c, const dist_frame_header *h) {
     if (s->any_buf) {
       s->any_tmp = malloc(h->length ? h->length : 1);
       if (!s->any_tmp) {
-        distd_xfer_fail(s->x, DIST_ENOMEM, "out of memory receiving %llu bytes from rank %d",
-                        (unsigned long long)h->length, c->rank);
+        char doing[96];
+        snprintf(doing, sizeof doing, "receiving %llu bytes from rank %d",
+                 (unsigned long long)h->length, c->rank);
+        distd_xfer_out_of_memory(s->x, doing);
         return 0; /* the payload is discarded */
       }
       s->len = h->length;
@@ -79,8 +81,11 @@ static int data_target(conn *c, const dist_frame_header *h) {
     free(data);
     /* Waiting would not help: fail the op here, so its receive fails with
      * the reason instead of a timeout, and drop the payload. */
-    distd_remember_op(p, h->op_id, DISTD_DROPPED_HERE, DIST_ENOMEM,
-                      "out of memory keeping data from a peer");
+    dist_errbuf why = DIST_ERRBUF_INIT;
+    dist_fail(&why, DIST_ENOMEM, "op %llu: out of memory keeping data from rank %d",
+              (unsigned long long)h->op_id, c->rank);
+    distd_remember_op(p, h->op_id, DISTD_DROPPED_HERE, DIST_ENOMEM, dist_errbuf_msg(&why));
+    distd_fail_op_xfers(p, h->op_id, NULL, &why); /* those already made */
     return 0;
   }
   *u = (unexpected){.op_id = h->op_id, .src = c->rank, .tag = h->tag,

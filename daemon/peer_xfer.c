@@ -32,17 +32,18 @@ void distd_xfer_one_done(distd_xfer *x) {
     distd_xfer_moved(x); /* only an unfinished xfer's silence is counted */
 }
 
-/* x failed here for want of memory while its part was being posted: its
- * op's frames are dropped here from now on (remembered), so the op's other
- * transfers (a MoE exchange's counts, waited on before the rows) could
- * only wait for theirs until their deadline. They fail with x. (A failure
- * the data brings, a length mismatch, leaves them be: a peer's counts may
- * still say why in better words.) */
-static void fail_siblings(distd_xfer *x) {
-  for (dlist *pos = x->p->xfers.next; pos != &x->p->xfers; pos = pos->next) {
+/* The op's frames are dropped here from now on (remembered), so its live
+ * transfers other than except (a MoE exchange's counts, waited on before
+ * the rows) could only wait for theirs until their deadline. They fail
+ * with err. (A failure the data brings, a length mismatch, leaves them
+ * be: a peer's counts may still say why in better words.) Called with
+ * p->mu held. */
+void distd_fail_op_xfers(distd_peers *p, uint64_t op_id, const distd_xfer *except,
+                         const dist_errbuf *err) {
+  for (dlist *pos = p->xfers.next; pos != &p->xfers; pos = pos->next) {
     distd_xfer *y = dlist_entry(pos, distd_xfer, link);
-    if (y == x || y->op_id != x->op_id || y->err.code) continue;
-    y->err = x->err;
+    if (y == except || y->op_id != op_id || y->err.code) continue;
+    y->err = *err;
     wake(y);
   }
 }
@@ -64,10 +65,10 @@ void distd_xfer_fail(distd_xfer *x, int code, const char *fmt, ...) {
 /* Fails x for want of memory for what it was doing; its wait then fails,
  * and tells the op's group (distd_xfer_finish), which would otherwise
  * wait for this rank's part until their deadline. */
-static void out_of_memory(distd_xfer *x, const char *doing) {
+void distd_xfer_out_of_memory(distd_xfer *x, const char *doing) {
   distd_xfer_fail(x, DIST_ENOMEM, "op %llu: out of memory %s", (unsigned long long)x->op_id,
                   doing);
-  if (x->p) fail_siblings(x);
+  if (x->p) distd_fail_op_xfers(x->p, x->op_id, x, &x->err);
 }
 
 static void name_signature(const distd_xfer *x, uint64_t signature, char *out, size_t n) {
@@ -290,7 +291,7 @@ static void send_to_self(distd_xfer *x, uint32_t tag, const void *buf, size_t le
     if (s->any_buf) {
       s->any_tmp = malloc(len ? len : 1);
       if (!s->any_tmp) {
-        out_of_memory(x, "keeping what it sends itself");
+        distd_xfer_out_of_memory(x, "keeping what it sends itself");
         return;
       }
       if (len) memcpy(s->any_tmp, buf, len);
@@ -305,7 +306,7 @@ static void send_to_self(distd_xfer *x, uint32_t tag, const void *buf, size_t le
   }
   send_item *it = calloc(1, sizeof *it);
   if (!it) {
-    out_of_memory(x, "queueing a send to itself");
+    distd_xfer_out_of_memory(x, "queueing a send to itself");
     return;
   }
   *it = (send_item){.payload = buf, .len = len, .x = x, .dst = x->p->rank, .tag = tag};
@@ -349,7 +350,7 @@ static void queue_send(distd_xfer *x, int dst, uint32_t tag, const void *buf, si
   }
   send_item *it = calloc(1, sizeof *it);
   if (!it) {
-    out_of_memory(x, "queueing a send");
+    distd_xfer_out_of_memory(x, "queueing a send");
     goto out;
   }
   dist_frame_header h = {DIST_FRAME_MAGIC, DIST_FRAME_VERSION, DIST_FRAME_DATA,
@@ -387,7 +388,7 @@ static void recv_from_self(distd_xfer *x, recv_slot *s) {
     dlist_remove(&it->link);
     if (s->any_buf) {
       *s->any_buf = malloc(it->len ? it->len : 1);
-      if (!*s->any_buf) out_of_memory(x, "receiving from itself");
+      if (!*s->any_buf) distd_xfer_out_of_memory(x, "receiving from itself");
       else if (it->len) memcpy(*s->any_buf, it->payload, it->len);
       *s->any_len = *s->any_buf ? it->len : 0;
     } else if (self_len_ok(x, it->len, s->len, s->tag) && it->len) {
@@ -463,7 +464,7 @@ static void recv_common(distd_xfer *x, int src, uint32_t tag, void *buf, size_t 
   if (x->err.code || check_rank(x, src, "receive from") < 0) goto out;
   recv_slot *s = calloc(1, sizeof *s);
   if (!s) {
-    out_of_memory(x, "posting a receive");
+    distd_xfer_out_of_memory(x, "posting a receive");
     goto out;
   }
   *s = (recv_slot){.x = x, .src = src, .tag = tag, .buf = buf, .len = len,
