@@ -38,9 +38,13 @@ conf=$cluster/cluster.conf
 pids=()
 bad=0
 
-# Stops the daemons of the current cluster, by the pids cluster up recorded.
+# Stops the daemons of the current cluster, by the pids cluster up
+# recorded, each only while it is still a distd (daemon_alive).
 kill_cluster() {
-  [ "${#pids[@]}" -gt 0 ] && kill -KILL "${pids[@]}" 2>/dev/null
+  local r
+  for r in "${!pids[@]}"; do
+    daemon_alive "$r" && kill -KILL "${pids[$r]}" 2>/dev/null
+  done
   pids=()
 }
 trap kill_cluster EXIT
