@@ -154,7 +154,8 @@ int distd_value_global(distd_server *s, int64_t deadline_ms, const distd_attr *a
 }
 
 int distd_reply_no_memory(const char *what, dist_errbuf *eb) {
-  return dist_fail(eb, DIST_ENOMEM, "%s applied, but out of memory for its reply", what);
+  return dist_fail(eb, DIST_ENOMEM, "out of memory for the %s's reply (what it stored here is "
+                   "deleted, unless it replaced names given)", what);
 }
 
 Dist__V1__TensorMeta **distd_staged_describe(distd_server *s, const distd_staged *b,

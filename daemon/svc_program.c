@@ -247,6 +247,7 @@ static int invoke(distd_server *s, const distd_call_info *ci, distd_program *p,
   if (rc == 0) {
     distd_staged_store(s->store, o);
     rc = reply_invoke(s, rq, inv, o, reply, eb); /* packed: independent of inv */
+    if (rc != 0 && !rq->replace) distd_staged_unstore(s->store, o);
   }
   if (rc == 0 && reserved) {
     distd_registry_fill(s->programs, rq->op_id, inv, origins);

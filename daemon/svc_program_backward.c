@@ -175,6 +175,7 @@ DISTD_HANDLER(program_backward) {
   if (rc == 0) {
     distd_staged_store(s->store, &o);
     rc = reply_backward(s, k, rq, &o, reply, eb);
+    if (rc != 0 && !rq->replace) distd_staged_unstore(s->store, &o);
   }
   if (held == 0) distd_holds_release_batch(s->holds, batch);
   free(names);
