@@ -244,12 +244,15 @@ int dist_local_layer_keeps_failed_outputs(const dist_call_opts *o);
  * step's). */
 void dist_local_layer_delete_outputs(dist_client *c, const dist_program *p,
                                      const char *const *names);
-/* Deletes each non-empty names[0..inv's inputs) on inv's daemons, best
- * effort (c's error kept): the gradients a failed dist_backward that kept
- * them (given names to replace) stored, when they were the caller's own
- * to drop (a tape's, a layer step's). */
-void dist_backward_delete_grads(dist_client *c, const dist_invocation *inv,
-                                const char *const *names);
+/* dist_backward for libdist's own callers (a tape, a layer step) whose
+ * gradient names are theirs to drop: a failed backward deletes each
+ * non-empty undo_names[j] on the daemons that applied it (answered
+ * success, their reply lost or not), whatever opts->replace says; a
+ * daemon that did not apply it is not asked (one that does not answer
+ * would cost a deadline per name). */
+int dist_backward_undoing(dist_client *c, dist_invocation *inv, const dist_arg *out_grads,
+                          const dist_backward_opts *opts, dist_tensor **grads,
+                          const char *const *undo_names);
 int dist_reshard_refused(dist_client *c, const dist_tensor *t, const dist_mesh *mesh);
 /* dist_spmd_refused of inv's backward, refused before dist_backward
  * (which takes no op id: it runs under the invocation's). */

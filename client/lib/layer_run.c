@@ -480,17 +480,17 @@ static int take_grad(dist_client *c, layer_step *s, const tape_entry *t, int j,
   return 0;
 }
 
-/* After entry t's backward failed, which keeps what it stored (it
- * replaces): deletes the gradients no handle will name, an activation's
- * (the step's own) and a parameter's that has none yet; a parameter's
- * gradient from an earlier step keeps its handle and name. */
-static void drop_failed_grads(dist_client *c, const tape_entry *t, const char **names) {
+/* What a failed backward of entry t deletes where it applied (it
+ * replaces, so dist_backward alone would keep it): the gradients no handle
+ * will name, an activation's (the step's own) and a parameter's that has
+ * none yet, into undo; a parameter's gradient from an earlier step keeps
+ * its handle and name (""). */
+static void grads_to_undo(const tape_entry *t, const char *const *names, const char **undo) {
   for (int j = 0; j < t->n_in; j++) {
     const entry_input *in = &t->in[j];
     int unnamed = in->kind == IN_ACT || (in->kind == IN_PARAM && !in->param->grad);
-    if (!unnamed) names[j] = "";
+    undo[j] = unnamed ? names[j] : "";
   }
-  dist_backward_delete_grads(c, t->inv, names);
 }
 
 static int backward_entry(dist_client *c, dist_layer *root, int e, int seed) {
@@ -498,7 +498,7 @@ static int backward_entry(dist_client *c, dist_layer *root, int e, int seed) {
   tape_entry *t = &s->entries[e];
   dist_arg *og = calloc((size_t)t->n_out + 1, sizeof *og);
   char (*names)[256] = calloc((size_t)t->n_in + 1, sizeof *names);
-  const char **ptrs = calloc((size_t)t->n_in + 1, sizeof *ptrs);
+  const char **ptrs = calloc(2 * ((size_t)t->n_in + 1), sizeof *ptrs); /* names, undo */
   dist_tensor **grads = calloc((size_t)t->n_in + 1, sizeof *grads);
   int any = 0, rc = og && names && ptrs && grads ? 0 : DIST_ENOMEM;
   if (rc) {
@@ -517,10 +517,9 @@ static int backward_entry(dist_client *c, dist_layer *root, int e, int seed) {
   dist_backward_opts o = DIST_BACKWARD_OPTS_INIT;
   o.grad_names = ptrs;
   o.replace = 1;
-  if ((rc = dist_backward(c, t->inv, seed ? NULL : og, &o, grads))) {
-    drop_failed_grads(c, t, ptrs);
-    goto out;
-  }
+  const char **undo = ptrs + t->n_in + 1;
+  grads_to_undo(t, ptrs, undo);
+  if ((rc = dist_backward_undoing(c, t->inv, seed ? NULL : og, &o, grads, undo))) goto out;
   dist_errbuf first = DIST_ERRBUF_INIT;
   for (int j = 0; j < t->n_in; j++) { /* each is taken, or freed, past a failure */
     dist_note_first_failure(c, grads[j] ? take_grad(c, s, t, j, grads[j]) : 0, &first);

@@ -49,11 +49,12 @@ static int keeps_failed_grads(const dist_backward_opts *o) {
 
 /* A failed backward may have stored gradients on daemons that applied it,
  * also on one whose reply was lost here (out of memory): deleted there by
- * the request's names, unless keeps_failed_grads; a daemon's reply, when
- * there is one, says which it stored. */
+ * the request's names, unless keeps_failed_grads, or by undo_names when a
+ * caller of libdist's own gives them; a daemon's reply, when there is one,
+ * says which it stored. */
 static void undo_backward(dist_client *c, const fanout *f, const dist_backward_opts *o,
-                          int n_inputs, char *const *names) {
-  if (keeps_failed_grads(o)) return;
+                          int n_inputs, const char *const *names, int own_names) {
+  if (!own_names && keeps_failed_grads(o)) return;
   for (int i = 0; i < f->n; i++) {
     const Dist__V1__ProgramBackwardReply *r = (const void *)f->calls[i].reply;
     if (!f->calls[i].applied) continue;
@@ -62,12 +63,6 @@ static void undo_backward(dist_client *c, const fanout *f, const dist_backward_o
       if (names[j] && names[j][0] && held) dist_delete_on(c, names[j], &f->targets[i], 1);
     }
   }
-}
-
-void dist_backward_delete_grads(dist_client *c, const dist_invocation *inv,
-                                const char *const *names) {
-  for (int j = 0; j < inv->n_inputs; j++)
-    if (names[j] && names[j][0]) dist_delete_on(c, names[j], inv->targets, inv->n);
 }
 
 /* Whether the daemon of `rank` holds a piece of output k. One that holds
@@ -130,10 +125,9 @@ static int prepare_backward(dist_client *c, dist_invocation *inv, fanout *f,
   return build_backward(c, inv, f, out_grads, names, o, rq);
 }
 
-int dist_backward(dist_client *c, dist_invocation *inv,
-                  const dist_arg *out_grads, const dist_backward_opts *opts,
-                  dist_tensor **grads) {
-  if (!c) return dist_no_client(__func__);
+static int backward_run(dist_client *c, dist_invocation *inv, const dist_arg *out_grads,
+                        const dist_backward_opts *opts, dist_tensor **grads,
+                        const char *const *undo_names) {
   if (DIST_NEED(c, inv)) return c->err.code;
   dist_backward_opts o = DIST_BACKWARD_OPTS_INIT;
   if (opts) o = *opts;
@@ -162,13 +156,28 @@ int dist_backward(dist_client *c, dist_invocation *inv,
                       &dist__v1__program_backward_reply__descriptor, f.calls, f.n);
   inv->backward_done = 1; /* the daemons freed the invocation either way */
   if (rc == 0) rc = take_grads(c, &f, &o, inv, grads);
-  if (rc) undo_backward(c, &f, &o, inv->n_inputs, names);
+  if (rc)
+    undo_backward(c, &f, &o, inv->n_inputs,
+                  undo_names ? undo_names : (const char *const *)names, undo_names != NULL);
 out:
   dist_prog_fanout_free(&f);
   free(rq);
   free(names);
   free(buf);
   return rc;
+}
+
+int dist_backward(dist_client *c, dist_invocation *inv,
+                  const dist_arg *out_grads, const dist_backward_opts *opts,
+                  dist_tensor **grads) {
+  if (!c) return dist_no_client(__func__);
+  return backward_run(c, inv, out_grads, opts, grads, NULL);
+}
+
+int dist_backward_undoing(dist_client *c, dist_invocation *inv, const dist_arg *out_grads,
+                          const dist_backward_opts *opts, dist_tensor **grads,
+                          const char *const *undo_names) {
+  return backward_run(c, inv, out_grads, opts, grads, undo_names);
 }
 
 int dist_backward_refused(dist_client *c, const dist_invocation *inv) {

@@ -350,9 +350,9 @@ static int layer_back(dist_tape *t, entry *e) {
     np[j] = names[j];
   }
   dist_backward_opts bo = {np, 1, 0};
-  rc = dist_backward(c, e->inv, only_loss ? NULL : og, &bo, grads);
-  /* A replacing backward keeps what it stored; the names are the tape's. */
-  if (rc) dist_backward_delete_grads(c, e->inv, np);
+  /* A replacing backward keeps what it stored; the names are the tape's,
+   * deleted where it applied when it fails. */
+  rc = dist_backward_undoing(c, e->inv, only_loss ? NULL : og, &bo, grads, np);
   for (int k = 0; k < e->n_out; k++) {
     slot *s = dist_tape_find(t->slots, t->n_slots, e->outs[k].name);
     if (s) dist_tape_slot_clear(t, s);

@@ -788,6 +788,45 @@ Test(shard_layer, a_release_that_cannot_delete_its_step_says_so, .timeout = 120)
   harness_stop(&h);
 }
 
+/* A backward that fails because a daemon does not answer must not then
+ * ask that daemon to delete each gradient it never stored: every such
+ * delete waits a whole deadline (it took 4 deadlines, 8 s here; 2 minutes
+ * at the default 30 s). It asks only the daemons that applied it. */
+Test(shard_layer, a_backward_a_frozen_daemon_fails_waits_one_deadline, .timeout = 120) {
+  enum { DEADLINE_MS = 2000 };
+  harness h;
+  harness_start(&h, 2, NULL);
+  dist_opts o = DIST_OPTS_INIT;
+  o.timeout_ms = DEADLINE_MS;
+  dist_client *c = NULL;
+  cr_assert_eq(dist_connect_cluster(h.cluster_file, &o, &c), 0, "%s",
+               dist_last_connect_error());
+  dist_mesh *m = line_mesh(2);
+  dist_layer *l = NULL;
+  cr_assert_eq(dist_layer_linear(4, 4, 1, 7, &l), 0);
+  cr_assert_eq(dist_layer_set_name(l, "frz"), 0);
+  cr_assert_eq(dist_shard_layer(c, l, m, NULL, NULL, NULL, NULL), 0, "%s", dist_errmsg(c));
+  float xv[8];
+  fill(xv, 8, 5);
+  int64_t shape[2] = {2, 4};
+  dist_placement rep = DIST_REPLICATED;
+  dist_tensor *x = put(c, "frz.x", xv, 2, shape, m, &rep), *y = NULL;
+  cr_assert_eq(dist_layer_forward(c, l, &x, 1, &y, 1), 1, "%s", dist_errmsg(c));
+  cr_assert(harness_freeze(&h, 1, 5000));
+  double t0 = harness_now_s();
+  int rc = dist_layer_backward(c, l, &y, NULL);
+  double took = harness_now_s() - t0;
+  kill(h.pids[1], SIGCONT);
+  cr_assert(rc < 0, "a backward with rank 1 frozen succeeded");
+  cr_assert_lt(took, 2.5 * DEADLINE_MS / 1000.0, "it took %.1f s, %.1f deadlines", took,
+               took * 1000 / DEADLINE_MS);
+  dist_tensor_free(x), dist_tensor_free(y);
+  dist_layer_free(l);
+  dist_mesh_free(m);
+  dist_close(c);
+  harness_stop(&h);
+}
+
 Test(shard_layer, a_mesh_outside_the_cluster_fails_and_stores_nothing,
      .timeout = 120) {
   harness h;
