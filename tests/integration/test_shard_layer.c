@@ -758,6 +758,34 @@ Test(shard_layer, shapes_whose_element_count_overflows_are_refused) {
   dist_layer_free(l);
 }
 
+/* A Linear 4 -> 4 named `name`, sharded by c on m, run forward once on a
+ * replicated x ("<name>.x"): its step holds y's and x's tensors. */
+typedef struct stepped {
+  dist_layer *l;
+  dist_tensor *x, *y;
+} stepped;
+
+static stepped linear_after_a_forward(dist_client *c, const dist_mesh *m, const char *name) {
+  stepped st = {NULL, NULL, NULL};
+  cr_assert_eq(dist_layer_linear(4, 4, 1, 7, &st.l), 0);
+  cr_assert_eq(dist_layer_set_name(st.l, name), 0);
+  cr_assert_eq(dist_shard_layer(c, st.l, m, NULL, NULL, NULL, NULL), 0, "%s", dist_errmsg(c));
+  float xv[8];
+  fill(xv, 8, 5);
+  int64_t shape[2] = {2, 4};
+  dist_placement rep = DIST_REPLICATED;
+  char xname[64];
+  snprintf(xname, sizeof xname, "%s.x", name);
+  st.x = put(c, xname, xv, 2, shape, m, &rep);
+  cr_assert_eq(dist_layer_forward(c, st.l, &st.x, 1, &st.y, 1), 1, "%s", dist_errmsg(c));
+  return st;
+}
+
+static void stepped_free(stepped *st) {
+  dist_tensor_free(st->x), dist_tensor_free(st->y);
+  dist_layer_free(st->l);
+}
+
 /* A release that cannot delete its step's tensors (here a daemon is
  * down) says so: it answered success, leaving them in the daemons with
  * nothing in the client naming them. */
@@ -766,23 +794,13 @@ Test(shard_layer, a_release_that_cannot_delete_its_step_says_so, .timeout = 120)
   harness_start(&h, 2, NULL);
   dist_client *c = harness_client(&h);
   dist_mesh *m = line_mesh(2);
-  dist_layer *l = NULL;
-  cr_assert_eq(dist_layer_linear(4, 4, 1, 7, &l), 0);
-  cr_assert_eq(dist_layer_set_name(l, "rel"), 0);
-  cr_assert_eq(dist_shard_layer(c, l, m, NULL, NULL, NULL, NULL), 0, "%s", dist_errmsg(c));
-  float xv[8];
-  fill(xv, 8, 5);
-  int64_t shape[2] = {2, 4};
-  dist_placement rep = DIST_REPLICATED;
-  dist_tensor *x = put(c, "rel.x", xv, 2, shape, m, &rep), *y = NULL;
-  cr_assert_eq(dist_layer_forward(c, l, &x, 1, &y, 1), 1, "%s", dist_errmsg(c));
+  stepped st = linear_after_a_forward(c, m, "rel");
   harness_kill(&h, 1, SIGKILL);
-  int rc = dist_layer_release(c, l);
+  int rc = dist_layer_release(c, st.l);
   cr_assert_eq(rc, DIST_EUNAVAIL, "release of a step it could not delete: %d (%s)", rc,
                dist_errmsg(c));
-  cr_assert_eq(dist_layer_release(c, l), 0, "the step is dropped all the same");
-  dist_tensor_free(x), dist_tensor_free(y);
-  dist_layer_free(l);
+  cr_assert_eq(dist_layer_release(c, st.l), 0, "the step is dropped all the same");
+  stepped_free(&st);
   dist_mesh_free(m);
   dist_close(c);
   harness_stop(&h);
@@ -802,26 +820,16 @@ Test(shard_layer, a_backward_a_frozen_daemon_fails_waits_one_deadline, .timeout 
   cr_assert_eq(dist_connect_cluster(h.cluster_file, &o, &c), 0, "%s",
                dist_last_connect_error());
   dist_mesh *m = line_mesh(2);
-  dist_layer *l = NULL;
-  cr_assert_eq(dist_layer_linear(4, 4, 1, 7, &l), 0);
-  cr_assert_eq(dist_layer_set_name(l, "frz"), 0);
-  cr_assert_eq(dist_shard_layer(c, l, m, NULL, NULL, NULL, NULL), 0, "%s", dist_errmsg(c));
-  float xv[8];
-  fill(xv, 8, 5);
-  int64_t shape[2] = {2, 4};
-  dist_placement rep = DIST_REPLICATED;
-  dist_tensor *x = put(c, "frz.x", xv, 2, shape, m, &rep), *y = NULL;
-  cr_assert_eq(dist_layer_forward(c, l, &x, 1, &y, 1), 1, "%s", dist_errmsg(c));
+  stepped st = linear_after_a_forward(c, m, "frz");
   cr_assert(harness_freeze(&h, 1, 5000));
   double t0 = harness_now_s();
-  int rc = dist_layer_backward(c, l, &y, NULL);
+  int rc = dist_layer_backward(c, st.l, &st.y, NULL);
   double took = harness_now_s() - t0;
   kill(h.pids[1], SIGCONT);
   cr_assert(rc < 0, "a backward with rank 1 frozen succeeded");
   cr_assert_lt(took, 2.5 * DEADLINE_MS / 1000.0, "it took %.1f s, %.1f deadlines", took,
                took * 1000 / DEADLINE_MS);
-  dist_tensor_free(x), dist_tensor_free(y);
-  dist_layer_free(l);
+  stepped_free(&st);
   dist_mesh_free(m);
   dist_close(c);
   harness_stop(&h);
