@@ -163,7 +163,9 @@ int dist_local_layer_keeps_failed_outputs(const dist_call_opts *o) {
  * reply was lost here (out of memory): undo it on each that applied it,
  * its outputs deleted unless dist_local_layer_keeps_failed_outputs. The
  * names are the request's, not the reply's, which may be missing; a
- * daemon's reply, when there is one, says which outputs it holds. */
+ * daemon's reply, when there is one, says which outputs it holds, and
+ * without one only the daemons of output k's mesh can have stored it (a
+ * tensor of that name elsewhere is another's). */
 static void undo_call(dist_client *c, const dist_program *p, fanout *f, uint64_t id,
                       char *const *names, int replaced) {
   dist_errbuf keep = c->err;
@@ -172,7 +174,8 @@ static void undo_call(dist_client *c, const dist_program *p, fanout *f, uint64_t
     if (!f->calls[i].applied) continue;
     dist_prog_release_on(c, &f->targets[i], 1, NULL, id);
     for (int k = 0; !replaced && k < p->n_outputs; k++) {
-      int held = !r || ((size_t)k < r->n_outputs && r->outputs[k]->name && r->outputs[k]->name[0]);
+      int held = r ? (size_t)k < r->n_outputs && r->outputs[k]->name && r->outputs[k]->name[0]
+                   : dist_mesh_index_of(&p->attrs[k]->mesh, f->targets[i]) >= 0;
       if (held) dist_delete_on(c, names[k], &f->targets[i], 1);
     }
   }
