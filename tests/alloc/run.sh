@@ -20,10 +20,11 @@
 # caller.
 #
 # ALLOC_STRIDE=s tries every s-th k from ALLOC_OFFSET (default: a stride
-# that keeps the sweep near ALLOC_RUNS runs, 300 by default: a run takes
-# about 0.2 s on two busy cores, so ~60 s for 1,200 to 3,600 allocations
-# counted; the offset is drawn at random in 0..s-1 and printed, so that
-# successive runs cover other sites).
+# that keeps the sweep near ALLOC_RUNS runs, 250 by default, 60 in the
+# "held" mode: a run and the listing after it take about 0.25 s on two
+# busy cores, so ~60 s for about 3,800 allocations counted, and ~15 s for
+# the held mode's 150; the offset is drawn at random in 0..s-1 and
+# printed, so that successive runs cover other sites).
 # ALLOC_STRIDE=1 sweeps every allocation.
 set -uo pipefail
 sweep_name=alloc_sweep
@@ -80,7 +81,9 @@ if [ -z "$n" ] || [ "$n" -lt 1 ]; then
   echo "alloc_sweep: the shim counted no allocation" >&2
   exit 1
 fi
-sweep_plan "$n" "${ALLOC_RUNS:-300}"
+runs=250
+[ "${3:-}" = held ] && runs=60
+sweep_plan "$n" "${ALLOC_RUNS:-$runs}"
 
 bad=0 tried=0 enomem=0 leaving=0
 for ((k = offset + 1; k <= n; k += stride)); do
