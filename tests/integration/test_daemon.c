@@ -49,7 +49,7 @@ Test(daemon, health_and_info_on_a_three_rank_cluster, .timeout = 60) {
     cr_assert_eq(dist_info(c, r, &info), 0, "%s", dist_errmsg(c));
     cr_assert_eq(info.rank, r);
     cr_assert_eq(info.world_size, 3);
-    cr_assert_str_eq(info.version, "0.2.10");
+    cr_assert_str_eq(info.version, "0.2.11");
     cr_assert_eq(info.npeers, 2);
     for (int p = 0; p < 2; p++) {
       cr_assert(info.peers[p].connected);
