@@ -128,7 +128,6 @@ static int prepare_backward(dist_client *c, dist_invocation *inv, fanout *f,
 static int backward_run(dist_client *c, dist_invocation *inv, const dist_arg *out_grads,
                         const dist_backward_opts *opts, dist_tensor **grads,
                         const char *const *undo_names) {
-  if (DIST_NEED(c, inv)) return c->err.code;
   dist_backward_opts o = DIST_BACKWARD_OPTS_INIT;
   if (opts) o = *opts;
   for (int j = 0; grads && j < inv->n_inputs; j++) grads[j] = NULL;
@@ -171,12 +170,14 @@ int dist_backward(dist_client *c, dist_invocation *inv,
                   const dist_arg *out_grads, const dist_backward_opts *opts,
                   dist_tensor **grads) {
   if (!c) return dist_no_client(__func__);
+  if (DIST_NEED(c, inv)) return c->err.code;
   return backward_run(c, inv, out_grads, opts, grads, NULL);
 }
 
 int dist_backward_undoing(dist_client *c, dist_invocation *inv, const dist_arg *out_grads,
                           const dist_backward_opts *opts, dist_tensor **grads,
                           const char *const *undo_names) {
+  if (DIST_NEED(c, inv)) return c->err.code;
   return backward_run(c, inv, out_grads, opts, grads, undo_names);
 }
 
