@@ -94,8 +94,8 @@ static int new_output_tensor(distd_server *s, const xreq *rq, const input *in,
                           &p, s->rank, out, eb);
 }
 
-static int send_reply(distd_server *s, const distd_tensor *t, const void *data,
-                      uint64_t rows, const input *in, grpc_byte_buffer **reply) {
+static void send_reply(distd_server *s, const distd_tensor *t, const void *data,
+                       uint64_t rows, const input *in, grpc_byte_buffer **reply) {
   Dist__V1__GlobalExchangeReply rp = DIST__V1__GLOBAL_EXCHANGE_REPLY__INIT;
   dist_wire_meta w; /* on the stack: the reply of a stored result cannot fail */
   rp.rows = rows;
@@ -108,7 +108,6 @@ static int send_reply(distd_server *s, const distd_tensor *t, const void *data,
     rp.data.len = (size_t)rows * in->width * dist_dtype_size(in->dtype);
   }
   *reply = dist_pb_to_bb(&rp.base);
-  return 0;
 }
 
 static int exchange(distd_server *s, const distd_call_info *ci, const xreq *rq,
@@ -154,7 +153,7 @@ static int exchange(distd_server *s, const distd_call_info *ci, const xreq *rq,
                                          : DISTD_SIG_GLOBAL_GATHER, in.dtype, -1, -1)};
   if ((rc = distd_moe_exchange(&a, in.data, out, eb)) != 0) goto out;
   if (t && (rc = distd_store_put(s->store, t, rq->replace, eb)) != 0) goto out;
-  rc = send_reply(s, t, out, out_rows, &in, reply);
+  send_reply(s, t, out, out_rows, &in, reply);
   goto out;
 fail:
   distd_refuse_op(s, rq->op_id, 0, group, size, "its daemon", dist_errbuf_msg(eb));
