@@ -1,4 +1,6 @@
+#include "json_memory.h"
 #include "log.h"
+#include "utf8.h"
 
 #include <jansson.h>
 #include <pthread.h>
@@ -51,8 +53,12 @@ static void write_json(dist_log_level level, const char *text) {
   json_t *o = json_pack("{s:f,s:s,s:s,s:s}", "ts",
                         ts.tv_sec + ts.tv_nsec / 1e9, "level",
                         level_name(level), "program", log_program, "msg", text);
-  char *line = o ? json_dumps(o, JSON_COMPACT) : NULL;
+  char *line = o ? dist_json_dumps(o, JSON_COMPACT) : NULL;
   if (line) fprintf(stderr, "%s\n", line);
+  else /* jansson could not allocate, or text is not UTF-8: say a line was lost */
+    fprintf(stderr, "{\"level\":\"%s\",\"program\":\"%s\",\"msg\":\"a log line could "
+            "not be written as JSON (%s)\"}\n", level_name(level), log_program,
+            dist_utf8_valid(text, strlen(text)) ? "out of memory" : "not UTF-8");
   free(line);
   json_decref(o);
 }

@@ -1,6 +1,8 @@
 /* safetensors framing: see safetensors.h. Every number read from the file
  * is checked before it is used as a length or an offset. */
 #include "safetensors.h"
+#include "json_memory.h"
+#include "utf8.h"
 
 #include <jansson.h>
 #include <stdio.h>
@@ -218,7 +220,11 @@ int dist_st_parse(const void *bytes, size_t len, dist_st_file **out,
                      "fit the %zu-byte file (truncated?)", (unsigned long long)hlen,
                      len);
   json_error_t jerr;
-  json_t *h = json_loadb((const char *)b + 8, (size_t)hlen, JSON_REJECT_DUPLICATES, &jerr);
+  int no_memory;
+  json_t *h = dist_json_loadb((const char *)b + 8, (size_t)hlen, JSON_REJECT_DUPLICATES,
+                              &jerr, &no_memory);
+  if (no_memory)
+    return dist_fail(eb, DIST_ENOMEM, "safetensors: out of memory reading the header");
   if (!h || !json_is_object(h)) {
     json_decref(h);
     return dist_fail(eb, DIST_EINVAL, "safetensors: header is not a JSON object%s%s",
@@ -233,38 +239,66 @@ int dist_st_parse(const void *bytes, size_t len, dist_st_file **out,
   return rc;
 }
 
+/* Each builder answers NULL when jansson could not allocate a step, never
+ * a header with an entry or a dim left out (json_memory.h). */
 static json_t *entry_json(const dist_st_tensor *t, uint64_t begin, uint64_t end) {
   json_t *shape = json_array();
+  int failed = !shape;
   for (int d = 0; d < t->shape.ndim; d++)
-    json_array_append_new(shape, json_integer((json_int_t)t->shape.dims[d]));
+    failed |= json_array_append_new(shape, json_integer((json_int_t)t->shape.dims[d])) != 0;
+  if (failed) {
+    json_decref(shape);
+    return NULL;
+  }
   return json_pack("{s:s, s:o, s:[I,I]}", "dtype", dist_st_dtype_name(t->dtype),
                    "shape", shape, "data_offsets", (json_int_t)begin,
                    (json_int_t)end);
+}
+
+/* The metadata object; its keys and values are the caller's strings. */
+static int add_metadata(json_t *h, const char *const *meta_kv, int nmeta, dist_errbuf *eb) {
+  for (int i = 0; i < 2 * nmeta; i++)
+    if (!meta_kv[i] || !dist_utf8_valid(meta_kv[i], strlen(meta_kv[i])))
+      return dist_fail(eb, DIST_EINVAL, "safetensors: metadata %s %d is %s", i % 2 ? "value" : "key",
+                       i / 2, meta_kv[i] ? "not valid UTF-8" : "NULL");
+  json_t *m = json_object();
+  int failed = !m;
+  for (int i = 0; i < nmeta; i++)
+    failed |= json_object_set_new(m, meta_kv[2 * i], json_string(meta_kv[2 * i + 1])) != 0;
+  failed |= json_object_set_new(h, "__metadata__", m) != 0;
+  return failed ? dist_fail(eb, DIST_ENOMEM, "safetensors: out of memory building the "
+                            "header's metadata") : 0;
+}
+
+static int add_entries(json_t *h, const dist_st_tensor *t, int n, dist_errbuf *eb) {
+  uint64_t at = 0;
+  for (int i = 0; i < n; i++) {
+    if (!dist_st_dtype_name(t[i].dtype) || !t[i].name ||
+        strlen(t[i].name) >= DIST_ST_NAME_MAX || !strcmp(t[i].name, "__metadata__") ||
+        !dist_utf8_valid(t[i].name, strlen(t[i].name)) || json_object_get(h, t[i].name))
+      return dist_fail(eb, DIST_EINVAL, "safetensors: cannot write tensor '%s' (bad or "
+                       "repeated name, or dtype)", t[i].name ? t[i].name : "(null)");
+    uint64_t bytes = (uint64_t)dist_shape_numel(&t[i].shape) * dist_dtype_size(t[i].dtype);
+    if (json_object_set_new(h, t[i].name, entry_json(&t[i], at, at + bytes)) != 0)
+      return dist_fail(eb, DIST_ENOMEM, "safetensors: out of memory building the "
+                       "header's entry for '%s'", t[i].name);
+    at += bytes;
+  }
+  return 0;
 }
 
 static json_t *header_json(const dist_st_tensor *t, int n,
                            const char *const *meta_kv, int nmeta,
                            dist_errbuf *eb) {
   json_t *h = json_object();
-  if (nmeta > 0) {
-    json_t *m = json_object();
-    for (int i = 0; i < nmeta; i++)
-      json_object_set_new(m, meta_kv[2 * i], json_string(meta_kv[2 * i + 1]));
-    json_object_set_new(h, "__metadata__", m);
+  if (!h) {
+    dist_fail(eb, DIST_ENOMEM, "safetensors: out of memory building the header");
+    return NULL;
   }
-  uint64_t at = 0;
-  for (int i = 0; i < n; i++) {
-    if (!dist_st_dtype_name(t[i].dtype) || !t[i].name ||
-        strlen(t[i].name) >= DIST_ST_NAME_MAX || !strcmp(t[i].name, "__metadata__") ||
-        json_object_get(h, t[i].name)) {
-      dist_fail(eb, DIST_EINVAL, "safetensors: cannot write tensor '%s' (bad or "
-                "repeated name, or dtype)", t[i].name ? t[i].name : "(null)");
-      json_decref(h);
-      return NULL;
-    }
-    uint64_t bytes = (uint64_t)dist_shape_numel(&t[i].shape) * dist_dtype_size(t[i].dtype);
-    json_object_set_new(h, t[i].name, entry_json(&t[i], at, at + bytes));
-    at += bytes;
+  if ((nmeta > 0 && add_metadata(h, meta_kv, nmeta, eb) != 0) ||
+      add_entries(h, t, n, eb) != 0) {
+    json_decref(h);
+    return NULL;
   }
   return h;
 }
@@ -275,7 +309,7 @@ int dist_st_encode_header(const dist_st_tensor *t, int n,
   *out = NULL;
   json_t *h = header_json(t, n, meta_kv, nmeta, eb);
   if (!h) return eb ? eb->code : DIST_EINVAL;
-  char *text = json_dumps(h, JSON_COMPACT);
+  char *text = dist_json_dumps(h, JSON_COMPACT);
   json_decref(h);
   if (!text) return dist_fail(eb, DIST_ENOMEM, "safetensors: cannot format header");
   size_t tl = strlen(text), padded = (tl + 7) / 8 * 8;

@@ -2,8 +2,8 @@
  * Reductions live in reduce.c and the .npy format in npy.c. */
 #include "fileio.h"
 #include "tensor.h"
+#include "utf8.h"
 
-#include <jansson.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -59,9 +59,8 @@ int dist_name_check(const char *name, dist_errbuf *eb) {
                      "allowed", name, len, DIST_NAME_LEN_MAX);
   if (strcmp(name, "__metadata__") == 0)
     return dist_fail(eb, DIST_EINVAL, "'__metadata__' is reserved (checkpoint files use it)");
-  json_t *utf8 = json_stringn(name, len); /* NULL unless valid UTF-8 */
-  if (!utf8) return dist_fail(eb, DIST_EINVAL, "tensor name is not valid UTF-8");
-  json_decref(utf8);
+  if (!dist_utf8_valid(name, len))
+    return dist_fail(eb, DIST_EINVAL, "tensor name is not valid UTF-8");
   return 0;
 }
 

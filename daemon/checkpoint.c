@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "json_memory.h"
 #include "safetensors.h"
 
 int distd_ckpt_check_dir(const char *dir, dist_errbuf *eb) {
@@ -250,13 +251,12 @@ int distd_ckpt_manifest_files(const char *dir, char ***files, size_t *n) {
   dist_errbuf eb = DIST_ERRBUF_INIT;
   if (distd_ckpt_read_manifest(dir, &text, &eb) != 0) return eb.code == DIST_ENOMEM ? -1 : 0;
   json_error_t err;
-  json_t *doc = json_loads(text, 0, &err), *list = json_object_get(doc, "files");
+  int jansson_lost;
+  json_t *doc = dist_json_loadb(text, strlen(text), 0, &err, &jansson_lost),
+         *list = json_object_get(doc, "files");
   size_t count = json_array_size(list);
   /* jansson's own allocation failing must not read as a manifest naming
-   * no file, by which a commit would remove them all. jansson 2.14 says
-   * out_of_memory for some of its allocations and leaves the error empty
-   * when its first one fails; a manifest that is not JSON says why. */
-  int jansson_lost = !doc && (json_error_code(&err) == json_error_out_of_memory || !err.text[0]);
+   * no file, by which a commit would remove them all. */
   int lost = jansson_lost || !(*files = calloc(count + 1, sizeof **files));
   for (size_t i = 0; !lost && i < count; i++) {
     const char *f = json_string_value(json_object_get(json_array_get(list, i), "file"));

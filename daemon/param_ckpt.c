@@ -1,5 +1,6 @@
 /* Parameters in checkpoint files: see param_ckpt.h. */
 #include "param_ckpt.h"
+#include "json_memory.h"
 
 #include <jansson.h>
 #include <stdio.h>
@@ -44,6 +45,7 @@ static char *state_name(const distd_ckpt_contents *c, int i, int k) {
 static int add_state(distd_ckpt_contents *c, int i, const distd_param_snapshot *s,
                      json_t *params, dist_errbuf *eb) {
   json_t *names = json_array();
+  int failed = !names;
   for (int k = 0; k < s->nstate; k++) {
     char *name = state_name(c, i, k);
     if (!name) {
@@ -53,9 +55,13 @@ static int add_state(distd_ckpt_contents *c, int i, const distd_param_snapshot *
     c->names[c->nnames++] = name;
     c->entries[c->n++] = (dist_st_tensor){name, s->tensor->dtype, s->tensor->local,
                                           s->state[k]};
-    json_array_append_new(names, json_string(name));
+    failed |= json_array_append_new(names, json_string(name)) != 0;
   }
-  json_object_set_new(params, s->tensor->name, cfg_json(s, names));
+  json_t *cfg = failed ? NULL : cfg_json(s, names); /* takes names, even failing */
+  if (failed) json_decref(names);
+  failed |= json_object_set_new(params, s->tensor->name, cfg) != 0;
+  if (failed) return dist_fail(eb, DIST_ENOMEM, "out of memory describing the optimizer "
+                               "state of '%s'", s->tensor->name);
   return 0;
 }
 
@@ -72,11 +78,12 @@ int distd_ckpt_contents_build(distd_tensor *const *t, const distd_param_snapshot
     out->entries[out->n++] = (dist_st_tensor){t[i]->name, t[i]->dtype, t[i]->local,
                                               t[i]->data};
   json_t *params = json_object();
-  int rc = 0;
+  int rc = params ? 0 : dist_fail(eb, DIST_ENOMEM, "out of memory listing a checkpoint");
   for (int i = 0; i < n && rc == 0; i++)
     if (snap[i].tensor) rc = add_state(out, i, &snap[i], params, eb);
-  if (rc == 0 && json_object_size(params) > 0)
-    out->optim_json = json_dumps(params, JSON_COMPACT | JSON_SORT_KEYS);
+  if (rc == 0 && json_object_size(params) > 0 &&
+      !(out->optim_json = dist_json_dumps(params, JSON_COMPACT | JSON_SORT_KEYS)))
+    rc = dist_fail(eb, DIST_ENOMEM, "out of memory writing the optimizer state's description");
   json_decref(params);
   if (rc != 0) distd_ckpt_contents_free(out);
   return rc;
@@ -151,12 +158,16 @@ int distd_ckpt_optim_parse(const dist_st_file *f, const char *file, json_t **opt
   const char *text = dist_st_meta(f, DISTD_CKPT_OPTIM_KEY);
   if (!text) return 0; /* no parameter, or a checkpoint from before they were kept */
   json_error_t jerr;
-  json_t *params = json_loads(text, 0, &jerr);
+  int no_memory;
+  json_t *params = dist_json_loadb(text, strlen(text), 0, &jerr, &no_memory);
   if (json_is_object(params)) {
     *optim = params;
     return 0;
   }
   json_decref(params);
+  if (no_memory)
+    return dist_fail(eb, DIST_ENOMEM, "%s: out of memory reading metadata %s", file,
+                     DISTD_CKPT_OPTIM_KEY);
   return dist_fail(eb, DIST_EINVAL, "%s: metadata %s is not a JSON object", file,
                    DISTD_CKPT_OPTIM_KEY);
 }

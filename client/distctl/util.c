@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "distctl.h"
+#include "json_memory.h"
 #include "mesh.h"
 
 int distctl_fail(const char *fmt, ...) {
@@ -85,8 +86,9 @@ void *distctl_calloc(size_t n, size_t size, const char *fmt, ...) {
 }
 
 void distctl_print_json(json_t *j) {
-  char *s = json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+  char *s = j ? dist_json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER) : NULL;
   if (s) printf("%s\n", s);
+  else distctl_fail("out of memory writing the JSON output");
   free(s);
   json_decref(j);
 }

@@ -10,6 +10,7 @@
 
 #include "checkpoint.pb-c.h"
 #include "checkpoint_internal.h"
+#include "json_memory.h"
 #include "wire.h"
 
 #define MANIFEST_FORMAT "distd-checkpoint"
@@ -39,25 +40,38 @@ static void placement_text(const dist_placement *p, char *buf, size_t len) {
   else snprintf(buf, len, "Replicate()");
 }
 
+/* NULL when jansson could not allocate a step (json_memory.h): never an
+ * entry with a dim or a rank left out. */
 static json_t *tensor_json(const dist_tensor *t, uint64_t version, int with_state) {
   json_t *shape = json_array(), *mshape = json_array(), *ranks = json_array(),
          *names = json_array(), *pl = json_array();
+  int failed = !shape || !mshape || !ranks || !names || !pl;
   for (int d = 0; d < t->shape.ndim; d++)
-    json_array_append_new(shape, json_integer(t->shape.dims[d]));
+    failed |= json_array_append_new(shape, json_integer(t->shape.dims[d])) != 0;
   const dist_mesh_desc *m = &t->mesh.d;
   for (int d = 0; d < m->ndim; d++) {
     char buf[64];
-    json_array_append_new(mshape, json_integer(m->shape[d]));
-    json_array_append_new(names, json_string(m->dim_names[d]));
     placement_text(&t->placements[d], buf, sizeof buf);
-    json_array_append_new(pl, json_string(buf));
+    failed |= json_array_append_new(mshape, json_integer(m->shape[d])) != 0 ||
+              json_array_append_new(names, json_string(m->dim_names[d])) != 0 ||
+              json_array_append_new(pl, json_string(buf)) != 0;
   }
-  for (int i = 0; i < m->nranks; i++) json_array_append_new(ranks, json_integer(m->ranks[i]));
+  for (int i = 0; i < m->nranks; i++)
+    failed |= json_array_append_new(ranks, json_integer(m->ranks[i])) != 0;
+  if (failed) {
+    json_t *all[] = {shape, mshape, ranks, names, pl};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++) json_decref(all[i]);
+    return NULL;
+  }
   return json_pack("{s:s, s:s, s:o, s:{s:o, s:o, s:o}, s:o, s:I, s:b}", "name",
                    t->name, "dtype", dist_dtype_name(t->dtype), "shape", shape,
                    "mesh", "shape", mshape, "ranks", ranks, "dim_names", names,
                    "placements", pl, "version", (json_int_t)version,
                    "optimizer_state", with_state);
+}
+
+static int no_memory(dist_client *c, const char *doing) {
+  return dist_client_fail(c, DIST_ENOMEM, "out of memory %s", doing);
 }
 
 /* What the daemons wrote, one reply per rank; asked: the ranks 0..asked-1
@@ -86,14 +100,16 @@ static int saved_with_state(const Dist__V1__CheckpointSaveReply *rp, const char 
  * unseen. */
 static int same_tensor(dist_client *c, json_t *prev, const dist_tensor *t) {
   json_t *mine = tensor_json(t, 0, 0);
+  if (!mine) return no_memory(c, "describing a tensor for the manifest");
   json_t *a = json_object_get(prev, "mesh"), *b = json_object_get(mine, "mesh");
   int rc = 0;
   if (!json_equal(a, b)) {
-    char *ra = json_dumps(json_object_get(a, "ranks"), JSON_COMPACT),
-         *rb = json_dumps(json_object_get(b, "ranks"), JSON_COMPACT);
-    rc = dist_client_fail(c, DIST_ENOTSUP, "'%s' is held as per-rank values (on mesh %s, "
-                          "on mesh %s, ...): a checkpoint keeps one tensor per name; save "
-                          "the others by name", t->name, ra, rb);
+    char *ra = dist_json_dumps(json_object_get(a, "ranks"), JSON_COMPACT),
+         *rb = dist_json_dumps(json_object_get(b, "ranks"), JSON_COMPACT);
+    if (!ra || !rb) rc = no_memory(c, "describing a tensor for the manifest");
+    else rc = dist_client_fail(c, DIST_ENOTSUP, "'%s' is held as per-rank values (on mesh "
+                               "%s, on mesh %s, ...): a checkpoint keeps one tensor per "
+                               "name; save the others by name", t->name, ra, rb);
     free(ra);
     free(rb);
   }
@@ -138,7 +154,8 @@ static int add_tensor(dist_client *c, json_t *tensors, const saved *sv,
       return dist_client_fail(c, DIST_ENOTFOUND, "rank %d holds no piece of '%s'",
                               r, m->name);
   }
-  json_object_set_new(tensors, m->name, tensor_json(&t, m->version, with_state));
+  if (json_object_set_new(tensors, m->name, tensor_json(&t, m->version, with_state)) != 0)
+    return no_memory(c, "describing a tensor for the manifest");
   info->nparams += with_state;
   return 0;
 }
@@ -147,31 +164,52 @@ static int not_found(dist_client *c, const char *name) {
   return dist_client_fail(c, DIST_ENOTFOUND, "tensor '%s' not found", name);
 }
 
+/* The daemons' files, by rank. */
+static int add_files(dist_client *c, json_t *files, const saved *sv,
+                     dist_checkpoint_info *info) {
+  for (int r = 0; r < sv->n; r++) {
+    const Dist__V1__CheckpointSaveReply *rp = sv->replies[r];
+    if (json_array_append_new(files, json_pack("{s:i, s:s, s:s, s:I}", "rank", r,
+                                               "file", rp->file, "sha256", rp->sha256,
+                                               "bytes", (json_int_t)rp->bytes)) != 0)
+      return no_memory(c, "listing the checkpoint's files");
+    info->bytes += rp->bytes;
+  }
+  return 0;
+}
+
+/* Every tensor a daemon wrote, once, checked against the others' pieces. */
+static int add_tensors(dist_client *c, json_t *tensors, const saved *sv,
+                       const dist_checkpoint_opts *o, dist_checkpoint_info *info) {
+  int rc = 0;
+  for (int r = 0; r < sv->n && rc == 0; r++)
+    for (size_t k = 0; k < sv->replies[r]->n_tensors && rc == 0; k++)
+      rc = add_tensor(c, tensors, sv, sv->replies[r]->tensors[k], info);
+  for (int i = 0; o && i < o->ntensors && rc == 0; i++)
+    if (!json_object_get(tensors, o->tensors[i])) rc = not_found(c, o->tensors[i]);
+  return rc;
+}
+
 static int build_manifest(dist_client *c, const char *id, const saved *sv,
                           const dist_checkpoint_opts *o, char **text,
                           dist_checkpoint_info *info) {
   json_t *tensors = json_object(), *files = json_array(), *list = json_array();
-  int rc = 0;
-  for (int r = 0; r < sv->n && rc == 0; r++) {
-    const Dist__V1__CheckpointSaveReply *rp = sv->replies[r];
-    json_array_append_new(files, json_pack("{s:i, s:s, s:s, s:I}", "rank", r,
-                                           "file", rp->file, "sha256", rp->sha256,
-                                           "bytes", (json_int_t)rp->bytes));
-    info->bytes += rp->bytes;
-    for (size_t k = 0; k < rp->n_tensors && rc == 0; k++)
-      rc = add_tensor(c, tensors, sv, rp->tensors[k], info);
-  }
-  for (int i = 0; o && i < o->ntensors && rc == 0; i++)
-    if (!json_object_get(tensors, o->tensors[i])) rc = not_found(c, o->tensors[i]);
+  int rc = tensors && files && list ? 0 : no_memory(c, "building the manifest");
+  if (rc == 0) rc = add_files(c, files, sv, info);
+  if (rc == 0) rc = add_tensors(c, tensors, sv, o, info);
   const char *k;
   json_t *v;
-  json_object_foreach(tensors, k, v) json_array_append(list, v);
+  json_object_foreach(tensors, k, v) {
+    if (rc == 0 && json_array_append(list, v) != 0) rc = no_memory(c, "building the manifest");
+  }
   info->ntensors = (int)json_array_size(list);
   info->nfiles = sv->n;
+  /* takes files and list, even when it fails */
   json_t *doc = json_pack("{s:s, s:i, s:s, s:i, s:o, s:o}", "format", MANIFEST_FORMAT,
                           "format_version", MANIFEST_VERSION, "checkpoint_id", id,
                           "world_size", sv->n, "files", files, "tensors", list);
-  if (rc == 0) *text = json_dumps(doc, JSON_INDENT(2) | JSON_SORT_KEYS);
+  if (rc == 0 && !(doc && (*text = dist_json_dumps(doc, JSON_INDENT(2) | JSON_SORT_KEYS))))
+    rc = no_memory(c, "writing the manifest");
   json_decref(doc);
   json_decref(tensors);
   return rc;
@@ -412,9 +450,14 @@ static int parse_tensor(json_t *j, ckpt_entry *e) {
 static int parse_manifest(dist_client *c, const char *dir, const char *text,
                           ckpt_manifest *m) {
   json_error_t jerr;
-  json_t *doc = json_loads(text, 0, &jerr), *files, *tensors;
+  int lost_memory;
+  json_t *doc = dist_json_loadb(text, strlen(text), 0, &jerr, &lost_memory), *files, *tensors;
   const char *format, *id = "";
   int rc = 0;
+  if (lost_memory) {
+    rc = no_memory(c, "reading the manifest");
+    goto out;
+  }
   if (!doc || json_unpack(doc, "{s:s, s:o, s:o, s?s}", "format", &format, "files", &files,
                           "tensors", &tensors, "checkpoint_id", &id) != 0 ||
       strcmp(format, MANIFEST_FORMAT) != 0 || !json_is_array(files) ||

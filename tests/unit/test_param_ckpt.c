@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "jansson_failing.h"
 #include "param_ckpt.h"
 #include "store.h"
 
@@ -220,5 +221,39 @@ Test(param_ckpt, a_parameter_with_the_longest_name_is_saved_and_read) {
   dist_st_free(f);
   free(bytes);
   distd_tensor_unref(t);
+  distd_params_free(p);
+}
+
+/* Each of jansson's allocations failing in turn while a rank lists what
+ * it will write: DIST_ENOMEM, or a description that names the parameter
+ * with both state buffers. It wrote a description without the parameter
+ * (a checkpoint that restored w without its optimizer state), or none. */
+Test(param_ckpt, a_description_jansson_cannot_allocate_for_is_an_error_never_a_short_one) {
+  distd_params *p = params_with_w();
+  distd_param_snapshot snap;
+  cr_assert_eq(distd_param_snapshot_take(p, st, "w", &snap, NULL), 0);
+  long k = 0, counted = 0;
+  for (int clean = 0; !clean && k < 10000;) { /* until a run ends before its k-th */
+    k++;
+    distd_ckpt_contents cc;
+    dist_errbuf eb = DIST_ERRBUF_INIT;
+    jansson_fail_from_now(k);
+    int rc = distd_ckpt_contents_build(&w, &snap, 1, &cc, &eb);
+    counted = jansson_restore();
+    if (rc != 0) {
+      cr_assert_eq(rc, DIST_ENOMEM, "k=%ld: %s", k, eb.msg);
+      continue;
+    }
+    clean = counted < k;
+    json_t *d = cc.optim_json ? json_loads(cc.optim_json, 0, NULL) : NULL;
+    cr_assert_not_null(d, "k=%ld: no description: %s", k, cc.optim_json);
+    json_t *state = json_object_get(json_object_get(d, "w"), "state");
+    cr_assert_eq(json_array_size(state), 2, "k=%ld: %s", k, cc.optim_json);
+    json_decref(d);
+    distd_ckpt_contents_free(&cc);
+  }
+  cr_assert_gt(k, 3, "jansson allocated only %ld times", counted);
+  cr_assert_lt(k, 10000);
+  distd_param_snapshot_free(&snap);
   distd_params_free(p);
 }

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "jansson_failing.h"
 #include "safetensors.h"
 
 static void *raw_file(const char *header, const void *data, size_t dlen,
@@ -251,4 +252,69 @@ Test(safetensors, single_byte_corruptions_never_overrun) {
       free(copy);
     }
   free(buf);
+}
+
+/* Each of jansson's allocations failing in turn: the writer fails with
+ * DIST_ENOMEM, or writes a header that reads back whole. It wrote headers
+ * with a tensor, a dim or the metadata left out. */
+Test(safetensors, a_header_jansson_cannot_allocate_for_is_an_error_never_a_short_one) {
+  float w[6] = {0};
+  dist_st_tensor t[] = {{"a", DIST_FLOAT32, {2, {2, 3}}, w}, {"b", DIST_FLOAT32, {1, {6}}, w}};
+  const char *meta[] = {"format", "distd", "rank", "1"};
+  long k = 0, counted = 0;
+  /* until a run ends before its k-th allocation (bounded: 10,000 runs) */
+  for (int clean = 0; !clean && k < 10000;) {
+    k++;
+    void *buf = NULL;
+    size_t len = 0;
+    dist_errbuf eb = DIST_ERRBUF_INIT;
+    jansson_fail_from_now(k);
+    int rc = dist_st_encode(t, 2, meta, 2, &buf, &len, &eb);
+    counted = jansson_restore();
+    if (rc != 0) {
+      cr_assert_eq(rc, DIST_ENOMEM, "k=%ld: %s", k, eb.msg);
+      continue;
+    }
+    clean = counted < k;
+    dist_st_file *f = NULL;
+    cr_assert_eq(dist_st_parse(buf, len, &f, &eb), 0, "k=%ld: %s", k, eb.msg);
+    cr_assert_eq(f->count, 2, "k=%ld: %d tensors", k, f->count);
+    cr_assert(dist_shape_equal(&dist_st_find(f, "a")->shape, &t[0].shape), "k=%ld", k);
+    cr_assert_not_null(dist_st_meta(f, "format"), "k=%ld: metadata lost", k);
+    cr_assert_str_eq(dist_st_meta(f, "rank"), "1", "k=%ld", k);
+    dist_st_free(f);
+    free(buf);
+  }
+  cr_assert_gt(k, 5, "jansson allocated only %ld times", counted);
+  cr_assert_lt(k, 10000);
+}
+
+/* Reading a header jansson cannot allocate for is DIST_ENOMEM, not a
+ * header said to be malformed. */
+Test(safetensors, a_header_jansson_cannot_allocate_for_reading_is_out_of_memory) {
+  float w[6] = {0};
+  dist_st_tensor t = {"a", DIST_FLOAT32, {2, {2, 3}}, w};
+  void *buf = NULL;
+  size_t len = 0;
+  cr_assert_eq(dist_st_encode(&t, 1, NULL, 0, &buf, &len, NULL), 0);
+  dist_st_file *f = NULL;
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  jansson_fail_from_now(1);
+  int rc = dist_st_parse(buf, len, &f, &eb);
+  jansson_restore();
+  cr_assert_eq(rc, DIST_ENOMEM, "%s", eb.msg);
+  cr_assert_null(f);
+  free(buf);
+}
+
+Test(safetensors, writer_rejects_metadata_that_is_not_utf8) {
+  float w[1] = {0};
+  dist_st_tensor t = {"a", DIST_FLOAT32, {1, {1}}, w};
+  const char *meta[] = {"note", "caf\xe9"};
+  void *buf = NULL;
+  size_t len = 0;
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  cr_assert_eq(dist_st_encode(&t, 1, meta, 1, &buf, &len, &eb), DIST_EINVAL);
+  cr_assert(strstr(eb.msg, "metadata value 0 is not valid UTF-8"), "%s", eb.msg);
+  cr_assert_null(buf);
 }

@@ -1,0 +1,32 @@
+/* jansson and running out of memory. jansson answers NULL (or -1 from a set
+ * or an append) both for input it refuses and for an allocation of its own
+ * that failed; a caller that reads every NULL as bad input calls a valid
+ * manifest invalid, and one that ignores a failed append writes a document
+ * with an entry missing. Builders here check each step, and a failed load
+ * is told apart with this. */
+#ifndef DIST_JSON_MEMORY_H
+#define DIST_JSON_MEMORY_H
+
+#include <jansson.h>
+
+/* json_dumps, except that it answers NULL whenever an allocation failed.
+ * jansson 2.14's own json_dumps can answer a document with a key's closing
+ * quote left out when its buffer cannot grow (do_dump ignores the key's
+ * write: akheron/jansson#655). Free the text with free(). */
+char *dist_json_dumps(const json_t *json, size_t flags);
+
+/* json_loadb, made safe for want of memory: *no_memory is set to 1 when
+ * the load failed for it, and then NULL comes back, never a document
+ * read wrong. jansson 2.14's lexer drops a character when its buffer
+ * cannot grow and goes on ("a.0.safetensors" read as "a.0.safetensor"),
+ * and it reports other failed allocations as syntax errors or not at all.
+ * So the text is loaded twice: two documents that differ, or two failures
+ * that differ, or one of each, mean an allocation failed; the same
+ * failure twice is input that is not JSON. (Two loads losing the same
+ * character would pass: that takes the same allocation failing twice.)
+ * The documents are small (manifests, safetensors headers, optimizer
+ * descriptions), so the second load costs little. */
+json_t *dist_json_loadb(const char *buf, size_t len, size_t flags, json_error_t *err,
+                        int *no_memory);
+
+#endif

@@ -1,0 +1,84 @@
+/* jansson when its allocations fail (common/json_memory.c): a dump is the
+ * whole document or NULL, never a document with a key's quote left out
+ * (jansson 2.14's json_dumps, akheron/jansson#655), and a load that failed
+ * for memory is told apart from input that is not JSON. */
+#include <criterion/criterion.h>
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "jansson_failing.h"
+#include "json_memory.h"
+
+static const char doc_text[] =
+    "{\"files\": [{\"file\": \"a.0.safetensors\", \"rank\": 0}], \"tensors\": "
+    "[{\"name\": \"w\", \"shape\": [2, 3], \"mesh\": {\"ranks\": [0, 1]}}]}";
+
+Test(json_memory, a_dump_is_whole_or_null_whichever_allocation_fails) {
+  json_t *doc = json_loads(doc_text, 0, NULL);
+  cr_assert_not_null(doc);
+  char *want = json_dumps(doc, JSON_COMPACT);
+  long k = 0, counted = 0;
+  for (int clean = 0; !clean && k < 10000;) {
+    k++;
+    jansson_fail_from_now(k);
+    char *got = dist_json_dumps(doc, JSON_COMPACT);
+    counted = jansson_restore();
+    clean = counted < k;
+    if (got) cr_assert_str_eq(got, want, "k=%ld", k);
+    else cr_assert(!clean, "no text though no allocation failed");
+    free(got);
+  }
+  cr_assert_lt(k, 10000);
+  free(want);
+  json_decref(doc);
+}
+
+/* The reference's own flaw, which dist_json_dumps exists for: if jansson
+ * ever fixes it, this test says so and dist_json_dumps can go. */
+Test(json_memory, janssons_own_dump_writes_broken_text_when_an_allocation_fails) {
+  json_t *doc = json_loads(doc_text, 0, NULL);
+  int broken = 0;
+  for (long k = 1; k < 200 && !broken; k++) {
+    jansson_fail_from_now(k);
+    char *got = json_dumps(doc, JSON_COMPACT);
+    jansson_restore();
+    json_t *back = got ? json_loads(got, 0, NULL) : NULL;
+    broken = got && !back;
+    json_decref(back);
+    free(got);
+  }
+  cr_assert(broken, "jansson's json_dumps no longer writes broken text: see json_memory.h");
+  json_decref(doc);
+}
+
+Test(json_memory, a_load_that_fails_for_memory_says_so_or_succeeds) {
+  json_t *want = json_loads(doc_text, 0, NULL);
+  long k = 0, counted = 0;
+  for (int clean = 0; !clean && k < 10000;) {
+    k++;
+    json_error_t err;
+    int no_memory = -1;
+    jansson_fail_from_now(k);
+    json_t *got = dist_json_loadb(doc_text, strlen(doc_text), 0, &err, &no_memory);
+    counted = jansson_restore();
+    clean = counted < k;
+    if (got) cr_assert(json_equal(got, want) && no_memory == 0, "k=%ld", k);
+    else cr_assert_eq(no_memory, 1, "k=%ld: read as not JSON: %s", k, err.text);
+    json_decref(got);
+  }
+  cr_assert_gt(k, 10);
+  cr_assert_lt(k, 10000);
+  json_decref(want);
+}
+
+Test(json_memory, text_that_is_not_json_is_not_out_of_memory) {
+  const char *bad[] = {"{\"a\": ", "{\"a\" 1}", "[1, 2,]", "nul", ""};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    json_error_t err;
+    int no_memory = -1;
+    cr_assert_null(dist_json_loadb(bad[i], strlen(bad[i]), 0, &err, &no_memory));
+    cr_assert_eq(no_memory, 0, "'%s' read as out of memory", bad[i]);
+    cr_assert(err.text[0], "'%s': no reason given", bad[i]);
+  }
+}
