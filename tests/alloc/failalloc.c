@@ -15,11 +15,14 @@
  *                       program must not take SIGUSR2 for itself; distd
  *                       does not)
  *
- * Only calls made from the program's own executable image count, and only
- * those can fail: gRPC and libc allocate for themselves too, and gRPC
- * aborts by design when its own allocation fails, so failing those would
- * test nothing of the program's. The image is the main program's
- * executable segments, found once through dl_iterate_phdr.
+ * Only calls made from the program's own executable image, or from
+ * jansson's, count, and only those can fail: gRPC and libc allocate for
+ * themselves too, and gRPC aborts by design when its own allocation fails,
+ * so failing those would test nothing of the program's. jansson's are
+ * made for the program's own calls and answered by a NULL the program
+ * must handle (protobuf-c's go through the program's allocator, so they
+ * count already). The images are the executable segments of the main
+ * program and of libjansson, found once through dl_iterate_phdr.
  *
  * Under ASan it stands in front of ASan's allocator when ASan is told not
  * to insist on coming first (ASAN_OPTIONS=verify_asan_link_order=0), and
@@ -50,7 +53,11 @@ static long fail_at;   /* 0: fail nothing */
 static int report;     /* FAIL_ALLOC_COUNT set */
 static atomic_long counted;
 static atomic_int armed; /* allocations count (and may fail) once set */
-static uintptr_t image_lo, image_hi; /* the executable's code */
+/* The code whose calls count: the executable's, then jansson's. */
+typedef struct code_range {
+  uintptr_t lo, hi;
+} code_range;
+static code_range images[2];
 static int resolving; /* in dlsym: before main, one thread only */
 
 /* dlsym may allocate before the real allocators are known: those calls
@@ -65,16 +72,24 @@ static void *early_alloc(size_t n) {
   return early + at;
 }
 
-static int find_image(struct dl_phdr_info *info, size_t size, void *arg) {
-  (void)size, (void)arg;
+/* The span of an object's executable segments, into *r. */
+static void note_code(const struct dl_phdr_info *info, code_range *r) {
   for (int i = 0; i < info->dlpi_phnum; i++) {
     const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
     if (ph->p_type != PT_LOAD || !(ph->p_flags & PF_X)) continue;
     uintptr_t lo = info->dlpi_addr + ph->p_vaddr, hi = lo + ph->p_memsz;
-    if (!image_lo || lo < image_lo) image_lo = lo;
-    if (hi > image_hi) image_hi = hi;
+    if (!r->lo || lo < r->lo) r->lo = lo;
+    if (hi > r->hi) r->hi = hi;
   }
-  return 1; /* the first object listed is the main program */
+}
+
+static int find_images(struct dl_phdr_info *info, size_t size, void *arg) {
+  (void)size;
+  int *seen = arg;
+  if ((*seen)++ == 0) note_code(info, &images[0]); /* listed first: the main program */
+  else if (info->dlpi_name && strstr(info->dlpi_name, "/libjansson.so"))
+    note_code(info, &images[1]);
+  return 0;
 }
 
 /* 1 once the next allocator is known. Under ASan the shim stands in front
@@ -114,7 +129,8 @@ static int env_is_1(const char *name) {
 }
 
 __attribute__((constructor)) static void failalloc_init(void) {
-  dl_iterate_phdr(find_image, NULL);
+  int seen = 0;
+  dl_iterate_phdr(find_images, &seen);
   const char *at = getenv("FAIL_ALLOC_AT");
   fail_at = at ? atol(at) : 0;
   report = env_is_1("FAIL_ALLOC_COUNT");
@@ -144,7 +160,10 @@ static void note_failure(long k) {
 /* 1 when this call, made from caller, is the one to fail. */
 static int fail_this(const void *caller) {
   uintptr_t pc = (uintptr_t)caller;
-  if (pc < image_lo || pc >= image_hi || !atomic_load(&armed)) return 0;
+  int ours = 0;
+  for (size_t i = 0; i < sizeof images / sizeof *images; i++)
+    ours |= pc >= images[i].lo && pc < images[i].hi;
+  if (!ours || !atomic_load(&armed)) return 0;
   long k = atomic_fetch_add(&counted, 1) + 1;
   if (fail_at <= 0 || k != fail_at) return 0;
   note_failure(k);
