@@ -6,6 +6,14 @@
  *                       together, from 1) returns NULL
  *                       and says so on stderr ("failalloc: allocation k
  *                       fails")
+ *   FAIL_ALLOC_SIZE=n   the first allocation of exactly n bytes counted
+ *                       (calloc: count times size) returns NULL, whatever
+ *                       its k: a test's way to fail one site every run
+ *                       (the daemon's k moves with its own threads)
+ *   FAIL_ALLOC_SIZE_NTH=j
+ *                       with FAIL_ALLOC_SIZE: the j-th of that size fails
+ *                       instead (a request's bytes come before the piece
+ *                       made of them)
  *   FAIL_ALLOC_COUNT=1  prints "failalloc: N allocations" to stderr at exit
  *   FAIL_ALLOC_ARMED_BY_SIGUSR2=1
  *                       counts nothing until the process receives SIGUSR2:
@@ -50,6 +58,9 @@ static strdup_fn next_strdup;
 static free_fn next_free;
 
 static long fail_at;   /* 0: fail nothing */
+static size_t fail_size; /* 0: none */
+static long fail_size_nth = 1;
+static atomic_long sized; /* allocations of fail_size bytes counted */
 static int report;     /* FAIL_ALLOC_COUNT set */
 static atomic_long counted;
 static atomic_int armed; /* allocations count (and may fail) once set */
@@ -133,6 +144,10 @@ __attribute__((constructor)) static void failalloc_init(void) {
   dl_iterate_phdr(find_images, &seen);
   const char *at = getenv("FAIL_ALLOC_AT");
   fail_at = at ? atol(at) : 0;
+  const char *size = getenv("FAIL_ALLOC_SIZE");
+  fail_size = size ? (size_t)atoll(size) : 0;
+  const char *nth = getenv("FAIL_ALLOC_SIZE_NTH");
+  if (nth) fail_size_nth = atol(nth);
   report = env_is_1("FAIL_ALLOC_COUNT");
   if (report) atexit(print_count);
   if (!env_is_1("FAIL_ALLOC_ARMED_BY_SIGUSR2")) {
@@ -157,28 +172,29 @@ static void note_failure(long k) {
   (void)ignored;
 }
 
-/* 1 when this call, made from caller, is the one to fail. */
-static int fail_this(const void *caller) {
+/* 1 when this call of n bytes, made from caller, is the one to fail. */
+static int fail_this(const void *caller, size_t n) {
   uintptr_t pc = (uintptr_t)caller;
   int ours = 0;
   for (size_t i = 0; i < sizeof images / sizeof *images; i++)
     ours |= pc >= images[i].lo && pc < images[i].hi;
   if (!ours || !atomic_load(&armed)) return 0;
   long k = atomic_fetch_add(&counted, 1) + 1;
-  if (fail_at <= 0 || k != fail_at) return 0;
+  int by_size = fail_size && n == fail_size && atomic_fetch_add(&sized, 1) + 1 == fail_size_nth;
+  if (!by_size && (fail_at <= 0 || k != fail_at)) return 0;
   note_failure(k);
   return 1;
 }
 
 void *malloc(size_t n) {
   if (resolving || !ready()) return early_alloc(n);
-  if (fail_this(__builtin_return_address(0))) return NULL;
+  if (fail_this(__builtin_return_address(0), n)) return NULL;
   return next_malloc(n);
 }
 
 void *calloc(size_t n, size_t size) {
   if (resolving || !ready()) return early_alloc(n * size);
-  if (fail_this(__builtin_return_address(0))) return NULL;
+  if (fail_this(__builtin_return_address(0), n * size)) return NULL;
   return next_calloc(n, size);
 }
 
@@ -190,7 +206,7 @@ void *realloc(void *p, size_t n) {
     if (q && p) memcpy(q, p, n < room ? n : room);
     return q;
   }
-  if (fail_this(__builtin_return_address(0))) return NULL;
+  if (fail_this(__builtin_return_address(0), n)) return NULL;
   return next_realloc(p, n);
 }
 
@@ -199,7 +215,7 @@ char *strdup(const char *s) {
     char *d = early_alloc(strlen(s) + 1);
     return d ? strcpy(d, s) : NULL;
   }
-  if (fail_this(__builtin_return_address(0))) return NULL;
+  if (fail_this(__builtin_return_address(0), strlen(s) + 1)) return NULL;
   return next_strdup(s);
 }
 
