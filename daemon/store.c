@@ -69,17 +69,21 @@ void distd_store_release(distd_store *s, size_t bytes) {
   pthread_mutex_unlock(&s->mu);
 }
 
-/* The tensor, with its memory reserved here unless `reserved` says it
- * already is (and is the piece's size). */
-static int tensor_make(distd_store *s, const char *name, dist_dtype dt, const dist_shape *global,
-                       const dist_mesh_desc *mesh, const dist_placement *p, int rank,
-                       int reserved, distd_tensor **out, dist_errbuf *eb) {
+/* A tensor named name of dtype dt, its layout not yet set. */
+static int tensor_shell(const char *name, dist_dtype dt, distd_tensor **out, dist_errbuf *eb) {
   /* "" is a private buffer's, never stored; any other name may be. */
   if (name[0] && dist_name_check(name, eb) != 0) return eb->code;
   distd_tensor *t = calloc(1, sizeof *t);
   if (!t) return dist_fail(eb, DIST_ENOMEM, "out of memory for tensor '%s'", name);
   snprintf(t->name, sizeof t->name, "%s", name);
   t->dtype = dt;
+  *out = t;
+  return 0;
+}
+
+/* Sets t's layout and the bytes of its piece on rank. */
+static void tensor_lay_out(distd_tensor *t, const dist_shape *global, const dist_mesh_desc *mesh,
+                           const dist_placement *p, int rank) {
   t->global = *global;
   t->mesh = *mesh;
   t->nplacements = mesh->ndim;
@@ -93,18 +97,16 @@ static int tensor_make(distd_store *s, const char *name, dist_dtype dt, const di
     t->local = *global;
     if (t->local.ndim > 0) t->local.dims[0] = 0;
   }
-  t->nbytes = (size_t)dist_shape_numel(&t->local) * dist_dtype_size(dt);
+  t->nbytes = (size_t)dist_shape_numel(&t->local) * dist_dtype_size(t->dtype);
   if (idx < 0) t->nbytes = 0;
-  int rc = reserved ? 0 : distd_store_reserve(s, t->nbytes, eb);
-  if (rc != 0) {
-    free(t);
-    return rc;
-  }
+}
+
+/* Gives t its zeroed t->nbytes of data (reserved already), or frees t. */
+static int tensor_fill(distd_store *s, distd_tensor *t, distd_tensor **out, dist_errbuf *eb) {
   t->data = calloc(1, t->nbytes ? t->nbytes : 1);
   if (!t->data) {
-    if (!reserved) distd_store_release(s, t->nbytes);
-    rc = dist_fail(eb, DIST_ENOMEM, "out of memory for the %zu bytes of tensor '%s'",
-                   t->nbytes, name);
+    int rc = dist_fail(eb, DIST_ENOMEM, "out of memory for the %zu bytes of tensor '%s'",
+                       t->nbytes, t->name);
     free(t);
     return rc;
   }
@@ -118,24 +120,41 @@ int distd_tensor_new(distd_store *s, const char *name, dist_dtype dt,
                      const dist_shape *global, const dist_mesh_desc *mesh,
                      const dist_placement *p, int rank, distd_tensor **out,
                      dist_errbuf *eb) {
-  return tensor_make(s, name, dt, global, mesh, p, rank, 0, out, eb);
+  distd_tensor *t = NULL;
+  int rc = tensor_shell(name, dt, &t, eb);
+  if (rc != 0) return rc;
+  tensor_lay_out(t, global, mesh, p, rank);
+  size_t nbytes = t->nbytes;
+  if ((rc = distd_store_reserve(s, nbytes, eb)) != 0) {
+    free(t);
+    return rc;
+  }
+  rc = tensor_fill(s, t, out, eb);
+  if (rc != 0) distd_store_release(s, nbytes);
+  return rc;
 }
 
-int distd_tensor_new_reserved(distd_store *s, size_t reserved, const char *name,
-                              dist_dtype dt, const dist_shape *global,
-                              const dist_mesh_desc *mesh, const dist_placement *p, int rank,
+int distd_tensor_new_unplaced(distd_store *s, size_t reserved, const char *name, dist_dtype dt,
                               distd_tensor **out, dist_errbuf *eb) {
-  int rc = tensor_make(s, name, dt, global, mesh, p, rank, 1, out, eb);
-  if (rc == 0 && (*out)->nbytes != reserved) {
-    size_t nbytes = (*out)->nbytes;
-    (*out)->nbytes = reserved; /* so that the unref releases the reservation */
-    distd_tensor_unref(*out);
-    *out = NULL;
-    return dist_fail(eb, DIST_EINTERNAL, "'%s' needs %zu bytes here, not the %zu reserved",
-                     name, nbytes, reserved);
+  distd_tensor *t = NULL;
+  int rc = tensor_shell(name, dt, &t, eb);
+  if (rc == 0) {
+    t->nbytes = reserved;
+    rc = tensor_fill(s, t, out, eb);
   }
   if (rc != 0) distd_store_release(s, reserved);
   return rc;
+}
+
+int distd_tensor_place(distd_tensor *t, const dist_shape *global, const dist_mesh_desc *mesh,
+                       const dist_placement *p, int rank, dist_errbuf *eb) {
+  size_t nbytes = t->nbytes;
+  tensor_lay_out(t, global, mesh, p, rank);
+  if (t->nbytes == nbytes) return 0;
+  size_t need = t->nbytes;
+  t->nbytes = nbytes; /* so that the unref releases what was reserved */
+  return dist_fail(eb, DIST_EINTERNAL, "'%s' needs %zu bytes here, not the %zu allocated",
+                   t->name, need, nbytes);
 }
 
 void distd_tensor_ref(distd_tensor *t) {

@@ -53,13 +53,17 @@ int distd_tensor_new(distd_store *s, const char *name, dist_dtype dt,
                      const dist_shape *global, const dist_mesh_desc *mesh,
                      const dist_placement *p, int rank, distd_tensor **out,
                      dist_errbuf *eb);
-/* distd_tensor_new for a piece whose memory was reserved before
- * (distd_store_reserve of exactly its size): the reservation passes to the
+/* A tensor whose layout is known only later (dtensor_from_local's, once
+ * the daemons exchanged their shapes): its `reserved` bytes, reserved
+ * before (distd_store_reserve), are allocated now, so that nothing is
+ * left to allocate once the others agreed. The reservation passes to the
  * tensor, or is released when this fails. */
-int distd_tensor_new_reserved(distd_store *s, size_t reserved, const char *name,
-                              dist_dtype dt, const dist_shape *global,
-                              const dist_mesh_desc *mesh, const dist_placement *p, int rank,
+int distd_tensor_new_unplaced(distd_store *s, size_t reserved, const char *name, dist_dtype dt,
                               distd_tensor **out, dist_errbuf *eb);
+/* Lays t (from distd_tensor_new_unplaced) out; allocates nothing.
+ * DIST_EINTERNAL when its piece there would not be the bytes it has. */
+int distd_tensor_place(distd_tensor *t, const dist_shape *global, const dist_mesh_desc *mesh,
+                       const dist_placement *p, int rank, dist_errbuf *eb);
 void distd_tensor_ref(distd_tensor *t);
 void distd_tensor_unref(distd_tensor *t); /* NULL is a no-op */
 

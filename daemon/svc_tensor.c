@@ -206,25 +206,29 @@ static int piece_of_global(distd_server *s, const distd_meta *m, const ProtobufC
   return 0;
 }
 
-/* dtensor_from_local: the shape exchange is the vote; the piece's memory
- * is reserved before it, so that a request arriving meanwhile cannot take
- * it from one daemon after all agreed. */
+/* dtensor_from_local: the shape exchange is the vote; the piece is
+ * reserved and allocated before it, so that a request arriving meanwhile
+ * cannot take its memory from one daemon after all agreed, and a daemon
+ * that cannot allocate it says no there: its others stored theirs when it
+ * failed after. Only the layout, which needs every rank's shape, is set
+ * once they agreed. */
 static int piece_from_local(distd_server *s, const distd_call_info *ci,
                             const Dist__V1__TensorPutRequest *rq, distd_meta *m, int verdict,
                             distd_tensor **out, dist_errbuf *eb) {
   size_t bytes = rq->data.len;
   if (verdict == 0 && distd_store_reserve(s->store, bytes, eb) != 0) verdict = eb->code;
+  if (verdict == 0 && distd_tensor_new_unplaced(s->store, bytes, m->name, m->dtype, out, eb) != 0)
+    verdict = eb->code;
+  if (verdict == 0 && bytes) memcpy((*out)->data, rq->data.data, bytes);
   dist_errbuf peer_eb = DIST_ERRBUF_INIT;
   int rc = exchange_local_shapes(s, rq->op_id, ci->deadline_ms, m, verdict,
                                  verdict ? dist_errbuf_msg(eb) : NULL, verdict ? &peer_eb : eb);
   if (verdict != 0) return verdict;
+  if (rc == 0) rc = distd_tensor_place(*out, &m->global, &m->mesh, m->placements, s->rank, eb);
   if (rc != 0) {
-    distd_store_release(s->store, bytes);
-    return rc;
+    distd_tensor_unref(*out);
+    *out = NULL;
   }
-  rc = distd_tensor_new_reserved(s->store, bytes, m->name, m->dtype, &m->global, &m->mesh,
-                                 m->placements, s->rank, out, eb);
-  if (rc == 0 && bytes) memcpy((*out)->data, rq->data.data, bytes);
   return rc;
 }
 

@@ -1,0 +1,143 @@
+/* Operations across daemons that one daemon cannot allocate for: every
+ * daemon of the op refuses it, and none keeps a part of it. Rank 1 runs
+ * under tests/alloc/failalloc.so, which fails the first allocation of a
+ * size the test picks (FAIL_ALLOC_SIZE) once the daemon is armed
+ * (SIGUSR2): the size is that of the allocation the op makes last, which
+ * each daemon used to make after the others had committed. */
+#include <criterion/criterion.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/inotify.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+static harness cluster;
+
+static void stop_cluster(void) {
+  if (cluster.n > 0) harness_stop(&cluster);
+  cluster.n = 0;
+}
+
+TestSuite(daemon_no_memory, .fini = stop_cluster, .timeout = 120);
+
+/* The shim, next to the daemon in the build tree (build/daemon/distd). */
+static void shim_path(char *out, size_t len) {
+  const char *distd = harness_distd();
+  const char *end = strstr(distd, "/daemon/distd");
+  cr_assert(end, "cannot place the build tree from %s", distd);
+  snprintf(out, len, "%.*s/tests/alloc/failalloc.so", (int)(end - distd), distd);
+  struct stat st;
+  cr_assert_eq(stat(out, &st), 0, "no allocation shim at %s", out);
+}
+
+/* Two daemons, each loading the shim unarmed, set to fail the nth
+ * allocation of `bytes` once armed. Under ASan the shim comes before
+ * ASan's runtime, which must be told to allow it. */
+static void start_failing_size(size_t bytes, int nth) {
+  char shim[600], size[32], nth_s[16], asan[600];
+  const char *asan_was = getenv("ASAN_OPTIONS");
+  shim_path(shim, sizeof shim);
+  snprintf(size, sizeof size, "%zu", bytes);
+  snprintf(nth_s, sizeof nth_s, "%d", nth);
+  snprintf(asan, sizeof asan, "%s%sverify_asan_link_order=0", asan_was ? asan_was : "",
+           asan_was ? ":" : "");
+  char *keep_asan = asan_was ? strdup(asan_was) : NULL;
+  setenv("LD_PRELOAD", shim, 1);
+  setenv("FAIL_ALLOC_ARMED_BY_SIGUSR2", "1", 1);
+  setenv("FAIL_ALLOC_SIZE", size, 1);
+  setenv("FAIL_ALLOC_SIZE_NTH", nth_s, 1);
+  setenv("ASAN_OPTIONS", asan, 1);
+  harness_start(&cluster, 2, NULL);
+  unsetenv("LD_PRELOAD");
+  unsetenv("FAIL_ALLOC_ARMED_BY_SIGUSR2");
+  unsetenv("FAIL_ALLOC_SIZE");
+  unsetenv("FAIL_ALLOC_SIZE_NTH");
+  if (keep_asan) setenv("ASAN_OPTIONS", keep_asan, 1);
+  else unsetenv("ASAN_OPTIONS");
+  free(keep_asan);
+}
+
+/* Arms rank 1's shim; returns its log's size, for shim_fired. */
+static long arm_rank1(void) {
+  long from = harness_log_size(&cluster, 1);
+  cr_assert_eq(kill(cluster.pids[1], SIGUSR2), 0);
+  return from;
+}
+
+/* The allocation failed on rank 1 (else the test tried nothing). */
+static void expect_shim_fired(long from) {
+  const char *needles[] = {"failalloc: allocation", "fails", NULL};
+  cr_assert(harness_log_wait(&cluster, 1, from, needles, 5000),
+            "rank 1's allocation of the size set never failed");
+}
+
+static void expect_held_by_none(const char *name) {
+  for (int r = 0; r < 2; r++) {
+    dist_tensor *t = NULL;
+    cr_expect_eq(harness_open_on(&cluster, r, name, &t), DIST_ENOTFOUND,
+                 "rank %d holds '%s'", r, name);
+    dist_tensor_free(t);
+  }
+}
+
+/* ------------------------------------------------ dtensor_from_local */
+
+#define PIECE 1013 /* float32s: a piece of 4052 bytes, a size of its own */
+
+typedef struct trainer {
+  dist_client *c;
+  int rank, rc;
+  char msg[600];
+} trainer;
+
+static void *put_local_piece(void *arg) {
+  trainer *tr = arg;
+  static float piece[PIECE];
+  const void *pieces[1] = {piece};
+  const int64_t shape[1] = {PIECE}, *shapes[1] = {shape};
+  dist_mesh *m = NULL;
+  cr_assert_eq(dist_mesh_from_string("[0,1]", NULL, &m), 0);
+  dist_placement shard = DIST_SHARD_DIM(0);
+  dist_tensor *t = NULL;
+  tr->rc = dist_dtensor_from_local(tr->c, "local", pieces, DIST_FLOAT32, 1, shapes, m, &shard,
+                                   &t);
+  snprintf(tr->msg, sizeof tr->msg, "%s", dist_errmsg(tr->c));
+  dist_tensor_free(t);
+  dist_mesh_free(m);
+  return NULL;
+}
+
+/* fn(a) and fn(b) at once, as two SPMD trainers run. */
+static void run_pair(void *a, void *b, void *(*fn)(void *)) {
+  pthread_t th[2];
+  pthread_create(&th[0], NULL, fn, a);
+  pthread_create(&th[1], NULL, fn, b);
+  for (int r = 0; r < 2; r++) pthread_join(th[r], NULL);
+}
+
+/* Rank 1 allocated its piece after the shape exchange: rank 0 stored its
+ * own and its trainer went on, while rank 1's failed. The request's bytes
+ * are the first allocation of the piece's size, the piece the second. */
+Test(daemon_no_memory, a_local_piece_one_daemon_cannot_allocate_is_stored_by_none) {
+  start_failing_size(PIECE * sizeof(float), 2);
+  trainer tr[2];
+  for (int r = 0; r < 2; r++)
+    tr[r] = (trainer){.c = harness_spmd_client(&cluster, r, "local-job"), .rank = r};
+  long from = arm_rank1();
+  run_pair(&tr[0], &tr[1], put_local_piece);
+  expect_shim_fired(from);
+  for (int r = 0; r < 2; r++)
+    cr_expect_eq(tr[r].rc, DIST_ENOMEM, "trainer %d: %s", r, tr[r].msg);
+  cr_expect(strstr(tr[0].msg, "rank 1 refused its piece of 'local'"), "%s", tr[0].msg);
+  expect_held_by_none("local");
+  /* The shim fails once: the same put now succeeds on both. */
+  run_pair(&tr[0], &tr[1], put_local_piece);
+  for (int r = 0; r < 2; r++) cr_expect_eq(tr[r].rc, 0, "trainer %d: %s", r, tr[r].msg);
+  for (int r = 0; r < 2; r++) dist_close(tr[r].c);
+}
