@@ -153,25 +153,17 @@ int distd_value_global(distd_server *s, int64_t deadline_ms, const distd_attr *a
   return verdict ? verdict : rc;
 }
 
-int distd_reply_no_memory(const char *what, dist_errbuf *eb) {
-  return dist_fail(eb, DIST_ENOMEM, "out of memory for the %s's reply (what it stored here is "
-                   "deleted, unless it replaced names given)", what);
+int distd_reply_room_take(distd_reply_room *r, size_t n, size_t n_values, const char *what,
+                          dist_errbuf *eb) {
+  int described = distd_descriptions_take(&r->d, n);
+  int values = distd_values_init(&r->values, n_values);
+  if (described == 0 && values == 0) return 0;
+  distd_reply_room_free(r);
+  return dist_fail(eb, DIST_ENOMEM, "out of memory for the %s's reply", what);
 }
 
-Dist__V1__TensorMeta **distd_staged_describe(distd_server *s, const distd_staged *b,
-                                            dist_wire_meta **w) {
-  Dist__V1__TensorMeta **metas = calloc(b->n + 1, sizeof *metas);
-  *w = calloc(b->n + 1, sizeof **w);
-  if (!metas || !*w) {
-    free(metas);
-    free(*w);
-    *w = NULL;
-    return NULL;
-  }
-  for (size_t k = 0; k < b->n; k++) {
-    dist__v1__tensor_meta__init(&(*w)[k].meta);
-    if (b->tensors[k]) distd_meta_describe(b->tensors[k], s->rank, &(*w)[k]);
-    metas[k] = &(*w)[k].meta;
-  }
-  return metas;
+void distd_reply_room_free(distd_reply_room *r) {
+  distd_descriptions_free(&r->d);
+  distd_values_free(&r->values);
+  r->values = (distd_value_set){0};
 }

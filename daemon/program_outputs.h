@@ -9,6 +9,7 @@
 
 #include "dist.pb-c.h"
 #include "program.h"
+#include "program_values.h"
 #include "server.h"
 #include "store.h"
 #include "tensor_meta.h"
@@ -43,14 +44,19 @@ int distd_value_tensor(distd_server *s, const char *name, const distd_tval *v,
                        const dist_shape *global, const distd_attr *a, int replace,
                        distd_staged *b, size_t k, dist_errbuf *eb);
 
-/* The failure of a reply to a `what` that every daemon applied (its
- * outputs stored) but that this one could not describe for want of
- * memory: DIST_ENOMEM, saying so. */
-int distd_reply_no_memory(const char *what, dist_errbuf *eb);
-/* Descriptions of b's tensors for a reply, an empty one where b has none;
- * *w holds them: free(*w) and the array returned once the reply is packed.
- * NULL when out of memory. */
-Dist__V1__TensorMeta **distd_staged_describe(distd_server *s, const distd_staged *b,
-                                            dist_wire_meta **w);
+/* The memory of a reply describing n staged tensors and carrying
+ * n_values values, taken before the daemons vote (distd_descriptions):
+ * once they all said yes the reply is made without allocating
+ * (dist_pb_to_bb aborts rather than fail). */
+typedef struct distd_reply_room {
+  distd_descriptions d;
+  distd_value_set values;
+} distd_reply_room;
+
+/* 0, or DIST_ENOMEM saying what the reply is of (`what`), the room empty. */
+int distd_reply_room_take(distd_reply_room *r, size_t n, size_t n_values, const char *what,
+                          dist_errbuf *eb);
+/* A room never taken ({0}) or taken: both may be freed. */
+void distd_reply_room_free(distd_reply_room *r);
 
 #endif

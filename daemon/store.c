@@ -231,11 +231,6 @@ void distd_staged_store(distd_store *s, distd_staged *b) {
   }
 }
 
-void distd_staged_unstore(distd_store *s, const distd_staged *b) {
-  for (size_t k = 0; k < b->n; k++)
-    if (b->tensors[k]) distd_store_delete(s, b->tensors[k]->name, NULL);
-}
-
 void distd_staged_free(distd_staged *b) {
   for (size_t k = 0; b->tensors && k < b->n; k++) distd_tensor_unref(b->tensors[k]);
   free(b->tensors);

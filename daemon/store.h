@@ -96,11 +96,6 @@ int distd_staged_note_version(distd_store *s, distd_staged *b, const char *name,
 /* Cannot fail: stores every tensor of b, each at b->version + 1, so that
  * the pieces of each carry one version on every daemon. */
 void distd_staged_store(distd_store *s, distd_staged *b);
-/* Deletes what distd_staged_store stored of b, while the caller still
- * holds the names (holds.h), so that nothing else stored under them
- * meanwhile: an applied call whose reply cannot be made, whose client
- * would never learn of them (it deletes on the daemons that answered). */
-void distd_staged_unstore(distd_store *s, const distd_staged *b);
 void distd_staged_free(distd_staged *b); /* and the references it holds */
 
 /* A new reference to the named tensor, or DIST_ENOTFOUND. */

@@ -129,26 +129,19 @@ static int check_out_names(const Dist__V1__Program *pb,
 
 /* ---------------------------------------------------------------- replies */
 
-static int reply_invoke(distd_server *s, const Dist__V1__ProgramInvokeRequest *rq,
-                        distd_invocation *inv, distd_staged *o,
-                        grpc_byte_buffer **reply, dist_errbuf *eb) {
+/* Made in the room taken before the vote: it cannot fail. */
+static void reply_invoke(distd_server *s, const Dist__V1__ProgramInvokeRequest *rq,
+                         distd_invocation *inv, distd_staged *o, distd_reply_room *room,
+                         grpc_byte_buffer **reply) {
   Dist__V1__ProgramInvokeReply rp = DIST__V1__PROGRAM_INVOKE_REPLY__INIT;
-  distd_value_set vs;
-  dist_wire_meta *w = NULL;
-  int values = distd_values_init(&vs, rq->return_values ? o->n : 0);
-  for (size_t k = 0; rq->return_values && k < o->n; k++)
-    distd_values_set(&vs, k, distd_invocation_output(inv, k));
-  rp.outputs = distd_staged_describe(s, o, &w);
-  rp.n_outputs = rp.outputs ? o->n : 0;
-  rp.n_values = vs.n;
-  rp.values = vs.ptrs;
+  for (size_t k = 0; k < room->values.n; k++)
+    distd_values_set(&room->values, k, distd_invocation_output(inv, k));
+  rp.outputs = distd_describe_into(&room->d, o->tensors, o->n, s->rank);
+  rp.n_outputs = o->n;
+  rp.n_values = room->values.n;
+  rp.values = room->values.ptrs;
   rp.invocation_id = rq->op_id;
-  int rc = values == 0 && rp.outputs ? 0 : distd_reply_no_memory("invocation", eb);
-  if (rc == 0) *reply = dist_pb_to_bb(&rp.base);
-  distd_values_free(&vs);
-  free(rp.outputs);
-  free(w);
-  return rc;
+  *reply = dist_pb_to_bb(&rp.base);
 }
 
 /* ---------------------------------------------------------------- Invoke */
@@ -220,8 +213,10 @@ static int reserve_invocation(distd_server *s, const Dist__V1__ProgramInvokeRequ
   return distd_registry_keep(s->programs, k, eb);
 }
 
-/* Makes the outputs and reserves the invocation's place; stores them and
- * fills it if every daemon invoked could. The output names are held
+/* Makes the outputs, reserves the invocation's place and takes its
+ * reply's memory; stores them and fills it if every daemon invoked could
+ * (a daemon that could not make its reply after the vote stored its
+ * outputs and kept the invocation nowhere while the others did). The output names are held
  * meanwhile (holds.h), so that no put, reshard or restore of one of them
  * lands between this daemon's checks and its store; a name held by one
  * of those is this daemon's no. */
@@ -239,6 +234,9 @@ static int invoke(distd_server *s, const distd_call_info *ci, distd_program *p,
                 : origins ? run_local(s, p, rq, origins, &inv, eb)
                           : dist_fail(eb, DIST_ENOMEM, "out of memory");
   verdict = make_outputs(s, ci, pb, rq, inv, verdict, o, eb);
+  distd_reply_room room = {0};
+  if (verdict == 0)
+    verdict = distd_reply_room_take(&room, o->n, rq->return_values ? o->n : 0, "invocation", eb);
   int reserved = verdict == 0 && !rq->no_grad;
   if (reserved && (verdict = reserve_invocation(s, rq, eb)) != 0) reserved = 0;
   /* A program without outputs has no out_dist_attrs, so no ranks vote. */
@@ -246,9 +244,9 @@ static int invoke(distd_server *s, const distd_call_info *ci, distd_program *p,
                              0, eb);
   if (rc == 0) {
     distd_staged_store(s->store, o);
-    rc = reply_invoke(s, rq, inv, o, reply, eb); /* packed: independent of inv */
-    if (rc != 0 && !rq->replace) distd_staged_unstore(s->store, o);
+    reply_invoke(s, rq, inv, o, &room, reply); /* packed: independent of inv */
   }
+  distd_reply_room_free(&room);
   if (rc == 0 && reserved) {
     distd_registry_fill(s->programs, rq->op_id, inv, origins);
     inv = NULL;

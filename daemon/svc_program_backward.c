@@ -85,31 +85,41 @@ static int make_grads(distd_server *s, const distd_kept_invocation *k,
   return 0;
 }
 
-static int reply_backward(distd_server *s, const distd_kept_invocation *k,
-                          const Dist__V1__ProgramBackwardRequest *rq,
-                          distd_staged *o, grpc_byte_buffer **reply, dist_errbuf *eb) {
+/* A backward's reply room: the gradients' descriptions and values, and
+ * which inputs have one, taken before the vote (distd_reply_room). */
+typedef struct backward_room {
+  distd_reply_room r;
+  protobuf_c_boolean *has;
+} backward_room;
+
+static int backward_room_take(backward_room *b, const Dist__V1__ProgramBackwardRequest *rq,
+                              size_t n, dist_errbuf *eb) {
+  b->has = calloc(n + 1, sizeof *b->has);
+  if (!b->has) return dist_fail(eb, DIST_ENOMEM, "out of memory for the backward's reply");
+  return distd_reply_room_take(&b->r, n, rq->return_values ? n : 0, "backward", eb);
+}
+
+static void backward_room_free(backward_room *b) {
+  distd_reply_room_free(&b->r);
+  free(b->has);
+  b->has = NULL;
+}
+
+/* Made in the room taken before the vote: it cannot fail. */
+static void reply_backward(distd_server *s, const distd_kept_invocation *k,
+                           distd_staged *o, backward_room *room, grpc_byte_buffer **reply) {
   Dist__V1__ProgramBackwardReply rp = DIST__V1__PROGRAM_BACKWARD_REPLY__INIT;
-  distd_value_set vs;
-  dist_wire_meta *w = NULL;
-  protobuf_c_boolean *has = calloc(o->n + 1, sizeof *has);
-  int values = distd_values_init(&vs, rq->return_values ? o->n : 0);
-  for (size_t i = 0; has && i < o->n; i++) {
+  for (size_t i = 0; i < o->n; i++) {
     const distd_tval *g = distd_invocation_input_grad(k->inv, i);
-    has[i] = g != NULL;
-    if (rq->return_values) distd_values_set(&vs, i, g);
+    room->has[i] = g != NULL;
+    if (i < room->r.values.n) distd_values_set(&room->r.values, i, g);
   }
-  rp.grads = distd_staged_describe(s, o, &w);
-  rp.n_grads = rp.n_has_grad = rp.grads && has ? o->n : 0;
-  rp.has_grad = has;
-  rp.n_values = vs.n;
-  rp.values = vs.ptrs;
-  int rc = values == 0 && rp.grads && has ? 0 : distd_reply_no_memory("backward", eb);
-  if (rc == 0) *reply = dist_pb_to_bb(&rp.base);
-  distd_values_free(&vs);
-  free(rp.grads);
-  free(w);
-  free(has);
-  return rc;
+  rp.grads = distd_describe_into(&room->r.d, o->tensors, o->n, s->rank);
+  rp.n_grads = rp.n_has_grad = o->n;
+  rp.has_grad = room->has;
+  rp.n_values = room->r.values.n;
+  rp.values = room->r.values.ptrs;
+  *reply = dist_pb_to_bb(&rp.base);
 }
 
 /* Whether the request stores any gradient: only then do the daemons vote
@@ -170,13 +180,15 @@ DISTD_HANDLER(program_backward) {
                                              ci->deadline_ms, &batch, eb)
                       : dist_fail(eb, DIST_ENOMEM, "out of memory");
   if (rc == 0) rc = backward(s, k, rq, &o, eb);
+  backward_room room = {0};
+  if (rc == 0) rc = backward_room_take(&room, rq, o.n, eb);
   if (stores_grads(rq))
     rc = distd_vote_staged(s, ranks, n, op, ci->deadline_ms, "backward", rc, &o, 0, eb);
   if (rc == 0) {
     distd_staged_store(s->store, &o);
-    rc = reply_backward(s, k, rq, &o, reply, eb);
-    if (rc != 0 && !rq->replace) distd_staged_unstore(s->store, &o);
+    reply_backward(s, k, &o, &room, reply);
   }
+  backward_room_free(&room);
   if (held == 0) distd_holds_release_batch(s->holds, batch);
   free(names);
   distd_staged_free(&o);

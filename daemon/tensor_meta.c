@@ -2,6 +2,7 @@
  * stored tensor back to one. */
 #include "tensor_meta.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 int distd_meta_parse(distd_server *s, const Dist__V1__TensorMeta *pb,
@@ -52,4 +53,29 @@ void distd_meta_describe(const distd_tensor *t, int rank, dist_wire_meta *w) {
   w->meta.local_bytes = t->nbytes;
   w->meta.version = t->version;
   w->meta.rank = (uint32_t)rank;
+}
+
+int distd_descriptions_take(distd_descriptions *d, size_t n) {
+  d->n = n;
+  d->metas = calloc(n + 1, sizeof *d->metas);
+  d->w = calloc(n + 1, sizeof *d->w);
+  if (d->metas && d->w) return 0;
+  distd_descriptions_free(d);
+  return -1;
+}
+
+Dist__V1__TensorMeta **distd_describe_into(distd_descriptions *d, distd_tensor *const *t,
+                                           size_t n, int rank) {
+  for (size_t k = 0; k < n && k < d->n; k++) {
+    dist__v1__tensor_meta__init(&d->w[k].meta);
+    if (t[k]) distd_meta_describe(t[k], rank, &d->w[k]);
+    d->metas[k] = &d->w[k].meta;
+  }
+  return d->metas;
+}
+
+void distd_descriptions_free(distd_descriptions *d) {
+  free(d->metas);
+  free(d->w);
+  *d = (distd_descriptions){0};
 }

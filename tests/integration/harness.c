@@ -564,3 +564,16 @@ int harness_open_on(harness *h, int r, const char *name, dist_tensor **t) {
   dist_close(one);
   return rc;
 }
+
+dist_program *harness_doubler(int sharded) {
+  dist_program *p = NULL;
+  cr_assert_eq(dist_program_new("doubler", &p), 0);
+  int x = dist_input_dtensor(p, "x", DIST_FLOAT64);
+  dist_program_output(p, dist_op_add(p, x, x));
+  dist_mesh *m = NULL;
+  cr_assert_eq(dist_mesh_from_string("[0,1]", NULL, &m), 0);
+  dist_placement pl = sharded ? (dist_placement)DIST_SHARD_DIM(0) : DIST_REPLICATED;
+  cr_assert_eq(dist_program_out_dist_attr(p, m, &pl, NULL), 0);
+  dist_mesh_free(m);
+  return p;
+}

@@ -142,4 +142,9 @@ long harness_log_size(const harness *h, int r);
 int harness_log_wait(const harness *h, int r, long from, const char *const *needles,
                      int timeout_ms);
 
+/* A LocalLayer program: y = x + x of a float64 x, its output Replicate on
+ * [0, 1] (or Shard(0) when sharded: the daemons then exchange the
+ * output's local shapes before the vote). */
+dist_program *harness_doubler(int sharded);
+
 #endif

@@ -5,17 +5,15 @@
  * (SIGUSR2): the size is that of the allocation the op makes last, which
  * each daemon used to make after the others had committed. */
 #include <criterion/criterion.h>
-#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/inotify.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include "harness.h"
+#include "wire.h" /* dist_wire_meta: the size of a reply's descriptions */
 
 static harness cluster;
 
@@ -140,4 +138,69 @@ Test(daemon_no_memory, a_local_piece_one_daemon_cannot_allocate_is_stored_by_non
   run_pair(&tr[0], &tr[1], put_local_piece);
   for (int r = 0; r < 2; r++) cr_expect_eq(tr[r].rc, 0, "trainer %d: %s", r, tr[r].msg);
   for (int r = 0; r < 2; r++) dist_close(tr[r].c);
+}
+
+/* ------------------------------------------------- LocalLayer calls */
+
+typedef struct caller {
+  trainer tr;
+  dist_program *p;
+} caller;
+
+static void *register_doubler(void *arg) {
+  caller *cl = arg;
+  cl->p = harness_doubler(0); /* one output: its reply describes one tensor */
+  cl->tr.rc = dist_program_register(cl->tr.c, cl->p);
+  snprintf(cl->tr.msg, sizeof cl->tr.msg, "%s", dist_errmsg(cl->tr.c));
+  return NULL;
+}
+
+/* Calls the doubler on "x" into "y", keeping the invocation for backward. */
+static void *call_doubler(void *arg) {
+  caller *cl = arg;
+  dist_tensor *x = NULL, *y = NULL;
+  dist_invocation *inv = NULL;
+  const char *names[1] = {"y"};
+  dist_call_opts o = DIST_CALL_OPTS_INIT;
+  o.out_names = names;
+  cl->tr.rc = dist_tensor_open(cl->tr.c, "x", &x);
+  dist_arg args[1] = {{x, NULL}};
+  if (cl->tr.rc == 0) cl->tr.rc = dist_local_layer_call(cl->tr.c, cl->p, args, 1, &o, &inv, &y);
+  snprintf(cl->tr.msg, sizeof cl->tr.msg, "%s", dist_errmsg(cl->tr.c));
+  if (inv) dist_invocation_release(cl->tr.c, inv);
+  dist_invocation_free(inv);
+  dist_tensor_free(y);
+  dist_tensor_free(x);
+  return NULL;
+}
+
+/* Rank 1 made its reply after the vote: rank 0 stored "y", kept the
+ * invocation and its trainer went on, while rank 1 failed, deleting its
+ * "y" and releasing its invocation. */
+Test(daemon_no_memory, a_call_one_daemon_cannot_reply_to_is_applied_by_none) {
+  start_failing_size(2 * sizeof(dist_wire_meta), 1);
+  dist_client *c = harness_client(&cluster);
+  static const double x0[4] = {1.5, -2, 0.25, 8};
+  int64_t n4 = 4;
+  dist_tensor_free(harness_put(c, "x", DIST_FLOAT64, x0, 1, &n4, "[0,1]", "Replicate()"));
+  caller cl[2];
+  for (int r = 0; r < 2; r++)
+    cl[r] = (caller){{.c = harness_spmd_client(&cluster, r, "call-job"), .rank = r}, NULL};
+  run_pair(&cl[0], &cl[1], register_doubler);
+  for (int r = 0; r < 2; r++) cr_assert_eq(cl[r].tr.rc, 0, "trainer %d: %s", r, cl[r].tr.msg);
+  long from = arm_rank1();
+  run_pair(&cl[0], &cl[1], call_doubler);
+  expect_shim_fired(from);
+  for (int r = 0; r < 2; r++)
+    cr_expect_eq(cl[r].tr.rc, DIST_ENOMEM, "trainer %d: %s", r, cl[r].tr.msg);
+  cr_expect(strstr(cl[0].tr.msg, "rank 1 refused this invocation"), "%s", cl[0].tr.msg);
+  expect_held_by_none("y");
+  /* The shim fails once: the same call now succeeds on both. */
+  run_pair(&cl[0], &cl[1], call_doubler);
+  for (int r = 0; r < 2; r++) cr_expect_eq(cl[r].tr.rc, 0, "trainer %d: %s", r, cl[r].tr.msg);
+  for (int r = 0; r < 2; r++) {
+    dist_program_free(cl[r].p);
+    dist_close(cl[r].tr.c);
+  }
+  dist_close(c);
 }

@@ -24,21 +24,6 @@ TestSuite(local_layer_store, .fini = stop_cluster, .timeout = 120);
 
 static const double x0[4] = {1.5, -2, 0.25, 8};
 
-/* y = x + x, Replicate on [0, 1] (or Shard(0) when sharded: the daemons
- * then exchange the output's local shapes before the vote). */
-static dist_program *doubler(int sharded) {
-  dist_program *p = NULL;
-  cr_assert_eq(dist_program_new("doubler", &p), 0);
-  int x = dist_input_dtensor(p, "x", DIST_FLOAT64);
-  dist_program_output(p, dist_op_add(p, x, x));
-  dist_mesh *m = NULL;
-  cr_assert_eq(dist_mesh_from_string("[0,1]", NULL, &m), 0);
-  dist_placement pl = sharded ? (dist_placement)DIST_SHARD_DIM(0) : DIST_REPLICATED;
-  cr_assert_eq(dist_program_out_dist_attr(p, m, &pl, NULL), 0);
-  dist_mesh_free(m);
-  return p;
-}
-
 /* Calls p on "x" (nargs arguments: "x" twice for 2) with outputs named
  * `out` (NULL: the default name). */
 static int call_n(dist_client *c, dist_program *p, const char *out, int replace, int nargs) {
@@ -113,7 +98,7 @@ typedef struct trainer {
 
 static void *spmd_call(void *arg) {
   trainer *tr = arg;
-  dist_program *p = doubler(tr->sharded);
+  dist_program *p = harness_doubler(tr->sharded);
   tr->rc = dist_program_register(tr->c, p);
   double t0 = harness_now_s();
   if (tr->rc == 0)
@@ -213,7 +198,7 @@ Test(local_layer_store, an_output_replacing_a_tensor_beyond_its_mesh_is_refused)
   static const double y0[4] = {-1, -2, -3, -4}, twice[4] = {3, -4, 0.5, 16};
   dist_tensor_free(harness_put(c, "x", DIST_FLOAT64, x0, 1, &n4, "[0,1]", "Replicate()"));
   dist_tensor_free(harness_put(c, "y", DIST_FLOAT64, y0, 1, &n4, "[0,1,2]", "Replicate()"));
-  dist_program *p = doubler(0);
+  dist_program *p = harness_doubler(0);
   cr_assert_eq(dist_program_register(c, p), 0, "%s", dist_errmsg(c));
   int rc = call(c, p, "y", 1);
   cr_assert_eq(rc, DIST_EEXIST, "%s: %s", dist_err_name(rc), dist_errmsg(c));
@@ -258,7 +243,7 @@ Test(local_layer_store, an_output_one_daemon_cannot_afford_keeps_the_old_value_e
   /* Rank 1 holds 32 + 32 + 320 of its 400 bytes: the new y (32 more
    * while the old one is held) does not fit there, and does on rank 0. */
   dist_tensor_free(harness_put(c, "fill", DIST_FLOAT64, fill, 1, &n40, "[1]", "Replicate()"));
-  dist_program *p = doubler(0);
+  dist_program *p = harness_doubler(0);
   cr_assert_eq(dist_program_register(c, p), 0, "%s", dist_errmsg(c));
   int rc = call(c, p, "y", 1);
   cr_assert_eq(rc, DIST_ENOMEM, "%s: %s", dist_err_name(rc), dist_errmsg(c));
@@ -283,7 +268,7 @@ static dist_client *start_with_sharded_doubler(dist_program **p) {
   dist_client *c = harness_client(&cluster);
   int64_t n4 = 4;
   dist_tensor_free(harness_put(c, "x", DIST_FLOAT64, x0, 1, &n4, "[0,1]", "Replicate()"));
-  *p = doubler(1);
+  *p = harness_doubler(1);
   cr_assert_eq(dist_program_register(c, *p), 0, "%s", dist_errmsg(c));
   return c;
 }
@@ -325,7 +310,7 @@ Test(local_layer_store, a_gradient_name_taken_on_one_daemon_is_stored_by_none) {
   static const double taken[3] = {7, 7, 7}, twos[4] = {2, 2, 2, 2};
   dist_tensor_free(harness_put(c, "x", DIST_FLOAT64, x0, 1, &n4, "[0,1]", "Replicate()"));
   dist_tensor_free(harness_put(c, "gx", DIST_FLOAT64, taken, 1, &n3, "[1]", "Replicate()"));
-  dist_program *p = doubler(0);
+  dist_program *p = harness_doubler(0);
   cr_assert_eq(dist_program_register(c, p), 0, "%s", dist_errmsg(c));
   const char *names[1] = {"gx"};
   dist_backward_opts bo = DIST_BACKWARD_OPTS_INIT;
@@ -453,7 +438,7 @@ Test(local_layer_store, a_put_onto_another_mesh_racing_the_call_leaves_one_tenso
   registered g[2];
   pthread_t th[2];
   for (int r = 0; r < 2; r++) {
-    g[r] = (registered){{.c = harness_spmd_client(&cluster, r, "race-job")}, doubler(0), NULL};
+    g[r] = (registered){{.c = harness_spmd_client(&cluster, r, "race-job")}, harness_doubler(0), NULL};
     cr_assert_eq(dist_program_register(g[r].tr.c, g[r].p), 0, "%s", dist_errmsg(g[r].tr.c));
     cr_assert_eq(dist_tensor_open(g[r].tr.c, "x", &g[r].x), 0, "%s", dist_errmsg(g[r].tr.c));
   }
