@@ -45,32 +45,43 @@ static int snapshot_params(distd_server *s, distd_tensor **t, int n,
   return 0;
 }
 
+/* The reply's memory, taken before the file is written: a daemon that
+ * cannot make its reply then writes nothing, where it wrote its file and
+ * failed, leaving the file for its client's Discard (which a client
+ * itself out of memory, or gone, never sends). */
+typedef struct save_room {
+  distd_descriptions d;
+  char **params;
+} save_room;
+
+static int save_room_take(save_room *r, int n, dist_errbuf *eb) {
+  r->params = calloc((size_t)n + 1, sizeof *r->params);
+  if (r->params && distd_descriptions_take(&r->d, (size_t)n) == 0) return 0;
+  free(r->params);
+  r->params = NULL;
+  return dist_fail(eb, DIST_ENOMEM, "out of memory for the save's reply: nothing written");
+}
+
+static void save_room_free(save_room *r) {
+  distd_descriptions_free(&r->d);
+  free(r->params);
+  r->params = NULL;
+}
+
+/* Made in the room taken before the write: it cannot fail. */
 static grpc_byte_buffer *save_reply(distd_server *s, distd_tensor **t,
-                                    const distd_param_snapshot *snap, int n,
+                                    const distd_param_snapshot *snap, int n, save_room *room,
                                     char *file, char *sha, uint64_t bytes) {
-  dist_wire_meta *w = calloc((size_t)n + 1, sizeof *w);
-  Dist__V1__TensorMeta **metas = calloc((size_t)n + 1, sizeof *metas);
-  char **params = calloc((size_t)n + 1, sizeof *params);
   Dist__V1__CheckpointSaveReply rp = DIST__V1__CHECKPOINT_SAVE_REPLY__INIT;
-  grpc_byte_buffer *out = NULL;
-  if (!w || !metas || !params) goto out;
-  for (int i = 0; i < n; i++) {
-    distd_meta_describe(t[i], s->rank, &w[i]);
-    metas[i] = &w[i].meta;
-    if (snap[i].tensor) params[rp.n_parameters++] = t[i]->name;
-  }
+  rp.tensors = distd_describe_into(&room->d, t, (size_t)n, s->rank);
+  for (int i = 0; i < n; i++)
+    if (snap[i].tensor) room->params[rp.n_parameters++] = t[i]->name;
   rp.file = file;
   rp.sha256 = sha;
   rp.bytes = bytes;
   rp.n_tensors = (size_t)n;
-  rp.tensors = metas;
-  rp.parameters = params;
-  out = dist_pb_to_bb(&rp.base);
-out:
-  free(params);
-  free(metas);
-  free(w);
-  return out;
+  rp.parameters = room->params;
+  return dist_pb_to_bb(&rp.base);
 }
 
 static int check_dir_and_id(const char *dir, const char *id, dist_errbuf *eb) {
@@ -137,6 +148,8 @@ DISTD_HANDLER(checkpoint_save) {
   if (!snap) rc = dist_fail(eb, DIST_ENOMEM, "out of memory listing the tensors to save");
   if (rc == 0) rc = snapshot_params(s, t, n, snap, eb);
   if (rc == 0) rc = distd_ckpt_contents_build(t, snap, n, &cc, eb);
+  save_room room = {0};
+  if (rc == 0) rc = save_room_take(&room, n, eb);
   if (rc == 0) {
     const char *extra[] = {DISTD_CKPT_OPTIM_KEY, cc.optim_json};
     rc = distd_ckpt_write_rank(rq->dir, rq->checkpoint_id, s->rank, cc.entries, cc.n,
@@ -145,9 +158,9 @@ DISTD_HANDLER(checkpoint_save) {
   }
   if (rc == 0) rc = drop_if_late(s, ci, rq, eb);
   if (rc == 0) rc = distd_ckpt_saves_mark(s->ckpt_saves, rq->checkpoint_id, s->rank, eb);
-  if (rc == 0 && !(*reply = save_reply(s, t, snap, n, file, sha, bytes)))
-    rc = dist_fail(eb, DIST_ENOMEM, "checkpoint file written, but out of memory for its reply");
-  if (rc != 0) distd_ckpt_saves_settle(s->ckpt_saves, rq->checkpoint_id);
+  if (rc == 0) *reply = save_reply(s, t, snap, n, &room, file, sha, bytes);
+  else distd_ckpt_saves_settle(s->ckpt_saves, rq->checkpoint_id);
+  save_room_free(&room);
   distd_ckpt_contents_free(&cc);
   for (int i = 0; i < n; i++) {
     if (snap) distd_param_snapshot_free(&snap[i]);

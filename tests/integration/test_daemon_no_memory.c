@@ -5,12 +5,15 @@
  * (SIGUSR2): the size is that of the allocation the op makes last, which
  * each daemon used to make after the others had committed. */
 #include <criterion/criterion.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/inotify.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "harness.h"
 #include "wire.h" /* dist_wire_meta: the size of a reply's descriptions */
@@ -202,5 +205,60 @@ Test(daemon_no_memory, a_call_one_daemon_cannot_reply_to_is_applied_by_none) {
     dist_program_free(cl[r].p);
     dist_close(cl[r].tr.c);
   }
+  dist_close(c);
+}
+
+/* ------------------------------------------------- checkpoint saves */
+
+/* Watches dir for files made in it (inotify: a file made and removed
+ * meanwhile is seen too). */
+static int watch_dir(const char *dir) {
+  int fd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+  cr_assert_geq(fd, 0);
+  cr_assert_geq(inotify_add_watch(fd, dir, IN_CREATE | IN_MOVED_TO), 0, "watching %s", dir);
+  return fd;
+}
+
+/* How many files the watch saw made whose names start with prefix. */
+static int files_made(int fd, const char *prefix) {
+  char buf[8192] __attribute__((aligned(__alignof__(struct inotify_event))));
+  int made = 0;
+  ssize_t len;
+  while ((len = read(fd, buf, sizeof buf)) > 0)
+    for (char *at = buf; at < buf + len;) {
+      const struct inotify_event *ev = (const void *)at;
+      if (ev->len && strncmp(ev->name, prefix, strlen(prefix)) == 0) made++;
+      at += sizeof *ev + ev->len;
+    }
+  return made;
+}
+
+/* Rank 1 wrote its file, then could not make the reply: it failed the
+ * save with its file on disk, left for the client's Discard. It now takes
+ * the reply's memory first, and writes nothing. One tensor, so the reply
+ * describes one, in an array of two dist_wire_meta (one spare). */
+Test(daemon_no_memory, a_save_one_daemon_cannot_reply_to_writes_nothing_there) {
+  start_failing_size(2 * sizeof(dist_wire_meta), 1);
+  dist_client *c = harness_client(&cluster);
+  static const double x0[4] = {1.5, -2, 0.25, 8};
+  int64_t n4 = 4;
+  dist_tensor_free(harness_put(c, "x", DIST_FLOAT64, x0, 1, &n4, "[0,1]", "Replicate()"));
+  char dir[400];
+  snprintf(dir, sizeof dir, "%s/ckpt", cluster.dir);
+  cr_assert_eq(mkdir(dir, 0755), 0);
+  int watch = watch_dir(dir);
+  long from = arm_rank1();
+  dist_checkpoint_info info;
+  int rc = dist_checkpoint_save(c, dir, NULL, &info);
+  expect_shim_fired(from);
+  cr_expect_eq(rc, DIST_ENOMEM, "%s", dist_errmsg(c));
+  cr_expect(strstr(dist_errmsg(c), "nothing written"), "%s", dist_errmsg(c));
+  cr_expect_eq(files_made(watch, "rank1."), 0, "rank 1 wrote a file");
+  cr_expect_eq(harness_count_files(dir, "", ".safetensors") + harness_count_files(dir, "", ".tmp"),
+               0, "files left in %s", dir);
+  close(watch);
+  /* The shim fails once: the save now succeeds, a file from each. */
+  cr_expect_eq(dist_checkpoint_save(c, dir, NULL, &info), 0, "%s", dist_errmsg(c));
+  cr_expect_eq(harness_count_files(dir, "", ".safetensors"), 2);
   dist_close(c);
 }
