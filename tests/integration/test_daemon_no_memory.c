@@ -143,6 +143,19 @@ Test(daemon_no_memory, a_local_piece_one_daemon_cannot_allocate_is_stored_by_non
   for (int r = 0; r < 2; r++) dist_close(tr[r].c);
 }
 
+/* Two daemons holding one tensor, "x" (4 float64s, Replicate on
+ * [0, 1]), rank 1 set to fail the first allocation of two dist_wire_meta:
+ * the array of a reply describing one tensor (one spare). Returns a
+ * client of both. */
+static dist_client *start_with_one_tensor(void) {
+  start_failing_size(2 * sizeof(dist_wire_meta), 1);
+  dist_client *c = harness_client(&cluster);
+  static const double x0[4] = {1.5, -2, 0.25, 8};
+  int64_t n4 = 4;
+  dist_tensor_free(harness_put(c, "x", DIST_FLOAT64, x0, 1, &n4, "[0,1]", "Replicate()"));
+  return c;
+}
+
 /* ------------------------------------------------- LocalLayer calls */
 
 typedef struct caller {
@@ -181,11 +194,7 @@ static void *call_doubler(void *arg) {
  * invocation and its trainer went on, while rank 1 failed, deleting its
  * "y" and releasing its invocation. */
 Test(daemon_no_memory, a_call_one_daemon_cannot_reply_to_is_applied_by_none) {
-  start_failing_size(2 * sizeof(dist_wire_meta), 1);
-  dist_client *c = harness_client(&cluster);
-  static const double x0[4] = {1.5, -2, 0.25, 8};
-  int64_t n4 = 4;
-  dist_tensor_free(harness_put(c, "x", DIST_FLOAT64, x0, 1, &n4, "[0,1]", "Replicate()"));
+  dist_client *c = start_with_one_tensor();
   caller cl[2];
   for (int r = 0; r < 2; r++)
     cl[r] = (caller){{.c = harness_spmd_client(&cluster, r, "call-job"), .rank = r}, NULL};
@@ -235,14 +244,9 @@ static int files_made(int fd, const char *prefix) {
 
 /* Rank 1 wrote its file, then could not make the reply: it failed the
  * save with its file on disk, left for the client's Discard. It now takes
- * the reply's memory first, and writes nothing. One tensor, so the reply
- * describes one, in an array of two dist_wire_meta (one spare). */
+ * the reply's memory first, and writes nothing. */
 Test(daemon_no_memory, a_save_one_daemon_cannot_reply_to_writes_nothing_there) {
-  start_failing_size(2 * sizeof(dist_wire_meta), 1);
-  dist_client *c = harness_client(&cluster);
-  static const double x0[4] = {1.5, -2, 0.25, 8};
-  int64_t n4 = 4;
-  dist_tensor_free(harness_put(c, "x", DIST_FLOAT64, x0, 1, &n4, "[0,1]", "Replicate()"));
+  dist_client *c = start_with_one_tensor();
   char dir[400];
   snprintf(dir, sizeof dir, "%s/ckpt", cluster.dir);
   cr_assert_eq(mkdir(dir, 0755), 0);
