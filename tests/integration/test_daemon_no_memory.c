@@ -122,6 +122,12 @@ static void run_pair(void *a, void *b, void *(*fn)(void *)) {
   for (int r = 0; r < 2; r++) pthread_join(th[r], NULL);
 }
 
+/* Both trainers' calls ended with rc. */
+static void expect_both(const trainer *t0, const trainer *t1, int rc) {
+  cr_expect_eq(t0->rc, rc, "trainer 0: %s", t0->msg);
+  cr_expect_eq(t1->rc, rc, "trainer 1: %s", t1->msg);
+}
+
 /* Rank 1 allocated its piece after the shape exchange: rank 0 stored its
  * own and its trainer went on, while rank 1's failed. The request's bytes
  * are the first allocation of the piece's size, the piece the second. */
@@ -133,22 +139,21 @@ Test(daemon_no_memory, a_local_piece_one_daemon_cannot_allocate_is_stored_by_non
   long from = arm_rank1();
   run_pair(&tr[0], &tr[1], put_local_piece);
   expect_shim_fired(from);
-  for (int r = 0; r < 2; r++)
-    cr_expect_eq(tr[r].rc, DIST_ENOMEM, "trainer %d: %s", r, tr[r].msg);
+  expect_both(&tr[0], &tr[1], DIST_ENOMEM);
   cr_expect(strstr(tr[0].msg, "rank 1 refused its piece of 'local'"), "%s", tr[0].msg);
   expect_held_by_none("local");
   /* The shim fails once: the same put now succeeds on both. */
   run_pair(&tr[0], &tr[1], put_local_piece);
-  for (int r = 0; r < 2; r++) cr_expect_eq(tr[r].rc, 0, "trainer %d: %s", r, tr[r].msg);
+  expect_both(&tr[0], &tr[1], 0);
   for (int r = 0; r < 2; r++) dist_close(tr[r].c);
 }
 
 /* Two daemons holding one tensor, "x" (4 float64s, Replicate on
- * [0, 1]), rank 1 set to fail the first allocation of two dist_wire_meta:
+ * [0, 1]), rank 1 set to fail the nth allocation of two dist_wire_meta:
  * the array of a reply describing one tensor (one spare). Returns a
  * client of both. */
-static dist_client *start_with_one_tensor(void) {
-  start_failing_size(2 * sizeof(dist_wire_meta), 1);
+static dist_client *start_with_one_tensor(int nth) {
+  start_failing_size(2 * sizeof(dist_wire_meta), nth);
   dist_client *c = harness_client(&cluster);
   static const double x0[4] = {1.5, -2, 0.25, 8};
   int64_t n4 = 4;
@@ -161,6 +166,7 @@ static dist_client *start_with_one_tensor(void) {
 typedef struct caller {
   trainer tr;
   dist_program *p;
+  dist_invocation *inv; /* the last call's, kept for backward */
 } caller;
 
 static void *register_doubler(void *arg) {
@@ -171,49 +177,102 @@ static void *register_doubler(void *arg) {
   return NULL;
 }
 
-/* Calls the doubler on "x" into "y", keeping the invocation for backward. */
+/* Calls the doubler on "x" into "y", keeping the invocation for backward
+ * (releasing the one kept before). */
 static void *call_doubler(void *arg) {
   caller *cl = arg;
   dist_tensor *x = NULL, *y = NULL;
-  dist_invocation *inv = NULL;
   const char *names[1] = {"y"};
+  if (cl->inv) dist_invocation_release(cl->tr.c, cl->inv);
+  dist_invocation_free(cl->inv);
+  cl->inv = NULL;
   dist_call_opts o = DIST_CALL_OPTS_INIT;
   o.out_names = names;
   cl->tr.rc = dist_tensor_open(cl->tr.c, "x", &x);
   dist_arg args[1] = {{x, NULL}};
-  if (cl->tr.rc == 0) cl->tr.rc = dist_local_layer_call(cl->tr.c, cl->p, args, 1, &o, &inv, &y);
+  if (cl->tr.rc == 0)
+    cl->tr.rc = dist_local_layer_call(cl->tr.c, cl->p, args, 1, &o, &cl->inv, &y);
   snprintf(cl->tr.msg, sizeof cl->tr.msg, "%s", dist_errmsg(cl->tr.c));
-  if (inv) dist_invocation_release(cl->tr.c, inv);
-  dist_invocation_free(inv);
   dist_tensor_free(y);
   dist_tensor_free(x);
   return NULL;
+}
+
+/* Backward of the kept invocation, from gradients of ones, into
+ * "y.grad0". */
+static void *backward_doubler(void *arg) {
+  caller *cl = arg;
+  static const double ones[4] = {1, 1, 1, 1};
+  const dist_value og = {ones, DIST_FLOAT64, 1, {4}};
+  const dist_arg out_grads[1] = {{NULL, &og}};
+  dist_tensor *grad = NULL;
+  cl->tr.rc = dist_backward(cl->tr.c, cl->inv, out_grads, NULL, &grad);
+  snprintf(cl->tr.msg, sizeof cl->tr.msg, "%s", dist_errmsg(cl->tr.c));
+  dist_tensor_free(grad);
+  return NULL;
+}
+
+/* start_with_one_tensor(nth), and two SPMD trainers of job, each with
+ * the doubler registered; then arms rank 1 (*from for expect_shim_fired).
+ * Returns a client of both daemons. */
+static dist_client *start_armed_callers(caller *cl, const char *job, int nth, long *from) {
+  dist_client *c = start_with_one_tensor(nth);
+  for (int r = 0; r < 2; r++)
+    cl[r] = (caller){{.c = harness_spmd_client(&cluster, r, job), .rank = r}, NULL, NULL};
+  run_pair(&cl[0], &cl[1], register_doubler);
+  for (int r = 0; r < 2; r++) cr_assert_eq(cl[r].tr.rc, 0, "trainer %d: %s", r, cl[r].tr.msg);
+  *from = arm_rank1();
+  return c;
+}
+
+static void close_callers(caller *cl) {
+  for (int r = 0; r < 2; r++) {
+    dist_invocation_free(cl[r].inv);
+    dist_program_free(cl[r].p);
+    dist_close(cl[r].tr.c);
+  }
 }
 
 /* Rank 1 made its reply after the vote: rank 0 stored "y", kept the
  * invocation and its trainer went on, while rank 1 failed, deleting its
  * "y" and releasing its invocation. */
 Test(daemon_no_memory, a_call_one_daemon_cannot_reply_to_is_applied_by_none) {
-  dist_client *c = start_with_one_tensor();
   caller cl[2];
-  for (int r = 0; r < 2; r++)
-    cl[r] = (caller){{.c = harness_spmd_client(&cluster, r, "call-job"), .rank = r}, NULL};
-  run_pair(&cl[0], &cl[1], register_doubler);
-  for (int r = 0; r < 2; r++) cr_assert_eq(cl[r].tr.rc, 0, "trainer %d: %s", r, cl[r].tr.msg);
-  long from = arm_rank1();
+  long from;
+  dist_client *c = start_armed_callers(cl, "call-job", 1, &from);
   run_pair(&cl[0], &cl[1], call_doubler);
   expect_shim_fired(from);
-  for (int r = 0; r < 2; r++)
-    cr_expect_eq(cl[r].tr.rc, DIST_ENOMEM, "trainer %d: %s", r, cl[r].tr.msg);
+  expect_both(&cl[0].tr, &cl[1].tr, DIST_ENOMEM);
   cr_expect(strstr(cl[0].tr.msg, "rank 1 refused this invocation"), "%s", cl[0].tr.msg);
   expect_held_by_none("y");
   /* The shim fails once: the same call now succeeds on both. */
   run_pair(&cl[0], &cl[1], call_doubler);
-  for (int r = 0; r < 2; r++) cr_expect_eq(cl[r].tr.rc, 0, "trainer %d: %s", r, cl[r].tr.msg);
-  for (int r = 0; r < 2; r++) {
-    dist_program_free(cl[r].p);
-    dist_close(cl[r].tr.c);
-  }
+  expect_both(&cl[0].tr, &cl[1].tr, 0);
+  close_callers(cl);
+  dist_close(c);
+}
+
+/* The same for backward: rank 0 stored the gradient and its trainer went
+ * on, while rank 1 failed, deleting its own. The call's reply is the
+ * first allocation of the size, the backward's the second. */
+Test(daemon_no_memory, a_backward_one_daemon_cannot_reply_to_is_applied_by_none) {
+  caller cl[2];
+  long from;
+  dist_client *c = start_armed_callers(cl, "backward-job", 2, &from);
+  run_pair(&cl[0], &cl[1], call_doubler);
+  for (int r = 0; r < 2; r++) cr_assert_eq(cl[r].tr.rc, 0, "trainer %d: %s", r, cl[r].tr.msg);
+  run_pair(&cl[0], &cl[1], backward_doubler);
+  expect_shim_fired(from);
+  expect_both(&cl[0].tr, &cl[1].tr, DIST_ENOMEM);
+  expect_held_by_none("y.grad0");
+  /* The shim fails once: a call (into "y" again) and backward now
+   * succeed on both. */
+  cr_assert_eq(dist_tensor_delete(c, "y"), 0, "%s", dist_errmsg(c));
+  run_pair(&cl[0], &cl[1], call_doubler);
+  for (int r = 0; r < 2; r++) cr_assert_eq(cl[r].tr.rc, 0, "trainer %d: %s", r, cl[r].tr.msg);
+  run_pair(&cl[0], &cl[1], backward_doubler);
+  expect_both(&cl[0].tr, &cl[1].tr, 0);
+  close_callers(cl);
   dist_close(c);
 }
 
@@ -246,7 +305,7 @@ static int files_made(int fd, const char *prefix) {
  * save with its file on disk, left for the client's Discard. It now takes
  * the reply's memory first, and writes nothing. */
 Test(daemon_no_memory, a_save_one_daemon_cannot_reply_to_writes_nothing_there) {
-  dist_client *c = start_with_one_tensor();
+  dist_client *c = start_with_one_tensor(1);
   char dir[400];
   snprintf(dir, sizeof dir, "%s/ckpt", cluster.dir);
   cr_assert_eq(mkdir(dir, 0755), 0);
