@@ -14,6 +14,9 @@
 #   - the client exited 0, 3 (DIST_ENOMEM) or 4 (another error), with a
 #     message that does not call a request malformed: a daemon that cannot
 #     allocate says so;
+#   - every name a daemon holds is held by every rank of its mesh (each
+#     daemon asked alone): the failure left no op applied by some daemons
+#     only;
 #   - a clean run on the same cluster succeeds: the failure left nothing
 #     half-done that breaks the next caller.
 # First, the request unpack alone: `distctl tensors` against a daemon
@@ -67,6 +70,26 @@ cluster_up() {
 daemon_alive() {
   local pid=${pids[$1]}
   kill -0 "$pid" 2>/dev/null && grep -q distd "/proc/$pid/cmdline" 2>/dev/null
+}
+
+# The names some daemon holds but another rank of their mesh does not,
+# one a line ("NAME (mesh [0,1]) on rank 0, not on rank 1"), each daemon
+# listed alone (--endpoint: its gRPC address, from the cluster file).
+held_partly() {
+  local r lists=()
+  for r in "${!pids[@]}"; do
+    local at
+    at=$(grep -v '^[[:space:]]*#' "$conf" | awk 'NF { print $1 }' | sed -n "$((r + 1))p")
+    timeout 60 "$distctl" --endpoint "$at" --json tensors >"$dir/held.$r" 2>&1 ||
+      { echo "rank $r could not list its tensors: $(tail -1 "$dir/held.$r")"; return; }
+    lists+=("$dir/held.$r")
+  done
+  jq -rn '[inputs] as $held
+    | [range(0; $held | length) as $r | $held[$r][] as $t | $t.mesh.ranks[] as $q
+       | select($q < ($held | length))
+       | select($held[$q] | any(.name == $t.name and .mesh.ranks == $t.mesh.ranks) | not)
+       | "\($t.name) (mesh \($t.mesh.ranks | tojson)) on rank \($r), not on rank \($q)"]
+    | unique[]' "${lists[@]}"
 }
 
 # Says what is wrong with k=$1 ($2), keeping the logs in $dir/k$1.
@@ -136,6 +159,8 @@ for ((k = offset + 1; k <= n; k += stride)); do
     tail -5 "$cluster/distd.$r.log" >&2
   done
   daemon_alive 1 || continue
+  partly=$(held_partly)
+  [ -z "$partly" ] || { wrong "$k" "held by some ranks of the mesh only:"; echo "$partly" >&2; }
   run_client "$conf" "d$$.k$k.after"
   rc=$?
   [ "$rc" -eq 0 ] && continue
