@@ -46,9 +46,9 @@ static int snapshot_params(distd_server *s, distd_tensor **t, int n,
 }
 
 /* The reply's memory, taken before the file is written: a daemon that
- * cannot make its reply then writes nothing, where it wrote its file and
- * failed, leaving the file for its client's Discard (which a client
- * itself out of memory, or gone, never sends). */
+ * cannot take it writes nothing. (Made after the write, a reply that
+ * failed left the file to the client's Discard, which a client itself
+ * out of memory, or gone, never sends.) */
 typedef struct save_room {
   distd_descriptions d;
   char **params;

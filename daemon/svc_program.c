@@ -213,10 +213,11 @@ static int reserve_invocation(distd_server *s, const Dist__V1__ProgramInvokeRequ
   return distd_registry_keep(s->programs, k, eb);
 }
 
-/* Makes the outputs, reserves the invocation's place and takes its
- * reply's memory; stores them and fills it if every daemon invoked could
- * (a daemon that could not make its reply after the vote stored its
- * outputs and kept the invocation nowhere while the others did). The output names are held
+/* Makes the outputs, reserves the invocation's place and takes the
+ * reply's memory; stores them and fills it if every daemon invoked could.
+ * Nothing allocated after the vote can fail it on one daemon only (a
+ * reply made after it deleted the outputs there and released the
+ * invocation, while the others kept both). The output names are held
  * meanwhile (holds.h), so that no put, reshard or restore of one of them
  * lands between this daemon's checks and its store; a name held by one
  * of those is this daemon's no. */
