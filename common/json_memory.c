@@ -1,5 +1,6 @@
 #include "json_memory.h"
 
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -54,4 +55,14 @@ char *dist_json_dumps(const json_t *json, size_t flags) {
   }
   b.text[b.len] = '\0';
   return b.text;
+}
+
+int dist_json_unpack(json_t *root, const char *fmt, ...) {
+  json_error_t err;
+  va_list ap;
+  va_start(ap, fmt);
+  int rc = json_vunpack_ex(root, &err, 0, fmt, ap);
+  va_end(ap);
+  if (rc == 0) return 0;
+  return json_error_code(&err) == json_error_out_of_memory ? -1 : 1;
 }

@@ -29,4 +29,10 @@ char *dist_json_dumps(const json_t *json, size_t flags);
 json_t *dist_json_loadb(const char *buf, size_t len, size_t flags, json_error_t *err,
                         int *no_memory);
 
+/* json_unpack, telling a value that does not match fmt (1) from jansson
+ * failing to allocate (-1: its unpack of an object keeps the keys it saw
+ * in a table it allocates, and a failure there read as a mismatch); 0
+ * when it matched. */
+int dist_json_unpack(json_t *root, const char *fmt, ...);
+
 #endif

@@ -113,25 +113,27 @@ static int bad(dist_errbuf *eb, const char *file, const char *name, const char *
                    what);
 }
 
+/* 0, 1 when j is not a configuration, -1 when jansson could not allocate. */
 static int parse_cfg(json_t *j, distd_param_cfg *cfg, uint64_t *step, json_t **state) {
   const char *kind, *reduce;
   int nesterov, async;
   json_int_t st;
   memset(cfg, 0, sizeof *cfg);
   distd_optim_cfg *o = &cfg->optim;
-  if (json_unpack(j, "{s:s, s:F, s:F, s:F, s:b, s:F, s:F, s:F, s:F, s:s, s:b, s:i, "
-                  "s:I, s:o}", "optimizer", &kind, "lr", &o->lr, "momentum",
-                  &o->momentum, "dampening", &o->dampening, "nesterov", &nesterov,
-                  "beta1", &o->beta1, "beta2", &o->beta2, "eps", &o->eps,
-                  "weight_decay", &o->weight_decay, "reduce", &reduce, "async",
-                  &async, "trainers", &cfg->trainers, "step", &st, "state",
-                  state) != 0 || st < 0 || !json_is_array(*state))
-    return -1;
+  int unpacked = dist_json_unpack(j, "{s:s, s:F, s:F, s:F, s:b, s:F, s:F, s:F, s:F, s:s, "
+                                  "s:b, s:i, s:I, s:o}", "optimizer", &kind, "lr", &o->lr,
+                                  "momentum", &o->momentum, "dampening", &o->dampening,
+                                  "nesterov", &nesterov, "beta1", &o->beta1, "beta2",
+                                  &o->beta2, "eps", &o->eps, "weight_decay",
+                                  &o->weight_decay, "reduce", &reduce, "async", &async,
+                                  "trainers", &cfg->trainers, "step", &st, "state", state);
+  if (unpacked != 0) return unpacked;
+  if (st < 0 || !json_is_array(*state)) return 1;
   o->nesterov = nesterov;
   cfg->async = async;
   *step = (uint64_t)st;
   return parse_kind(kind, &o->kind) != 0 || dist_reduce_parse(reduce, &cfg->reduce) != 0
-             ? -1 : 0;
+             ? 1 : 0;
 }
 
 /* The state buffers named in `names`, each exactly a dt piece of shape
@@ -178,8 +180,11 @@ int distd_ckpt_param_find(const dist_st_file *f, const char *file, json_t *optim
   memset(out, 0, sizeof *out);
   json_t *j = optim ? json_object_get(optim, name) : NULL, *names;
   if (!j) return 0;
-  if (parse_cfg(j, &out->cfg, &out->step, &names) != 0)
-    return bad(eb, file, name, "has a malformed configuration");
+  int parsed = parse_cfg(j, &out->cfg, &out->step, &names);
+  if (parsed < 0)
+    return dist_fail(eb, DIST_ENOMEM, "%s: out of memory reading the optimizer state of '%s'",
+                     file, name);
+  if (parsed > 0) return bad(eb, file, name, "has a malformed configuration");
   out->nstate = distd_optim_state_count(&out->cfg.optim);
   int rc = find_state(f, file, name, dt, piece, names, out, eb);
   return rc != 0 ? rc : 1;

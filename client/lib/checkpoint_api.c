@@ -411,40 +411,42 @@ static int parse_mesh(json_t *j, dist_mesh_desc *m) {
   return dist_mesh_init(m, (int)nd, sh, rk, names, NULL) == 0 ? 0 : -1;
 }
 
+/* 0, 1 when j is not a tensor's entry, -1 when jansson could not allocate. */
 static int parse_tensor(json_t *j, ckpt_entry *e) {
   const char *name, *dtype;
   json_t *shape, *mesh, *pl;
   json_int_t version;
-  if (json_unpack(j, "{s:s, s:s, s:o, s:o, s:o, s:I}", "name", &name, "dtype", &dtype,
-                  "shape", &shape, "mesh", &mesh, "placements", &pl, "version",
-                  &version) != 0 || strlen(name) >= sizeof e->t.name)
-    return -1;
+  int unpacked = dist_json_unpack(j, "{s:s, s:s, s:o, s:o, s:o, s:I}", "name", &name, "dtype",
+                                  &dtype, "shape", &shape, "mesh", &mesh, "placements", &pl,
+                                  "version", &version);
+  if (unpacked != 0) return unpacked;
+  if (strlen(name) >= sizeof e->t.name) return 1;
   snprintf(e->t.name, sizeof e->t.name, "%s", name);
   e->version = (uint64_t)version;
   /* Absent in checkpoints from before optimizer state was kept. */
   e->with_state = json_is_true(json_object_get(j, "optimizer_state"));
-  if ((e->t.dtype = dist_dtype_parse(dtype)) == DIST_DTYPE_INVALID) return -1;
+  if ((e->t.dtype = dist_dtype_parse(dtype)) == DIST_DTYPE_INVALID) return 1;
   int64_t dims[DIST_MAX_DIMS];
   int ndim = (int)json_array_size(shape);
-  if (!json_is_array(shape) || ndim > DIST_MAX_DIMS) return -1;
+  if (!json_is_array(shape) || ndim > DIST_MAX_DIMS) return 1;
   for (int d = 0; d < ndim; d++) dims[d] = json_integer_value(json_array_get(shape, (size_t)d));
   /* Bounded as every tensor's: [2^32, 2^32] counted its elements past
    * int64 (signed overflow) when rebuilt in the client. */
-  if (dist_shape_make(ndim, dims, &e->t.shape, NULL) != 0) return -1;
-  if (parse_mesh(mesh, &e->t.mesh.d) != 0) return -1;
+  if (dist_shape_make(ndim, dims, &e->t.shape, NULL) != 0) return 1;
+  if (parse_mesh(mesh, &e->t.mesh.d) != 0) return 1;
   char text[512] = "";
   for (size_t i = 0; i < json_array_size(pl); i++) {
     const char *p = json_string_value(json_array_get(pl, i));
-    if (!p || strlen(text) + strlen(p) + 2 >= sizeof text) return -1;
+    if (!p || strlen(text) + strlen(p) + 2 >= sizeof text) return 1;
     if (i) strcat(text, ",");
     strcat(text, p);
   }
   int np = 0;
   if (dist_placements_parse(text, e->t.placements, DIST_MAX_MESH_DIMS, &np, NULL) != 0 ||
       np != e->t.mesh.d.ndim)
-    return -1;
+    return 1;
   return dist_placements_check(&e->t.mesh.d, e->t.placements, np, e->t.shape.ndim,
-                               NULL) == 0 ? 0 : -1;
+                               NULL) == 0 ? 0 : 1;
 }
 
 static int parse_manifest(dist_client *c, const char *dir, const char *text,
@@ -458,9 +460,14 @@ static int parse_manifest(dist_client *c, const char *dir, const char *text,
     rc = no_memory(c, "reading the manifest");
     goto out;
   }
-  if (!doc || json_unpack(doc, "{s:s, s:o, s:o, s?s}", "format", &format, "files", &files,
-                          "tensors", &tensors, "checkpoint_id", &id) != 0 ||
-      strcmp(format, MANIFEST_FORMAT) != 0 || !json_is_array(files) ||
+  int unpacked = doc ? dist_json_unpack(doc, "{s:s, s:o, s:o, s?s}", "format", &format,
+                                        "files", &files, "tensors", &tensors,
+                                        "checkpoint_id", &id) : 1;
+  if (unpacked < 0) {
+    rc = no_memory(c, "reading the manifest");
+    goto out;
+  }
+  if (unpacked > 0 || strcmp(format, MANIFEST_FORMAT) != 0 || !json_is_array(files) ||
       !json_is_array(tensors)) {
     rc = bad_manifest(c, dir, doc ? "missing format, files or tensors" : jerr.text);
     goto out;
@@ -479,17 +486,22 @@ static int parse_manifest(dist_client *c, const char *dir, const char *text,
   for (int i = 0; i < m->nfiles && rc == 0; i++) {
     int rank;
     const char *file, *sha;
-    if (json_unpack(json_array_get(files, (size_t)i), "{s:i, s:s, s:s}", "rank", &rank,
-                    "file", &file, "sha256", &sha) != 0 || rank != i ||
-        strlen(file) >= sizeof m->file[i] || strlen(sha) >= sizeof m->sha[i])
+    unpacked = dist_json_unpack(json_array_get(files, (size_t)i), "{s:i, s:s, s:s}", "rank",
+                                &rank, "file", &file, "sha256", &sha);
+    if (unpacked < 0)
+      rc = no_memory(c, "reading the manifest");
+    else if (unpacked > 0 || rank != i || strlen(file) >= sizeof m->file[i] ||
+             strlen(sha) >= sizeof m->sha[i])
       rc = bad_manifest(c, dir, "a files entry is malformed or out of rank order");
     else
       snprintf(m->file[i], sizeof m->file[i], "%s", file),
       snprintf(m->sha[i], sizeof m->sha[i], "%s", sha);
   }
-  for (int i = 0; i < m->ntensors && rc == 0; i++)
-    if (parse_tensor(json_array_get(tensors, (size_t)i), &m->tensors[i]) != 0)
-      rc = bad_manifest(c, dir, "a tensors entry is malformed");
+  for (int i = 0; i < m->ntensors && rc == 0; i++) {
+    int parsed = parse_tensor(json_array_get(tensors, (size_t)i), &m->tensors[i]);
+    if (parsed < 0) rc = no_memory(c, "reading the manifest");
+    else if (parsed > 0) rc = bad_manifest(c, dir, "a tensors entry is malformed");
+  }
 out:
   json_decref(doc);
   return rc;

@@ -82,3 +82,25 @@ Test(json_memory, text_that_is_not_json_is_not_out_of_memory) {
     cr_assert(err.text[0], "'%s': no reason given", bad[i]);
   }
 }
+
+/* jansson's unpack of an object allocates (a table of the keys it saw):
+ * each of its allocations failing reads as out of memory, never as a
+ * document without the keys. */
+Test(json_memory, an_unpack_that_fails_for_memory_says_so_or_matches) {
+  json_t *doc = json_loads(doc_text, 0, NULL);
+  long k = 0, counted = 0;
+  for (int clean = 0; !clean && k < 1000;) {
+    k++;
+    json_t *files = NULL, *tensors = NULL;
+    jansson_fail_from_now(k);
+    int rc = dist_json_unpack(doc, "{s:o, s:o}", "files", &files, "tensors", &tensors);
+    counted = jansson_restore();
+    clean = counted < k;
+    cr_assert(rc == 0 ? files && tensors : rc == -1, "k=%ld: %d", k, rc);
+  }
+  cr_assert_gt(k, 1, "jansson's unpack allocated nothing");
+  cr_assert_lt(k, 1000);
+  json_t *ranks = NULL;
+  cr_assert_eq(dist_json_unpack(doc, "{s:o}", "ranks", &ranks), 1, "a missing key");
+  json_decref(doc);
+}

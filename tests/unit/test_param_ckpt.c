@@ -257,3 +257,37 @@ Test(param_ckpt, a_description_jansson_cannot_allocate_for_is_an_error_never_a_s
   distd_param_snapshot_free(&snap);
   distd_params_free(p);
 }
+
+/* Each of jansson's allocations failing in turn while a rank reads a
+ * parameter back: DIST_ENOMEM, or the parameter with its step. It read
+ * as a malformed description (EINVAL) when jansson could not unpack. */
+Test(param_ckpt, a_description_jansson_cannot_allocate_to_read_is_out_of_memory) {
+  distd_params *p = params_with_w();
+  size_t len = 0;
+  void *bytes = encode(p, &w, 1, &len);
+  dist_st_file *f = NULL;
+  cr_assert_eq(dist_st_parse(bytes, len, &f, NULL), 0);
+  long k = 0, counted = 0;
+  for (int clean = 0; !clean && k < 10000;) { /* until a run ends before its k-th */
+    k++;
+    distd_param_entry *e = NULL;
+    dist_errbuf eb = DIST_ERRBUF_INIT;
+    jansson_fail_from_now(k);
+    int rc = distd_ckpt_params_read(f, "rank0.x.safetensors", st, &w, 1, &e, &eb);
+    counted = jansson_restore();
+    clean = counted < k;
+    if (rc != 0) {
+      cr_assert_eq(rc, DIST_ENOMEM, "k=%ld: %s", k, eb.msg);
+      continue;
+    }
+    cr_assert_not_null(e, "k=%ld: w read back without its optimizer state", k);
+    distd_params *q = distd_params_new(0);
+    distd_param_install(q, e);
+    distd_params_free(q);
+  }
+  cr_assert_gt(k, 3);
+  cr_assert_lt(k, 10000);
+  dist_st_free(f);
+  free(bytes);
+  distd_params_free(p);
+}
