@@ -70,12 +70,19 @@ static void *encode(distd_params *p, distd_tensor **t, int n, size_t *len) {
   return bytes;
 }
 
+/* The file of w in registry p, parsed; *bytes holds it (free it after f). */
+static dist_st_file *w_file(distd_params *p, void **bytes) {
+  size_t len = 0;
+  *bytes = encode(p, &w, 1, &len);
+  dist_st_file *f = NULL;
+  cr_assert_eq(dist_st_parse(*bytes, len, &f, NULL), 0);
+  return f;
+}
+
 Test(param_ckpt, configuration_step_and_state_survive_the_file) {
   distd_params *p = params_with_w();
-  size_t len = 0;
-  void *bytes = encode(p, &w, 1, &len);
-  dist_st_file *f = NULL;
-  cr_assert_eq(dist_st_parse(bytes, len, &f, NULL), 0);
+  void *bytes = NULL;
+  dist_st_file *f = w_file(p, &bytes);
   distd_param_entry *e = NULL;
   cr_assert_eq(distd_ckpt_params_read(f, "rank0.x.safetensors", st, &w, 1, &e, NULL), 0);
   cr_assert_not_null(e);
@@ -263,10 +270,8 @@ Test(param_ckpt, a_description_jansson_cannot_allocate_for_is_an_error_never_a_s
  * as a malformed description (EINVAL) when jansson could not unpack. */
 Test(param_ckpt, a_description_jansson_cannot_allocate_to_read_is_out_of_memory) {
   distd_params *p = params_with_w();
-  size_t len = 0;
-  void *bytes = encode(p, &w, 1, &len);
-  dist_st_file *f = NULL;
-  cr_assert_eq(dist_st_parse(bytes, len, &f, NULL), 0);
+  void *bytes = NULL;
+  dist_st_file *f = w_file(p, &bytes);
   long k = 0, counted = 0;
   for (int clean = 0; !clean && k < 10000;) { /* until a run ends before its k-th */
     k++;
