@@ -238,12 +238,14 @@ int dist_local_layer_ids(int n_outputs);
  * gave, where the caller's tensors may have stood, which deleting the
  * outputs would lose for good; names made up held nothing of the caller's. */
 int dist_local_layer_keeps_failed_outputs(const dist_call_opts *o);
-/* Deletes names[0..p's outputs) on the daemons a call of p from c goes
- * to, best effort (c's error kept): the outputs of a failed call that
- * kept them, when the names were the caller's own to drop (a layer
- * step's). */
-void dist_local_layer_delete_outputs(dist_client *c, const dist_program *p,
-                                     const char *const *names);
+/* dist_local_layer_call for libdist's own callers (a layer step) whose
+ * output names are theirs to drop: a failed call deletes its outputs on
+ * the daemons that applied it (answered success, their reply lost or
+ * not), whatever opts->replace says; a daemon that did not apply it is
+ * not asked (one that does not answer would cost a deadline per name). */
+int dist_local_layer_call_undoing(dist_client *c, dist_program *p, const dist_arg *args,
+                                  int nargs, const dist_call_opts *opts,
+                                  dist_invocation **inv, dist_tensor **outs);
 /* dist_backward for libdist's own callers (a tape, a layer step) whose
  * gradient names are theirs to drop: a failed backward deletes each
  * non-empty undo_names[j] on the daemons that applied it (answered
@@ -253,6 +255,17 @@ void dist_local_layer_delete_outputs(dist_client *c, const dist_program *p,
 int dist_backward_undoing(dist_client *c, dist_invocation *inv, const dist_arg *out_grads,
                           const dist_backward_opts *opts, dist_tensor **grads,
                           const char *const *undo_names);
+/* dist_global_scatter (scatter 1) or dist_global_gather (0) for libdist's
+ * own callers (a tape's backward) whose opts->out_name is theirs to drop,
+ * no rows returned: a failed exchange deletes the result it kept on the
+ * daemons that applied it, whatever opts->replace says; a daemon that did
+ * not apply it is not asked (one that does not answer would cost a
+ * deadline). */
+int dist_global_exchange_undoing(dist_client *c, int scatter, const void *const *x,
+                                 const int64_t *x_rows, dist_dtype dt, int64_t d_model,
+                                 const int64_t *const *local_count,
+                                 const int64_t *const *global_count, int n_experts,
+                                 const int *group, int group_size, const dist_moe_opts *opts);
 int dist_reshard_refused(dist_client *c, const dist_tensor *t, const dist_mesh *mesh);
 /* dist_spmd_refused of inv's backward, refused before dist_backward
  * (which takes no op id: it runs under the invocation's). */

@@ -175,11 +175,10 @@ int dist_layer_call(fwd_ctx *x, dist_program *p, const char *path,
   dist_call_opts o = DIST_CALL_OPTS_INIT;
   o.out_names = name_ptrs;
   o.replace = 1;
-  if ((rc = dist_local_layer_call(x->c, p, args, nargs, &o, &inv, outs))) {
+  /* These names are the step's own: a failed call deletes what it stored
+   * of them, though it replaces. */
+  if ((rc = dist_local_layer_call_undoing(x->c, p, args, nargs, &o, &inv, outs))) {
     dist_errbuf_prefix(&x->c->err, "%s: ", path[0] ? path : x->root->name);
-    /* A replacing call keeps what it stored; these names are the step's
-     * own, and the step will not hold them. */
-    dist_local_layer_delete_outputs(x->c, p, name_ptrs);
     goto out;
   }
   for (int k = 0; k < n; k++) { /* the step owns every output from here */

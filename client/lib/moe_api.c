@@ -60,6 +60,7 @@ typedef struct exchange_args {
   const int64_t *const *local_count, *const *global_count;
   int experts;
   const dist_moe_opts *opts;
+  int own_out_name; /* opts->out_name is the caller's (libdist's) to drop */
 } exchange_args;
 
 static void fill_request(Dist__V1__GlobalExchangeRequest *rq,
@@ -143,11 +144,12 @@ static int no_rows(dist_client *c, void **out, int64_t *out_rows) {
 
 /* A failed exchange may have kept its result (opts->out_name) on the
  * daemons that carried it out, also on one whose reply was lost here (out
- * of memory): deleted there, unless it replaced, where the caller's
- * tensor may have stood (as a replacing LocalLayer call keeps its
- * outputs: dist_local_layer_keeps_failed_outputs). */
-static void undo_kept(dist_client *c, const dist_moe_opts *o, const dist_call *calls, int n) {
-  if (!o || !o->out_name || o->replace) return;
+ * of memory): deleted there, unless it replaced a name of the caller's,
+ * where the caller's tensor may have stood (as a replacing LocalLayer
+ * call keeps its outputs: dist_local_layer_keeps_failed_outputs). */
+static void undo_kept(dist_client *c, const exchange_args *a, const dist_call *calls, int n) {
+  const dist_moe_opts *o = a->opts;
+  if (!o || !o->out_name || (o->replace && !a->own_out_name)) return;
   for (int k = 0; k < n; k++)
     if (calls[k].applied) dist_delete_on(c, o->out_name, &calls[k].target, 1);
 }
@@ -198,7 +200,7 @@ static int exchange(dist_client *c, const exchange_args *a, const int *group,
                                            : "/dist.v1.Moe/GlobalGather",
                       &dist__v1__global_exchange_reply__descriptor, calls, n);
   if (rc == 0) rc = take_results(c, a, calls, n, out, out_rows);
-  if (rc) undo_kept(c, a->opts, calls, n);
+  if (rc) undo_kept(c, a, calls, n);
   dist_calls_free(calls, n);
 out:
   free(calls);
@@ -217,7 +219,7 @@ int dist_global_scatter(dist_client *c, const void *const *x,
                         int64_t *out_rows) {
   if (!c) return dist_no_client(__func__);
   exchange_args a = {SCATTER, x, x_rows, dt, d_model, local_count,
-                     global_count, n_experts, opts};
+                     global_count, n_experts, opts, 0};
   return exchange(c, &a, group, group_size, out, out_rows);
 }
 
@@ -230,8 +232,18 @@ int dist_global_gather(dist_client *c, const void *const *x,
                        int64_t *out_rows) {
   if (!c) return dist_no_client(__func__);
   exchange_args a = {GATHER, x, x_rows, dt, d_model, local_count,
-                     global_count, n_experts, opts};
+                     global_count, n_experts, opts, 0};
   return exchange(c, &a, group, group_size, out, out_rows);
+}
+
+int dist_global_exchange_undoing(dist_client *c, int scatter, const void *const *x,
+                                 const int64_t *x_rows, dist_dtype dt, int64_t d_model,
+                                 const int64_t *const *local_count,
+                                 const int64_t *const *global_count, int n_experts,
+                                 const int *group, int group_size, const dist_moe_opts *opts) {
+  exchange_args a = {scatter ? SCATTER : GATHER, x, x_rows, dt, d_model, local_count,
+                     global_count, n_experts, opts, 1};
+  return exchange(c, &a, group, group_size, NULL, NULL);
 }
 
 /* SPMD: member j's block j*E..j*E+E-1 of local_count goes to member j; what

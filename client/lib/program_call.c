@@ -161,32 +161,26 @@ int dist_local_layer_keeps_failed_outputs(const dist_call_opts *o) {
 
 /* A failed call may have succeeded on some daemons, also on one whose
  * reply was lost here (out of memory): undo it on each that applied it,
- * its outputs deleted unless dist_local_layer_keeps_failed_outputs. The
+ * its outputs deleted unless kept (dist_local_layer_keeps_failed_outputs,
+ * for a caller's names; libdist's own callers drop theirs). The
  * names are the request's, not the reply's, which may be missing; a
  * daemon's reply, when there is one, says which outputs it holds, and
  * without one only the daemons of output k's mesh can have stored it (a
  * tensor of that name elsewhere is another's). */
 static void undo_call(dist_client *c, const dist_program *p, fanout *f, uint64_t id,
-                      char *const *names, int replaced) {
+                      char *const *names, int kept) {
   dist_errbuf keep = c->err;
   for (int i = 0; i < f->n; i++) {
     const Dist__V1__ProgramInvokeReply *r = (const void *)f->calls[i].reply;
     if (!f->calls[i].applied) continue;
     dist_prog_release_on(c, &f->targets[i], 1, NULL, id);
-    for (int k = 0; !replaced && k < p->n_outputs; k++) {
+    for (int k = 0; !kept && k < p->n_outputs; k++) {
       int held = r ? (size_t)k < r->n_outputs && r->outputs[k]->name && r->outputs[k]->name[0]
                    : dist_mesh_index_of(&p->attrs[k]->mesh, f->targets[i]) >= 0;
       if (held) dist_delete_on(c, names[k], &f->targets[i], 1);
     }
   }
   c->err = keep;
-}
-
-void dist_local_layer_delete_outputs(dist_client *c, const dist_program *p,
-                                     const char *const *names) {
-  for (int i = 0; i < p->nranks; i++)
-    for (int k = 0; calls_rank(c, p, i) && k < p->n_outputs; k++)
-      dist_delete_on(c, names[k], &p->ranks[i], 1);
 }
 
 /* Output k's description: from the first daemon that holds a piece of
@@ -346,18 +340,21 @@ int dist_local_layer_refused(dist_client *c, const dist_program *p) {
   return refuse_call(c, p, take_call_ids(c, p));
 }
 
-int dist_local_layer_call(dist_client *c, dist_program *p, const dist_arg *args,
-                          int nargs, const dist_call_opts *opts,
-                          dist_invocation **inv, dist_tensor **outs) {
-  if (!c) return dist_no_client(__func__);
+/* dist_local_layer_call; own_names: the output names are the caller's
+ * (libdist's) to drop, so a failure deletes what it stored, replacing or
+ * not (dist_local_layer_call_undoing). */
+static int call_run(dist_client *c, dist_program *p, const dist_arg *args, int nargs,
+                    const dist_call_opts *opts, dist_invocation **inv, dist_tensor **outs,
+                    int own_names) {
   if (DIST_NEED(c, p)) return c->err.code;
   dist_call_opts o = DIST_CALL_OPTS_INIT;
   if (opts) o = *opts;
+  int keeps = !own_names && dist_local_layer_keeps_failed_outputs(&o);
   if (inv) *inv = NULL;
   for (int k = 0; outs && k < p->n_outputs; k++) outs[k] = NULL;
   uint64_t id = take_call_ids(c, p);
   if (DIST_NEED(c, inv) || check_call(c, p, nargs) ||
-      dist_check_call_args(c, __func__, "args", args, nargs,
+      dist_check_call_args(c, "dist_local_layer_call", "args", args, nargs,
                            c->spmd_rank >= 0 ? 1 : p->nranks))
     return refuse_call(c, p, id);
   if (p->outside) return dist_prog_call_outside(c, p, args, &o, id, inv, outs);
@@ -386,12 +383,12 @@ int dist_local_layer_call(dist_client *c, dist_program *p, const dist_arg *args,
    * it is asked before only. */
   if (!rc && o.out_names && !o.replace) rc = check_out_names(c, p, names);
   if (rc) {
-    undo_call(c, p, &f, id, names, dist_local_layer_keeps_failed_outputs(&o));
+    undo_call(c, p, &f, id, names, keeps);
     goto out;
   }
   if ((rc = take_outputs(c, &f, &o, v, elsewhere, outs))) {
     for (int k = 0; outs && k < p->n_outputs; k++) dist_tensor_free(outs[k]), outs[k] = NULL;
-    undo_call(c, p, &f, id, names, dist_local_layer_keeps_failed_outputs(&o));
+    undo_call(c, p, &f, id, names, keeps);
     goto out;
   }
   v->backward_done = o.no_grad != 0;
@@ -405,6 +402,19 @@ out:
   free(rq);
   free(names);
   return rc;
+}
+
+int dist_local_layer_call(dist_client *c, dist_program *p, const dist_arg *args,
+                          int nargs, const dist_call_opts *opts,
+                          dist_invocation **inv, dist_tensor **outs) {
+  if (!c) return dist_no_client(__func__);
+  return call_run(c, p, args, nargs, opts, inv, outs, 0);
+}
+
+int dist_local_layer_call_undoing(dist_client *c, dist_program *p, const dist_arg *args,
+                                  int nargs, const dist_call_opts *opts,
+                                  dist_invocation **inv, dist_tensor **outs) {
+  return call_run(c, p, args, nargs, opts, inv, outs, 1);
 }
 
 /* Given no invocation: -1, and dist_errmsg(NULL) says why. */

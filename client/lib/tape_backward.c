@@ -257,17 +257,15 @@ static int exchange_back(dist_tape *t, const entry *e, const slot *g) {
   int rc = 0;
   if (e->parts.n == 0) /* outside the group: the other exchange's id, no rows */
     dist_next_op_id(c);
-  else
-    rc = (e->kind == SCATTER ? dist_global_gather : dist_global_scatter)(
-        c, g->kind == G_VALUES ? xs : NULL, g->kind == G_VALUES ? rows : NULL,
-        e->dt, e->d_model, lcs, gcs, e->experts, e->group, e->group_size, &o,
-        NULL, NULL);
+  else /* the name is the tape's: a failure deletes what it kept, though it replaces */
+    rc = dist_global_exchange_undoing(
+        c, e->kind != SCATTER, g->kind == G_VALUES ? xs : NULL,
+        g->kind == G_VALUES ? rows : NULL, e->dt, e->d_model, lcs, gcs, e->experts,
+        e->group, e->group_size, &o);
   if (rc) {
     dist_errbuf_prefix(&c->err, "backward of %s '%s' -> '%s': ",
                        e->kind == SCATTER ? "global_scatter" : "global_gather",
                        e->x, e->y);
-    /* A replacing exchange keeps what it stored; the name is the tape's. */
-    dist_delete_on(c, name, e->parts.ranks, e->parts.n);
     return rc;
   }
   slot gx = {.kind = G_TENSOR, .owned = 1, .per_rank = 1, .ranks = e->parts};

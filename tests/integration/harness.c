@@ -308,6 +308,29 @@ dist_client *harness_client(harness *h) {
   return c;
 }
 
+dist_client *harness_client_deadline(harness *h, long timeout_ms) {
+  dist_opts o = DIST_OPTS_INIT;
+  o.timeout_ms = timeout_ms;
+  dist_client *c = NULL;
+  cr_assert_eq(dist_connect_cluster(h->cluster_file, &o, &c), 0, "%s",
+               dist_last_connect_error());
+  return c;
+}
+
+double harness_freeze_timed(harness *h, int r) {
+  cr_assert(harness_freeze(h, r, 5000), "rank %d did not stop", r);
+  return harness_now_s();
+}
+
+void harness_resume_within(harness *h, int r, double t0, int rc, double most,
+                           long deadline_ms) {
+  double took = harness_now_s() - t0;
+  kill(h->pids[r], SIGCONT);
+  cr_assert(rc < 0, "the call with rank %d frozen succeeded", r);
+  cr_assert_lt(took, most * (double)deadline_ms / 1000.0, "it took %.1f s, %.1f deadlines",
+               took, took * 1000 / (double)deadline_ms);
+}
+
 /* Prints the last lines of rank r's log, to explain a failure. */
 static void show_log(const harness *h, int r) {
   char cmd[400];

@@ -45,6 +45,17 @@ int harness_freeze(harness *h, int r, int timeout_ms);
 int harness_wait_connected(harness *h, int r, int connected, int timeout_ms);
 /* A single client connected to the whole cluster. */
 dist_client *harness_client(harness *h);
+/* A single client connected to the whole cluster, with the given
+ * deadline (a test that freezes a daemon counts deadlines). */
+dist_client *harness_client_deadline(harness *h, long timeout_ms);
+/* Freezes rank r (harness_freeze, failing the test when it does not
+ * stop) and returns the time, for harness_resume_within. */
+double harness_freeze_timed(harness *h, int r);
+/* Resumes rank r (SIGCONT) after a call made while it was frozen since t0
+ * and which returned rc; fails the test unless the call failed (rc < 0)
+ * within fewer than `most` deadlines of deadline_ms. */
+void harness_resume_within(harness *h, int r, double t0, int rc, double most,
+                           long deadline_ms);
 /* A client for one daemon, with the given deadline. */
 dist_client *harness_client_rank(harness *h, int r, long timeout_ms);
 /* A client of rank r's daemon alone (deadline timeout_ms) whose call to

@@ -603,6 +603,15 @@ Test(tape, distributed_weight_gradients_add_on_its_mesh, .timeout = 120) {
   harness_stop(&h);
 }
 
+/* On a new tape *t of c: y = the seed's scatter (seed_scatter), and in
+ * v[2] each rank's rows of y, as the gradient given for it. */
+static void scatter_seeded_with_its_rows(dist_client *c, dist_tape **t, dist_tensor **y,
+                                         dist_value *v) {
+  cr_assert_eq(dist_tape_new(c, t), 0, "%s", dist_errmsg(c));
+  *y = seed_scatter(*t, c, -1, "y");
+  for (int r = 0; r < 2; r++) v[r] = (dist_value){seed_y[r], DIST_FLOAT32, 2, {5, 2}};
+}
+
 /* A given output gradient as bytes, into the scatter's result: grad x =
  * gather(dy) = the rows of dy back where they came from. */
 Test(tape, exchange_result_seeded_with_values, .timeout = 120) {
@@ -610,10 +619,9 @@ Test(tape, exchange_result_seeded_with_values, .timeout = 120) {
   harness_start(&h, 2, NULL);
   dist_client *c = harness_client(&h);
   dist_tape *t = NULL;
-  dist_tape_new(c, &t);
-  dist_tensor *y = seed_scatter(t, c, -1, "y");
+  dist_tensor *y = NULL;
   dist_value v[2];
-  for (int r = 0; r < 2; r++) v[r] = (dist_value){seed_y[r], DIST_FLOAT32, 2, {5, 2}};
+  scatter_seeded_with_its_rows(c, &t, &y, v);
   dist_arg g = {NULL, v};
   const dist_tensor *seeds[1] = {y};
   cr_assert_eq(dist_tape_backward(t, seeds, &g, 1), 0, "%s", dist_errmsg(c));
@@ -622,6 +630,29 @@ Test(tape, exchange_result_seeded_with_values, .timeout = 120) {
     cr_assert(memcmp(got, seed_x, sizeof seed_x) == 0, "rank %d: the round trip", r);
     free(got);
   }
+  dist_tape_free(t);
+  dist_tensor_free(y);
+  dist_close(c);
+  harness_stop(&h);
+}
+
+/* An exchange's backward that fails because a daemon does not answer
+ * deletes the gradient it kept only on the daemons that applied it:
+ * asking the frozen one too cost a second deadline. */
+Test(tape, an_exchange_backward_a_frozen_daemon_fails_waits_one_deadline, .timeout = 120) {
+  enum { DEADLINE_MS = 2000 };
+  harness h;
+  harness_start(&h, 2, NULL);
+  dist_client *c = harness_client_deadline(&h, DEADLINE_MS);
+  dist_tape *t = NULL;
+  dist_tensor *y = NULL;
+  dist_value v[2];
+  scatter_seeded_with_its_rows(c, &t, &y, v);
+  dist_arg g = {NULL, v};
+  const dist_tensor *seeds[1] = {y};
+  double t0 = harness_freeze_timed(&h, 1);
+  int rc = dist_tape_backward(t, seeds, &g, 1);
+  harness_resume_within(&h, 1, t0, rc, 1.5, DEADLINE_MS);
   dist_tape_free(t);
   dist_tensor_free(y);
   dist_close(c);
