@@ -113,7 +113,9 @@ int dist_layer_step_free(dist_client *c, layer_step *s) {
   free(s->in_names);
   free(s->out_names);
   free(s);
-  if (c && first.code) c->err = first;
+  /* The first failure, or none: a delete that found nothing to delete
+   * leaves no error behind a release that succeeds. */
+  if (c) c->err = first;
   return first.code;
 }
 
