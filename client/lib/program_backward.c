@@ -42,9 +42,11 @@ static int take_grads(dist_client *c, fanout *f, const dist_backward_opts *o,
 /* Whether a dist_backward that failed after the daemons stored its
  * gradients keeps them: as a call keeps its outputs
  * (dist_local_layer_keeps_failed_outputs), when they replaced names the
- * caller gave. */
-static int keeps_failed_grads(const dist_backward_opts *o) {
-  return o->replace && o->grad_names;
+ * caller gave, or "<out0>.grad<i>" of an out0 the caller named (an
+ * earlier backward's gradient of a call that replaced out0 may stand
+ * there); of a name made up for out0 they are new. */
+static int keeps_failed_grads(const dist_backward_opts *o, const dist_invocation *inv) {
+  return o->replace && (o->grad_names || inv->outputs_named);
 }
 
 /* A failed backward may have stored gradients on daemons that applied it,
@@ -53,8 +55,10 @@ static int keeps_failed_grads(const dist_backward_opts *o) {
  * caller of libdist's own gives them; a daemon's reply, when there is one,
  * says which it stored. */
 static void undo_backward(dist_client *c, const fanout *f, const dist_backward_opts *o,
-                          int n_inputs, const char *const *names, int own_names) {
-  if (!own_names && keeps_failed_grads(o)) return;
+                          const dist_invocation *inv, const char *const *names,
+                          int own_names) {
+  if (!own_names && keeps_failed_grads(o, inv)) return;
+  int n_inputs = inv->n_inputs;
   for (int i = 0; i < f->n; i++) {
     const Dist__V1__ProgramBackwardReply *r = (const void *)f->calls[i].reply;
     if (!f->calls[i].applied) continue;
@@ -156,7 +160,7 @@ static int backward_run(dist_client *c, dist_invocation *inv, const dist_arg *ou
   inv->backward_done = 1; /* the daemons freed the invocation either way */
   if (rc == 0) rc = take_grads(c, &f, &o, inv, grads);
   if (rc)
-    undo_backward(c, &f, &o, inv->n_inputs,
+    undo_backward(c, &f, &o, inv,
                   undo_names ? undo_names : (const char *const *)names, undo_names != NULL);
 out:
   dist_prog_fanout_free(&f);

@@ -275,6 +275,7 @@ int dist_prog_name_outputs(dist_client *c, const dist_program *p, const dist_cal
   if (o->out_names &&
       dist_prog_check_chosen_names(c, "output", o->out_names, p->n_outputs, 0))
     return c->err.code;
+  v->outputs_named = o->out_names != NULL;
   for (int k = 0; k < p->n_outputs; k++) {
     if (o->out_names) snprintf(v->out_names[k], sizeof v->out_names[k], "%s", o->out_names[k]);
     else snprintf(v->out_names[k], sizeof v->out_names[k], "%s.%llu.out%d",

@@ -75,6 +75,7 @@ struct dist_invocation {
   int n_inputs, n_outputs;
   int *input_is_tensor;
   char (*out_names)[256];
+  int outputs_named; /* out_names are the caller's (dist_call_opts.out_names) */
   int backward_done;
   int nvote;                /* the daemons that store its outputs and */
   uint32_t *vote_ranks;     /* gradients all or none (program.proto) */

@@ -347,6 +347,48 @@ static int replacing_call(run *r, dist_program *p) {
   return r->rc;
 }
 
+/* A replacing backward without gradient names, of a call whose output the
+ * caller named: "<out0>.grad0" may be the caller's (here a tensor put
+ * there first, as an earlier step's gradient stands), so failed or not
+ * the name still holds its old value or the new gradient (2x). */
+static int replacing_backward(run *r, dist_program *p) {
+  float twice[NELEM];
+  for (int i = 0; i < NELEM; i++) twice[i] = 2 * data_x[i];
+  dist_tensor *x = NULL, *old = NULL, *loss = NULL, *grad = NULL, *after = NULL;
+  dist_invocation *inv = NULL;
+  const char *out[] = {name_of(r, "rb")};
+  dist_call_opts o = DIST_CALL_OPTS_INIT;
+  o.out_names = out, o.replace = 1;
+  dist_backward_opts bo = DIST_BACKWARD_OPTS_INIT;
+  bo.replace = 1;
+  dist_arg arg = {NULL, NULL};
+  if (put(r, "rbx", data_x, DIST_SHARD_DIM(0), &x) ||
+      put(r, "rb.grad0", data_x, DIST_SHARD_DIM(0), &old))
+    goto out;
+  arg.tensor = x;
+  if (failed(r, dist_local_layer_call(r->c, p, &arg, 1, &o, &inv, &loss), "call to back"))
+    goto out;
+  int backed = dist_backward(r->c, inv, NULL, &bo, &grad);
+  failed(r, backed, "replacing backward");
+  int rc = dist_tensor_open(r->c, r->names[r->nnames - 1], &after);
+  if (rc == DIST_ENOTFOUND) wrong(r, "the replaced gradient is gone after the backward");
+  else if (!failed(r, rc, "open the replaced gradient")) {
+    void *got = NULL;
+    size_t nbytes = 0;
+    if (!failed(r, dist_full_tensor(r->c, after, &got, &nbytes), "the gradient's value") &&
+        !same_floats(got, nbytes, twice, NELEM) &&
+        (backed == 0 || !same_floats(got, nbytes, data_x, NELEM)))
+      wrong(r, "the replaced gradient's value");
+    free(got);
+  }
+out:
+  if (inv) dist_invocation_release(r->c, inv); /* fails after a backward: nothing kept */
+  dist_invocation_free(inv);
+  dist_tensor_free(x), dist_tensor_free(old), dist_tensor_free(loss);
+  dist_tensor_free(grad), dist_tensor_free(after);
+  return r->rc;
+}
+
 /* ---------------------------------------------------------------- shard_layer */
 
 static int column_parallel(const char *name, dist_layer *l, const dist_mesh *m, void *user) {
@@ -515,7 +557,8 @@ static int inspect(run *r) {
 static void run_all(run *r) {
   dist_program *p = NULL;
   if (tensors(r) || exchanges(r) || moe(r) || sum_sq_program(r, &p) || local_layer(r, p) ||
-      replacing_call(r, p) || shard_layer(r) || tape(r, p) || checkpoint(r))
+      replacing_call(r, p) || replacing_backward(r, p) || shard_layer(r) || tape(r, p) ||
+      checkpoint(r))
     goto out;
   inspect(r);
 out:

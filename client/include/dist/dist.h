@@ -778,7 +778,14 @@ int dist_invocation_local_output(const dist_invocation *inv, int k, int rank,
 
 typedef struct dist_backward_opts {
   const char *const *grad_names; /* one per input; NULL: "<out0>.grad<i>" */
-  int replace;                   /* as dist_call_opts.replace */
+  int replace;                   /* as dist_call_opts.replace; a replacing
+                                    backward that fails after the daemons
+                                    stored its gradients keeps them where
+                                    the names may have held the caller's
+                                    tensors: with grad_names, or with
+                                    "<out0>.grad<i>" of an out0 named in
+                                    dist_call_opts.out_names. Of a made-up
+                                    out0 they are new, and deleted */
   int keep_local_values;         /* keep local input gradients:
                                     dist_invocation_local_grad */
 } dist_backward_opts;
