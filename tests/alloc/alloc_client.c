@@ -33,6 +33,8 @@ typedef struct run {
   int wrong_value; /* a call succeeded with a result other than expected */
   char names[48][200];
   int nnames;      /* tensors this run may have made, deleted at the end */
+  int puts[16];    /* of those, the puts that succeeded (indices into names) */
+  int nputs;
   int cleanup_failed; /* a clean-up call ran out of memory (cleaned_up) */
 } run;
 
@@ -99,12 +101,39 @@ static int check_full(run *r, const dist_tensor *t, const float *want, size_t n,
   return bad ? wrong(r, what) : 0;
 }
 
+/* A put of the caller's tensor PREFIX.suffix. One that failed is not
+ * deleted at the end: its undo must leave nothing (the sweep's listing
+ * shows a piece it left); one that succeeded must be there at the end
+ * (puts_kept). */
 static int put(run *r, const char *suffix, const float *x, dist_placement pl,
                dist_tensor **out) {
   int64_t shape[2] = {ROWS, COLS};
-  return failed(r, dist_shard_tensor(r->c, name_of(r, suffix), x, DIST_FLOAT32, 2, shape,
-                                     r->mesh, &pl, out),
-                "shard_tensor");
+  if (failed(r, dist_shard_tensor(r->c, name_of(r, suffix), x, DIST_FLOAT32, 2, shape,
+                                  r->mesh, &pl, out),
+             "shard_tensor")) {
+    r->nnames--;
+    return 1;
+  }
+  r->puts[r->nputs++] = r->nnames - 1;
+  return 0;
+}
+
+/* The caller's tensors the run put are all still there, whatever failed
+ * on the way: no undo deleted a tensor it did not store (the clean-up by
+ * name at the end would hide one). */
+static void puts_kept(run *r) {
+  for (int i = 0; i < r->nputs; i++) {
+    const char *name = r->names[r->puts[i]];
+    dist_tensor *t = NULL;
+    int rc = dist_tensor_open(r->c, name, &t);
+    dist_tensor_free(t);
+    if (rc != DIST_ENOTFOUND) {
+      failed(r, rc, "open a put tensor at the end");
+      continue;
+    }
+    fprintf(stderr, "alloc_client: the caller's tensor '%s' is gone\n", name);
+    wrong(r, "a tensor the run put");
+  }
 }
 
 /* ---------------------------------------------------------------- tensors */
@@ -609,6 +638,7 @@ int main(int argc, char **argv) {
     if (held) held_elsewhere(&r);
     else run_all(&r);
   }
+  puts_kept(&r);
   delete_all(&r);
   if (r.cleanup_failed) delete_leftovers(&r);
   dist_mesh_free(r.mesh);

@@ -56,11 +56,36 @@ clean_run() {
   exit 1
 }
 
+# A tensor of a caller's that no run names, 1..8 as float32 [4, 2] on
+# [0,1]: an undo deletes only names its call stored, so it stays, with its
+# value, through every run (listed after each, its value read at the end).
+sentinel=alloc_sentinel.$$
+npy_data() { # the data bytes of .npy file $1, as hex
+  python3 -c 'import sys; b = open(sys.argv[1], "rb").read(); print(b[10 + int.from_bytes(b[8:10], "little"):].hex())' "$1"
+}
+python3 -c 'import struct, sys
+h = "{\x27descr\x27: \x27<f4\x27, \x27fortran_order\x27: False, \x27shape\x27: (4, 2), }"
+h += " " * (117 - len(h)) + "\n"
+open(sys.argv[1], "wb").write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(h)) + h.encode() + struct.pack("<8f", *range(1, 9)))' \
+  "$dir/sentinel.npy" &&
+  timeout 60 "$distctl" --cluster "$conf" tensor put "$sentinel" "$dir/sentinel.npy" --mesh "[0,1]" \
+    --placements "Shard(0)" >"$dir/sentinel.log" 2>&1 ||
+  { cat "$dir/sentinel.log" >&2; echo "alloc_sweep: cannot put the sentinel; logs in $dir" >&2; exit 1; }
+sentinel_intact() {
+  timeout 60 "$distctl" --cluster "$conf" tensor get "$sentinel" -o "$dir/sentinel_back.npy" \
+    >"$dir/sentinel.log" 2>&1 &&
+    [ "$(npy_data "$dir/sentinel_back.npy")" = "$(npy_data "$dir/sentinel.npy")" ] && return 0
+  cat "$dir/sentinel.log" >&2
+  echo "alloc_sweep: the sentinel $sentinel lost its value" >&2
+  return 1
+}
+
 # The tensors the daemons hold. alloc_client deletes every name it made
 # on success, and libdist undoes what a failed call stored (also where
 # its reply was lost), so a run must leave none: any name a run added
-# fails the sweep, named with the run's k.
-held=""
+# fails the sweep, named with the run's k, as does a run after which the
+# sentinel is gone.
+held=$sentinel
 check_left() {
   local now new
   now=$("$distctl" --cluster "$conf" tensors --json |
@@ -69,6 +94,10 @@ check_left() {
     { echo "alloc_sweep: cannot list the daemons' tensors" >&2; exit 1; }
   new=$(comm -13 <(printf '%s\n' "$held" | grep .) <(printf '%s\n' "$now" | grep .))
   held=$now
+  if ! grep -qxF "$sentinel" <<<"$now"; then
+    echo "alloc_sweep: $1 deleted the sentinel $sentinel" >&2
+    return 1
+  fi
   [ -z "$new" ] && return 0
   echo "alloc_sweep: $1 left these tensors in the daemons:" $new >&2
   return 1
@@ -105,6 +134,7 @@ echo "alloc_sweep: $tried runs, $enomem failed with DIST_ENOMEM, $((tried - enom
 
 clean_run after
 check_left "the clean run after" || leaving=$((leaving + 1))
+sentinel_intact || leaving=$((leaving + 1))
 [ "$bad" -eq 0 ] && [ "$leaving" -eq 0 ] || { echo "alloc_sweep: logs in $dir" >&2; exit 1; }
 down
 trap - EXIT
