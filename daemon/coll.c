@@ -62,9 +62,20 @@ int distd_check_reduce(dist_reduce op, dist_errbuf *eb) {
   return 0;
 }
 
+/* An xfer for one round of c, its sends allocated ahead: a member that
+ * could not allocate its k-th send would have sent the first k-1, and a
+ * member that got one might then hold every block it needs and finish
+ * while this one fails. A vote (vote.h) is an all-gather whose every
+ * member decides alone, so each member sends to all or to none. NULL for
+ * want of memory. */
 static distd_xfer *new_xfer(const distd_coll *c) {
   distd_xfer *x = distd_xfer_new(c->peers, c->op_id);
-  if (x) distd_xfer_sign(x, c->signature, distd_op_signature_name);
+  if (!x) return NULL;
+  if (distd_xfer_reserve_sends(x, c->size) != 0) {
+    distd_xfer_free(x);
+    return NULL;
+  }
+  distd_xfer_sign(x, c->signature, distd_op_signature_name);
   return x;
 }
 

@@ -143,6 +143,13 @@ typedef void (*distd_signature_namer)(uint64_t signature, char *out, size_t n);
  * 0.2.5 send) is never compared: those frames are only checked for length.
  * Call before the first send or receive. */
 void distd_xfer_sign(distd_xfer *x, uint64_t signature, distd_signature_namer name);
+/* Allocates the items of x's next n sends now, so that posting them
+ * cannot fail for want of memory midway: an exchange whose outcome each
+ * receiver decides alone (a vote, vote.h) must reach every peer or none,
+ * and a send that fails after another left lets the peer that got it go
+ * on without this rank. Call once, before the first send: 0, or -1 with
+ * nothing reserved. */
+int distd_xfer_reserve_sends(distd_xfer *x, int n);
 /* Queues len bytes of buf to dst under tag. buf stays owned by the caller
  * and must stay valid until distd_xfer_wait returns. dst may be this rank
  * (a local copy into the matching receive of the same xfer). */

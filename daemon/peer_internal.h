@@ -127,7 +127,7 @@ typedef struct conn conn;
 
 /* One frame queued for a peer's outbound connection. */
 typedef struct send_item {
-  dlist link;  /* peer.outq, or xfer.self_sends for sends to self */
+  dlist link;  /* peer.outq, xfer.self_sends for sends to self, or xfer.spare_sends */
   dlist xlink; /* xfer.sends while queued for a peer */
   uint8_t hdr[DIST_FRAME_HEADER_SIZE];
   const uint8_t *payload;
@@ -290,6 +290,7 @@ struct distd_xfer {
   dlist recvs;
   dlist sends;
   dlist self_sends;
+  dlist spare_sends; /* distd_xfer_reserve_sends: items its sends take first */
   pthread_cond_t cond;
   int pending;
   int waiting; /* a thread is in distd_xfer_wait */

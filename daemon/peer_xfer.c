@@ -182,6 +182,26 @@ void distd_handle_abort_range(distd_peers *p, int from, uint64_t first, uint64_t
   }
 }
 
+/* Frees the send items linked through their link in list. */
+static void free_send_items(dlist *list) {
+  dlist *pos, *tmp;
+  dlist_each_safe(pos, tmp, list) {
+    dlist_remove(pos);
+    free(dlist_entry(pos, send_item, link));
+  }
+}
+
+/* A zeroed send item: one distd_xfer_reserve_sends made, else a new one
+ * (NULL when there is no memory for it). */
+static send_item *new_send_item(distd_xfer *x) {
+  if (dlist_empty(&x->spare_sends)) return calloc(1, sizeof(send_item));
+  dlist *pos = x->spare_sends.next;
+  dlist_remove(pos);
+  send_item *it = dlist_entry(pos, send_item, link);
+  memset(it, 0, sizeof *it);
+  return it;
+}
+
 /* Takes every reference to the caller's buffers out of the data plane. A
  * frame already partly on the wire is finished from a copy, since the
  * stream cannot skip bytes; a receive being filled is read into nothing. */
@@ -199,10 +219,7 @@ static void detach(distd_xfer *x, int keep_partial) {
     dlist_remove(&it->link);
     free(it);
   }
-  dlist_each_safe(pos, tmp, &x->self_sends) {
-    dlist_remove(pos);
-    free(dlist_entry(pos, send_item, link));
-  }
+  free_send_items(&x->self_sends);
   dlist_each_safe(pos, tmp, &x->recvs) {
     recv_slot *s = dlist_entry(pos, recv_slot, link);
     if (s->reader) {
@@ -241,6 +258,7 @@ distd_xfer *distd_xfer_new(distd_peers *p, uint64_t op_id) {
   dlist_init(&x->recvs);
   dlist_init(&x->sends);
   dlist_init(&x->self_sends);
+  dlist_init(&x->spare_sends);
   pthread_mutex_lock(&p->mu);
   const remembered_op *r = distd_remembered_find(p, op_id);
   if (r && r->aborted_by >= 0)
@@ -253,6 +271,20 @@ distd_xfer *distd_xfer_new(distd_peers *p, uint64_t op_id) {
   dlist_push(&p->xfers, &x->link);
   pthread_mutex_unlock(&p->mu);
   return x;
+}
+
+/* Only x's poster touches x->spare_sends (here, in its sends, in
+ * distd_xfer_free): no lock. */
+int distd_xfer_reserve_sends(distd_xfer *x, int n) {
+  for (int i = 0; i < n; i++) {
+    send_item *it = calloc(1, sizeof *it);
+    if (!it) {
+      free_send_items(&x->spare_sends);
+      return -1;
+    }
+    dlist_push(&x->spare_sends, &it->link);
+  }
+  return 0;
 }
 
 void distd_xfer_sign(distd_xfer *x, uint64_t signature, distd_signature_namer name) {
@@ -304,7 +336,7 @@ static void send_to_self(distd_xfer *x, uint32_t tag, const void *buf, size_t le
     distd_recv_finished(s);
     return;
   }
-  send_item *it = calloc(1, sizeof *it);
+  send_item *it = new_send_item(x);
   if (!it) {
     distd_xfer_out_of_memory(x, "queueing a send to itself");
     return;
@@ -348,7 +380,7 @@ static void queue_send(distd_xfer *x, int dst, uint32_t tag, const void *buf, si
     send_to_self(x, tag, buf, len);
     goto out;
   }
-  send_item *it = calloc(1, sizeof *it);
+  send_item *it = new_send_item(x);
   if (!it) {
     distd_xfer_out_of_memory(x, "queueing a send");
     goto out;
@@ -634,6 +666,7 @@ void distd_xfer_free(distd_xfer *x) {
     else distd_driver_wake(p);
     pthread_mutex_unlock(&p->mu);
   }
+  free_send_items(&x->spare_sends);
   pthread_cond_destroy(&x->cond);
   free(x);
 }

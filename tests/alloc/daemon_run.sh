@@ -41,35 +41,12 @@ conf=$cluster/cluster.conf
 pids=()
 bad=0
 
-# Stops the daemons of the current cluster, by the pids cluster up
-# recorded, each only while it is still a distd (daemon_alive).
-kill_cluster() {
-  local r
-  for r in "${!pids[@]}"; do
-    daemon_alive "$r" && kill -KILL "${pids[$r]}" 2>/dev/null
-  done
-  pids=()
-}
 trap kill_cluster EXIT
 
-# A fresh cluster whose daemons all load the shim with FAIL_ALLOC_AT=$1,
-# unarmed: only rank 1, armed here, counts and fails. distctl's own
-# allocations stay whole too (the shim is never armed in it).
+# A fresh cluster whose rank 1 fails allocation $1 (armed_cluster_up).
 cluster_up() {
-  kill_cluster
-  rm -rf "$cluster" "$dir/ckpt"
-  timeout 60 env LD_PRELOAD="$shim" FAIL_ALLOC_ARMED_BY_SIGUSR2=1 FAIL_ALLOC_AT="$1" \
-    FAIL_ALLOC_COUNT=1 "$distctl" cluster up -n 2 --dir "$cluster" -- --cluster-id "dalloc-$$" \
-    >"$dir/up.log" 2>&1 ||
-    { cat "$dir/up.log" >&2; echo "$sweep_name: cluster up failed; logs in $dir" >&2; exit 1; }
-  pids=("$(cat "$cluster/distd.0.pid")" "$(cat "$cluster/distd.1.pid")")
-  kill -USR2 "${pids[1]}"
-}
-
-# 0 when daemon rank $1 still runs (its pid not reused by another program).
-daemon_alive() {
-  local pid=${pids[$1]}
-  kill -0 "$pid" 2>/dev/null && grep -q distd "/proc/$pid/cmdline" 2>/dev/null
+  rm -rf "$dir/ckpt"
+  armed_cluster_up 2 1 "$1"
 }
 
 # The names some daemon holds but another rank of their mesh does not,

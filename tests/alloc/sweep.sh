@@ -59,3 +59,40 @@ client_said() { grep -v '^failalloc:' "$dir/err" | tail -5; }
 
 # The allocations the shim counted, from its line in file $1 (empty if none).
 allocations_in() { sed -n 's/^failalloc: \([0-9]*\) allocations$/\1/p' "$1" | tail -1; }
+
+# The daemon sweeps' cluster, in the directory $cluster the sourcing
+# script names; it keeps its daemons' pids, by rank, in the array pids.
+
+# armed_cluster_up WORLD RANK K [DISTD_ARG...]: a fresh cluster of WORLD
+# daemons whose daemons all load the shim with FAIL_ALLOC_AT=K, unarmed:
+# only rank RANK, armed here, counts and fails. distctl's own allocations
+# stay whole too (the shim is never armed in it). Exits 1 when it cannot
+# start the cluster.
+armed_cluster_up() {
+  local world=$1 rank=$2 k=$3 r
+  shift 3
+  kill_cluster
+  rm -rf "$cluster"
+  timeout 60 env LD_PRELOAD="$shim" FAIL_ALLOC_ARMED_BY_SIGUSR2=1 FAIL_ALLOC_AT="$k" \
+    FAIL_ALLOC_COUNT=1 "$distctl" cluster up -n "$world" --dir "$cluster" -- \
+    --cluster-id "$sweep_name-$$" "$@" >"$dir/up.log" 2>&1 ||
+    { cat "$dir/up.log" >&2; echo "$sweep_name: cluster up failed; logs in $dir" >&2; exit 1; }
+  for ((r = 0; r < world; r++)); do pids[r]=$(cat "$cluster/distd.$r.pid"); done
+  kill -USR2 "${pids[$rank]}"
+}
+
+# Stops the daemons of the current cluster, by the pids cluster up
+# recorded, each only while it is still a distd (daemon_alive).
+kill_cluster() {
+  local r
+  for r in "${!pids[@]}"; do
+    daemon_alive "$r" && kill -KILL "${pids[$r]}" 2>/dev/null
+  done
+  pids=()
+}
+
+# 0 when daemon rank $1 still runs (its pid not reused by another program).
+daemon_alive() {
+  local pid=${pids[$1]}
+  kill -0 "$pid" 2>/dev/null && grep -q distd "/proc/$pid/cmdline" 2>/dev/null
+}
