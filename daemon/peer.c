@@ -315,6 +315,7 @@ static void init_peer(distd_peers *p, int r) {
   pe->p = p;
   pe->rank = r;
   dlist_init(&pe->outq);
+  dlist_init(&pe->ctl_spares);
   pe->backoff_ms = p->backoff_min;
   pe->redial_ev = evtimer_new(p->base, redial_cb, pe);
 }
@@ -379,6 +380,9 @@ static int alloc_tables(distd_peers *p, const distd_peers_opts *opts, dist_errbu
   p->peers = calloc((size_t)p->world, sizeof *p->peers);
   /* Before anything can fail: distd_peers_free walks every peer's queue. */
   for (int r = 0; p->peers && r < p->world; r++) init_peer(p, r);
+  for (int r = 0; p->peers && r < p->world; r++)
+    if (r != p->rank && distd_ctl_spares_init(&p->peers[r]) < 0)
+      return dist_fail(eb, DIST_ENOMEM, "out of memory for the peers' control frames");
   p->members = malloc(sizeof *p->members * (size_t)p->world);
   p->pollfds = calloc(2 * (size_t)p->world + 1, sizeof *p->pollfds);
   p->pollranks = calloc(2 * (size_t)p->world + 1, sizeof *p->pollranks);
@@ -441,10 +445,10 @@ static void free_outq(peer *pe) {
   dlist_each_safe(pos, tmp, &pe->outq) {
     send_item *it = dlist_entry(pos, send_item, link);
     dlist_remove(&it->xlink);
-    free(it->owned);
-    free(it);
+    distd_send_item_free(pe, it);
   }
   dlist_init(&pe->outq);
+  distd_ctl_spares_free(pe);
 }
 
 /* Closes every connection, fails every transfer still alive, and waits for

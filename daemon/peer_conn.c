@@ -91,8 +91,7 @@ static void purge_outq(peer *pe) {
     if (it->x && it->done == 0 && !it->x->err.code) continue;
     dlist_remove(&it->link);
     dlist_remove(&it->xlink);
-    free(it->owned);
-    free(it);
+    distd_send_item_free(pe, it);
   }
 }
 
@@ -202,8 +201,7 @@ static void complete_item(distd_peers *p, send_item *it) {
     distd_xfer_send_done(it);
     return;
   }
-  free(it->owned);
-  free(it);
+  distd_send_item_free(&p->peers[it->dst], it);
 }
 
 /* Adds base[0, len) to a writev batch, as much as cap leaves room for. */
@@ -422,26 +420,6 @@ void distd_conn_write_cb(int fd, short what, void *arg) {
 
 void distd_peer_queue_frame(distd_peers *p, int dst, send_item *it) {
   dlist_push(&p->peers[dst].outq, &it->link);
-}
-
-void distd_peer_queue_ctl(distd_peers *p, int dst, const dist_frame_header *h,
-                          const void *payload, size_t len) {
-  send_item *it = calloc(1, sizeof *it);
-  if (!it) return;
-  it->owned = malloc(len ? len : 1);
-  if (!it->owned) {
-    free(it);
-    return;
-  }
-  if (len) memcpy(it->owned, payload, len);
-  dist_frame_encode(h, it->hdr);
-  it->payload = it->owned;
-  it->len = len;
-  it->dst = dst;
-  dlist_init(&it->xlink);
-  distd_peer_queue_frame(p, dst, it);
-  conn *c = p->peers[dst].out;
-  if (c && c->greeted) distd_conn_flush(c, 0);
 }
 
 void distd_peers_unblock_readers(distd_peers *p) {

@@ -75,6 +75,7 @@
  * half the stage, so what follows the guessed payload still has room. */
 #define LEAD_MAX (STAGE_SIZE / 2)
 #define CTL_MAX 1024              /* largest control payload (reasons, hello) */
+#define CTL_SPARES 4              /* control frames kept per peer (peer_ctl.c) */
 #define READ_BUDGET (8u << 20)    /* bytes per callback, for fairness */
 /* A send writes this much of its frame at once; the rest is written by
  * the driver between its reads, when the receivers are reading too. A
@@ -134,7 +135,8 @@ typedef struct send_item {
   size_t len;
   size_t done;      /* bytes of header + payload written */
   distd_xfer *x;    /* NULL for control frames and orphaned rests */
-  uint8_t *owned;   /* payload we free (control frames, copied rests) */
+  uint8_t *owned;   /* payload we free (copied rests) */
+  int spare;        /* one of its peer's ctl_spares: given back, not freed */
   int dst;
   uint32_t tag;
 } send_item;
@@ -247,6 +249,7 @@ typedef struct peer {
   int rank;
   conn *out, *in;
   dlist outq; /* send_items for this peer, in order */
+  dlist ctl_spares; /* control frames ready for want of memory (peer_ctl.c) */
   struct event *redial_ev;
   int64_t backoff_ms;
   int ever_greeted;
@@ -441,10 +444,18 @@ void distd_conn_handshake(conn *c);
 void distd_conn_read_cb(int fd, short what, void *arg);
 void distd_conn_write_cb(int fd, short what, void *arg);
 void distd_peer_queue_frame(distd_peers *p, int dst, send_item *it);
-/* Queues a control frame (h, a copy of payload[0..len)) to dst after the
- * frames before it, and writes what the connection takes if it is up. */
+/* peer_ctl.c. Queues a control frame (h, a copy of payload[0..len), len
+ * at most CTL_MAX) to dst after the frames before it, and writes what the
+ * connection takes if it is up; without memory for it, in one of dst's
+ * spares (dropped only when all CTL_SPARES are queued). */
 void distd_peer_queue_ctl(distd_peers *p, int dst, const dist_frame_header *h,
                           const void *payload, size_t len);
+/* pe's spare control frames: made at start-up (-1: out of memory; what
+ * was made is freed by distd_ctl_spares_free), freed at shutdown. */
+int distd_ctl_spares_init(peer *pe);
+void distd_ctl_spares_free(peer *pe);
+/* Frees a frame taken off pe's queue, or gives a spare back to pe. */
+void distd_send_item_free(peer *pe, send_item *it);
 void distd_peers_unblock_readers(distd_peers *p);
 
 /* peer_control.c (with mu held): the HELLO handshake and control frames. */

@@ -1,0 +1,81 @@
+/* Control frames (ABORT, ABORT_RANGE) queued to a peer's outbound queue.
+ * They are queued because something failed, often for want of memory, and
+ * a peer that misses an ABORT waits for the op until its deadline: so
+ * each peer keeps CTL_SPARES frames allocated from the start, taken when
+ * a frame cannot be allocated and given back once it is written or
+ * dropped. Called with distd_peers.mu held. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "peer_internal.h"
+
+/* A control frame and its payload, in one block. */
+typedef struct ctl_frame {
+  send_item it;
+  uint8_t payload[];
+} ctl_frame;
+
+static send_item *new_ctl_item(size_t payload_len) {
+  ctl_frame *f = calloc(1, sizeof *f + payload_len);
+  return f ? &f->it : NULL;
+}
+
+int distd_ctl_spares_init(peer *pe) {
+  dlist_init(&pe->ctl_spares);
+  for (int i = 0; i < CTL_SPARES; i++) {
+    send_item *it = new_ctl_item(CTL_MAX);
+    if (!it) return -1;
+    it->spare = 1;
+    dlist_push(&pe->ctl_spares, &it->link);
+  }
+  return 0;
+}
+
+void distd_ctl_spares_free(peer *pe) {
+  dlist *pos, *tmp;
+  dlist_each_safe(pos, tmp, &pe->ctl_spares) {
+    dlist_remove(pos);
+    free(dlist_entry(pos, send_item, link));
+  }
+}
+
+void distd_send_item_free(peer *pe, send_item *it) {
+  if (it->spare) {
+    it->x = NULL;
+    dlist_push(&pe->ctl_spares, &it->link);
+    return;
+  }
+  free(it->owned);
+  free(it);
+}
+
+/* A frame of len payload bytes: a new one, else a spare (NULL when the
+ * spares are all queued too). */
+static send_item *take_ctl_item(peer *pe, size_t len) {
+  send_item *it = new_ctl_item(len);
+  if (it || dlist_empty(&pe->ctl_spares)) return it;
+  dlist *pos = pe->ctl_spares.next;
+  dlist_remove(pos);
+  it = dlist_entry(pos, send_item, link);
+  memset(it, 0, sizeof *it);
+  it->spare = 1;
+  return it;
+}
+
+void distd_peer_queue_ctl(distd_peers *p, int dst, const dist_frame_header *h,
+                          const void *payload, size_t len) {
+  peer *pe = &p->peers[dst];
+  if (len > CTL_MAX) return; /* callers cut reasons: a peer fails a longer frame */
+  send_item *it = take_ctl_item(pe, len);
+  if (!it) return;
+  uint8_t *room = ((ctl_frame *)it)->payload;
+  if (len) memcpy(room, payload, len);
+  dist_frame_encode(h, it->hdr);
+  it->payload = room;
+  it->len = len;
+  it->dst = dst;
+  dlist_init(&it->xlink);
+  distd_peer_queue_frame(p, dst, it);
+  conn *c = pe->out;
+  if (c && c->greeted) distd_conn_flush(c, 0);
+}

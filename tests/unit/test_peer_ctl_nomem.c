@@ -1,0 +1,68 @@
+/* An ABORT or ABORT_RANGE queued while no memory can be had still reaches
+ * the peer (peer_ctl.c: each peer's spare control frames), as often as
+ * frames keep leaving: a spare comes back once written. Before, the frame
+ * was dropped and the peer waited out its deadline. calloc is wrapped
+ * (-Wl,--wrap=calloc) so that this thread's allocations can fail while
+ * the loop threads' do not. Real sockets on loopback. */
+#include <criterion/criterion.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "peer_fixture.h"
+#include "peer_internal.h"
+
+void *__real_calloc(size_t n, size_t size);
+static _Thread_local int no_memory; /* this thread's callocs fail */
+
+void *__wrap_calloc(size_t n, size_t size) { return no_memory ? NULL : __real_calloc(n, size); }
+
+static int64_t in_ms(int64_t ms) { return distd_now_ms() + ms; }
+
+/* A receive on rank 1 of op_id from rank 0, posted now. */
+static distd_xfer *waiting_on(peer_fixture *f, uint64_t op_id, uint8_t *dst) {
+  distd_xfer *x = distd_xfer_new(f->r[1].peers, op_id);
+  distd_xfer_recv(x, 0, 0, dst, 8);
+  return x;
+}
+
+/* x fails at once (not at its 10 s deadline) with the ABORT rank 0 sent. */
+static void expect_aborted(distd_xfer *x, const char *why) {
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  int64_t t0 = distd_now_ms();
+  cr_expect_eq(distd_xfer_wait(x, in_ms(10000), &eb), DIST_ECANCELED, "%s", eb.msg);
+  cr_expect_lt(distd_now_ms() - t0, 2000, "waited %lld ms", (long long)(distd_now_ms() - t0));
+  cr_expect(strstr(eb.msg, "rank 0 aborted op") && strstr(eb.msg, why), "%s", eb.msg);
+  distd_xfer_free(x);
+}
+
+/* Three times as many ABORTs as a peer has spares, one after the other,
+ * each queued with no memory: every one arrives. */
+Test(ctl_nomem, an_abort_without_memory_reaches_the_peer, .timeout = 60) {
+  peer_fixture f;
+  fix_setup(&f, 2);
+  int ranks[] = {0, 1};
+  uint8_t dst[8];
+  for (uint64_t op = 100; op < 100 + 3 * CTL_SPARES; op++) {
+    distd_xfer *x = waiting_on(&f, op, dst);
+    no_memory = 1;
+    distd_abort_op(f.r[0].peers, op, ranks, 2, "out of memory here");
+    no_memory = 0;
+    expect_aborted(x, "out of memory here");
+  }
+  fix_teardown(&f);
+}
+
+/* A range's one frame too. */
+Test(ctl_nomem, an_abort_range_without_memory_reaches_the_peer, .timeout = 60) {
+  peer_fixture f;
+  fix_setup(&f, 2);
+  int ranks[] = {0, 1};
+  uint8_t dst[8];
+  distd_xfer *x = waiting_on(&f, 510, dst);
+  no_memory = 1;
+  distd_abort_range(f.r[0].peers, 500, 20, ranks, 2, "plan refused");
+  no_memory = 0;
+  expect_aborted(x, "plan refused");
+  fix_teardown(&f);
+}
