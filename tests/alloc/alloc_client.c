@@ -3,10 +3,12 @@
  * for the allocation sweep (tests/alloc/run.sh): run under failalloc.so,
  * each of its allocations fails in turn.
  *
- *   alloc_client CLUSTER_FILE PREFIX CHECKPOINT_DIR [held]
+ *   alloc_client CLUSTER_FILE PREFIX CHECKPOINT_DIR [held|three]
  *
  * With "held" it runs only the put of a name held outside the put's mesh,
- * which takes a third daemon.
+ * which takes a third daemon. With "three", on a 3-daemon cluster, it runs
+ * everything, then puts and reshards on mesh [0,1,2] (votes and moves
+ * among three daemons).
  *
  * Every tensor, program and layer it makes is named PREFIX.*, so runs with
  * different prefixes never meet, and it deletes them on every path.
@@ -29,6 +31,7 @@ typedef struct run {
   dist_client *c;
   const char *prefix, *ckpt_dir;
   dist_mesh *mesh;
+  int world;       /* the cluster's daemons: 2, or 3 in mode "three" */
   int rc;          /* the first failure's code; 0 while all went well */
   int wrong_value; /* a call succeeded with a result other than expected */
   char names[48][200];
@@ -167,6 +170,35 @@ out:
   dist_tensor_free(a);
   dist_tensor_free(b);
   dist_mesh_free(swapped);
+  return r->rc;
+}
+
+/* ---------------------------------------------------------------- three ranks */
+
+/* Mode "three": a 6x2 tensor on mesh [0,1,2], Shard(0) then Replicate
+ * (each rank's vote and its all-gather among three), then moved onto
+ * [2,0,1] (each rank hands its piece to another). */
+static int three_ranks(run *r) {
+  static const float data_6x2[12] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
+  int64_t shape[2] = {6, 2};
+  dist_mesh *mesh = NULL, *rotated = NULL;
+  dist_tensor *t = NULL;
+  dist_placement rep = DIST_REPLICATED, shard0 = DIST_SHARD_DIM(0);
+  int rc = dist_mesh_from_string("[0,1,2]", "x", &mesh);
+  if (!rc) rc = dist_mesh_from_string("[2,0,1]", "x", &rotated);
+  if (failed_saying(r, rc, "meshes of three", rc ? dist_last_mesh_error() : "")) goto out;
+  if (failed(r, dist_shard_tensor(r->c, name_of(r, "three"), data_6x2, DIST_FLOAT32, 2, shape,
+                                  mesh, &shard0, &t),
+             "shard_tensor on [0,1,2]") ||
+      failed(r, dist_reshard(r->c, t, NULL, &rep), "reshard on [0,1,2]") ||
+      check_full(r, t, data_6x2, 12, "full_tensor on [0,1,2]") ||
+      failed(r, dist_reshard(r->c, t, rotated, &rep), "reshard onto [2,0,1]"))
+    goto out;
+  check_full(r, t, data_6x2, 12, "full_tensor after the reshard onto [2,0,1]");
+out:
+  dist_tensor_free(t);
+  dist_mesh_free(mesh);
+  dist_mesh_free(rotated);
   return r->rc;
 }
 
@@ -573,7 +605,8 @@ static int inspect(run *r) {
   dist_ops_report ops;
   memset(&info, 0, sizeof info), memset(&ops, 0, sizeof ops);
   if (failed(r, dist_info(r->c, 1, &info), "info")) return r->rc;
-  if (info.rank != 1 || info.world_size != 2 || info.npeers != 1) wrong(r, "info");
+  if (info.rank != 1 || (int)info.world_size != r->world || (int)info.npeers != r->world - 1)
+    wrong(r, "info");
   dist_info_free(&info);
   if (failed(r, dist_ops(r->c, 0, 8, &ops), "ops")) return r->rc;
   if (ops.n_in_flight + ops.n_recent < 1) wrong(r, "ops");
@@ -585,9 +618,12 @@ static int inspect(run *r) {
 
 static void run_all(run *r) {
   dist_program *p = NULL;
-  if (tensors(r) || exchanges(r) || moe(r) || sum_sq_program(r, &p) || local_layer(r, p) ||
-      replacing_call(r, p) || replacing_backward(r, p) || shard_layer(r) || tape(r, p) ||
-      checkpoint(r))
+  /* The exchanges, the MoE layer and the tape give each of the world's
+   * ranks its rows: written for two. */
+  int two = r->world == 2;
+  if (tensors(r) || (two && (exchanges(r) || moe(r))) || sum_sq_program(r, &p) ||
+      local_layer(r, p) || replacing_call(r, p) || replacing_backward(r, p) ||
+      shard_layer(r) || (two && tape(r, p)) || checkpoint(r) || (!two && three_ranks(r)))
     goto out;
   inspect(r);
 out:
@@ -620,13 +656,15 @@ static void delete_leftovers(run *r) {
 
 int main(int argc, char **argv) {
   int held = argc == 5 && strcmp(argv[4], "held") == 0;
-  if (argc != 4 && !held) {
-    fprintf(stderr, "usage: alloc_client CLUSTER_FILE PREFIX CHECKPOINT_DIR [held]\n");
+  int three = argc == 5 && strcmp(argv[4], "three") == 0;
+  if (argc != 4 && !held && !three) {
+    fprintf(stderr, "usage: alloc_client CLUSTER_FILE PREFIX CHECKPOINT_DIR [held|three]\n");
     return 2;
   }
   run r;
   memset(&r, 0, sizeof r);
   r.prefix = argv[2], r.ckpt_dir = argv[3];
+  r.world = three ? 3 : 2;
   int rc = dist_connect_cluster(argv[1], NULL, &r.c);
   if (rc) {
     const char *why = dist_last_connect_error();
