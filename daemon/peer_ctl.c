@@ -40,8 +40,7 @@ void distd_ctl_spares_free(peer *pe) {
 }
 
 void distd_send_item_free(peer *pe, send_item *it) {
-  if (it->spare) {
-    it->x = NULL;
+  if (it->spare) { /* zeroed again when taken (take_ctl_item) */
     dlist_push(&pe->ctl_spares, &it->link);
     return;
   }
