@@ -347,14 +347,16 @@ int dist_local_layer_refused(dist_client *c, const dist_program *p) {
 static int call_run(dist_client *c, dist_program *p, const dist_arg *args, int nargs,
                     const dist_call_opts *opts, dist_invocation **inv, dist_tensor **outs,
                     int own_names) {
-  if (DIST_NEED(c, p)) return c->err.code;
+  /* named as the public call, which is the one a caller gave NULL */
+  if (!p) return dist_client_null_arg(c, "dist_local_layer_call", "p");
   dist_call_opts o = DIST_CALL_OPTS_INIT;
   if (opts) o = *opts;
   int keeps = !own_names && dist_local_layer_keeps_failed_outputs(&o);
   if (inv) *inv = NULL;
   for (int k = 0; outs && k < p->n_outputs; k++) outs[k] = NULL;
   uint64_t id = take_call_ids(c, p);
-  if (DIST_NEED(c, inv) || check_call(c, p, nargs) ||
+  if ((!inv && dist_client_null_arg(c, "dist_local_layer_call", "inv")) ||
+      check_call(c, p, nargs) ||
       dist_check_call_args(c, "dist_local_layer_call", "args", args, nargs,
                            c->spmd_rank >= 0 ? 1 : p->nranks))
     return refuse_call(c, p, id);
