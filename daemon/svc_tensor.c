@@ -81,23 +81,23 @@ static int check_agreement(const distd_meta *m, const int64_t *all,
   return 0;
 }
 
-/* Every rank's local shape from the exchange, in mesh order; NULL when
- * out of memory. */
-static dist_shape *unpack_pieces(const int64_t *all, int n) {
-  dist_shape *pieces = calloc((size_t)n, sizeof *pieces);
-  for (int i = 0; pieces && i < n; i++) {
+/* Every rank's local shape from the exchange, in mesh order, into pieces. */
+static void unpack_pieces(const int64_t *all, int n, dist_shape *pieces) {
+  for (int i = 0; i < n; i++) {
     const int64_t *w = &all[i * EXCHANGE_WORDS];
     pieces[i].ndim = (int)w[1];
     for (int d = 0; d < pieces[i].ndim && d < DIST_MAX_DIMS; d++) pieces[i].dims[d] = w[2 + d];
   }
-  return pieces;
 }
 
 /* The global shape the pieces make; every piece must then be exactly what
- * the split rule gives its rank. */
-static int derive_global(distd_meta *m, const int64_t *all, dist_errbuf *eb) {
-  dist_shape *pieces = unpack_pieces(all, m->mesh.nranks), want;
-  if (!pieces) return dist_fail(eb, DIST_ENOMEM, "out of memory");
+ * the split rule gives its rank. pieces: room for the mesh's, allocated
+ * before the exchange (which decides: nothing may fail for want of memory
+ * after it, or this daemon would refuse what the others store). */
+static int derive_global(distd_meta *m, const int64_t *all, dist_shape *pieces,
+                         dist_errbuf *eb) {
+  dist_shape want;
+  unpack_pieces(all, m->mesh.nranks, pieces);
   dist_global_of_pieces(&m->mesh, m->placements, pieces, &m->global);
   int bad = dist_first_misfit(&m->mesh, m->placements, &m->global, pieces, &want), rc = 0;
   if (bad >= 0) {
@@ -110,7 +110,6 @@ static int derive_global(distd_meta *m, const int64_t *all, dist_errbuf *eb) {
                    "holds %s, but global shape %s gives it %s",
                    ps, m->mesh.ranks[bad], hs, gs, ws);
   }
-  free(pieces);
   return rc;
 }
 
@@ -123,7 +122,9 @@ static int exchange_local_shapes(distd_server *s, uint64_t op_id,
   int64_t mine[EXCHANGE_WORDS];
   int64_t *all = calloc((size_t)n * EXCHANGE_WORDS, sizeof *all);
   size_t *counts = calloc((size_t)n, sizeof *counts);
-  int rc = all && counts ? 0 : distd_abort_no_memory(s->peers, op_id, m->mesh.ranks, n, "the shape exchange", eb);
+  dist_shape *pieces = calloc((size_t)n, sizeof *pieces);
+  int rc = all && counts && pieces ? 0 : distd_abort_no_memory(s->peers, op_id, m->mesh.ranks, n,
+                                                              "the shape exchange", eb);
   for (int i = 0; rc == 0 && i < n; i++) counts[i] = EXCHANGE_WORDS;
   pack_exchange(mine, verdict, why, m);
   distd_coll c;
@@ -144,8 +145,9 @@ static int exchange_local_shapes(distd_server *s, uint64_t op_id,
   }
   rc = check_agreement(m, all, eb);
   if (rc != 0) goto out;
-  rc = derive_global(m, all, eb);
+  rc = derive_global(m, all, pieces, eb);
 out:
+  free(pieces);
   free(all);
   free(counts);
   return rc;

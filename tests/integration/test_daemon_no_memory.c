@@ -148,6 +148,28 @@ Test(daemon_no_memory, a_local_piece_one_daemon_cannot_allocate_is_stored_by_non
   for (int r = 0; r < 2; r++) dist_close(tr[r].c);
 }
 
+/* The list of every rank's piece a daemon checks the exchanged shapes
+ * with (2 dist_shapes: 144 bytes, the first of that size once armed) is
+ * taken before the exchange, which decides: taken after it, rank 1 failing
+ * it refused the put while rank 0 stored its piece (a reviewer's find). */
+Test(daemon_no_memory, a_pieces_list_one_daemon_cannot_allocate_is_stored_by_none) {
+  start_failing_size(2 * sizeof(dist_shape), 1);
+  trainer tr[2];
+  for (int r = 0; r < 2; r++)
+    tr[r] = (trainer){.c = harness_spmd_client(&cluster, r, "pieces-job"), .rank = r};
+  long from = arm_rank1();
+  run_pair(&tr[0], &tr[1], put_local_piece);
+  expect_shim_fired(from);
+  /* rank 0 learns of it as the exchange's abort, whose code is its own */
+  cr_expect_eq(tr[1].rc, DIST_ENOMEM, "trainer 1: %s", tr[1].msg);
+  cr_expect_neq(tr[0].rc, 0, "trainer 0 stored its piece");
+  cr_expect(strstr(tr[0].msg, "out of memory for the shape exchange"), "%s", tr[0].msg);
+  expect_held_by_none("local");
+  run_pair(&tr[0], &tr[1], put_local_piece);
+  expect_both(&tr[0], &tr[1], 0);
+  for (int r = 0; r < 2; r++) dist_close(tr[r].c);
+}
+
 /* Two daemons holding one tensor, "x" (4 float64s, Replicate on
  * [0, 1]), rank 1 set to fail the nth allocation of two dist_wire_meta:
  * the array of a reply describing one tensor (one spare). Returns a
