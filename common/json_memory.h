@@ -16,23 +16,25 @@
 char *dist_json_dumps(const json_t *json, size_t flags);
 
 /* json_loadb, made safe for want of memory: *no_memory is set to 1 when
- * the load failed for it, and then NULL comes back, never a document
- * read wrong. jansson 2.14's lexer drops a character when its buffer
- * cannot grow and goes on ("a.0.safetensors" read as "a.0.safetensor"),
- * and it reports other failed allocations as syntax errors or not at all.
- * So the text is loaded twice: two documents that differ, or two failures
- * that differ, or one of each, mean an allocation failed; the same
- * failure twice is input that is not JSON. (Two loads losing the same
- * character would pass: that takes the same allocation failing twice.)
- * The documents are small (manifests, safetensors headers, optimizer
- * descriptions), so the second load costs little. */
+ * any allocation jansson made for the load failed, and then NULL comes
+ * back, never a document read wrong. jansson 2.14's lexer drops a
+ * character when its buffer cannot grow and goes on ("a.0.safetensors"
+ * read as "a.0.safetensor"), and it reports other failed allocations as
+ * syntax errors or not at all, so its answer cannot tell. The failures are
+ * counted by an allocator put in front of jansson's (whichever it is) on
+ * the first call, per thread. err may be NULL.
+ * Not guarded against: when jansson's buffer keeps failing to grow for the
+ * rest of a token, its lexer copies a string past the buffer or stops on
+ * an assert in a number (akheron/jansson#362, open; the fix proposed in
+ * its PR #747 is not released): a heap overflow or an abort inside
+ * jansson, which allocations that keep failing reach, not one alone. */
 json_t *dist_json_loadb(const char *buf, size_t len, size_t flags, json_error_t *err,
                         int *no_memory);
 
 /* json_unpack, telling a value that does not match fmt (1) from jansson
  * failing to allocate (-1: its unpack of an object keeps the keys it saw
  * in a table it allocates, and a failure there read as a mismatch); 0
- * when it matched. */
+ * when it matched. Failures are counted as dist_json_loadb's are. */
 int dist_json_unpack(json_t *root, const char *fmt, ...);
 
 #endif

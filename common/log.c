@@ -56,8 +56,9 @@ static void write_json(dist_log_level level, const char *text) {
   char *line = o ? dist_json_dumps(o, JSON_COMPACT) : NULL;
   if (line) fprintf(stderr, "%s\n", line);
   else /* jansson could not allocate, or text is not UTF-8: say a line was lost */
-    fprintf(stderr, "{\"level\":\"%s\",\"program\":\"%s\",\"msg\":\"a log line could "
-            "not be written as JSON (%s)\"}\n", level_name(level), log_program,
+    fprintf(stderr, "{\"ts\":%.6f,\"level\":\"%s\",\"program\":\"%s\",\"msg\":\"a log "
+            "line could not be written as JSON (%s)\"}\n", ts.tv_sec + ts.tv_nsec / 1e9,
+            level_name(level), log_program,
             dist_utf8_valid(text, strlen(text)) ? "out of memory" : "not UTF-8");
   free(line);
   json_decref(o);

@@ -307,8 +307,10 @@ int dist_st_encode_header(const dist_st_tensor *t, int n,
                           const char *const *meta_kv, int nmeta, void **out,
                           size_t *len, dist_errbuf *eb) {
   *out = NULL;
+  dist_errbuf own = DIST_ERRBUF_INIT;
+  if (!eb) eb = &own; /* the code is the answer, said or not */
   json_t *h = header_json(t, n, meta_kv, nmeta, eb);
-  if (!h) return eb ? eb->code : DIST_EINVAL;
+  if (!h) return eb->code;
   char *text = dist_json_dumps(h, JSON_COMPACT);
   json_decref(h);
   if (!text) return dist_fail(eb, DIST_ENOMEM, "safetensors: cannot format header");

@@ -88,7 +88,7 @@ void *distctl_calloc(size_t n, size_t size, const char *fmt, ...) {
 void distctl_print_json(json_t *j) {
   char *s = j ? dist_json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER) : NULL;
   if (s) printf("%s\n", s);
-  else distctl_fail("out of memory writing the JSON output");
+  else distctl_fail("cannot write the JSON output (out of memory, or a value not UTF-8)");
   free(s);
   json_decref(j);
 }

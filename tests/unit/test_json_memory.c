@@ -48,7 +48,8 @@ Test(json_memory, janssons_own_dump_writes_broken_text_when_an_allocation_fails)
     json_decref(back);
     free(got);
   }
-  cr_assert(broken, "jansson's json_dumps no longer writes broken text: see json_memory.h");
+  /* a jansson with the fix (a distribution may backport it) is no failure */
+  if (!broken) cr_skip_test("jansson's json_dumps no longer writes broken text: see json_memory.h");
   json_decref(doc);
 }
 
@@ -103,4 +104,25 @@ Test(json_memory, an_unpack_that_fails_for_memory_says_so_or_matches) {
   json_t *ranks = NULL;
   cr_assert_eq(dist_json_unpack(doc, "{s:o}", "ranks", &ranks), 1, "a missing key");
   json_decref(doc);
+}
+
+/* jansson whose allocations of one size always fail (an allocator that
+ * cannot serve a size class): both of two loads fail the same way, which
+ * loading twice read as text that is not JSON. Sizes a reviewer found;
+ * others reach jansson's own overflow (json_memory.h). */
+static size_t failing_size;
+static void *failing_one_size(size_t n) { return n == failing_size ? NULL : malloc(n); }
+
+Test(json_memory, a_load_whose_allocations_keep_failing_is_out_of_memory) {
+  const size_t sizes[] = {4, 7, 8, 10, 18};
+  for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
+    failing_size = sizes[i];
+    json_error_t err;
+    int no_memory = -1;
+    json_set_alloc_funcs(failing_one_size, free);
+    json_t *got = dist_json_loadb(doc_text, strlen(doc_text), 0, &err, &no_memory);
+    json_set_alloc_funcs(malloc, free);
+    cr_assert_null(got, "size %zu: read", sizes[i]);
+    cr_assert_eq(no_memory, 1, "size %zu: read as not JSON: %s", sizes[i], err.text);
+  }
 }

@@ -98,6 +98,7 @@ Test(mesh, parse_errors_name_the_problem) {
       {"[0,1]", "dp,mp", "2 dim names given for a 1-d mesh"},
       {"[[0,1],[2,3]]", "dp,dp", "'dp' appears twice"},
       {"[[0,1],[2,3]]", "dp,", "empty name"},
+      {"[[0,1],[2,3]]", "dp,donn\xe9" "es", "the name of dim 1 is not valid UTF-8"},
       {"[[[[[[[[[0]]]]]]]]]", NULL, "deeper than 8"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

@@ -281,6 +281,7 @@ Test(param_ckpt, a_description_jansson_cannot_allocate_to_read_is_out_of_memory)
     int rc = distd_ckpt_params_read(f, "rank0.x.safetensors", st, &w, 1, &e, &eb);
     counted = jansson_restore();
     clean = counted < k;
+    cr_assert(rc == 0 || !clean, "k=%ld: failed with nothing failing: %s", k, eb.msg);
     if (rc != 0) {
       cr_assert_eq(rc, DIST_ENOMEM, "k=%ld: %s", k, eb.msg);
       continue;
