@@ -57,16 +57,19 @@ cluster_up() {
   armed_cluster_up "$world" "$alloc_rank" "$1"
 }
 
-# The names some daemon holds but another rank of their mesh does not,
-# one a line ("NAME (mesh [0,1]) on rank 0, not on rank 1"), each daemon
-# listed alone (--endpoint: its gRPC address, from the cluster file).
+# The names some daemon holds but another rank of their mesh does not, or
+# holds with another dtype, shape or placements (a change applied on some
+# ranks only), one a line ("NAME (mesh [0,1]) on rank 0, not on rank 1"),
+# each daemon listed alone (--endpoint: its gRPC address, from the cluster
+# file). The version is not listed, so a change that kept all of these is
+# not seen.
 held_partly() {
   local r lists=()
   for r in "${!pids[@]}"; do
     local at
     at=$(grep -v '^[[:space:]]*#' "$conf" | awk 'NF { print $1 }' | sed -n "$((r + 1))p")
-    timeout 60 "$distctl" --endpoint "$at" --json tensors >"$dir/held.$r" 2>&1 ||
-      { echo "rank $r could not list its tensors: $(tail -1 "$dir/held.$r")"; return; }
+    timeout 60 "$distctl" --endpoint "$at" --json tensors >"$dir/held.$r" 2>"$dir/held.$r.err" ||
+      { echo "rank $r could not list its tensors: $(tail -1 "$dir/held.$r.err")"; return; }
     lists+=("$dir/held.$r")
   done
   # python3, which CI installs (jq it does not): a failure of the check
@@ -79,9 +82,13 @@ for r, tensors in enumerate(held):
     for t in tensors:
         ranks = t["mesh"]["ranks"]
         for q in ranks:
-            if q < len(held) and not any(u["name"] == t["name"] and u["mesh"]["ranks"] == ranks
-                                         for u in held[q]):
+            if q >= len(held):
+                continue
+            same = [u for u in held[q] if u["name"] == t["name"] and u["mesh"]["ranks"] == ranks]
+            if not same:
                 partly.add("%s (mesh %s) on rank %d, not on rank %d" % (t["name"], ranks, r, q))
+            elif same[0] != t:  # a change applied on some ranks: dtype, shape, placements
+                partly.add("%s (mesh %s) differs between ranks %d and %d" % (t["name"], ranks, r, q))
 print("\n".join(sorted(partly)), end="")
 PY
 }

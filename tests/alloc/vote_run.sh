@@ -58,10 +58,17 @@ data_frames() {
     tr '\n' ' '
 }
 
-# Each rank's tensor count, in rank order.
+# Each rank's tensor count, in rank order. A rank that did not answer
+# status in time (a loaded machine) has no count: asked again, up to three
+# times, so that a slow answer is not read as a split.
 tensor_counts() {
-  timeout 30 "$distctl" --cluster "$conf" status --json |
-    sed -n 's/^ *"tensors": \([0-9]*\),$/\1/p' | tr '\n' ' '
+  local counts try
+  for try in 1 2 3; do
+    counts=$(timeout 30 "$distctl" --cluster "$conf" status --json |
+      sed -n 's/^ *"tensors": \([0-9]*\),$/\1/p' | tr '\n' ' ')
+    [ "$(wc -w <<<"$counts")" -eq 3 ] && break
+  done
+  echo "$counts"
 }
 
 # The put, its output in $dir/err.
@@ -89,7 +96,8 @@ for rank in 0 1 2; do
     counts=$(tensor_counts)
     case $counts in
       "0 0 0 " | "1 1 1 ") ;;
-      *) wrong "$rank" "$k" "some daemons stored the put, others did not (tensors: $counts)" ;;
+      *\ *\ *\ ) wrong "$rank" "$k" "some daemons stored the put, others did not (tensors: $counts)" ;;
+      *) wrong "$rank" "$k" "a daemon did not say how many tensors it holds (tensors: $counts)" ;;
     esac
   done
   echo "$sweep_name: rank $rank: allocations 1 to $((k - 1)) of a put failed in turn"
