@@ -1,9 +1,9 @@
 /* An ABORT or ABORT_RANGE queued while no memory can be had still reaches
  * the peer (peer_ctl.c: each peer's spare control frames), as often as
  * frames keep leaving: a spare comes back once written. Before, the frame
- * was dropped and the peer waited out its deadline. calloc is wrapped
- * (-Wl,--wrap=calloc) so that this thread's allocations can fail while
- * the loop threads' do not. Real sockets on loopback. */
+ * was dropped and the peer waited out its deadline. calloc and malloc
+ * are wrapped (-Wl,--wrap) so that this thread's allocations can fail
+ * while the loop threads' do not. Real sockets on loopback. */
 #include <criterion/criterion.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -13,9 +13,11 @@
 #include "peer_internal.h"
 
 void *__real_calloc(size_t n, size_t size);
-static _Thread_local int no_memory; /* this thread's callocs fail */
+void *__real_malloc(size_t size);
+static _Thread_local int no_memory; /* this thread's callocs and mallocs fail */
 
 void *__wrap_calloc(size_t n, size_t size) { return no_memory ? NULL : __real_calloc(n, size); }
+void *__wrap_malloc(size_t size) { return no_memory ? NULL : __real_malloc(size); }
 
 static int64_t in_ms(int64_t ms) { return distd_now_ms() + ms; }
 
@@ -62,6 +64,27 @@ Test(ctl_nomem, an_abort_range_without_memory_reaches_the_peer, .timeout = 60) {
   distd_xfer *x = waiting_on(&f, 510, dst);
   no_memory = 1;
   distd_abort_range(f.r[0].peers, 500, 20, ranks, 2, "plan refused");
+  no_memory = 0;
+  expect_aborted(x, "plan refused");
+  fix_teardown(&f);
+}
+
+/* A range of 1000 ids with no memory at all, behind a small socket buffer:
+ * its list of ranks came from malloc, and without it every rank was told
+ * per step and per id, about 13,000 frames, of which the four spares
+ * carried a few and the op's own first id was dropped (a reviewer's
+ * find). */
+Test(ctl_nomem, a_long_range_without_any_memory_reaches_the_peer, .timeout = 60) {
+  peer_fixture f;
+  fix_prepare(&f, 2);
+  f.socket_buffer = 8192;
+  fix_start_all(&f);
+  cr_assert(fix_wait_connected(&f, 10000));
+  int ranks[] = {0, 1};
+  uint8_t dst[8];
+  distd_xfer *x = waiting_on(&f, 500, dst);
+  no_memory = 1;
+  distd_abort_range(f.r[0].peers, 500, 1000, ranks, 2, "plan refused");
   no_memory = 0;
   expect_aborted(x, "plan refused");
   fix_teardown(&f);
