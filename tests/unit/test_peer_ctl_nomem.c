@@ -55,18 +55,25 @@ Test(ctl_nomem, an_abort_without_memory_reaches_the_peer, .timeout = 60) {
   fix_teardown(&f);
 }
 
+/* Rank 0 refuses count ids from 500 with no memory; rank 1, waiting on
+ * op 500 (the range's first: told last when told per id), must hear of
+ * it at once. */
+static void expect_range_heard(peer_fixture *f, uint64_t count) {
+  int ranks[] = {0, 1};
+  uint8_t dst[8];
+  distd_xfer *x = waiting_on(f, 500, dst);
+  no_memory = 1;
+  distd_abort_range(f->r[0].peers, 500, count, ranks, 2, "plan refused");
+  no_memory = 0;
+  expect_aborted(x, "plan refused");
+  fix_teardown(f);
+}
+
 /* A range's one frame too. */
 Test(ctl_nomem, an_abort_range_without_memory_reaches_the_peer, .timeout = 60) {
   peer_fixture f;
   fix_setup(&f, 2);
-  int ranks[] = {0, 1};
-  uint8_t dst[8];
-  distd_xfer *x = waiting_on(&f, 510, dst);
-  no_memory = 1;
-  distd_abort_range(f.r[0].peers, 500, 20, ranks, 2, "plan refused");
-  no_memory = 0;
-  expect_aborted(x, "plan refused");
-  fix_teardown(&f);
+  expect_range_heard(&f, 20);
 }
 
 /* A range of 1000 ids with no memory at all, behind a small socket buffer:
@@ -80,12 +87,5 @@ Test(ctl_nomem, a_long_range_without_any_memory_reaches_the_peer, .timeout = 60)
   f.socket_buffer = 8192;
   fix_start_all(&f);
   cr_assert(fix_wait_connected(&f, 10000));
-  int ranks[] = {0, 1};
-  uint8_t dst[8];
-  distd_xfer *x = waiting_on(&f, 500, dst);
-  no_memory = 1;
-  distd_abort_range(f.r[0].peers, 500, 1000, ranks, 2, "plan refused");
-  no_memory = 0;
-  expect_aborted(x, "plan refused");
-  fix_teardown(&f);
+  expect_range_heard(&f, 1000);
 }
