@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The daemon's allocation sweep: rank 1 of a 2-daemon cluster runs under
+# The daemon's allocation sweep: one rank (rank 1 of 2 by default;
+# ALLOC_RANK and ALLOC_WORLD=3 below) of a fresh cluster runs under
 # failalloc.so (tests/alloc/failalloc.c), armed by SIGUSR2 once it serves,
 # and alloc_client's workload (puts, reshard, exchanges, global_scatter, a
 # MoE layer, LocalLayer calls, shard_layer with an optimizer step, a tape,
