@@ -1,33 +1,38 @@
 #include "json_memory.h"
 
 #include <stdarg.h>
-#include <stdatomic.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 /* jansson's allocations on this thread that came back NULL, counted by
- * watched_malloc, which stands in front of whatever allocator jansson was
- * given (the default, or a program's own) and passes every call on. */
+ * watched_malloc, which stands in front of the allocator jansson had when
+ * libdist or distd first loaded JSON (the system's, or one the program set
+ * before) and passes every call on to it. */
 static _Thread_local unsigned long failed_here;
-static _Atomic(json_malloc_t) watched_underlying;
+static json_malloc_t watched_underlying;
 
 static void *watched_malloc(size_t n) {
-  void *p = atomic_load(&watched_underlying)(n);
+  void *p = watched_underlying(n);
   if (!p) failed_here++;
   return p;
 }
 
-/* Puts watched_malloc in front of jansson's allocator unless it is there.
- * Checked on every call, not once: a program (a test among them) may set
- * its own allocator at any time, and is then watched from the next call.
- * Two threads installing at once install the same pair. */
-static void watch_jansson(void) {
-  json_malloc_t m;
+static void install_watch(void) {
   json_free_t f;
-  json_get_alloc_funcs(&m, &f);
-  if (m == watched_malloc) return;
-  atomic_store(&watched_underlying, m);
+  json_get_alloc_funcs(&watched_underlying, &f);
   json_set_alloc_funcs(watched_malloc, f);
+}
+
+/* Once per process, never again: put back in front of an allocator set
+ * later, the watch and a program's wrapper of it (calling the allocator it
+ * found, as jansson's docs show) called each other for ever, and an
+ * allocator a program put back kept the watch's old one. One set later
+ * without calling the watch takes it away: failures are then told only
+ * by what jansson says. */
+static void watch_jansson(void) {
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, install_watch);
 }
 
 json_t *dist_json_loadb(const char *buf, size_t len, size_t flags, json_error_t *err,

@@ -21,8 +21,10 @@ char *dist_json_dumps(const json_t *json, size_t flags);
  * character when its buffer cannot grow and goes on ("a.0.safetensors"
  * read as "a.0.safetensor"), and it reports other failed allocations as
  * syntax errors or not at all, so its answer cannot tell. The failures are
- * counted by an allocator put in front of jansson's (whichever it is) on
- * the first call, per thread. err may be NULL.
+ * counted, per thread, by an allocator put once in front of the one
+ * jansson has at the first call (a program that sets jansson's allocator
+ * must do so before, as jansson's docs ask of any use; one that wraps it
+ * later keeps the watch). err may be NULL.
  * Not guarded against: when jansson's buffer keeps failing to grow for the
  * rest of a token, its lexer copies a string past the buffer or stops on
  * an assert in a number (akheron/jansson#362, open; the fix proposed in

@@ -13,10 +13,11 @@ static int check_names(const char *const *names, int ndim, dist_errbuf *eb) {
   for (int d = 0; d < ndim; d++) {
     size_t n = strlen(names[d]);
     if (n == 0) return dist_fail(eb, DIST_EINVAL, "mesh: dim %d has an empty name", d);
-    if (n >= 32) return dist_fail(eb, DIST_EINVAL, "mesh: dim name '%s' is longer than 31 bytes", names[d]);
-    /* names go into checkpoint manifests, which are JSON */
+    /* names go into checkpoint manifests, which are JSON (checked first:
+     * the other messages print the name) */
     if (!dist_utf8_valid(names[d], n))
       return dist_fail(eb, DIST_EINVAL, "mesh: the name of dim %d is not valid UTF-8", d);
+    if (n >= 32) return dist_fail(eb, DIST_EINVAL, "mesh: dim name '%s' is longer than 31 bytes", names[d]);
     for (int e = 0; e < d; e++)
       if (strcmp(names[d], names[e]) == 0)
         return dist_fail(eb, DIST_EINVAL, "mesh: dim name '%s' appears twice", names[d]);

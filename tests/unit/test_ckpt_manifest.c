@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "checkpoint.h"
+#include "jansson_failing.h"
 
 static char dir[] = "/tmp/test_ckpt_manifest_XXXXXX";
 
@@ -38,20 +39,12 @@ Test(ckpt_manifest, names_the_files_it_lists) {
   distd_ckpt_files_free(files, n);
 }
 
-static void *no_memory(size_t size) {
-  (void)size;
-  return NULL;
-}
-
 Test(ckpt_manifest, a_manifest_jansson_cannot_allocate_for_is_an_error_not_an_empty_list) {
-  json_malloc_t real_malloc;
-  json_free_t real_free;
-  json_get_alloc_funcs(&real_malloc, &real_free);
-  json_set_alloc_funcs(no_memory, real_free);
   char **files = NULL;
   size_t n = 7;
+  jansson_fail_all_from(1);
   int rc = distd_ckpt_manifest_files(dir, &files, &n);
-  json_set_alloc_funcs(real_malloc, real_free);
+  jansson_restore();
   cr_assert_eq(rc, -1, "read as %d files", rc);
   cr_assert_null(files);
   cr_assert_eq(n, 0);

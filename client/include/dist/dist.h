@@ -22,7 +22,14 @@
  *    shard_tensor onto a one-rank mesh takes no op id on any trainer: a
  *    trainer may put values of its own alone.)
  *    A trainer that refuses an operation, or whose daemon does before
- *    its part, has the others fail at once naming its rank and why. */
+ *    its part, has the others fail at once naming its rank and why.
+ *
+ * libdist reads checkpoint manifests with jansson, and on its first read
+ * puts a counter of failed allocations in front of the allocator jansson
+ * has then (json_set_alloc_funcs), for the whole process: it passes every
+ * call on. A program that sets jansson's allocator should do so before
+ * its first libdist call, as jansson asks of any use; wrapping the one it
+ * finds later is fine. libdist.so is never unloaded (-z nodelete). */
 #ifndef DIST_DIST_H
 #define DIST_DIST_H
 
