@@ -24,7 +24,7 @@ inc="-I$root/common -I$root/common/include -I$out/gen"
 sources="common/errbuf.c common/error.c common/fileio.c common/tensor.c common/npy.c
   common/frame.c common/config.c common/cluster.c common/mesh.c
   common/placement.c common/wire.c common/safetensors.c common/pbuf.c
-  common/pbuf_recv.c daemon/config.c"
+  common/pbuf_recv.c common/utf8.c common/json_memory.c daemon/config.c"
 objs=""
 for s in $sources; do
   o="$out/obj/$(echo "$s" | tr / _ | sed 's/\.c$/.o/')"
