@@ -117,6 +117,7 @@ static void finish(dist_client *c, dist_call *dc, call_state *st,
     else if (!dc->reply)
       dist_fail(&dc->err, DIST_EPROTO, "malformed reply from %s", endpoint_of(c, dc->target));
   }
+  dc->unanswered = !answered;
   dist_client_note_answer(c, dc->target, answered);
   gpr_free(details);
   grpc_slice_unref(st->details);
@@ -169,7 +170,7 @@ static void call_batch(dist_client *c, const char *method,
   call_state *st = n == 1 ? &one : calloc((size_t)n + 1, sizeof *st);
   if (!st) {
     for (int i = 0; i < n; i++) {
-      calls[i].reply = NULL, calls[i].applied = 0;
+      calls[i].reply = NULL, calls[i].applied = 0, calls[i].unanswered = 0;
       dist_fail(&calls[i].err, DIST_ENOMEM, "out of memory starting %d call(s) of %s", n,
                 method);
     }
@@ -182,6 +183,7 @@ static void call_batch(dist_client *c, const char *method,
   for (int i = 0; i < n; i++) {
     calls[i].reply = NULL;
     calls[i].applied = 0;
+    calls[i].unanswered = 0;
     calls[i].err = (dist_errbuf)DIST_ERRBUF_INIT;
     if (start(c, cq, method, &calls[i], &st[i], deadline) == 0) {
       started++;

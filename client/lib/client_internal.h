@@ -63,13 +63,17 @@ struct dist_tensor {
  * unpacked reply (free with protobuf_c_message_free_unpacked) or NULL, and
  * err says why. applied is 1 when the daemon answered success, also when
  * its reply could not be unpacked here: what the call stores is then in
- * the daemon, and an undo must not go by reply alone. */
+ * the daemon, and an undo must not go by reply alone. unanswered is 1
+ * when the daemon said nothing (no reply within the deadline, or the
+ * connection lost): it may have applied the call all the same, and only a
+ * later question tells. */
 typedef struct dist_call {
   int target;
   const ProtobufCMessage *request;
   ProtobufCMessage *reply;
   dist_errbuf err;
   int applied;
+  int unanswered;
 } dist_call;
 
 /* Sends every call concurrently and waits for all of them, within the
@@ -127,6 +131,30 @@ int dist_param_push_batch(dist_client *c, uint64_t op_id, int n,
 /* Deletes name on the daemons ranks[0..n), best effort: what a failed
  * call stored there, undone; c's error stays the failure's. */
 void dist_delete_on(dist_client *c, const char *name, const int *ranks, int n);
+/* Deletes name on daemon rank; its code (c->err says why). */
+int dist_delete_one(dist_client *c, const char *name, int rank);
+/* Names a failed call of libdist's own, with names of its own, may have
+ * stored on daemons that did not answer it (no reply within the deadline,
+ * or the connection lost; dist_call.unanswered): not asked at once, which
+ * would cost a deadline per name while such a daemon is frozen, but later,
+ * by the list's holder (a layer's next release, forward or destroy; a
+ * tape's free). Names with step numbers or tape ids are never used again,
+ * so a name deleted later can only be the failed call's. */
+typedef struct dist_later_name {
+  char name[256];
+  int rank;
+} dist_later_name;
+typedef struct dist_later {
+  dist_later_name *items;
+  int n;
+} dist_later;
+/* Remembers name on rank; without memory for it, deletes it now. */
+void dist_later_note(dist_client *c, dist_later *l, const char *name, int rank);
+/* Deletes each name on its daemon, one not found there taken as done;
+ * those that fail stay on the list for the next time. Returns the first
+ * failure (c->err), or 0 with c->err cleared. */
+int dist_later_delete(dist_client *c, dist_later *l);
+void dist_later_free(dist_later *l);
 /* dist_calls_free, then the array (NULL is a no-op). */
 void dist_calls_release(dist_call *calls, int n);
 /* One call to one daemon, within timeout_ms, that leaves c->err as it
@@ -238,14 +266,17 @@ int dist_local_layer_ids(int n_outputs);
  * gave, where the caller's tensors may have stood, which deleting the
  * outputs would lose for good; names made up held nothing of the caller's. */
 int dist_local_layer_keeps_failed_outputs(const dist_call_opts *o);
-/* dist_local_layer_call for libdist's own callers (a layer step) whose
- * output names are theirs to drop: a failed call deletes its outputs on
- * the daemons that applied it (answered success, their reply lost or
- * not), whatever opts->replace says; a daemon that did not apply it is
- * not asked (one that does not answer would cost a deadline per name). */
+/* dist_local_layer_call for libdist's own callers (a layer step, a
+ * gradient sum) whose output names are theirs to drop: a failed call
+ * deletes its outputs on the daemons that applied it (answered success,
+ * their reply lost or not), whatever opts->replace says; the outputs of a
+ * daemon that did not answer (which may have stored them) go on later,
+ * not asked now (that would cost a deadline per name); a daemon that
+ * answered with a failure stored nothing. */
 int dist_local_layer_call_undoing(dist_client *c, dist_program *p, const dist_arg *args,
                                   int nargs, const dist_call_opts *opts,
-                                  dist_invocation **inv, dist_tensor **outs);
+                                  dist_invocation **inv, dist_tensor **outs,
+                                  dist_later *later);
 /* dist_backward for libdist's own callers (a tape, a layer step) whose
  * gradient names are theirs to drop: a failed backward deletes each
  * non-empty undo_names[j] on the daemons that applied it (answered
@@ -258,14 +289,15 @@ int dist_backward_undoing(dist_client *c, dist_invocation *inv, const dist_arg *
 /* dist_global_scatter (scatter 1) or dist_global_gather (0) for libdist's
  * own callers (a tape's backward) whose opts->out_name is theirs to drop,
  * no rows returned: a failed exchange deletes the result it kept on the
- * daemons that applied it, whatever opts->replace says; a daemon that did
- * not apply it is not asked (one that does not answer would cost a
+ * daemons that applied it, whatever opts->replace says, and notes it on
+ * later for the daemons that did not answer (asking them now would cost a
  * deadline). */
 int dist_global_exchange_undoing(dist_client *c, int scatter, const void *const *x,
                                  const int64_t *x_rows, dist_dtype dt, int64_t d_model,
                                  const int64_t *const *local_count,
                                  const int64_t *const *global_count, int n_experts,
-                                 const int *group, int group_size, const dist_moe_opts *opts);
+                                 const int *group, int group_size, const dist_moe_opts *opts,
+                                 dist_later *later);
 int dist_reshard_refused(dist_client *c, const dist_tensor *t, const dist_mesh *mesh);
 /* dist_spmd_refused of inv's backward, refused before dist_backward
  * (which takes no op id: it runs under the invocation's). */
@@ -360,14 +392,17 @@ int dist_same_layout(const dist_tensor *a, const dist_tensor *b);
 /* grad_add.c: out = a + b (b NULL: a copy of a) of stored tensors, as
  * out_name on mesh m with placements pl (the inputs' own, pieces added
  * rank by rank), by a one-op LocalLayer program run once. *out gets the
- * handle. */
+ * handle. out_name is libdist's own: a failure deletes it where stored
+ * (dist_local_layer_call_undoing, later its list). */
 int dist_grad_add(dist_client *c, const char *a, const char *b, const dist_mesh_desc *m,
-                  const dist_placement *pl, const char *out_name, dist_tensor **out);
+                  const dist_placement *pl, const char *out_name, dist_tensor **out,
+                  dist_later *later);
 /* Two gradients of one value (named `of` in errors) summed as out_name:
  * more is resharded to acc's placements first, and the sum lies as acc
  * does. Gradients on different meshes are refused. */
 int dist_grad_sum(dist_client *c, const char *of, const dist_tensor *acc,
-                  dist_tensor *more, const char *out_name, dist_tensor **out);
+                  dist_tensor *more, const char *out_name, dist_tensor **out,
+                  dist_later *later);
 /* The op ids dist_grad_add takes (a copy too), and the most dist_grad_sum
  * takes: the tape's backward plans its ids with these (tape_plan.c). */
 int dist_grad_add_ids(void);

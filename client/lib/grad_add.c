@@ -16,7 +16,8 @@ static int sum_by_pieces(const dist_mesh_desc *m, const dist_placement *pl) {
 }
 
 int dist_grad_add(dist_client *c, const char *a, const char *b, const dist_mesh_desc *m,
-                  const dist_placement *pl, const char *out_name, dist_tensor **out) {
+                  const dist_placement *pl, const char *out_name, dist_tensor **out,
+                  dist_later *later) {
   if (b && !sum_by_pieces(m, pl))
     return dist_client_fail(c, DIST_ENOTSUP, "the gradients '%s' and '%s' are Partial "
                             "with a reduction other than sum or avg: their pieces do "
@@ -37,7 +38,8 @@ int dist_grad_add(dist_client *c, const char *a, const char *b, const dist_mesh_
   const char *names[1] = {out_name};
   dist_call_opts o = {names, 1, 0, 1};
   dist_invocation *inv = NULL;
-  if (rc == 0) rc = dist_local_layer_call(c, p, args, b ? 2 : 1, &o, &inv, out);
+  /* out_name is libdist's (a step's or a tape's): a failure drops what it stored */
+  if (rc == 0) rc = dist_local_layer_call_undoing(c, p, args, b ? 2 : 1, &o, &inv, out, later);
   dist_invocation_free(inv);
   dist_errbuf keep = c->err;
   dist_program_unregister(c, p); /* a no-op when registration failed */
@@ -49,14 +51,15 @@ int dist_grad_add(dist_client *c, const char *a, const char *b, const dist_mesh_
 }
 
 int dist_grad_sum(dist_client *c, const char *of, const dist_tensor *acc,
-                  dist_tensor *more, const char *out_name, dist_tensor **out) {
+                  dist_tensor *more, const char *out_name, dist_tensor **out,
+                  dist_later *later) {
   if (!dist_mesh_equal(&acc->mesh.d, &more->mesh.d))
     return dist_client_fail(c, DIST_ENOTSUP, "the gradients of '%s' lie on different "
                             "meshes", of);
   int rc = dist_same_layout(acc, more) ? 0 : dist_reshard(c, more, NULL, acc->placements);
   if (rc == 0)
     rc = dist_grad_add(c, acc->name, more->name, &acc->mesh.d, acc->placements, out_name,
-                       out);
+                       out, later);
   return rc;
 }
 

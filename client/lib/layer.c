@@ -38,6 +38,7 @@ void dist_layer_free(dist_layer *l) {
   for (int i = 0; i < l->n_params; i++) param_clear(&l->params[i]);
   for (int i = 0; i < l->n_progs; i++) dist_program_free(l->progs[i].p);
   dist_layer_step_free(NULL, l->step);
+  dist_later_free(&l->later);
   dist_program_free(l->program);
   free(l->children);
   free(l->params);

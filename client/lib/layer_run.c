@@ -119,12 +119,21 @@ int dist_layer_step_free(dist_client *c, layer_step *s) {
   return first.code;
 }
 
-int dist_layer_release(dist_client *c, dist_layer *l) {
-  if (!l || !l->step) return 0; /* nothing to release: a no-op, NULL too */
-  if (!c) return dist_no_client(__func__);
+/* Frees l's step (dist_layer_step_free), leaving its later list. */
+static int release_step(dist_client *c, dist_layer *l) {
   int rc = dist_layer_step_free(c, l->step);
   l->step = NULL;
   return rc;
+}
+
+int dist_layer_release(dist_client *c, dist_layer *l) {
+  if (!l || (!l->step && !l->later.n)) return 0; /* nothing to release: a no-op, NULL too */
+  if (!c) return dist_no_client(__func__);
+  dist_errbuf first = DIST_ERRBUF_INIT;
+  dist_note_first_failure(c, release_step(c, l), &first);
+  dist_note_first_failure(c, dist_later_delete(c, &l->later), &first);
+  c->err = first;
+  return first.code;
 }
 
 /* ---------------------------------------------------------------- one program call */
@@ -179,7 +188,8 @@ int dist_layer_call(fwd_ctx *x, dist_program *p, const char *path,
   o.replace = 1;
   /* These names are the step's own: a failed call deletes what it stored
    * of them, though it replaces. */
-  if ((rc = dist_local_layer_call_undoing(x->c, p, args, nargs, &o, &inv, outs))) {
+  if ((rc = dist_local_layer_call_undoing(x->c, p, args, nargs, &o, &inv, outs,
+                                          &x->root->later))) {
     dist_errbuf_prefix(&x->c->err, "%s: ", path[0] ? path : x->root->name);
     goto out;
   }
@@ -375,9 +385,9 @@ int dist_layer_forward(dist_client *c, dist_layer *l,
       rc = dist_client_fail(c, DIST_ENOMEM, "out of memory");
     }
   free(outs);
-  if (rc) {
+  if (rc) { /* the later list waits for the next release: a daemon just did not answer */
     dist_errbuf keep = c->err;
-    dist_layer_release(c, l);
+    release_step(c, l);
     c->err = keep;
     return rc;
   }
@@ -428,12 +438,13 @@ static int out_grads_of(dist_client *c, layer_step *s, tape_entry *t,
 /* A further gradient g of an activation that feeds several inputs (two
  * layers, or one layer twice): the slot gets their sum, on the first
  * one's mesh and placements. g and the sum belong to the step. */
-static int add_grad(dist_client *c, layer_step *s, grad_slot *slot, dist_tensor *g) {
+static int add_grad(dist_client *c, layer_step *s, grad_slot *slot, dist_tensor *g,
+                    dist_later *later) {
   dist_tensor *sum = NULL;
   char name[256];
   if (snprintf(name, sizeof name, "%s.sum", g->name) >= (int)sizeof name)
     return dist_client_fail(c, DIST_EINVAL, "gradient name '%s.sum' is too long", g->name);
-  int rc = dist_grad_sum(c, slot->name, slot->grad, g, name, &sum);
+  int rc = dist_grad_sum(c, slot->name, slot->grad, g, name, &sum, later);
   if (rc) {
     dist_errbuf_prefix(&c->err, "summing the gradients of '%s': ", slot->name);
     return rc;
@@ -450,9 +461,10 @@ static int add_grad(dist_client *c, layer_step *s, grad_slot *slot, dist_tensor 
   return 0;
 }
 
-/* Files the gradient of input j of entry e. */
+/* Files the gradient of input j of entry e; a sum that fails notes its
+ * name on later for the daemons that did not answer. */
 static int take_grad(dist_client *c, layer_step *s, const tape_entry *t, int j,
-                     dist_tensor *g) {
+                     dist_tensor *g, dist_later *later) {
   const entry_input *in = &t->in[j];
   if (in->kind == IN_PARAM) {
     layer_param *p = in->param;
@@ -474,7 +486,7 @@ static int take_grad(dist_client *c, layer_step *s, const tape_entry *t, int j,
   if (keep_handle(s, g)) /* frees g */
     return dist_client_fail(c, DIST_ENOMEM, "out of memory keeping a gradient's handle");
   grad_slot *slot = slot_of(s, in->name);
-  if (slot) return add_grad(c, s, slot, g);
+  if (slot) return add_grad(c, s, slot, g, later);
   if (put_grad(s, in->name, g))
     return dist_client_fail(c, DIST_ENOMEM, "out of memory filing the gradient of '%s'",
                             in->name);
@@ -523,7 +535,7 @@ static int backward_entry(dist_client *c, dist_layer *root, int e, int seed) {
   if ((rc = dist_backward_undoing(c, t->inv, seed ? NULL : og, &o, grads, undo))) goto out;
   dist_errbuf first = DIST_ERRBUF_INIT;
   for (int j = 0; j < t->n_in; j++) { /* each is taken, or freed, past a failure */
-    dist_note_first_failure(c, grads[j] ? take_grad(c, s, t, j, grads[j]) : 0, &first);
+    dist_note_first_failure(c, grads[j] ? take_grad(c, s, t, j, grads[j], &root->later) : 0, &first);
     grads[j] = NULL;
   }
   if ((rc = first.code)) c->err = first;

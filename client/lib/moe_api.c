@@ -60,7 +60,9 @@ typedef struct exchange_args {
   const int64_t *const *local_count, *const *global_count;
   int experts;
   const dist_moe_opts *opts;
-  int own_out_name; /* opts->out_name is the caller's (libdist's) to drop */
+  /* opts->out_name is the caller's (libdist's) to drop: a failure notes it
+   * here for the daemons that did not answer; NULL for a user's name */
+  dist_later *later;
 } exchange_args;
 
 static void fill_request(Dist__V1__GlobalExchangeRequest *rq,
@@ -146,12 +148,16 @@ static int no_rows(dist_client *c, void **out, int64_t *out_rows) {
  * daemons that carried it out, also on one whose reply was lost here (out
  * of memory): deleted there, unless it replaced a name of the caller's,
  * where the caller's tensor may have stood (as a replacing LocalLayer
- * call keeps its outputs: dist_local_layer_keeps_failed_outputs). */
+ * call keeps its outputs: dist_local_layer_keeps_failed_outputs). A name
+ * of libdist's own is noted on a->later for a daemon that did not answer,
+ * which may have kept it too. */
 static void undo_kept(dist_client *c, const exchange_args *a, const dist_call *calls, int n) {
   const dist_moe_opts *o = a->opts;
-  if (!o || !o->out_name || (o->replace && !a->own_out_name)) return;
+  if (!o || !o->out_name || (o->replace && !a->later)) return;
   for (int k = 0; k < n; k++)
     if (calls[k].applied) dist_delete_on(c, o->out_name, &calls[k].target, 1);
+    else if (calls[k].unanswered && a->later)
+      dist_later_note(c, a->later, o->out_name, calls[k].target);
 }
 
 static int exchange(dist_client *c, const exchange_args *a, const int *group,
@@ -219,7 +225,7 @@ int dist_global_scatter(dist_client *c, const void *const *x,
                         int64_t *out_rows) {
   if (!c) return dist_no_client(__func__);
   exchange_args a = {SCATTER, x, x_rows, dt, d_model, local_count,
-                     global_count, n_experts, opts, 0};
+                     global_count, n_experts, opts, NULL};
   return exchange(c, &a, group, group_size, out, out_rows);
 }
 
@@ -232,7 +238,7 @@ int dist_global_gather(dist_client *c, const void *const *x,
                        int64_t *out_rows) {
   if (!c) return dist_no_client(__func__);
   exchange_args a = {GATHER, x, x_rows, dt, d_model, local_count,
-                     global_count, n_experts, opts, 0};
+                     global_count, n_experts, opts, NULL};
   return exchange(c, &a, group, group_size, out, out_rows);
 }
 
@@ -240,9 +246,10 @@ int dist_global_exchange_undoing(dist_client *c, int scatter, const void *const 
                                  const int64_t *x_rows, dist_dtype dt, int64_t d_model,
                                  const int64_t *const *local_count,
                                  const int64_t *const *global_count, int n_experts,
-                                 const int *group, int group_size, const dist_moe_opts *opts) {
+                                 const int *group, int group_size, const dist_moe_opts *opts,
+                                 dist_later *later) {
   exchange_args a = {scatter ? SCATTER : GATHER, x, x_rows, dt, d_model, local_count,
-                     global_count, n_experts, opts, 1};
+                     global_count, n_experts, opts, later};
   return exchange(c, &a, group, group_size, NULL, NULL);
 }
 

@@ -177,7 +177,7 @@ static int create_experts(dist_client *c, dist_moe_layer *l,
       wp[i] = &w[i];
     }
     if (o->weights) rq[k].n_weights = (size_t)l->E, rq[k].weights = &wp[k * l->E];
-    calls[k] = (dist_call){l->group[l->pos[k]], &rq[k].base, NULL, DIST_ERRBUF_INIT, 0};
+    calls[k] = (dist_call){l->group[l->pos[k]], &rq[k].base, NULL, DIST_ERRBUF_INIT, 0, 0};
   }
   rc = dist_call_many(c, "/dist.v1.Moe/ExpertLayerCreate",
                       &dist__v1__expert_layer_create_reply__descriptor, calls, l->n);
@@ -346,7 +346,7 @@ static int run_experts(dist_client *c, dist_moe_layer *l, int backward) {
       fr[k].replace = 1, fr[k].invocation = INVOCATION;
       m = &fr[k].base;
     }
-    calls[k] = (dist_call){l->group[l->pos[k]], m, NULL, DIST_ERRBUF_INIT, 0};
+    calls[k] = (dist_call){l->group[l->pos[k]], m, NULL, DIST_ERRBUF_INIT, 0, 0};
   }
   rc = backward ? dist_call_many(c, "/dist.v1.Moe/ExpertBackward",
                                  &dist__v1__expert_backward_reply__descriptor, calls, l->n)
@@ -776,7 +776,7 @@ int dist_moe_layer_release(dist_client *c, dist_moe_layer *l) {
   dist_call *calls = calloc((size_t)l->n, sizeof *calls);
   if (!calls) return dist_client_fail(c, DIST_ENOMEM, "out of memory");
   for (int k = 0; k < l->n; k++)
-    calls[k] = (dist_call){l->group[l->pos[k]], &rq.base, NULL, DIST_ERRBUF_INIT, 0};
+    calls[k] = (dist_call){l->group[l->pos[k]], &rq.base, NULL, DIST_ERRBUF_INIT, 0, 0};
   int rc = dist_call_many(c, "/dist.v1.Moe/ExpertRelease",
                           &dist__v1__expert_release_reply__descriptor, calls, l->n);
   dist_calls_free(calls, l->n);

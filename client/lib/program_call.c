@@ -168,10 +168,14 @@ int dist_local_layer_keeps_failed_outputs(const dist_call_opts *o) {
  * without one only the daemons of output k's mesh can have stored it (a
  * tensor of that name elsewhere is another's). */
 static void undo_call(dist_client *c, const dist_program *p, fanout *f, uint64_t id,
-                      char *const *names, int kept) {
+                      char *const *names, int kept, dist_later *later) {
   dist_errbuf keep = c->err;
   for (int i = 0; i < f->n; i++) {
     const Dist__V1__ProgramInvokeReply *r = (const void *)f->calls[i].reply;
+    if (f->calls[i].unanswered && later) /* it may have stored them: asked later */
+      for (int k = 0; k < p->n_outputs; k++)
+        if (dist_mesh_index_of(&p->attrs[k]->mesh, f->targets[i]) >= 0)
+          dist_later_note(c, later, names[k], f->targets[i]);
     if (!f->calls[i].applied) continue;
     dist_prog_release_on(c, &f->targets[i], 1, NULL, id);
     for (int k = 0; !kept && k < p->n_outputs; k++) {
@@ -341,17 +345,18 @@ int dist_local_layer_refused(dist_client *c, const dist_program *p) {
   return refuse_call(c, p, take_call_ids(c, p));
 }
 
-/* dist_local_layer_call; own_names: the output names are the caller's
+/* dist_local_layer_call; with later, the output names are the caller's
  * (libdist's) to drop, so a failure deletes what it stored, replacing or
- * not (dist_local_layer_call_undoing). */
+ * not, and notes them on later for the daemons that did not answer
+ * (dist_local_layer_call_undoing). */
 static int call_run(dist_client *c, dist_program *p, const dist_arg *args, int nargs,
                     const dist_call_opts *opts, dist_invocation **inv, dist_tensor **outs,
-                    int own_names) {
+                    dist_later *later) {
   /* named as the public call, which is the one a caller gave NULL */
   if (!p) return dist_client_null_arg(c, "dist_local_layer_call", "p");
   dist_call_opts o = DIST_CALL_OPTS_INIT;
   if (opts) o = *opts;
-  int keeps = !own_names && dist_local_layer_keeps_failed_outputs(&o);
+  int keeps = !later && dist_local_layer_keeps_failed_outputs(&o);
   if (inv) *inv = NULL;
   for (int k = 0; outs && k < p->n_outputs; k++) outs[k] = NULL;
   uint64_t id = take_call_ids(c, p);
@@ -386,12 +391,12 @@ static int call_run(dist_client *c, dist_program *p, const dist_arg *args, int n
    * it is asked before only. */
   if (!rc && o.out_names && !o.replace) rc = check_out_names(c, p, names);
   if (rc) {
-    undo_call(c, p, &f, id, names, keeps);
+    undo_call(c, p, &f, id, names, keeps, later);
     goto out;
   }
   if ((rc = take_outputs(c, &f, &o, v, elsewhere, outs))) {
     for (int k = 0; outs && k < p->n_outputs; k++) dist_tensor_free(outs[k]), outs[k] = NULL;
-    undo_call(c, p, &f, id, names, keeps);
+    undo_call(c, p, &f, id, names, keeps, later);
     goto out;
   }
   v->backward_done = o.no_grad != 0;
@@ -411,13 +416,14 @@ int dist_local_layer_call(dist_client *c, dist_program *p, const dist_arg *args,
                           int nargs, const dist_call_opts *opts,
                           dist_invocation **inv, dist_tensor **outs) {
   if (!c) return dist_no_client(__func__);
-  return call_run(c, p, args, nargs, opts, inv, outs, 0);
+  return call_run(c, p, args, nargs, opts, inv, outs, NULL);
 }
 
 int dist_local_layer_call_undoing(dist_client *c, dist_program *p, const dist_arg *args,
                                   int nargs, const dist_call_opts *opts,
-                                  dist_invocation **inv, dist_tensor **outs) {
-  return call_run(c, p, args, nargs, opts, inv, outs, 1);
+                                  dist_invocation **inv, dist_tensor **outs,
+                                  dist_later *later) {
+  return call_run(c, p, args, nargs, opts, inv, outs, later);
 }
 
 /* Given no invocation: -1, and dist_errmsg(NULL) says why. */

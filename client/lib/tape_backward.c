@@ -87,19 +87,22 @@ static int add_tensors(dist_tape *t, const slot *acc, slot *more, slot *sum) {
     sum->per_rank = 1;
     sum->ranks = acc->per_rank ? acc->ranks : more->ranks;
     dist_placement rep = DIST_REPLICATED;
-    for (int i = 0; rc == 0 && i < sum->ranks.n; i++) {
+    int added = 0; /* ranks whose add succeeded */
+    while (rc == 0 && added < sum->ranks.n) {
       dist_mesh_desc one;
-      dist_mesh_of_rank(&one, sum->ranks.ranks[i], NULL);
-      rc = dist_grad_add(c, acc->t.name, more->t.name, &one, &rep, name, &out);
+      dist_mesh_of_rank(&one, sum->ranks.ranks[added], NULL);
+      rc = dist_grad_add(c, acc->t.name, more->t.name, &one, &rep, name, &out, &t->later);
       dist_tensor_free(out), out = NULL;
+      if (rc == 0) added++;
     }
+    /* A failed add undid itself (dist_grad_add); the ranks before it kept theirs. */
+    if (rc) dist_delete_on(c, name, sum->ranks.ranks, added);
   } else {
-    rc = dist_grad_sum(c, acc->name, &acc->t, &more->t, name, &out);
+    rc = dist_grad_sum(c, acc->name, &acc->t, &more->t, name, &out, &t->later);
     if (rc == 0) sum->t = *out;
     dist_tensor_free(out);
   }
   snprintf(sum->t.name, sizeof sum->t.name, "%s", name);
-  if (rc && sum->per_rank) dist_delete_on(c, name, sum->ranks.ranks, sum->ranks.n);
   return rc;
 }
 
@@ -261,7 +264,7 @@ static int exchange_back(dist_tape *t, const entry *e, const slot *g) {
     rc = dist_global_exchange_undoing(
         c, e->kind != SCATTER, g->kind == G_VALUES ? xs : NULL,
         g->kind == G_VALUES ? rows : NULL, e->dt, e->d_model, lcs, gcs, e->experts,
-        e->group, e->group_size, &o);
+        e->group, e->group_size, &o, &t->later);
   if (rc) {
     dist_errbuf_prefix(&c->err, "backward of %s '%s' -> '%s': ",
                        e->kind == SCATTER ? "global_scatter" : "global_gather",
@@ -374,7 +377,8 @@ static int own_gradient(dist_tape *t, slot *g) {
     g->owned = 1;
     return 0;
   }
-  int rc = dist_grad_add(t->c, g->t.name, NULL, &g->t.mesh.d, g->t.placements, name, &copy);
+  int rc = dist_grad_add(t->c, g->t.name, NULL, &g->t.mesh.d, g->t.placements, name, &copy,
+                         &t->later);
   if (rc) return rc;
   g->t = *copy;
   g->owned = 1;

@@ -63,6 +63,9 @@ struct dist_tape {
    * leave this trainer one op id apart from the others. */
   struct plan_slot *plan_room;
   int plan_names, plan_cap;
+  /* Gradient names a failed backward may have left on daemons that did
+   * not answer it: deleted by dist_tape_free. */
+  dist_later later;
   int done;     /* backpropagated (or tried to) */
   int released;
 };

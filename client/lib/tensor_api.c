@@ -78,16 +78,19 @@ static int batch_init(dist_client *c, put_batch *b, int n, uint64_t op,
 }
 
 /* Deletes name on the given daemons, best effort (keeps c's error). */
+int dist_delete_one(dist_client *c, const char *name, int rank) {
+  Dist__V1__TensorDeleteRequest rq = DIST__V1__TENSOR_DELETE_REQUEST__INIT;
+  ProtobufCMessage *rp = NULL;
+  rq.name = (char *)name;
+  int rc = dist_call_one(c, rank, "/dist.v1.Dist/TensorDelete", &rq.base,
+                         &dist__v1__tensor_delete_reply__descriptor, &rp);
+  if (rp) protobuf_c_message_free_unpacked(rp, NULL);
+  return rc;
+}
+
 void dist_delete_on(dist_client *c, const char *name, const int *ranks, int n) {
   dist_errbuf keep = c->err;
-  for (int i = 0; i < n; i++) {
-    Dist__V1__TensorDeleteRequest rq = DIST__V1__TENSOR_DELETE_REQUEST__INIT;
-    ProtobufCMessage *rp = NULL;
-    rq.name = (char *)name;
-    dist_call_one(c, ranks[i], "/dist.v1.Dist/TensorDelete", &rq.base,
-                  &dist__v1__tensor_delete_reply__descriptor, &rp);
-    if (rp) protobuf_c_message_free_unpacked(rp, NULL);
-  }
+  for (int i = 0; i < n; i++) dist_delete_one(c, name, ranks[i]);
   c->err = keep;
 }
 

@@ -308,13 +308,17 @@ dist_client *harness_client(harness *h) {
   return c;
 }
 
-dist_client *harness_client_deadline(harness *h, long timeout_ms) {
+dist_client *harness_client_of(const char *cluster_file, long timeout_ms) {
   dist_opts o = DIST_OPTS_INIT;
   o.timeout_ms = timeout_ms;
   dist_client *c = NULL;
-  cr_assert_eq(dist_connect_cluster(h->cluster_file, &o, &c), 0, "%s",
+  cr_assert_eq(dist_connect_cluster(cluster_file, &o, &c), 0, "%s",
                dist_last_connect_error());
   return c;
+}
+
+dist_client *harness_client_deadline(harness *h, long timeout_ms) {
+  return harness_client_of(h->cluster_file, timeout_ms);
 }
 
 double harness_freeze_timed(harness *h, int r) {

@@ -48,6 +48,9 @@ dist_client *harness_client(harness *h);
 /* A single client connected to the whole cluster, with the given
  * deadline (a test that freezes a daemon counts deadlines). */
 dist_client *harness_client_deadline(harness *h, long timeout_ms);
+/* A single client of the cluster a cluster file names, with the given
+ * deadline. */
+dist_client *harness_client_of(const char *cluster_file, long timeout_ms);
 /* Freezes rank r (harness_freeze, failing the test when it does not
  * stop) and returns the time, for harness_resume_within. */
 double harness_freeze_timed(harness *h, int r);

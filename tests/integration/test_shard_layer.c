@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "harness.h"
+#include "reply_hold.h"
 
 /* ---------------------------------------------------------------- helpers */
 
@@ -861,6 +862,106 @@ Test(shard_layer, a_backward_a_frozen_daemon_fails_waits_one_deadline, .timeout 
  * frozen one too cost a deadline per output name (2 deadlines here). */
 Test(shard_layer, a_forward_a_frozen_daemon_fails_waits_one_deadline, .timeout = 120) {
   linear_with_rank_1_frozen(1, 1.5);
+}
+
+/* What ends a failed forward's leftovers in lost_reply_forward. */
+typedef enum { BY_RELEASE, BY_FORWARD, BY_DESTROY } ended_by;
+
+/* A Linear "lost" on 2 daemons, rank 1 reached through a relay: a first
+ * forward and release, then a second forward whose reply from rank 1 the
+ * relay holds past the deadline, after rank 1 stored the output
+ * "lost.s2.root.e0.out0". The forward does not ask rank 1 to delete it
+ * (it did not answer: that would cost a deadline a name), but the next
+ * release, forward or destroy does; before, it stayed there for good. */
+static void lost_reply_forward(ended_by how) {
+  enum { DEADLINE_MS = 1000 };
+  harness h;
+  dist_client *c = NULL;
+  reply_hold *relay = reply_hold_cluster(&h, 2, 1, DEADLINE_MS, &c);
+  dist_mesh *m = line_mesh(2);
+  stepped st = linear_after_a_forward(c, m, "lost");
+  cr_assert_eq(dist_layer_release(c, st.l), 0, "%s", dist_errmsg(c));
+  reply_hold_from_call(relay, 1);
+  dist_tensor *y = NULL;
+  int rc = dist_layer_forward(c, st.l, &st.x, 1, &y, 1);
+  cr_assert(reply_hold_holding(relay), "the forward sent rank 1 no call");
+  reply_hold_release(relay);
+  cr_assert(rc < 0, "the forward whose reply from rank 1 was lost succeeded");
+  cr_assert_eq(reply_hold_count_on(&h, 1, "lost.s2.", ""), 1, "rank 1 stored the output");
+  cr_assert_eq(reply_hold_count_on(&h, 0, "lost.s2.", ""), 0, "rank 0 answered: deleted");
+  if (how == BY_RELEASE) {
+    cr_assert_eq(dist_layer_release(c, st.l), 0, "%s", dist_errmsg(c));
+  } else if (how == BY_FORWARD) {
+    cr_assert_eq(dist_layer_forward(c, st.l, &st.x, 1, &y, 1), 1, "%s", dist_errmsg(c));
+    dist_tensor_free(y);
+  } else {
+    cr_assert_eq(dist_layer_destroy(c, st.l), 0, "%s", dist_errmsg(c));
+    st.l = NULL;
+  }
+  cr_assert_eq(reply_hold_count_on(&h, 1, "lost.s2.", ""), 0, "rank 1 kept the output");
+  stepped_free(&st);
+  dist_mesh_free(m);
+  reply_hold_cluster_stop(&h, relay, c);
+}
+
+Test(shard_layer, a_forward_whose_reply_was_lost_leaves_nothing_after_a_release,
+     .timeout = 120) {
+  lost_reply_forward(BY_RELEASE);
+}
+
+Test(shard_layer, a_forward_whose_reply_was_lost_leaves_nothing_after_a_forward,
+     .timeout = 120) {
+  lost_reply_forward(BY_FORWARD);
+}
+
+Test(shard_layer, a_forward_whose_reply_was_lost_leaves_nothing_after_a_destroy,
+     .timeout = 120) {
+  lost_reply_forward(BY_DESTROY);
+}
+
+/* A layer y = a + b called with x twice: its backward sums x's two
+ * gradients as "<grad>.sum", a name of the step's. Rank 1's reply to
+ * that sum is held past the deadline after it stored it (its third call
+ * of the backward, after the backward and the sum's program): rank 0
+ * deletes it at once, rank 1 at the release. Before, the sum kept it on
+ * both. */
+Test(shard_layer, a_gradient_sum_whose_reply_was_lost_leaves_nothing_after_a_release,
+     .timeout = 120) {
+  enum { DEADLINE_MS = 1000 };
+  harness h;
+  dist_client *c = NULL;
+  reply_hold *relay = reply_hold_cluster(&h, 2, 1, DEADLINE_MS, &c);
+  dist_mesh *m = line_mesh(2);
+  dist_placement rep = DIST_REPLICATED;
+  dist_program *p = NULL;
+  cr_assert_eq(dist_program_new("addab", &p), 0);
+  int a = dist_input_dtensor(p, "a", DIST_FLOAT32), b = dist_input_dtensor(p, "b", DIST_FLOAT32);
+  dist_program_output(p, dist_op_add(p, a, b));
+  cr_assert_eq(dist_program_out_dist_attr(p, m, &rep, NULL), 0);
+  dist_layer *l = NULL;
+  cr_assert_eq(dist_layer_program(p, 2, &l), 0);
+  cr_assert_eq(dist_layer_set_name(l, "twice"), 0);
+  cr_assert_eq(dist_shard_layer(c, l, m, NULL, NULL, NULL, NULL), 0, "%s", dist_errmsg(c));
+  float xv[8];
+  fill(xv, 8, 3);
+  int64_t shape[2] = {2, 4};
+  dist_tensor *x = put(c, "twice.x", xv, 2, shape, m, &rep);
+  dist_tensor *dy = put(c, "twice.dy", xv, 2, shape, m, &rep), *y = NULL;
+  dist_tensor *two[2] = {x, x};
+  cr_assert_eq(dist_layer_forward(c, l, two, 2, &y, 1), 1, "%s", dist_errmsg(c));
+  reply_hold_from_call(relay, 3);
+  int rc = dist_layer_backward(c, l, &dy, NULL);
+  cr_assert(reply_hold_holding(relay), "the backward sent rank 1 fewer than 3 calls");
+  reply_hold_release(relay);
+  cr_assert(rc < 0, "the backward whose sum's reply from rank 1 was lost succeeded");
+  cr_assert_eq(reply_hold_count_on(&h, 1, "twice.", ".sum"), 1, "rank 1 stored the sum");
+  cr_assert_eq(reply_hold_count_on(&h, 0, "twice.", ".sum"), 0, "rank 0 answered: deleted");
+  cr_assert_eq(dist_layer_release(c, l), 0, "%s", dist_errmsg(c));
+  cr_assert_eq(reply_hold_count_on(&h, 1, "twice.", ".sum"), 0, "rank 1 kept the sum");
+  dist_tensor_free(x), dist_tensor_free(dy), dist_tensor_free(y);
+  dist_layer_free(l);
+  dist_mesh_free(m);
+  reply_hold_cluster_stop(&h, relay, c);
 }
 
 Test(shard_layer, a_mesh_outside_the_cluster_fails_and_stores_nothing,

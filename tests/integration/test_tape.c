@@ -15,6 +15,7 @@
 
 #include "client_internal.h"
 #include "harness.h"
+#include "reply_hold.h"
 
 #define MAXW 4
 
@@ -603,13 +604,32 @@ Test(tape, distributed_weight_gradients_add_on_its_mesh, .timeout = 120) {
   harness_stop(&h);
 }
 
-/* On a new tape *t of c: y = the seed's scatter (seed_scatter), and in
- * v[2] each rank's rows of y, as the gradient given for it. */
-static void scatter_seeded_with_its_rows(dist_client *c, dist_tape **t, dist_tensor **y,
-                                         dist_value *v) {
-  cr_assert_eq(dist_tape_new(c, t), 0, "%s", dist_errmsg(c));
-  *y = seed_scatter(*t, c, -1, "y");
-  for (int r = 0; r < 2; r++) v[r] = (dist_value){seed_y[r], DIST_FLOAT32, 2, {5, 2}};
+/* A tape whose y = the seed's scatter, and the backward's arguments that
+ * give each rank's rows of y as y's gradient. */
+typedef struct seeded_scatter {
+  dist_tape *t;
+  dist_tensor *y;
+  dist_value v[2];
+  dist_arg g;
+  const dist_tensor *seeds[1];
+} seeded_scatter;
+
+static void seeded_scatter_start(dist_client *c, seeded_scatter *s) {
+  cr_assert_eq(dist_tape_new(c, &s->t), 0, "%s", dist_errmsg(c));
+  s->y = seed_scatter(s->t, c, -1, "y");
+  for (int r = 0; r < 2; r++) s->v[r] = (dist_value){seed_y[r], DIST_FLOAT32, 2, {5, 2}};
+  s->g = (dist_arg){NULL, s->v};
+  s->seeds[0] = s->y;
+}
+
+static int seeded_scatter_backward(seeded_scatter *s) {
+  return dist_tape_backward(s->t, s->seeds, &s->g, 1);
+}
+
+/* Frees the tape (deleting its gradients) and y's handle. */
+static void seeded_scatter_stop(seeded_scatter *s) {
+  dist_tape_free(s->t);
+  dist_tensor_free(s->y);
 }
 
 /* A given output gradient as bytes, into the scatter's result: grad x =
@@ -618,20 +638,15 @@ Test(tape, exchange_result_seeded_with_values, .timeout = 120) {
   harness h;
   harness_start(&h, 2, NULL);
   dist_client *c = harness_client(&h);
-  dist_tape *t = NULL;
-  dist_tensor *y = NULL;
-  dist_value v[2];
-  scatter_seeded_with_its_rows(c, &t, &y, v);
-  dist_arg g = {NULL, v};
-  const dist_tensor *seeds[1] = {y};
-  cr_assert_eq(dist_tape_backward(t, seeds, &g, 1), 0, "%s", dist_errmsg(c));
+  seeded_scatter s;
+  seeded_scatter_start(c, &s);
+  cr_assert_eq(seeded_scatter_backward(&s), 0, "%s", dist_errmsg(c));
   for (int r = 0; r < 2; r++) {
-    float *got = grad_rows(t, c, "x", r, 10);
+    float *got = grad_rows(s.t, c, "x", r, 10);
     cr_assert(memcmp(got, seed_x, sizeof seed_x) == 0, "rank %d: the round trip", r);
     free(got);
   }
-  dist_tape_free(t);
-  dist_tensor_free(y);
+  seeded_scatter_stop(&s);
   dist_close(c);
   harness_stop(&h);
 }
@@ -644,19 +659,37 @@ Test(tape, an_exchange_backward_a_frozen_daemon_fails_waits_one_deadline, .timeo
   harness h;
   harness_start(&h, 2, NULL);
   dist_client *c = harness_client_deadline(&h, DEADLINE_MS);
-  dist_tape *t = NULL;
-  dist_tensor *y = NULL;
-  dist_value v[2];
-  scatter_seeded_with_its_rows(c, &t, &y, v);
-  dist_arg g = {NULL, v};
-  const dist_tensor *seeds[1] = {y};
+  seeded_scatter s;
+  seeded_scatter_start(c, &s);
   double t0 = harness_freeze_timed(&h, 1);
-  int rc = dist_tape_backward(t, seeds, &g, 1);
+  int rc = seeded_scatter_backward(&s);
   harness_resume_within(&h, 1, t0, rc, 1.5, DEADLINE_MS);
-  dist_tape_free(t);
-  dist_tensor_free(y);
+  seeded_scatter_stop(&s);
   dist_close(c);
   harness_stop(&h);
+}
+
+/* An exchange's backward whose reply from rank 1 a relay holds past the
+ * deadline, after rank 1 kept the gradient (a name of the tape's): it does
+ * not ask rank 1 to delete it then (it did not answer: a second
+ * deadline), but dist_tape_free does. Before, it stayed on rank 1. */
+Test(tape, an_exchange_backward_whose_reply_was_lost_leaves_nothing_after_the_free,
+     .timeout = 120) {
+  harness h;
+  dist_client *c = NULL;
+  reply_hold *relay = reply_hold_cluster(&h, 2, 1, 1000, &c);
+  seeded_scatter s;
+  seeded_scatter_start(c, &s);
+  int before = reply_hold_count_on(&h, 1, "", "");
+  reply_hold_from_call(relay, 1);
+  int rc = seeded_scatter_backward(&s);
+  cr_assert(reply_hold_holding(relay), "the backward sent rank 1 no call");
+  reply_hold_release(relay);
+  cr_assert(rc < 0, "the backward whose reply from rank 1 was lost succeeded");
+  cr_assert_eq(reply_hold_count_on(&h, 1, "", ""), before + 1, "rank 1 kept the gradient");
+  seeded_scatter_stop(&s);
+  cr_assert_eq(reply_hold_count_on(&h, 1, "", ""), before, "rank 1 kept the gradient");
+  reply_hold_cluster_stop(&h, relay, c);
 }
 
 /* A seed given as values for a tensor that also feeds an op on the tape:

@@ -853,8 +853,9 @@ typedef struct dist_tape dist_tape;
 /* An empty tape on client c (used by every later call on it). */
 int dist_tape_new(dist_client *c, dist_tape **out);
 /* Releases what the daemons keep for invocations not backpropagated, deletes
- * the gradient tensors the tape made and frees it. The client must still
- * be open. NULL is a no-op. */
+ * the gradient tensors the tape made (also those a failed backward may have
+ * left on a daemon that did not answer it, which it did not ask then) and
+ * frees it. The client must still be open. NULL is a no-op. */
 void dist_tape_free(dist_tape *t);
 
 /* A global_scatter / global_gather on a tape: the arguments of
@@ -1261,9 +1262,12 @@ int dist_layer_forward(dist_client *c, dist_layer *l,
  * NULL) gets one new handle per forward input, or NULL where there is none. */
 int dist_layer_backward(dist_client *c, dist_layer *l,
                         dist_tensor *const *out_grads, dist_tensor **in_grads);
-/* Drops this step's tensors and what the daemons keep for backward; a
- * tensor it could not delete is said (the first failure's code), the
- * step dropped all the same. */
+/* Drops this step's tensors and what the daemons keep for backward, and
+ * the tensors of a failed step that a daemon which did not answer it (no
+ * reply within the deadline) may hold: the failed call did not ask it,
+ * which would have cost a deadline a name. A tensor it could not delete is
+ * said (the first failure's code), the step dropped all the same; such a
+ * failed step's tensor is asked again at the next release. */
 int dist_layer_release(dist_client *c, dist_layer *l);
 
 /* The value of a parameter (or its gradient), by dotted path: the client's

@@ -1,0 +1,223 @@
+/* The relay of reply_hold.h: one thread polls the listening socket and
+ * each client/daemon pair, copying bytes both ways; the client's are
+ * parsed as HTTP/2 frames only to count the streams it opens (one
+ * HEADERS frame per gRPC call), and once the chosen call has gone
+ * through, the daemon's sockets are not read until the hold ends. */
+#include "reply_hold.h"
+
+#include <arpa/inet.h>
+#include <criterion/criterion.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+enum { MAX_PAIRS = 8, PREFACE_LEN = 24, FRAME_HEADER_LEN = 9, HTTP2_HEADERS = 1 };
+
+/* Where the parse of the client's bytes stands. */
+typedef struct frame_reader {
+  size_t preface_left; /* of the connection preface */
+  unsigned char head[FRAME_HEADER_LEN];
+  size_t head_len;     /* bytes of the current frame header read */
+  size_t body_left;    /* bytes of the current frame's payload to skip */
+} frame_reader;
+
+typedef struct pair {
+  int client, daemon;
+  frame_reader rd;
+} pair;
+
+struct reply_hold {
+  int listen_fd, daemon_port;
+  char cluster_file[320];
+  pthread_t thread;
+  atomic_int stop;
+  atomic_int calls_left; /* calls to let through before holding; <0: no hold armed */
+  atomic_int holding;
+  pair pairs[MAX_PAIRS];
+  int n_pairs;
+};
+
+/* Counts the HEADERS frames in a chunk of the client's bytes. */
+static int headers_in(frame_reader *rd, const unsigned char *b, size_t n) {
+  int found = 0;
+  for (size_t i = 0; i < n;) {
+    if (rd->preface_left) {
+      size_t k = n - i < rd->preface_left ? n - i : rd->preface_left;
+      rd->preface_left -= k, i += k;
+    } else if (rd->body_left) {
+      size_t k = n - i < rd->body_left ? n - i : rd->body_left;
+      rd->body_left -= k, i += k;
+    } else {
+      rd->head[rd->head_len++] = b[i++];
+      if (rd->head_len < FRAME_HEADER_LEN) continue;
+      rd->head_len = 0;
+      rd->body_left = (size_t)rd->head[0] << 16 | (size_t)rd->head[1] << 8 | rd->head[2];
+      found += rd->head[3] == HTTP2_HEADERS;
+    }
+  }
+  return found;
+}
+
+static int connect_daemon(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof a) == 0) return fd;
+  if (fd >= 0) close(fd);
+  return -1;
+}
+
+static void accept_pair(reply_hold *p) {
+  int cfd = accept(p->listen_fd, NULL, NULL);
+  if (cfd < 0) return;
+  int dfd = p->n_pairs < MAX_PAIRS ? connect_daemon(p->daemon_port) : -1;
+  if (dfd < 0) {
+    close(cfd);
+    return;
+  }
+  p->pairs[p->n_pairs++] = (pair){cfd, dfd, {PREFACE_LEN, {0}, 0, 0}};
+}
+
+/* Copies what is readable on from to to; 0 when from closed. */
+static int copy(reply_hold *p, pair *pr, int from, int to) {
+  unsigned char buf[16384];
+  ssize_t n = read(from, buf, sizeof buf);
+  if (n <= 0) return 0;
+  if (from == pr->client && atomic_load(&p->calls_left) > 0) {
+    int calls = headers_in(&pr->rd, buf, (size_t)n);
+    if (calls && atomic_fetch_sub(&p->calls_left, calls) <= calls) atomic_store(&p->holding, 1);
+  } else if (from == pr->client) {
+    headers_in(&pr->rd, buf, (size_t)n);
+  }
+  for (ssize_t off = 0; off < n;) {
+    ssize_t w = write(to, buf + off, (size_t)(n - off));
+    if (w <= 0) return 0;
+    off += w;
+  }
+  return 1;
+}
+
+static void close_pair(reply_hold *p, int i) {
+  close(p->pairs[i].client);
+  close(p->pairs[i].daemon);
+  p->pairs[i] = p->pairs[--p->n_pairs];
+}
+
+/* One round: waits up to 50 ms for a connection or bytes, copies them. */
+static void relay_once(reply_hold *p) {
+  struct pollfd fds[1 + 2 * MAX_PAIRS];
+  int holding = atomic_load(&p->holding), n = 1;
+  fds[0] = (struct pollfd){p->listen_fd, POLLIN, 0};
+  for (int i = 0; i < p->n_pairs; i++) {
+    fds[n++] = (struct pollfd){p->pairs[i].client, POLLIN, 0};
+    fds[n++] = (struct pollfd){p->pairs[i].daemon, holding ? 0 : POLLIN, 0};
+  }
+  if (poll(fds, (nfds_t)n, 50) <= 0) return;
+  if (fds[0].revents & POLLIN) accept_pair(p);
+  for (int i = p->n_pairs - 1; i >= 0; i--) {
+    pair *pr = &p->pairs[i];
+    short from_client = fds[1 + 2 * i].revents, from_daemon = fds[2 + 2 * i].revents;
+    int open = 1;
+    if (from_client & (POLLIN | POLLHUP)) open = copy(p, pr, pr->client, pr->daemon);
+    if (open && (from_daemon & (POLLIN | POLLHUP))) open = copy(p, pr, pr->daemon, pr->client);
+    if (!open) close_pair(p, i);
+  }
+}
+
+static void *relay(void *arg) {
+  reply_hold *p = arg;
+  while (!atomic_load(&p->stop)) relay_once(p);
+  while (p->n_pairs) close_pair(p, p->n_pairs - 1);
+  return NULL;
+}
+
+static int listen_loopback(int *port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET};
+  socklen_t len = sizeof a;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) || listen(fd, 8) ||
+      getsockname(fd, (struct sockaddr *)&a, &len)) {
+    if (fd >= 0) close(fd);
+    return -1;
+  }
+  *port = ntohs(a.sin_port);
+  return fd;
+}
+
+static void write_cluster_file(const reply_hold *p, const harness *h, int r, int port) {
+  FILE *f = fopen(p->cluster_file, "w");
+  cr_assert(f, "cannot write %s", p->cluster_file);
+  fprintf(f, "# test cluster, rank %d through a relay\n", r);
+  for (int i = 0; i < h->n; i++)
+    fprintf(f, "127.0.0.1:%d 127.0.0.1:%d\n", i == r ? port : h->grpc_port[i], h->peer_port[i]);
+  fclose(f);
+}
+
+static reply_hold *start_relay(harness *h, int r) {
+  reply_hold *p = calloc(1, sizeof *p);
+  cr_assert(p, "out of memory");
+  int port = 0;
+  p->listen_fd = listen_loopback(&port);
+  cr_assert(p->listen_fd >= 0, "relay: cannot listen on loopback");
+  p->daemon_port = h->grpc_port[r];
+  atomic_init(&p->calls_left, -1);
+  snprintf(p->cluster_file, sizeof p->cluster_file, "%s/cluster_relay%d.conf", h->dir, r);
+  write_cluster_file(p, h, r, port);
+  cr_assert_eq(pthread_create(&p->thread, NULL, relay, p), 0, "relay: no thread");
+  return p;
+}
+
+void reply_hold_from_call(reply_hold *p, int n) {
+  atomic_store(&p->holding, 0);
+  atomic_store(&p->calls_left, n);
+}
+
+void reply_hold_release(reply_hold *p) {
+  atomic_store(&p->calls_left, -1);
+  atomic_store(&p->holding, 0);
+}
+
+int reply_hold_holding(reply_hold *p) { return atomic_load(&p->holding); }
+
+/* Stops the relay (its connections closed) and frees it. */
+static void stop_relay(reply_hold *p) {
+  atomic_store(&p->stop, 1);
+  pthread_join(p->thread, NULL);
+  close(p->listen_fd);
+  free(p);
+}
+
+int reply_hold_count_on(harness *h, int r, const char *prefix, const char *suffix) {
+  dist_client *c = harness_client_rank(h, r, 5000);
+  dist_tensor **list = NULL;
+  int n = 0, found = 0;
+  cr_assert_eq(dist_tensor_list(c, &list, &n), 0, "listing rank %d: %s", r, dist_errmsg(c));
+  for (int i = 0; i < n; i++) {
+    const char *name = dist_tensor_name(list[i]);
+    size_t len = strlen(name), sl = strlen(suffix);
+    found += strncmp(name, prefix, strlen(prefix)) == 0 && len >= sl &&
+             strcmp(name + len - sl, suffix) == 0;
+  }
+  dist_tensor_list_free(list, n);
+  dist_close(c);
+  return found;
+}
+
+reply_hold *reply_hold_cluster(harness *h, int n, int r, long timeout_ms, dist_client **c) {
+  harness_start(h, n, NULL);
+  reply_hold *p = start_relay(h, r);
+  *c = harness_client_of(p->cluster_file, timeout_ms);
+  return p;
+}
+
+void reply_hold_cluster_stop(harness *h, reply_hold *p, dist_client *c) {
+  dist_close(c);
+  stop_relay(p);
+  harness_stop(h);
+}

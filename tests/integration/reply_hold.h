@@ -1,0 +1,34 @@
+/* A relay in front of one daemon's gRPC port that can hold back the
+ * daemon's replies: a call through it is carried out by the daemon, but
+ * its answer does not reach the client until the hold ends, so the client
+ * gives up at its deadline not knowing. That is a daemon that stored what
+ * a call made and whose reply was lost (frozen between its store and its
+ * answer, or its connection dropped), made at a known call rather than at
+ * a moment SIGSTOP would have to hit. */
+#ifndef DIST_TEST_REPLY_HOLD_H
+#define DIST_TEST_REPLY_HOLD_H
+
+#include "harness.h"
+
+typedef struct reply_hold reply_hold;
+
+/* harness_start(h, n, NULL), a relay (a thread of this process, on a free
+ * loopback port) to rank r, and in *c a client of the cluster with rank r
+ * reached through the relay, with the given deadline. Fails the test on
+ * error. */
+reply_hold *reply_hold_cluster(harness *h, int n, int r, long timeout_ms, dist_client **c);
+/* Closes c, stops the relay p and the cluster h. */
+void reply_hold_cluster_stop(harness *h, reply_hold *p, dist_client *c);
+/* From the n-th call sent through the relay after this (1: the next one),
+ * the daemon's bytes stay in the relay's socket until reply_hold_release.
+ * Calls are counted as the client opens their HTTP/2 streams. */
+void reply_hold_from_call(reply_hold *p, int n);
+/* Lets everything held, and what follows, through. */
+void reply_hold_release(reply_hold *p);
+/* Whether the n-th call has been sent through (the hold is on). */
+int reply_hold_holding(reply_hold *p);
+/* Names held by rank r's daemon (asked directly) that start with prefix
+ * and end with suffix (either may be ""): how many. */
+int reply_hold_count_on(harness *h, int r, const char *prefix, const char *suffix);
+
+#endif
