@@ -127,6 +127,7 @@ static int release_step(dist_client *c, dist_layer *l) {
 }
 
 int dist_layer_release(dist_client *c, dist_layer *l) {
+  if (c) c->err = (dist_errbuf)DIST_ERRBUF_INIT; /* a release that succeeds says nothing */
   if (!l || (!l->step && !l->later.n)) return 0; /* nothing to release: a no-op, NULL too */
   if (!c) return dist_no_client(__func__);
   dist_errbuf first = DIST_ERRBUF_INIT;

@@ -1267,7 +1267,8 @@ int dist_layer_backward(dist_client *c, dist_layer *l,
  * reply within the deadline) may hold: the failed call did not ask it,
  * which would have cost a deadline a name. A tensor it could not delete is
  * said (the first failure's code), the step dropped all the same; such a
- * failed step's tensor is asked again at the next release. */
+ * failed step's tensor is asked again at the next release. A release that
+ * succeeds, with something to release or not, leaves dist_errmsg empty. */
 int dist_layer_release(dist_client *c, dist_layer *l);
 
 /* The value of a parameter (or its gradient), by dotted path: the client's
