@@ -37,6 +37,8 @@ typedef struct run {
   char names[48][200];
   int nnames;      /* tensors this run may have made, deleted at the end */
   int puts[16];    /* of those, the puts that succeeded (indices into names) */
+  const float *put_values[16]; /* what each holds at the end, NULL: a value
+                                  a call replaced (checked by that call) */
   int nputs;
   int cleanup_failed; /* a clean-up call ran out of memory (cleaned_up) */
 } run;
@@ -111,30 +113,44 @@ static int check_full(run *r, const dist_tensor *t, const float *want, size_t n,
 static int put(run *r, const char *suffix, const float *x, dist_placement pl,
                dist_tensor **out) {
   int64_t shape[2] = {ROWS, COLS};
+  if (r->nputs == (int)(sizeof r->puts / sizeof r->puts[0]))
+    return wrong(r, "a put beyond the run's room for puts");
   if (failed(r, dist_shard_tensor(r->c, name_of(r, suffix), x, DIST_FLOAT32, 2, shape,
                                   r->mesh, &pl, out),
              "shard_tensor")) {
     r->nnames--;
     return 1;
   }
+  r->put_values[r->nputs] = x;
   r->puts[r->nputs++] = r->nnames - 1;
   return 0;
 }
 
-/* The caller's tensors the run put are all still there, whatever failed
- * on the way: no undo deleted a tensor it did not store (the clean-up by
- * name at the end would hide one). */
+/* The last put's value may be replaced by a call (which checks it). */
+static void last_put_replaced(run *r) { r->put_values[r->nputs - 1] = NULL; }
+
+/* The caller's tensors the run put are all still there, whole, whatever
+ * failed on the way: no undo deleted a tensor, or a piece of one on some
+ * daemons, that it did not store (the clean-up by name at the end would
+ * hide it). Opening finds a tensor any daemon holds, so each is read
+ * whole, from every daemon of its mesh, and compared with what was put. */
 static void puts_kept(run *r) {
   for (int i = 0; i < r->nputs; i++) {
     const char *name = r->names[r->puts[i]];
     dist_tensor *t = NULL;
+    void *got = NULL;
+    size_t nbytes = 0;
     int rc = dist_tensor_open(r->c, name, &t);
+    if (rc == 0) rc = dist_full_tensor(r->c, t, &got, &nbytes);
     dist_tensor_free(t);
+    if (rc == 0 && r->put_values[i] && !same_floats(got, nbytes, r->put_values[i], NELEM))
+      wrong(r, "a tensor the run put, at the end");
+    free(got);
     if (rc != DIST_ENOTFOUND) {
-      failed(r, rc, "open a put tensor at the end");
+      failed(r, rc, "read a put tensor at the end");
       continue;
     }
-    fprintf(stderr, "alloc_client: the caller's tensor '%s' is gone\n", name);
+    fprintf(stderr, "alloc_client: the caller's tensor '%s' is gone, or a piece of it\n", name);
     wrong(r, "a tensor the run put");
   }
 }
@@ -393,6 +409,7 @@ static int replacing_call(run *r, dist_program *p) {
   dist_tensor *x = NULL, *loss = NULL, *after = NULL;
   dist_invocation *inv = NULL;
   if (put(r, "rp", data_x, DIST_SHARD_DIM(0), &x)) return r->rc;
+  last_put_replaced(r);
   const char *names[] = {r->names[r->nnames - 1]}; /* x's own name */
   dist_call_opts o = DIST_CALL_OPTS_INIT;
   o.out_names = names, o.replace = 1, o.no_grad = 1;
@@ -426,6 +443,7 @@ static int replacing_backward(run *r, dist_program *p) {
   if (put(r, "rbx", data_x, DIST_SHARD_DIM(0), &x) ||
       put(r, "rb.grad0", data_x, DIST_SHARD_DIM(0), &old))
     goto out;
+  last_put_replaced(r);
   arg.tensor = x;
   if (failed(r, dist_local_layer_call(r->c, p, &arg, 1, &o, &inv, &loss), "call to back"))
     goto out;
