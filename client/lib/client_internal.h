@@ -269,10 +269,10 @@ int dist_local_layer_keeps_failed_outputs(const dist_call_opts *o);
 /* dist_local_layer_call for libdist's own callers (a layer step, a
  * gradient sum) whose output names are theirs to drop: a failed call
  * deletes its outputs on the daemons that applied it (answered success,
- * their reply lost or not), whatever opts->replace says; the outputs of a
- * daemon that did not answer (which may have stored them) go on later,
- * not asked now (that would cost a deadline per name); a daemon that
- * answered with a failure stored nothing. */
+ * their reply unpacked here or not), whatever opts->replace says; the
+ * outputs of a daemon that did not answer (which may have stored them)
+ * go on later, not asked now (that would cost a deadline per name); a
+ * daemon that answered with a failure stored nothing. */
 int dist_local_layer_call_undoing(dist_client *c, dist_program *p, const dist_arg *args,
                                   int nargs, const dist_call_opts *opts,
                                   dist_invocation **inv, dist_tensor **outs,
@@ -280,9 +280,10 @@ int dist_local_layer_call_undoing(dist_client *c, dist_program *p, const dist_ar
 /* dist_backward for libdist's own callers (a tape, a layer step) whose
  * gradient names are theirs to drop: a failed backward deletes each
  * non-empty undo_names[j] on the daemons that applied it (answered
- * success, their reply lost or not), whatever opts->replace says; a
- * daemon that did not apply it is not asked (one that does not answer
- * would cost a deadline per name). */
+ * success, their reply unpacked here or not), whatever opts->replace
+ * says; a daemon that did not answer is not asked (that would cost a
+ * deadline per name), and what it may have stored stays (left: no later
+ * list here, unlike dist_local_layer_call_undoing). */
 int dist_backward_undoing(dist_client *c, dist_invocation *inv, const dist_arg *out_grads,
                           const dist_backward_opts *opts, dist_tensor **grads,
                           const char *const *undo_names);

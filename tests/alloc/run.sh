@@ -22,9 +22,9 @@
 # ALLOC_STRIDE=s tries every s-th k from ALLOC_OFFSET (default: a stride
 # that keeps the sweep near ALLOC_RUNS runs, 250 by default, 60 in the
 # "held" mode: a run and the listing after it take about 0.25 s on two
-# busy cores, so ~60 s for about 3,800 allocations counted, and ~15 s for
-# the held mode's 150; the offset is drawn at random in 0..s-1 and
-# printed, so that successive runs cover other sites).
+# busy cores, so ~60 s for about 5,200 allocations counted (a stride of
+# 21), and ~15 s for the held mode's 150; the offset is drawn at random
+# in 0..s-1 and printed, so that successive runs cover other sites).
 # ALLOC_STRIDE=1 sweeps every allocation.
 set -uo pipefail
 sweep_name=alloc_sweep
