@@ -77,7 +77,6 @@ static int batch_init(dist_client *c, put_batch *b, int n, uint64_t op,
   return dist_spmd_refused_on(c, op, mesh);
 }
 
-/* Deletes name on the given daemons, best effort (keeps c's error). */
 int dist_delete_one(dist_client *c, const char *name, int rank) {
   Dist__V1__TensorDeleteRequest rq = DIST__V1__TENSOR_DELETE_REQUEST__INIT;
   ProtobufCMessage *rp = NULL;
@@ -88,6 +87,7 @@ int dist_delete_one(dist_client *c, const char *name, int rank) {
   return rc;
 }
 
+/* Deletes name on the given daemons, best effort (keeps c's error). */
 void dist_delete_on(dist_client *c, const char *name, const int *ranks, int n) {
   dist_errbuf keep = c->err;
   for (int i = 0; i < n; i++) dist_delete_one(c, name, ranks[i]);
@@ -98,14 +98,8 @@ void dist_delete_on(dist_client *c, const char *name, const int *ranks, int n) {
 static void undo_puts(dist_client *c, put_batch *b) {
   dist_errbuf keep = c->err;
   for (int i = 0; i < b->n; i++)
-    if (b->calls[i].applied && !b->reqs[i].replace) {
-      Dist__V1__TensorDeleteRequest d = DIST__V1__TENSOR_DELETE_REQUEST__INIT;
-      ProtobufCMessage *r = NULL;
-      d.name = b->reqs[i].meta->name;
-      dist_call_one(c, b->targets[i], "/dist.v1.Dist/TensorDelete", &d.base,
-                    &dist__v1__tensor_delete_reply__descriptor, &r);
-      if (r) protobuf_c_message_free_unpacked(r, NULL);
-    }
+    if (b->calls[i].applied && !b->reqs[i].replace)
+      dist_delete_one(c, b->reqs[i].meta->name, b->targets[i]);
   c->err = keep;
 }
 
