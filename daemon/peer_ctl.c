@@ -3,7 +3,8 @@
  * a peer that misses an ABORT waits for the op until its deadline: so
  * each peer keeps CTL_SPARES frames allocated from the start, taken when
  * a frame cannot be allocated and given back once it is written or
- * dropped. Called with distd_peers.mu held. */
+ * dropped. Called with distd_peers.mu held, but for distd_send_items_free,
+ * which touches only the list it is given. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -31,12 +32,16 @@ int distd_ctl_spares_init(peer *pe) {
   return 0;
 }
 
-void distd_ctl_spares_free(peer *pe) {
+void distd_send_items_free(dlist *list) {
   dlist *pos, *tmp;
-  dlist_each_safe(pos, tmp, &pe->ctl_spares) {
+  dlist_each_safe(pos, tmp, list) {
     dlist_remove(pos);
     free(dlist_entry(pos, send_item, link));
   }
+}
+
+void distd_ctl_spares_free(peer *pe) {
+  distd_send_items_free(&pe->ctl_spares); /* a spare's block starts with its item */
 }
 
 void distd_send_item_free(peer *pe, send_item *it) {

@@ -456,6 +456,9 @@ int distd_ctl_spares_init(peer *pe);
 void distd_ctl_spares_free(peer *pe);
 /* Frees a frame taken off pe's queue, or gives a spare back to pe. */
 void distd_send_item_free(peer *pe, send_item *it);
+/* Frees the send items linked through their link in list (a transfer's
+ * own, or spares: none has a payload of its own). */
+void distd_send_items_free(dlist *list);
 void distd_peers_unblock_readers(distd_peers *p);
 
 /* peer_control.c (with mu held): the HELLO handshake and control frames. */

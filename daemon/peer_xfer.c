@@ -182,15 +182,6 @@ void distd_handle_abort_range(distd_peers *p, int from, uint64_t first, uint64_t
   }
 }
 
-/* Frees the send items linked through their link in list. */
-static void free_send_items(dlist *list) {
-  dlist *pos, *tmp;
-  dlist_each_safe(pos, tmp, list) {
-    dlist_remove(pos);
-    free(dlist_entry(pos, send_item, link));
-  }
-}
-
 /* A zeroed send item: one distd_xfer_reserve_sends made, else a new one
  * (NULL when there is no memory for it). */
 static send_item *new_send_item(distd_xfer *x) {
@@ -219,7 +210,7 @@ static void detach(distd_xfer *x, int keep_partial) {
     dlist_remove(&it->link);
     free(it);
   }
-  free_send_items(&x->self_sends);
+  distd_send_items_free(&x->self_sends);
   dlist_each_safe(pos, tmp, &x->recvs) {
     recv_slot *s = dlist_entry(pos, recv_slot, link);
     if (s->reader) {
@@ -279,7 +270,7 @@ int distd_xfer_reserve_sends(distd_xfer *x, int n) {
   for (int i = 0; i < n; i++) {
     send_item *it = calloc(1, sizeof *it);
     if (!it) {
-      free_send_items(&x->spare_sends);
+      distd_send_items_free(&x->spare_sends);
       return -1;
     }
     dlist_push(&x->spare_sends, &it->link);
@@ -666,7 +657,7 @@ void distd_xfer_free(distd_xfer *x) {
     else distd_driver_wake(p);
     pthread_mutex_unlock(&p->mu);
   }
-  free_send_items(&x->spare_sends);
+  distd_send_items_free(&x->spare_sends);
   pthread_cond_destroy(&x->cond);
   free(x);
 }
