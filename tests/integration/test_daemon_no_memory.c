@@ -128,24 +128,35 @@ static void expect_both(const trainer *t0, const trainer *t1, int rc) {
   cr_expect_eq(t1->rc, rc, "trainer 1: %s", t1->msg);
 }
 
+/* Two SPMD trainers of job put their pieces of "local" while rank 1 fails
+ * the nth allocation of size bytes, which it must reach. */
+static void put_pieces_failing(trainer tr[2], const char *job, size_t size, int nth) {
+  start_failing_size(size, nth);
+  for (int r = 0; r < 2; r++)
+    tr[r] = (trainer){.c = harness_spmd_client(&cluster, r, job), .rank = r};
+  long from = arm_rank1();
+  run_pair(&tr[0], &tr[1], put_local_piece);
+  expect_shim_fired(from);
+}
+
+/* Nothing was stored, and the shim fails once: the same put now succeeds
+ * on both. Closes the trainers' clients. */
+static void expect_none_then_a_put(trainer tr[2]) {
+  expect_held_by_none("local");
+  run_pair(&tr[0], &tr[1], put_local_piece);
+  expect_both(&tr[0], &tr[1], 0);
+  for (int r = 0; r < 2; r++) dist_close(tr[r].c);
+}
+
 /* Rank 1 allocated its piece after the shape exchange: rank 0 stored its
  * own and its trainer went on, while rank 1's failed. The request's bytes
  * are the first allocation of the piece's size, the piece the second. */
 Test(daemon_no_memory, a_local_piece_one_daemon_cannot_allocate_is_stored_by_none) {
-  start_failing_size(PIECE * sizeof(float), 2);
   trainer tr[2];
-  for (int r = 0; r < 2; r++)
-    tr[r] = (trainer){.c = harness_spmd_client(&cluster, r, "local-job"), .rank = r};
-  long from = arm_rank1();
-  run_pair(&tr[0], &tr[1], put_local_piece);
-  expect_shim_fired(from);
+  put_pieces_failing(tr, "local-job", PIECE * sizeof(float), 2);
   expect_both(&tr[0], &tr[1], DIST_ENOMEM);
   cr_expect(strstr(tr[0].msg, "rank 1 refused its piece of 'local'"), "%s", tr[0].msg);
-  expect_held_by_none("local");
-  /* The shim fails once: the same put now succeeds on both. */
-  run_pair(&tr[0], &tr[1], put_local_piece);
-  expect_both(&tr[0], &tr[1], 0);
-  for (int r = 0; r < 2; r++) dist_close(tr[r].c);
+  expect_none_then_a_put(tr);
 }
 
 /* The list of every rank's piece a daemon checks the exchanged shapes
@@ -153,21 +164,13 @@ Test(daemon_no_memory, a_local_piece_one_daemon_cannot_allocate_is_stored_by_non
  * taken before the exchange, which decides: taken after it, rank 1 failing
  * it refused the put while rank 0 stored its piece (a reviewer's find). */
 Test(daemon_no_memory, a_pieces_list_one_daemon_cannot_allocate_is_stored_by_none) {
-  start_failing_size(2 * sizeof(dist_shape), 1);
   trainer tr[2];
-  for (int r = 0; r < 2; r++)
-    tr[r] = (trainer){.c = harness_spmd_client(&cluster, r, "pieces-job"), .rank = r};
-  long from = arm_rank1();
-  run_pair(&tr[0], &tr[1], put_local_piece);
-  expect_shim_fired(from);
+  put_pieces_failing(tr, "pieces-job", 2 * sizeof(dist_shape), 1);
   /* rank 0 learns of it as the exchange's abort, whose code is its own */
   cr_expect_eq(tr[1].rc, DIST_ENOMEM, "trainer 1: %s", tr[1].msg);
   cr_expect_neq(tr[0].rc, 0, "trainer 0 stored its piece");
   cr_expect(strstr(tr[0].msg, "out of memory for the shape exchange"), "%s", tr[0].msg);
-  expect_held_by_none("local");
-  run_pair(&tr[0], &tr[1], put_local_piece);
-  expect_both(&tr[0], &tr[1], 0);
-  for (int r = 0; r < 2; r++) dist_close(tr[r].c);
+  expect_none_then_a_put(tr);
 }
 
 /* Two daemons holding one tensor, "x" (4 float64s, Replicate on
