@@ -18,6 +18,7 @@ typedef struct harness {
   pid_t pids[HARNESS_MAX];
   int grpc_port[HARNESS_MAX], peer_port[HARNESS_MAX], http_port[HARNESS_MAX];
   int own_dirs; /* started by harness_start_own_dirs */
+  char cluster_id[64]; /* given by harness_start_unique, "" otherwise */
 } harness;
 
 /* Picks free ports, writes DIR/cluster.conf and starts n daemons with
@@ -70,6 +71,17 @@ dist_client *harness_client_whose_call_went_unanswered(harness *h, int r, long t
 /* Stops every daemon still running (SIGTERM, then SIGKILL after 5 s) and
  * removes the directory. */
 void harness_stop(harness *h);
+/* harness_start with "--cluster-id ID" before extra_args, ID made of
+ * prefix, this process's id and the time in ms (kept in h->cluster_id),
+ * so that no daemon of another run joins the cluster. */
+void harness_start_unique(harness *h, int n, const char *prefix, const char *const *extra_args);
+/* harness_start_rank of rank r with the cluster id harness_start_unique
+ * gave the cluster, then extra_args. */
+void harness_start_rank_again(harness *h, int r, const char *const *extra_args);
+/* harness_stop of a cluster that was started and not yet stopped, for a
+ * test's .fini, which runs also when an assertion ended the test early
+ * or before it started one: no daemon outlives its test. */
+void harness_stop_if_started(harness *h);
 /* Picks a free loopback TCP port. */
 int harness_free_port(void);
 /* Runs a command line through /bin/sh, capturing stdout and stderr

@@ -18,18 +18,10 @@
 
 static harness cluster;
 
-static void stop_cluster(void) {
-  if (cluster.n > 0) harness_stop(&cluster);
-  cluster.n = 0;
-}
-
-static char cluster_id[64];
+static void stop_cluster(void) { harness_stop_if_started(&cluster); }
 
 static dist_client *start(int n) {
-  snprintf(cluster_id, sizeof cluster_id, "ckpt-test-%d-%ld", (int)getpid(),
-           (long)time(NULL));
-  const char *args[] = {"--cluster-id", cluster_id, NULL};
-  harness_start(&cluster, n, args);
+  harness_start_unique(&cluster, n, "ckpt-test", NULL);
   return harness_client(&cluster);
 }
 
@@ -80,8 +72,7 @@ static const char *make_dir(void) {
 static dist_client *restart_all(dist_client *old) {
   dist_close(old);
   for (int r = 0; r < cluster.n; r++) harness_kill(&cluster, r, SIGKILL);
-  const char *args[] = {"--cluster-id", cluster_id, NULL};
-  for (int r = 0; r < cluster.n; r++) harness_start_rank(&cluster, r, args);
+  for (int r = 0; r < cluster.n; r++) harness_start_rank_again(&cluster, r, NULL);
   for (int r = 0; r < cluster.n; r++)
     cr_assert(harness_wait_connected(&cluster, r, cluster.n - 1, 20000),
               "rank %d did not reconnect", r);
@@ -334,9 +325,8 @@ static void expect_piece(dist_client *c, int r, const double *want, int n, int r
  * spare; after a failed restore it must still hold what it held, as rank 1
  * does. */
 Test(checkpoint, a_restore_one_daemon_cannot_finish_changes_no_daemon) {
-  snprintf(cluster_id, sizeof cluster_id, "ckpt-mem-%d", (int)getpid());
-  const char *args[] = {"--cluster-id", cluster_id, "--memory-limit=1MiB", NULL};
-  harness_start(&cluster, 2, args);
+  const char *args[] = {"--memory-limit=1MiB", NULL};
+  harness_start_unique(&cluster, 2, "ckpt-mem", args);
   dist_client *c = harness_client(&cluster);
   enum { N = 32 * 1024 }; /* float64: 256 KiB */
   static double saved[N], before[N];
@@ -1327,9 +1317,8 @@ Test(checkpoint, a_rebuild_that_does_not_fit_leaves_the_tensor_as_it_was, .timeo
 
   /* 96 KiB per daemon: the filler's 72 KiB leave no room for a 32 KiB
    * half of "big", with or without the 32 bytes it holds now. */
-  snprintf(cluster_id, sizeof cluster_id, "ckpt-fit-%d", (int)getpid());
-  const char *args[] = {"--cluster-id", cluster_id, "--memory-limit=96KiB", NULL};
-  harness_start(&cluster, 2, args);
+  const char *args[] = {"--memory-limit=96KiB", NULL};
+  harness_start_unique(&cluster, 2, "ckpt-fit", args);
   c = harness_client(&cluster);
   static const double before[4] = {1, 2, 3, 4};
   dist_tensor_free(put(c, "big", DIST_FLOAT64, before, 1, &n4, "[0,1]", "Replicate()"));

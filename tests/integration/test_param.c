@@ -15,17 +15,12 @@
 
 static harness cluster;
 
-static void stop_cluster(void) {
-  if (cluster.n > 0) harness_stop(&cluster);
-  cluster.n = 0;
-}
+static void stop_cluster(void) { harness_stop_if_started(&cluster); }
 
 /* n daemons, each also given `extra` (one argument, or NULL). */
 static dist_client *start_with(int n, const char *extra) {
-  char id[64];
-  snprintf(id, sizeof id, "param-test-%d-%ld", (int)getpid(), (long)time(NULL));
-  const char *args[] = {"--cluster-id", id, extra, NULL};
-  harness_start(&cluster, n, args);
+  const char *args[] = {extra, NULL};
+  harness_start_unique(&cluster, n, "param-test", args);
   return harness_client(&cluster);
 }
 

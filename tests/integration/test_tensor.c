@@ -23,18 +23,12 @@
  * outlives its test. */
 static harness cluster;
 
-static void stop_cluster(void) {
-  if (cluster.n > 0) harness_stop(&cluster);
-  cluster.n = 0;
-}
+static void stop_cluster(void) { harness_stop_if_started(&cluster); }
 
-/* Every cluster gets its own id, so daemons left over from other runs on
- * recycled ports can never join it. */
+/* n daemons, each also given `extra` (one argument, or NULL). */
 static void start_cluster_with(harness *h, int n, const char *extra) {
-  char id[64];
-  snprintf(id, sizeof id, "tensor-test-%d-%ld", (int)getpid(), (long)(harness_now_s() * 1000));
-  const char *args[] = {"--cluster-id", id, extra, NULL};
-  harness_start(h, n, args);
+  const char *args[] = {extra, NULL};
+  harness_start_unique(h, n, "tensor-test", args);
 }
 
 static void start_cluster(harness *h, int n) { start_cluster_with(h, n, NULL); }
