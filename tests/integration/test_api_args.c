@@ -14,20 +14,14 @@
 
 static harness cluster;
 
-static void stop_cluster(void) {
-  if (cluster.n > 0) harness_stop(&cluster);
-  cluster.n = 0;
-}
+static void stop_cluster(void) { harness_stop_if_started(&cluster); }
 
 TestSuite(api_args, .fini = stop_cluster, .timeout = 120);
 
 /* Two daemons holding "w", float64 [4] Shard(0), an SGD parameter of one
  * trainer. */
 static dist_client *start_with_param(void) {
-  char id[64];
-  snprintf(id, sizeof id, "api-args-%d-%ld", (int)getpid(), (long)time(NULL));
-  const char *args[] = {"--cluster-id", id, NULL};
-  harness_start(&cluster, 2, args);
+  harness_start_unique(&cluster, 2, "api-args", NULL);
   dist_client *c = harness_client(&cluster);
   double w[4] = {1, 2, 3, 4};
   int64_t shape[1] = {4};
@@ -192,10 +186,7 @@ Test(api_args, inspection_calls_refuse_null_reports_and_ranks_outside_the_cluste
 }
 
 Test(api_args, collectives_refuse_null_buffers_and_bad_group_sizes) {
-  char id[64];
-  snprintf(id, sizeof id, "api-args-coll-%d", (int)getpid());
-  const char *args[] = {"--cluster-id", id, NULL};
-  harness_start(&cluster, 2, args);
+  harness_start_unique(&cluster, 2, "api-args-coll", NULL);
   dist_client *c = harness_spmd_client(&cluster, 0, "api-args");
   double buf[4] = {0};
   int group[2] = {0, 1};

@@ -18,20 +18,16 @@
 
 static harness cluster;
 
-static void stop_cluster(void) {
-  if (cluster.n > 0) harness_stop(&cluster);
-  cluster.n = 0;
-}
+static void stop_cluster(void) { harness_stop_if_started(&cluster); }
 
 TestSuite(distctl_args, .fini = stop_cluster, .timeout = 120);
 
 /* Starts the suite's cluster of n daemons, with a cluster id of its own
  * (what: the test's word for it). */
 static void start_cluster(int n, const char *what) {
-  char id[64];
-  snprintf(id, sizeof id, "distctl-%s-%d-%ld", what, (int)getpid(), (long)time(NULL));
-  const char *args[] = {"--cluster-id", id, NULL};
-  harness_start(&cluster, n, args);
+  char prefix[32];
+  snprintf(prefix, sizeof prefix, "distctl-%s", what);
+  harness_start_unique(&cluster, n, prefix, NULL);
 }
 
 /* Runs `distctl ARGS` (no cluster needed for usage errors: --endpoint

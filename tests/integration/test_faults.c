@@ -34,30 +34,15 @@
 
 /* File-static so that .fini stops it even after a failed assertion. */
 static harness cluster;
-static char cluster_id[48];
-static const char *start_args[] = {"--cluster-id", cluster_id, NULL};
 
-static void stop_cluster(void) {
-  if (cluster.n > 0) harness_stop(&cluster);
-  cluster.n = 0;
-}
+static void stop_cluster(void) { harness_stop_if_started(&cluster); }
 
 TestSuite(faults, .fini = stop_cluster, .timeout = 180);
 
-/* Every cluster its own id: a daemon left over on a recycled port never
- * joins it. */
-static void new_cluster_id(void) {
-  snprintf(cluster_id, sizeof cluster_id, "faults-%d-%ld", (int)getpid(),
-           (long)(harness_now_s() * 1000));
-}
-
-static void start(int n) {
-  new_cluster_id();
-  harness_start(&cluster, n, start_args);
-}
+static void start(int n) { harness_start_unique(&cluster, n, "faults", NULL); }
 
 static void restart_rank(int r) {
-  harness_start_rank(&cluster, r, start_args);
+  harness_start_rank_again(&cluster, r, NULL);
   for (int k = 0; k < cluster.n; k++)
     cr_assert(harness_wait_connected(&cluster, k, cluster.n - 1, 20000),
               "rank %d does not see all %d peers after rank %d restarted (logs in %s)", k,
@@ -341,7 +326,7 @@ static void expect_tensors_served(const int *ranks, int n, const char *after) {
 static void expect_collective_served(const int *ranks, int n, const char *after) {
   static int serial;
   char job[128], when[200];
-  snprintf(job, sizeof job, "%s-after-%d-%d", cluster_id, (int)getpid(), ++serial);
+  snprintf(job, sizeof job, "%s-after-%d-%d", cluster.cluster_id, (int)getpid(), ++serial);
   snprintf(when, sizeof when, "after %s", after);
   harness_expect_all_reduce(&cluster, ranks, n, job, when);
 }
@@ -358,7 +343,7 @@ static void expect_served(const int *ranks, int n, const char *after) {
 static void kill_mid_spmd(loop_kind kind, const char *op_kind, int n, int victim) {
   start(n);
   char job[128];
-  snprintf(job, sizeof job, "%s-loop", cluster_id);
+  snprintf(job, sizeof job, "%s-loop", cluster.cluster_id);
   loop_run run;
   start_trainers(&run, kind, job);
   double at = fault_mid_op(run.lp, run.n, victim, SIGKILL);
@@ -533,7 +518,7 @@ Test(faults, kill_mid_checkpoint_save_keeps_the_previous_checkpoint) {
 Test(faults, frozen_peer_fails_the_collective_within_the_timeout_then_rejoins) {
   start(3);
   char job[128];
-  snprintf(job, sizeof job, "%s-loop", cluster_id);
+  snprintf(job, sizeof job, "%s-loop", cluster.cluster_id);
   loop_run run;
   start_trainers(&run, LOOP_ALL_REDUCE, job);
   double at = fault_mid_op(run.lp, run.n, 2, SIGSTOP);
@@ -755,10 +740,8 @@ static void stop_cluster_and_proxy(void) {
  * (its own cluster file says so; the others dial directly). peer_timeout:
  * the daemons' --peer-timeout, or NULL for the harness's. */
 static void start_with_proxied_link(int n, const char *peer_timeout) {
-  const char *args[] = {"--cluster-id", cluster_id, "--peer-timeout", peer_timeout, NULL};
-  if (!peer_timeout) args[2] = NULL;
-  new_cluster_id();
-  harness_start(&cluster, n, args);
+  const char *args[] = {"--peer-timeout", peer_timeout, NULL};
+  harness_start_unique(&cluster, n, "faults", peer_timeout ? args : NULL);
   proxy_start(&cut_proxy, cluster.peer_port[1]);
   char file[400];
   snprintf(file, sizeof file, "%s/cluster.rank0.conf", cluster.dir);
@@ -769,10 +752,9 @@ static void start_with_proxied_link(int n, const char *peer_timeout) {
             r == 1 ? cut_proxy.port : cluster.peer_port[r]);
   fclose(f);
   harness_kill(&cluster, 0, SIGTERM);
-  const char *args0[] = {"--cluster-id", cluster_id, "--cluster-file", file,
-                         "--peer-timeout", peer_timeout, NULL};
-  if (!peer_timeout) args0[4] = NULL;
-  harness_start_rank(&cluster, 0, args0);
+  const char *args0[] = {"--cluster-file", file, "--peer-timeout", peer_timeout, NULL};
+  if (!peer_timeout) args0[2] = NULL;
+  harness_start_rank_again(&cluster, 0, args0);
   for (int r = 0; r < n; r++)
     cr_assert(harness_wait_connected(&cluster, r, n - 1, 20000), "rank %d did not connect", r);
   cr_assert_gt(__atomic_load_n(&cut_proxy.relayed, __ATOMIC_RELAXED), 0,
@@ -787,7 +769,7 @@ Test(faults, cut_connection_fails_both_ends_naming_each_other_then_reconnects,
   start_with_proxied_link(3, NULL);
 
   char job[128];
-  snprintf(job, sizeof job, "%s-loop", cluster_id);
+  snprintf(job, sizeof job, "%s-loop", cluster.cluster_id);
   loop_run run;
   start_trainers(&run, LOOP_ALL_REDUCE, job);
   wait_progress(run.lp, run.n);
@@ -857,7 +839,7 @@ Test(faults, peer_timeout_bounds_silence_not_a_slow_transfer, .fini = stop_clust
   start_with_proxied_link(2, "1s");
   proxy_put(&cut_proxy, &cut_proxy.throttle_ms, 10);
   char job[128];
-  snprintf(job, sizeof job, "%s-slow", cluster_id);
+  snprintf(job, sizeof job, "%s-slow", cluster.cluster_id);
   timed_scatter t[2];
   scatter_on_two(t, job);
   for (int r = 0; r < 2; r++)
@@ -866,7 +848,7 @@ Test(faults, peer_timeout_bounds_silence_not_a_slow_transfer, .fini = stop_clust
                t[1].seconds);
 
   proxy_put(&cut_proxy, &cut_proxy.frozen, 1);
-  snprintf(job, sizeof job, "%s-stalled", cluster_id);
+  snprintf(job, sizeof job, "%s-stalled", cluster.cluster_id);
   scatter_on_two(t, job);
   cr_assert_neq(t[1].lp.rc, 0, "rank 1 never failed over a stalled link");
   cr_expect(strstr(t[1].lp.msg, "rank 0"), "rank 1: '%s' does not name rank 0", t[1].lp.msg);
@@ -941,7 +923,7 @@ Test(faults, truncated_frame_from_a_fake_peer_then_the_real_one_rejoins) {
   long from = harness_log_size(&cluster, 0);
   int fd = connect_port(cluster.peer_port[0]);
   cr_assert(fd >= 0, "cannot connect to rank 0's peer port");
-  send_hello(fd, DIST_FRAME_VERSION, 2, cluster_id);
+  send_hello(fd, DIST_FRAME_VERSION, 2, cluster.cluster_id);
   dist_frame_header h;
   char text[512];
   cr_assert_eq(read_frame(fd, &h, text, sizeof text), 0, "no answer to a valid hello");
@@ -989,7 +971,7 @@ Test(faults, garbage_and_mismatched_hellos_are_refused_and_change_nothing) {
 
   from = harness_log_size(&cluster, 0);
   fd = connect_port(cluster.peer_port[0]);
-  send_hello(fd, 7, 1, cluster_id);
+  send_hello(fd, 7, 1, cluster.cluster_id);
   expect_closed(fd, "a hello of protocol version 7");
   const char *version[] = {"protocol version 7", NULL};
   expect_logged(0, from, version, "a hello of protocol version 7");
