@@ -18,7 +18,7 @@
 
 static harness cluster;
 
-static void stop_cluster(void) { harness_stop(&cluster); }
+static void stop_cluster(void) { harness_stop_if_started(&cluster); }
 
 /* What one trainer calls; `count` elements of `dt` (16 bytes per rank
  * unless big). */

@@ -29,12 +29,8 @@ static void start_with_two_frozen(void) {
   cr_assert(harness_freeze(&cluster, 2, 10000), "rank 2 never stopped");
 }
 
-static void resume_and_stop(void) {
-  if (cluster.n == 0) return;
-  for (int r = 1; r < cluster.n; r++) kill(cluster.pids[r], SIGCONT);
-  harness_stop(&cluster);
-  cluster.n = 0;
-}
+/* harness_stop resumes the frozen ranks first. */
+static void resume_and_stop(void) { harness_stop_if_started(&cluster); }
 
 TestSuite(inspect_down, .init = start_with_rank1_frozen, .fini = resume_and_stop,
           .timeout = 120);

@@ -19,10 +19,7 @@
 
 static harness cluster;
 
-static void stop_cluster(void) {
-  if (cluster.n > 0) harness_stop(&cluster);
-  cluster.n = 0;
-}
+static void stop_cluster(void) { harness_stop_if_started(&cluster); }
 
 TestSuite(one_endpoint, .fini = stop_cluster, .timeout = 120);
 

@@ -14,7 +14,7 @@
 
 static harness cluster;
 
-static void stop_cluster(void) { harness_stop(&cluster); }
+static void stop_cluster(void) { harness_stop_if_started(&cluster); }
 
 /* Runs main on n trainers (each of size bytes, from trainers on), one
  * thread each, and waits for them all. */

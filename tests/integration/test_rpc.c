@@ -13,10 +13,7 @@
 static harness cluster;
 
 /* harness_stop resumes a daemon a failed test left frozen. */
-static void stop_cluster(void) {
-  if (cluster.n > 0) harness_stop(&cluster);
-  cluster.n = 0;
-}
+static void stop_cluster(void) { harness_stop_if_started(&cluster); }
 
 TestSuite(rpc, .fini = stop_cluster, .timeout = 120);
 
