@@ -122,14 +122,21 @@ Test(config_types, size_takes_binary_suffixes) {
   }
 }
 
+/* Each of the n texts in bad, set as key, is refused as "KEY: bad KIND
+ * 'TEXT' (expected e.g. EXAMPLES)". */
+static void expect_each_bad(const char *key, const char *kind, const char *examples,
+                            const char *const *bad, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    char want[160];
+    snprintf(want, sizeof want, "%s: bad %s '%s' (expected e.g. %s)", key, kind, bad[i],
+             examples);
+    expect_error(tset(key, bad[i]), want);
+  }
+}
+
 Test(config_types, size_rejects_junk_and_out_of_range) {
   static const char *const bad[] = {"1.5G", "-1", "K", "1X", "1KK", "G1", "1 K"};
-  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-    char want[128];
-    snprintf(want, sizeof want,
-             "limit: bad size '%s' (expected e.g. 512, 64K, 16M, 2G)", bad[i]);
-    expect_error(tset("limit", bad[i]), want);
-  }
+  expect_each_bad("limit", "size", "512, 64K, 16M, 2G", bad, sizeof bad / sizeof bad[0]);
   expect_error(tset("limit", "16777216T"),
                "limit: value 16777216T out of range [0, 18446744073709551615]");
   expect_error(tset("limit", "99999999999999999999"),
@@ -154,12 +161,7 @@ Test(config_types, duration_takes_units_and_bare_milliseconds) {
 
 Test(config_types, duration_rejects_junk_and_out_of_range) {
   static const char *const bad[] = {"abc", "5d", "-1s", "1.5s", "s", "30 s", "30S"};
-  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-    char want[128];
-    snprintf(want, sizeof want,
-             "wait: bad duration '%s' (expected e.g. 250ms, 30s, 5m)", bad[i]);
-    expect_error(tset("wait", bad[i]), want);
-  }
+  expect_each_bad("wait", "duration", "250ms, 30s, 5m", bad, sizeof bad / sizeof bad[0]);
   expect_error(tset("wait", "9ms"), "wait: value 9ms out of range [10ms, 1h]");
   expect_error(tset("wait", "61m"), "wait: value 61m out of range [10ms, 1h]");
   expect_error(tset("wait", "9999999999999999h"),
