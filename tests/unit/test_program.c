@@ -30,6 +30,16 @@ static double at(const distd_tval *t, int64_t i) {
   return dist_elem_get(t->data, t->dtype, (size_t)i);
 }
 
+/* The program b describes, which must compile; b is freed (the program
+ * keeps its own copy). */
+static distd_program *compiled(pb_build *b) {
+  dist_errbuf eb = DIST_ERRBUF_INIT;
+  distd_program *p = NULL;
+  cr_assert_eq(distd_program_new(&b->prog, &p, &eb), 0, "%s", eb.msg);
+  pbb_free(b);
+  return p;
+}
+
 /* Seed 000: mask = zeros_like(x); rank 0: mask[1:3] = 1, else mask[4:7] = 1;
  * loss = sum(x * mask) / sum(mask). */
 static void build_masked_loss(pb_build *b) {
@@ -59,8 +69,7 @@ static void run_masked_loss(uint32_t rank, double expect_loss,
   distd_program *p = NULL;
   distd_invocation *inv = NULL;
   build_masked_loss(&b);
-  cr_assert_eq(distd_program_new(&b.prog, &p, &eb), 0, "%s", eb.msg);
-  pbb_free(&b); /* the program keeps its own copy */
+  p = compiled(&b);
   double xv[10];
   for (int i = 0; i < 10; i++) xv[i] = i + rank; /* arange(0, 10) + rank */
   int64_t dims[1] = {10};
@@ -102,8 +111,7 @@ Test(program, invocation_released_before_backward_frees_everything) {
   distd_program *p = NULL;
   distd_invocation *inv = NULL;
   build_masked_loss(&b);
-  cr_assert_eq(distd_program_new(&b.prog, &p, &eb), 0, "%s", eb.msg);
-  pbb_free(&b);
+  p = compiled(&b);
   double xv[10] = {0};
   int64_t dims[1] = {10};
   distd_tval *x = make(DIST_FLOAT32, 1, dims, xv);
@@ -199,11 +207,9 @@ static void run_moe(distd_program *p, const double *l, dist_dtype dt,
 
 Test(program, moe_aux_loss_and_z_loss_match_direct_computation) {
   pb_build b;
-  dist_errbuf eb = DIST_ERRBUF_INIT;
   distd_program *p = NULL;
   build_moe(&b, F32);
-  cr_assert_eq(distd_program_new(&b.prog, &p, &eb), 0, "%s", eb.msg);
-  pbb_free(&b);
+  p = compiled(&b);
   for (unsigned seed = 1; seed <= 5; seed++) {
     double l[T * E], aux, z, raux, rz;
     fill_logits(l, seed);
@@ -221,8 +227,7 @@ Test(program, moe_gradients_match_finite_differences) {
   dist_errbuf eb = DIST_ERRBUF_INIT;
   distd_program *p = NULL;
   build_moe(&b, F64);
-  cr_assert_eq(distd_program_new(&b.prog, &p, &eb), 0, "%s", eb.msg);
-  pbb_free(&b);
+  p = compiled(&b);
   double l[T * E], aux, z;
   fill_logits(l, 7);
   distd_invocation *inv = NULL;
@@ -274,8 +279,7 @@ Test(program, coord_input_is_the_mesh_coordinate) {
   distd_program *p = NULL;
   uint32_t shape[2] = {2, 3}, ranks[6] = {5, 4, 3, 2, 1, 0};
   coord_program(&b, 2, shape, 6, ranks, 1);
-  cr_assert_eq(distd_program_new(&b.prog, &p, &eb), 0, "%s", eb.msg);
-  pbb_free(&b);
+  p = compiled(&b);
   for (uint32_t r = 0; r < 6; r++) {
     distd_invocation *inv = NULL;
     distd_run_env env = {r};
@@ -346,8 +350,7 @@ Test(program_errors, wrong_shape_names_op_and_position) {
   uint32_t y = pbb_node(&b, OP(MATMUL), t, w, PB_END);
   b.last->name = "router";
   pbb_output(&b, y);
-  cr_assert_eq(distd_program_new(&b.prog, &p, &eb), 0, "%s", eb.msg);
-  pbb_free(&b);
+  p = compiled(&b);
   /* Shapes are known only at invocation: checked before anything runs. */
   int64_t dx[2] = {2, 3}, dw[2] = {4, 5};
   double zeros[20] = {0};
@@ -369,8 +372,7 @@ Test(program_errors, input_against_declared_dtype) {
   dist_errbuf eb = DIST_ERRBUF_INIT;
   distd_program *p = NULL;
   build_masked_loss(&b);
-  cr_assert_eq(distd_program_new(&b.prog, &p, &eb), 0, "%s", eb.msg);
-  pbb_free(&b);
+  p = compiled(&b);
   int64_t dims[1] = {10};
   double v[10] = {0};
   distd_tval *x = make(DIST_INT64, 1, dims, v);
@@ -471,8 +473,7 @@ Test(program_errors, backward_from_an_integer_scalar_is_refused) {
   uint32_t x = init_with_1d_input(&b, F32, 3);
   uint32_t pos = pbb_node(&b, OP(GT), x, PB_END);
   pbb_output(&b, pbb_node(&b, OP(SUM), pos, PB_END));
-  cr_assert_eq(distd_program_new(&b.prog, &p, &eb), 0, "%s", eb.msg);
-  pbb_free(&b);
+  p = compiled(&b);
   int64_t dims[1] = {3};
   double v[3] = {1, -2, 3};
   distd_tval *in[1] = {make(DIST_FLOAT32, 1, dims, v)};
@@ -491,8 +492,7 @@ Test(program_errors, backward_without_gradients_needs_a_scalar_output) {
   dist_errbuf eb = DIST_ERRBUF_INIT;
   distd_program *p = NULL;
   build_moe(&b, F32);
-  cr_assert_eq(distd_program_new(&b.prog, &p, &eb), 0, "%s", eb.msg);
-  pbb_free(&b);
+  p = compiled(&b);
   double l[T * E] = {0}, aux, z;
   distd_invocation *inv = NULL;
   run_moe(p, l, DIST_FLOAT32, &aux, &z, &inv);
