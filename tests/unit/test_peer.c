@@ -495,6 +495,16 @@ static void sweep(distd_peers *p, int64_t now_ms) {
   pthread_mutex_unlock(&p->mu);
 }
 
+/* The frames from src dropped so far, counted and in bytes. */
+static void expect_dropped(distd_peers *p, int src, uint64_t frames, uint64_t bytes) {
+  distd_peer_stats st;
+  distd_peers_get_stats(p, src, &st);
+  cr_assert_eq(st.unexpected_expired, frames, "from rank %d: %llu frames dropped", src,
+               (unsigned long long)st.unexpected_expired);
+  cr_assert_eq(st.unexpected_expired_bytes, bytes, "from rank %d: %llu bytes dropped", src,
+               (unsigned long long)st.unexpected_expired_bytes);
+}
+
 /* The sweep drops whole frames past the age only: a young one, and an
  * old one still arriving (a reader writes into it), stay. */
 Test(peer, the_sweep_drops_whole_frames_older_than_the_age_only) {
@@ -508,18 +518,13 @@ Test(peer, the_sweep_drops_whole_frames_older_than_the_age_only) {
   sweep(p, now);
   cr_assert_eq(kept_bytes(p), 600, "kept %zu bytes, expected the 200 + 400 not dropped",
                kept_bytes(p));
-  distd_peer_stats st;
-  distd_peers_get_stats(p, 0, &st);
-  cr_assert_eq(st.unexpected_expired, 1);
-  cr_assert_eq(st.unexpected_expired_bytes, 100);
+  expect_dropped(p, 0, 1, 100);
   pthread_mutex_lock(&p->mu);
   arriving->complete = 1; /* whole now: the next sweep takes it */
   pthread_mutex_unlock(&p->mu);
   sweep(p, now);
   cr_assert_eq(kept_bytes(p), 400);
-  distd_peers_get_stats(p, 0, &st);
-  cr_assert_eq(st.unexpected_expired, 2);
-  cr_assert_eq(st.unexpected_expired_bytes, 300);
+  expect_dropped(p, 0, 2, 300);
   fix_teardown(&f);
 }
 
@@ -534,12 +539,7 @@ Test(peer, a_sweep_drops_every_old_frame_however_many) {
   for (int k = 0; k < FRAMES; k++) plant_kept(p, 80 + (uint64_t)k, k % 2, 10, now - 90000, 1);
   sweep(p, now);
   cr_assert_eq(kept_bytes(p), 0, "%zu bytes still kept aside", kept_bytes(p));
-  for (int src = 0; src < 2; src++) {
-    distd_peer_stats st;
-    distd_peers_get_stats(p, src, &st);
-    cr_expect_eq(st.unexpected_expired, FRAMES / 2, "from rank %d", src);
-    cr_expect_eq(st.unexpected_expired_bytes, FRAMES / 2 * 10, "from rank %d", src);
-  }
+  for (int src = 0; src < 2; src++) expect_dropped(p, src, FRAMES / 2, FRAMES / 2 * 10);
   fix_teardown(&f);
 }
 
