@@ -37,6 +37,11 @@ void harness_start_unique(harness *h, int n, const char *prefix, const char *con
   snprintf(h->cluster_id, sizeof h->cluster_id, "%s", id); /* harness_start cleared it */
 }
 
+dist_client *harness_start_with_client(harness *h, int n, const char *const *extra_args) {
+  harness_start(h, n, extra_args);
+  return harness_client(h);
+}
+
 void harness_start_rank_again(harness *h, int r, const char *const *extra_args) {
   const char *args[EXTRA_ARGS_MAX + 3];
   args_with_cluster_id(h->cluster_id, extra_args, args);

@@ -219,5 +219,5 @@ reply_hold *reply_hold_cluster(harness *h, int n, int r, long timeout_ms, dist_c
 void reply_hold_cluster_stop(harness *h, reply_hold *p, dist_client *c) {
   dist_close(c);
   stop_relay(p);
-  harness_stop(h);
+  harness_stop_if_started(h);
 }

@@ -17,7 +17,8 @@ typedef struct reply_hold reply_hold;
  * reached through the relay, with the given deadline. Fails the test on
  * error. */
 reply_hold *reply_hold_cluster(harness *h, int n, int r, long timeout_ms, dist_client **c);
-/* Closes c, stops the relay p and the cluster h. */
+/* Closes c, stops the relay p and the cluster h (harness_stop_if_started,
+ * so that a .fini stopping h again does nothing). */
 void reply_hold_cluster_stop(harness *h, reply_hold *p, dist_client *c);
 /* From the n-th call sent through the relay after this (1: the next one),
  * the daemon's bytes stay in the relay's socket until reply_hold_release.

@@ -13,6 +13,14 @@
 #include "harness.h"
 #include "reply_hold.h"
 
+/* The cluster of the running test, file-static so that .fini stops it
+ * even when an assertion ended the test early. */
+static harness cluster;
+
+static void stop_cluster(void) { harness_stop_if_started(&cluster); }
+
+TestSuite(shard_layer, .fini = stop_cluster);
+
 /* ---------------------------------------------------------------- helpers */
 
 static dist_mesh *line_mesh(int n) {
@@ -146,9 +154,7 @@ static void linear_grad_ref(const float *x, const float *w, const float *dy,
 
 Test(shard_layer, shard_fn_sees_every_sublayer_in_order_and_unplaced_params_replicate,
      .timeout = 120) {
-  harness h;
-  harness_start(&h, 2, NULL);
-  dist_client *c = harness_client(&h);
+  dist_client *c = harness_start_with_client(&cluster, 2, NULL);
   dist_mesh *m = line_mesh(2);
   dist_layer *root = NULL, *block = NULL;
   cr_assert_eq(dist_layer_sequence(&root), 0);
@@ -214,7 +220,7 @@ Test(shard_layer, shard_fn_sees_every_sublayer_in_order_and_unplaced_params_repl
   dist_tensor_list_free(list, nlist);
   dist_mesh_free(m);
   dist_close(c);
-  harness_stop(&h);
+  stop_cluster();
 }
 
 /* ---------------------------------------------------------------- hooks */
@@ -243,9 +249,7 @@ static int replicate_outputs(dist_client *c, dist_tensor **ts, int n,
 }
 
 Test(shard_layer, input_fn_and_output_fn_run_around_forward, .timeout = 120) {
-  harness h;
-  harness_start(&h, 2, NULL);
-  dist_client *c = harness_client(&h);
+  dist_client *c = harness_start_with_client(&cluster, 2, NULL);
   dist_mesh *m = line_mesh(2);
   enum { B = 4, IN = 6, OUT = 4 };
   float x[B * IN], w[IN * OUT], b[OUT], dyf[B * OUT];
@@ -309,7 +313,7 @@ Test(shard_layer, input_fn_and_output_fn_run_around_forward, .timeout = 120) {
   cr_assert_eq(dist_layer_destroy(c, plain), 0, "%s", dist_errmsg(c));
   dist_mesh_free(m);
   dist_close(c);
-  harness_stop(&h);
+  stop_cluster();
 }
 
 /* ---------------------------------------------------------------- parallel Linear */
@@ -377,9 +381,7 @@ static void check_linear(dist_client *c, const dist_mesh *m, int IN, int OUT,
 }
 
 static void parallel_linear_on(int n) {
-  harness h;
-  harness_start(&h, n, NULL);
-  dist_client *c = harness_client(&h);
+  dist_client *c = harness_start_with_client(&cluster, n, NULL);
   dist_mesh *m = line_mesh(n);
   dist_placement s0 = DIST_SHARD_DIM(0), s1 = DIST_SHARD_DIM(1), rep = DIST_REPLICATED;
   check_linear(c, m, 8, 12, &s1, &rep, 1, "col");         /* column parallel */
@@ -396,7 +398,7 @@ static void parallel_linear_on(int n) {
   dist_tensor_list_free(list, nlist);
   dist_mesh_free(m);
   dist_close(c);
-  harness_stop(&h);
+  stop_cluster();
 }
 
 Test(shard_layer, column_and_row_parallel_linear_match_one_process_on_2_ranks,
@@ -410,9 +412,7 @@ Test(shard_layer, column_and_row_parallel_linear_match_one_process_on_4_ranks,
 }
 
 Test(shard_layer, linear_on_a_2d_mesh_shards_rows_and_columns, .timeout = 180) {
-  harness h;
-  harness_start(&h, 4, NULL);
-  dist_client *c = harness_client(&h);
+  dist_client *c = harness_start_with_client(&cluster, 4, NULL);
   dist_mesh *m = NULL;
   cr_assert_eq(dist_mesh_from_string("[[0,1],[2,3]]", "dp,mp", &m), 0);
   dist_placement w_pl[2] = {DIST_SHARD_DIM(0), DIST_SHARD_DIM(1)};
@@ -420,7 +420,7 @@ Test(shard_layer, linear_on_a_2d_mesh_shards_rows_and_columns, .timeout = 180) {
   check_linear(c, m, 8, 6, w_pl, x_pl, 2, "grid");
   dist_mesh_free(m);
   dist_close(c);
-  harness_stop(&h);
+  stop_cluster();
 }
 
 /* ---------------------------------------------------------------- other layers */
@@ -430,9 +430,7 @@ Test(shard_layer, linear_on_a_2d_mesh_shards_rows_and_columns, .timeout = 180) {
  * weights and of the embedding table. */
 Test(shard_layer, embedding_and_norms_in_a_sequence_match_one_process,
      .timeout = 120) {
-  harness h;
-  harness_start(&h, 2, NULL);
-  dist_client *c = harness_client(&h);
+  dist_client *c = harness_start_with_client(&cluster, 2, NULL);
   dist_mesh *m = line_mesh(2);
   enum { T = 6, V = 10, E = 4 };
   dist_layer *seq = NULL, *emb = NULL, *ln = NULL, *rms = NULL;
@@ -522,7 +520,7 @@ Test(shard_layer, embedding_and_norms_in_a_sequence_match_one_process,
   cr_assert_eq(dist_layer_destroy(c, seq), 0, "%s", dist_errmsg(c));
   dist_mesh_free(m);
   dist_close(c);
-  harness_stop(&h);
+  stop_cluster();
 }
 
 /* A custom layer y = sum(x_1 * ... * x_n * scale) from a program, with
@@ -556,9 +554,7 @@ static dist_layer *scaled_product_layer(dist_client *c, const dist_mesh *m, int 
 /* A custom layer from a program with a parameter: y = x * scale, and a
  * scalar loss sum(y) backpropagated without an output gradient. */
 Test(shard_layer, custom_program_layer_trains_its_parameter, .timeout = 120) {
-  harness h;
-  harness_start(&h, 2, NULL);
-  dist_client *c = harness_client(&h);
+  dist_client *c = harness_start_with_client(&cluster, 2, NULL);
   dist_mesh *m = line_mesh(2);
   dist_placement s0 = DIST_SHARD_DIM(0);
   int64_t xs[2] = {4, 3};
@@ -596,16 +592,14 @@ Test(shard_layer, custom_program_layer_trains_its_parameter, .timeout = 120) {
   cr_assert_eq(dist_layer_destroy(c, l), 0, "%s", dist_errmsg(c));
   dist_mesh_free(m);
   dist_close(c);
-  harness_stop(&h);
+  stop_cluster();
 }
 
 /* One activation feeding two inputs: a layer y = sum(x1 * x2 * scale)
  * called with x as both x1 and x2. x's gradient is the sum of its two uses,
  * 2 * x * scale, and scale's is sum over rows of x^2. */
 Test(shard_layer, an_input_used_twice_gets_the_sum_of_its_gradients, .timeout = 120) {
-  harness h;
-  harness_start(&h, 2, NULL);
-  dist_client *c = harness_client(&h);
+  dist_client *c = harness_start_with_client(&cluster, 2, NULL);
   dist_mesh *m = line_mesh(2);
   dist_placement s0 = DIST_SHARD_DIM(0);
   int64_t xs[2] = {4, 3};
@@ -641,7 +635,7 @@ Test(shard_layer, an_input_used_twice_gets_the_sum_of_its_gradients, .timeout = 
   cr_assert_eq(dist_layer_destroy(c, l), 0, "%s", dist_errmsg(c));
   dist_mesh_free(m);
   dist_close(c);
-  harness_stop(&h);
+  stop_cluster();
 }
 
 /* ---------------------------------------------------------------- seed 002 */
@@ -702,9 +696,7 @@ static dist_layer *two_layer_mlp(void) {
 
 Test(shard_layer, a_shard_fn_placing_a_missing_dim_fails_and_stores_nothing,
      .timeout = 120) {
-  harness h;
-  harness_start(&h, 2, NULL);
-  dist_client *c = harness_client(&h);
+  dist_client *c = harness_start_with_client(&cluster, 2, NULL);
   dist_mesh *m = line_mesh(2);
   dist_layer *mlp = two_layer_mlp();
   /* fc1 fine, then fc2.bias (1 dim) on Shard(1): nothing of fc1 stays */
@@ -733,7 +725,7 @@ Test(shard_layer, a_shard_fn_placing_a_missing_dim_fails_and_stores_nothing,
   cr_assert_eq(dist_layer_destroy(c, mlp), 0);
   dist_mesh_free(m);
   dist_close(c);
-  harness_stop(&h);
+  stop_cluster();
 }
 
 /* Element counts were multiplied unchecked: [2^33, 2^31] and
@@ -791,12 +783,10 @@ static void stepped_free(stepped *st) {
  * down) says so: it answered success, leaving them in the daemons with
  * nothing in the client naming them. */
 Test(shard_layer, a_release_that_cannot_delete_its_step_says_so, .timeout = 120) {
-  harness h;
-  harness_start(&h, 2, NULL);
-  dist_client *c = harness_client(&h);
+  dist_client *c = harness_start_with_client(&cluster, 2, NULL);
   dist_mesh *m = line_mesh(2);
   stepped st = linear_after_a_forward(c, m, "rel");
-  harness_kill(&h, 1, SIGKILL);
+  harness_kill(&cluster, 1, SIGKILL);
   int rc = dist_layer_release(c, st.l);
   cr_assert_eq(rc, DIST_EUNAVAIL, "release of a step it could not delete: %d (%s)", rc,
                dist_errmsg(c));
@@ -804,7 +794,7 @@ Test(shard_layer, a_release_that_cannot_delete_its_step_says_so, .timeout = 120)
   stepped_free(&st);
   dist_mesh_free(m);
   dist_close(c);
-  harness_stop(&h);
+  stop_cluster();
 }
 
 /* A release that succeeds leaves no error: a step tensor the caller
@@ -813,9 +803,7 @@ Test(shard_layer, a_release_that_cannot_delete_its_step_says_so, .timeout = 120)
  * nothing to release left the last call's error (here an open of a name
  * no daemon holds). */
 Test(shard_layer, a_release_that_succeeds_leaves_no_error, .timeout = 120) {
-  harness h;
-  harness_start(&h, 2, NULL);
-  dist_client *c = harness_client(&h);
+  dist_client *c = harness_start_with_client(&cluster, 2, NULL);
   dist_mesh *m = line_mesh(2);
   stepped st = linear_after_a_forward(c, m, "gone");
   cr_assert_eq(dist_tensor_delete_handle(c, st.y), 0, "%s", dist_errmsg(c));
@@ -830,7 +818,7 @@ Test(shard_layer, a_release_that_succeeds_leaves_no_error, .timeout = 120) {
   stepped_free(&st);
   dist_mesh_free(m);
   dist_close(c);
-  harness_stop(&h);
+  stop_cluster();
 }
 
 /* A Linear "frz" on 2 daemons after a forward, then with rank 1 frozen
@@ -839,21 +827,20 @@ Test(shard_layer, a_release_that_succeeds_leaves_no_error, .timeout = 120) {
  * so the second sends only its call): it fails within `most` deadlines. */
 static void linear_with_rank_1_frozen(int forward, double most) {
   enum { DEADLINE_MS = 2000 };
-  harness h;
-  harness_start(&h, 2, NULL);
-  dist_client *c = harness_client_deadline(&h, DEADLINE_MS);
+  harness_start(&cluster, 2, NULL);
+  dist_client *c = harness_client_deadline(&cluster, DEADLINE_MS);
   dist_mesh *m = line_mesh(2);
   stepped st = linear_after_a_forward(c, m, "frz");
   dist_tensor *y = NULL;
   if (forward) cr_assert_eq(dist_layer_release(c, st.l), 0, "%s", dist_errmsg(c));
-  double t0 = harness_freeze_timed(&h, 1);
+  double t0 = harness_freeze_timed(&cluster, 1);
   int rc = forward ? dist_layer_forward(c, st.l, &st.x, 1, &y, 1)
                    : dist_layer_backward(c, st.l, &st.y, NULL);
-  harness_resume_within(&h, 1, t0, rc, most, DEADLINE_MS);
+  harness_resume_within(&cluster, 1, t0, rc, most, DEADLINE_MS);
   stepped_free(&st);
   dist_mesh_free(m);
   dist_close(c);
-  harness_stop(&h);
+  stop_cluster();
 }
 
 /* A backward that fails because a daemon does not answer must not then
@@ -882,9 +869,8 @@ typedef enum { BY_RELEASE, BY_FORWARD, BY_DESTROY } ended_by;
  * release, forward or destroy does; before, it stayed there for good. */
 static void lost_reply_forward(ended_by how) {
   enum { DEADLINE_MS = 1000 };
-  harness h;
   dist_client *c = NULL;
-  reply_hold *relay = reply_hold_cluster(&h, 2, 1, DEADLINE_MS, &c);
+  reply_hold *relay = reply_hold_cluster(&cluster, 2, 1, DEADLINE_MS, &c);
   dist_mesh *m = line_mesh(2);
   stepped st = linear_after_a_forward(c, m, "lost");
   cr_assert_eq(dist_layer_release(c, st.l), 0, "%s", dist_errmsg(c));
@@ -894,8 +880,8 @@ static void lost_reply_forward(ended_by how) {
   cr_assert(reply_hold_holding(relay), "the forward sent rank 1 no call");
   reply_hold_release(relay);
   cr_assert(rc < 0, "the forward whose reply from rank 1 was lost succeeded");
-  cr_assert_eq(reply_hold_count_on(&h, 1, "lost.s2.", ""), 1, "rank 1 stored the output");
-  cr_assert_eq(reply_hold_count_on(&h, 0, "lost.s2.", ""), 0, "rank 0 answered: deleted");
+  cr_assert_eq(reply_hold_count_on(&cluster, 1, "lost.s2.", ""), 1, "rank 1 stored the output");
+  cr_assert_eq(reply_hold_count_on(&cluster, 0, "lost.s2.", ""), 0, "rank 0 answered: deleted");
   if (how == BY_RELEASE) {
     cr_assert_eq(dist_layer_release(c, st.l), 0, "%s", dist_errmsg(c));
   } else if (how == BY_FORWARD) {
@@ -905,10 +891,10 @@ static void lost_reply_forward(ended_by how) {
     cr_assert_eq(dist_layer_destroy(c, st.l), 0, "%s", dist_errmsg(c));
     st.l = NULL;
   }
-  cr_assert_eq(reply_hold_count_on(&h, 1, "lost.s2.", ""), 0, "rank 1 kept the output");
+  cr_assert_eq(reply_hold_count_on(&cluster, 1, "lost.s2.", ""), 0, "rank 1 kept the output");
   stepped_free(&st);
   dist_mesh_free(m);
-  reply_hold_cluster_stop(&h, relay, c);
+  reply_hold_cluster_stop(&cluster, relay, c);
 }
 
 Test(shard_layer, a_forward_whose_reply_was_lost_leaves_nothing_after_a_release,
@@ -935,9 +921,8 @@ Test(shard_layer, a_forward_whose_reply_was_lost_leaves_nothing_after_a_destroy,
 Test(shard_layer, a_gradient_sum_whose_reply_was_lost_leaves_nothing_after_a_release,
      .timeout = 120) {
   enum { DEADLINE_MS = 1000 };
-  harness h;
   dist_client *c = NULL;
-  reply_hold *relay = reply_hold_cluster(&h, 2, 1, DEADLINE_MS, &c);
+  reply_hold *relay = reply_hold_cluster(&cluster, 2, 1, DEADLINE_MS, &c);
   dist_mesh *m = line_mesh(2);
   dist_placement rep = DIST_REPLICATED;
   dist_program *p = NULL;
@@ -961,21 +946,19 @@ Test(shard_layer, a_gradient_sum_whose_reply_was_lost_leaves_nothing_after_a_rel
   cr_assert(reply_hold_holding(relay), "the backward sent rank 1 fewer than 3 calls");
   reply_hold_release(relay);
   cr_assert(rc < 0, "the backward whose sum's reply from rank 1 was lost succeeded");
-  cr_assert_eq(reply_hold_count_on(&h, 1, "twice.", ".sum"), 1, "rank 1 stored the sum");
-  cr_assert_eq(reply_hold_count_on(&h, 0, "twice.", ".sum"), 0, "rank 0 answered: deleted");
+  cr_assert_eq(reply_hold_count_on(&cluster, 1, "twice.", ".sum"), 1, "rank 1 stored the sum");
+  cr_assert_eq(reply_hold_count_on(&cluster, 0, "twice.", ".sum"), 0, "rank 0 answered: deleted");
   cr_assert_eq(dist_layer_release(c, l), 0, "%s", dist_errmsg(c));
-  cr_assert_eq(reply_hold_count_on(&h, 1, "twice.", ".sum"), 0, "rank 1 kept the sum");
+  cr_assert_eq(reply_hold_count_on(&cluster, 1, "twice.", ".sum"), 0, "rank 1 kept the sum");
   dist_tensor_free(x), dist_tensor_free(dy), dist_tensor_free(y);
   dist_layer_free(l);
   dist_mesh_free(m);
-  reply_hold_cluster_stop(&h, relay, c);
+  reply_hold_cluster_stop(&cluster, relay, c);
 }
 
 Test(shard_layer, a_mesh_outside_the_cluster_fails_and_stores_nothing,
      .timeout = 120) {
-  harness h;
-  harness_start(&h, 2, NULL);
-  dist_client *c = harness_client(&h);
+  dist_client *c = harness_start_with_client(&cluster, 2, NULL);
   dist_mesh *m = NULL;
   cr_assert_eq(dist_mesh_from_string("[0,1,2]", "x", &m), 0);
   dist_layer *mlp = two_layer_mlp();
@@ -987,14 +970,12 @@ Test(shard_layer, a_mesh_outside_the_cluster_fails_and_stores_nothing,
   dist_layer_free(mlp);
   dist_mesh_free(m);
   dist_close(c);
-  harness_stop(&h);
+  stop_cluster();
 }
 
 Test(shard_layer, a_gradient_of_the_wrong_shape_is_refused_and_changes_nothing,
      .timeout = 120) {
-  harness h;
-  harness_start(&h, 2, NULL);
-  dist_client *c = harness_client(&h);
+  dist_client *c = harness_start_with_client(&cluster, 2, NULL);
   dist_mesh *m = line_mesh(2);
   dist_layer *mlp = two_layer_mlp();
   placing places[1] = {{"fc1", "weight", {DIST_SHARD_DIM(0)}, 1}};
@@ -1026,7 +1007,7 @@ Test(shard_layer, a_gradient_of_the_wrong_shape_is_refused_and_changes_nothing,
   cr_assert_eq(dist_layer_destroy(c, mlp), 0);
   dist_mesh_free(m);
   dist_close(c);
-  harness_stop(&h);
+  stop_cluster();
 }
 
 /* A backward without output gradients of a layer whose one output is not
@@ -1041,9 +1022,7 @@ Test(shard_layer, a_backward_without_gradients_of_a_non_scalar_output_names_its_
   dist_layer *l = linear(4, 3, 1, 5);
   dist_mesh *m = line_mesh(2);
   fill(x, 8, 3);
-  harness h;
-  harness_start(&h, 2, NULL);
-  dist_client *c = harness_client(&h);
+  dist_client *c = harness_start_with_client(&cluster, 2, NULL);
   cr_assert_eq(dist_shard_layer(c, l, m, NULL, NULL, NULL, NULL), 0, "%s", dist_errmsg(c));
   dist_tensor *in = put(c, "x", x, 2, xs, m, &rep), *out = NULL;
   cr_assert_eq(dist_layer_forward(c, l, &in, 1, &out, 1), 1, "%s", dist_errmsg(c));
@@ -1055,7 +1034,7 @@ Test(shard_layer, a_backward_without_gradients_of_a_non_scalar_output_names_its_
   cr_assert_eq(dist_layer_destroy(c, l), 0, "%s", dist_errmsg(c));
   dist_mesh_free(m);
   dist_close(c);
-  harness_stop(&h);
+  stop_cluster();
 }
 
 /* A layer's configure is one batch: with room in the daemons for the
@@ -1069,9 +1048,7 @@ Test(shard_layer, a_configure_refused_for_one_parameter_configures_none, .timeou
   const char *limit[] = {"--memory-limit=224", NULL};
   dist_layer *l = linear(4, 3, 1, 5);
   dist_mesh *m = line_mesh(2);
-  harness h;
-  harness_start(&h, 2, limit);
-  dist_client *c = harness_client(&h);
+  dist_client *c = harness_start_with_client(&cluster, 2, limit);
   cr_assert_eq(dist_shard_layer(c, l, m, NULL, NULL, NULL, NULL), 0, "%s", dist_errmsg(c));
   dist_param_opts o = DIST_PARAM_OPTS_INIT;
   o.optimizer = DIST_OPT_ADAM;
@@ -1092,7 +1069,7 @@ Test(shard_layer, a_configure_refused_for_one_parameter_configures_none, .timeou
   cr_assert_eq(dist_layer_destroy(c, l), 0, "%s", dist_errmsg(c));
   dist_mesh_free(m);
   dist_close(c);
-  harness_stop(&h);
+  stop_cluster();
 }
 
 /* A layer's step is one batch: every parameter's push is applied, or none.
@@ -1108,9 +1085,7 @@ Test(shard_layer, a_step_refused_for_one_parameter_changes_none, .timeout = 120)
   dist_mesh *m = line_mesh(2);
   fill(x, 8, 3);
   fill(dy, 6, 7);
-  harness h;
-  harness_start(&h, 2, NULL);
-  dist_client *c = harness_client(&h);
+  dist_client *c = harness_start_with_client(&cluster, 2, NULL);
   cr_assert_eq(dist_shard_layer(c, l, m, NULL, NULL, NULL, NULL), 0, "%s", dist_errmsg(c));
   dist_tensor *in = put(c, "x", x, 2, xs, m, &rep), *out = NULL;
   dist_tensor *gy = put(c, "dy", dy, 2, ys, m, &rep);
@@ -1148,5 +1123,5 @@ Test(shard_layer, a_step_refused_for_one_parameter_changes_none, .timeout = 120)
   cr_assert_eq(dist_layer_destroy(c, l), 0, "%s", dist_errmsg(c));
   dist_mesh_free(m);
   dist_close(c);
-  harness_stop(&h);
+  stop_cluster();
 }
