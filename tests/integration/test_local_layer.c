@@ -14,6 +14,15 @@
 #include "harness.h"
 #include "program.pb-c.h"
 
+/* The cluster of the running test, file-static so that .fini stops it
+ * even when an assertion ended the test early. */
+static harness cluster;
+
+static void stop_cluster(void) { harness_stop_if_started(&cluster); }
+
+TestSuite(local_layer, .fini = stop_cluster);
+TestSuite(local_layer_errors, .fini = stop_cluster);
+
 /* ---------------------------------------------------------------- helpers */
 
 static dist_mesh *line_mesh(int n) {
@@ -76,9 +85,7 @@ Test(local_layer, seed_000_masked_loss_prints_exactly, .timeout = 120) {
 /* The seed's layer, driven by a single client: forward per rank and the
  * gradient of each local loss, mask / sum(mask). */
 Test(local_layer, masked_loss_gradient_is_mask_over_count, .timeout = 120) {
-  harness h;
-  harness_start(&h, 2, NULL);
-  dist_client *c = harness_client(&h);
+  dist_client *c = harness_start_with_client(&cluster, 2, NULL);
   dist_mesh *m = line_mesh(2);
   float pieces[2][10];
   for (int r = 0; r < 2; r++)
@@ -131,7 +138,51 @@ Test(local_layer, masked_loss_gradient_is_mask_over_count, .timeout = 120) {
   dist_program_free(p);
   dist_mesh_free(m);
   dist_close(c);
-  harness_stop(&h);
+  stop_cluster();
+}
+
+/* One call of a loss program on W daemons: float32 logits x [T, E]
+ * (fill_logits of seed) as Shard(0) on a line mesh of W, the program made
+ * for that mesh registered and called once. The test checks `out`, runs
+ * the backward into `grad`, and loss_call_end frees it all. */
+typedef struct loss_call {
+  dist_client *c;
+  dist_mesh *m;
+  float *x;
+  dist_tensor *t, *out, *grad;
+  dist_program *p;
+  dist_invocation *inv;
+} loss_call;
+
+/* Starts the cluster and puts the logits under name; the program comes
+ * next, from lc->m (loss_call_run). */
+static void loss_call_start(loss_call *lc, int W, const char *name, int T, int E,
+                            unsigned seed) {
+  memset(lc, 0, sizeof *lc);
+  lc->c = harness_start_with_client(&cluster, W, NULL);
+  lc->m = line_mesh(W);
+  lc->x = malloc(sizeof(float) * (size_t)(T * E));
+  fill_logits(lc->x, T * E, seed);
+  lc->t = shard_logits(lc->c, name, lc->x, T, E, lc->m);
+}
+
+/* Registers p (the loss_call then owns it) and calls it on the logits. */
+static void loss_call_run(loss_call *lc, dist_program *p, const dist_call_opts *co) {
+  lc->p = p;
+  cr_assert_eq(dist_program_register(lc->c, p), 0, "%s", dist_errmsg(lc->c));
+  dist_arg args[1] = {{lc->t, NULL}};
+  cr_assert_eq(dist_local_layer_call(lc->c, p, args, 1, co, &lc->inv, &lc->out), 0, "%s",
+               dist_errmsg(lc->c));
+}
+
+static void loss_call_end(loss_call *lc) {
+  free(lc->x);
+  dist_invocation_free(lc->inv);
+  dist_tensor_free(lc->out), dist_tensor_free(lc->grad), dist_tensor_free(lc->t);
+  dist_program_free(lc->p);
+  dist_mesh_free(lc->m);
+  dist_close(lc->c);
+  stop_cluster();
 }
 
 /* ---------------------------------------------------------------- z_loss */
@@ -159,19 +210,11 @@ static double lse_row(const float *x, int E) {
 static void z_loss_case(int W) {
   enum { E = 8 };
   int T = 6 * W;
-  harness h;
-  harness_start(&h, W, NULL);
-  dist_client *c = harness_client(&h);
-  dist_mesh *m = line_mesh(W);
-  float *x = malloc(sizeof(float) * (size_t)(T * E));
-  fill_logits(x, T * E, 7u + (unsigned)W);
-  dist_tensor *t = shard_logits(c, "logits", x, T, E, m), *out = NULL, *grad = NULL;
-  dist_program *p = z_loss_program(m);
-  cr_assert_eq(dist_program_register(c, p), 0, "%s", dist_errmsg(c));
-  dist_arg args[1] = {{t, NULL}};
-  dist_invocation *inv = NULL;
-  cr_assert_eq(dist_local_layer_call(c, p, args, 1, NULL, &inv, &out), 0, "%s",
-               dist_errmsg(c));
+  loss_call lc;
+  loss_call_start(&lc, W, "logits", T, E, 7u + (unsigned)W);
+  loss_call_run(&lc, z_loss_program(lc.m), NULL);
+  dist_client *c = lc.c;
+  const float *x = lc.x;
   /* Single process: the mean over every token (equal chunks, so the
    * average of the per-rank means is the global mean). */
   double want = 0;
@@ -179,12 +222,12 @@ static void z_loss_case(int W) {
     double l = lse_row(&x[i * E], E);
     want += l * l / T;
   }
-  float *got = full_of(c, out, 1);
+  float *got = full_of(c, lc.out, 1);
   assert_close(got[0], want, 1e-5, "z_loss");
   free(got);
   /* d local_z / d x[i][e] = 2 lse_i softmax_ie / T_local. */
-  cr_assert_eq(dist_backward(c, inv, NULL, NULL, &grad), 0, "%s", dist_errmsg(c));
-  float *dx = full_of(c, grad, (size_t)(T * E));
+  cr_assert_eq(dist_backward(c, lc.inv, NULL, NULL, &lc.grad), 0, "%s", dist_errmsg(c));
+  float *dx = full_of(c, lc.grad, (size_t)(T * E));
   for (int i = 0; i < T; i++) {
     double l = lse_row(&x[i * E], E);
     for (int e = 0; e < E; e++)
@@ -192,15 +235,7 @@ static void z_loss_case(int W) {
                    "d z_loss / d logits");
   }
   free(dx);
-  free(x);
-  dist_invocation_free(inv);
-  dist_tensor_free(out);
-  dist_tensor_free(grad);
-  dist_tensor_free(t);
-  dist_program_free(p);
-  dist_mesh_free(m);
-  dist_close(c);
-  harness_stop(&h);
+  loss_call_end(&lc);
 }
 
 Test(local_layer, z_loss_on_2_ranks_matches_single_process, .timeout = 120) {
@@ -254,38 +289,29 @@ static double aux_ref(const double *x, int T, int E) {
 static void aux_loss_case(int W) {
   enum { E = 4 };
   int T = 5 * W, n = T * E, Tl = T / W;
-  harness h;
-  harness_start(&h, W, NULL);
-  dist_client *c = harness_client(&h);
-  dist_mesh *m = line_mesh(W);
-  float *x = malloc(sizeof(float) * (size_t)n);
-  double *xd = malloc(sizeof(double) * (size_t)n);
-  fill_logits(x, n, 99u + (unsigned)W);
-  for (int i = 0; i < n; i++) xd[i] = x[i];
-  dist_tensor *t = shard_logits(c, "gate", x, T, E, m), *out = NULL, *grad = NULL;
-  dist_program *p = aux_loss_program(m, E);
-  cr_assert_eq(dist_program_register(c, p), 0, "%s", dist_errmsg(c));
-  dist_arg args[1] = {{t, NULL}};
-  dist_invocation *inv = NULL;
+  loss_call lc;
+  loss_call_start(&lc, W, "gate", T, E, 99u + (unsigned)W);
   dist_call_opts co = DIST_CALL_OPTS_INIT;
   co.keep_local_values = 1;
-  cr_assert_eq(dist_local_layer_call(c, p, args, 1, &co, &inv, &out), 0, "%s",
-               dist_errmsg(c));
+  loss_call_run(&lc, aux_loss_program(lc.m, E), &co);
+  dist_client *c = lc.c;
+  double *xd = malloc(sizeof(double) * (size_t)n);
+  for (int i = 0; i < n; i++) xd[i] = lc.x[i];
   double want = 0;
   for (int r = 0; r < W; r++) {
     double local = aux_ref(&xd[r * Tl * E], Tl, E);
     dist_value v;
-    cr_assert_eq(dist_invocation_local_output(inv, 0, r, &v), 0);
+    cr_assert_eq(dist_invocation_local_output(lc.inv, 0, r, &v), 0);
     assert_close(*(const float *)v.data, local, 1e-5, "local aux_loss");
     want += local / W;
   }
-  float *got = full_of(c, out, 1);
+  float *got = full_of(c, lc.out, 1);
   assert_close(got[0], want, 1e-5, "aux_loss");
   free(got);
   /* Gradient of each rank's local aux_loss against central differences of
    * the reference (the top-1 choice is piecewise constant). */
-  cr_assert_eq(dist_backward(c, inv, NULL, NULL, &grad), 0, "%s", dist_errmsg(c));
-  float *dx = full_of(c, grad, (size_t)n);
+  cr_assert_eq(dist_backward(c, lc.inv, NULL, NULL, &lc.grad), 0, "%s", dist_errmsg(c));
+  float *dx = full_of(c, lc.grad, (size_t)n);
   const double h_ = 1e-4;
   for (int i = 0; i < n; i++) {
     int r = i / (Tl * E);
@@ -298,16 +324,8 @@ static void aux_loss_case(int W) {
     assert_close(dx[i], (up - down) / (2 * h_), 2e-3, "d aux_loss / d logits");
   }
   free(dx);
-  free(x);
   free(xd);
-  dist_invocation_free(inv);
-  dist_tensor_free(out);
-  dist_tensor_free(grad);
-  dist_tensor_free(t);
-  dist_program_free(p);
-  dist_mesh_free(m);
-  dist_close(c);
-  harness_stop(&h);
+  loss_call_end(&lc);
 }
 
 Test(local_layer, aux_loss_on_2_ranks_matches_single_process, .timeout = 120) {
@@ -336,9 +354,7 @@ static dist_program *sharded_program(const dist_mesh *m, int flatten) {
 }
 
 Test(local_layer, sharded_output_derives_uneven_global_shape, .timeout = 120) {
-  harness h;
-  harness_start(&h, 2, NULL);
-  dist_client *c = harness_client(&h);
+  dist_client *c = harness_start_with_client(&cluster, 2, NULL);
   dist_mesh *m = line_mesh(2);
   float x[7 * 2];
   for (int i = 0; i < 14; i++) x[i] = (float)i;
@@ -377,14 +393,12 @@ Test(local_layer, sharded_output_derives_uneven_global_shape, .timeout = 120) {
   dist_program_free(p);
   dist_mesh_free(m);
   dist_close(c);
-  harness_stop(&h);
+  stop_cluster();
 }
 
 /* VALUE inputs differ per rank; gradients of given output gradients. */
 Test(local_layer, value_inputs_and_given_output_gradients, .timeout = 120) {
-  harness h;
-  harness_start(&h, 2, NULL);
-  dist_client *c = harness_client(&h);
+  dist_client *c = harness_start_with_client(&cluster, 2, NULL);
   dist_mesh *m = line_mesh(2);
   dist_program *p = NULL;
   dist_program_new("scale", &p);
@@ -421,13 +435,12 @@ Test(local_layer, value_inputs_and_given_output_gradients, .timeout = 120) {
   dist_program_free(p);
   dist_mesh_free(m);
   dist_close(c);
-  harness_stop(&h);
+  stop_cluster();
 }
 
 /* ---------------------------------------------------------------- errors */
 
 typedef struct err_fixture {
-  harness h;
   dist_client *c;
   dist_mesh *m;
   dist_tensor *x; /* float32 [4, 3], Shard(0) on [0, 1] */
@@ -435,8 +448,7 @@ typedef struct err_fixture {
 } err_fixture;
 
 static void err_setup(err_fixture *f) {
-  harness_start(&f->h, 2, NULL);
-  f->c = harness_client(&f->h);
+  f->c = harness_start_with_client(&cluster, 2, NULL);
   f->m = line_mesh(2);
   float x[12] = {0};
   int64_t xi[4] = {1, 2, 3, 4}, s1[1] = {4};
@@ -451,7 +463,7 @@ static void err_teardown(err_fixture *f) {
   dist_tensor_free(f->xi);
   dist_mesh_free(f->m);
   dist_close(f->c);
-  harness_stop(&f->h);
+  stop_cluster();
 }
 
 /* Builds y = op(x) with one Partial(sum) output and calls it on arg. */
@@ -640,7 +652,7 @@ Test(local_layer_errors, a_release_failing_on_one_daemon_names_it, .timeout = 12
   dist_program *p = NULL;
   dist_program_new("released_on_one", &p);
   dist_invocation *inv = call_sum_of_x(&f, p);
-  cr_assert_neq(harness_kill(&f.h, 0, SIGKILL), -1);
+  cr_assert_neq(harness_kill(&cluster, 0, SIGKILL), -1);
   cr_assert_neq(dist_invocation_release(f.c, inv), 0, "a release without rank 0 succeeded");
   cr_assert(strstr(dist_errmsg(f.c), "rank 0"), "message: '%s'", dist_errmsg(f.c));
   dist_invocation_free(inv);
