@@ -17,6 +17,14 @@
 #include "harness.h"
 #include "moe.pb-c.h"
 
+/* The cluster of the running test, file-static so that .fini stops it
+ * even when an assertion ended the test early. */
+static harness cluster;
+
+static void stop_cluster(void) { harness_stop_if_started(&cluster); }
+
+TestSuite(moe, .fini = stop_cluster);
+
 /* ---------------------------------------------------------------- cases */
 
 #define MAXW 4
@@ -189,9 +197,7 @@ static const float seed_out[2][5][2] = {{{1, 2}, {3, 4}, {1, 2}, {5, 6}, {3, 4}}
                                         {{7, 8}, {5, 6}, {7, 8}, {9, 10}, {9, 10}}};
 
 Test(moe, seed_003_scatter_and_gradient_in_a_single_client, .timeout = 120) {
-  harness h;
-  harness_start(&h, 2, NULL);
-  dist_client *c = harness_client(&h);
+  dist_client *c = harness_start_with_client(&cluster, 2, NULL);
   const void *xs[2] = {seed_x, seed_x};
   const int64_t *lcs[2] = {seed_counts[0], seed_counts[1]};
   void *out[2] = {0}, *grad[2] = {0}, *dy[2] = {0};
@@ -210,13 +216,11 @@ Test(moe, seed_003_scatter_and_gradient_in_a_single_client, .timeout = 120) {
       cr_assert_eq(((float *)grad[r])[i], 2 * (float)(i + 1), "rank %d grad[%d]", r, i);
   free_all(out, 2), free_all(grad, 2), free_all(dy, 2);
   dist_close(c);
-  harness_stop(&h);
+  stop_cluster();
 }
 
 Test(moe, seed_003_via_daemon_held_tensors, .timeout = 120) {
-  harness h;
-  harness_start(&h, 2, NULL);
-  dist_client *c = harness_client(&h);
+  dist_client *c = harness_start_with_client(&cluster, 2, NULL);
   const void *xs[2] = {seed_x, seed_x};
   const int64_t *lcs[2] = {seed_counts[0], seed_counts[1]};
   /* The experts' input stays in the daemons ... */
@@ -233,7 +237,7 @@ Test(moe, seed_003_via_daemon_held_tensors, .timeout = 120) {
     int64_t shape[DIST_MAX_DIMS];
     /* dist_tensor_open sees one daemon's mesh; read each daemon directly. */
     dist_tensor_free(t);
-    dist_client *one = harness_client_rank(&h, r, 10000);
+    dist_client *one = harness_client_rank(&cluster, r, 10000);
     cr_assert_eq(dist_tensor_open(one, "experts_in", &t), 0, "%s", dist_errmsg(one));
     /* Addressed by its daemon's rank, not the client's position 0. */
     cr_assert_eq(dist_dtensor_to_local(one, t, r, &piece, &nbytes, shape), 0, "%s",
@@ -257,7 +261,7 @@ Test(moe, seed_003_via_daemon_held_tensors, .timeout = 120) {
   cr_assert_eq(dist_global_scatter(c, xs, NULL, DIST_FLOAT32, 2, lcs, lcs, 2, NULL, 0,
                                    &keep, NULL, NULL), DIST_EEXIST);
   dist_close(c);
-  harness_stop(&h);
+  stop_cluster();
 }
 
 /* ---------------------------------------------------------------- generated cases */
@@ -265,9 +269,7 @@ Test(moe, seed_003_via_daemon_held_tensors, .timeout = 120) {
 Test(moe, generated_cases_single_client_every_dtype, .timeout = 280) {
   char dir[64];
   gen_cases(dir, sizeof dir, 300, 3, NULL);
-  harness h;
-  harness_start(&h, 4, NULL);
-  dist_client *c = harness_client(&h);
+  dist_client *c = harness_start_with_client(&cluster, 4, NULL);
   int n = 0, seen[10] = {0};
   char **names = list_cases(dir, &n);
   cr_assert_eq(n, 300);
@@ -286,15 +288,13 @@ Test(moe, generated_cases_single_client_every_dtype, .timeout = 280) {
   cr_assert(seen[DIST_FLOAT16] && seen[DIST_FLOAT32] && seen[DIST_FLOAT64] &&
             seen[DIST_INT32] && seen[DIST_INT64], "not every dtype was generated");
   dist_close(c);
-  harness_stop(&h);
+  stop_cluster();
   rm_rf(dir);
 }
 
 Test(moe, generated_cases_every_world_size_and_dtype, .timeout = 280) {
   static const char *dts[] = {"float32", "float64", "int32", "int64", "float16"};
-  harness h;
-  harness_start(&h, 4, NULL);
-  dist_client *c = harness_client(&h);
+  dist_client *c = harness_start_with_client(&cluster, 4, NULL);
   for (int W = 1; W <= 4; W++)
     for (int t = 0; t < 5; t++) {
       char dir[64], extra[128];
@@ -315,7 +315,7 @@ Test(moe, generated_cases_every_world_size_and_dtype, .timeout = 280) {
       rm_rf(dir);
     }
   dist_close(c);
-  harness_stop(&h);
+  stop_cluster();
 }
 
 /* SPMD: one trainer per rank, started by distctl launch on a harness
@@ -324,8 +324,7 @@ static void run_cases_spmd(int W, int ncases, int seed) {
   char dir[64], extra[32];
   snprintf(extra, sizeof extra, "--W %d", W);
   gen_cases(dir, sizeof dir, ncases, seed, extra);
-  harness h;
-  harness_start(&h, W, NULL);
+  harness_start(&cluster, W, NULL);
   int n = 0;
   char **names = list_cases(dir, &n);
   const char *root = getenv("DIST_BUILD_ROOT");
@@ -335,7 +334,7 @@ static void run_cases_spmd(int W, int ncases, int seed) {
     snprintf(logdir, sizeof logdir, "%s/log_%s", dir, names[i]);
     snprintf(cmd, sizeof cmd, "%s --cluster %s launch -n %d --log-dir %s -- "
              "%s/examples/global_scatter --case %s/%s --out %s", harness_distctl(),
-             h.cluster_file, W, logdir, root, dir, names[i], outdir);
+             cluster.cluster_file, W, logdir, root, dir, names[i], outdir);
     int rc = harness_run(cmd, &out, &err, 60);
     cr_assert_eq(rc, 0, "%s: exit %d\n%s\n%s", names[i], rc, out ? out : "", err ? err : "");
     free(out), free(err);
@@ -359,7 +358,7 @@ static void run_cases_spmd(int W, int ncases, int seed) {
     free(names[i]);
   }
   free(names);
-  harness_stop(&h);
+  stop_cluster();
   rm_rf(dir);
 }
 
@@ -375,15 +374,13 @@ Test(moe, count_global_is_the_transpose_of_local_counts, .timeout = 60) {
   int64_t gc[3][6];
   const int64_t *lcs[3] = {lc[0], lc[1], lc[2]};
   int64_t *gcs[3] = {gc[0], gc[1], gc[2]};
-  harness h;
-  harness_start(&h, 3, NULL);
-  dist_client *c = harness_client(&h);
+  dist_client *c = harness_start_with_client(&cluster, 3, NULL);
   cr_assert_eq(dist_count_global(c, lcs, 2, NULL, 0, gcs), 0, "%s", dist_errmsg(c));
   for (int r = 0; r < 3; r++)
     for (int s = 0; s < 3; s++)
       for (int e = 0; e < 2; e++) cr_assert_eq(gc[r][s * 2 + e], lc[s][r * 2 + e]);
   dist_close(c);
-  harness_stop(&h);
+  stop_cluster();
 }
 
 /* An SPMD trainer of [0,1] whose global_scatter and count_global name
@@ -435,10 +432,9 @@ static void run_refusing_pair(harness *h, refusing *t) {
 /* Before, trainer 1 waited for rank 0's part until its deadline (5 s of
  * silence), and the trainers' op ids were apart from then on. */
 Test(moe, an_exchange_one_spmd_trainer_refuses_fails_the_other_at_once, .timeout = 90) {
-  harness h;
-  harness_start(&h, 2, NULL);
+  harness_start(&cluster, 2, NULL);
   refusing t[2];
-  run_refusing_pair(&h, t);
+  run_refusing_pair(&cluster, t);
   for (int k = 0; k < 2; k++) {
     cr_expect(strstr(t[0].msg[k], "n_experts >= 1"), "trainer 0: %s", t[0].msg[k]);
     cr_expect_lt(t[1].took[k], 3.0, "call %d: trainer 1 waited %.1f s: %s", k, t[1].took[k],
@@ -450,7 +446,7 @@ Test(moe, an_exchange_one_spmd_trainer_refuses_fails_the_other_at_once, .timeout
     cr_expect(t[r].reduced, "trainer %d: the all-reduce after the refused calls failed", r);
     dist_close(t[r].c);
   }
-  harness_stop(&h);
+  stop_cluster();
 }
 
 /* Raw calls to each daemon, so every rank's own answer can be checked. */
@@ -474,9 +470,7 @@ static void fill_raw(Dist__V1__GlobalExchangeRequest *rq, uint64_t op_id, int64_
 }
 
 static void disagreeing_counts(const char *method, int gather) {
-  harness h;
-  harness_start(&h, 3, NULL);
-  dist_client *c = harness_client(&h);
+  dist_client *c = harness_start_with_client(&cluster, 3, NULL);
   /* E = 1: rank s sends lc[s][r] rows to rank r. Rank 0's global_count says
    * 2 rows from rank 1; rank 1 sends 3. */
   int64_t lc[3][3] = {{1, 1, 1}, {3, 1, 1}, {1, 1, 1}};
@@ -504,7 +498,7 @@ static void disagreeing_counts(const char *method, int gather) {
   }
   dist_calls_free(calls, 3);
   dist_close(c);
-  harness_stop(&h);
+  stop_cluster();
 }
 
 Test(moe, disagreeing_scatter_counts_fail_every_rank_naming_both, .timeout = 90) {
@@ -516,9 +510,7 @@ Test(moe, disagreeing_gather_counts_fail_every_rank_naming_both, .timeout = 90) 
 }
 
 Test(moe, malformed_counts_are_rejected_without_a_hang, .timeout = 90) {
-  harness h;
-  harness_start(&h, 2, NULL);
-  dist_client *c = harness_client(&h);
+  dist_client *c = harness_start_with_client(&cluster, 2, NULL);
   int64_t lc[4] = {1, 1, 1, 1}, bad_len[3] = {1, 1, 1};
   float x[8] = {0};
   Dist__V1__GlobalExchangeRequest rqs[2];
@@ -541,7 +533,7 @@ Test(moe, malformed_counts_are_rejected_without_a_hang, .timeout = 90) {
   cr_assert(strstr(dist_errmsg(c), "x has 3 rows but sum(local_count) = 4"), "%s",
             dist_errmsg(c));
   dist_close(c);
-  harness_stop(&h);
+  stop_cluster();
 }
 
 /* ---------------------------------------------------------------- failures, concurrency */
@@ -559,9 +551,7 @@ static void *kill_later(void *arg) {
 }
 
 Test(moe, peer_killed_mid_scatter_fails_naming_it, .timeout = 120) {
-  harness h;
-  harness_start(&h, 3, NULL);
-  dist_client *c = harness_client(&h);
+  dist_client *c = harness_start_with_client(&cluster, 3, NULL);
   /* Ranks 0 and 1 start a scatter with rank 2, whose part never comes:
    * they wait on it until it is killed. */
   enum { ROWS = 1 << 14, WIDTH = 64 };
@@ -571,7 +561,7 @@ Test(moe, peer_killed_mid_scatter_fails_naming_it, .timeout = 120) {
   dist_call calls[2];
   for (int k = 0; k < 2; k++)
     fill_raw(&rqs[k], 0x99001, lc, lc, 3, x, (size_t)3 * ROWS * WIDTH * sizeof(float), WIDTH);
-  killer k = {&h, 2, 500};
+  killer k = {&cluster, 2, 500};
   pthread_t t;
   pthread_create(&t, NULL, kill_later, &k);
   double t0 = harness_now_s();
@@ -587,7 +577,7 @@ Test(moe, peer_killed_mid_scatter_fails_naming_it, .timeout = 120) {
   dist_calls_free(calls, 2);
   free(x);
   dist_close(c);
-  harness_stop(&h);
+  stop_cluster();
 }
 
 typedef struct group_job {
@@ -642,18 +632,17 @@ out:
 }
 
 Test(moe, concurrent_scatters_on_different_groups, .timeout = 120) {
-  harness h;
-  harness_start(&h, 4, NULL);
+  harness_start(&cluster, 4, NULL);
   group_job jobs[3] = {
-      {&h, {0, 1, 0}, 2, 30, 0, ""},
-      {&h, {3, 2, 0}, 2, 30, 0, ""},
-      {&h, {2, 0, 3}, 3, 30, 0, ""}, /* overlaps both */
+      {&cluster, {0, 1, 0}, 2, 30, 0, ""},
+      {&cluster, {3, 2, 0}, 2, 30, 0, ""},
+      {&cluster, {2, 0, 3}, 3, 30, 0, ""}, /* overlaps both */
   };
   pthread_t t[3];
   for (int i = 0; i < 3; i++) pthread_create(&t[i], NULL, run_group, &jobs[i]);
   for (int i = 0; i < 3; i++) pthread_join(t[i], NULL);
   for (int i = 0; i < 3; i++) cr_assert_not(jobs[i].failed, "group %d: %s", i, jobs[i].msg);
-  harness_stop(&h);
+  stop_cluster();
 }
 
 /* ---------------------------------------------------------------- the example */

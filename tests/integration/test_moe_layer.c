@@ -16,6 +16,15 @@
 #include "harness.h"
 #include "moe.pb-c.h"
 
+/* The cluster of the running test, file-static so that .fini stops it
+ * even when an assertion ended the test early. */
+static harness cluster;
+
+static void stop_cluster(void) { harness_stop_if_started(&cluster); }
+
+TestSuite(moe_layer, .fini = stop_cluster);
+TestSuite(experts, .fini = stop_cluster);
+
 /* ---------------------------------------------------------------- the reference */
 
 typedef struct model {
@@ -298,9 +307,7 @@ static void expect_grad(dist_client *c, const char *layer, int k, const char *wh
  * included), against ffn_row / ffn_row_back; then a second round with
  * accumulate doubles the weight gradients. */
 static void run_direct(int silu, int bias, dist_dtype dt) {
-  harness h;
-  harness_start(&h, 1, NULL);
-  dist_client *c = harness_client(&h);
+  dist_client *c = harness_start_with_client(&cluster, 1, NULL);
   int E = 3;
   int64_t counts[3] = {4, 0, 5}, rows = 9, dm = 6, dh = 10;
   model m = model_new(1, E, 1, dm, dh, bias, silu), g = grads_new(&m);
@@ -341,7 +348,7 @@ static void run_direct(int silu, int bias, dist_dtype dt) {
   free(x), free(dy), free(y), free(dx), free(h1), free(a1), free(xb), free(dyb);
   model_free(&m), model_free(&g);
   dist_close(c);
-  harness_stop(&h);
+  stop_cluster();
 }
 
 Test(experts, gelu_with_biases_float64) { run_direct(0, 1, DIST_FLOAT64); }
@@ -350,9 +357,7 @@ Test(experts, silu_with_biases_float32) { run_direct(1, 1, DIST_FLOAT32); }
 Test(experts, silu_without_biases_float64) { run_direct(1, 0, DIST_FLOAT64); }
 
 Test(experts, bad_requests_fail_with_a_message) {
-  harness h;
-  harness_start(&h, 1, NULL);
-  dist_client *c = harness_client(&h);
+  dist_client *c = harness_start_with_client(&cluster, 1, NULL);
   model m = model_new(1, 2, 1, 4, 4, 1, 0);
   create_direct(c, &m, DIST_FLOAT32, "bad");
   int64_t counts[2] = {2, 1}, wrong[2] = {2, 2};
@@ -390,15 +395,13 @@ Test(experts, bad_requests_fail_with_a_message) {
   free(x), free(xb);
   model_free(&m);
   dist_close(c);
-  harness_stop(&h);
+  stop_cluster();
 }
 
 /* Weights drawn from a seed: inside +-1/sqrt(fan_in), different per expert,
  * the same again for the same seed. */
 Test(experts, seeded_weights_are_bounded_and_reproducible) {
-  harness h;
-  harness_start(&h, 2, NULL);
-  dist_client *c = harness_client(&h);
+  dist_client *c = harness_start_with_client(&cluster, 2, NULL);
   dist_moe_layer_opts o = DIST_MOE_LAYER_OPTS_INIT;
   o.experts_per_rank = 2, o.d_model = 16, o.d_hidden = 4, o.seed = 42, o.replace = 1;
   dist_moe_layer *l = NULL;
@@ -422,7 +425,7 @@ Test(experts, seeded_weights_are_bounded_and_reproducible) {
   for (int k = 0; k < 4; k++) free(w[k]);
   dist_moe_layer_free(l);
   dist_close(c);
-  harness_stop(&h);
+  stop_cluster();
 }
 
 /* Daemon r's own answer to whether it holds name. */
@@ -437,9 +440,7 @@ static int held_by(harness *h, int r, const char *name) {
  * there) is created by neither: rank 0 used to keep its experts, so the
  * next create without replace failed on rank 0 too. */
 Test(experts, a_layer_one_daemon_cannot_create_exists_nowhere) {
-  harness h;
-  harness_start(&h, 2, NULL);
-  dist_client *c = harness_client(&h);
+  dist_client *c = harness_start_with_client(&cluster, 2, NULL);
   float taken[4] = {0};
   int64_t n4 = 4;
   dist_tensor_free(harness_put(c, "moe.expert2.w1", DIST_FLOAT32, taken, 1, &n4, "[1]",
@@ -451,14 +452,14 @@ Test(experts, a_layer_one_daemon_cannot_create_exists_nowhere) {
   cr_assert_eq(rc, DIST_EEXIST, "%s: %s", dist_err_name(rc), dist_errmsg(c));
   cr_assert(strstr(dist_errmsg(c), "'moe.expert2.w1' already exists"), "%s", dist_errmsg(c));
   cr_assert_null(l);
-  cr_assert(!held_by(&h, 0, "moe.expert0.w1"), "rank 0 created its experts");
-  cr_assert(!held_by(&h, 0, "moe.expert1.w2.grad"), "rank 0 created its experts");
+  cr_assert(!held_by(&cluster, 0, "moe.expert0.w1"), "rank 0 created its experts");
+  cr_assert(!held_by(&cluster, 0, "moe.expert1.w2.grad"), "rank 0 created its experts");
   cr_assert_eq(dist_tensor_delete(c, "moe.expert2.w1"), 0, "%s", dist_errmsg(c));
   cr_assert_eq(dist_moe_layer_create(c, "moe", &o, &l), 0, "%s", dist_errmsg(c));
-  cr_assert(held_by(&h, 0, "moe.expert0.w1") && held_by(&h, 1, "moe.expert3.w2"));
+  cr_assert(held_by(&cluster, 0, "moe.expert0.w1") && held_by(&cluster, 1, "moe.expert3.w2"));
   dist_moe_layer_free(l);
   dist_close(c);
-  harness_stop(&h);
+  stop_cluster();
 }
 
 /* One SPMD trainer creating layer "moe" (2 experts per rank, seeded),
@@ -496,11 +497,9 @@ static void *spmd_create(void *arg) {
  * holds the names it stores. Before, the put went through after the
  * creation checked the name was free, and the creation then replaced it. */
 Test(experts, a_put_of_a_parameter_name_while_the_layer_votes_is_refused) {
-  harness h;
-  harness_start(&h, 2, NULL);
-  dist_client *c = harness_client(&h);
-  creator cr[2] = {{.c = harness_spmd_client(&h, 0, "experts-job")},
-                   {.c = harness_spmd_client(&h, 1, "experts-job")}};
+  dist_client *c = harness_start_with_client(&cluster, 2, NULL);
+  creator cr[2] = {{.c = harness_spmd_client(&cluster, 0, "experts-job")},
+                   {.c = harness_spmd_client(&cluster, 1, "experts-job")}};
   pthread_t first;
   cr_assert_eq(pthread_create(&first, NULL, spmd_create, &cr[0]), 0);
   /* Trainer 0's create runs on rank 0 and waits there for rank 1's verdict. */
@@ -517,23 +516,22 @@ Test(experts, a_put_of_a_parameter_name_while_the_layer_votes_is_refused) {
   spmd_create(&cr[1]);
   pthread_join(first, NULL);
   for (int r = 0; r < 2; r++) cr_assert_eq(cr[r].rc, 0, "trainer %d: %s", r, cr[r].msg);
-  cr_assert_eq(harness_open_on(&h, 0, "moe.expert0.w1.grad", &t), 0);
+  cr_assert_eq(harness_open_on(&cluster, 0, "moe.expert0.w1.grad", &t), 0);
   cr_expect_eq(dist_tensor_dtype(t), DIST_FLOAT32, "the layer's gradient, not the put");
   cr_expect_eq(dist_tensor_ndim(t), 2);
   dist_tensor_free(t);
   for (int r = 0; r < 2; r++) dist_close(cr[r].c);
   dist_close(c);
-  harness_stop(&h);
+  stop_cluster();
 }
 
 /* Trainer 0 asks for top_k 9 of 4 experts, which libdist refused before
  * it took the creation's op id: trainer 1 waited for rank 0's verdict until
  * the deadline, and the two trainers' op ids stayed apart. */
 Test(experts, a_layer_one_spmd_trainer_refuses_fails_the_other_at_once) {
-  harness h;
-  harness_start(&h, 2, NULL);
-  creator cr[2] = {{.c = harness_spmd_client(&h, 0, "refuse-layer"), .top_k = 9},
-                   {.c = harness_spmd_client(&h, 1, "refuse-layer")}};
+  harness_start(&cluster, 2, NULL);
+  creator cr[2] = {{.c = harness_spmd_client(&cluster, 0, "refuse-layer"), .top_k = 9},
+                   {.c = harness_spmd_client(&cluster, 1, "refuse-layer")}};
   cr[1].c->timeout_ms = 10000;
   pthread_t th[2];
   for (int round = 0; round < 2; round++) { /* then both good */
@@ -544,14 +542,14 @@ Test(experts, a_layer_one_spmd_trainer_refuses_fails_the_other_at_once) {
     cr_expect_lt(cr[1].took, 3.0, "trainer 1 waited %.1f s: %s", cr[1].took, cr[1].msg);
     cr_expect(strstr(cr[1].msg, "rank 0 aborted op") && strstr(cr[1].msg, "top_k 9"),
               "trainer 1: %s", cr[1].msg);
-    for (int r = 0; r < 2; r++) cr_expect(!held_by(&h, r, "moe.expert0.w1"), "rank %d", r);
+    for (int r = 0; r < 2; r++) cr_expect(!held_by(&cluster, r, "moe.expert0.w1"), "rank %d", r);
     cr[0].top_k = 0;
   }
   for (int r = 0; r < 2; r++) {
     cr_expect_eq(cr[r].rc, 0, "then: trainer %d: %s", r, cr[r].msg);
     dist_close(cr[r].c);
   }
-  harness_stop(&h);
+  stop_cluster();
 }
 
 /* One SPMD trainer: layer "moe" as spmd_create makes it, then a forward
@@ -601,12 +599,11 @@ static void expect_forward_refused_by_trainer_0(creator cr[2], const char *why) 
  * forward's count exchange: trainer 1 waited for it until the deadline,
  * and the two trainers' op ids stayed apart. */
 Test(experts, a_forward_one_spmd_trainer_refuses_fails_the_other_at_once) {
-  harness h;
-  harness_start(&h, 2, NULL);
-  creator cr[2] = {{.c = harness_spmd_client(&h, 0, "refuse-forward"), .tokens = -1},
-                   {.c = harness_spmd_client(&h, 1, "refuse-forward"), .tokens = 2}};
+  harness_start(&cluster, 2, NULL);
+  creator cr[2] = {{.c = harness_spmd_client(&cluster, 0, "refuse-forward"), .tokens = -1},
+                   {.c = harness_spmd_client(&cluster, 1, "refuse-forward"), .tokens = 2}};
   expect_forward_refused_by_trainer_0(cr, "rank 0 has -1 tokens");
-  harness_stop(&h);
+  stop_cluster();
 }
 
 /* Rank 0's daemon refuses to run its experts (trainer 0 deleted one of
@@ -616,14 +613,13 @@ Test(experts, a_forward_one_spmd_trainer_refuses_fails_the_other_at_once) {
  * rank 0's rows until the peer timeout, and trainer 0's all-reduce then
  * ran under the gather's op id. */
 Test(experts, a_pass_whose_experts_one_daemon_refused_fails_the_gather_at_once) {
-  harness h;
-  harness_start(&h, 2, NULL);
-  creator cr[2] = {{.c = harness_spmd_client(&h, 0, "refuse-experts"), .tokens = 2,
+  harness_start(&cluster, 2, NULL);
+  creator cr[2] = {{.c = harness_spmd_client(&cluster, 0, "refuse-experts"), .tokens = 2,
                     .lose = "moe.expert0.w1"},
-                   {.c = harness_spmd_client(&h, 1, "refuse-experts"), .tokens = 2}};
+                   {.c = harness_spmd_client(&cluster, 1, "refuse-experts"), .tokens = 2}};
   expect_forward_refused_by_trainer_0(cr, "moe.expert0.w1");
   cr_expect_eq(cr[0].lose_rc, 0, "deleting moe.expert0.w1 on rank 0 failed");
-  harness_stop(&h);
+  stop_cluster();
 }
 
 /* ---------------------------------------------------------------- the layer */
@@ -778,14 +774,13 @@ static double weight_grad_diff(dist_client *c, const layer_case *k) {
 }
 
 static void run_layer_spmd(int W, int E, int K, int bias, int silu, dist_dtype dt) {
-  harness h;
-  harness_start(&h, W, NULL);
+  harness_start(&cluster, W, NULL);
   layer_case k;
   case_init(&k, W, E, K, bias, silu, dt);
   trainer t[MAXR];
   pthread_t th[MAXR];
   for (int r = 0; r < W; r++) {
-    t[r] = (trainer){&k, h.cluster_file, r, 0, ""};
+    t[r] = (trainer){&k, cluster.cluster_file, r, 0, ""};
     pthread_create(&th[r], NULL, spmd_trainer, &t[r]);
   }
   for (int r = 0; r < W; r++) pthread_join(th[r], NULL);
@@ -793,12 +788,12 @@ static void run_layer_spmd(int W, int E, int K, int bias, int silu, dist_dtype d
     cr_assert_eq(t[r].err[0], 0, "rank %d: %s", r, t[r].err);
     cr_expect_leq(t[r].diff, 1e-4, "rank %d: max_abs_diff_vs_local %g", r, t[r].diff);
   }
-  dist_client *c = harness_client(&h);
+  dist_client *c = harness_client(&cluster);
   double d = weight_grad_diff(c, &k);
   cr_expect_leq(d, 1e-4, "expert weight gradients: max abs diff %g", d);
   dist_close(c);
   case_free(&k);
-  harness_stop(&h);
+  stop_cluster();
 }
 
 Test(moe_layer, spmd_two_ranks_matches_one_process, .timeout = 120) {
@@ -815,13 +810,12 @@ Test(moe_layer, spmd_four_ranks_matches_one_process, .timeout = 120) {
  * after the forward's global_scatter. */
 Test(moe_layer, single_client_matches_one_process_and_counts_tokens, .timeout = 120) {
   int W = 3;
-  harness h;
-  harness_start(&h, W, NULL);
+  harness_start(&cluster, W, NULL);
   layer_case k;
   case_init(&k, W, 2, 2, 1, 0, DIST_FLOAT64);
-  dist_client *c = harness_client(&h);
+  dist_client *c = harness_client(&cluster);
   int ranks[MAXR] = {0, 1, 2};
-  trainer t = {&k, h.cluster_file, -1, 0, ""};
+  trainer t = {&k, cluster.cluster_file, -1, 0, ""};
   size_t ng = (size_t)(k.m.dm * k.m.NE);
   double *dgate = zeros(ng);
   cr_assert_eq(drive(c, &t, ranks, W, dgate), 0, "%s", t.err);
@@ -845,19 +839,18 @@ Test(moe_layer, single_client_matches_one_process_and_counts_tokens, .timeout = 
   free(dgate);
   dist_close(c);
   case_free(&k);
-  harness_stop(&h);
+  stop_cluster();
 }
 
 /* A step pushes each expert's gradient to the parameter service: plain SGD
  * gives w - lr * grad. */
 Test(moe_layer, optimizer_step_updates_the_experts_in_place, .timeout = 120) {
-  harness h;
-  harness_start(&h, 2, NULL);
+  harness_start(&cluster, 2, NULL);
   layer_case k;
   case_init(&k, 2, 2, 2, 1, 1, DIST_FLOAT64);
-  dist_client *c = harness_client(&h);
+  dist_client *c = harness_client(&cluster);
   int ranks[2] = {0, 1};
-  trainer t = {&k, h.cluster_file, -1, 0, ""};
+  trainer t = {&k, cluster.cluster_file, -1, 0, ""};
   cr_assert_eq(drive(c, &t, ranks, 2, NULL), 0, "%s", t.err);
   dist_moe_layer_opts o;
   void **bufs = NULL;
@@ -900,18 +893,17 @@ Test(moe_layer, optimizer_step_updates_the_experts_in_place, .timeout = 120) {
   dist_moe_layer_free(l);
   dist_close(c);
   case_free(&k);
-  harness_stop(&h);
+  stop_cluster();
 }
 
 /* ---------------------------------------------------------------- the example */
 
 Test(moe_layer, example_matches_one_process_under_distctl_launch, .timeout = 120) {
-  harness h;
-  harness_start(&h, 2, NULL);
+  harness_start(&cluster, 2, NULL);
   char dir[] = "/tmp/distd-moe-layer-XXXXXX", cmd[2048], *out = NULL, *err = NULL;
   cr_assert(mkdtemp(dir));
   snprintf(cmd, sizeof cmd, "cd %s && %s --cluster %s launch -n 2 --log-dir %s/log -- "
-           "%s/examples/moe_layer", dir, harness_distctl(), h.cluster_file, dir,
+           "%s/examples/moe_layer", dir, harness_distctl(), cluster.cluster_file, dir,
            getenv("DIST_BUILD_ROOT"));
   int rc = harness_run(cmd, &out, &err, 90);
   cr_assert_eq(rc, 0, "exit %d\n%s\n%s", rc, out, err);
@@ -922,5 +914,5 @@ Test(moe_layer, example_matches_one_process_under_distctl_launch, .timeout = 120
   cr_expect(strstr(out, "loss went down"), "%s", out);
   free(out), free(err);
   harness_remove_dir(dir);
-  harness_stop(&h);
+  stop_cluster();
 }
