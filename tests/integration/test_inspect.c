@@ -13,6 +13,14 @@
 #include "client_internal.h"
 #include "harness.h"
 
+/* The cluster of the running test, file-static so that .fini stops it
+ * even when an assertion ended the test early. */
+static harness cluster;
+
+static void stop_cluster(void) { harness_stop_if_started(&cluster); }
+
+TestSuite(inspect, .fini = stop_cluster);
+
 #define OP_STUCK 0x5eed0001ull
 #define OP_SCATTER 0x5eed0002ull
 
@@ -104,15 +112,15 @@ static json_t *wait_in_flight(harness *h, int r, uint64_t op_id) {
 }
 
 Test(inspect, ops_shows_a_stuck_collective_and_the_rank_it_waits_on, .timeout = 120) {
-  harness h;
-  harness_start(&h, 3, NULL);
+  harness_start(&cluster, 3, NULL);
   static const uint32_t group[2] = {0, 1};
-  part p0 = {&h, 0, OP_STUCK, group, 2, -1, {0}}, p1 = {&h, 1, OP_STUCK, group, 2, -1, {0}};
+  part p0 = {&cluster, 0, OP_STUCK, group, 2, -1, {0}};
+  part p1 = {&cluster, 1, OP_STUCK, group, 2, -1, {0}};
   pthread_t t0, t1;
   pthread_create(&t0, NULL, run_part, &p0);
 
   /* Rank 1 has not joined: rank 0 shows the op waiting on rank 1 alone. */
-  json_t *o = wait_in_flight(&h, 0, OP_STUCK);
+  json_t *o = wait_in_flight(&cluster, 0, OP_STUCK);
   cr_assert_str_eq(json_string_value(json_object_get(o, "kind")), "all_reduce");
   cr_assert_str_eq(json_string_value(json_object_get(o, "state")), "running");
   json_t *waiting = json_object_get(o, "waiting_on");
@@ -123,13 +131,13 @@ Test(inspect, ops_shows_a_stuck_collective_and_the_rank_it_waits_on, .timeout = 
   json_decref(o);
 
   /* The text view names the op and the rank, and status counts it. */
-  char *text = distctl(&h, "ops", 0);
+  char *text = distctl(&cluster, "ops", 0);
   char id[32];
   snprintf(id, sizeof id, "%llu", (unsigned long long)OP_STUCK);
   cr_assert(strstr(text, id) && strstr(text, "all_reduce") && strstr(text, "running"), "%s",
             text);
   free(text);
-  json_t *st = distctl_json(&h, "status --json");
+  json_t *st = distctl_json(&cluster, "status --json");
   json_t *r0 = json_array_get(json_object_get(st, "ranks"), 0);
   cr_assert_eq(json_integer_value(json_object_get(r0, "ops_in_flight")), 1);
   json_decref(st);
@@ -141,7 +149,7 @@ Test(inspect, ops_shows_a_stuck_collective_and_the_rank_it_waits_on, .timeout = 
   cr_assert_eq(p0.rc, 0);
   cr_assert_eq(p1.rc, 0);
   for (int i = 0; i < 4; i++) cr_assert_float_eq(p0.result[i], 2 * ones[i], 1e-6);
-  json_t *j = distctl_json(&h, "ops --json");
+  json_t *j = distctl_json(&cluster, "ops --json");
   for (int r = 0; r < 2; r++) {
     cr_assert_null(find_op(j, r, "in_flight", OP_STUCK), "rank %d still runs it", r);
     json_t *done = find_op(j, r, "recent", OP_STUCK);
@@ -151,20 +159,19 @@ Test(inspect, ops_shows_a_stuck_collective_and_the_rank_it_waits_on, .timeout = 
   }
   cr_assert_null(find_op(j, 2, "recent", OP_STUCK), "rank 2 was never in the group");
   json_decref(j);
-  harness_stop(&h);
+  stop_cluster();
 }
 
 Test(inspect, metrics_count_collectives_and_pass_promtool, .timeout = 120) {
-  harness h;
-  harness_start(&h, 2, NULL);
+  harness_start(&cluster, 2, NULL);
   static const uint32_t group[2] = {0, 1};
-  part p[2] = {{&h, 0, 77, group, 2, -1, {0}}, {&h, 1, 77, group, 2, -1, {0}}};
+  part p[2] = {{&cluster, 0, 77, group, 2, -1, {0}}, {&cluster, 1, 77, group, 2, -1, {0}}};
   pthread_t t[2];
   for (int i = 0; i < 2; i++) pthread_create(&t[i], NULL, run_part, &p[i]);
   for (int i = 0; i < 2; i++) pthread_join(t[i], NULL);
   cr_assert_eq(p[0].rc, 0);
 
-  char *text = distctl(&h, "metrics --rank 1", 0);
+  char *text = distctl(&cluster, "metrics --rank 1", 0);
   cr_assert(strstr(text, "distd_collectives_total{kind=\"all_reduce\",result=\"ok\"} 1"), "%s",
             text);
   cr_assert(strstr(text, "distd_ops_in_flight 0"), "%s", text);
@@ -172,17 +179,17 @@ Test(inspect, metrics_count_collectives_and_pass_promtool, .timeout = 120) {
 
   if (access("/usr/bin/promtool", X_OK) != 0) {
     cr_skip("promtool check skipped: /usr/bin/promtool not installed");
-    harness_stop(&h);
+    stop_cluster();
     return;
   }
   char cmd[1024], *err = NULL;
   snprintf(cmd, sizeof cmd, "%s --cluster %s metrics --rank 0 | promtool check metrics",
-           harness_distctl(), h.cluster_file);
+           harness_distctl(), cluster.cluster_file);
   int rc = harness_run(cmd, NULL, &err, 60);
   cr_assert_eq(rc, 0, "promtool check metrics: %s", err ? err : "");
   free(err);
 
-  json_t *j = distctl_json(&h, "metrics --rank 0 --json");
+  json_t *j = distctl_json(&cluster, "metrics --rank 0 --json");
   json_t *samples = json_object_get(j, "samples"), *s;
   size_t i;
   int found = 0;
@@ -197,7 +204,7 @@ Test(inspect, metrics_count_collectives_and_pass_promtool, .timeout = 120) {
   }
   cr_assert(found, "no distd_collectives_total sample for all_reduce");
   json_decref(j);
-  harness_stop(&h);
+  stop_cluster();
 }
 
 /* Rank j sends (i+1)*(j+1) one-element rows to rank i. */
@@ -229,25 +236,21 @@ static void expect_votes(harness *h, int want) {
 }
 
 Test(inspect, a_put_and_a_reshard_show_their_votes_under_their_own_name, .timeout = 120) {
-  harness h;
-  harness_start(&h, 2, NULL);
-  dist_client *c = harness_client(&h);
+  dist_client *c = harness_start_with_client(&cluster, 2, NULL);
   float w0[8] = {0};
   int64_t shape[1] = {8};
   dist_tensor *t = harness_put(c, "w", DIST_FLOAT32, w0, 1, shape, "[0,1]", "Shard(0)");
-  expect_votes(&h, 1);
+  expect_votes(&cluster, 1);
   dist_placement rep = DIST_REPLICATED;
   cr_assert_eq(dist_reshard(c, t, NULL, &rep), 0, "%s", dist_errmsg(c));
-  expect_votes(&h, 2);
+  expect_votes(&cluster, 2);
   dist_tensor_free(t);
   dist_close(c);
-  harness_stop(&h);
+  stop_cluster();
 }
 
 Test(inspect, experts_show_tokens_routed_by_global_scatter, .timeout = 120) {
-  harness h;
-  harness_start(&h, 3, NULL);
-  dist_client *c = harness_client(&h);
+  dist_client *c = harness_start_with_client(&cluster, 3, NULL);
   enum { W = 3 };
   Dist__V1__CollectiveRequest rq[W];
   uint64_t send[W][W], recv[W][W];
@@ -279,7 +282,7 @@ Test(inspect, experts_show_tokens_routed_by_global_scatter, .timeout = 120) {
   dist_calls_free(calls, W);
   dist_close(c);
 
-  json_t *j = distctl_json(&h, "experts --json");
+  json_t *j = distctl_json(&cluster, "experts --json");
   for (int r = 0; r < W; r++) {
     json_t *rank = json_array_get(json_object_get(j, "ranks"), (size_t)r);
     json_t *experts = json_object_get(rank, "experts");
@@ -293,27 +296,26 @@ Test(inspect, experts_show_tokens_routed_by_global_scatter, .timeout = 120) {
     cr_assert_eq(json_integer_value(json_object_get(e, "steps")), 1);
   }
   json_decref(j);
-  char *text = distctl(&h, "metrics --rank 2", 0);
+  char *text = distctl(&cluster, "metrics --rank 2", 0);
   cr_assert(strstr(text, "distd_expert_tokens_total{expert=\"2\"} 18"), "%s", text);
   free(text);
   if (access("/usr/bin/promtool", X_OK) == 0) { /* the expert family lints too */
     char cmd[1024], *err = NULL;
     snprintf(cmd, sizeof cmd, "%s --cluster %s metrics --rank 2 | promtool check metrics",
-             harness_distctl(), h.cluster_file);
+             harness_distctl(), cluster.cluster_file);
     int rc = harness_run(cmd, NULL, &err, 60);
     cr_assert_eq(rc, 0, "promtool check metrics: %s", err ? err : "");
     free(err);
   }
-  text = distctl(&h, "experts", 0);
+  text = distctl(&cluster, "experts", 0);
   cr_assert(strstr(text, "TOKENS_RECENT"), "%s", text);
   free(text);
-  harness_stop(&h);
+  stop_cluster();
 }
 
 Test(inspect, top_refreshes_and_shows_every_rank, .timeout = 120) {
-  harness h;
-  harness_start(&h, 3, NULL);
-  char *text = distctl(&h, "top --iterations 2 --interval 0.2", 0);
+  harness_start(&cluster, 3, NULL);
+  char *text = distctl(&cluster, "top --iterations 2 --interval 0.2", 0);
   int headers = 0;
   for (const char *p = text; (p = strstr(p, "distd top:")); p++) headers++;
   cr_assert_eq(headers, 2, "expected two refreshes: %s", text);
@@ -325,7 +327,7 @@ Test(inspect, top_refreshes_and_shows_every_rank, .timeout = 120) {
   cr_assert(strstr(text, "healthy"), "%s", text);
   free(text);
 
-  json_t *j = distctl_json(&h, "top --json --interval 0.2");
+  json_t *j = distctl_json(&cluster, "top --json --interval 0.2");
   json_t *ranks = json_object_get(j, "ranks");
   cr_assert_eq(json_array_size(ranks), 3);
   for (int r = 0; r < 3; r++) {
@@ -338,21 +340,20 @@ Test(inspect, top_refreshes_and_shows_every_rank, .timeout = 120) {
   json_decref(j);
 
   /* status shows version, uptime, memory, tensors and in-flight ops. */
-  text = distctl(&h, "status", 0);
+  text = distctl(&cluster, "status", 0);
   cr_assert(strstr(text, "VERSION") && strstr(text, "UPTIME") && strstr(text, "MEMORY") &&
                 strstr(text, "TENSORS") && strstr(text, "OPS"),
             "%s", text);
   free(text);
-  harness_stop(&h);
+  stop_cluster();
 }
 
 Test(inspect, ops_of_a_down_rank_is_an_error_not_a_hang, .timeout = 120) {
-  harness h;
-  harness_start(&h, 2, NULL);
-  harness_kill(&h, 1, 9);
+  harness_start(&cluster, 2, NULL);
+  harness_kill(&cluster, 1, 9);
   char cmd[1024], *out = NULL, *err = NULL;
   snprintf(cmd, sizeof cmd, "%s --cluster %s --timeout 3000 ops --json", harness_distctl(),
-           h.cluster_file);
+           cluster.cluster_file);
   int rc = harness_run(cmd, &out, &err, 30);
   cr_assert_eq(rc, 1, "exit %d: %s", rc, err);
   json_error_t je;
@@ -364,7 +365,7 @@ Test(inspect, ops_of_a_down_rank_is_an_error_not_a_hang, .timeout = 120) {
   json_decref(j);
   free(out);
   free(err);
-  harness_stop(&h);
+  stop_cluster();
 }
 
 /* Parameter "name" on rank r in a `distctl params --json` report. */
@@ -414,9 +415,7 @@ static void expect_param_metrics(harness *h, dist_client *c) {
  * each daemon reserves (Adam's m and v plus the pending sum, momentum
  * alone), and names w once its daemons disagree on the updates applied. */
 Test(inspect, params_show_optimizer_steps_pending_and_state, .timeout = 120) {
-  harness h;
-  harness_start(&h, 2, NULL);
-  dist_client *c = harness_client(&h);
+  dist_client *c = harness_start_with_client(&cluster, 2, NULL);
   float w0[6 * 2] = {0}, v0[5] = {0}, gw[12], gv[5];
   for (int i = 0; i < 12; i++) gw[i] = 0.5f * (float)i;
   for (int i = 0; i < 5; i++) gv[i] = 1.0f + (float)i;
@@ -442,7 +441,7 @@ Test(inspect, params_show_optimizer_steps_pending_and_state, .timeout = 120) {
   cr_assert_eq(dist_param_pull(c, "w", 0, &data, &nbytes, &w_version), 0, "%s", dist_errmsg(c));
   free(data);
 
-  json_t *j = distctl_json(&h, "params --json");
+  json_t *j = distctl_json(&cluster, "params --json");
   for (int r = 0; r < 2; r++) {
     json_t *w = param_on(j, r, "w"), *v = param_on(j, r, "v");
     cr_assert_str_eq(json_string_value(json_object_get(w, "optimizer")), "adamw");
@@ -462,32 +461,32 @@ Test(inspect, params_show_optimizer_steps_pending_and_state, .timeout = 120) {
   }
   cr_assert_eq(json_array_size(json_object_get(j, "steps_differ")), 0);
   json_decref(j);
-  char *text = distctl(&h, "params", 0);
+  char *text = distctl(&cluster, "params", 0);
   cr_assert(strstr(text, "OPTIMIZER") && strstr(text, "adamw") && strstr(text, "async"), "%s",
             text);
   free(text);
-  expect_param_metrics(&h, c);
+  expect_param_metrics(&cluster, c);
 
   /* distctl param tune: v's learning rate, its momentum buffer and
    * updates kept; a change of what shapes the state is refused. */
-  j = distctl_json(&h, "param tune v --lr 0.2 --json");
+  j = distctl_json(&cluster, "param tune v --lr 0.2 --json");
   json_t *lr = json_object_get(json_object_get(j, "changed"), "lr");
   cr_assert_float_eq(json_real_value(json_object_get(lr, "before")), 0.1, 1e-12);
   cr_assert_float_eq(json_real_value(json_object_get(lr, "after")), 0.2, 1e-12);
   json_decref(j);
-  j = distctl_json(&h, "params --json");
+  j = distctl_json(&cluster, "params --json");
   for (int r = 0; r < 2; r++) {
     cr_assert_float_eq(json_real_value(json_object_get(param_on(j, r, "v"), "lr")), 0.2, 1e-12);
     cr_assert_eq(field(param_on(j, r, "v"), "step"), 3);
   }
   json_decref(j);
-  char *refused = distctl(&h, "param tune v --momentum 0", 1);
+  char *refused = distctl(&cluster, "param tune v --momentum 0", 1);
   free(refused);
 
   /* Trainer 1's piece to rank 1 alone completes the update there only. */
   cr_assert_eq(dist_param_push_local(c, "w", 1, 1, gw + 6, 6 * sizeof(float), NULL), 0, "%s",
                dist_errmsg(c));
-  char *out = distctl(&h, "params --json", 1);
+  char *out = distctl(&cluster, "params --json", 1);
   j = json_loads(out, 0, NULL);
   cr_assert(j, "%s", out);
   cr_assert_eq(field(param_on(j, 0, "w"), "step"), 1);
@@ -497,5 +496,5 @@ Test(inspect, params_show_optimizer_steps_pending_and_state, .timeout = 120) {
   json_decref(j);
   free(out);
   dist_close(c);
-  harness_stop(&h);
+  stop_cluster();
 }
