@@ -25,6 +25,15 @@ static const int64_t seed_counts[2][4] = {{2, 1, 1, 1}, {1, 1, 2, 1}};
 static const float seed_y[2][10] = {{1, 2, 3, 4, 1, 2, 5, 6, 3, 4},
                                     {7, 8, 5, 6, 7, 8, 9, 10, 9, 10}};
 
+/* The cluster of the running test, file-static so that .fini stops it
+ * even when an assertion ended the test early. */
+static harness cluster;
+
+static void stop_cluster(void) { harness_stop_if_started(&cluster); }
+
+TestSuite(tape, .fini = stop_cluster);
+TestSuite(tape_errors, .fini = stop_cluster);
+
 /* ---------------------------------------------------------------- helpers */
 
 static dist_mesh *line_mesh(int n) {
@@ -74,7 +83,6 @@ static float *grad_rows(dist_tape *t, dist_client *c, const char *name, int rank
 
 /* Two daemons, and on a new tape: y = scatter(x), loss = sum(y * y). */
 typedef struct sq_chain {
-  harness h;
   dist_client *c;
   dist_mesh *m;
   dist_program *p;
@@ -83,8 +91,7 @@ typedef struct sq_chain {
 } sq_chain;
 
 static void sq_chain_start(sq_chain *s) {
-  harness_start(&s->h, 2, NULL);
-  s->c = harness_client(&s->h);
+  s->c = harness_start_with_client(&cluster, 2, NULL);
   s->m = line_mesh(2);
   s->p = sum_sq_program(s->c, s->m);
   dist_tape_new(s->c, &s->t);
@@ -102,7 +109,7 @@ static void sq_chain_stop(sq_chain *s) {
   dist_program_free(s->p);
   dist_mesh_free(s->m);
   dist_close(s->c);
-  harness_stop(&s->h);
+  stop_cluster();
 }
 
 /* Names that start with prefix, over every daemon (per-rank values of
@@ -121,9 +128,7 @@ static int count_named(dist_client *c, const char *prefix) {
 /* ---------------------------------------------------------------- seed 003 */
 
 Test(tape, seed_003_scatter_then_local_layer_single_client, .timeout = 120) {
-  harness h;
-  harness_start(&h, 2, NULL);
-  dist_client *c = harness_client(&h);
+  dist_client *c = harness_start_with_client(&cluster, 2, NULL);
   dist_mesh *m = line_mesh(2);
   dist_program *p = sum_sq_program(c, m);
   dist_tape *t = NULL;
@@ -159,7 +164,7 @@ Test(tape, seed_003_scatter_then_local_layer_single_client, .timeout = 120) {
   dist_program_free(p);
   dist_mesh_free(m);
   dist_close(c);
-  harness_stop(&h);
+  stop_cluster();
 }
 
 typedef struct trainer {
@@ -219,13 +224,12 @@ static void *seed_trainer(void *self) {
 }
 
 Test(tape, seed_003_scatter_then_local_layer_spmd, .timeout = 120) {
-  harness h;
-  harness_start(&h, 2, NULL);
+  harness_start(&cluster, 2, NULL);
   trainer tr[2];
   pthread_t th[2];
   for (int r = 0; r < 2; r++) {
     memset(&tr[r], 0, sizeof tr[r]);
-    tr[r].cluster = h.cluster_file;
+    tr[r].cluster = cluster.cluster_file;
     tr[r].rank = r;
     pthread_create(&th[r], NULL, seed_trainer, &tr[r]);
   }
@@ -236,7 +240,7 @@ Test(tape, seed_003_scatter_then_local_layer_spmd, .timeout = 120) {
       cr_assert_eq(tr[r].grad[i], 2 * (float)(i + 1), "rank %d grad[%d] = %g", r, i,
                    tr[r].grad[i]);
   }
-  harness_stop(&h);
+  stop_cluster();
 }
 
 /* ---------------------------------------------------------------- generated cases */
@@ -380,9 +384,7 @@ static void run_generated(int W, int seed, const char *extra) {
   char tmp[64];
   gen_case k;
   gen_case_load(&k, W, seed, extra, tmp, sizeof tmp);
-  harness h;
-  harness_start(&h, W, NULL);
-  dist_client *c = harness_client(&h);
+  dist_client *c = harness_start_with_client(&cluster, W, NULL);
   dist_mesh *m = line_mesh(W);
   float *w = malloc(sizeof(float) * (size_t)(k.d * HID));
   for (int64_t i = 0; i < k.d * HID; i++) w[i] = (float)((i * 7) % 11) / 8.0f - 0.6f;
@@ -446,7 +448,7 @@ static void run_generated(int W, int seed, const char *extra) {
   dist_program_free(p);
   dist_mesh_free(m);
   dist_close(c);
-  harness_stop(&h);
+  stop_cluster();
   gen_case_free(&k, tmp);
 }
 
@@ -466,9 +468,7 @@ Test(tape, global_gather_backward_is_a_scatter, .timeout = 180) {
   char tmp[64];
   gen_case k;
   gen_case_load(&k, 3, 21, "--E 2 --d-model 3", tmp, sizeof tmp);
-  harness h;
-  harness_start(&h, 3, NULL);
-  dist_client *c = harness_client(&h);
+  dist_client *c = harness_start_with_client(&cluster, 3, NULL);
   dist_mesh *m = line_mesh(3);
   dist_program *p = sum_sq_program(c, m);
   const void *gs[MAXW];
@@ -502,7 +502,7 @@ Test(tape, global_gather_backward_is_a_scatter, .timeout = 180) {
   dist_program_free(p);
   dist_mesh_free(m);
   dist_close(c);
-  harness_stop(&h);
+  stop_cluster();
   gen_case_free(&k, tmp);
 }
 
@@ -512,9 +512,7 @@ Test(tape, global_gather_backward_is_a_scatter, .timeout = 180) {
  *   L1 = sum(y1^2), L2 = sum(y1) + 3 sum(y2)
  * so dL/dy1 = 2 y1 + 1, dL/dy2 = 3 and dL/dx = 2 x + 4. */
 Test(tape, gradients_add_where_a_tensor_feeds_several_ops, .timeout = 120) {
-  harness h;
-  harness_start(&h, 2, NULL);
-  dist_client *c = harness_client(&h);
+  dist_client *c = harness_start_with_client(&cluster, 2, NULL);
   dist_mesh *m = line_mesh(2);
   dist_program *p1 = sum_sq_program(c, m), *p2 = NULL;
   dist_placement psum = DIST_PARTIAL_OF(DIST_REDUCE_SUM);
@@ -545,7 +543,7 @@ Test(tape, gradients_add_where_a_tensor_feeds_several_ops, .timeout = 120) {
   dist_program_free(p1), dist_program_free(p2);
   dist_mesh_free(m);
   dist_close(c);
-  harness_stop(&h);
+  stop_cluster();
 }
 
 /* A distributed weight used by two calls: its Partial(sum) gradients are
@@ -553,9 +551,7 @@ Test(tape, gradients_add_where_a_tensor_feeds_several_ops, .timeout = 120) {
  * dL/dw = 2 * column sums of y over both ranks = [100, 120], and every row
  * of dL/dx is 2 w^T = [2, 4]. */
 Test(tape, distributed_weight_gradients_add_on_its_mesh, .timeout = 120) {
-  harness h;
-  harness_start(&h, 2, NULL);
-  dist_client *c = harness_client(&h);
+  dist_client *c = harness_start_with_client(&cluster, 2, NULL);
   dist_mesh *m = line_mesh(2);
   dist_placement rep = DIST_REPLICATED, psum = DIST_PARTIAL_OF(DIST_REDUCE_SUM);
   float w[2] = {1, 2};
@@ -601,7 +597,7 @@ Test(tape, distributed_weight_gradients_add_on_its_mesh, .timeout = 120) {
   dist_program_free(p);
   dist_mesh_free(m);
   dist_close(c);
-  harness_stop(&h);
+  stop_cluster();
 }
 
 /* A tape whose y = the seed's scatter, and the backward's arguments that
@@ -635,9 +631,7 @@ static void seeded_scatter_stop(seeded_scatter *s) {
 /* A given output gradient as bytes, into the scatter's result: grad x =
  * gather(dy) = the rows of dy back where they came from. */
 Test(tape, exchange_result_seeded_with_values, .timeout = 120) {
-  harness h;
-  harness_start(&h, 2, NULL);
-  dist_client *c = harness_client(&h);
+  dist_client *c = harness_start_with_client(&cluster, 2, NULL);
   seeded_scatter s;
   seeded_scatter_start(c, &s);
   cr_assert_eq(seeded_scatter_backward(&s), 0, "%s", dist_errmsg(c));
@@ -648,7 +642,7 @@ Test(tape, exchange_result_seeded_with_values, .timeout = 120) {
   }
   seeded_scatter_stop(&s);
   dist_close(c);
-  harness_stop(&h);
+  stop_cluster();
 }
 
 /* An exchange's backward that fails because a daemon does not answer
@@ -656,17 +650,16 @@ Test(tape, exchange_result_seeded_with_values, .timeout = 120) {
  * asking the frozen one too cost a second deadline. */
 Test(tape, an_exchange_backward_a_frozen_daemon_fails_waits_one_deadline, .timeout = 120) {
   enum { DEADLINE_MS = 2000 };
-  harness h;
-  harness_start(&h, 2, NULL);
-  dist_client *c = harness_client_deadline(&h, DEADLINE_MS);
+  harness_start(&cluster, 2, NULL);
+  dist_client *c = harness_client_deadline(&cluster, DEADLINE_MS);
   seeded_scatter s;
   seeded_scatter_start(c, &s);
-  double t0 = harness_freeze_timed(&h, 1);
+  double t0 = harness_freeze_timed(&cluster, 1);
   int rc = seeded_scatter_backward(&s);
-  harness_resume_within(&h, 1, t0, rc, 1.5, DEADLINE_MS);
+  harness_resume_within(&cluster, 1, t0, rc, 1.5, DEADLINE_MS);
   seeded_scatter_stop(&s);
   dist_close(c);
-  harness_stop(&h);
+  stop_cluster();
 }
 
 /* An exchange's backward whose reply from rank 1 a relay holds past the
@@ -675,21 +668,20 @@ Test(tape, an_exchange_backward_a_frozen_daemon_fails_waits_one_deadline, .timeo
  * deadline), but dist_tape_free does. Before, it stayed on rank 1. */
 Test(tape, an_exchange_backward_whose_reply_was_lost_leaves_nothing_after_the_free,
      .timeout = 120) {
-  harness h;
   dist_client *c = NULL;
-  reply_hold *relay = reply_hold_cluster(&h, 2, 1, 1000, &c);
+  reply_hold *relay = reply_hold_cluster(&cluster, 2, 1, 1000, &c);
   seeded_scatter s;
   seeded_scatter_start(c, &s);
-  int before = reply_hold_count_on(&h, 1, "", "");
+  int before = reply_hold_count_on(&cluster, 1, "", "");
   reply_hold_from_call(relay, 1);
   int rc = seeded_scatter_backward(&s);
   cr_assert(reply_hold_holding(relay), "the backward sent rank 1 no call");
   reply_hold_release(relay);
   cr_assert(rc < 0, "the backward whose reply from rank 1 was lost succeeded");
-  cr_assert_eq(reply_hold_count_on(&h, 1, "", ""), before + 1, "rank 1 kept the gradient");
+  cr_assert_eq(reply_hold_count_on(&cluster, 1, "", ""), before + 1, "rank 1 kept the gradient");
   seeded_scatter_stop(&s);
-  cr_assert_eq(reply_hold_count_on(&h, 1, "", ""), before, "rank 1 kept the gradient");
-  reply_hold_cluster_stop(&h, relay, c);
+  cr_assert_eq(reply_hold_count_on(&cluster, 1, "", ""), before, "rank 1 kept the gradient");
+  reply_hold_cluster_stop(&cluster, relay, c);
 }
 
 /* A seed given as values for a tensor that also feeds an op on the tape:

@@ -12,6 +12,14 @@
 
 #include "harness.h"
 
+/* The cluster of the running test, file-static so that .fini stops it
+ * even when an assertion ended the test early. */
+static harness cluster;
+
+static void stop_cluster(void) { harness_stop_if_started(&cluster); }
+
+TestSuite(tape_reshard, .fini = stop_cluster);
+
 #define ROWS 4
 #define COLS 3
 
@@ -96,9 +104,7 @@ static float *full_of(dist_client *c, const dist_tensor *t) {
  * Shard(0) before the first layer's backward. */
 Test(tape_reshard, between_two_layers_the_gradient_goes_back_to_the_layout_before,
      .timeout = 120) {
-  harness h;
-  harness_start(&h, 2, NULL);
-  dist_client *c = harness_client(&h);
+  dist_client *c = harness_start_with_client(&cluster, 2, NULL);
   dist_mesh *m = mesh_of(0, 1);
   dist_tape *t = NULL;
   dist_tape_new(c, &t);
@@ -118,7 +124,7 @@ Test(tape_reshard, between_two_layers_the_gradient_goes_back_to_the_layout_befor
   free_chain(hs, ps);
   dist_mesh_free(m);
   dist_close(c);
-  harness_stop(&h);
+  stop_cluster();
 }
 
 typedef struct trainer {
@@ -153,11 +159,11 @@ static void *spmd_trainer(void *self) {
 }
 
 Test(tape_reshard, the_same_chain_in_spmd_mode, .timeout = 120) {
-  harness h;
-  harness_start(&h, 2, NULL);
+  harness_start(&cluster, 2, NULL);
   trainer tr[2];
   pthread_t th[2];
-  for (int r = 0; r < 2; r++) tr[r] = (trainer){.c = harness_spmd_client(&h, r, "tape-reshard")};
+  for (int r = 0; r < 2; r++)
+    tr[r] = (trainer){.c = harness_spmd_client(&cluster, r, "tape-reshard")};
   for (int r = 0; r < 2; r++) pthread_create(&th[r], NULL, spmd_trainer, &tr[r]);
   for (int r = 0; r < 2; r++) pthread_join(th[r], NULL);
   for (int r = 0; r < 2; r++) dist_close(tr[r].c);
@@ -169,7 +175,7 @@ Test(tape_reshard, the_same_chain_in_spmd_mode, .timeout = 120) {
                    tr[r].grad[i], want_grad(at));
     }
   }
-  harness_stop(&h);
+  stop_cluster();
 }
 
 /* x Shard(0) on [0, 1] resharded to Shard(1) on [1, 0]; backward seeded at
@@ -177,9 +183,7 @@ Test(tape_reshard, the_same_chain_in_spmd_mode, .timeout = 120) {
  * Shard(0) on [0, 1], and the seed keeps its own layout. */
 Test(tape_reshard, a_seed_comes_back_on_the_mesh_before_and_is_not_changed,
      .timeout = 120) {
-  harness h;
-  harness_start(&h, 2, NULL);
-  dist_client *c = harness_client(&h);
+  dist_client *c = harness_start_with_client(&cluster, 2, NULL);
   dist_mesh *m01 = mesh_of(0, 1), *m10 = mesh_of(1, 0);
   dist_placement s0 = DIST_SHARD_DIM(0), s1 = DIST_SHARD_DIM(1), rep = DIST_REPLICATED;
   dist_tensor *x = put_counting(c, "x", m01, s0);
@@ -211,12 +215,11 @@ Test(tape_reshard, a_seed_comes_back_on_the_mesh_before_and_is_not_changed,
   dist_tensor_free(seed), dist_tensor_free(x);
   dist_mesh_free(m01), dist_mesh_free(m10);
   dist_close(c);
-  harness_stop(&h);
+  stop_cluster();
 }
 
 /* Two daemons, x = put_counting Shard(0) on mesh [0,1], and a new tape. */
 typedef struct x_on_tape {
-  harness h;
   dist_client *c;
   dist_mesh *m;
   dist_tensor *x;
@@ -224,8 +227,7 @@ typedef struct x_on_tape {
 } x_on_tape;
 
 static void x_on_tape_start(x_on_tape *s) {
-  harness_start(&s->h, 2, NULL);
-  s->c = harness_client(&s->h);
+  s->c = harness_start_with_client(&cluster, 2, NULL);
   s->m = mesh_of(0, 1);
   s->x = put_counting(s->c, "x", s->m, (dist_placement)DIST_SHARD_DIM(0));
   dist_tape_new(s->c, &s->t);
@@ -236,7 +238,7 @@ static void x_on_tape_stop(x_on_tape *s) {
   dist_tensor_free(s->x);
   dist_mesh_free(s->m);
   dist_close(s->c);
-  harness_stop(&s->h);
+  stop_cluster();
 }
 
 /* What the tape refuses: a tensor an exchange wrote (it lives per rank),

@@ -49,6 +49,15 @@ struct trainer {
   char msg[512];
 };
 
+/* The cluster of the running test, file-static so that .fini stops it
+ * even when an assertion ended the test early. */
+static harness cluster;
+
+static void stop_cluster(void) { harness_stop_if_started(&cluster); }
+
+TestSuite(recording, .fini = stop_cluster);
+TestSuite(backward, .fini = stop_cluster);
+
 /* ---------------------------------------------------------------- preludes */
 
 static dist_tape_exchange seed_exchange(trainer *tr) {
@@ -293,13 +302,12 @@ static void trainer_free(trainer *tr) {
  * shows), trainer 0's 30 s: its all-reduce waits for trainer 1's call. */
 static void run_case(const char *job, prelude_fn prelude, call_fn call, int code,
                      const char *why) {
-  harness h;
-  harness_start(&h, 2, NULL);
+  harness_start(&cluster, 2, NULL);
   trainer tr[2];
   pthread_t th[2];
   for (int r = 0; r < 2; r++) {
     tr[r] = (trainer){.prelude = prelude, .call = call, .rank = r, .bad = r == 0,
-                      .c = harness_spmd_client(&h, r, job)};
+                      .c = harness_spmd_client(&cluster, r, job)};
     tr[r].c->timeout_ms = r ? 10000 : 30000;
   }
   for (int r = 0; r < 2; r++) pthread_create(&th[r], NULL, run_trainer, &tr[r]);
@@ -314,7 +322,7 @@ static void run_case(const char *job, prelude_fn prelude, call_fn call, int code
     cr_expect(tr[r].reduced, "trainer %d: the all-reduce after the refused call failed", r);
     trainer_free(&tr[r]);
   }
-  harness_stop(&h);
+  stop_cluster();
 }
 
 /* One test per case: its suite and name, its job id (the op ids' base),
