@@ -10,6 +10,7 @@
 #include "kernels.h"
 #include "program.h"
 #include "program_build.h"
+#include "tval_build.h"
 
 #define OP(o) DIST__V1__OP_KIND__OP_##o
 #define VALUE DIST__V1__PROGRAM_INPUT__KIND__VALUE
@@ -20,28 +21,12 @@ static double rnd(void) {
   return ((rng >> 8) % 20000) / 10000.0 - 1.0;
 }
 
-static dist_shape shp(int ndim, ...) {
-  dist_shape s = {ndim, {0}};
-  va_list ap;
-  va_start(ap, ndim);
-  for (int d = 0; d < ndim; d++) s.dims[d] = va_arg(ap, int);
-  va_end(ap);
-  return s;
-}
-
 /* Random float64 values in [lo, lo + span). */
 static distd_tval *rand_val(dist_shape s, double lo, double span) {
   distd_tval *t = NULL;
   cr_assert_eq(distd_tval_new(DIST_FLOAT64, &s, &t, NULL), 0);
   for (int64_t i = 0; i < t->numel; i++)
     ((double *)t->data)[i] = lo + (rnd() + 1) / 2 * span;
-  return t;
-}
-
-static distd_tval *vals(dist_dtype dt, dist_shape s, const double *v) {
-  distd_tval *t = NULL;
-  cr_assert_eq(distd_tval_new(dt, &s, &t, NULL), 0);
-  for (int64_t i = 0; i < t->numel; i++) dist_elem_set(t->data, dt, (size_t)i, v[i]);
   return t;
 }
 
@@ -165,7 +150,7 @@ Test(grad, binary_with_scalar_operand) {
 Test(grad, where_routes_to_the_chosen_branch) {
   pb_build b;
   double cv[3] = {1, 0, 1};
-  distd_tval *in[3] = {vals(DIST_BOOL, shp(2, 3, 1), cv), rand_val(shp(2, 1, 4), -1, 2),
+  distd_tval *in[3] = {make_vals(DIST_BOOL, shp(2, 3, 1), cv), rand_val(shp(2, 1, 4), -1, 2),
                        rand_val(shp(2, 3, 4), -1, 2)};
   one_node(&b, OP(WHERE), 3, in);
   check_grad(&b, in, 3, TOL);
@@ -222,7 +207,7 @@ static distd_invocation *run_backward(pb_build *b, distd_tval **in,
 Test(grad, max_ties_share_the_gradient) {
   pb_build b;
   double v[4] = {1, 3, 3, 2};
-  distd_tval *in[1] = {vals(DIST_FLOAT64, shp(1, 4), v)};
+  distd_tval *in[1] = {make_vals(DIST_FLOAT64, shp(1, 4), v)};
   one_node(&b, OP(MAX), 1, in);
   distd_program *p = NULL;
   distd_invocation *inv = run_backward(&b, in, NULL, &p);
@@ -253,8 +238,8 @@ Test(grad, cross_entropy_reductions_ignore_index_and_mask) {
     for (int masked = 0; masked < 2; masked++) {
       pb_build b;
       distd_tval *in[3] = {rand_val(shp(2, 5, 4), -2, 4),
-                           vals(DIST_INT64, shp(2, 5, 1), lab),
-                           vals(DIST_FLOAT32, shp(1, 5), mk)};
+                           make_vals(DIST_INT64, shp(2, 5, 1), lab),
+                           make_vals(DIST_FLOAT32, shp(1, 5), mk)};
       Dist__V1__ProgramNode *n = one_node(&b, OP(CROSS_ENTROPY), 2 + masked, in);
       n->use_ignore_index = 1;
       n->ignore_index = -100;
@@ -361,7 +346,7 @@ static void expect_uniform_grad(distd_op op, dist_dtype dt, int64_t n,
   pb_build b;
   double *v = malloc(sizeof(double) * (size_t)n);
   for (int64_t i = 0; i < n; i++) v[i] = 0.5;
-  distd_tval *in[1] = {vals(dt, shp(1, (int)n), v)};
+  distd_tval *in[1] = {make_vals(dt, shp(1, (int)n), v)};
   free(v);
   one_node(&b, op, 1, in);
   distd_program *p = NULL;
@@ -384,7 +369,8 @@ static void expect_uniform_grad(distd_op op, dist_dtype dt, int64_t n,
 Test(grad, pow_with_exponent_0_has_gradient_0) {
   pb_build b;
   double av[3] = {0, 0, 3}, bv[3] = {0, 2, 0};
-  distd_tval *in[2] = {vals(DIST_FLOAT64, shp(1, 3), av), vals(DIST_FLOAT64, shp(1, 3), bv)};
+  distd_tval *in[2] = {make_vals(DIST_FLOAT64, shp(1, 3), av),
+                       make_vals(DIST_FLOAT64, shp(1, 3), bv)};
   one_node(&b, OP(POW), 2, in);
   distd_tval *ones = NULL;
   dist_shape s3 = shp(1, 3);

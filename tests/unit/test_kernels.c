@@ -6,17 +6,9 @@
 
 #include "kernels.h"
 #include "program.h"
+#include "tval_build.h"
 
 #define OP(o) DIST__V1__OP_KIND__OP_##o
-
-static dist_shape shp(int ndim, ...) {
-  dist_shape s = {ndim, {0}};
-  va_list ap;
-  va_start(ap, ndim);
-  for (int d = 0; d < ndim; d++) s.dims[d] = va_arg(ap, int);
-  va_end(ap);
-  return s;
-}
 
 static unsigned rng = 12345;
 static double rnd(void) {
@@ -41,18 +33,6 @@ static double gen_rand(int64_t i) { (void)i; return rnd() * 3; }
 static double gen_pos(int64_t i) { (void)i; return 0.5 + fabs(rnd()) * 2; }
 static double gen_small_int(int64_t i) { (void)i; return 1 + (rng = rng * 1103515245u + 12345u, (rng >> 8) % 3); }
 static double gen_iota(int64_t i) { return (double)i; }
-
-static distd_tval *make_vals(dist_dtype dt, dist_shape s, const double *v) {
-  distd_tval *t = NULL;
-  dist_errbuf eb = DIST_ERRBUF_INIT;
-  cr_assert_eq(distd_tval_new(dt, &s, &t, &eb), 0, "%s", eb.msg);
-  for (int64_t i = 0; i < t->numel; i++) dist_elem_set(t->data, dt, (size_t)i, v[i]);
-  return t;
-}
-
-static double at(const distd_tval *t, int64_t i) {
-  return dist_elem_get(t->data, t->dtype, (size_t)i);
-}
 
 /* The element of x that broadcasting maps to output index i. */
 static double bat(const distd_tval *x, const dist_shape *os, int64_t i) {

@@ -8,6 +8,7 @@
 
 #include "program.h"
 #include "program_build.h"
+#include "tval_build.h"
 
 #define F32 DIST__V1__DTYPE__FLOAT32
 #define F64 DIST__V1__DTYPE__FLOAT64
@@ -19,15 +20,7 @@ static distd_tval *make(dist_dtype dt, int ndim, const int64_t *dims,
                         const double *v) {
   dist_shape s = {ndim, {0}};
   for (int d = 0; d < ndim; d++) s.dims[d] = dims[d];
-  distd_tval *t = NULL;
-  dist_errbuf eb = DIST_ERRBUF_INIT;
-  cr_assert_eq(distd_tval_new(dt, &s, &t, &eb), 0, "%s", eb.msg);
-  for (int64_t i = 0; i < t->numel; i++) dist_elem_set(t->data, dt, (size_t)i, v[i]);
-  return t;
-}
-
-static double at(const distd_tval *t, int64_t i) {
-  return dist_elem_get(t->data, t->dtype, (size_t)i);
+  return make_vals(dt, s, v);
 }
 
 /* The program b describes, which must compile; b is freed (the program
