@@ -204,8 +204,9 @@ static int open_hold_timer(distd_peers *p, dist_errbuf *eb) {
 }
 
 /* Measures RTT on idle outbound connections (the answer comes back on the
- * same socket), bounds handshakes, and drops kept-aside frames whose
- * receive did not come in time. */
+ * same socket), bounds handshakes, drops kept-aside frames whose receive
+ * did not come in time, and logs the control frames dropped since the
+ * last tick. */
 static void ping_cb(int fd, short what, void *arg) {
   (void)fd, (void)what;
   distd_peers *p = arg;
@@ -214,9 +215,10 @@ static void ping_cb(int fd, short what, void *arg) {
   distd_unexpected_expire(p, distd_now_ms());
   for (int r = 0; r < p->world; r++) {
     peer *pe = &p->peers[r];
+    distd_ctl_report_dropped(p, pe);
     if (!pe->out || !pe->out->greeted || !dlist_empty(&pe->outq)) continue;
     send_item *it = calloc(1, sizeof *it);
-    if (!it) break;
+    if (!it) continue;
     dlist_init(&it->xlink);
     dist_frame_header h = {DIST_FRAME_MAGIC, DIST_FRAME_VERSION, DIST_FRAME_PING,
                            0, (uint32_t)p->rank, 0, 0, distd_now_ns()};

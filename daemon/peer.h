@@ -85,6 +85,9 @@ typedef struct distd_peer_stats {
    * certificate, or because a reloaded tls_ca/tls_crl no longer verifies
    * its chain for another reason (its CA dropped, say) */
   uint64_t revoked_closures, untrusted_closures;
+  /* ABORT and ABORT_RANGE frames to the peer dropped: no memory for a new
+   * one and every spare control frame queued (peer_ctl.c) */
+  uint64_t ctl_dropped;
   char congestion[16]; /* of the outbound connection, read from its socket */
   int send_buffer;     /* SO_SNDBUF of the outbound socket, SO_RCVBUF of the */
   int receive_buffer;  /* inbound one, as the kernel reports them; 0 if down */

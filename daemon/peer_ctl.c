@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "log.h"
 #include "peer_internal.h"
 
 /* A control frame and its payload, in one block. */
@@ -66,12 +67,32 @@ static send_item *take_ctl_item(peer *pe, size_t len) {
   return it;
 }
 
+/* A dropped frame is counted, never logged here: the line would be one
+ * per frame, and a JSON one allocates. The tick logs the sum. */
+static void count_dropped(peer *pe) {
+  pe->stats.ctl_dropped++;
+  pe->ctl_dropped_unlogged++;
+}
+
+void distd_ctl_report_dropped(distd_peers *p, peer *pe) {
+  if (!pe->ctl_dropped_unlogged) return;
+  log_warn("peer rank %d (%s): %llu ABORT or ABORT_RANGE frame(s) to it dropped since the "
+           "last such line: no memory for them and its %d spare control frames queued; "
+           "it may wait for those ops until their deadline",
+           pe->rank, distd_peer_addr(p, pe->rank),
+           (unsigned long long)pe->ctl_dropped_unlogged, CTL_SPARES);
+  pe->ctl_dropped_unlogged = 0;
+}
+
 void distd_peer_queue_ctl(distd_peers *p, int dst, const dist_frame_header *h,
                           const void *payload, size_t len) {
   peer *pe = &p->peers[dst];
-  if (len > CTL_MAX) return; /* callers cut reasons: a peer fails a longer frame */
-  send_item *it = take_ctl_item(pe, len);
-  if (!it) return;
+  /* callers cut reasons: a peer fails a longer frame */
+  send_item *it = len <= CTL_MAX ? take_ctl_item(pe, len) : NULL;
+  if (!it) {
+    count_dropped(pe);
+    return;
+  }
   uint8_t *room = ((ctl_frame *)it)->payload;
   if (len) memcpy(room, payload, len);
   dist_frame_encode(h, it->hdr);

@@ -250,6 +250,7 @@ typedef struct peer {
   conn *out, *in;
   dlist outq; /* send_items for this peer, in order */
   dlist ctl_spares; /* control frames ready for want of memory (peer_ctl.c) */
+  uint64_t ctl_dropped_unlogged; /* of stats.ctl_dropped, not yet in a log line */
   struct event *redial_ev;
   int64_t backoff_ms;
   int ever_greeted;
@@ -447,13 +448,17 @@ void distd_peer_queue_frame(distd_peers *p, int dst, send_item *it);
 /* peer_ctl.c. Queues a control frame (h, a copy of payload[0..len), len
  * at most CTL_MAX) to dst after the frames before it, and writes what the
  * connection takes if it is up; without memory for it, in one of dst's
- * spares (dropped only when all CTL_SPARES are queued). */
+ * spares (dropped only when all CTL_SPARES are queued, and counted in
+ * dst's stats.ctl_dropped). */
 void distd_peer_queue_ctl(distd_peers *p, int dst, const dist_frame_header *h,
                           const void *payload, size_t len);
 /* pe's spare control frames: made at start-up (-1: out of memory; what
  * was made is freed by distd_ctl_spares_free), freed at shutdown. */
 int distd_ctl_spares_init(peer *pe);
 void distd_ctl_spares_free(peer *pe);
+/* Logs how many control frames to pe were dropped since its last such
+ * line, if any (the loop's tick). */
+void distd_ctl_report_dropped(distd_peers *p, peer *pe);
 /* Frees a frame taken off pe's queue, or gives a spare back to pe. */
 void distd_send_item_free(peer *pe, send_item *it);
 /* Frees the send items linked through their link in list (a transfer's

@@ -103,6 +103,10 @@ static const struct peer_counter {
      "Open connections with the peer closed because a reloaded tls_ca or tls_crl no "
      "longer verifies its certificate chain, for another reason than a revocation",
      offsetof(distd_peer_stats, untrusted_closures)},
+    {"distd_peer_ctl_dropped_total",
+     "ABORT and ABORT_RANGE frames to the peer dropped: no memory for them and all its "
+     "spare control frames queued (the peer may wait for those ops until their deadline)",
+     offsetof(distd_peer_stats, ctl_dropped)},
 };
 
 static uint64_t peer_counter_value(const distd_peer_stats *st, const struct peer_counter *pc) {

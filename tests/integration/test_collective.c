@@ -319,6 +319,8 @@ Test(kept_aside, a_send_never_received_is_dropped_after_the_age, .timeout = 120,
   cr_expect(strstr(out, "distd_peer_unexpected_expired_total{peer=\"0\"} 1\n") &&
                 strstr(out, "distd_peer_unexpected_expired_bytes_total{peer=\"0\"} 16\n"),
             "rank 1's metrics do not count the dropped frame:\n%s", out);
+  /* the control frames' drops (peer_ctl.c) are listed from the start */
+  cr_expect(strstr(out, "distd_peer_ctl_dropped_total{peer=\"0\"} 0\n"), "%s", out);
   free(out), free(err);
 }
 

@@ -89,3 +89,60 @@ Test(ctl_nomem, a_long_range_without_any_memory_reaches_the_peer, .timeout = 60)
   cr_assert(fix_wait_connected(&f, 10000));
   expect_range_heard(&f, 1000);
 }
+
+/* Rank 0's stderr, from now on, into a file the test reads (the log line
+ * of the dropped frames); stderr's own descriptor back from the result. */
+static int capture_stderr(FILE **file) {
+  *file = tmpfile();
+  cr_assert(*file);
+  fflush(stderr);
+  int saved = dup(STDERR_FILENO);
+  cr_assert(saved >= 0 && dup2(fileno(*file), STDERR_FILENO) >= 0);
+  return saved;
+}
+
+/* Waits (bounded) until the captured stderr holds want. */
+static int stderr_shows(FILE *file, const char *want, int64_t timeout_ms) {
+  char text[8192];
+  for (int64_t end = in_ms(timeout_ms); distd_now_ms() < end; usleep(20000)) {
+    size_t n = (size_t)pread(fileno(file), text, sizeof text - 1, 0);
+    text[n == (size_t)-1 ? 0 : n] = 0;
+    if (strstr(text, want)) return 1;
+  }
+  return 0;
+}
+
+/* With rank 1 down its frames stay queued, so the spares run out: past
+ * CTL_SPARES, frames queued with no memory are dropped, counted in
+ * ctl_dropped (distd_peer_ctl_dropped_total) and summed in one log line
+ * at the loop's next tick. Before, they went with no trace. */
+Test(ctl_nomem, control_frames_past_the_spares_are_counted_and_logged, .timeout = 60) {
+  peer_fixture f;
+  fix_setup(&f, 2);
+  fix_stop_rank(&f, 1);
+  distd_peers *p = f.r[0].peers;
+  for (int64_t end = in_ms(10000); distd_peers_connected_count(p) && distd_now_ms() < end;)
+    usleep(5000);
+  cr_assert_eq(distd_peers_connected_count(p), 0, "rank 0 still sees rank 1");
+  FILE *file;
+  int saved = capture_stderr(&file);
+  dist_log_current_level = DIST_LOG_WARN;
+  enum { EXTRA = 3 };
+  dist_frame_header h = {DIST_FRAME_MAGIC, DIST_FRAME_VERSION, DIST_FRAME_ABORT, 700, 0, 0, 4,
+                         (uint64_t)(-(int64_t)DIST_ECANCELED)};
+  pthread_mutex_lock(&p->mu); /* no redial purges the queue meanwhile */
+  no_memory = 1;
+  for (int i = 0; i < CTL_SPARES + EXTRA; i++, h.op_id++) distd_peer_queue_ctl(p, 1, &h, "gone", 4);
+  no_memory = 0;
+  pthread_mutex_unlock(&p->mu);
+  distd_peer_stats st;
+  distd_peers_get_stats(p, 1, &st);
+  cr_expect_eq(st.ctl_dropped, EXTRA);
+  char want[64];
+  snprintf(want, sizeof want, ": %d ABORT or ABORT_RANGE frame(s) to it dropped", EXTRA);
+  cr_expect(stderr_shows(file, want, 5000), "no line saying \"%s\"", want);
+  dup2(saved, STDERR_FILENO);
+  close(saved);
+  fclose(file);
+  fix_teardown(&f);
+}
