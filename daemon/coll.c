@@ -62,16 +62,16 @@ int distd_check_reduce(dist_reduce op, dist_errbuf *eb) {
   return 0;
 }
 
-/* An xfer for one round of c, its sends allocated ahead: a member that
- * could not allocate its k-th send would have sent the first k-1, and a
- * member that got one might then hold every block it needs and finish
- * while this one fails. A vote (vote.h) is an all-gather whose every
- * member decides alone, so each member sends to all or to none. NULL for
- * want of memory. */
-static distd_xfer *new_xfer(const distd_coll *c) {
+/* An xfer for one round of c, the items of its sends to peers allocated
+ * ahead: a member that could not allocate its k-th send would have sent
+ * the first k-1, and a member that got one might then hold every block it
+ * needs and finish while this one fails. A vote (vote.h) is an all-gather
+ * whose every member decides alone, so each member sends to all or to
+ * none. NULL for want of memory. */
+static distd_xfer *new_xfer(const distd_coll *c, int sends) {
   distd_xfer *x = distd_xfer_new(c->peers, c->op_id);
   if (!x) return NULL;
-  if (distd_xfer_reserve_sends(x, c->size) != 0) {
+  if (distd_xfer_reserve_sends(x, sends) != 0) {
     distd_xfer_free(x);
     return NULL;
   }
@@ -88,6 +88,14 @@ static int no_memory(const distd_coll *c, dist_errbuf *eb) {
 static int finish(const distd_coll *c, distd_xfer *x, dist_errbuf *eb) {
   return distd_xfer_finish(x, c->deadline_ms, c->group, c->size, eb);
 }
+
+/* The sends of a round that sends to every other member: what new_xfer
+ * reserves and what the send loops count to. A round that sends to this
+ * member too (all-to-all, all-gather) posts the receive of its own block
+ * first, which that send fills at once, taking no item (send_to_self in
+ * peer_xfer.c): it reserves the same. A wait counts a round that took
+ * more or fewer (reserve_mismatches), which test_coll checks. */
+static int others(const distd_coll *c) { return c->size - 1; }
 
 /* Member (me + k) mod size: each member starts with a different peer. */
 static int rotated(const distd_coll *c, int k) { return (c->me + k) % c->size; }
@@ -115,7 +123,7 @@ static int alltoallv_run(const distd_coll *c, const void *send, const size_t *se
   if (rc) return rc;
   soff = malloc(sizeof *soff * (size_t)c->size);
   roff = malloc(sizeof *roff * (size_t)c->size);
-  if (!soff || !roff || !(x = new_xfer(c))) {
+  if (!soff || !roff || !(x = new_xfer(c, others(c)))) {
     rc = no_memory(c, eb);
     goto out;
   }
@@ -144,7 +152,7 @@ static int allgather_run(const distd_coll *c, const void *in, void *out, const s
   distd_xfer *x = NULL;
   int rc = check_dtype(dt, &es, eb);
   if (rc) return rc;
-  if (!(off = malloc(sizeof *off * (size_t)c->size)) || !(x = new_xfer(c))) {
+  if (!(off = malloc(sizeof *off * (size_t)c->size)) || !(x = new_xfer(c, others(c)))) {
     rc = no_memory(c, eb);
     goto out;
   }
@@ -173,7 +181,7 @@ static void post_scatter_reduce(const distd_coll *c, distd_xfer *x, const char *
     int slot = j < c->me ? j : j - 1;
     distd_xfer_recv(x, c->group[j], tag, tmp + (size_t)slot * mine, mine);
   }
-  for (int k = 1; k < c->size; k++) {
+  for (int k = 1; k <= others(c); k++) {
     int j = rotated(c, k);
     distd_xfer_send(x, c->group[j], tag, in + off[j], cnt[j] * es);
   }
@@ -194,7 +202,7 @@ static int reduce_scatter_run(const distd_coll *c, const void *in, void *out, co
   if (rc || (rc = distd_check_reduce(op, eb))) return rc;
   size_t mine = counts[c->me] * es;
   if (!(off = malloc(sizeof *off * (size_t)c->size)) ||
-      !(tmp = malloc(mine * (size_t)(c->size - 1) + 1)) || !(x = new_xfer(c))) {
+      !(tmp = malloc(mine * (size_t)(c->size - 1) + 1)) || !(x = new_xfer(c, others(c)))) {
     rc = no_memory(c, eb);
     goto out;
   }
@@ -216,7 +224,7 @@ static int allreduce_direct(const distd_coll *c, void *buf, size_t count, dist_d
                             dist_reduce op, dist_errbuf *eb) {
   size_t bytes = count * dist_dtype_size(dt);
   char *tmp = malloc(bytes * (size_t)c->size + 1);
-  distd_xfer *x = tmp ? new_xfer(c) : NULL;
+  distd_xfer *x = tmp ? new_xfer(c, others(c)) : NULL;
   int rc = 0;
   if (!x) {
     rc = no_memory(c, eb);
@@ -227,7 +235,7 @@ static int allreduce_direct(const distd_coll *c, void *buf, size_t count, dist_d
     int j = rotated(c, c->size - k);
     distd_xfer_recv(x, c->group[j], TAG_STEP1, tmp + (size_t)j * bytes, bytes);
   }
-  for (int k = 1; k < c->size; k++)
+  for (int k = 1; k <= others(c); k++)
     distd_xfer_send(x, c->group[rotated(c, k)], TAG_STEP1, buf, bytes);
   if ((rc = finish(c, x, eb))) goto out;
   if (bytes) memcpy(buf, tmp, bytes);
@@ -252,7 +260,7 @@ static int allreduce_rs_ag(const distd_coll *c, void *buf, size_t count, dist_dt
   int rc = 0;
   if (cnt) split(count, c->size, cnt);
   if (!cnt || !off || !(tmp = malloc(cnt[c->me] * es * (size_t)(c->size - 1) + 1)) ||
-      !(x1 = new_xfer(c)) || !(x2 = new_xfer(c))) {
+      !(x1 = new_xfer(c, others(c))) || !(x2 = new_xfer(c, others(c)))) {
     rc = no_memory(c, eb);
     goto out;
   }
@@ -264,7 +272,7 @@ static int allreduce_rs_ag(const distd_coll *c, void *buf, size_t count, dist_dt
   post_scatter_reduce(c, x1, b, off, cnt, es, tmp, TAG_STEP1);
   if ((rc = finish(c, x1, eb))) goto out;
   reduce_slots(c, b + off[c->me], tmp, cnt[c->me], dt, op);
-  for (int k = 1; k < c->size; k++)
+  for (int k = 1; k <= others(c); k++)
     distd_xfer_send(x2, c->group[rotated(c, k)], TAG_STEP2, b + off[c->me], cnt[c->me] * es);
   rc = finish(c, x2, eb);
 out:
@@ -298,10 +306,10 @@ static int broadcast_run(const distd_coll *c, void *buf, size_t count, dist_dtyp
   if (root < 0 || root >= c->size)
     return dist_fail(eb, DIST_EINVAL, "broadcast root %d is not a member of a group of %d",
                      root, c->size);
-  distd_xfer *x = new_xfer(c);
+  distd_xfer *x = new_xfer(c, c->me == root ? others(c) : 0);
   if (!x) return no_memory(c, eb);
   if (c->me == root) {
-    for (int k = 1; k < c->size; k++)
+    for (int k = 1; k <= others(c); k++)
       distd_xfer_send(x, c->group[rotated(c, k)], TAG_STEP1, buf, count * es);
   } else {
     distd_xfer_recv(x, c->group[root], TAG_STEP1, buf, count * es);
@@ -312,10 +320,10 @@ static int broadcast_run(const distd_coll *c, void *buf, size_t count, dist_dtyp
 }
 
 static int barrier_run(const distd_coll *c, dist_errbuf *eb) {
-  distd_xfer *x = new_xfer(c);
+  distd_xfer *x = new_xfer(c, others(c));
   if (!x) return no_memory(c, eb);
   static const char nothing[1];
-  for (int k = 1; k < c->size; k++) {
+  for (int k = 1; k <= others(c); k++) {
     distd_xfer_recv(x, c->group[rotated(c, k)], TAG_STEP1, (void *)nothing, 0);
     distd_xfer_send(x, c->group[rotated(c, k)], TAG_STEP1, nothing, 0);
   }

@@ -150,7 +150,9 @@ void distd_xfer_sign(distd_xfer *x, uint64_t signature, distd_signature_namer na
  * cannot fail for want of memory midway: an exchange whose outcome each
  * receiver decides alone (a vote, vote.h) must reach every peer or none,
  * and a send that fails after another left lets the peer that got it go
- * on without this rank. Call once, before the first send: 0, or -1 with
+ * on without this rank. Call once, before the first send, with the
+ * number of sends to other ranks (and to this one before its receive)
+ * that x will post: a wait counts any difference as a bug. 0, or -1 with
  * nothing reserved. */
 int distd_xfer_reserve_sends(distd_xfer *x, int n);
 /* Queues len bytes of buf to dst under tag. buf stays owned by the caller

@@ -295,6 +295,9 @@ struct distd_xfer {
   dlist sends;
   dlist self_sends;
   dlist spare_sends; /* distd_xfer_reserve_sends: items its sends take first */
+  /* How many items distd_xfer_reserve_sends made (-1: none) and how many
+   * its sends took: a wait checks that they agree (reserve_mismatches). */
+  int sends_reserved, sends_taken;
   pthread_cond_t cond;
   int pending;
   int waiting; /* a thread is in distd_xfer_wait */
@@ -369,6 +372,9 @@ struct distd_peers {
   int waiters;
   int closing;
   struct distd_ops *ops; /* registry for inspection (peer.h); not owned */
+  /* Waits of an xfer whose sends took more or fewer items than were
+   * reserved for it: a bug in the caller's count (test_coll checks 0). */
+  uint64_t reserve_mismatches;
 };
 
 /* peer.c */

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "log.h"
 #include "peer_batch.h"
 #include "peer_internal.h"
 #include "subop.h"
@@ -185,6 +186,7 @@ void distd_handle_abort_range(distd_peers *p, int from, uint64_t first, uint64_t
 /* A zeroed send item: one distd_xfer_reserve_sends made, else a new one
  * (NULL when there is no memory for it). */
 static send_item *new_send_item(distd_xfer *x) {
+  x->sends_taken++;
   if (dlist_empty(&x->spare_sends)) return calloc(1, sizeof(send_item));
   dlist *pos = x->spare_sends.next;
   dlist_remove(pos);
@@ -246,6 +248,7 @@ distd_xfer *distd_xfer_new(distd_peers *p, uint64_t op_id) {
   x->p = p;
   x->op_id = op_id;
   x->aborted_by = -1;
+  x->sends_reserved = -1;
   dlist_init(&x->recvs);
   dlist_init(&x->sends);
   dlist_init(&x->self_sends);
@@ -275,7 +278,18 @@ int distd_xfer_reserve_sends(distd_xfer *x, int n) {
     }
     dlist_push(&x->spare_sends, &it->link);
   }
+  x->sends_reserved = n;
   return 0;
+}
+
+/* A reservation that did not match the sends: a send past it allocated
+ * (and could have failed midway), or memory was held for nothing. Only a
+ * sound xfer counts: a failed one stops posting. */
+static void check_reservation(distd_xfer *x) {
+  if (x->sends_reserved < 0 || x->err.code || x->sends_taken == x->sends_reserved) return;
+  x->p->reserve_mismatches++;
+  log_warn("op %llu: its sends took %d items where %d were reserved",
+           (unsigned long long)x->op_id, x->sends_taken, x->sends_reserved);
 }
 
 void distd_xfer_sign(distd_xfer *x, uint64_t signature, distd_signature_namer name) {
@@ -565,6 +579,7 @@ int distd_xfer_wait(distd_xfer *x, int64_t deadline_ms, dist_errbuf *eb) {
   x->waiting = 1;
   int64_t now = distd_now_ms();
   x->moved_ms = now; /* the silence is counted from here */
+  check_reservation(x);
   if (!x->err.code) check_self_matched(x);
   if (!distd_can_drive(p)) distd_peers_flush_queued(p, 0);
   while (!x->err.code && x->pending > 0) {

@@ -7,6 +7,7 @@
 
 #include "coll.h"
 #include "peer_fixture.h"
+#include "peer_internal.h"
 #include "tensor.h"
 
 typedef struct rank_ctx rank_ctx;
@@ -44,6 +45,20 @@ static void expect_all_ok(peer_fixture *f, rank_body body) {
   run_ranks(f, body, ctx);
   for (int r = 0; r < f->n; r++)
     cr_expect_eq(ctx[r].failed, 0, "rank %d of %d: %s", r, f->n, ctx[r].msg);
+}
+
+/* Every rank's collectives took exactly the send items they reserved
+ * (distd_xfer_reserve_sends): a send past the reservation allocates and
+ * may fail after others left; one short holds memory for nothing. */
+static void expect_reservations_kept(peer_fixture *f) {
+  for (int r = 0; r < f->n; r++) {
+    distd_peers *p = f->r[r].peers;
+    pthread_mutex_lock(&p->mu);
+    uint64_t mismatches = p->reserve_mismatches;
+    pthread_mutex_unlock(&p->mu);
+    cr_expect_eq(mismatches, 0, "rank %d of %d: %llu transfers took other than they reserved",
+                 r, f->n, (unsigned long long)mismatches);
+  }
 }
 
 static int init_world(rank_ctx *c, distd_coll *coll, uint64_t op, int *group) {
@@ -135,6 +150,7 @@ Test(coll, allreduce_every_op_and_dtype_on_2_ranks, .timeout = 120) {
   peer_fixture f;
   fix_setup(&f, 2);
   expect_all_ok(&f, allreduce_body);
+  expect_reservations_kept(&f);
   fix_teardown(&f);
 }
 
@@ -142,6 +158,7 @@ Test(coll, allreduce_every_op_and_dtype_on_3_ranks, .timeout = 120) {
   peer_fixture f;
   fix_setup(&f, 3);
   expect_all_ok(&f, allreduce_body);
+  expect_reservations_kept(&f);
   fix_teardown(&f);
 }
 
@@ -149,6 +166,7 @@ Test(coll, allreduce_every_op_and_dtype_on_4_ranks, .timeout = 120) {
   peer_fixture f;
   fix_setup(&f, 4);
   expect_all_ok(&f, allreduce_body);
+  expect_reservations_kept(&f);
   fix_teardown(&f);
 }
 
@@ -366,6 +384,7 @@ static void uneven_suite(int n) {
   expect_all_ok(&f, reduce_scatter_body);
   expect_all_ok(&f, alltoallv_body);
   expect_all_ok(&f, broadcast_barrier_p2p_body);
+  expect_reservations_kept(&f);
   fix_teardown(&f);
 }
 
