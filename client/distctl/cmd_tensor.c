@@ -587,6 +587,9 @@ static int run_tensors(const distctl_global *g, int argc, char **argv) {
       json_t *j = json_tensor(list[i]);
       int64_t b = tensor_bytes(c, list[i]);
       json_object_set_new(j, "bytes", b >= 0 ? json_integer(b) : json_null());
+      /* null: its daemons listed different versions */
+      uint64_t v = dist_tensor_version(list[i]);
+      json_object_set_new(j, "version", v ? json_integer((json_int_t)v) : json_null());
       json_array_append_new(a, j);
     }
     distctl_print_json(a);

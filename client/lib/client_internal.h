@@ -57,6 +57,9 @@ struct dist_tensor {
    * asked for it. Not derived from the mesh alone: a handle of per-rank
    * values names one rank's mesh, while every daemon holds a piece. */
   int no_piece;
+  /* The version the daemon that described it reported (dist_tensor_version);
+   * 0: none did, or a listing's daemons reported different ones. */
+  uint64_t version;
 };
 
 /* One request of a fan-out: sent to daemon `target`; on return reply is the

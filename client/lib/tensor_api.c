@@ -15,6 +15,7 @@ dist_tensor *dist_tensor_from_meta(const Dist__V1__TensorMeta *m) {
   dist_shape_from_pb(m->global_shape, m->n_global_shape, &t->shape, NULL);
   if (m->mesh) dist_mesh_from_pb(m->mesh, &t->mesh.d, NULL);
   dist_placements_from_pb(m->placements, m->n_placements, t->placements, NULL);
+  t->version = m->version;
   return t;
 }
 
@@ -701,6 +702,11 @@ const dist_placement *dist_tensor_placements(const dist_tensor *t) {
   return t->placements;
 }
 
+uint64_t dist_tensor_version(const dist_tensor *t) {
+  if (!t) return dist_null_handle(__func__, "t"), 0;
+  return t->version;
+}
+
 /* TensorShow to every rank of t's mesh, even in SPMD mode: describing a
  * tensor is not a collective. */
 int dist_tensor_pieces(dist_client *c, const dist_tensor *t,
@@ -787,12 +793,14 @@ int dist_tensor_list(dist_client *c, dist_tensor ***out, int *n) {
   }
   qsort(list, (size_t)total, sizeof *list, by_name_then_mesh);
   for (int i = 0; i < total; i++) {
-    const dist_tensor *kept = count ? list[count - 1] : NULL;
+    dist_tensor *kept = count ? list[count - 1] : NULL;
     if (kept && strcmp(kept->name, list[i]->name) == 0 &&
-        dist_mesh_equal(&kept->mesh.d, &list[i]->mesh.d))
+        dist_mesh_equal(&kept->mesh.d, &list[i]->mesh.d)) {
+      if (kept->version != list[i]->version) kept->version = 0; /* applied on some only */
       dist_tensor_free(list[i]);
-    else
+    } else {
       list[count++] = list[i];
+    }
   }
   *out = list;
   *n = count;

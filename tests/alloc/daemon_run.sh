@@ -17,7 +17,7 @@
 #     allocate says so;
 #   - every name a daemon holds is held by every rank of its mesh (each
 #     daemon asked alone): the failure left no op applied by some daemons
-#     only;
+#     only, and at one version (a put replacing a value keeps the rest);
 #   - a clean run on the same cluster succeeds: the failure left nothing
 #     half-done that breaks the next caller.
 # First, the request unpack alone: `distctl tensors` against a daemon
@@ -59,11 +59,10 @@ cluster_up() {
 }
 
 # The names some daemon holds but another rank of their mesh does not, or
-# holds with another dtype, shape or placements (a change applied on some
-# ranks only), one a line ("NAME (mesh [0,1]) on rank 0, not on rank 1"),
-# each daemon listed alone (--endpoint: its gRPC address, from the cluster
-# file). The version is not listed, so a change that kept all of these is
-# not seen.
+# holds with another dtype, shape, placements or version (a change applied
+# on some ranks only: a put replacing a value keeps all but the version),
+# one a line ("NAME (mesh [0,1]) on rank 0, not on rank 1"), each daemon
+# listed alone (--endpoint: its gRPC address, from the cluster file).
 held_partly() {
   local r lists=()
   for r in "${!pids[@]}"; do
@@ -88,7 +87,9 @@ for r, tensors in enumerate(held):
             same = [u for u in held[q] if u["name"] == t["name"] and u["mesh"]["ranks"] == ranks]
             if not same:
                 partly.add("%s (mesh %s) on rank %d, not on rank %d" % (t["name"], ranks, r, q))
-            elif same[0] != t:  # a change applied on some ranks: dtype, shape, placements
+            elif "version" not in t:  # a distctl before the listing had it
+                partly.add("%s: rank %d's listing has no version" % (t["name"], r))
+            elif same[0] != t:  # a change applied on some ranks: dtype, shape, placements, version
                 partly.add("%s (mesh %s) differs between ranks %d and %d" % (t["name"], ranks, r, q))
 print("\n".join(sorted(partly)), end="")
 PY

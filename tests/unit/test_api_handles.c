@@ -60,6 +60,7 @@ Test(api_handles, tensor_accessors_refuse_a_null_tensor) {
   expect_null_named(dist_tensor_shape(NULL), "dist_tensor_shape", "t");
   expect_null_named(dist_tensor_mesh(NULL), "dist_tensor_mesh", "t");
   expect_null_named(dist_tensor_placements(NULL), "dist_tensor_placements", "t");
+  expect_named((int)dist_tensor_version(NULL), 0, "dist_tensor_version", "t");
 }
 
 Test(api_handles, program_inputs_outputs_and_accessors_refuse_a_null_program) {

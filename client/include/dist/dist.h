@@ -352,6 +352,13 @@ int dist_tensor_ndim(const dist_tensor *t);
 const int64_t *dist_tensor_shape(const dist_tensor *t);
 const dist_mesh *dist_tensor_mesh(const dist_tensor *t);
 const dist_placement *dist_tensor_placements(const dist_tensor *t);
+/* The tensor's version (each change stores it one past the last) as the
+ * daemons reported it when t was made; the handle does not follow later
+ * changes (dist_tensor_pieces asks each daemon now). A handle from
+ * dist_tensor_list: the version its daemons listed, 0 when they listed
+ * different ones (a change applied on some of them only). 0 for NULL and
+ * for a handle no daemon described. */
+uint64_t dist_tensor_version(const dist_tensor *t);
 
 /* ---------------------------------------------------------------- SPMD collectives */
 
