@@ -61,6 +61,18 @@ static void export_security(const distctl_global *g) {
   if (g->token) setenv("DIST_TOKEN", g->token, 1);
 }
 
+/* Every verb prints through stdio, which keeps a failed write to itself
+ * (printf's result goes unread): stdout a full disk (or a pipe whose
+ * reader left, with SIGPIPE ignored) would lose the output and exit 0.
+ * Checked here, the one place all output passes, once it is flushed. */
+static int output_written(int rc) {
+  errno = 0;
+  if (fflush(stdout) == 0 && !ferror(stdout)) return rc;
+  fprintf(stderr, "distctl: cannot write the output: %s\n",
+          errno ? strerror(errno) : "an earlier write failed");
+  return rc ? rc : 1;
+}
+
 int main(int argc, char **argv) {
   distctl_global g = {.cluster = NULL};
   static char token[1024];
@@ -119,5 +131,5 @@ int main(int argc, char **argv) {
   rc = cmd->run(&g, nrest - words, rest + words);
 out:
   free(rest);
-  return rc;
+  return output_written(rc);
 }

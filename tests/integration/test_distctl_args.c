@@ -217,6 +217,48 @@ Test(distctl_args, tensor_put_get_reshard_and_rm_print_their_result_with_json) {
   json_decref(j);
 }
 
+/* tensors --json lists each tensor's version, once per name and mesh: the
+ * alloc sweeps compare it between daemons (a change applied on some of
+ * them only keeps dtype, shape and placements), each listed alone. */
+Test(distctl_args, tensors_json_lists_each_tensors_version) {
+  put_src("version");
+  free(distctl_ok("tensor reshard src --placements \"Replicate()\""));
+  json_t *j = json_of("tensors");
+  cr_assert_eq(json_array_size(j), 1, "one tensor listed");
+  json_t *src = json_array_get(j, 0);
+  cr_expect_str_eq(json_string_value(json_object_get(src, "name")), "src");
+  cr_expect_eq(json_integer_value(json_object_get(src, "version")), 2,
+               "a put then a reshard in place: version 2");
+  json_decref(j);
+  for (int r = 0; r < 2; r++) { /* each daemon alone, as the sweeps ask */
+    char cmd[1024], *out = NULL, *err = NULL;
+    snprintf(cmd, sizeof cmd, "%s --endpoint 127.0.0.1:%d --json tensors", harness_distctl(),
+             cluster.grpc_port[r]);
+    cr_assert_eq(harness_run(cmd, &out, &err, 60), 0, "rank %d: %s", r, err ? err : "");
+    cr_expect(strstr(out, "\"version\": 2"), "rank %d lists no version 2: %s", r, out);
+    free(out), free(err);
+  }
+}
+
+/* Output that cannot be written (stdout on a full disk) fails the run,
+ * naming why, whether JSON, a table, help or the version: it exited 0
+ * with the output lost. */
+Test(distctl_args, output_that_cannot_be_written_fails_naming_why) {
+  const char *full = "distctl: cannot write the output: No space left on device";
+  expect_exit("--version > /dev/full", 1, full);
+  expect_exit("tensors --help > /dev/full", 1, full);
+  start_cluster(1, "full");
+  const char *verbs[] = {"--json status", "status", "--json tensors"};
+  for (size_t i = 0; i < sizeof verbs / sizeof verbs[0]; i++) {
+    char cmd[1024], *out = NULL, *err = NULL;
+    snprintf(cmd, sizeof cmd, "%s --cluster %s %s > /dev/full", harness_distctl(),
+             cluster.cluster_file, verbs[i]);
+    cr_expect_eq(harness_run(cmd, &out, &err, 60), 1, "distctl %s", verbs[i]);
+    cr_expect(err && strstr(err, full), "distctl %s said '%s'", verbs[i], err ? err : "");
+    free(out), free(err);
+  }
+}
+
 /* A .npy that cannot be read or written is named once (the message said
  * "cannot read F: F: No such file or directory"), and a get whose write
  * fails midway (here past the file size limit, with SIGXFSZ ignored so
