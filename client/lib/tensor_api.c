@@ -524,6 +524,19 @@ static void take_layout(const dist_client *c, dist_tensor *t, const dist_mesh_de
   memcpy(t->placements, p, sizeof *p * (size_t)dst->ndim);
 }
 
+/* The version the reshard's vote gave the tensor, from the first daemon
+ * that described it (all of a mesh agree: the vote decides it); kept as
+ * it was when none did (a daemon older than the reply's meta). */
+static void take_reshard_version(dist_tensor *t, const dist_call *calls, int n) {
+  for (int i = 0; i < n; i++) {
+    const Dist__V1__ReshardReply *r = (const Dist__V1__ReshardReply *)calls[i].reply;
+    if (r && r->meta && r->meta->version) {
+      t->version = r->meta->version;
+      return;
+    }
+  }
+}
+
 int dist_reshard_refused(dist_client *c, const dist_tensor *t, const dist_mesh *mesh) {
   if (c->spmd_rank < 0) return c->err.code;
   return refuse_reshard(c, dist_next_op_id(c), &t->mesh.d, mesh ? &mesh->d : &t->mesh.d);
@@ -578,7 +591,10 @@ int dist_reshard(dist_client *c, dist_tensor *t, const dist_mesh *mesh,
   dist_call *calls = NULL;
   int rc = dist_call_all(c, "/dist.v1.Dist/Reshard", &dist__v1__reshard_reply__descriptor,
                          &rq.base, targets, n, &calls);
-  if (rc == 0) take_layout(c, t, dst, placements);
+  if (rc == 0) {
+    take_layout(c, t, dst, placements);
+    take_reshard_version(t, calls, n);
+  }
   dist_calls_release(calls, n);
   free(w);
   free(targets);

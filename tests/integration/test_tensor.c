@@ -2195,3 +2195,28 @@ Test(distctl, get_local_from_a_rank_outside_the_mesh_says_it_holds_no_piece, .ti
   expect_npy_f32(piece, two, sizeof two, "rank 2's own g");
   stop_cluster();
 }
+
+/* A handle's version follows its own reshards: each stores the tensor one
+ * version past the last on every daemon (svc_reshard's vote), and the
+ * handle reads it from the reply, as a fresh open does. */
+Test(reshard, a_handles_version_follows_its_reshards, .timeout = 120, .fini = stop_cluster) {
+  start_cluster(&cluster, 2);
+  dist_client *c = harness_client(&cluster);
+  float v[4] = {1, 2, 3, 4};
+  dist_tensor *t = harness_put(c, "versioned", DIST_FLOAT32, v, 1, (int64_t[]){4}, "[0,1]",
+                               "Shard(0)");
+  cr_assert_eq(dist_tensor_version(t), 1, "a put stores version 1");
+  const char *const to[] = {"Replicate()", "Shard(0)"};
+  for (int i = 0; i < 2; i++) {
+    dist_placement p[1];
+    cr_assert_eq(dist_parse_placements(to[i], p, 1), 1);
+    cr_assert_eq(dist_reshard(c, t, NULL, p), 0, "reshard to %s: %s", to[i], dist_errmsg(c));
+    dist_tensor *fresh = NULL;
+    cr_assert_eq(dist_tensor_open(c, "versioned", &fresh), 0, "%s", dist_errmsg(c));
+    cr_expect_eq(dist_tensor_version(fresh), (uint64_t)i + 2, "open after reshard %d", i + 1);
+    cr_expect_eq(dist_tensor_version(t), (uint64_t)i + 2, "the handle after reshard %d", i + 1);
+    dist_tensor_free(fresh);
+  }
+  dist_tensor_free(t);
+  dist_close(c);
+}

@@ -353,8 +353,9 @@ const int64_t *dist_tensor_shape(const dist_tensor *t);
 const dist_mesh *dist_tensor_mesh(const dist_tensor *t);
 const dist_placement *dist_tensor_placements(const dist_tensor *t);
 /* The tensor's version (each change stores it one past the last) as the
- * daemons reported it when t was made; the handle does not follow later
- * changes (dist_tensor_pieces asks each daemon now). A handle from
+ * daemons reported it when t was made or last resharded through it
+ * (dist_reshard); the handle does not follow changes made through other
+ * handles or clients (dist_tensor_pieces asks each daemon now). A handle from
  * dist_tensor_list: the version its daemons listed, 0 when they listed
  * different ones (a change applied on some of them only). 0 for NULL and
  * for a handle no daemon described. */
