@@ -102,7 +102,6 @@ static void print_top(const sample *now, const sample *before, int n, int iterat
            peers_up(i) == i->npeers ? "healthy" : "degraded", i->version, i->uptime_seconds,
            mem, i->tensor_count, i->ops_in_flight, peers, sent, recv);
   }
-  fflush(stdout);
 }
 
 static json_t *top_json(const sample *now, const sample *before, int n) {
@@ -176,13 +175,15 @@ static int next_sample(top_view *v) {
 }
 
 /* The table, refreshed every interval (iterations times; 0: until
- * interrupted). 0, or -1 when out of memory. */
+ * interrupted). 0, or -1 when out of memory or when a refresh could not
+ * be written (it would refresh into the void forever). */
 static int show_refreshes(top_view *v, long iterations, double interval) {
   int tty = isatty(STDOUT_FILENO);
   for (int it = 1;; it++) {
     if (tty) printf("\033[H\033[2J"); /* clear and home, like top */
     else if (it > 1) printf("\n");
     print_top(v->now, it > 1 ? v->before : NULL, v->n, it, iterations, interval);
+    if (distctl_output_flushed() != 0) return -1;
     if (iterations && it >= iterations) return 0;
     pause_seconds(interval);
     if (next_sample(v) != 0) return -1;

@@ -106,6 +106,9 @@ void *distctl_calloc(size_t n, size_t size, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* Prints j (compact = 0: indented) to stdout and drops the reference. */
 void distctl_print_json(json_t *j);
+/* Flushes stdout: 0, or -1 when its output could not all be written,
+ * said once on stderr naming why ("distctl: cannot write the output: ..."). */
+int distctl_output_flushed(void);
 
 /* A rank that did not answer, as every table shows it: the daemon's
  * rank (-1: "?"), its endpoint when the table has that column (status;

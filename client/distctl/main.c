@@ -64,12 +64,10 @@ static void export_security(const distctl_global *g) {
 /* Every verb prints through stdio, which keeps a failed write to itself
  * (printf's result goes unread): stdout a full disk (or a pipe whose
  * reader left, with SIGPIPE ignored) would lose the output and exit 0.
- * Checked here, the one place all output passes, once it is flushed. */
+ * Checked here, where every verb ends, once it is flushed (and by `top`
+ * after each refresh, which may never end). */
 static int output_written(int rc) {
-  errno = 0;
-  if (fflush(stdout) == 0 && !ferror(stdout)) return rc;
-  fprintf(stderr, "distctl: cannot write the output: %s\n",
-          errno ? strerror(errno) : "an earlier write failed");
+  if (distctl_output_flushed() == 0) return rc;
   return rc ? rc : 1;
 }
 

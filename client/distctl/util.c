@@ -85,6 +85,17 @@ void *distctl_calloc(size_t n, size_t size, const char *fmt, ...) {
   return NULL;
 }
 
+int distctl_output_flushed(void) {
+  static int told; /* top's refresh, then main's exit: one message */
+  errno = 0;
+  if (fflush(stdout) == 0 && !ferror(stdout)) return 0;
+  if (!told)
+    fprintf(stderr, "distctl: cannot write the output: %s\n",
+            errno ? strerror(errno) : "an earlier write failed");
+  told = 1;
+  return -1;
+}
+
 void distctl_print_json(json_t *j) {
   char *s = j ? dist_json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER) : NULL;
   if (s) printf("%s\n", s);

@@ -242,13 +242,15 @@ Test(distctl_args, tensors_json_lists_each_tensors_version) {
 
 /* Output that cannot be written (stdout on a full disk) fails the run,
  * naming why, whether JSON, a table, help or the version: it exited 0
- * with the output lost. */
+ * with the output lost. `top` without --iterations, which refreshes until
+ * interrupted, stops at its first refresh that cannot be written (it went
+ * on forever). */
 Test(distctl_args, output_that_cannot_be_written_fails_naming_why) {
   const char *full = "distctl: cannot write the output: No space left on device";
   expect_exit("--version > /dev/full", 1, full);
   expect_exit("tensors --help > /dev/full", 1, full);
   start_cluster(1, "full");
-  const char *verbs[] = {"--json status", "status", "--json tensors"};
+  const char *verbs[] = {"--json status", "status", "--json tensors", "top --interval 0.1"};
   for (size_t i = 0; i < sizeof verbs / sizeof verbs[0]; i++) {
     char cmd[1024], *out = NULL, *err = NULL;
     snprintf(cmd, sizeof cmd, "%s --cluster %s %s > /dev/full", harness_distctl(),
