@@ -465,6 +465,7 @@ void distd_peers_free(distd_peers *p) {
     distd_conn_free(pe->out);
     distd_conn_free(pe->in);
     pe->out = pe->in = NULL;
+    distd_ctl_report_dropped(p, pe); /* the drops since the last tick */
     free_outq(pe);
     if (pe->redial_ev) event_free(pe->redial_ev);
   }

@@ -87,8 +87,10 @@ void distd_ctl_report_dropped(distd_peers *p, peer *pe) {
 void distd_peer_queue_ctl(distd_peers *p, int dst, const dist_frame_header *h,
                           const void *payload, size_t len) {
   peer *pe = &p->peers[dst];
-  /* callers cut reasons: a peer fails a longer frame */
-  send_item *it = len <= CTL_MAX ? take_ctl_item(pe, len) : NULL;
+  /* Callers cut reasons to CTL_MAX (a peer fails a longer frame): a longer
+   * one is a caller's bug, not a want of memory, and is not counted as one. */
+  if (len > CTL_MAX) return;
+  send_item *it = take_ctl_item(pe, len);
   if (!it) {
     count_dropped(pe);
     return;
