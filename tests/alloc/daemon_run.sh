@@ -87,7 +87,7 @@ for r, tensors in enumerate(held):
             same = [u for u in held[q] if u["name"] == t["name"] and u["mesh"]["ranks"] == ranks]
             if not same:
                 partly.add("%s (mesh %s) on rank %d, not on rank %d" % (t["name"], ranks, r, q))
-            elif "version" not in t:  # a distctl before the listing had it
+            elif "version" not in t:  # without it the comparison below is blind to versions
                 partly.add("%s: rank %d's listing has no version" % (t["name"], r))
             elif same[0] != t:  # a change applied on some ranks: dtype, shape, placements, version
                 partly.add("%s (mesh %s) differs between ranks %d and %d" % (t["name"], ranks, r, q))
