@@ -13,6 +13,7 @@
 #include "ops.h"
 #include "pbuf.h"
 #include "peer.h"
+#include "program_registry.h"
 #include "store.h"
 
 /* SERVING for the whole server ("") and for dist.v1.Dist; NOT_FOUND for any
@@ -171,6 +172,10 @@ void distd_write_metrics(void *server, struct evbuffer *out) {
   evbuffer_add_printf(out, "distd_tensor_bytes %llu\n", (unsigned long long)used);
   distd_metrics_gauge_header(out, "distd_tensors", "gauge", "Tensors held");
   evbuffer_add_printf(out, "distd_tensors %d\n", count);
+  /* A client that never releases what it invoked shows here as growth. */
+  distd_metrics_gauge_header(out, "distd_invocations_kept", "gauge",
+                             "LocalLayer invocations kept for a backward");
+  evbuffer_add_printf(out, "distd_invocations_kept %d\n", distd_registry_live(s->programs));
   distd_metrics_gauge_header(out, "distd_peers_connected", "gauge",
                              "Peers with both directions connected");
   evbuffer_add_printf(out, "distd_peers_connected %d\n",
