@@ -136,27 +136,36 @@ int dist_param_push_batch(dist_client *c, uint64_t op_id, int n,
 void dist_delete_on(dist_client *c, const char *name, const int *ranks, int n);
 /* Deletes name on daemon rank; its code (c->err says why). */
 int dist_delete_one(dist_client *c, const char *name, int rank);
-/* Names a failed call of libdist's own, with names of its own, may have
- * stored on daemons that did not answer it (no reply within the deadline,
- * or the connection lost; dist_call.unanswered): not asked at once, which
- * would cost a deadline per name while such a daemon is frozen, but later,
- * by the list's holder (a layer's next release, forward or destroy; a
- * tape's free). Names with step numbers or tape ids are never used again,
- * so a name deleted later can only be the failed call's. */
-typedef struct dist_later_name {
-  char name[256];
+/* Releases invocation on daemon rank (LocalLayer Release); its code
+ * (c->err says why). */
+int dist_invocation_release_one(dist_client *c, uint64_t invocation, int rank);
+/* What a failed call of libdist's own, with names of its own, may have
+ * left on daemons that did not answer it (no reply within the deadline,
+ * or the connection lost; dist_call.unanswered): the names it stored, and
+ * the invocation a LocalLayer call keeps for backward. Not undone at once,
+ * which would cost a deadline per item while such a daemon is frozen, but
+ * later, by the list's holder (a layer's next release, forward or
+ * destroy; a tape's free). Names with step numbers or tape ids, and
+ * invocation ids, are never used again, so what is undone later can only
+ * be the failed call's. */
+typedef struct dist_later_item {
+  char name[256];      /* a tensor to delete, or "": */
+  uint64_t invocation; /* the invocation to release */
   int rank;
-} dist_later_name;
+} dist_later_item;
 typedef struct dist_later {
-  dist_later_name *items;
+  dist_later_item *items;
   int n;
 } dist_later;
 /* Remembers name on rank; without memory for it, deletes it now. */
 void dist_later_note(dist_client *c, dist_later *l, const char *name, int rank);
-/* Deletes each name on its daemon, one not found there taken as done;
- * those that fail stay on the list for the next time. Returns the first
- * failure (c->err), or 0 with c->err cleared. */
-int dist_later_delete(dist_client *c, dist_later *l);
+/* Remembers invocation on rank; without memory for it, releases it now. */
+void dist_later_note_invocation(dist_client *c, dist_later *l, uint64_t invocation, int rank);
+/* Deletes each name and releases each invocation on its daemon, one not
+ * found there taken as done; those that fail stay on the list for the
+ * next time. Returns the first failure (c->err), or 0 with c->err
+ * cleared. */
+int dist_later_undo(dist_client *c, dist_later *l);
 void dist_later_free(dist_later *l);
 /* dist_calls_free, then the array (NULL is a no-op). */
 void dist_calls_release(dist_call *calls, int n);
@@ -273,9 +282,9 @@ int dist_local_layer_keeps_failed_outputs(const dist_call_opts *o);
  * gradient sum) whose output names are theirs to drop: a failed call
  * deletes its outputs on the daemons that applied it (answered success,
  * their reply unpacked here or not), whatever opts->replace says; the
- * outputs of a daemon that did not answer (which may have stored them)
- * go on later, not asked now (that would cost a deadline per name); a
- * daemon that answered with a failure stored nothing. */
+ * outputs and invocation of a daemon that did not answer (which may have
+ * stored and kept them) go on later, not asked now (that would cost a
+ * deadline each); a daemon that answered with a failure stored nothing. */
 int dist_local_layer_call_undoing(dist_client *c, dist_program *p, const dist_arg *args,
                                   int nargs, const dist_call_opts *opts,
                                   dist_invocation **inv, dist_tensor **outs,

@@ -103,10 +103,10 @@ struct dist_layer {
   void *user;
   layer_step *step;
   uint64_t step_no;
-  /* Step names a failed call may have left on daemons that did not answer
-   * it: deleted by the next dist_layer_release (the forward's, the
-   * destroy's), not by the failed forward's own release, which would ask
-   * the daemon that just did not answer. */
+  /* Step names and invocations a failed call may have left on daemons
+   * that did not answer it: undone by the next dist_layer_release (the
+   * forward's, the destroy's), not by the failed forward's own release,
+   * which would ask the daemon that just did not answer. */
   dist_later later;
   /* the first dist_layer_place_param error of a shard_layer */
   dist_errbuf place_err;

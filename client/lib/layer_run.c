@@ -132,7 +132,7 @@ int dist_layer_release(dist_client *c, dist_layer *l) {
   if (!c) return dist_no_client(__func__);
   dist_errbuf first = DIST_ERRBUF_INIT;
   dist_note_first_failure(c, release_step(c, l), &first);
-  dist_note_first_failure(c, dist_later_delete(c, &l->later), &first);
+  dist_note_first_failure(c, dist_later_undo(c, &l->later), &first);
   c->err = first;
   return first.code;
 }

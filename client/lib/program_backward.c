@@ -189,20 +189,24 @@ int dist_backward_refused(dist_client *c, const dist_invocation *inv) {
   return dist_spmd_refused(c, inv->id, inv->vote_ranks, inv->nvote);
 }
 
+int dist_invocation_release_one(dist_client *c, uint64_t invocation, int rank) {
+  Dist__V1__ProgramReleaseRequest rq = DIST__V1__PROGRAM_RELEASE_REQUEST__INIT;
+  rq.invocation_id = invocation;
+  ProtobufCMessage *rp = NULL;
+  int rc = dist_call_one(c, rank, LL_METHOD("Release"), &rq.base,
+                         &dist__v1__program_release_reply__descriptor, &rp);
+  if (rp) protobuf_c_message_free_unpacked(rp, NULL);
+  return rc;
+}
+
 int dist_invocation_release(dist_client *c, dist_invocation *inv) {
   if (!inv || inv->backward_done) return 0; /* nothing kept: a no-op, NULL too */
   if (!c) return dist_no_client(__func__);
   /* each call clears the client's error: the first failure's is kept */
   dist_errbuf first = DIST_ERRBUF_INIT;
-  for (int i = 0; i < inv->n; i++) {
-    Dist__V1__ProgramReleaseRequest rq = DIST__V1__PROGRAM_RELEASE_REQUEST__INIT;
-    rq.invocation_id = inv->id;
-    ProtobufCMessage *rp = NULL;
-    dist_note_first_failure(c, dist_call_one(c, inv->targets[i], LL_METHOD("Release"), &rq.base,
-                                             &dist__v1__program_release_reply__descriptor, &rp),
+  for (int i = 0; i < inv->n; i++)
+    dist_note_first_failure(c, dist_invocation_release_one(c, inv->id, inv->targets[i]),
                             &first);
-    if (rp) protobuf_c_message_free_unpacked(rp, NULL);
-  }
   if (first.code) c->err = first;
   return first.code;
 }

@@ -159,23 +159,34 @@ int dist_local_layer_keeps_failed_outputs(const dist_call_opts *o) {
   return o->replace && o->out_names;
 }
 
+/* What a daemon `rank` that did not answer a failed call of libdist's own
+ * may hold (its reply lost after it stored): the outputs of the meshes it
+ * is in and, unless no_grad, the invocation kept for backward; undone
+ * later, as asking now would cost a deadline each. */
+static void note_unanswered(dist_client *c, const dist_program *p, int rank, uint64_t id,
+                            char *const *names, const dist_call_opts *o, dist_later *later) {
+  for (int k = 0; k < p->n_outputs; k++)
+    if (dist_mesh_index_of(&p->attrs[k]->mesh, rank) >= 0)
+      dist_later_note(c, later, names[k], rank);
+  if (!o->no_grad) dist_later_note_invocation(c, later, id, rank);
+}
+
 /* A failed call may have succeeded on some daemons, also on one whose
  * reply was lost here (out of memory): undo it on each that applied it,
  * its outputs deleted unless kept (dist_local_layer_keeps_failed_outputs,
- * for a caller's names; libdist's own callers drop theirs). The
- * names are the request's, not the reply's, which may be missing; a
+ * for a caller's names; libdist's own callers, with later, drop theirs).
+ * The names are the request's, not the reply's, which may be missing; a
  * daemon's reply, when there is one, says which outputs it holds, and
  * without one only the daemons of output k's mesh can have stored it (a
  * tensor of that name elsewhere is another's). */
 static void undo_call(dist_client *c, const dist_program *p, fanout *f, uint64_t id,
-                      char *const *names, int kept, dist_later *later) {
+                      char *const *names, const dist_call_opts *o, dist_later *later) {
   dist_errbuf keep = c->err;
+  int kept = !later && dist_local_layer_keeps_failed_outputs(o);
   for (int i = 0; i < f->n; i++) {
     const Dist__V1__ProgramInvokeReply *r = (const void *)f->calls[i].reply;
-    if (f->calls[i].unanswered && later) /* it may have stored them: asked later */
-      for (int k = 0; k < p->n_outputs; k++)
-        if (dist_mesh_index_of(&p->attrs[k]->mesh, f->targets[i]) >= 0)
-          dist_later_note(c, later, names[k], f->targets[i]);
+    if (f->calls[i].unanswered && later)
+      note_unanswered(c, p, f->targets[i], id, names, o, later);
     if (!f->calls[i].applied) continue;
     dist_prog_release_on(c, &f->targets[i], 1, NULL, id);
     for (int k = 0; !kept && k < p->n_outputs; k++) {
@@ -356,7 +367,6 @@ static int call_run(dist_client *c, dist_program *p, const dist_arg *args, int n
   if (!p) return dist_client_null_arg(c, "dist_local_layer_call", "p");
   dist_call_opts o = DIST_CALL_OPTS_INIT;
   if (opts) o = *opts;
-  int keeps = !later && dist_local_layer_keeps_failed_outputs(&o);
   if (inv) *inv = NULL;
   for (int k = 0; outs && k < p->n_outputs; k++) outs[k] = NULL;
   uint64_t id = take_call_ids(c, p);
@@ -391,12 +401,12 @@ static int call_run(dist_client *c, dist_program *p, const dist_arg *args, int n
    * it is asked before only. */
   if (!rc && o.out_names && !o.replace) rc = check_out_names(c, p, names);
   if (rc) {
-    undo_call(c, p, &f, id, names, keeps, later);
+    undo_call(c, p, &f, id, names, &o, later);
     goto out;
   }
   if ((rc = take_outputs(c, &f, &o, v, elsewhere, outs))) {
     for (int k = 0; outs && k < p->n_outputs; k++) dist_tensor_free(outs[k]), outs[k] = NULL;
-    undo_call(c, p, &f, id, names, keeps, later);
+    undo_call(c, p, &f, id, names, &o, later);
     goto out;
   }
   v->backward_done = o.no_grad != 0;

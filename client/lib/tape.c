@@ -112,7 +112,7 @@ void dist_tape_free(dist_tape *t) {
   dist_tape_release(t);
   for (int i = 0; i < t->n_slots; i++) dist_tape_slot_clear(t, &t->slots[i]);
   for (int i = 0; i < t->n_entries; i++) entry_free(&t->entries[i]);
-  dist_later_delete(t->c, &t->later);
+  dist_later_undo(t->c, &t->later);
   dist_later_free(&t->later);
   t->c->err = keep;
   free(t->entries);

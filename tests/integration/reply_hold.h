@@ -31,5 +31,8 @@ int reply_hold_holding(reply_hold *p);
 /* Names held by rank r's daemon (asked directly) that start with prefix
  * and end with suffix (either may be ""): how many. */
 int reply_hold_count_on(harness *h, int r, const char *prefix, const char *suffix);
+/* The LocalLayer invocations rank r's daemon keeps for a backward (its
+ * /metrics gauge distd_invocations_kept, read directly). */
+int reply_hold_invocations_on(harness *h, int r);
 
 #endif

@@ -858,43 +858,75 @@ Test(shard_layer, a_forward_a_frozen_daemon_fails_waits_one_deadline, .timeout =
   linear_with_rank_1_frozen(1, 1.5);
 }
 
-/* What ends a failed forward's leftovers in lost_reply_forward. */
+/* What ends a failed step's leftovers in lost_reply_forward. */
 typedef enum { BY_RELEASE, BY_FORWARD, BY_DESTROY } ended_by;
 
-/* A Linear "lost" on 2 daemons, rank 1 reached through a relay: a first
- * forward and release, then a second forward whose reply from rank 1 the
- * relay holds past the deadline, after rank 1 stored the output
- * "lost.s2.root.e0.out0". The forward does not ask rank 1 to delete it
- * (it did not answer: that would cost a deadline a name), but the next
- * release, forward or destroy does; before, it stayed there for good. */
-static void lost_reply_forward(ended_by how) {
-  enum { DEADLINE_MS = 1000 };
-  dist_client *c = NULL;
-  reply_hold *relay = reply_hold_cluster(&cluster, 2, 1, DEADLINE_MS, &c);
-  dist_mesh *m = line_mesh(2);
-  stepped st = linear_after_a_forward(c, m, "lost");
-  cr_assert_eq(dist_layer_release(c, st.l), 0, "%s", dist_errmsg(c));
-  reply_hold_from_call(relay, 1);
-  dist_tensor *y = NULL;
-  int rc = dist_layer_forward(c, st.l, &st.x, 1, &y, 1);
-  cr_assert(reply_hold_holding(relay), "the forward sent rank 1 no call");
-  reply_hold_release(relay);
-  cr_assert(rc < 0, "the forward whose reply from rank 1 was lost succeeded");
-  cr_assert_eq(reply_hold_count_on(&cluster, 1, "lost.s2.", ""), 1, "rank 1 stored the output");
-  cr_assert_eq(reply_hold_count_on(&cluster, 0, "lost.s2.", ""), 0, "rank 0 answered: deleted");
+/* Ends st's failed step as `how` says: a release, a forward (st.x again)
+ * or a destroy. */
+static void end_step(dist_client *c, stepped *st, ended_by how) {
   if (how == BY_RELEASE) {
-    cr_assert_eq(dist_layer_release(c, st.l), 0, "%s", dist_errmsg(c));
+    cr_assert_eq(dist_layer_release(c, st->l), 0, "%s", dist_errmsg(c));
   } else if (how == BY_FORWARD) {
-    cr_assert_eq(dist_layer_forward(c, st.l, &st.x, 1, &y, 1), 1, "%s", dist_errmsg(c));
+    dist_tensor *y = NULL;
+    cr_assert_eq(dist_layer_forward(c, st->l, &st->x, 1, &y, 1), 1, "%s", dist_errmsg(c));
     dist_tensor_free(y);
   } else {
-    cr_assert_eq(dist_layer_destroy(c, st.l), 0, "%s", dist_errmsg(c));
-    st.l = NULL;
+    cr_assert_eq(dist_layer_destroy(c, st->l), 0, "%s", dist_errmsg(c));
+    st->l = NULL;
   }
-  cr_assert_eq(reply_hold_count_on(&cluster, 1, "lost.s2.", ""), 0, "rank 1 kept the output");
-  stepped_free(&st);
-  dist_mesh_free(m);
-  reply_hold_cluster_stop(&cluster, relay, c);
+}
+
+/* A Linear on 2 daemons after one forward, rank 1 reached through a
+ * relay that can hold its replies. */
+typedef struct relayed_step {
+  dist_client *c;
+  reply_hold *relay;
+  dist_mesh *m;
+  stepped st;
+} relayed_step;
+
+static void relayed_step_start(relayed_step *s, const char *name) {
+  enum { DEADLINE_MS = 1000 };
+  s->relay = reply_hold_cluster(&cluster, 2, 1, DEADLINE_MS, &s->c);
+  s->m = line_mesh(2);
+  s->st = linear_after_a_forward(s->c, s->m, name);
+}
+
+static void relayed_step_stop(relayed_step *s) {
+  stepped_free(&s->st);
+  dist_mesh_free(s->m);
+  reply_hold_cluster_stop(&cluster, s->relay, s->c);
+}
+
+/* A Linear "lost", released after its first forward, then a second
+ * forward whose reply from rank 1 the relay holds past the deadline,
+ * after rank 1 stored the output "lost.s2.root.e0.out0" and kept the
+ * invocation for backward. The forward does not ask rank 1 to delete or
+ * release them (it did not answer: that would cost a deadline each), but
+ * the next release, forward or destroy does; before, the output stayed
+ * there for good, and the invocation until its time-to-live (10 minutes)
+ * ran out. A forward after keeps its own invocation, one per daemon. */
+static void lost_reply_forward(ended_by how) {
+  relayed_step s;
+  relayed_step_start(&s, "lost");
+  harness *h = &cluster;
+  cr_assert_eq(dist_layer_release(s.c, s.st.l), 0, "%s", dist_errmsg(s.c));
+  cr_assert_eq(reply_hold_invocations_on(h, 1), 0, "the release left an invocation");
+  reply_hold_from_call(s.relay, 1);
+  dist_tensor *y = NULL;
+  int rc = dist_layer_forward(s.c, s.st.l, &s.st.x, 1, &y, 1);
+  cr_assert(reply_hold_holding(s.relay), "the forward sent rank 1 no call");
+  reply_hold_release(s.relay);
+  cr_assert(rc < 0, "the forward whose reply from rank 1 was lost succeeded");
+  cr_assert_eq(reply_hold_count_on(h, 1, "lost.s2.", ""), 1, "rank 1 stored the output");
+  cr_assert_eq(reply_hold_count_on(h, 0, "lost.s2.", ""), 0, "rank 0 answered: deleted");
+  cr_assert_eq(reply_hold_invocations_on(h, 1), 1, "rank 1 kept no invocation");
+  cr_assert_eq(reply_hold_invocations_on(h, 0), 0, "rank 0 answered: released");
+  end_step(s.c, &s.st, how);
+  cr_assert_eq(reply_hold_count_on(h, 1, "lost.s2.", ""), 0, "rank 1 kept the output");
+  int left = how == BY_FORWARD;
+  cr_assert_eq(reply_hold_invocations_on(h, 1), left, "rank 1 kept the failed invocation");
+  relayed_step_stop(&s);
 }
 
 Test(shard_layer, a_forward_whose_reply_was_lost_leaves_nothing_after_a_release,

@@ -1,0 +1,57 @@
+/* Undo put off: what a failed call of libdist's own may have left on a
+ * daemon that did not answer it, a name it stored or the invocation it
+ * kept for backward (dist_later, client_internal.h). */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "client_internal.h"
+
+/* Deletes item's name, or releases its invocation, on its daemon: 0 also
+ * when it is not there (never stored there, or another path undid it). */
+static int undo_item(dist_client *c, const dist_later_item *it) {
+  int rc = it->name[0] ? dist_delete_one(c, it->name, it->rank)
+                       : dist_invocation_release_one(c, it->invocation, it->rank);
+  return rc == DIST_ENOTFOUND ? 0 : rc;
+}
+
+static void note(dist_client *c, dist_later *l, const dist_later_item *it) {
+  dist_later_item *q = realloc(l->items, sizeof *q * ((size_t)l->n + 1));
+  if (!q) { /* no room to remember it: undone now, at the cost of a deadline */
+    dist_errbuf keep = c->err;
+    undo_item(c, it);
+    c->err = keep;
+    return;
+  }
+  l->items = q;
+  q[l->n++] = *it;
+}
+
+void dist_later_note(dist_client *c, dist_later *l, const char *name, int rank) {
+  dist_later_item it = {.rank = rank};
+  snprintf(it.name, sizeof it.name, "%s", name);
+  note(c, l, &it);
+}
+
+void dist_later_note_invocation(dist_client *c, dist_later *l, uint64_t invocation, int rank) {
+  dist_later_item it = {.invocation = invocation, .rank = rank};
+  note(c, l, &it);
+}
+
+int dist_later_undo(dist_client *c, dist_later *l) {
+  dist_errbuf first = DIST_ERRBUF_INIT;
+  int kept = 0;
+  for (int i = 0; i < l->n; i++) {
+    int rc = undo_item(c, &l->items[i]);
+    dist_note_first_failure(c, rc, &first);
+    if (rc) l->items[kept++] = l->items[i]; /* still there: tried again next time */
+  }
+  l->n = kept;
+  c->err = first;
+  return first.code;
+}
+
+void dist_later_free(dist_later *l) {
+  free(l->items);
+  l->items = NULL;
+  l->n = 0;
+}
