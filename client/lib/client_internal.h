@@ -293,12 +293,11 @@ int dist_local_layer_call_undoing(dist_client *c, dist_program *p, const dist_ar
  * gradient names are theirs to drop: a failed backward deletes each
  * non-empty undo_names[j] on the daemons that applied it (answered
  * success, their reply unpacked here or not), whatever opts->replace
- * says; a daemon that did not answer is not asked (that would cost a
- * deadline per name), and what it may have stored stays (left: no later
- * list here, unlike dist_local_layer_call_undoing). */
+ * says; on a daemon that did not answer (which may have stored them) they
+ * go on later, not asked now (that would cost a deadline per name). */
 int dist_backward_undoing(dist_client *c, dist_invocation *inv, const dist_arg *out_grads,
                           const dist_backward_opts *opts, dist_tensor **grads,
-                          const char *const *undo_names);
+                          const char *const *undo_names, dist_later *later);
 /* dist_global_scatter (scatter 1) or dist_global_gather (0) for libdist's
  * own callers (a tape's backward) whose opts->out_name is theirs to drop,
  * no rows returned: a failed exchange deletes the result it kept on the

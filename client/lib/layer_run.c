@@ -533,7 +533,8 @@ static int backward_entry(dist_client *c, dist_layer *root, int e, int seed) {
   o.replace = 1;
   const char **undo = ptrs + t->n_in + 1;
   grads_to_undo(t, ptrs, undo);
-  if ((rc = dist_backward_undoing(c, t->inv, seed ? NULL : og, &o, grads, undo))) goto out;
+  rc = dist_backward_undoing(c, t->inv, seed ? NULL : og, &o, grads, undo, &root->later);
+  if (rc) goto out;
   dist_errbuf first = DIST_ERRBUF_INIT;
   for (int j = 0; j < t->n_in; j++) { /* each is taken, or freed, past a failure */
     dist_note_first_failure(c, grads[j] ? take_grad(c, s, t, j, grads[j], &root->later) : 0, &first);

@@ -53,14 +53,18 @@ static int keeps_failed_grads(const dist_backward_opts *o, const dist_invocation
  * also on one whose reply was lost here (out of memory): deleted there by
  * the request's names, unless keeps_failed_grads, or by undo_names when a
  * caller of libdist's own gives them; a daemon's reply, when there is one,
- * says which it stored. */
+ * says which it stored. A daemon that did not answer may have stored them
+ * too: with later (a caller of libdist's own), its names are deleted
+ * later rather than now, which would cost a deadline a name. */
 static void undo_backward(dist_client *c, const fanout *f, const dist_backward_opts *o,
                           const dist_invocation *inv, const char *const *names,
-                          int own_names) {
+                          int own_names, dist_later *later) {
   if (!own_names && keeps_failed_grads(o, inv)) return;
   int n_inputs = inv->n_inputs;
   for (int i = 0; i < f->n; i++) {
     const Dist__V1__ProgramBackwardReply *r = (const void *)f->calls[i].reply;
+    for (int j = 0; later && f->calls[i].unanswered && j < n_inputs; j++)
+      if (names[j] && names[j][0]) dist_later_note(c, later, names[j], f->targets[i]);
     if (!f->calls[i].applied) continue;
     for (int j = 0; j < n_inputs; j++) {
       int held = !r || ((size_t)j < r->n_grads && r->grads[j]->name && r->grads[j]->name[0]);
@@ -129,9 +133,14 @@ static int prepare_backward(dist_client *c, dist_invocation *inv, fanout *f,
   return build_backward(c, inv, f, out_grads, names, o, rq);
 }
 
+/* dist_backward; with undo_names, a failure deletes those (libdist's own
+ * names) rather than the request's, and notes them on later for the
+ * daemons that did not answer (dist_backward_undoing). */
 static int backward_run(dist_client *c, dist_invocation *inv, const dist_arg *out_grads,
                         const dist_backward_opts *opts, dist_tensor **grads,
-                        const char *const *undo_names) {
+                        const char *const *undo_names, dist_later *later) {
+  /* named as the public call, which is the one a caller gave NULL */
+  if (!inv) return dist_client_null_arg(c, "dist_backward", "inv");
   dist_backward_opts o = DIST_BACKWARD_OPTS_INIT;
   if (opts) o = *opts;
   for (int j = 0; grads && j < inv->n_inputs; j++) grads[j] = NULL;
@@ -160,8 +169,8 @@ static int backward_run(dist_client *c, dist_invocation *inv, const dist_arg *ou
   inv->backward_done = 1; /* the daemons freed the invocation either way */
   if (rc == 0) rc = take_grads(c, &f, &o, inv, grads);
   if (rc)
-    undo_backward(c, &f, &o, inv,
-                  undo_names ? undo_names : (const char *const *)names, undo_names != NULL);
+    undo_backward(c, &f, &o, inv, undo_names ? undo_names : (const char *const *)names,
+                  undo_names != NULL, later);
 out:
   dist_prog_fanout_free(&f);
   free(rq);
@@ -174,15 +183,13 @@ int dist_backward(dist_client *c, dist_invocation *inv,
                   const dist_arg *out_grads, const dist_backward_opts *opts,
                   dist_tensor **grads) {
   if (!c) return dist_no_client(__func__);
-  if (DIST_NEED(c, inv)) return c->err.code;
-  return backward_run(c, inv, out_grads, opts, grads, NULL);
+  return backward_run(c, inv, out_grads, opts, grads, NULL, NULL);
 }
 
 int dist_backward_undoing(dist_client *c, dist_invocation *inv, const dist_arg *out_grads,
                           const dist_backward_opts *opts, dist_tensor **grads,
-                          const char *const *undo_names) {
-  if (DIST_NEED(c, inv)) return c->err.code;
-  return backward_run(c, inv, out_grads, opts, grads, undo_names);
+                          const char *const *undo_names, dist_later *later) {
+  return backward_run(c, inv, out_grads, opts, grads, undo_names, later);
 }
 
 int dist_backward_refused(dist_client *c, const dist_invocation *inv) {

@@ -353,7 +353,7 @@ static int layer_back(dist_tape *t, entry *e) {
   dist_backward_opts bo = {np, 1, 0};
   /* A replacing backward keeps what it stored; the names are the tape's,
    * deleted where it applied when it fails. */
-  rc = dist_backward_undoing(c, e->inv, only_loss ? NULL : og, &bo, grads, np);
+  rc = dist_backward_undoing(c, e->inv, only_loss ? NULL : og, &bo, grads, np, &t->later);
   for (int k = 0; k < e->n_out; k++) {
     slot *s = dist_tape_find(t->slots, t->n_slots, e->outs[k].name);
     if (s) dist_tape_slot_clear(t, s);

@@ -858,7 +858,8 @@ Test(shard_layer, a_forward_a_frozen_daemon_fails_waits_one_deadline, .timeout =
   linear_with_rank_1_frozen(1, 1.5);
 }
 
-/* What ends a failed step's leftovers in lost_reply_forward. */
+/* What ends a failed step's leftovers in lost_reply_forward and
+ * lost_reply_backward. */
 typedef enum { BY_RELEASE, BY_FORWARD, BY_DESTROY } ended_by;
 
 /* Ends st's failed step as `how` says: a release, a forward (st.x again)
@@ -942,6 +943,47 @@ Test(shard_layer, a_forward_whose_reply_was_lost_leaves_nothing_after_a_forward,
 Test(shard_layer, a_forward_whose_reply_was_lost_leaves_nothing_after_a_destroy,
      .timeout = 120) {
   lost_reply_forward(BY_DESTROY);
+}
+
+/* The gradients of a Linear "bk" on rank r: its parameters'
+ * ("bk.<param>.grad") and its input's ("bk.s1.e0.grad0"). */
+static int grads_on(harness *h, int r) {
+  return reply_hold_count_on(h, r, "bk.", ".grad") + reply_hold_count_on(h, r, "bk.s1.", "grad0");
+}
+
+/* The backward of a Linear "bk" after one forward: rank 1 stores the
+ * gradients of its parameters and input (names of the step's own, as
+ * none existed before), but its reply is held past the deadline. Rank 0
+ * deletes them at once; rank 1 at the next release, forward or destroy.
+ * Before, they stayed on rank 1 for good. */
+static void lost_reply_backward(ended_by how) {
+  relayed_step s;
+  relayed_step_start(&s, "bk");
+  reply_hold_from_call(s.relay, 1);
+  int rc = dist_layer_backward(s.c, s.st.l, &s.st.y, NULL);
+  cr_assert(reply_hold_holding(s.relay), "the backward sent rank 1 no call");
+  reply_hold_release(s.relay);
+  cr_assert(rc < 0, "the backward whose reply from rank 1 was lost succeeded");
+  cr_assert_eq(grads_on(&cluster, 1), 3, "rank 1 stored the gradients of w, b and x");
+  cr_assert_eq(grads_on(&cluster, 0), 0, "rank 0 answered: deleted");
+  end_step(s.c, &s.st, how);
+  cr_assert_eq(grads_on(&cluster, 1), 0, "rank 1 kept the gradients");
+  relayed_step_stop(&s);
+}
+
+Test(shard_layer, a_backward_whose_reply_was_lost_leaves_nothing_after_a_release,
+     .timeout = 120) {
+  lost_reply_backward(BY_RELEASE);
+}
+
+Test(shard_layer, a_backward_whose_reply_was_lost_leaves_nothing_after_a_forward,
+     .timeout = 120) {
+  lost_reply_backward(BY_FORWARD);
+}
+
+Test(shard_layer, a_backward_whose_reply_was_lost_leaves_nothing_after_a_destroy,
+     .timeout = 120) {
+  lost_reply_backward(BY_DESTROY);
 }
 
 /* A layer y = a + b called with x twice: its backward sums x's two
