@@ -1,0 +1,44 @@
+/* The leak check that ends every test under AddressSanitizer
+ * (tests/criterion_leak_check.c) reports a leak: this binary runs itself
+ * again, only a test that leaks on purpose, and expects that test to fail
+ * with LeakSanitizer's report. Built only under ASan (tests/meson.build). */
+#include "harness.h"
+
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define LEAK_ON_PURPOSE_ENV "DIST_TEST_LEAK_ON_PURPOSE"
+
+Test(leak_check, leaks_on_purpose) {
+  if (!getenv(LEAK_ON_PURPOSE_ENV)) cr_skip_test("runs only when leak_check::reported runs it");
+  char *lost = malloc(41);
+  cr_assert_not_null(lost);
+  lost[0] = 1;
+  lost = NULL; /* the only pointer to the block, gone */
+}
+
+Test(leak_check, reported) {
+  char self[1024];
+  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  cr_assert_gt(n, 0, "cannot read /proc/self/exe");
+  self[n] = '\0';
+  /* BXFI_MAP marks a Criterion worker: without unsetting it the child would
+   * take itself for one. */
+  char cmd[1280];
+  snprintf(cmd, sizeof cmd, "env -u BXFI_MAP %s=1 %s --filter=leak_check/leaks_on_purpose",
+           LEAK_ON_PURPOSE_ENV, self);
+  char *out = NULL, *err = NULL;
+  int status = harness_run(cmd, &out, &err, 60);
+  cr_expect_neq(status, 0, "a run whose test leaked exited 0");
+  cr_expect(err && strstr(err, "ERROR: LeakSanitizer: detected memory leaks"),
+            "no LeakSanitizer report: %s", err ? err : "(none)");
+  cr_expect(err && strstr(err, "leak_check_leaks_on_purpose_impl"),
+            "the report does not name the leaking test: %s", err ? err : "(none)");
+  cr_expect(err && strstr(err, "[FAIL] leak_check::leaks_on_purpose"),
+            "the leaking test did not fail: %s", err ? err : "(none)");
+  free(out);
+  free(err);
+}
