@@ -12,8 +12,17 @@
 
 #define LEAK_ON_PURPOSE_ENV "DIST_TEST_LEAK_ON_PURPOSE"
 
+/* What libdist allocates for a test counts as the test's: a client it opened
+ * (no daemon needed until a call) and never closed. */
+static dist_client *client_never_closed(void) {
+  dist_client *c = NULL;
+  cr_assert_eq(dist_connect("127.0.0.1:1", NULL, &c), 0, "%s", dist_last_connect_error());
+  return c;
+}
+
 Test(leak_check, leaks_on_purpose) {
   if (!getenv(LEAK_ON_PURPOSE_ENV)) cr_skip_test("runs only when leak_check::reported runs it");
+  cr_assert_not_null(client_never_closed());
   char *lost = malloc(41);
   cr_assert_not_null(lost);
   lost[0] = 1;
@@ -37,6 +46,8 @@ Test(leak_check, reported) {
             "no LeakSanitizer report: %s", err ? err : "(none)");
   cr_expect(err && strstr(err, "leak_check_leaks_on_purpose_impl"),
             "the report does not name the leaking test: %s", err ? err : "(none)");
+  cr_expect(err && strstr(err, "in dist_connect "),
+            "the report does not name the client libdist opened: %s", err ? err : "(none)");
   cr_expect(err && strstr(err, "[FAIL] leak_check::leaks_on_purpose"),
             "the leaking test did not fail: %s", err ? err : "(none)");
   free(out);
