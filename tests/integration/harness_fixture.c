@@ -1,6 +1,8 @@
-/* The one way a test file sets up and tears down its cluster: a cluster
- * id of its own, kept for restarts, and a stop that .fini can call
- * whether or not the test got as far as starting one. */
+/* How a test file sets up and tears down its cluster: a cluster id of its
+ * own, kept for restarts, and a stop that .fini can call whether or not
+ * the test got as far as starting one. Every file but two uses it:
+ * test_daemon and test_security start clusters of their own per test
+ * (start-up itself is what they test, and per-rank cluster files). */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <unistd.h>
@@ -43,6 +45,9 @@ dist_client *harness_start_with_client(harness *h, int n, const char *const *ext
 }
 
 void harness_start_rank_again(harness *h, int r, const char *const *extra_args) {
+  /* a cluster of plain harness_start has no id to rejoin with */
+  cr_assert(h->cluster_id[0], "rank %d restarted in a cluster not started by "
+                              "harness_start_unique", r);
   const char *args[EXTRA_ARGS_MAX + 3];
   args_with_cluster_id(h->cluster_id, extra_args, args);
   harness_start_rank(h, r, args);

@@ -178,9 +178,8 @@ Test(inspect, metrics_count_collectives_and_pass_promtool, .timeout = 120) {
   free(text);
 
   if (access("/usr/bin/promtool", X_OK) != 0) {
+    stop_cluster(); /* cr_skip ends the test at once, .fini not run */
     cr_skip("promtool check skipped: /usr/bin/promtool not installed");
-    stop_cluster();
-    return;
   }
   char cmd[1024], *err = NULL;
   snprintf(cmd, sizeof cmd, "%s --cluster %s metrics --rank 0 | promtool check metrics",

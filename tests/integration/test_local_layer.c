@@ -144,7 +144,8 @@ Test(local_layer, masked_loss_gradient_is_mask_over_count, .timeout = 120) {
 /* One call of a loss program on W daemons: float32 logits x [T, E]
  * (fill_logits of seed) as Shard(0) on a line mesh of W, the program made
  * for that mesh registered and called once. The test checks `out`, runs
- * the backward into `grad`, and loss_call_end frees it all. */
+ * the backward into `grad`, and loss_call_end frees it all and stops the
+ * cluster. */
 typedef struct loss_call {
   dist_client *c;
   dist_mesh *m;

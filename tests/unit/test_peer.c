@@ -499,9 +499,10 @@ static void sweep(distd_peers *p, int64_t now_ms) {
 static void expect_dropped(distd_peers *p, int src, uint64_t frames, uint64_t bytes) {
   distd_peer_stats st;
   distd_peers_get_stats(p, src, &st);
-  cr_assert_eq(st.unexpected_expired, frames, "from rank %d: %llu frames dropped", src,
+  /* cr_expect: a wrong count on one rank still shows the others' */
+  cr_expect_eq(st.unexpected_expired, frames, "from rank %d: %llu frames dropped", src,
                (unsigned long long)st.unexpected_expired);
-  cr_assert_eq(st.unexpected_expired_bytes, bytes, "from rank %d: %llu bytes dropped", src,
+  cr_expect_eq(st.unexpected_expired_bytes, bytes, "from rank %d: %llu bytes dropped", src,
                (unsigned long long)st.unexpected_expired_bytes);
 }
 
