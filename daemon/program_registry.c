@@ -221,6 +221,8 @@ int distd_registry_release(distd_program_registry *r, uint64_t id,
 
 int distd_registry_live(distd_program_registry *r) {
   pthread_mutex_lock(&r->mu);
+  /* expired ones go at the next keep, take or release: not counted */
+  drop_kept_where(r, 0, distd_now_s());
   int n = r->live;
   pthread_mutex_unlock(&r->mu);
   return n;
