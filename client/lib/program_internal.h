@@ -122,8 +122,7 @@ int dist_prog_add_node(dist_program *p, int op, const int *ins, int n_in,
 /* The ranks of p's output meshes, each once; returns how many. */
 int dist_prog_output_ranks(const dist_program *p, int *ranks);
 /* Best effort: keeps c's error as it was. */
-void dist_prog_release_on(dist_client *c, const int *targets, int n,
-                          const uint64_t *handles, uint64_t invocation);
+void dist_prog_release_on(dist_client *c, const int *targets, int n, const uint64_t *handles);
 
 /* ---------------------------------------------------------------- program_call.c */
 

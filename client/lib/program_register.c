@@ -91,14 +91,13 @@ static int program_targets(dist_client *c, const dist_program *p,
   return n ? n : c->n;
 }
 
-/* Sends Release(handle or invocation) to the given daemons, best effort. */
-void dist_prog_release_on(dist_client *c, const int *targets, int n,
-                          const uint64_t *handles, uint64_t invocation) {
+/* Sends Release(handle) to the given daemons, best effort (an invocation
+ * is released by dist_invocation_release_one). */
+void dist_prog_release_on(dist_client *c, const int *targets, int n, const uint64_t *handles) {
   dist_errbuf keep = c->err;
   for (int i = 0; i < n; i++) {
     Dist__V1__ProgramReleaseRequest rq = DIST__V1__PROGRAM_RELEASE_REQUEST__INIT;
-    rq.handle = handles ? handles[i] : 0;
-    rq.invocation_id = invocation;
+    rq.handle = handles[i];
     ProtobufCMessage *rp = NULL;
     dist_call_one(c, targets[i], LL_METHOD("Release"), &rq.base,
                   &dist__v1__program_release_reply__descriptor, &rp);
@@ -140,7 +139,7 @@ int dist_program_register(dist_client *c, dist_program *p) {
                        &dist__v1__program_register_reply__descriptor, &rq.base, targets, n, &calls);
   for (int i = 0; calls && i < n; i++) {
     const Dist__V1__ProgramRegisterReply *r = (const void *)calls[i].reply;
-    if (r && rc != 0) dist_prog_release_on(c, &targets[i], 1, &r->handle, 0);
+    if (r && rc != 0) dist_prog_release_on(c, &targets[i], 1, &r->handle);
     if (r && rc == 0) {
       p->ranks[i] = targets[i];
       p->handles[i] = r->handle;
