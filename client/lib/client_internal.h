@@ -147,7 +147,9 @@ int dist_invocation_release_one(dist_client *c, uint64_t invocation, int rank);
  * later, by the list's holder (a layer's next release, forward or
  * destroy; a tape's free). Names with step numbers or tape ids, and
  * invocation ids, are never used again, so what is undone later can only
- * be the failed call's. */
+ * be the failed call's; a parameter's gradient ("<param>.grad") is named
+ * alike each step, so the step that files one forgets its name here
+ * (dist_later_forget) before a later undo could delete it. */
 typedef struct dist_later_item {
   char name[256];      /* a tensor to delete, or "": */
   uint64_t invocation; /* the invocation to release */
@@ -166,6 +168,9 @@ void dist_later_note_invocation(dist_client *c, dist_later *l, uint64_t invocati
  * next time. Returns the first failure (c->err), or 0 with c->err
  * cleared. */
 int dist_later_undo(dist_client *c, dist_later *l);
+/* Drops every item naming name: a tensor stored under it since, which is
+ * not the failed call's to undo. */
+void dist_later_forget(dist_later *l, const char *name);
 void dist_later_free(dist_later *l);
 /* dist_calls_free, then the array (NULL is a no-op). */
 void dist_calls_release(dist_call *calls, int n);

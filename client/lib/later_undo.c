@@ -3,6 +3,7 @@
  * kept for backward (dist_later, client_internal.h). */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "client_internal.h"
 
@@ -48,6 +49,13 @@ int dist_later_undo(dist_client *c, dist_later *l) {
   l->n = kept;
   c->err = first;
   return first.code;
+}
+
+void dist_later_forget(dist_later *l, const char *name) {
+  int kept = 0;
+  for (int i = 0; i < l->n; i++)
+    if (strcmp(l->items[i].name, name) != 0) l->items[kept++] = l->items[i];
+  l->n = kept;
 }
 
 void dist_later_free(dist_later *l) {
