@@ -59,6 +59,10 @@ static int keeps_failed_grads(const dist_backward_opts *o, const dist_invocation
 static void undo_backward(dist_client *c, const fanout *f, const dist_backward_opts *o,
                           const dist_invocation *inv, const char *const *names,
                           int own_names, dist_later *later) {
+  /* A daemon the request reached used the invocation up; one it did not
+   * reach (the connection lost) keeps it: "not found" is done. */
+  for (int i = 0; later && i < f->n; i++)
+    if (f->calls[i].unanswered) dist_later_note_invocation(c, later, inv->id, f->targets[i]);
   if (!own_names && keeps_failed_grads(o, inv)) return;
   int n_inputs = inv->n_inputs;
   for (int i = 0; i < f->n; i++) {
