@@ -940,6 +940,8 @@ Test(shard_layer, a_forward_whose_reply_was_lost_leaves_nothing_after_a_forward,
   lost_reply_forward(BY_FORWARD);
 }
 
+/* Of the invocation this shows nothing: a destroy unregisters the
+ * program, which drops its kept invocations on every daemon anyway. */
 Test(shard_layer, a_forward_whose_reply_was_lost_leaves_nothing_after_a_destroy,
      .timeout = 120) {
   lost_reply_forward(BY_DESTROY);
