@@ -201,13 +201,7 @@ int dist_backward_refused(dist_client *c, const dist_invocation *inv) {
 }
 
 int dist_invocation_release_one(dist_client *c, uint64_t invocation, int rank) {
-  Dist__V1__ProgramReleaseRequest rq = DIST__V1__PROGRAM_RELEASE_REQUEST__INIT;
-  rq.invocation_id = invocation;
-  ProtobufCMessage *rp = NULL;
-  int rc = dist_call_one(c, rank, LL_METHOD("Release"), &rq.base,
-                         &dist__v1__program_release_reply__descriptor, &rp);
-  if (rp) protobuf_c_message_free_unpacked(rp, NULL);
-  return rc;
+  return dist_prog_release_one(c, rank, 0, invocation);
 }
 
 int dist_invocation_release(dist_client *c, dist_invocation *inv) {
