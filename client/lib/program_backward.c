@@ -59,17 +59,18 @@ static int keeps_failed_grads(const dist_backward_opts *o, const dist_invocation
 static void undo_backward(dist_client *c, const fanout *f, const dist_backward_opts *o,
                           const dist_invocation *inv, const char *const *names,
                           int own_names, dist_later *later) {
-  /* A daemon the request reached used the invocation up; one it did not
-   * reach (the connection lost) keeps it: "not found" is done. */
-  for (int i = 0; later && i < f->n; i++)
-    if (f->calls[i].unanswered) dist_later_note_invocation(c, later, inv->id, f->targets[i]);
-  if (!own_names && keeps_failed_grads(o, inv)) return;
+  int drop_grads = own_names || !keeps_failed_grads(o, inv);
   int n_inputs = inv->n_inputs;
   for (int i = 0; i < f->n; i++) {
     const Dist__V1__ProgramBackwardReply *r = (const void *)f->calls[i].reply;
-    for (int j = 0; later && f->calls[i].unanswered && j < n_inputs; j++)
-      if (names[j] && names[j][0]) dist_later_note(c, later, names[j], f->targets[i]);
-    if (!f->calls[i].applied) continue;
+    if (later && f->calls[i].unanswered) {
+      /* A daemon the request reached used the invocation up; one it did
+       * not reach (the connection lost) keeps it: "not found" is done. */
+      dist_later_note_invocation(c, later, inv->id, f->targets[i]);
+      for (int j = 0; drop_grads && j < n_inputs; j++)
+        if (names[j] && names[j][0]) dist_later_note(c, later, names[j], f->targets[i]);
+    }
+    if (!drop_grads || !f->calls[i].applied) continue;
     for (int j = 0; j < n_inputs; j++) {
       int held = !r || ((size_t)j < r->n_grads && r->grads[j]->name && r->grads[j]->name[0]);
       if (names[j] && names[j][0] && held) dist_delete_on(c, names[j], &f->targets[i], 1);
