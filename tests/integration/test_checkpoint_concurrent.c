@@ -34,8 +34,7 @@ static void put_a_and_b(dist_client *c) {
 /* A cluster of two, started with extra_args, holding "a" and "b"; dir is
  * set to its checkpoint directory. Returns its client. */
 static dist_client *start_with_a_and_b(const char *const *extra_args, char *dir, size_t len) {
-  harness_start(&cluster, 2, extra_args);
-  dist_client *c = harness_client(&cluster);
+  dist_client *c = harness_start_with_client(&cluster, 2, extra_args);
   put_a_and_b(c);
   snprintf(dir, len, "%s/ckpt", cluster.dir);
   return c;

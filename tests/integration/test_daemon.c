@@ -41,8 +41,7 @@ static void expect_peer_io(const dist_daemon_info *info, const char *want) {
 
 Test(daemon, health_and_info_on_a_three_rank_cluster, .timeout = 60) {
   harness h;
-  harness_start(&h, 3, NULL);
-  dist_client *c = harness_client(&h);
+  dist_client *c = harness_start_with_client(&h, 3, NULL);
   for (int r = 0; r < 3; r++) {
     cr_assert_eq(dist_health(c, r), 0, "%s", dist_errmsg(c));
     dist_daemon_info info;
@@ -66,8 +65,7 @@ Test(daemon, health_and_info_on_a_three_rank_cluster, .timeout = 60) {
 Test(daemon, peer_io_uring_false_makes_one_system_call_each_and_says_so, .timeout = 60) {
   harness h;
   const char *const args[] = {"--peer-io-uring=false", NULL};
-  harness_start(&h, 2, args);
-  dist_client *c = harness_client(&h);
+  dist_client *c = harness_start_with_client(&h, 2, args);
   dist_daemon_info info;
   cr_assert_eq(dist_info(c, 1, &info), 0, "%s", dist_errmsg(c));
   cr_assert_str_eq(info.peer_io, "system calls (io_uring turned off)");
@@ -447,8 +445,7 @@ Test(distctl, launch_stops_everything_when_a_rank_fails, .timeout = 120) {
 
 Test(daemon, metrics_endpoint_is_valid_prometheus_text, .timeout = 60) {
   harness h;
-  harness_start(&h, 2, NULL);
-  dist_client *c = harness_client(&h);
+  dist_client *c = harness_start_with_client(&h, 2, NULL);
   dist_daemon_info info;
   cr_assert_eq(dist_info(c, 0, &info), 0);
   dist_info_free(&info);

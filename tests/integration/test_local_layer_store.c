@@ -119,8 +119,7 @@ static void run_trainers(trainer *tr, int replace) {
 /* SPMD: each trainer hears only from its own daemon, so rank 0's trainer
  * went on with an output that rank 1 never stored. */
 Test(local_layer_store, an_output_name_taken_on_one_daemon_is_stored_by_none) {
-  harness_start(&cluster, 2, NULL);
-  dist_client *c = harness_client(&cluster);
+  dist_client *c = harness_start_with_client(&cluster, 2, NULL);
   int64_t n4 = 4, n3 = 3;
   static const double taken[3] = {7, 7, 7}, twice[4] = {3, -4, 0.5, 16};
   dist_tensor_free(harness_put(c, "x", DIST_FLOAT64, x0, 1, &n4, "[0,1]", "Replicate()"));
@@ -150,8 +149,7 @@ Test(local_layer_store, an_output_name_taken_on_one_daemon_is_stored_by_none) {
  * what it stores "__metadata__", which libdist refuses, trainer 1 `name`
  * (with a deadline of 10 s). Returns a single client of both daemons. */
 static dist_client *start_refusing_pair(trainer *tr, const char *job, const char *name) {
-  harness_start(&cluster, 2, NULL);
-  dist_client *c = harness_client(&cluster);
+  dist_client *c = harness_start_with_client(&cluster, 2, NULL);
   int64_t n4 = 4;
   dist_tensor_free(harness_put(c, "x", DIST_FLOAT64, x0, 1, &n4, "[0,1]", "Replicate()"));
   for (int r = 0; r < 2; r++)
@@ -189,8 +187,7 @@ Test(local_layer_store, a_call_one_spmd_trainer_refuses_fails_the_other_at_once)
  * stays whole; onto a mesh that covers it, the replacement goes through.
  * A name held only outside the output's mesh is refused too. */
 Test(local_layer_store, an_output_replacing_a_tensor_beyond_its_mesh_is_refused) {
-  harness_start(&cluster, 3, NULL);
-  dist_client *c = harness_client(&cluster);
+  dist_client *c = harness_start_with_client(&cluster, 3, NULL);
   int64_t n4 = 4;
   static const double y0[4] = {-1, -2, -3, -4}, twice[4] = {3, -4, 0.5, 16};
   dist_tensor_free(harness_put(c, "x", DIST_FLOAT64, x0, 1, &n4, "[0,1]", "Replicate()"));
@@ -230,8 +227,7 @@ Test(local_layer_store, an_output_replacing_a_tensor_beyond_its_mesh_is_refused)
  * and kept on rank 1. */
 Test(local_layer_store, an_output_one_daemon_cannot_afford_keeps_the_old_value_everywhere) {
   const char *args[] = {"--memory-limit=400", NULL};
-  harness_start(&cluster, 2, args);
-  dist_client *c = harness_client(&cluster);
+  dist_client *c = harness_start_with_client(&cluster, 2, args);
   int64_t n4 = 4, n40 = 40;
   static const double y0[4] = {-1, -2, -3, -4};
   double fill[40] = {0};
@@ -261,8 +257,7 @@ Test(local_layer_store, an_output_one_daemon_cannot_afford_keeps_the_old_value_e
 /* Two daemons holding "x", and the sharded doubler registered on both
  * (*p) through the single client returned. */
 static dist_client *start_with_sharded_doubler(dist_program **p) {
-  harness_start(&cluster, 2, NULL);
-  dist_client *c = harness_client(&cluster);
+  dist_client *c = harness_start_with_client(&cluster, 2, NULL);
   int64_t n4 = 4;
   dist_tensor_free(harness_put(c, "x", DIST_FLOAT64, x0, 1, &n4, "[0,1]", "Replicate()"));
   *p = harness_doubler(1);
@@ -301,8 +296,7 @@ Test(local_layer_store, a_daemon_that_lost_the_program_fails_the_others_at_once)
  * on rank 1 only is stored by neither daemon (rank 0 used to keep its
  * piece), and with replace by both, at one version. */
 Test(local_layer_store, a_gradient_name_taken_on_one_daemon_is_stored_by_none) {
-  harness_start(&cluster, 2, NULL);
-  dist_client *c = harness_client(&cluster);
+  dist_client *c = harness_start_with_client(&cluster, 2, NULL);
   int64_t n4 = 4, n3 = 3;
   static const double taken[3] = {7, 7, 7}, twos[4] = {2, 2, 2, 2};
   dist_tensor_free(harness_put(c, "x", DIST_FLOAT64, x0, 1, &n4, "[0,1]", "Replicate()"));
@@ -364,8 +358,7 @@ static void expect_put_refused_while_held(dist_client *c, const char *name) {
  * Before, the put went through between the call's checks and its store,
  * and the call then replaced it. */
 Test(local_layer_store, a_put_of_an_output_name_while_the_call_votes_is_refused) {
-  harness_start(&cluster, 2, NULL);
-  dist_client *c = harness_client(&cluster);
+  dist_client *c = harness_start_with_client(&cluster, 2, NULL);
   int64_t n4 = 4;
   static const double twice[4] = {3, -4, 0.5, 16};
   dist_tensor_free(harness_put(c, "x", DIST_FLOAT64, x0, 1, &n4, "[0,1]", "Replicate()"));
@@ -427,8 +420,7 @@ static int vote_running_on(dist_client *c, int r) {
  * tensors. Rank 1's daemon is stopped meanwhile, so that both trainers'
  * calls wait after their checks. */
 Test(local_layer_store, a_put_onto_another_mesh_racing_the_call_leaves_one_tensor) {
-  harness_start(&cluster, 3, NULL);
-  dist_client *c = harness_client(&cluster);
+  dist_client *c = harness_start_with_client(&cluster, 3, NULL);
   int64_t n4 = 4;
   static const double y0[4] = {-1, -2, -3, -4};
   dist_tensor_free(harness_put(c, "x", DIST_FLOAT64, x0, 1, &n4, "[0,1]", "Replicate()"));
@@ -554,8 +546,7 @@ Test(local_layer_store, a_backward_one_spmd_trainer_refuses_fails_the_other_at_o
 /* The same for a backward's stored gradients: a put of "gx" while the
  * backward votes is refused. */
 Test(local_layer_store, a_put_of_a_gradient_name_while_the_backward_votes_is_refused) {
-  harness_start(&cluster, 2, NULL);
-  dist_client *c = harness_client(&cluster);
+  dist_client *c = harness_start_with_client(&cluster, 2, NULL);
   int64_t n4 = 4;
   dist_tensor_free(harness_put(c, "x", DIST_FLOAT64, x0, 1, &n4, "[0,1]", "Replicate()"));
   trainer tr[2] = {{.c = harness_spmd_client(&cluster, 0, "grad-hold-job")},

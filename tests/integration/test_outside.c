@@ -237,8 +237,7 @@ static void *mesh_user_main(void *arg) {
  * follows meets. */
 Test(outside, a_full_tensor_or_push_outside_the_mesh_stays_in_step, .timeout = 120,
      .fini = stop_cluster) {
-  harness_start(&cluster, 3, NULL);
-  dist_client *c = harness_client(&cluster);
+  dist_client *c = harness_start_with_client(&cluster, 3, NULL);
   static const float w0[4] = {1, 2, 3, 4}, g0[4] = {1, 1, 1, 1};
   int64_t n4 = 4;
   dist_tensor *w = harness_put(c, "w", DIST_FLOAT32, w0, 1, &n4, "[0,1]", "Replicate()");
@@ -1290,8 +1289,7 @@ Test(outside, an_input_no_output_depends_on_has_a_gradient_inside_and_outside_th
  * name, and backward sends each output's gradient only to its members. */
 Test(outside, one_client_calls_a_local_layer_with_outputs_on_two_meshes, .timeout = 120,
      .fini = stop_cluster) {
-  harness_start(&cluster, 4, NULL);
-  dist_client *c = harness_client(&cluster);
+  dist_client *c = harness_start_with_client(&cluster, 4, NULL);
   dist_mesh *stage0 = NULL, *stage1 = NULL;
   dist_mesh_from_string("[0,1]", NULL, &stage0);
   dist_mesh_from_string("[2,3]", NULL, &stage1);
@@ -1529,8 +1527,7 @@ Test(outside, a_tape_through_a_local_layer_with_outputs_on_two_meshes, .timeout 
 /* The same tape recorded by one client of all four daemons. */
 Test(outside, one_clients_tape_through_a_local_layer_with_outputs_on_two_meshes,
      .timeout = 120, .fini = stop_cluster) {
-  harness_start(&cluster, 4, NULL);
-  dist_client *c = harness_client(&cluster);
+  dist_client *c = harness_start_with_client(&cluster, 4, NULL);
   split_programs s;
   split_programs_new(&s);
   const float x[8] = {1, 2, 3, 4, 5, 6, 7, 8};
@@ -1615,8 +1612,7 @@ static void *failing_main(void *arg) {
  * rank of [0,1], and rank 3's own tensor is left as it was. */
 Test(outside, a_failure_on_one_output_mesh_fails_the_call_on_every_trainer, .timeout = 120,
      .fini = stop_cluster) {
-  harness_start(&cluster, 4, NULL);
-  dist_client *c = harness_client(&cluster);
+  dist_client *c = harness_start_with_client(&cluster, 4, NULL);
   float mine[1] = {42};
   int64_t one[1] = {1};
   dist_tensor_free(harness_put(c, "fail.out1", DIST_FLOAT32, mine, 1, one, "[3]",
