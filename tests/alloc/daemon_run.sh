@@ -72,9 +72,9 @@ held_partly() {
       { echo "rank $r could not list its tensors: $(tail -1 "$dir/held.$r.err")"; return; }
     lists+=("$dir/held.$r")
   done
-  # python3, which CI installs (jq it does not): a failure of the check
+  # Python, which CI installs (jq it does not): a failure of the check
   # itself is said, never read as "nothing held partly"
-  python3 - "${lists[@]}" <<'PY' || echo "the check of names held partly failed"
+  "$python" - "${lists[@]}" <<'PY' || echo "the check of names held partly failed"
 import json, sys
 held = [json.load(open(f)) for f in sys.argv[1:]]
 partly = set()

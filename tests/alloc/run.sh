@@ -61,9 +61,9 @@ clean_run() {
 # value, through every run (listed after each, its value read at the end).
 sentinel=alloc_sentinel.$$
 npy_data() { # the data bytes of .npy file $1, as hex
-  python3 -c 'import sys; b = open(sys.argv[1], "rb").read(); print(b[10 + int.from_bytes(b[8:10], "little"):].hex())' "$1"
+  "$python" -c 'import sys; b = open(sys.argv[1], "rb").read(); print(b[10 + int.from_bytes(b[8:10], "little"):].hex())' "$1"
 }
-python3 -c 'import struct, sys
+"$python" -c 'import struct, sys
 h = "{\x27descr\x27: \x27<f4\x27, \x27fortran_order\x27: False, \x27shape\x27: (4, 2), }"
 h += " " * (117 - len(h)) + "\n"
 open(sys.argv[1], "wb").write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(h)) + h.encode() + struct.pack("<8f", *range(1, 9)))' \
@@ -89,7 +89,7 @@ held=$sentinel
 check_left() {
   local now new
   now=$("$distctl" --cluster "$conf" tensors --json |
-    python3 -c 'import json, sys; print("\n".join(t["name"] for t in json.load(sys.stdin)))' |
+    "$python" -c 'import json, sys; print("\n".join(t["name"] for t in json.load(sys.stdin)))' |
     sort -u) ||
     { echo "alloc_sweep: cannot list the daemons' tensors" >&2; exit 1; }
   new=$(comm -13 <(printf '%s\n' "$held" | grep .) <(printf '%s\n' "$now" | grep .))

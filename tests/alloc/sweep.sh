@@ -15,6 +15,10 @@ sweep_setup() {
   shim=$build/tests/alloc/failalloc.so
   distctl=$build/client/distctl/distctl
   client_mode=()
+  # Debian's Python (.ci/install-deps installs it), by path: a python3
+  # found first on PATH may be a version manager's shim, which cost 0.33 s
+  # a call here against 0.025 s, once or twice per run of a sweep.
+  python=/usr/bin/python3
   run_timeout=20 # a run takes 0.2-0.5 s: a few hangs stay inside meson's timeout
   dir=$(mktemp -d "${TMPDIR:-/tmp}/distd-alloc-XXXXXX")
 }
