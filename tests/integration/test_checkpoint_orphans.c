@@ -43,13 +43,17 @@ static dist_client *client_with_timeout(long timeout_ms) {
   return c;
 }
 
-/* 64 MiB per daemon, so that writing and syncing a file takes a while. */
-static void put_big(dist_client *c) {
+/* 64 MiB per daemon, so that writing and syncing a file takes a while.
+ * Put through a client of its own with a long timeout: the test's client
+ * gives up after 4 s, which this put took on a loaded machine. */
+static void put_big(void) {
+  dist_client *c = client_with_timeout(120000);
   const int64_t n = 32 << 20;
   float *big = malloc(sizeof(float) * (size_t)n);
   for (int64_t i = 0; i < n; i++) big[i] = (float)(i % 4093);
   dist_tensor_free(harness_put(c, "big", DIST_FLOAT32, big, 1, &n, "[0,1]", "Shard(0)"));
   free(big);
+  dist_close(c);
 }
 
 /* Freezes rank 1 once its temporary file appears; 0 if it never did. */
@@ -70,8 +74,8 @@ static int freeze_rank1_mid_write(const char *dir) {
  * until the next save's commit); rank 0's file goes with the Discard. */
 Test(orphans, a_file_finished_after_its_save_failed_is_removed_by_its_daemon) {
   harness_start(&cluster, 2, NULL);
+  put_big();
   dist_client *c = client_with_timeout(4000);
-  put_big(c);
   char dir[400];
   snprintf(dir, sizeof dir, "%s/ckpt", cluster.dir);
   long from = harness_log_size(&cluster, 1);
