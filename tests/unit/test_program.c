@@ -16,13 +16,6 @@
 #define KIND(k) DIST__V1__PROGRAM_INPUT__KIND__##k
 #define OP(o) DIST__V1__OP_KIND__OP_##o
 
-static distd_tval *make(dist_dtype dt, int ndim, const int64_t *dims,
-                        const double *v) {
-  dist_shape s = {ndim, {0}};
-  for (int d = 0; d < ndim; d++) s.dims[d] = dims[d];
-  return make_vals(dt, s, v);
-}
-
 /* The program b describes, which must compile; b is freed (the program
  * keeps its own copy). */
 static distd_program *compiled(pb_build *b) {
@@ -65,8 +58,7 @@ static void run_masked_loss(uint32_t rank, double expect_loss,
   p = compiled(&b);
   double xv[10];
   for (int i = 0; i < 10; i++) xv[i] = i + rank; /* arange(0, 10) + rank */
-  int64_t dims[1] = {10};
-  distd_tval *x = make(DIST_FLOAT32, 1, dims, xv);
+  distd_tval *x = make_vals(DIST_FLOAT32, shp(1, 10), xv);
   distd_tval *inputs[2] = {x, NULL};
   distd_run_env env = {rank};
   cr_assert_eq(distd_program_run(p, &env, inputs, &inv, &eb), 0, "%s", eb.msg);
@@ -106,8 +98,7 @@ Test(program, invocation_released_before_backward_frees_everything) {
   build_masked_loss(&b);
   p = compiled(&b);
   double xv[10] = {0};
-  int64_t dims[1] = {10};
-  distd_tval *x = make(DIST_FLOAT32, 1, dims, xv);
+  distd_tval *x = make_vals(DIST_FLOAT32, shp(1, 10), xv);
   distd_tval *inputs[2] = {x, NULL};
   distd_run_env env = {0};
   cr_assert_eq(distd_program_run(p, &env, inputs, &inv, &eb), 0, "%s", eb.msg);
@@ -186,8 +177,7 @@ static void fill_logits(double *l, unsigned seed) {
 static void run_moe(distd_program *p, const double *l, dist_dtype dt,
                     double *aux, double *z, distd_invocation **keep) {
   dist_errbuf eb = DIST_ERRBUF_INIT;
-  int64_t dims[2] = {T, E};
-  distd_tval *x = make(dt, 2, dims, l);
+  distd_tval *x = make_vals(dt, shp(2, T, E), l);
   distd_invocation *inv = NULL;
   distd_run_env env = {0};
   cr_assert_eq(distd_program_run(p, &env, &x, &inv, &eb), 0, "%s", eb.msg);
@@ -226,8 +216,8 @@ Test(program, moe_gradients_match_finite_differences) {
   distd_invocation *inv = NULL;
   run_moe(p, l, DIST_FLOAT64, &aux, &z, &inv);
   /* d(aux + 0.5 z)/dl: both outputs get a gradient. */
-  distd_tval *g1 = make(DIST_FLOAT64, 0, NULL, (double[]){1.0});
-  distd_tval *g2 = make(DIST_FLOAT64, 0, NULL, (double[]){0.5});
+  distd_tval *g1 = make_vals(DIST_FLOAT64, shp(0), (double[]){1.0});
+  distd_tval *g2 = make_vals(DIST_FLOAT64, shp(0), (double[]){0.5});
   distd_tval *og[2] = {g1, g2};
   cr_assert_eq(distd_invocation_backward(inv, og, &eb), 0, "%s", eb.msg);
   distd_tval *g = distd_invocation_input_grad(inv, 0);
@@ -345,10 +335,9 @@ Test(program_errors, wrong_shape_names_op_and_position) {
   pbb_output(&b, y);
   p = compiled(&b);
   /* Shapes are known only at invocation: checked before anything runs. */
-  int64_t dx[2] = {2, 3}, dw[2] = {4, 5};
   double zeros[20] = {0};
-  distd_tval *in[2] = {make(DIST_FLOAT32, 2, dx, zeros),
-                       make(DIST_FLOAT32, 2, dw, zeros)};
+  distd_tval *in[2] = {make_vals(DIST_FLOAT32, shp(2, 2, 3), zeros),
+                       make_vals(DIST_FLOAT32, shp(2, 4, 5), zeros)};
   distd_invocation *inv = NULL;
   distd_run_env env = {0};
   cr_assert_eq(distd_program_run(p, &env, in, &inv, &eb), DIST_EMISMATCH);
@@ -366,9 +355,8 @@ Test(program_errors, input_against_declared_dtype) {
   distd_program *p = NULL;
   build_masked_loss(&b);
   p = compiled(&b);
-  int64_t dims[1] = {10};
   double v[10] = {0};
-  distd_tval *x = make(DIST_INT64, 1, dims, v);
+  distd_tval *x = make_vals(DIST_INT64, shp(1, 10), v);
   distd_tval *in[2] = {x, NULL};
   distd_invocation *inv = NULL;
   distd_run_env env = {0};
@@ -467,9 +455,8 @@ Test(program_errors, backward_from_an_integer_scalar_is_refused) {
   uint32_t pos = pbb_node(&b, OP(GT), x, PB_END);
   pbb_output(&b, pbb_node(&b, OP(SUM), pos, PB_END));
   p = compiled(&b);
-  int64_t dims[1] = {3};
   double v[3] = {1, -2, 3};
-  distd_tval *in[1] = {make(DIST_FLOAT32, 1, dims, v)};
+  distd_tval *in[1] = {make_vals(DIST_FLOAT32, shp(1, 3), v)};
   distd_invocation *inv = NULL;
   distd_run_env env = {0};
   cr_assert_eq(distd_program_run(p, &env, in, &inv, &eb), 0, "%s", eb.msg);
