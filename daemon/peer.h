@@ -132,6 +132,10 @@ void distd_peers_tls_use(distd_peers *p, void *ctx);
 void distd_peers_tls_drop(void *ctx);
 /* Number of peers (not counting self) with both directions greeted. */
 int distd_peers_connected_count(distd_peers *p);
+/* Transfers whose sends took more or fewer send items than were reserved
+ * for them (distd_xfer_reserve_sends) since start: a bug in a caller's
+ * count, as a send past its reservation allocates and can fail midway. */
+uint64_t distd_peers_reserve_mismatches(distd_peers *p);
 
 /* A set of transfers belonging to one operation. Thread-safe with respect to
  * the loop; one xfer is used by one thread. */

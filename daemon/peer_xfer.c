@@ -292,6 +292,13 @@ static void check_reservation(distd_xfer *x) {
            (unsigned long long)x->op_id, x->sends_taken, x->sends_reserved);
 }
 
+uint64_t distd_peers_reserve_mismatches(distd_peers *p) {
+  pthread_mutex_lock(&p->mu);
+  uint64_t n = p->reserve_mismatches;
+  pthread_mutex_unlock(&p->mu);
+  return n;
+}
+
 void distd_xfer_sign(distd_xfer *x, uint64_t signature, distd_signature_namer name) {
   x->signature = signature;
   x->name_signature = name;

@@ -152,6 +152,17 @@ static void write_peer_gauges(distd_server *s, struct evbuffer *out) {
   free(stats);
 }
 
+/* Daemon-wide, not per peer: a transfer's sends may go to several. Always
+ * listed, so that an alert can watch it stay 0. */
+static void write_reserve_mismatches(distd_server *s, struct evbuffer *out) {
+  distd_metrics_gauge_header(out, "distd_peer_reserve_mismatches_total", "counter",
+                             "Data-plane transfers whose sends took more or fewer send items "
+                             "than were reserved for them (a bug: a send past its reservation "
+                             "allocates, and can fail midway)");
+  evbuffer_add_printf(out, "distd_peer_reserve_mismatches_total %llu\n",
+                      (unsigned long long)distd_peers_reserve_mismatches(s->peers));
+}
+
 /* A date gauge (seconds since the epoch), when there is one. */
 static void write_date(struct evbuffer *out, const char *name, const char *help,
                        const int64_t *value) {
@@ -191,6 +202,7 @@ void distd_write_metrics(void *server, struct evbuffer *out) {
              "The earliest next update of tls_crl's CRLs: past it, certificates of "
              "that issuer are refused", &s->tls_crl_next_update);
   write_peer_gauges(s, out);
+  write_reserve_mismatches(s, out);
   distd_ops_write_metrics(s, out);
   distd_param_write_metrics(s, out);
 }

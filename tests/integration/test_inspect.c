@@ -175,6 +175,11 @@ Test(inspect, metrics_count_collectives_and_pass_promtool, .timeout = 120) {
   cr_assert(strstr(text, "distd_collectives_total{kind=\"all_reduce\",result=\"ok\"} 1"), "%s",
             text);
   cr_assert(strstr(text, "distd_ops_in_flight 0"), "%s", text);
+  /* Listed from the start, daemon-wide (a transfer's sends go to several
+   * peers), and 0 after a sound all-reduce. */
+  cr_expect(strstr(text, "# TYPE distd_peer_reserve_mismatches_total counter\n") &&
+                strstr(text, "\ndistd_peer_reserve_mismatches_total 0\n"),
+            "no distd_peer_reserve_mismatches_total counter of 0:\n%s", text);
   free(text);
 
   if (access("/usr/bin/promtool", X_OK) != 0) {

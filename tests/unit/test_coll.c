@@ -52,10 +52,7 @@ static void expect_all_ok(peer_fixture *f, rank_body body) {
  * may fail after others left; one short holds memory for nothing. */
 static void expect_reservations_kept(peer_fixture *f) {
   for (int r = 0; r < f->n; r++) {
-    distd_peers *p = f->r[r].peers;
-    pthread_mutex_lock(&p->mu);
-    uint64_t mismatches = p->reserve_mismatches;
-    pthread_mutex_unlock(&p->mu);
+    uint64_t mismatches = distd_peers_reserve_mismatches(f->r[r].peers);
     cr_expect_eq(mismatches, 0, "rank %d of %d: %llu transfers took other than they reserved",
                  r, f->n, (unsigned long long)mismatches);
   }
