@@ -162,6 +162,17 @@ int harness_churn_wait_started(harness_churn *ch, int timeout_ms);
 /* Stops the churner; returns the reshards it applied. */
 int harness_churn_stop(harness_churn *ch);
 
+/* Rank r's /metrics text (malloc'd), through curl, bounded; fails the
+ * test when it cannot be read. */
+char *harness_metrics(const harness *h, int r);
+/* The value of sample (a name and its labels as written:
+ * `x_total{a="b"}`) in a /metrics text, or -1 when it has no such line. */
+double harness_metric_sample(const char *metrics, const char *sample);
+/* Calls of method ("Info", "LocalLayer/Release") a /metrics text counts
+ * with status code ("OK", "NOT_FOUND"), or with any code when code is
+ * NULL; 0 when none. */
+double harness_rpc_count(const char *metrics, const char *method, const char *code);
+
 /* Size of rank r's log now, to look only at what it logs afterwards. */
 long harness_log_size(const harness *h, int r);
 /* Waits, bounded by timeout_ms, until rank r's log from byte `from` on

@@ -210,16 +210,11 @@ int reply_hold_count_on(harness *h, int r, const char *prefix, const char *suffi
 }
 
 int reply_hold_invocations_on(harness *h, int r) {
-  static const char gauge[] = "\ndistd_invocations_kept ";
-  char cmd[128], *out = NULL;
-  snprintf(cmd, sizeof cmd, "curl -sf http://127.0.0.1:%d/metrics", h->http_port[r]);
-  int rc = harness_run(cmd, &out, NULL, 10);
-  const char *at = out ? strstr(out, gauge) : NULL;
-  cr_assert(rc == 0 && at, "rank %d's /metrics has no distd_invocations_kept (curl: %d)", r,
-            rc);
-  int n = atoi(at + strlen(gauge));
-  free(out);
-  return n;
+  char *m = harness_metrics(h, r);
+  double n = harness_metric_sample(m, "distd_invocations_kept");
+  free(m);
+  cr_assert_geq(n, 0, "rank %d's /metrics has no distd_invocations_kept", r);
+  return (int)n;
 }
 
 reply_hold *reply_hold_cluster(harness *h, int n, int r, long timeout_ms, dist_client **c) {

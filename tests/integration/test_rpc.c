@@ -17,26 +17,6 @@ static void stop_cluster(void) { harness_stop_if_started(&cluster); }
 
 TestSuite(rpc, .fini = stop_cluster, .timeout = 120);
 
-/* Rank r's /metrics, through curl, bounded (malloc'd). */
-static char *metrics_of(int r) {
-  char cmd[200], *out = NULL, *err = NULL;
-  snprintf(cmd, sizeof cmd, "curl -sf --max-time 10 http://127.0.0.1:%d/metrics",
-           cluster.http_port[r]);
-  int rc = harness_run(cmd, &out, &err, 20);
-  cr_assert_eq(rc, 0, "curl /metrics of rank %d: %s", r, err ? err : "");
-  free(err);
-  return out;
-}
-
-/* How many calls of method a /metrics text counts with status code. */
-static long rpc_count(const char *metrics, const char *method, const char *code) {
-  char key[160];
-  snprintf(key, sizeof key, "distd_rpc_requests_total{method=\"%s\",code=\"%s\"} ", method,
-           code);
-  const char *at = strstr(metrics, key);
-  return at ? strtol(at + strlen(key), NULL, 10) : 0;
-}
-
 #define GIVEN_UP 4
 
 /* Calls its client gave up on while their daemon was frozen reach the
@@ -70,15 +50,15 @@ Test(rpc, calls_given_up_while_their_daemon_was_frozen_are_counted_as_cancelled)
                                                    harness_now_s() < until);) {
     free(m);
     harness_sleep_ms(50); /* the last calls may still be on their way out */
-    m = metrics_of(0);
-    cancelled = rpc_count(m, "Info", "CANCELLED");
-    expired = rpc_count(m, "Info", "DEADLINE_EXCEEDED");
+    m = harness_metrics(&cluster, 0);
+    cancelled = (long)harness_rpc_count(m, "Info", "CANCELLED");
+    expired = (long)harness_rpc_count(m, "Info", "DEADLINE_EXCEEDED");
   }
   cr_log_info("%ld cancelled, %ld expired", cancelled, expired);
   cr_expect_eq(cancelled + expired, GIVEN_UP, "not every call given up on is counted as "
                "cancelled or expired:\n%s", m);
-  cr_expect_eq(rpc_count(m, "Info", "INVALID_ARGUMENT"), 0, "a cancelled call counted as a "
-               "bad request:\n%s", m);
+  cr_expect_eq(harness_rpc_count(m, "Info", "INVALID_ARGUMENT"), 0,
+               "a cancelled call counted as a bad request:\n%s", m);
   const char *const no_request[] = {"rpc Info not run: ECANCELED: no request arrived", NULL};
   if (cancelled)
     cr_expect(harness_log_wait(&cluster, 0, from, no_request, 10000),
