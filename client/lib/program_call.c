@@ -188,7 +188,9 @@ static void undo_call(dist_client *c, const dist_program *p, fanout *f, uint64_t
     if (f->calls[i].unanswered && later)
       note_unanswered(c, p, f->targets[i], id, names, o, later);
     if (!f->calls[i].applied) continue;
-    dist_invocation_release_one(c, id, f->targets[i]); /* c->err restored below */
+    /* A no_grad call's daemons keep no invocation: a Release would cost a
+     * round trip to find nothing. c->err is restored below. */
+    if (!o->no_grad) dist_invocation_release_one(c, id, f->targets[i]);
     for (int k = 0; !kept && k < p->n_outputs; k++) {
       int held = r ? (size_t)k < r->n_outputs && r->outputs[k]->name && r->outputs[k]->name[0]
                    : dist_mesh_index_of(&p->attrs[k]->mesh, f->targets[i]) >= 0;

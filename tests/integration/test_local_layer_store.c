@@ -12,6 +12,7 @@
 #include "client_internal.h"
 #include "harness.h"
 #include "program.pb-c.h" /* raw Invoke requests */
+#include "reply_hold.h"
 
 static harness cluster;
 
@@ -658,4 +659,61 @@ Test(local_layer_store, ranks_that_do_not_fit_the_program_fail_the_others_at_onc
   for (int r = 0; r < 2; r++) cr_expect_eq(ri[r].rc, 0, "then, rank %d: %s", r, ri[r].msg);
   dist_program_free(p);
   dist_close(c);
+}
+
+/* The Release calls daemon r served, whatever it answered. */
+static double releases_on(int r) {
+  char *m = harness_metrics(&cluster, r);
+  double n = harness_rpc_count(m, "LocalLayer/Release", NULL);
+  free(m);
+  return n;
+}
+
+/* The doubler called on x, no_grad or not, while rank 1's replies are
+ * held from its Invoke on: rank 1 stores, rank 0 answers, and the call
+ * fails at its deadline; returns its result. */
+static int call_whose_reply_from_rank_1_is_lost(dist_client *c, reply_hold *relay,
+                                                dist_program *p, dist_tensor *x, int no_grad) {
+  dist_arg args[1] = {{x, NULL}};
+  dist_call_opts o = DIST_CALL_OPTS_INIT;
+  o.no_grad = no_grad;
+  dist_invocation *inv = NULL;
+  dist_tensor *y = NULL;
+  reply_hold_from_call(relay, 1);
+  int rc = dist_local_layer_call(c, p, args, 1, &o, &inv, &y);
+  cr_assert(reply_hold_holding(relay), "the call sent rank 1 no Invoke");
+  reply_hold_release(relay);
+  dist_invocation_free(inv);
+  dist_tensor_free(y);
+  return rc;
+}
+
+/* A no_grad call keeps no invocation for backward on any daemon, so its
+ * undo on the daemons that stored its outputs (here rank 0, which
+ * answered while rank 1's reply was lost) deletes them and releases
+ * nothing. Before, it sent each of them a Release that found nothing: a
+ * round trip per daemon, and a deadline to one gone silent. The same call
+ * with gradient does release its invocation on rank 0, one Release, which
+ * shows the count sees one. */
+Test(local_layer_store, a_failed_no_grad_call_sends_no_release) {
+  enum { DEADLINE_MS = 1000 };
+  dist_client *c = NULL;
+  reply_hold *relay = reply_hold_cluster(&cluster, 2, 1, DEADLINE_MS, &c);
+  int64_t n4 = 4;
+  dist_tensor *x = harness_put(c, "x", DIST_FLOAT64, x0, 1, &n4, "[0,1]", "Replicate()");
+  dist_program *p = harness_doubler(0);
+  cr_assert_eq(dist_program_register(c, p), 0, "%s", dist_errmsg(c));
+  for (int no_grad = 1; no_grad >= 0; no_grad--) {
+    double before = releases_on(0);
+    int rc = call_whose_reply_from_rank_1_is_lost(c, relay, p, x, no_grad);
+    cr_assert_eq(rc, DIST_ETIMEDOUT, "no_grad %d: %s: %s", no_grad, dist_err_name(rc),
+                 dist_errmsg(c));
+    cr_expect_eq(releases_on(0) - before, !no_grad, "no_grad %d: rank 0 served %.0f Release "
+                 "calls for the failed call's undo", no_grad, releases_on(0) - before);
+    cr_expect_eq(reply_hold_invocations_on(&cluster, 0), 0, "no_grad %d: rank 0 kept the "
+                 "invocation", no_grad);
+  }
+  dist_tensor_free(x);
+  dist_program_free(p);
+  reply_hold_cluster_stop(&cluster, relay, c);
 }
