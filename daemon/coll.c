@@ -94,7 +94,8 @@ static int finish(const distd_coll *c, distd_xfer *x, dist_errbuf *eb) {
  * member too (all-to-all, all-gather) posts the receive of its own block
  * first, which that send fills at once, taking no item (send_to_self in
  * peer_xfer.c): it reserves the same. A wait counts a round that took
- * more or fewer (reserve_mismatches), which test_coll checks. */
+ * more or fewer (reserve_mismatches, in /metrics), which test_coll and
+ * test_reserved_sends check. */
 static int others(const distd_coll *c) { return c->size - 1; }
 
 /* Member (me + k) mod size: each member starts with a different peer. */

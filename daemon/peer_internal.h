@@ -373,7 +373,8 @@ struct distd_peers {
   int closing;
   struct distd_ops *ops; /* registry for inspection (peer.h); not owned */
   /* Waits of an xfer whose sends took more or fewer items than were
-   * reserved for it: a bug in the caller's count (test_coll checks 0). */
+   * reserved for it: a bug in the caller's count (test_coll and
+   * test_reserved_sends check 0; /metrics distd_peer_reserve_mismatches_total). */
   uint64_t reserve_mismatches;
 };
 
