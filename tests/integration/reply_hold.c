@@ -1,8 +1,11 @@
 /* The relay of reply_hold.h: one thread polls the listening socket and
  * each client/daemon pair, copying bytes both ways; the client's are
  * parsed as HTTP/2 frames only to count the streams it opens (one
- * HEADERS frame per gRPC call), and once the chosen call has gone
- * through, the daemon's sockets are not read until the hold ends. */
+ * HEADERS frame per gRPC call). Once the chosen call has gone through,
+ * the daemon's sockets are not read until the hold ends; or, holding
+ * requests, the client's bytes from that call's HEADERS frame on are read
+ * and dropped, and the hold ends by closing that connection, as an HTTP/2
+ * connection missing bytes cannot go on. */
 #include "reply_hold.h"
 
 #include <arpa/inet.h>
@@ -29,6 +32,7 @@ typedef struct frame_reader {
 typedef struct pair {
   int client, daemon;
   frame_reader rd;
+  int dropping; /* the client's bytes go nowhere: requests held */
 } pair;
 
 struct reply_hold {
@@ -36,31 +40,56 @@ struct reply_hold {
   char cluster_file[320];
   pthread_t thread;
   atomic_int stop;
-  atomic_int calls_left; /* calls to let through before holding; <0: no hold armed */
+  /* A hold set (armed): calls are counted from it (seen), and held from
+   * call `from` until call `until` is sent (0: until reply_hold_release);
+   * the client's bytes (requests) or the daemon's. */
+  atomic_int armed, seen, from, until, requests;
   atomic_int holding;
+  atomic_int close_dropping; /* asked by the release: the relay closes such pairs */
   pair pairs[MAX_PAIRS];
   int n_pairs;
 };
 
-/* Counts the HEADERS frames in a chunk of the client's bytes. */
-static int headers_in(frame_reader *rd, const unsigned char *b, size_t n) {
-  int found = 0;
-  for (size_t i = 0; i < n;) {
+/* Parses b[0..n) from *at on up to the end of the next HEADERS frame's
+ * header: 1 with *at just past it, or 0 with *at = n when none ends there. */
+static int next_headers(frame_reader *rd, const unsigned char *b, size_t n, size_t *at) {
+  while (*at < n) {
+    size_t i = *at;
     if (rd->preface_left) {
       size_t k = n - i < rd->preface_left ? n - i : rd->preface_left;
-      rd->preface_left -= k, i += k;
+      rd->preface_left -= k, *at += k;
     } else if (rd->body_left) {
       size_t k = n - i < rd->body_left ? n - i : rd->body_left;
-      rd->body_left -= k, i += k;
+      rd->body_left -= k, *at += k;
     } else {
-      rd->head[rd->head_len++] = b[i++];
+      rd->head[rd->head_len++] = b[(*at)++];
       if (rd->head_len < FRAME_HEADER_LEN) continue;
       rd->head_len = 0;
       rd->body_left = (size_t)rd->head[0] << 16 | (size_t)rd->head[1] << 8 | rd->head[2];
-      found += rd->head[3] == HTTP2_HEADERS;
+      if (rd->head[3] == HTTP2_HEADERS) return 1;
     }
   }
-  return found;
+  return 0;
+}
+
+/* Counts the calls in a chunk of the client's bytes and sets the hold by
+ * them: how many of the bytes go on to the daemon. Holding requests, none
+ * from the frame that opens the held call on (none at all when its
+ * header began in an earlier chunk: the daemon sees no whole frame). */
+static size_t to_daemon(reply_hold *p, pair *pr, const unsigned char *b, size_t n) {
+  if (pr->dropping) return 0;
+  size_t at = 0;
+  while (next_headers(&pr->rd, b, n, &at)) {
+    if (!atomic_load(&p->armed)) continue;
+    int seen = atomic_fetch_add(&p->seen, 1) + 1;
+    int hold = seen >= p->from && (!p->until || seen < p->until);
+    atomic_store(&p->holding, hold);
+    if (hold && p->requests) {
+      pr->dropping = 1;
+      return at >= FRAME_HEADER_LEN ? at - FRAME_HEADER_LEN : 0;
+    }
+  }
+  return n;
 }
 
 static int connect_daemon(int port) {
@@ -80,7 +109,7 @@ static void accept_pair(reply_hold *p) {
     close(cfd);
     return;
   }
-  p->pairs[p->n_pairs++] = (pair){cfd, dfd, {PREFACE_LEN, {0}, 0, 0}};
+  p->pairs[p->n_pairs++] = (pair){cfd, dfd, {PREFACE_LEN, {0}, 0, 0}, 0};
 }
 
 /* Copies what is readable on from to to; 0 when from closed. */
@@ -88,12 +117,7 @@ static int copy(reply_hold *p, pair *pr, int from, int to) {
   unsigned char buf[16384];
   ssize_t n = read(from, buf, sizeof buf);
   if (n <= 0) return 0;
-  if (from == pr->client && atomic_load(&p->calls_left) > 0) {
-    int calls = headers_in(&pr->rd, buf, (size_t)n);
-    if (calls && atomic_fetch_sub(&p->calls_left, calls) <= calls) atomic_store(&p->holding, 1);
-  } else if (from == pr->client) {
-    headers_in(&pr->rd, buf, (size_t)n);
-  }
+  if (from == pr->client) n = (ssize_t)to_daemon(p, pr, buf, (size_t)n);
   for (ssize_t off = 0; off < n;) {
     ssize_t w = write(to, buf + off, (size_t)(n - off));
     if (w <= 0) return 0;
@@ -108,10 +132,19 @@ static void close_pair(reply_hold *p, int i) {
   p->pairs[i] = p->pairs[--p->n_pairs];
 }
 
+/* Closes the connections whose requests were held, when the release asks. */
+static void close_dropping(reply_hold *p) {
+  if (!atomic_load(&p->close_dropping)) return;
+  for (int i = p->n_pairs - 1; i >= 0; i--)
+    if (p->pairs[i].dropping) close_pair(p, i);
+  atomic_store(&p->close_dropping, 0);
+}
+
 /* One round: waits up to 50 ms for a connection or bytes, copies them. */
 static void relay_once(reply_hold *p) {
   struct pollfd fds[1 + 2 * MAX_PAIRS];
-  int holding = atomic_load(&p->holding), n = 1;
+  close_dropping(p);
+  int holding = atomic_load(&p->holding) && !p->requests, n = 1;
   fds[0] = (struct pollfd){p->listen_fd, POLLIN, 0};
   for (int i = 0; i < p->n_pairs; i++) {
     fds[n++] = (struct pollfd){p->pairs[i].client, POLLIN, 0};
@@ -166,21 +199,41 @@ static reply_hold *start_relay(harness *h, int r) {
   p->listen_fd = listen_loopback(&port);
   cr_assert(p->listen_fd >= 0, "relay: cannot listen on loopback");
   p->daemon_port = h->grpc_port[r];
-  atomic_init(&p->calls_left, -1);
   snprintf(p->cluster_file, sizeof p->cluster_file, "%s/cluster_relay%d.conf", h->dir, r);
   write_cluster_file(p, h, r, port);
   cr_assert_eq(pthread_create(&p->thread, NULL, relay, p), 0, "relay: no thread");
   return p;
 }
 
-void reply_hold_from_call(reply_hold *p, int n) {
+/* Sets a hold of the daemon's bytes, or the client's, from call `from`
+ * until call `until` (0: until released), counted from the next. */
+static void arm(reply_hold *p, int from, int until, int requests) {
+  atomic_store(&p->armed, 0);
   atomic_store(&p->holding, 0);
-  atomic_store(&p->calls_left, n);
+  atomic_store(&p->seen, 0);
+  atomic_store(&p->from, from);
+  atomic_store(&p->until, until);
+  atomic_store(&p->requests, requests);
+  atomic_store(&p->armed, 1);
 }
 
+void reply_hold_from_call(reply_hold *p, int n) { arm(p, n, 0, 0); }
+
+void reply_hold_calls(reply_hold *p, int from, int until) { arm(p, from, until, 0); }
+
+void reply_hold_requests_from_call(reply_hold *p, int n) { arm(p, n, 0, 1); }
+
 void reply_hold_release(reply_hold *p) {
-  atomic_store(&p->calls_left, -1);
+  atomic_store(&p->armed, 0);
   atomic_store(&p->holding, 0);
+  if (!p->requests) return;
+  atomic_store(&p->close_dropping, 1);
+  for (int waited = 0; atomic_load(&p->close_dropping) && waited < 5000; waited += 10)
+    usleep(10 * 1000);
+  cr_assert(!atomic_load(&p->close_dropping), "relay: the held connection was not closed in 5 s");
+  /* The client's gRPC learns of the closed connection on its own threads;
+   * a call started before it has would be sent on it and fail. */
+  usleep(200 * 1000);
 }
 
 int reply_hold_holding(reply_hold *p) { return atomic_load(&p->holding); }

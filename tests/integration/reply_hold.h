@@ -24,9 +24,21 @@ void reply_hold_cluster_stop(harness *h, reply_hold *p, dist_client *c);
  * the daemon's bytes stay in the relay's socket until reply_hold_release.
  * Calls are counted as the client opens their HTTP/2 streams. */
 void reply_hold_from_call(reply_hold *p, int n);
+/* Holds the daemon's bytes from call `from` (counted as above) until the
+ * client sends call `until`: the calls from..until-1 go unanswered at
+ * their deadline (the client sends each after the one before failed),
+ * and those from `until` on are answered. */
+void reply_hold_calls(reply_hold *p, int from, int until);
+/* From the n-th call on, the client's bytes do not reach the daemon: the
+ * call and those after it are never carried out, as when a connection is
+ * lost before the request went through. reply_hold_release then closes
+ * that connection (its bytes cannot be sent late: the daemon would carry
+ * out a call its client gave up on), and the client connects again. */
+void reply_hold_requests_from_call(reply_hold *p, int n);
 /* Lets everything held, and what follows, through. */
 void reply_hold_release(reply_hold *p);
-/* Whether the n-th call has been sent through (the hold is on). */
+/* Whether the hold is on (the n-th call has been sent, and a hold of
+ * reply_hold_calls has not ended). */
 int reply_hold_holding(reply_hold *p);
 /* Names held by rank r's daemon (asked directly) that start with prefix
  * and end with suffix (either may be ""): how many. */
