@@ -14,6 +14,29 @@
 #include "mesh.h"
 #include "tensor.h"
 
+/* What a failed call may have left on daemons that did not answer it (no
+ * reply within the deadline, or the connection lost; dist_call.unanswered):
+ * the names it stored, and the invocation a LocalLayer call keeps for
+ * backward. Not undone at once, which would cost a deadline per item
+ * while such a daemon is frozen, but later, by the list's holder: a
+ * layer's next release, forward or destroy, a tape's free, for calls of
+ * libdist's own with names of its own; the client's next LocalLayer call
+ * or invocation release, or its close, for the public LocalLayer call
+ * (dist_client.later). Names with step numbers, tape ids or op ids, and
+ * invocation ids, are never used again, so what is undone later can only
+ * be the failed call's; a parameter's gradient ("<param>.grad") is named
+ * alike each step, so the step that files one forgets its name here
+ * (dist_later_forget) before a later undo could delete it. */
+typedef struct dist_later_item {
+  char name[256];      /* a tensor to delete, or "": */
+  uint64_t invocation; /* the invocation to release */
+  int rank;
+} dist_later_item;
+typedef struct dist_later {
+  dist_later_item *items;
+  int n;
+} dist_later;
+
 struct dist_client {
   int n;                     /* daemons */
   char (*endpoints)[256];
@@ -40,6 +63,10 @@ struct dist_client {
   size_t auth_md_count;
   /* tls_crl: why a daemon's certificate was refused; NULL without one */
   struct dist_daemon_crl *daemon_crl;
+  /* What the public LocalLayer calls that failed left on daemons that did
+   * not answer: their invocations, and outputs under names libdist made
+   * up (a caller's names are the caller's to delete or reuse). */
+  dist_later later;
 };
 
 struct dist_mesh {
@@ -139,26 +166,6 @@ int dist_delete_one(dist_client *c, const char *name, int rank);
 /* Releases invocation on daemon rank (LocalLayer Release); its code
  * (c->err says why). */
 int dist_invocation_release_one(dist_client *c, uint64_t invocation, int rank);
-/* What a failed call of libdist's own, with names of its own, may have
- * left on daemons that did not answer it (no reply within the deadline,
- * or the connection lost; dist_call.unanswered): the names it stored, and
- * the invocation a LocalLayer call keeps for backward. Not undone at once,
- * which would cost a deadline per item while such a daemon is frozen, but
- * later, by the list's holder (a layer's next release, forward or
- * destroy; a tape's free). Names with step numbers or tape ids, and
- * invocation ids, are never used again, so what is undone later can only
- * be the failed call's; a parameter's gradient ("<param>.grad") is named
- * alike each step, so the step that files one forgets its name here
- * (dist_later_forget) before a later undo could delete it. */
-typedef struct dist_later_item {
-  char name[256];      /* a tensor to delete, or "": */
-  uint64_t invocation; /* the invocation to release */
-  int rank;
-} dist_later_item;
-typedef struct dist_later {
-  dist_later_item *items;
-  int n;
-} dist_later;
 /* Remembers name on rank; without memory for it, deletes it now. */
 void dist_later_note(dist_client *c, dist_later *l, const char *name, int rank);
 /* Remembers invocation on rank; without memory for it, releases it now. */
@@ -172,6 +179,9 @@ int dist_later_undo(dist_client *c, dist_later *l);
  * not the failed call's to undo. */
 void dist_later_forget(dist_later *l, const char *name);
 void dist_later_free(dist_later *l);
+/* dist_later_undo of the client's own list (dist_client.later), c->err
+ * left as it was: what fails stays for the next time. */
+void dist_client_later_undo(dist_client *c);
 /* dist_calls_free, then the array (NULL is a no-op). */
 void dist_calls_release(dist_call *calls, int n);
 /* One call to one daemon, within timeout_ms, that leaves c->err as it

@@ -1,6 +1,6 @@
-/* Undo put off: what a failed call of libdist's own may have left on a
- * daemon that did not answer it, a name it stored or the invocation it
- * kept for backward (dist_later, client_internal.h). */
+/* Undo put off: what a failed call may have left on a daemon that did not
+ * answer it, a name it stored or the invocation it kept for backward
+ * (dist_later, client_internal.h). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -56,6 +56,13 @@ void dist_later_forget(dist_later *l, const char *name) {
   for (int i = 0; i < l->n; i++)
     if (strcmp(l->items[i].name, name) != 0) l->items[kept++] = l->items[i];
   l->n = kept;
+}
+
+void dist_client_later_undo(dist_client *c) {
+  if (!c->later.n) return;
+  dist_errbuf keep = c->err;
+  dist_later_undo(c, &c->later);
+  c->err = keep;
 }
 
 void dist_later_free(dist_later *l) {

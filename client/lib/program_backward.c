@@ -214,5 +214,6 @@ int dist_invocation_release(dist_client *c, dist_invocation *inv) {
     dist_note_first_failure(c, dist_invocation_release_one(c, inv->id, inv->targets[i]),
                             &first);
   if (first.code) c->err = first;
+  dist_client_later_undo(c); /* what a failed call left on a daemon that did not answer */
   return first.code;
 }

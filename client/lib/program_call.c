@@ -159,13 +159,14 @@ int dist_local_layer_keeps_failed_outputs(const dist_call_opts *o) {
   return o->replace && o->out_names;
 }
 
-/* What a daemon `rank` that did not answer a failed call of libdist's own
- * may hold (its reply lost after it stored): the outputs of the meshes it
- * is in and, unless no_grad, the invocation kept for backward; undone
- * later, as asking now would cost a deadline each. */
+/* What a daemon `rank` that did not answer a failed call may hold (its
+ * reply lost after it stored): the outputs of the meshes it is in, when
+ * their names are libdist's (names not NULL), and, unless no_grad, the
+ * invocation kept for backward; undone later, as asking now would cost a
+ * deadline each. */
 static void note_unanswered(dist_client *c, const dist_program *p, int rank, uint64_t id,
                             char *const *names, const dist_call_opts *o, dist_later *later) {
-  for (int k = 0; k < p->n_outputs; k++)
+  for (int k = 0; names && k < p->n_outputs; k++)
     if (dist_mesh_index_of(&p->attrs[k]->mesh, rank) >= 0)
       dist_later_note(c, later, names[k], rank);
   if (!o->no_grad) dist_later_note_invocation(c, later, id, rank);
@@ -185,8 +186,10 @@ static void undo_call(dist_client *c, const dist_program *p, fanout *f, uint64_t
   int kept = !later && dist_local_layer_keeps_failed_outputs(o);
   for (int i = 0; i < f->n; i++) {
     const Dist__V1__ProgramInvokeReply *r = (const void *)f->calls[i].reply;
-    if (f->calls[i].unanswered && later)
-      note_unanswered(c, p, f->targets[i], id, names, o, later);
+    if (f->calls[i].unanswered) /* the public call's on the client's list, its own names
+                                   * only: the caller may reuse the names it gave */
+      note_unanswered(c, p, f->targets[i], id, later || !o->out_names ? names : NULL, o,
+                      later ? later : &c->later);
     if (!f->calls[i].applied) continue;
     /* A no_grad call's daemons keep no invocation: a Release would cost a
      * round trip to find nothing. c->err is restored below. */
@@ -428,6 +431,7 @@ int dist_local_layer_call(dist_client *c, dist_program *p, const dist_arg *args,
                           int nargs, const dist_call_opts *opts,
                           dist_invocation **inv, dist_tensor **outs) {
   if (!c) return dist_no_client(__func__);
+  dist_client_later_undo(c); /* what an earlier call left on a daemon that did not answer */
   return call_run(c, p, args, nargs, opts, inv, outs, NULL);
 }
 

@@ -717,3 +717,61 @@ Test(local_layer_store, a_failed_no_grad_call_sends_no_release) {
   dist_program_free(p);
   reply_hold_cluster_stop(&cluster, relay, c);
 }
+
+/* What ends the leftovers of lost_reply_call's failed call. */
+typedef enum { BY_CALL, BY_RELEASE, BY_CLOSE } ended_by;
+
+/* A call (the doubler on [0,1], its output named by libdist, kept for
+ * backward) whose reply from rank 1 a relay holds past the deadline,
+ * after rank 1 stored the output and kept the invocation: the call does
+ * not ask rank 1 to undo them (it did not answer: a deadline each), but
+ * the client's next LocalLayer call, invocation release or close does.
+ * Before, the invocation stayed on rank 1 until its time-to-live (10
+ * minutes), and the output for good. */
+static void lost_reply_call(ended_by how) {
+  dist_client *c = NULL;
+  reply_hold *relay = reply_hold_cluster(&cluster, 2, 1, 1000, &c);
+  int64_t n4 = 4;
+  dist_tensor *x = harness_put(c, "x", DIST_FLOAT64, x0, 1, &n4, "[0,1]", "Replicate()");
+  dist_program *p = harness_doubler(1);
+  cr_assert_eq(dist_program_register(c, p), 0, "%s", dist_errmsg(c));
+  dist_arg arg = {x, NULL};
+  dist_invocation *kept = NULL, *lost = NULL;
+  dist_tensor *y = NULL, *z = NULL;
+  if (how == BY_RELEASE) /* one to release: the client's, answered */
+    cr_assert_eq(dist_local_layer_call(c, p, &arg, 1, NULL, &kept, &y), 0, "%s",
+                 dist_errmsg(c));
+  int outs = reply_hold_count_on(&cluster, 1, "doubler.", "");
+  reply_hold_from_call(relay, 1);
+  int rc = dist_local_layer_call(c, p, &arg, 1, NULL, &lost, &z);
+  cr_assert(reply_hold_holding(relay), "the call sent rank 1 nothing");
+  reply_hold_release(relay);
+  cr_assert(rc < 0, "the call whose reply from rank 1 was lost succeeded");
+  cr_assert_eq(reply_hold_count_on(&cluster, 1, "doubler.", ""), outs + 1,
+               "rank 1 stored the output");
+  cr_assert_eq(reply_hold_invocations_on(&cluster, 1), 1 + (kept != NULL),
+               "rank 1 kept the invocation");
+  cr_assert_eq(reply_hold_invocations_on(&cluster, 0), kept != NULL, "rank 0 answered: released");
+  if (how == BY_CALL) cr_assert_eq(call(c, p, "x2", 0), 0, "%s", dist_errmsg(c)); /* no_grad */
+  if (how == BY_RELEASE) cr_assert_eq(dist_invocation_release(c, kept), 0, "%s", dist_errmsg(c));
+  if (how == BY_CLOSE) dist_close(c), c = NULL;
+  cr_assert_eq(reply_hold_invocations_on(&cluster, 1), 0, "rank 1 kept an invocation");
+  cr_assert_eq(reply_hold_count_on(&cluster, 1, "doubler.", ""), outs,
+               "rank 1 kept the failed call's output");
+  dist_invocation_free(kept);
+  dist_tensor_free(x), dist_tensor_free(y);
+  dist_program_free(p);
+  reply_hold_cluster_stop(&cluster, relay, c);
+}
+
+Test(local_layer_store, a_call_whose_reply_was_lost_leaves_nothing_after_the_next_call) {
+  lost_reply_call(BY_CALL);
+}
+
+Test(local_layer_store, a_call_whose_reply_was_lost_leaves_nothing_after_a_release) {
+  lost_reply_call(BY_RELEASE);
+}
+
+Test(local_layer_store, a_call_whose_reply_was_lost_leaves_nothing_after_the_close) {
+  lost_reply_call(BY_CLOSE);
+}
