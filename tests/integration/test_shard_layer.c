@@ -947,10 +947,25 @@ Test(shard_layer, a_forward_whose_reply_was_lost_leaves_nothing_after_a_destroy,
   lost_reply_forward(BY_DESTROY);
 }
 
-/* The gradients of a Linear "bk" on rank r: its parameters'
- * ("bk.<param>.grad") and its input's ("bk.s1.e0.grad0"). */
-static int grads_on(harness *h, int r) {
-  return reply_hold_count_on(h, r, "bk.", ".grad") + reply_hold_count_on(h, r, "bk.s1.", "grad0");
+/* The gradients of a Linear `name` on rank r: its parameters'
+ * ("<name>.<param>.grad") and its first step's input's
+ * ("<name>.s1.e0.grad0"). */
+static int grads_on(harness *h, int r, const char *name) {
+  char of[64], step[64];
+  snprintf(of, sizeof of, "%s.", name);
+  snprintf(step, sizeof step, "%s.s1.", name);
+  return reply_hold_count_on(h, r, of, ".grad") + reply_hold_count_on(h, r, step, "grad0");
+}
+
+/* s's backward, with rank 1's reply to it held by the relay past the
+ * deadline, or with requests its request: it fails. */
+static void backward_held(relayed_step *s, int requests) {
+  if (requests) reply_hold_requests_from_call(s->relay, 1);
+  else reply_hold_from_call(s->relay, 1);
+  int rc = dist_layer_backward(s->c, s->st.l, &s->st.y, NULL);
+  cr_assert(reply_hold_holding(s->relay), "the backward sent rank 1 no call");
+  reply_hold_release(s->relay);
+  cr_assert(rc < 0, "the backward held at rank 1 succeeded");
 }
 
 /* The backward of a Linear "bk" after one forward: rank 1 stores the
@@ -961,15 +976,11 @@ static int grads_on(harness *h, int r) {
 static void lost_reply_backward(ended_by how) {
   relayed_step s;
   relayed_step_start(&s, "bk");
-  reply_hold_from_call(s.relay, 1);
-  int rc = dist_layer_backward(s.c, s.st.l, &s.st.y, NULL);
-  cr_assert(reply_hold_holding(s.relay), "the backward sent rank 1 no call");
-  reply_hold_release(s.relay);
-  cr_assert(rc < 0, "the backward whose reply from rank 1 was lost succeeded");
-  cr_assert_eq(grads_on(&cluster, 1), 3, "rank 1 stored the gradients of w, b and x");
-  cr_assert_eq(grads_on(&cluster, 0), 0, "rank 0 answered: deleted");
+  backward_held(&s, 0);
+  cr_assert_eq(grads_on(&cluster, 1, "bk"), 3, "rank 1 stored the gradients of w, b and x");
+  cr_assert_eq(grads_on(&cluster, 0, "bk"), 0, "rank 0 answered: deleted");
   end_step(s.c, &s.st, how);
-  cr_assert_eq(grads_on(&cluster, 1), 0, "rank 1 kept the gradients");
+  cr_assert_eq(grads_on(&cluster, 1, "bk"), 0, "rank 1 kept the gradients");
   relayed_step_stop(&s);
 }
 
@@ -986,6 +997,58 @@ Test(shard_layer, a_backward_whose_reply_was_lost_leaves_nothing_after_a_forward
 Test(shard_layer, a_backward_whose_reply_was_lost_leaves_nothing_after_a_destroy,
      .timeout = 120) {
   lost_reply_backward(BY_DESTROY);
+}
+
+/* The backward of a Linear "rq" after one forward, whose request never
+ * reaches rank 1 (the relay drops the client's bytes, then the
+ * connection): rank 1 keeps the forward's invocation, as no backward used
+ * it up. The failed backward notes it, and the release releases it;
+ * before, it stayed until its time-to-live (10 minutes). */
+Test(shard_layer, a_backward_rank_1_never_received_leaves_no_invocation_after_a_release,
+     .timeout = 120) {
+  relayed_step s;
+  relayed_step_start(&s, "rq");
+  cr_assert_eq(reply_hold_invocations_on(&cluster, 1), 1, "the forward kept no invocation");
+  backward_held(&s, 1);
+  cr_assert_eq(reply_hold_invocations_on(&cluster, 1), 1, "rank 1 used its invocation up");
+  cr_assert_eq(grads_on(&cluster, 1, "rq"), 0, "rank 1 stored a gradient");
+  /* Not asserted: rank 0's undo may meet its backward still waiting for
+   * rank 1's vote. */
+  dist_layer_release(s.c, s.st.l);
+  cr_assert_eq(reply_hold_invocations_on(&cluster, 1), 0, "rank 1 kept the invocation");
+  relayed_step_stop(&s);
+}
+
+/* A parameter's gradient is named "<param>.grad" at every step. Step 1's
+ * backward, whose reply from rank 1 is lost, notes those names on rank 1
+ * for deleting; the release's deletes and the next forward's go
+ * unanswered too (held), so the notes outlive them. Step 2's backward
+ * then stores the parameters' new gradients under those names, and the
+ * release after must not delete them: filing a gradient forgets its
+ * name's note (dist_later_forget). */
+Test(shard_layer, a_later_steps_parameter_gradient_outlives_a_failed_steps_note,
+     .timeout = 120) {
+  relayed_step s;
+  relayed_step_start(&s, "fg");
+  backward_held(&s, 0);
+  cr_assert_eq(reply_hold_count_on(&cluster, 1, "fg.", ".grad"), 2, "rank 1 stored w's and b's");
+  reply_hold_from_call(s.relay, 1);
+  cr_assert_neq(dist_layer_release(s.c, s.st.l), 0, "the release's undo was answered");
+  reply_hold_release(s.relay);
+  /* The forward's first 4 calls to rank 1 are the undo of the notes (the
+   * invocation, the gradients of x, w and b), held; its own go through. */
+  reply_hold_calls(s.relay, 1, 5);
+  dist_tensor *y = NULL;
+  int rc = dist_layer_forward(s.c, s.st.l, &s.st.x, 1, &y, 1);
+  reply_hold_release(s.relay);
+  cr_assert_eq(rc, 1, "%s", dist_errmsg(s.c));
+  cr_assert_eq(dist_layer_backward(s.c, s.st.l, &y, NULL), 0, "%s", dist_errmsg(s.c));
+  cr_assert_eq(dist_layer_release(s.c, s.st.l), 0, "%s", dist_errmsg(s.c));
+  for (int r = 0; r < 2; r++)
+    cr_assert_eq(reply_hold_count_on(&cluster, r, "fg.", ".grad"), 2,
+                 "rank %d lost step 2's gradients of w and b", r);
+  dist_tensor_free(y);
+  relayed_step_stop(&s);
 }
 
 /* A layer y = a + b called with x twice: its backward sums x's two
