@@ -86,7 +86,9 @@ int dist_connect_cluster(const char *path, const dist_opts *opts,
  * DIST_WORLD_SIZE and DIST_CLUSTER, connects to the cluster and makes this
  * process SPMD rank DIST_RANK. */
 int dist_init_from_env(dist_client **out);
-/* Closes the connections. NULL is a no-op. */
+/* Closes the connections, after undoing what failed LocalLayer calls
+ * left on daemons that did not answer them (dist_local_layer_call). NULL
+ * is a no-op. */
 void dist_close(dist_client *c);
 
 /* Memory. From the first client on, libdist keeps freed heap memory in the
@@ -779,7 +781,14 @@ typedef struct dist_call_opts {
  * Every daemon runs with the same invocation id, so SPMD trainers must call
  * in the same order. args is read entry by entry before anything is sent:
  * a value with elements but no data, or more than DIST_MAX_DIMS dims, is
- * refused naming it ("args[1].values[0].data is NULL"). */
+ * refused naming it ("args[1].values[0].data is NULL"). A call that failed
+ * on a daemon that did not answer it (its reply lost, perhaps after it
+ * stored) may have left there the invocation kept for backward, and
+ * outputs: the client's next dist_local_layer_call, dist_invocation_release
+ * or dist_close releases that invocation and deletes the outputs under
+ * names libdist made up, each costing a deadline while the daemon still
+ * does not answer; outputs under out_names stay (the names are the
+ * caller's, who may have used them again). */
 int dist_local_layer_call(dist_client *c, dist_program *p, const dist_arg *args,
                           int nargs, const dist_call_opts *opts,
                           dist_invocation **inv, dist_tensor **outs);
