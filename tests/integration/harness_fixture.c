@@ -1,13 +1,15 @@
 /* How a test file sets up and tears down its cluster: a cluster id of its
  * own, kept for restarts, and a stop that .fini can call whether or not
- * the test got as far as starting one. Every file but two uses it:
- * test_daemon and test_security start clusters of their own per test
- * (start-up itself is what they test, and per-rank cluster files). */
+ * the test got as far as starting one, and the file's cluster itself
+ * (harness_fixture.h). Every file but two uses them: test_daemon and
+ * test_security start clusters of their own per test (start-up itself is
+ * what they test, and per-rank cluster files). */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <unistd.h>
 
 #include "harness.h"
+#include "harness_fixture.h"
 
 /* More extra arguments than any test gives a daemon. */
 #define EXTRA_ARGS_MAX 16
@@ -57,3 +59,7 @@ void harness_stop_if_started(harness *h) {
   if (h->n > 0) harness_stop(h);
   h->n = 0;
 }
+
+harness cluster;
+
+void stop_cluster(void) { harness_stop_if_started(&cluster); }

@@ -15,10 +15,7 @@
 #include "checkpoint.pb-c.h" /* raw Save and Commit requests, in orders of our own */
 #include "client_internal.h"
 #include "harness.h"
-
-static harness cluster;
-
-static void stop_cluster(void) { harness_stop_if_started(&cluster); }
+#include "harness_fixture.h"
 
 TestSuite(concurrent, .fini = stop_cluster, .timeout = 180);
 

@@ -11,11 +11,7 @@
 #include <unistd.h>
 
 #include "harness.h"
-
-static harness cluster;
-
-/* harness_stop resumes a daemon a failed test left frozen. */
-static void stop_cluster(void) { harness_stop_if_started(&cluster); }
+#include "harness_fixture.h"
 
 TestSuite(orphans, .fini = stop_cluster, .timeout = 180);
 
