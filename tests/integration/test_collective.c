@@ -15,10 +15,7 @@
 
 #include "client_internal.h" /* dist_call_one: raw SEND / RECV requests */
 #include "harness.h"
-
-static harness cluster;
-
-static void stop_cluster(void) { harness_stop_if_started(&cluster); }
+#include "harness_fixture.h"
 
 /* What one trainer calls; `count` elements of `dt` (16 bytes per rank
  * unless big). */

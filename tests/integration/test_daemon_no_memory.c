@@ -16,11 +16,8 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "harness_fixture.h"
 #include "wire.h" /* dist_wire_meta: the size of a reply's descriptions */
-
-static harness cluster;
-
-static void stop_cluster(void) { harness_stop_if_started(&cluster); }
 
 TestSuite(daemon_no_memory, .fini = stop_cluster, .timeout = 120);
 

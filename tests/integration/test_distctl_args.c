@@ -15,10 +15,7 @@
 #include <unistd.h>
 
 #include "harness.h"
-
-static harness cluster;
-
-static void stop_cluster(void) { harness_stop_if_started(&cluster); }
+#include "harness_fixture.h"
 
 TestSuite(distctl_args, .fini = stop_cluster, .timeout = 120);
 

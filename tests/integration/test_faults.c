@@ -27,15 +27,11 @@
 #include "client_internal.h"
 #include "frame.h"
 #include "harness.h"
+#include "harness_fixture.h"
 
 /* --peer-timeout of the harness, and what scheduling (ASan) may add. */
 #define PEER_TIMEOUT_S 5.0
 #define SLACK_S 3.0
-
-/* File-static so that .fini stops it even after a failed assertion. */
-static harness cluster;
-
-static void stop_cluster(void) { harness_stop_if_started(&cluster); }
 
 TestSuite(faults, .fini = stop_cluster, .timeout = 180);
 

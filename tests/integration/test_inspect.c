@@ -12,12 +12,7 @@
 
 #include "client_internal.h"
 #include "harness.h"
-
-/* The cluster of the running test, file-static so that .fini stops it
- * even when an assertion ended the test early. */
-static harness cluster;
-
-static void stop_cluster(void) { harness_stop_if_started(&cluster); }
+#include "harness_fixture.h"
 
 TestSuite(inspect, .fini = stop_cluster);
 
