@@ -12,13 +12,8 @@
 
 #include "client_internal.h"
 #include "harness.h"
+#include "harness_fixture.h"
 #include "program.pb-c.h"
-
-/* The cluster of the running test, file-static so that .fini stops it
- * even when an assertion ended the test early. */
-static harness cluster;
-
-static void stop_cluster(void) { harness_stop_if_started(&cluster); }
 
 TestSuite(local_layer, .fini = stop_cluster);
 TestSuite(local_layer_errors, .fini = stop_cluster);

@@ -11,12 +11,9 @@
 
 #include "client_internal.h"
 #include "harness.h"
+#include "harness_fixture.h"
 #include "program.pb-c.h" /* raw Invoke requests */
 #include "reply_hold.h"
-
-static harness cluster;
-
-static void stop_cluster(void) { harness_stop_if_started(&cluster); }
 
 TestSuite(local_layer_store, .fini = stop_cluster, .timeout = 120);
 

@@ -15,13 +15,8 @@
 
 #include "client_internal.h"
 #include "harness.h"
+#include "harness_fixture.h"
 #include "moe.pb-c.h"
-
-/* The cluster of the running test, file-static so that .fini stops it
- * even when an assertion ended the test early. */
-static harness cluster;
-
-static void stop_cluster(void) { harness_stop_if_started(&cluster); }
 
 TestSuite(moe, .fini = stop_cluster);
 

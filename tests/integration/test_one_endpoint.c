@@ -15,11 +15,8 @@
 #include <string.h>
 
 #include "harness.h"
+#include "harness_fixture.h"
 #include "tensor.h"
-
-static harness cluster;
-
-static void stop_cluster(void) { harness_stop_if_started(&cluster); }
 
 TestSuite(one_endpoint, .fini = stop_cluster, .timeout = 120);
 

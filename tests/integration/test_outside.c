@@ -11,10 +11,7 @@
 #include <string.h>
 
 #include "harness.h"
-
-static harness cluster;
-
-static void stop_cluster(void) { harness_stop_if_started(&cluster); }
+#include "harness_fixture.h"
 
 /* Runs main on n trainers (each of size bytes, from trainers on), one
  * thread each, and waits for them all. */
