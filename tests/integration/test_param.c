@@ -12,10 +12,7 @@
 #include <unistd.h>
 
 #include "harness.h"
-
-static harness cluster;
-
-static void stop_cluster(void) { harness_stop_if_started(&cluster); }
+#include "harness_fixture.h"
 
 /* n daemons, each also given `extra` (one argument, or NULL). */
 static dist_client *start_with(int n, const char *extra) {

@@ -9,11 +9,7 @@
 #include <string.h>
 
 #include "harness.h"
-
-static harness cluster;
-
-/* harness_stop resumes a daemon a failed test left frozen. */
-static void stop_cluster(void) { harness_stop_if_started(&cluster); }
+#include "harness_fixture.h"
 
 TestSuite(rpc, .fini = stop_cluster, .timeout = 120);
 

@@ -11,13 +11,8 @@
 #include <string.h>
 
 #include "harness.h"
+#include "harness_fixture.h"
 #include "reply_hold.h"
-
-/* The cluster of the running test, file-static so that .fini stops it
- * even when an assertion ended the test early. */
-static harness cluster;
-
-static void stop_cluster(void) { harness_stop_if_started(&cluster); }
 
 TestSuite(shard_layer, .fini = stop_cluster);
 

@@ -15,6 +15,7 @@
 
 #include "client_internal.h"
 #include "harness.h"
+#include "harness_fixture.h"
 #include "reply_hold.h"
 
 #define MAXW 4
@@ -24,12 +25,6 @@ static const int64_t seed_counts[2][4] = {{2, 1, 1, 1}, {1, 1, 2, 1}};
 /* What each rank holds after the seed's scatter of seed_x by seed_counts. */
 static const float seed_y[2][10] = {{1, 2, 3, 4, 1, 2, 5, 6, 3, 4},
                                     {7, 8, 5, 6, 7, 8, 9, 10, 9, 10}};
-
-/* The cluster of the running test, file-static so that .fini stops it
- * even when an assertion ended the test early. */
-static harness cluster;
-
-static void stop_cluster(void) { harness_stop_if_started(&cluster); }
 
 TestSuite(tape, .fini = stop_cluster);
 TestSuite(tape_errors, .fini = stop_cluster);

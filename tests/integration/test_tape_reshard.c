@@ -11,12 +11,7 @@
 #include <string.h>
 
 #include "harness.h"
-
-/* The cluster of the running test, file-static so that .fini stops it
- * even when an assertion ended the test early. */
-static harness cluster;
-
-static void stop_cluster(void) { harness_stop_if_started(&cluster); }
+#include "harness_fixture.h"
 
 TestSuite(tape_reshard, .fini = stop_cluster);
 

@@ -12,6 +12,7 @@
 
 #include "client_internal.h"
 #include "harness.h"
+#include "harness_fixture.h"
 
 static const float seed_x[5][2] = {{1, 2}, {3, 4}, {5, 6}, {7, 8}, {9, 10}};
 static const int64_t seed_counts[2][4] = {{2, 1, 1, 1}, {1, 1, 2, 1}};
@@ -48,12 +49,6 @@ struct trainer {
   double took;
   char msg[512];
 };
-
-/* The cluster of the running test, file-static so that .fini stops it
- * even when an assertion ended the test early. */
-static harness cluster;
-
-static void stop_cluster(void) { harness_stop_if_started(&cluster); }
 
 TestSuite(recording, .fini = stop_cluster);
 TestSuite(backward, .fini = stop_cluster);

@@ -16,14 +16,8 @@
 
 #include "client_internal.h"
 #include "harness.h"
+#include "harness_fixture.h"
 #include "wire.h"
-
-/* The cluster of the running test. It is file-static so that the test's
- * .fini stops it even when an assertion ended the test early: no daemon
- * outlives its test. */
-static harness cluster;
-
-static void stop_cluster(void) { harness_stop_if_started(&cluster); }
 
 /* n daemons, each also given `extra` (one argument, or NULL). */
 static void start_cluster_with(harness *h, int n, const char *extra) {
