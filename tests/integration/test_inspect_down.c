@@ -10,10 +10,9 @@
 #include <string.h>
 
 #include "harness.h"
+#include "harness_fixture.h"
 
 #define TIMEOUT_MS 1500
-
-static harness cluster;
 
 /* Rank 1 of two frozen; resumed before teardown so it stops cleanly. */
 static void start_with_rank1_frozen(void) {
@@ -29,10 +28,8 @@ static void start_with_two_frozen(void) {
   cr_assert(harness_freeze(&cluster, 2, 10000), "rank 2 never stopped");
 }
 
-/* harness_stop resumes the frozen ranks first. */
-static void resume_and_stop(void) { harness_stop_if_started(&cluster); }
-
-TestSuite(inspect_down, .init = start_with_rank1_frozen, .fini = resume_and_stop,
+/* stop_cluster resumes the frozen ranks first. */
+TestSuite(inspect_down, .init = start_with_rank1_frozen, .fini = stop_cluster,
           .timeout = 120);
 
 /* Runs `distctl ARGS` against the cluster with the short timeout; expects
