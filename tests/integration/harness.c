@@ -209,6 +209,13 @@ int harness_wait_connected(harness *h, int r, int connected, int timeout_ms) {
   return 0;
 }
 
+void harness_assert_all_connected(harness *h, const char *when) {
+  for (int r = 0; r < h->n; r++)
+    cr_assert(harness_wait_connected(h, r, h->n - 1, 20000),
+              "rank %d did not connect to its %d peers within 20 s %s (log in %s)", r,
+              h->n - 1, when, h->dir);
+}
+
 /* DIR, its ports and cluster file for n daemons, none started. */
 static void prepare(harness *h, int n) {
   memset(h, 0, sizeof *h);
@@ -227,10 +234,7 @@ static void prepare(harness *h, int n) {
 
 static void start_all(harness *h, const char *const *extra_args) {
   for (int r = 0; r < h->n; r++) harness_start_rank(h, r, extra_args);
-  for (int r = 0; r < h->n; r++)
-    cr_assert(harness_wait_connected(h, r, h->n - 1, 20000),
-              "rank %d did not connect to its %d peers within 20 s (log in %s)",
-              r, h->n - 1, h->dir);
+  harness_assert_all_connected(h, "of its start");
 }
 
 void harness_start(harness *h, int n, const char *const *extra_args) {

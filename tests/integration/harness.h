@@ -44,6 +44,10 @@ int harness_kill(harness *h, int r, int sig);
 int harness_freeze(harness *h, int r, int timeout_ms);
 /* Waits, bounded by timeout_ms, until rank r sees `connected` peers. */
 int harness_wait_connected(harness *h, int r, int connected, int timeout_ms);
+/* Waits (bounded, 20 s a rank) until every rank sees all its h->n - 1
+ * peers; fails the test naming the first that does not and `when` (what
+ * came before: "after rank 1 restarted"). */
+void harness_assert_all_connected(harness *h, const char *when);
 /* A single client connected to the whole cluster. */
 dist_client *harness_client(harness *h);
 /* A single client connected to the whole cluster, with the given

@@ -70,9 +70,7 @@ static dist_client *restart_all(dist_client *old) {
   dist_close(old);
   for (int r = 0; r < cluster.n; r++) harness_kill(&cluster, r, SIGKILL);
   for (int r = 0; r < cluster.n; r++) harness_start_rank_again(&cluster, r, NULL);
-  for (int r = 0; r < cluster.n; r++)
-    cr_assert(harness_wait_connected(&cluster, r, cluster.n - 1, 20000),
-              "rank %d did not reconnect", r);
+  harness_assert_all_connected(&cluster, "after every rank restarted");
   return harness_client(&cluster);
 }
 

@@ -39,10 +39,9 @@ static void start(int n) { harness_start_unique(&cluster, n, "faults", NULL); }
 
 static void restart_rank(int r) {
   harness_start_rank_again(&cluster, r, NULL);
-  for (int k = 0; k < cluster.n; k++)
-    cr_assert(harness_wait_connected(&cluster, k, cluster.n - 1, 20000),
-              "rank %d does not see all %d peers after rank %d restarted (logs in %s)", k,
-              cluster.n - 1, r, cluster.dir);
+  char when[40];
+  snprintf(when, sizeof when, "after rank %d restarted", r);
+  harness_assert_all_connected(&cluster, when);
 }
 
 /* ------------------------------------------------------------ operations in a loop */
@@ -529,9 +528,7 @@ Test(faults, frozen_peer_fails_the_collective_within_the_timeout_then_rejoins) {
   expect_tensors_served(survivors, 2, "rank 2 froze");
   kill(cluster.pids[2], SIGCONT);
   join_trainer(&run, 2); /* its daemon answers again: bounded by the client deadline */
-  for (int r = 0; r < 3; r++)
-    cr_assert(harness_wait_connected(&cluster, r, 2, 20000),
-              "rank %d does not see both peers after rank 2 resumed", r);
+  harness_assert_all_connected(&cluster, "after rank 2 resumed");
   int all[3] = {0, 1, 2};
   expect_served(all, 3, "rank 2 resumed");
   stop_cluster();
@@ -751,8 +748,7 @@ static void start_with_proxied_link(int n, const char *peer_timeout) {
   const char *args0[] = {"--cluster-file", file, "--peer-timeout", peer_timeout, NULL};
   if (!peer_timeout) args0[2] = NULL;
   harness_start_rank_again(&cluster, 0, args0);
-  for (int r = 0; r < n; r++)
-    cr_assert(harness_wait_connected(&cluster, r, n - 1, 20000), "rank %d did not connect", r);
+  harness_assert_all_connected(&cluster, "through the proxy");
   cr_assert_gt(__atomic_load_n(&cut_proxy.relayed, __ATOMIC_RELAXED), 0,
                "rank 0 does not reach rank 1 through the proxy");
 }
@@ -785,8 +781,7 @@ Test(faults, cut_connection_fails_both_ends_naming_each_other_then_reconnects,
   int r0[1] = {0}, r1[1] = {1};
   expect_ops_failed(r0, 1, "all_reduce", 1, 1);
   expect_ops_failed(r1, 1, "all_reduce", 0, 1);
-  for (int r = 0; r < 3; r++)
-    cr_assert(harness_wait_connected(&cluster, r, 2, 20000), "rank %d did not reconnect", r);
+  harness_assert_all_connected(&cluster, "after the cut");
   int all[3] = {0, 1, 2};
   expect_served(all, 3, "the cut");
   stop_cluster_and_proxy();
