@@ -81,6 +81,9 @@ void harness_stop(harness *h);
 void harness_start_unique(harness *h, int n, const char *prefix, const char *const *extra_args);
 /* harness_start, and a client of the whole cluster (harness_client). */
 dist_client *harness_start_with_client(harness *h, int n, const char *const *extra_args);
+/* harness_start_unique, and a client of the whole cluster. */
+dist_client *harness_start_unique_with_client(harness *h, int n, const char *prefix,
+                                              const char *const *extra_args);
 /* harness_start_rank of rank r with the cluster id harness_start_unique
  * gave the cluster, then extra_args. */
 void harness_start_rank_again(harness *h, int r, const char *const *extra_args);

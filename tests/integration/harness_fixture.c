@@ -46,6 +46,12 @@ dist_client *harness_start_with_client(harness *h, int n, const char *const *ext
   return harness_client(h);
 }
 
+dist_client *harness_start_unique_with_client(harness *h, int n, const char *prefix,
+                                              const char *const *extra_args) {
+  harness_start_unique(h, n, prefix, extra_args);
+  return harness_client(h);
+}
+
 void harness_start_rank_again(harness *h, int r, const char *const *extra_args) {
   /* a cluster of plain harness_start has no id to rejoin with */
   cr_assert(h->cluster_id[0], "rank %d restarted in a cluster not started by "

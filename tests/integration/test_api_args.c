@@ -18,8 +18,7 @@ TestSuite(api_args, .fini = stop_cluster, .timeout = 120);
 /* Two daemons holding "w", float64 [4] Shard(0), an SGD parameter of one
  * trainer. */
 static dist_client *start_with_param(void) {
-  harness_start_unique(&cluster, 2, "api-args", NULL);
-  dist_client *c = harness_client(&cluster);
+  dist_client *c = harness_start_unique_with_client(&cluster, 2, "api-args", NULL);
   double w[4] = {1, 2, 3, 4};
   int64_t shape[1] = {4};
   dist_tensor_free(harness_put(c, "w", DIST_FLOAT64, w, 1, shape, "[0,1]", "Shard(0)"));

@@ -18,8 +18,7 @@
 #include "harness_fixture.h"
 
 static dist_client *start(int n) {
-  harness_start_unique(&cluster, n, "ckpt-test", NULL);
-  return harness_client(&cluster);
+  return harness_start_unique_with_client(&cluster, n, "ckpt-test", NULL);
 }
 
 TestSuite(checkpoint, .fini = stop_cluster, .timeout = 180);
@@ -321,8 +320,7 @@ static void expect_piece(dist_client *c, int r, const double *want, int n, int r
  * does. */
 Test(checkpoint, a_restore_one_daemon_cannot_finish_changes_no_daemon) {
   const char *args[] = {"--memory-limit=1MiB", NULL};
-  harness_start_unique(&cluster, 2, "ckpt-mem", args);
-  dist_client *c = harness_client(&cluster);
+  dist_client *c = harness_start_unique_with_client(&cluster, 2, "ckpt-mem", args);
   enum { N = 32 * 1024 }; /* float64: 256 KiB */
   static double saved[N], before[N];
   for (int i = 0; i < N; i++) saved[i] = 0.25 * i;
@@ -1313,8 +1311,7 @@ Test(checkpoint, a_rebuild_that_does_not_fit_leaves_the_tensor_as_it_was, .timeo
   /* 96 KiB per daemon: the filler's 72 KiB leave no room for a 32 KiB
    * half of "big", with or without the 32 bytes it holds now. */
   const char *args[] = {"--memory-limit=96KiB", NULL};
-  harness_start_unique(&cluster, 2, "ckpt-fit", args);
-  c = harness_client(&cluster);
+  c = harness_start_unique_with_client(&cluster, 2, "ckpt-fit", args);
   static const double before[4] = {1, 2, 3, 4};
   dist_tensor_free(put(c, "big", DIST_FLOAT64, before, 1, &n4, "[0,1]", "Replicate()"));
   dist_tensor_free(put(c, "filler", DIST_FLOAT64, filler, 1, &nf, "[0,1]", "Replicate()"));

@@ -17,8 +17,7 @@
 /* n daemons, each also given `extra` (one argument, or NULL). */
 static dist_client *start_with(int n, const char *extra) {
   const char *args[] = {extra, NULL};
-  harness_start_unique(&cluster, n, "param-test", args);
-  return harness_client(&cluster);
+  return harness_start_unique_with_client(&cluster, n, "param-test", args);
 }
 
 static dist_client *start(int n) { return start_with(n, NULL); }
