@@ -491,6 +491,15 @@ dist_tensor *harness_put(dist_client *c, const char *name, dist_dtype dt, const 
   return t;
 }
 
+dist_mesh *harness_line_mesh(int n) {
+  cr_assert(n > 0 && n <= HARNESS_MAX, "a line mesh of %d ranks", n);
+  int shape[1] = {n}, ranks[HARNESS_MAX];
+  for (int r = 0; r < n; r++) ranks[r] = r;
+  dist_mesh *m = NULL;
+  cr_assert_eq(dist_mesh_new(1, shape, ranks, NULL, &m), 0);
+  return m;
+}
+
 void harness_expect_value(dist_client *c, const char *name, const void *want,
                           size_t nbytes) {
   dist_tensor *t = NULL;

@@ -140,6 +140,8 @@ int harness_try_put(dist_client *c, const char *name, dist_dtype dt, const void 
 dist_tensor *harness_put(dist_client *c, const char *name, dist_dtype dt, const void *data,
                          int ndim, const int64_t *shape, const char *mesh_text,
                          const char *placements);
+/* The 1-d mesh of ranks 0 .. n-1 (free with dist_mesh_free). */
+dist_mesh *harness_line_mesh(int n);
 /* Fails the test unless tensor name's whole value is exactly want (nbytes). */
 void harness_expect_value(dist_client *c, const char *name, const void *want, size_t nbytes);
 /* How many names in dir contain infix ("" for any) and end in suffix. */

@@ -20,13 +20,6 @@ TestSuite(local_layer_errors, .fini = stop_cluster);
 
 /* ---------------------------------------------------------------- helpers */
 
-static dist_mesh *line_mesh(int n) {
-  int shape[1] = {n}, ranks[4] = {0, 1, 2, 3};
-  dist_mesh *m = NULL;
-  cr_assert_eq(dist_mesh_new(1, shape, ranks, NULL, &m), 0);
-  return m;
-}
-
 /* Deterministic logits in [-2, 2). */
 static void fill_logits(float *x, int n, unsigned seed) {
   for (int i = 0; i < n; i++) {
@@ -81,7 +74,7 @@ Test(local_layer, seed_000_masked_loss_prints_exactly, .timeout = 120) {
  * gradient of each local loss, mask / sum(mask). */
 Test(local_layer, masked_loss_gradient_is_mask_over_count, .timeout = 120) {
   dist_client *c = harness_start_with_client(&cluster, 2, NULL);
-  dist_mesh *m = line_mesh(2);
+  dist_mesh *m = harness_line_mesh(2);
   float pieces[2][10];
   for (int r = 0; r < 2; r++)
     for (int i = 0; i < 10; i++) pieces[r][i] = (float)(i + r);
@@ -156,7 +149,7 @@ static void loss_call_start(loss_call *lc, int W, const char *name, int T, int E
                             unsigned seed) {
   memset(lc, 0, sizeof *lc);
   lc->c = harness_start_with_client(&cluster, W, NULL);
-  lc->m = line_mesh(W);
+  lc->m = harness_line_mesh(W);
   lc->x = malloc(sizeof(float) * (size_t)(T * E));
   fill_logits(lc->x, T * E, seed);
   lc->t = shard_logits(lc->c, name, lc->x, T, E, lc->m);
@@ -351,7 +344,7 @@ static dist_program *sharded_program(const dist_mesh *m, int flatten) {
 
 Test(local_layer, sharded_output_derives_uneven_global_shape, .timeout = 120) {
   dist_client *c = harness_start_with_client(&cluster, 2, NULL);
-  dist_mesh *m = line_mesh(2);
+  dist_mesh *m = harness_line_mesh(2);
   float x[7 * 2];
   for (int i = 0; i < 14; i++) x[i] = (float)i;
   dist_tensor *t = shard_logits(c, "rows", x, 7, 2, m), *out = NULL;
@@ -395,7 +388,7 @@ Test(local_layer, sharded_output_derives_uneven_global_shape, .timeout = 120) {
 /* VALUE inputs differ per rank; gradients of given output gradients. */
 Test(local_layer, value_inputs_and_given_output_gradients, .timeout = 120) {
   dist_client *c = harness_start_with_client(&cluster, 2, NULL);
-  dist_mesh *m = line_mesh(2);
+  dist_mesh *m = harness_line_mesh(2);
   dist_program *p = NULL;
   dist_program_new("scale", &p);
   int w = dist_input_value(p, "w", DIST_FLOAT32);
@@ -445,7 +438,7 @@ typedef struct err_fixture {
 
 static void err_setup(err_fixture *f) {
   f->c = harness_start_with_client(&cluster, 2, NULL);
-  f->m = line_mesh(2);
+  f->m = harness_line_mesh(2);
   float x[12] = {0};
   int64_t xi[4] = {1, 2, 3, 4}, s1[1] = {4};
   f->x = shard_logits(f->c, "x", x, 4, 3, f->m);

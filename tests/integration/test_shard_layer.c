@@ -18,13 +18,6 @@ TestSuite(shard_layer, .fini = stop_cluster);
 
 /* ---------------------------------------------------------------- helpers */
 
-static dist_mesh *line_mesh(int n) {
-  int shape[1] = {n}, ranks[4] = {0, 1, 2, 3};
-  dist_mesh *m = NULL;
-  cr_assert_eq(dist_mesh_new(1, shape, ranks, NULL, &m), 0);
-  return m;
-}
-
 static void fill(float *x, int n, unsigned seed) {
   for (int i = 0; i < n; i++) {
     seed = seed * 1103515245u + 12345u;
@@ -150,7 +143,7 @@ static void linear_grad_ref(const float *x, const float *w, const float *dy,
 Test(shard_layer, shard_fn_sees_every_sublayer_in_order_and_unplaced_params_replicate,
      .timeout = 120) {
   dist_client *c = harness_start_with_client(&cluster, 2, NULL);
-  dist_mesh *m = line_mesh(2);
+  dist_mesh *m = harness_line_mesh(2);
   dist_layer *root = NULL, *block = NULL;
   cr_assert_eq(dist_layer_sequence(&root), 0);
   cr_assert_eq(dist_layer_sequence(&block), 0);
@@ -245,7 +238,7 @@ static int replicate_outputs(dist_client *c, dist_tensor **ts, int n,
 
 Test(shard_layer, input_fn_and_output_fn_run_around_forward, .timeout = 120) {
   dist_client *c = harness_start_with_client(&cluster, 2, NULL);
-  dist_mesh *m = line_mesh(2);
+  dist_mesh *m = harness_line_mesh(2);
   enum { B = 4, IN = 6, OUT = 4 };
   float x[B * IN], w[IN * OUT], b[OUT], dyf[B * OUT];
   fill(x, B * IN, 3);
@@ -377,7 +370,7 @@ static void check_linear(dist_client *c, const dist_mesh *m, int IN, int OUT,
 
 static void parallel_linear_on(int n) {
   dist_client *c = harness_start_with_client(&cluster, n, NULL);
-  dist_mesh *m = line_mesh(n);
+  dist_mesh *m = harness_line_mesh(n);
   dist_placement s0 = DIST_SHARD_DIM(0), s1 = DIST_SHARD_DIM(1), rep = DIST_REPLICATED;
   check_linear(c, m, 8, 12, &s1, &rep, 1, "col");         /* column parallel */
   check_linear(c, m, 12, 8, &s0, &rep, 1, "row");         /* row, input sliced */
@@ -426,7 +419,7 @@ Test(shard_layer, linear_on_a_2d_mesh_shards_rows_and_columns, .timeout = 180) {
 Test(shard_layer, embedding_and_norms_in_a_sequence_match_one_process,
      .timeout = 120) {
   dist_client *c = harness_start_with_client(&cluster, 2, NULL);
-  dist_mesh *m = line_mesh(2);
+  dist_mesh *m = harness_line_mesh(2);
   enum { T = 6, V = 10, E = 4 };
   dist_layer *seq = NULL, *emb = NULL, *ln = NULL, *rms = NULL;
   cr_assert_eq(dist_layer_sequence(&seq), 0);
@@ -550,7 +543,7 @@ static dist_layer *scaled_product_layer(dist_client *c, const dist_mesh *m, int 
  * scalar loss sum(y) backpropagated without an output gradient. */
 Test(shard_layer, custom_program_layer_trains_its_parameter, .timeout = 120) {
   dist_client *c = harness_start_with_client(&cluster, 2, NULL);
-  dist_mesh *m = line_mesh(2);
+  dist_mesh *m = harness_line_mesh(2);
   dist_placement s0 = DIST_SHARD_DIM(0);
   int64_t xs[2] = {4, 3};
   float sc[3] = {1, 2, 3}, xv[12];
@@ -595,7 +588,7 @@ Test(shard_layer, custom_program_layer_trains_its_parameter, .timeout = 120) {
  * 2 * x * scale, and scale's is sum over rows of x^2. */
 Test(shard_layer, an_input_used_twice_gets_the_sum_of_its_gradients, .timeout = 120) {
   dist_client *c = harness_start_with_client(&cluster, 2, NULL);
-  dist_mesh *m = line_mesh(2);
+  dist_mesh *m = harness_line_mesh(2);
   dist_placement s0 = DIST_SHARD_DIM(0);
   int64_t xs[2] = {4, 3};
   float sc[3] = {1, -2, 0.5f}, xv[12];
@@ -692,7 +685,7 @@ static dist_layer *two_layer_mlp(void) {
 Test(shard_layer, a_shard_fn_placing_a_missing_dim_fails_and_stores_nothing,
      .timeout = 120) {
   dist_client *c = harness_start_with_client(&cluster, 2, NULL);
-  dist_mesh *m = line_mesh(2);
+  dist_mesh *m = harness_line_mesh(2);
   dist_layer *mlp = two_layer_mlp();
   /* fc1 fine, then fc2.bias (1 dim) on Shard(1): nothing of fc1 stays */
   placing places[2] = {{"fc1", "weight", {DIST_SHARD_DIM(0)}, 1},
@@ -779,7 +772,7 @@ static void stepped_free(stepped *st) {
  * nothing in the client naming them. */
 Test(shard_layer, a_release_that_cannot_delete_its_step_says_so, .timeout = 120) {
   dist_client *c = harness_start_with_client(&cluster, 2, NULL);
-  dist_mesh *m = line_mesh(2);
+  dist_mesh *m = harness_line_mesh(2);
   stepped st = linear_after_a_forward(c, m, "rel");
   harness_kill(&cluster, 1, SIGKILL);
   int rc = dist_layer_release(c, st.l);
@@ -799,7 +792,7 @@ Test(shard_layer, a_release_that_cannot_delete_its_step_says_so, .timeout = 120)
  * no daemon holds). */
 Test(shard_layer, a_release_that_succeeds_leaves_no_error, .timeout = 120) {
   dist_client *c = harness_start_with_client(&cluster, 2, NULL);
-  dist_mesh *m = line_mesh(2);
+  dist_mesh *m = harness_line_mesh(2);
   stepped st = linear_after_a_forward(c, m, "gone");
   cr_assert_eq(dist_tensor_delete_handle(c, st.y), 0, "%s", dist_errmsg(c));
   for (int nothing_left = 0; nothing_left < 2; nothing_left++) {
@@ -824,7 +817,7 @@ static void linear_with_rank_1_frozen(int forward, double most) {
   enum { DEADLINE_MS = 2000 };
   harness_start(&cluster, 2, NULL);
   dist_client *c = harness_client_deadline(&cluster, DEADLINE_MS);
-  dist_mesh *m = line_mesh(2);
+  dist_mesh *m = harness_line_mesh(2);
   stepped st = linear_after_a_forward(c, m, "frz");
   dist_tensor *y = NULL;
   if (forward) cr_assert_eq(dist_layer_release(c, st.l), 0, "%s", dist_errmsg(c));
@@ -884,7 +877,7 @@ typedef struct relayed_step {
 static void relayed_step_start(relayed_step *s, const char *name) {
   enum { DEADLINE_MS = 1000 };
   s->relay = reply_hold_cluster(&cluster, 2, 1, DEADLINE_MS, &s->c);
-  s->m = line_mesh(2);
+  s->m = harness_line_mesh(2);
   s->st = linear_after_a_forward(s->c, s->m, name);
 }
 
@@ -1057,7 +1050,7 @@ Test(shard_layer, a_gradient_sum_whose_reply_was_lost_leaves_nothing_after_a_rel
   enum { DEADLINE_MS = 1000 };
   dist_client *c = NULL;
   reply_hold *relay = reply_hold_cluster(&cluster, 2, 1, DEADLINE_MS, &c);
-  dist_mesh *m = line_mesh(2);
+  dist_mesh *m = harness_line_mesh(2);
   dist_placement rep = DIST_REPLICATED;
   dist_program *p = NULL;
   cr_assert_eq(dist_program_new("addab", &p), 0);
@@ -1110,7 +1103,7 @@ Test(shard_layer, a_mesh_outside_the_cluster_fails_and_stores_nothing,
 Test(shard_layer, a_gradient_of_the_wrong_shape_is_refused_and_changes_nothing,
      .timeout = 120) {
   dist_client *c = harness_start_with_client(&cluster, 2, NULL);
-  dist_mesh *m = line_mesh(2);
+  dist_mesh *m = harness_line_mesh(2);
   dist_layer *mlp = two_layer_mlp();
   placing places[1] = {{"fc1", "weight", {DIST_SHARD_DIM(0)}, 1}};
   shard_log log = {.places = places, .nplaces = 1};
@@ -1154,7 +1147,7 @@ Test(shard_layer, a_backward_without_gradients_of_a_non_scalar_output_names_its_
   int64_t xs[2] = {2, 4};
   dist_placement rep = DIST_REPLICATED;
   dist_layer *l = linear(4, 3, 1, 5);
-  dist_mesh *m = line_mesh(2);
+  dist_mesh *m = harness_line_mesh(2);
   fill(x, 8, 3);
   dist_client *c = harness_start_with_client(&cluster, 2, NULL);
   cr_assert_eq(dist_shard_layer(c, l, m, NULL, NULL, NULL, NULL), 0, "%s", dist_errmsg(c));
@@ -1181,7 +1174,7 @@ Test(shard_layer, a_configure_refused_for_one_parameter_configures_none, .timeou
    * 3 * 12 more than the 20 left. */
   const char *limit[] = {"--memory-limit=224", NULL};
   dist_layer *l = linear(4, 3, 1, 5);
-  dist_mesh *m = line_mesh(2);
+  dist_mesh *m = harness_line_mesh(2);
   dist_client *c = harness_start_with_client(&cluster, 2, limit);
   cr_assert_eq(dist_shard_layer(c, l, m, NULL, NULL, NULL, NULL), 0, "%s", dist_errmsg(c));
   dist_param_opts o = DIST_PARAM_OPTS_INIT;
@@ -1216,7 +1209,7 @@ Test(shard_layer, a_step_refused_for_one_parameter_changes_none, .timeout = 120)
   int64_t xs[2] = {2, 4}, ys[2] = {2, 3};
   dist_placement rep = DIST_REPLICATED;
   dist_layer *l = linear(4, 3, 1, 5);
-  dist_mesh *m = line_mesh(2);
+  dist_mesh *m = harness_line_mesh(2);
   fill(x, 8, 3);
   fill(dy, 6, 7);
   dist_client *c = harness_start_with_client(&cluster, 2, NULL);

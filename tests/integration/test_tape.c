@@ -31,13 +31,6 @@ TestSuite(tape_errors, .fini = stop_cluster);
 
 /* ---------------------------------------------------------------- helpers */
 
-static dist_mesh *line_mesh(int n) {
-  int shape[1] = {n}, ranks[MAXW] = {0, 1, 2, 3};
-  dist_mesh *m = NULL;
-  cr_assert_eq(dist_mesh_new(1, shape, ranks, NULL, &m), 0);
-  return m;
-}
-
 /* loss = sum(y * y) on each rank, Partial(sum) over mesh m. */
 static dist_program *sum_sq_program(dist_client *c, const dist_mesh *m) {
   dist_program *p = NULL;
@@ -87,7 +80,7 @@ typedef struct sq_chain {
 
 static void sq_chain_start(sq_chain *s) {
   s->c = harness_start_with_client(&cluster, 2, NULL);
-  s->m = line_mesh(2);
+  s->m = harness_line_mesh(2);
   s->p = sum_sq_program(s->c, s->m);
   dist_tape_new(s->c, &s->t);
   s->y = seed_scatter(s->t, s->c, -1, "y");
@@ -124,7 +117,7 @@ static int count_named(dist_client *c, const char *prefix) {
 
 Test(tape, seed_003_scatter_then_local_layer_single_client, .timeout = 120) {
   dist_client *c = harness_start_with_client(&cluster, 2, NULL);
-  dist_mesh *m = line_mesh(2);
+  dist_mesh *m = harness_line_mesh(2);
   dist_program *p = sum_sq_program(c, m);
   dist_tape *t = NULL;
   cr_assert_eq(dist_tape_new(c, &t), 0);
@@ -380,7 +373,7 @@ static void run_generated(int W, int seed, const char *extra) {
   gen_case k;
   gen_case_load(&k, W, seed, extra, tmp, sizeof tmp);
   dist_client *c = harness_start_with_client(&cluster, W, NULL);
-  dist_mesh *m = line_mesh(W);
+  dist_mesh *m = harness_line_mesh(W);
   float *w = malloc(sizeof(float) * (size_t)(k.d * HID));
   for (int64_t i = 0; i < k.d * HID; i++) w[i] = (float)((i * 7) % 11) / 8.0f - 0.6f;
   int64_t wshape[2] = {k.d, HID};
@@ -464,7 +457,7 @@ Test(tape, global_gather_backward_is_a_scatter, .timeout = 180) {
   gen_case k;
   gen_case_load(&k, 3, 21, "--E 2 --d-model 3", tmp, sizeof tmp);
   dist_client *c = harness_start_with_client(&cluster, 3, NULL);
-  dist_mesh *m = line_mesh(3);
+  dist_mesh *m = harness_line_mesh(3);
   dist_program *p = sum_sq_program(c, m);
   const void *gs[MAXW];
   const int64_t *lcs[MAXW], *gcs[MAXW];
@@ -508,7 +501,7 @@ Test(tape, global_gather_backward_is_a_scatter, .timeout = 180) {
  * so dL/dy1 = 2 y1 + 1, dL/dy2 = 3 and dL/dx = 2 x + 4. */
 Test(tape, gradients_add_where_a_tensor_feeds_several_ops, .timeout = 120) {
   dist_client *c = harness_start_with_client(&cluster, 2, NULL);
-  dist_mesh *m = line_mesh(2);
+  dist_mesh *m = harness_line_mesh(2);
   dist_program *p1 = sum_sq_program(c, m), *p2 = NULL;
   dist_placement psum = DIST_PARTIAL_OF(DIST_REDUCE_SUM);
   dist_program_new("sum_plus_3sum", &p2);
@@ -547,7 +540,7 @@ Test(tape, gradients_add_where_a_tensor_feeds_several_ops, .timeout = 120) {
  * of dL/dx is 2 w^T = [2, 4]. */
 Test(tape, distributed_weight_gradients_add_on_its_mesh, .timeout = 120) {
   dist_client *c = harness_start_with_client(&cluster, 2, NULL);
-  dist_mesh *m = line_mesh(2);
+  dist_mesh *m = harness_line_mesh(2);
   dist_placement rep = DIST_REPLICATED, psum = DIST_PARTIAL_OF(DIST_REDUCE_SUM);
   float w[2] = {1, 2};
   int64_t wshape[2] = {2, 1};
@@ -689,7 +682,7 @@ Test(tape, a_local_layer_backward_whose_reply_was_lost_leaves_nothing_after_the_
   harness h;
   dist_client *c = NULL;
   reply_hold *relay = reply_hold_cluster(&h, 2, 1, 1000, &c);
-  dist_mesh *m = line_mesh(2);
+  dist_mesh *m = harness_line_mesh(2);
   dist_program *p = sum_sq_program(c, m);
   dist_tape *t = NULL;
   cr_assert_eq(dist_tape_new(c, &t), 0, "%s", dist_errmsg(c));
