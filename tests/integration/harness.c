@@ -216,8 +216,7 @@ void harness_assert_all_connected(harness *h, const char *when) {
               h->n - 1, when, h->dir);
 }
 
-/* DIR, its ports and cluster file for n daemons, none started. */
-static void prepare(harness *h, int n) {
+void harness_prepare(harness *h, int n) {
   memset(h, 0, sizeof *h);
   cr_assert(n > 0 && n <= HARNESS_MAX);
   h->n = n;
@@ -238,7 +237,7 @@ static void start_all(harness *h, const char *const *extra_args) {
 }
 
 void harness_start(harness *h, int n, const char *const *extra_args) {
-  prepare(h, n);
+  harness_prepare(h, n);
   start_all(h, extra_args);
 }
 
@@ -258,7 +257,7 @@ static int own_dirs_allowed(const harness *h) {
 }
 
 int harness_start_own_dirs(harness *h, int n, const char *const *extra_args) {
-  prepare(h, n);
+  harness_prepare(h, n);
   char path[320];
   snprintf(path, sizeof path, "%s/ckpt", h->dir);
   cr_assert_eq(mkdir(path, 0755), 0, "mkdir %s: %s", path, strerror(errno));

@@ -33,6 +33,9 @@ void harness_start(harness *h, int n, const char *const *extra_args);
 int harness_start_own_dirs(harness *h, int n, const char *const *extra_args);
 /* The directory daemon r sees at DIR/ckpt, as this process sees it. */
 void harness_own_dir(const harness *h, int r, char *out, size_t len);
+/* DIR, free ports and DIR/cluster.conf for n daemons, none started: for
+ * a test that starts each rank with arguments of its own (TLS). */
+void harness_prepare(harness *h, int n);
 /* Starts (again) the daemon of rank r only; does not wait. */
 void harness_start_rank(harness *h, int r, const char *const *extra_args);
 /* SIGKILL / SIGTERM one daemon and reap it; returns its exit status as

@@ -118,20 +118,7 @@ static void start_rank(harness *h, int r, const char *rank_cert,
  * certificate. rank_cert[r] NULL means no TLS arguments. */
 static void start_cluster(harness *h, int n, const char *const rank_cert[],
                           const char *const *common, int wait_peers) {
-  memset(h, 0, sizeof *h);
-  h->n = n;
-  snprintf(h->dir, sizeof h->dir, "/tmp/distd-test-XXXXXX");
-  cr_assert(mkdtemp(h->dir));
-  snprintf(h->cluster_file, sizeof h->cluster_file, "%s/cluster.conf", h->dir);
-  FILE *f = fopen(h->cluster_file, "w");
-  cr_assert(f);
-  for (int r = 0; r < n; r++) {
-    h->grpc_port[r] = harness_free_port();
-    h->peer_port[r] = harness_free_port();
-    h->http_port[r] = harness_free_port();
-    fprintf(f, "127.0.0.1:%d 127.0.0.1:%d\n", h->grpc_port[r], h->peer_port[r]);
-  }
-  fclose(f);
+  harness_prepare(h, n);
   for (int r = 0; r < n; r++) start_rank(h, r, rank_cert ? rank_cert[r] : NULL, common);
   if (wait_peers) harness_assert_all_connected(h, "of its start");
 }
