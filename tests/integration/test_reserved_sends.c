@@ -15,7 +15,7 @@
 #include <string.h>
 
 #include "client_internal.h" /* dist_call_one: raw ALL_TO_ALL / REDUCE_SCATTER */
-#include "harness.h"
+#include "harness_fixture.h"
 
 #define W 3
 #define E 2 /* experts per rank in the MoE exchanges */
@@ -23,10 +23,6 @@
 #define BIG (1u << 18) /* float32 elements: the two-round all-reduce */
 #define OP_ALL_TO_ALL 0x7e5e0001ull
 #define OP_REDUCE_SCATTER 0x7e5e0002ull
-
-static harness cluster;
-
-static void stop_cluster(void) { harness_stop_if_started(&cluster); }
 
 TestSuite(reserved_sends, .fini = stop_cluster);
 
