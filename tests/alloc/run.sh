@@ -24,8 +24,9 @@
 # "held" mode: a run and the listing after it take about 0.25 s on two
 # busy cores, so ~60 s for about 5,200 allocations counted (a stride of
 # 21), and ~15 s for the held mode's 150; the offset is drawn at random
-# in 0..s-1 and printed, so that successive runs cover other sites).
-# ALLOC_STRIDE=1 sweeps every allocation.
+# in 0..s-1 and printed, so that successive runs cover other sites;
+# ALLOC_SHARE scales the runs, sweep.sh). ALLOC_STRIDE=1 sweeps every
+# allocation.
 set -uo pipefail
 sweep_name=alloc_sweep
 . "$(dirname "$0")/sweep.sh"

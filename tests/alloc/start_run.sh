@@ -65,7 +65,7 @@ start_and_stop() {
   done
   rank1=$(cat "$dir/rank1.pid")
   served=0 status=""
-  for ((i = 0; i < 100; i++)); do
+  for ((i = 0; i < 600; i++)); do # 30 s: a loaded machine starts slowly
     grep -q 'serving gRPC' "$dir/rank1.log" && { served=1; break; }
     [ -e "$dir/rank1.status" ] && break
     sleep 0.05

@@ -104,10 +104,17 @@ for rank in 0 1 2; do
       *) wrong "$rank" "$k" "a daemon did not say how many tensors it holds (tensors: $counts)" ;;
     esac
   done
-  echo "$sweep_name: rank $rank: allocations $((offset + 1)) to $((k - stride)) of a put failed in turn (stride $stride)"
+  if [ "$k" -eq $((offset + 1)) ]; then
+    echo "$sweep_name: rank $rank: no allocation of a put failed (the first tried, $k, was not reached)"
+  else
+    echo "$sweep_name: rank $rank: allocations $((offset + 1)) to $((k - stride)) of a put failed in turn (stride $stride)"
+  fi
 done
 kill_cluster
 echo "$sweep_name: $tried runs reached the failure; $bad wrong"
+# A sweep whose failures were never reached (the shim not armed, its log
+# line changed) tested nothing: that fails too.
+[ "$tried" -gt 0 ] || { bad=$((bad + 1)); echo "$sweep_name: no run reached its failure" >&2; }
 [ "$bad" -eq 0 ] || { echo "$sweep_name: logs in $dir" >&2; exit 1; }
 trap - EXIT
 rm -rf "$dir"

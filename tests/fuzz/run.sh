@@ -10,7 +10,7 @@
 # (Debian: apt-get install clang libclang-rt-14-dev).
 # Environment: FUZZ_BUILD_DIR reuses a build directory (default: a temporary
 # one); FUZZ_TARGETS limits the run ("npy config"); FUZZ_SECONDS, when set,
-# overrides SECONDS (CI sets it to 60 for the run tests/run makes).
+# overrides SECONDS (tests/run sets it, 10 by default and in CI).
 set -u
 here=$(cd "$(dirname "$0")" && pwd -P)
 seconds=${FUZZ_SECONDS:-${1:-60}}
