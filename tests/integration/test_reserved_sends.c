@@ -7,7 +7,10 @@
  * all-reduce algorithms, all-gather, broadcast, count_global,
  * global_scatter and its inverse) and of a single client (reshards across
  * placements and meshes, each with its vote), each result checked, and
- * then every daemon must count 0. */
+ * then every daemon must count 0. Only coll.c's rounds reserve (the
+ * collectives, count_global, the votes); global_scatter's rows and a
+ * reshard's moves allocate each send as they post it, so they are here
+ * as load, not as what the count checks. */
 #include <criterion/criterion.h>
 #include <pthread.h>
 #include <stdio.h>

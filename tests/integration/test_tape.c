@@ -679,9 +679,8 @@ Test(tape, an_exchange_backward_whose_reply_was_lost_leaves_nothing_after_the_fr
  * does. Before, it stayed on rank 1. */
 Test(tape, a_local_layer_backward_whose_reply_was_lost_leaves_nothing_after_the_free,
      .timeout = 120) {
-  harness h;
   dist_client *c = NULL;
-  reply_hold *relay = reply_hold_cluster(&h, 2, 1, 1000, &c);
+  reply_hold *relay = reply_hold_cluster(&cluster, 2, 1, 1000, &c);
   dist_mesh *m = harness_line_mesh(2);
   dist_program *p = sum_sq_program(c, m);
   dist_tape *t = NULL;
@@ -689,20 +688,20 @@ Test(tape, a_local_layer_backward_whose_reply_was_lost_leaves_nothing_after_the_
   dist_tensor *y = seed_scatter(t, c, -1, "y"), *loss = NULL;
   dist_arg arg = {y, NULL};
   cr_assert_eq(dist_tape_local_layer_call(t, p, &arg, 1, NULL, &loss), 0, "%s", dist_errmsg(c));
-  int before = reply_hold_count_on(&h, 1, "", "");
+  int before = reply_hold_count_on(&cluster, 1, "", "");
   reply_hold_from_call(relay, 1);
   const dist_tensor *seeds[1] = {loss};
   int rc = dist_tape_backward(t, seeds, NULL, 1);
   cr_assert(reply_hold_holding(relay), "the backward sent rank 1 no call");
   reply_hold_release(relay);
   cr_assert(rc < 0, "the backward whose reply from rank 1 was lost succeeded");
-  cr_assert_eq(reply_hold_count_on(&h, 1, "", ""), before + 1, "rank 1 kept no gradient");
+  cr_assert_eq(reply_hold_count_on(&cluster, 1, "", ""), before + 1, "rank 1 kept no gradient");
   dist_tape_free(t);
-  cr_assert_eq(reply_hold_count_on(&h, 1, "", ""), before, "rank 1 kept the gradient");
+  cr_assert_eq(reply_hold_count_on(&cluster, 1, "", ""), before, "rank 1 kept the gradient");
   dist_tensor_free(y), dist_tensor_free(loss);
   dist_program_free(p);
   dist_mesh_free(m);
-  reply_hold_cluster_stop(&h, relay, c);
+  reply_hold_cluster_stop(&cluster, relay, c);
 }
 
 /* A seed given as values for a tensor that also feeds an op on the tape:
