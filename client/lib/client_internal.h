@@ -31,6 +31,7 @@ typedef struct dist_later_item {
   char name[256];      /* a tensor to delete, or "": */
   uint64_t invocation; /* the invocation to release */
   int rank;
+  int unanswered;      /* its daemon did not answer in the last undo */
 } dist_later_item;
 typedef struct dist_later {
   dist_later_item *items;
@@ -45,8 +46,8 @@ struct dist_client {
   /* Made by dist_connect for one endpoint: errors of its calls name the
    * daemon by its address (dist_daemon_label), and its rank, which is
    * not its position 0, is learned from its Info reply when first needed
-   * (dist_daemon_rank). -1 until then; atomic, as a client is used from
-   * several threads. */
+   * (dist_daemon_rank). -1 until then; atomic, though a client is for one
+   * thread at a time (dist.h), as its error, op ids and later list are. */
   int one_endpoint;
   _Atomic int daemon_rank;
   /* When (monotonic ms) a call to that daemon last went unanswered, 0
@@ -172,7 +173,9 @@ void dist_later_note(dist_client *c, dist_later *l, const char *name, int rank);
 void dist_later_note_invocation(dist_client *c, dist_later *l, uint64_t invocation, int rank);
 /* Deletes each name and releases each invocation on its daemon, one not
  * found there taken as done; those that fail stay on the list for the
- * next time. Returns the first failure (c->err), or 0 with c->err
+ * next time, as do, untried, the items of a daemon that let one of them
+ * wait out its deadline (one deadline a pass per silent daemon, not one
+ * per item). Returns the first failure (c->err), or 0 with c->err
  * cleared. */
 int dist_later_undo(dist_client *c, dist_later *l);
 /* Drops every item naming name: a tensor stored under it since, which is

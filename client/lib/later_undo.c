@@ -38,13 +38,26 @@ void dist_later_note_invocation(dist_client *c, dist_later *l, uint64_t invocati
   note(c, l, &it);
 }
 
+/* Whether an item kept so far in this pass (items[0..kept)) found rank
+ * silent: its other items would each wait out a deadline too. */
+static int silent_in_pass(const dist_later *l, int kept, int rank) {
+  for (int i = 0; i < kept; i++)
+    if (l->items[i].unanswered && l->items[i].rank == rank) return 1;
+  return 0;
+}
+
 int dist_later_undo(dist_client *c, dist_later *l) {
   dist_errbuf first = DIST_ERRBUF_INIT;
   int kept = 0;
   for (int i = 0; i < l->n; i++) {
-    int rc = undo_item(c, &l->items[i]);
-    dist_note_first_failure(c, rc, &first);
-    if (rc) l->items[kept++] = l->items[i]; /* still there: tried again next time */
+    dist_later_item *it = &l->items[i];
+    int rc = DIST_ETIMEDOUT;
+    if (!silent_in_pass(l, kept, it->rank)) {
+      rc = undo_item(c, it);
+      dist_note_first_failure(c, rc, &first);
+    }
+    it->unanswered = rc == DIST_ETIMEDOUT;
+    if (rc) l->items[kept++] = *it; /* still there: tried again next time */
   }
   l->n = kept;
   c->err = first;

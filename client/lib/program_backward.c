@@ -206,7 +206,10 @@ int dist_invocation_release_one(dist_client *c, uint64_t invocation, int rank) {
 }
 
 int dist_invocation_release(dist_client *c, dist_invocation *inv) {
-  if (!inv || inv->backward_done) return 0; /* nothing kept: a no-op, NULL too */
+  if (!inv || inv->backward_done) { /* nothing kept: a no-op, NULL too */
+    if (c) dist_client_later_undo(c); /* still an undo point (dist.h) */
+    return 0;
+  }
   if (!c) return dist_no_client(__func__);
   /* each call clears the client's error: the first failure's is kept */
   dist_errbuf first = DIST_ERRBUF_INIT;

@@ -13,6 +13,7 @@
 #include "client_internal.h"
 #include "harness.h"
 #include "harness_fixture.h"
+#include "reply_hold.h"
 #include "program.pb-c.h"
 
 TestSuite(local_layer, .fini = stop_cluster);
@@ -786,4 +787,41 @@ Test(local_layer_errors, kept_invocations_expire_after_the_ttl, .timeout = 120) 
   dist_invocation_free(inv);
   dist_program_free(p);
   err_teardown(&f);
+}
+
+/* Two calls whose replies from rank 1 a relay holds, rank 1 still silent
+ * when the client closes: the client's list holds each call's invocation
+ * and output on rank 1 (four items), and the close asks rank 1 once,
+ * waits out one deadline, and leaves the rest untried. Before, each item
+ * waited out a deadline of its own: 4 at the close, 2 at the second
+ * call's own undo. */
+Test(local_layer, a_silent_daemon_costs_the_close_one_deadline_not_one_per_item,
+     .timeout = 120) {
+  enum { DEADLINE_MS = 2000 };
+  dist_client *c = NULL;
+  reply_hold *relay = reply_hold_cluster(&cluster, 2, 1, DEADLINE_MS, &c);
+  static const double x0[4] = {1.5, -2, 0.25, 8};
+  int64_t n4 = 4;
+  dist_tensor *x = harness_put(c, "x", DIST_FLOAT64, x0, 1, &n4, "[0,1]", "Replicate()");
+  dist_program *p = harness_doubler(1);
+  cr_assert_eq(dist_program_register(c, p), 0, "%s", dist_errmsg(c));
+  dist_arg arg = {x, NULL};
+  reply_hold_from_call(relay, 1);
+  for (int i = 0; i < 2; i++) {
+    dist_invocation *inv = NULL;
+    dist_tensor *y = NULL;
+    cr_assert_lt(dist_local_layer_call(c, p, &arg, 1, NULL, &inv, &y), 0,
+                 "call %d succeeded with rank 1's replies held", i);
+  }
+  cr_assert_eq(c->later.n, 4, "the list holds %d items, not each call's invocation and output",
+               c->later.n);
+  double t0 = harness_now_s();
+  dist_close(c);
+  double took = harness_now_s() - t0;
+  cr_expect_lt(took, 2.5 * DEADLINE_MS / 1000.0,
+               "the close took %.1f s against a deadline of %.1f s", took, DEADLINE_MS / 1000.0);
+  reply_hold_release(relay);
+  dist_tensor_free(x);
+  dist_program_free(p);
+  reply_hold_cluster_stop(&cluster, relay, NULL);
 }

@@ -87,8 +87,12 @@ int dist_connect_cluster(const char *path, const dist_opts *opts,
  * process SPMD rank DIST_RANK. */
 int dist_init_from_env(dist_client **out);
 /* Closes the connections, after undoing what failed LocalLayer calls
- * left on daemons that did not answer them (dist_local_layer_call). NULL
- * is a no-op. */
+ * left on daemons that did not answer them (dist_local_layer_call): one
+ * deadline per such daemon that still does not answer. NULL is a no-op.
+ *
+ * A client is for one thread at a time: its last error, its op ids and
+ * what it has to undo are its own, unsynchronized. Threads each connect a
+ * client of their own, as SPMD trainers have one per process. */
 void dist_close(dist_client *c);
 
 /* Memory. From the first client on, libdist keeps freed heap memory in the
@@ -785,10 +789,12 @@ typedef struct dist_call_opts {
  * on a daemon that did not answer it (its reply lost, perhaps after it
  * stored) may have left there the invocation kept for backward, and
  * outputs: the client's next dist_local_layer_call, dist_invocation_release
- * or dist_close releases that invocation and deletes the outputs under
- * names libdist made up, each costing a deadline while the daemon still
- * does not answer; outputs under out_names stay (the names are the
- * caller's, who may have used them again). */
+ * or dist_close asks that daemon to release the invocation and delete the
+ * outputs under names libdist made up, costing one deadline while it still
+ * does not answer (what it cannot be asked stays for the next time; a
+ * request that reaches it before the failed call's own finds nothing
+ * there, and the call's then stay); outputs under out_names stay (the
+ * names are the caller's, who may have used them again). */
 int dist_local_layer_call(dist_client *c, dist_program *p, const dist_arg *args,
                           int nargs, const dist_call_opts *opts,
                           dist_invocation **inv, dist_tensor **outs);
@@ -833,7 +839,8 @@ int dist_invocation_local_grad(const dist_invocation *inv, int i, int rank,
                                dist_value *out);
 /* Frees what the daemons keep for backward (nothing to do after
  * dist_backward). The handle stays valid (a later dist_backward fails with
- * the daemons' message) until dist_invocation_free. */
+ * the daemons' message) until dist_invocation_free. Whatever inv, it also
+ * undoes what failed calls left (dist_local_layer_call). */
 int dist_invocation_release(dist_client *c, dist_invocation *inv);
 /* Frees the handle only. NULL is a no-op. */
 void dist_invocation_free(dist_invocation *inv);
