@@ -151,7 +151,6 @@ static void relay_once(reply_hold *p) {
     fds[n++] = (struct pollfd){p->pairs[i].daemon, holding ? 0 : POLLIN, 0};
   }
   if (poll(fds, (nfds_t)n, 50) <= 0) return;
-  if (fds[0].revents & POLLIN) accept_pair(p);
   for (int i = p->n_pairs - 1; i >= 0; i--) {
     pair *pr = &p->pairs[i];
     short from_client = fds[1 + 2 * i].revents, from_daemon = fds[2 + 2 * i].revents;
@@ -160,6 +159,8 @@ static void relay_once(reply_hold *p) {
     if (open && (from_daemon & (POLLIN | POLLHUP))) open = copy(p, pr, pr->daemon, pr->client);
     if (!open) close_pair(p, i);
   }
+  /* Last: a pair accepted before the loop would have no fds polled. */
+  if (fds[0].revents & POLLIN) accept_pair(p);
 }
 
 static void *relay(void *arg) {
