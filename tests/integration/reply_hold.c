@@ -8,6 +8,9 @@
  * connection missing bytes cannot go on. */
 #include "reply_hold.h"
 
+#include "client_internal.h" /* dist_call_aside: a probe that leaves c->err */
+#include "health.pb-c.h"
+
 #include <arpa/inet.h>
 #include <criterion/criterion.h>
 #include <netinet/in.h>
@@ -36,7 +39,8 @@ typedef struct pair {
 } pair;
 
 struct reply_hold {
-  int listen_fd, daemon_port;
+  int listen_fd, daemon_port, rank;
+  dist_client *client; /* reply_hold_cluster's, which the release probes */
   char cluster_file[320];
   pthread_t thread;
   atomic_int stop;
@@ -200,6 +204,7 @@ static reply_hold *start_relay(harness *h, int r) {
   p->listen_fd = listen_loopback(&port);
   cr_assert(p->listen_fd >= 0, "relay: cannot listen on loopback");
   p->daemon_port = h->grpc_port[r];
+  p->rank = r;
   snprintf(p->cluster_file, sizeof p->cluster_file, "%s/cluster_relay%d.conf", h->dir, r);
   write_cluster_file(p, h, r, port);
   cr_assert_eq(pthread_create(&p->thread, NULL, relay, p), 0, "relay: no thread");
@@ -224,6 +229,26 @@ void reply_hold_calls(reply_hold *p, int from, int until) { arm(p, from, until, 
 
 void reply_hold_requests_from_call(reply_hold *p, int n) { arm(p, n, 0, 1); }
 
+/* Whether the client's channel to the relayed rank answers a health check
+ * within 10 s. The client's gRPC learns of a closed connection on its own
+ * threads: a call sent before it has goes out on the dead connection and
+ * fails, and only a call after it connects again. */
+static int client_reconnected(reply_hold *p) {
+  Grpc__Health__V1__HealthCheckRequest rq = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
+  double until = harness_now_s() + 10;
+  while (harness_now_s() < until) {
+    ProtobufCMessage *rp =
+        dist_call_aside(p->client, p->rank, "/grpc.health.v1.Health/Check", &rq.base,
+                        &grpc__health__v1__health_check_response__descriptor, 1000);
+    if (rp) {
+      protobuf_c_message_free_unpacked(rp, NULL);
+      return 1;
+    }
+    harness_sleep_ms(20);
+  }
+  return 0;
+}
+
 void reply_hold_release(reply_hold *p) {
   atomic_store(&p->armed, 0);
   atomic_store(&p->holding, 0);
@@ -232,9 +257,7 @@ void reply_hold_release(reply_hold *p) {
   for (int waited = 0; atomic_load(&p->close_dropping) && waited < 5000; waited += 10)
     usleep(10 * 1000);
   cr_assert(!atomic_load(&p->close_dropping), "relay: the held connection was not closed in 5 s");
-  /* The client's gRPC learns of the closed connection on its own threads;
-   * a call started before it has would be sent on it and fail. */
-  usleep(200 * 1000);
+  cr_assert(client_reconnected(p), "relay: the client did not connect again in 10 s");
 }
 
 int reply_hold_holding(reply_hold *p) { return atomic_load(&p->holding); }
@@ -274,7 +297,7 @@ int reply_hold_invocations_on(harness *h, int r) {
 reply_hold *reply_hold_cluster(harness *h, int n, int r, long timeout_ms, dist_client **c) {
   harness_start(h, n, NULL);
   reply_hold *p = start_relay(h, r);
-  *c = harness_client_of(p->cluster_file, timeout_ms);
+  *c = p->client = harness_client_of(p->cluster_file, timeout_ms);
   return p;
 }
 

@@ -33,7 +33,8 @@ void reply_hold_calls(reply_hold *p, int from, int until);
  * call and those after it are never carried out, as when a connection is
  * lost before the request went through. reply_hold_release then closes
  * that connection (its bytes cannot be sent late: the daemon would carry
- * out a call its client gave up on), and the client connects again. */
+ * out a call its client gave up on), and returns once the client has
+ * connected again (a health check through it answered, within 10 s). */
 void reply_hold_requests_from_call(reply_hold *p, int n);
 /* Lets everything held, and what follows, through. */
 void reply_hold_release(reply_hold *p);
