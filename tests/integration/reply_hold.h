@@ -12,6 +12,12 @@
 
 typedef struct reply_hold reply_hold;
 
+/* The client deadline the tests give reply_hold_cluster: long enough for
+ * the calls that must succeed (a put, a register, rank 0's part of an
+ * Invoke, which waits for rank 1's vote) on a loaded 2-core machine, short
+ * enough that each call held past it costs the test little. */
+enum { REPLY_HOLD_DEADLINE_MS = 3000 };
+
 /* harness_start(h, n, NULL), a relay (a thread of this process, on a free
  * loopback port) to rank r, and in *c a client of the cluster with rank r
  * reached through the relay, with the given deadline. Fails the test on

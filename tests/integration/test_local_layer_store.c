@@ -696,9 +696,8 @@ static int call_whose_reply_from_rank_1_is_lost(dist_client *c, reply_hold *rela
  * with gradient does release its invocation on rank 0, one Release, which
  * shows the count sees one. */
 Test(local_layer_store, a_failed_no_grad_call_sends_no_release) {
-  enum { DEADLINE_MS = 1000 };
   dist_client *c = NULL;
-  reply_hold *relay = reply_hold_cluster(&cluster, 2, 1, DEADLINE_MS, &c);
+  reply_hold *relay = reply_hold_cluster(&cluster, 2, 1, REPLY_HOLD_DEADLINE_MS, &c);
   int64_t n4 = 4;
   dist_tensor *x = harness_put(c, "x", DIST_FLOAT64, x0, 1, &n4, "[0,1]", "Replicate()");
   dist_program *p = harness_doubler(0);
@@ -730,7 +729,7 @@ typedef enum { BY_CALL, BY_RELEASE, BY_CLOSE } ended_by;
  * minutes), and the output for good. */
 static void lost_reply_call(ended_by how) {
   dist_client *c = NULL;
-  reply_hold *relay = reply_hold_cluster(&cluster, 2, 1, 1000, &c);
+  reply_hold *relay = reply_hold_cluster(&cluster, 2, 1, REPLY_HOLD_DEADLINE_MS, &c);
   int64_t n4 = 4;
   dist_tensor *x = harness_put(c, "x", DIST_FLOAT64, x0, 1, &n4, "[0,1]", "Replicate()");
   dist_program *p = harness_doubler(1);

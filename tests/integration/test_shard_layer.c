@@ -875,8 +875,7 @@ typedef struct relayed_step {
 } relayed_step;
 
 static void relayed_step_start(relayed_step *s, const char *name) {
-  enum { DEADLINE_MS = 1000 };
-  s->relay = reply_hold_cluster(&cluster, 2, 1, DEADLINE_MS, &s->c);
+  s->relay = reply_hold_cluster(&cluster, 2, 1, REPLY_HOLD_DEADLINE_MS, &s->c);
   s->m = harness_line_mesh(2);
   s->st = linear_after_a_forward(s->c, s->m, name);
 }
@@ -1049,9 +1048,8 @@ Test(shard_layer, a_later_steps_parameter_gradient_outlives_a_failed_steps_note,
  * both. */
 Test(shard_layer, a_gradient_sum_whose_reply_was_lost_leaves_nothing_after_a_release,
      .timeout = 120) {
-  enum { DEADLINE_MS = 1000 };
   dist_client *c = NULL;
-  reply_hold *relay = reply_hold_cluster(&cluster, 2, 1, DEADLINE_MS, &c);
+  reply_hold *relay = reply_hold_cluster(&cluster, 2, 1, REPLY_HOLD_DEADLINE_MS, &c);
   dist_mesh *m = harness_line_mesh(2);
   dist_placement rep = DIST_REPLICATED;
   dist_program *p = NULL;

@@ -657,7 +657,7 @@ Test(tape, an_exchange_backward_a_frozen_daemon_fails_waits_one_deadline, .timeo
 Test(tape, an_exchange_backward_whose_reply_was_lost_leaves_nothing_after_the_free,
      .timeout = 120) {
   dist_client *c = NULL;
-  reply_hold *relay = reply_hold_cluster(&cluster, 2, 1, 1000, &c);
+  reply_hold *relay = reply_hold_cluster(&cluster, 2, 1, REPLY_HOLD_DEADLINE_MS, &c);
   seeded_scatter s;
   seeded_scatter_start(c, &s);
   int before = reply_hold_count_on(&cluster, 1, "", "");
@@ -680,7 +680,7 @@ Test(tape, an_exchange_backward_whose_reply_was_lost_leaves_nothing_after_the_fr
 Test(tape, a_local_layer_backward_whose_reply_was_lost_leaves_nothing_after_the_free,
      .timeout = 120) {
   dist_client *c = NULL;
-  reply_hold *relay = reply_hold_cluster(&cluster, 2, 1, 1000, &c);
+  reply_hold *relay = reply_hold_cluster(&cluster, 2, 1, REPLY_HOLD_DEADLINE_MS, &c);
   dist_mesh *m = harness_line_mesh(2);
   dist_program *p = sum_sq_program(c, m);
   dist_tape *t = NULL;
