@@ -665,14 +665,18 @@ static double releases_on(int r) {
   return n;
 }
 
-/* The doubler called on x, no_grad or not, while rank 1's replies are
- * held from its Invoke on: rank 1 stores, rank 0 answers, and the call
- * fails at its deadline; returns its result. */
+/* The doubler called on x, no_grad or not, its output named out (NULL:
+ * by libdist), while rank 1's replies are held from its Invoke on: rank 1
+ * stores, rank 0 answers, and the call fails at its deadline; returns its
+ * result. */
 static int call_whose_reply_from_rank_1_is_lost(dist_client *c, reply_hold *relay,
-                                                dist_program *p, dist_tensor *x, int no_grad) {
+                                                dist_program *p, dist_tensor *x, int no_grad,
+                                                const char *out) {
   dist_arg args[1] = {{x, NULL}};
+  const char *names[1] = {out};
   dist_call_opts o = DIST_CALL_OPTS_INIT;
   o.no_grad = no_grad;
+  o.out_names = out ? names : NULL;
   dist_invocation *inv = NULL;
   dist_tensor *y = NULL;
   /* An earlier pass's notes would make the call's first call to rank 1
@@ -704,7 +708,7 @@ Test(local_layer_store, a_failed_no_grad_call_sends_no_release) {
   cr_assert_eq(dist_program_register(c, p), 0, "%s", dist_errmsg(c));
   for (int no_grad = 1; no_grad >= 0; no_grad--) {
     double before = releases_on(0);
-    int rc = call_whose_reply_from_rank_1_is_lost(c, relay, p, x, no_grad);
+    int rc = call_whose_reply_from_rank_1_is_lost(c, relay, p, x, no_grad, NULL);
     cr_assert_eq(rc, DIST_ETIMEDOUT, "no_grad %d: %s: %s", no_grad, dist_err_name(rc),
                  dist_errmsg(c));
     cr_expect_eq(releases_on(0) - before, !no_grad, "no_grad %d: rank 0 served %.0f Release "
@@ -713,6 +717,37 @@ Test(local_layer_store, a_failed_no_grad_call_sends_no_release) {
                  "invocation", no_grad);
   }
   dist_tensor_free(x);
+  dist_program_free(p);
+  reply_hold_cluster_stop(&cluster, relay, c);
+}
+
+/* A call whose output the caller named "u", whose reply from rank 1 is
+ * lost after rank 1 stored "u": the name is the caller's to use again, so
+ * the failed call notes for a later undo on rank 1 only its invocation,
+ * not "u". The caller deletes the leftover "u" and puts a new one; the
+ * client's next call undoes the note (the invocation goes) and must leave
+ * the new "u" on rank 1. */
+Test(local_layer_store, a_lost_reply_leaves_an_output_the_caller_named_to_the_caller) {
+  dist_client *c = NULL;
+  reply_hold *relay = reply_hold_cluster(&cluster, 2, 1, REPLY_HOLD_DEADLINE_MS, &c);
+  int64_t n4 = 4;
+  dist_tensor *x = harness_put(c, "x", DIST_FLOAT64, x0, 1, &n4, "[0,1]", "Replicate()");
+  dist_program *p = harness_doubler(0);
+  cr_assert_eq(dist_program_register(c, p), 0, "%s", dist_errmsg(c));
+  int rc = call_whose_reply_from_rank_1_is_lost(c, relay, p, x, 0, "u");
+  cr_assert_eq(rc, DIST_ETIMEDOUT, "%s: %s", dist_err_name(rc), dist_errmsg(c));
+  static const double doubled[4] = {3, -4, 0.5, 16}, fresh[4] = {10, 20, 30, 40};
+  cr_assert_eq(held_on(c, 1, "u", 2, doubled, 4), 0, "rank 1 did not store 'u'");
+  cr_assert_eq(held_on(c, 0, "u", 0, NULL, 0), DIST_ENOTFOUND, "rank 0 answered: deleted");
+  cr_assert_eq(reply_hold_invocations_on(&cluster, 1), 1, "rank 1 kept no invocation");
+  dist_tensor_delete(c, "u"); /* rank 0 holds no piece: its part may fail */
+  cr_assert_eq(held_on(c, 1, "u", 0, NULL, 0), DIST_ENOTFOUND, "rank 1 kept the leftover");
+  dist_tensor *u = harness_put(c, "u", DIST_FLOAT64, fresh, 1, &n4, "[0,1]", "Replicate()");
+  cr_assert_eq(call(c, p, "x2", 0), 0, "%s", dist_errmsg(c));
+  cr_assert_eq(reply_hold_invocations_on(&cluster, 1), 0, "the next call undid no note");
+  for (int r = 0; r < 2; r++)
+    cr_assert_eq(held_on(c, r, "u", 2, fresh, 4), 0, "the undo deleted rank %d's new 'u'", r);
+  dist_tensor_free(u), dist_tensor_free(x);
   dist_program_free(p);
   reply_hold_cluster_stop(&cluster, relay, c);
 }
