@@ -665,6 +665,19 @@ static double releases_on(int r) {
   return n;
 }
 
+/* Two daemons, rank 1 behind a relay (reply_hold_cluster): in *c the
+ * client, in *x "x" put on [0,1] (x0, Replicate) and in *p the doubler,
+ * sharded or not, registered. */
+static reply_hold *relayed_doubler(int sharded, dist_client **c, dist_tensor **x,
+                                   dist_program **p) {
+  reply_hold *relay = reply_hold_cluster(&cluster, 2, 1, REPLY_HOLD_DEADLINE_MS, c);
+  int64_t n4 = 4;
+  *x = harness_put(*c, "x", DIST_FLOAT64, x0, 1, &n4, "[0,1]", "Replicate()");
+  *p = harness_doubler(sharded);
+  cr_assert_eq(dist_program_register(*c, *p), 0, "%s", dist_errmsg(*c));
+  return relay;
+}
+
 /* The doubler called on x, no_grad or not, its output named out (NULL:
  * by libdist), while rank 1's replies are held from its Invoke on: rank 1
  * stores, rank 0 answers, and the call fails at its deadline; returns its
@@ -701,11 +714,9 @@ static int call_whose_reply_from_rank_1_is_lost(dist_client *c, reply_hold *rela
  * shows the count sees one. */
 Test(local_layer_store, a_failed_no_grad_call_sends_no_release) {
   dist_client *c = NULL;
-  reply_hold *relay = reply_hold_cluster(&cluster, 2, 1, REPLY_HOLD_DEADLINE_MS, &c);
-  int64_t n4 = 4;
-  dist_tensor *x = harness_put(c, "x", DIST_FLOAT64, x0, 1, &n4, "[0,1]", "Replicate()");
-  dist_program *p = harness_doubler(0);
-  cr_assert_eq(dist_program_register(c, p), 0, "%s", dist_errmsg(c));
+  dist_tensor *x = NULL;
+  dist_program *p = NULL;
+  reply_hold *relay = relayed_doubler(0, &c, &x, &p);
   for (int no_grad = 1; no_grad >= 0; no_grad--) {
     double before = releases_on(0);
     int rc = call_whose_reply_from_rank_1_is_lost(c, relay, p, x, no_grad, NULL);
@@ -729,11 +740,9 @@ Test(local_layer_store, a_failed_no_grad_call_sends_no_release) {
  * the new "u" on rank 1. */
 Test(local_layer_store, a_lost_reply_leaves_an_output_the_caller_named_to_the_caller) {
   dist_client *c = NULL;
-  reply_hold *relay = reply_hold_cluster(&cluster, 2, 1, REPLY_HOLD_DEADLINE_MS, &c);
-  int64_t n4 = 4;
-  dist_tensor *x = harness_put(c, "x", DIST_FLOAT64, x0, 1, &n4, "[0,1]", "Replicate()");
-  dist_program *p = harness_doubler(0);
-  cr_assert_eq(dist_program_register(c, p), 0, "%s", dist_errmsg(c));
+  dist_tensor *x = NULL;
+  dist_program *p = NULL;
+  reply_hold *relay = relayed_doubler(0, &c, &x, &p);
   int rc = call_whose_reply_from_rank_1_is_lost(c, relay, p, x, 0, "u");
   cr_assert_eq(rc, DIST_ETIMEDOUT, "%s: %s", dist_err_name(rc), dist_errmsg(c));
   static const double doubled[4] = {3, -4, 0.5, 16}, fresh[4] = {10, 20, 30, 40};
@@ -742,6 +751,7 @@ Test(local_layer_store, a_lost_reply_leaves_an_output_the_caller_named_to_the_ca
   cr_assert_eq(reply_hold_invocations_on(&cluster, 1), 1, "rank 1 kept no invocation");
   dist_tensor_delete(c, "u"); /* rank 0 holds no piece: its part may fail */
   cr_assert_eq(held_on(c, 1, "u", 0, NULL, 0), DIST_ENOTFOUND, "rank 1 kept the leftover");
+  int64_t n4 = 4;
   dist_tensor *u = harness_put(c, "u", DIST_FLOAT64, fresh, 1, &n4, "[0,1]", "Replicate()");
   cr_assert_eq(call(c, p, "x2", 0), 0, "%s", dist_errmsg(c));
   cr_assert_eq(reply_hold_invocations_on(&cluster, 1), 0, "the next call undid no note");
@@ -764,11 +774,9 @@ typedef enum { BY_CALL, BY_RELEASE, BY_CLOSE } ended_by;
  * minutes), and the output for good. */
 static void lost_reply_call(ended_by how) {
   dist_client *c = NULL;
-  reply_hold *relay = reply_hold_cluster(&cluster, 2, 1, REPLY_HOLD_DEADLINE_MS, &c);
-  int64_t n4 = 4;
-  dist_tensor *x = harness_put(c, "x", DIST_FLOAT64, x0, 1, &n4, "[0,1]", "Replicate()");
-  dist_program *p = harness_doubler(1);
-  cr_assert_eq(dist_program_register(c, p), 0, "%s", dist_errmsg(c));
+  dist_tensor *x = NULL;
+  dist_program *p = NULL;
+  reply_hold *relay = relayed_doubler(1, &c, &x, &p);
   dist_arg arg = {x, NULL};
   dist_invocation *kept = NULL, *lost = NULL;
   dist_tensor *y = NULL, *z = NULL;
