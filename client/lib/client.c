@@ -380,7 +380,7 @@ int dist_init_from_env(dist_client **out) {
 
 void dist_close(dist_client *c) {
   if (!c) return;
-  dist_later_undo(c, &c->later); /* the last chance: the daemons' time-to-live else */
+  dist_client_later_undo(c); /* the last chance: the daemons' time-to-live else */
   dist_later_free(&c->later);
   for (int i = 0; i < c->n; i++) grpc_channel_destroy(c->channels[i]);
   if (c->auth_md_count) {

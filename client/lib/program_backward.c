@@ -206,17 +206,16 @@ int dist_invocation_release_one(dist_client *c, uint64_t invocation, int rank) {
 }
 
 int dist_invocation_release(dist_client *c, dist_invocation *inv) {
-  if (!inv || inv->backward_done) { /* nothing kept: a no-op, NULL too */
-    if (c) dist_client_later_undo(c); /* still an undo point (dist.h) */
-    return 0;
-  }
-  if (!c) return dist_no_client(__func__);
+  int kept = inv && !inv->backward_done; /* else a no-op, NULL too */
+  if (!c) return kept ? dist_no_client(__func__) : 0;
   /* each call clears the client's error: the first failure's is kept */
   dist_errbuf first = DIST_ERRBUF_INIT;
-  for (int i = 0; i < inv->n; i++)
+  for (int i = 0; kept && i < inv->n; i++)
     dist_note_first_failure(c, dist_invocation_release_one(c, inv->id, inv->targets[i]),
                             &first);
   if (first.code) c->err = first;
-  dist_client_later_undo(c); /* what a failed call left on a daemon that did not answer */
+  /* whatever inv, an undo point (dist.h): what a failed call left on a
+   * daemon that did not answer */
+  dist_client_later_undo(c);
   return first.code;
 }
