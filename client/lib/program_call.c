@@ -380,6 +380,9 @@ static int call_run(dist_client *c, dist_program *p, const dist_arg *args, int n
       dist_check_call_args(c, "dist_local_layer_call", "args", args, nargs,
                            c->spmd_rank >= 0 ? 1 : p->nranks))
     return refuse_call(c, p, id);
+  /* What an earlier public call left on a daemon that did not answer; after
+   * the checks, so that a call refused for its arguments costs no deadline. */
+  if (!later) dist_client_later_undo(c);
   if (p->outside) return dist_prog_call_outside(c, p, args, &o, id, inv, outs);
   fanout f = {0};
   dist_invocation *v = NULL;
@@ -431,7 +434,6 @@ int dist_local_layer_call(dist_client *c, dist_program *p, const dist_arg *args,
                           int nargs, const dist_call_opts *opts,
                           dist_invocation **inv, dist_tensor **outs) {
   if (!c) return dist_no_client(__func__);
-  dist_client_later_undo(c); /* what an earlier call left on a daemon that did not answer */
   return call_run(c, p, args, nargs, opts, inv, outs, NULL);
 }
 

@@ -825,3 +825,39 @@ Test(local_layer, a_silent_daemon_costs_the_close_one_deadline_not_one_per_item,
   dist_program_free(p);
   reply_hold_cluster_stop(&cluster, relay, NULL);
 }
+
+/* A call refused for its arguments is answered at once, the client's list
+ * of what to undo on a silent daemon left for a call that goes ahead.
+ * Before, the refused call ran the undo pass first and waited out rank 1's
+ * deadline for an answer it did not need. */
+Test(local_layer, a_call_with_bad_arguments_skips_the_undo_of_a_silent_daemon,
+     .timeout = 120) {
+  enum { DEADLINE_MS = 2000 };
+  dist_client *c = NULL;
+  reply_hold *relay = reply_hold_cluster(&cluster, 2, 1, DEADLINE_MS, &c);
+  static const double x0[4] = {1.5, -2, 0.25, 8};
+  int64_t n4 = 4;
+  dist_tensor *x = harness_put(c, "x", DIST_FLOAT64, x0, 1, &n4, "[0,1]", "Replicate()");
+  dist_program *p = harness_doubler(1);
+  cr_assert_eq(dist_program_register(c, p), 0, "%s", dist_errmsg(c));
+  dist_arg args[2] = {{x, NULL}, {x, NULL}};
+  reply_hold_from_call(relay, 1);
+  dist_invocation *inv = NULL;
+  dist_tensor *y = NULL;
+  cr_assert_lt(dist_local_layer_call(c, p, args, 1, NULL, &inv, &y), 0);
+  cr_assert_eq(c->later.n, 2, "the list holds %d items, not the invocation and output",
+               c->later.n);
+  double t0 = harness_now_s();
+  cr_expect_eq(dist_local_layer_call(c, p, args, 2, NULL, &inv, &y), DIST_EINVAL);
+  double took = harness_now_s() - t0;
+  cr_expect(strstr(dist_errmsg(c), "takes 1 inputs, 2 arguments given"), "%s", dist_errmsg(c));
+  cr_expect_lt(took, 0.25 * DEADLINE_MS / 1000.0,
+               "the refused call took %.1f s against a deadline of %.1f s", took,
+               DEADLINE_MS / 1000.0);
+  cr_expect_eq(c->later.n, 2, "the refused call changed the list to %d items", c->later.n);
+  dist_close(c);
+  reply_hold_release(relay);
+  dist_tensor_free(x);
+  dist_program_free(p);
+  reply_hold_cluster_stop(&cluster, relay, NULL);
+}
