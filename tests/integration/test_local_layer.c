@@ -789,6 +789,33 @@ Test(local_layer_errors, kept_invocations_expire_after_the_ttl, .timeout = 120) 
   err_teardown(&f);
 }
 
+/* Two daemons, rank 1 behind a relay whose every reply from the first
+ * call on is held (rank 1 silent); x on both, a doubler registered. */
+typedef struct {
+  dist_client *c;
+  reply_hold *relay;
+  dist_tensor *x;
+  dist_program *p;
+} silent_rank_1;
+
+static void silent_rank_1_start(silent_rank_1 *s, int deadline_ms) {
+  s->relay = reply_hold_cluster(&cluster, 2, 1, deadline_ms, &s->c);
+  static const double x0[4] = {1.5, -2, 0.25, 8};
+  int64_t n4 = 4;
+  s->x = harness_put(s->c, "x", DIST_FLOAT64, x0, 1, &n4, "[0,1]", "Replicate()");
+  s->p = harness_doubler(1);
+  cr_assert_eq(dist_program_register(s->c, s->p), 0, "%s", dist_errmsg(s->c));
+  reply_hold_from_call(s->relay, 1);
+}
+
+/* After the test closed s->c. */
+static void silent_rank_1_stop(silent_rank_1 *s) {
+  reply_hold_release(s->relay);
+  dist_tensor_free(s->x);
+  dist_program_free(s->p);
+  reply_hold_cluster_stop(&cluster, s->relay, NULL);
+}
+
 /* Two calls whose replies from rank 1 a relay holds, rank 1 still silent
  * when the client closes: the client's list holds each call's invocation
  * and output on rank 1 (four items), and the close asks rank 1 once,
@@ -798,32 +825,23 @@ Test(local_layer_errors, kept_invocations_expire_after_the_ttl, .timeout = 120) 
 Test(local_layer, a_silent_daemon_costs_the_close_one_deadline_not_one_per_item,
      .timeout = 120) {
   enum { DEADLINE_MS = 2000 };
-  dist_client *c = NULL;
-  reply_hold *relay = reply_hold_cluster(&cluster, 2, 1, DEADLINE_MS, &c);
-  static const double x0[4] = {1.5, -2, 0.25, 8};
-  int64_t n4 = 4;
-  dist_tensor *x = harness_put(c, "x", DIST_FLOAT64, x0, 1, &n4, "[0,1]", "Replicate()");
-  dist_program *p = harness_doubler(1);
-  cr_assert_eq(dist_program_register(c, p), 0, "%s", dist_errmsg(c));
-  dist_arg arg = {x, NULL};
-  reply_hold_from_call(relay, 1);
+  silent_rank_1 s;
+  silent_rank_1_start(&s, DEADLINE_MS);
+  dist_arg arg = {s.x, NULL};
   for (int i = 0; i < 2; i++) {
     dist_invocation *inv = NULL;
     dist_tensor *y = NULL;
-    cr_assert_lt(dist_local_layer_call(c, p, &arg, 1, NULL, &inv, &y), 0,
+    cr_assert_lt(dist_local_layer_call(s.c, s.p, &arg, 1, NULL, &inv, &y), 0,
                  "call %d succeeded with rank 1's replies held", i);
   }
-  cr_assert_eq(c->later.n, 4, "the list holds %d items, not each call's invocation and output",
-               c->later.n);
+  cr_assert_eq(s.c->later.n, 4, "the list holds %d items, not each call's invocation and output",
+               s.c->later.n);
   double t0 = harness_now_s();
-  dist_close(c);
+  dist_close(s.c);
   double took = harness_now_s() - t0;
   cr_expect_lt(took, 2.5 * DEADLINE_MS / 1000.0,
                "the close took %.1f s against a deadline of %.1f s", took, DEADLINE_MS / 1000.0);
-  reply_hold_release(relay);
-  dist_tensor_free(x);
-  dist_program_free(p);
-  reply_hold_cluster_stop(&cluster, relay, NULL);
+  silent_rank_1_stop(&s);
 }
 
 /* A call refused for its arguments is answered at once, the client's list
@@ -833,31 +851,23 @@ Test(local_layer, a_silent_daemon_costs_the_close_one_deadline_not_one_per_item,
 Test(local_layer, a_call_with_bad_arguments_skips_the_undo_of_a_silent_daemon,
      .timeout = 120) {
   enum { DEADLINE_MS = 2000 };
-  dist_client *c = NULL;
-  reply_hold *relay = reply_hold_cluster(&cluster, 2, 1, DEADLINE_MS, &c);
-  static const double x0[4] = {1.5, -2, 0.25, 8};
-  int64_t n4 = 4;
-  dist_tensor *x = harness_put(c, "x", DIST_FLOAT64, x0, 1, &n4, "[0,1]", "Replicate()");
-  dist_program *p = harness_doubler(1);
-  cr_assert_eq(dist_program_register(c, p), 0, "%s", dist_errmsg(c));
-  dist_arg args[2] = {{x, NULL}, {x, NULL}};
-  reply_hold_from_call(relay, 1);
+  silent_rank_1 s;
+  silent_rank_1_start(&s, DEADLINE_MS);
+  dist_arg args[2] = {{s.x, NULL}, {s.x, NULL}};
   dist_invocation *inv = NULL;
   dist_tensor *y = NULL;
-  cr_assert_lt(dist_local_layer_call(c, p, args, 1, NULL, &inv, &y), 0);
-  cr_assert_eq(c->later.n, 2, "the list holds %d items, not the invocation and output",
-               c->later.n);
+  cr_assert_lt(dist_local_layer_call(s.c, s.p, args, 1, NULL, &inv, &y), 0);
+  cr_assert_eq(s.c->later.n, 2, "the list holds %d items, not the invocation and output",
+               s.c->later.n);
   double t0 = harness_now_s();
-  cr_expect_eq(dist_local_layer_call(c, p, args, 2, NULL, &inv, &y), DIST_EINVAL);
+  cr_expect_eq(dist_local_layer_call(s.c, s.p, args, 2, NULL, &inv, &y), DIST_EINVAL);
   double took = harness_now_s() - t0;
-  cr_expect(strstr(dist_errmsg(c), "takes 1 inputs, 2 arguments given"), "%s", dist_errmsg(c));
+  cr_expect(strstr(dist_errmsg(s.c), "takes 1 inputs, 2 arguments given"), "%s",
+            dist_errmsg(s.c));
   cr_expect_lt(took, 0.25 * DEADLINE_MS / 1000.0,
                "the refused call took %.1f s against a deadline of %.1f s", took,
                DEADLINE_MS / 1000.0);
-  cr_expect_eq(c->later.n, 2, "the refused call changed the list to %d items", c->later.n);
-  dist_close(c);
-  reply_hold_release(relay);
-  dist_tensor_free(x);
-  dist_program_free(p);
-  reply_hold_cluster_stop(&cluster, relay, NULL);
+  cr_expect_eq(s.c->later.n, 2, "the refused call changed the list to %d items", s.c->later.n);
+  dist_close(s.c);
+  silent_rank_1_stop(&s);
 }
