@@ -2,16 +2,13 @@
  * mutual TLS for clients, bearer tokens and their roles, and the limits
  * that answer RESOURCE_EXHAUSTED. Certificates are made per test with the
  * openssl command line, the way docs/security.md tells operators to. */
-#include <arpa/inet.h>
 #include <criterion/criterion.h>
-#include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -286,24 +283,6 @@ Test(security, mutual_tls_refuses_a_client_without_certificate) {
   remove_certs();
 }
 
-/* GET path from the daemon's HTTP port. */
-static char *http_get(int port, const char *path) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  cr_assert_eq(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
-  char req[200];
-  int n = snprintf(req, sizeof req, "GET %s HTTP/1.0\r\nHost: x\r\n\r\n", path);
-  cr_assert_eq(write(fd, req, (size_t)n), n);
-  size_t cap = 1 << 20, len = 0;
-  char *buf = malloc(cap);
-  ssize_t r;
-  while ((r = read(fd, buf + len, cap - len - 1)) > 0) len += (size_t)r;
-  buf[len] = 0;
-  close(fd);
-  return buf;
-}
-
 static int put_small(dist_client *c, const char *name) {
   float v[4] = {1, 2, 3, 4};
   int64_t shape[1] = {4};
@@ -358,7 +337,7 @@ Test(security, tokens_separate_read_only_from_read_write) {
   cr_assert_eq(put_small(rw, "x"), 0, "%s", dist_errmsg(rw));
   dist_close(rw);
 
-  char *metrics = http_get(h.http_port[0], "/metrics");
+  char *metrics = harness_metrics(&h, 0);
   cr_assert(strstr(metrics, "distd_auth_rejected_total{reason=\"missing_token\"} 1"), "%s",
             metrics);
   cr_assert(strstr(metrics, "distd_auth_rejected_total{reason=\"unknown_token\"} 1"), "%s",
@@ -644,7 +623,7 @@ Test(security, a_crl_reload_closes_a_revoked_peers_open_connections) {
                               "revoked (its tls_crl reloaded)", NULL};
   cr_assert(harness_log_wait(&h, 1, 0, told, 10000), "rank 1 did not log why rank 0 closed "
             "its connections (%s)", h.dir);
-  char *metrics = http_get(h.http_port[0], "/metrics");
+  char *metrics = harness_metrics(&h, 0);
   cr_expect(strstr(metrics, "distd_peer_tls_revoked_closures_total{peer=\"1\"} ") &&
                 !strstr(metrics, "distd_peer_tls_revoked_closures_total{peer=\"1\"} 0\n") &&
                 strstr(metrics, "distd_peer_tls_revoked_closures_total{peer=\"2\"} 0\n"),
@@ -725,7 +704,7 @@ Test(security, a_ca_dropped_from_tls_ca_closes_its_peers_open_connections) {
                 strstr(waiting.msg, "(tls_ca/tls_crl reloaded)"),
             "%s", waiting.msg);
   expect_peer_logged(&h, 0, from, 1, why);
-  char *metrics = http_get(h.http_port[0], "/metrics");
+  char *metrics = harness_metrics(&h, 0);
   cr_expect(strstr(metrics, "distd_peer_tls_untrusted_closures_total{peer=\"1\"} ") &&
                 !strstr(metrics, "distd_peer_tls_untrusted_closures_total{peer=\"1\"} 0\n") &&
                 strstr(metrics, "distd_peer_tls_untrusted_closures_total{peer=\"2\"} 0\n") &&
@@ -875,7 +854,7 @@ Test(security, certificate_and_crl_dates_are_in_metrics_and_warned_of) {
   const char *const certs_of[] = {"rank0"};
   const char *const args[] = {"--tls-crl", cert_path("soon.crl"), NULL};
   start_cluster(&h, 1, certs_of, args, 1);
-  char *metrics = http_get(h.http_port[0], "/metrics");
+  char *metrics = harness_metrics(&h, 0);
   char want[200];
   snprintf(want, sizeof want, "distd_tls_certificate_expiry_timestamp_seconds %lld\n",
            openssl_date("x509 -enddate", "rank0.crt"));
