@@ -21,12 +21,12 @@
  * while such a daemon is frozen, but later, by the list's holder: a
  * layer's next release, forward or destroy, a tape's free, for calls of
  * libdist's own with names of its own; the client's next LocalLayer call
- * or invocation release, or its close, for the public LocalLayer call
- * (dist_client.later). Names with step numbers, tape ids or op ids, and
- * invocation ids, are never used again, so what is undone later can only
- * be the failed call's; a parameter's gradient ("<param>.grad") is named
- * alike each step, so the step that files one forgets its name here
- * (dist_later_forget) before a later undo could delete it. */
+ * or invocation release, or its close, for the public LocalLayer call and
+ * backward (dist_client.later). Names with step numbers, tape ids or op
+ * ids, and invocation ids, are never used again, so what is undone later
+ * can only be the failed call's; a parameter's gradient ("<param>.grad")
+ * is named alike each step, so the step that files one forgets its name
+ * here (dist_later_forget) before a later undo could delete it. */
 typedef struct dist_later_item {
   char name[256];      /* a tensor to delete, or "": */
   uint64_t invocation; /* the invocation to release */
@@ -64,9 +64,10 @@ struct dist_client {
   size_t auth_md_count;
   /* tls_crl: why a daemon's certificate was refused; NULL without one */
   struct dist_daemon_crl *daemon_crl;
-  /* What the public LocalLayer calls that failed left on daemons that did
-   * not answer: their invocations, and outputs under names libdist made
-   * up (a caller's names are the caller's to delete or reuse). */
+  /* What the public LocalLayer calls and backwards that failed left on
+   * daemons that did not answer: their invocations, and outputs and
+   * gradients under names libdist made up (a caller's names are the
+   * caller's to delete or reuse). */
   dist_later later;
 };
 

@@ -54,21 +54,25 @@ static int keeps_failed_grads(const dist_backward_opts *o, const dist_invocation
  * the request's names, unless keeps_failed_grads, or by undo_names when a
  * caller of libdist's own gives them; a daemon's reply, when there is one,
  * says which it stored. A daemon that did not answer may have stored them
- * too: with later (a caller of libdist's own), its names are deleted
- * later rather than now, which would cost a deadline a name. */
+ * too: its names are deleted later rather than now, which would cost a
+ * deadline a name; on later for a caller of libdist's own, else on the
+ * client's list, and then only names libdist made up ("<out0>.grad<j>" of
+ * a made-up out0): the caller may reuse its own, as undo_call's. */
 static void undo_backward(dist_client *c, const fanout *f, const dist_backward_opts *o,
                           const dist_invocation *inv, const char *const *names,
                           int own_names, dist_later *later) {
   int drop_grads = own_names || !keeps_failed_grads(o, inv);
+  int note_grads = later ? drop_grads : !o->grad_names && !inv->outputs_named;
+  dist_later *list = later ? later : &c->later;
   int n_inputs = inv->n_inputs;
   for (int i = 0; i < f->n; i++) {
     const Dist__V1__ProgramBackwardReply *r = (const void *)f->calls[i].reply;
-    if (later && f->calls[i].unanswered) {
+    if (f->calls[i].unanswered) {
       /* A daemon the request reached used the invocation up; one it did
        * not reach (the connection lost) keeps it: "not found" is done. */
-      dist_later_note_invocation(c, later, inv->id, f->targets[i]);
-      for (int j = 0; drop_grads && j < n_inputs; j++)
-        if (names[j] && names[j][0]) dist_later_note(c, later, names[j], f->targets[i]);
+      dist_later_note_invocation(c, list, inv->id, f->targets[i]);
+      for (int j = 0; note_grads && j < n_inputs; j++)
+        if (names[j] && names[j][0]) dist_later_note(c, list, names[j], f->targets[i]);
     }
     if (!drop_grads || !f->calls[i].applied) continue;
     for (int j = 0; j < n_inputs; j++) {

@@ -86,8 +86,9 @@ int dist_connect_cluster(const char *path, const dist_opts *opts,
  * DIST_WORLD_SIZE and DIST_CLUSTER, connects to the cluster and makes this
  * process SPMD rank DIST_RANK. */
 int dist_init_from_env(dist_client **out);
-/* Closes the connections, after undoing what failed LocalLayer calls
- * left on daemons that did not answer them (dist_local_layer_call): one
+/* Closes the connections, after undoing what failed LocalLayer calls and
+ * backwards left on daemons that did not answer them
+ * (dist_local_layer_call, dist_backward): one
  * deadline per such daemon that still does not answer. NULL is a no-op.
  *
  * A client is for one thread at a time: its last error, its op ids and
@@ -829,7 +830,13 @@ typedef struct dist_backward_opts {
  * with its grad placements) or NULL for inputs without one (RANK, COORD,
  * VALUE, no_grad, integer dtypes). Backward runs once per invocation; the
  * daemons then free what they kept. opts may be NULL. out_grads' values are
- * checked as dist_local_layer_call's args are. */
+ * checked as dist_local_layer_call's args are. A backward that failed on a
+ * daemon that did not answer it is undone there as a failed
+ * dist_local_layer_call is, by the same undo points: the invocation
+ * released (kept by a daemon the request never reached) and gradients
+ * under names libdist made up deleted (a lost reply, perhaps after it
+ * stored); gradients under grad_names, or named after an out0 the caller
+ * named, stay. */
 int dist_backward(dist_client *c, dist_invocation *inv,
                   const dist_arg *out_grads, const dist_backward_opts *opts,
                   dist_tensor **grads);
@@ -840,7 +847,8 @@ int dist_invocation_local_grad(const dist_invocation *inv, int i, int rank,
 /* Frees what the daemons keep for backward (nothing to do after
  * dist_backward). The handle stays valid (a later dist_backward fails with
  * the daemons' message) until dist_invocation_free. Whatever inv, it also
- * undoes what failed calls left (dist_local_layer_call). */
+ * undoes what failed calls and backwards left (dist_local_layer_call,
+ * dist_backward). */
 int dist_invocation_release(dist_client *c, dist_invocation *inv);
 /* Frees the handle only. NULL is a no-op. */
 void dist_invocation_free(dist_invocation *inv);
