@@ -732,12 +732,32 @@ Test(local_layer_store, a_failed_no_grad_call_sends_no_release) {
   reply_hold_cluster_stop(&cluster, relay, c);
 }
 
+/* What a failed call stored on rank 1 under a name the caller gave (an
+ * output, a gradient) before its reply was lost: `stored` there (4
+ * float64, Replicate on [0,1]), and nothing on rank 0, which answered and
+ * was undone. The caller deletes the leftover and puts a new value; the
+ * client's next call, its undo point, must leave that value on both. */
+static void callers_name_outlives_the_next_call(dist_client *c, dist_program *p,
+                                                const char *name, const double *stored) {
+  static const double fresh[4] = {10, 20, 30, 40};
+  cr_assert_eq(held_on(c, 1, name, 2, stored, 4), 0, "rank 1 did not store '%s'", name);
+  cr_assert_eq(held_on(c, 0, name, 0, NULL, 0), DIST_ENOTFOUND, "rank 0 answered: deleted");
+  dist_tensor_delete(c, name); /* rank 0 holds no piece: its part may fail */
+  cr_assert_eq(held_on(c, 1, name, 0, NULL, 0), DIST_ENOTFOUND, "rank 1 kept the leftover");
+  int64_t n4 = 4;
+  dist_tensor *t = harness_put(c, name, DIST_FLOAT64, fresh, 1, &n4, "[0,1]", "Replicate()");
+  cr_assert_eq(call(c, p, "x2", 0), 0, "%s", dist_errmsg(c));
+  for (int r = 0; r < 2; r++)
+    cr_assert_eq(held_on(c, r, name, 2, fresh, 4), 0, "the undo deleted rank %d's new '%s'", r,
+                 name);
+  dist_tensor_free(t);
+}
+
 /* A call whose output the caller named "u", whose reply from rank 1 is
  * lost after rank 1 stored "u": the name is the caller's to use again, so
  * the failed call notes for a later undo on rank 1 only its invocation,
- * not "u". The caller deletes the leftover "u" and puts a new one; the
- * client's next call undoes the note (the invocation goes) and must leave
- * the new "u" on rank 1. */
+ * not "u". The client's next call undoes the note (the invocation goes)
+ * and must leave the caller's new "u". */
 Test(local_layer_store, a_lost_reply_leaves_an_output_the_caller_named_to_the_caller) {
   dist_client *c = NULL;
   dist_tensor *x = NULL;
@@ -745,19 +765,11 @@ Test(local_layer_store, a_lost_reply_leaves_an_output_the_caller_named_to_the_ca
   reply_hold *relay = relayed_doubler(0, &c, &x, &p);
   int rc = call_whose_reply_from_rank_1_is_lost(c, relay, p, x, 0, "u");
   cr_assert_eq(rc, DIST_ETIMEDOUT, "%s: %s", dist_err_name(rc), dist_errmsg(c));
-  static const double doubled[4] = {3, -4, 0.5, 16}, fresh[4] = {10, 20, 30, 40};
-  cr_assert_eq(held_on(c, 1, "u", 2, doubled, 4), 0, "rank 1 did not store 'u'");
-  cr_assert_eq(held_on(c, 0, "u", 0, NULL, 0), DIST_ENOTFOUND, "rank 0 answered: deleted");
   cr_assert_eq(reply_hold_invocations_on(&cluster, 1), 1, "rank 1 kept no invocation");
-  dist_tensor_delete(c, "u"); /* rank 0 holds no piece: its part may fail */
-  cr_assert_eq(held_on(c, 1, "u", 0, NULL, 0), DIST_ENOTFOUND, "rank 1 kept the leftover");
-  int64_t n4 = 4;
-  dist_tensor *u = harness_put(c, "u", DIST_FLOAT64, fresh, 1, &n4, "[0,1]", "Replicate()");
-  cr_assert_eq(call(c, p, "x2", 0), 0, "%s", dist_errmsg(c));
+  static const double doubled[4] = {3, -4, 0.5, 16};
+  callers_name_outlives_the_next_call(c, p, "u", doubled);
   cr_assert_eq(reply_hold_invocations_on(&cluster, 1), 0, "the next call undid no note");
-  for (int r = 0; r < 2; r++)
-    cr_assert_eq(held_on(c, r, "u", 2, fresh, 4), 0, "the undo deleted rank %d's new 'u'", r);
-  dist_tensor_free(u), dist_tensor_free(x);
+  dist_tensor_free(x);
   dist_program_free(p);
   reply_hold_cluster_stop(&cluster, relay, c);
 }
@@ -816,4 +828,102 @@ Test(local_layer_store, a_call_whose_reply_was_lost_leaves_nothing_after_a_relea
 
 Test(local_layer_store, a_call_whose_reply_was_lost_leaves_nothing_after_the_close) {
   lost_reply_call(BY_CLOSE);
+}
+
+/* How rank 1 is held from the backward's first call on: its reply lost
+ * (it runs the backward and stores) or its request (it never runs it). */
+typedef enum { REPLY_LOST, REQUEST_LOST } held_part;
+
+/* relayed_doubler's cluster, and the invocation of a call of the doubler
+ * on x whose backward failed. */
+typedef struct failed_backward {
+  dist_client *c;
+  dist_tensor *x;
+  dist_program *p;
+  reply_hold *relay;
+  dist_invocation *inv;
+} failed_backward;
+
+/* relayed_doubler, the doubler called on x (kept for backward), and its
+ * public backward from gradients of ones, storing x's gradient under
+ * grad_name (NULL: libdist's "<out0>.grad0"), while rank 1's part is held
+ * (`held`) past the deadline, which fails the backward. */
+static void backward_held_on_rank_1(failed_backward *s, const char *grad_name, held_part held) {
+  s->relay = relayed_doubler(0, &s->c, &s->x, &s->p);
+  dist_arg args[1] = {{s->x, NULL}};
+  dist_tensor *y = NULL, *g = NULL;
+  cr_assert_eq(dist_local_layer_call(s->c, s->p, args, 1, NULL, &s->inv, &y), 0, "%s",
+               dist_errmsg(s->c));
+  static const double ones[4] = {1, 1, 1, 1};
+  dist_value v[2] = {{ones, DIST_FLOAT64, 1, {4}}, {ones, DIST_FLOAT64, 1, {4}}};
+  dist_arg og[1] = {{NULL, v}};
+  const char *names[1] = {grad_name};
+  dist_backward_opts bo = DIST_BACKWARD_OPTS_INIT;
+  bo.grad_names = grad_name ? names : NULL;
+  if (held == REQUEST_LOST) reply_hold_requests_from_call(s->relay, 1);
+  else reply_hold_from_call(s->relay, 1);
+  int rc = dist_backward(s->c, s->inv, og, &bo, &g);
+  cr_assert(reply_hold_holding(s->relay), "the backward sent rank 1 no call");
+  reply_hold_release(s->relay);
+  cr_assert(rc < 0, "the backward held on rank 1 succeeded");
+  dist_tensor_free(g), dist_tensor_free(y);
+}
+
+static void failed_backward_stop(failed_backward *s) {
+  dist_invocation_free(s->inv);
+  dist_tensor_free(s->x);
+  dist_program_free(s->p);
+  reply_hold_cluster_stop(&cluster, s->relay, s->c);
+}
+
+/* A public backward, its gradient named by libdist, whose reply from
+ * rank 1 is lost after rank 1 stored the gradient: the backward does not
+ * ask rank 1 to delete it then (a deadline), but the client's next
+ * LocalLayer call does. Before, it stayed on rank 1 for good. */
+Test(local_layer_store, a_backward_whose_reply_was_lost_leaves_no_gradient_after_the_next_call) {
+  failed_backward s;
+  backward_held_on_rank_1(&s, NULL, REPLY_LOST);
+  cr_assert_eq(reply_hold_count_on(&cluster, 1, "doubler.", ".grad0"), 1,
+               "rank 1 stored no gradient");
+  cr_assert_eq(reply_hold_count_on(&cluster, 0, "doubler.", ".grad0"), 0,
+               "rank 0 answered: deleted");
+  cr_assert_eq(call(s.c, s.p, "x2", 0), 0, "%s", dist_errmsg(s.c));
+  cr_assert_eq(reply_hold_count_on(&cluster, 1, "doubler.", ".grad0"), 0,
+               "rank 1 kept the failed backward's gradient");
+  failed_backward_stop(&s);
+}
+
+/* A public backward whose request never reaches rank 1 (the relay drops
+ * it, then the connection): rank 1 keeps the call's invocation, which no
+ * backward used up. The client's next undo point, a release of any
+ * invocation (this one's backward is done), releases it there. Before,
+ * it stayed until its time-to-live (10 minutes). */
+Test(local_layer_store,
+     a_backward_request_rank_1_never_received_leaves_no_invocation_after_a_release) {
+  failed_backward s;
+  backward_held_on_rank_1(&s, NULL, REQUEST_LOST);
+  cr_assert_eq(reply_hold_invocations_on(&cluster, 1), 1, "rank 1 used its invocation up");
+  cr_assert_eq(reply_hold_count_on(&cluster, 1, "doubler.", ".grad0"), 0,
+               "rank 1 stored a gradient");
+  cr_assert_eq(dist_invocation_release(s.c, s.inv), 0, "%s", dist_errmsg(s.c));
+  cr_assert_eq(reply_hold_invocations_on(&cluster, 1), 0, "rank 1 kept the invocation");
+  failed_backward_stop(&s);
+}
+
+/* A public backward storing x's gradient as "gx" (the caller's name),
+ * whose reply from rank 1 is lost after rank 1 stored it: the name is
+ * the caller's to use again, so only the invocation is noted for rank 1
+ * (the client cannot tell whether rank 1 used it up), and the next call
+ * asks rank 1 to release it (one Release served; none before, when
+ * nothing was noted) and must leave the caller's new "gx" (it deleted it
+ * when every gradient name was noted). */
+Test(local_layer_store, a_lost_backward_reply_leaves_a_gradient_the_caller_named_to_the_caller) {
+  failed_backward s;
+  backward_held_on_rank_1(&s, "gx", REPLY_LOST);
+  double before = releases_on(1);
+  static const double twos[4] = {2, 2, 2, 2}; /* d(x + x)/dx */
+  callers_name_outlives_the_next_call(s.c, s.p, "gx", twos);
+  cr_assert_eq(releases_on(1) - before, 1, "the next call sent rank 1 %.0f Release calls",
+               releases_on(1) - before);
+  failed_backward_stop(&s);
 }
