@@ -193,6 +193,14 @@ long harness_log_size(const harness *h, int r);
 int harness_log_wait(const harness *h, int r, long from, const char *const *needles,
                      int timeout_ms);
 
+/* Waits, bounded by timeout_ms, until daemon r runs an operation of kind
+ * ("vote", "reshard" ...) whose op id is not not_op (0: any); 1 if it
+ * does. A request in its vote holds the names it stores (daemon/holds.h). */
+int harness_wait_running(dist_client *c, int r, const char *kind, uint64_t not_op,
+                         int timeout_ms);
+/* The op id of the newest operation of kind daemon r finished, 0 if none. */
+uint64_t harness_last_finished(dist_client *c, int r, const char *kind);
+
 /* A LocalLayer program: y = x + x of a float64 x, its output Replicate on
  * [0, 1] (or Shard(0) when sharded: the daemons then exchange the
  * output's local shapes before the vote). */

@@ -363,8 +363,9 @@ Test(local_layer_store, a_put_of_an_output_name_while_the_call_votes_is_refused)
                    {.c = harness_spmd_client(&cluster, 1, "hold-job")}};
   pthread_t first;
   cr_assert_eq(pthread_create(&first, NULL, spmd_call, &tr[0]), 0);
-  /* Trainer 0's call runs on rank 0 and waits there for rank 1's verdict. */
-  harness_sleep_ms(500);
+  /* Trainer 0's call runs on rank 0 and waits there for rank 1's verdict
+   * (bounded: a fixed 500 ms was a race on a loaded host). */
+  cr_assert(harness_wait_running(c, 0, "vote", 0, 10000), "rank 0 never voted");
   expect_put_refused_while_held(c, "taken");
   spmd_call(&tr[1]);
   pthread_join(first, NULL);
@@ -397,19 +398,6 @@ static void *call_registered(void *arg) {
   return NULL;
 }
 
-/* Waits (bounded, 10 s) until daemon r runs a vote; 1 if it does. */
-static int vote_running_on(dist_client *c, int r) {
-  for (double t0 = harness_now_s(); harness_now_s() - t0 < 10; harness_sleep_ms(20)) {
-    dist_ops_report rep;
-    if (dist_ops(c, r, 1, &rep) != 0) continue;
-    int found = 0;
-    for (int i = 0; i < rep.n_in_flight; i++) found |= strcmp(rep.ops[i].kind, "vote") == 0;
-    dist_ops_report_free(&rep);
-    if (found) return 1;
-  }
-  return 0;
-}
-
 /* A put of an output's name onto a mesh disjoint from the call's, landing
  * after the call checked the name and before it stored: the put then sees
  * no output, so the call, asking again once stored, sees the put and
@@ -432,7 +420,7 @@ Test(local_layer_store, a_put_onto_another_mesh_racing_the_call_leaves_one_tenso
   for (int r = 0; r < 2; r++) cr_assert_eq(pthread_create(&th[r], NULL, call_registered, &g[r]), 0);
   /* Trainer 0 is past its check once rank 0 votes; trainer 1, on the same
    * path, is at its stopped daemon. */
-  cr_assert(vote_running_on(c, 0), "rank 0 never voted");
+  cr_assert(harness_wait_running(c, 0, "vote", 0, 10000), "rank 0 never voted");
   harness_sleep_ms(200);
   /* The put's own check cannot reach rank 1 within its 1.5 s, and counts
    * only rank 0, which holds nothing yet. */
@@ -561,8 +549,12 @@ Test(local_layer_store, a_put_of_a_gradient_name_while_the_backward_votes_is_ref
   dist_arg args[1] = {{x, NULL}};
   cr_assert_eq(dist_local_layer_call(tr[1].c, p, args, 1, NULL, &inv, &loss), 0, "%s",
                dist_errmsg(tr[1].c));
-  /* Trainer 0's backward now waits on rank 0 for rank 1's verdict. */
-  harness_sleep_ms(500);
+  /* Trainer 0's backward now waits on rank 0 for rank 1's verdict: a vote
+   * other than the call's, which rank 0 may still be finishing (bounded:
+   * a fixed 500 ms was a race on a loaded host). */
+  uint64_t call_vote = harness_last_finished(c, 1, "vote");
+  cr_assert(harness_wait_running(c, 0, "vote", call_vote, 10000),
+            "rank 0 never voted on the backward");
   expect_put_refused_while_held(c, "gx");
   const char *names[1] = {"gx"};
   dist_backward_opts bo = DIST_BACKWARD_OPTS_INIT;
