@@ -497,8 +497,9 @@ Test(experts, a_put_of_a_parameter_name_while_the_layer_votes_is_refused) {
                    {.c = harness_spmd_client(&cluster, 1, "experts-job")}};
   pthread_t first;
   cr_assert_eq(pthread_create(&first, NULL, spmd_create, &cr[0]), 0);
-  /* Trainer 0's create runs on rank 0 and waits there for rank 1's verdict. */
-  harness_sleep_ms(500);
+  /* Trainer 0's create runs on rank 0 and waits there for rank 1's verdict
+   * (bounded: a fixed 500 ms was a race on a loaded host). */
+  cr_assert(harness_wait_running(c, 0, "vote", 0, 10000), "rank 0 never voted");
   static const double seven[1] = {7};
   int64_t n1 = 1;
   dist_tensor *t = NULL;

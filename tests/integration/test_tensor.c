@@ -1112,7 +1112,11 @@ static void expect_daemon_refusal_told(int local) {
   blocker b = {.h = &cluster, .name = "held"};
   pthread_t th;
   pthread_create(&th, NULL, half_put, &b);
-  harness_sleep_ms(500); /* daemon 0 takes the hold */
+  /* Daemon 0 holds the name once it votes on the half put (bounded: a
+   * fixed 500 ms was a race on a loaded host). */
+  dist_client *watch = harness_client(&cluster);
+  cr_assert(harness_wait_running(watch, 0, "vote", 0, 5000), "daemon 0 never voted");
+  dist_close(watch);
   trainer tr[2];
   for (int r = 0; r < 2; r++) {
     tr[r] = (trainer){.c = spmd_client(&cluster, r, local ? "held-local" : "held-put"),
