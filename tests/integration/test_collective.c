@@ -547,6 +547,23 @@ static char *metrics_of(int rank) {
   return out;
 }
 
+/* Rank 0's /metrics once they count an ABORT_RANGE frame written to each
+ * of ranks 1 .. n - 1, or after 10 s (a fixed 500 ms was a race on a
+ * loaded host: the loop writes the frames after OpAbort is answered). */
+static char *metrics_once_ranges_written(int n) {
+  for (double until = harness_now_s() + 10;; harness_sleep_ms(100)) {
+    char *m = metrics_of(0), sample[120];
+    int written = 1;
+    for (int r = 1; r < n; r++) {
+      snprintf(sample, sizeof sample,
+               "distd_peer_frames_sent_total{peer=\"%d\",kind=\"abort_range\"}", r);
+      written &= harness_metric_sample(m, sample) >= 1;
+    }
+    if (written || harness_now_s() >= until) return m;
+    free(m);
+  }
+}
+
 /* A trainer's OpAbort of 1001 ids on rank 0 of three daemons: rank 0's
  * /metrics show one ABORT_RANGE frame and no ABORT frame written to each
  * peer (before: 13 ABORT frames per id, 13013 to each); on ranks 1 and 2
@@ -557,8 +574,7 @@ Test(refused, an_abort_of_many_ids_is_one_frame_to_each_peer, .timeout = 120,
   harness_start(&cluster, 3, NULL);
   const uint64_t first = 0x7800;
   abort_plan_on_rank_0(first, 3);
-  harness_sleep_ms(500); /* the frames are written */
-  char *m = metrics_of(0);
+  char *m = metrics_once_ranges_written(3);
   for (int r = 1; r < 3; r++) {
     char one[120], none[120];
     snprintf(one, sizeof one, "distd_peer_frames_sent_total{peer=\"%d\",kind=\"abort_range\"} 1\n", r);
