@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "ckpt_saves.h"
+#include "clock.h"
 
 static void mark_ok(distd_ckpt_saves *s, const char *id) {
   dist_errbuf eb = {0};
@@ -30,14 +31,28 @@ Test(ckpt_saves, a_mark_holds_until_its_save_is_settled) {
   distd_ckpt_saves_free(s);
 }
 
+/* Sleeps until distd_now_ms() reaches at_ms. */
+static void sleep_until_ms(int64_t at_ms) {
+  for (int64_t now = distd_now_ms(); now < at_ms; now = distd_now_ms())
+    usleep((useconds_t)(at_ms - now) * 1000);
+}
+
+/* The second mark comes late in the first's window and the check just past
+ * it, so that a stall of the test (a loaded host) must last most of a
+ * window to make the check come too late (with fixed 600 ms sleeps, 400 ms
+ * did). */
 Test(ckpt_saves, a_mark_lapses_keep_ms_after_it_was_last_made) {
-  distd_ckpt_saves *s = distd_ckpt_saves_new(1000);
+  enum { KEEP_MS = 1000 };
+  distd_ckpt_saves *s = distd_ckpt_saves_new(KEEP_MS);
   mark_ok(s, "x");
-  usleep(600 * 1000);
-  mark_ok(s, "x"); /* answered: the window starts again */
-  usleep(600 * 1000);
+  int64_t first = distd_now_ms(); /* the first mark is no later */
+  sleep_until_ms(first + KEEP_MS - 100);
+  /* Answered: the window starts again. (Made after the first lapsed, in
+   * a stall, it is a new mark and the check below proves less, but holds.) */
+  mark_ok(s, "x");
+  sleep_until_ms(first + KEEP_MS + 50);
   cr_assert(distd_ckpt_saves_in_progress(s, "x"), "lapsed from the first mark");
-  usleep(600 * 1000);
+  sleep_until_ms(distd_now_ms() + KEEP_MS);
   cr_assert_not(distd_ckpt_saves_in_progress(s, "x"), "never lapsed");
   distd_ckpt_saves_free(s);
 }
