@@ -85,11 +85,15 @@ void *distctl_calloc(size_t n, size_t size, const char *fmt, ...) {
   return NULL;
 }
 
+/* A JSON document jansson could not write (distctl_print_json said so):
+ * the output is lost as a failed write's is, and distctl exits 1 alike. */
+static int json_lost;
+
 int distctl_output_flushed(void) {
   static int told; /* top's refresh, then main's exit: one message */
   errno = 0;
-  if (fflush(stdout) == 0 && !ferror(stdout)) return 0;
-  if (!told)
+  if (fflush(stdout) == 0 && !ferror(stdout) && !json_lost) return 0;
+  if (!told && !json_lost)
     fprintf(stderr, "distctl: cannot write the output: %s\n",
             errno ? strerror(errno) : "an earlier write failed");
   told = 1;
@@ -99,7 +103,10 @@ int distctl_output_flushed(void) {
 void distctl_print_json(json_t *j) {
   char *s = j ? dist_json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER) : NULL;
   if (s) printf("%s\n", s);
-  else distctl_fail("cannot write the JSON output (out of memory, or a value not UTF-8)");
+  else {
+    distctl_fail("cannot write the JSON output (out of memory, or a value not UTF-8)");
+    json_lost = 1;
+  }
   free(s);
   json_decref(j);
 }

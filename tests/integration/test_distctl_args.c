@@ -288,15 +288,38 @@ Test(distctl_args, a_npy_file_that_fails_is_named_once_and_not_left_partial) {
   free(err);
 }
 
-/* The cluster the next test starts: stopped and removed even when an
- * assertion ends the test between up and down. */
+/* The cluster the next tests start, in json_dir's subdirectory
+ * json_subdir: stopped and removed even when an assertion ends the test
+ * between up and down. */
 static char json_dir[] = "/tmp/distctl-json-XXXXXX";
+static const char *json_subdir = "c";
 
 static void stop_json_cluster(void) {
   char cmd[1024];
-  snprintf(cmd, sizeof cmd, "%s cluster down --dir %s/c", harness_distctl(), json_dir);
+  snprintf(cmd, sizeof cmd, "%s cluster down --dir '%s/%s'", harness_distctl(), json_dir,
+           json_subdir);
   harness_run(cmd, NULL, NULL, 60); /* already down after a passing test */
   harness_remove_dir(json_dir);
+}
+
+/* A cluster up whose directory's name is not UTF-8 cannot be said in
+ * JSON: distctl says so and exits 1, as when its output cannot be
+ * written. Before, it said so and exited 0, the caller left with no
+ * document. */
+Test(distctl_args, a_json_document_jansson_cannot_write_exits_1, .fini = stop_json_cluster) {
+  char cmd[1024], *out = NULL, *err = NULL;
+  json_subdir = "c\xff";
+  cr_assert(mkdtemp(json_dir));
+  snprintf(cmd, sizeof cmd, "%s --json cluster up -n 1 --dir '%s/%s'", harness_distctl(),
+           json_dir, json_subdir);
+  int rc = harness_run(cmd, &out, &err, 60);
+  cr_expect_eq(rc, 1, "cluster up exited %d: %s", rc, err ? err : "");
+  cr_expect(err && strstr(err, "cannot write the JSON output") &&
+                !strstr(err, "cannot write the output:"),
+            "said '%s'", err ? err : "");
+  cr_expect(!out || !out[0], "printed '%s'", out ? out : "");
+  free(out);
+  free(err);
 }
 
 Test(distctl_args, cluster_up_and_down_print_their_result_with_json,
