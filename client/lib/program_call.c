@@ -380,9 +380,6 @@ static int call_run(dist_client *c, dist_program *p, const dist_arg *args, int n
       dist_check_call_args(c, "dist_local_layer_call", "args", args, nargs,
                            c->spmd_rank >= 0 ? 1 : p->nranks))
     return refuse_call(c, p, id);
-  /* What an earlier public call left on a daemon that did not answer; after
-   * the checks, so that a call refused for its arguments costs no deadline. */
-  if (!later) dist_client_later_undo(c);
   if (p->outside) return dist_prog_call_outside(c, p, args, &o, id, inv, outs);
   fanout f = {0};
   dist_invocation *v = NULL;
@@ -400,6 +397,10 @@ static int call_run(dist_client *c, dist_program *p, const dist_arg *args, int n
     refuse_call(c, p, id);
     goto out;
   }
+  /* What an earlier public call left on a daemon that did not answer;
+   * after every check of the arguments, so that a call refused for one
+   * costs no deadline. */
+  if (!later) dist_client_later_undo(c);
   fill_invoke_requests(rq, f.n, v, id, p, names, &o);
   rc = dist_call_many(c, LL_METHOD("Invoke"),
                       &dist__v1__program_invoke_reply__descriptor, f.calls, f.n);

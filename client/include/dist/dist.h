@@ -789,8 +789,8 @@ typedef struct dist_call_opts {
  * refused naming it ("args[1].values[0].data is NULL"). A call that failed
  * on a daemon that did not answer it (its reply lost, perhaps after it
  * stored) may have left there the invocation kept for backward, and
- * outputs: the client's next dist_local_layer_call, dist_invocation_release
- * or dist_close asks that daemon to release the invocation and delete the
+ * outputs: the client's next dist_local_layer_call that passes its checks
+ * and is sent, dist_invocation_release or dist_close asks that daemon to release the invocation and delete the
  * outputs under names libdist made up, costing one deadline while it still
  * does not answer (what it cannot be asked stays for the next time; a
  * request that reaches it before the failed call's own finds nothing
