@@ -186,6 +186,11 @@ void dist_later_free(dist_later *l);
 /* dist_later_undo of the client's own list (dist_client.later), c->err
  * left as it was: what fails stays for the next time. */
 void dist_client_later_undo(dist_client *c);
+/* Whether names libdist made up for a public call may go on the client's
+ * list: not an SPMD trainer's, which every trainer shares (one op id
+ * sequence): a reply lost here does not make them this trainer's to
+ * delete, as the others got theirs. */
+int dist_client_later_takes_made_up_names(const dist_client *c);
 /* dist_calls_free, then the array (NULL is a no-op). */
 void dist_calls_release(dist_call *calls, int n);
 /* One call to one daemon, within timeout_ms, that leaves c->err as it

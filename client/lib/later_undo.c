@@ -78,6 +78,8 @@ void dist_client_later_undo(dist_client *c) {
   c->err = keep;
 }
 
+int dist_client_later_takes_made_up_names(const dist_client *c) { return c->spmd_rank < 0; }
+
 void dist_later_free(dist_later *l) {
   free(l->items);
   l->items = NULL;

@@ -62,7 +62,9 @@ static void undo_backward(dist_client *c, const fanout *f, const dist_backward_o
                           const dist_invocation *inv, const char *const *names,
                           int own_names, dist_later *later) {
   int drop_grads = own_names || !keeps_failed_grads(o, inv);
-  int note_grads = later ? drop_grads : !o->grad_names && !inv->outputs_named;
+  int note_grads = later ? drop_grads
+                         : !o->grad_names && !inv->outputs_named &&
+                               dist_client_later_takes_made_up_names(c);
   dist_later *list = later ? later : &c->later;
   int n_inputs = inv->n_inputs;
   for (int i = 0; i < f->n; i++) {

@@ -184,11 +184,13 @@ static void undo_call(dist_client *c, const dist_program *p, fanout *f, uint64_t
                       char *const *names, const dist_call_opts *o, dist_later *later) {
   dist_errbuf keep = c->err;
   int kept = !later && dist_local_layer_keeps_failed_outputs(o);
+  /* the public call's on the client's list, names libdist made up only:
+   * the caller may reuse the names it gave */
+  int note_names = later || (!o->out_names && dist_client_later_takes_made_up_names(c));
   for (int i = 0; i < f->n; i++) {
     const Dist__V1__ProgramInvokeReply *r = (const void *)f->calls[i].reply;
-    if (f->calls[i].unanswered) /* the public call's on the client's list, its own names
-                                   * only: the caller may reuse the names it gave */
-      note_unanswered(c, p, f->targets[i], id, later || !o->out_names ? names : NULL, o,
+    if (f->calls[i].unanswered)
+      note_unanswered(c, p, f->targets[i], id, note_names ? names : NULL, o,
                       later ? later : &c->later);
     if (!f->calls[i].applied) continue;
     /* A no_grad call's daemons keep no invocation: a Release would cost a

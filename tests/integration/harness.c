@@ -414,12 +414,16 @@ int harness_run(const char *cmd, char **out, char **err, int timeout_s) {
 }
 
 dist_client *harness_spmd_client(harness *h, int rank, const char *job) {
+  return harness_spmd_client_of(h->cluster_file, h->n, rank, job);
+}
+
+dist_client *harness_spmd_client_of(const char *cluster_file, int n, int rank, const char *job) {
   char r[16], w[16];
   snprintf(r, sizeof r, "%d", rank);
-  snprintf(w, sizeof w, "%d", h->n);
+  snprintf(w, sizeof w, "%d", n);
   setenv("DIST_RANK", r, 1);
   setenv("DIST_WORLD_SIZE", w, 1);
-  setenv("DIST_CLUSTER", h->cluster_file, 1);
+  setenv("DIST_CLUSTER", cluster_file, 1);
   setenv("DIST_JOB_ID", job, 1);
   dist_client *c = NULL;
   cr_assert_eq(dist_init_from_env(&c), 0, "%s", dist_last_connect_error());

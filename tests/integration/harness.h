@@ -109,6 +109,8 @@ const char *harness_reference_script(void);
  * DIST_RANK, DIST_WORLD_SIZE, DIST_CLUSTER and DIST_JOB_ID=job set (call it
  * from one thread: it sets the environment). */
 dist_client *harness_spmd_client(harness *h, int rank, const char *job);
+/* The same through another cluster file of n daemons (a relay's). */
+dist_client *harness_spmd_client_of(const char *cluster_file, int n, int rank, const char *job);
 /* An SPMD trainer of `rank` running one all_reduce over group (int64
  * values rank, 10 * rank, 1, summed) in a thread of its own. done turns 1
  * when it has returned; rc and msg say how (a wrong sum is DIST_EINTERNAL). */

@@ -301,6 +301,8 @@ reply_hold *reply_hold_cluster(harness *h, int n, int r, long timeout_ms, dist_c
   return p;
 }
 
+const char *reply_hold_cluster_file(const reply_hold *p) { return p->cluster_file; }
+
 void reply_hold_cluster_stop(harness *h, reply_hold *p, dist_client *c) {
   dist_close(c);
   stop_relay(p);

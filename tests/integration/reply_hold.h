@@ -23,6 +23,9 @@ enum { REPLY_HOLD_DEADLINE_MS = 3000 };
  * reached through the relay, with the given deadline. Fails the test on
  * error. */
 reply_hold *reply_hold_cluster(harness *h, int n, int r, long timeout_ms, dist_client **c);
+/* The cluster file whose rank r is reached through the relay (that of
+ * reply_hold_cluster's client), for other clients to use. */
+const char *reply_hold_cluster_file(const reply_hold *p);
 /* Closes c, stops the relay p and the cluster h (harness_stop_if_started,
  * so that a .fini stopping h again does nothing). */
 void reply_hold_cluster_stop(harness *h, reply_hold *p, dist_client *c);

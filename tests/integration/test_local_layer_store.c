@@ -919,3 +919,69 @@ Test(local_layer_store, a_lost_backward_reply_leaves_a_gradient_the_caller_named
                releases_on(1) - before);
   failed_backward_stop(&s);
 }
+
+/* An SPMD trainer's call of the doubler under a made-up output name, in a
+ * thread of its own: its output's name, or its error. */
+typedef struct spmd_doubling {
+  dist_client *c;
+  dist_program *p;
+  dist_tensor *x; /* the argument, opened before the hold */
+  int rc;
+  char name[256]; /* the output's, on success */
+  char msg[512];
+} spmd_doubling;
+
+static void *spmd_double(void *arg) {
+  spmd_doubling *d = arg;
+  dist_tensor *y = NULL;
+  dist_invocation *inv = NULL;
+  dist_arg args[1] = {{d->x, NULL}};
+  d->rc = dist_local_layer_call(d->c, d->p, args, 1, NULL, &inv, &y);
+  if (d->rc == 0) snprintf(d->name, sizeof d->name, "%s", dist_tensor_name(y));
+  snprintf(d->msg, sizeof d->msg, "%s", dist_errmsg(d->c));
+  dist_invocation_free(inv);
+  dist_tensor_free(y);
+  return NULL;
+}
+
+/* Two SPMD trainers call the doubler; trainer 1's reply is lost after its
+ * daemon stored (its relay holds it), and trainer 0's call succeeds. The
+ * output's made-up name is both trainers' (one op id sequence), so trainer
+ * 1 notes only the invocation, and its close leaves rank 1's piece of the
+ * output trainer 0 holds. Before, it noted the name too and its close
+ * deleted that piece (a reviewer's find). */
+Test(local_layer_store, an_spmd_trainers_lost_reply_leaves_the_shared_output_to_the_others) {
+  dist_client *c = NULL;
+  reply_hold *relay = reply_hold_cluster(&cluster, 2, 1, REPLY_HOLD_DEADLINE_MS, &c);
+  int64_t n4 = 4;
+  dist_tensor_free(harness_put(c, "x", DIST_FLOAT64, x0, 1, &n4, "[0,1]", "Replicate()"));
+  spmd_doubling d[2] = {
+      {.c = harness_spmd_client(&cluster, 0, "lost-spmd")},
+      {.c = harness_spmd_client_of(reply_hold_cluster_file(relay), 2, 1, "lost-spmd")}};
+  for (int r = 0; r < 2; r++) {
+    d[r].c->timeout_ms = REPLY_HOLD_DEADLINE_MS;
+    d[r].p = harness_doubler(0);
+    cr_assert_eq(dist_program_register(d[r].c, d[r].p), 0, "%s", dist_errmsg(d[r].c));
+    cr_assert_eq(dist_tensor_open(d[r].c, "x", &d[r].x), 0, "%s", dist_errmsg(d[r].c));
+  }
+  reply_hold_from_call(relay, 1); /* trainer 1's Invoke: nothing else goes through it now */
+  pthread_t th;
+  cr_assert_eq(pthread_create(&th, NULL, spmd_double, &d[0]), 0);
+  spmd_double(&d[1]);
+  pthread_join(th, NULL);
+  reply_hold_release(relay);
+  cr_assert_eq(d[0].rc, 0, "trainer 0: %s", d[0].msg);
+  cr_assert_neq(d[1].rc, 0, "trainer 1's call succeeded with its reply held");
+  cr_expect_eq(d[1].c->later.n, 1, "trainer 1 noted %d items, not its invocation alone",
+               d[1].c->later.n);
+  for (int r = 1; r >= 0; r--) {
+    dist_tensor_free(d[r].x);
+    dist_close(d[r].c);
+    dist_program_free(d[r].p);
+  }
+  static const double doubled[4] = {3, -4, 0.5, 16};
+  for (int r = 0; r < 2; r++)
+    cr_expect_eq(held_on(c, r, d[0].name, 2, doubled, 4), 0,
+                 "rank %d lost its piece of '%s', trainer 0's output", r, d[0].name);
+  reply_hold_cluster_stop(&cluster, relay, c);
+}

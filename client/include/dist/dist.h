@@ -791,7 +791,8 @@ typedef struct dist_call_opts {
  * stored) may have left there the invocation kept for backward, and
  * outputs: the client's next dist_local_layer_call that passes its checks
  * and is sent, dist_invocation_release or dist_close asks that daemon to release the invocation and delete the
- * outputs under names libdist made up, costing one deadline while it still
+ * outputs under names libdist made up (not an SPMD trainer's: those are
+ * every trainer's, and the others got theirs), costing one deadline while it still
  * does not answer (what it cannot be asked stays for the next time; a
  * request that reaches it before the failed call's own finds nothing
  * there, and the call's then stay); outputs under out_names stay (the
@@ -835,8 +836,8 @@ typedef struct dist_backward_opts {
  * dist_local_layer_call is, by the same undo points: the invocation
  * released (kept by a daemon the request never reached) and gradients
  * under names libdist made up deleted (a lost reply, perhaps after it
- * stored); gradients under grad_names, or named after an out0 the caller
- * named, stay. */
+ * stored; not an SPMD trainer's, as for the call); gradients under
+ * grad_names, or named after an out0 the caller named, stay. */
 int dist_backward(dist_client *c, dist_invocation *inv,
                   const dist_arg *out_grads, const dist_backward_opts *opts,
                   dist_tensor **grads);
