@@ -15,18 +15,20 @@
 #include "tensor.h"
 
 /* What a failed call may have left on daemons that did not answer it (no
- * reply within the deadline, or the connection lost; dist_call.unanswered):
- * the names it stored, and the invocation a LocalLayer call keeps for
- * backward. Not undone at once, which would cost a deadline per item
- * while such a daemon is frozen, but later, by the list's holder: a
- * layer's next release, forward or destroy, a tape's free, for calls of
- * libdist's own with names of its own; the client's next LocalLayer call
- * or invocation release, or its close, for the public LocalLayer call and
- * backward (dist_client.later). Names with step numbers, tape ids or op
- * ids, and invocation ids, are never used again, so what is undone later
- * can only be the failed call's; a parameter's gradient ("<param>.grad")
- * is named alike each step, so the step that files one forgets its name
- * here (dist_later_forget) before a later undo could delete it. */
+ * reply within the deadline, or the connection lost; dist_call.unanswered),
+ * or that answered it and then let its undo wait out the deadline
+ * (dist_later_release_or_note): the names it stored, and the invocation a
+ * LocalLayer call keeps for backward. Not undone at once, which would
+ * cost a deadline per item while such a daemon is frozen, but later, by
+ * the list's holder: a layer's next release, forward or destroy, a tape's
+ * free, for calls of libdist's own with names of its own; the client's
+ * next LocalLayer call or invocation release, or its close, for the
+ * public LocalLayer call and backward (dist_client.later). Names with
+ * step numbers, tape ids or op ids, and invocation ids, are never used
+ * again, so what is undone later can only be the failed call's; a
+ * parameter's gradient ("<param>.grad") is named alike each step, so the
+ * step that files one forgets its name here (dist_later_forget) before a
+ * later undo could delete it. */
 typedef struct dist_later_item {
   char name[256];      /* a tensor to delete, or "": */
   uint64_t invocation; /* the invocation to release */
@@ -172,6 +174,14 @@ int dist_invocation_release_one(dist_client *c, uint64_t invocation, int rank);
 void dist_later_note(dist_client *c, dist_later *l, const char *name, int rank);
 /* Remembers invocation on rank; without memory for it, releases it now. */
 void dist_later_note_invocation(dist_client *c, dist_later *l, uint64_t invocation, int rank);
+/* Releases invocation on daemon rank now; when it waits out the deadline
+ * (DIST_ETIMEDOUT: the request may not have reached the daemon), notes it
+ * on l for the next undo point, a safe retry as invocation ids are never
+ * reused. Its code (c->err says why). */
+int dist_later_release_or_note(dist_client *c, dist_later *l, uint64_t invocation, int rank);
+/* The same for a delete of name, noted only with l: NULL for a name the
+ * caller gave, which the caller may use again before the retry. */
+int dist_later_delete_or_note(dist_client *c, dist_later *l, const char *name, int rank);
 /* Deletes each name and releases each invocation on its daemon, one not
  * found there taken as done; those that fail stay on the list for the
  * next time, as do, untried, the items of a daemon that let one of them

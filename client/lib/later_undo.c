@@ -7,11 +7,17 @@
 
 #include "client_internal.h"
 
-/* Deletes item's name, or releases its invocation, on its daemon: 0 also
- * when it is not there (never stored there, or another path undid it). */
+/* Deletes item's name, or releases its invocation, on its daemon; its
+ * code (c->err says why). */
+static int send_undo(dist_client *c, const dist_later_item *it) {
+  return it->name[0] ? dist_delete_one(c, it->name, it->rank)
+                     : dist_invocation_release_one(c, it->invocation, it->rank);
+}
+
+/* send_undo, 0 also when it is not there (never stored there, or another
+ * path undid it). */
 static int undo_item(dist_client *c, const dist_later_item *it) {
-  int rc = it->name[0] ? dist_delete_one(c, it->name, it->rank)
-                       : dist_invocation_release_one(c, it->invocation, it->rank);
+  int rc = send_undo(c, it);
   return rc == DIST_ENOTFOUND ? 0 : rc;
 }
 
@@ -36,6 +42,26 @@ void dist_later_note(dist_client *c, dist_later *l, const char *name, int rank) 
 void dist_later_note_invocation(dist_client *c, dist_later *l, uint64_t invocation, int rank) {
   dist_later_item it = {.invocation = invocation, .rank = rank};
   note(c, l, &it);
+}
+
+/* send_undo now; when its daemon lets it wait out the deadline, it may
+ * not have been done (the request lost) and is noted on l (NULL: not
+ * noted) for the next undo point. */
+static int undo_or_note(dist_client *c, dist_later *l, const dist_later_item *it) {
+  int rc = send_undo(c, it);
+  if (rc == DIST_ETIMEDOUT && l) note(c, l, it);
+  return rc;
+}
+
+int dist_later_release_or_note(dist_client *c, dist_later *l, uint64_t invocation, int rank) {
+  dist_later_item it = {.invocation = invocation, .rank = rank};
+  return undo_or_note(c, l, &it);
+}
+
+int dist_later_delete_or_note(dist_client *c, dist_later *l, const char *name, int rank) {
+  dist_later_item it = {.rank = rank};
+  snprintf(it.name, sizeof it.name, "%s", name);
+  return undo_or_note(c, l, &it);
 }
 
 /* Whether an item kept so far in this pass (items[0..kept)) found rank

@@ -61,6 +61,7 @@ static int keeps_failed_grads(const dist_backward_opts *o, const dist_invocation
 static void undo_backward(dist_client *c, const fanout *f, const dist_backward_opts *o,
                           const dist_invocation *inv, const char *const *names,
                           int own_names, dist_later *later) {
+  dist_errbuf keep = c->err;
   int drop_grads = own_names || !keeps_failed_grads(o, inv);
   int note_grads = later ? drop_grads
                          : !o->grad_names && !inv->outputs_named &&
@@ -77,11 +78,15 @@ static void undo_backward(dist_client *c, const fanout *f, const dist_backward_o
         if (names[j] && names[j][0]) dist_later_note(c, list, names[j], f->targets[i]);
     }
     if (!drop_grads || !f->calls[i].applied) continue;
+    /* A delete that goes unanswered itself is noted for the next undo
+     * point, under the same rule. */
     for (int j = 0; j < n_inputs; j++) {
       int held = !r || ((size_t)j < r->n_grads && r->grads[j]->name && r->grads[j]->name[0]);
-      if (names[j] && names[j][0] && held) dist_delete_on(c, names[j], &f->targets[i], 1);
+      if (names[j] && names[j][0] && held)
+        dist_later_delete_or_note(c, note_grads ? list : NULL, names[j], f->targets[i]);
     }
   }
+  c->err = keep;
 }
 
 /* Whether the daemon of `rank` holds a piece of output k. One that holds

@@ -184,22 +184,24 @@ static void undo_call(dist_client *c, const dist_program *p, fanout *f, uint64_t
                       char *const *names, const dist_call_opts *o, dist_later *later) {
   dist_errbuf keep = c->err;
   int kept = !later && dist_local_layer_keeps_failed_outputs(o);
-  /* the public call's on the client's list, names libdist made up only:
-   * the caller may reuse the names it gave */
-  int note_names = later || (!o->out_names && dist_client_later_takes_made_up_names(c));
+  /* The public call's go on the client's list, names libdist made up
+   * only: the caller may reuse the names it gave. */
+  dist_later *list = later ? later : &c->later;
+  dist_later *name_list =
+      later || (!o->out_names && dist_client_later_takes_made_up_names(c)) ? list : NULL;
   for (int i = 0; i < f->n; i++) {
     const Dist__V1__ProgramInvokeReply *r = (const void *)f->calls[i].reply;
     if (f->calls[i].unanswered)
-      note_unanswered(c, p, f->targets[i], id, note_names ? names : NULL, o,
-                      later ? later : &c->later);
+      note_unanswered(c, p, f->targets[i], id, name_list ? names : NULL, o, list);
     if (!f->calls[i].applied) continue;
     /* A no_grad call's daemons keep no invocation: a Release would cost a
-     * round trip to find nothing. c->err is restored below. */
-    if (!o->no_grad) dist_invocation_release_one(c, id, f->targets[i]);
+     * round trip to find nothing. An undo that goes unanswered itself is
+     * noted for the next undo point. c->err is restored below. */
+    if (!o->no_grad) dist_later_release_or_note(c, list, id, f->targets[i]);
     for (int k = 0; !kept && k < p->n_outputs; k++) {
       int held = r ? (size_t)k < r->n_outputs && r->outputs[k]->name && r->outputs[k]->name[0]
                    : dist_mesh_index_of(&p->attrs[k]->mesh, f->targets[i]) >= 0;
-      if (held) dist_delete_on(c, names[k], &f->targets[i], 1);
+      if (held) dist_later_delete_or_note(c, name_list, names[k], f->targets[i]);
     }
   }
   c->err = keep;

@@ -375,20 +375,22 @@ Test(local_layer_store, a_put_of_an_output_name_while_the_call_votes_is_refused)
   dist_close(c);
 }
 
-/* One SPMD trainer's call of a doubler on x, both made before. */
+/* One trainer's call of a doubler on x, both made before, its output
+ * named tr.out (NULL: "taken"), no_grad unless kept for backward. */
 typedef struct registered {
   trainer tr;
   dist_program *p;
   dist_tensor *x;
+  int kept_for_backward;
 } registered;
 
 static void *call_registered(void *arg) {
   registered *g = arg;
   dist_arg args[1] = {{g->x, NULL}};
-  const char *names[1] = {"taken"};
+  const char *names[1] = {g->tr.out ? g->tr.out : "taken"};
   dist_call_opts o = DIST_CALL_OPTS_INIT;
   o.out_names = names;
-  o.no_grad = 1;
+  o.no_grad = !g->kept_for_backward;
   dist_invocation *inv = NULL;
   dist_tensor *y = NULL;
   g->tr.rc = dist_local_layer_call(g->tr.c, g->p, args, 1, &o, &inv, &y);
@@ -412,7 +414,7 @@ Test(local_layer_store, a_put_onto_another_mesh_racing_the_call_leaves_one_tenso
   registered g[2];
   pthread_t th[2];
   for (int r = 0; r < 2; r++) {
-    g[r] = (registered){{.c = harness_spmd_client(&cluster, r, "race-job")}, harness_doubler(0), NULL};
+    g[r] = (registered){{.c = harness_spmd_client(&cluster, r, "race-job")}, harness_doubler(0), NULL, 0};
     cr_assert_eq(dist_program_register(g[r].tr.c, g[r].p), 0, "%s", dist_errmsg(g[r].tr.c));
     cr_assert_eq(dist_tensor_open(g[r].tr.c, "x", &g[r].x), 0, "%s", dist_errmsg(g[r].tr.c));
   }
@@ -983,5 +985,54 @@ Test(local_layer_store, an_spmd_trainers_lost_reply_leaves_the_shared_output_to_
   for (int r = 0; r < 2; r++)
     cr_expect_eq(held_on(c, r, d[0].name, 2, doubled, 4), 0,
                  "rank %d lost its piece of '%s', trainer 0's output", r, d[0].name);
+  reply_hold_cluster_stop(&cluster, relay, c);
+}
+
+/* After an undo whose request rank 1 never received: rank 0 released its
+ * invocation, rank 1 kept it, and the client's next call (p, no_grad)
+ * releases it there. */
+static void rank_1_invocation_undone_by_the_next_call(dist_client *c, dist_program *p) {
+  cr_assert_eq(reply_hold_invocations_on(&cluster, 0), 0, "rank 0 answered: released");
+  cr_assert_eq(reply_hold_invocations_on(&cluster, 1), 1, "rank 1 kept no invocation");
+  cr_assert_eq(call(c, p, "x2", 0), 0, "%s", dist_errmsg(c));
+  cr_assert_eq(reply_hold_invocations_on(&cluster, 1), 0, "the next call left rank 1's "
+               "invocation");
+}
+
+/* A call that rank 1 answered but that fails, and whose own undo's
+ * Release never reaches rank 1: the call (the doubler on [0,1], its
+ * output named "u") is let through by its first check of "u" outside
+ * its mesh, rank 2 being frozen (a daemon that does not answer does not
+ * stop it), and refused by its second, once stored, rank 2 resumed and
+ * holding "u"; meanwhile the relay holds rank 1's Invoke reply, then
+ * drops every request from the undo's Release on (and then the
+ * connection). Rank 1 keeps the invocation; the call notes it, and the
+ * client's next call releases it there. Before, it stayed until its
+ * time-to-live (10 minutes). */
+Test(local_layer_store, a_failed_calls_own_release_rank_1_never_received_is_retried) {
+  registered g = {{.out = "u"}, harness_doubler(0), NULL, 1};
+  reply_hold *relay = reply_hold_cluster(&cluster, 3, 1, REPLY_HOLD_DEADLINE_MS, &g.tr.c);
+  dist_client *c = g.tr.c;
+  int64_t n4 = 4;
+  g.x = harness_put(c, "x", DIST_FLOAT64, x0, 1, &n4, "[0,1]", "Replicate()");
+  dist_tensor_free(harness_put(c, "u", DIST_FLOAT64, x0, 1, &n4, "[2]", "Replicate()"));
+  cr_assert_eq(dist_program_register(c, g.p), 0, "%s", dist_errmsg(c));
+  cr_assert(harness_freeze(&cluster, 2, 5000), "rank 2 did not stop");
+  reply_hold_from_call(relay, 1);
+  pthread_t th;
+  cr_assert_eq(pthread_create(&th, NULL, call_registered, &g), 0);
+  for (double t0 = harness_now_s(); !reply_hold_holding(relay) && harness_now_s() - t0 < 20;)
+    harness_sleep_ms(20);
+  int held = reply_hold_holding(relay);
+  cr_assert_eq(kill(cluster.pids[2], SIGCONT), 0);
+  reply_hold_requests_from_call(relay, 1); /* lets the Invoke's reply through */
+  pthread_join(th, NULL);
+  cr_assert(held, "the call sent rank 1 no Invoke");
+  cr_assert(reply_hold_holding(relay), "the undo sent rank 1 nothing");
+  reply_hold_release(relay);
+  cr_assert_eq(g.tr.rc, DIST_EEXIST, "%s: %s", dist_err_name(g.tr.rc), g.tr.msg);
+  rank_1_invocation_undone_by_the_next_call(c, g.p);
+  dist_tensor_free(g.x);
+  dist_program_free(g.p);
   reply_hold_cluster_stop(&cluster, relay, c);
 }
