@@ -196,6 +196,10 @@ void dist_later_free(dist_later *l);
 /* dist_later_undo of the client's own list (dist_client.later), c->err
  * left as it was: what fails stays for the next time. */
 void dist_client_later_undo(dist_client *c);
+/* dist_client_later_undo with the items of the daemons silent[0..n_silent)
+ * left untried: each just waited out a deadline in the caller's own call,
+ * and an undo point pays one deadline per silent daemon. */
+void dist_client_later_undo_skipping(dist_client *c, const int *silent, int n_silent);
 /* Whether names libdist made up for a public call may go on the client's
  * list: not an SPMD trainer's, which every trainer shares (one op id
  * sequence): a reply lost here does not make them this trainer's to

@@ -64,21 +64,28 @@ int dist_later_delete_or_note(dist_client *c, dist_later *l, const char *name, i
   return undo_or_note(c, l, &it);
 }
 
-/* Whether an item kept so far in this pass (items[0..kept)) found rank
- * silent: its other items would each wait out a deadline too. */
-static int silent_in_pass(const dist_later *l, int kept, int rank) {
+/* Whether rank is known silent in this pass: one of silent[0..n_silent)
+ * (its daemon just waited out a deadline of the caller's), or one of the
+ * items kept so far (items[0..kept)) found it so: its other items would
+ * each wait out a deadline too. */
+static int silent_in_pass(const dist_later *l, int kept, int rank, const int *silent,
+                          int n_silent) {
+  for (int i = 0; i < n_silent; i++)
+    if (silent[i] == rank) return 1;
   for (int i = 0; i < kept; i++)
     if (l->items[i].unanswered && l->items[i].rank == rank) return 1;
   return 0;
 }
 
-int dist_later_undo(dist_client *c, dist_later *l) {
+/* dist_later_undo, the items of the daemons silent[0..n_silent) left
+ * untried. */
+static int undo_pass(dist_client *c, dist_later *l, const int *silent, int n_silent) {
   dist_errbuf first = DIST_ERRBUF_INIT;
   int kept = 0;
   for (int i = 0; i < l->n; i++) {
     dist_later_item *it = &l->items[i];
     int rc = DIST_ETIMEDOUT;
-    if (!silent_in_pass(l, kept, it->rank)) {
+    if (!silent_in_pass(l, kept, it->rank, silent, n_silent)) {
       rc = undo_item(c, it);
       dist_note_first_failure(c, rc, &first);
     }
@@ -90,6 +97,8 @@ int dist_later_undo(dist_client *c, dist_later *l) {
   return first.code;
 }
 
+int dist_later_undo(dist_client *c, dist_later *l) { return undo_pass(c, l, NULL, 0); }
+
 void dist_later_forget(dist_later *l, const char *name) {
   int kept = 0;
   for (int i = 0; i < l->n; i++)
@@ -97,12 +106,14 @@ void dist_later_forget(dist_later *l, const char *name) {
   l->n = kept;
 }
 
-void dist_client_later_undo(dist_client *c) {
+void dist_client_later_undo_skipping(dist_client *c, const int *silent, int n_silent) {
   if (!c->later.n) return;
   dist_errbuf keep = c->err;
-  dist_later_undo(c, &c->later);
+  undo_pass(c, &c->later, silent, n_silent);
   c->err = keep;
 }
+
+void dist_client_later_undo(dist_client *c) { dist_client_later_undo_skipping(c, NULL, 0); }
 
 int dist_client_later_takes_made_up_names(const dist_client *c) { return c->spmd_rank < 0; }
 

@@ -221,12 +221,17 @@ int dist_invocation_release(dist_client *c, dist_invocation *inv) {
   if (!c) return kept ? dist_no_client(__func__) : 0;
   /* each call clears the client's error: the first failure's is kept */
   dist_errbuf first = DIST_ERRBUF_INIT;
-  for (int i = 0; kept && i < inv->n; i++)
-    dist_note_first_failure(c, dist_invocation_release_one(c, inv->id, inv->targets[i]),
-                            &first);
+  int silent[DIST_MAX_MESH_RANKS], n_silent = 0;
+  for (int i = 0; kept && i < inv->n; i++) {
+    /* unanswered: noted, and tried again at the next undo point */
+    int rc = dist_later_release_or_note(c, &c->later, inv->id, inv->targets[i]);
+    if (rc == DIST_ETIMEDOUT) silent[n_silent++] = inv->targets[i];
+    dist_note_first_failure(c, rc, &first);
+  }
   if (first.code) c->err = first;
   /* whatever inv, an undo point (dist.h): what a failed call left on a
-   * daemon that did not answer */
-  dist_client_later_undo(c);
+   * daemon that did not answer; not asked again of a daemon that just let
+   * this release wait out its deadline (the note above among them) */
+  dist_client_later_undo_skipping(c, silent, n_silent);
   return first.code;
 }

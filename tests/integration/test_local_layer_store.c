@@ -999,6 +999,39 @@ static void rank_1_invocation_undone_by_the_next_call(dist_client *c, dist_progr
                "invocation");
 }
 
+/* A public release whose request rank 1 never receives (the relay drops
+ * it, then the connection): rank 1 keeps the invocation, the release
+ * fails at its deadline and notes it, and the client's next undo point
+ * (its next call) releases it there. The release waits out one deadline:
+ * the undo pass it runs after leaves its own note, on the daemon that
+ * just went silent, for the next time (two deadlines when the pass tried
+ * it). Before, the invocation stayed on rank 1 until its time-to-live
+ * (10 minutes). */
+Test(local_layer_store, a_release_rank_1_never_received_is_retried_at_the_next_call) {
+  dist_client *c = NULL;
+  dist_tensor *x = NULL, *y = NULL;
+  dist_program *p = NULL;
+  reply_hold *relay = relayed_doubler(0, &c, &x, &p);
+  dist_arg arg = {x, NULL};
+  dist_invocation *inv = NULL;
+  cr_assert_eq(dist_local_layer_call(c, p, &arg, 1, NULL, &inv, &y), 0, "%s", dist_errmsg(c));
+  reply_hold_requests_from_call(relay, 1);
+  double t0 = harness_now_s();
+  int rc = dist_invocation_release(c, inv);
+  double took = harness_now_s() - t0;
+  cr_assert(reply_hold_holding(relay), "the release sent rank 1 nothing");
+  reply_hold_release(relay);
+  cr_assert_eq(rc, DIST_ETIMEDOUT, "%s: %s", dist_err_name(rc), dist_errmsg(c));
+  cr_expect_lt(took, 1.5 * REPLY_HOLD_DEADLINE_MS / 1000.0,
+               "the release took %.1f s against a deadline of %.1f s", took,
+               REPLY_HOLD_DEADLINE_MS / 1000.0);
+  rank_1_invocation_undone_by_the_next_call(c, p);
+  dist_invocation_free(inv);
+  dist_tensor_free(x), dist_tensor_free(y);
+  dist_program_free(p);
+  reply_hold_cluster_stop(&cluster, relay, c);
+}
+
 /* A call that rank 1 answered but that fails, and whose own undo's
  * Release never reaches rank 1: the call (the doubler on [0,1], its
  * output named "u") is let through by its first check of "u" outside

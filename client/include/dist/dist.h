@@ -796,7 +796,9 @@ typedef struct dist_call_opts {
  * does not answer (what it cannot be asked stays for the next time; a
  * request that reaches it before the failed call's own finds nothing
  * there, and the call's then stay); outputs under out_names stay (the
- * names are the caller's, who may have used them again). */
+ * names are the caller's, who may have used them again). The same goes
+ * for a daemon that answered the call but let its undo (a release, a
+ * delete of a name libdist made up) wait out the deadline. */
 int dist_local_layer_call(dist_client *c, dist_program *p, const dist_arg *args,
                           int nargs, const dist_call_opts *opts,
                           dist_invocation **inv, dist_tensor **outs);
@@ -849,7 +851,9 @@ int dist_invocation_local_grad(const dist_invocation *inv, int i, int rank,
  * dist_backward). The handle stays valid (a later dist_backward fails with
  * the daemons' message) until dist_invocation_free. Whatever inv, it also
  * undoes what failed calls and backwards left (dist_local_layer_call,
- * dist_backward). */
+ * dist_backward). A daemon that lets the release wait out its deadline
+ * (DIST_ETIMEDOUT) is asked again at the client's next undo point (the
+ * request may never have reached it), not in this call. */
 int dist_invocation_release(dist_client *c, dist_invocation *inv);
 /* Frees the handle only. NULL is a no-op. */
 void dist_invocation_free(dist_invocation *inv);
