@@ -177,11 +177,16 @@ void dist_later_note_invocation(dist_client *c, dist_later *l, uint64_t invocati
 /* Releases invocation on daemon rank now; when it waits out the deadline
  * (DIST_ETIMEDOUT: the request may not have reached the daemon), notes it
  * on l for the next undo point, a safe retry as invocation ids are never
- * reused. Its code (c->err says why). */
-int dist_later_release_or_note(dist_client *c, dist_later *l, uint64_t invocation, int rank);
+ * reused. *silent (0 to start with, one per daemon and undo) is set then,
+ * and while set nothing more is sent to that daemon: each next undo is
+ * noted at once (one deadline per silent daemon, not one per item). Its
+ * code (c->err says why). */
+int dist_later_release_or_note(dist_client *c, dist_later *l, uint64_t invocation, int rank,
+                               int *silent);
 /* The same for a delete of name, noted only with l: NULL for a name the
  * caller gave, which the caller may use again before the retry. */
-int dist_later_delete_or_note(dist_client *c, dist_later *l, const char *name, int rank);
+int dist_later_delete_or_note(dist_client *c, dist_later *l, const char *name, int rank,
+                              int *silent);
 /* Deletes each name and releases each invocation on its daemon, one not
  * found there taken as done; those that fail stay on the list for the
  * next time, as do, untried, the items of a daemon that let one of them

@@ -21,16 +21,28 @@ static int undo_item(dist_client *c, const dist_later_item *it) {
   return rc == DIST_ENOTFOUND ? 0 : rc;
 }
 
-static void note(dist_client *c, dist_later *l, const dist_later_item *it) {
+static int same_item(const dist_later_item *a, const dist_later_item *b) {
+  return a->rank == b->rank && a->invocation == b->invocation && strcmp(a->name, b->name) == 0;
+}
+
+/* Adds it to l, unless listed already (a release asked twice); -1 without
+ * memory for it. */
+static int append(dist_later *l, const dist_later_item *it) {
+  for (int i = 0; i < l->n; i++)
+    if (same_item(&l->items[i], it)) return 0;
   dist_later_item *q = realloc(l->items, sizeof *q * ((size_t)l->n + 1));
-  if (!q) { /* no room to remember it: undone now, at the cost of a deadline */
-    dist_errbuf keep = c->err;
-    undo_item(c, it);
-    c->err = keep;
-    return;
-  }
+  if (!q) return -1;
   l->items = q;
   q[l->n++] = *it;
+  return 0;
+}
+
+static void note(dist_client *c, dist_later *l, const dist_later_item *it) {
+  if (append(l, it) == 0) return;
+  /* no room to remember it: undone now, at the cost of a deadline */
+  dist_errbuf keep = c->err;
+  undo_item(c, it);
+  c->err = keep;
 }
 
 void dist_later_note(dist_client *c, dist_later *l, const char *name, int rank) {
@@ -44,24 +56,30 @@ void dist_later_note_invocation(dist_client *c, dist_later *l, uint64_t invocati
   note(c, l, &it);
 }
 
-/* send_undo now; when its daemon lets it wait out the deadline, it may
- * not have been done (the request lost) and is noted on l (NULL: not
- * noted) for the next undo point. */
-static int undo_or_note(dist_client *c, dist_later *l, const dist_later_item *it) {
-  int rc = send_undo(c, it);
-  if (rc == DIST_ETIMEDOUT && l) note(c, l, it);
+/* send_undo now, unless *silent; when its daemon lets it wait out the
+ * deadline, it may not have been done (the request lost): *silent is set,
+ * so the caller's next undo to that daemon is noted without a deadline of
+ * its own, and it is noted on l (NULL: not noted) for the next undo
+ * point; without memory for the note it is dropped, not sent again. */
+static int undo_or_note(dist_client *c, dist_later *l, const dist_later_item *it, int *silent) {
+  int rc = *silent ? DIST_ETIMEDOUT : send_undo(c, it);
+  if (rc != DIST_ETIMEDOUT) return rc;
+  *silent = 1;
+  if (l) append(l, it);
   return rc;
 }
 
-int dist_later_release_or_note(dist_client *c, dist_later *l, uint64_t invocation, int rank) {
+int dist_later_release_or_note(dist_client *c, dist_later *l, uint64_t invocation, int rank,
+                               int *silent) {
   dist_later_item it = {.invocation = invocation, .rank = rank};
-  return undo_or_note(c, l, &it);
+  return undo_or_note(c, l, &it, silent);
 }
 
-int dist_later_delete_or_note(dist_client *c, dist_later *l, const char *name, int rank) {
+int dist_later_delete_or_note(dist_client *c, dist_later *l, const char *name, int rank,
+                              int *silent) {
   dist_later_item it = {.rank = rank};
   snprintf(it.name, sizeof it.name, "%s", name);
-  return undo_or_note(c, l, &it);
+  return undo_or_note(c, l, &it, silent);
 }
 
 /* Whether rank is known silent in this pass: one of silent[0..n_silent)

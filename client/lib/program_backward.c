@@ -62,10 +62,11 @@ static void undo_backward(dist_client *c, const fanout *f, const dist_backward_o
                           const dist_invocation *inv, const char *const *names,
                           int own_names, dist_later *later) {
   dist_errbuf keep = c->err;
-  int drop_grads = own_names || !keeps_failed_grads(o, inv);
-  int note_grads = later ? drop_grads
-                         : !o->grad_names && !inv->outputs_named &&
-                               dist_client_later_takes_made_up_names(c);
+  /* Made-up names an SPMD trainer shares with the others: as undo_call's. */
+  int made_up = !o->grad_names && !inv->outputs_named;
+  int shared = !later && made_up && !dist_client_later_takes_made_up_names(c);
+  int drop_grads = !shared && (own_names || !keeps_failed_grads(o, inv));
+  int note_grads = later ? drop_grads : made_up && !shared;
   dist_later *list = later ? later : &c->later;
   int n_inputs = inv->n_inputs;
   for (int i = 0; i < f->n; i++) {
@@ -79,11 +80,14 @@ static void undo_backward(dist_client *c, const fanout *f, const dist_backward_o
     }
     if (!drop_grads || !f->calls[i].applied) continue;
     /* A delete that goes unanswered itself is noted for the next undo
-     * point, under the same rule. */
+     * point, under the same rule, and so, unsent, are the rest for that
+     * daemon. */
+    int silent = 0;
     for (int j = 0; j < n_inputs; j++) {
       int held = !r || ((size_t)j < r->n_grads && r->grads[j]->name && r->grads[j]->name[0]);
       if (names[j] && names[j][0] && held)
-        dist_later_delete_or_note(c, note_grads ? list : NULL, names[j], f->targets[i]);
+        dist_later_delete_or_note(c, note_grads ? list : NULL, names[j], f->targets[i],
+                                  &silent);
     }
   }
   c->err = keep;
@@ -224,7 +228,8 @@ int dist_invocation_release(dist_client *c, dist_invocation *inv) {
   int silent[DIST_MAX_MESH_RANKS], n_silent = 0;
   for (int i = 0; kept && i < inv->n; i++) {
     /* unanswered: noted, and tried again at the next undo point */
-    int rc = dist_later_release_or_note(c, &c->later, inv->id, inv->targets[i]);
+    int unanswered = 0;
+    int rc = dist_later_release_or_note(c, &c->later, inv->id, inv->targets[i], &unanswered);
     if (rc == DIST_ETIMEDOUT) silent[n_silent++] = inv->targets[i];
     dist_note_first_failure(c, rc, &first);
   }

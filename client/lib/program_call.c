@@ -183,12 +183,14 @@ static void note_unanswered(dist_client *c, const dist_program *p, int rank, uin
 static void undo_call(dist_client *c, const dist_program *p, fanout *f, uint64_t id,
                       char *const *names, const dist_call_opts *o, dist_later *later) {
   dist_errbuf keep = c->err;
-  int kept = !later && dist_local_layer_keeps_failed_outputs(o);
+  /* An SPMD trainer's made-up names are every trainer's, and when its own
+   * daemon applied the call the others' calls got them: not its to delete. */
+  int shared = !later && !o->out_names && !dist_client_later_takes_made_up_names(c);
+  int kept = !later && (dist_local_layer_keeps_failed_outputs(o) || shared);
   /* The public call's go on the client's list, names libdist made up
    * only: the caller may reuse the names it gave. */
   dist_later *list = later ? later : &c->later;
-  dist_later *name_list =
-      later || (!o->out_names && dist_client_later_takes_made_up_names(c)) ? list : NULL;
+  dist_later *name_list = later || (!o->out_names && !shared) ? list : NULL;
   for (int i = 0; i < f->n; i++) {
     const Dist__V1__ProgramInvokeReply *r = (const void *)f->calls[i].reply;
     if (f->calls[i].unanswered)
@@ -196,12 +198,14 @@ static void undo_call(dist_client *c, const dist_program *p, fanout *f, uint64_t
     if (!f->calls[i].applied) continue;
     /* A no_grad call's daemons keep no invocation: a Release would cost a
      * round trip to find nothing. An undo that goes unanswered itself is
-     * noted for the next undo point. c->err is restored below. */
-    if (!o->no_grad) dist_later_release_or_note(c, list, id, f->targets[i]);
+     * noted for the next undo point, and so, unsent, are the rest for
+     * that daemon. c->err is restored below. */
+    int silent = 0;
+    if (!o->no_grad) dist_later_release_or_note(c, list, id, f->targets[i], &silent);
     for (int k = 0; !kept && k < p->n_outputs; k++) {
       int held = r ? (size_t)k < r->n_outputs && r->outputs[k]->name && r->outputs[k]->name[0]
                    : dist_mesh_index_of(&p->attrs[k]->mesh, f->targets[i]) >= 0;
-      if (held) dist_later_delete_or_note(c, name_list, names[k], f->targets[i]);
+      if (held) dist_later_delete_or_note(c, name_list, names[k], f->targets[i], &silent);
     }
   }
   c->err = keep;

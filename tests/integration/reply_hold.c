@@ -81,19 +81,23 @@ static int next_headers(frame_reader *rd, const unsigned char *b, size_t n, size
  * from the frame that opens the held call on (none at all when its
  * header began in an earlier chunk: the daemon sees no whole frame). */
 static size_t to_daemon(reply_hold *p, pair *pr, const unsigned char *b, size_t n) {
-  if (pr->dropping) return 0;
   size_t at = 0;
-  while (next_headers(&pr->rd, b, n, &at)) {
+  while (!pr->dropping && next_headers(&pr->rd, b, n, &at)) {
     if (!atomic_load(&p->armed)) continue;
     int seen = atomic_fetch_add(&p->seen, 1) + 1;
     int hold = seen >= p->from && (!p->until || seen < p->until);
     atomic_store(&p->holding, hold);
     if (hold && p->requests) {
       pr->dropping = 1;
-      return at >= FRAME_HEADER_LEN ? at - FRAME_HEADER_LEN : 0;
+      size_t passed = at >= FRAME_HEADER_LEN ? at - FRAME_HEADER_LEN : 0;
+      while (next_headers(&pr->rd, b, n, &at)) atomic_fetch_add(&p->seen, 1);
+      return passed;
     }
   }
-  return n;
+  if (!pr->dropping) return n;
+  /* Dropped, but still counted: the calls the client sent in vain. */
+  while (next_headers(&pr->rd, b, n, &at)) atomic_fetch_add(&p->seen, 1);
+  return 0;
 }
 
 static int connect_daemon(int port) {
@@ -302,6 +306,8 @@ reply_hold *reply_hold_cluster(harness *h, int n, int r, long timeout_ms, dist_c
 }
 
 const char *reply_hold_cluster_file(const reply_hold *p) { return p->cluster_file; }
+
+int reply_hold_calls_seen(reply_hold *p) { return atomic_load(&p->seen); }
 
 void reply_hold_cluster_stop(harness *h, reply_hold *p, dist_client *c) {
   dist_close(c);

@@ -45,6 +45,9 @@ void reply_hold_calls(reply_hold *p, int from, int until);
  * out a call its client gave up on), and returns once the client has
  * connected again (a health check through it answered, within 10 s). */
 void reply_hold_requests_from_call(reply_hold *p, int n);
+/* The calls the client sent through the relay since the last hold was
+ * set, held or dropped ones included. */
+int reply_hold_calls_seen(reply_hold *p);
 /* Lets everything held, and what follows, through. */
 void reply_hold_release(reply_hold *p);
 /* Whether the hold is on (the n-th call has been sent, and a hold of

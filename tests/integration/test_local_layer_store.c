@@ -1062,6 +1062,10 @@ Test(local_layer_store, a_failed_calls_own_release_rank_1_never_received_is_retr
   pthread_join(th, NULL);
   cr_assert(held, "the call sent rank 1 no Invoke");
   cr_assert(reply_hold_holding(relay), "the undo sent rank 1 nothing");
+  /* The Release alone: once it waited out its deadline, the delete of the
+   * caller's "u" there is not sent (a second deadline before). */
+  cr_expect_eq(reply_hold_calls_seen(relay), 1, "the undo sent rank 1 %d calls",
+               reply_hold_calls_seen(relay));
   reply_hold_release(relay);
   cr_assert_eq(g.tr.rc, DIST_EEXIST, "%s: %s", dist_err_name(g.tr.rc), g.tr.msg);
   rank_1_invocation_undone_by_the_next_call(c, g.p);

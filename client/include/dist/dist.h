@@ -790,15 +790,16 @@ typedef struct dist_call_opts {
  * on a daemon that did not answer it (its reply lost, perhaps after it
  * stored) may have left there the invocation kept for backward, and
  * outputs: the client's next dist_local_layer_call that passes its checks
- * and is sent, dist_invocation_release or dist_close asks that daemon to release the invocation and delete the
- * outputs under names libdist made up (not an SPMD trainer's: those are
- * every trainer's, and the others got theirs), costing one deadline while it still
- * does not answer (what it cannot be asked stays for the next time; a
- * request that reaches it before the failed call's own finds nothing
- * there, and the call's then stay); outputs under out_names stay (the
- * names are the caller's, who may have used them again). The same goes
- * for a daemon that answered the call but let its undo (a release, a
- * delete of a name libdist made up) wait out the deadline. */
+ * and is sent, dist_invocation_release or dist_close asks that daemon to
+ * release the invocation and delete the outputs under names libdist made
+ * up (not an SPMD trainer's: those are every trainer's, and the others
+ * got theirs), costing one deadline while it still does not answer (what
+ * it cannot be asked stays for the next time; a request that reaches it
+ * before the failed call's own finds nothing there, and the call's then
+ * stay); outputs under out_names stay (the names are the caller's, who
+ * may have used them again). The same goes for a daemon that answered
+ * the call but let its undo (a release, a delete of a name libdist made
+ * up) wait out the deadline: its other undos are then noted unsent. */
 int dist_local_layer_call(dist_client *c, dist_program *p, const dist_arg *args,
                           int nargs, const dist_call_opts *opts,
                           dist_invocation **inv, dist_tensor **outs);
@@ -839,7 +840,9 @@ typedef struct dist_backward_opts {
  * released (kept by a daemon the request never reached) and gradients
  * under names libdist made up deleted (a lost reply, perhaps after it
  * stored; not an SPMD trainer's, as for the call); gradients under
- * grad_names, or named after an out0 the caller named, stay. */
+ * grad_names, or named after an out0 the caller named, stay. A delete of
+ * such a gradient on a daemon that answered, which waits out the
+ * deadline, is retried at those undo points too. */
 int dist_backward(dist_client *c, dist_invocation *inv,
                   const dist_arg *out_grads, const dist_backward_opts *opts,
                   dist_tensor **grads);
