@@ -92,8 +92,8 @@ static int json_lost;
 int distctl_output_flushed(void) {
   static int told; /* top's refresh, then main's exit: one message */
   errno = 0;
-  if (fflush(stdout) == 0 && !ferror(stdout) && !json_lost) return 0;
-  if (!told && !json_lost)
+  if (fflush(stdout) == 0 && !ferror(stdout)) return json_lost ? -1 : 0;
+  if (!told)
     fprintf(stderr, "distctl: cannot write the output: %s\n",
             errno ? strerror(errno) : "an earlier write failed");
   told = 1;
