@@ -415,9 +415,16 @@ Test(distctl_args, launch_prints_each_ranks_exit_status_as_json, .fini = remove_
   cr_assert(mkdtemp(launch_dir));
   json_t *j = NULL;
   char *err = NULL;
-  /* Rank 1 fails at once; rank 0 would sleep for a minute if not stopped. */
-  int rc = launch_json("echo rank \\$DIST_RANK of \\$DIST_WORLD_SIZE; "
-                       "if [ \\$DIST_RANK = 1 ]; then exit 3; fi; sleep 60", &j, &err);
+  /* Rank 1 fails once rank 0 has printed its line (a file says so, waited
+   * for 20 s at most: stopped before its echo, rank 0 printed nothing under
+   * ASan); rank 0 would sleep for a minute if not stopped. */
+  char line[1024];
+  snprintf(line, sizeof line,
+           "echo rank \\$DIST_RANK of \\$DIST_WORLD_SIZE; if [ \\$DIST_RANK = 1 ]; then "
+           "i=0; while [ ! -e %s/rank0 ] && [ \\$i -lt 400 ]; do sleep 0.05; "
+           "i=\\$((i + 1)); done; exit 3; fi; touch %s/rank0; sleep 60",
+           launch_dir, launch_dir);
+  int rc = launch_json(line, &j, &err);
   cr_assert_eq(rc, 3, "launch exited %d: %s", rc, err ? err : "");
   cr_assert(err && strstr(err, "rank 0 of 2"), "rank 0's output is not on stderr: %s", err);
   cr_assert_eq(json_integer_value(json_object_get(j, "status")), 3);
