@@ -375,6 +375,24 @@ Test(local_layer_store, a_put_of_an_output_name_while_the_call_votes_is_refused)
   dist_close(c);
 }
 
+/* The calls of method ("TensorShow") daemon r served, whatever it
+ * answered. */
+static double served_on(int r, const char *method) {
+  char *m = harness_metrics(&cluster, r);
+  double n = harness_rpc_count(m, method, NULL);
+  free(m);
+  return n;
+}
+
+/* Waits, bounded by timeout_ms, until daemon r served at least count
+ * calls of method; 1 if it did. */
+static int wait_served(int r, const char *method, double count, int timeout_ms) {
+  for (double until = harness_now_s() + timeout_ms / 1e3; harness_now_s() < until;
+       harness_sleep_ms(20))
+    if (served_on(r, method) >= count) return 1;
+  return 0;
+}
+
 /* One trainer's call of a doubler on x, both made before, its output
  * named tr.out (NULL: "taken"), no_grad unless kept for backward. */
 typedef struct registered {
@@ -419,11 +437,18 @@ Test(local_layer_store, a_put_onto_another_mesh_racing_the_call_leaves_one_tenso
     cr_assert_eq(dist_tensor_open(g[r].tr.c, "x", &g[r].x), 0, "%s", dist_errmsg(g[r].tr.c));
   }
   cr_assert(harness_freeze(&cluster, 1, 5000), "rank 1 did not stop");
+  /* Each trainer's check asks rank 2, the one daemon outside [0,1], with
+   * a TensorShow; the counter moves once rank 2 has its answer. */
+  double checked = served_on(2, "TensorShow") + 2;
   for (int r = 0; r < 2; r++) cr_assert_eq(pthread_create(&th[r], NULL, call_registered, &g[r]), 0);
-  /* Trainer 0 is past its check once rank 0 votes; trainer 1, on the same
-   * path, is at its stopped daemon. */
+  /* Trainer 0 is past its check once rank 0 votes; trainer 1 once rank 2
+   * answered both (bounded: a fixed 200 ms was a race on a loaded host,
+   * where trainer 1's check could see the put and refuse before its call,
+   * leaving the race untried). Both then wait on stopped rank 1. */
   cr_assert(harness_wait_running(c, 0, "vote", 0, 10000), "rank 0 never voted");
-  harness_sleep_ms(200);
+  cr_assert(wait_served(2, "TensorShow", checked, 10000),
+            "rank 2 did not answer both trainers' checks");
+  cr_assert_eq(served_on(2, "TensorShow"), checked, "rank 2 was asked more than the checks");
   /* The put's own check cannot reach rank 1 within its 1.5 s, and counts
    * only rank 0, which holds nothing yet. */
   dist_opts quick = DIST_OPTS_INIT;
@@ -652,12 +677,7 @@ Test(local_layer_store, ranks_that_do_not_fit_the_program_fail_the_others_at_onc
 }
 
 /* The Release calls daemon r served, whatever it answered. */
-static double releases_on(int r) {
-  char *m = harness_metrics(&cluster, r);
-  double n = harness_rpc_count(m, "LocalLayer/Release", NULL);
-  free(m);
-  return n;
-}
+static double releases_on(int r) { return served_on(r, "LocalLayer/Release"); }
 
 /* Two daemons, rank 1 behind a relay (reply_hold_cluster): in *c the
  * client, in *x "x" put on [0,1] (x0, Replicate) and in *p the doubler,
