@@ -202,6 +202,12 @@ int harness_wait_running(dist_client *c, int r, const char *kind, uint64_t not_o
                          int timeout_ms);
 /* The op id of the newest operation of kind daemon r finished, 0 if none. */
 uint64_t harness_last_finished(dist_client *c, int r, const char *kind);
+/* OpAbort of op_id and the more_ids ids after it on the daemons of
+ * ranks[0..n), asked of daemon via as its trainer would: the others' waits
+ * under those ids fail at once. The ids via says it aborted; fails the
+ * test when the call does. */
+uint32_t harness_op_abort(harness *h, int via, uint64_t op_id, uint32_t more_ids,
+                          uint32_t *ranks, size_t n, const char *reason);
 
 /* A LocalLayer program: y = x + x of a float64 x, its output Replicate on
  * [0, 1] (or Shard(0) when sharded: the daemons then exchange the

@@ -4,6 +4,7 @@
 #include <criterion/criterion.h>
 #include <string.h>
 
+#include "client_internal.h" /* dist_call_one: a raw OpAbort */
 #include "harness.h"
 
 uint64_t harness_last_finished(dist_client *c, int r, const char *kind) {
@@ -34,4 +35,23 @@ int harness_wait_running(dist_client *c, int r, const char *kind, uint64_t not_o
        harness_sleep_ms(20))
     if (running_now(c, r, kind, not_op)) return 1;
   return 0;
+}
+
+uint32_t harness_op_abort(harness *h, int via, uint64_t op_id, uint32_t more_ids,
+                          uint32_t *ranks, size_t n, const char *reason) {
+  Dist__V1__OpAbortRequest rq = DIST__V1__OP_ABORT_REQUEST__INIT;
+  rq.op_id = op_id;
+  rq.more_ids = more_ids;
+  rq.n_ranks = n;
+  rq.ranks = ranks;
+  rq.reason = (char *)reason;
+  dist_client *c = harness_client_rank(h, via, 10000);
+  ProtobufCMessage *rp = NULL;
+  cr_assert_eq(dist_call_one(c, via, "/dist.v1.Dist/OpAbort", &rq.base,
+                             &dist__v1__op_abort_reply__descriptor, &rp), 0, "%s",
+               dist_errmsg(c));
+  uint32_t aborted = ((Dist__V1__OpAbortReply *)rp)->aborted_ids;
+  protobuf_c_message_free_unpacked(rp, NULL);
+  dist_close(c);
+  return aborted;
 }

@@ -479,21 +479,7 @@ Test(refused, a_send_in_benchmark_mode_fails_its_receiver_at_once, .timeout = 12
 static uint32_t abort_plan_on_rank_0(uint64_t first, uint32_t n) {
   uint32_t ranks[HARNESS_MAX];
   for (uint32_t r = 0; r < n; r++) ranks[r] = r;
-  Dist__V1__OpAbortRequest rq = DIST__V1__OP_ABORT_REQUEST__INIT;
-  rq.op_id = first;
-  rq.more_ids = 1000;
-  rq.n_ranks = n;
-  rq.ranks = ranks;
-  rq.reason = "a plan refused";
-  dist_client *c = harness_client_rank(&cluster, 0, 10000);
-  ProtobufCMessage *rp = NULL;
-  cr_assert_eq(dist_call_one(c, 0, "/dist.v1.Dist/OpAbort", &rq.base,
-                             &dist__v1__op_abort_reply__descriptor, &rp), 0, "%s",
-               dist_errmsg(c));
-  uint32_t aborted = ((Dist__V1__OpAbortReply *)rp)->aborted_ids;
-  protobuf_c_message_free_unpacked(rp, NULL);
-  dist_close(c);
-  return aborted;
+  return harness_op_abort(&cluster, 0, first, 1000, ranks, n, "a plan refused");
 }
 
 /* rank's all-reduce under id, of abort_plan_on_rank_0's plan, fails at
