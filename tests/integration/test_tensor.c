@@ -1071,7 +1071,11 @@ Test(spmd, a_from_local_one_trainer_refuses_fails_the_other_at_once, .timeout = 
 
 /* A put of `name` on [0,1] under its own op id, sent to rank 0 alone
  * (raw, as a single client's half put): daemon 0 holds the name while it
- * waits for rank 1's verdict, which never comes, until the deadline. */
+ * waits for rank 1's verdict, which never comes, until the test aborts
+ * the op (end_half_put) or, at the latest, the 20 s deadline, which the
+ * test's bounded waits do not outlast (its daemons' peer timeout is
+ * longer still: the harness's 5 s would end the vote first). */
+#define HALF_PUT_OP 0x4a1f9e7700000001ull /* no trainer's */
 typedef struct blocker {
   harness *h;
   const char *name;
@@ -1080,7 +1084,7 @@ typedef struct blocker {
 
 static void *half_put(void *arg) {
   blocker *b = arg;
-  dist_client *c = harness_client_rank(b->h, 0, 6000);
+  dist_client *c = harness_client_rank(b->h, 0, 20000);
   dist_mesh_desc mesh;
   dist_placement p = DIST_SHARD_DIM(0);
   cr_assert_eq(dist_mesh_parse(&mesh, "[0,1]", NULL, NULL), 0);
@@ -1090,7 +1094,7 @@ static void *half_put(void *arg) {
   float piece = 1;
   Dist__V1__TensorPutRequest rq = DIST__V1__TENSOR_PUT_REQUEST__INIT;
   rq.meta = &w->meta;
-  rq.op_id = 0x4a1f9e7700000001ull; /* no trainer's */
+  rq.op_id = HALF_PUT_OP;
   rq.data.data = (uint8_t *)&piece;
   rq.data.len = sizeof piece;
   ProtobufCMessage *rp = NULL;
@@ -1102,13 +1106,20 @@ static void *half_put(void *arg) {
   return NULL;
 }
 
+/* Ends the half put's hold at once: rank 1 aborts its op, so daemon 0's
+ * vote fails instead of waiting out the deadline. */
+static void end_half_put(harness *h) {
+  uint32_t ranks[2] = {0, 1};
+  harness_op_abort(h, 1, HALF_PUT_OP, 0, ranks, 2, "the test is done with its hold");
+}
+
 /* SPMD trainers put "held" (local: by dtensor_from_local) while daemon 0
  * holds the name for another put: daemon 0 refuses before its vote (or
  * shape exchange), and trainer 1 must hear of it at once, naming rank 0
  * and why; then both trainers' all-reduce meets. Before, daemon 1 waited
  * for rank 0's verdict until trainer 1's deadline (10 s). */
 static void expect_daemon_refusal_told(int local) {
-  start_cluster(&cluster, 2);
+  start_cluster_with(&cluster, 2, "--peer-timeout=30s");
   blocker b = {.h = &cluster, .name = "held"};
   pthread_t th;
   pthread_create(&th, NULL, half_put, &b);
@@ -1135,6 +1146,7 @@ static void expect_daemon_refusal_told(int local) {
     cr_expect_eq(tr[r].rc, 0, "trainer %d's all-reduce after: %s", r, tr[r].msg);
     dist_close(tr[r].c);
   }
+  end_half_put(&cluster);
   pthread_join(th, NULL);
   cr_expect_neq(b.rc, 0, "the half put succeeded");
   expect_store(&cluster, "", "a put daemon 0 refused");
