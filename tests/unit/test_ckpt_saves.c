@@ -105,12 +105,17 @@ Test(ckpt_saves, a_committed_save_is_kept_while_a_save_begun_before_its_commit_i
   distd_ckpt_saves_free(s);
 }
 
+/* keep_ms is long, so that only a stall of most of it makes the first
+ * check come after the abandoned save lapsed (500 ms was a race on a
+ * loaded host), and the second check is timed from after the mark. */
 Test(ckpt_saves, a_committed_save_goes_when_the_save_begun_before_it_lapses_or_settles) {
-  distd_ckpt_saves *s = distd_ckpt_saves_new(500);
+  enum { KEEP_MS = 2000 };
+  distd_ckpt_saves *s = distd_ckpt_saves_new(KEEP_MS);
   mark_ok(s, "abandoned");
+  int64_t marked = distd_now_ms(); /* the mark is no later */
   distd_ckpt_saves_committed(s, "y");
   expect_keeps(s, "y", 1);
-  usleep(600 * 1000);
+  sleep_until_ms(marked + KEEP_MS + 50);
   expect_keeps(s, "y", 0); /* the abandoned save lapsed */
   mark_ok(s, "discarded");
   distd_ckpt_saves_committed(s, "w");
@@ -171,10 +176,17 @@ Test(ckpt_saves, a_file_from_before_the_record_began_may_be_of_a_save_for_twice_
   distd_ckpt_saves_free(s);
 }
 
+/* keep_ms is long, so that only a stall of most of it makes a check that
+ * the record began lately come too late (a window of 200 ms was a race on
+ * a loaded host); each check is timed from after the record began. */
 Test(ckpt_saves, a_record_began_lately_for_twice_keep_ms) {
-  distd_ckpt_saves *s = distd_ckpt_saves_new(100);
+  enum { KEEP_MS = 2000 };
+  distd_ckpt_saves *s = distd_ckpt_saves_new(KEEP_MS);
+  int64_t began = distd_now_ms(); /* the record began no later */
   cr_assert(distd_ckpt_saves_began_lately(s));
-  usleep(250 * 1000);
+  sleep_until_ms(began + KEEP_MS + 100);
+  cr_assert(distd_ckpt_saves_began_lately(s), "for keep_ms only");
+  sleep_until_ms(began + 2 * KEEP_MS + 50);
   cr_assert_not(distd_ckpt_saves_began_lately(s));
   distd_ckpt_saves_free(s);
 }
