@@ -7,6 +7,7 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "clock.h"
@@ -134,10 +135,12 @@ typedef struct restorer {
   int rc;
   int64_t done_ms; /* when it took its names */
   uint64_t batch;
+  pid_t tid; /* its thread's, once it runs */
 } restorer;
 
 static void *restore_a_and_b(void *arg) {
   restorer *r = arg;
+  __atomic_store_n(&r->tid, (pid_t)syscall(SYS_gettid), __ATOMIC_RELEASE);
   const char *both[2] = {"a", "b"};
   dist_errbuf eb = DIST_ERRBUF_INIT;
   int rc = distd_holds_take_all(h, both, 2, RS, distd_now_ms() + 10000, &r->batch, &eb);
@@ -146,20 +149,51 @@ static void *restore_a_and_b(void *arg) {
   return NULL;
 }
 
+/* The state letter of this process's thread tid (/proc's "S": asleep),
+ * 0 when it cannot be read. */
+static char thread_state(pid_t tid) {
+  char path[64], line[256];
+  snprintf(path, sizeof path, "/proc/self/task/%d/stat", (int)tid);
+  FILE *f = fopen(path, "r");
+  if (!f) return 0;
+  const char *got = fgets(line, sizeof line, f);
+  fclose(f);
+  const char *end = got ? strrchr(line, ')') : NULL; /* the name may hold spaces */
+  return end && end[1] == ' ' ? end[2] : 0;
+}
+
+/* Waits, bounded by timeout_ms, until r's thread sleeps or r took its
+ * names (or failed); 1 if either. From its start the thread does nothing
+ * that sleeps but wait in distd_holds_take_all (whose mutex nobody else
+ * takes meanwhile), and distd_holds tells no waiter, so asleep is
+ * waiting. */
+static int restore_waits_or_ends(const restorer *r, int timeout_ms) {
+  for (int64_t until = distd_now_ms() + timeout_ms; distd_now_ms() < until; usleep(1000)) {
+    pid_t tid = __atomic_load_n(&r->tid, __ATOMIC_ACQUIRE);
+    if (__atomic_load_n(&r->rc, __ATOMIC_ACQUIRE) != -1 || (tid && thread_state(tid) == 'S'))
+      return 1;
+  }
+  return 0;
+}
+
 /* A restore of "a" and "b" waiting for a reshard of "a" holds neither
  * meanwhile: a reshard of "b" goes ahead, and the restore takes both once
  * both reshards end. */
 Test(holds, a_restore_takes_its_names_at_once_and_none_while_it_waits) {
   dist_errbuf eb = DIST_ERRBUF_INIT;
   cr_assert_eq(distd_holds_take(h, "a", R, distd_now_ms() + 1000, &eb), 0, "%s", eb.msg);
-  restorer r = {-1, 0, 0};
+  restorer r = {-1, 0, 0, 0};
   pthread_t th;
   cr_assert_eq(pthread_create(&th, NULL, restore_a_and_b, &r), 0);
-  usleep(100 * 1000);
+  /* Bounded waits: after a fixed 100 ms, a restore not yet started (or
+   * not yet woken) on a loaded host let the checks pass untried. */
+  cr_assert(restore_waits_or_ends(&r, 10000), "the restore neither waited nor ended");
+  cr_assert_eq(__atomic_load_n(&r.rc, __ATOMIC_ACQUIRE), -1,
+               "the restore took 'a' while a reshard held it");
   cr_expect_eq(distd_holds_take(h, "b", R, distd_now_ms() + 50, &eb), 0,
                "the waiting restore held 'b': %s", eb.msg);
-  distd_holds_release(h, "a", R);
-  usleep(100 * 1000);
+  distd_holds_release(h, "a", R); /* wakes the restore, which waits again */
+  cr_assert(restore_waits_or_ends(&r, 10000), "the restore neither waited nor ended");
   cr_expect_eq(__atomic_load_n(&r.rc, __ATOMIC_ACQUIRE), -1,
                "the restore took 'b' while a reshard held it");
   int64_t b_released_ms = distd_now_ms();
