@@ -109,3 +109,16 @@ daemon_alive() {
   local pid=${pids[$1]}
   kill -0 "$pid" 2>/dev/null && grep -q distd "/proc/$pid/cmdline" 2>/dev/null
 }
+
+# sweep_end REACHED BAD: the verdict of a sweep that counts the runs that
+# reached their failure. One that reached none (the shim not armed, its
+# log line changed) tested nothing, and fails too; with nothing wrong its
+# logs go, and it exits 0.
+sweep_end() {
+  local reached=$1 wrong=$2
+  [ "$reached" -gt 0 ] || { wrong=$((wrong + 1)); echo "$sweep_name: no run reached its failure" >&2; }
+  [ "$wrong" -eq 0 ] || { echo "$sweep_name: logs in $dir" >&2; exit 1; }
+  trap - EXIT
+  rm -rf "$dir"
+  exit 0
+}
