@@ -523,22 +523,12 @@ static void *reduce_main(void *arg) {
   return NULL;
 }
 
-/* rank's /metrics (distctl metrics), malloc'd. */
-static char *metrics_of(int rank) {
-  char cmd[600], *out = NULL, *err = NULL;
-  snprintf(cmd, sizeof cmd, "%s --cluster %s --timeout 10000 metrics --rank %d",
-           harness_distctl(), cluster.cluster_file, rank);
-  cr_assert_eq(harness_run(cmd, &out, &err, 60), 0, "distctl metrics: %s", err ? err : "");
-  free(err);
-  return out;
-}
-
 /* Rank 0's /metrics once they count an ABORT_RANGE frame written to each
  * of ranks 1 .. n - 1, or after 10 s (a fixed 500 ms was a race on a
  * loaded host: the loop writes the frames after OpAbort is answered). */
 static char *metrics_once_ranges_written(int n) {
   for (double until = harness_now_s() + 10;; harness_sleep_ms(100)) {
-    char *m = metrics_of(0), sample[120];
+    char *m = harness_metrics(&cluster, 0), sample[120];
     int written = 1;
     for (int r = 1; r < n; r++) {
       snprintf(sample, sizeof sample,
