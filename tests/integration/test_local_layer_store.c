@@ -394,12 +394,15 @@ static int wait_served(int r, const char *method, double count, int timeout_ms) 
 }
 
 /* One trainer's call of a doubler on x, both made before, its output
- * named tr.out (NULL: "taken"), no_grad unless kept for backward. */
+ * named tr.out (NULL: "taken"), or by libdist when names_made_up (its
+ * name then in out_name on success), no_grad unless kept for backward. */
 typedef struct registered {
   trainer tr;
   dist_program *p;
   dist_tensor *x;
   int kept_for_backward;
+  int names_made_up;
+  char out_name[256];
 } registered;
 
 static void *call_registered(void *arg) {
@@ -407,11 +410,12 @@ static void *call_registered(void *arg) {
   dist_arg args[1] = {{g->x, NULL}};
   const char *names[1] = {g->tr.out ? g->tr.out : "taken"};
   dist_call_opts o = DIST_CALL_OPTS_INIT;
-  o.out_names = names;
+  o.out_names = g->names_made_up ? NULL : names;
   o.no_grad = !g->kept_for_backward;
   dist_invocation *inv = NULL;
   dist_tensor *y = NULL;
   g->tr.rc = dist_local_layer_call(g->tr.c, g->p, args, 1, &o, &inv, &y);
+  if (g->tr.rc == 0) snprintf(g->out_name, sizeof g->out_name, "%s", dist_tensor_name(y));
   snprintf(g->tr.msg, sizeof g->tr.msg, "%s", dist_errmsg(g->tr.c));
   dist_invocation_free(inv);
   dist_tensor_free(y);
@@ -432,7 +436,8 @@ Test(local_layer_store, a_put_onto_another_mesh_racing_the_call_leaves_one_tenso
   registered g[2];
   pthread_t th[2];
   for (int r = 0; r < 2; r++) {
-    g[r] = (registered){{.c = harness_spmd_client(&cluster, r, "race-job")}, harness_doubler(0), NULL, 0};
+    g[r] = (registered){.tr.c = harness_spmd_client(&cluster, r, "race-job"),
+                        .p = harness_doubler(0)};
     cr_assert_eq(dist_program_register(g[r].tr.c, g[r].p), 0, "%s", dist_errmsg(g[r].tr.c));
     cr_assert_eq(dist_tensor_open(g[r].tr.c, "x", &g[r].x), 0, "%s", dist_errmsg(g[r].tr.c));
   }
@@ -942,30 +947,6 @@ Test(local_layer_store, a_lost_backward_reply_leaves_a_gradient_the_caller_named
   failed_backward_stop(&s);
 }
 
-/* An SPMD trainer's call of the doubler under a made-up output name, in a
- * thread of its own: its output's name, or its error. */
-typedef struct spmd_doubling {
-  dist_client *c;
-  dist_program *p;
-  dist_tensor *x; /* the argument, opened before the hold */
-  int rc;
-  char name[256]; /* the output's, on success */
-  char msg[512];
-} spmd_doubling;
-
-static void *spmd_double(void *arg) {
-  spmd_doubling *d = arg;
-  dist_tensor *y = NULL;
-  dist_invocation *inv = NULL;
-  dist_arg args[1] = {{d->x, NULL}};
-  d->rc = dist_local_layer_call(d->c, d->p, args, 1, NULL, &inv, &y);
-  if (d->rc == 0) snprintf(d->name, sizeof d->name, "%s", dist_tensor_name(y));
-  snprintf(d->msg, sizeof d->msg, "%s", dist_errmsg(d->c));
-  dist_invocation_free(inv);
-  dist_tensor_free(y);
-  return NULL;
-}
-
 /* Two SPMD trainers call the doubler; trainer 1's reply is lost after its
  * daemon stored (its relay holds it), and trainer 0's call succeeds. The
  * output's made-up name is both trainers' (one op id sequence), so trainer
@@ -977,34 +958,36 @@ Test(local_layer_store, an_spmd_trainers_lost_reply_leaves_the_shared_output_to_
   reply_hold *relay = reply_hold_cluster(&cluster, 2, 1, REPLY_HOLD_DEADLINE_MS, &c);
   int64_t n4 = 4;
   dist_tensor_free(harness_put(c, "x", DIST_FLOAT64, x0, 1, &n4, "[0,1]", "Replicate()"));
-  spmd_doubling d[2] = {
-      {.c = harness_spmd_client(&cluster, 0, "lost-spmd")},
-      {.c = harness_spmd_client_of(reply_hold_cluster_file(relay), 2, 1, "lost-spmd")}};
+  registered d[2] = {
+      {.tr.c = harness_spmd_client(&cluster, 0, "lost-spmd")},
+      {.tr.c = harness_spmd_client_of(reply_hold_cluster_file(relay), 2, 1, "lost-spmd")}};
   for (int r = 0; r < 2; r++) {
-    d[r].c->timeout_ms = REPLY_HOLD_DEADLINE_MS;
+    d[r].tr.c->timeout_ms = REPLY_HOLD_DEADLINE_MS;
     d[r].p = harness_doubler(0);
-    cr_assert_eq(dist_program_register(d[r].c, d[r].p), 0, "%s", dist_errmsg(d[r].c));
-    cr_assert_eq(dist_tensor_open(d[r].c, "x", &d[r].x), 0, "%s", dist_errmsg(d[r].c));
+    d[r].kept_for_backward = d[r].names_made_up = 1;
+    cr_assert_eq(dist_program_register(d[r].tr.c, d[r].p), 0, "%s", dist_errmsg(d[r].tr.c));
+    /* opened before the hold, which the call's Invoke must be first under */
+    cr_assert_eq(dist_tensor_open(d[r].tr.c, "x", &d[r].x), 0, "%s", dist_errmsg(d[r].tr.c));
   }
   reply_hold_from_call(relay, 1); /* trainer 1's Invoke: nothing else goes through it now */
   pthread_t th;
-  cr_assert_eq(pthread_create(&th, NULL, spmd_double, &d[0]), 0);
-  spmd_double(&d[1]);
+  cr_assert_eq(pthread_create(&th, NULL, call_registered, &d[0]), 0);
+  call_registered(&d[1]);
   pthread_join(th, NULL);
   reply_hold_release(relay);
-  cr_assert_eq(d[0].rc, 0, "trainer 0: %s", d[0].msg);
-  cr_assert_neq(d[1].rc, 0, "trainer 1's call succeeded with its reply held");
-  cr_expect_eq(d[1].c->later.n, 1, "trainer 1 noted %d items, not its invocation alone",
-               d[1].c->later.n);
+  cr_assert_eq(d[0].tr.rc, 0, "trainer 0: %s", d[0].tr.msg);
+  cr_assert_neq(d[1].tr.rc, 0, "trainer 1's call succeeded with its reply held");
+  cr_expect_eq(d[1].tr.c->later.n, 1, "trainer 1 noted %d items, not its invocation alone",
+               d[1].tr.c->later.n);
   for (int r = 1; r >= 0; r--) {
     dist_tensor_free(d[r].x);
-    dist_close(d[r].c);
+    dist_close(d[r].tr.c);
     dist_program_free(d[r].p);
   }
   static const double doubled[4] = {3, -4, 0.5, 16};
   for (int r = 0; r < 2; r++)
-    cr_expect_eq(held_on(c, r, d[0].name, 2, doubled, 4), 0,
-                 "rank %d lost its piece of '%s', trainer 0's output", r, d[0].name);
+    cr_expect_eq(held_on(c, r, d[0].out_name, 2, doubled, 4), 0,
+                 "rank %d lost its piece of '%s', trainer 0's output", r, d[0].out_name);
   reply_hold_cluster_stop(&cluster, relay, c);
 }
 
@@ -1066,7 +1049,7 @@ Test(local_layer_store, a_release_rank_1_never_received_is_retried_at_the_next_c
  * client's next call releases it there. Before, it stayed until its
  * time-to-live (10 minutes). */
 Test(local_layer_store, a_failed_calls_own_release_rank_1_never_received_is_retried) {
-  registered g = {{.out = "u"}, harness_doubler(0), NULL, 1};
+  registered g = {.tr.out = "u", .p = harness_doubler(0), .kept_for_backward = 1};
   reply_hold *relay = reply_hold_cluster(&cluster, 3, 1, REPLY_HOLD_DEADLINE_MS, &g.tr.c);
   dist_client *c = g.tr.c;
   int64_t n4 = 4;
