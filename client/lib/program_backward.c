@@ -229,9 +229,10 @@ int dist_invocation_release(dist_client *c, dist_invocation *inv) {
   for (int i = 0; kept && i < inv->n; i++) {
     /* unanswered: noted, and tried again at the next undo point */
     int unanswered = 0;
-    int rc = dist_later_release_or_note(c, &c->later, inv->id, inv->targets[i], &unanswered);
-    if (rc == DIST_ETIMEDOUT) silent[n_silent++] = inv->targets[i];
-    dist_note_first_failure(c, rc, &first);
+    dist_note_first_failure(
+        c, dist_later_release_or_note(c, &c->later, inv->id, inv->targets[i], &unanswered),
+        &first);
+    if (unanswered) silent[n_silent++] = inv->targets[i];
   }
   if (first.code) c->err = first;
   /* whatever inv, an undo point (dist.h): what a failed call left on a
