@@ -398,6 +398,30 @@ static char *slurp(const char *path) {
   return s;
 }
 
+void harness_cluster_down_at_exit(const char *dir) {
+  /* `read` returns at end of file: once the pipe's one writer, this
+   * process, is gone. O_CLOEXEC keeps the write end out of every program
+   * the test runs, the daemons included, which would hold it open. */
+  char script[1200];
+  snprintf(script, sizeof script, "read _; exec '%s' cluster down --dir '%s'",
+           harness_distctl(), dir);
+  char *const argv[] = {"sh", "-c", script, NULL};
+  int fds[2];
+  cr_assert_eq(pipe2(fds, O_CLOEXEC), 0, "pipe2: %s", strerror(errno));
+  pid_t pid = fork();
+  cr_assert_neq(pid, -1, "fork: %s", strerror(errno));
+  if (pid == 0) { /* async-signal-safe calls only: the test has threads */
+    /* a session of its own: meson's timeout kills the test's process group */
+    int null = open("/dev/null", O_WRONLY);
+    if (setsid() < 0 || null < 0 || dup2(fds[0], 0) < 0 || dup2(null, 1) < 0 ||
+        dup2(null, 2) < 0)
+      _exit(127);
+    execve("/bin/sh", argv, environ);
+    _exit(127);
+  }
+  close(fds[0]);
+}
+
 int harness_run(const char *cmd, char **out, char **err, int timeout_s) {
   char dir[] = "/tmp/distd-run-XXXXXX", full[8192], o[64], e[64];
   if (!mkdtemp(dir)) return -1;

@@ -94,6 +94,12 @@ void harness_start_rank_again(harness *h, int r, const char *const *extra_args);
  * test's .fini, which runs also when an assertion ended the test early
  * or before it started one: no daemon outlives its test. */
 void harness_stop_if_started(harness *h);
+/* Runs `distctl cluster down --dir dir` once this test process has ended,
+ * however it ends (a failed cr_assert, Criterion's timeout, meson's):
+ * the daemons `distctl cluster up` starts run in a session of their own
+ * and would outlive it. Call it before the cluster up; a cluster the
+ * test stopped itself is found stopped, which does no harm. */
+void harness_cluster_down_at_exit(const char *dir);
 /* Picks a free loopback TCP port. */
 int harness_free_port(void);
 /* Runs a command line through /bin/sh, capturing stdout and stderr

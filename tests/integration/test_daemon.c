@@ -202,6 +202,8 @@ Test(distctl, dead_endpoint_gives_one_line_error_and_status_1, .timeout = 30) {
 Test(distctl, cluster_up_status_json_and_down, .timeout = 120) {
   char dir[] = "/tmp/distctl-up-XXXXXX", cmd[512], *out = NULL, *err = NULL;
   cr_assert(mkdtemp(dir));
+  snprintf(cmd, sizeof cmd, "%s/c", dir);
+  harness_cluster_down_at_exit(cmd);
   snprintf(cmd, sizeof cmd, "%s cluster up -n 3 --dir %s/c", harness_distctl(), dir);
   cr_assert_eq(harness_run(cmd, NULL, &err, 60), 0, "cluster up: %s", err);
   free(err);
@@ -300,6 +302,7 @@ Test(distctl, cluster_up_refuses_a_directory_whose_cluster_still_runs, .timeout 
   snprintf(pid_path, sizeof pid_path, "%s/distd.0.pid", c);
   snprintf(conf_path, sizeof conf_path, "%s/cluster.conf", c);
   char *err = NULL, pid_before[256], conf_before[256], pid_after[256], conf_after[256];
+  harness_cluster_down_at_exit(c);
   cr_assert_eq(cluster_cmd("up", c, "-n 1", &err), 0, "cluster up: %s", err);
   free(err);
   first_line(pid_path, pid_before);
@@ -371,6 +374,8 @@ Test(distctl, cluster_up_pin_keeps_every_thread_of_daemon_r_on_cpu_r, .timeout =
     if (CPU_ISSET(c, &allowed)) cpus[ncpu++] = c;
   char dir[] = "/tmp/distctl-pin-XXXXXX", cmd[512], *err = NULL;
   cr_assert(mkdtemp(dir));
+  snprintf(cmd, sizeof cmd, "%s/c", dir);
+  harness_cluster_down_at_exit(cmd);
   snprintf(cmd, sizeof cmd, "%s cluster up -n 3 --pin --dir %s/c", harness_distctl(), dir);
   cr_assert_eq(harness_run(cmd, NULL, &err, 60), 0, "cluster up: %s", err);
   free(err);
@@ -509,4 +514,45 @@ Test(daemon, daemons_die_with_a_test_process_that_never_stopped_them, .timeout =
   if (alive) kill(h.pids[0], SIGKILL); /* we started it, and it must not stay */
   cr_expect_eq(harness_remove_dir(h.dir), 0);
   cr_assert(!alive, "distd %d still runs 10 s after its test process exited", (int)h.pids[0]);
+}
+
+/* The daemons `distctl cluster up` starts run in a session of their own:
+ * a test killed before its `cluster down` (Criterion's or meson's
+ * timeout) left them running after the suite. harness_cluster_down_at_exit
+ * stops them once the test process is gone, however it went. */
+Test(daemon, cluster_up_daemons_stop_when_their_test_process_is_killed, .timeout = 90) {
+  char dir[] = "/tmp/distctl-orphan-XXXXXX", c[64], pid_path[128], line[256];
+  cr_assert(mkdtemp(dir));
+  snprintf(c, sizeof c, "%s/c", dir);
+  snprintf(pid_path, sizeof pid_path, "%s/distd.0.pid", c);
+  int fds[2];
+  cr_assert_eq(pipe(fds), 0);
+  pid_t test_process = fork();
+  cr_assert(test_process >= 0);
+  if (test_process == 0) {
+    close(fds[0]);
+    harness_cluster_down_at_exit(c);
+    char up = cluster_cmd("up", c, "-n 1", NULL) == 0 ? 'y' : 'n';
+    if (write(fds[1], &up, 1) != 1) _exit(1);
+    pause(); /* killed here, as a timeout kills a test */
+    _exit(1);
+  }
+  close(fds[1]);
+  char up = 0;
+  struct pollfd pfd = {fds[0], POLLIN, 0};
+  ssize_t n = poll(&pfd, 1, 60000) == 1 ? read(fds[0], &up, 1) : -1;
+  close(fds[0]);
+  kill(test_process, SIGKILL);
+  cr_assert_eq(waitpid(test_process, NULL, 0), test_process);
+  first_line(pid_path, line);
+  pid_t daemon = (pid_t)atoi(line);
+  cr_assert(n == 1 && up == 'y' && daemon > 0, "the child test process did not start its cluster");
+  int alive = 1;
+  for (int waited = 0; alive && waited < 10000; waited += 20) {
+    alive = process_alive(daemon);
+    if (alive) harness_sleep_ms(20);
+  }
+  if (alive) kill(daemon, SIGKILL); /* our child started it, and it must not stay */
+  cr_expect_eq(harness_remove_dir(dir), 0);
+  cr_assert(!alive, "distd %d still runs 10 s after its test process was killed", (int)daemon);
 }
