@@ -545,9 +545,9 @@ int dist_reshard_refused(dist_client *c, const dist_tensor *t, const dist_mesh *
 int dist_reshard(dist_client *c, dist_tensor *t, const dist_mesh *mesh,
                  const dist_placement *placements) {
   if (!c) return dist_no_client(__func__);
-  /* No op id yet: nothing to tell SPMD peers about a handle that is not
-   * there; a NULL placements is refused below, in step with them. */
-  if (DIST_NEED(c, t)) return c->err.code;
+  /* Every SPMD trainer takes a reshard's op id (below), so one given no
+   * tensor takes it too, and tells every daemon: its mesh is not known. */
+  if (DIST_NEED(c, t)) return dist_spmd_refused_group(c, dist_next_op_id(c), NULL, 0);
   const dist_mesh_desc *dst = mesh ? &mesh->d : &t->mesh.d;
   /* Taken before the checks, as in shard_put (every SPMD trainer takes
    * part in a reshard: one outside both meshes asks its daemon too). */

@@ -730,6 +730,7 @@ typedef struct trainer {
   int64_t rows;
   int local; /* spmd_shard_put: by dtensor_from_local, tr->rows its piece's */
   int reshard; /* spmd_refused_then_reduce: put tr->name, then reshard it */
+  int null_handle; /* spmd_reshard: trainer 0 passes a NULL tensor */
   int want;
   int ok, rc;
   char msg[512];
@@ -940,12 +941,14 @@ Test(bad_input, spmd_pieces_of_different_dtypes_are_refused_everywhere, .timeout
 }
 
 /* Reshards the tensor tr->name to Replicate() (trainer 0: to Shard(1),
- * which libdist refuses for a 1-d tensor); it must fail with tr->want. */
+ * which libdist refuses for a 1-d tensor, or with tr->null_handle a NULL
+ * tensor to Replicate()); it must fail with tr->want. */
 static void spmd_reshard(trainer *tr) {
   dist_tensor *t = NULL;
   int rc = dist_tensor_open(tr->c, tr->name, &t);
-  dist_placement p = tr->rank ? DIST_REPLICATED : DIST_SHARD_DIM(1);
-  if (rc == 0) rc = dist_reshard(tr->c, t, NULL, &p);
+  int refuse = tr->rank == 0;
+  dist_placement p = refuse && !tr->null_handle ? DIST_SHARD_DIM(1) : DIST_REPLICATED;
+  if (rc == 0) rc = dist_reshard(tr->c, refuse && tr->null_handle ? NULL : t, NULL, &p);
   expect_refusal(tr, rc, tr->want);
   dist_tensor_free(t);
 }
@@ -1019,6 +1022,25 @@ Test(spmd, a_reshard_one_trainer_refuses_fails_the_other_at_once, .timeout = 90,
   }
   run_trainers(tr, 2, spmd_refused_then_reduce);
   cr_expect(strstr(tr[0].msg, "EINVAL: "), "trainer 0: %s", tr[0].msg);
+  const char *reason = strchr(tr[0].msg, ' ') + 1; /* past "EINVAL: " */
+  expect_reshard_refusal_told(tr, reason);
+}
+
+/* Before, a trainer giving dist_reshard a NULL tensor took no op id: the
+ * other daemon waited for its part until the deadline, and every later
+ * operation of the two trainers ran under different ids. */
+Test(spmd, a_reshard_of_a_null_tensor_fails_the_other_at_once, .timeout = 90,
+     .fini = stop_cluster) {
+  trainer tr[2];
+  start_cluster(&cluster, 2);
+  for (int r = 0; r < 2; r++) {
+    tr[r] = (trainer){.c = spmd_client(&cluster, r, "spmd-null-reshard"), .rank = r,
+                      .reshard = 1, .null_handle = 1, .name = "r", .rows = 2};
+    tr[r].c->timeout_ms = r ? 10000 : 30000; /* trainer 0 waits for trainer 1's reshard */
+  }
+  run_trainers(tr, 2, spmd_refused_then_reduce);
+  cr_expect(strstr(tr[0].msg, "dist_reshard") && strstr(tr[0].msg, "t"), "trainer 0: %s",
+            tr[0].msg);
   const char *reason = strchr(tr[0].msg, ' ') + 1; /* past "EINVAL: " */
   expect_reshard_refusal_told(tr, reason);
 }
