@@ -18,27 +18,21 @@ enum { OPT_TENSORS, OPT_MESH, OPT_DIM_NAMES, OPT_PLACEMENTS, NOPTIONS };
 static const distctl_option restore_options[NOPTIONS + 1] = {
     [OPT_TENSORS] = {"--tensors", "a,b,...", "only these tensors (default: every one in the "
                      "checkpoint)", NULL, DISTCTL_OPTIONAL},
-    [OPT_MESH] = {"--mesh", "MESH", "with --placements: the mesh to load onto, as a nested "
+    [OPT_MESH] = {"--mesh", "MESH", "the mesh to load onto, as a nested "
                   "list; fewer daemons than saved may hold it", NULL, DISTCTL_OPTIONAL},
     [OPT_DIM_NAMES] = DISTCTL_DIM_NAMES_OPTION,
     [OPT_PLACEMENTS] = {"--placements", "P", "the placements to load onto, one per mesh dim "
                         "(default: as saved)", NULL, DISTCTL_OPTIONAL},
 };
+static const distctl_relation restore_relations[] = {
+    {"--mesh", DISTCTL_NEEDS, "--placements"},
+    DISTCTL_DIM_NAMES_NEEDS_MESH,
+    {NULL, 0, NULL},
+};
 static const distctl_option save_options[2] = {
     {"--tensors", "a,b,...", "only these tensors (default: every one in the store)", NULL,
      DISTCTL_OPTIONAL},
 };
-
-/* DIR and the options, as given; 0 or 2 (usage). */
-static int parse_args(const distctl_command *cmd, int argc, char **argv, distctl_args *a) {
-  if (distctl_take_options(cmd, argc, argv, a) != 0) return 2;
-  if (a->nwords == 0 || !a->word[0][0]) return distctl_usage(cmd, "missing DIR");
-  const char *mesh = a->value[OPT_MESH], *dim_names = a->value[OPT_DIM_NAMES];
-  if ((mesh || dim_names) && !a->value[OPT_PLACEMENTS])
-    return distctl_usage(cmd, "--mesh needs --placements");
-  if (dim_names && !mesh) return distctl_usage(cmd, "--dim-names needs --mesh");
-  return 0;
-}
 
 /* "a,b,c" -> an array of names pointing into *copy (both malloc'd). */
 static char **split_names(const char *text, int *n, char **copy) {
@@ -161,7 +155,7 @@ static int restore_layout(const distctl_command *cmd, const distctl_args *a, con
 static int run(const distctl_command *cmd, const distctl_global *g, int argc,
                char **argv, int restore) {
   distctl_args a;
-  if (parse_args(cmd, argc, argv, &a) != 0) return 2;
+  if (distctl_take_options(cmd, argc, argv, &a) != 0) return 2;
   const char *tensors = a.value[OPT_TENSORS], *placements = a.value[OPT_PLACEMENTS];
   dist_checkpoint_opts o = DIST_CHECKPOINT_OPTS_INIT;
   dist_placement p[DIST_MAX_MESH_DIMS];
@@ -213,15 +207,20 @@ static int run_save(const distctl_global *g, int argc, char **argv);
 static int run_restore(const distctl_global *g, int argc, char **argv);
 
 const distctl_command distctl_cmd_checkpoint_save = {
-    "checkpoint save", "DIR",
-    "write every tensor (or the named ones) to DIR: one safetensors file per "
-    "daemon and a manifest, atomically", run_save, save_options, 1, NULL};
+    .name = "checkpoint save",
+    .words = {{"DIR", DISTCTL_REQUIRED}},
+    .help = "write every tensor (or the named ones) to DIR: one safetensors file per "
+    "daemon and a manifest, atomically",
+    .run = run_save,
+    .options = save_options};
 const distctl_command distctl_cmd_checkpoint_restore = {
-    "checkpoint restore",
-    "DIR",
-    "load a checkpoint back (verified first), optionally onto another mesh or "
-    "placements; onto fewer daemons than saved with --mesh", run_restore, restore_options,
-    1, NULL};
+    .name = "checkpoint restore",
+    .words = {{"DIR", DISTCTL_REQUIRED}},
+    .help = "load a checkpoint back (verified first), optionally onto another mesh or "
+    "placements; onto fewer daemons than saved with --mesh",
+    .run = run_restore,
+    .options = restore_options,
+    .relations = restore_relations};
 
 static int run_save(const distctl_global *g, int argc, char **argv) {
   return run(&distctl_cmd_checkpoint_save, g, argc, argv, 0);

@@ -49,10 +49,14 @@ static int run_down(const distctl_global *g, int argc, char **argv) {
 }
 
 const distctl_command distctl_cmd_cluster_up = {
-    "cluster up", "",
-    "start N daemons on free loopback ports; DIR gets cluster.conf, logs, pids; "
+    .name = "cluster up",
+    .help = "start N daemons on free loopback ports; DIR gets cluster.conf, logs, pids; "
     "DISTD-ARGS go to every daemon",
-    run_up, up_options, 0, "[-- DISTD-ARGS...]"};
+    .run = run_up,
+    .options = up_options,
+    .after_dashes = {"DISTD-ARGS...", DISTCTL_OPTIONAL}};
 const distctl_command distctl_cmd_cluster_down = {
-    "cluster down", "", "stop the daemons started by cluster up in DIR",
-    run_down, down_options, 0, NULL};
+    .name = "cluster down",
+    .help = "stop the daemons started by cluster up in DIR",
+    .run = run_down,
+    .options = down_options};

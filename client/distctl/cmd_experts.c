@@ -69,5 +69,7 @@ static int run_experts(const distctl_global *g, int argc, char **argv) {
 }
 
 const distctl_command distctl_cmd_experts = {
-    "experts", "", "the experts each rank hosts and the tokens routed to them", run_experts,
-    distctl_no_options, 0, NULL};
+    .name = "experts",
+    .help = "the experts each rank hosts and the tokens routed to them",
+    .run = run_experts,
+    .options = distctl_no_options};

@@ -261,7 +261,6 @@ static int run_launch(const distctl_global *g, int argc, char **argv) {
   if (distctl_take_options(cmd, argc, argv, &a) != 0) return 2;
   if (distctl_number_opt(cmd, "-n", a.value[OPT_COUNT], 1, MAX_RANKS, &n)) return 2;
   const char *log_dir = a.value[OPT_LOG_DIR] ? a.value[OPT_LOG_DIR] : "./log";
-  if (a.nrest == 0) return distctl_usage(cmd, "the program to run follows '--'");
   /* Every trainer needs a daemon of its own: one endpoint cannot serve
    * them, and the local cluster launch would start instead is not it. */
   if (g->endpoint)
@@ -291,10 +290,12 @@ static int run_launch(const distctl_global *g, int argc, char **argv) {
 }
 
 const distctl_command distctl_cmd_launch = {
-    "launch", "",
-    "run N trainer processes (a local cluster of N daemons unless --cluster; not\n"
+    .name = "launch",
+    .help = "run N trainer processes (a local cluster of N daemons unless --cluster; not\n"
     "      --endpoint: each trainer needs a daemon of its own), each\n"
     "      one's output in DIR/workerlog.RANK (DIR: ./log unless --log-dir); with\n"
     "      --json rank 0's output goes to stderr and stdout gets one JSON object at the\n"
     "      end: each rank's exit_status (and signal), the job's status",
-    run_launch, options, 0, "-- PROGRAM [ARGS...]"};
+    .run = run_launch,
+    .options = options,
+    .after_dashes = {"PROGRAM [ARGS...]", DISTCTL_REQUIRED}};

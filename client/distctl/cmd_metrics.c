@@ -104,5 +104,7 @@ out:
 }
 
 const distctl_command distctl_cmd_metrics = {
-    "metrics", "", "one rank's Prometheus metrics, from its HTTP port", run_metrics,
-    options, 0, NULL};
+    .name = "metrics",
+    .help = "one rank's Prometheus metrics, from its HTTP port",
+    .run = run_metrics,
+    .options = options};

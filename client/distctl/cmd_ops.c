@@ -132,5 +132,7 @@ static int run_ops(const distctl_global *g, int argc, char **argv) {
 }
 
 const distctl_command distctl_cmd_ops = {
-    "ops", "", "operations in flight on every rank (with the ranks they wait on) and recent ones",
-    run_ops, options, 0, NULL};
+    .name = "ops",
+    .help = "operations in flight on every rank (with the ranks they wait on) and recent ones",
+    .run = run_ops,
+    .options = options};

@@ -181,9 +181,7 @@ static int current_opts(dist_client *c, const char *name, dist_param_opts *out) 
 static int parse_tune(int argc, char **argv, const char **name, double *values, int *set) {
   const distctl_command *cmd = &distctl_cmd_param_tune;
   distctl_args a;
-  int any = 0;
   if (distctl_take_options(cmd, argc, argv, &a) != 0) return 2;
-  if (a.nwords == 0) return distctl_usage(cmd, "name the parameter");
   *name = a.word[0];
   for (int k = 0; k < NTUNABLES; k++) {
     const char *text = a.value[k];
@@ -193,9 +191,9 @@ static int parse_tune(int argc, char **argv, const char **name, double *values, 
     if (end == text || *end || !isfinite(values[k]))
       return distctl_usage(cmd, "%s takes a finite number, not '%s'", tune_options[k].name,
                            text);
-    set[k] = any = 1;
+    set[k] = 1;
   }
-  return any ? 0 : distctl_usage(cmd, "nothing to change");
+  return 0;
 }
 
 static int run_param_tune(const distctl_global *g, int argc, char **argv) {
@@ -230,11 +228,15 @@ static int run_param_tune(const distctl_global *g, int argc, char **argv) {
 }
 
 const distctl_command distctl_cmd_param_tune = {
-    "param tune", "NAME",
-    "change a parameter's hyper-parameters on every daemon, keeping its optimizer state",
-    run_param_tune, tune_options, 1, NULL};
+    .name = "param tune",
+    .words = {{"NAME", DISTCTL_REQUIRED}},
+    .help = "change a parameter's hyper-parameters on every daemon, keeping its optimizer state",
+    .run = run_param_tune,
+    .options = tune_options,
+    .wants_an_option = 1};
 
 const distctl_command distctl_cmd_params = {
-    "params", "",
-    "the parameters each rank holds: optimizer, updates applied, pending pushes, state size",
-    run_params, distctl_no_options, 0, NULL};
+    .name = "params",
+    .help = "the parameters each rank holds: optimizer, updates applied, pending pushes, state size",
+    .run = run_params,
+    .options = distctl_no_options};

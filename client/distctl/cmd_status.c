@@ -158,8 +158,12 @@ static int run_peers(const distctl_global *g, int argc, char **argv) {
 }
 
 const distctl_command distctl_cmd_status = {
-    "status", "", "version, uptime, memory, tensors and peers of every daemon",
-    run_status, distctl_no_options, 0, NULL};
+    .name = "status",
+    .help = "version, uptime, memory, tensors and peers of every daemon",
+    .run = run_status,
+    .options = distctl_no_options};
 const distctl_command distctl_cmd_peers = {
-    "peers", "", "the peer connection matrix with round-trip times, bytes and congestion control",
-    run_peers, distctl_no_options, 0, NULL};
+    .name = "peers",
+    .help = "the peer connection matrix with round-trip times, bytes and congestion control",
+    .run = run_peers,
+    .options = distctl_no_options};

@@ -17,13 +17,6 @@ enum { BIG_TRANSFER = 64 << 20 }; /* report progress above this */
 enum { OPT_MESH, OPT_DIM_NAMES, OPT_PLACEMENTS, OPT_LOCAL, OPT_DTYPE, NLAYOUT_OPTIONS };
 enum { OPT_OUTPUT, OPT_RANK, OPT_LOCAL_PIECE, NGET_OPTIONS };
 
-/* The tensor NAME a verb's arguments name: 0, or 2 when they name none. */
-static int take_name(const distctl_command *cmd, int argc, char **argv, distctl_args *a) {
-  if (distctl_take_options(cmd, argc, argv, a) != 0) return 2;
-  if (a->nwords == 0 || !a->word[0][0]) return distctl_usage(cmd, "missing tensor NAME");
-  return 0;
-}
-
 /* The layout options of a put or reshard, parsed (distctl_parse_layout). */
 static int parse_layout(const distctl_command *cmd, const distctl_args *a,
                         dist_mesh **mesh, dist_placement *p, int *np) {
@@ -186,37 +179,42 @@ static const distctl_option put_options[NLAYOUT_OPTIONS + 1] = {
     [OPT_DIM_NAMES] = DISTCTL_DIM_NAMES_OPTION,
     [OPT_PLACEMENTS] = {"--placements", "P", "one placement per mesh dim: Shard(D), "
                         "Replicate() or Partial(REDUCE), comma-separated", NULL, DISTCTL_REQUIRED},
-    [OPT_LOCAL] = {"--local", "R0.npy,R1.npy,...", "in place of FILE.npy: each mesh rank's "
-                   "own piece, one file per rank in mesh order (dtensor_from_local)", NULL,
+    [OPT_LOCAL] = {"--local", "R0.npy,R1.npy,...", "each mesh rank's own piece, one file per rank in mesh order (dtensor_from_local)", NULL,
                    DISTCTL_OPTIONAL},
     [OPT_DTYPE] = {"--dtype", "DTYPE", "the dtype the files must hold (bool, int8, uint8, "
                    "int32, int64, float16, bfloat16, float32, float64); bfloat16 reads "
                    "uint16 ('<u2') files as bfloat16", NULL, DISTCTL_OPTIONAL},
 };
 
+static const distctl_relation put_relations[] = {
+    {"--local", DISTCTL_INSTEAD_OF, "FILE.npy"},
+    DISTCTL_DIM_NAMES_NEEDS_MESH,
+    {NULL, 0, NULL},
+};
+
 static int run_put(const distctl_global *g, int argc, char **argv) {
   const distctl_command *cmd = &distctl_cmd_tensor_put;
   distctl_args a;
   dist_dtype want;
-  if (take_name(cmd, argc, argv, &a) != 0) return 2;
-  const char *file = a.nwords > 1 ? a.word[1] : NULL, *local = a.value[OPT_LOCAL];
-  if (!file == !local)
-    return distctl_usage(cmd, file ? "give FILE.npy or --local, not both"
-                                   : "missing FILE.npy (or --local r0.npy,r1.npy,...)");
+  if (distctl_take_options(cmd, argc, argv, &a) != 0) return 2;
   if (parse_dtype(cmd, a.value[OPT_DTYPE], &want) != 0) return 2;
   dist_client *c = distctl_connect(g);
   if (!c) return 1;
-  int rc = file ? put_whole(c, &a, want) : put_local(c, &a, want);
+  /* FILE.npy or --local, one of them (put_relations) */
+  int rc = a.value[OPT_LOCAL] ? put_local(c, &a, want) : put_whole(c, &a, want);
   rc = print_changed(g, c, a.word[0], rc);
   dist_close(c);
   return rc;
 }
 
 const distctl_command distctl_cmd_tensor_put = {
-    "tensor put", "NAME [FILE.npy]",
-    "store a tensor: shard_tensor from one file, or dtensor_from_local from "
+    .name = "tensor put",
+    .words = {{"NAME", DISTCTL_REQUIRED}, {"FILE.npy", DISTCTL_OPTIONAL}},
+    .help = "store a tensor: shard_tensor from one file, or dtensor_from_local from "
     "one file per mesh rank",
-    run_put, put_options, 2, NULL};
+    .run = run_put,
+    .options = put_options,
+    .relations = put_relations};
 
 /* ---------------------------------------------------------------- get */
 
@@ -289,21 +287,21 @@ out:
 
 static const distctl_option get_options[NGET_OPTIONS + 1] = {
     [OPT_OUTPUT] = {"-o", "OUT.npy", "the .npy file to write", "--output", DISTCTL_REQUIRED},
-    [OPT_RANK] = {"--rank", "R", "with --local: the rank whose piece to read", NULL,
-                  DISTCTL_OPTIONAL},
-    [OPT_LOCAL_PIECE] = {"--local", NULL, "with --rank: write rank R's local piece "
-                         "(dtensor_to_local), not the logical value", NULL, DISTCTL_OPTIONAL},
+    [OPT_RANK] = {"--rank", "R", "the rank whose piece to read", NULL, DISTCTL_OPTIONAL},
+    [OPT_LOCAL_PIECE] = {"--local", NULL, "write rank R's local piece (dtensor_to_local), not "
+                         "the logical value", NULL, DISTCTL_OPTIONAL},
+};
+static const distctl_relation get_relations[] = {
+    {"--rank", DISTCTL_NEEDS, "--local"},
+    {"--local", DISTCTL_NEEDS, "--rank"},
+    {NULL, 0, NULL},
 };
 
-/* --rank and --local, which come together: the rank whose piece to read,
+/* The rank whose piece to read (--rank, given with --local: get_relations),
  * or -1 (the logical value). 0, or 2 after a usage error. */
 static int piece_rank(const distctl_command *cmd, const distctl_args *a, long *rank) {
   const char *text = a->value[OPT_RANK];
   *rank = -1;
-  if (text && !a->value[OPT_LOCAL_PIECE])
-    return distctl_usage(cmd, "--rank R reads a rank's piece: add --local");
-  if (a->value[OPT_LOCAL_PIECE] && !text)
-    return distctl_usage(cmd, "--local needs --rank R (whose piece to read)");
   if (text && distctl_number_opt(cmd, "--rank", text, 0, DIST_MAX_MESH_RANKS - 1, rank) != 0)
     return 2;
   return 0;
@@ -313,7 +311,7 @@ static int run_get(const distctl_global *g, int argc, char **argv) {
   const distctl_command *cmd = &distctl_cmd_tensor_get;
   distctl_args a;
   long rank;
-  if (take_name(cmd, argc, argv, &a) != 0 || piece_rank(cmd, &a, &rank) != 0) return 2;
+  if (distctl_take_options(cmd, argc, argv, &a) != 0 || piece_rank(cmd, &a, &rank) != 0) return 2;
   const char *name = a.word[0], *output = a.value[OPT_OUTPUT];
   dist_client *c = distctl_connect(g);
   if (!c) return 1;
@@ -327,9 +325,12 @@ static int run_get(const distctl_global *g, int argc, char **argv) {
 }
 
 const distctl_command distctl_cmd_tensor_get = {
-    "tensor get", "NAME",
-    "write a tensor's logical value (or rank R's local piece) to a .npy file",
-    run_get, get_options, 1, NULL};
+    .name = "tensor get",
+    .words = {{"NAME", DISTCTL_REQUIRED}},
+    .help = "write a tensor's logical value (or rank R's local piece) to a .npy file",
+    .run = run_get,
+    .options = get_options,
+    .relations = get_relations};
 
 /* ---------------------------------------------------------------- reshard */
 
@@ -353,6 +354,8 @@ static const distctl_option reshard_options[OPT_PLACEMENTS + 2] = {
     [OPT_PLACEMENTS] = {"--placements", "P", "the new placements, one per mesh dim: "
                         "Shard(D), Replicate() or Partial(REDUCE)", NULL, DISTCTL_REQUIRED},
 };
+static const distctl_relation reshard_relations[] = {DISTCTL_DIM_NAMES_NEEDS_MESH,
+                                                     {NULL, 0, NULL}};
 
 static int run_reshard(const distctl_global *g, int argc, char **argv) {
   const distctl_command *cmd = &distctl_cmd_tensor_reshard;
@@ -361,7 +364,7 @@ static int run_reshard(const distctl_global *g, int argc, char **argv) {
   dist_tensor *t = NULL;
   dist_placement p[DIST_MAX_MESH_DIMS];
   int np;
-  if (take_name(cmd, argc, argv, &a) != 0) return 2;
+  if (distctl_take_options(cmd, argc, argv, &a) != 0) return 2;
   int rc = parse_layout(cmd, &a, &mesh, p, &np);
   if (rc != 0) return rc;
   const char *name = a.word[0];
@@ -383,16 +386,19 @@ out:
 }
 
 const distctl_command distctl_cmd_tensor_reshard = {
-    "tensor reshard", "NAME",
-    "convert a tensor to other placements (and another mesh of the same shape)",
-    run_reshard, reshard_options, 1, NULL};
+    .name = "tensor reshard",
+    .words = {{"NAME", DISTCTL_REQUIRED}},
+    .help = "convert a tensor to other placements (and another mesh of the same shape)",
+    .run = run_reshard,
+    .options = reshard_options,
+    .relations = reshard_relations};
 
 /* ---------------------------------------------------------------- rm */
 
 static int run_rm(const distctl_global *g, int argc, char **argv) {
   const distctl_command *cmd = &distctl_cmd_tensor_rm;
   distctl_args a;
-  if (take_name(cmd, argc, argv, &a) != 0) return 2;
+  if (distctl_take_options(cmd, argc, argv, &a) != 0) return 2;
   dist_client *c = distctl_connect(g);
   if (!c) return 1;
   int rc = 0;
@@ -405,8 +411,11 @@ static int run_rm(const distctl_global *g, int argc, char **argv) {
 }
 
 const distctl_command distctl_cmd_tensor_rm = {
-    "tensor rm", "NAME", "delete a tensor on every daemon of its mesh", run_rm,
-    distctl_no_options, 1, NULL};
+    .name = "tensor rm",
+    .words = {{"NAME", DISTCTL_REQUIRED}},
+    .help = "delete a tensor on every daemon of its mesh",
+    .run = run_rm,
+    .options = distctl_no_options};
 /* ---------------------------------------------------------------- show */
 
 static json_t *json_dims(const int64_t *dims, int n) {
@@ -513,7 +522,7 @@ static int run_show(const distctl_global *g, int argc, char **argv) {
   dist_tensor *t = NULL;
   dist_tensor_piece *pieces = NULL;
   int n = 0;
-  if (take_name(cmd, argc, argv, &a) != 0) return 2;
+  if (distctl_take_options(cmd, argc, argv, &a) != 0) return 2;
   dist_client *c = distctl_connect(g);
   if (!c) return 1;
   int rc = 0;
@@ -538,9 +547,11 @@ out:
 }
 
 const distctl_command distctl_cmd_tensor_show = {
-    "tensor show", "NAME",
-    "a tensor's shape, dtype, mesh, placements and every rank's piece", run_show,
-    distctl_no_options, 1, NULL};
+    .name = "tensor show",
+    .words = {{"NAME", DISTCTL_REQUIRED}},
+    .help = "a tensor's shape, dtype, mesh, placements and every rank's piece",
+    .run = run_show,
+    .options = distctl_no_options};
 
 /* ---------------------------------------------------------------- tensors */
 
@@ -602,5 +613,7 @@ static int run_tensors(const distctl_global *g, int argc, char **argv) {
 }
 
 const distctl_command distctl_cmd_tensors = {
-    "tensors", "", "list the tensors held across the cluster", run_tensors,
-    distctl_no_options, 0, NULL};
+    .name = "tensors",
+    .help = "list the tensors held across the cluster",
+    .run = run_tensors,
+    .options = distctl_no_options};

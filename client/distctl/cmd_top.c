@@ -225,8 +225,9 @@ out:
 }
 
 const distctl_command distctl_cmd_top = {
-    "top", "",
-    "a live view of every rank, refreshed like top, its ranks asked at once; the byte\n"
+    .name = "top",
+    .help = "a live view of every rank, refreshed like top, its ranks asked at once; the byte\n"
     "      rates need two samples: the first refresh has none, and --json (one snapshot)\n"
     "      takes two, --interval apart, each waiting at most --timeout for a rank",
-    run_top, options, 0, NULL};
+    .run = run_top,
+    .options = options};

@@ -34,74 +34,6 @@ void distctl_print_usage(FILE *out) {
   for (int i = 0; i < NCOMMANDS; i++) distctl_print_synopsis(out, "  ", commands[i], 1);
 }
 
-/* " -o OUT.npy", " [--rank R]", " [--pin]": option o as a synopsis shows it. */
-static void print_synopsis_option(FILE *out, const distctl_option *o) {
-  fprintf(out, " %s%s%s%s%s", o->required ? "" : "[", o->name, o->value ? " " : "",
-          o->value ? o->value : "", o->required ? "" : "]");
-}
-
-void distctl_print_synopsis(FILE *out, const char *lead, const distctl_command *cmd,
-                            int describe) {
-  fprintf(out, "%s%s%s%s", lead, cmd->name, cmd->usage[0] ? " " : "", cmd->usage);
-  for (int k = 0; cmd->options[k].name; k++) print_synopsis_option(out, &cmd->options[k]);
-  if (cmd->after_dashes) fprintf(out, " %s", cmd->after_dashes);
-  fprintf(out, "\n");
-  if (describe) fprintf(out, "      %s\n", cmd->help);
-}
-
-/* "-o, --output OUT.npy": option o as its help names it. */
-static void option_label(const distctl_option *o, char *buf, size_t len) {
-  snprintf(buf, len, "%s%s%s%s%s", o->name, o->alias ? ", " : "", o->alias ? o->alias : "",
-           o->value ? " " : "", o->value ? o->value : "");
-}
-
-/* The width of the help's lines: that of the lines written by hand. */
-#define HELP_COLUMNS 100
-
-/* text from column indent of a line, its words carried to lines of their
- * own indented as much once a line would pass HELP_COLUMNS (a word longer
- * than a line stays whole). */
-static void print_wrapped(const char *text, int indent) {
-  int room = HELP_COLUMNS - indent, used = 0;
-  if (room < 20) room = 20;
-  while (*text) {
-    int len = (int)strcspn(text, " ");
-    if (used > 0 && used + 1 + len > room) {
-      printf("\n%*s", indent, "");
-      used = 0;
-    } else if (used > 0) {
-      printf(" ");
-      used++;
-    }
-    printf("%.*s", len, text);
-    used += len;
-    text += len;
-    while (*text == ' ') text++;
-  }
-  printf("\n");
-}
-
-/* Each option of cmd's table and what it does, under the synopsis of its
- * help. */
-static void print_options(const distctl_command *cmd) {
-  if (!cmd->options[0].name) {
-    printf("\noptions: none of its own\n");
-    return;
-  }
-  char label[128];
-  int width = 0; /* of the longest label: the descriptions line up */
-  for (int k = 0; cmd->options[k].name; k++) {
-    option_label(&cmd->options[k], label, sizeof label);
-    if ((int)strlen(label) > width) width = (int)strlen(label);
-  }
-  printf("\noptions:\n");
-  for (int k = 0; cmd->options[k].name; k++) {
-    option_label(&cmd->options[k], label, sizeof label);
-    printf("  %-*s  ", width, label);
-    print_wrapped(cmd->options[k].help, 2 + width + 2);
-  }
-}
-
 const distctl_command *distctl_find(int argc, char **argv, int *words) {
   for (int i = 0; i < NCOMMANDS; i++) {
     const char *name = commands[i]->name, *space = strchr(name, ' ');
@@ -166,7 +98,7 @@ int distctl_help(int argc, char **argv) {
   const distctl_command *cmd = distctl_find(argc, argv, &words);
   if (cmd) {
     distctl_print_synopsis(stdout, "usage: distctl ", cmd, 1);
-    print_options(cmd);
+    distctl_print_options(cmd);
   } else if (argc > 1 || print_group_help(argv[0]) == 0)
     return distctl_unknown_command(argc, argv);
   printf("\nThe global options (--cluster, --endpoint, --json, --timeout, TLS and token) "

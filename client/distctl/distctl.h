@@ -32,32 +32,63 @@ typedef struct distctl_option {
 } distctl_option;
 enum { DISTCTL_OPTIONAL = 0, DISTCTL_REQUIRED = 1 };
 
+/* The most options a verb's table may hold, and the most words a verb
+ * takes. */
+enum { DISTCTL_MAX_OPTIONS = 16, DISTCTL_MAX_WORDS = 2 };
+
+/* An argument of a verb that is not an option ("NAME"), or what follows
+ * "--" ("PROGRAM [ARGS...]"), by the name its synopsis shows; a required
+ * one is shown without brackets, and the verb is refused without it (an
+ * empty word, "", counts as not given). */
+typedef struct distctl_word {
+  const char *name;
+  int required; /* DISTCTL_REQUIRED or DISTCTL_OPTIONAL */
+} distctl_word;
+
+/* How two of a verb's options or words, named as its synopsis names them,
+ * go together:
+ * - DISTCTL_NEEDS: `which` is taken only with `other` ("--dim-names" needs
+ *   "--mesh"); the synopsis shows it inside other's part, the two of a
+ *   pair that need each other side by side;
+ * - DISTCTL_INSTEAD_OF: `which` replaces `other` ("--local" for
+ *   "FILE.npy"): exactly one of the two is given; the synopsis shows
+ *   "(FILE.npy | --local R0.npy,...)".
+ * The help says each at its option, and distctl_take_options refuses a
+ * command line that breaks one, in one wording for every verb. */
+enum { DISTCTL_NEEDS = 1, DISTCTL_INSTEAD_OF = 2 };
+typedef struct distctl_relation {
+  const char *which;
+  int kind;
+  const char *other;
+} distctl_relation;
+
 typedef struct distctl_command {
   const char *name;  /* "status", "tensor put" */
-  /* The arguments that are not options ("NAME [FILE.npy]"), before the
-   * options table's in the synopsis; "" for none. */
-  const char *usage;
+  /* The arguments that are not options, in order, before the options in
+   * the synopsis; {NULL} after the last (none: all {NULL}). */
+  distctl_word words[DISTCTL_MAX_WORDS];
   const char *help;  /* one line */
   /* argv[0] is the first argument after the command name. Returns the
    * process exit status: 0, 1 (operation failed), 2 (bad usage). */
   int (*run)(const distctl_global *g, int argc, char **argv);
   /* The verb's options, ended by {NULL} (distctl_no_options for none):
-   * its synopsis lists them after usage, its help describes each, and
+   * its synopsis lists them after the words, its help describes each, and
    * distctl_take_options parses them. */
   const distctl_option *options;
-  int words; /* how many arguments that are not options it takes, at most */
-  /* What follows "--", ending the synopsis ("-- PROGRAM [ARGS...]"); NULL
-   * for a verb that takes no "--". */
-  const char *after_dashes;
+  /* How its options and words go together, ended by {NULL}; NULL for no
+   * relation. */
+  const distctl_relation *relations;
+  /* 1: one or more of its options must be given (param tune: something
+   * to change). */
+  int wants_an_option;
+  /* What follows "--", ending the synopsis ("-- PROGRAM [ARGS...]"); .name
+   * NULL for a verb that takes no "--". */
+  distctl_word after_dashes;
 } distctl_command;
 
 /* A number macro's digits as a string literal, for a help text. */
 #define DISTCTL_TEXT_OF(x) #x
 #define DISTCTL_NUMBER_TEXT(x) DISTCTL_TEXT_OF(x)
-
-/* The most options a verb's table may hold, and the most words a verb
- * takes. */
-enum { DISTCTL_MAX_OPTIONS = 16, DISTCTL_MAX_WORDS = 2 };
 
 /* A verb's command line, as distctl_take_options read it. */
 typedef struct distctl_args {
@@ -81,10 +112,17 @@ const distctl_command *distctl_find(int argc, char **argv, int *words);
 int distctl_unknown_command(int argc, char **argv);
 /* The full usage: the global options and every verb's synopsis. */
 void distctl_print_usage(FILE *out);
-/* "LEAD NAME ARGS", cmd's synopsis, and with describe its description
- * under it: the one way a verb's usage is printed. */
+/* synopsis.c: "LEAD NAME ARGS", cmd's synopsis, and with describe its
+ * description under it: the one way a verb's usage is printed. The words
+ * and options show how they go together: "(FILE.npy | --local R0.npy,...)"
+ * for one in place of the other, an option that needs another inside the
+ * other's part ("[--placements P [--mesh MESH]]"), and two that need each
+ * other side by side ("[--rank R --local]"). */
 void distctl_print_synopsis(FILE *out, const char *lead, const distctl_command *cmd,
                             int describe);
+/* synopsis.c: each option of cmd's table and what it does (and what it
+ * needs or replaces), under the synopsis of its help, on stdout. */
+void distctl_print_options(const distctl_command *cmd);
 /* `distctl help [WORDS]`: the full usage without words, else the help of
  * the verb (or verb group, "tensor") they name on stdout and 0; 2 and
  * the unknown command named on stderr when they name none. */
@@ -150,12 +188,22 @@ int distctl_opt_once(const distctl_command *cmd, int argc, char **argv, int *i,
 int distctl_flag_once(const distctl_command *cmd, const char *arg, const char *name,
                       const char **slot);
 /* The one way a verb reads its arguments (options.c): the options of
- * cmd's table, each once (distctl_opt_once, distctl_flag_once), the
- * required ones present; up to cmd->words other arguments ("-" is one,
- * "-x" an unknown option); and, when cmd takes "--", everything after it.
- * Fills *a (NULL for a verb that needs nothing of it). 0, or 2 after a
- * usage error naming the argument. */
+ * cmd's table, each once (distctl_opt_once, distctl_flag_once); as many
+ * words as cmd names ("-" is one, "-x" an unknown option); and, when cmd
+ * takes "--", everything after it. Then what must be present is
+ * (distctl_check_presence). Fills *a (NULL for a verb that needs nothing
+ * of it). 0, or 2 after a usage error naming the argument. */
 int distctl_take_options(const distctl_command *cmd, int argc, char **argv, distctl_args *a);
+/* presence.c: what a verb's table says must be present, checked against
+ * what a command line gave: its required options, words and "--" part,
+ * its relations and wants_an_option. 0, or 2 after a usage error saying
+ * what is missing or too much, in one wording for every verb. */
+int distctl_check_presence(const distctl_command *cmd, const distctl_args *a);
+/* The position of cmd's option called name in its table, or -1. */
+int distctl_option_named(const distctl_command *cmd, const char *name);
+/* The other of cmd's relation of this kind whose `which` is name, or
+ * NULL when there is none. */
+const char *distctl_related(const distctl_command *cmd, const char *name, int kind);
 /* "distctl: <message>" for a call that failed on daemon `rank`, naming the
  * rank once: libdist's per-daemon errors already start with it (or, with
  * --endpoint, name the daemon by its address). Returns 1. */
@@ -174,9 +222,10 @@ int distctl_number_opt(const distctl_command *cmd, const char *option,
                        const char *text, long lo, long hi, long *out);
 
 /* --dim-names, as every verb that takes --mesh describes it. */
-#define DISTCTL_DIM_NAMES_OPTION                                                  \
-  {"--dim-names", "A,B", "with --mesh: names of its dims (default d0,d1,...)", NULL, \
-   DISTCTL_OPTIONAL}
+#define DISTCTL_DIM_NAMES_OPTION                                              \
+  {"--dim-names", "A,B", "names of its dims (default d0,d1,...)", NULL, DISTCTL_OPTIONAL}
+/* ... which needs --mesh, in the relations of every verb that takes it. */
+#define DISTCTL_DIM_NAMES_NEEDS_MESH {"--dim-names", DISTCTL_NEEDS, "--mesh"}
 
 /* --mesh, --dim-names and --placements as given (mesh, dim_names NULL
  * when not). */

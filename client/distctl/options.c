@@ -67,22 +67,18 @@ static int take_table_option(const distctl_command *cmd, int argc, char **argv, 
   return 0;
 }
 
+/* How many words cmd takes: as many as it names. */
+static int words_taken(const distctl_command *cmd) {
+  int n = 0;
+  while (n < DISTCTL_MAX_WORDS && cmd->words[n].name) n++;
+  return n;
+}
+
 /* argv[i], not an option of the table: a word while cmd takes more. */
 static int take_word(const distctl_command *cmd, const char *arg, distctl_args *a) {
   if (arg[0] == '-' && arg[1]) return distctl_usage(cmd, "unknown argument '%s'", arg);
-  if (a->nwords >= cmd->words || a->nwords >= DISTCTL_MAX_WORDS)
-    return distctl_usage(cmd, "unexpected argument '%s'", arg);
+  if (a->nwords >= words_taken(cmd)) return distctl_usage(cmd, "unexpected argument '%s'", arg);
   a->word[a->nwords++] = arg;
-  return 0;
-}
-
-static int check_required(const distctl_command *cmd, const distctl_args *a) {
-  for (int k = 0; k < DISTCTL_MAX_OPTIONS && cmd->options[k].name; k++) {
-    const distctl_option *o = &cmd->options[k];
-    if (o->required && !a->value[k])
-      return distctl_usage(cmd, "%s%s%s is required", o->name, o->value ? " " : "",
-                           o->value ? o->value : "");
-  }
   return 0;
 }
 
@@ -91,7 +87,7 @@ int distctl_take_options(const distctl_command *cmd, int argc, char **argv, dist
   if (!a) a = &unused;
   memset(a, 0, sizeof *a);
   for (int i = 0; i < argc; i++) {
-    if (cmd->after_dashes && strcmp(argv[i], "--") == 0) {
+    if (cmd->after_dashes.name && strcmp(argv[i], "--") == 0) {
       a->rest = argv + i + 1;
       a->nrest = argc - i - 1;
       break;
@@ -100,5 +96,5 @@ int distctl_take_options(const distctl_command *cmd, int argc, char **argv, dist
     if (taken == 2) return 2;
     if (!taken && take_word(cmd, argv[i], a) != 0) return 2;
   }
-  return check_required(cmd, a);
+  return distctl_check_presence(cmd, a);
 }

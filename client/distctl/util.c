@@ -191,7 +191,6 @@ int distctl_parse_layout(const distctl_command *cmd, const distctl_layout_text *
    * that trusts a mesh's ndim over *np fails instead of reading garbage. */
   for (int i = 0; i < DIST_MAX_MESH_DIMS; i++)
     p[i] = (dist_placement){(dist_placement_kind)-1, -1, DIST_REDUCE_SUM};
-  if (text->dim_names && !text->mesh) return distctl_usage(cmd, "--dim-names needs --mesh");
   if (text->mesh && parse_mesh(cmd, text->mesh, text->dim_names, mesh) != 0) return 2;
   int rc = 0;
   if (dist_placements_parse(text->placements, p, DIST_MAX_MESH_DIMS, np, &eb) != 0)
