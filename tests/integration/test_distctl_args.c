@@ -587,13 +587,51 @@ Test(distctl_args, the_spellings_taken_before_are_taken_still) {
   expect_exit("cluster up -n 1 --dir /tmp/x --pin=yes", 2, "--pin");
   expect_exit("tensor show w -- x", 2, "'--'");
   expect_exit("tensor show w x", 2, "distctl tensor show: unexpected argument 'x'");
-  expect_exit("param tune --lr 1", 2, "distctl param tune: name the parameter");
+  expect_exit("param tune --lr 1", 2, "distctl param tune: NAME is required");
   expect_exit("launch --log-dir=/tmp/none -n=1", 2,
-              "distctl launch: the program to run follows '--'");
-  expect_exit("tensor rm", 2, "distctl tensor rm: missing tensor NAME");
-  expect_exit("checkpoint save --tensors a", 2, "distctl checkpoint save: missing DIR");
+              "distctl launch: -- PROGRAM [ARGS...] is required");
+  expect_exit("tensor rm", 2, "distctl tensor rm: NAME is required");
+  expect_exit("checkpoint save --tensors a", 2, "distctl checkpoint save: DIR is required");
   expect_exit("checkpoint restore d --dim-names a --placements \"Replicate()\"", 2,
               "--dim-names needs --mesh");
+}
+
+/* Which options go together is in each verb's table, and the parser
+ * refuses a command line that breaks it in one wording for every verb
+ * (each verb checked its own, in words of its own: "give FILE.npy or
+ * --local, not both", "--rank R reads a rank's piece: add --local",
+ * "nothing to change"). Each refusal is exit 2, with the verb's synopsis,
+ * before any daemon is asked. */
+Test(distctl_args, options_that_go_together_are_refused_apart_in_one_wording) {
+  const char *const cases[][2] = {
+      {"tensor put w --mesh \"[0]\" --placements \"Replicate()\"",
+       "distctl tensor put: give FILE.npy or --local\n"},
+      {"tensor put w w.npy --local a.npy --mesh \"[0]\" --placements \"Replicate()\"",
+       "distctl tensor put: FILE.npy and --local exclude each other\n"},
+      {"tensor put w \"\" --mesh \"[0]\" --placements \"Replicate()\"",
+       "distctl tensor put: give FILE.npy or --local\n"},
+      {"tensor get w -o w.npy --rank 0", "distctl tensor get: --rank needs --local\n"},
+      {"tensor get w -o w.npy --local", "distctl tensor get: --local needs --rank\n"},
+      {"tensor reshard w --dim-names a --placements \"Replicate()\"",
+       "distctl tensor reshard: --dim-names needs --mesh\n"},
+      {"checkpoint restore d --mesh \"[0]\"",
+       "distctl checkpoint restore: --mesh needs --placements\n"},
+      {"checkpoint restore d --dim-names a",
+       "distctl checkpoint restore: --dim-names needs --mesh\n"},
+      {"checkpoint restore d --mesh \"[0]\" --dim-names a",
+       "distctl checkpoint restore: --mesh needs --placements\n"},
+      {"param tune w", "distctl param tune: give one or more of --lr, --momentum, "
+                       "--dampening, --beta1, --beta2, --eps, --weight-decay\n"},
+      {"tensor show \"\"", "distctl tensor show: NAME is required\n"},
+      {"launch -n 1 --", "distctl launch: -- PROGRAM [ARGS...] is required\n"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    expect_exit(cases[i][0], 2, cases[i][1]);
+    char verb[32];
+    int verb_len = (int)(strchr(cases[i][1], ':') - cases[i][1]) - 8; /* after "distctl " */
+    snprintf(verb, sizeof verb, "usage: distctl %.*s ", verb_len, cases[i][1] + 8);
+    expect_exit(cases[i][0], 2, verb);
+  }
 }
 
 /* The string at key of j's array `array`, entry i ("" when none). */

@@ -41,7 +41,7 @@ static void expect_verb_help(const char *args, const char *want, const char *oth
 Test(distctl_help, a_verbs_help_shows_that_verb_alone) {
   expect_verb_help("top --help", "usage: distctl top [--iterations N] [--interval SECONDS]\n",
                    "status");
-  expect_verb_help("tensor put --help", "usage: distctl tensor put NAME [FILE.npy] --mesh MESH",
+  expect_verb_help("tensor put --help", "usage: distctl tensor put NAME (FILE.npy | --local",
                    "tensor get");
   expect_verb_help("checkpoint save --help", "usage: distctl checkpoint save DIR [--tensors",
                    "checkpoint restore");
@@ -281,4 +281,50 @@ Test(distctl_help, every_listed_verb_has_an_options_section) {
     free(out);
     free(err);
   }
+}
+
+/* The synopsis shows which options go together, from the relations in
+ * the verb's table that its parsing enforces: one in place of another as
+ * "(A | B)", an option that needs another inside that one's brackets, two
+ * that need each other side by side, and whether "--" is required. It
+ * showed "NAME [FILE.npy] ... [--local ...]", "[--rank R] [--local]" and
+ * restore's "[--mesh MESH] [--dim-names A,B] [--placements P]", each as if
+ * taken alone. */
+Test(distctl_help, the_synopsis_shows_which_options_go_together) {
+  static const char *const synopses[][2] = {
+      {"tensor put", "usage: distctl tensor put NAME (FILE.npy | --local R0.npy,R1.npy,...) "
+                     "--mesh MESH [--dim-names A,B] --placements P [--dtype DTYPE]\n"},
+      {"tensor get", "usage: distctl tensor get NAME -o OUT.npy [--rank R --local]\n"},
+      {"tensor reshard", "usage: distctl tensor reshard NAME [--mesh MESH [--dim-names A,B]] "
+                         "--placements P\n"},
+      {"checkpoint restore", "usage: distctl checkpoint restore DIR [--tensors a,b,...] "
+                             "[--placements P [--mesh MESH [--dim-names A,B]]]\n"},
+      {"launch", "usage: distctl launch -n N [--log-dir DIR] -- PROGRAM [ARGS...]\n"},
+      {"cluster up", "usage: distctl cluster up -n N --dir DIR [--pin] [-- DISTD-ARGS...]\n"},
+  };
+  for (size_t i = 0; i < sizeof synopses / sizeof synopses[0]; i++) {
+    char args[64];
+    snprintf(args, sizeof args, "help %s", synopses[i][0]);
+    expect_verb_help(args, synopses[i][1], "status");
+  }
+  /* The usage error prints the same synopsis. */
+  expect_says("--endpoint 127.0.0.1:1 tensor get w -o w.npy --local", 2, 1,
+              "usage: distctl tensor get NAME -o OUT.npy [--rank R --local]\n");
+}
+
+/* Each option's help says what it needs or replaces, from the same
+ * relations: the descriptions said it in words of their own ("with
+ * --local:", "in place of FILE.npy:"), and restore's --placements none. */
+Test(distctl_help, each_options_help_says_what_it_needs_or_replaces) {
+  expect_says("help tensor put", 0, 0, "\n  --local R0.npy,R1.npy,...  in place of FILE.npy, "
+              "not with it: each mesh rank's own piece");
+  expect_says("help tensor put", 0, 0, "\n  --dim-names A,B            needs --mesh: names "
+              "of its dims");
+  expect_says("help tensor get", 0, 0, "\n  --rank R              needs --local: the rank "
+              "whose piece to read\n");
+  expect_says("help tensor get", 0, 0, "\n  --local               needs --rank: write rank "
+              "R's local piece");
+  expect_says("help checkpoint restore", 0, 0, "\n  --mesh MESH        needs --placements: "
+              "the mesh to load onto");
+  expect_says("help param tune", 0, 0, "\n  (give one or more of them)\n");
 }
