@@ -24,7 +24,8 @@ typedef struct distctl_global {
  * parses it: "--recent", its value "N", and what it does. A flag (--pin)
  * has no value (NULL). alias is another spelling of the same option
  * ("--output" of "-o"), or NULL. A required option is shown without
- * brackets in the synopsis, and the verb is refused without it. */
+ * brackets in the synopsis, and the verb is refused without it; how it
+ * goes with the verb's other options is in its command's relations. */
 typedef struct distctl_option {
   const char *name, *value, *help;
   const char *alias;
