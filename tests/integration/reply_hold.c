@@ -50,6 +50,8 @@ struct reply_hold {
   atomic_int armed, seen, from, until, requests;
   atomic_int holding;
   atomic_int close_dropping; /* asked by the release: the relay closes such pairs */
+  atomic_int refusing;       /* every connection closed, new ones at once */
+  atomic_int refused;        /* the relay has closed those it had */
   pair pairs[MAX_PAIRS];
   int n_pairs;
 };
@@ -112,7 +114,8 @@ static int connect_daemon(int port) {
 static void accept_pair(reply_hold *p) {
   int cfd = accept(p->listen_fd, NULL, NULL);
   if (cfd < 0) return;
-  int dfd = p->n_pairs < MAX_PAIRS ? connect_daemon(p->daemon_port) : -1;
+  int dfd = p->n_pairs < MAX_PAIRS && !atomic_load(&p->refusing)
+                ? connect_daemon(p->daemon_port) : -1;
   if (dfd < 0) {
     close(cfd);
     return;
@@ -152,6 +155,10 @@ static void close_dropping(reply_hold *p) {
 static void relay_once(reply_hold *p) {
   struct pollfd fds[1 + 2 * MAX_PAIRS];
   close_dropping(p);
+  if (atomic_load(&p->refusing)) {
+    while (p->n_pairs) close_pair(p, p->n_pairs - 1);
+    atomic_store(&p->refused, 1);
+  }
   int holding = atomic_load(&p->holding) && !p->requests, n = 1;
   fds[0] = (struct pollfd){p->listen_fd, POLLIN, 0};
   for (int i = 0; i < p->n_pairs; i++) {
@@ -233,6 +240,36 @@ void reply_hold_calls(reply_hold *p, int from, int until) { arm(p, from, until, 
 
 void reply_hold_requests_from_call(reply_hold *p, int n) { arm(p, n, 0, 1); }
 
+void reply_hold_refuse(reply_hold *p) {
+  atomic_store(&p->armed, 0);
+  atomic_store(&p->refused, 0);
+  atomic_store(&p->refusing, 1);
+  /* a call sent before the relay closed its connections would reach the daemon */
+  for (int waited = 0; !atomic_load(&p->refused) && waited < 5000; waited += 10)
+    usleep(10 * 1000);
+  cr_assert(atomic_load(&p->refused), "relay: the connections were not closed in 5 s");
+}
+
+/* Waits up to ms for the client's channel to the relayed rank to leave its
+ * state (asked to connect), polling it meanwhile: after calls that failed
+ * unreached, gRPC sees the connection it then makes only while something
+ * polls the channel, else at its backup poll, every 5 s (5 to 10 s seen). */
+static void poll_channel(reply_hold *p, int ms) {
+  grpc_channel *ch = p->client->channels[p->rank];
+  grpc_connectivity_state st = grpc_channel_check_connectivity_state(ch, 1);
+  if (st == GRPC_CHANNEL_READY) return;
+  grpc_completion_queue *cq = grpc_completion_queue_create_for_next(NULL);
+  gpr_timespec deadline = gpr_time_add(gpr_now(GPR_CLOCK_REALTIME),
+                                       gpr_time_from_millis(ms, GPR_TIMESPAN));
+  grpc_channel_watch_connectivity_state(ch, st, deadline, cq, NULL);
+  grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+  grpc_completion_queue_shutdown(cq);
+  while (grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type !=
+         GRPC_QUEUE_SHUTDOWN) {
+  }
+  grpc_completion_queue_destroy(cq);
+}
+
 /* Whether the client's channel to the relayed rank answers a health check
  * within 10 s. The client's gRPC learns of a closed connection on its own
  * threads: a call sent before it has goes out on the dead connection and
@@ -248,7 +285,7 @@ static int client_reconnected(reply_hold *p) {
       protobuf_c_message_free_unpacked(rp, NULL);
       return 1;
     }
-    harness_sleep_ms(20);
+    poll_channel(p, 100);
   }
   return 0;
 }
@@ -256,6 +293,10 @@ static int client_reconnected(reply_hold *p) {
 void reply_hold_release(reply_hold *p) {
   atomic_store(&p->armed, 0);
   atomic_store(&p->holding, 0);
+  if (atomic_exchange(&p->refusing, 0)) {
+    cr_assert(client_reconnected(p), "relay: the client did not connect again in 10 s");
+    return;
+  }
   if (!p->requests) return;
   atomic_store(&p->close_dropping, 1);
   for (int waited = 0; atomic_load(&p->close_dropping) && waited < 5000; waited += 10)

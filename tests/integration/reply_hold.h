@@ -45,6 +45,14 @@ void reply_hold_calls(reply_hold *p, int from, int until);
  * out a call its client gave up on), and returns once the client has
  * connected again (a health check through it answered, within 10 s). */
 void reply_hold_requests_from_call(reply_hold *p, int n);
+/* From now on the relay closes its connections to the daemon and each
+ * new one at once, as a daemon that is down would refuse them: calls
+ * fail unanswered (DIST_EUNAVAIL, gRPC could not reach the daemon), and
+ * the daemon, up all along, keeps what it holds. reply_hold_release ends
+ * it, and returns once the client has connected again (a health check
+ * through it answered, within 10 s). Returns once the relay has closed
+ * the connections it had, so that no call after reaches the daemon. */
+void reply_hold_refuse(reply_hold *p);
 /* The calls the client sent through the relay since the last hold was
  * set, held or dropped ones included. */
 int reply_hold_calls_seen(reply_hold *p);
