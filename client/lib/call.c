@@ -247,6 +247,16 @@ void dist_calls_release(dist_call *calls, int n) {
   free(calls);
 }
 
+int dist_call_one_heard(dist_client *c, int target, const char *method,
+                        const ProtobufCMessage *request,
+                        const ProtobufCMessageDescriptor *reply_desc, int *unanswered) {
+  dist_call dc = {.target = target, .request = request};
+  int rc = dist_call_many(c, method, reply_desc, &dc, 1);
+  dist_calls_free(&dc, 1);
+  if (unanswered) *unanswered = dc.unanswered;
+  return rc;
+}
+
 int dist_call_one(dist_client *c, int target, const char *method,
                   const ProtobufCMessage *request,
                   const ProtobufCMessageDescriptor *reply_desc,

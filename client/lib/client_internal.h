@@ -165,22 +165,28 @@ int dist_param_push_batch(dist_client *c, uint64_t op_id, int n,
 /* Deletes name on the daemons ranks[0..n), best effort: what a failed
  * call stored there, undone; c's error stays the failure's. */
 void dist_delete_on(dist_client *c, const char *name, const int *ranks, int n);
-/* Deletes name on daemon rank; its code (c->err says why). */
-int dist_delete_one(dist_client *c, const char *name, int rank);
+/* Deletes name on daemon rank; its code (c->err says why), and in
+ * *unanswered (NULL: not told) whether the daemon said nothing. */
+int dist_delete_one(dist_client *c, const char *name, int rank, int *unanswered);
 /* Releases invocation on daemon rank (LocalLayer Release); its code
- * (c->err says why). */
-int dist_invocation_release_one(dist_client *c, uint64_t invocation, int rank);
+ * (c->err says why), and in *unanswered (NULL: not told) whether the
+ * daemon said nothing. */
+int dist_invocation_release_one(dist_client *c, uint64_t invocation, int rank, int *unanswered);
 /* Remembers name on rank; without memory for it, deletes it now. */
 void dist_later_note(dist_client *c, dist_later *l, const char *name, int rank);
 /* Remembers invocation on rank; without memory for it, releases it now. */
 void dist_later_note_invocation(dist_client *c, dist_later *l, uint64_t invocation, int rank);
-/* Releases invocation on daemon rank now; when it waits out the deadline
- * (DIST_ETIMEDOUT: the request may not have reached the daemon), notes it
- * on l for the next undo point, a safe retry as invocation ids are never
- * reused. *silent (0 to start with, one per daemon and undo) is set then,
- * and while set nothing more is sent to that daemon: each next undo is
- * noted at once (one deadline per silent daemon, not one per item). Its
- * code (c->err says why). */
+/* Releases invocation on daemon rank now; when that is not done but may
+ * be later, notes it on l for the next undo point, a safe retry as
+ * invocation ids are never reused: its daemon did not answer (the deadline
+ * passed, the request perhaps lost, or gRPC could not reach it), or
+ * answered that it did nothing for now (DIST_EUNAVAIL, DIST_ETIMEDOUT of
+ * its own: the name held by another request until its deadline). When
+ * the daemon did not answer, *silent (0 to start with, one per daemon and
+ * undo) gets the code, and while set nothing more is sent to that daemon:
+ * each next undo is noted at once (one deadline per silent daemon, not
+ * one per item); a daemon that answered is not silent. Its code (c->err
+ * says why; *silent's for an undo noted unsent). */
 int dist_later_release_or_note(dist_client *c, dist_later *l, uint64_t invocation, int rank,
                                int *silent);
 /* The same for a delete of name, noted only with l: NULL for a name the
@@ -189,10 +195,10 @@ int dist_later_delete_or_note(dist_client *c, dist_later *l, const char *name, i
                               int *silent);
 /* Deletes each name and releases each invocation on its daemon, one not
  * found there taken as done; those that fail stay on the list for the
- * next time, as do, untried, the items of a daemon that let one of them
- * wait out its deadline (one deadline a pass per silent daemon, not one
- * per item). Returns the first failure (c->err), or 0 with c->err
- * cleared. */
+ * next time, as do, untried, the items of a daemon that did not answer
+ * one of them (one deadline a pass per silent daemon, not one per item;
+ * one gRPC cannot reach fails at once, and is not asked again either).
+ * Returns the first failure (c->err), or 0 with c->err cleared. */
 int dist_later_undo(dist_client *c, dist_later *l);
 /* Drops every item naming name: a tensor stored under it since, which is
  * not the failed call's to undo. */
@@ -202,8 +208,9 @@ void dist_later_free(dist_later *l);
  * left as it was: what fails stays for the next time. */
 void dist_client_later_undo(dist_client *c);
 /* dist_client_later_undo with the items of the daemons silent[0..n_silent)
- * left untried: each just waited out a deadline in the caller's own call,
- * and an undo point pays one deadline per silent daemon. */
+ * left untried: each just did not answer the caller's own call (a
+ * deadline waited out, or not reached), and an undo point pays one
+ * deadline per silent daemon. */
 void dist_client_later_undo_skipping(dist_client *c, const int *silent, int n_silent);
 /* Whether names libdist made up for a public call may go on the client's
  * list: not an SPMD trainer's, which every trainer shares (one op id
@@ -224,6 +231,14 @@ int dist_call_one(dist_client *c, int target, const char *method,
                   const ProtobufCMessage *request,
                   const ProtobufCMessageDescriptor *reply_desc,
                   ProtobufCMessage **reply);
+/* One call to one daemon whose reply is not wanted (an undo's delete or
+ * release): its code, c->err saying why, and in *unanswered (NULL: not
+ * told) whether the daemon said nothing (dist_call.unanswered: gRPC could
+ * not reach it, or the deadline passed without a word), not a failure it
+ * answered with. */
+int dist_call_one_heard(dist_client *c, int target, const char *method,
+                        const ProtobufCMessage *request,
+                        const ProtobufCMessageDescriptor *reply_desc, int *unanswered);
 
 /* DIST_EEXIST, naming the rank and its mesh, when a daemon outside m
  * holds name (a one-rank m meeting a one-rank tensor is no clash: per-rank

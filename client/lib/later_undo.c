@@ -8,17 +8,29 @@
 #include "client_internal.h"
 
 /* Deletes item's name, or releases its invocation, on its daemon; its
- * code (c->err says why). */
-static int send_undo(dist_client *c, const dist_later_item *it) {
-  return it->name[0] ? dist_delete_one(c, it->name, it->rank)
-                     : dist_invocation_release_one(c, it->invocation, it->rank);
+ * code (c->err says why), and in *unanswered whether the daemon said
+ * nothing. */
+static int send_undo(dist_client *c, const dist_later_item *it, int *unanswered) {
+  return it->name[0] ? dist_delete_one(c, it->name, it->rank, unanswered)
+                     : dist_invocation_release_one(c, it->invocation, it->rank, unanswered);
 }
 
 /* send_undo, 0 also when it is not there (never stored there, or another
  * path undid it). */
-static int undo_item(dist_client *c, const dist_later_item *it) {
-  int rc = send_undo(c, it);
+static int undo_item(dist_client *c, const dist_later_item *it, int *unanswered) {
+  int rc = send_undo(c, it, unanswered);
   return rc == DIST_ENOTFOUND ? 0 : rc;
+}
+
+/* Whether an undo that failed with code may still be done by asking
+ * again: its daemon did not answer (the request lost on the way, or the
+ * daemon not reached: down, restarting, its connection refused), or
+ * answered that it did nothing for now (DIST_EUNAVAIL: "'w' is being
+ * resharded ... (nothing was changed)"; DIST_ETIMEDOUT of its own: the
+ * name was still held at its deadline). Other answers (refused for good,
+ * out of memory) are not retried from here. */
+static int worth_retrying(int code, int unanswered) {
+  return unanswered || code == DIST_EUNAVAIL || code == DIST_ETIMEDOUT;
 }
 
 static int same_item(const dist_later_item *a, const dist_later_item *b) {
@@ -41,7 +53,7 @@ static void note(dist_client *c, dist_later *l, const dist_later_item *it) {
   if (append(l, it) == 0) return;
   /* no room to remember it: undone now, at the cost of a deadline */
   dist_errbuf keep = c->err;
-  undo_item(c, it);
+  undo_item(c, it, NULL);
   c->err = keep;
 }
 
@@ -56,15 +68,18 @@ void dist_later_note_invocation(dist_client *c, dist_later *l, uint64_t invocati
   note(c, l, &it);
 }
 
-/* send_undo now, unless *silent; when its daemon lets it wait out the
- * deadline, it may not have been done (the request lost): *silent is set,
- * so the caller's next undo to that daemon is noted without a deadline of
- * its own, and it is noted on l (NULL: not noted) for the next undo
- * point; without memory for the note it is dropped, not sent again. */
+/* send_undo now, unless *silent; when that is not done but may be later
+ * (worth_retrying), it is noted on l (NULL: not noted) for the next undo
+ * point; without memory for the note it is dropped, not sent again. When
+ * its daemon said nothing (the request may be lost, or gRPC could not
+ * reach it), *silent gets the code, so the caller's next undo to that
+ * daemon is noted without a deadline of its own; a daemon that answered
+ * a failure of its own is asked the rest. */
 static int undo_or_note(dist_client *c, dist_later *l, const dist_later_item *it, int *silent) {
-  int rc = *silent ? DIST_ETIMEDOUT : send_undo(c, it);
-  if (rc != DIST_ETIMEDOUT) return rc;
-  *silent = 1;
+  int unanswered = *silent != 0;
+  int rc = unanswered ? *silent : send_undo(c, it, &unanswered);
+  if (!rc || !worth_retrying(rc, unanswered)) return rc;
+  if (unanswered) *silent = rc;
   if (l) append(l, it);
   return rc;
 }
@@ -83,9 +98,9 @@ int dist_later_delete_or_note(dist_client *c, dist_later *l, const char *name, i
 }
 
 /* Whether rank is known silent in this pass: one of silent[0..n_silent)
- * (its daemon just waited out a deadline of the caller's), or one of the
- * items kept so far (items[0..kept)) found it so: its other items would
- * each wait out a deadline too. */
+ * (its daemon just did not answer the caller), or one of the items kept
+ * so far (items[0..kept)) found it so: its other items would each wait
+ * out a deadline too, or fail unreached. */
 static int silent_in_pass(const dist_later *l, int kept, int rank, const int *silent,
                           int n_silent) {
   for (int i = 0; i < n_silent; i++)
@@ -102,12 +117,12 @@ static int undo_pass(dist_client *c, dist_later *l, const int *silent, int n_sil
   int kept = 0;
   for (int i = 0; i < l->n; i++) {
     dist_later_item *it = &l->items[i];
-    int rc = DIST_ETIMEDOUT;
+    int rc = DIST_ETIMEDOUT, unanswered = 1;
     if (!silent_in_pass(l, kept, it->rank, silent, n_silent)) {
-      rc = undo_item(c, it);
+      rc = undo_item(c, it, &unanswered);
       dist_note_first_failure(c, rc, &first);
     }
-    it->unanswered = rc == DIST_ETIMEDOUT;
+    it->unanswered = rc && unanswered;
     if (rc) l->items[kept++] = *it; /* still there: tried again next time */
   }
   l->n = kept;

@@ -216,8 +216,8 @@ int dist_backward_refused(dist_client *c, const dist_invocation *inv) {
   return dist_spmd_refused(c, inv->id, inv->vote_ranks, inv->nvote);
 }
 
-int dist_invocation_release_one(dist_client *c, uint64_t invocation, int rank) {
-  return dist_prog_release_one(c, rank, 0, invocation);
+int dist_invocation_release_one(dist_client *c, uint64_t invocation, int rank, int *unanswered) {
+  return dist_prog_release_one(c, rank, 0, invocation, unanswered);
 }
 
 int dist_invocation_release(dist_client *c, dist_invocation *inv) {

@@ -122,8 +122,10 @@ int dist_prog_add_node(dist_program *p, int op, const int *ins, int n_in,
 /* The ranks of p's output meshes, each once; returns how many. */
 int dist_prog_output_ranks(const dist_program *p, int *ranks);
 /* Sends one Release to daemon rank: a program's handle or an invocation
- * (the other 0); its code (c->err says why). */
-int dist_prog_release_one(dist_client *c, int rank, uint64_t handle, uint64_t invocation);
+ * (the other 0); its code (c->err says why), and in *unanswered (NULL:
+ * not told) whether the daemon said nothing. */
+int dist_prog_release_one(dist_client *c, int rank, uint64_t handle, uint64_t invocation,
+                          int *unanswered);
 /* Best effort: keeps c's error as it was. */
 void dist_prog_release_on(dist_client *c, const int *targets, int n, const uint64_t *handles);
 

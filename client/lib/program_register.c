@@ -91,21 +91,19 @@ static int program_targets(dist_client *c, const dist_program *p,
   return n ? n : c->n;
 }
 
-int dist_prog_release_one(dist_client *c, int rank, uint64_t handle, uint64_t invocation) {
+int dist_prog_release_one(dist_client *c, int rank, uint64_t handle, uint64_t invocation,
+                          int *unanswered) {
   Dist__V1__ProgramReleaseRequest rq = DIST__V1__PROGRAM_RELEASE_REQUEST__INIT;
   rq.handle = handle;
   rq.invocation_id = invocation;
-  ProtobufCMessage *rp = NULL;
-  int rc = dist_call_one(c, rank, LL_METHOD("Release"), &rq.base,
-                         &dist__v1__program_release_reply__descriptor, &rp);
-  if (rp) protobuf_c_message_free_unpacked(rp, NULL);
-  return rc;
+  return dist_call_one_heard(c, rank, LL_METHOD("Release"), &rq.base,
+                             &dist__v1__program_release_reply__descriptor, unanswered);
 }
 
 /* Sends Release(handle) to the given daemons, best effort. */
 void dist_prog_release_on(dist_client *c, const int *targets, int n, const uint64_t *handles) {
   dist_errbuf keep = c->err;
-  for (int i = 0; i < n; i++) dist_prog_release_one(c, targets[i], handles[i], 0);
+  for (int i = 0; i < n; i++) dist_prog_release_one(c, targets[i], handles[i], 0, NULL);
   c->err = keep;
 }
 

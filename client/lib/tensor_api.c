@@ -78,20 +78,17 @@ static int batch_init(dist_client *c, put_batch *b, int n, uint64_t op,
   return dist_spmd_refused_on(c, op, mesh);
 }
 
-int dist_delete_one(dist_client *c, const char *name, int rank) {
+int dist_delete_one(dist_client *c, const char *name, int rank, int *unanswered) {
   Dist__V1__TensorDeleteRequest rq = DIST__V1__TENSOR_DELETE_REQUEST__INIT;
-  ProtobufCMessage *rp = NULL;
   rq.name = (char *)name;
-  int rc = dist_call_one(c, rank, "/dist.v1.Dist/TensorDelete", &rq.base,
-                         &dist__v1__tensor_delete_reply__descriptor, &rp);
-  if (rp) protobuf_c_message_free_unpacked(rp, NULL);
-  return rc;
+  return dist_call_one_heard(c, rank, "/dist.v1.Dist/TensorDelete", &rq.base,
+                             &dist__v1__tensor_delete_reply__descriptor, unanswered);
 }
 
 /* Deletes name on the given daemons, best effort (keeps c's error). */
 void dist_delete_on(dist_client *c, const char *name, const int *ranks, int n) {
   dist_errbuf keep = c->err;
-  for (int i = 0; i < n; i++) dist_delete_one(c, name, ranks[i]);
+  for (int i = 0; i < n; i++) dist_delete_one(c, name, ranks[i], NULL);
   c->err = keep;
 }
 
@@ -100,7 +97,7 @@ static void undo_puts(dist_client *c, put_batch *b) {
   dist_errbuf keep = c->err;
   for (int i = 0; i < b->n; i++)
     if (b->calls[i].applied && !b->reqs[i].replace)
-      dist_delete_one(c, b->reqs[i].meta->name, b->targets[i]);
+      dist_delete_one(c, b->reqs[i].meta->name, b->targets[i], NULL);
   c->err = keep;
 }
 

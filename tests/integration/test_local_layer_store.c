@@ -1002,6 +1002,31 @@ static void rank_1_invocation_undone_by_the_next_call(dist_client *c, dist_progr
                "invocation");
 }
 
+/* relayed_doubler's cluster (not sharded), and a call of the doubler on
+ * x that succeeded, its invocation kept for backward on both daemons. */
+typedef struct kept_call {
+  dist_client *c;
+  reply_hold *relay;
+  dist_tensor *x, *y;
+  dist_program *p;
+  dist_invocation *inv;
+} kept_call;
+
+static void kept_call_start(kept_call *k) {
+  *k = (kept_call){0};
+  k->relay = relayed_doubler(0, &k->c, &k->x, &k->p);
+  dist_arg arg = {k->x, NULL};
+  cr_assert_eq(dist_local_layer_call(k->c, k->p, &arg, 1, NULL, &k->inv, &k->y), 0, "%s",
+               dist_errmsg(k->c));
+}
+
+static void kept_call_stop(kept_call *k) {
+  dist_invocation_free(k->inv);
+  dist_tensor_free(k->x), dist_tensor_free(k->y);
+  dist_program_free(k->p);
+  reply_hold_cluster_stop(&cluster, k->relay, k->c);
+}
+
 /* A public release whose request rank 1 never receives (the relay drops
  * it, then the connection): rank 1 keeps the invocation, the release
  * fails at its deadline and notes it, and the client's next undo point
@@ -1011,31 +1036,23 @@ static void rank_1_invocation_undone_by_the_next_call(dist_client *c, dist_progr
  * it). Before, the invocation stayed on rank 1 until its time-to-live
  * (10 minutes). */
 Test(local_layer_store, a_release_rank_1_never_received_is_retried_at_the_next_call) {
-  dist_client *c = NULL;
-  dist_tensor *x = NULL, *y = NULL;
-  dist_program *p = NULL;
-  reply_hold *relay = relayed_doubler(0, &c, &x, &p);
-  dist_arg arg = {x, NULL};
-  dist_invocation *inv = NULL;
-  cr_assert_eq(dist_local_layer_call(c, p, &arg, 1, NULL, &inv, &y), 0, "%s", dist_errmsg(c));
-  reply_hold_requests_from_call(relay, 1);
+  kept_call k;
+  kept_call_start(&k);
+  reply_hold_requests_from_call(k.relay, 1);
   double t0 = harness_now_s();
-  int rc = dist_invocation_release(c, inv);
+  int rc = dist_invocation_release(k.c, k.inv);
   double took = harness_now_s() - t0;
-  cr_assert(reply_hold_holding(relay), "the release sent rank 1 nothing");
+  cr_assert(reply_hold_holding(k.relay), "the release sent rank 1 nothing");
   /* Counted, not timed alone: the pass sent rank 1 nothing more. */
-  int sent = reply_hold_calls_seen(relay);
-  reply_hold_release(relay);
-  cr_assert_eq(rc, DIST_ETIMEDOUT, "%s: %s", dist_err_name(rc), dist_errmsg(c));
+  int sent = reply_hold_calls_seen(k.relay);
+  reply_hold_release(k.relay);
+  cr_assert_eq(rc, DIST_ETIMEDOUT, "%s: %s", dist_err_name(rc), dist_errmsg(k.c));
   cr_expect_eq(sent, 1, "the release sent rank 1 %d calls, not its Release alone", sent);
   cr_expect_lt(took, 1.9 * REPLY_HOLD_DEADLINE_MS / 1000.0,
                "the release took %.1f s against a deadline of %.1f s", took,
                REPLY_HOLD_DEADLINE_MS / 1000.0);
-  rank_1_invocation_undone_by_the_next_call(c, p);
-  dist_invocation_free(inv);
-  dist_tensor_free(x), dist_tensor_free(y);
-  dist_program_free(p);
-  reply_hold_cluster_stop(&cluster, relay, c);
+  rank_1_invocation_undone_by_the_next_call(k.c, k.p);
+  kept_call_stop(&k);
 }
 
 /* A call that rank 1 answered but that fails, and whose own undo's
@@ -1078,4 +1095,25 @@ Test(local_layer_store, a_failed_calls_own_release_rank_1_never_received_is_retr
   dist_tensor_free(g.x);
   dist_program_free(g.p);
   reply_hold_cluster_stop(&cluster, relay, c);
+}
+
+/* A public release while rank 1 cannot be reached (the relay refuses its
+ * connections, as a daemon that is down would; rank 1 stays up and keeps
+ * the invocation): the release fails at once, rank 1 unanswered
+ * (DIST_EUNAVAIL), and notes the invocation as one whose release waited
+ * out its deadline is, so the client's next undo point (its next call,
+ * rank 1 reachable again) releases it there. Before, only a deadline
+ * waited out was noted: the invocation stayed on rank 1 until its
+ * time-to-live (10 minutes). */
+Test(local_layer_store, a_release_rank_1_could_not_be_reached_for_is_retried_at_the_next_call) {
+  kept_call k;
+  kept_call_start(&k);
+  reply_hold_refuse(k.relay);
+  int rc = dist_invocation_release(k.c, k.inv);
+  char msg[600];
+  snprintf(msg, sizeof msg, "%s", dist_errmsg(k.c));
+  reply_hold_release(k.relay);
+  cr_assert_eq(rc, DIST_EUNAVAIL, "%s: %s", dist_err_name(rc), msg);
+  rank_1_invocation_undone_by_the_next_call(k.c, k.p);
+  kept_call_stop(&k);
 }

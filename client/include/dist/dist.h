@@ -855,8 +855,10 @@ int dist_invocation_local_grad(const dist_invocation *inv, int i, int rank,
  * the daemons' message) until dist_invocation_free. Whatever inv, it also
  * undoes what failed calls and backwards left (dist_local_layer_call,
  * dist_backward). A daemon that lets the release wait out its deadline
- * (DIST_ETIMEDOUT) is asked again at the client's next undo point (the
- * request may never have reached it), not in this call. */
+ * (DIST_ETIMEDOUT), or that cannot be reached (DIST_EUNAVAIL: down, its
+ * connection refused), is asked again at the client's next undo point
+ * (the request may never have reached it), not in this call; so is one
+ * that answers it did nothing for now (its own DIST_EUNAVAIL). */
 int dist_invocation_release(dist_client *c, dist_invocation *inv);
 /* Frees the handle only. NULL is a no-op. */
 void dist_invocation_free(dist_invocation *inv);
