@@ -163,8 +163,17 @@ int dist_param_push_batch(dist_client *c, uint64_t op_id, int n,
                           const dist_tensor *const *params, const char *const *grads,
                           int trainer);
 /* Deletes name on the daemons ranks[0..n), best effort: what a failed
- * call stored there, undone; c's error stays the failure's. */
-void dist_delete_on(dist_client *c, const char *name, const int *ranks, int n);
+ * call stored there, undone; c's error stays the failure's. A delete that
+ * was not done and may be later (dist_later_delete_or_note) is noted on
+ * later for the next undo point; NULL: not noted (a name the caller gave,
+ * or one an SPMD trainer shares). */
+void dist_delete_on(dist_client *c, const char *name, const int *ranks, int n,
+                    dist_later *later);
+/* dist_tensor_delete (c not NULL), a daemon's delete that was not done
+ * but may be later (dist_later_worth_retrying) noted on later for it
+ * (NULL: not noted). When no daemon that answered holds the name, nothing
+ * is deleted and nothing noted. */
+int dist_tensor_delete_noting(dist_client *c, const char *name, dist_later *later);
 /* Deletes name on daemon rank; its code (c->err says why), and in
  * *unanswered (NULL: not told) whether the daemon said nothing. */
 int dist_delete_one(dist_client *c, const char *name, int rank, int *unanswered);
@@ -200,6 +209,15 @@ int dist_later_delete_or_note(dist_client *c, dist_later *l, const char *name, i
  * one gRPC cannot reach fails at once, and is not asked again either).
  * Returns the first failure (c->err), or 0 with c->err cleared. */
 int dist_later_undo(dist_client *c, dist_later *l);
+/* Whether call, an undo's delete or release, failed but may be done by
+ * asking again (as dist_later_delete_or_note would note it): its daemon
+ * did not answer, or answered that it did nothing for now. */
+int dist_later_worth_retrying(const dist_call *call);
+/* Moves what from still holds onto to (NULL: dropped) and empties from:
+ * a list whose holder ends (a tape's free) leaves its undos to a list
+ * that outlives it, the client's. Without memory for a note, that item
+ * is undone now. */
+void dist_later_hand_over(dist_client *c, dist_later *from, dist_later *to);
 /* Drops every item naming name: a tensor stored under it since, which is
  * not the failed call's to undo. */
 void dist_later_forget(dist_later *l, const char *name);

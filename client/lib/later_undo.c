@@ -33,6 +33,10 @@ static int worth_retrying(int code, int unanswered) {
   return unanswered || code == DIST_EUNAVAIL || code == DIST_ETIMEDOUT;
 }
 
+int dist_later_worth_retrying(const dist_call *call) {
+  return call->err.code && worth_retrying(call->err.code, call->unanswered);
+}
+
 static int same_item(const dist_later_item *a, const dist_later_item *b) {
   return a->rank == b->rank && a->invocation == b->invocation && strcmp(a->name, b->name) == 0;
 }
@@ -149,6 +153,11 @@ void dist_client_later_undo_skipping(dist_client *c, const int *silent, int n_si
 void dist_client_later_undo(dist_client *c) { dist_client_later_undo_skipping(c, NULL, 0); }
 
 int dist_client_later_takes_made_up_names(const dist_client *c) { return c->spmd_rank < 0; }
+
+void dist_later_hand_over(dist_client *c, dist_later *from, dist_later *to) {
+  for (int i = 0; to && i < from->n; i++) note(c, to, &from->items[i]);
+  dist_later_free(from);
+}
 
 void dist_later_free(dist_later *l) {
   free(l->items);

@@ -155,7 +155,8 @@ int dist_layer_ctx_fail(fwd_ctx *x, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* Frees a step, deleting its tensors and releasing its invocations (with
  * c; without, the handles only); returns the first failed delete's code,
- * c's error then saying it. */
+ * c's error then saying it. A delete that may be done later is noted on
+ * the client's list (dist_tensor_delete_noting). */
 int dist_layer_step_free(dist_client *c, layer_step *s);
 
 #endif

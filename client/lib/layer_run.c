@@ -99,10 +99,16 @@ int dist_layer_step_free(dist_client *c, layer_step *s) {
     free(t->in);
     free(t->out);
   }
-  /* A delete that fails leaves the tensor: said, not swallowed. A name
+  /* A delete that fails leaves the tensor: said, not swallowed; and where
+   * it may be done later (a daemon that did not answer, or did nothing
+   * for now), noted on the client's list, which outlives the step and the
+   * layer: its next undo point (the next step's releases among them)
+   * retries it. The names carry the step number, never made again; an
+   * SPMD trainer notes none (every trainer makes the same names). A name
    * another path already deleted (a failed call's) is not found. */
+  dist_later *later = c && dist_client_later_takes_made_up_names(c) ? &c->later : NULL;
   for (int i = 0; c && i < s->n_created; i++) {
-    int rc = dist_tensor_delete(c, s->created[i]);
+    int rc = dist_tensor_delete_noting(c, s->created[i], later);
     dist_note_first_failure(c, rc == DIST_ENOTFOUND ? 0 : rc, &first);
   }
   for (int i = 0; i < s->n_handles; i++) dist_tensor_free(s->handles[i]);

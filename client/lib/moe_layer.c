@@ -124,7 +124,8 @@ static void fill_weights(const dist_moe_layer *l, const dist_expert_weights *w,
 /* After a failed create, deletes the experts (and their gradients) that
  * the daemons answering success made: the caller gets no layer to name
  * them by. Not after a create that replaced: those names were the
- * caller's before. */
+ * caller's before. A delete that fails is not noted for later: the names
+ * follow the layer's, the caller's, who may create it again. */
 static void undo_create(dist_client *c, const dist_moe_layer *l, const dist_call *calls) {
   static const char *const which[4] = {"w1", "b1", "w2", "b2"};
   char name[256], grad[300];
@@ -134,8 +135,8 @@ static void undo_create(dist_client *c, const dist_moe_layer *l, const dist_call
       for (int w = 0; w < 4; w++) {
         if (dist_moe_layer_param_name(l, e, which[w], name, sizeof name) != 0) continue;
         snprintf(grad, sizeof grad, "%s.grad", name);
-        dist_delete_on(c, name, &calls[k].target, 1);
-        dist_delete_on(c, grad, &calls[k].target, 1);
+        dist_delete_on(c, name, &calls[k].target, 1, NULL);
+        dist_delete_on(c, grad, &calls[k].target, 1, NULL);
       }
   }
 }

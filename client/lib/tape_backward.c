@@ -96,7 +96,7 @@ static int add_tensors(dist_tape *t, const slot *acc, slot *more, slot *sum) {
       if (rc == 0) added++;
     }
     /* A failed add undid itself (dist_grad_add); the ranks before it kept theirs. */
-    if (rc) dist_delete_on(c, name, sum->ranks.ranks, added);
+    if (rc) dist_delete_on(c, name, sum->ranks.ranks, added, dist_tape_later(t, &t->later));
   } else {
     rc = dist_grad_sum(c, acc->name, &acc->t, &more->t, name, &out, &t->later);
     if (rc == 0) sum->t = *out;
@@ -126,10 +126,12 @@ static int not_a_scalar(dist_tape *t, const char *name) {
 }
 
 /* Stores pieces (one per rank of `ranks`; SPMD: this trainer's) as name,
- * each on its own daemon's one-rank mesh, as an exchange result lives. */
+ * each on its own daemon's one-rank mesh, as an exchange result lives. A
+ * failure deletes the pieces stored, one whose delete was not done noted
+ * on later. */
 static int store_per_rank(dist_client *c, const char *name, const void *const *pieces,
                           const int64_t *const *shapes, int ndim, dist_dtype dt,
-                          const rank_set *ranks, dist_tensor **out) {
+                          const rank_set *ranks, dist_tensor **out, dist_later *later) {
   dist_placement rep = DIST_REPLICATED;
   int n = c->spmd_rank >= 0 ? 1 : ranks->n, rc = 0;
   if (c->spmd_rank >= 0 && ranks->n == 0) { /* outside the group: holds none */
@@ -148,7 +150,7 @@ static int store_per_rank(dist_client *c, const char *name, const void *const *p
     dist_tensor_free(*out), *out = NULL;
     rc = dist_dtensor_from_local(c, name, &pieces[k], dt, ndim, &shapes[k], &one, &rep, out);
   }
-  if (rc && n > 1) dist_delete_on(c, name, ranks->ranks, n);
+  if (rc && n > 1) dist_delete_on(c, name, ranks->ranks, n, later);
   return rc;
 }
 
@@ -191,7 +193,8 @@ static int store_seed(dist_tape *t, slot *s) {
   next_grad_name(t, name);
   dist_tensor *h = NULL;
   dist_mesh mesh = {o->mesh.d};
-  int rc = local ? store_per_rank(c, name, pieces, shapes, ndim, o->dtype, &local->ranks, &h)
+  int rc = local ? store_per_rank(c, name, pieces, shapes, ndim, o->dtype, &local->ranks, &h,
+                                  dist_tape_later(t, &t->later))
                  : dist_dtensor_from_local(c, name, pieces, o->dtype, ndim, shapes, &mesh,
                                            o->placements, &h);
   if (rc) {

@@ -85,10 +85,15 @@ int dist_delete_one(dist_client *c, const char *name, int rank, int *unanswered)
                              &dist__v1__tensor_delete_reply__descriptor, unanswered);
 }
 
-/* Deletes name on the given daemons, best effort (keeps c's error). */
-void dist_delete_on(dist_client *c, const char *name, const int *ranks, int n) {
+/* Deletes name on the given daemons, best effort (keeps c's error); what
+ * could be done later goes on later (dist_later_delete_or_note). */
+void dist_delete_on(dist_client *c, const char *name, const int *ranks, int n,
+                    dist_later *later) {
   dist_errbuf keep = c->err;
-  for (int i = 0; i < n; i++) dist_delete_one(c, name, ranks[i], NULL);
+  for (int i = 0; i < n; i++) {
+    int silent = 0; /* one daemon each */
+    dist_later_delete_or_note(c, later, name, ranks[i], &silent);
+  }
   c->err = keep;
 }
 
@@ -646,8 +651,10 @@ int dist_tensor_open(dist_client *c, const char *name, dist_tensor **out) {
 
 /* Deletes t from the daemons of its mesh (in SPMD mode, from this
  * trainer's). A single client deleting per-rank values (the name on
- * one-rank meshes) deletes them from every daemon, so the name is gone. */
-static int delete_on_mesh(dist_client *c, const dist_tensor *t) {
+ * one-rank meshes) deletes them from every daemon, so the name is gone.
+ * A daemon's delete that was not done but may be later is noted on later
+ * (NULL: not noted). */
+static int delete_on_mesh(dist_client *c, const dist_tensor *t, dist_later *later) {
   const char *name = t->name;
   int rc, per_rank = c->spmd_rank < 0 && t->mesh.d.nranks == 1, targets[DIST_MAX_MESH_RANKS];
   int n = per_rank ? c->n : dist_targets(c, &t->mesh.d, targets);
@@ -659,18 +666,24 @@ static int delete_on_mesh(dist_client *c, const dist_tensor *t) {
                              &dist__v1__tensor_delete_reply__descriptor, &rq.base,
                              per_rank ? NULL : targets, n, &calls);
   if (per_rank && calls) rc = delete_result(c, calls, n, t->mesh.d.ranks[0]);
+  for (int i = 0; later && calls && i < n; i++)
+    if (dist_later_worth_retrying(&calls[i])) dist_later_note(c, later, name, calls[i].target);
   dist_calls_release(calls, n);
+  return rc;
+}
+
+int dist_tensor_delete_noting(dist_client *c, const char *name, dist_later *later) {
+  if (dist_client_check_lookup(c, "dist_tensor_delete", name) != 0) return c->err.code;
+  dist_tensor *t = NULL;
+  int rc = dist_tensor_open(c, name, &t);
+  if (rc == 0) rc = delete_on_mesh(c, t, later);
+  dist_tensor_free(t);
   return rc;
 }
 
 int dist_tensor_delete(dist_client *c, const char *name) {
   if (!c) return dist_no_client(__func__);
-  if (dist_client_check_lookup(c, __func__, name) != 0) return c->err.code;
-  dist_tensor *t = NULL;
-  int rc = dist_tensor_open(c, name, &t);
-  if (rc == 0) rc = delete_on_mesh(c, t);
-  dist_tensor_free(t);
-  return rc;
+  return dist_tensor_delete_noting(c, name, NULL);
 }
 
 /* A handle without a piece is an SPMD trainer's outside the tensor's
@@ -684,7 +697,7 @@ int dist_tensor_delete_handle(dist_client *c, const dist_tensor *t) {
     c->err = (dist_errbuf)DIST_ERRBUF_INIT;
     return 0;
   }
-  return delete_on_mesh(c, t);
+  return delete_on_mesh(c, t, NULL);
 }
 
 void dist_tensor_free(dist_tensor *t) { free(t); }

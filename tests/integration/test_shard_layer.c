@@ -886,6 +886,34 @@ static void relayed_step_stop(relayed_step *s) {
   reply_hold_cluster_stop(&cluster, s->relay, s->c);
 }
 
+/* A Linear "unr" after a forward, its step released while rank 1 cannot
+ * be reached (the relay refuses its connections, as a daemon that is down
+ * would; rank 1 stays up, keeping its store): the release says it could
+ * not delete the step's output (as a_release_that_cannot_delete_its_step
+ * shows), and notes it, and the invocation, on the client's list for
+ * rank 1, so the next step's release, rank 1 reachable again, undoes
+ * both there. Before, the output stayed on rank 1 for good, and the
+ * invocation until its time-to-live (10 minutes). */
+Test(shard_layer, a_step_rank_1_could_not_be_reached_for_at_its_release_goes_at_the_next,
+     .timeout = 120) {
+  relayed_step s;
+  relayed_step_start(&s, "unr");
+  harness *h = &cluster;
+  cr_assert_eq(reply_hold_count_on(h, 1, "unr.s1.", ""), 1, "rank 1 holds no step output");
+  reply_hold_refuse(s.relay);
+  int rc = dist_layer_release(s.c, s.st.l);
+  reply_hold_release(s.relay);
+  cr_assert_eq(rc, DIST_EUNAVAIL, "release with rank 1 unreached: %s", dist_err_name(rc));
+  cr_assert_eq(reply_hold_count_on(h, 0, "unr.s1.", ""), 0, "rank 0 answered: deleted");
+  cr_assert_eq(reply_hold_count_on(h, 1, "unr.s1.", ""), 1, "rank 1 was not reached");
+  cr_assert_eq(reply_hold_invocations_on(h, 1), 1, "rank 1 was not reached");
+  end_step(s.c, &s.st, BY_FORWARD);
+  cr_assert_eq(dist_layer_release(s.c, s.st.l), 0, "%s", dist_errmsg(s.c));
+  cr_assert_eq(reply_hold_count_on(h, 1, "unr.s1.", ""), 0, "rank 1 kept the step's output");
+  cr_assert_eq(reply_hold_invocations_on(h, 1), 0, "rank 1 kept the step's invocation");
+  relayed_step_stop(&s);
+}
+
 /* A Linear "lost", released after its first forward, then a second
  * forward whose reply from rank 1 the relay holds past the deadline,
  * after rank 1 stored the output "lost.s2.root.e0.out0" and kept the

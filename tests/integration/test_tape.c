@@ -650,6 +650,14 @@ Test(tape, an_exchange_backward_a_frozen_daemon_fails_waits_one_deadline, .timeo
   stop_cluster();
 }
 
+/* Two daemons, rank 1 behind a relay (reply_hold_cluster, its client in
+ * *c), and a seeded_scatter on them. */
+static reply_hold *relayed_seeded_scatter(dist_client **c, seeded_scatter *s) {
+  reply_hold *relay = reply_hold_cluster(&cluster, 2, 1, REPLY_HOLD_DEADLINE_MS, c);
+  seeded_scatter_start(*c, s);
+  return relay;
+}
+
 /* An exchange's backward whose reply from rank 1 a relay holds past the
  * deadline, after rank 1 kept the gradient (a name of the tape's): it does
  * not ask rank 1 to delete it then (it did not answer: a second
@@ -657,9 +665,8 @@ Test(tape, an_exchange_backward_a_frozen_daemon_fails_waits_one_deadline, .timeo
 Test(tape, an_exchange_backward_whose_reply_was_lost_leaves_nothing_after_the_free,
      .timeout = 120) {
   dist_client *c = NULL;
-  reply_hold *relay = reply_hold_cluster(&cluster, 2, 1, REPLY_HOLD_DEADLINE_MS, &c);
   seeded_scatter s;
-  seeded_scatter_start(c, &s);
+  reply_hold *relay = relayed_seeded_scatter(&c, &s);
   int before = reply_hold_count_on(&cluster, 1, "", "");
   reply_hold_from_call(relay, 1);
   int rc = seeded_scatter_backward(&s);
@@ -701,6 +708,33 @@ Test(tape, a_local_layer_backward_whose_reply_was_lost_leaves_nothing_after_the_
   dist_tensor_free(y), dist_tensor_free(loss);
   dist_program_free(p);
   dist_mesh_free(m);
+  reply_hold_cluster_stop(&cluster, relay, c);
+}
+
+/* dist_tape_free while rank 1 cannot be reached (the relay refuses its
+ * connections, as a daemon that is down would; rank 1 stays up, keeping
+ * its store): the delete there of the gradients the tape made (per rank,
+ * names of the tape's) fails unanswered, and goes on the client's list,
+ * which outlives the tape, so the client's next undo point (an invocation
+ * release, of none), rank 1 reachable again, deletes them. Before, the
+ * free dropped a delete that failed, and they stayed on rank 1 for good. */
+Test(tape, a_gradient_rank_1_could_not_be_reached_for_at_the_free_goes_at_the_next_undo_point,
+     .timeout = 120) {
+  dist_client *c = NULL;
+  seeded_scatter s;
+  reply_hold *relay = relayed_seeded_scatter(&c, &s);
+  cr_assert_eq(seeded_scatter_backward(&s), 0, "%s", dist_errmsg(c));
+  int made = reply_hold_count_on(&cluster, 1, "tape", "");
+  cr_assert_geq(made, 1, "rank 1 holds no gradient the tape made");
+  reply_hold_refuse(relay);
+  seeded_scatter_stop(&s);
+  reply_hold_release(relay);
+  cr_assert_eq(reply_hold_count_on(&cluster, 0, "tape", ""), 0, "rank 0 answered: deleted");
+  cr_assert_eq(reply_hold_count_on(&cluster, 1, "tape", ""), made,
+               "rank 1, not reached, lost gradients of the tape");
+  cr_assert_eq(dist_invocation_release(c, NULL), 0, "%s", dist_errmsg(c));
+  cr_assert_eq(reply_hold_count_on(&cluster, 1, "tape", ""), 0,
+               "rank 1 kept the tape's gradients after the next undo point");
   reply_hold_cluster_stop(&cluster, relay, c);
 }
 

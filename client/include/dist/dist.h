@@ -897,7 +897,10 @@ int dist_tape_new(dist_client *c, dist_tape **out);
 /* Releases what the daemons keep for invocations not backpropagated, deletes
  * the gradient tensors the tape made (also those a failed backward may have
  * left on a daemon that did not answer it, which it did not ask then) and
- * frees it. The client must still be open. NULL is a no-op. */
+ * frees it. A delete a daemon does not answer (or cannot be reached for)
+ * is retried at the client's next undo point (dist_invocation_release),
+ * by a single client; an SPMD trainer's stays. The client must still be
+ * open. NULL is a no-op. */
 void dist_tape_free(dist_tape *t);
 
 /* A global_scatter / global_gather on a tape: the arguments of
@@ -1309,7 +1312,10 @@ int dist_layer_backward(dist_client *c, dist_layer *l,
  * reply within the deadline) may hold: the failed call did not ask it,
  * which would have cost a deadline a name. A tensor it could not delete is
  * said (the first failure's code), the step dropped all the same; such a
- * failed step's tensor is asked again at the next release. A release that
+ * failed step's tensor is asked again at the next release, and a step
+ * tensor whose delete a daemon did not answer (or could not be reached
+ * for) at the client's next undo point (dist_invocation_release, which
+ * the next step's release calls), by a single client. A release that
  * succeeds, with something to release or not, leaves dist_errmsg empty. */
 int dist_layer_release(dist_client *c, dist_layer *l);
 
