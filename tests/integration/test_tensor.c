@@ -1010,9 +1010,10 @@ static void expect_reshard_refusal_told(trainer *tr, const char *reason) {
 }
 
 /* Two trainers put "r", then trainer 0 makes a reshard of it libdist
- * refuses (null_handle: of a NULL tensor), trainer 1 a good one; trainer
- * 0 says why in tr[0].msg. */
-static void run_refused_reshard(trainer *tr, const char *job, int null_handle) {
+ * refuses (null_handle: of a NULL tensor), saying `says`, and trainer 1 a
+ * good one, which must be told at once (expect_reshard_refusal_told). */
+static void expect_refused_reshard_told(const char *job, int null_handle, const char *says) {
+  trainer tr[2];
   start_cluster(&cluster, 2);
   for (int r = 0; r < 2; r++) {
     tr[r] = (trainer){.c = spmd_client(&cluster, r, job), .rank = r, .reshard = 1,
@@ -1020,17 +1021,16 @@ static void run_refused_reshard(trainer *tr, const char *job, int null_handle) {
     tr[r].c->timeout_ms = r ? 10000 : 30000; /* trainer 0 waits for trainer 1's reshard */
   }
   run_trainers(tr, 2, spmd_refused_then_reduce);
+  cr_expect(strstr(tr[0].msg, says), "trainer 0: %s", tr[0].msg);
+  const char *reason = strchr(tr[0].msg, ' ') + 1; /* past "EINVAL: " */
+  expect_reshard_refusal_told(tr, reason);
 }
 
 /* Before, the refusing trainer took no op id for the reshard, and the
  * other daemon waited for its part until the deadline (5 s of silence). */
 Test(spmd, a_reshard_one_trainer_refuses_fails_the_other_at_once, .timeout = 90,
      .fini = stop_cluster) {
-  trainer tr[2];
-  run_refused_reshard(tr, "spmd-refused-reshard", 0);
-  cr_expect(strstr(tr[0].msg, "EINVAL: "), "trainer 0: %s", tr[0].msg);
-  const char *reason = strchr(tr[0].msg, ' ') + 1; /* past "EINVAL: " */
-  expect_reshard_refusal_told(tr, reason);
+  expect_refused_reshard_told("spmd-refused-reshard", 0, "EINVAL: ");
 }
 
 /* Before, a trainer giving dist_reshard a NULL tensor took no op id: the
@@ -1038,11 +1038,7 @@ Test(spmd, a_reshard_one_trainer_refuses_fails_the_other_at_once, .timeout = 90,
  * operation of the two trainers ran under different ids. */
 Test(spmd, a_reshard_of_a_null_tensor_fails_the_other_at_once, .timeout = 90,
      .fini = stop_cluster) {
-  trainer tr[2];
-  run_refused_reshard(tr, "spmd-null-reshard", 1);
-  cr_expect(strstr(tr[0].msg, "EINVAL: dist_reshard: t is NULL"), "trainer 0: %s", tr[0].msg);
-  const char *reason = strchr(tr[0].msg, ' ') + 1; /* past "EINVAL: " */
-  expect_reshard_refusal_told(tr, reason);
+  expect_refused_reshard_told("spmd-null-reshard", 1, "EINVAL: dist_reshard: t is NULL");
 }
 
 /* Before, the refusing trainer did not take the put's op id, so every
