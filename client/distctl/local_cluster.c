@@ -174,17 +174,39 @@ static void cpu_of(int rank, char *out, size_t len) {
   snprintf(out, len, "%d", n ? cpus[rank % n] : 0);
 }
 
-/* Only signal a pid that is still a distd: the pid may have been reused. */
-static int is_distd(pid_t pid) {
-  char path[64], cmd[PATH_MAX] = {0};
+/* Whether file, an argument of process pid (relative to its working
+ * directory), is dir's cluster.conf, however either is spelled; as
+ * spelled when one of them is gone. */
+static int is_cluster_file_of(pid_t pid, const char *file, const char *dir) {
+  char ours[PATH_MAX], theirs[PATH_MAX + 64];
+  snprintf(ours, sizeof ours, "%s/cluster.conf", dir);
+  if (file[0] == '/')
+    snprintf(theirs, sizeof theirs, "%s", file);
+  else
+    snprintf(theirs, sizeof theirs, "/proc/%d/cwd/%s", (int)pid, file);
+  struct stat a, b;
+  if (stat(ours, &a) == 0 && stat(theirs, &b) == 0)
+    return a.st_dev == b.st_dev && a.st_ino == b.st_ino;
+  return strcmp(file, ours) == 0;
+}
+
+/* Only signal a pid that is still one of dir's daemons: a distd run with
+ * --cluster-file dir/cluster.conf. A pid file can outlive its daemon, and
+ * its pid be reused, by another program or by another cluster's distd. */
+static int is_daemon_of(pid_t pid, const char *dir) {
+  char path[64], cmd[2 * PATH_MAX];
   snprintf(path, sizeof path, "/proc/%d/cmdline", (int)pid);
   FILE *f = fopen(path, "r");
   if (!f) return 0;
   size_t n = fread(cmd, 1, sizeof cmd - 1, f);
   fclose(f);
-  cmd[n] = 0;
+  cmd[n] = 0; /* the arguments are NUL-separated */
   const char *base = strrchr(cmd, '/');
-  return strcmp(base ? base + 1 : cmd, "distd") == 0;
+  if (strcmp(base ? base + 1 : cmd, "distd") != 0) return 0;
+  for (size_t at = strlen(cmd) + 1; at < n; at += strlen(cmd + at) + 1)
+    if (strcmp(cmd + at, "--cluster-file") == 0 && at + strlen(cmd + at) + 1 < n)
+      return is_cluster_file_of(pid, cmd + at + strlen(cmd + at) + 1, dir);
+  return 0;
 }
 
 /* The pid daemon `rank` of dir was started as, or 0 without a pid file. */
@@ -199,8 +221,10 @@ static pid_t recorded_pid(const char *dir, int rank) {
   return (pid_t)pid;
 }
 
-/* Whether pid runs and is still a distd (not a reused pid). */
-static int distd_alive(pid_t pid) { return pid > 0 && kill(pid, 0) == 0 && is_distd(pid); }
+/* Whether pid runs and is still one of dir's daemons (not a reused pid). */
+static int daemon_alive(pid_t pid, const char *dir) {
+  return pid > 0 && kill(pid, 0) == 0 && is_daemon_of(pid, dir);
+}
 
 /* A cluster up over a cluster that still runs would overwrite its
  * cluster.conf and pid files, and cluster down could no longer stop it.
@@ -210,7 +234,7 @@ static int refuse_running(const char *dir) {
   size_t used = 0;
   for (int r = 0; r < MAX_DAEMONS; r++) {
     pid_t pid = recorded_pid(dir, r);
-    if (distd_alive(pid) && used < sizeof pids)
+    if (daemon_alive(pid, dir) && used < sizeof pids)
       used += (size_t)snprintf(pids + used, sizeof pids - used, "%s%d", used ? ", " : "",
                                (int)pid);
   }
@@ -279,7 +303,7 @@ int distctl_cluster_down(const char *dir, int quiet) {
     pid_t pid = recorded_pid(dir, r);
     if (!pid) continue;
     recorded++;
-    if (distd_alive(pid)) {
+    if (daemon_alive(pid, dir)) {
       stop_pid(pid);
       stopped++;
     }

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -335,6 +336,44 @@ Test(distctl, cluster_up_refuses_a_directory_whose_cluster_still_runs, .timeout 
   cr_assert_eq(cluster_cmd("up", c, "-n 1", &err), 0, "up over a stale pid file: %s", err);
   free(err);
   cr_assert_eq(cluster_cmd("down", c, "", &err), 0, "cluster down: %s", err);
+  free(err);
+  cr_assert_eq(harness_remove_dir(dir), 0);
+}
+
+/* A pid file can outlive its daemon, and its pid be reused by another
+ * cluster's distd: cluster down stopped that daemon, and cluster up
+ * refused the directory as still running. A daemon counts as the
+ * directory's only when its --cluster-file is the directory's, however
+ * spelled (here with "/./" in it). */
+Test(distctl, a_pid_file_naming_another_clusters_distd_is_stale, .timeout = 120) {
+  char dir[] = "/tmp/distctl-other-XXXXXX", a[64], b[64], spelled[80], line[256];
+  cr_assert(mkdtemp(dir));
+  snprintf(a, sizeof a, "%s/a", dir);
+  snprintf(b, sizeof b, "%s/b", dir);
+  harness_cluster_down_at_exit(a);
+  char *err = NULL;
+  cr_assert_eq(cluster_cmd("up", a, "-n 1", &err), 0, "cluster up: %s", err);
+  free(err);
+  char path[128];
+  snprintf(path, sizeof path, "%s/distd.0.pid", a);
+  first_line(path, line);
+  pid_t other = (pid_t)atoi(line);
+  cr_assert_gt(other, 0);
+  /* b: a cluster whose daemon 0 died, and its pid now other's */
+  cr_assert_eq(mkdir(b, 0755), 0);
+  snprintf(path, sizeof path, "%s/distd.0.pid", b);
+  FILE *f = fopen(path, "w");
+  cr_assert(f);
+  fprintf(f, "%d\n", (int)other);
+  fclose(f);
+  int rc = cluster_cmd("down", b, "", &err);
+  cr_assert_eq(rc, 0, "cluster down: %s", err);
+  cr_assert(strstr(err, "stopped 0 daemons"), "%s", err);
+  free(err);
+  cr_assert_eq(kill(other, 0), 0, "cluster down of b stopped a's daemon %d", (int)other);
+  snprintf(spelled, sizeof spelled, "%s/./a", dir);
+  cr_assert_eq(cluster_cmd("down", spelled, "", &err), 0, "cluster down: %s", err);
+  cr_assert(strstr(err, "stopped 1 daemon"), "%s", err);
   free(err);
   cr_assert_eq(harness_remove_dir(dir), 0);
 }
