@@ -416,6 +416,7 @@ void harness_cluster_down_at_exit(const char *dir) {
     if (setsid() < 0 || null < 0 || dup2(fds[0], 0) < 0 || dup2(null, 1) < 0 ||
         dup2(null, 2) < 0)
       _exit(127);
+    close_range(3, ~0U, 0); /* the test's own sockets and pipes are not its to hold */
     execve("/bin/sh", argv, environ);
     _exit(127);
   }

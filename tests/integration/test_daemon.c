@@ -569,6 +569,7 @@ Test(daemon, cluster_up_daemons_stop_when_their_test_process_is_killed, .timeout
   pid_t test_process = fork();
   cr_assert(test_process >= 0);
   if (test_process == 0) {
+    setpgid(0, 0); /* so that a kill of its group also stops a cluster up under way */
     close(fds[0]);
     harness_cluster_down_at_exit(c);
     char up = cluster_cmd("up", c, "-n 1", NULL) == 0 ? 'y' : 'n';
@@ -581,7 +582,8 @@ Test(daemon, cluster_up_daemons_stop_when_their_test_process_is_killed, .timeout
   struct pollfd pfd = {fds[0], POLLIN, 0};
   ssize_t n = poll(&pfd, 1, 60000) == 1 ? read(fds[0], &up, 1) : -1;
   close(fds[0]);
-  kill(test_process, SIGKILL);
+  kill(-test_process, SIGKILL);
+  kill(test_process, SIGKILL); /* had it not made its group yet */
   cr_assert_eq(waitpid(test_process, NULL, 0), test_process);
   first_line(pid_path, line);
   pid_t daemon = (pid_t)atoi(line);
