@@ -24,10 +24,12 @@
  * free, for calls of libdist's own with names of its own; the client's
  * next LocalLayer call or invocation release, or its close, for the
  * public LocalLayer call and backward (dist_client.later). Names with
- * step numbers, tape ids or op ids, and invocation ids, are never used
- * again, so what is undone later can only be the failed call's; a
- * parameter's gradient ("<param>.grad") is named alike each step, so the
- * step that files one forgets its name here (dist_later_forget) before a
+ * tape ids or op ids, and invocation ids, are never used again, so what
+ * is undone later can only be the failed call's. A layer's step names
+ * ("<layer>.s<step>...") are not: steps count per layer object, and a new
+ * layer of the same name makes the same names; nor is a parameter's
+ * gradient ("<param>.grad"), named alike each step. So a step that makes
+ * or files such a name forgets its notes (dist_later_forget) before a
  * later undo could delete it. */
 typedef struct dist_later_item {
   char name[256];      /* a tensor to delete, or "": */
@@ -172,7 +174,8 @@ void dist_delete_on(dist_client *c, const char *name, const int *ranks, int n,
 /* dist_tensor_delete (c not NULL), a daemon's delete that was not done
  * but may be later (dist_later_worth_retrying) noted on later for it
  * (NULL: not noted). When no daemon that answered holds the name, nothing
- * is deleted and nothing noted. */
+ * is deleted, and each daemon that did not answer the look-up (it may
+ * hold it) is noted: a retry that finds nothing there counts as done. */
 int dist_tensor_delete_noting(dist_client *c, const char *name, dist_later *later);
 /* Deletes name on daemon rank; its code (c->err says why), and in
  * *unanswered (NULL: not told) whether the daemon said nothing. */
@@ -203,8 +206,10 @@ int dist_later_release_or_note(dist_client *c, dist_later *l, uint64_t invocatio
 int dist_later_delete_or_note(dist_client *c, dist_later *l, const char *name, int rank,
                               int *silent);
 /* Deletes each name and releases each invocation on its daemon, one not
- * found there taken as done; those that fail stay on the list for the
- * next time, as do, untried, the items of a daemon that did not answer
+ * found there taken as done; those that fail but may be done by asking
+ * again (dist_later_worth_retrying) stay on the list for the next time,
+ * those refused for good are dropped, and, untried, the items of a daemon
+ * that did not answer
  * one of them (one deadline a pass per silent daemon, not one per item;
  * one gRPC cannot reach fails at once, and is not asked again either).
  * Returns the first failure (c->err), or 0 with c->err cleared. */
@@ -213,7 +218,8 @@ int dist_later_undo(dist_client *c, dist_later *l);
  * asking again (as dist_later_delete_or_note would note it): its daemon
  * did not answer, or answered that it did nothing for now. */
 int dist_later_worth_retrying(const dist_call *call);
-/* Moves what from still holds onto to (NULL: dropped) and empties from:
+/* Moves what from still holds (undos worth retrying only: a pass drops
+ * the rest) onto to (NULL: dropped) and empties from:
  * a list whose holder ends (a tape's free) leaves its undos to a list
  * that outlives it, the client's. Without memory for a note, that item
  * is undone now. */
@@ -223,7 +229,8 @@ void dist_later_hand_over(dist_client *c, dist_later *from, dist_later *to);
 void dist_later_forget(dist_later *l, const char *name);
 void dist_later_free(dist_later *l);
 /* dist_later_undo of the client's own list (dist_client.later), c->err
- * left as it was: what fails stays for the next time. */
+ * left as it was: what fails but may be done later stays for the next
+ * time. */
 void dist_client_later_undo(dist_client *c);
 /* dist_client_later_undo with the items of the daemons silent[0..n_silent)
  * left untried: each just did not answer the caller's own call (a

@@ -58,7 +58,12 @@ static int keep_handle(layer_step *s, dist_tensor *t) {
   return 0;
 }
 
-static int keep_created(layer_step *s, const char *name) {
+/* The step deletes name at its free. A note of it on the client's list
+ * goes: step numbers count per layer object, so it may be an older layer
+ * of this name's step tensor whose delete was not done, and the undo
+ * would now delete this step's. */
+static int keep_created(dist_client *c, layer_step *s, const char *name) {
+  dist_later_forget(&c->later, name);
   char buf[256];
   snprintf(buf, sizeof buf, "%s", name);
   return push(&s->created, &s->n_created, sizeof buf, buf);
@@ -103,8 +108,9 @@ int dist_layer_step_free(dist_client *c, layer_step *s) {
    * it may be done later (a daemon that did not answer, or did nothing
    * for now), noted on the client's list, which outlives the step and the
    * layer: its next undo point (the next step's releases among them)
-   * retries it. The names carry the step number, never made again; an
-   * SPMD trainer notes none (every trainer makes the same names). A name
+   * retries it, unless a step makes the name again first (keep_created:
+   * a new layer of the same name counts its steps from 1 too); an SPMD
+   * trainer notes none (every trainer makes the same names). A name
    * another path already deleted (a failed call's) is not found. */
   dist_later *later = c && dist_client_later_takes_made_up_names(c) ? &c->later : NULL;
   for (int i = 0; c && i < s->n_created; i++) {
@@ -201,7 +207,7 @@ int dist_layer_call(fwd_ctx *x, dist_program *p, const char *path,
     goto out;
   }
   for (int k = 0; k < n; k++) { /* the step owns every output from here */
-    int r = keep_created(x->s, names[k]);
+    int r = keep_created(x->c, x->s, names[k]);
     if (r) delete_now(x->c, outs[k]); /* not on the step's list of what to delete */
     if (keep_handle(x->s, outs[k])) r = DIST_ENOMEM, outs[k] = NULL;
     if (r && !rc) rc = dist_layer_ctx_fail(x, r, "out of memory");
@@ -456,7 +462,7 @@ static int add_grad(dist_client *c, layer_step *s, grad_slot *slot, dist_tensor 
     dist_errbuf_prefix(&c->err, "summing the gradients of '%s': ", slot->name);
     return rc;
   }
-  if (keep_created(s, name)) {
+  if (keep_created(c, s, name)) {
     dist_client_fail(c, DIST_ENOMEM, "out of memory keeping gradient '%s'", name);
     delete_now(c, sum);
     dist_tensor_free(sum);
@@ -485,7 +491,7 @@ static int take_grad(dist_client *c, layer_step *s, const tape_entry *t, int j,
     dist_tensor_free(g);
     return 0;
   }
-  if (keep_created(s, g->name)) {
+  if (keep_created(c, s, g->name)) {
     dist_client_fail(c, DIST_ENOMEM, "out of memory keeping gradient '%s'", g->name);
     delete_now(c, g);
     dist_tensor_free(g);

@@ -874,16 +874,33 @@ typedef struct relayed_step {
   stepped st;
 } relayed_step;
 
-static void relayed_step_start(relayed_step *s, const char *name) {
+/* The layer on m (taken), or on both ranks when m is NULL. */
+static void relayed_step_start_on(relayed_step *s, const char *name, dist_mesh *m) {
   s->relay = reply_hold_cluster(&cluster, 2, 1, REPLY_HOLD_DEADLINE_MS, &s->c);
-  s->m = harness_line_mesh(2);
+  s->m = m ? m : harness_line_mesh(2);
   s->st = linear_after_a_forward(s->c, s->m, name);
+}
+
+static void relayed_step_start(relayed_step *s, const char *name) {
+  relayed_step_start_on(s, name, NULL);
 }
 
 static void relayed_step_stop(relayed_step *s) {
   stepped_free(&s->st);
   dist_mesh_free(s->m);
   reply_hold_cluster_stop(&cluster, s->relay, s->c);
+}
+
+/* Releases s's step while rank 1 cannot be reached (the relay refuses its
+ * connections; rank 1 stays up with its store): the release fails
+ * unreached, and rank 1 still holds the step's output, named after
+ * prefix. */
+static void release_unreached(relayed_step *s, const char *prefix) {
+  reply_hold_refuse(s->relay);
+  int rc = dist_layer_release(s->c, s->st.l);
+  reply_hold_release(s->relay);
+  cr_assert_eq(rc, DIST_EUNAVAIL, "release with rank 1 unreached: %s", dist_err_name(rc));
+  cr_assert_eq(reply_hold_count_on(&cluster, 1, prefix, ""), 1, "rank 1 was not reached");
 }
 
 /* A Linear "unr" after a forward, its step released while rank 1 cannot
@@ -900,17 +917,76 @@ Test(shard_layer, a_step_rank_1_could_not_be_reached_for_at_its_release_goes_at_
   relayed_step_start(&s, "unr");
   harness *h = &cluster;
   cr_assert_eq(reply_hold_count_on(h, 1, "unr.s1.", ""), 1, "rank 1 holds no step output");
-  reply_hold_refuse(s.relay);
-  int rc = dist_layer_release(s.c, s.st.l);
-  reply_hold_release(s.relay);
-  cr_assert_eq(rc, DIST_EUNAVAIL, "release with rank 1 unreached: %s", dist_err_name(rc));
+  release_unreached(&s, "unr.s1.");
   cr_assert_eq(reply_hold_count_on(h, 0, "unr.s1.", ""), 0, "rank 0 answered: deleted");
-  cr_assert_eq(reply_hold_count_on(h, 1, "unr.s1.", ""), 1, "rank 1 was not reached");
   cr_assert_eq(reply_hold_invocations_on(h, 1), 1, "rank 1 was not reached");
   end_step(s.c, &s.st, BY_FORWARD);
   cr_assert_eq(dist_layer_release(s.c, s.st.l), 0, "%s", dist_errmsg(s.c));
   cr_assert_eq(reply_hold_count_on(h, 1, "unr.s1.", ""), 0, "rank 1 kept the step's output");
   cr_assert_eq(reply_hold_invocations_on(h, 1), 0, "rank 1 kept the step's invocation");
+  relayed_step_stop(&s);
+}
+
+/* A Linear "again" whose step rank 1 could not be reached for at its
+ * release (noted, with its output "again.s1....out0", on the
+ * client's list, which outlives the layer), destroyed once rank 1 is back,
+ * and a new Linear of the same name run forward: its first step makes the
+ * same names, and rank 1 its output, which the caller holds. The client's
+ * next undo point (an invocation release, of none) must leave it: making
+ * a step's tensor forgets its name's note. Before, the old note deleted
+ * the new output on rank 1. */
+Test(shard_layer, a_new_layers_step_outlives_an_old_layers_note_of_its_name,
+     .timeout = 120) {
+  relayed_step s;
+  relayed_step_start(&s, "again");
+  harness *h = &cluster;
+  release_unreached(&s, "again.s1.");
+  cr_assert_eq(dist_layer_destroy(s.c, s.st.l), 0, "%s", dist_errmsg(s.c));
+  cr_assert_eq(dist_layer_linear(4, 4, 1, 7, &s.st.l), 0);
+  cr_assert_eq(dist_layer_set_name(s.st.l, "again"), 0);
+  cr_assert_eq(dist_shard_layer(s.c, s.st.l, s.m, NULL, NULL, NULL, NULL), 0, "%s",
+               dist_errmsg(s.c));
+  dist_tensor *y = NULL;
+  cr_assert_eq(dist_layer_forward(s.c, s.st.l, &s.st.x, 1, &y, 1), 1, "%s", dist_errmsg(s.c));
+  cr_assert_eq(strncmp(dist_tensor_name(y), "again.s1.", 9), 0,
+               "the new step's names are not the old's: %s", dist_tensor_name(y));
+  cr_assert_eq(dist_invocation_release(s.c, NULL), 0, "%s", dist_errmsg(s.c));
+  cr_assert_eq(reply_hold_count_on(h, 1, "again.s1.", ""), 1,
+               "the old layer's note deleted the new step's output on rank 1");
+  void *piece[2] = {NULL, NULL};
+  for (int r = 0; r < 2; r++) {
+    size_t nbytes = 0;
+    int64_t shape[DIST_MAX_DIMS];
+    cr_assert_eq(dist_dtensor_to_local(s.c, y, r, &piece[r], &nbytes, shape), 0,
+                 "rank %d: %s", r, dist_errmsg(s.c));
+    cr_assert_eq(nbytes, 8 * sizeof(float), "rank %d's piece: %zu bytes", r, nbytes);
+  }
+  cr_assert_arr_eq(piece[1], piece[0], 8 * sizeof(float),
+                   "rank 1's piece of the replicated output is not rank 0's");
+  free(piece[0]), free(piece[1]);
+  dist_tensor_free(y);
+  relayed_step_stop(&s);
+}
+
+/* A Linear "only1" on rank 1 alone after a forward, its step released
+ * while rank 1 cannot be reached: the delete of its output finds it on no
+ * daemon that answered (rank 0 never held it), yet rank 1, which did not
+ * answer, may hold it, and is noted for it, so the client's next undo
+ * point, rank 1 back, deletes it there. Before, the failed look-up noted
+ * nothing, and the output stayed on rank 1 for good. */
+Test(shard_layer, a_step_whose_only_daemon_could_not_be_reached_at_its_release_goes_at_the_next,
+     .timeout = 120) {
+  int one[1] = {1}, shape[1] = {1};
+  dist_mesh *m = NULL;
+  cr_assert_eq(dist_mesh_new(1, shape, one, NULL, &m), 0);
+  relayed_step s;
+  relayed_step_start_on(&s, "only1", m);
+  harness *h = &cluster;
+  cr_assert_eq(reply_hold_count_on(h, 1, "only1.s1.", ""), 1, "rank 1 holds no step output");
+  release_unreached(&s, "only1.s1.");
+  cr_assert_eq(dist_invocation_release(s.c, NULL), 0, "%s", dist_errmsg(s.c));
+  cr_assert_eq(reply_hold_count_on(h, 1, "only1.s1.", ""), 0,
+               "rank 1 kept the step's output after the next undo point");
   relayed_step_stop(&s);
 }
 
