@@ -127,7 +127,10 @@ static int undo_pass(dist_client *c, dist_later *l, const int *silent, int n_sil
       dist_note_first_failure(c, rc, &first);
     }
     it->unanswered = rc && unanswered;
-    if (rc) l->items[kept++] = *it; /* still there: tried again next time */
+    /* still there, and asking again may do it: tried again next time; a
+     * refusal for good (EAUTH, EPERM, EINTERNAL) would be asked at every
+     * undo point until dist_close, the list only growing */
+    if (rc && worth_retrying(rc, unanswered)) l->items[kept++] = *it;
   }
   l->n = kept;
   c->err = first;
@@ -154,6 +157,7 @@ void dist_client_later_undo(dist_client *c) { dist_client_later_undo_skipping(c,
 
 int dist_client_later_takes_made_up_names(const dist_client *c) { return c->spmd_rank < 0; }
 
+/* from's items were each noted, or kept by a pass, as worth retrying. */
 void dist_later_hand_over(dist_client *c, dist_later *from, dist_later *to) {
   for (int i = 0; to && i < from->n; i++) note(c, to, &from->items[i]);
   dist_later_free(from);

@@ -610,14 +610,20 @@ static int found_meta(const dist_call *calls, int n) {
   return 0;
 }
 
-/* A single client asks every daemon, since a tensor need not live on rank 0
- * (a mesh of [2, 3], or one resharded there); the first that holds it
- * answers. SPMD trainers ask their own daemon. */
-int dist_tensor_open(dist_client *c, const char *name, dist_tensor **out) {
-  if (!c) return dist_no_client(__func__);
-  if (DIST_NEED(c, out)) return c->err.code;
-  *out = NULL;
-  if (dist_client_check_lookup(c, __func__, name) != 0) return c->err.code;
+/* Notes name on later (NULL: not noted) for each daemon of calls[0..n)
+ * that did not do what it was asked but may when asked again
+ * (dist_later_worth_retrying). */
+static void note_retryable(dist_client *c, dist_later *later, const char *name,
+                           const dist_call *calls, int n) {
+  for (int i = 0; later && calls && i < n; i++)
+    if (dist_later_worth_retrying(&calls[i])) dist_later_note(c, later, name, calls[i].target);
+}
+
+/* dist_tensor_open; when no daemon that answered holds name, name is
+ * noted on later (NULL: not noted) for a delete on each daemon that did
+ * not answer, as it may hold it. */
+static int open_noting(dist_client *c, const char *name, dist_tensor **out,
+                       dist_later *later) {
   Dist__V1__TensorShowRequest rq = DIST__V1__TENSOR_SHOW_REQUEST__INIT;
   rq.name = (char *)name;
   int n = c->spmd_rank >= 0 ? 1 : c->n;
@@ -644,9 +650,21 @@ int dist_tensor_open(dist_client *c, const char *name, dist_tensor **out) {
         rc = dist_call_fail(c, &calls[i]);
         break;
       }
+    note_retryable(c, later, name, calls, n);
   }
   dist_calls_release(calls, n);
   return rc;
+}
+
+/* A single client asks every daemon, since a tensor need not live on rank 0
+ * (a mesh of [2, 3], or one resharded there); the first that holds it
+ * answers. SPMD trainers ask their own daemon. */
+int dist_tensor_open(dist_client *c, const char *name, dist_tensor **out) {
+  if (!c) return dist_no_client(__func__);
+  if (DIST_NEED(c, out)) return c->err.code;
+  *out = NULL;
+  if (dist_client_check_lookup(c, __func__, name) != 0) return c->err.code;
+  return open_noting(c, name, out, NULL);
 }
 
 /* Deletes t from the daemons of its mesh (in SPMD mode, from this
@@ -666,8 +684,7 @@ static int delete_on_mesh(dist_client *c, const dist_tensor *t, dist_later *late
                              &dist__v1__tensor_delete_reply__descriptor, &rq.base,
                              per_rank ? NULL : targets, n, &calls);
   if (per_rank && calls) rc = delete_result(c, calls, n, t->mesh.d.ranks[0]);
-  for (int i = 0; later && calls && i < n; i++)
-    if (dist_later_worth_retrying(&calls[i])) dist_later_note(c, later, name, calls[i].target);
+  note_retryable(c, later, name, calls, n);
   dist_calls_release(calls, n);
   return rc;
 }
@@ -675,7 +692,7 @@ static int delete_on_mesh(dist_client *c, const dist_tensor *t, dist_later *late
 int dist_tensor_delete_noting(dist_client *c, const char *name, dist_later *later) {
   if (dist_client_check_lookup(c, "dist_tensor_delete", name) != 0) return c->err.code;
   dist_tensor *t = NULL;
-  int rc = dist_tensor_open(c, name, &t);
+  int rc = open_noting(c, name, &t, later);
   if (rc == 0) rc = delete_on_mesh(c, t, later);
   dist_tensor_free(t);
   return rc;

@@ -658,6 +658,23 @@ static reply_hold *relayed_seeded_scatter(dist_client **c, seeded_scatter *s) {
   return relay;
 }
 
+/* relayed_seeded_scatter (returning the relay), and its backward with
+ * rank 1's reply held past the deadline, after rank 1 kept the gradient (a
+ * name of the tape's): it fails, and rank 1 holds one name more than
+ * *before. */
+static reply_hold *exchange_backward_reply_lost(dist_client **c, seeded_scatter *s,
+                                                int *before) {
+  reply_hold *relay = relayed_seeded_scatter(c, s);
+  *before = reply_hold_count_on(&cluster, 1, "", "");
+  reply_hold_from_call(relay, 1);
+  int rc = seeded_scatter_backward(s);
+  cr_assert(reply_hold_holding(relay), "the backward sent rank 1 no call");
+  reply_hold_release(relay);
+  cr_assert(rc < 0, "the backward whose reply from rank 1 was lost succeeded");
+  cr_assert_eq(reply_hold_count_on(&cluster, 1, "", ""), *before + 1, "rank 1 kept the gradient");
+  return relay;
+}
+
 /* An exchange's backward whose reply from rank 1 a relay holds past the
  * deadline, after rank 1 kept the gradient (a name of the tape's): it does
  * not ask rank 1 to delete it then (it did not answer: a second
@@ -666,16 +683,35 @@ Test(tape, an_exchange_backward_whose_reply_was_lost_leaves_nothing_after_the_fr
      .timeout = 120) {
   dist_client *c = NULL;
   seeded_scatter s;
-  reply_hold *relay = relayed_seeded_scatter(&c, &s);
-  int before = reply_hold_count_on(&cluster, 1, "", "");
-  reply_hold_from_call(relay, 1);
-  int rc = seeded_scatter_backward(&s);
-  cr_assert(reply_hold_holding(relay), "the backward sent rank 1 no call");
-  reply_hold_release(relay);
-  cr_assert(rc < 0, "the backward whose reply from rank 1 was lost succeeded");
-  cr_assert_eq(reply_hold_count_on(&cluster, 1, "", ""), before + 1, "rank 1 kept the gradient");
+  int before = 0;
+  reply_hold *relay = exchange_backward_reply_lost(&c, &s, &before);
   seeded_scatter_stop(&s);
   cr_assert_eq(reply_hold_count_on(&cluster, 1, "", ""), before, "rank 1 kept the gradient");
+  reply_hold_cluster_stop(&cluster, relay, c);
+}
+
+/* An exchange's backward whose reply from rank 1 a relay holds past the
+ * deadline, after rank 1 kept the gradient (noted on the tape's own list),
+ * then dist_tape_free while rank 1 cannot be reached (the relay refuses
+ * its connections; rank 1 stays up with its store): the free's delete of
+ * that gradient fails unanswered, and what the tape's list still holds
+ * goes to the client's (dist_later_hand_over), so the client's next undo
+ * point (an invocation release, of none), rank 1 back, deletes it. Before,
+ * the free dropped its list, and the gradient stayed on rank 1. */
+Test(tape, an_exchange_gradient_the_free_could_not_delete_goes_at_the_next_undo_point,
+     .timeout = 120) {
+  dist_client *c = NULL;
+  seeded_scatter s;
+  int before = 0;
+  reply_hold *relay = exchange_backward_reply_lost(&c, &s, &before);
+  reply_hold_refuse(relay);
+  seeded_scatter_stop(&s);
+  reply_hold_release(relay);
+  cr_assert_eq(reply_hold_count_on(&cluster, 1, "", ""), before + 1,
+               "rank 1, not reached, lost the gradient");
+  cr_assert_eq(dist_invocation_release(c, NULL), 0, "%s", dist_errmsg(c));
+  cr_assert_eq(reply_hold_count_on(&cluster, 1, "", ""), before,
+               "rank 1 kept the gradient after the next undo point");
   reply_hold_cluster_stop(&cluster, relay, c);
 }
 
