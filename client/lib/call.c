@@ -9,6 +9,7 @@
 #include "client_internal.h"
 #include "daemon_crl.h"
 #include "pbuf.h"
+#include "reconnect.h"
 #include "status.h"
 
 typedef struct call_state {
@@ -158,6 +159,18 @@ int dist_call_fail(dist_client *c, const dist_call *call) {
   return dist_client_fail(c, call->err.code, "%s: %s", named, msg);
 }
 
+/* The channels of the calls connected again where they failed before
+ * (reconnect.h), all at once; without memory for their list, the calls
+ * go as they are. */
+static void reconnect_channels(dist_client *c, const dist_call *calls, int n,
+                               gpr_timespec deadline) {
+  grpc_channel *one, **chs = n == 1 ? &one : malloc((size_t)n * sizeof *chs);
+  if (!chs) return;
+  for (int i = 0; i < n; i++) chs[i] = c->channels[channel_of(c, calls[i].target)];
+  dist_reconnect_failed(chs, n, deadline);
+  if (chs != &one) free(chs);
+}
+
 /* The calls, each within timeout_ms; each call's error in its own err,
  * c->err untouched. */
 static void call_batch(dist_client *c, const char *method,
@@ -179,6 +192,7 @@ static void call_batch(dist_client *c, const char *method,
   grpc_completion_queue *cq = grpc_completion_queue_create_for_next(NULL);
   gpr_timespec deadline = gpr_time_add(
       gpr_now(GPR_CLOCK_REALTIME), gpr_time_from_millis(timeout_ms, GPR_TIMESPAN));
+  reconnect_channels(c, calls, n, deadline);
   int started = 0;
   for (int i = 0; i < n; i++) {
     calls[i].reply = NULL;

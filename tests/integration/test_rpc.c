@@ -253,3 +253,76 @@ Test(rpc, the_rank_of_a_daemon_that_just_did_not_answer_is_not_asked) {
   cr_expect_eq(dist_daemon_rank(one, 0), 1, "the daemon back is not asked again");
   dist_close(one);
 }
+
+/* Rank 0's daemon killed under a client of the cluster, whose next call
+ * fails unanswered (the channel then sits in gRPC's TRANSIENT_FAILURE). */
+static dist_client *client_of_a_killed_daemon(void) {
+  harness_start(&cluster, 1, NULL);
+  dist_client *c = harness_client(&cluster);
+  dist_daemon_info info;
+  cr_assert_eq(dist_info(c, 0, &info), 0, "%s", dist_errmsg(c)); /* the channel is up */
+  dist_info_free(&info);
+  harness_kill(&cluster, 0, SIGKILL);
+  return c;
+}
+
+/* c calls rank 0's daemon, down, every 50 ms for `seconds`, as a trainer
+ * retrying would: each call must fail at once, unanswered, naming it. */
+static void expect_fast_failures_for(dist_client *c, double seconds) {
+  char want[64];
+  snprintf(want, sizeof want, "cannot reach distd at 127.0.0.1:%d", cluster.grpc_port[0]);
+  for (double until = harness_now_s() + seconds; harness_now_s() < until; harness_sleep_ms(50)) {
+    dist_daemon_info info;
+    double t0 = harness_now_s();
+    int rc = dist_info(c, 0, &info);
+    double t = harness_now_s() - t0;
+    cr_assert_eq(rc, DIST_EUNAVAIL, "Info to a daemon down: %s", dist_errmsg(c));
+    cr_assert(strstr(dist_errmsg(c), want), "%s", dist_errmsg(c));
+    cr_assert(t < 0.5, "a call to a daemon down failed after %.2f s", t);
+  }
+}
+
+/* Waits (bounded, 20 s) until rank r's /readyz answers 200, asked by
+ * curl: the calls of a client in this process (harness_wait_connected's)
+ * would poll gRPC's sockets, the test client's connect among them, and
+ * reach the daemon for it. */
+static void wait_ready_from_outside(int r) {
+  char cmd[120];
+  snprintf(cmd, sizeof cmd, "curl -sf --max-time 1 http://127.0.0.1:%d/readyz",
+           cluster.http_port[r]);
+  for (double until = harness_now_s() + 20; harness_now_s() < until; harness_sleep_ms(50))
+    if (harness_run(cmd, NULL, NULL, 5) == 0) return;
+  cr_assert_fail("rank %d was not ready within 20 s", r);
+}
+
+/* A client that outlives its daemon's restart (down for 3 s, its calls
+ * failing meanwhile) reaches it as soon as it is back. A call on a
+ * channel in TRANSIENT_FAILURE failed at once without polling it, and
+ * gRPC saw its connect to the daemon back only at its backup poll, every
+ * 5 s: 5 to 10 s of "cannot reach distd" after the daemon was serving (a
+ * trainer through a systemd or pod restart). */
+Test(rpc, a_client_reaches_its_daemon_restarted_within_two_seconds) {
+  dist_client *c = client_of_a_killed_daemon();
+  expect_fast_failures_for(c, 3);
+  harness_start_rank(&cluster, 0, NULL);
+  wait_ready_from_outside(0);
+  double t0 = harness_now_s(), t = 0;
+  dist_daemon_info info;
+  int rc = -1;
+  while (rc != 0 && (t = harness_now_s() - t0) < 15) {
+    rc = dist_info(c, 0, &info);
+    if (rc != 0) harness_sleep_ms(50);
+  }
+  cr_assert_eq(rc, 0, "the daemon back was not reached in 15 s: %s", dist_errmsg(c));
+  dist_info_free(&info);
+  cr_expect(t < 2.5, "the daemon back was reached %.2f s after it served", t);
+  dist_close(c);
+}
+
+/* Calls to a daemon that stays down still fail at once, also after the
+ * first (before each, libdist connects the failed channel again). */
+Test(rpc, calls_to_a_daemon_that_stays_down_fail_at_once) {
+  dist_client *c = client_of_a_killed_daemon();
+  expect_fast_failures_for(c, 1);
+  dist_close(c);
+}
