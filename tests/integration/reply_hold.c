@@ -250,26 +250,6 @@ void reply_hold_refuse(reply_hold *p) {
   cr_assert(atomic_load(&p->refused), "relay: the connections were not closed in 5 s");
 }
 
-/* Waits up to ms for the client's channel to the relayed rank to leave its
- * state (asked to connect), polling it meanwhile: after calls that failed
- * unreached, gRPC sees the connection it then makes only while something
- * polls the channel, else at its backup poll, every 5 s (5 to 10 s seen). */
-static void poll_channel(reply_hold *p, int ms) {
-  grpc_channel *ch = p->client->channels[p->rank];
-  grpc_connectivity_state st = grpc_channel_check_connectivity_state(ch, 1);
-  if (st == GRPC_CHANNEL_READY) return;
-  grpc_completion_queue *cq = grpc_completion_queue_create_for_next(NULL);
-  gpr_timespec deadline = gpr_time_add(gpr_now(GPR_CLOCK_REALTIME),
-                                       gpr_time_from_millis(ms, GPR_TIMESPAN));
-  grpc_channel_watch_connectivity_state(ch, st, deadline, cq, NULL);
-  grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
-  grpc_completion_queue_shutdown(cq);
-  while (grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type !=
-         GRPC_QUEUE_SHUTDOWN) {
-  }
-  grpc_completion_queue_destroy(cq);
-}
-
 /* Whether the client's channel to the relayed rank answers a health check
  * within 10 s. The client's gRPC learns of a closed connection on its own
  * threads: a call sent before it has goes out on the dead connection and
@@ -285,7 +265,7 @@ static int client_reconnected(reply_hold *p) {
       protobuf_c_message_free_unpacked(rp, NULL);
       return 1;
     }
-    poll_channel(p, 100);
+    harness_sleep_ms(50);
   }
   return 0;
 }
