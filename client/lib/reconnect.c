@@ -1,15 +1,18 @@
 /* After a connect fails, a channel sits in TRANSIENT_FAILURE, where a call
  * (not wait_for_ready) fails at once without polling. gRPC retries the
- * connect after its backoff, but that connect completes only when some
- * thread polls the channel, and nothing does until gRPC's backup poller,
- * every 5 s: a client that outlived its daemon's restart could not reach
- * it for 5 to 10 s after it was back. So before calls start, each channel
- * in TRANSIENT_FAILURE is asked to connect now and polled through a
- * connectivity watch for a short while. gRPC 1.51 keeps the channel in
+ * connect after its backoff (100 ms doubling to 1 s, client.c), but that
+ * connect completes only when some thread polls the channel, and nothing
+ * does until gRPC's backup poller, every 5 s: a client that outlived its
+ * daemon's restart could not reach it for 5 to 10 s after it was back.
+ * So before calls start, each channel in TRANSIENT_FAILURE is polled
+ * through a connectivity watch for a short while, which lets a retry due
+ * by then complete. The backoff is kept (not reset): a client calling a
+ * daemon that is down in a loop, or many clients of a restarting one,
+ * connect no more often than it allows. gRPC 1.51 keeps the channel in
  * TRANSIENT_FAILURE while it connects and when the connect is refused
  * (pick_first's sticky failure), so a refusal cannot be seen: a daemon
  * that is down costs each call the whole short wait. A connect that needs
- * longer goes on after it, and the next call's wait finishes it. */
+ * longer goes on after it, and a later call's wait finishes it. */
 #include "reconnect.h"
 
 #include <grpc/support/time.h>
@@ -38,11 +41,10 @@ void dist_reconnect_failed(grpc_channel *const *channels, int n, gpr_timespec de
   int watching = 0;
   for (int i = 0; i < n; i++) {
     grpc_channel *ch = channels[i];
-    if (seen_before(channels, i) ||
-        grpc_channel_check_connectivity_state(ch, 0) != GRPC_CHANNEL_TRANSIENT_FAILURE)
+    if (grpc_channel_check_connectivity_state(ch, 0) != GRPC_CHANNEL_TRANSIENT_FAILURE ||
+        seen_before(channels, i))
       continue;
     if (!cq) cq = grpc_completion_queue_create_for_next(NULL);
-    grpc_channel_reset_connect_backoff(ch);
     grpc_channel_check_connectivity_state(ch, 1);
     watching += watch_unsettled(ch, until, cq);
   }

@@ -8,13 +8,14 @@
  * a call to a daemon that is down fails this much later than it did
  * (gRPC does not tell a refused connect, reconnect.c). A loopback
  * connect to a running distd is READY in 6 to 11 ms on the 2-core test
- * machine; one that needs longer is finished by the next call's wait. */
+ * machine; one that needs longer is finished by a later call's wait. */
 enum { DIST_RECONNECT_WAIT_MS = 20 };
 
 /* For each of channels[0..n) (a channel may repeat) in TRANSIENT_FAILURE:
- * connects it again at once and polls it, all of them together, until
- * each is READY, for DIST_RECONNECT_WAIT_MS at most, never past deadline.
- * Channels in any other state are left as they are. */
+ * polls it, all of them together, so that a connect gRPC retries (after
+ * its backoff) completes, until each is READY, for DIST_RECONNECT_WAIT_MS
+ * at most, never past deadline. Channels in any other state are left as
+ * they are. */
 void dist_reconnect_failed(grpc_channel *const *channels, int n, gpr_timespec deadline);
 
 #endif
