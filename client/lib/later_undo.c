@@ -27,10 +27,12 @@ static int undo_item(dist_client *c, const dist_later_item *it, int *unanswered)
  * daemon not reached: down, restarting, its connection refused), or
  * answered that it did nothing for now (DIST_EUNAVAIL: "'w' is being
  * resharded ... (nothing was changed)"; DIST_ETIMEDOUT of its own: the
- * name was still held at its deadline). Other answers (refused for good,
- * out of memory) are not retried from here. */
+ * name was still held at its deadline), or memory ran short on either
+ * side (DIST_ENOMEM: a delete is what a daemon short of memory most
+ * needs done). Other answers (refused for good: EAUTH, EPERM, EINVAL,
+ * ...) are not retried from here. */
 static int worth_retrying(int code, int unanswered) {
-  return unanswered || code == DIST_EUNAVAIL || code == DIST_ETIMEDOUT;
+  return unanswered || code == DIST_EUNAVAIL || code == DIST_ETIMEDOUT || code == DIST_ENOMEM;
 }
 
 int dist_later_worth_retrying(const dist_call *call) {
