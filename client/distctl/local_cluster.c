@@ -175,8 +175,9 @@ static void cpu_of(int rank, char *out, size_t len) {
 }
 
 /* Whether file, an argument of process pid (relative to its working
- * directory), is dir's cluster.conf, however either is spelled; as
- * spelled when one of them is gone. */
+ * directory), is dir's cluster.conf: named so, in dir however either is
+ * spelled (the directory, not the file, whose replacement by a rename
+ * would make it another file); as spelled when either is gone. */
 static int is_cluster_file_of(pid_t pid, const char *file, const char *dir) {
   char ours[PATH_MAX], theirs[PATH_MAX + 64];
   snprintf(ours, sizeof ours, "%s/cluster.conf", dir);
@@ -184,8 +185,11 @@ static int is_cluster_file_of(pid_t pid, const char *file, const char *dir) {
     snprintf(theirs, sizeof theirs, "%s", file);
   else
     snprintf(theirs, sizeof theirs, "/proc/%d/cwd/%s", (int)pid, file);
+  const char *base = strrchr(theirs, '/');
+  if (strcmp(base + 1, "cluster.conf") != 0) return 0;
+  theirs[base - theirs] = 0; /* its directory */
   struct stat a, b;
-  if (stat(ours, &a) == 0 && stat(theirs, &b) == 0)
+  if (stat(dir, &a) == 0 && stat(theirs[0] ? theirs : "/", &b) == 0)
     return a.st_dev == b.st_dev && a.st_ino == b.st_ino;
   return strcmp(file, ours) == 0;
 }

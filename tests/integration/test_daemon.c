@@ -344,7 +344,7 @@ Test(distctl, cluster_up_refuses_a_directory_whose_cluster_still_runs, .timeout 
  * cluster's distd: cluster down stopped that daemon, and cluster up
  * refused the directory as still running. A daemon counts as the
  * directory's only when its --cluster-file is the directory's, however
- * spelled (here with "/./" in it). */
+ * spelled (here with "/./" in it), its cluster.conf there or not. */
 Test(distctl, a_pid_file_naming_another_clusters_distd_is_stale, .timeout = 120) {
   char dir[] = "/tmp/distctl-other-XXXXXX", a[64], b[64], spelled[80], line[256];
   cr_assert(mkdtemp(dir));
@@ -371,6 +371,10 @@ Test(distctl, a_pid_file_naming_another_clusters_distd_is_stale, .timeout = 120)
   cr_assert(strstr(err, "stopped 0 daemons"), "%s", err);
   free(err);
   cr_assert_eq(kill(other, 0), 0, "cluster down of b stopped a's daemon %d", (int)other);
+  /* a's cluster.conf gone: its daemon still names a file in a */
+  char conf[128];
+  snprintf(conf, sizeof conf, "%s/cluster.conf", a);
+  cr_assert_eq(unlink(conf), 0);
   snprintf(spelled, sizeof spelled, "%s/./a", dir);
   cr_assert_eq(cluster_cmd("down", spelled, "", &err), 0, "cluster down: %s", err);
   cr_assert(strstr(err, "stopped 1 daemon"), "%s", err);
