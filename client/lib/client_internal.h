@@ -242,6 +242,8 @@ void dist_client_later_undo_skipping(dist_client *c, const int *silent, int n_si
  * sequence): a reply lost here does not make them this trainer's to
  * delete, as the others got theirs. */
 int dist_client_later_takes_made_up_names(const dist_client *c);
+/* l where c may note names libdist made up on it, else NULL (not noted). */
+dist_later *dist_later_of_made_up(const dist_client *c, dist_later *l);
 /* dist_calls_free, then the array (NULL is a no-op). */
 void dist_calls_release(dist_call *calls, int n);
 /* One call to one daemon, within timeout_ms, that leaves c->err as it

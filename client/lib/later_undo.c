@@ -159,6 +159,10 @@ void dist_client_later_undo(dist_client *c) { dist_client_later_undo_skipping(c,
 
 int dist_client_later_takes_made_up_names(const dist_client *c) { return c->spmd_rank < 0; }
 
+dist_later *dist_later_of_made_up(const dist_client *c, dist_later *l) {
+  return c && dist_client_later_takes_made_up_names(c) ? l : NULL;
+}
+
 /* from's items were each noted, or kept by a pass, as worth retrying. */
 void dist_later_hand_over(dist_client *c, dist_later *from, dist_later *to) {
   for (int i = 0; to && i < from->n; i++) note(c, to, &from->items[i]);

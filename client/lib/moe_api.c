@@ -156,7 +156,7 @@ static int no_rows(dist_client *c, void **out, int64_t *out_rows) {
 static void undo_kept(dist_client *c, const exchange_args *a, const dist_call *calls, int n) {
   const dist_moe_opts *o = a->opts;
   if (!o || !o->out_name || (o->replace && !a->later)) return;
-  dist_later *notes = dist_client_later_takes_made_up_names(c) ? a->later : NULL;
+  dist_later *notes = dist_later_of_made_up(c, a->later);
   for (int k = 0; k < n; k++)
     if (calls[k].applied) dist_delete_on(c, o->out_name, &calls[k].target, 1, notes);
     else if (calls[k].unanswered && notes)

@@ -71,15 +71,11 @@ slot *dist_tape_find(slot *s, int n, const char *name) {
   return NULL;
 }
 
-dist_later *dist_tape_later(dist_tape *t, dist_later *l) {
-  return dist_client_later_takes_made_up_names(t->c) ? l : NULL;
-}
-
 /* Empties a slot, deleting the tensor when the tape made it; a delete not
  * done that may be later goes on the client's list, which outlives the
  * tape (its next undo point retries it). */
 void dist_tape_slot_clear(dist_tape *t, slot *s) {
-  dist_later *later = dist_tape_later(t, &t->c->later);
+  dist_later *later = dist_later_of_made_up(t->c, &t->c->later);
   if (s->kind == G_TENSOR && s->owned) {
     if (s->per_rank) {
       dist_delete_on(t->c, s->t.name, s->ranks.ranks, s->ranks.n, later);
@@ -121,7 +117,7 @@ void dist_tape_free(dist_tape *t) {
   for (int i = 0; i < t->n_entries; i++) entry_free(&t->entries[i]);
   dist_later_undo(t->c, &t->later);
   /* what its daemons did not let it undo outlives the tape */
-  dist_later_hand_over(t->c, &t->later, dist_tape_later(t, &t->c->later));
+  dist_later_hand_over(t->c, &t->later, dist_later_of_made_up(t->c, &t->c->later));
   t->c->err = keep;
   free(t->entries);
   free(t->slots);

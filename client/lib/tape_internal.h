@@ -65,7 +65,7 @@ struct dist_tape {
   int plan_names, plan_cap;
   /* Gradient names a failed backward may have left on daemons that did
    * not answer it: deleted by dist_tape_free, which hands what stays to
-   * the client's list (dist_tape_later). */
+   * the client's list (dist_later_of_made_up). */
   dist_later later;
   int done;     /* backpropagated (or tried to) */
   int released;
@@ -80,12 +80,6 @@ int dist_tape_usable(dist_tape *t, const char *what);
 /* The slot named name among s[0..n), or NULL. */
 slot *dist_tape_find(slot *s, int n, const char *name);
 void dist_tape_slot_clear(dist_tape *t, slot *s);
-/* l, the list where a delete of a tensor the tape made that was not done
- * (its daemon did not answer, or did nothing for now) is noted for later:
- * the tape's own while it runs, the client's for what outlives it; NULL
- * for an SPMD trainer, which notes no names libdist made up
- * (dist_client_later_takes_made_up_names). */
-dist_later *dist_tape_later(dist_tape *t, dist_later *l);
 int dist_tape_exchange_refused(dist_client *c, const int *group, int size);
 
 /* ----------------------------------------------------------- tape_plan.c */
