@@ -320,7 +320,12 @@ int reply_hold_invocations_on(harness *h, int r) {
 }
 
 reply_hold *reply_hold_cluster(harness *h, int n, int r, long timeout_ms, dist_client **c) {
-  harness_start(h, n, NULL);
+  return reply_hold_cluster_with(h, n, r, timeout_ms, NULL, c);
+}
+
+reply_hold *reply_hold_cluster_with(harness *h, int n, int r, long timeout_ms,
+                                    const char *const *extra_args, dist_client **c) {
+  harness_start(h, n, extra_args);
   reply_hold *p = start_relay(h, r);
   *c = p->client = harness_client_of(p->cluster_file, timeout_ms);
   return p;

@@ -23,6 +23,10 @@ enum { REPLY_HOLD_DEADLINE_MS = 3000 };
  * reached through the relay, with the given deadline. Fails the test on
  * error. */
 reply_hold *reply_hold_cluster(harness *h, int n, int r, long timeout_ms, dist_client **c);
+/* reply_hold_cluster with the daemons started with extra_args
+ * (harness_start's). */
+reply_hold *reply_hold_cluster_with(harness *h, int n, int r, long timeout_ms,
+                                    const char *const *extra_args, dist_client **c);
 /* The cluster file whose rank r is reached through the relay (that of
  * reply_hold_cluster's client), for other clients to use. */
 const char *reply_hold_cluster_file(const reply_hold *p);
