@@ -8,9 +8,11 @@
 #include <jansson.h>
 #include <math.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "client_internal.h"
@@ -747,6 +749,26 @@ Test(tape, a_local_layer_backward_whose_reply_was_lost_leaves_nothing_after_the_
   reply_hold_cluster_stop(&cluster, relay, c);
 }
 
+/* A seeded_scatter on c (rank 1 behind relay), its backward, then
+ * dist_tape_free while the relay refuses rank 1's connections (as a
+ * daemon that is down would; rank 1 stays up, keeping its store): rank 0
+ * answered and deleted the tape's gradients, rank 1 keeps them. Returns
+ * how many it keeps. */
+static int gradients_a_free_left_on_rank_1(dist_client *c, reply_hold *relay) {
+  seeded_scatter s;
+  seeded_scatter_start(c, &s);
+  cr_assert_eq(seeded_scatter_backward(&s), 0, "%s", dist_errmsg(c));
+  int made = reply_hold_count_on(&cluster, 1, "tape", "");
+  cr_assert_geq(made, 1, "rank 1 holds no gradient the tape made");
+  reply_hold_refuse(relay);
+  seeded_scatter_stop(&s);
+  reply_hold_release(relay);
+  cr_assert_eq(reply_hold_count_on(&cluster, 0, "tape", ""), 0, "rank 0 answered: deleted");
+  cr_assert_eq(reply_hold_count_on(&cluster, 1, "tape", ""), made,
+               "rank 1, not reached, lost gradients of the tape");
+  return made;
+}
+
 /* dist_tape_free while rank 1 cannot be reached (the relay refuses its
  * connections, as a daemon that is down would; rank 1 stays up, keeping
  * its store): the delete there of the gradients the tape made (per rank,
@@ -757,21 +779,80 @@ Test(tape, a_local_layer_backward_whose_reply_was_lost_leaves_nothing_after_the_
 Test(tape, a_gradient_rank_1_could_not_be_reached_for_at_the_free_goes_at_the_next_undo_point,
      .timeout = 120) {
   dist_client *c = NULL;
-  seeded_scatter s;
-  reply_hold *relay = relayed_seeded_scatter(&c, &s);
-  cr_assert_eq(seeded_scatter_backward(&s), 0, "%s", dist_errmsg(c));
-  int made = reply_hold_count_on(&cluster, 1, "tape", "");
-  cr_assert_geq(made, 1, "rank 1 holds no gradient the tape made");
-  reply_hold_refuse(relay);
-  seeded_scatter_stop(&s);
-  reply_hold_release(relay);
-  cr_assert_eq(reply_hold_count_on(&cluster, 0, "tape", ""), 0, "rank 0 answered: deleted");
-  cr_assert_eq(reply_hold_count_on(&cluster, 1, "tape", ""), made,
-               "rank 1, not reached, lost gradients of the tape");
+  reply_hold *relay = reply_hold_cluster(&cluster, 2, 1, REPLY_HOLD_DEADLINE_MS, &c);
+  gradients_a_free_left_on_rank_1(c, relay);
   cr_assert_eq(dist_invocation_release(c, NULL), 0, "%s", dist_errmsg(c));
   cr_assert_eq(reply_hold_count_on(&cluster, 1, "tape", ""), 0,
                "rank 1 kept the tape's gradients after the next undo point");
   reply_hold_cluster_stop(&cluster, relay, c);
+}
+
+/* Tokens for undo_refused_for_good: the trainer's, which rank 1 stops
+ * knowing, and the one the test's own probes use, which every daemon
+ * keeps knowing. */
+#define TRAINER_TOKEN "undo-trainer-token-0123456789"
+#define PROBE_TOKEN "undo-probe-token-9876543210"
+
+/* Writes path (mode 0600, as distd wants a tokens file) with text. */
+static void write_tokens_file(const char *path, const char *text) {
+  FILE *f = fopen(path, "w");
+  cr_assert(f, "cannot write %s", path);
+  fputs(text, f);
+  fclose(f);
+  cr_assert_eq(chmod(path, 0600), 0, "chmod %s", path);
+}
+
+/* Calls rank 1 refused for a token it does not know, by its /metrics. */
+static double rank_1_unknown_token_refusals(void) {
+  char *m = harness_metrics(&cluster, 1);
+  double n = harness_metric_sample(m, "distd_auth_rejected_total{reason=\"unknown_token\"}");
+  free(m);
+  return n < 0 ? 0 : n; /* no line until the first refusal */
+}
+
+/* Rank 1 reads its tokens file again (SIGHUP), which now holds only
+ * PROBE_TOKEN; waits (bounded) until it logged the reload. */
+static void rank_1_forgets_the_trainer_token(const char *tokens) {
+  write_tokens_file(tokens, PROBE_TOKEN " read-write\n");
+  long from = harness_log_size(&cluster, 1);
+  cr_assert_eq(kill(cluster.pids[1], SIGHUP), 0);
+  const char *const reloaded[] = {"reloaded 1 bearer tokens from", NULL};
+  cr_assert(harness_log_wait(&cluster, 1, from, reloaded, 10000), "rank 1 logged no reload");
+}
+
+/* dist_tape_free while rank 1 cannot be reached (the relay refuses its
+ * connections) notes the delete of the tape's gradient there on the
+ * client's list; then rank 1 stops knowing the client's token (tokens
+ * file rewritten, SIGHUP), so the next undo point's delete is refused for
+ * good (DIST_EAUTH): the item leaves the list, and a later undo point
+ * sends rank 1 nothing (its count of calls refused for an unknown token
+ * stays). Before, an item refused for good stayed, and every undo point
+ * until dist_close asked rank 1 again. */
+Test(tape, an_undo_refused_for_good_leaves_the_list, .timeout = 120) {
+  char dir[] = "/tmp/distd-undo-tokens-XXXXXX", tokens[64];
+  cr_assert(mkdtemp(dir), "mkdtemp");
+  snprintf(tokens, sizeof tokens, "%s/tokens", dir);
+  write_tokens_file(tokens, TRAINER_TOKEN " read-write\n" PROBE_TOKEN " read-write\n");
+  const char *const args[] = {"--auth-tokens-file", tokens, NULL};
+  cr_assert_eq(setenv("DIST_TOKEN", TRAINER_TOKEN, 1), 0); /* the relayed client's */
+  dist_client *c = NULL;
+  reply_hold *relay = reply_hold_cluster_with(&cluster, 2, 1, REPLY_HOLD_DEADLINE_MS, args, &c);
+  cr_assert_eq(setenv("DIST_TOKEN", PROBE_TOKEN, 1), 0); /* the probes' from here on */
+  int made = gradients_a_free_left_on_rank_1(c, relay);
+  rank_1_forgets_the_trainer_token(tokens);
+  double refused = rank_1_unknown_token_refusals();
+  cr_assert_eq(dist_invocation_release(c, NULL), 0, "%s", dist_errmsg(c));
+  double refused_first = rank_1_unknown_token_refusals();
+  cr_assert_gt(refused_first, refused, "the undo point asked rank 1 nothing");
+  cr_assert_eq(dist_invocation_release(c, NULL), 0, "%s", dist_errmsg(c));
+  cr_expect_eq(rank_1_unknown_token_refusals(), refused_first,
+               "a later undo point asked rank 1 again (%g calls refused, %g after the first)",
+               rank_1_unknown_token_refusals(), refused_first);
+  cr_expect_eq(reply_hold_count_on(&cluster, 1, "tape", ""), made,
+               "rank 1 deleted with a token it does not know");
+  reply_hold_cluster_stop(&cluster, relay, c);
+  unlink(tokens);
+  rmdir(dir);
 }
 
 /* A seed given as values for a tensor that also feeds an op on the tape:
