@@ -13,6 +13,7 @@
 #include "client_internal.h"
 #include "harness.h"
 #include "harness_fixture.h"
+#include "reply_hold.h"
 
 static const float seed_x[5][2] = {{1, 2}, {3, 4}, {5, 6}, {7, 8}, {9, 10}};
 static const int64_t seed_counts[2][4] = {{2, 1, 1, 1}, {1, 1, 2, 1}};
@@ -52,6 +53,7 @@ struct trainer {
 
 TestSuite(recording, .fini = stop_cluster);
 TestSuite(backward, .fini = stop_cluster);
+TestSuite(undo, .fini = stop_cluster);
 
 /* ---------------------------------------------------------------- preludes */
 
@@ -371,3 +373,75 @@ TAPE_CASE(backward, a_non_scalar_output_given_the_loss_1, "tape-r-one", resharde
 TAPE_CASE(backward, a_seed_value_without_data, "tape-loss-nodata", chain,
           backward_from_loss_given_a_value_without_data,
           "dist_backward: out_grads[0].values[0].data is NULL")
+
+/* ---------------------------------------------------------------- undo */
+
+static void *run_prelude(void *arg) {
+  trainer *tr = arg;
+  tr->rc = tr->prelude(tr);
+  return NULL;
+}
+
+static void *run_call(void *arg) {
+  trainer *tr = arg;
+  tr->rc = tr->call(tr);
+  snprintf(tr->msg, sizeof tr->msg, "%s", tr->rc ? dist_errmsg(tr->c) : "");
+  return NULL;
+}
+
+/* Runs fn for both trainers, each in a thread, and waits for both. */
+static void both(trainer *tr, void *(*fn)(void *)) {
+  pthread_t th[2];
+  for (int r = 0; r < 2; r++) cr_assert_eq(pthread_create(&th[r], NULL, fn, &tr[r]), 0);
+  for (int r = 0; r < 2; r++) pthread_join(th[r], NULL);
+}
+
+static int backward_from_y(trainer *tr) {
+  dist_value v;
+  dist_arg g = y_grad(tr, &v);
+  const dist_tensor *outs[1] = {tr->y};
+  return dist_tape_backward(tr->t, outs, &g, 1);
+}
+
+/* Two SPMD trainers, y = scatter(x) on their tapes, rank 1 behind a relay;
+ * the backward's exchange (a gather of y's gradient, kept by each daemon
+ * under its trainer's tape name) goes through on both daemons, but rank 1's
+ * reply to trainer 1 is held past its deadline: trainer 1 fails, its
+ * daemon keeping the result, trainer 0 succeeds. An SPMD trainer notes no
+ * name libdist made up (dist_later_of_made_up: they are every trainer's,
+ * and a reply lost here does not make them this one's to delete, as the
+ * others got theirs), so neither trainer 1's tape free nor its client's
+ * next undo point deletes that result on rank 1, trainer 0's tape still
+ * alive. With the note (the SPMD check dropped), the free deleted it. */
+Test(undo, an_spmd_exchange_whose_reply_was_lost_is_not_deleted_later, .timeout = 120) {
+  dist_client *c = NULL;
+  reply_hold *relay = reply_hold_cluster(&cluster, 2, 1, REPLY_HOLD_DEADLINE_MS, &c);
+  trainer tr[2];
+  for (int r = 0; r < 2; r++) {
+    tr[r] = (trainer){.prelude = scattered, .call = backward_from_y, .rank = r,
+                      .c = harness_spmd_client_of(reply_hold_cluster_file(relay), 2, r,
+                                                  "undo-spmd-exchange")};
+    tr[r].c->timeout_ms = r ? REPLY_HOLD_DEADLINE_MS : 30000;
+  }
+  both(tr, run_prelude);
+  for (int r = 0; r < 2; r++) cr_assert_eq(tr[r].rc, 0, "trainer %d: %s", r, tr[r].msg);
+  cr_assert_eq(reply_hold_count_on(&cluster, 1, "tape", ""), 0, "rank 1 holds a gradient");
+  reply_hold_calls(relay, 1, 2); /* trainer 1's exchange: its reply is lost */
+  both(tr, run_call);
+  int held = reply_hold_calls_seen(relay);
+  reply_hold_release(relay);
+  cr_assert_geq(held, 1, "trainer 1 sent rank 1 no call");
+  cr_assert_eq(tr[0].rc, 0, "trainer 0: %s", tr[0].msg);
+  cr_assert_neq(tr[1].rc, 0, "trainer 1, its reply lost, succeeded");
+  cr_assert_eq(reply_hold_count_on(&cluster, 1, "tape", ""), 1,
+               "rank 1 did not keep the exchange's result");
+  dist_tape_free(tr[1].t);
+  tr[1].t = NULL;
+  cr_expect_eq(reply_hold_count_on(&cluster, 1, "tape", ""), 1,
+               "trainer 1's tape free deleted the result on rank 1");
+  cr_assert_eq(dist_invocation_release(tr[1].c, NULL), 0, "%s", dist_errmsg(tr[1].c));
+  cr_expect_eq(reply_hold_count_on(&cluster, 1, "tape", ""), 1,
+               "trainer 1's next undo point deleted the result on rank 1");
+  for (int r = 0; r < 2; r++) trainer_free(&tr[r]);
+  reply_hold_cluster_stop(&cluster, relay, c);
+}
