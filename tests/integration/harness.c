@@ -590,6 +590,12 @@ void harness_expect_all_reduce(harness *h, const int *group, int n, const char *
                  group[i], r[i].msg);
 }
 
+int harness_in_step(dist_client *c, int rank, int n) {
+  int32_t v = rank + 1;
+  return dist_all_reduce(c, &v, 1, DIST_INT32, DIST_REDUCE_SUM, NULL, 0) == 0 &&
+         v == n * (n + 1) / 2;
+}
+
 static void *churn_loop(void *arg) {
   harness_churn *ch = arg;
   dist_client *c = harness_client(ch->h);

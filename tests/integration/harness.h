@@ -137,6 +137,10 @@ int harness_reduce_join(harness_reduce *r);
  * succeed (cr_expect, naming `when`). */
 void harness_expect_all_reduce(harness *h, const int *group, int n, const char *job,
                                const char *when);
+/* An SPMD trainer of rank `rank` among n, one per daemon, all-reduces
+ * rank + 1 over them all: 1 when the sum is right, which it is only when
+ * every trainer took the same op ids before (each must call it). */
+int harness_in_step(dist_client *c, int rank, int n);
 /* name as daemon r alone describes it, asked through a client of that
  * daemon only: 0 and *t (free with dist_tensor_free), or the error code
  * opening it (*t NULL). */
