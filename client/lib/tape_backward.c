@@ -201,6 +201,12 @@ static int store_seed(dist_tape *t, slot *s) {
     dist_errbuf_prefix(&c->err, "storing the gradient given for '%s': ", s->name);
     return rc;
   }
+  /* An SPMD trainer outside the output's mesh gave an empty piece, from
+   * which dist_dtensor_from_local cannot tell the global shape; the
+   * gradient's is the output's. Its handle would otherwise carry the
+   * wrong whole into the steps after, a reshard back onto a mesh it is
+   * in among them. */
+  if (!local && h->no_piece) h->shape = o->shape;
   slot g = made_tensor(t, s->name, h);
   dist_tensor_free(h);
   snprintf(g.name, sizeof g.name, "%s", s->name);

@@ -954,7 +954,8 @@ int dist_tape_reshard(dist_tape *t, dist_tensor *x, const dist_mesh *mesh,
  * local pieces are the gradient pieces (the caller keeps it), or per-rank
  * values (borrowed for the call; an exchange result's in its participating
  * ranks' group order, a LocalLayer output's in dist_program_rank_at order;
- * SPMD: one), or {NULL, NULL} for none. A seed given as values or as the
+ * SPMD: one, empty for a trainer outside the output's mesh), or {NULL,
+ * NULL} for none. A seed given as values or as the
  * loss's 1 for a tensor that also gets a gradient from an operation on the
  * tape is stored in the daemons (in the output's layout) and added to it.
  * Backward runs once; a tape that was released or backpropagated refuses it
