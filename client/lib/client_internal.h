@@ -24,8 +24,9 @@
  * free, for calls of libdist's own with names of its own; the client's
  * next LocalLayer call or invocation release, or its close, for the
  * public LocalLayer call and backward (dist_client.later). Names with
- * tape ids or op ids, and invocation ids, are never used again, so what
- * is undone later can only be the failed call's. A layer's step names
+ * tape ids (which carry the process's random token, process_token.h) or
+ * op ids, and invocation ids, are never used again, so what is undone
+ * later can only be the failed call's. A layer's step names
  * ("<layer>.s<step>...") are not: steps count per layer object, and a new
  * layer of the same name makes the same names; nor is a parameter's
  * gradient ("<param>.grad"), named alike each step. So a step that makes

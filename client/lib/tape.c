@@ -14,22 +14,29 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
+#include "process_token.h"
 #include "tape_internal.h"
 
+/* Counts this process's tapes; with its token, names each tape apart from
+ * every other tape on the daemons. */
 static atomic_uint_fast64_t tape_serial;
+_Static_assert(sizeof ((dist_tape *)0)->prefix >= sizeof "tape" + DIST_PROCESS_TOKEN_LEN +
+                                                     sizeof ".18446744073709551615" - 1,
+               "a tape's prefix holds its token and any serial");
 
 /* ---------------------------------------------------------------- basics */
 
 int dist_tape_new(dist_client *c, dist_tape **out) {
   if (!c) return dist_no_client(__func__);
   if (DIST_NEED(c, out)) return c->err.code;
-  dist_tape *t = calloc(1, sizeof *t);
   *out = NULL;
+  char token[DIST_PROCESS_TOKEN_LEN + 1];
+  if (dist_process_token(c, token) != 0) return c->err.code;
+  dist_tape *t = calloc(1, sizeof *t);
   if (!t) return dist_client_fail(c, DIST_ENOMEM, "out of memory");
   t->c = c;
-  snprintf(t->prefix, sizeof t->prefix, "tape%ld.%llu", (long)getpid(),
+  snprintf(t->prefix, sizeof t->prefix, "tape%s.%llu", token,
            (unsigned long long)atomic_fetch_add(&tape_serial, 1));
   *out = t;
   return 0;

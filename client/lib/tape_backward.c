@@ -2,14 +2,15 @@
  * seeds, and the walk over the entries newest first (tape.c says how the
  * tape works and records).
  *
- * Gradients are tensors the daemons hold, named "tape<pid>.<serial>.g<k>";
- * only seeds given as bytes travel through the client. An exchange's
- * gradient lives per rank: each daemon of the group holds its own rows
- * under the name on a one-rank mesh, as a kept exchange result does. Two
- * gradients of one tensor are added in the daemons by a one-op LocalLayer
- * program. A reshard changes a tensor's layout under the same name, so its
- * backward takes the name's gradient, reshards it to the layout before and
- * files it again under the name, for the entries before it. */
+ * Gradients are tensors the daemons hold, named "tape<token>.<serial>.g<k>"
+ * (dist_tape_new); only seeds given as bytes travel through the client. An
+ * exchange's gradient lives per rank: each daemon of the group holds its
+ * own rows under the name on a one-rank mesh, as a kept exchange result
+ * does. Two gradients of one tensor are added in the daemons by a one-op
+ * LocalLayer program. A reshard changes a tensor's layout under the same
+ * name, so its backward takes the name's gradient, reshards it to the
+ * layout before and files it again under the name, for the entries before
+ * it. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

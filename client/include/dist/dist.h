@@ -878,9 +878,11 @@ void dist_invocation_free(dist_invocation *inv);
  * name of the tensor they belong to.
  *
  * Gradients stay in the daemons, as tensors the tape names
- * ("tape<pid>.<n>.g<k>") and owns: those of intermediate tensors are
- * deleted as soon as backward has used them; those of the leaves (tensors
- * no operation on the tape produced, e.g. the x of the first scatter or a
+ * ("tape<token>.<n>.g<k>", the token random per process, so that trainers
+ * sharing daemons never make the same names, also with the same pid in pid
+ * namespaces of their own) and owns: those of intermediate tensors are
+ * deleted as soon as backward has used them; those of the leaves (tensors no
+ * operation on the tape produced, e.g. the x of the first scatter or a
  * LocalLayer's weights) stay until dist_tape_free. An exchange's gradient
  * is per rank like its result: each daemon of the group holds its own rows
  * under the name, on a one-rank mesh. SPMD trainers each record the same
@@ -892,7 +894,9 @@ void dist_invocation_free(dist_invocation *inv);
  * NULL tensor to reshard take none, as the untaped calls. */
 typedef struct dist_tape dist_tape;
 
-/* An empty tape on client c (used by every later call on it). */
+/* An empty tape on client c (used by every later call on it). Fails
+ * (DIST_ENOTSUP, DIST_EIO) when the kernel gives no random bits for the
+ * process's token (getrandom), naming why. */
 int dist_tape_new(dist_client *c, dist_tape **out);
 /* Releases what the daemons keep for invocations not backpropagated, deletes
  * the gradient tensors the tape made (also those a failed backward may have
