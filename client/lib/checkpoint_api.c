@@ -6,11 +6,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <unistd.h>
 
 #include "checkpoint.pb-c.h"
 #include "checkpoint_internal.h"
 #include "json_memory.h"
+#include "process_token.h"
 #include "wire.h"
 
 #define MANIFEST_FORMAT "distd-checkpoint"
@@ -21,17 +21,21 @@ static void progress(const dist_checkpoint_opts *o, const char *phase, int rank,
   if (o && o->progress) o->progress(o->progress_arg, phase, rank, done, total, bytes);
 }
 
-/* A fresh id: UTC time, then nanoseconds and pid to tell apart saves in the
- * same second. */
-static void make_id(char *id, size_t len) {
+/* A fresh id: UTC time, then nanoseconds and the process token to tell
+ * apart saves in the same second, of this process and of others (whose
+ * pids may be this one's, in pid namespaces of their own). 0, or the
+ * token's error. */
+static int make_id(dist_client *c, char *id, size_t len) {
+  char token[DIST_PROCESS_TOKEN_LEN + 1];
+  if (dist_process_token(c, token) != 0) return c->err.code;
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
   struct tm tm;
   gmtime_r(&ts.tv_sec, &tm);
   char when[32];
   strftime(when, sizeof when, "%Y%m%dT%H%M%SZ", &tm);
-  snprintf(id, len, "%s-%08lx%04x", when, (unsigned long)ts.tv_nsec,
-           (unsigned)getpid() & 0xffff);
+  snprintf(id, len, "%s-%08lx%s", when, (unsigned long)ts.tv_nsec, token);
+  return 0;
 }
 
 static void placement_text(const dist_placement *p, char *buf, size_t len) {
@@ -370,7 +374,7 @@ int dist_checkpoint_save(dist_client *c, const char *dir,
   if (check_dir(c, dir) != 0 || check_list(c, opts) != 0 || check_reach(c, "save") != 0 ||
       check_names(c, opts) != 0)
     return c->err.code;
-  make_id(info->id, sizeof info->id);
+  if (make_id(c, info->id, sizeof info->id) != 0) return c->err.code;
   saved sv = {0, 0, NULL};
   char *manifest = NULL;
   int rc = save_ranks(c, dir, info->id, opts, &sv);
