@@ -228,6 +228,10 @@ void dist_later_hand_over(dist_client *c, dist_later *from, dist_later *to);
 /* Drops every item naming name: a tensor stored under it since, which is
  * not the failed call's to undo. */
 void dist_later_forget(dist_later *l, const char *name);
+/* dist_later_forget of the items on the ranks of m only (NULL: every
+ * rank): a tensor stored under name since lies on m's ranks, and a note
+ * of name on another rank is still an older tensor's, left there. */
+void dist_later_forget_on(dist_later *l, const char *name, const dist_mesh_desc *m);
 void dist_later_free(dist_later *l);
 /* dist_later_undo of the client's own list (dist_client.later), c->err
  * left as it was: what fails but may be done later stays for the next

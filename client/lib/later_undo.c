@@ -141,12 +141,17 @@ static int undo_pass(dist_client *c, dist_later *l, const int *silent, int n_sil
 
 int dist_later_undo(dist_client *c, dist_later *l) { return undo_pass(c, l, NULL, 0); }
 
-void dist_later_forget(dist_later *l, const char *name) {
+void dist_later_forget_on(dist_later *l, const char *name, const dist_mesh_desc *m) {
   int kept = 0;
-  for (int i = 0; i < l->n; i++)
-    if (strcmp(l->items[i].name, name) != 0) l->items[kept++] = l->items[i];
+  for (int i = 0; i < l->n; i++) {
+    const dist_later_item *it = &l->items[i];
+    int stored_there = !m || dist_mesh_index_of(m, it->rank) >= 0;
+    if (strcmp(it->name, name) != 0 || !stored_there) l->items[kept++] = *it;
+  }
   l->n = kept;
 }
+
+void dist_later_forget(dist_later *l, const char *name) { dist_later_forget_on(l, name, NULL); }
 
 void dist_client_later_undo_skipping(dist_client *c, const int *silent, int n_silent) {
   if (!c->later.n) return;

@@ -58,14 +58,21 @@ static int keep_handle(layer_step *s, dist_tensor *t) {
   return 0;
 }
 
-/* The step deletes name at its free. A note of it on the client's list
- * goes: step numbers count per layer object, so it may be an older layer
- * of this name's step tensor whose delete was not done, and the undo
- * would now delete this step's. */
-static int keep_created(dist_client *c, layer_step *s, const char *name) {
-  dist_later_forget(&c->later, name);
+/* t was just stored under a name a new layer of the same name makes
+ * again (step numbers count per layer object; "<param>.grad" at every
+ * step): a note of that name on the client's list for one of t's ranks
+ * may be an older layer's delete that was not done, and its undo would now
+ * delete t's piece there, so it goes. A note for a rank outside t's mesh
+ * stays: the older tensor is still there, and t is not. */
+static void forget_notes_of(dist_client *c, const dist_tensor *t) {
+  dist_later_forget_on(&c->later, t->name, &t->mesh.d);
+}
+
+/* The step deletes t at its free; forget_notes_of(t). */
+static int keep_created(dist_client *c, layer_step *s, const dist_tensor *t) {
+  forget_notes_of(c, t);
   char buf[256];
-  snprintf(buf, sizeof buf, "%s", name);
+  snprintf(buf, sizeof buf, "%s", t->name);
   return push(&s->created, &s->n_created, sizeof buf, buf);
 }
 
@@ -207,7 +214,7 @@ int dist_layer_call(fwd_ctx *x, dist_program *p, const char *path,
     goto out;
   }
   for (int k = 0; k < n; k++) { /* the step owns every output from here */
-    int r = keep_created(x->c, x->s, names[k]);
+    int r = keep_created(x->c, x->s, outs[k]);
     if (r) delete_now(x->c, outs[k]); /* not on the step's list of what to delete */
     if (keep_handle(x->s, outs[k])) r = DIST_ENOMEM, outs[k] = NULL;
     if (r && !rc) rc = dist_layer_ctx_fail(x, r, "out of memory");
@@ -462,7 +469,7 @@ static int add_grad(dist_client *c, layer_step *s, grad_slot *slot, dist_tensor 
     dist_errbuf_prefix(&c->err, "summing the gradients of '%s': ", slot->name);
     return rc;
   }
-  if (keep_created(c, s, name)) {
+  if (keep_created(c, s, sum)) {
     dist_client_fail(c, DIST_ENOMEM, "out of memory keeping gradient '%s'", name);
     delete_now(c, sum);
     dist_tensor_free(sum);
@@ -491,7 +498,7 @@ static int take_grad(dist_client *c, layer_step *s, const tape_entry *t, int j,
     dist_tensor_free(g);
     return 0;
   }
-  if (keep_created(c, s, g->name)) {
+  if (keep_created(c, s, g)) {
     dist_client_fail(c, DIST_ENOMEM, "out of memory keeping gradient '%s'", g->name);
     delete_now(c, g);
     dist_tensor_free(g);

@@ -903,6 +903,19 @@ static void release_unreached(relayed_step *s, const char *prefix) {
   cr_assert_eq(reply_hold_count_on(&cluster, 1, prefix, ""), 1, "rank 1 was not reached");
 }
 
+/* A Linear `name` on both ranks after a forward, its step released while
+ * rank 1 cannot be reached (its output "<name>.s1...." and invocation
+ * noted on the client's list for rank 1), then destroyed once rank 1 is
+ * back: s->st.l is NULL. */
+static void destroyed_after_an_unreached_release(relayed_step *s, const char *name) {
+  char prefix[64];
+  snprintf(prefix, sizeof prefix, "%s.s1.", name);
+  relayed_step_start(s, name);
+  release_unreached(s, prefix);
+  cr_assert_eq(dist_layer_destroy(s->c, s->st.l), 0, "%s", dist_errmsg(s->c));
+  s->st.l = NULL;
+}
+
 /* A Linear "unr" after a forward, its step released while rank 1 cannot
  * be reached (the relay refuses its connections, as a daemon that is down
  * would; rank 1 stays up, keeping its store): the release says it could
@@ -938,10 +951,8 @@ Test(shard_layer, a_step_rank_1_could_not_be_reached_for_at_its_release_goes_at_
 Test(shard_layer, a_new_layers_step_outlives_an_old_layers_note_of_its_name,
      .timeout = 120) {
   relayed_step s;
-  relayed_step_start(&s, "again");
+  destroyed_after_an_unreached_release(&s, "again");
   harness *h = &cluster;
-  release_unreached(&s, "again.s1.");
-  cr_assert_eq(dist_layer_destroy(s.c, s.st.l), 0, "%s", dist_errmsg(s.c));
   cr_assert_eq(dist_layer_linear(4, 4, 1, 7, &s.st.l), 0);
   cr_assert_eq(dist_layer_set_name(s.st.l, "again"), 0);
   cr_assert_eq(dist_shard_layer(s.c, s.st.l, s.m, NULL, NULL, NULL, NULL), 0, "%s",
@@ -965,6 +976,45 @@ Test(shard_layer, a_new_layers_step_outlives_an_old_layers_note_of_its_name,
                    "rank 1's piece of the replicated output is not rank 0's");
   free(piece[0]), free(piece[1]);
   dist_tensor_free(y);
+  relayed_step_stop(&s);
+}
+
+/* A Linear "far" on both ranks whose step rank 1 could not be reached
+ * for at its release (its output "far.s1.root.e0.out0" noted on the
+ * client's list for rank 1), destroyed once rank 1 is back, and a new
+ * Linear "far" on rank 0 alone, run forward while rank 1 cannot be
+ * reached (its check of the name outside its mesh goes unanswered, which
+ * lets it through): its first step makes the same name, on rank 0 only.
+ * The note is of rank 1, outside the new output's mesh, where the old
+ * layer's output still lies, so the client's next undo point, rank 1
+ * back, deletes it there and leaves the new output on rank 0. Before,
+ * making the name forgot its notes on every rank, and rank 1 kept the
+ * old output for good. */
+Test(shard_layer, an_old_layers_note_outside_a_new_steps_mesh_is_still_undone,
+     .timeout = 120) {
+  relayed_step s;
+  destroyed_after_an_unreached_release(&s, "far");
+  harness *h = &cluster;
+  cr_assert_eq(dist_tensor_delete_handle(s.c, s.st.x), 0, "%s", dist_errmsg(s.c));
+  int zero[1] = {0}, one[1] = {1};
+  dist_mesh *m0 = NULL;
+  cr_assert_eq(dist_mesh_new(1, one, zero, NULL, &m0), 0);
+  reply_hold_refuse(s.relay);
+  stepped st = linear_after_a_forward(s.c, m0, "far");
+  reply_hold_release(s.relay);
+  cr_assert_eq(reply_hold_count_on(h, 1, "far.s1.", ""), 1, "rank 1 lost the old output");
+  cr_assert_eq(dist_invocation_release(s.c, NULL), 0, "%s", dist_errmsg(s.c));
+  cr_assert_eq(reply_hold_count_on(h, 1, "far.s1.", ""), 0,
+               "rank 1 kept the old layer's output after the next undo point");
+  void *piece = NULL;
+  size_t nbytes = 0;
+  int64_t shape[DIST_MAX_DIMS];
+  cr_assert_eq(dist_dtensor_to_local(s.c, st.y, 0, &piece, &nbytes, shape), 0,
+               "the new output on rank 0: %s", dist_errmsg(s.c));
+  cr_assert_eq(nbytes, 8 * sizeof(float), "the new output's piece: %zu bytes", nbytes);
+  free(piece);
+  stepped_free(&st);
+  dist_mesh_free(m0);
   relayed_step_stop(&s);
 }
 
