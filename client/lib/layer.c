@@ -502,6 +502,12 @@ int dist_layer_destroy(dist_client *c, dist_layer *l) {
   dist_errbuf first = DIST_ERRBUF_INIT;
   dist_note_first_failure(c, dist_layer_release(c, l), &first);
   if (l->sharded) unshard(c, l, &first);
+  /* What the release's pass could not undo (a daemon not reached) outlives
+   * the layer on the client's list, whose next undo point retries it; a new
+   * layer of this name forgets the notes of the names it makes again
+   * (keep_created, take_grad). An SPMD trainer notes none of these shared
+   * names. */
+  dist_later_hand_over(c, &l->later, dist_later_of_made_up(c, &c->later));
   dist_layer_free(l);
   if (first.code) c->err = first;
   return first.code;

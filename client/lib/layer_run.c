@@ -489,6 +489,7 @@ static int take_grad(dist_client *c, layer_step *s, const tape_entry *t, int j,
   if (in->kind == IN_PARAM) {
     layer_param *p = in->param;
     dist_later_forget(later, g->name); /* an earlier step's failed backward noted it */
+    forget_notes_of(c, g); /* a destroyed layer of this name's, handed to the client */
     dist_tensor_free(p->grad);
     p->grad = g;
     if (dist_same_layout(g, p->tensor)) return 0;

@@ -1040,6 +1040,26 @@ Test(shard_layer, a_step_whose_only_daemon_could_not_be_reached_at_its_release_g
   relayed_step_stop(&s);
 }
 
+/* Releases s's step, then runs a second forward whose reply from rank 1
+ * is lost after rank 1 stored its output (named after prefix, the
+ * step-2 names) and kept its invocation: both are noted on the layer's
+ * own list for rank 1. */
+static void forward_lost_at_rank_1(relayed_step *s, const char *prefix) {
+  harness *h = &cluster;
+  cr_assert_eq(dist_layer_release(s->c, s->st.l), 0, "%s", dist_errmsg(s->c));
+  cr_assert_eq(reply_hold_invocations_on(h, 1), 0, "the release left an invocation");
+  reply_hold_from_call(s->relay, 1);
+  dist_tensor *y = NULL;
+  int rc = dist_layer_forward(s->c, s->st.l, &s->st.x, 1, &y, 1);
+  cr_assert(reply_hold_holding(s->relay), "the forward sent rank 1 no call");
+  reply_hold_release(s->relay);
+  cr_assert(rc < 0, "the forward whose reply from rank 1 was lost succeeded");
+  cr_assert_eq(reply_hold_count_on(h, 1, prefix, ""), 1, "rank 1 stored the output");
+  cr_assert_eq(reply_hold_count_on(h, 0, prefix, ""), 0, "rank 0 answered: deleted");
+  cr_assert_eq(reply_hold_invocations_on(h, 1), 1, "rank 1 kept no invocation");
+  cr_assert_eq(reply_hold_invocations_on(h, 0), 0, "rank 0 answered: released");
+}
+
 /* A Linear "lost", released after its first forward, then a second
  * forward whose reply from rank 1 the relay holds past the deadline,
  * after rank 1 stored the output "lost.s2.root.e0.out0" and kept the
@@ -1052,18 +1072,7 @@ static void lost_reply_forward(ended_by how) {
   relayed_step s;
   relayed_step_start(&s, "lost");
   harness *h = &cluster;
-  cr_assert_eq(dist_layer_release(s.c, s.st.l), 0, "%s", dist_errmsg(s.c));
-  cr_assert_eq(reply_hold_invocations_on(h, 1), 0, "the release left an invocation");
-  reply_hold_from_call(s.relay, 1);
-  dist_tensor *y = NULL;
-  int rc = dist_layer_forward(s.c, s.st.l, &s.st.x, 1, &y, 1);
-  cr_assert(reply_hold_holding(s.relay), "the forward sent rank 1 no call");
-  reply_hold_release(s.relay);
-  cr_assert(rc < 0, "the forward whose reply from rank 1 was lost succeeded");
-  cr_assert_eq(reply_hold_count_on(h, 1, "lost.s2.", ""), 1, "rank 1 stored the output");
-  cr_assert_eq(reply_hold_count_on(h, 0, "lost.s2.", ""), 0, "rank 0 answered: deleted");
-  cr_assert_eq(reply_hold_invocations_on(h, 1), 1, "rank 1 kept no invocation");
-  cr_assert_eq(reply_hold_invocations_on(h, 0), 0, "rank 0 answered: released");
+  forward_lost_at_rank_1(&s, "lost.s2.");
   end_step(s.c, &s.st, how);
   cr_assert_eq(reply_hold_count_on(h, 1, "lost.s2.", ""), 0, "rank 1 kept the output");
   int left = how == BY_FORWARD;
@@ -1086,6 +1095,36 @@ Test(shard_layer, a_forward_whose_reply_was_lost_leaves_nothing_after_a_forward,
 Test(shard_layer, a_forward_whose_reply_was_lost_leaves_nothing_after_a_destroy,
      .timeout = 120) {
   lost_reply_forward(BY_DESTROY);
+}
+
+/* A Linear "gone" whose second forward's reply from rank 1 was lost
+ * (its output and invocation there noted on the layer's own list), then
+ * destroyed while rank 1 cannot be reached (the relay refuses its
+ * connections; rank 1 stays up with its store): the destroy's undo of
+ * that list fails unreached, and what it could not undo goes to the
+ * client's list, which outlives the layer, so the client's next undo
+ * point (an invocation release, of none), rank 1 reachable again, deletes
+ * the output there and releases the invocation. Before, the destroy
+ * dropped the layer's list: the output stayed on rank 1 for good, the
+ * invocation until its time-to-live. */
+Test(shard_layer, a_destroy_rank_1_could_not_be_reached_for_leaves_its_list_to_the_client,
+     .timeout = 120) {
+  relayed_step s;
+  relayed_step_start(&s, "gone");
+  harness *h = &cluster;
+  forward_lost_at_rank_1(&s, "gone.s2.");
+  reply_hold_refuse(s.relay);
+  int rc = dist_layer_destroy(s.c, s.st.l);
+  reply_hold_release(s.relay);
+  s.st.l = NULL;
+  cr_assert_eq(rc, DIST_EUNAVAIL, "destroy with rank 1 unreached: %s", dist_err_name(rc));
+  cr_assert_eq(reply_hold_count_on(h, 1, "gone.s2.", ""), 1, "rank 1 was not reached");
+  cr_assert_eq(dist_invocation_release(s.c, NULL), 0, "%s", dist_errmsg(s.c));
+  cr_assert_eq(reply_hold_count_on(h, 1, "gone.s2.", ""), 0,
+               "rank 1 kept the failed forward's output after the next undo point");
+  cr_assert_eq(reply_hold_invocations_on(h, 1), 0,
+               "rank 1 kept the failed forward's invocation after the next undo point");
+  relayed_step_stop(&s);
 }
 
 /* The gradients of a Linear `name` on rank r: its parameters'
@@ -1191,6 +1230,46 @@ Test(shard_layer, a_later_steps_parameter_gradient_outlives_a_failed_steps_note,
     cr_assert_eq(reply_hold_count_on(&cluster, r, "fg.", ".grad"), 2,
                  "rank %d lost step 2's gradients of w and b", r);
   dist_tensor_free(y);
+  relayed_step_stop(&s);
+}
+
+/* A Linear "pg" whose backward's reply from rank 1 was lost after rank 1
+ * stored its parameters' gradients ("pg.weight.grad", "pg.bias.grad",
+ * noted on the layer's own list for rank 1), destroyed while rank 1
+ * cannot be reached: the notes go to the client's list. Once rank 1 is
+ * back and the old parameters are deleted there, a new Linear "pg" runs a
+ * step with a backward, filing its parameters' gradients under those
+ * names on both ranks; the client's next undo point must leave them:
+ * filing a gradient forgets its name's notes on the client's list too.
+ * With the destroy handing its list over but the filing forgetting the
+ * layer's own list only, the old notes deleted the new gradients on
+ * rank 1. */
+Test(shard_layer, a_new_layers_parameter_gradient_outlives_a_destroyed_layers_note,
+     .timeout = 120) {
+  relayed_step s;
+  relayed_step_start(&s, "pg");
+  harness *h = &cluster;
+  backward_held(&s, 0);
+  cr_assert_eq(reply_hold_count_on(h, 1, "pg.", ".grad"), 2, "rank 1 stored w's and b's");
+  reply_hold_refuse(s.relay);
+  int rc = dist_layer_destroy(s.c, s.st.l);
+  reply_hold_release(s.relay);
+  s.st.l = NULL;
+  cr_assert_eq(rc, DIST_EUNAVAIL, "destroy with rank 1 unreached: %s", dist_err_name(rc));
+  /* the old layer's parameters, left on rank 1 alone, and its input */
+  dist_client *on_1 = harness_spmd_client(h, 1, "pg");
+  const char *stale[2] = {"pg.weight", "pg.bias"};
+  for (int i = 0; i < 2; i++)
+    cr_assert_eq(dist_tensor_delete(on_1, stale[i]), 0, "%s: %s", stale[i], dist_errmsg(on_1));
+  dist_close(on_1);
+  cr_assert_eq(dist_tensor_delete_handle(s.c, s.st.x), 0, "%s", dist_errmsg(s.c));
+  stepped st = linear_after_a_forward(s.c, s.m, "pg");
+  cr_assert_eq(dist_layer_backward(s.c, st.l, &st.y, NULL), 0, "%s", dist_errmsg(s.c));
+  cr_assert_eq(dist_invocation_release(s.c, NULL), 0, "%s", dist_errmsg(s.c));
+  for (int r = 0; r < 2; r++)
+    cr_assert_eq(reply_hold_count_on(h, r, "pg.", ".grad"), 2,
+                 "rank %d lost the new layer's gradients of w and b", r);
+  stepped_free(&st);
   relayed_step_stop(&s);
 }
 

@@ -1348,7 +1348,9 @@ int dist_layer_step(dist_client *c, dist_layer *l, int trainer);
 int dist_layer_push_grad(dist_client *c, dist_layer *l, const char *path,
                          int trainer, const void *grad, size_t nbytes);
 /* Releases the step, unregisters the programs, deletes the stored
- * parameters, buffers and gradients, and frees l. NULL is a no-op. */
+ * parameters, buffers and gradients, and frees l. NULL is a no-op. What a
+ * failed step left on a daemon that could not be reached is undone at
+ * the client's next undo point (a single client's). */
 int dist_layer_destroy(dist_client *c, dist_layer *l);
 
 /* ---------------------------------------------------------------- helpers */
