@@ -12,7 +12,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
-#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/timerfd.h>
 #include <time.h>
@@ -22,6 +21,7 @@
 #include "log.h"
 #include "peer_batch.h"
 #include "peer_internal.h"
+#include "random.h"
 #include "tls.h"
 
 void distd_peer_set_error(peer *pe, const char *fmt, ...) {
@@ -358,7 +358,7 @@ static void init_state(distd_peers *p, struct event_base *base, const distd_peer
   p->wake_fd = -1;
   p->in_epfd = p->park_tfd = p->hold_tfd = -1;
   snprintf(p->cluster_id, sizeof p->cluster_id, "%s", opts->cluster_id ? opts->cluster_id : "");
-  if (getrandom(&p->boot_id, sizeof p->boot_id, 0) != sizeof p->boot_id)
+  if (dist_random_bytes(&p->boot_id, sizeof p->boot_id) != 0)
     p->boot_id = distd_now_ns() ^ (uint64_t)getpid();
   p->backoff_min = opts->backoff_min_ms > 0 ? opts->backoff_min_ms : 50;
   p->backoff_max = opts->backoff_max_ms >= p->backoff_min ? opts->backoff_max_ms : 2000;

@@ -14,6 +14,7 @@
 #include "fileio.h"
 #include "hash.h"
 #include "pbuf.h"
+#include "random.h"
 
 static __thread char connect_error[512];
 
@@ -298,11 +299,9 @@ static int open_client(const dist_member *members, int n, const dist_opts *opts,
   atomic_init(&c->unanswered_ms, 0);
   c->timeout_ms = opts->timeout_ms > 0 ? opts->timeout_ms : 30000;
   c->op_base = opts->op_id_base;
-  if (!c->op_base) { /* single client: ids nobody else will pick */
-    FILE *f = fopen("/dev/urandom", "rb");
-    if (!f || fread(&c->op_base, sizeof c->op_base, 1, f) != 1) c->op_base = (uint64_t)(uintptr_t)c;
-    if (f) fclose(f);
-  }
+  /* single client: ids nobody else will pick */
+  if (!c->op_base && dist_random_bytes(&c->op_base, sizeof c->op_base) != 0)
+    c->op_base = (uint64_t)(uintptr_t)c;
   client_opened();
   *out = c;
   return 0;

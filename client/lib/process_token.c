@@ -5,9 +5,9 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/random.h>
 
 #include "process_token.h"
+#include "random.h"
 
 /* Guards token and watching. */
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
@@ -24,17 +24,6 @@ static void after_fork_in_child(void) {
   pthread_mutex_unlock(&lock);
 }
 
-/* 0, or the errno of getrandom. */
-static int random_bits(uint64_t *bits) {
-  size_t got = 0;
-  while (got < sizeof *bits) {
-    ssize_t n = getrandom((char *)bits + got, sizeof *bits - got, 0);
-    if (n < 0 && errno != EINTR) return errno;
-    if (n > 0) got += (size_t)n;
-  }
-  return 0;
-}
-
 /* Under lock. */
 static int watch_forks(dist_client *c) {
   if (watching) return 0;
@@ -49,7 +38,7 @@ static int watch_forks(dist_client *c) {
 /* Under lock. */
 static int take_token(dist_client *c) {
   uint64_t bits = 0;
-  int err = random_bits(&bits);
+  int err = dist_random_bytes(&bits, sizeof bits);
   if (err)
     return dist_client_fail(c, err == ENOSYS ? DIST_ENOTSUP : DIST_EIO,
                             "cannot take the random token that tells this process's "

@@ -1,0 +1,12 @@
+/* Random bits from the kernel, for ids that must differ between processes
+ * (and between pid namespaces, where pids repeat): not for keys. */
+#ifndef DIST_RANDOM_H
+#define DIST_RANDOM_H
+
+#include <stddef.h>
+
+/* Fills buf with n random bytes (getrandom(2), retried after a signal or
+ * a short read); 0, or the errno that stopped it (ENOSYS: no getrandom). */
+int dist_random_bytes(void *buf, size_t n);
+
+#endif
