@@ -11,6 +11,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +23,7 @@
 #include "cluster.h"
 #include "distctl.h"
 #include "local_cluster.h"
+#include "random.h"
 
 #define MAX_RANKS 64
 
@@ -210,10 +212,22 @@ static void start_ranks(job *j, const char *cluster, const char *job_id,
   }
 }
 
+/* The trainers' DIST_JOB_ID, from which their op ids derive: the time and
+ * 64 random bits, so that launches against the same daemons differ. Not
+ * the pid: distctl in a container is often pid 1 in each, and two such
+ * launches in one second shared their op ids. */
+static int make_job_id(char *out, size_t len) {
+  uint64_t bits;
+  int err = dist_random_bytes(&bits, sizeof bits);
+  if (err) return distctl_fail("cannot take random bits for the job id: %s", strerror(err));
+  snprintf(out, len, "%ld-%016llx", (long)time(NULL), (unsigned long long)bits);
+  return 0;
+}
+
 static int run_job(int n, const char *cluster, const char *log_dir, char **argv, int json) {
   job j = {.n = n, .console_fd = -1, .console = json ? stderr : stdout, .failed_rank = -1};
   char job_id[64], log0[4096];
-  snprintf(job_id, sizeof job_id, "%ld-%d", (long)time(NULL), (int)getpid());
+  if (make_job_id(job_id, sizeof job_id) != 0) return 1;
   snprintf(log0, sizeof log0, "%s/workerlog.0", log_dir);
   j.log0_fd = open(log0, O_WRONLY | O_CREAT | O_TRUNC, 0644);
   int fds[2];

@@ -490,6 +490,40 @@ Test(distctl, launch_stops_everything_when_a_rank_fails, .timeout = 120) {
   cr_assert_eq(harness_remove_dir(dir), 0);
 }
 
+/* The job id part after the time that `distctl launch` (pid 1 of its own
+ * pid namespace, as in a container) gave its trainer; "" on failure. */
+static void job_id_tail_of_a_launch_as_pid_1(const char *dir, const char *tag, char *out,
+                                             size_t len) {
+  char cmd[1024], *console = NULL;
+  snprintf(cmd, sizeof cmd,
+           "unshare -p -f --kill-child %s launch -n 1 --log-dir %s/%s -- sh -c "
+           "\"echo \\$DIST_JOB_ID\"",
+           harness_distctl(), dir, tag);
+  out[0] = 0;
+  cr_assert_eq(harness_run(cmd, &console, NULL, 60), 0, "launch %s failed: %s", tag,
+               console ? console : "");
+  const char *dash = strchr(console, '-');
+  if (dash) snprintf(out, len, "%.*s", (int)strcspn(dash + 1, "\n"), dash + 1);
+  free(console);
+}
+
+/* Trainers' op ids derive from DIST_JOB_ID. Two launches by a distctl that
+ * is pid 1 each (containers) in the same second made the same job id
+ * ("<time>-1"), so their trainers, sharing daemons, shared op ids. */
+Test(distctl, launches_as_pid_1_give_different_job_ids, .timeout = 120) {
+  char *err = NULL;
+  if (harness_run("unshare -p -f true", NULL, &err, 30) != 0)
+    cr_skip_test("this machine refuses a pid namespace (unshare -p -f: %s)", err ? err : "");
+  free(err);
+  char dir[] = "/tmp/distctl-jobid-XXXXXX", a[64], b[64];
+  cr_assert(mkdtemp(dir));
+  job_id_tail_of_a_launch_as_pid_1(dir, "a", a, sizeof a);
+  job_id_tail_of_a_launch_as_pid_1(dir, "b", b, sizeof b);
+  cr_assert(a[0] && b[0], "no job id printed ('%s', '%s')", a, b);
+  cr_assert_str_neq(a, b, "two launches as pid 1 made the same job id tail '%s'", a);
+  cr_assert_eq(harness_remove_dir(dir), 0);
+}
+
 Test(daemon, metrics_endpoint_is_valid_prometheus_text, .timeout = 60) {
   harness h;
   dist_client *c = harness_start_with_client(&h, 2, NULL);
