@@ -204,9 +204,10 @@ static int store_seed(dist_tape *t, slot *s) {
   }
   /* An SPMD trainer outside the output's mesh gave an empty piece, from
    * which dist_dtensor_from_local cannot tell the global shape; the
-   * gradient's is the output's. Its handle would otherwise carry the
-   * wrong whole into the steps after, a reshard back onto a mesh it is
-   * in among them. */
+   * gradient's is the output's. A reshard onto a mesh with this trainer
+   * would take the daemons' shape (dist_reshard), but the steps before
+   * it, and the gradient of an input whose mesh leaves this trainer out
+   * (never resharded onto it), would carry the wrong whole. */
   if (!local && h->no_piece) h->shape = o->shape;
   slot g = made_tensor(t, s->name, h);
   dist_tensor_free(h);

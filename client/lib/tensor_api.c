@@ -526,16 +526,22 @@ static void take_layout(const dist_client *c, dist_tensor *t, const dist_mesh_de
   memcpy(t->placements, p, sizeof *p * (size_t)dst->ndim);
 }
 
-/* The version the reshard's vote gave the tensor, from the first daemon
- * that described it (all of a mesh agree: the vote decides it); kept as
- * it was when none did (a daemon older than the reply's meta). */
-static void take_reshard_version(dist_tensor *t, const dist_call *calls, int n) {
+/* The tensor as the reshard's daemons describe it, from the first that
+ * did (all of a mesh agree: the vote decides the version, and the global
+ * shape came from the source's daemons): its version, and its global
+ * shape, which a handle made outside the source mesh had guessed from an
+ * empty piece (dist_global_from_local). Kept as it was when none did (a
+ * daemon older than the reply's meta, or an SPMD trainer leaving the
+ * mesh, whose daemon keeps no piece). */
+static void take_reshard_meta(dist_tensor *t, const dist_call *calls, int n) {
   for (int i = 0; i < n; i++) {
     const Dist__V1__ReshardReply *r = (const Dist__V1__ReshardReply *)calls[i].reply;
-    if (r && r->meta && r->meta->version) {
-      t->version = r->meta->version;
-      return;
-    }
+    if (!r || !r->meta || !r->meta->version) continue;
+    t->version = r->meta->version;
+    dist_shape global;
+    if (dist_shape_from_pb(r->meta->global_shape, r->meta->n_global_shape, &global, NULL) == 0)
+      t->shape = global;
+    return;
   }
 }
 
@@ -595,7 +601,7 @@ int dist_reshard(dist_client *c, dist_tensor *t, const dist_mesh *mesh,
                          &rq.base, targets, n, &calls);
   if (rc == 0) {
     take_layout(c, t, dst, placements);
-    take_reshard_version(t, calls, n);
+    take_reshard_meta(t, calls, n);
   }
   dist_calls_release(calls, n);
   free(w);

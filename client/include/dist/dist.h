@@ -283,7 +283,7 @@ int dist_shard_tensor(dist_client *c, const char *name, const void *data,
  * shape. An SPMD trainer outside the mesh gives a piece too (checked, not
  * sent): its handle's global shape is derived from that piece's shape as
  * Paddle does (each sharded dim times its mesh dim's size; exact for even
- * splits). */
+ * splits) until a reshard onto a mesh with it gives it the daemons'. */
 int dist_dtensor_from_local(dist_client *c, const char *name,
                             const void *const *pieces, dist_dtype dt, int ndim,
                             const int64_t *const *shapes,
@@ -310,7 +310,9 @@ int dist_full_tensor(dist_client *c, const dist_tensor *t, void **data,
  * synchronous update are pending on any daemon the reshard fails with
  * DIST_EUNAVAIL and changes nothing. An SPMD trainer outside both meshes
  * only updates the handle (its piece stays empty); one in either mesh
- * takes part, so a stage's tensor moves to the next stage's mesh. */
+ * takes part, so a stage's tensor moves to the next stage's mesh, and one
+ * in the new mesh takes the global shape its daemon describes (a handle
+ * made outside the mesh by dtensor_from_local had guessed it). */
 int dist_reshard(dist_client *c, dist_tensor *t, const dist_mesh *mesh,
                  const dist_placement *placements);
 /* A handle to an existing tensor, by name (asks the daemons). */
