@@ -1,4 +1,4 @@
-/* A trainer for test_tape's pid-namespace test, run as pid 1 of a pid
+/* A trainer for test_tape_names' pid-namespace test, run as pid 1 of a pid
  * namespace of its own (`unshare -p -f`): a program of its own, because
  * the test process has gRPC threads and a child forked from it could not
  * use libdist.

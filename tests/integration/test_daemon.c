@@ -512,8 +512,9 @@ static void job_id_tail_of_a_launch_as_pid_1(const char *dir, const char *tag, c
  * ("<time>-1"), so their trainers, sharing daemons, shared op ids. */
 Test(distctl, launches_as_pid_1_give_different_job_ids, .timeout = 120) {
   char *err = NULL;
-  if (harness_run("unshare -p -f true", NULL, &err, 30) != 0)
-    cr_skip_test("this machine refuses a pid namespace (unshare -p -f: %s)", err ? err : "");
+  if (harness_run("unshare -p -f --kill-child true", NULL, &err, 30) != 0)
+    cr_skip_test("this machine refuses a pid namespace (unshare -p -f --kill-child: %s)",
+                 err ? err : "");
   free(err);
   char dir[] = "/tmp/distctl-jobid-XXXXXX", a[64], b[64];
   cr_assert(mkdtemp(dir));

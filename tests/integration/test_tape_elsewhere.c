@@ -178,7 +178,7 @@ static void trainer_free(trainer *tr) {
 }
 
 /* Frees the trainers; then no daemon holds a gradient of their tapes
- * (named "tape<pid>..."), the failed backward's included. */
+ * (named "tape<token>..."), the failed backward's included. */
 static void free_all(trainer *tr) {
   for (int r = 0; r < 3; r++) trainer_free(&tr[r]);
   for (int r = 0; r < 3; r++)
@@ -225,12 +225,14 @@ static void expect_gradient(trainer *tr, float (*want)(int)) {
   }
 }
 
-static const int one_two[2] = {1, 2}, two_one[2] = {2, 1};
+static const int one_two[2] = {1, 2}, two_one[2] = {2, 1}, one_zero[2] = {1, 0};
 
-/* A backward seeded as how onto [1, 2] that gives x's gradient want. */
-static void gradient_case(const char *job, seeding how, float (*want)(int)) {
+/* A backward seeded as how onto target (2 ranks) that gives x's gradient
+ * want. */
+static void gradient_case(const char *job, seeding how, const int *target,
+                          float (*want)(int)) {
   trainer tr[3];
-  run(tr, job, how, one_two, 2, 0);
+  run(tr, job, how, target, 2, 0);
   expect_gradient(tr, want);
   free_all(tr);
   stop_cluster();
@@ -238,7 +240,7 @@ static void gradient_case(const char *job, seeding how, float (*want)(int)) {
 
 /* Trainer 0's steps on [1, 2]: the layer's backward, x's gradient filed. */
 Test(tape_elsewhere, a_loss_on_ranks_without_trainer_0, .timeout = 120) {
-  gradient_case("tape-elsewhere-loss", FROM_LOSS, cube_grad_at);
+  gradient_case("tape-elsewhere-loss", FROM_LOSS, one_two, cube_grad_at);
 }
 
 /* The seed's copy is a LocalLayer call on the target mesh, without trainer
@@ -269,12 +271,13 @@ Test(tape_elsewhere, a_seed_on_ranks_2_and_1_without_trainer_0, .timeout = 120) 
   seed_elsewhere("tape-elsewhere-seed-21", two_one, 2);
 }
 
-/* Trainer 0 refuses (a NULL output): trainers 1 and 2 fail within 2.5 s
- * by its abort naming why, though their first step (the layer's
- * backward, the seed's copy) runs on daemons 1 and 2 only; then all three
- * all-reduce. Without the abort they fail when their daemons' wait for
- * daemon 0 passes the harness's 5 s peer timeout, before their 10 s
- * deadline: half of it leaves room both ways. */
+/* Trainer 0 refuses (a NULL output): trainers 1 and 2 fail by its abort
+ * naming why, though their first step (the layer's backward, the seed's
+ * copy) runs on daemons 1 and 2 only; then all three all-reduce. Without
+ * the abort they fail when their daemons' wait for daemon 0 passes the
+ * harness's 5 s peer timeout, with another message: the message tells
+ * the two apart, and the time (which a loaded machine stretches: trainer
+ * 0 may start its backward late) is only bounded by the 10 s deadline. */
 static void refused_elsewhere(const char *job, seeding how) {
   static const char why[] = "dist_tape_backward: outputs[0] is NULL";
   trainer tr[3];
@@ -284,7 +287,7 @@ static void refused_elsewhere(const char *job, seeding how) {
   for (int r = 1; r < 3; r++) {
     cr_log_info("trainer %d after %.2f s: %s", r, tr[r].took, tr[r].msg);
     cr_expect_neq(tr[r].rc, 0, "trainer %d succeeded", r);
-    cr_expect_lt(tr[r].took, 2.5, "trainer %d waited %.1f s: %s", r, tr[r].took, tr[r].msg);
+    cr_expect_lt(tr[r].took, 9.0, "trainer %d waited %.1f s: %s", r, tr[r].took, tr[r].msg);
     cr_expect(strstr(tr[r].msg, "rank 0 aborted op") && strstr(tr[r].msg, why),
               "trainer %d: %s (want rank 0's abort, '%s')", r, tr[r].msg, why);
   }
@@ -304,7 +307,15 @@ Test(tape_elsewhere, a_refusal_before_a_seed_copy_without_trainer_0, .timeout = 
 
 /* The seed stored from values on [1, 2]: trainer 0's empty piece tells no
  * shape, yet its handles describe the whole (before, its gradient of x,
- * whose rows it holds, said 0x0). */
+ * whose rows it holds, said 0x0; the reshard back onto [0, 1] now takes
+ * the daemons' shape too, dist_reshard). */
 Test(tape_elsewhere, a_seed_given_as_values_without_trainer_0s_piece, .timeout = 120) {
-  gradient_case("tape-elsewhere-values", FROM_VALUES, seed_at);
+  gradient_case("tape-elsewhere-values", FROM_VALUES, one_two, seed_at);
+}
+
+/* The seed stored from values on [1, 0]: trainer 2 is outside both meshes,
+ * so no reshard tells it the whole; its handle of x's gradient must still
+ * say 4x2 (the seed takes the output's shape, store_seed: before, 0x0). */
+Test(tape_elsewhere, a_seed_given_as_values_by_a_trainer_outside_both_meshes, .timeout = 120) {
+  gradient_case("tape-elsewhere-values-out", FROM_VALUES, one_zero, seed_at);
 }

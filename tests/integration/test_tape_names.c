@@ -109,10 +109,11 @@ static void expect_pid_1(const char *who, const char *out) {
  * daemons; a's gradient must have a name b's tape did not make, and read
  * as before after b's free. */
 Test(tape_names, trainers_of_pid_1_in_two_pid_namespaces_keep_their_tapes_apart,
-     .timeout = 180) {
+     .timeout = 300) {
   char *err = NULL;
-  if (harness_run("unshare -p -f true", NULL, &err, 30) != 0)
-    cr_skip_test("this machine refuses a pid namespace (unshare -p -f: %s)", err ? err : "");
+  if (harness_run("unshare -p -f --kill-child true", NULL, &err, 30) != 0)
+    cr_skip_test("this machine refuses a pid namespace (unshare -p -f --kill-child: %s)",
+                 err ? err : "");
   free(err);
   harness_start(&cluster, 2, NULL);
   char path[512], a_out[4096] = "", cmd[2048], *b_out = NULL, *b_err = NULL;
