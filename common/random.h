@@ -6,7 +6,8 @@
 #include <stddef.h>
 
 /* Fills buf with n random bytes (getrandom(2), retried after a signal or
- * a short read); 0, or the errno that stopped it (ENOSYS: no getrandom). */
+ * a short read; /dev/urandom where getrandom is missing or refused); 0, or
+ * the errno that stopped it. */
 int dist_random_bytes(void *buf, size_t n);
 
 #endif

@@ -1,6 +1,5 @@
 /* The process token of process_token.h: random, because a pid names a
  * process only within its pid namespace, and only while it runs. */
-#include <errno.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -40,9 +39,9 @@ static int take_token(dist_client *c) {
   uint64_t bits = 0;
   int err = dist_random_bytes(&bits, sizeof bits);
   if (err)
-    return dist_client_fail(c, err == ENOSYS ? DIST_ENOTSUP : DIST_EIO,
+    return dist_client_fail(c, DIST_EIO,
                             "cannot take the random token that tells this process's "
-                            "tensor names apart (getrandom: %s)", strerror(err));
+                            "tensor names apart (getrandom, /dev/urandom: %s)", strerror(err));
   snprintf(token, sizeof token, "%016llx", (unsigned long long)bits);
   return 0;
 }

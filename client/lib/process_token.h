@@ -13,7 +13,7 @@ enum { DIST_PROCESS_TOKEN_LEN = 16 };
  * and again in a child after fork, the same for every thread. A pid is
  * not such a token: trainers in containers are often pid 1 each, and pids
  * are used again. 0, or the error recorded on c when the kernel gives no
- * random bits (DIST_ENOTSUP without getrandom, else DIST_EIO), naming why,
+ * random bits (DIST_EIO: neither getrandom nor /dev/urandom), naming why,
  * or the fork handler cannot be registered (DIST_ENOMEM). */
 int dist_process_token(dist_client *c, char out[DIST_PROCESS_TOKEN_LEN + 1]);
 

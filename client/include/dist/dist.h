@@ -897,8 +897,8 @@ void dist_invocation_free(dist_invocation *inv);
 typedef struct dist_tape dist_tape;
 
 /* An empty tape on client c (used by every later call on it). Fails
- * (DIST_ENOTSUP, DIST_EIO) when the kernel gives no random bits for the
- * process's token (getrandom), naming why. */
+ * (DIST_EIO) when the kernel gives no random bits for the process's
+ * token (neither getrandom nor /dev/urandom), naming why. */
 int dist_tape_new(dist_client *c, dist_tape **out);
 /* Releases what the daemons keep for invocations not backpropagated, deletes
  * the gradient tensors the tape made (also those a failed backward may have
