@@ -539,7 +539,10 @@ static void take_reshard_meta(dist_tensor *t, const dist_call *calls, int n) {
     if (!r || !r->meta || !r->meta->version) continue;
     t->version = r->meta->version;
     dist_shape global;
-    if (dist_shape_from_pb(r->meta->global_shape, r->meta->n_global_shape, &global, NULL) == 0)
+    /* Only a shape of the handle's rank: its placements were checked
+     * against that (a Shard(d) past another count of dims would be taken). */
+    if (dist_shape_from_pb(r->meta->global_shape, r->meta->n_global_shape, &global, NULL) == 0 &&
+        global.ndim == t->shape.ndim)
       t->shape = global;
     return;
   }
