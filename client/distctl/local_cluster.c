@@ -1,3 +1,4 @@
+#include "random.h"
 #include "local_cluster.h"
 
 #include <arpa/inet.h>
@@ -30,10 +31,17 @@ static void sleep_ms(int ms) {
 /* Listener ports come from below the kernel's ephemeral range (32768 and
  * up): a port picked there could be taken by an outgoing connection (the
  * daemons dial each other) before its daemon binds it. All sockets stay
- * bound until every port is picked, so the ports differ. */
+ * bound until every port is picked, so the ports differ. The search
+ * starts at a random port: two distctl started in one second (as pid 1 of
+ * their containers, sharing the host's network) started at the same one
+ * when it came from the pid and the time, and their daemons raced for it
+ * once the probes closed. */
 static void pick_ports(int *ports, int count) {
   int fds[3 * MAX_DAEMONS];
-  int port = 20000 + (int)((getpid() * 7919u + (unsigned)time(NULL)) % 12000u);
+  unsigned start = 0;
+  if (dist_random_bytes(&start, sizeof start) != 0)
+    start = (unsigned)getpid() * 7919u + (unsigned)time(NULL);
+  int port = 20000 + (int)(start % 12000u);
   for (int i = 0; i < count; i++) {
     for (int tries = 0; tries < 12000; tries++) {
       port = port + 1 >= 32000 ? 20000 : port + 1;
