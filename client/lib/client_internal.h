@@ -232,6 +232,13 @@ void dist_later_forget(dist_later *l, const char *name);
  * rank): a tensor stored under name since lies on m's ranks, and a note
  * of name on another rank is still an older tensor's, left there. */
 void dist_later_forget_on(dist_later *l, const char *name, const dist_mesh_desc *m);
+/* c just stored name on m's ranks (a layer step's output or gradient, a
+ * reshard's result, a put, a checkpoint's load): a note of name on c's
+ * list for one of them stands for a delete of an older tensor of that
+ * name that was not done, or whose reply was lost after it was, and its
+ * undo would now delete the new piece there, so it goes
+ * (dist_later_forget_on of c->later). */
+void dist_later_forget_stored(dist_client *c, const char *name, const dist_mesh_desc *m);
 void dist_later_free(dist_later *l);
 /* dist_later_undo of the client's own list (dist_client.later), c->err
  * left as it was: what fails but may be done later stays for the next

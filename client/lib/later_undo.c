@@ -153,6 +153,10 @@ void dist_later_forget_on(dist_later *l, const char *name, const dist_mesh_desc 
 
 void dist_later_forget(dist_later *l, const char *name) { dist_later_forget_on(l, name, NULL); }
 
+void dist_later_forget_stored(dist_client *c, const char *name, const dist_mesh_desc *m) {
+  dist_later_forget_on(&c->later, name, m);
+}
+
 void dist_client_later_undo_skipping(dist_client *c, const int *silent, int n_silent) {
   if (!c->later.n) return;
   dist_errbuf keep = c->err;

@@ -61,11 +61,12 @@ static int keep_handle(layer_step *s, dist_tensor *t) {
 /* t was just stored under a name a new layer of the same name makes
  * again (step numbers count per layer object; "<param>.grad" at every
  * step): a note of that name on the client's list for one of t's ranks
- * may be an older layer's delete that was not done, and its undo would now
- * delete t's piece there, so it goes. A note for a rank outside t's mesh
- * stays: the older tensor is still there, and t is not. */
+ * may be an older layer's delete, and goes (dist_later_forget_stored). A
+ * note for a rank outside t's mesh stays: the older tensor is still
+ * there, and t is not; should t be resharded there, that reshard forgets
+ * it. */
 static void forget_notes_of(dist_client *c, const dist_tensor *t) {
-  dist_later_forget_on(&c->later, t->name, &t->mesh.d);
+  dist_later_forget_stored(c, t->name, &t->mesh.d);
 }
 
 /* The step deletes t at its free; forget_notes_of(t). */

@@ -605,6 +605,7 @@ int dist_reshard(dist_client *c, dist_tensor *t, const dist_mesh *mesh,
   if (rc == 0) {
     take_layout(c, t, dst, placements);
     take_reshard_meta(t, calls, n);
+    dist_later_forget_stored(c, t->name, dst);
   }
   dist_calls_release(calls, n);
   free(w);

@@ -746,11 +746,16 @@ typedef struct stepped {
   dist_tensor *x, *y;
 } stepped;
 
-static stepped linear_after_a_forward(dist_client *c, const dist_mesh *m, const char *name) {
+/* A Linear(4, 4) `name` on m, sharded with output_fn (NULL: none; user
+ * its data), after a forward of x "<name>.x" [2, 4] (fill's seed 5),
+ * Replicate. */
+static stepped linear_after_a_forward_then(dist_client *c, const dist_mesh *m, const char *name,
+                                           dist_layer_io_fn output_fn, void *user) {
   stepped st = {NULL, NULL, NULL};
   cr_assert_eq(dist_layer_linear(4, 4, 1, 7, &st.l), 0);
   cr_assert_eq(dist_layer_set_name(st.l, name), 0);
-  cr_assert_eq(dist_shard_layer(c, st.l, m, NULL, NULL, NULL, NULL), 0, "%s", dist_errmsg(c));
+  cr_assert_eq(dist_shard_layer(c, st.l, m, NULL, NULL, output_fn, user), 0, "%s",
+               dist_errmsg(c));
   float xv[8];
   fill(xv, 8, 5);
   int64_t shape[2] = {2, 4};
@@ -760,6 +765,10 @@ static stepped linear_after_a_forward(dist_client *c, const dist_mesh *m, const 
   st.x = put(c, xname, xv, 2, shape, m, &rep);
   cr_assert_eq(dist_layer_forward(c, st.l, &st.x, 1, &st.y, 1), 1, "%s", dist_errmsg(c));
   return st;
+}
+
+static stepped linear_after_a_forward(dist_client *c, const dist_mesh *m, const char *name) {
+  return linear_after_a_forward_then(c, m, name, NULL, NULL);
 }
 
 static void stepped_free(stepped *st) {
@@ -1016,6 +1025,98 @@ Test(shard_layer, an_old_layers_note_outside_a_new_steps_mesh_is_still_undone,
   stepped_free(&st);
   dist_mesh_free(m0);
   relayed_step_stop(&s);
+}
+
+/* output_fn: every output onto the mesh given as user, Replicate, as a
+ * stage hands its output to the ranks of the next. */
+static int replicate_onto(dist_client *c, dist_tensor **ts, int n, const dist_mesh *mesh,
+                          void *user) {
+  (void)mesh;
+  dist_placement rep = DIST_REPLICATED;
+  for (int i = 0; i < n; i++) {
+    int rc = dist_reshard(c, ts[i], user, &rep);
+    if (rc) return rc;
+  }
+  return 0;
+}
+
+/* y = x @ w + b of linear_after_a_forward's Linear and x, computed here
+ * from a fresh Linear of its seed. */
+static void linear_after_a_forward_ref(double y[8]) {
+  float xv[8];
+  fill(xv, 8, 5);
+  dist_layer *fresh = linear(4, 4, 1, 7);
+  float *w = read_param(NULL, fresh, "weight", 0, 16), *b = read_param(NULL, fresh, "bias", 0, 4);
+  linear_ref(xv, w, b, 2, 4, 4, y);
+  free(w), free(b);
+  dist_layer_free(fresh);
+}
+
+/* What moves a new step's output from rank 0 to rank 1 (a reshard goes
+ * onto a mesh of its mesh's shape only: [0] to [0, 1] is refused). */
+typedef enum { BY_CALLER_RESHARD, BY_OUTPUT_FN } moved_by;
+
+/* A Linear "mv" on both ranks whose step's release lost rank 1's reply
+ * to the delete of its output "mv.s1.mv.e0.out0" (the relay holds rank
+ * 1's third call of the release, after its invocation's release and the
+ * output's look-up): rank 1 deleted it, yet the client notes it for rank
+ * 1, not knowing. Destroyed, and a new Linear "mv" on rank 0 alone run
+ * forward: its first step makes that name on rank 0, forgetting its
+ * notes there only, and the name is then resharded onto rank 1 (`how`).
+ * The client's next undo point must leave rank 1's piece, which is the
+ * live output: a reshard stores the name on its mesh's ranks and forgets
+ * its notes there. Before, the old note deleted it. */
+static void a_lost_delete_meets_a_resharded_output(moved_by how) {
+  relayed_step s;
+  relayed_step_start(&s, "mv");
+  harness *h = &cluster;
+  reply_hold_from_call(s.relay, 3);
+  int rc = dist_layer_release(s.c, s.st.l);
+  cr_assert(reply_hold_holding(s.relay), "the release sent rank 1 fewer than 3 calls");
+  reply_hold_release(s.relay);
+  cr_assert_eq(rc, DIST_ETIMEDOUT, "release with rank 1's delete unanswered: %s",
+               dist_err_name(rc));
+  cr_assert_eq(reply_hold_count_on(h, 1, "mv.s1.", ""), 0, "rank 1 did not delete the output");
+  cr_assert_eq(dist_layer_destroy(s.c, s.st.l), 0, "%s", dist_errmsg(s.c));
+  s.st.l = NULL;
+  cr_assert_eq(dist_tensor_delete_handle(s.c, s.st.x), 0, "%s", dist_errmsg(s.c));
+  int zero[1] = {0}, one[1] = {1};
+  dist_mesh *m0 = NULL, *m1 = NULL;
+  cr_assert_eq(dist_mesh_new(1, one, zero, NULL, &m0), 0);
+  cr_assert_eq(dist_mesh_new(1, one, one, NULL, &m1), 0);
+  stepped st = linear_after_a_forward_then(s.c, m0, "mv",
+                                           how == BY_OUTPUT_FN ? replicate_onto : NULL, m1);
+  cr_assert_str_eq(dist_tensor_name(st.y), "mv.s1.mv.e0.out0", "not the old output's name");
+  dist_placement rep = DIST_REPLICATED;
+  if (how == BY_CALLER_RESHARD)
+    cr_assert_eq(dist_reshard(s.c, st.y, m1, &rep), 0, "%s", dist_errmsg(s.c));
+  cr_assert_eq(dist_mesh_rank_at(dist_tensor_mesh(st.y), 0), 1, "the output is not on rank 1");
+  cr_assert_eq(dist_invocation_release(s.c, NULL), 0, "%s", dist_errmsg(s.c));
+  cr_assert_eq(reply_hold_count_on(h, 1, "mv.s1.", ""), 1,
+               "the old layer's note deleted the live output on rank 1");
+  void *piece = NULL;
+  size_t nbytes = 0;
+  int64_t shape[DIST_MAX_DIMS];
+  cr_assert_eq(dist_dtensor_to_local(s.c, st.y, 1, &piece, &nbytes, shape), 0,
+               "the output on rank 1: %s", dist_errmsg(s.c));
+  cr_assert_eq(nbytes, 8 * sizeof(float), "rank 1's piece: %zu bytes", nbytes);
+  double want[8];
+  linear_after_a_forward_ref(want);
+  assert_all_close(piece, want, 8, 1e-5, "rank 1's piece of y");
+  free(piece);
+  stepped_free(&st);
+  dist_mesh_free(m0), dist_mesh_free(m1);
+  relayed_step_stop(&s);
+}
+
+Test(shard_layer, a_lost_deletes_note_spares_a_new_output_the_caller_reshards_onto_its_rank,
+     .timeout = 120) {
+  a_lost_delete_meets_a_resharded_output(BY_CALLER_RESHARD);
+}
+
+Test(shard_layer, a_lost_deletes_note_spares_a_new_output_output_fn_reshards_onto_its_rank,
+     .timeout = 120) {
+  a_lost_delete_meets_a_resharded_output(BY_OUTPUT_FN);
 }
 
 /* A Linear "only1" on rank 1 alone after a forward, its step released
