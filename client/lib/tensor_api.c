@@ -236,7 +236,10 @@ static int batch_send(dist_client *c, put_batch *b, const dist_mesh_desc *mesh, 
     return rc;
   }
   *out = dist_tensor_from_meta(((Dist__V1__TensorPutReply *)b->calls[0].reply)->meta);
-  if (*out) return 0;
+  if (*out) {
+    dist_later_forget_stored(c, name, mesh);
+    return 0;
+  }
   undo_puts(c, b);
   return dist_client_fail(c, DIST_ENOMEM, "out of memory for the handle of '%s'", name);
 }

@@ -1056,27 +1056,55 @@ static void linear_after_a_forward_ref(double y[8]) {
  * onto a mesh of its mesh's shape only: [0] to [0, 1] is refused). */
 typedef enum { BY_CALLER_RESHARD, BY_OUTPUT_FN } moved_by;
 
+/* Releases s's step while the relay holds rank 1's reply to the delete
+ * of its output, named after prefix (rank 1's third call of the release,
+ * after its invocation's release and the output's look-up): rank 1
+ * deletes it, yet the client, not knowing, notes it on its list for
+ * rank 1. */
+static void release_losing_rank_1s_delete(relayed_step *s, const char *prefix) {
+  reply_hold_from_call(s->relay, 3);
+  int rc = dist_layer_release(s->c, s->st.l);
+  cr_assert(reply_hold_holding(s->relay), "the release sent rank 1 fewer than 3 calls");
+  reply_hold_release(s->relay);
+  cr_assert_eq(rc, DIST_ETIMEDOUT, "release with rank 1's delete unanswered: %s",
+               dist_err_name(rc));
+  cr_assert_eq(reply_hold_count_on(&cluster, 1, prefix, ""), 0,
+               "rank 1 did not delete the output");
+}
+
+/* After the client's next undo point, rank 1 still holds y, a
+ * replicated output of linear_after_a_forward named after prefix, with
+ * its values. */
+static void rank_1_keeps_the_output_past_an_undo_point(dist_client *c, const dist_tensor *y,
+                                                       const char *prefix) {
+  cr_assert_eq(dist_invocation_release(c, NULL), 0, "%s", dist_errmsg(c));
+  cr_assert_eq(reply_hold_count_on(&cluster, 1, prefix, ""), 1,
+               "the old note deleted the live output on rank 1");
+  void *piece = NULL;
+  size_t nbytes = 0;
+  int64_t shape[DIST_MAX_DIMS];
+  cr_assert_eq(dist_dtensor_to_local(c, y, 1, &piece, &nbytes, shape), 0,
+               "the output on rank 1: %s", dist_errmsg(c));
+  cr_assert_eq(nbytes, 8 * sizeof(float), "rank 1's piece: %zu bytes", nbytes);
+  double want[8];
+  linear_after_a_forward_ref(want);
+  assert_all_close(piece, want, 8, 1e-5, "rank 1's piece of y");
+  free(piece);
+}
+
 /* A Linear "mv" on both ranks whose step's release lost rank 1's reply
- * to the delete of its output "mv.s1.mv.e0.out0" (the relay holds rank
- * 1's third call of the release, after its invocation's release and the
- * output's look-up): rank 1 deleted it, yet the client notes it for rank
- * 1, not knowing. Destroyed, and a new Linear "mv" on rank 0 alone run
- * forward: its first step makes that name on rank 0, forgetting its
- * notes there only, and the name is then resharded onto rank 1 (`how`).
- * The client's next undo point must leave rank 1's piece, which is the
- * live output: a reshard stores the name on its mesh's ranks and forgets
- * its notes there. Before, the old note deleted it. */
+ * to the delete of its output "mv.s1.mv.e0.out0"
+ * (release_losing_rank_1s_delete). Destroyed, and a new Linear "mv" on
+ * rank 0 alone run forward: its first step makes that name on rank 0,
+ * forgetting its notes there only, and the name is then resharded onto
+ * rank 1 (`how`). The client's next undo point must leave rank 1's
+ * piece, which is the live output: a reshard stores the name on its
+ * mesh's ranks and forgets its notes there. Before, the old note deleted
+ * it. */
 static void a_lost_delete_meets_a_resharded_output(moved_by how) {
   relayed_step s;
   relayed_step_start(&s, "mv");
-  harness *h = &cluster;
-  reply_hold_from_call(s.relay, 3);
-  int rc = dist_layer_release(s.c, s.st.l);
-  cr_assert(reply_hold_holding(s.relay), "the release sent rank 1 fewer than 3 calls");
-  reply_hold_release(s.relay);
-  cr_assert_eq(rc, DIST_ETIMEDOUT, "release with rank 1's delete unanswered: %s",
-               dist_err_name(rc));
-  cr_assert_eq(reply_hold_count_on(h, 1, "mv.s1.", ""), 0, "rank 1 did not delete the output");
+  release_losing_rank_1s_delete(&s, "mv.s1.");
   cr_assert_eq(dist_layer_destroy(s.c, s.st.l), 0, "%s", dist_errmsg(s.c));
   s.st.l = NULL;
   cr_assert_eq(dist_tensor_delete_handle(s.c, s.st.x), 0, "%s", dist_errmsg(s.c));
@@ -1091,32 +1119,62 @@ static void a_lost_delete_meets_a_resharded_output(moved_by how) {
   if (how == BY_CALLER_RESHARD)
     cr_assert_eq(dist_reshard(s.c, st.y, m1, &rep), 0, "%s", dist_errmsg(s.c));
   cr_assert_eq(dist_mesh_rank_at(dist_tensor_mesh(st.y), 0), 1, "the output is not on rank 1");
-  cr_assert_eq(dist_invocation_release(s.c, NULL), 0, "%s", dist_errmsg(s.c));
-  cr_assert_eq(reply_hold_count_on(h, 1, "mv.s1.", ""), 1,
-               "the old layer's note deleted the live output on rank 1");
-  void *piece = NULL;
-  size_t nbytes = 0;
-  int64_t shape[DIST_MAX_DIMS];
-  cr_assert_eq(dist_dtensor_to_local(s.c, st.y, 1, &piece, &nbytes, shape), 0,
-               "the output on rank 1: %s", dist_errmsg(s.c));
-  cr_assert_eq(nbytes, 8 * sizeof(float), "rank 1's piece: %zu bytes", nbytes);
-  double want[8];
-  linear_after_a_forward_ref(want);
-  assert_all_close(piece, want, 8, 1e-5, "rank 1's piece of y");
-  free(piece);
+  rank_1_keeps_the_output_past_an_undo_point(s.c, st.y, "mv.s1.");
   stepped_free(&st);
   dist_mesh_free(m0), dist_mesh_free(m1);
   relayed_step_stop(&s);
 }
 
-Test(shard_layer, a_lost_deletes_note_spares_a_new_output_the_caller_reshards_onto_its_rank,
-     .timeout = 120) {
+Test(shard_layer, a_lost_deletes_note_spares_an_output_the_caller_reshards, .timeout = 120) {
   a_lost_delete_meets_a_resharded_output(BY_CALLER_RESHARD);
 }
 
-Test(shard_layer, a_lost_deletes_note_spares_a_new_output_output_fn_reshards_onto_its_rank,
-     .timeout = 120) {
+Test(shard_layer, a_lost_deletes_note_spares_an_output_output_fn_reshards, .timeout = 120) {
   a_lost_delete_meets_a_resharded_output(BY_OUTPUT_FN);
+}
+
+/* How a checkpoint restore stores a name again. */
+typedef enum { RESTORED_AS_SAVED, RESTORED_ONTO_RANK_1 } restored_how;
+
+/* A Linear "ck" on both ranks after a forward, its output
+ * "ck.s1.ck.e0.out0" saved in a checkpoint, then the step's release lost
+ * rank 1's reply to the output's delete (release_losing_rank_1s_delete).
+ * The checkpoint restored brings the output back onto rank 1: as saved
+ * (the daemons load it), or onto rank 1 alone (a mesh of another shape:
+ * put together in the client and put there). The client's next undo
+ * point must leave it: a restore stores the name and forgets its notes
+ * on the ranks it stores it on. Before, the note deleted it. */
+static void a_lost_delete_meets_a_restored_output(restored_how how) {
+  relayed_step s;
+  relayed_step_start(&s, "ck");
+  char dir[400];
+  snprintf(dir, sizeof dir, "%s/ckpt", cluster.dir);
+  const char *names[1] = {dist_tensor_name(s.st.y)};
+  dist_checkpoint_opts o = DIST_CHECKPOINT_OPTS_INIT;
+  o.tensors = names;
+  o.ntensors = 1;
+  cr_assert_eq(dist_checkpoint_save(s.c, dir, &o, NULL), 0, "%s", dist_errmsg(s.c));
+  release_losing_rank_1s_delete(&s, "ck.s1.");
+  int one[1] = {1};
+  dist_mesh *m1 = NULL;
+  cr_assert_eq(dist_mesh_new(1, one, one, NULL, &m1), 0);
+  dist_placement rep = DIST_REPLICATED;
+  if (how == RESTORED_ONTO_RANK_1) o.mesh = m1, o.placements = &rep, o.nplacements = 1;
+  cr_assert_eq(dist_checkpoint_restore(s.c, dir, &o, NULL), 0, "%s", dist_errmsg(s.c));
+  dist_tensor *y = NULL;
+  cr_assert_eq(dist_tensor_open(s.c, names[0], &y), 0, "%s", dist_errmsg(s.c));
+  rank_1_keeps_the_output_past_an_undo_point(s.c, y, "ck.s1.");
+  dist_tensor_free(y);
+  dist_mesh_free(m1);
+  relayed_step_stop(&s);
+}
+
+Test(shard_layer, a_lost_deletes_note_spares_an_output_restored_as_saved, .timeout = 120) {
+  a_lost_delete_meets_a_restored_output(RESTORED_AS_SAVED);
+}
+
+Test(shard_layer, a_lost_deletes_note_spares_an_output_restored_onto_its_rank, .timeout = 120) {
+  a_lost_delete_meets_a_restored_output(RESTORED_ONTO_RANK_1);
 }
 
 /* A Linear "only1" on rank 1 alone after a forward, its step released
