@@ -150,13 +150,14 @@ static int no_rows(dist_client *c, void **out, int64_t *out_rows) {
  * where the caller's tensor may have stood (as a replacing LocalLayer
  * call keeps its outputs: dist_local_layer_keeps_failed_outputs). A name
  * of libdist's own is noted on a->later for a daemon that did not answer,
- * which may have kept it too, and for one whose delete was not done; not
- * by an SPMD trainer, which notes no names libdist made up
- * (dist_client_later_takes_made_up_names), though it deletes them. */
+ * which may have kept it too, and for one whose delete was not done, by
+ * an SPMD trainer too: that list is its caller's (a tape's), as the
+ * LocalLayer undoing calls' is, and what may pass from it to the client's
+ * is dist_later_of_made_up's to say. */
 static void undo_kept(dist_client *c, const exchange_args *a, const dist_call *calls, int n) {
   const dist_moe_opts *o = a->opts;
   if (!o || !o->out_name || (o->replace && !a->later)) return;
-  dist_later *notes = dist_later_of_made_up(c, a->later);
+  dist_later *notes = a->later;
   for (int k = 0; k < n; k++)
     if (calls[k].applied) dist_delete_on(c, o->out_name, &calls[k].target, 1, notes);
     else if (calls[k].unanswered && notes)

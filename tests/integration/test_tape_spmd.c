@@ -401,45 +401,123 @@ static int backward_from_y(trainer *tr) {
   return dist_tape_backward(tr->t, outs, &g, 1);
 }
 
-/* Two SPMD trainers, y = scatter(x) on their tapes, rank 1 behind a relay;
- * the backward's exchange (a gather of y's gradient, kept by each daemon
- * under its trainer's tape name) goes through on both daemons, but rank 1's
- * reply to trainer 1 is held past its deadline: trainer 1 fails, its
- * daemon keeping the result, trainer 0 succeeds. An SPMD trainer notes no
- * name libdist made up (dist_later_of_made_up: they are every trainer's,
- * and a reply lost here does not make them this one's to delete, as the
- * others got theirs), so neither trainer 1's tape free nor its client's
- * next undo point deletes that result on rank 1, trainer 0's tape still
- * alive. With the note (the SPMD check dropped), the free deleted it. */
-Test(undo, an_spmd_exchange_whose_reply_was_lost_is_not_deleted_later, .timeout = 120) {
-  dist_client *c = NULL;
-  reply_hold *relay = reply_hold_cluster(&cluster, 2, 1, REPLY_HOLD_DEADLINE_MS, &c);
+static int backward_from_loss(trainer *tr) {
+  const dist_tensor *outs[1] = {tr->loss};
+  return dist_tape_backward(tr->t, outs, NULL, 1);
+}
+
+/* Two SPMD trainers on a cluster of 2 whose rank 1 is behind a relay (c:
+ * the relay's own client). */
+typedef struct relayed_pair {
   trainer tr[2];
+  reply_hold *relay;
+  dist_client *c;
+} relayed_pair;
+
+/* p's trainers of a job each run prelude, then call, with rank 1's reply
+ * to trainer 1's first call of it held past trainer 1's deadline: trainer
+ * 1 fails, rank 1 having carried out that call and kept one name of
+ * trainer 1's tape (asserted). */
+static void trainer_1s_reply_lost(relayed_pair *p, prelude_fn prelude, call_fn call,
+                                  const char *job) {
+  trainer *tr = p->tr;
+  reply_hold *relay = p->relay =
+      reply_hold_cluster(&cluster, 2, 1, REPLY_HOLD_DEADLINE_MS, &p->c);
   for (int r = 0; r < 2; r++) {
-    tr[r] = (trainer){.prelude = scattered, .call = backward_from_y, .rank = r,
-                      .c = harness_spmd_client_of(reply_hold_cluster_file(relay), 2, r,
-                                                  "undo-spmd-exchange")};
+    tr[r] = (trainer){.prelude = prelude, .call = call, .rank = r,
+                      .c = harness_spmd_client_of(reply_hold_cluster_file(relay), 2, r, job)};
     tr[r].c->timeout_ms = r ? REPLY_HOLD_DEADLINE_MS : 30000;
   }
   both(tr, run_prelude);
   for (int r = 0; r < 2; r++) cr_assert_eq(tr[r].rc, 0, "trainer %d: %s", r, tr[r].msg);
   cr_assert_eq(reply_hold_count_on(&cluster, 1, "tape", ""), 0, "rank 1 holds a gradient");
-  reply_hold_calls(relay, 1, 2); /* trainer 1's exchange: its reply is lost */
+  reply_hold_calls(relay, 1, 2); /* trainer 1's first call: its reply is lost */
   both(tr, run_call);
   int held = reply_hold_calls_seen(relay);
   reply_hold_release(relay);
   cr_assert_geq(held, 1, "trainer 1 sent rank 1 no call");
-  cr_assert_eq(tr[0].rc, 0, "trainer 0: %s", tr[0].msg);
   cr_assert_neq(tr[1].rc, 0, "trainer 1, its reply lost, succeeded");
   cr_assert_eq(reply_hold_count_on(&cluster, 1, "tape", ""), 1,
-               "rank 1 did not keep the exchange's result");
+               "rank 1 did not keep what trainer 1's call stored");
+}
+
+static void relayed_pair_stop(relayed_pair *p) {
+  for (int r = 0; r < 2; r++) trainer_free(&p->tr[r]);
+  reply_hold_cluster_stop(&cluster, p->relay, p->c);
+}
+
+/* Frees trainer 1's tape while rank 1 cannot be reached (the relay
+ * refusing its connections; rank 1 stays up with its store), so that its
+ * delete there fails unanswered: rank 1 still holds that one name (what,
+ * in messages). Then trainer 1's client's next undo point, rank 1 back,
+ * must delete it. */
+static void free_unreached_then_undo(relayed_pair *p, const char *what) {
+  trainer *tr = p->tr;
+  reply_hold_refuse(p->relay);
   dist_tape_free(tr[1].t);
   tr[1].t = NULL;
-  cr_expect_eq(reply_hold_count_on(&cluster, 1, "tape", ""), 1,
-               "trainer 1's tape free deleted the result on rank 1");
+  reply_hold_release(p->relay);
+  cr_assert_eq(reply_hold_count_on(&cluster, 1, "tape", ""), 1,
+               "rank 1, not reached, lost %s at trainer 1's tape free", what);
   cr_assert_eq(dist_invocation_release(tr[1].c, NULL), 0, "%s", dist_errmsg(tr[1].c));
-  cr_expect_eq(reply_hold_count_on(&cluster, 1, "tape", ""), 1,
-               "trainer 1's next undo point deleted the result on rank 1");
-  for (int r = 0; r < 2; r++) trainer_free(&tr[r]);
-  reply_hold_cluster_stop(&cluster, relay, c);
+  cr_expect_eq(reply_hold_count_on(&cluster, 1, "tape", ""), 0,
+               "rank 1 kept %s after trainer 1's next undo point", what);
+}
+
+/* Trainer 0's gradient of x, read from its daemon: all ones, x's shape (a
+ * scatter only moves rows, and y's gradient is ones). */
+static void expect_ones_as_x_grad(trainer *tr, const char *when) {
+  void *data = NULL;
+  size_t nbytes = 0;
+  int64_t shape[2] = {0};
+  int rc = dist_tape_grad_local(tr->t, "x", -1, &data, &nbytes, shape);
+  cr_expect_eq(rc, 0, "trainer %d %s: its gradient of x: %s", tr->rank, when,
+               dist_errmsg(tr->c));
+  cr_expect(rc == 0 && shape[0] == 5 && shape[1] == 2 && nbytes == sizeof ones[0] * 5 &&
+                memcmp(data, ones, nbytes) == 0,
+            "trainer %d %s: its gradient of x is not ones of 5x2 (%lldx%lld, %zu bytes)",
+            tr->rank, when, (long long)shape[0], (long long)shape[1], nbytes);
+  free(data);
+}
+
+/* Two SPMD trainers, y = scatter(x) on their tapes, rank 1 behind a relay;
+ * the backward's exchange (a gather of y's gradient, kept by each daemon
+ * under its trainer's tape name) goes through on both daemons, but rank 1's
+ * reply to trainer 1 is lost: trainer 1 fails, its daemon keeping the
+ * result, trainer 0 succeeds. The result's name is trainer 1's tape's
+ * alone ("tape<token>.<serial>.g<k>"), on its own daemon, to which only
+ * trainer 1 sends: it is noted on the tape's list, which trainer 1's free,
+ * rank 1 not reached, hands to its client's list, whose next undo point
+ * deletes it on rank 1, while trainer 0's tape keeps its gradient of x on
+ * rank 0 with its values. Before (dist_later_of_made_up noting no name
+ * for an SPMD trainer), rank 1 kept the result for good; with the note
+ * and no hand-over, or the hand-over and no note, it kept it too. */
+Test(undo, an_spmd_exchange_whose_reply_was_lost_is_deleted_at_the_next_undo_point,
+     .timeout = 120) {
+  relayed_pair p;
+  trainer_1s_reply_lost(&p, scattered, backward_from_y, "undo-spmd-exchange");
+  cr_assert_eq(p.tr[0].rc, 0, "trainer 0: %s", p.tr[0].msg);
+  int on_rank_0 = reply_hold_count_on(&cluster, 0, "tape", "");
+  cr_assert_geq(on_rank_0, 1, "rank 0 holds no gradient of trainer 0's tape");
+  expect_ones_as_x_grad(&p.tr[0], "after its backward");
+  free_unreached_then_undo(&p, "the result");
+  cr_expect_eq(reply_hold_count_on(&cluster, 0, "tape", ""), on_rank_0,
+               "trainer 1's undo changed what trainer 0's tape holds on rank 0");
+  expect_ones_as_x_grad(&p.tr[0], "after trainer 1's undo point");
+  relayed_pair_stop(&p);
+}
+
+/* The same for the gradient a LocalLayer backward on the tape stores (y's,
+ * of loss = sum(y * y)), noted by dist_backward_undoing on the tape's
+ * list: rank 1's reply to trainer 1's backward is lost, so trainer 1
+ * fails and aborts the rest of its plan, trainer 0 failing at the
+ * scatter's backward; trainer 1's free, rank 1 not reached, hands the
+ * note to its client's list, whose next undo point deletes y's gradient
+ * on rank 1. Before, the free dropped that note, and rank 1 kept it. */
+Test(undo, an_spmd_layer_backward_whose_reply_was_lost_is_deleted_at_the_next_undo_point,
+     .timeout = 120) {
+  relayed_pair p;
+  trainer_1s_reply_lost(&p, chain, backward_from_loss, "undo-spmd-layer");
+  free_unreached_then_undo(&p, "y's gradient");
+  relayed_pair_stop(&p);
 }
