@@ -1,4 +1,3 @@
-#include "random.h"
 #include "local_cluster.h"
 
 #include <arpa/inet.h>
@@ -20,6 +19,7 @@
 
 #include "dist/dist.h"
 #include "distctl.h"
+#include "random.h"
 
 #define MAX_DAEMONS DISTCTL_MAX_DAEMONS
 

@@ -255,6 +255,12 @@ int dist_call_all(dist_client *c, const char *method, const ProtobufCMessageDesc
   return dist_call_many(c, method, reply_desc, *out, n > 0 ? n : 0);
 }
 
+int dist_calls_any_applied(const dist_call *calls, int n) {
+  for (int i = 0; calls && i < n; i++)
+    if (calls[i].applied) return 1;
+  return 0;
+}
+
 void dist_calls_release(dist_call *calls, int n) {
   if (!calls) return;
   dist_calls_free(calls, n > 0 ? n : 0);

@@ -679,7 +679,9 @@ static int load_ranks(dist_client *c, const char *dir, const ckpt_manifest *m,
   if (rc == 0 && n > 0)
     rc = dist_call_many(c, "/dist.v1.Checkpoint/Load",
                         &dist__v1__checkpoint_load_reply__descriptor, calls, n);
-  for (int i = 0; i < m->ntensors && rc == 0; i++)
+  /* A load is voted: one daemon's success means every daemon loaded. */
+  int loaded = n > 0 && dist_calls_any_applied(calls, n);
+  for (int i = 0; i < m->ntensors && loaded; i++)
     if (chosen[i] == CKPT_LOAD)
       dist_later_forget_stored(c, m->tensors[i].t.name, &m->tensors[i].t.mesh.d);
   for (int k = 0; k < n && rc == 0; k++) {

@@ -121,6 +121,11 @@ int dist_call_many(dist_client *c, const char *method,
                    const ProtobufCMessageDescriptor *reply_desc,
                    dist_call *calls, int n);
 void dist_calls_free(dist_call *calls, int n);
+/* Whether any of calls[0..n) was applied by its daemon: for a voted call
+ * (a reshard, a checkpoint load), whose daemons all apply it or none do,
+ * one daemon's success means every daemon stored it, even when another's
+ * reply was lost and the call as a whole failed. */
+int dist_calls_any_applied(const dist_call *calls, int n);
 /* How errors name daemon `target`, written to buf: "rank R (HOST:PORT)"
  * for a client of a cluster, "distd at HOST:PORT" for a client of one
  * endpoint, whose position in the client is not the daemon's rank.

@@ -62,9 +62,11 @@ static int keep_handle(layer_step *s, dist_tensor *t) {
  * again (step numbers count per layer object; "<param>.grad" at every
  * step): a note of that name on the client's list for one of t's ranks
  * may be an older layer's delete, and goes (dist_later_forget_stored). A
- * note for a rank outside t's mesh stays: the older tensor is still
- * there, and t is not; should t be resharded there, that reshard forgets
- * it. */
+ * note for a rank outside t's mesh stays: the older tensor may still be
+ * there, and t is not. Should t be resharded there: if the older delete
+ * was done (its reply lost), the reshard forgets the note; if it was not,
+ * the older tensor still holds the name there and the reshard is refused
+ * ("open it again") until an undo point deletes it. */
 static void forget_notes_of(dist_client *c, const dist_tensor *t) {
   dist_later_forget_stored(c, t->name, &t->mesh.d);
 }

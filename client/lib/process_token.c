@@ -41,7 +41,7 @@ static int take_token(dist_client *c) {
   if (err)
     return dist_client_fail(c, DIST_EIO,
                             "cannot take the random token that tells this process's "
-                            "tensor names apart (getrandom, /dev/urandom: %s)", strerror(err));
+                            "tensor names apart: %s", strerror(err));
   snprintf(token, sizeof token, "%016llx", (unsigned long long)bits);
   return 0;
 }

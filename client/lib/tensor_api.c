@@ -608,8 +608,11 @@ int dist_reshard(dist_client *c, dist_tensor *t, const dist_mesh *mesh,
   if (rc == 0) {
     take_layout(c, t, dst, placements);
     take_reshard_meta(t, calls, n);
-    dist_later_forget_stored(c, t->name, dst);
   }
+  /* The vote moved the tensor on every daemon where one said so, though
+   * another's reply was lost (the caller opens it again): notes of its
+   * name on the new ranks are of older tensors either way. */
+  if (dist_calls_any_applied(calls, n)) dist_later_forget_stored(c, t->name, dst);
   dist_calls_release(calls, n);
   free(w);
   free(targets);

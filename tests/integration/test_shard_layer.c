@@ -1054,7 +1054,7 @@ static void linear_after_a_forward_ref(double y[8]) {
 
 /* What moves a new step's output from rank 0 to rank 1 (a reshard goes
  * onto a mesh of its mesh's shape only: [0] to [0, 1] is refused). */
-typedef enum { BY_CALLER_RESHARD, BY_OUTPUT_FN } moved_by;
+typedef enum { BY_CALLER_RESHARD, BY_OUTPUT_FN, BY_RESHARD_LOSING_ITS_REPLY } moved_by;
 
 /* Releases s's step while the relay holds rank 1's reply to the delete
  * of its output, named after prefix (rank 1's third call of the release,
@@ -1092,6 +1092,23 @@ static void rank_1_keeps_the_output_past_an_undo_point(dist_client *c, const dis
   free(piece);
 }
 
+/* Reshards *y onto m1 while rank 1's reply is held past the deadline:
+ * the vote moved it (rank 0 said so), the call failed, and *y is the
+ * tensor opened again, as a caller would. */
+static void reshard_losing_rank_1s_reply(relayed_step *s, dist_tensor **y, const dist_mesh *m1) {
+  dist_placement rep = DIST_REPLICATED;
+  char name[256];
+  snprintf(name, sizeof name, "%s", dist_tensor_name(*y));
+  reply_hold_from_call(s->relay, 1);
+  int rc = dist_reshard(s->c, *y, m1, &rep);
+  cr_assert(reply_hold_holding(s->relay), "the reshard sent rank 1 no call");
+  reply_hold_release(s->relay);
+  cr_assert_neq(rc, 0, "the reshard succeeded with rank 1's reply held");
+  dist_tensor_free(*y);
+  *y = NULL;
+  cr_assert_eq(dist_tensor_open(s->c, name, y), 0, "%s", dist_errmsg(s->c));
+}
+
 /* A Linear "mv" on both ranks whose step's release lost rank 1's reply
  * to the delete of its output "mv.s1.mv.e0.out0"
  * (release_losing_rank_1s_delete). Destroyed, and a new Linear "mv" on
@@ -1118,6 +1135,7 @@ static void a_lost_delete_meets_a_resharded_output(moved_by how) {
   dist_placement rep = DIST_REPLICATED;
   if (how == BY_CALLER_RESHARD)
     cr_assert_eq(dist_reshard(s.c, st.y, m1, &rep), 0, "%s", dist_errmsg(s.c));
+  if (how == BY_RESHARD_LOSING_ITS_REPLY) reshard_losing_rank_1s_reply(&s, &st.y, m1);
   cr_assert_eq(dist_mesh_rank_at(dist_tensor_mesh(st.y), 0), 1, "the output is not on rank 1");
   rank_1_keeps_the_output_past_an_undo_point(s.c, st.y, "mv.s1.");
   stepped_free(&st);
@@ -1131,6 +1149,14 @@ Test(shard_layer, a_lost_deletes_note_spares_an_output_the_caller_reshards, .tim
 
 Test(shard_layer, a_lost_deletes_note_spares_an_output_output_fn_reshards, .timeout = 120) {
   a_lost_delete_meets_a_resharded_output(BY_OUTPUT_FN);
+}
+
+/* The same, the caller's reshard losing rank 1's reply: the reshard is
+ * voted, so rank 0's success says rank 1 stored it too, and its notes
+ * there go though the call failed. */
+Test(shard_layer, a_lost_deletes_note_spares_an_output_whose_reshard_lost_a_reply,
+     .timeout = 120) {
+  a_lost_delete_meets_a_resharded_output(BY_RESHARD_LOSING_ITS_REPLY);
 }
 
 /* How a checkpoint restore stores a name again. */

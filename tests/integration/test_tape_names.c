@@ -17,7 +17,7 @@
 #include "harness.h"
 #include "harness_fixture.h"
 
-#define WAIT_MS 60000
+#define WAIT_MS 40000
 
 TestSuite(tape_names, .fini = stop_cluster);
 
@@ -109,7 +109,7 @@ static void expect_pid_1(const char *who, const char *out) {
  * daemons; a's gradient must have a name b's tape did not make, and read
  * as before after b's free. */
 Test(tape_names, trainers_of_pid_1_in_two_pid_namespaces_keep_their_tapes_apart,
-     .timeout = 300) {
+     .timeout = 240) {
   char *err = NULL;
   if (harness_run("unshare -p -f --kill-child true", NULL, &err, 30) != 0)
     cr_skip_test("this machine refuses a pid namespace (unshare -p -f --kill-child: %s)",

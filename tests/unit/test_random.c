@@ -10,6 +10,7 @@
 #include <stdint.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/random.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -46,12 +47,17 @@ Test(random, a_sandbox_refusing_getrandom_gets_the_bits_from_urandom) {
     if (refuse_getrandom() != 0) _exit(3);
     char probe;
     if (syscall(SYS_getrandom, &probe, 1, 0) != -1 || errno != EPERM) _exit(4);
+    /* glibc 2.41 on Linux 6.11 and later answers getrandom in the vDSO,
+     * which no filter sees: then there is nothing to fall back from. */
+    if (getrandom(&probe, 1, 0) == 1) _exit(6);
     _exit(draws_differ() ? 0 : 5);
   }
   int status = 0;
   cr_assert_eq(waitpid(pid, &status, 0), pid);
   cr_assert(WIFEXITED(status), "the child died (status %d)", status);
-  cr_assert_neq(WEXITSTATUS(status), 3, "this machine refuses a seccomp filter");
+  if (WEXITSTATUS(status) == 3) cr_skip_test("this machine refuses a seccomp filter");
+  if (WEXITSTATUS(status) == 6)
+    cr_skip_test("getrandom is answered without a system call here (vDSO): no refusal to test");
   cr_assert_neq(WEXITSTATUS(status), 4, "the filter did not refuse getrandom");
   cr_assert_eq(WEXITSTATUS(status), 0, "no random bits where getrandom is refused");
 }
