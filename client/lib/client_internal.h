@@ -259,17 +259,14 @@ void dist_client_later_undo_skipping(dist_client *c, const int *silent, int n_si
  * sequence): a reply lost here does not make them this trainer's to
  * delete, as the others got theirs. */
 int dist_client_later_takes_made_up_names(const dist_client *c);
-/* Whose names libdist made up are. A layer step's ("<layer>.s<k>..."), a
- * public call's outputs and an MoE layer's are every SPMD trainer's, made
- * the same from one op id sequence. A tape's ("tape<token>.<serial>...",
- * dist_tape_new) are this process's alone: no other process makes them,
- * and an SPMD trainer stores them on its own daemon only, to which no
- * other trainer sends. */
-typedef enum { DIST_NAMES_EVERY_TRAINERS, DIST_NAMES_THIS_PROCESS } dist_names_whose;
-/* l where c may note names libdist made up on it, else NULL (not noted):
- * this process's names always, every trainer's for a single client only
- * (dist_client_later_takes_made_up_names). */
-dist_later *dist_later_of_made_up(const dist_client *c, dist_later *l, dist_names_whose whose);
+/* l where c may note names libdist made up that every SPMD trainer makes
+ * alike (a layer step's "<layer>.s<k>...", from one op id sequence), else
+ * NULL (not noted): a single client's only
+ * (dist_client_later_takes_made_up_names). A tape's names
+ * ("tape<token>.<serial>...", dist_tape_new) are this process's alone, and
+ * an SPMD trainer stores them on its own daemon only, to which no other
+ * trainer sends: the tape notes them on its lists whatever the client. */
+dist_later *dist_later_of_made_up(const dist_client *c, dist_later *l);
 /* dist_calls_free, then the array (NULL is a no-op). */
 void dist_calls_release(dist_call *calls, int n);
 /* One call to one daemon, within timeout_ms, that leaves c->err as it

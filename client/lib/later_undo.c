@@ -168,9 +168,8 @@ void dist_client_later_undo(dist_client *c) { dist_client_later_undo_skipping(c,
 
 int dist_client_later_takes_made_up_names(const dist_client *c) { return c->spmd_rank < 0; }
 
-dist_later *dist_later_of_made_up(const dist_client *c, dist_later *l, dist_names_whose whose) {
-  if (!c) return NULL;
-  return whose == DIST_NAMES_THIS_PROCESS || dist_client_later_takes_made_up_names(c) ? l : NULL;
+dist_later *dist_later_of_made_up(const dist_client *c, dist_later *l) {
+  return c && dist_client_later_takes_made_up_names(c) ? l : NULL;
 }
 
 /* from's items were each noted, or kept by a pass, as worth retrying. */

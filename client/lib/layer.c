@@ -507,8 +507,7 @@ int dist_layer_destroy(dist_client *c, dist_layer *l) {
    * layer of this name forgets the notes of the names it makes again
    * (keep_created, take_grad). An SPMD trainer notes none of these shared
    * names. */
-  dist_later_hand_over(c, &l->later,
-                      dist_later_of_made_up(c, &c->later, DIST_NAMES_EVERY_TRAINERS));
+  dist_later_hand_over(c, &l->later, dist_later_of_made_up(c, &c->later));
   dist_layer_free(l);
   if (first.code) c->err = first;
   return first.code;

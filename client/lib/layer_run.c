@@ -122,7 +122,7 @@ int dist_layer_step_free(dist_client *c, layer_step *s) {
    * a new layer of the same name counts its steps from 1 too); an SPMD
    * trainer notes none (every trainer makes the same names). A name
    * another path already deleted (a failed call's) is not found. */
-  dist_later *later = dist_later_of_made_up(c, c ? &c->later : NULL, DIST_NAMES_EVERY_TRAINERS);
+  dist_later *later = dist_later_of_made_up(c, c ? &c->later : NULL);
   for (int i = 0; c && i < s->n_created; i++) {
     int rc = dist_tensor_delete_noting(c, s->created[i], later);
     dist_note_first_failure(c, rc == DIST_ENOTFOUND ? 0 : rc, &first);

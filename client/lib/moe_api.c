@@ -152,8 +152,8 @@ static int no_rows(dist_client *c, void **out, int64_t *out_rows) {
  * of libdist's own is noted on a->later for a daemon that did not answer,
  * which may have kept it too, and for one whose delete was not done, by
  * an SPMD trainer too: that list is its caller's (a tape's), as the
- * LocalLayer undoing calls' is, and what may pass from it to the client's
- * is dist_later_of_made_up's to say. */
+ * LocalLayer undoing calls' is: a tape's names are this process's
+ * alone (dist_later_of_made_up). */
 static void undo_kept(dist_client *c, const exchange_args *a, const dist_call *calls, int n) {
   const dist_moe_opts *o = a->opts;
   if (!o || !o->out_name || (o->replace && !a->later)) return;

@@ -82,7 +82,7 @@ slot *dist_tape_find(slot *s, int n, const char *name) {
  * done that may be later goes on the client's list, which outlives the
  * tape (its next undo point retries it). */
 void dist_tape_slot_clear(dist_tape *t, slot *s) {
-  dist_later *later = dist_later_of_made_up(t->c, &t->c->later, DIST_NAMES_THIS_PROCESS);
+  dist_later *later = &t->c->later; /* this process's names (dist_later_of_made_up) */
   if (s->kind == G_TENSOR && s->owned) {
     if (s->per_rank) {
       dist_delete_on(t->c, s->t.name, s->ranks.ranks, s->ranks.n, later);
@@ -124,8 +124,7 @@ void dist_tape_free(dist_tape *t) {
   for (int i = 0; i < t->n_entries; i++) entry_free(&t->entries[i]);
   dist_later_undo(t->c, &t->later);
   /* what its daemons did not let it undo outlives the tape */
-  dist_later_hand_over(t->c, &t->later,
-                      dist_later_of_made_up(t->c, &t->c->later, DIST_NAMES_THIS_PROCESS));
+  dist_later_hand_over(t->c, &t->later, &t->c->later);
   t->c->err = keep;
   free(t->entries);
   free(t->slots);

@@ -97,9 +97,7 @@ static int add_tensors(dist_tape *t, const slot *acc, slot *more, slot *sum) {
       if (rc == 0) added++;
     }
     /* A failed add undid itself (dist_grad_add); the ranks before it kept theirs. */
-    if (rc)
-      dist_delete_on(c, name, sum->ranks.ranks, added,
-                     dist_later_of_made_up(c, &t->later, DIST_NAMES_THIS_PROCESS));
+    if (rc) dist_delete_on(c, name, sum->ranks.ranks, added, &t->later);
   } else {
     rc = dist_grad_sum(c, acc->name, &acc->t, &more->t, name, &out, &t->later);
     if (rc == 0) sum->t = *out;
@@ -197,7 +195,7 @@ static int store_seed(dist_tape *t, slot *s) {
   dist_tensor *h = NULL;
   dist_mesh mesh = {o->mesh.d};
   int rc = local ? store_per_rank(c, name, pieces, shapes, ndim, o->dtype, &local->ranks, &h,
-                                  dist_later_of_made_up(c, &t->later, DIST_NAMES_THIS_PROCESS))
+                                  &t->later)
                  : dist_dtensor_from_local(c, name, pieces, o->dtype, ndim, shapes, &mesh,
                                            o->placements, &h);
   if (rc) {

@@ -65,7 +65,8 @@ struct dist_tape {
   int plan_names, plan_cap;
   /* Gradient names a failed backward may have left on daemons that did
    * not answer it: deleted by dist_tape_free, which hands what stays to
-   * the client's list (dist_later_of_made_up). */
+   * the client's list, an SPMD trainer's too: a tape's names are this
+   * process's alone (dist_later_of_made_up says why). */
   dist_later later;
   int done;     /* backpropagated (or tried to) */
   int released;
